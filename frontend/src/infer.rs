@@ -1,0 +1,1071 @@
+//! Dtype and symbolic shape inference, with constant and shape-arithmetic folding.
+//!
+//! Every value gets an [`Info`]: dtype, symbolic shape, and what is known of its contents — a
+//! concrete small tensor, or a vector of symbolic dims (what `Shape(x)` and the arithmetic on it
+//! produce). Nodes whose inputs are all concrete are evaluated with the reference evaluator;
+//! shape arithmetic on symbolic dims is folded exactly on [`Dim`] polynomials. Provable mismatches
+//! (a concrete 256 against a concrete 384) are errors naming the node; agreements the frontend has
+//! to assume (`total_sequence_length` = `past_sequence_length + sequence_length`) are recorded.
+
+use crate::error::ErrorKind;
+use ir::op::OpRef;
+use ir::{Attrs, DType, Dim, Domain, Tensor};
+
+/// Folded results with more elements than this stay nodes (a constant causal mask of 2048² would
+/// otherwise land in the graph by value).
+pub const FOLD_LIMIT_ELEMENTS: usize = 1 << 16;
+
+#[derive(Clone, Debug)]
+pub enum Known {
+    Nothing,
+    /// A concrete tensor.
+    Const(Tensor),
+    /// An integer scalar (`scalar == true`) or vector of symbolic dims.
+    Dims { dims: Vec<Dim>, scalar: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct Info {
+    pub dtype: DType,
+    pub shape: Vec<Dim>,
+    pub known: Known,
+}
+
+impl Info {
+    pub fn new(dtype: DType, shape: Vec<Dim>) -> Info {
+        Info { dtype, shape, known: Known::Nothing }
+    }
+
+    pub fn constant(t: Tensor) -> Info {
+        Info {
+            dtype: t.dtype,
+            shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect(),
+            known: Known::Const(t),
+        }
+    }
+
+    fn from_dims(dtype: DType, dims: Vec<Dim>, scalar: bool) -> Info {
+        if dims.iter().all(|d| d.is_known()) {
+            let vals: Vec<i64> = dims.iter().map(|d| d.as_known().unwrap()).collect();
+            let shape = if scalar { vec![] } else { vec![vals.len()] };
+            return Info::constant(Tensor::from_i64(dtype, shape, vals));
+        }
+        let shape = if scalar { vec![] } else { vec![Dim::known(dims.len() as i64)] };
+        Info { dtype, shape, known: Known::Dims { dims, scalar } }
+    }
+
+    pub fn as_const(&self) -> Option<&Tensor> {
+        match &self.known {
+            Known::Const(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Contents as symbolic dims when this is an integer scalar or vector whose values are known.
+    pub fn as_dims(&self) -> Option<(Vec<Dim>, bool)> {
+        match &self.known {
+            Known::Dims { dims, scalar } => Some((dims.clone(), *scalar)),
+            Known::Const(t) if t.rank() <= 1 => {
+                let v = t.as_i64()?;
+                Some((v.iter().map(|&x| Dim::known(x)).collect(), t.rank() == 0))
+            }
+            _ => None,
+        }
+    }
+
+    fn is_concrete(&self) -> bool {
+        matches!(self.known, Known::Const(_))
+    }
+}
+
+/// Per-import state: fresh symbols for dims nothing determines, and the equalities assumed.
+#[derive(Default)]
+pub struct Ctx {
+    fresh: usize,
+    /// `symbol → expression` substitutions assumed so far, in order.
+    pub substitutions: Vec<(String, Dim)>,
+    /// Equalities assumed between two compound dims (no substitution possible).
+    pub assumptions: Vec<String>,
+}
+
+impl Ctx {
+    fn fresh(&mut self, hint: &str) -> Dim {
+        self.fresh += 1;
+        Dim::sym(&format!("{hint}_{}", self.fresh))
+    }
+
+    /// Rewrites a dim with every substitution assumed so far.
+    pub fn normalize(&self, d: &Dim) -> Dim {
+        let mut d = d.clone();
+        for (s, v) in &self.substitutions {
+            if d.symbols().any(|x| x == s) {
+                d = d.substitute(s, v).unwrap_or(d);
+            }
+        }
+        d
+    }
+
+    /// Makes `a` and `b` equal: substitutes a bare symbol by the other side when possible.
+    fn unify(&mut self, a: &Dim, b: &Dim) -> Dim {
+        let (a, b) = (self.normalize(a), self.normalize(b));
+        if a == b {
+            return a;
+        }
+        let (sym, other) = match (a.as_symbol(), b.as_symbol()) {
+            (Some(s), _) if !b.symbols().any(|x| x == s) => (s.to_string(), b.clone()),
+            (_, Some(s)) if !a.symbols().any(|x| x == s) => (s.to_string(), a.clone()),
+            _ => {
+                let fact = format!("{a} = {b}");
+                if !self.assumptions.contains(&fact) {
+                    self.assumptions.push(fact);
+                }
+                return a;
+            }
+        };
+        self.substitutions.push((sym, other.clone()));
+        other
+    }
+}
+
+/// Everything inference needs about one node.
+pub struct NodeCtx<'a> {
+    pub name: &'a str,
+    pub domain: Domain,
+    pub op: &'static str,
+    pub opset: i64,
+    pub attrs: &'a Attrs,
+    pub num_outputs: usize,
+}
+
+impl NodeCtx<'_> {
+    fn bad(&self, detail: impl Into<String>) -> ErrorKind {
+        ErrorKind::BadNode { node: self.name.into(), op: self.op.into(), detail: detail.into() }
+    }
+    fn shape_err(&self, detail: impl Into<String>) -> ErrorKind {
+        ErrorKind::Shape { node: self.name.into(), op: self.op.into(), detail: detail.into() }
+    }
+    fn dtype_err(&self, detail: impl Into<String>) -> ErrorKind {
+        ErrorKind::Dtype { node: self.name.into(), op: self.op.into(), detail: detail.into() }
+    }
+    fn attr_int(&self, name: &str, default: i64) -> Result<i64, ErrorKind> {
+        self.attrs.int_or(name, default).map_err(|e| self.bad(e.to_string()))
+    }
+    fn attr_ints(&self, name: &str) -> Result<Option<Vec<i64>>, ErrorKind> {
+        self.attrs.ints(name).map(|o| o.map(|v| v.to_vec())).map_err(|e| self.bad(e.to_string()))
+    }
+}
+
+type In<'a> = &'a [Option<&'a Info>];
+
+fn req<'a>(n: &NodeCtx, inputs: In<'a>, i: usize) -> Result<&'a Info, ErrorKind> {
+    inputs.get(i).copied().flatten().ok_or_else(|| n.bad(format!("required input {i} is missing")))
+}
+
+fn opt<'a>(inputs: In<'a>, i: usize) -> Option<&'a Info> {
+    inputs.get(i).copied().flatten()
+}
+
+fn norm_axis(n: &NodeCtx, axis: i64, rank: usize) -> Result<usize, ErrorKind> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r.max(1) && !(r == 0 && a == 0) {
+        return Err(n.shape_err(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(a as usize)
+}
+
+/// Numpy broadcasting of symbolic shapes.
+fn broadcast(n: &NodeCtx, ctx: &mut Ctx, shapes: &[&[Dim]]) -> Result<Vec<Dim>, ErrorKind> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let mut acc: Option<Dim> = None;
+        for s in shapes {
+            let Some(d) = (i + s.len()).checked_sub(rank).map(|j| ctx.normalize(&s[j])) else { continue };
+            acc = Some(match acc {
+                None => d,
+                Some(a) if a == d => a,
+                Some(a) if a.as_known() == Some(1) => d,
+                Some(a) if d.as_known() == Some(1) => a,
+                Some(a) if a.is_known() && d.is_known() => {
+                    let shapes: Vec<String> = shapes.iter().map(|s| ir::dim::shape_to_string(s)).collect();
+                    return Err(n.shape_err(format!("cannot broadcast {} (dim {a} vs {d})", shapes.join(" with "))));
+                }
+                Some(a) => ctx.unify(&a, &d),
+            });
+        }
+        out.push(acc.unwrap_or_else(|| Dim::known(1)));
+    }
+    Ok(out)
+}
+
+fn same_dtype(n: &NodeCtx, infos: &[&Info]) -> Result<DType, ErrorKind> {
+    let first = infos[0].dtype;
+    for i in &infos[1..] {
+        if i.dtype != first {
+            return Err(n.dtype_err(format!("inputs are {first} and {}", i.dtype)));
+        }
+    }
+    Ok(first)
+}
+
+fn attr_dtype(n: &NodeCtx, name: &str) -> Result<Option<DType>, ErrorKind> {
+    match n.attrs.int(name).map_err(|e| n.bad(e.to_string()))? {
+        None => Ok(None),
+        Some(code) => DType::from_onnx_code(code as i32)
+            .map(Some)
+            .ok_or_else(|| n.bad(format!("attribute `{name}` is unknown dtype code {code}"))),
+    }
+}
+
+fn known_ints(n: &NodeCtx, info: &Info, what: &str) -> Result<Vec<i64>, ErrorKind> {
+    let (dims, _) = info.as_dims().ok_or_else(|| n.bad(format!("{what} must be a constant integer tensor")))?;
+    dims.iter()
+        .map(|d| d.as_known())
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| n.bad(format!("{what} must be constant, it depends on symbolic sizes")))
+}
+
+/// Axes for Reduce*/Squeeze/Unsqueeze: the input (opset ≥ 13/18) or the attribute.
+fn axes_of(n: &NodeCtx, inputs: In, input_index: usize) -> Result<Option<Vec<i64>>, ErrorKind> {
+    if let Some(a) = opt(inputs, input_index) {
+        return known_ints(n, a, "axes").map(Some);
+    }
+    n.attr_ints("axes")
+}
+
+/// Infers the outputs of one node.
+pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    // Shape arithmetic on symbolic dims folds before general inference.
+    if let Some(folded) = fold_dims(n, ctx, inputs)? {
+        return Ok(vec![folded]);
+    }
+    let mut outs = infer_shapes(n, ctx, inputs)?;
+    for o in outs.iter_mut() {
+        o.shape = o.shape.iter().map(|d| ctx.normalize(d)).collect();
+    }
+    let all_concrete = inputs.iter().flatten().all(|i| i.is_concrete());
+    let small = outs.iter().all(|o| {
+        o.shape.iter().try_fold(1usize, |acc, d| d.as_known().and_then(|k| acc.checked_mul(k as usize)))
+            .is_some_and(|numel| numel <= FOLD_LIMIT_ELEMENTS)
+    });
+    if all_concrete && small && n.op != "Constant" {
+        let tensors: Vec<Option<&Tensor>> = inputs.iter().map(|i| i.and_then(|i| i.as_const())).collect();
+        let op = OpRef { node: n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: n.attrs };
+        let results = ir::eval::eval_op(&op, &tensors, n.num_outputs)
+            .map_err(|e| ErrorKind::Fold { node: n.name.into(), op: n.op.into(), detail: e.msg })?;
+        for (i, (t, o)) in results.iter().zip(outs.iter()).enumerate() {
+            let inferred: Vec<Option<i64>> = o.shape.iter().map(|d| d.as_known()).collect();
+            let got: Vec<Option<i64>> = t.shape.iter().map(|&d| Some(d as i64)).collect();
+            if inferred != got || t.dtype != o.dtype {
+                return Err(ErrorKind::Fold {
+                    node: n.name.into(),
+                    op: n.op.into(),
+                    detail: format!(
+                        "output {i} evaluated to {}{:?} but inference said {}{}",
+                        t.dtype,
+                        t.shape,
+                        o.dtype,
+                        ir::dim::shape_to_string(&o.shape)
+                    ),
+                });
+            }
+        }
+        return Ok(results.into_iter().map(Info::constant).collect());
+    }
+    Ok(outs)
+}
+
+/// Folds integer shape arithmetic whose inputs are symbolic dims. `None` when the node is not
+/// shape arithmetic on symbolic values (including when everything is concrete: the evaluator
+/// folds those).
+fn fold_dims(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Option<Info>, ErrorKind> {
+    let any_symbolic = inputs.iter().flatten().any(|i| matches!(i.known, Known::Dims { .. }));
+    match n.op {
+        "Shape" => {
+            let x = req(n, inputs, 0)?;
+            let r = x.shape.len() as i64;
+            let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
+            let start = clamp(n.attr_int("start", 0)?) as usize;
+            let end = clamp(n.attr_int("end", r)?) as usize;
+            let dims: Vec<Dim> = x.shape[start..end.max(start)].iter().map(|d| ctx.normalize(d)).collect();
+            return Ok(Some(Info::from_dims(DType::I64, dims, false)));
+        }
+        "Size" => {
+            let x = req(n, inputs, 0)?;
+            let mut p = Dim::known(1);
+            for d in &x.shape {
+                p = p.mul(d).ok_or_else(|| n.shape_err("element count overflows"))?;
+            }
+            return Ok(Some(Info::from_dims(DType::I64, vec![p], true)));
+        }
+        _ => {}
+    }
+    if !any_symbolic {
+        return Ok(None);
+    }
+    let dims = |i: usize| opt(inputs, i).and_then(|x| x.as_dims());
+    let out_dtype = req(n, inputs, 0)?.dtype;
+    let result: Option<(Vec<Dim>, bool)> = match n.op {
+        "Identity" => dims(0),
+        "Cast" => {
+            let to = attr_dtype(n, "to")?.ok_or_else(|| n.bad("Cast needs `to`"))?;
+            if !to.is_int() {
+                return Ok(None);
+            }
+            return Ok(dims(0).map(|(d, s)| Info::from_dims(to, d, s)));
+        }
+        "Gather" => {
+            let (data, _) = dims(0).filter(|(_, s)| !*s).ok_or_else(|| n.bad("gathering from a symbolic scalar"))?;
+            if n.attr_int("axis", 0)? != 0 {
+                return Ok(None);
+            }
+            match dims(1) {
+                Some((idx, scalar)) => {
+                    let mut out = Vec::new();
+                    for i in &idx {
+                        let Some(i) = i.as_known() else { return Ok(None) };
+                        let j = if i < 0 { i + data.len() as i64 } else { i };
+                        let d = data.get(j as usize).filter(|_| j >= 0).ok_or_else(|| {
+                            n.shape_err(format!("index {i} is out of range for a shape vector of {} dims", data.len()))
+                        })?;
+                        out.push(d.clone());
+                    }
+                    Some((out, scalar))
+                }
+                None => None,
+            }
+        }
+        "Unsqueeze" => match (dims(0), axes_of(n, inputs, 1)?) {
+            (Some((d, true)), Some(axes)) if axes == [0] || axes == [-1] => Some((d, false)),
+            _ => None,
+        },
+        "Squeeze" => match dims(0) {
+            Some((d, false)) if d.len() == 1 => Some((d, true)),
+            _ => None,
+        },
+        "Concat" => {
+            let mut out = Vec::new();
+            for i in 0..inputs.len() {
+                match dims(i) {
+                    Some((d, false)) => out.extend(d),
+                    _ => return Ok(None),
+                }
+            }
+            Some((out, false))
+        }
+        "Reshape" => match (dims(0), opt(inputs, 1).and_then(|s| known_ints(n, s, "shape").ok())) {
+            (Some((d, _)), Some(shape)) if shape.is_empty() && d.len() == 1 => Some((d, true)),
+            (Some((d, _)), Some(shape)) if shape.len() == 1 && (shape[0] == -1 || shape[0] == d.len() as i64) => {
+                Some((d, false))
+            }
+            _ => None,
+        },
+        "Slice" => {
+            let Some((d, false)) = dims(0) else { return Ok(None) };
+            let starts = known_ints(n, req(n, inputs, 1)?, "starts")?;
+            let ends = known_ints(n, req(n, inputs, 2)?, "ends")?;
+            let steps = match opt(inputs, 4) {
+                Some(s) => known_ints(n, s, "steps")?,
+                None => vec![1],
+            };
+            if starts.len() != 1 || ends.len() != 1 || steps != [1] {
+                return Ok(None);
+            }
+            let len = d.len() as i64;
+            let clamp = |v: i64| if v < 0 { (v + len).max(0) } else { v.min(len) };
+            let (s, e) = (clamp(starts[0]) as usize, clamp(ends[0]) as usize);
+            Some((d[s..e.max(s)].to_vec(), false))
+        }
+        "Add" | "Sub" | "Mul" | "Div" => {
+            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
+            if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
+                return Ok(None);
+            }
+            let len = a.len().max(b.len());
+            let mut out = Vec::with_capacity(len);
+            for i in 0..len {
+                let x = &a[if a.len() == 1 { 0 } else { i }];
+                let y = &b[if b.len() == 1 { 0 } else { i }];
+                let r = match n.op {
+                    "Add" => x.add(y),
+                    "Sub" => x.sub(y),
+                    "Mul" => x.mul(y),
+                    _ => x.div_exact(y),
+                };
+                match r {
+                    Some(r) => out.push(r),
+                    None => return Ok(None),
+                }
+            }
+            Some((out, sa && sb))
+        }
+        "Equal" => {
+            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
+            if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
+                return Ok(None);
+            }
+            let len = a.len().max(b.len());
+            let mut out = Vec::with_capacity(len);
+            for i in 0..len {
+                let x = ctx.normalize(&a[if a.len() == 1 { 0 } else { i }]);
+                let y = ctx.normalize(&b[if b.len() == 1 { 0 } else { i }]);
+                if x == y {
+                    out.push(1);
+                } else if let (Some(p), Some(q)) = (x.as_known(), y.as_known()) {
+                    out.push((p == q) as i64);
+                } else if x.symbols().chain(y.symbols()).count() > 0
+                    && x.sub(&y).and_then(|d| d.as_known()).is_some_and(|k| k != 0)
+                {
+                    out.push(0);
+                } else if y.as_known().is_some_and(|k| k <= 0) || x.as_known().is_some_and(|k| k <= 0) {
+                    // Exporters compare shape entries with -1 or 0 sentinels; sizes are positive.
+                    out.push(0);
+                } else {
+                    return Ok(None);
+                }
+            }
+            let shape = if sa && sb { vec![] } else { vec![len] };
+            return Ok(Some(Info::constant(Tensor::from_i64(DType::Bool, shape, out))));
+        }
+        "Where" => {
+            let cond = req(n, inputs, 0)?.as_const().and_then(|t| t.as_i64().map(|v| v.to_vec()));
+            let (Some(c), Some((a, _)), Some((b, _))) = (cond, dims(1), dims(2)) else { return Ok(None) };
+            let len = c.len().max(a.len()).max(b.len());
+            let pick = |v: &Vec<Dim>, i: usize| v[if v.len() == 1 { 0 } else { i }].clone();
+            let mut out = Vec::new();
+            for i in 0..len {
+                let ci = c[if c.len() == 1 { 0 } else { i }];
+                out.push(if ci != 0 { pick(&a, i) } else { pick(&b, i) });
+            }
+            let dt = req(n, inputs, 1)?.dtype;
+            return Ok(Some(Info::from_dims(dt, out, false)));
+        }
+        "Max" | "Min" => {
+            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
+            if inputs.len() != 2 || a.len() != b.len() {
+                return Ok(None);
+            }
+            let mut out = Vec::new();
+            for (x, y) in a.iter().zip(&b) {
+                // Sizes are at least 1: max(d, 1) = d and max(d, 0) = d for a symbolic size d.
+                let pick = match (x.as_known(), y.as_known()) {
+                    (None, Some(k)) if k <= 1 => Some(if n.op == "Max" { x.clone() } else { y.clone() }),
+                    (Some(k), None) if k <= 1 => Some(if n.op == "Max" { y.clone() } else { x.clone() }),
+                    _ if x == y => Some(x.clone()),
+                    _ => None,
+                };
+                match pick {
+                    Some(p) => out.push(p),
+                    None => return Ok(None),
+                }
+            }
+            Some((out, sa && sb))
+        }
+        _ => None,
+    };
+    let _ = ctx;
+    Ok(result.map(|(d, s)| Info::from_dims(out_dtype, d, s)))
+}
+
+fn reduce_shape(n: &NodeCtx, x: &Info, axes: Option<Vec<i64>>, keepdims: bool, noop_empty: bool) -> Result<Vec<Dim>, ErrorKind> {
+    let rank = x.shape.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) if !a.is_empty() => a.iter().map(|&a| norm_axis(n, a, rank)).collect::<Result<_, _>>()?,
+        _ if noop_empty => return Ok(x.shape.clone()),
+        _ => (0..rank).collect(),
+    };
+    let mut out = Vec::new();
+    for (i, d) in x.shape.iter().enumerate() {
+        if axes.contains(&i) {
+            if keepdims {
+                out.push(Dim::known(1));
+            }
+        } else {
+            out.push(d.clone());
+        }
+    }
+    Ok(out)
+}
+
+fn matmul_shape(n: &NodeCtx, ctx: &mut Ctx, a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, ErrorKind> {
+    if a.is_empty() || b.is_empty() {
+        return Err(n.shape_err("MatMul operands must have rank ≥ 1"));
+    }
+    let (a2, a_vec) = if a.len() == 1 { (vec![Dim::known(1), a[0].clone()], true) } else { (a.to_vec(), false) };
+    let (b2, b_vec) = if b.len() == 1 { (vec![b[0].clone(), Dim::known(1)], true) } else { (b.to_vec(), false) };
+    let ka = ctx.normalize(&a2[a2.len() - 1]);
+    let kb = ctx.normalize(&b2[b2.len() - 2]);
+    if ka != kb {
+        if ka.is_known() && kb.is_known() {
+            return Err(n.shape_err(format!(
+                "inner dimensions differ: {} × {}",
+                ir::dim::shape_to_string(a),
+                ir::dim::shape_to_string(b)
+            )));
+        }
+        ctx.unify(&ka, &kb);
+    }
+    let batch = broadcast(n, ctx, &[&a2[..a2.len() - 2], &b2[..b2.len() - 2]])?;
+    let mut out = batch;
+    if !a_vec {
+        out.push(a2[a2.len() - 2].clone());
+    }
+    if !b_vec {
+        out.push(b2[b2.len() - 1].clone());
+    }
+    Ok(out)
+}
+
+/// Output shape of a Reshape whose target may hold symbolic dims, 0 (copy) and -1 (infer).
+pub fn reshape_shape(n: &NodeCtx, ctx: &mut Ctx, input: &[Dim], target: &[Dim], allowzero: bool) -> Result<Vec<Dim>, ErrorKind> {
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (i, t) in target.iter().enumerate() {
+        match t.as_known() {
+            Some(0) if !allowzero => {
+                out.push(input.get(i).cloned().ok_or_else(|| n.shape_err(format!("0 at position {i} has no input dim to copy")))?)
+            }
+            Some(-1) => {
+                if infer_at.replace(i).is_some() {
+                    return Err(n.shape_err("more than one -1 in the target shape"));
+                }
+                out.push(Dim::known(1));
+            }
+            Some(k) if k < -1 => return Err(n.shape_err(format!("negative dimension {k} in the target shape"))),
+            _ => out.push(t.clone()),
+        }
+    }
+    let numel = |s: &[Dim]| s.iter().try_fold(Dim::known(1), |acc, d| acc.mul(&ctx.normalize(d)));
+    let total = numel(input).ok_or_else(|| n.shape_err("element count overflows"))?;
+    let rest = numel(&out).ok_or_else(|| n.shape_err("element count overflows"))?;
+    if let Some(i) = infer_at {
+        out[i] = total.div_exact(&rest).ok_or_else(|| {
+            n.shape_err(format!(
+                "cannot infer -1: {} elements do not divide into {}",
+                total,
+                ir::dim::shape_to_string(target)
+            ))
+        })?;
+    } else if total != rest {
+        if total.is_known() && rest.is_known() {
+            return Err(n.shape_err(format!(
+                "cannot reshape {} ({total} elements) to {} ({rest} elements)",
+                ir::dim::shape_to_string(input),
+                ir::dim::shape_to_string(target)
+            )));
+        }
+        ctx.unify(&total, &rest);
+    }
+    Ok(out)
+}
+
+fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let x0 = || req(n, inputs, 0);
+    let one = |dtype: DType, shape: Vec<Dim>| Ok(vec![Info::new(dtype, shape)]);
+    match n.op {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" => {
+            let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
+            let dt = same_dtype(n, &ins)?;
+            let shapes: Vec<&[Dim]> = ins.iter().map(|i| i.shape.as_slice()).collect();
+            one(dt, broadcast(n, ctx, &shapes)?)
+        }
+        "Pow" => {
+            let (a, b) = (x0()?, req(n, inputs, 1)?);
+            one(a.dtype, broadcast(n, ctx, &[&a.shape, &b.shape])?)
+        }
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
+            let (a, b) = (x0()?, req(n, inputs, 1)?);
+            same_dtype(n, &[a, b])?;
+            one(DType::Bool, broadcast(n, ctx, &[&a.shape, &b.shape])?)
+        }
+        "Where" => {
+            let (c, a, b) = (x0()?, req(n, inputs, 1)?, req(n, inputs, 2)?);
+            if c.dtype != DType::Bool {
+                return Err(n.dtype_err(format!("condition is {}, not bool", c.dtype)));
+            }
+            let dt = same_dtype(n, &[a, b])?;
+            one(dt, broadcast(n, ctx, &[&c.shape, &a.shape, &b.shape])?)
+        }
+        "Not" => one(DType::Bool, x0()?.shape.clone()),
+        "IsNaN" | "IsInf" => one(DType::Bool, x0()?.shape.clone()),
+        "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
+        | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" => {
+            let x = x0()?;
+            if matches!(n.op, "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Softmax")
+                && !x.dtype.is_float()
+            {
+                return Err(n.dtype_err(format!("{} needs a float input, got {}", n.op, x.dtype)));
+            }
+            one(x.dtype, x.shape.clone())
+        }
+        "Clip" => one(x0()?.dtype, x0()?.shape.clone()),
+        "Cast" => one(attr_dtype(n, "to")?.ok_or_else(|| n.bad("Cast needs `to`"))?, x0()?.shape.clone()),
+        "CastLike" => one(req(n, inputs, 1)?.dtype, x0()?.shape.clone()),
+        "MatMul" => {
+            let (a, b) = (x0()?, req(n, inputs, 1)?);
+            let dt = same_dtype(n, &[a, b])?;
+            one(dt, matmul_shape(n, ctx, &a.shape, &b.shape)?)
+        }
+        "MatMulInteger" => {
+            let (a, b) = (x0()?, req(n, inputs, 1)?);
+            one(DType::I32, matmul_shape(n, ctx, &a.shape, &b.shape)?)
+        }
+        "Gemm" => {
+            let (a, b) = (x0()?, req(n, inputs, 1)?);
+            let dt = same_dtype(n, &[a, b])?;
+            if a.shape.len() != 2 || b.shape.len() != 2 {
+                return Err(n.shape_err("Gemm operands must be 2-D"));
+            }
+            let ta = n.attr_int("transA", 0)? != 0;
+            let tb = n.attr_int("transB", 0)? != 0;
+            let (m, k1) = if ta { (&a.shape[1], &a.shape[0]) } else { (&a.shape[0], &a.shape[1]) };
+            let (k2, nn) = if tb { (&b.shape[1], &b.shape[0]) } else { (&b.shape[0], &b.shape[1]) };
+            if k1 != k2 && k1.is_known() && k2.is_known() {
+                return Err(n.shape_err(format!("inner dimensions differ: {k1} vs {k2}")));
+            }
+            one(dt, vec![m.clone(), nn.clone()])
+        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+            let x = x0()?;
+            let keep = n.attr_int("keepdims", 1)? != 0;
+            let noop = n.attr_int("noop_with_empty_axes", 0)? != 0;
+            let axes = axes_of(n, inputs, 1)?;
+            one(x.dtype, reduce_shape(n, x, axes, keep, noop)?)
+        }
+        "ArgMax" => {
+            let x = x0()?;
+            let keep = n.attr_int("keepdims", 1)? != 0;
+            let axis = n.attr_int("axis", 0)?;
+            one(DType::I64, reduce_shape(n, x, Some(vec![axis]), keep, false)?)
+        }
+        "LayerNormalization" | "SimplifiedLayerNormalization" | "RMSNormalization" => {
+            let x = x0()?;
+            let axis = norm_axis(n, n.attr_int("axis", -1)?, x.shape.len())?;
+            let mut stat = x.shape[..axis].to_vec();
+            stat.extend(std::iter::repeat_n(Dim::known(1), x.shape.len() - axis));
+            let mut outs = vec![Info::new(x.dtype, x.shape.clone())];
+            for _ in 1..n.num_outputs {
+                outs.push(Info::new(DType::F32, stat.clone()));
+            }
+            Ok(outs)
+        }
+        "SkipSimplifiedLayerNormalization" => {
+            let (x, skip) = (x0()?, req(n, inputs, 1)?);
+            same_dtype(n, &[x, skip])?;
+            let shape = broadcast(n, ctx, &[&x.shape, &skip.shape])?;
+            let mut stat = shape[..shape.len() - 1].to_vec();
+            stat.push(Dim::known(1));
+            let mut outs = vec![Info::new(x.dtype, shape.clone())];
+            for i in 1..n.num_outputs {
+                outs.push(if i == 3 { Info::new(x.dtype, shape.clone()) } else { Info::new(DType::F32, stat.clone()) });
+            }
+            Ok(outs)
+        }
+        "Shape" | "Size" => unreachable!("folded in fold_dims"),
+        "Reshape" => {
+            let x = x0()?;
+            let s = req(n, inputs, 1)?;
+            let allowzero = n.attr_int("allowzero", 0)? != 0;
+            match s.as_dims() {
+                Some((target, _)) => one(x.dtype, reshape_shape(n, ctx, &x.shape, &target, allowzero)?),
+                None => {
+                    let rank = s.shape.first().and_then(|d| d.as_known()).ok_or_else(|| n.shape_err("target shape of unknown length"))?;
+                    let shape = (0..rank).map(|_| ctx.fresh("reshape")).collect();
+                    one(x.dtype, shape)
+                }
+            }
+        }
+        "Flatten" => {
+            let x = x0()?;
+            let axis = n.attr_int("axis", 1)?;
+            let r = x.shape.len() as i64;
+            let a = if axis < 0 { axis + r } else { axis };
+            if a < 0 || a > r {
+                return Err(n.shape_err(format!("axis {axis} out of range for rank {r}")));
+            }
+            let prod = |s: &[Dim]| s.iter().try_fold(Dim::known(1), |acc, d| acc.mul(d));
+            let (l, rr) = (prod(&x.shape[..a as usize]), prod(&x.shape[a as usize..]));
+            one(x.dtype, vec![l.ok_or_else(|| n.shape_err("overflow"))?, rr.ok_or_else(|| n.shape_err("overflow"))?])
+        }
+        "Transpose" => {
+            let x = x0()?;
+            let r = x.shape.len();
+            let perm: Vec<i64> = n.attr_ints("perm")?.unwrap_or_else(|| (0..r as i64).rev().collect());
+            if perm.len() != r {
+                return Err(n.shape_err(format!("perm {perm:?} does not match rank {r}")));
+            }
+            let mut seen = vec![false; r];
+            let mut out = Vec::new();
+            for &p in &perm {
+                let p = norm_axis(n, p, r)?;
+                if std::mem::replace(&mut seen[p], true) {
+                    return Err(n.shape_err(format!("perm {perm:?} repeats an axis")));
+                }
+                out.push(x.shape[p].clone());
+            }
+            one(x.dtype, out)
+        }
+        "Unsqueeze" => {
+            let x = x0()?;
+            let axes = axes_of(n, inputs, 1)?.ok_or_else(|| n.bad("Unsqueeze needs axes"))?;
+            let r = x.shape.len() + axes.len();
+            let mut axes: Vec<usize> = axes.iter().map(|&a| norm_axis(n, a, r)).collect::<Result<_, _>>()?;
+            axes.sort();
+            let mut out = Vec::with_capacity(r);
+            let mut it = x.shape.iter();
+            for i in 0..r {
+                if axes.contains(&i) {
+                    out.push(Dim::known(1));
+                } else {
+                    out.push(it.next().ok_or_else(|| n.shape_err("repeated axes"))?.clone());
+                }
+            }
+            one(x.dtype, out)
+        }
+        "Squeeze" => {
+            let x = x0()?;
+            let r = x.shape.len();
+            let out = match axes_of(n, inputs, 1)? {
+                Some(axes) if !axes.is_empty() => {
+                    let axes: Vec<usize> = axes.iter().map(|&a| norm_axis(n, a, r)).collect::<Result<_, _>>()?;
+                    for &a in &axes {
+                        if let Some(k) = x.shape[a].as_known().filter(|&k| k != 1) {
+                            return Err(n.shape_err(format!("cannot squeeze axis {a} of size {k}")));
+                        }
+                    }
+                    x.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect()
+                }
+                _ => x.shape.iter().filter(|d| d.as_known() != Some(1)).cloned().collect(),
+            };
+            one(x.dtype, out)
+        }
+        "Concat" => {
+            let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
+            let dt = same_dtype(n, &ins)?;
+            let r = ins[0].shape.len();
+            let axis = norm_axis(n, n.attr_int("axis", 0)?, r)?;
+            let mut out = ins[0].shape.clone();
+            for i in &ins[1..] {
+                if i.shape.len() != r {
+                    return Err(n.shape_err(format!("inputs have ranks {r} and {}", i.shape.len())));
+                }
+                for (d, (a, b)) in out.iter_mut().zip(&i.shape).enumerate() {
+                    if d == axis {
+                        *a = a.add(b).ok_or_else(|| n.shape_err("overflow"))?;
+                    } else if a != b {
+                        if a.is_known() && b.is_known() {
+                            return Err(n.shape_err(format!("inputs differ on axis {d}: {a} vs {b}")));
+                        }
+                        *a = ctx.unify(a, b);
+                    }
+                }
+            }
+            one(dt, out)
+        }
+        "Split" => {
+            let x = x0()?;
+            let r = x.shape.len();
+            let axis = norm_axis(n, n.attr_int("axis", 0)?, r)?;
+            let parts = n.num_outputs;
+            let sizes: Vec<Dim> = match opt(inputs, 1) {
+                Some(s) => known_ints(n, s, "split")?.into_iter().map(Dim::known).collect(),
+                None => match n.attr_ints("split")? {
+                    Some(s) => s.into_iter().map(Dim::known).collect(),
+                    None => {
+                        let d = &x.shape[axis];
+                        match d.as_known() {
+                            Some(k) => {
+                                let chunk = (k as usize).div_ceil(parts) as i64;
+                                (0..parts).map(|i| Dim::known(chunk.min(k - chunk * i as i64).max(0))).collect()
+                            }
+                            None => {
+                                let q = d.div_exact(&Dim::known(parts as i64)).ok_or_else(|| n.shape_err("cannot split a symbolic dim evenly"))?;
+                                vec![q; parts]
+                            }
+                        }
+                    }
+                },
+            };
+            if sizes.len() != parts {
+                return Err(n.shape_err(format!("{} split sizes for {parts} outputs", sizes.len())));
+            }
+            Ok(sizes.into_iter().map(|s| {
+                let mut shape = x.shape.clone();
+                shape[axis] = s;
+                Info::new(x.dtype, shape)
+            }).collect())
+        }
+        "Slice" => {
+            let x = x0()?;
+            let starts = known_ints(n, req(n, inputs, 1)?, "starts")?;
+            let ends = known_ints(n, req(n, inputs, 2)?, "ends")?;
+            let r = x.shape.len();
+            let axes: Vec<usize> = match opt(inputs, 3) {
+                Some(a) => known_ints(n, a, "axes")?.iter().map(|&a| norm_axis(n, a, r)).collect::<Result<_, _>>()?,
+                None => (0..starts.len()).collect(),
+            };
+            let steps = match opt(inputs, 4) {
+                Some(s) => known_ints(n, s, "steps")?,
+                None => vec![1; starts.len()],
+            };
+            if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+                return Err(n.bad("starts, ends, axes and steps differ in length"));
+            }
+            let mut out = x.shape.clone();
+            for i in 0..starts.len() {
+                let (s, e, st) = (starts[i], ends[i], steps[i]);
+                if st == 0 {
+                    return Err(n.bad("slice step 0"));
+                }
+                let d = &x.shape[axes[i]];
+                out[axes[i]] = slice_len(ctx, d, s, e, st).unwrap_or_else(|| ctx.fresh("slice"));
+            }
+            one(x.dtype, out)
+        }
+        "Gather" => {
+            let (x, idx) = (x0()?, req(n, inputs, 1)?);
+            if !idx.dtype.is_int() {
+                return Err(n.dtype_err(format!("indices are {}", idx.dtype)));
+            }
+            let r = x.shape.len();
+            let axis = norm_axis(n, n.attr_int("axis", 0)?, r)?;
+            let mut out = x.shape[..axis].to_vec();
+            out.extend(idx.shape.iter().cloned());
+            out.extend(x.shape[axis + 1..].iter().cloned());
+            one(x.dtype, out)
+        }
+        "GatherElements" => one(x0()?.dtype, req(n, inputs, 1)?.shape.clone()),
+        "GatherND" => {
+            let (x, idx) = (x0()?, req(n, inputs, 1)?);
+            let b = n.attr_int("batch_dims", 0)? as usize;
+            let last = idx.shape.last().and_then(|d| d.as_known()).ok_or_else(|| n.shape_err("GatherND needs a known index depth"))? as usize;
+            let mut out = idx.shape[..idx.shape.len() - 1].to_vec();
+            out.extend(x.shape.get(b + last..).unwrap_or(&[]).iter().cloned());
+            one(x.dtype, out)
+        }
+        "ScatterND" => one(x0()?.dtype, x0()?.shape.clone()),
+        "Expand" => {
+            let x = x0()?;
+            let s = req(n, inputs, 1)?;
+            let (target, _) = s.as_dims().unwrap_or_else(|| {
+                let len = s.shape.first().and_then(|d| d.as_known()).unwrap_or(0);
+                ((0..len).map(|_| ctx.fresh("expand")).collect(), false)
+            });
+            one(x.dtype, broadcast(n, ctx, &[&x.shape, &target])?)
+        }
+        "Tile" => {
+            let x = x0()?;
+            let reps = req(n, inputs, 1)?;
+            let out = match reps.as_dims() {
+                Some((r, _)) if r.len() == x.shape.len() => {
+                    x.shape.iter().zip(&r).map(|(a, b)| a.mul(b).unwrap_or_else(|| ctx.fresh("tile"))).collect()
+                }
+                _ => x.shape.iter().map(|_| ctx.fresh("tile")).collect(),
+            };
+            one(x.dtype, out)
+        }
+        "Range" => {
+            let (s, l, d) = (x0()?, req(n, inputs, 1)?, req(n, inputs, 2)?);
+            let dt = same_dtype(n, &[s, l, d])?;
+            let len = match (s.as_dims(), l.as_dims(), d.as_dims()) {
+                (Some((s, _)), Some((l, _)), Some((d, _))) if s.len() == 1 && l.len() == 1 && d.len() == 1 => {
+                    match d[0].as_known() {
+                        Some(1) => l[0].sub(&s[0]),
+                        Some(k) if k != 0 => match (s[0].as_known(), l[0].as_known()) {
+                            (Some(a), Some(b)) => Some(Dim::known(((b - a) as f64 / k as f64).ceil().max(0.0) as i64)),
+                            _ => None,
+                        },
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let len = match (len, s.as_const(), l.as_const(), d.as_const()) {
+                (Some(len), _, _, _) => len,
+                (None, Some(a), Some(b), Some(c)) if dt.is_float() => {
+                    let (a, b, c) = (a.to_f64_vec()[0], b.to_f64_vec()[0], c.to_f64_vec()[0]);
+                    Dim::known(((b - a) / c).ceil().max(0.0) as i64)
+                }
+                _ => ctx.fresh("range"),
+            };
+            one(dt, vec![len])
+        }
+        "ConstantOfShape" => {
+            let s = x0()?;
+            let (dims, _) = s.as_dims().unwrap_or_else(|| {
+                let len = s.shape.first().and_then(|d| d.as_known()).unwrap_or(0);
+                ((0..len).map(|_| ctx.fresh("cos")).collect(), false)
+            });
+            let dt = match n.attrs.tensor("value").map_err(|e| n.bad(e.to_string()))? {
+                Some(t) => t.dtype,
+                None => DType::F32,
+            };
+            one(dt, dims)
+        }
+        "Constant" => unreachable!("Constant nodes are read by the importer"),
+        "Trilu" => one(x0()?.dtype, x0()?.shape.clone()),
+        "QuantizeLinear" => {
+            let x = x0()?;
+            let dt = match (opt(inputs, 2), attr_dtype(n, "output_dtype")?) {
+                (Some(zp), _) => zp.dtype,
+                (None, Some(d)) => d,
+                (None, None) => DType::U8,
+            };
+            one(dt, x.shape.clone())
+        }
+        "DequantizeLinear" => {
+            let (x, scale) = (x0()?, req(n, inputs, 1)?);
+            if let Some(zp) = opt(inputs, 2) {
+                if zp.dtype != x.dtype {
+                    return Err(n.dtype_err(format!("input is {} but zero point is {}", x.dtype, zp.dtype)));
+                }
+            }
+            one(scale.dtype, x.shape.clone())
+        }
+        "DynamicQuantizeLinear" => {
+            let x = x0()?;
+            Ok(vec![Info::new(DType::U8, x.shape.clone()), Info::new(DType::F32, vec![]), Info::new(DType::U8, vec![])])
+        }
+        "RotaryEmbedding" => one(x0()?.dtype, x0()?.shape.clone()),
+        "Attention" => infer_attention(n, ctx, inputs),
+        "MatMulNBits" => {
+            let a = x0()?;
+            let k = n.attr_int("K", -1)?;
+            let nn = n.attr_int("N", -1)?;
+            if k <= 0 || nn <= 0 {
+                return Err(n.bad("MatMulNBits needs positive K and N attributes"));
+            }
+            let last = a.shape.last().ok_or_else(|| n.shape_err("input A is a scalar"))?;
+            if last.as_known().is_some_and(|d| d != k) {
+                return Err(n.shape_err(format!("A's last dim is {last} but K = {k}")));
+            }
+            let mut out = a.shape.clone();
+            *out.last_mut().unwrap() = Dim::known(nn);
+            one(a.dtype, out)
+        }
+        "GatherBlockQuantized" => {
+            let (data, idx, scales) = (x0()?, req(n, inputs, 1)?, req(n, inputs, 2)?);
+            let axis = norm_axis(n, n.attr_int("gather_axis", 0)?, data.shape.len())?;
+            let mut logical = data.shape.clone();
+            if data.dtype == DType::U8 {
+                let bits = n.attr_int("bits", 4)?;
+                let per_byte = 8 / bits.clamp(1, 8);
+                let last = logical.len() - 1;
+                logical[last] = logical[last].mul(&Dim::known(per_byte)).ok_or_else(|| n.shape_err("overflow"))?;
+            }
+            let mut out = logical[..axis].to_vec();
+            out.extend(idx.shape.iter().cloned());
+            out.extend(logical[axis + 1..].iter().cloned());
+            one(scales.dtype, out)
+        }
+        "GroupQueryAttention" => infer_gqa(n, ctx, inputs),
+        other => Err(n.bad(format!("no shape inference for {other}"))),
+    }
+}
+
+/// Length of `d[s:e:st]`, for symbolic `d` only in the common cases (the whole dim, a prefix, a
+/// suffix), assuming the dim is long enough for the constant bounds.
+fn slice_len(ctx: &Ctx, d: &Dim, s: i64, e: i64, st: i64) -> Option<Dim> {
+    let d = ctx.normalize(d);
+    if let Some(len) = d.as_known() {
+        let clamp = |v: i64, lo: i64, hi: i64| v.clamp(lo, hi);
+        let (s, e) = if st > 0 {
+            let s = if s < 0 { s + len } else { s };
+            let e = if e < 0 { e + len } else { e };
+            (clamp(s, 0, len), clamp(e, 0, len))
+        } else {
+            let s = if s < 0 { s + len } else { s };
+            let e = if e < 0 { e + len } else { e };
+            (clamp(s, -1, len - 1), clamp(e, -1, len - 1))
+        };
+        let n = if st > 0 { (e - s + st - 1) / st } else { (s - e + (-st) - 1) / (-st) };
+        return Some(Dim::known(n.max(0)));
+    }
+    if st != 1 {
+        return None;
+    }
+    const OPEN: i64 = 1 << 31;
+    let start = if s >= 0 { Dim::known(s) } else { d.add(&Dim::known(s))? };
+    let end = if e >= OPEN { d.clone() } else if e >= 0 { Dim::known(e) } else { d.add(&Dim::known(e))? };
+    end.sub(&start)
+}
+
+fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let (q, k, v) = (req(n, inputs, 0)?, req(n, inputs, 1)?, req(n, inputs, 2)?);
+    let past_k = opt(inputs, 4);
+    let mut outs = vec![];
+    let (kv_heads, head_k, head_v, kv_len, batch) = if k.shape.len() == 4 {
+        (k.shape[1].clone(), k.shape[3].clone(), v.shape[3].clone(), k.shape[2].clone(), k.shape[0].clone())
+    } else {
+        let kvh = n.attr_int("kv_num_heads", 0)?;
+        if kvh <= 0 {
+            return Err(n.bad("3-D Attention inputs need kv_num_heads"));
+        }
+        let hk = k.shape[2].div_exact(&Dim::known(kvh)).ok_or_else(|| n.shape_err("key width not divisible by kv_num_heads"))?;
+        let hv = v.shape[2].div_exact(&Dim::known(kvh)).ok_or_else(|| n.shape_err("value width not divisible by kv_num_heads"))?;
+        (Dim::known(kvh), hk, hv, k.shape[1].clone(), k.shape[0].clone())
+    };
+    let y = if q.shape.len() == 4 {
+        vec![q.shape[0].clone(), q.shape[1].clone(), q.shape[2].clone(), head_v.clone()]
+    } else {
+        let qh = n.attr_int("q_num_heads", 0)?;
+        let w = head_v.mul(&Dim::known(qh)).ok_or_else(|| n.shape_err("overflow"))?;
+        vec![q.shape[0].clone(), q.shape[1].clone(), w]
+    };
+    outs.push(Info::new(q.dtype, y));
+    let total = match past_k {
+        Some(p) if p.shape.len() == 4 => p.shape[2].add(&kv_len).ok_or_else(|| n.shape_err("overflow"))?,
+        _ => kv_len,
+    };
+    let total = ctx.normalize(&total);
+    if n.num_outputs > 1 {
+        outs.push(Info::new(k.dtype, vec![batch.clone(), kv_heads.clone(), total.clone(), head_k]));
+    }
+    if n.num_outputs > 2 {
+        outs.push(Info::new(v.dtype, vec![batch, kv_heads, total, head_v]));
+    }
+    if n.num_outputs > 3 {
+        outs.push(Info::new(q.dtype, vec![ctx.fresh("qk")]));
+    }
+    Ok(outs)
+}
+
+fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let q = req(n, inputs, 0)?;
+    if q.shape.len() != 3 {
+        return Err(n.shape_err("query must be [batch, sequence, hidden]"));
+    }
+    let heads = n.attr_int("num_heads", 0)?;
+    let kv_heads = n.attr_int("kv_num_heads", 0)?;
+    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
+        return Err(n.bad(format!("num_heads {heads} and kv_num_heads {kv_heads} must be positive, heads a multiple of kv heads")));
+    }
+    let width = if opt(inputs, 1).is_some() { heads } else { heads + 2 * kv_heads };
+    let head = q.shape[2].div_exact(&Dim::known(width)).ok_or_else(|| {
+        n.shape_err(format!("query width {} is not a multiple of {width} heads", q.shape[2]))
+    })?;
+    let past = opt(inputs, 3);
+    // Without a shared KV buffer the present cache is the past plus this step's tokens, which is
+    // what total_sequence_length must then be.
+    let appended = match past {
+        Some(p) if p.shape.len() == 4 => Some(p.shape[2].add(&q.shape[1]).ok_or_else(|| n.shape_err("overflow"))?),
+        _ => None,
+    };
+    let total = match (opt(inputs, 6).and_then(|t| t.as_dims()), appended) {
+        (Some((d, _)), Some(a)) if d.len() == 1 => ctx.unify(&d[0], &a),
+        (Some((d, _)), None) if d.len() == 1 => d[0].clone(),
+        (_, Some(a)) => a,
+        _ => ctx.fresh("total"),
+    };
+    let total = ctx.normalize(&total);
+    let hidden = head.mul(&Dim::known(heads)).ok_or_else(|| n.shape_err("overflow"))?;
+    let mut outs = vec![Info::new(q.dtype, vec![q.shape[0].clone(), q.shape[1].clone(), hidden])];
+    for _ in 1..n.num_outputs.min(3) {
+        outs.push(Info::new(q.dtype, vec![q.shape[0].clone(), Dim::known(kv_heads), total.clone(), head.clone()]));
+    }
+    if n.num_outputs > 3 {
+        outs.push(Info::new(DType::F32, vec![ctx.fresh("qk")]));
+    }
+    Ok(outs)
+}

@@ -1,0 +1,27 @@
+//! npuc's typed graph IR.
+//!
+//! - [`dtype`], [`tensor`]: element types and concrete tensors.
+//! - [`dim`]: symbolic dimensions (polynomials over named sizes such as `batch` or `past`).
+//! - [`graph`]: the typed DAG every pass works on; weights are leaves that name bytes in a
+//!   [`weights::WeightStore`], never copies of them.
+//! - [`print`]: the stable, diff-friendly text form every snapshot uses.
+//! - [`eval`]: the reference evaluator, the Rust-side oracle for every pass.
+
+pub mod attr;
+pub mod dim;
+pub mod dtype;
+pub mod eval;
+pub mod graph;
+pub mod op;
+pub mod print;
+pub mod run;
+pub mod tensor;
+pub mod weights;
+
+pub use attr::{Attr, Attrs};
+pub use dim::Dim;
+pub use dtype::DType;
+pub use graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
+pub use op::{Domain, OpRef};
+pub use tensor::{Data, Tensor};
+pub use weights::{Weight, WeightId, WeightStore};

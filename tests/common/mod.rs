@@ -1,0 +1,66 @@
+//! Shared helpers for the end-to-end tests: where fixtures live and how to read a test case.
+
+#![allow(dead_code)]
+
+use ir::Tensor;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// The fixtures folder `make fixtures` writes (override with `NPUC_FIXTURES`). Tests fail, not
+/// skip, when it is missing: a green run must mean the comparisons ran.
+pub fn fixtures_dir() -> PathBuf {
+    let dir = std::env::var_os("NPUC_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures"));
+    assert!(dir.is_dir(), "fixtures folder {} is missing: run `make fixtures` (or `make test`)", dir.display());
+    dir
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    let d = fixtures_dir().join(name);
+    assert!(d.join("model.onnx").is_file(), "fixture {} is missing: run `make fixtures`", d.display());
+    d
+}
+
+pub struct Case {
+    pub inputs: HashMap<String, Tensor>,
+    /// Expected outputs in graph output order.
+    pub outputs: Vec<(String, Tensor)>,
+}
+
+/// Reads `input_<i>.pb` / `output_<j>.pb` of one case folder.
+pub fn read_case(fixture: &str, case: &str) -> Case {
+    let dir = fixtures_dir().join(fixture).join(case);
+    let mut inputs = HashMap::new();
+    let mut outputs = Vec::new();
+    for i in 0.. {
+        let p = dir.join(format!("input_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        let (name, t) = frontend::read_tensor_file(&p).unwrap();
+        inputs.insert(name, t);
+    }
+    for i in 0.. {
+        let p = dir.join(format!("output_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        outputs.push(frontend::read_tensor_file(&p).unwrap());
+    }
+    assert!(!inputs.is_empty() && !outputs.is_empty(), "case {} has no tensors", dir.display());
+    Case { inputs, outputs }
+}
+
+/// max |a - b| and max |b| over two tensors of the same shape.
+pub fn max_abs_diff(got: &Tensor, want: &Tensor) -> (f64, f64) {
+    assert_eq!(got.shape, want.shape, "shapes differ");
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let mut d: f64 = 0.0;
+    let mut m: f64 = 0.0;
+    for (x, y) in a.iter().zip(&b) {
+        d = d.max((x - y).abs());
+        m = m.max(y.abs());
+    }
+    (d, m)
+}
