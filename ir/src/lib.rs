@@ -10,7 +10,9 @@
 pub mod attr;
 pub mod dim;
 pub mod dtype;
+pub mod egraph;
 pub mod eval;
+pub mod fused;
 pub mod graph;
 pub mod op;
 pub mod print;

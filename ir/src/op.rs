@@ -11,6 +11,8 @@ pub enum Domain {
     Onnx,
     /// `com.microsoft`, onnxruntime's contrib ops.
     Microsoft,
+    /// `npuc`: the fused ops the rewrites produce. Never read from a model file.
+    Npuc,
 }
 
 impl Domain {
@@ -27,6 +29,7 @@ impl Domain {
         match self {
             Domain::Onnx => "ai.onnx",
             Domain::Microsoft => "com.microsoft",
+            Domain::Npuc => "npuc",
         }
     }
 }
@@ -54,7 +57,7 @@ const fn spec(domain: Domain, name: &'static str, inputs: (usize, usize), output
     OpSpec { domain, name, min_inputs: inputs.0, max_inputs: inputs.1, min_outputs: outputs.0, max_outputs: outputs.1 }
 }
 
-use Domain::{Microsoft as MS, Onnx as ON};
+use Domain::{Microsoft as MS, Npuc as NP, Onnx as ON};
 
 #[rustfmt::skip]
 pub static VOCABULARY: &[OpSpec] = &[
@@ -151,6 +154,15 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(MS, "RotaryEmbedding",                  (4, 4), (1, 1)),
     spec(MS, "QuantizeLinear",                   (2, 3), (1, 1)),
     spec(MS, "DequantizeLinear",                 (2, 3), (1, 1)),
+    // npuc's fused ops (see `crate::fused` for their exact semantics).
+    spec(NP, "RmsNorm",     (2, 2), (1, 1)),
+    spec(NP, "SkipRmsNorm", (3, 4), (1, 2)),
+    spec(NP, "Silu",        (1, 1), (1, 1)),
+    spec(NP, "SwiGlu",      (2, 2), (1, 1)),
+    spec(NP, "Rope",        (3, 3), (1, 1)),
+    spec(NP, "QGemm",       (6, 8), (1, 1)),
+    spec(NP, "WGemm",       (3, 5), (1, 1)),
+    spec(NP, "Attention",   (3, 6), (1, 3)),
 ];
 
 /// The vocabulary entry for an op, if npuc knows it.

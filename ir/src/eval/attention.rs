@@ -2,7 +2,7 @@
 //! (opset 23) and onnxruntime's GroupQueryAttention. Everything is computed in f64 from the
 //! inputs and rounded once to the output dtype.
 
-use super::layout::{broadcast_index_map, broadcasts_to};
+use super::layout::{broadcast_index_map, broadcasts_to, checked_numel};
 use super::linalg::dot;
 use super::reduce::softmax_row;
 use super::{float_tensor, int_values, require_float, Ctx, Res};
@@ -68,7 +68,12 @@ fn apply_rotary(
 ) -> Res<Tensor> {
     let half = cos.shape.last().copied().unwrap_or(0);
     if cos.shape != sin.shape || 2 * half > layout.head || half == 0 {
-        bail!("cos {:?} and sin {:?} must match and rotate at most the head size {}", cos.shape, sin.shape, layout.head);
+        bail!(
+            "cos {:?} and sin {:?} must match and rotate at most the head size {}",
+            cos.shape,
+            sin.shape,
+            layout.head
+        );
     }
     let rows = cos.numel() / half;
     let (cv, sv) = (cos.to_f64_vec(), sin.to_f64_vec());
@@ -134,13 +139,24 @@ pub(super) fn rotary_embedding_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         r => bail!("rotary_embedding_dim {r} is negative"),
     };
     if rot % 2 != 0 || rot > layout.head || cos.shape.last() != Some(&(rot / 2)) {
-        bail!("rotary dim {rot} needs even width within head {} and caches ending in {}, got {:?}", layout.head, rot / 2, cos.shape);
+        bail!(
+            "rotary dim {rot} needs even width within head {} and caches ending in {}, got {:?}",
+            layout.head,
+            rot / 2,
+            cos.shape
+        );
     }
     let out = match ids {
         Some(ids) => apply_rotary(x, layout, (cos, sin), interleaved, position_rows(ids, layout)?)?,
         None => {
             if cos.shape != [layout.batch, layout.seq, rot / 2] {
-                bail!("without position_ids the caches must be [{}, {}, {}], got {:?}", layout.batch, layout.seq, rot / 2, cos.shape);
+                bail!(
+                    "without position_ids the caches must be [{}, {}, {}], got {:?}",
+                    layout.batch,
+                    layout.seq,
+                    rot / 2,
+                    cos.shape
+                );
             }
             apply_rotary(x, layout, (cos, sin), interleaved, |b, s| Ok(b * layout.seq + s))?
         }
@@ -153,7 +169,8 @@ pub(super) fn rotary_embedding_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
 /// size is taken as the rotary width. The `scale` attribute is not applied: onnxruntime's
 /// kernels ignore it too.
 pub(super) fn rotary_embedding_contrib(cx: &Ctx) -> Res<Vec<Tensor>> {
-    let (x, ids, cos, sin) = (cx.input(0, "input")?, cx.input(1, "position_ids")?, cx.input(2, "cos_cache")?, cx.input(3, "sin_cache")?);
+    let (x, ids, cos, sin) =
+        (cx.input(0, "input")?, cx.input(1, "position_ids")?, cx.input(2, "cos_cache")?, cx.input(3, "sin_cache")?);
     require_float(x, "input")?;
     if cx.attrs().int_or("is_packed_batching", 0)? != 0 {
         bail!("packed batching is not supported");
@@ -196,10 +213,18 @@ struct RowScores {
 
 /// Scores query `q` against the `keys.len() / q.len()` key rows. `bias(j)` is added after the
 /// softcap (`-inf` masks key j); `sink` joins the softmax denominator only.
-fn score_row(q: &[f64], keys: &[f64], scale: f64, softcap: f64, bias: impl Fn(usize) -> f64, sink: Option<f64>) -> RowScores {
+fn score_row(
+    q: &[f64],
+    keys: &[f64],
+    scale: f64,
+    softcap: f64,
+    bias: impl Fn(usize) -> f64,
+    sink: Option<f64>,
+) -> RowScores {
     let head = q.len();
     let raw: Vec<f64> = keys.chunks(head.max(1)).map(|k| scale * dot(q, k)).collect();
-    let capped: Vec<f64> = if softcap > 0.0 { raw.iter().map(|&s| softcap * (s / softcap).tanh()).collect() } else { raw.clone() };
+    let capped: Vec<f64> =
+        if softcap > 0.0 { raw.iter().map(|&s| softcap * (s / softcap).tanh()).collect() } else { raw.clone() };
     let logits: Vec<f64> = capped.iter().enumerate().map(|(j, &s)| s + bias(j)).collect();
     let mut probs = logits.clone();
     softmax_row(&mut probs, sink);
@@ -219,7 +244,13 @@ fn weighted_sum(probs: &[f64], values: &[f64], out: &mut [f64]) {
 }
 
 /// Appends `new` (`[B, N, S_new, H]`) after `past` (`[B, N, S_past, H]`) along the sequence.
-fn concat_seq(past: Option<&[f64]>, past_len: usize, new: &[f64], new_len: usize, (batch, heads, head): (usize, usize, usize)) -> Vec<f64> {
+fn concat_seq(
+    past: Option<&[f64]>,
+    past_len: usize,
+    new: &[f64],
+    new_len: usize,
+    (batch, heads, head): (usize, usize, usize),
+) -> Vec<f64> {
     let mut out = Vec::with_capacity(batch * heads * (past_len + new_len) * head);
     for bn in 0..batch * heads {
         if let Some(p) = past {
@@ -270,7 +301,8 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         };
         (split(q, qh, "Q")?, split(k, kvh, "K")?, split(v, kvh, "V")?)
     } else {
-        let four = |t: &Tensor| Heads { batch: t.shape[0], heads: t.shape[1], seq: t.shape[2], head: t.shape[3], bnsh: true };
+        let four =
+            |t: &Tensor| Heads { batch: t.shape[0], heads: t.shape[1], seq: t.shape[2], head: t.shape[3], bnsh: true };
         (four(q), four(k), four(v))
     };
     let (batch, q_heads, kv_heads, head, v_head) = (ql.batch, ql.heads, kl.heads, ql.head, vl.head);
@@ -286,18 +318,25 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         (Some(pk), Some(pv)) => {
             let p = pk.shape.get(2).copied().unwrap_or(0);
             if pk.shape != [batch, kv_heads, p, head] || pv.shape != [batch, kv_heads, p, v_head] {
-                bail!("past_key {:?} / past_value {:?} do not fit [{batch}, {kv_heads}, past, {head}/{v_head}]", pk.shape, pv.shape);
+                bail!(
+                    "past_key {:?} / past_value {:?} do not fit [{batch}, {kv_heads}, past, {head}/{v_head}]",
+                    pk.shape,
+                    pv.shape
+                );
             }
             p
         }
         _ => bail!("past_key and past_value must be given together"),
     };
     let total = past_len + skv;
+    checked_numel(&[batch, q_heads, sq, total])?;
     let qb = ql.gather_bnsh(&q.to_f64_vec());
     let dims_k = (batch, kv_heads, head);
     let dims_v = (batch, kv_heads, v_head);
-    let keys = concat_seq(past_k.map(Tensor::to_f64_vec).as_deref(), past_len, &kl.gather_bnsh(&k.to_f64_vec()), skv, dims_k);
-    let values = concat_seq(past_v.map(Tensor::to_f64_vec).as_deref(), past_len, &vl.gather_bnsh(&v.to_f64_vec()), skv, dims_v);
+    let keys =
+        concat_seq(past_k.map(Tensor::to_f64_vec).as_deref(), past_len, &kl.gather_bnsh(&k.to_f64_vec()), skv, dims_k);
+    let values =
+        concat_seq(past_v.map(Tensor::to_f64_vec).as_deref(), past_len, &vl.gather_bnsh(&v.to_f64_vec()), skv, dims_v);
 
     // The mask, padded to `total` keys and broadcast to [B, Hq, Sq, total].
     let full = [batch, q_heads, sq, total];
@@ -313,7 +352,17 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
                 bail!("attn_mask must be bool or float, got {}", m.dtype);
             }
             let mv = m.to_f64_vec();
-            let as_bias = |x: f64| if is_bool { if x != 0.0 { 0.0 } else { f64::NEG_INFINITY } } else { x };
+            let as_bias = |x: f64| {
+                if is_bool {
+                    if x != 0.0 {
+                        0.0
+                    } else {
+                        f64::NEG_INFINITY
+                    }
+                } else {
+                    x
+                }
+            };
             // Like the ONNX reference, a last dimension shorter than the total is padded, never
             // broadcast, even when it is 1; only a scalar mask broadcasts.
             let mut padded_shape = if m.rank() == 0 { vec![1] } else { m.shape.clone() };
@@ -356,8 +405,13 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
                 };
                 let qv = &qb[((b * q_heads + h) * sq + i) * head..][..head];
                 let scores = score_row(qv, &keys[kv_rows * head..][..total * head], scale, softcap, bias, None);
-                let out_at = if three_d { ((b * sq + i) * q_heads + h) * v_head } else { ((b * q_heads + h) * sq + i) * v_head };
-                weighted_sum(&scores.probs, &values[kv_rows * v_head..][..total * v_head], &mut y[out_at..out_at + v_head]);
+                let out_at =
+                    if three_d { ((b * sq + i) * q_heads + h) * v_head } else { ((b * q_heads + h) * sq + i) * v_head };
+                weighted_sum(
+                    &scores.probs,
+                    &values[kv_rows * v_head..][..total * v_head],
+                    &mut y[out_at..out_at + v_head],
+                );
                 let recorded = match mode {
                     0 => scores.raw,
                     1 => scores.capped,
@@ -414,13 +468,23 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
     let [batch, seq, width] = query.shape[..] else {
         bail!("query must be 3-D, got {:?}", query.shape);
     };
+    if width == 0 {
+        bail!("query has no features");
+    }
     let same_dtype = |t: Option<&Tensor>, what: &str| -> Res<()> {
         match t {
             Some(t) if t.dtype != query.dtype => bail!("{what} has dtype {}, query {}", t.dtype, query.dtype),
             _ => Ok(()),
         }
     };
-    for (t, what) in [(key, "key"), (value, "value"), (past_k, "past_key"), (past_v, "past_value"), (attn_bias, "attention_bias"), (head_sink, "head_sink")] {
+    for (t, what) in [
+        (key, "key"),
+        (value, "value"),
+        (past_k, "past_key"),
+        (past_v, "past_value"),
+        (attn_bias, "attention_bias"),
+        (head_sink, "head_sink"),
+    ] {
         same_dtype(t, what)?;
     }
 
@@ -462,7 +526,11 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         (Some(pk), Some(pv)) => {
             let cap = pk.shape.get(2).copied().unwrap_or(0);
             if pk.shape != [batch, kv_heads, cap, head] || pv.shape != pk.shape {
-                bail!("past_key {:?} / past_value {:?} must be [{batch}, {kv_heads}, past, {head}]", pk.shape, pv.shape);
+                bail!(
+                    "past_key {:?} / past_value {:?} must be [{batch}, {kv_heads}, past, {head}]",
+                    pk.shape,
+                    pv.shape
+                );
             }
             cap
         }
@@ -472,11 +540,13 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         bail!("total_sequence_length {total} is below the sequence length {seq}");
     }
     let present_len = (total as usize).max(capacity);
+    checked_numel(&[batch, kv_heads, present_len, head])?;
+    checked_numel(&[batch, heads, seq, present_len])?;
     let first_prompt = total == seq as i64;
     let mut past_lens = Vec::with_capacity(batch);
     let mut totals = Vec::with_capacity(batch);
     for (b, &sl) in seqlens_v.iter().enumerate() {
-        let t = sl + 1;
+        let t = sl.saturating_add(1);
         let past = if first_prompt { 0 } else { t - seq as i64 };
         if t < 1 || t > total || past < 0 || past as usize > capacity || past as usize + seq > present_len {
             bail!("seqlens_k[{b}] = {sl} is inconsistent with sequence length {seq}, total {total} and past capacity {capacity}");
@@ -518,14 +588,16 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
 
     // Present caches: the past's first rows, then the new rows, zeros beyond.
     let past_kv = [past_k.map(Tensor::to_f64_vec), past_v.map(Tensor::to_f64_vec)];
-    let mut present = [vec![0.0; batch * kv_heads * present_len * head], vec![0.0; batch * kv_heads * present_len * head]];
+    let mut present =
+        [vec![0.0; batch * kv_heads * present_len * head], vec![0.0; batch * kv_heads * present_len * head]];
     for (which, new_vals) in [&k_vals, &v_vals].into_iter().enumerate() {
         for b in 0..batch {
             for n in 0..kv_heads {
                 let dst = (b * kv_heads + n) * present_len * head;
                 if let Some(past) = &past_kv[which] {
                     let src = (b * kv_heads + n) * capacity * head;
-                    present[which][dst..dst + past_lens[b] * head].copy_from_slice(&past[src..src + past_lens[b] * head]);
+                    present[which][dst..dst + past_lens[b] * head]
+                        .copy_from_slice(&past[src..src + past_lens[b] * head]);
                 }
                 for s in 0..seq {
                     let at = dst + (past_lens[b] + s) * head;
@@ -637,7 +709,9 @@ mod tests {
         let y = run("RotaryEmbedding", &[("num_heads", Attr::Int(2))], &[Some(&x3), Some(&cb), Some(&sb)], 1).unwrap();
         assert_eq!(f32s(&y[0]), vec![-2.0, 1.0, -4.0, 3.0]);
         let far = i64t(&[1, 1], &[5]);
-        assert!(err_msg(run("RotaryEmbedding", &[], &[Some(&x), Some(&cos), Some(&sin), Some(&far)], 1)).contains("beyond"));
+        assert!(
+            err_msg(run("RotaryEmbedding", &[], &[Some(&x), Some(&cos), Some(&sin), Some(&far)], 1)).contains("beyond")
+        );
     }
 
     #[test]
@@ -645,7 +719,8 @@ mod tests {
         // Position ids [1]: token s uses cache row 1 + s. Row 1 turns by 90 degrees, row 2 by 180.
         let x = f32t(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
         let (cos, sin) = (f32t(&[3, 1], &[1.0, 0.0, -1.0]), f32t(&[3, 1], &[0.0, 1.0, 0.0]));
-        let y = run_ms("RotaryEmbedding", &[], &[Some(&x), Some(&i64t(&[1], &[1])), Some(&cos), Some(&sin)], 1).unwrap();
+        let y =
+            run_ms("RotaryEmbedding", &[], &[Some(&x), Some(&i64t(&[1], &[1])), Some(&cos), Some(&sin)], 1).unwrap();
         assert_eq!(f32s(&y[0]), vec![-2.0, 1.0, -3.0, -4.0]);
         let ids = i64t(&[1, 2], &[2, 0]);
         let y = run_ms("RotaryEmbedding", &[], &[Some(&x), Some(&ids), Some(&cos), Some(&sin)], 1).unwrap();
@@ -660,15 +735,171 @@ mod tests {
     fn gqa_first_prompt_with_rotary_matches_onnxruntime() {
         // onnxruntime 1.32's outputs: 2 query heads over 1 kv head of size 16, 3 tokens, an empty
         // past, half-split rotary from 4x8 caches.
-        const GQA_PROMPT_OUT: [f32; 96] = [0.25, 0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.25, 0.1875, 0.625, -0.375, 0.25, 0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.25, 0.1875, 0.625, -0.375, 0.15940326, 0.59690326, -0.40309674, 0.03440326, 0.47190326, -0.52809674, -0.09059673, 0.34690326, 0.04147822, -0.21559672, 0.22190326, -0.08352177, -0.34059674, 0.096903265, 0.53440326, -0.4655967, 0.1617287, 0.59922874, -0.40077132, 0.036728688, 0.4742287, -0.5257713, -0.088271305, 0.3492287, 0.025975397, -0.2132713, 0.2242287, -0.0990246, -0.33827132, 0.099228695, 0.53672874, -0.46327132, 0.06757613, 0.50507617, -0.49492386, -0.057423864, 0.38007614, -0.1799563, -0.18242387, 0.25507614, 0.21369152, -0.30742386, 0.13007614, 0.08869151, -0.43242386, 0.0050761406, 0.4425761, -0.117456295, 0.06924321, 0.5067432, -0.4932568, -0.055756796, 0.38174325, -0.16933198, -0.1807568, 0.2567432, 0.1936205, -0.3057568, 0.13174321, 0.06862049, -0.4307568, 0.0067432052, 0.44424325, -0.106832];
-        const GQA_PROMPT_KEY: [f32; 48] = [0.28125, -0.21875, -0.0, 0.21875, -0.28125, -0.0625, -0.29296875, -0.34375, 0.3515625, 0.14453125, -0.1953125, 0.3203125, 0.25390625, 0.14453125, -0.09765625, 0.42578125, 0.0390625, 0.34765625, 0.296875, 0.15625, -0.25390625, 0.0546875, 0.2734375, -0.13671875, -0.109375, -0.0234375, -0.4296875, -0.0703125, 0.06640625, -0.46875, 0.03125, -0.05078125, -0.29296875, 0.1953125, -0.03515625, -0.17578125, 0.1328125, -0.09765625, -0.05859375, 0.0703125, -0.23046875, -0.390625, 0.125, -0.30078125, 0.3984375, 0.15625, -0.30859375, 0.3515625];
+        const GQA_PROMPT_OUT: [f32; 96] = [
+            0.25,
+            0.6875,
+            -0.3125,
+            0.125,
+            0.5625,
+            -0.4375,
+            0.0,
+            0.4375,
+            -0.5625,
+            -0.125,
+            0.3125,
+            -0.6875,
+            -0.25,
+            0.1875,
+            0.625,
+            -0.375,
+            0.25,
+            0.6875,
+            -0.3125,
+            0.125,
+            0.5625,
+            -0.4375,
+            0.0,
+            0.4375,
+            -0.5625,
+            -0.125,
+            0.3125,
+            -0.6875,
+            -0.25,
+            0.1875,
+            0.625,
+            -0.375,
+            0.15940326,
+            0.59690326,
+            -0.40309674,
+            0.03440326,
+            0.47190326,
+            -0.52809674,
+            -0.09059673,
+            0.34690326,
+            0.04147822,
+            -0.21559672,
+            0.22190326,
+            -0.08352177,
+            -0.34059674,
+            0.096903265,
+            0.53440326,
+            -0.4655967,
+            0.1617287,
+            0.59922874,
+            -0.40077132,
+            0.036728688,
+            0.4742287,
+            -0.5257713,
+            -0.088271305,
+            0.3492287,
+            0.025975397,
+            -0.2132713,
+            0.2242287,
+            -0.0990246,
+            -0.33827132,
+            0.099228695,
+            0.53672874,
+            -0.46327132,
+            0.06757613,
+            0.50507617,
+            -0.49492386,
+            -0.057423864,
+            0.38007614,
+            -0.1799563,
+            -0.18242387,
+            0.25507614,
+            0.21369152,
+            -0.30742386,
+            0.13007614,
+            0.08869151,
+            -0.43242386,
+            0.0050761406,
+            0.4425761,
+            -0.117456295,
+            0.06924321,
+            0.5067432,
+            -0.4932568,
+            -0.055756796,
+            0.38174325,
+            -0.16933198,
+            -0.1807568,
+            0.2567432,
+            0.1936205,
+            -0.3057568,
+            0.13174321,
+            0.06862049,
+            -0.4307568,
+            0.0067432052,
+            0.44424325,
+            -0.106832,
+        ];
+        const GQA_PROMPT_KEY: [f32; 48] = [
+            0.28125,
+            -0.21875,
+            -0.0,
+            0.21875,
+            -0.28125,
+            -0.0625,
+            -0.29296875,
+            -0.34375,
+            0.3515625,
+            0.14453125,
+            -0.1953125,
+            0.3203125,
+            0.25390625,
+            0.14453125,
+            -0.09765625,
+            0.42578125,
+            0.0390625,
+            0.34765625,
+            0.296875,
+            0.15625,
+            -0.25390625,
+            0.0546875,
+            0.2734375,
+            -0.13671875,
+            -0.109375,
+            -0.0234375,
+            -0.4296875,
+            -0.0703125,
+            0.06640625,
+            -0.46875,
+            0.03125,
+            -0.05078125,
+            -0.29296875,
+            0.1953125,
+            -0.03515625,
+            -0.17578125,
+            0.1328125,
+            -0.09765625,
+            -0.05859375,
+            0.0703125,
+            -0.23046875,
+            -0.390625,
+            0.125,
+            -0.30078125,
+            0.3984375,
+            0.15625,
+            -0.30859375,
+            0.3515625,
+        ];
         let q = f32t(&[1, 3, 32], &pattern(96, 1));
         let (k, v) = (f32t(&[1, 3, 16], &pattern(48, 2)), f32t(&[1, 3, 16], &pattern(48, 3)));
         let past = f32t(&[1, 1, 0, 16], &[]);
         let (cos, sin) = (f32t(&[4, 8], &pattern(32, 4)), f32t(&[4, 8], &pattern(32, 5)));
         let (seqlens, total) = (i32s(&[1], &[2]), i32s(&[], &[3]));
         let attrs = [("num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(1)), ("do_rotary", Attr::Int(1))];
-        let inputs = [Some(&q), Some(&k), Some(&v), Some(&past), Some(&past), Some(&seqlens), Some(&total), Some(&cos), Some(&sin)];
+        let inputs = [
+            Some(&q),
+            Some(&k),
+            Some(&v),
+            Some(&past),
+            Some(&past),
+            Some(&seqlens),
+            Some(&total),
+            Some(&cos),
+            Some(&sin),
+        ];
         let y = run_ms("GroupQueryAttention", &attrs, &inputs, 3).unwrap();
         assert_eq!((y[0].shape.clone(), y[1].shape.clone()), (vec![1, 3, 32], vec![1, 1, 3, 16]));
         assert_close(&f32s(&y[0]), &GQA_PROMPT_OUT, 1e-6);
@@ -679,15 +910,119 @@ mod tests {
     #[test]
     fn gqa_decode_with_past_and_interleaved_rotary_matches_onnxruntime() {
         // onnxruntime 1.32's outputs: one new token after 3 cached ones, so it sits at position 3.
-        const GQA_DECODE_OUT: [f32; 32] = [-0.012825079, -0.28967562, 0.14782439, 0.21596058, -0.085905895, 0.022824394, 0.09096059, -0.21090592, -0.10217561, 0.33532438, 0.049674913, -0.22717561, 0.21032438, -0.07532508, -0.35217562, 0.0853244, -0.02390919, -0.2858987, 0.15160133, 0.22575998, -0.09721734, 0.02660131, 0.10075998, -0.22221734, -0.09839869, 0.3391013, 0.03859081, -0.2233987, 0.21410131, -0.0864092, -0.3483987, 0.08910132];
-        const GQA_DECODE_KEY: [f32; 64] = [0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.25, 0.1875, 0.625, -0.375, 0.0625, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875, 0.25, 0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.25, 0.1875, 0.625, -0.375, 0.0625, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875, 0.25, 0.6875, -0.3125, 0.03515625, -0.2265625, 0.01953125, -0.15625, -0.265625, -0.53125, 0.16796875, -0.09375, -0.02734375, 0.16796875, -0.3125, 0.25390625, 0.30078125, 0.1640625, -0.07421875, 0.16796875];
+        const GQA_DECODE_OUT: [f32; 32] = [
+            -0.012825079,
+            -0.28967562,
+            0.14782439,
+            0.21596058,
+            -0.085905895,
+            0.022824394,
+            0.09096059,
+            -0.21090592,
+            -0.10217561,
+            0.33532438,
+            0.049674913,
+            -0.22717561,
+            0.21032438,
+            -0.07532508,
+            -0.35217562,
+            0.0853244,
+            -0.02390919,
+            -0.2858987,
+            0.15160133,
+            0.22575998,
+            -0.09721734,
+            0.02660131,
+            0.10075998,
+            -0.22221734,
+            -0.09839869,
+            0.3391013,
+            0.03859081,
+            -0.2233987,
+            0.21410131,
+            -0.0864092,
+            -0.3483987,
+            0.08910132,
+        ];
+        const GQA_DECODE_KEY: [f32; 64] = [
+            0.6875,
+            -0.3125,
+            0.125,
+            0.5625,
+            -0.4375,
+            0.0,
+            0.4375,
+            -0.5625,
+            -0.125,
+            0.3125,
+            -0.6875,
+            -0.25,
+            0.1875,
+            0.625,
+            -0.375,
+            0.0625,
+            0.5,
+            -0.5,
+            -0.0625,
+            0.375,
+            -0.625,
+            -0.1875,
+            0.25,
+            0.6875,
+            -0.3125,
+            0.125,
+            0.5625,
+            -0.4375,
+            0.0,
+            0.4375,
+            -0.5625,
+            -0.125,
+            0.3125,
+            -0.6875,
+            -0.25,
+            0.1875,
+            0.625,
+            -0.375,
+            0.0625,
+            0.5,
+            -0.5,
+            -0.0625,
+            0.375,
+            -0.625,
+            -0.1875,
+            0.25,
+            0.6875,
+            -0.3125,
+            0.03515625,
+            -0.2265625,
+            0.01953125,
+            -0.15625,
+            -0.265625,
+            -0.53125,
+            0.16796875,
+            -0.09375,
+            -0.02734375,
+            0.16796875,
+            -0.3125,
+            0.25390625,
+            0.30078125,
+            0.1640625,
+            -0.07421875,
+            0.16796875,
+        ];
         let q = f32t(&[1, 1, 32], &pattern(32, 6));
         let (k, v) = (f32t(&[1, 1, 16], &pattern(16, 7)), f32t(&[1, 1, 16], &pattern(16, 8)));
         let (pk, pv) = (f32t(&[1, 1, 3, 16], &pattern(48, 9)), f32t(&[1, 1, 3, 16], &pattern(48, 10)));
         let (cos, sin) = (f32t(&[4, 8], &pattern(32, 4)), f32t(&[4, 8], &pattern(32, 5)));
         let (seqlens, total) = (i32s(&[1], &[3]), i32s(&[], &[4]));
-        let attrs = [("num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(1)), ("do_rotary", Attr::Int(1)), ("rotary_interleaved", Attr::Int(1))];
-        let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), Some(&seqlens), Some(&total), Some(&cos), Some(&sin)];
+        let attrs = [
+            ("num_heads", Attr::Int(2)),
+            ("kv_num_heads", Attr::Int(1)),
+            ("do_rotary", Attr::Int(1)),
+            ("rotary_interleaved", Attr::Int(1)),
+        ];
+        let inputs =
+            [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), Some(&seqlens), Some(&total), Some(&cos), Some(&sin)];
         let y = run_ms("GroupQueryAttention", &attrs, &inputs, 3).unwrap();
         assert_eq!(y[1].shape, vec![1, 1, 4, 16]);
         assert_close(&f32s(&y[0]), &GQA_DECODE_OUT, 1e-6);
@@ -698,8 +1033,47 @@ mod tests {
     fn gqa_ragged_batch_in_a_shared_cache_with_a_local_window_matches_onnxruntime() {
         // onnxruntime 1.32's outputs: batch rows with 2 and 4 tokens in a 4-row cache, a window of 2
         // keys; rows past a batch row's total are zero in the present cache.
-        const GQA_RAGGED_OUT: [f32; 32] = [0.1497771, -0.23059776, 0.20690222, 0.024777094, -0.35559776, 0.081902236, -0.10022289, 0.3372771, 0.08056974, -0.17736132, 0.26013863, -0.04443026, -0.3023613, 0.13513865, -0.16943024, 0.26806974, 0.10386885, -0.14266568, 0.29483432, -0.02113115, -0.26766568, 0.16983432, -0.14613116, -0.39266568, 0.19154762, -0.1990306, 0.23846938, 0.066547625, -0.3240306, 0.11346938, -0.05845237, -0.4490306];
-        const GQA_RAGGED_VALUE: [f32; 64] = [-0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875, 0.25, 0.6875, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.6875, -0.25, 0.1875, 0.625, -0.375, 0.0625, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875, 0.25, 0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125];
+        const GQA_RAGGED_OUT: [f32; 32] = [
+            0.1497771,
+            -0.23059776,
+            0.20690222,
+            0.024777094,
+            -0.35559776,
+            0.081902236,
+            -0.10022289,
+            0.3372771,
+            0.08056974,
+            -0.17736132,
+            0.26013863,
+            -0.04443026,
+            -0.3023613,
+            0.13513865,
+            -0.16943024,
+            0.26806974,
+            0.10386885,
+            -0.14266568,
+            0.29483432,
+            -0.02113115,
+            -0.26766568,
+            0.16983432,
+            -0.14613116,
+            -0.39266568,
+            0.19154762,
+            -0.1990306,
+            0.23846938,
+            0.066547625,
+            -0.3240306,
+            0.11346938,
+            -0.05845237,
+            -0.4490306,
+        ];
+        const GQA_RAGGED_VALUE: [f32; 64] = [
+            -0.3125, 0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875,
+            0.25, 0.6875, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.6875,
+            -0.25, 0.1875, 0.625, -0.375, 0.0625, 0.5, -0.5, -0.0625, 0.375, -0.625, -0.1875, 0.25, 0.6875, -0.3125,
+            0.125, 0.5625, -0.4375, 0.0, 0.4375, -0.5625, -0.125, 0.3125, -0.6875, -0.3125, 0.125, 0.5625, -0.4375,
+            0.0, 0.4375, -0.5625, -0.125,
+        ];
         let q = f32t(&[2, 1, 16], &pattern(32, 11));
         let (k, v) = (f32t(&[2, 1, 8], &pattern(16, 12)), f32t(&[2, 1, 8], &pattern(16, 13)));
         let (pk, pv) = (f32t(&[2, 1, 4, 8], &pattern(64, 14)), f32t(&[2, 1, 4, 8], &pattern(64, 15)));
@@ -715,15 +1089,79 @@ mod tests {
     fn gqa_packed_qkv_with_sink_bias_and_softcap_matches_onnxruntime() {
         // onnxruntime 1.32's outputs, including output_qk (qk_output=1: the softcapped, biased
         // scores, zero where masked).
-        const GQA_PACKED_OUT: [f32; 32] = [0.2807954, -0.2548348, -0.020496596, 0.21384162, -0.32178858, -0.08745037, 0.14688784, 0.025054347, 0.46958596, -0.33849555, 0.015040109, 0.36857578, -0.43950576, -0.08597008, 0.26756558, -0.2686177, 0.19854322, -0.01425682, -0.19947733, 0.110094205, -0.10270583, -0.28792635, 0.0216452, 0.19284974, 0.39546132, -0.17808983, -0.081694216, 0.28942674, -0.28412437, -0.18772878, 0.18339217, -0.18154687];
-        const GQA_PACKED_QK: [f32; 12] = [-0.3781737, -0.22821185, 0.0, -0.8611456, 0.15959924, 0.41308242, 0.6709299, -0.5145478, 0.0, 0.7163466, -0.54448855, -0.26919317];
+        const GQA_PACKED_OUT: [f32; 32] = [
+            0.2807954,
+            -0.2548348,
+            -0.020496596,
+            0.21384162,
+            -0.32178858,
+            -0.08745037,
+            0.14688784,
+            0.025054347,
+            0.46958596,
+            -0.33849555,
+            0.015040109,
+            0.36857578,
+            -0.43950576,
+            -0.08597008,
+            0.26756558,
+            -0.2686177,
+            0.19854322,
+            -0.01425682,
+            -0.19947733,
+            0.110094205,
+            -0.10270583,
+            -0.28792635,
+            0.0216452,
+            0.19284974,
+            0.39546132,
+            -0.17808983,
+            -0.081694216,
+            0.28942674,
+            -0.28412437,
+            -0.18772878,
+            0.18339217,
+            -0.18154687,
+        ];
+        const GQA_PACKED_QK: [f32; 12] = [
+            -0.3781737,
+            -0.22821185,
+            0.0,
+            -0.8611456,
+            0.15959924,
+            0.41308242,
+            0.6709299,
+            -0.5145478,
+            0.0,
+            0.7163466,
+            -0.54448855,
+            -0.26919317,
+        ];
         let qkv = f32t(&[1, 2, 32], &pattern(64, 16));
         let (pk, pv) = (f32t(&[1, 1, 1, 8], &pattern(8, 17)), f32t(&[1, 1, 1, 8], &pattern(8, 18)));
         let bias = f32t(&[1, 2, 2, 3], &pattern(12, 19));
         let sink = f32t(&[2], &[0.25, -0.5]);
         let (seqlens, total) = (i32s(&[1], &[2]), i32s(&[], &[3]));
-        let attrs = [("num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(1)), ("softcap", Attr::Float(0.75)), ("qk_output", Attr::Int(1))];
-        let inputs = [Some(&qkv), None, None, Some(&pk), Some(&pv), Some(&seqlens), Some(&total), None, None, None, Some(&bias), Some(&sink)];
+        let attrs = [
+            ("num_heads", Attr::Int(2)),
+            ("kv_num_heads", Attr::Int(1)),
+            ("softcap", Attr::Float(0.75)),
+            ("qk_output", Attr::Int(1)),
+        ];
+        let inputs = [
+            Some(&qkv),
+            None,
+            None,
+            Some(&pk),
+            Some(&pv),
+            Some(&seqlens),
+            Some(&total),
+            None,
+            None,
+            None,
+            Some(&bias),
+            Some(&sink),
+        ];
         let y = run_ms("GroupQueryAttention", &attrs, &inputs, 4).unwrap();
         assert_close(&f32s(&y[0]), &GQA_PACKED_OUT, 1e-6);
         assert_eq!(y[3].shape, vec![1, 2, 2, 3]);
@@ -737,7 +1175,8 @@ mod tests {
         let past = f32t(&[1, 1, 1, 8], &pattern(8, 3));
         let attrs = [("num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(1))];
         // Total 5 with one new token needs 4 cached tokens, but the past holds only 1.
-        let inputs = [Some(&q), Some(&k), Some(&k), Some(&past), Some(&past), Some(&i32s(&[1], &[4])), Some(&i32s(&[], &[5]))];
+        let inputs =
+            [Some(&q), Some(&k), Some(&k), Some(&past), Some(&past), Some(&i32s(&[1], &[4])), Some(&i32s(&[], &[5]))];
         let e = err_msg(run_ms("GroupQueryAttention", &attrs, &inputs, 3));
         assert!(e.contains("seqlens_k[0] = 4 is inconsistent"), "{e}");
         let e = err_msg(run_ms("GroupQueryAttention", &attrs[..1], &inputs, 3));
@@ -758,8 +1197,42 @@ mod tests {
     #[test]
     fn attention_is_causal_from_the_end_of_the_past() {
         // onnxruntime 1.32's outputs for the causal case, 4-D and 3-D.
-        const ATTN_CAUSAL_PAST_Y: [f32; 16] = [-0.12733777, 0.31016222, -0.022240166, -0.25233778, 0.15622663, 0.078049965, -0.04202946, 0.03122663, -0.10377981, 0.33372015, -0.04036168, -0.22877981, -0.014556564, 0.0015357807, 0.053084917, -0.13955656];
-        const ATTN_3D_Y: [f32; 16] = [-0.12733777, 0.31016222, -0.022240166, -0.25233778, -0.10377981, 0.33372015, -0.04036168, -0.22877981, 0.15622663, 0.078049965, -0.04202946, 0.03122663, -0.014556564, 0.0015357807, 0.053084917, -0.13955656];
+        const ATTN_CAUSAL_PAST_Y: [f32; 16] = [
+            -0.12733777,
+            0.31016222,
+            -0.022240166,
+            -0.25233778,
+            0.15622663,
+            0.078049965,
+            -0.04202946,
+            0.03122663,
+            -0.10377981,
+            0.33372015,
+            -0.04036168,
+            -0.22877981,
+            -0.014556564,
+            0.0015357807,
+            0.053084917,
+            -0.13955656,
+        ];
+        const ATTN_3D_Y: [f32; 16] = [
+            -0.12733777,
+            0.31016222,
+            -0.022240166,
+            -0.25233778,
+            -0.10377981,
+            0.33372015,
+            -0.04036168,
+            -0.22877981,
+            0.15622663,
+            0.078049965,
+            -0.04202946,
+            0.03122663,
+            -0.014556564,
+            0.0015357807,
+            0.053084917,
+            -0.13955656,
+        ];
         let [q, k, v, pk, pv] = attention_inputs();
         let causal = [("is_causal", Attr::Int(1))];
         let y = run("Attention", &causal, &[Some(&q), Some(&k), Some(&v), None, Some(&pk), Some(&pv)], 3).unwrap();
@@ -772,7 +1245,13 @@ mod tests {
             run1("Reshape", &[], &[&bsnh, &i64t(&[3], &[1, 2, hidden])])
         };
         let attrs = [("is_causal", Attr::Int(1)), ("q_num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(1))];
-        let y = run("Attention", &attrs, &[Some(&to_3d(&q)), Some(&to_3d(&k)), Some(&to_3d(&v)), None, Some(&pk), Some(&pv)], 3).unwrap();
+        let y = run(
+            "Attention",
+            &attrs,
+            &[Some(&to_3d(&q)), Some(&to_3d(&k)), Some(&to_3d(&v)), None, Some(&pk), Some(&pv)],
+            3,
+        )
+        .unwrap();
         assert_eq!(y[0].shape, vec![1, 2, 8]);
         assert_close(&f32s(&y[0]), &ATTN_3D_Y, 1e-6);
     }
@@ -781,12 +1260,34 @@ mod tests {
     fn attention_float_mask_softcap_and_probabilities_output() {
         // onnxruntime 1.32's outputs with a float mask, softcap 0.5, scale 0.75 and
         // qk_matmul_output_mode 3 (the probabilities).
-        const ATTN_MASK_Y: [f32; 16] = [0.25377205, -0.0050180685, -0.047597684, 0.12877205, 0.3021981, 0.0034074448, -0.069463685, 0.17719811, 0.3025838, -0.03706816, -0.054044485, 0.17758381, 0.14772767, -0.056923427, 0.013152223, 0.022727646];
-        const ATTN_MASK_QK: [f32; 12] = [0.18165584, 0.33396843, 0.48437575, 0.13275701, 0.3550408, 0.5122022, 0.1432151, 0.31615746, 0.5406275, 0.29768667, 0.25559956, 0.4467138];
+        const ATTN_MASK_Y: [f32; 16] = [
+            0.25377205,
+            -0.0050180685,
+            -0.047597684,
+            0.12877205,
+            0.3021981,
+            0.0034074448,
+            -0.069463685,
+            0.17719811,
+            0.3025838,
+            -0.03706816,
+            -0.054044485,
+            0.17758381,
+            0.14772767,
+            -0.056923427,
+            0.013152223,
+            0.022727646,
+        ];
+        const ATTN_MASK_QK: [f32; 12] = [
+            0.18165584, 0.33396843, 0.48437575, 0.13275701, 0.3550408, 0.5122022, 0.1432151, 0.31615746, 0.5406275,
+            0.29768667, 0.25559956, 0.4467138,
+        ];
         let [q, k, v, pk, pv] = attention_inputs();
         let mask = f32t(&[2, 3], &pattern(6, 6));
-        let attrs = [("qk_matmul_output_mode", Attr::Int(3)), ("softcap", Attr::Float(0.5)), ("scale", Attr::Float(0.75))];
-        let y = run("Attention", &attrs, &[Some(&q), Some(&k), Some(&v), Some(&mask), Some(&pk), Some(&pv)], 4).unwrap();
+        let attrs =
+            [("qk_matmul_output_mode", Attr::Int(3)), ("softcap", Attr::Float(0.5)), ("scale", Attr::Float(0.75))];
+        let y =
+            run("Attention", &attrs, &[Some(&q), Some(&k), Some(&v), Some(&mask), Some(&pk), Some(&pv)], 4).unwrap();
         assert_close(&f32s(&y[0]), &ATTN_MASK_Y, 1e-6);
         assert_eq!(y[3].shape, vec![1, 2, 2, 3]);
         assert_close(&f32s(&y[3]), &ATTN_MASK_QK, 1e-6);

@@ -55,13 +55,7 @@ pub(crate) fn broadcast_index_map(src: &[usize], dst: &[usize]) -> Vec<usize> {
     let src_strides = strides(src);
     let offset = dst.len() - src.len();
     let strides: Vec<isize> = (0..dst.len())
-        .map(|d| {
-            if d < offset || src[d - offset] == 1 {
-                0
-            } else {
-                src_strides[d - offset] as isize
-            }
-        })
+        .map(|d| if d < offset || src[d - offset] == 1 { 0 } else { src_strides[d - offset] as isize })
         .collect();
     strided_offsets(dst, &strides, 0)
 }

@@ -44,7 +44,14 @@ impl MatView {
 /// `out[i*n + j] += Σ_k a(i,k) b(k,j)` in f64 for an `m x k` by `k x n` product. When B's rows
 /// are contiguous the loop runs i-k-j so the innermost loop streams a row of B; otherwise (B
 /// transposed in memory) it takes dot products along k.
-pub(crate) fn gemm_f64<T: Widen>(a: &[T], av: MatView, b: &[T], bv: MatView, (m, k, n): (usize, usize, usize), out: &mut [f64]) {
+pub(crate) fn gemm_f64<T: Widen>(
+    a: &[T],
+    av: MatView,
+    b: &[T],
+    bv: MatView,
+    (m, k, n): (usize, usize, usize),
+    out: &mut [f64],
+) {
     if bv.col_step == 1 {
         for i in 0..m {
             let row = &mut out[i * n..(i + 1) * n];
@@ -93,7 +100,16 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// Integer `m x k` by `k x n` product of row-major blocks with per-row zero points for A and
 /// per-column zero points for B, accumulated with wrapping: `out[i][j] += Σ (a-za_i)(b-zb_j)`.
 #[allow(clippy::too_many_arguments)]
-fn gemm_i64(a: &[i64], a_offset: usize, a_zp: &[i64], b: &[i64], b_offset: usize, b_zp: &[i64], (m, k, n): (usize, usize, usize), out: &mut [i64]) {
+fn gemm_i64(
+    a: &[i64],
+    a_offset: usize,
+    a_zp: &[i64],
+    b: &[i64],
+    b_offset: usize,
+    b_zp: &[i64],
+    (m, k, n): (usize, usize, usize),
+    out: &mut [i64],
+) {
     for i in 0..m {
         let row = &mut out[i * n..(i + 1) * n];
         for kk in 0..k {
@@ -216,8 +232,16 @@ pub(super) fn gemm(cx: &Ctx) -> Res<Vec<Tensor>> {
         }
     }
     let c_map = c.map(|c| BroadcastMap::new(&c.shape, &out_shape));
-    let av = if trans_a { MatView { offset: 0, row_step: 1, col_step: a.shape[1] } } else { MatView::row_major(0, a.shape[1]) };
-    let bv = if trans_b { MatView { offset: 0, row_step: 1, col_step: b.shape[1] } } else { MatView::row_major(0, b.shape[1]) };
+    let av = if trans_a {
+        MatView { offset: 0, row_step: 1, col_step: a.shape[1] }
+    } else {
+        MatView::row_major(0, a.shape[1])
+    };
+    let bv = if trans_b {
+        MatView { offset: 0, row_step: 1, col_step: b.shape[1] }
+    } else {
+        MatView::row_major(0, b.shape[1])
+    };
     let out = match (&a.data, &b.data) {
         (Data::F32(_) | Data::F64(_), _) => {
             let mut acc = vec![0.0; m * n];

@@ -70,21 +70,30 @@ pub fn eval_op(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Re
 }
 
 fn dispatch(cx: &Ctx) -> Res<Vec<Tensor>> {
+    match cx.op.domain {
+        Domain::Onnx => dispatch_onnx(cx),
+        Domain::Microsoft => dispatch_contrib(cx),
+        Domain::Npuc => crate::fused::eval(cx.op, cx.inputs, cx.num_outputs).map_err(|e| Fail(e.msg)),
+    }
+}
+
+fn dispatch_contrib(cx: &Ctx) -> Res<Vec<Tensor>> {
+    match cx.op.op {
+        "MatMulNBits" => quant::matmul_nbits(cx),
+        "GroupQueryAttention" => attention::group_query_attention(cx),
+        "SkipSimplifiedLayerNormalization" => norm::skip_simplified_layer_norm(cx),
+        "SimplifiedLayerNormalization" => norm::rms_norm(cx),
+        "GatherBlockQuantized" => quant::gather_block_quantized(cx),
+        "RotaryEmbedding" => attention::rotary_embedding_contrib(cx),
+        "QuantizeLinear" => quant::quantize_linear(cx),
+        "DequantizeLinear" => quant::dequantize_linear(cx),
+        op => bail!("com.microsoft op {op} is not in the vocabulary"),
+    }
+}
+
+fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
     use elementwise::{Arith, Compare, Logic};
     let op = cx.op.op;
-    if cx.op.domain == Domain::Microsoft {
-        return match op {
-            "MatMulNBits" => quant::matmul_nbits(cx),
-            "GroupQueryAttention" => attention::group_query_attention(cx),
-            "SkipSimplifiedLayerNormalization" => norm::skip_simplified_layer_norm(cx),
-            "SimplifiedLayerNormalization" => norm::rms_norm(cx),
-            "GatherBlockQuantized" => quant::gather_block_quantized(cx),
-            "RotaryEmbedding" => attention::rotary_embedding_contrib(cx),
-            "QuantizeLinear" => quant::quantize_linear(cx),
-            "DequantizeLinear" => quant::dequantize_linear(cx),
-            _ => bail!("com.microsoft op {op} is not in the vocabulary"),
-        };
-    }
     match op {
         "Add" => elementwise::arith(cx, Arith::Add),
         "Sub" => elementwise::arith(cx, Arith::Sub),
@@ -310,3 +319,102 @@ pub(crate) fn require_float(t: &Tensor, what: &str) -> Res<()> {
 
 #[cfg(test)]
 mod test_util;
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::*;
+    use super::*;
+    use crate::attr::Attr;
+    use crate::op::VOCABULARY;
+
+    /// Small, awkward tensors: scalars, empties, bools, strings, huge integers.
+    fn samples() -> Vec<Tensor> {
+        vec![
+            f32t(&[], &[1.5]),
+            f32t(&[2, 3], &[1.0, -2.0, 0.5, f32::NAN, 4.0, -0.0]),
+            f32t(&[0, 3], &[]),
+            f32t(&[1, 2, 2, 4], &pattern(16, 1)),
+            i64t(&[2], &[1, -1]),
+            i64t(&[3], &[2, 3, 4]),
+            i64t(&[2], &[i64::MAX, i64::MIN]),
+            typed(DType::I32, &[], &[3]),
+            typed(DType::U8, &[2, 2, 8], &byte_pattern(32, 1)),
+            booleans(&[2], &[true, false]),
+            Tensor { dtype: DType::Str, shape: vec![1], data: Data::Str(vec![b"x".to_vec()]) },
+            Tensor::from_f32(DType::F16, vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]),
+        ]
+    }
+
+    #[test]
+    fn malformed_onnx_and_contrib_inputs_give_errors_naming_the_node_never_panics() {
+        let typical = attrs(&[
+            ("to", Attr::Int(7)),
+            ("axis", Attr::Int(-1)),
+            ("K", Attr::Int(4)),
+            ("N", Attr::Int(2)),
+            ("block_size", Attr::Int(16)),
+            ("num_heads", Attr::Int(2)),
+            ("kv_num_heads", Attr::Int(1)),
+            ("q_num_heads", Attr::Int(2)),
+            ("value_int", Attr::Int(1)),
+            ("perm", Attr::Ints(vec![1, 0])),
+            ("is_causal", Attr::Int(1)),
+            ("do_rotary", Attr::Int(1)),
+        ]);
+        let empty = Attrs::default();
+        let samples = samples();
+        let mut failures = vec![];
+        // npuc's fused ops are defined and checked by `crate::fused`.
+        for spec in VOCABULARY.iter().filter(|s| s.domain != Domain::Npuc) {
+            let arities = [spec.min_inputs, spec.max_inputs.min(spec.min_inputs + 6)];
+            let outputs = [spec.min_outputs, spec.max_outputs.min(4)];
+            for attrs in [&empty, &typical] {
+                for &arity in &arities {
+                    for &num_outputs in &outputs {
+                        for rotation in 0..samples.len() {
+                            for stride in [0, 1, 5] {
+                                let inputs: Vec<Option<&Tensor>> = (0..arity)
+                                    .map(|i| Some(&samples[(rotation + i * stride) % samples.len()]))
+                                    .collect();
+                                let op = OpRef { node: "n", domain: spec.domain, op: spec.name, opset: 23, attrs };
+                                let outcome = std::panic::catch_unwind(|| eval_op(&op, &inputs, num_outputs));
+                                match outcome {
+                                    Err(_) => failures.push(format!("{} panicked on {:?}", spec.name, inputs)),
+                                    Ok(Ok(out)) => {
+                                        let bad =
+                                            out.len() != num_outputs || out.iter().any(|t| check_storage(t).is_err());
+                                        if bad {
+                                            failures.push(format!("{} produced malformed outputs {out:?}", spec.name));
+                                        }
+                                    }
+                                    Ok(Err(e)) => {
+                                        if e.node != "n" || e.op != spec.name || e.msg.is_empty() {
+                                            failures.push(format!("{} gave an unattributed error {e:?}", spec.name));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{} failures, first: {:#?}", failures.len(), &failures[..failures.len().min(5)]);
+    }
+
+    #[test]
+    fn unknown_ops_and_arity_violations_are_errors() {
+        let a = Attrs::default();
+        let x = f32t(&[1], &[1.0]);
+        let op = OpRef { node: "n", domain: Domain::Onnx, op: "Conv", opset: 23, attrs: &a };
+        assert!(eval_op(&op, &[Some(&x)], 1).unwrap_err().msg.contains("not in the vocabulary"));
+        let op = OpRef { node: "n", domain: Domain::Onnx, op: "Relu", opset: 23, attrs: &a };
+        assert!(eval_op(&op, &[Some(&x), Some(&x)], 1).unwrap_err().msg.contains("at most 1"));
+        assert!(eval_op(&op, &[Some(&x)], 2).unwrap_err().msg.contains("outputs requested"));
+        assert!(eval_op(&op, &[None], 1).unwrap_err().msg.contains("required input 0"));
+        let malformed = Tensor { dtype: DType::F32, shape: vec![2], data: Data::I64(vec![1, 2]) };
+        assert!(eval_op(&op, &[Some(&malformed)], 1).unwrap_err().msg.contains("mismatched storage"));
+        let e = eval_op(&op, &[Some(&x)], 1).map(|v| v.len());
+        assert_eq!(e, Ok(1));
+    }
+}

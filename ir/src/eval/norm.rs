@@ -95,7 +95,10 @@ pub(super) fn rms_norm(cx: &Ctx) -> Res<Vec<Tensor>> {
         }
         inv_stds.push(inv_std);
     }
-    Ok(vec![float_tensor(scale_t.dtype, x.shape.clone(), y), float_tensor(stash, stats_shape(&x.shape, axis), inv_stds)])
+    Ok(vec![
+        float_tensor(scale_t.dtype, x.shape.clone(), y),
+        float_tensor(stash, stats_shape(&x.shape, axis), inv_stds),
+    ])
 }
 
 /// onnxruntime's SkipSimplifiedLayerNormalization: `s = input + skip (+ bias)`, then RMS
@@ -171,12 +174,19 @@ mod tests {
     fn layer_norm_outputs_mean_and_inverse_std() {
         let x = f32t(&[1, 4], &[1.0, 2.0, 3.0, 4.0]);
         let (scale, bias) = (f32t(&[4], &[1.0, 1.0, 1.0, 2.0]), f32t(&[4], &[0.0, 0.0, 0.0, 1.0]));
-        let y = run("LayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale), Some(&bias)], 3).unwrap();
+        let y = run("LayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale), Some(&bias)], 3)
+            .unwrap();
         // mean 2.5, variance 1.25, 1/sqrt(1.25) = 0.894427191.
         assert_close(&f32s(&y[0]), &[-1.341_640_8, -0.447_213_6, 0.447_213_6, 3.683_281_6], 1e-6);
         assert_eq!((y[1].shape.clone(), f32s(&y[1])), (vec![1, 1], vec![2.5]));
         assert_close(&f32s(&y[2]), &[0.894_427_2], 1e-7);
-        let y = run("LayerNormalization", &[("axis", Attr::Int(0)), ("epsilon", Attr::Float(0.0))], &[Some(&f32t(&[2, 1], &[0.0, 2.0])), Some(&f32t(&[1], &[1.0]))], 1).unwrap();
+        let y = run(
+            "LayerNormalization",
+            &[("axis", Attr::Int(0)), ("epsilon", Attr::Float(0.0))],
+            &[Some(&f32t(&[2, 1], &[0.0, 2.0])), Some(&f32t(&[1], &[1.0]))],
+            1,
+        )
+        .unwrap();
         assert_eq!(f32s(&y[0]), vec![-1.0, 1.0]);
     }
 
@@ -185,11 +195,13 @@ mod tests {
         let x = f32t(&[1, 2], &[3.0, 4.0]);
         let scale = f32t(&[2], &[1.0, 2.0]);
         // mean square 12.5, root 3.5355339.
-        let y = run("SimplifiedLayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale)], 2).unwrap();
+        let y = run("SimplifiedLayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale)], 2)
+            .unwrap();
         assert_close(&f32s(&y[0]), &[0.848_528_1, 2.262_741_7], 1e-6);
         assert_eq!(y[1].shape, vec![1, 1]);
         assert_close(&f32s(&y[1]), &[0.282_842_7], 1e-7);
-        let ms = run_ms("SimplifiedLayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale)], 1).unwrap();
+        let ms = run_ms("SimplifiedLayerNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&scale)], 1)
+            .unwrap();
         assert_eq!(f32s(&ms[0]), f32s(&y[0]));
         let half_scale = Tensor::from_f32(DType::F16, vec![2], vec![1.0, 2.0]);
         let y = run("RMSNormalization", &[("epsilon", Attr::Float(0.0))], &[Some(&x), Some(&half_scale)], 1).unwrap();
@@ -206,9 +218,12 @@ mod tests {
         let gamma = f32t(&[4], &[1.0, 0.5, 2.0, -1.0]);
         let bias = f32t(&[4], &[0.1, 0.2, 0.3, 0.4]);
         let eps = [("epsilon", Attr::Float(1e-5))];
-        let y = run_ms("SkipSimplifiedLayerNormalization", &eps, &[Some(&x), Some(&skip), Some(&gamma), Some(&bias)], 4).unwrap();
+        let y =
+            run_ms("SkipSimplifiedLayerNormalization", &eps, &[Some(&x), Some(&skip), Some(&gamma), Some(&bias)], 4)
+                .unwrap();
         // onnxruntime 1.32's outputs for this case.
-        let expected = [0.427_236_56, 0.360_480_84, 1.228_305_1, -1.708_946_2, 0.794_738_9, 0.049_671_18, 3.278_298, -0.819_574_5];
+        let expected =
+            [0.427_236_56, 0.360_480_84, 1.228_305_1, -1.708_946_2, 0.794_738_9, 0.049_671_18, 3.278_298, -0.819_574_5];
         assert_close(&f32s(&y[0]), &expected, 2e-6);
         assert_eq!((y[1].shape.clone(), f32s(&y[1])), (vec![1, 2, 1], vec![0.0, 0.0]));
         assert_close(&f32s(&y[2]), &[0.267_022_85, 0.496_711_8], 1e-7);
@@ -216,9 +231,16 @@ mod tests {
         assert_close(&f32s(&y[3]), &[1.6, 2.7, 2.3, 6.4, 1.6, 0.2, 3.3, 1.65], 1e-6);
         // A [S, hidden] skip broadcasts over the batch, as onnxruntime accepts.
         let skip2 = f32t(&[2, 4], &f32s(&skip));
-        let y2 = run_ms("SkipSimplifiedLayerNormalization", &eps, &[Some(&x), Some(&skip2), Some(&gamma), Some(&bias)], 1).unwrap();
+        let y2 =
+            run_ms("SkipSimplifiedLayerNormalization", &eps, &[Some(&x), Some(&skip2), Some(&gamma), Some(&bias)], 1)
+                .unwrap();
         assert_eq!(f32s(&y2[0]), f32s(&y[0]));
-        let e = err_msg(run_ms("SkipSimplifiedLayerNormalization", &eps, &[Some(&x), Some(&skip), Some(&f32t(&[3], &[1.0; 3]))], 1));
+        let e = err_msg(run_ms(
+            "SkipSimplifiedLayerNormalization",
+            &eps,
+            &[Some(&x), Some(&skip), Some(&f32t(&[3], &[1.0; 3]))],
+            1,
+        ));
         assert!(e.contains("gamma"), "{e}");
     }
 }

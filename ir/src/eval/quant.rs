@@ -6,16 +6,24 @@ use super::layout::{checked_numel, strides};
 use super::linalg::dot;
 use super::{dtype_from_code, float_tensor, int_values, norm_axis, require_float, Ctx, Res};
 use crate::dtype::DType;
-use crate::tensor::{Data, Tensor};
+use crate::tensor::{numel, Data, Tensor};
 
 /// Which scale (and zero point) each element of a quantised tensor uses.
 enum Granularity {
     PerTensor,
     /// One parameter per index along `axis`; `inner` is the product of the dims after it.
-    PerAxis { dim: usize, inner: usize },
+    PerAxis {
+        dim: usize,
+        inner: usize,
+    },
     /// `block` consecutive indices along `axis` share a parameter; the parameter tensor has the
     /// data's shape with that axis shrunk to `blocks`.
-    Blocked { dim: usize, inner: usize, block: usize, blocks: usize },
+    Blocked {
+        dim: usize,
+        inner: usize,
+        block: usize,
+        blocks: usize,
+    },
 }
 
 impl Granularity {
@@ -40,7 +48,11 @@ impl Granularity {
         let block = block_size as usize;
         let blocks = dim.div_ceil(block);
         let fits = scale_shape.len() == rank
-            && scale_shape.iter().zip(x_shape).enumerate().all(|(d, (&s, &n))| if d == axis { s == blocks } else { s == n });
+            && scale_shape
+                .iter()
+                .zip(x_shape)
+                .enumerate()
+                .all(|(d, (&s, &n))| if d == axis { s == blocks } else { s == n });
         if !fits {
             bail!("blocked scale of shape {scale_shape:?} does not fit {x_shape:?} with block_size {block} on axis {axis}");
         }
@@ -96,8 +108,13 @@ pub(super) fn quantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
             d
         }
     };
+    let int_output = out_dtype.is_int();
+    if !int_output && !is_small_float(out_dtype) {
+        bail!("cannot quantize to {out_dtype}");
+    }
     let saturate = cx.attrs().int_or("saturate", 1)? != 0;
-    let g = Granularity::of(&x.shape, &scale.shape, cx.attrs().int_or("axis", 1)?, cx.attrs().int_or("block_size", 0)?)?;
+    let g =
+        Granularity::of(&x.shape, &scale.shape, cx.attrs().int_or("axis", 1)?, cx.attrs().int_or("block_size", 0)?)?;
     let s = scale.to_f64_vec();
     let xv = match x.dtype {
         DType::I32 => x.to_f64_vec(),
@@ -113,7 +130,7 @@ pub(super) fn quantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
             (v as f32 / s[g.param(i)] as f32) as f64
         }
     });
-    if let Some((lo, hi)) = out_dtype.int_range().filter(|_| out_dtype != DType::Bool) {
+    if let (true, Some((lo, hi))) = (int_output, out_dtype.int_range()) {
         let q = quotients
             .enumerate()
             .map(|(i, v)| {
@@ -123,12 +140,9 @@ pub(super) fn quantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
             .collect();
         return Ok(vec![Tensor::from_i64(out_dtype, x.shape.clone(), q)]);
     }
-    if is_small_float(out_dtype) {
-        let shifted = quotients.enumerate().map(|(i, v)| (v as f32 + zero_point(i) as f32) as f64).collect();
-        let as_f64 = Tensor::from_f64(x.shape.clone(), shifted);
-        return Ok(vec![cast_tensor(&as_f64, out_dtype, saturate)?]);
-    }
-    bail!("cannot quantize to {out_dtype}")
+    let shifted = quotients.enumerate().map(|(i, v)| (v as f32 + zero_point(i) as f32) as f64).collect();
+    let as_f64 = Tensor::from_f64(x.shape.clone(), shifted);
+    Ok(vec![cast_tensor(&as_f64, out_dtype, saturate)?])
 }
 
 /// DequantizeLinear: `(x - zero_point) * scale`, computed in f32 and rounded to the output dtype
@@ -150,7 +164,8 @@ pub(super) fn dequantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
     if !out_dtype.is_float() {
         bail!("output_dtype must be a float type, got {out_dtype}");
     }
-    let g = Granularity::of(&x.shape, &scale.shape, cx.attrs().int_or("axis", 1)?, cx.attrs().int_or("block_size", 0)?)?;
+    let g =
+        Granularity::of(&x.shape, &scale.shape, cx.attrs().int_or("axis", 1)?, cx.attrs().int_or("block_size", 0)?)?;
     let s = scale.to_f32_vec();
     let values: Vec<f64> = match (&x.data, zp.map(|z| &z.data)) {
         (Data::I64(v), z) => {
@@ -161,7 +176,7 @@ pub(super) fn dequantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
             v.iter()
                 .enumerate()
                 .map(|(i, &q)| {
-                    let shifted = q - z.map_or(0, |z| z[g.param(i)]);
+                    let shifted = q.wrapping_sub(z.map_or(0, |z| z[g.param(i)]));
                     (shifted as f32 * s[g.param(i)]) as f64
                 })
                 .collect()
@@ -171,7 +186,10 @@ pub(super) fn dequantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
                 Some(Data::F32(z)) => Some(z),
                 _ => None,
             };
-            v.iter().enumerate().map(|(i, &q)| ((q - z.map_or(0.0, |z| z[g.param(i)])) * s[g.param(i)]) as f64).collect()
+            v.iter()
+                .enumerate()
+                .map(|(i, &q)| ((q - z.map_or(0.0, |z| z[g.param(i)])) * s[g.param(i)]) as f64)
+                .collect()
         }
         _ => bail!("x has unsupported storage"),
     };
@@ -234,15 +252,16 @@ pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
     if a.rank() == 0 || a.shape[a.rank() - 1] != k {
         bail!("A of shape {:?} does not end in K={k}", a.shape);
     }
-    if !(block * bits).is_multiple_of(8) {
+    let block_bits = block.checked_mul(bits).filter(|b| b.is_multiple_of(8));
+    let Some(block_bits) = block_bits else {
         bail!("block_size {block} does not pack into whole bytes at {bits} bits");
-    }
+    };
     let blocks = k.div_ceil(block);
-    let blob = block * bits / 8;
-    if b.dtype != DType::U8 || b.numel() != n * blocks * blob {
+    let blob = block_bits / 8;
+    if b.dtype != DType::U8 || Some(b.numel()) != numel(&[n, blocks, blob]) {
         bail!("B must be uint8 [N={n}, {blocks}, {blob}], got {} {:?}", b.dtype, b.shape);
     }
-    if scales.numel() != n * blocks {
+    if Some(scales.numel()) != numel(&[n, blocks]) {
         bail!("scales must hold N*blocks = {} values, got shape {:?}", n * blocks, scales.shape);
     }
     enum ZeroPoints<'t> {
@@ -296,7 +315,9 @@ pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
             let blk = groups.as_ref().map_or(blk_of_code, |g| g[kk]);
             let z = match &zero_points {
                 ZeroPoints::Default => default_zp,
-                ZeroPoints::Packed { bytes, row_bytes } => unpack(&bytes[col * row_bytes..][..*row_bytes], bits, blk) as f32,
+                ZeroPoints::Packed { bytes, row_bytes } => {
+                    unpack(&bytes[col * row_bytes..][..*row_bytes], bits, blk) as f32
+                }
                 ZeroPoints::Float(v) => v[col * blocks + blk],
             };
             *wk = super::round_f64(a.dtype, ((q - z) * s[col * blocks + blk]) as f64) as f64;
@@ -354,7 +375,11 @@ pub(super) fn gather_block_quantized(cx: &Ctx) -> Res<Vec<Tensor>> {
             }
         });
     if !scale_fits {
-        bail!("scales of shape {:?} do not fit data {:?} quantised in blocks of {block} on axis {quantize_axis}", scales.shape, logical);
+        bail!(
+            "scales of shape {:?} do not fit data {:?} quantised in blocks of {block} on axis {quantize_axis}",
+            scales.shape,
+            logical
+        );
     }
     if let Some(z) = zp {
         if is_small_float(data.dtype) || z.dtype != data.dtype {
@@ -402,7 +427,13 @@ pub(super) fn gather_block_quantized(cx: &Ctx) -> Res<Vec<Tensor>> {
         let mut si = 0;
         for d in 0..rank {
             let c = (li / logical_strides[d]) % logical[d];
-            let c = if d == quantize_axis { c / block } else if scales.shape[d] == 1 { 0 } else { c };
+            let c = if d == quantize_axis {
+                c / block
+            } else if scales.shape[d] == 1 {
+                0
+            } else {
+                c
+            };
             si += c * scale_strides[d];
         }
         ((code_at(li) - zp_at(si)) * s[si]) as f64
@@ -449,9 +480,21 @@ mod tests {
         // 0.3f / 0.1f is exactly 3 and 0.35f / 0.1f exactly 3.5 in f32 (onnxruntime agrees).
         let y = run1("QuantizeLinear", &[], &[&f32t(&[3], &[0.3, 0.25, 0.35]), &f32t(&[], &[0.1])]);
         assert_eq!(ints(&y), vec![3, 2, 4]);
-        let y = run("QuantizeLinear", &[("output_dtype", code(DType::I4))], &[Some(&f32t(&[3], &[7.5, -9.0, 3.49])), Some(&one)], 1).unwrap();
+        let y = run(
+            "QuantizeLinear",
+            &[("output_dtype", code(DType::I4))],
+            &[Some(&f32t(&[3], &[7.5, -9.0, 3.49])), Some(&one)],
+            1,
+        )
+        .unwrap();
         assert_eq!((y[0].dtype, ints(&y[0])), (DType::I4, vec![7, -8, 3]));
-        let y = run("QuantizeLinear", &[("output_dtype", code(DType::F8E4M3FN))], &[Some(&f32t(&[2], &[1.0, 1000.0])), Some(&one)], 1).unwrap();
+        let y = run(
+            "QuantizeLinear",
+            &[("output_dtype", code(DType::F8E4M3FN))],
+            &[Some(&f32t(&[2], &[1.0, 1000.0])), Some(&one)],
+            1,
+        )
+        .unwrap();
         assert_eq!((y[0].dtype, f32s(&y[0])), (DType::F8E4M3FN, vec![1.0, 448.0]));
     }
 
@@ -465,7 +508,11 @@ mod tests {
             &[&x, &f32t(&[2, 2], &[1.0, 2.0, 0.5, 4.0]), &typed(DType::I8, &[2, 2], &[0; 4])],
         );
         assert_eq!(ints(&blocked), vec![-5, -4, -3, -1, 0, 0, 2, 4, 6, 1, 1, 2]);
-        let per_axis = run1("QuantizeLinear", &[("axis", Attr::Int(0))], &[&x, &f32t(&[2], &[1.0, 3.0]), &typed(DType::U8, &[2], &[1, 2])]);
+        let per_axis = run1(
+            "QuantizeLinear",
+            &[("axis", Attr::Int(0))],
+            &[&x, &f32t(&[2], &[1.0, 3.0]), &typed(DType::U8, &[2], &[1, 2])],
+        );
         assert_eq!(ints(&per_axis), vec![0, 0, 0, 0, 0, 1, 2, 3, 3, 3, 4, 4]);
         let e = err_msg(run("QuantizeLinear", &[("axis", Attr::Int(0))], &[Some(&x), Some(&f32t(&[3], &[1.0; 3]))], 1));
         assert!(e.contains("per-axis scale"), "{e}");
@@ -480,7 +527,11 @@ mod tests {
         let y = run1("DequantizeLinear", &[], &[&xu, &f32t(&[2], &[1.0, 10.0]), &typed(DType::U8, &[2], &[0, 1])]);
         assert_eq!(f32s(&y), vec![1.0, 10.0, 3.0, 30.0]);
         let x4 = typed(DType::I4, &[1, 4], &[1, 2, 3, 4]);
-        let y = run1("DequantizeLinear", &[("axis", Attr::Int(1)), ("block_size", Attr::Int(2))], &[&x4, &f32t(&[1, 2], &[1.0, 0.5])]);
+        let y = run1(
+            "DequantizeLinear",
+            &[("axis", Attr::Int(1)), ("block_size", Attr::Int(2))],
+            &[&x4, &f32t(&[1, 2], &[1.0, 0.5])],
+        );
         assert_eq!(f32s(&y), vec![1.0, 2.0, 1.5, 2.0]);
         let half = Tensor::from_f32(DType::F16, vec![], vec![0.1]);
         let y = run1("DequantizeLinear", &[], &[&typed(DType::I32, &[1], &[3]), &half]);
@@ -489,7 +540,9 @@ mod tests {
         assert_eq!((y.dtype, f32s(&y)), (DType::F16, vec![0.299_804_7]));
         let f8 = Tensor::from_f32(DType::F8E4M3FN, vec![2], vec![448.0, 0.3125]);
         assert_eq!(f32s(&run1("DequantizeLinear", &[], &[&f8, &f32t(&[], &[2.0])])), vec![896.0, 0.625]);
-        let ms = run_ms("DequantizeLinear", &[("axis", Attr::Int(1))], &[Some(&xu), Some(&f32t(&[2], &[1.0, 10.0]))], 1).unwrap();
+        let ms =
+            run_ms("DequantizeLinear", &[("axis", Attr::Int(1))], &[Some(&xu), Some(&f32t(&[2], &[1.0, 10.0]))], 1)
+                .unwrap();
         assert_eq!(f32s(&ms[0]), vec![1.0, 20.0, 3.0, 40.0]);
     }
 
@@ -520,7 +573,12 @@ mod tests {
         let scales = f32t(&[4], &[0.5, 0.25, 1.0, 2.0]);
         let mut inputs = vec![Some(&a), Some(&b), Some(&scales)];
         inputs.extend_from_slice(extra);
-        let attrs = [("K", Attr::Int(20)), ("N", Attr::Int(2)), ("bits", Attr::Int(bits as i64)), ("block_size", Attr::Int(16))];
+        let attrs = [
+            ("K", Attr::Int(20)),
+            ("N", Attr::Int(2)),
+            ("bits", Attr::Int(bits as i64)),
+            ("block_size", Attr::Int(16)),
+        ];
         let y = run_ms("MatMulNBits", &attrs, &inputs, 1).unwrap();
         assert_eq!(y[0].shape, vec![1, 2, 2]);
         f32s(&y[0])
@@ -570,7 +628,8 @@ mod tests {
         // A picks out element 1 (code 1): (1 - 8) * 0.5.
         let mut unit = vec![0.0; 16];
         unit[1] = 1.0;
-        let y = run_ms("MatMulNBits", &attrs, &[Some(&f32t(&[1, 16], &unit)), Some(&b), Some(&f32t(&[1], &[0.5]))], 1).unwrap();
+        let y = run_ms("MatMulNBits", &attrs, &[Some(&f32t(&[1, 16], &unit)), Some(&b), Some(&f32t(&[1], &[0.5]))], 1)
+            .unwrap();
         assert_eq!(f32s(&y[0]), vec![-3.5]);
     }
 
@@ -579,27 +638,68 @@ mod tests {
         // onnxruntime 1.32's outputs; data is byte_pattern(48, 5) as uint8 [3, 16] holding 4-bit
         // codes [3, 32], scales [3, 2] (blocks of 16), indices [2, -3, 7]: 7 is out of range and
         // gives zeros.
-        const GBQ_U8_DEFAULT: [f32; 96] = [1.0, -5.0, -4.0, -7.0, 7.0, 6.0, 2.0, 4.0, -3.0, 2.0, 8.0, -1.0, 3.0, -3.0, -2.0, -5.0, 28.0, 28.0, -16.0, -24.0, 4.0, -16.0, 24.0, -8.0, -20.0, 4.0, 0.0, 12.0, 20.0, 20.0, -24.0, -32.0, -1.0, -5.0, 4.0, -3.0, -7.0, 0.0, -2.0, 2.0, 3.0, 4.0, -8.0, 7.0, -3.0, -7.0, 2.0, -5.0, 3.5, -1.5, -2.0, 0.0, 0.5, 1.0, 3.0, 2.0, -2.5, 3.5, 0.0, -3.5, 2.5, -2.5, -3.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
-        const GBQ_U8_ZP: [f32; 64] = [6.0, 2.0, 11.0, 4.0, 0.0, 7.0, 5.0, 9.0, 10.0, 11.0, -1.0, 14.0, 4.0, 0.0, 9.0, 2.0, 6.0, 1.0, 0.5, 2.5, 3.0, 3.5, 5.5, 4.5, 0.0, 6.0, 2.5, -1.0, 5.0, 0.0, -0.5, 1.5, -7.0, -13.0, -12.0, -15.0, -1.0, -2.0, -6.0, -4.0, -11.0, -6.0, -0.0, -9.0, -5.0, -11.0, -10.0, -13.0, 0.0, 0.0, -44.0, -52.0, -24.0, -44.0, -4.0, -36.0, -48.0, -24.0, -28.0, -16.0, -8.0, -8.0, -52.0, -60.0];
-        const GBQ_I4_ZP: [f32; 64] = [-10.0, 0.0, 10.0, -12.0, -2.0, 8.0, -14.0, -4.0, 6.0, -16.0, -6.0, 4.0, 14.0, -8.0, 2.0, 12.0, -2.0, -0.75, 0.5, -2.25, -1.0, 0.25, -2.5, -1.25, 0.0, -2.75, -1.5, -0.25, 1.0, -1.75, -0.5, 0.75, -3.0, -8.0, -13.0, -2.0, -7.0, -12.0, -1.0, -6.0, -11.0, -0.0, -5.0, -10.0, -15.0, -4.0, -9.0, -14.0, -48.0, -28.0, -8.0, -52.0, -32.0, -12.0, -56.0, -36.0, -16.0, -60.0, -40.0, -20.0, 0.0, -44.0, -24.0, -4.0];
+        const GBQ_U8_DEFAULT: [f32; 96] = [
+            1.0, -5.0, -4.0, -7.0, 7.0, 6.0, 2.0, 4.0, -3.0, 2.0, 8.0, -1.0, 3.0, -3.0, -2.0, -5.0, 28.0, 28.0, -16.0,
+            -24.0, 4.0, -16.0, 24.0, -8.0, -20.0, 4.0, 0.0, 12.0, 20.0, 20.0, -24.0, -32.0, -1.0, -5.0, 4.0, -3.0,
+            -7.0, 0.0, -2.0, 2.0, 3.0, 4.0, -8.0, 7.0, -3.0, -7.0, 2.0, -5.0, 3.5, -1.5, -2.0, 0.0, 0.5, 1.0, 3.0, 2.0,
+            -2.5, 3.5, 0.0, -3.5, 2.5, -2.5, -3.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+        ];
+        const GBQ_U8_ZP: [f32; 64] = [
+            6.0, 2.0, 11.0, 4.0, 0.0, 7.0, 5.0, 9.0, 10.0, 11.0, -1.0, 14.0, 4.0, 0.0, 9.0, 2.0, 6.0, 1.0, 0.5, 2.5,
+            3.0, 3.5, 5.5, 4.5, 0.0, 6.0, 2.5, -1.0, 5.0, 0.0, -0.5, 1.5, -7.0, -13.0, -12.0, -15.0, -1.0, -2.0, -6.0,
+            -4.0, -11.0, -6.0, -0.0, -9.0, -5.0, -11.0, -10.0, -13.0, 0.0, 0.0, -44.0, -52.0, -24.0, -44.0, -4.0,
+            -36.0, -48.0, -24.0, -28.0, -16.0, -8.0, -8.0, -52.0, -60.0,
+        ];
+        const GBQ_I4_ZP: [f32; 64] = [
+            -10.0, 0.0, 10.0, -12.0, -2.0, 8.0, -14.0, -4.0, 6.0, -16.0, -6.0, 4.0, 14.0, -8.0, 2.0, 12.0, -2.0, -0.75,
+            0.5, -2.25, -1.0, 0.25, -2.5, -1.25, 0.0, -2.75, -1.5, -0.25, 1.0, -1.75, -0.5, 0.75, -3.0, -8.0, -13.0,
+            -2.0, -7.0, -12.0, -1.0, -6.0, -11.0, -0.0, -5.0, -10.0, -15.0, -4.0, -9.0, -14.0, -48.0, -28.0, -8.0,
+            -52.0, -32.0, -12.0, -56.0, -36.0, -16.0, -60.0, -40.0, -20.0, 0.0, -44.0, -24.0, -4.0,
+        ];
         let data = typed(DType::U8, &[3, 16], &byte_pattern(48, 5));
         let scales = f32t(&[3, 2], &[1.0, 0.5, 2.0, 0.25, -1.0, 4.0]);
-        let attrs = [("block_size", Attr::Int(16)), ("quantize_axis", Attr::Int(1)), ("gather_axis", Attr::Int(0)), ("bits", Attr::Int(4))];
-        let y = run_ms("GatherBlockQuantized", &attrs, &[Some(&data), Some(&i64t(&[3], &[2, -3, 7])), Some(&scales)], 1).unwrap();
+        let attrs = [
+            ("block_size", Attr::Int(16)),
+            ("quantize_axis", Attr::Int(1)),
+            ("gather_axis", Attr::Int(0)),
+            ("bits", Attr::Int(4)),
+        ];
+        let y =
+            run_ms("GatherBlockQuantized", &attrs, &[Some(&data), Some(&i64t(&[3], &[2, -3, 7])), Some(&scales)], 1)
+                .unwrap();
         assert_eq!(y[0].shape, vec![3, 32]);
         assert_eq!(f32s(&y[0]), GBQ_U8_DEFAULT);
         let zp = typed(DType::U8, &[3, 1], &[0x31, 0x02, 0xf0]);
-        let y = run_ms("GatherBlockQuantized", &attrs, &[Some(&data), Some(&i64t(&[2], &[0, 2])), Some(&scales), Some(&zp)], 1).unwrap();
+        let y = run_ms(
+            "GatherBlockQuantized",
+            &attrs,
+            &[Some(&data), Some(&i64t(&[2], &[0, 2])), Some(&scales), Some(&zp)],
+            1,
+        )
+        .unwrap();
         assert_eq!(f32s(&y[0]), GBQ_U8_ZP);
         // int4 data: the default zero point is 0 and typed zero points apply directly.
         let d4 = typed(DType::I4, &[3, 32], &(0..96).map(|i| ((i * 5 + 3) % 16) - 8).collect::<Vec<_>>());
         let z4 = typed(DType::I4, &[3, 2], &[1, -2, 0, 3, -8, 7]);
         let attrs4 = [("block_size", Attr::Int(16)), ("quantize_axis", Attr::Int(1)), ("gather_axis", Attr::Int(0))];
-        let y = run_ms("GatherBlockQuantized", &attrs4, &[Some(&d4), Some(&i64t(&[2], &[1, 2])), Some(&scales), Some(&z4)], 1).unwrap();
+        let y = run_ms(
+            "GatherBlockQuantized",
+            &attrs4,
+            &[Some(&d4), Some(&i64t(&[2], &[1, 2])), Some(&scales), Some(&z4)],
+            1,
+        )
+        .unwrap();
         assert_eq!(f32s(&y[0]), GBQ_I4_ZP);
-        let y = run_ms("GatherBlockQuantized", &attrs4, &[Some(&d4), Some(&i64t(&[1], &[0])), Some(&scales)], 1).unwrap();
+        let y =
+            run_ms("GatherBlockQuantized", &attrs4, &[Some(&d4), Some(&i64t(&[1], &[0])), Some(&scales)], 1).unwrap();
         assert_eq!(f32s(&y[0])[0], -5.0);
-        let e = err_msg(run_ms("GatherBlockQuantized", &attrs, &[Some(&data), Some(&i64t(&[1], &[0])), Some(&f32t(&[3, 3], &[1.0; 9]))], 1));
+        let e = err_msg(run_ms(
+            "GatherBlockQuantized",
+            &attrs,
+            &[Some(&data), Some(&i64t(&[1], &[0])), Some(&f32t(&[3, 3], &[1.0; 9]))],
+            1,
+        ));
         assert!(e.contains("do not fit"), "{e}");
     }
 }

@@ -30,7 +30,11 @@ fn plan(shape: &[usize], axes: &[usize], keepdims: bool) -> Reduction {
     } else {
         kept.clone()
     };
-    Reduction { bases: strided_offsets(&kept, &kept_steps, 0), members: strided_offsets(&red, &red_steps, 0), out_shape }
+    Reduction {
+        bases: strided_offsets(&kept, &kept_steps, 0),
+        members: strided_offsets(&red, &red_steps, 0),
+        out_shape,
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -81,8 +85,15 @@ pub(super) fn reduce(cx: &Ctx) -> Res<Vec<Tensor>> {
                     match kind {
                         Kind::Sum => items.sum(),
                         Kind::Mean => items.sum::<f64>() / count as f64,
-                        Kind::Max => items.fold(f64::NEG_INFINITY, |a, p| if a.is_nan() || p.is_nan() { f64::NAN } else { a.max(p) }),
-                        Kind::Min => items.fold(f64::INFINITY, |a, p| if a.is_nan() || p.is_nan() { f64::NAN } else { a.min(p) }),
+                        Kind::Max => {
+                            items.fold(
+                                f64::NEG_INFINITY,
+                                |a, p| if a.is_nan() || p.is_nan() { f64::NAN } else { a.max(p) },
+                            )
+                        }
+                        Kind::Min => {
+                            items.fold(f64::INFINITY, |a, p| if a.is_nan() || p.is_nan() { f64::NAN } else { a.min(p) })
+                        }
                     }
                 })
                 .collect();
@@ -267,13 +278,15 @@ mod tests {
         let x = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let y = run_at("ReduceMean", 13, &[("axes", Attr::Ints(vec![1]))], &[Some(&x)], 1).unwrap();
         assert_eq!((y[0].shape.clone(), f32s(&y[0])), (vec![2, 1], vec![2.0, 5.0]));
-        let y = run_at("ReduceMean", 13, &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))], &[Some(&x)], 1).unwrap();
+        let y = run_at("ReduceMean", 13, &[("axes", Attr::Ints(vec![1])), ("keepdims", Attr::Int(0))], &[Some(&x)], 1)
+            .unwrap();
         assert_eq!(y[0].shape, vec![2]);
         let y = run1("ReduceMean", &[], &[&x, &i64t(&[1], &[-2])]);
         assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 3], vec![2.5, 3.5, 4.5]));
         let y = run("ReduceSum", &[], &[Some(&x)], 1).unwrap();
         assert_eq!((y[0].shape.clone(), f32s(&y[0])), (vec![1, 1], vec![21.0]));
-        let y = run("ReduceSum", &[("noop_with_empty_axes", Attr::Int(1))], &[Some(&x), Some(&i64t(&[0], &[]))], 1).unwrap();
+        let y = run("ReduceSum", &[("noop_with_empty_axes", Attr::Int(1))], &[Some(&x), Some(&i64t(&[0], &[]))], 1)
+            .unwrap();
         assert_eq!(y[0], x);
     }
 
@@ -296,7 +309,11 @@ mod tests {
         let x = f32t(&[2, 3], &[1.0, 3.0, 3.0, 2.0, 2.0, 1.0]);
         let y = run1("ArgMax", &[("axis", Attr::Int(1))], &[&x]);
         assert_eq!((y.dtype, y.shape.clone(), ints(&y)), (DType::I64, vec![2, 1], vec![1, 0]));
-        let y = run1("ArgMax", &[("axis", Attr::Int(1)), ("select_last_index", Attr::Int(1)), ("keepdims", Attr::Int(0))], &[&x]);
+        let y = run1(
+            "ArgMax",
+            &[("axis", Attr::Int(1)), ("select_last_index", Attr::Int(1)), ("keepdims", Attr::Int(0))],
+            &[&x],
+        );
         assert_eq!((y.shape.clone(), ints(&y)), (vec![2], vec![2, 1]));
     }
 
@@ -304,7 +321,9 @@ mod tests {
     fn cum_sum_exclusive_and_reverse() {
         let x = f32t(&[4], &[1.0, 2.0, 3.0, 4.0]);
         let axis = typed(DType::I32, &[], &[0]);
-        let cs = |ex: i64, rev: i64| f32s(&run1("CumSum", &[("exclusive", Attr::Int(ex)), ("reverse", Attr::Int(rev))], &[&x, &axis]));
+        let cs = |ex: i64, rev: i64| {
+            f32s(&run1("CumSum", &[("exclusive", Attr::Int(ex)), ("reverse", Attr::Int(rev))], &[&x, &axis]))
+        };
         assert_eq!(cs(0, 0), vec![1.0, 3.0, 6.0, 10.0]);
         assert_eq!(cs(1, 0), vec![0.0, 1.0, 3.0, 6.0]);
         assert_eq!(cs(0, 1), vec![10.0, 9.0, 7.0, 4.0]);

@@ -3,7 +3,9 @@
 //! ConstantOfShape, Constant and Trilu. None of them does arithmetic on float values, so they
 //! work on any storage by moving elements.
 
-use super::layout::{broadcast_index_map, broadcast_shapes, checked_numel, strided_offsets, strides, take, DataBuilder};
+use super::layout::{
+    broadcast_index_map, broadcast_shapes, checked_numel, strided_offsets, strides, take, DataBuilder,
+};
 use super::{check_storage, float_tensor, int_scalar, int_values, norm_axis, numeric_values, Ctx, Res};
 use crate::attr::Attr;
 use crate::dtype::DType;
@@ -151,7 +153,8 @@ pub(super) fn unsqueeze(cx: &Ctx) -> Res<Vec<Tensor>> {
     let out_rank = x.rank() + axes.len();
     let axes = unique_axes(&axes, out_rank)?;
     let mut src = x.shape.iter();
-    let shape = (0..out_rank).map(|d| if axes.binary_search(&d).is_ok() { 1 } else { src.next().copied().unwrap_or(1) });
+    let shape =
+        (0..out_rank).map(|d| if axes.binary_search(&d).is_ok() { 1 } else { src.next().copied().unwrap_or(1) });
     Ok(vec![reshaped(x, shape.collect())])
 }
 
@@ -221,7 +224,10 @@ pub(super) fn split(cx: &Ctx) -> Res<Vec<Tensor>> {
         None => cx.attrs().ints("split")?.map(<[i64]>::to_vec),
     };
     let sizes: Vec<usize> = if let Some(split) = explicit {
-        if split.iter().any(|&s| s < 0) || split.iter().sum::<i64>() != dim as i64 || split.len() != n {
+        if split.iter().any(|&s| s < 0)
+            || split.iter().map(|&s| s as i128).sum::<i128>() != dim as i128
+            || split.len() != n
+        {
             bail!("split {split:?} does not divide dimension {dim} into {n} outputs");
         }
         split.iter().map(|&s| s as usize).collect()
@@ -271,7 +277,13 @@ pub(super) fn slice(cx: &Ctx) -> Res<Vec<Tensor>> {
         None => vec![1; starts.len()],
     };
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-        bail!("starts, ends, axes and steps have lengths {}, {}, {}, {}", starts.len(), ends.len(), axes.len(), steps.len());
+        bail!(
+            "starts, ends, axes and steps have lengths {}, {}, {}, {}",
+            starts.len(),
+            ends.len(),
+            axes.len(),
+            steps.len()
+        );
     }
     let axes: Vec<usize> = axes.iter().map(|&a| norm_axis(a, rank, "axis")).collect::<Res<_>>()?;
     let mut seen = vec![false; rank];
@@ -400,7 +412,14 @@ pub(super) fn scatter_nd(cx: &Ctx) -> Res<Vec<Tensor>> {
     let m = idx.shape[q - 1];
     let expected: Vec<usize> = idx.shape[..q - 1].iter().chain(data.shape.get(m..).unwrap_or(&[])).copied().collect();
     if m > r || updates.shape != expected || updates.dtype != data.dtype {
-        bail!("updates {} {:?} do not fit data {} {:?} and indices {:?}", updates.dtype, updates.shape, data.dtype, data.shape, idx.shape);
+        bail!(
+            "updates {} {:?} do not fit data {} {:?} and indices {:?}",
+            updates.dtype,
+            updates.shape,
+            data.dtype,
+            data.shape,
+            idx.shape
+        );
     }
     let slice_len = product(&data.shape[m..]);
     let src = strides(&data.shape);
@@ -508,7 +527,8 @@ pub(super) fn tile(cx: &Ctx) -> Res<Vec<Tensor>> {
 /// `start + i * delta`; floats are computed in f64 and rounded once.
 pub(super) fn range(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (start, limit, delta) = (cx.input(0, "start")?, cx.input(1, "limit")?, cx.input(2, "delta")?);
-    if start.dtype != limit.dtype || start.dtype != delta.dtype || [start, limit, delta].iter().any(|t| t.numel() != 1) {
+    if start.dtype != limit.dtype || start.dtype != delta.dtype || [start, limit, delta].iter().any(|t| t.numel() != 1)
+    {
         bail!("start, limit and delta must be single values of one dtype");
     }
     let dtype = start.dtype;
@@ -575,7 +595,9 @@ pub(super) fn constant(cx: &Ctx) -> Res<Vec<Tensor>> {
         ("value_floats", Attr::Floats(v)) => Tensor::from_f32(DType::F32, vec![v.len()], v.clone()),
         ("value_int", Attr::Int(v)) => Tensor::scalar_i64(*v),
         ("value_ints", Attr::Ints(v)) => i64_tensor(vec![v.len()], v.clone()),
-        ("value_string", Attr::Str(s)) => Tensor { dtype: DType::Str, shape: vec![], data: strings(std::slice::from_ref(s)) },
+        ("value_string", Attr::Str(s)) => {
+            Tensor { dtype: DType::Str, shape: vec![], data: strings(std::slice::from_ref(s)) }
+        }
         ("value_strings", Attr::Strs(v)) => Tensor { dtype: DType::Str, shape: vec![v.len()], data: strings(v) },
         ("sparse_value", _) => bail!("sparse constants are not supported"),
         (name, _) => bail!("attribute {name} has the wrong kind"),
@@ -654,11 +676,20 @@ mod tests {
         assert!(slice(&[5], &[2], &[1]).is_empty());
         // The two examples of the ONNX specification.
         let m = f32t(&[2, 4], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
-        let y = run1("Slice", &[], &[&m, &i64t(&[2], &[1, 0]), &i64t(&[2], &[2, 3]), &i64t(&[2], &[0, 1]), &i64t(&[2], &[1, 2])]);
+        let y = run1(
+            "Slice",
+            &[],
+            &[&m, &i64t(&[2], &[1, 0]), &i64t(&[2], &[2, 3]), &i64t(&[2], &[0, 1]), &i64t(&[2], &[1, 2])],
+        );
         assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 2], vec![5.0, 7.0]));
         let y = run1("Slice", &[], &[&m, &i64t(&[2], &[0, 1]), &i64t(&[2], &[-1, 1000])]);
         assert_eq!((y.shape.clone(), f32s(&y)), (vec![1, 3], vec![2.0, 3.0, 4.0]));
-        let zero_step = run("Slice", &[], &[Some(&x), Some(&i64t(&[1], &[0])), Some(&i64t(&[1], &[5])), None, Some(&i64t(&[1], &[0]))], 1);
+        let zero_step = run(
+            "Slice",
+            &[],
+            &[Some(&x), Some(&i64t(&[1], &[0])), Some(&i64t(&[1], &[5])), None, Some(&i64t(&[1], &[0]))],
+            1,
+        );
         assert!(err_msg(zero_step).contains("step"));
     }
 
@@ -685,7 +716,8 @@ mod tests {
         assert_eq!(f32s(&parts[1]), vec![2.0, 3.0]);
         assert!(err_msg(run_at("Split", 13, &[], &[Some(&x)], 2)).contains("evenly"));
         let m = iota(&[2, 3]);
-        let parts = run_at("Split", 11, &[("axis", Attr::Int(1)), ("split", Attr::Ints(vec![1, 2]))], &[Some(&m)], 2).unwrap();
+        let parts =
+            run_at("Split", 11, &[("axis", Attr::Int(1)), ("split", Attr::Ints(vec![1, 2]))], &[Some(&m)], 2).unwrap();
         assert_eq!((f32s(&parts[0]), f32s(&parts[1])), (vec![0.0, 3.0], vec![1.0, 2.0, 4.0, 5.0]));
     }
 
@@ -720,7 +752,8 @@ mod tests {
         assert_eq!((y.shape.clone(), f32s(&y)), (vec![3, 2], vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]));
         let y = run1("Transpose", &[("perm", Attr::Ints(vec![1, 0, 2]))], &[&iota(&[2, 2, 2])]);
         assert_eq!(f32s(&y), vec![0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]);
-        assert!(err_msg(run("Transpose", &[("perm", Attr::Ints(vec![0, 0]))], &[Some(&iota(&[2, 2]))], 1)).contains("permutation"));
+        assert!(err_msg(run("Transpose", &[("perm", Attr::Ints(vec![0, 0]))], &[Some(&iota(&[2, 2]))], 1))
+            .contains("permutation"));
     }
 
     #[test]
@@ -739,16 +772,27 @@ mod tests {
 
     #[test]
     fn range_counts_with_ceiling_division() {
-        let r = |a: i64, b: i64, c: i64| ints(&run1("Range", &[], &[&i64t(&[], &[a]), &i64t(&[], &[b]), &i64t(&[], &[c])]));
+        let r =
+            |a: i64, b: i64, c: i64| ints(&run1("Range", &[], &[&i64t(&[], &[a]), &i64t(&[], &[b]), &i64t(&[], &[c])]));
         assert_eq!(r(3, 9, 3), vec![3, 6]);
         assert_eq!(r(10, 4, -2), vec![10, 8, 6]);
         assert_eq!(r(0, 7, 3), vec![0, 3, 6]);
         assert!(r(5, 1, 1).is_empty());
         let y = run1("Range", &[], &[&f32t(&[], &[0.0]), &f32t(&[], &[1.0]), &f32t(&[], &[0.25])]);
         assert_eq!(f32s(&y), vec![0.0, 0.25, 0.5, 0.75]);
-        let i32_range = run1("Range", &[], &[&typed(DType::I32, &[], &[0]), &typed(DType::I32, &[], &[2]), &typed(DType::I32, &[], &[1])]);
+        let i32_range = run1(
+            "Range",
+            &[],
+            &[&typed(DType::I32, &[], &[0]), &typed(DType::I32, &[], &[2]), &typed(DType::I32, &[], &[1])],
+        );
         assert_eq!((i32_range.dtype, ints(&i32_range)), (DType::I32, vec![0, 1]));
-        assert!(err_msg(run("Range", &[], &[Some(&i64t(&[], &[0])), Some(&i64t(&[], &[1])), Some(&i64t(&[], &[0]))], 1)).contains("delta"));
+        assert!(err_msg(run(
+            "Range",
+            &[],
+            &[Some(&i64t(&[], &[0])), Some(&i64t(&[], &[1])), Some(&i64t(&[], &[0]))],
+            1
+        ))
+        .contains("delta"));
     }
 
     #[test]
@@ -785,7 +829,10 @@ mod tests {
     fn shape_slices_with_start_and_end() {
         let x = iota(&[2, 3, 4, 5]);
         assert_eq!(ints(&run1("Shape", &[("start", Attr::Int(1)), ("end", Attr::Int(-1))], &[&x])), vec![3, 4]);
-        assert_eq!(ints(&run1("Shape", &[("start", Attr::Int(-10)), ("end", Attr::Int(100))], &[&x])), vec![2, 3, 4, 5]);
+        assert_eq!(
+            ints(&run1("Shape", &[("start", Attr::Int(-10)), ("end", Attr::Int(100))], &[&x])),
+            vec![2, 3, 4, 5]
+        );
         assert_eq!(ints(&run1("Size", &[], &[&x])), vec![120]);
         assert_eq!(run1("Flatten", &[("axis", Attr::Int(-1))], &[&x]).shape, vec![24, 5]);
         assert_eq!(run1("Flatten", &[("axis", Attr::Int(0))], &[&x]).shape, vec![1, 120]);
@@ -812,7 +859,11 @@ mod tests {
         let data = f32t(&[8], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
         let y = run1("ScatterND", &[], &[&data, &i64t(&[4, 1], &[4, 3, 1, 7]), &f32t(&[4], &[9.0, 10.0, 11.0, 12.0])]);
         assert_eq!(f32s(&y), vec![1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0]);
-        let y = run1("ScatterND", &[("reduction", Attr::Str("add".into()))], &[&f32t(&[2], &[1.0, 2.0]), &i64t(&[2, 1], &[0, 0]), &f32t(&[2], &[5.0, 6.0])]);
+        let y = run1(
+            "ScatterND",
+            &[("reduction", Attr::Str("add".into()))],
+            &[&f32t(&[2], &[1.0, 2.0]), &i64t(&[2, 1], &[0, 0]), &f32t(&[2], &[5.0, 6.0])],
+        );
         assert_eq!(f32s(&y), vec![12.0, 2.0]);
         let rows = run1("ScatterND", &[], &[&iota(&[2, 2]), &i64t(&[1, 1], &[-1]), &f32t(&[1, 2], &[9.0, 9.0])]);
         assert_eq!(f32s(&rows), vec![0.0, 1.0, 9.0, 9.0]);

@@ -31,21 +31,44 @@ pub(crate) fn attrs(list: &[(&str, Attr)]) -> Attrs {
 }
 
 /// Runs one node of the default domain at `opset`.
-pub(crate) fn run_at(op: &str, opset: i64, a: &[(&str, Attr)], inputs: &[Option<&Tensor>], outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+pub(crate) fn run_at(
+    op: &str,
+    opset: i64,
+    a: &[(&str, Attr)],
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> Result<Vec<Tensor>, EvalError> {
     run_in(Domain::Onnx, op, opset, a, inputs, outputs)
 }
 
 /// Runs one node of the default domain at opset 23.
-pub(crate) fn run(op: &str, a: &[(&str, Attr)], inputs: &[Option<&Tensor>], outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+pub(crate) fn run(
+    op: &str,
+    a: &[(&str, Attr)],
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> Result<Vec<Tensor>, EvalError> {
     run_at(op, 23, a, inputs, outputs)
 }
 
 /// Runs one com.microsoft node.
-pub(crate) fn run_ms(op: &str, a: &[(&str, Attr)], inputs: &[Option<&Tensor>], outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+pub(crate) fn run_ms(
+    op: &str,
+    a: &[(&str, Attr)],
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> Result<Vec<Tensor>, EvalError> {
     run_in(Domain::Microsoft, op, 1, a, inputs, outputs)
 }
 
-fn run_in(domain: Domain, op: &str, opset: i64, a: &[(&str, Attr)], inputs: &[Option<&Tensor>], outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+fn run_in(
+    domain: Domain,
+    op: &str,
+    opset: i64,
+    a: &[(&str, Attr)],
+    inputs: &[Option<&Tensor>],
+    outputs: usize,
+) -> Result<Vec<Tensor>, EvalError> {
     let attrs = attrs(a);
     let op_ref = OpRef { node: "n", domain, op, opset, attrs: &attrs };
     eval_op(&op_ref, inputs, outputs)

@@ -1,0 +1,373 @@
+//! npuc's fused ops: their exact semantics (the reference implementations below), and type
+//! inference for them (and for the simple ONNX ops a rewrite may create).
+//!
+//! | op | inputs → outputs | semantics |
+//! |---|---|---|
+//! | `RmsNorm{epsilon}` | x, γ → y | y = x / √(mean(x², last axis) + ε) · γ |
+//! | `SkipRmsNorm{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias); y = RmsNorm(s) |
+//! | `Silu` | x → y | y = x · σ(x) |
+//! | `SwiGlu` | gate, up → y | y = Silu(gate) · up |
+//! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
+//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·sₐ·s_w in f32 (s_w per tensor or per output column); with s_y: y = sat(round_half_even(y/s_y) + z_y) |
+//! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | MatMulNBits: weights stay packed in blocks |
+//! | `Attention{q_heads,kv_heads,scale}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, see [`attention`] |
+
+use crate::attr::{Attr, Attrs};
+use crate::dim::Dim;
+use crate::dtype::DType;
+use crate::egraph::TypeInfo;
+use crate::eval::{eval_op, EvalError};
+use crate::op::{Domain, OpRef};
+use crate::tensor::Tensor;
+
+fn err(op: &OpRef, msg: impl Into<String>) -> EvalError {
+    EvalError { node: op.node.to_string(), op: op.op.to_string(), msg: msg.into() }
+}
+
+fn onnx(op: &OpRef, name: &'static str, domain: Domain, attrs: &Attrs, inputs: &[Option<&Tensor>], n: usize) -> Result<Vec<Tensor>, EvalError> {
+    let r = OpRef { node: op.node, domain, op: name, opset: 23, attrs };
+    eval_op(&r, inputs, n)
+}
+
+/// Evaluates a fused op.
+pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+    let input = |i: usize| inputs.get(i).copied().flatten().ok_or_else(|| err(op, format!("input {i} is missing")));
+    let eps = op.attrs.float_or("epsilon", 1e-5).map_err(|e| err(op, e.to_string()))?;
+    let mut norm_attrs = Attrs::default();
+    norm_attrs.set("epsilon", Attr::Float(eps));
+    norm_attrs.set("axis", Attr::Int(-1));
+    match op.op {
+        "RmsNorm" => onnx(op, "RMSNormalization", Domain::Onnx, &norm_attrs, &[Some(input(0)?), Some(input(1)?)], 1),
+        "SkipRmsNorm" => {
+            let mut a = Attrs::default();
+            a.set("epsilon", Attr::Float(eps));
+            let r = onnx(op, "SkipSimplifiedLayerNormalization", Domain::Microsoft, &a, inputs, 4)?;
+            let mut out = vec![r[0].clone(), r[3].clone()];
+            out.truncate(num_outputs.max(1));
+            Ok(out)
+        }
+        "Silu" => {
+            let x = input(0)?;
+            let s = onnx(op, "Sigmoid", Domain::Onnx, &Attrs::default(), &[Some(x)], 1)?;
+            onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(x), Some(&s[0])], 1)
+        }
+        "SwiGlu" => {
+            let (g, u) = (input(0)?, input(1)?);
+            let s = onnx(op, "Sigmoid", Domain::Onnx, &Attrs::default(), &[Some(g)], 1)?;
+            let silu = onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(g), Some(&s[0])], 1)?;
+            onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(&silu[0]), Some(u)], 1)
+        }
+        "Rope" => rope(op, input(0)?, input(1)?, input(2)?).map(|t| vec![t]),
+        "WGemm" => onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, inputs, 1),
+        "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
+        "Attention" => attention(op, inputs, num_outputs),
+        other => Err(err(op, format!("unknown fused op {other}"))),
+    }
+}
+
+/// Broadcast index of `out_index` (row-major over `out_shape`) into a tensor of `shape`.
+fn broadcast_index(out_shape: &[usize], shape: &[usize], mut out_index: usize) -> usize {
+    let mut idx = 0;
+    let mut stride = 1;
+    let offset = out_shape.len() - shape.len();
+    for d in (0..out_shape.len()).rev() {
+        let coord = out_index % out_shape[d];
+        out_index /= out_shape[d];
+        if d >= offset {
+            let sd = shape[d - offset];
+            if sd != 1 {
+                idx += coord * stride;
+            }
+            stride *= sd;
+        }
+    }
+    idx
+}
+
+fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EvalError> {
+    let interleaved = op.attrs.int_or("interleaved", 0).map_err(|e| err(op, e.to_string()))? != 0;
+    let d = *x.shape.last().ok_or_else(|| err(op, "x is a scalar"))?;
+    if d % 2 != 0 {
+        return Err(err(op, format!("rotary width {d} is odd")));
+    }
+    for t in [cos, sin] {
+        if t.rank() > x.rank() || t.shape.last() != Some(&d) {
+            return Err(err(op, format!("cos/sin of shape {:?} do not broadcast to x {:?} over the full width", t.shape, x.shape)));
+        }
+        for (a, b) in t.shape.iter().rev().zip(x.shape.iter().rev()) {
+            if *a != 1 && a != b {
+                return Err(err(op, format!("cos/sin of shape {:?} do not broadcast to x {:?}", t.shape, x.shape)));
+            }
+        }
+    }
+    let (xv, cv, sv) = (x.to_f32_vec(), cos.to_f32_vec(), sin.to_f32_vec());
+    let mut out = vec![0f32; xv.len()];
+    for (i, o) in out.iter_mut().enumerate() {
+        let j = i % d;
+        let row = i - j;
+        let (partner, sign) = if interleaved {
+            if j % 2 == 0 { (row + j + 1, -1.0) } else { (row + j - 1, 1.0) }
+        } else if j < d / 2 {
+            (row + j + d / 2, -1.0)
+        } else {
+            (row + j - d / 2, 1.0)
+        };
+        let c = cv[broadcast_index(&x.shape, &cos.shape, i)];
+        let s = sv[broadcast_index(&x.shape, &sin.shape, i)];
+        *o = xv[i] * c + sign * xv[partner] * s;
+    }
+    Ok(Tensor::from_f32(x.dtype, x.shape.clone(), out))
+}
+
+fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let (a, sa, za, w, sw, zw) = match (get(0), get(1), get(2), get(3), get(4), get(5)) {
+        (Some(a), Some(sa), Some(za), Some(w), Some(sw), Some(zw)) => (a, sa, za, w, sw, zw),
+        _ => return Err(err(op, "QGemm needs a, a_scale, a_zero_point, w, w_scale, w_zero_point")),
+    };
+    let (Some(av), Some(wv), Some(zav), Some(zwv)) = (a.as_i64(), w.as_i64(), za.as_i64(), zw.as_i64()) else {
+        return Err(err(op, "QGemm operands and zero points must be integers"));
+    };
+    if w.rank() != 2 || a.rank() < 1 {
+        return Err(err(op, format!("QGemm wants a [.., K] and w [K, N], got {:?} and {:?}", a.shape, w.shape)));
+    }
+    let (k, n) = (w.shape[0], w.shape[1]);
+    if *a.shape.last().unwrap() != k {
+        return Err(err(op, format!("inner dims differ: {:?} × {:?}", a.shape, w.shape)));
+    }
+    let sa_v = sa.to_f32_vec();
+    let sw_v = sw.to_f32_vec();
+    if sa_v.len() != 1 || zav.len() != 1 {
+        return Err(err(op, "activation scale and zero point must be per tensor"));
+    }
+    if !(sw_v.len() == 1 || sw_v.len() == n) || zwv.len() != sw_v.len() {
+        return Err(err(op, "weight scale and zero point must be per tensor or per output column"));
+    }
+    let m = a.numel() / k;
+    let mut out = vec![0f32; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            let zwc = zwv[if zwv.len() == 1 { 0 } else { c }];
+            let mut acc: i64 = 0;
+            for kk in 0..k {
+                acc += (av[r * k + kk] - zav[0]) * (wv[kk * n + c] - zwc);
+            }
+            let swc = sw_v[if sw_v.len() == 1 { 0 } else { c }];
+            out[r * n + c] = acc as f32 * (sa_v[0] * swc);
+        }
+    }
+    let mut shape = a.shape.clone();
+    *shape.last_mut().unwrap() = n;
+    let y = Tensor::from_f32(DType::F32, shape, out);
+    match (get(6), get(7)) {
+        (Some(sy), Some(zy)) => {
+            let r = OpRef { node: op.node, domain: Domain::Onnx, op: "QuantizeLinear", opset: 21, attrs: &Attrs::default() };
+            eval_op(&r, &[Some(&y), Some(sy), Some(zy)], 1).map(|mut v| v.remove(0))
+        }
+        _ => Ok(y),
+    }
+}
+
+/// Causal grouped-query attention in BNSH layout.
+///
+/// q: [B, Hq, S, D]; k, v: [B, Hkv, S, D] (this step's keys and values); past_k, past_v:
+/// [B, Hkv, P, D] or absent (P = 0); mask: [B, P+S] integers, 1 = attend, or absent. Query i
+/// (absolute position P+i) attends to key t when t ≤ P+i and mask[b, t] ≠ 0, with weights
+/// softmax(q·k_t · scale) over those t (f64 accumulation); a query with no key to attend to
+/// outputs zeros. Query head h reads kv head h / (Hq/Hkv). Outputs y [B, Hq, S, D] and the
+/// presents concat(past, new) along the sequence axis.
+pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let (Some(q), Some(k), Some(v)) = (get(0), get(1), get(2)) else {
+        return Err(err(op, "Attention needs q, k and v"));
+    };
+    if q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+        return Err(err(op, "q, k and v must be [batch, heads, sequence, head_dim]"));
+    }
+    let (b, hq, s, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let hkv = k.shape[1];
+    if hkv == 0 || hq % hkv != 0 || k.shape != v.shape || k.shape[0] != b || k.shape[2] != s || k.shape[3] != d {
+        return Err(err(op, format!("incompatible q {:?}, k {:?}, v {:?}", q.shape, k.shape, v.shape)));
+    }
+    let concat = |past: Option<&Tensor>, new: &Tensor| -> Result<Tensor, EvalError> {
+        match past {
+            None => Ok(new.clone()),
+            Some(p) => {
+                let mut a = Attrs::default();
+                a.set("axis", Attr::Int(2));
+                onnx(op, "Concat", Domain::Onnx, &a, &[Some(p), Some(new)], 1).map(|mut r| r.remove(0))
+            }
+        }
+    };
+    let pk = concat(get(3), k)?;
+    let pv = concat(get(4), v)?;
+    let total = pk.shape[2];
+    let past = total - s;
+    let scale = op.attrs.float_or("scale", 1.0 / (d as f32).sqrt()).map_err(|e| err(op, e.to_string()))? as f64;
+    let mask = get(5).map(|m| m.to_f64_vec());
+    if let Some(m) = &mask {
+        if m.len() != b * total {
+            return Err(err(op, format!("mask has {} elements, expected [{b}, {total}]", m.len())));
+        }
+    }
+    let (qv, kv, vv) = (q.to_f32_vec(), pk.to_f32_vec(), pv.to_f32_vec());
+    let mut out = vec![0f32; qv.len()];
+    let group = hq / hkv;
+    let mut scores = vec![0f64; total];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / group;
+            for i in 0..s {
+                let qrow = &qv[((bi * hq + h) * s + i) * d..][..d];
+                let mut max = f64::NEG_INFINITY;
+                let mut any = false;
+                for (t, sc) in scores.iter_mut().enumerate() {
+                    let allowed = t <= past + i && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0);
+                    if !allowed {
+                        *sc = f64::NEG_INFINITY;
+                        continue;
+                    }
+                    let krow = &kv[((bi * hkv + kh) * total + t) * d..][..d];
+                    let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    *sc = dot * scale;
+                    max = max.max(*sc);
+                    any = true;
+                }
+                if !any {
+                    continue;
+                }
+                let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
+                let orow = &mut out[((bi * hq + h) * s + i) * d..][..d];
+                for (t, &sc) in scores.iter().enumerate() {
+                    if !sc.is_finite() {
+                        continue;
+                    }
+                    let p = (sc - max).exp() / denom;
+                    let vrow = &vv[((bi * hkv + kh) * total + t) * d..][..d];
+                    for (o, &x) in orow.iter_mut().zip(vrow) {
+                        *o += (p * x as f64) as f32;
+                    }
+                }
+            }
+        }
+    }
+    let y = Tensor::from_f32(q.dtype, q.shape.clone(), out);
+    let mut r = vec![y, pk, pv];
+    r.truncate(num_outputs.max(1));
+    Ok(r)
+}
+
+/// Output types of an op from its input types (`None` for absent inputs); empty when the op's
+/// types cannot be inferred from types alone (the e-class then takes them from its members).
+pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<TypeInfo>]) -> Vec<TypeInfo> {
+    let t = |i: usize| inputs.get(i).cloned().flatten();
+    let one = |ty: Option<TypeInfo>| ty.into_iter().collect::<Vec<_>>();
+    match (domain, op) {
+        (Domain::Npuc, "RmsNorm" | "Silu" | "Rope") => one(t(0)),
+        (Domain::Npuc, "SwiGlu") => one(broadcast2(t(0), t(1))),
+        (Domain::Npuc, "SkipRmsNorm") => {
+            let s = broadcast2(t(0), t(1));
+            s.map(|s| vec![s.clone(), s]).unwrap_or_default()
+        }
+        (Domain::Npuc, "WGemm") => one(t(0).map(|mut a| {
+            if let (Some(last), Ok(Some(n))) = (a.shape.last_mut(), attrs.int("N")) {
+                *last = Dim::known(n);
+            }
+            a
+        })),
+        (Domain::Npuc, "QGemm") => {
+            let (Some(a), Some(w)) = (t(0), t(3)) else { return vec![] };
+            let mut shape = a.shape.clone();
+            if let (Some(last), Some(n)) = (shape.last_mut(), w.shape.get(1)) {
+                *last = n.clone();
+            }
+            let dtype = t(7).map(|z| z.dtype).unwrap_or(DType::F32);
+            vec![TypeInfo { dtype, shape }]
+        }
+        (Domain::Npuc, "Attention") => {
+            let (Some(q), Some(k)) = (t(0), t(1)) else { return vec![] };
+            let total = match t(3) {
+                Some(p) if p.shape.len() == 4 && k.shape.len() == 4 => p.shape[2].add(&k.shape[2]),
+                _ => k.shape.get(2).cloned(),
+            };
+            let Some(total) = total else { return vec![q] };
+            let mut present = k.shape.clone();
+            if present.len() == 4 {
+                present[2] = total;
+            }
+            let kv = TypeInfo { dtype: k.dtype, shape: present };
+            vec![q, kv.clone(), kv]
+        }
+        (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(broadcast2(t(0), t(1))),
+        (Domain::Onnx, "Neg" | "Sqrt" | "Reciprocal" | "Exp" | "Sigmoid" | "Tanh" | "Softmax" | "Identity" | "Relu") => one(t(0)),
+        _ => vec![],
+    }
+}
+
+/// Numpy broadcasting of two types when their dims agree or are 1; `None` otherwise.
+fn broadcast2(a: Option<TypeInfo>, b: Option<TypeInfo>) -> Option<TypeInfo> {
+    let (a, b) = (a?, b?);
+    let rank = a.shape.len().max(b.shape.len());
+    let mut shape = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = (i + a.shape.len()).checked_sub(rank).map(|j| a.shape[j].clone()).unwrap_or(Dim::known(1));
+        let db = (i + b.shape.len()).checked_sub(rank).map(|j| b.shape[j].clone()).unwrap_or(Dim::known(1));
+        shape.push(if da == db || db.as_known() == Some(1) {
+            da
+        } else if da.as_known() == Some(1) {
+            db
+        } else {
+            return None;
+        });
+    }
+    Some(TypeInfo { dtype: a.dtype, shape })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op<'a>(name: &'a str, attrs: &'a Attrs) -> OpRef<'a> {
+        OpRef { node: "n", domain: Domain::Npuc, op: name, opset: 1, attrs }
+    }
+
+    #[test]
+    fn rope_rotate_half_matches_the_formula() {
+        // x = [1, 2, 3, 4], rotate_half(x) = [-3, -4, 1, 2].
+        let x = Tensor::from_f32(DType::F32, vec![1, 4], vec![1., 2., 3., 4.]);
+        let cos = Tensor::from_f32(DType::F32, vec![1, 4], vec![0.5; 4]);
+        let sin = Tensor::from_f32(DType::F32, vec![1, 4], vec![2.0; 4]);
+        let a = Attrs::default();
+        let y = eval(&op("Rope", &a), &[Some(&x), Some(&cos), Some(&sin)], 1).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[0.5 - 6., 1. - 8., 1.5 + 2., 2. + 4.]);
+    }
+
+    #[test]
+    fn qgemm_is_exact_integer_arithmetic_with_zero_points() {
+        // a = [[3, 5]] (za = 1), w = [[2], [7]] (zw = 3): (2)(-1) + (4)(4) = 14; × 0.5 × 0.25.
+        let a = Tensor::from_i64(DType::U8, vec![1, 2], vec![3, 5]);
+        let w = Tensor::from_i64(DType::U8, vec![2, 1], vec![2, 7]);
+        let sa = Tensor::scalar_f32(0.5);
+        let sw = Tensor::scalar_f32(0.25);
+        let za = Tensor::from_i64(DType::U8, vec![], vec![1]);
+        let zw = Tensor::from_i64(DType::U8, vec![], vec![3]);
+        let at = Attrs::default();
+        let y = eval(&op("QGemm", &at), &[Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)], 1).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[14.0 * 0.125]);
+    }
+
+    #[test]
+    fn attention_is_causal_over_past_and_new_tokens() {
+        // One head, D = 1, past of one token; the second new query sees all three keys.
+        let q = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![0., 0.]);
+        let k = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![1., 1.]);
+        let v = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![3., 6.]);
+        let pk = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![1.]);
+        let pv = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![0.]);
+        let a = Attrs::default();
+        let y = attention(&op("Attention", &a), &[Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv)], 3).unwrap();
+        // Zero scores: uniform weights. Query 0 sees {0, 3} → 1.5; query 1 sees {0, 3, 6} → 3.
+        assert_eq!(y[0].as_f32().unwrap(), &[1.5, 3.0]);
+        assert_eq!(y[1].shape, vec![1, 1, 3, 1]);
+    }
+}

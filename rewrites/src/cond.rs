@@ -1,0 +1,82 @@
+//! Named rule conditions shared by the families, and the small queries they are built from.
+//!
+//! A condition factory takes pattern variable names and returns the closure egg wants; the name
+//! of the factory is what a rule table reads (`if is_scalar_const("?two", 2.0)`).
+
+use egg::{Id, Subst, Var};
+use ir::egraph::{EGraph, Head};
+use ir::{DType, Tensor};
+
+/// The pattern variable `name` (panics on a malformed name: rule tables are static).
+pub fn var(name: &str) -> Var {
+    name.parse().unwrap_or_else(|_| panic!("`{name}` is not a pattern variable"))
+}
+
+/// The class's constant value, if it is a small constant.
+pub fn constant(egraph: &EGraph, id: Id) -> Option<&Tensor> {
+    egraph.analysis.constant_of(&egraph[id].data)
+}
+
+/// The value of a constant with exactly one element.
+pub fn scalar_value(egraph: &EGraph, id: Id) -> Option<f64> {
+    let t = constant(egraph, id)?;
+    (t.numel() == 1).then(|| t.to_f64_vec()[0])
+}
+
+/// The values of a constant integer tensor.
+pub fn int_values(egraph: &EGraph, id: Id) -> Option<Vec<i64>> {
+    constant(egraph, id)?.as_i64().map(|v| v.to_vec())
+}
+
+/// True when the class holds a weight leaf (an initializer of the model).
+pub fn holds_weight(egraph: &EGraph, id: Id) -> bool {
+    egraph[id].nodes.iter().any(|n| matches!(n.head, Head::Weight(_)))
+}
+
+/// True when the class is a weight or a small constant: data known at compile time.
+pub fn is_compile_time(egraph: &EGraph, id: Id) -> bool {
+    holds_weight(egraph, id) || egraph[id].data.constant.is_some()
+}
+
+/// Rank of the class's value, when known.
+pub fn rank(egraph: &EGraph, id: Id) -> Option<usize> {
+    egraph[id].data.ty().map(|t| t.shape.len())
+}
+
+/// Dtype of the class's value, when known.
+pub fn dtype(egraph: &EGraph, id: Id) -> Option<DType> {
+    egraph[id].data.ty().map(|t| t.dtype)
+}
+
+/// `?v` is a one-element constant equal to `value` (relative tolerance 1e-6).
+pub fn is_scalar_const(v: &str, value: f64) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let v = var(v);
+    move |egraph, _, subst| scalar_value(egraph, subst[v]).is_some_and(|x| (x - value).abs() <= 1e-6 * value.abs().max(1e-30))
+}
+
+/// `?v` is a one-element constant (any value): an epsilon, a scale.
+pub fn is_scalar(v: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let v = var(v);
+    move |egraph, _, subst| scalar_value(egraph, subst[v]).is_some()
+}
+
+/// `?v` is known at compile time (weight or constant).
+pub fn is_constant(v: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let v = var(v);
+    move |egraph, _, subst| is_compile_time(egraph, subst[v])
+}
+
+/// `?axes` is a constant naming only the last axis of `?x` (`[-1]` or `[rank-1]`).
+pub fn is_last_axis(axes: &str, x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let (axes, x) = (var(axes), var(x));
+    move |egraph, _, subst| {
+        let Some(r) = rank(egraph, subst[x]) else { return false };
+        matches!(int_values(egraph, subst[axes]).as_deref(), Some([a]) if *a == -1 || *a == r as i64 - 1)
+    }
+}
+
+/// `?x` is a float tensor.
+pub fn is_float(x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let x = var(x);
+    move |egraph, _, subst| dtype(egraph, subst[x]).is_some_and(|d| d.is_float())
+}
