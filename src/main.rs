@@ -1,7 +1,9 @@
 //! `npuc`: the command-line driver. Thin by design: argument parsing, progress and printing; the
 //! work lives in the library crates.
 
+mod explore;
 mod inspect;
+mod passes_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -43,12 +45,84 @@ npuc inspect model.onnx --print   # the imported graph, one node per line")]
         #[arg(long)]
         print: bool,
     },
+    /// Run a target's pass pipeline and print the graph after every pass.
+    #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
+every pass in npuc's text form (one node per line) and a one-line summary per pass: nodes before \
+and after, time, and what the pass reports (e-graph sizes and stop reasons for `saturate`).\n\n\
+Examples:\n  npuc passes model.onnx --target cpu --stop-after saturate\n  \
+npuc passes model.onnx --target xdna --dump-dir out/   # writes out/00-canonicalize.ir, ...\n  \
+npuc passes model.onnx --json | jq '.passes[] | {name, nodes_after}'")]
+    Passes {
+        /// The model file (`.onnx`).
+        model: PathBuf,
+        /// Target whose pipeline runs: cpu, xdna or intel-npu.
+        #[arg(long, default_value = "cpu")]
+        target: String,
+        /// Stop after this pass.
+        #[arg(long)]
+        stop_after: Option<String>,
+        /// Write the graph after each pass to DIR/NN-<pass>.ir instead of printing it.
+        #[arg(long)]
+        dump_dir: Option<PathBuf>,
+        /// Print the per-pass summaries (and the rule report) as JSON, without the graphs.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Watch rewrite rules fire on a model's e-graph, add your own, see what was not fused and why.
+    #[command(long_about = "Build the e-graph of a model (or of one decoder layer), run rule families on it \
+and report, per iteration, the e-graph size and how often each rule applied, and the stop reason.\n\n\
+User rules (--rules FILE): one per line, `name: LHS => RHS [if COND[, COND...]]`, LHS and RHS egg \
+patterns over npuc's ops (`(Mul ?x (Sigmoid ?x))`, `npuc::Silu`, `proj0`, `_` for an absent input). \
+Conditions: is_scalar_const(?v, VALUE), is_scalar(?v), is_constant(?v), is_float(?v), \
+is_last_axis(?axes, ?x). Lines starting with # are comments.\n\n\
+Examples:\n  npuc explore model.onnx --family rmsnorm,silu-gate --layer 0\n  \
+npuc explore model.onnx --why                 # every candidate group not fused, with the reason\n  \
+npuc explore model.onnx --layer 0 --explain /model/layers.0/mlp/Mul_output_0\n  \
+npuc explore model.onnx --layer 0 --dot layer0.dot")]
+    Explore {
+        /// The model file (`.onnx`).
+        model: PathBuf,
+        /// Comma-separated rule families to run (default: all).
+        #[arg(long, value_delimiter = ',')]
+        family: Vec<String>,
+        /// A file of extra rules (see above).
+        #[arg(long)]
+        rules: Option<PathBuf>,
+        /// Restrict to one decoder layer (nodes named `.../layers.N/...`).
+        #[arg(long)]
+        layer: Option<usize>,
+        /// Show the rewrite chain that made the named value what the extracted program computes.
+        #[arg(long)]
+        explain: Option<String>,
+        /// List every candidate group a rule declined, with the reason.
+        #[arg(long)]
+        why: bool,
+        /// Write the saturated e-graph as Graphviz (and SVG next to it when `dot` is installed).
+        #[arg(long)]
+        dot: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
+        Command::Passes { model, target, stop_after, dump_dir, json } => {
+            passes_cmd::run(&model, &target, stop_after.as_deref(), dump_dir.as_deref(), json)
+        }
+        Command::Explore { model, family, rules, layer, explain, why, dot, json } => explore::run(explore::Options {
+            model,
+            families: family,
+            rules,
+            layer,
+            explain,
+            why,
+            dot,
+            json,
+        }),
     };
     match result {
         Ok(code) => code,

@@ -315,7 +315,7 @@ pub struct Declined {
 /// The analysis: per-class types and constants, the constant pool, the disagreements seen when
 /// two classes with different types were merged (each is a broken rule, reported by the pass
 /// driver), and the groups rules declined with their reasons.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct NpuAnalysis {
     pub consts: Vec<Tensor>,
     const_index: HashMap<(DType, Vec<usize>, Vec<u8>), u32>,

@@ -86,6 +86,9 @@ fn broadcast_index(out_shape: &[usize], shape: &[usize], mut out_index: usize) -
 
 fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, EvalError> {
     let interleaved = op.attrs.int_or("interleaved", 0).map_err(|e| err(op, e.to_string()))? != 0;
+    if !x.dtype.is_float() || !cos.dtype.is_float() || !sin.dtype.is_float() {
+        return Err(err(op, format!("Rope needs float x, cos and sin, got {}, {}, {}", x.dtype, cos.dtype, sin.dtype)));
+    }
     let d = *x.shape.last().ok_or_else(|| err(op, "x is a scalar"))?;
     if d % 2 != 0 {
         return Err(err(op, format!("rotary width {d} is odd")));

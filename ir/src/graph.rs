@@ -129,3 +129,175 @@ impl Graph {
         counts.into_iter().collect()
     }
 }
+
+impl Graph {
+    /// The graph without nodes no output depends on and without values nothing uses (graph
+    /// inputs are kept, in order). Identity nodes whose output is not a graph output are bypassed.
+    pub fn pruned(&self) -> Graph {
+        // Resolve Identity chains first.
+        let mut alias: Vec<ValueId> = (0..self.values.len() as u32).map(ValueId).collect();
+        let is_output: std::collections::HashSet<ValueId> = self.outputs.iter().copied().collect();
+        for n in &self.nodes {
+            if n.op == "Identity" && n.domain == Domain::Onnx && !is_output.contains(&n.outputs[0]) {
+                if let Some(src) = n.inputs[0] {
+                    alias[n.outputs[0].0 as usize] = alias[src.0 as usize];
+                }
+            }
+        }
+        let resolve = |v: ValueId| alias[v.0 as usize];
+        let mut live_value = vec![false; self.values.len()];
+        let mut live_node = vec![false; self.nodes.len()];
+        for &o in &self.outputs {
+            live_value[resolve(o).0 as usize] = true;
+            live_value[o.0 as usize] = true;
+        }
+        for (ni, n) in self.nodes.iter().enumerate().rev() {
+            let bypassed = n.op == "Identity" && n.domain == Domain::Onnx && !is_output.contains(&n.outputs[0]);
+            if bypassed || !n.outputs.iter().any(|o| live_value[o.0 as usize]) {
+                continue;
+            }
+            live_node[ni] = true;
+            for &i in n.inputs.iter().flatten() {
+                live_value[resolve(i).0 as usize] = true;
+            }
+        }
+        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut g = Graph {
+            name: self.name.clone(),
+            values: Vec::new(),
+            nodes: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            weights: self.weights.clone(),
+            assumptions: self.assumptions.clone(),
+        };
+        let keep = |g: &mut Graph, map: &mut HashMap<ValueId, ValueId>, v: ValueId, def: ValueDef| -> ValueId {
+            if let Some(&m) = map.get(&v) {
+                return m;
+            }
+            let old = self.value(v);
+            g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def });
+            let id = ValueId(g.values.len() as u32 - 1);
+            map.insert(v, id);
+            id
+        };
+        for &i in &self.inputs {
+            let id = keep(&mut g, &mut map, i, ValueDef::Input);
+            g.inputs.push(id);
+        }
+        for (ni, n) in self.nodes.iter().enumerate() {
+            if !live_node[ni] {
+                continue;
+            }
+            let mut inputs = Vec::with_capacity(n.inputs.len());
+            for i in &n.inputs {
+                inputs.push(match i {
+                    None => None,
+                    Some(v) => {
+                        let v = resolve(*v);
+                        Some(match map.get(&v) {
+                            Some(&m) => m,
+                            None => keep(&mut g, &mut map, v, self.value(v).def.clone()),
+                        })
+                    }
+                });
+            }
+            let node_id = NodeId(g.nodes.len() as u32);
+            let outputs = n
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(k, &o)| keep(&mut g, &mut map, o, ValueDef::Node { node: node_id, output: k }))
+                .collect();
+            g.nodes.push(Node { outputs, inputs, ..n.clone() });
+        }
+        for &o in &self.outputs {
+            let id = match map.get(&o) {
+                Some(&m) => m,
+                None => keep(&mut g, &mut map, o, self.value(o).def.clone()),
+            };
+            g.outputs.push(id);
+        }
+        g
+    }
+}
+
+impl Graph {
+    /// The subgraph of one decoder layer: nodes whose name contains `layers.N/` or `layers.N.`
+    /// (the naming torch exporters and onnxruntime-genai use). Values read from outside the layer
+    /// become inputs; values the rest of the graph reads (or graph outputs) become outputs.
+    /// `None` when no node belongs to the layer.
+    pub fn layer(&self, n: usize) -> Option<Graph> {
+        let tags = [format!("layers.{n}/"), format!("layers.{n}."), format!("layers.{n}_")];
+        let inside: Vec<bool> = self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
+        if !inside.iter().any(|&b| b) {
+            return None;
+        }
+        let mut read_outside = vec![false; self.values.len()];
+        for (ni, node) in self.nodes.iter().enumerate() {
+            if !inside[ni] {
+                for &i in node.inputs.iter().flatten() {
+                    read_outside[i.0 as usize] = true;
+                }
+            }
+        }
+        for &o in &self.outputs {
+            read_outside[o.0 as usize] = true;
+        }
+        let mut g = Graph {
+            name: format!("{} layer {n}", self.name),
+            values: Vec::new(),
+            nodes: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            weights: self.weights.clone(),
+            assumptions: self.assumptions.clone(),
+        };
+        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+        for (ni, node) in self.nodes.iter().enumerate() {
+            if !inside[ni] {
+                continue;
+            }
+            let mut inputs = Vec::new();
+            for i in &node.inputs {
+                inputs.push(i.map(|v| {
+                    *map.entry(v).or_insert_with(|| {
+                        let old = self.value(v);
+                        let def = match &old.def {
+                            ValueDef::Node { .. } | ValueDef::Input => ValueDef::Input,
+                            other => other.clone(),
+                        };
+                        let is_input = matches!(def, ValueDef::Input);
+                        g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def });
+                        let id = ValueId(g.values.len() as u32 - 1);
+                        if is_input {
+                            g.inputs.push(id);
+                        }
+                        id
+                    })
+                }));
+            }
+            let node_id = NodeId(g.nodes.len() as u32);
+            let mut outputs = Vec::new();
+            for (k, &o) in node.outputs.iter().enumerate() {
+                let old = self.value(o);
+                g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Node { node: node_id, output: k } });
+                let id = ValueId(g.values.len() as u32 - 1);
+                map.insert(o, id);
+                outputs.push(id);
+                if read_outside[o.0 as usize] {
+                    g.outputs.push(id);
+                }
+            }
+            g.nodes.push(Node { inputs, outputs, ..node.clone() });
+        }
+        Some(g)
+    }
+}
+
+impl std::fmt::Debug for Graph {
+    /// The printed text form (weights by digest).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::print::print_graph(self))
+    }
+}

@@ -342,7 +342,7 @@ pub fn encode_minifloat(dtype: DType, v: f32, saturate: bool) -> u32 {
     if v.abs() > max_val.abs() {
         // Beyond the largest finite value: round-to-nearest may still land on it if within half
         // an ulp, but the simple and conservative reading ONNX uses is saturate-or-overflow.
-        if saturate || v.is_infinite() && saturate {
+        if saturate {
             return max_code;
         }
         if let Some(inf) = (0..codes).find(|&c| {

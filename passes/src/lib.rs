@@ -1,5 +1,38 @@
-//! The pass pipeline: the `Pass` trait (name, contract, run), one pipeline per target supplied by
-//! a `Target` trait, the driver that checks the graph after every pass and can stop after a named
-//! one, and the cost models extraction uses.
+//! The pass pipeline.
 //!
-//! Not built yet. It will depend on `ir` and `rewrites`; the code generators depend on it.
+//! A [`Pass`] has a name, a contract (its doc comment, also returned by [`Pass::contract`]) and a
+//! `run`. A [`Target`] supplies its pipeline; the core never names a target. The [`driver`] runs a
+//! pipeline, checks the graph after every pass, can stop after a named pass, and on failure names
+//! the pass and keeps the last good graph.
+
+pub mod driver;
+pub mod passes;
+pub mod targets;
+
+use ir::Graph;
+
+/// What a pass tells the driver besides the new graph: free-form facts for `--json` and the
+/// one-line summary (e-graph sizes, stop reasons, counts).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PassDetail {
+    pub summary: String,
+    pub data: serde_json::Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PassError(pub String);
+
+pub trait Pass {
+    /// Kebab-case name, as `--stop-after` takes it.
+    fn name(&self) -> &'static str;
+    /// What the pass expects and what it guarantees, in one paragraph.
+    fn contract(&self) -> &'static str;
+    fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError>;
+}
+
+/// A compilation target: its name and pass pipeline.
+pub trait Target {
+    fn name(&self) -> &'static str;
+    fn pipeline(&self) -> Vec<Box<dyn Pass>>;
+}

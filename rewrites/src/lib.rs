@@ -11,8 +11,15 @@
 //! per-iteration sizes, rule applications and the stop reason; [`saturate::extract_graph`] turns
 //! the result back into an `ir::Graph` under a cost model.
 
+pub mod attention;
 pub mod cond;
+pub mod qdq;
+pub mod rmsnorm;
+pub mod rope;
 pub mod saturate;
+pub mod silu_gate;
+pub mod user;
+pub mod weight_only;
 
 pub use ir::egraph::{EGraph, ENode, NpuAnalysis};
 
@@ -31,7 +38,14 @@ pub struct Family {
 
 /// Every family npuc has, in the order the default schedule runs them.
 pub fn families() -> Vec<Family> {
-    vec![]
+    vec![
+        Family { name: "qdq", summary: "DequantizeLinear → MatMul (→ QuantizeLinear) into one int8 QGemm", rules: qdq::rules },
+        Family { name: "weight-only", summary: "MatMulNBits and blocked-int4 DequantizeLinear → MatMul into WGemm", rules: weight_only::rules },
+        Family { name: "rmsnorm", summary: "decomposed and fused RMS normalisations into RmsNorm / SkipRmsNorm", rules: rmsnorm::rules },
+        Family { name: "rope", summary: "rotate-half and interleaved rotary embeddings into Rope", rules: rope::rules },
+        Family { name: "silu-gate", summary: "x·σ(x) into Silu, Silu(gate)·up into SwiGlu", rules: silu_gate::rules },
+        Family { name: "attention", summary: "scaled-dot-product attention over the KV cache into one causal GQA Attention", rules: attention::rules },
+    ]
 }
 
 /// The family called `name`.

@@ -29,6 +29,8 @@ impl Default for Limits {
 pub struct Phase {
     pub name: String,
     pub families: Vec<Family>,
+    /// Rules outside any family (`npuc explore --rules`).
+    pub extra_rules: Vec<Rewrite>,
     pub limits: Limits,
 }
 
@@ -94,7 +96,8 @@ pub fn saturate(graph: &Graph, phases: &[Phase], explanations: bool) -> Saturate
     let Seeded { mut egraph, root, .. } = seeded;
     let mut report = SaturationReport::default();
     for phase in phases {
-        let rules: Vec<Rewrite> = phase.families.iter().flat_map(|f| (f.rules)()).collect();
+        let mut rules: Vec<Rewrite> = phase.families.iter().flat_map(|f| (f.rules)()).collect();
+        rules.extend(phase.extra_rules.iter().cloned());
         let start = Instant::now();
         let mut runner = Runner::default()
             .with_node_limit(phase.limits.nodes)
@@ -168,7 +171,7 @@ pub fn extract_graph<CF: CostFunction<ENode>>(template: &Graph, sat: &Saturated,
 /// Runs `families` to saturation (within default limits) and extracts with the host cost model:
 /// what a family's tests use.
 pub fn rewrite_with(graph: &Graph, families: &[Family]) -> (Graph, SaturationReport) {
-    let phase = Phase { name: "test".into(), families: families.to_vec(), limits: Limits::default() };
+    let phase = Phase { name: "test".into(), families: families.to_vec(), extra_rules: vec![], limits: Limits::default() };
     let sat = saturate(graph, &[phase], false);
     let g = extract_graph(graph, &sat, HostCost);
     (g, sat.report)

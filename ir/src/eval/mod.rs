@@ -1,11 +1,14 @@
-//! The reference evaluator: simple, obviously correct implementations of every op in
-//! [`crate::op::VOCABULARY`], used as the Rust-side oracle for every later pass.
+//! The reference evaluator: simple, obviously correct implementations of every ai.onnx and
+//! com.microsoft op in [`crate::op::VOCABULARY`], used as the Rust-side oracle for every later
+//! pass. npuc's own fused ops are delegated to [`crate::fused`].
 //!
-//! Conventions: float ops compute in f32 per element (f64 for accumulations: sums, means, dot
-//! products, softmax denominators) and round the result to the output dtype; integer ops are exact
-//! in i64; rounding to integers is round-half-to-even wherever ONNX specifies it.
+//! Conventions: elementwise float ops compute in f32 per element (f64 for f64 tensors) and round
+//! the result to the output dtype; accumulations (sums, means, mean squares, dot products, softmax)
+//! and the fused transformer ops compute in f64 and round once; integer ops are exact in i64 with
+//! two's-complement wrapping; rounding to integers is round-half-to-even wherever ONNX specifies it.
+//! Bad inputs are errors, never panics, and no result beyond 2^31 elements is allocated.
 //!
-//! Layout of the module: [`layout`] holds the index arithmetic every op shares (strides,
+//! Layout of the module: `layout` holds the index arithmetic every op shares (strides,
 //! broadcasting, strided gathers); the other files group ops by kind.
 
 use crate::attr::{AttrError, Attrs};

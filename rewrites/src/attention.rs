@@ -1,0 +1,8 @@
+//! Rule family `attention`: being written.
+
+use crate::Rewrite;
+
+/// The family's rules.
+pub fn rules() -> Vec<Rewrite> {
+    vec![]
+}
