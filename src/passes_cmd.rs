@@ -8,7 +8,10 @@ use std::process::ExitCode;
 pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Option<&Path>, json: bool) -> Result<ExitCode> {
     let t = passes::targets::target(target)
         .ok_or_else(|| anyhow!("unknown target `{target}` (targets: {})", passes::targets::TARGET_NAMES.join(", ")))?;
+    let start = std::time::Instant::now();
     let imported = frontend::import_file(model).with_context(|| format!("importing {}", model.display()))?;
+    let import_ms = start.elapsed().as_secs_f64() * 1e3;
+    let weight_bytes: u64 = imported.graph.weights.iter().map(|(_, w)| w.bytes.len() as u64).sum();
     if let Some(dir) = dump_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(dir.join("00-import.ir"), ir::print::print_graph(&imported.graph))?;
@@ -51,6 +54,10 @@ pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Optio
                 let out = serde_json::json!({
                     "model": model.display().to_string(),
                     "target": target,
+                    "import_ms": import_ms,
+                    "total_ms": start.elapsed().as_secs_f64() * 1e3,
+                    "weight_bytes": weight_bytes,
+                    "peak_rss_bytes": peak_rss_bytes(),
                     "passes": outcome.reports,
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
@@ -65,4 +72,12 @@ pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Optio
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`), if the system reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

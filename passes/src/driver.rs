@@ -87,3 +87,83 @@ pub fn run(
     }
     Ok(Outcome { graph, reports })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PassDetail, PassError};
+    use ir::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
+    use ir::{Attrs, DType, Dim, Domain};
+
+    /// y = Neg(x).
+    fn tiny() -> Graph {
+        let x = Value { name: "x".into(), dtype: DType::F32, shape: vec![Dim::known(2)], def: ValueDef::Input };
+        let y = Value { name: "y".into(), dtype: DType::F32, shape: vec![Dim::known(2)], def: ValueDef::Node { node: NodeId(0), output: 0 } };
+        Graph {
+            name: "tiny".into(),
+            values: vec![x, y],
+            nodes: vec![Node { name: "neg".into(), domain: Domain::Onnx, op: "Neg", opset: 18, attrs: Attrs::default(), inputs: vec![Some(ValueId(0))], outputs: vec![ValueId(1)] }],
+            inputs: vec![ValueId(0)],
+            outputs: vec![ValueId(1)],
+            weights: Default::default(),
+            assumptions: vec![],
+        }
+    }
+
+    struct Keep(&'static str);
+    impl Pass for Keep {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn contract(&self) -> &'static str {
+            "returns its input"
+        }
+        fn run(&self, g: Graph) -> Result<(Graph, PassDetail), PassError> {
+            Ok((g, PassDetail::default()))
+        }
+    }
+
+    /// Breaks the graph: its node reads a value defined after it.
+    struct Break;
+    impl Pass for Break {
+        fn name(&self) -> &'static str {
+            "break"
+        }
+        fn contract(&self) -> &'static str {
+            "produces an invalid graph"
+        }
+        fn run(&self, mut g: Graph) -> Result<(Graph, PassDetail), PassError> {
+            g.nodes[0].inputs[0] = Some(ValueId(1));
+            Ok((g, PassDetail::default()))
+        }
+    }
+
+    #[test]
+    fn stops_after_the_named_pass() {
+        let p: Vec<Box<dyn Pass>> = vec![Box::new(Keep("a")), Box::new(Keep("b")), Box::new(Keep("c"))];
+        let out = run(&p, tiny(), Some("b"), |_, _| {}).unwrap();
+        let names: Vec<&str> = out.reports.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn an_unknown_stop_pass_lists_the_pipeline() {
+        let p: Vec<Box<dyn Pass>> = vec![Box::new(Keep("a"))];
+        let e = run(&p, tiny(), Some("zz"), |_, _| {}).err().unwrap();
+        assert_eq!(e.to_string(), "no pass named `zz` in this pipeline (passes: a)");
+    }
+
+    #[test]
+    fn a_broken_graph_names_the_pass_and_keeps_the_last_good_one() {
+        let p: Vec<Box<dyn Pass>> = vec![Box::new(Keep("a")), Box::new(Break), Box::new(Keep("c"))];
+        match run(&p, tiny(), None, |_, _| {}) {
+            Err(DriverError::PassFailed { pass, message, last_good, reports }) => {
+                assert_eq!(pass, "break");
+                assert!(message.contains("before it is defined"), "{message}");
+                assert_eq!(last_good.nodes[0].inputs[0], Some(ValueId(0)));
+                assert_eq!(reports.len(), 1);
+            }
+            other => panic!("expected a failure, got {:?}", other.map(|o| o.reports.len())),
+        }
+    }
+}

@@ -80,3 +80,21 @@ pub fn is_float(x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
     let x = var(x);
     move |egraph, _, subst| dtype(egraph, subst[x]).is_some_and(|d| d.is_float())
 }
+
+/// True when the class's value depends on compile-time data only: a weight, a constant, or a
+/// Transpose, Reshape, Slice, Cast or QuantizeLinear of such values (looked through four levels),
+/// as in the codes `QuantizeLinear(Transpose(weight), s, z)` a quantiser writes for a tied lm_head.
+pub fn is_compile_time_expr(egraph: &EGraph, id: Id) -> bool {
+    compile_time_within(egraph, id, 4)
+}
+
+fn compile_time_within(egraph: &EGraph, id: Id, depth: usize) -> bool {
+    if is_compile_time(egraph, id) || egraph[id].nodes.iter().any(|n| n.head == Head::Absent) {
+        return true;
+    }
+    depth > 0
+        && egraph[id].nodes.iter().any(|n| {
+            matches!(n.head.op(), Some("Transpose" | "Reshape" | "Slice" | "Cast" | "QuantizeLinear"))
+                && n.children.iter().all(|&c| compile_time_within(egraph, c, depth - 1))
+        })
+}

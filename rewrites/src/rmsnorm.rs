@@ -1,8 +1,404 @@
-//! Rule family `rmsnorm`: being written.
+//! Rule family `rmsnorm`: RMS normalisation over the last axis,
+//! `y = x / √(mean(x²) + ε) · γ`, into `npuc::RmsNorm{epsilon}(x, γ)`; a residual sum feeding one,
+//! `s = a + b; y = RmsNorm(s)`, into `npuc::SkipRmsNorm{epsilon}(a, b, γ)` with `proj0 = y` and
+//! `proj1 = s`.
+//!
+//! Exporter patterns recognised:
+//! - torch.onnx TorchScript exporter on Hugging Face `LlamaRMSNorm` (the llama f1 fixtures,
+//!   SmolLM2 f1): `Pow(x, 2)` → `ReduceMean(·, [-1])` (axes as an input, keepdims=1) →
+//!   `Add(·, ε)` → `Sqrt` → `Div(1, ·)` (torch.rsqrt) → `Mul(x, ·)` → `Mul(γ, ·)`.
+//! - Qwen3's modelling code (the qwen3 f1 fixtures): `Mul(x, x)` for the square,
+//!   `Reciprocal(Sqrt(·))`, `Mul(x, ·)`, `Mul(·, γ)`. Its per-head q/k norms are the same chain on
+//!   the 4-D `[batch, seq, heads, head_dim]` tensor after the Reshape to heads.
+//! - Models written `x / sqrt(mean(x²) + ε)`: `Div(x, Sqrt(·))`.
+//! - Exporters targeting opsets below 18 give ReduceMean's axes as an attribute.
+//! - onnxruntime-genai (f2): `SimplifiedLayerNormalization` (in ai.onnx, as its builder writes it,
+//!   or com.microsoft) and `com.microsoft::SkipSimplifiedLayerNormalization` (outputs: 0 = y,
+//!   1 = mean, 2 = inv_std_var, 3 = the sum).
+//! - opset 23 (f4): `RMSNormalization`.
+//! - onnxruntime's quantize_static (f3) leaves the f1 chain as it is between its Q/DQ pairs.
+//!
+//! The decomposed chain is folded in two steps: the normalisation becomes `RmsNorm(x, 1)` (a unit
+//! scale of shape `[D]`), then a product with a per-channel scale `γ` of shape `[D]` on either side
+//! becomes `RmsNorm(x, γ)`, so a norm without γ folds too. Only the fixed ONNX ops and the
+//! spellings above are rewritten; same-dtype Casts are gone after import.
+//!
+//! Residual sums: every `Add(a, b)` (equal types, 2-D or 3-D) whose sum feeds an `RmsNorm` with a
+//! per-channel γ becomes `SkipRmsNorm(a, b, γ)`, and the sum's class gains `proj1`, whether or not
+//! the sum is used elsewhere: the NPU runtime wants one op producing both, and an unused `proj1`
+//! is dead. In a decoder that is every norm but the first layer's input norm (which reads the
+//! token embedding): each layer's post-attention norm, the next layer's input norm and the final
+//! norm all follow a residual Add.
+//!
+//! Numerics: `RmsNorm` accumulates in f64 and rounds once; the decomposed f32 chain rounds at every
+//! step, so the two differ by a few ulp.
+//!
+//! Declined, with the reason recorded: ReduceMean over other axes or with keepdims=0; ε added
+//! inside the mean (`mean(x² + ε)`, equal in real arithmetic but rounded differently, and not a
+//! spelling RmsNorm reproduces); a scale that is not one value per channel of the last axis;
+//! SimplifiedLayerNormalization / RMSNormalization over more than the last axis or with its
+//! inv_std_var output used; SkipSimplifiedLayerNormalization with output 1 or 2 used; a residual
+//! Add whose addends differ in type or are not 2-D/3-D (SkipRmsNorm's input ranks).
 
+use crate::cond::{self, var};
 use crate::Rewrite;
+use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head, TypeInfo};
+use ir::{Attr, Attrs, Domain, Tensor};
 
 /// The family's rules.
+#[rustfmt::skip]
 pub fn rules() -> Vec<Rewrite> {
+    vec![
+        // x / √(mean(x²) + ε) = RmsNorm(x, 1)
+        rw!("rmsnorm-div";                  "(Div ?x (Sqrt (Add ?ms ?eps)))"                                => { UnitRmsNorm::new() } if cond::is_scalar("?eps")),
+        // x · 1/√(mean(x²) + ε) = RmsNorm(x, 1)
+        rw!("rmsnorm-mul-reciprocal";       "(Mul ?x (Reciprocal (Sqrt (Add ?ms ?eps))))"                   => { UnitRmsNorm::new() } if cond::is_scalar("?eps")),
+        // x · (1 / √(mean(x²) + ε)) = RmsNorm(x, 1)
+        rw!("rmsnorm-mul-div-one";          "(Mul ?x (Div ?one (Sqrt (Add ?ms ?eps))))"                     => { UnitRmsNorm::new() } if cond::is_scalar("?eps") if cond::is_scalar_const("?one", 1.0)),
+        // RmsNorm(x, 1) · γ = RmsNorm(x, γ)
+        rw!("rmsnorm-scale-right";          "(Mul (npuc::RmsNorm ?x ?unit) ?g)"                             => { ScaledRmsNorm::new() } if is_unit_scale("?unit")),
+        // γ · RmsNorm(x, 1) = RmsNorm(x, γ)
+        rw!("rmsnorm-scale-left";           "(Mul ?g (npuc::RmsNorm ?x ?unit))"                             => { ScaledRmsNorm::new() } if is_unit_scale("?unit")),
+        // SimplifiedLayerNormalization(x, γ) over the last axis = RmsNorm(x, γ)
+        rw!("rmsnorm-simplified";           "(SimplifiedLayerNormalization ?x ?g)"                          => { NormOp::new() }),
+        // com.microsoft SimplifiedLayerNormalization(x, γ) over the last axis = RmsNorm(x, γ)
+        rw!("rmsnorm-simplified-ms";        "(com.microsoft::SimplifiedLayerNormalization ?x ?g)"           => { NormOp::new() }),
+        // RMSNormalization(x, γ) over the last axis = RmsNorm(x, γ)
+        rw!("rmsnorm-rms-normalization";    "(RMSNormalization ?x ?g)"                                      => { NormOp::new() }),
+        // SkipSimplifiedLayerNormalization(x, skip, γ) = SkipRmsNorm(x, skip, γ)
+        rw!("rmsnorm-skip-simplified";      "(com.microsoft::SkipSimplifiedLayerNormalization ?x ?skip ?g)" => { SkipNormOp::new(false) }),
+        // SkipSimplifiedLayerNormalization(x, skip, γ, bias) = SkipRmsNorm(x, skip, γ, bias)
+        rw!("rmsnorm-skip-simplified-bias"; "(com.microsoft::SkipSimplifiedLayerNormalization ?x ?skip ?g ?bias)" => { SkipNormOp::new(true) }),
+        // RmsNorm(a + b, γ) = proj0 SkipRmsNorm(a, b, γ), and a + b = proj1 SkipRmsNorm(a, b, γ)
+        rw!("rmsnorm-residual";             "(npuc::RmsNorm (Add ?a ?b) ?g)"                                => { ResidualRmsNorm::new() } if cond::is_float("?a")),
+        // √(mean(x² + ε)): ε inside the mean, declined
+        rw!("rmsnorm-eps-inside-mean";      "(Sqrt (ReduceMean (Add ?sq ?eps) ?axes))"                      => { Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+        // √(mean(x² + ε)) with the axes as an attribute: ε inside the mean, declined
+        rw!("rmsnorm-eps-inside-mean-attr"; "(Sqrt (ReduceMean (Add ?sq ?eps)))"                            => { Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+    ]
+}
+
+const EPS_INSIDE_MEAN: &str = "ε is added inside the mean, √(mean(x² + ε)): RmsNorm adds it after the mean, and the two round differently";
+
+// ---- conditions ----
+
+/// `?v` is a constant whose elements are all 1: the scale of a norm folded without its γ.
+pub fn is_unit_scale(v: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let v = var(v);
+    move |egraph, _, subst| is_unit(egraph, subst[v])
+}
+
+/// `?sq` holds a square: `Mul(y, y)` or `Pow(y, 2)` for some y.
+pub fn is_square(sq: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+    let sq = var(sq);
+    move |egraph, _, subst| egraph[subst[sq]].nodes.iter().any(|n| square_base(egraph, n).is_some())
+}
+
+// ---- queries ----
+
+/// The class is a constant whose elements are all 1.
+fn is_unit(egraph: &EGraph, id: Id) -> bool {
+    cond::constant(egraph, id).is_some_and(|t| t.numel() > 0 && t.to_f64_vec().iter().all(|&x| x == 1.0))
+}
+
+fn op_is(n: &ENode, domain: Domain, name: &str) -> bool {
+    matches!(&n.head, Head::Op { domain: d, op, .. } if *d == domain && *op == name)
+}
+
+/// The y of a node `Mul(y, y)` or `Pow(y, 2)`.
+fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
+    let base = *n.children.first()?;
+    let second = *n.children.get(1)?;
+    let is_square = (op_is(n, Domain::Onnx, "Mul") && egraph.find(base) == egraph.find(second))
+        || (op_is(n, Domain::Onnx, "Pow") && cond::scalar_value(egraph, second) == Some(2.0));
+    is_square.then(|| egraph.find(base))
+}
+
+/// Whether class `ms` holds `ReduceMean(x²)`: `None` when it does not, `Some(Err(reason))` when it
+/// does but not over the last axis alone with keepdims=1.
+fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(), String>> {
+    let x = egraph.find(x);
+    let rank = cond::rank(egraph, x)? as i64;
+    let mean = egraph[ms].nodes.iter().find(|n| {
+        op_is(n, Domain::Onnx, "ReduceMean") && egraph[n.children[0]].nodes.iter().any(|s| square_base(egraph, s) == Some(x))
+    })?;
+    let attrs = mean.head.attrs()?;
+    let axes: Option<Vec<i64>> = match mean.children.get(1) {
+        Some(&a) => cond::int_values(egraph, a),
+        None => attrs.ints("axes").ok().flatten().map(<[i64]>::to_vec),
+    };
+    if attrs.int_or("keepdims", 1).ok() != Some(1) {
+        return Some(Err("the mean of x² drops the reduced axis (keepdims=0)".into()));
+    }
+    match axes.as_deref() {
+        Some([a]) if *a == -1 || *a == rank - 1 => Some(Ok(())),
+        Some(axes) => Some(Err(format!("the mean of x² is over axes {axes:?} of a rank-{rank} tensor; RmsNorm normalises the last axis only"))),
+        None => Some(Err("the mean of x² is over all axes or over axes computed at run time; RmsNorm normalises the last axis only".into())),
+    }
+}
+
+/// The first node of class `class` that is op `name` (any domain) with exactly these children.
+fn node_in<'a>(egraph: &'a EGraph, class: Id, name: &str, children: &[Id]) -> Option<&'a ENode> {
+    let want: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
+    egraph[class].nodes.iter().find(|n| {
+        n.head.op() == Some(name) && n.children.len() == want.len() && n.children.iter().zip(&want).all(|(&c, &w)| egraph.find(c) == w)
+    })
+}
+
+/// The epsilon of an `RmsNorm(x, g)` node, found among the users of `x`.
+fn rms_norm_epsilon(egraph: &EGraph, x: Id, g: Id) -> Option<f32> {
+    egraph[x].parents().find_map(|p| node_in(egraph, egraph.find(p), "RmsNorm", &[x, g]))?.head.attrs()?.float("epsilon").ok().flatten()
+}
+
+/// Whether output `i` of the multi-output node in class `tuple` has a user.
+fn output_used(egraph: &EGraph, tuple: Id, i: usize) -> bool {
+    egraph.lookup(ENode { head: Head::Proj(i), children: vec![tuple] }).is_some_and(|p| egraph[p].parents().len() > 0)
+}
+
+/// Why `g` cannot be the per-channel scale of a norm over `x`'s last axis, if it cannot.
+fn channel_scale_problem(egraph: &EGraph, g: Id, x: &TypeInfo) -> Option<String> {
+    let Some(gt) = egraph[g].data.ty() else { return Some("the scale's type is unknown".into()) };
+    let last = x.shape.last();
+    if gt.shape.len() != 1 || Some(&gt.shape[0]) != last {
+        return Some(format!(
+            "the scale has shape {} where RmsNorm takes one value per channel of the last axis, [{}]",
+            ir::dim::shape_to_string(&gt.shape),
+            last.map(ToString::to_string).unwrap_or_default()
+        ));
+    }
+    if gt.dtype != x.dtype {
+        return Some(format!("the scale is {} and the input {}", gt.dtype, x.dtype));
+    }
+    None
+}
+
+fn epsilon_attrs(eps: f32) -> Attrs {
+    let mut a = Attrs::default();
+    a.set("epsilon", Attr::Float(eps));
+    a
+}
+
+fn add_rms_norm(egraph: &mut EGraph, eps: f32, x: Id, g: Id) -> Id {
+    egraph.add(ENode::op(Domain::Npuc, "RmsNorm", epsilon_attrs(eps), vec![x, g]))
+}
+
+/// Adds `SkipRmsNorm{eps}(inputs)` and returns its (y, s) projections.
+fn add_skip_rms_norm(egraph: &mut EGraph, eps: f32, inputs: Vec<Id>) -> (Id, Id) {
+    let tuple = egraph.add(ENode::op(Domain::Npuc, "SkipRmsNorm", epsilon_attrs(eps), inputs));
+    let y = egraph.add(ENode { head: Head::Proj(0), children: vec![tuple] });
+    let s = egraph.add(ENode { head: Head::Proj(1), children: vec![tuple] });
+    (y, s)
+}
+
+/// Unions `a` and `b`; the changed class, if any, as an applier reports it.
+fn union(egraph: &mut EGraph, a: Id, b: Id) -> Vec<Id> {
+    if egraph.union(a, b) {
+        vec![egraph.find(a)]
+    } else {
+        vec![]
+    }
+}
+
+fn decline(egraph: &mut EGraph, rule: Symbol, class: Id, reason: impl Into<String>) -> Vec<Id> {
+    let class = egraph.find(class);
+    egraph.analysis.decline(rule.as_str(), class, reason);
     vec![]
+}
+
+// ---- appliers ----
+
+/// `?x` normalised by `√(?ms + ?eps)` with `?ms = mean(?x²)`: `RmsNorm{ε}(x, 1)` with a unit
+/// scale of shape `[D]` (`[1]` when the last axis has a symbolic size).
+struct UnitRmsNorm {
+    x: Var,
+    ms: Var,
+    eps: Var,
+}
+
+impl UnitRmsNorm {
+    fn new() -> Self {
+        UnitRmsNorm { x: var("?x"), ms: var("?ms"), eps: var("?eps") }
+    }
+}
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for UnitRmsNorm {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let x = subst[self.x];
+        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        if !ty.dtype.is_float() || ty.shape.is_empty() {
+            return vec![];
+        }
+        match mean_square_over_last_axis(egraph, subst[self.ms], x) {
+            None => return vec![],
+            Some(Err(reason)) => return decline(egraph, rule, eclass, reason),
+            Some(Ok(())) => {}
+        }
+        let Some(eps) = cond::scalar_value(egraph, subst[self.eps]) else { return vec![] };
+        let d = ty.shape.last().and_then(|d| d.as_known()).and_then(|d| usize::try_from(d).ok()).unwrap_or(1);
+        let c = egraph.analysis.intern(Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
+        let unit = egraph.add(ENode::leaf(Head::Const(c)));
+        let norm = add_rms_norm(egraph, eps as f32, x, unit);
+        union(egraph, eclass, norm)
+    }
+}
+
+/// `RmsNorm(?x, ?unit)` times `?g` (either side): `RmsNorm(x, g)` when g is a per-channel scale.
+struct ScaledRmsNorm {
+    x: Var,
+    unit: Var,
+    g: Var,
+}
+
+impl ScaledRmsNorm {
+    fn new() -> Self {
+        ScaledRmsNorm { x: var("?x"), unit: var("?unit"), g: var("?g") }
+    }
+}
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for ScaledRmsNorm {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let (x, g) = (subst[self.x], subst[self.g]);
+        let Some(eps) = rms_norm_epsilon(egraph, x, subst[self.unit]) else { return vec![] };
+        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        if let Some(problem) = channel_scale_problem(egraph, g, &ty) {
+            return decline(egraph, rule, eclass, format!("RmsNorm(x) · scale not folded: {problem}"));
+        }
+        let norm = add_rms_norm(egraph, eps, x, g);
+        union(egraph, eclass, norm)
+    }
+}
+
+/// SimplifiedLayerNormalization (either domain) or RMSNormalization of `?x` by `?g`:
+/// `RmsNorm{ε}(x, g)` when it normalises the last axis only and only its output 0 is used.
+struct NormOp {
+    x: Var,
+    g: Var,
+}
+
+impl NormOp {
+    fn new() -> Self {
+        NormOp { x: var("?x"), g: var("?g") }
+    }
+}
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let (x, g) = (subst[self.x], subst[self.g]);
+        let Some(node) = ["SimplifiedLayerNormalization", "RMSNormalization"].iter().find_map(|op| node_in(egraph, eclass, op, &[x, g]))
+        else {
+            return vec![];
+        };
+        let op = node.head.op().unwrap_or_default();
+        let attrs = node.head.attrs().cloned().unwrap_or_default();
+        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        let rank = ty.shape.len() as i64;
+        let (Ok(axis), Ok(eps)) = (attrs.int_or("axis", -1), attrs.float_or("epsilon", 1e-5)) else { return vec![] };
+        if axis != -1 && axis != rank - 1 {
+            return decline(egraph, rule, eclass, format!("{op} normalises axes {axis}.. of a rank-{rank} tensor; RmsNorm normalises the last axis only"));
+        }
+        if egraph[g].data.ty().is_some_and(|gt| gt.dtype != ty.dtype) {
+            return decline(egraph, rule, eclass, format!("{op}'s scale and input differ in dtype"));
+        }
+        let outputs = egraph[eclass].data.types.len();
+        let y = if outputs > 1 {
+            if output_used(egraph, eclass, 1) {
+                return decline(egraph, rule, eclass, format!("{op}'s inv_std_var output is used; RmsNorm has only y"));
+            }
+            egraph.add(ENode { head: Head::Proj(0), children: vec![eclass] })
+        } else {
+            eclass
+        };
+        let norm = add_rms_norm(egraph, eps, x, g);
+        union(egraph, y, norm)
+    }
+}
+
+/// com.microsoft SkipSimplifiedLayerNormalization(`?x`, `?skip`, `?g`[, `?bias`]):
+/// `SkipRmsNorm{ε}` with its output 0 as proj0 and its output 3 (the sum) as proj1, when outputs
+/// 1 and 2 are unused.
+struct SkipNormOp {
+    inputs: Vec<Var>,
+}
+
+impl SkipNormOp {
+    fn new(bias: bool) -> Self {
+        let names: &[&str] = if bias { &["?x", "?skip", "?g", "?bias"] } else { &["?x", "?skip", "?g"] };
+        SkipNormOp { inputs: names.iter().map(|n| var(n)).collect() }
+    }
+}
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let inputs: Vec<Id> = self.inputs.iter().map(|&v| subst[v]).collect();
+        let Some(node) = node_in(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs) else { return vec![] };
+        let Some(Ok(eps)) = node.head.attrs().map(|a| a.float_or("epsilon", 1e-12)) else { return vec![] };
+        let outputs = egraph[eclass].data.types.len();
+        if let Some(i) = (1..outputs.min(3)).find(|&i| output_used(egraph, eclass, i)) {
+            let what = if i == 1 { "mean" } else { "inv_std_var" };
+            return decline(egraph, rule, eclass, format!("SkipSimplifiedLayerNormalization's {what} output ({i}) is used; SkipRmsNorm has only y and the sum"));
+        }
+        let (y, s) = add_skip_rms_norm(egraph, eps, inputs);
+        if outputs <= 1 {
+            return union(egraph, eclass, y);
+        }
+        let old_y = egraph.add(ENode { head: Head::Proj(0), children: vec![eclass] });
+        let mut changed = union(egraph, old_y, y);
+        if outputs >= 4 {
+            let old_s = egraph.add(ENode { head: Head::Proj(3), children: vec![eclass] });
+            changed.extend(union(egraph, old_s, s));
+        }
+        changed
+    }
+}
+
+/// `RmsNorm(Add(?a, ?b), ?g)`: `SkipRmsNorm(a, b, g)`, its proj0 in the norm's class and its
+/// proj1 in the sum's.
+struct ResidualRmsNorm {
+    a: Var,
+    b: Var,
+    g: Var,
+}
+
+impl ResidualRmsNorm {
+    fn new() -> Self {
+        ResidualRmsNorm { a: var("?a"), b: var("?b"), g: var("?g") }
+    }
+}
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let (a, b, g) = (subst[self.a], subst[self.b], subst[self.g]);
+        // A unit scale is the intermediate of a decomposed norm whose γ folds next; fusing the sum
+        // into it as well would leave two SkipRmsNorms of equal cost competing for the sum.
+        if is_unit(egraph, g) {
+            return vec![];
+        }
+        let Some(sum) = egraph.lookup(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![a, b])) else { return vec![] };
+        let Some(eps) = rms_norm_epsilon(egraph, sum, g) else { return vec![] };
+        let (Some(ta), Some(tb)) = (egraph[a].data.ty().cloned(), egraph[b].data.ty().cloned()) else { return vec![] };
+        if ta != tb {
+            let (sa, sb) = (ir::dim::shape_to_string(&ta.shape), ir::dim::shape_to_string(&tb.shape));
+            return decline(egraph, rule, eclass, format!("the residual addends differ ({} {sa} and {} {sb}); SkipRmsNorm adds equal types", ta.dtype, tb.dtype));
+        }
+        if !matches!(ta.shape.len(), 2 | 3) {
+            return decline(egraph, rule, eclass, format!("the residual sum is {}-D; SkipRmsNorm takes 2-D or 3-D input", ta.shape.len()));
+        }
+        if let Some(problem) = channel_scale_problem(egraph, g, &ta) {
+            return decline(egraph, rule, eclass, format!("residual sum not fused into SkipRmsNorm: {problem}"));
+        }
+        let (y, s) = add_skip_rms_norm(egraph, eps, vec![a, b, g]);
+        let mut changed = union(egraph, eclass, y);
+        changed.extend(union(egraph, sum, s));
+        changed
+    }
+}
+
+/// Records a fixed reason for the matched class and rewrites nothing.
+struct Decline(&'static str);
+
+impl Applier<ENode, ir::egraph::NpuAnalysis> for Decline {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        decline(egraph, rule, eclass, self.0)
+    }
 }

@@ -1,8 +1,57 @@
-//! Rule family `silu-gate`: being written.
+//! Rule family `silu-gate`: the SiLU activation `x · σ(x)` into `npuc::Silu(x)`, and the gated
+//! MLP product `Silu(gate) · up` into `npuc::SwiGlu(gate, up)`.
+//!
+//! Exporter patterns recognised:
+//! - torch.onnx on `nn.SiLU` / `F.silu` (the f1 fixtures, SmolLM2 f1) and onnxruntime-genai's
+//!   builder (f2): `Mul(x, Sigmoid(x))`; the other order `Mul(Sigmoid(x), x)` from models that
+//!   write `torch.sigmoid(x) * x`.
+//! - Llama/Qwen3 MLPs: `Mul(act(gate), up)`; `Mul(up, act(gate))` from models written the other
+//!   way round.
+//! - onnxruntime's quantize_static (f3) quantizes only MatMul inputs and outputs: the gate reaches
+//!   `Sigmoid` and `Mul` through the same DequantizeLinear class, which the patterns match as any
+//!   other `x`.
+//! - onnxruntime-genai's qwen3 (f2) packs gate and up into one MatMulNBits and splits it with
+//!   `Split`: the SwiGlu reads the two Split outputs. Repacking the projections around the SwiGlu
+//!   is the weight-only family's decision, not this one's.
+//!
+//! Both rewrites are exact: `Silu` and `SwiGlu` compute the same f32 Sigmoid and products, in the
+//! same order, with the same broadcasting.
+//!
+//! Declined, with the reason recorded: `x · DQ(Q(σ(x)))`, a sigmoid requantized before the
+//! product (what a quantizer that also quantizes Sigmoid outputs writes): `Silu` would skip that
+//! rounding.
 
 use crate::Rewrite;
+use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol};
+use ir::egraph::{EGraph, ENode, NpuAnalysis};
 
 /// The family's rules.
+#[rustfmt::skip]
 pub fn rules() -> Vec<Rewrite> {
-    vec![]
+    vec![
+        // x · σ(x) = Silu(x)
+        rw!("silu-gate-x-sigmoid";  "(Mul ?x (Sigmoid ?x))"                 => "(npuc::Silu ?x)"),
+        // σ(x) · x = Silu(x)
+        rw!("silu-gate-sigmoid-x";  "(Mul (Sigmoid ?x) ?x)"                 => "(npuc::Silu ?x)"),
+        // Silu(g) · u = SwiGlu(g, u)
+        rw!("silu-gate-silu-up";    "(Mul (npuc::Silu ?g) ?u)"              => "(npuc::SwiGlu ?g ?u)"),
+        // u · Silu(g) = SwiGlu(g, u)
+        rw!("silu-gate-up-silu";    "(Mul ?u (npuc::Silu ?g))"              => "(npuc::SwiGlu ?g ?u)"),
+        // x · DQ(Q(σ(x))): the sigmoid is requantized, declined
+        rw!("silu-gate-requantized-sigmoid";
+            "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { Decline(REQUANTIZED) }),
+    ]
+}
+
+const REQUANTIZED: &str = "σ(x) passes through QuantizeLinear/DequantizeLinear before the product; Silu(x) would skip that rounding";
+
+/// Records a fixed reason for the matched class and rewrites nothing.
+struct Decline(&'static str);
+
+impl Applier<ENode, NpuAnalysis> for Decline {
+    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+        let class = egraph.find(eclass);
+        egraph.analysis.decline(rule.as_str(), class, self.0);
+        vec![]
+    }
 }

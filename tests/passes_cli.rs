@@ -1,0 +1,83 @@
+//! `npuc passes` and `npuc explore` from the command line.
+
+mod common;
+
+use serde_json::Value;
+use std::process::Command;
+
+fn npuc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn model(name: &str) -> String {
+    common::fixture(name).join("model.onnx").display().to_string()
+}
+
+#[test]
+fn passes_dumps_one_file_per_pass_and_reports_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--target", "cpu", "--dump-dir", dir.path().to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let mut files: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(files, ["00-import.ir", "01-canonicalize.ir", "02-saturate.ir"]);
+    let text = std::fs::read_to_string(dir.path().join("02-saturate.ir")).unwrap();
+    assert!(text.starts_with("graph "), "{}", &text[..80.min(text.len())]);
+    // The summary lines go to stderr, one per pass.
+    assert!(err.contains("canonicalize") && err.contains("saturate"), "{err}");
+
+    let (ok, out, err) = npuc(&["passes", &model("llama_f1"), "--json", "--stop-after", "canonicalize"]);
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = r["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["canonicalize"]);
+    assert!(r["weight_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn passes_refuses_unknown_targets_and_passes() {
+    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--target", "gpu"]);
+    assert!(!ok);
+    assert!(err.contains("unknown target `gpu`") && err.contains("intel-npu"), "{err}");
+    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--stop-after", "fold"]);
+    assert!(!ok);
+    assert!(err.contains("no pass named `fold`") && err.contains("canonicalize, saturate"), "{err}");
+}
+
+#[test]
+fn explore_runs_user_rules_on_one_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("my.rules");
+    std::fs::write(&rules, "# x·σ(x) as written by torch\nmy-silu: (Mul ?x (Sigmoid ?x)) => (npuc::Silu ?x)\n").unwrap();
+    let (ok, out, err) =
+        npuc(&["explore", &model("llama_f1"), "--layer", "0", "--family", "rmsnorm", "--rules", rules.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let applied: u64 = r["report"]["phases"][0]["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|it| it["applied"]["my-silu"].as_u64())
+        .sum();
+    assert_eq!(applied, 1, "one SiLU per layer: {out}");
+    let ops: Vec<(String, u64)> = serde_json::from_value(r["ops_after"].clone()).unwrap();
+    assert!(ops.contains(&("npuc::Silu".to_string(), 1)), "{ops:?}");
+    assert!(r["nodes_after"].as_u64() < r["nodes_before"].as_u64());
+}
+
+#[test]
+fn explore_reports_bad_rules_and_families_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("bad.rules");
+    std::fs::write(&rules, "ok: (Neg ?x) => (Neg ?x)\nbad: (Frobnicate ?x) => ?x\n").unwrap();
+    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--rules", rules.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("bad.rules: line 2"), "{err}");
+    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--family", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("unknown rule family `nope`") && err.contains("rmsnorm"), "{err}");
+    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--layer", "7"]);
+    assert!(!ok);
+    assert!(err.contains("layer 7"), "{err}");
+}
