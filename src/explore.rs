@@ -16,6 +16,7 @@ pub struct Options {
     pub explain: Option<String>,
     pub why: bool,
     pub dot: Option<PathBuf>,
+    pub html: Option<PathBuf>,
     pub json: bool,
 }
 
@@ -102,7 +103,65 @@ pub fn run(o: Options) -> Result<ExitCode> {
             Err(_) => eprintln!("wrote {}; install graphviz (`apt-get install graphviz`) to render it as SVG", path.display()),
         }
     }
+    if let Some(path) = &o.html {
+        write_html(path, &o, &sat, &extracted, &class_names)?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A self-contained HTML report; the e-graph drawing is embedded when graphviz renders it.
+fn write_html(
+    path: &std::path::Path,
+    o: &Options,
+    sat: &rewrites::saturate::Saturated,
+    extracted: &Graph,
+    class_names: &HashMap<usize, String>,
+) -> Result<()> {
+    use std::fmt::Write;
+    let mut h = String::new();
+    let title = format!("npuc explore {}", o.model.display());
+    let _ = write!(h, "<!doctype html><meta charset=utf-8><title>{}</title><h1>{}</h1>", escape(&title), escape(&title));
+    for p in &sat.report.phases {
+        let _ = write!(h, "<h2>families: {}</h2><table border=1><tr><th>iteration<th>e-nodes<th>e-classes<th>rules applied</tr>", escape(&p.families.join(", ")));
+        for (i, it) in p.iterations.iter().enumerate() {
+            let applied: Vec<String> = it.applied.iter().map(|(r, n)| format!("{r}×{n}")).collect();
+            let _ = write!(h, "<tr><td>{i}<td>{}<td>{}<td>{}</tr>", it.egraph_nodes, it.egraph_classes, escape(&applied.join(" ")));
+        }
+        let _ = write!(h, "</table><p>stop: {}</p>", escape(&p.stop_reason));
+    }
+    let _ = write!(h, "<h2>declined</h2><ul>");
+    for d in &sat.report.declined {
+        let at = class_names.get(&d.class).cloned().unwrap_or_else(|| format!("class {}", d.class));
+        let _ = write!(h, "<li><b>{}</b> at {}: {}", escape(&d.rule), escape(&at), escape(&d.reason));
+    }
+    let _ = write!(h, "</ul><h2>extracted program</h2><pre>{}</pre>", escape(&ir::print::print_graph(extracted)));
+    let dot_text = sat.egraph.dot().to_string();
+    let svg = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take()?.write_all(dot_text.as_bytes()).ok()?;
+            let out = child.wait_with_output().ok()?;
+            out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        });
+    match svg {
+        Some(svg) => {
+            let _ = write!(h, "<h2>e-graph</h2>{svg}");
+        }
+        None => {
+            let _ = write!(h, "<h2>e-graph</h2><p>graphviz (`dot`) is not installed; install it to draw the e-graph here. Graphviz source:</p><pre>{}</pre>", escape(&dot_text));
+        }
+    }
+    std::fs::write(path, h).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The original expression that defines `value` in `g`, as a RecExpr (shared subterms once).
@@ -173,12 +232,42 @@ fn explain(graph: &Graph, sat: &rewrites::saturate::Saturated, name: &str) -> Re
         return Ok(());
     }
     let mut explanation = egraph.explain_equivalence(&left, &right);
-    println!("rewrite chain for `{name}`:");
-    for step in explanation.make_flat_explanation().iter() {
-        let rule = step.forward_rule.or(step.backward_rule).map(|r| r.to_string()).unwrap_or_else(|| "start".into());
-        let text = step.get_recexpr().to_string();
-        let shown = if text.len() > 200 { format!("{}…", &text[..200]) } else { text };
-        println!("  [{rule}] {shown}");
+    println!("rewrite chain for `{name}`: each step, the rule that fired and the term it produced");
+    let mut last: Option<String> = None;
+    for (i, step) in explanation.make_flat_explanation().iter().enumerate() {
+        if i == 0 {
+            println!("  start: {}", shorten(&step.remove_rewrites().to_string()));
+            continue;
+        }
+        let mut fired = Vec::new();
+        rewritten_subterms(step, &mut fired);
+        for (rule, term) in fired {
+            let line = format!("  {rule}: {}", shorten(&term));
+            if last.as_deref() != Some(line.as_str()) {
+                println!("{line}");
+                last = Some(line);
+            }
+        }
     }
     Ok(())
+}
+
+/// The subterms of an explanation step where a rule fired, with the rule's name.
+fn rewritten_subterms(t: &egg::FlatTerm<ENode>, out: &mut Vec<(String, String)>) {
+    if let Some(rule) = t.forward_rule.or(t.backward_rule) {
+        let dir = if t.forward_rule.is_some() { "" } else { " (backwards)" };
+        out.push((format!("{rule}{dir}"), t.remove_rewrites().to_string()));
+        return;
+    }
+    for c in &t.children {
+        rewritten_subterms(c, out);
+    }
+}
+
+fn shorten(s: &str) -> String {
+    if s.chars().count() > 240 {
+        format!("{}…", s.chars().take(240).collect::<String>())
+    } else {
+        s.to_string()
+    }
 }

@@ -100,6 +100,10 @@ npuc explore model.onnx --layer 0 --dot layer0.dot")]
         /// Write the saturated e-graph as Graphviz (and SVG next to it when `dot` is installed).
         #[arg(long)]
         dot: Option<PathBuf>,
+        /// Write an HTML report: iterations, declined groups, the extracted program, and the
+        /// e-graph drawing when graphviz is installed.
+        #[arg(long)]
+        html: Option<PathBuf>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -113,7 +117,7 @@ fn main() -> ExitCode {
         Command::Passes { model, target, stop_after, dump_dir, json } => {
             passes_cmd::run(&model, &target, stop_after.as_deref(), dump_dir.as_deref(), json)
         }
-        Command::Explore { model, family, rules, layer, explain, why, dot, json } => explore::run(explore::Options {
+        Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => explore::run(explore::Options {
             model,
             families: family,
             rules,
@@ -121,6 +125,7 @@ fn main() -> ExitCode {
             explain,
             why,
             dot,
+            html,
             json,
         }),
     };

@@ -81,3 +81,17 @@ fn explore_reports_bad_rules_and_families_clearly() {
     assert!(!ok);
     assert!(err.contains("layer 7"), "{err}");
 }
+
+#[test]
+fn explore_explains_a_fused_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("my.rules");
+    std::fs::write(&rules, "my-silu: (Mul ?x (Sigmoid ?x)) => (npuc::Silu ?x)\n").unwrap();
+    let value = "/model/layers.0/mlp/act_fn/Mul_output_0";
+    let (ok, out, err) =
+        npuc(&["explore", &model("llama_f1"), "--layer", "0", "--family", "rmsnorm", "--rules", rules.to_str().unwrap(), "--explain", value]);
+    assert!(ok, "{err}");
+    let chain: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("rewrite chain")).collect();
+    assert!(chain.iter().any(|l| l.trim_start().starts_with("start: (Mul ")), "{out}");
+    assert!(chain.iter().any(|l| l.trim_start().starts_with("my-silu: (npuc::Silu ")), "{out}");
+}

@@ -211,6 +211,20 @@ impl egg::FromOp for ENode {
         if text == "_" {
             return Ok(ENode::leaf(Head::Absent));
         }
+        // Leaves print as `kind:value` (see Display); parsing them back lets egg's explanation
+        // terms round-trip.
+        if let Some(n) = text.strip_prefix("input:") {
+            return Ok(ENode::leaf(Head::Input(n.into())));
+        }
+        if let Some(w) = text.strip_prefix("weight:").and_then(|s| s.parse::<u32>().ok()) {
+            return Ok(ENode::leaf(Head::Weight(WeightId(w))));
+        }
+        if let Some(c) = text.strip_prefix("const:").and_then(|s| s.parse::<u32>().ok()) {
+            return Ok(ENode::leaf(Head::Const(c)));
+        }
+        if text == "outputs" {
+            return Ok(ENode { head: Head::Outputs, children });
+        }
         if let Some(i) = text.strip_prefix("proj").and_then(|s| s.parse::<usize>().ok()) {
             return Ok(ENode { head: Head::Proj(i), children });
         }
