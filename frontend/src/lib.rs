@@ -18,4 +18,4 @@ pub mod proto {
 
 pub use error::{Error, ErrorKind};
 pub use import::{import, import_file, load, ImportReport, Imported, OnnxModel};
-pub use tensors::read_tensor_file;
+pub use tensors::{read_tensor_file, read_test_case};

@@ -246,3 +246,26 @@ pub fn read_tensor_file(path: &Path) -> Result<(String, ir::Tensor), crate::Erro
         .map_err(|e| ErrorKind::Tensor { tensor: name.clone(), detail: e.to_string() }.at(path))?;
     Ok((name, tensor))
 }
+
+/// Reads an ONNX test-data folder: `input_<i>.pb` as named inputs and `output_<j>.pb` as
+/// (name, tensor) in order, each file one serialized TensorProto.
+pub fn read_test_case(dir: &Path) -> Result<(HashMap<String, ir::Tensor>, Vec<(String, ir::Tensor)>), crate::Error> {
+    let mut inputs = HashMap::new();
+    let mut outputs = Vec::new();
+    for i in 0.. {
+        let p = dir.join(format!("input_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        let (name, t) = read_tensor_file(&p)?;
+        inputs.insert(name, t);
+    }
+    for i in 0.. {
+        let p = dir.join(format!("output_{i}.pb"));
+        if !p.exists() {
+            break;
+        }
+        outputs.push(read_tensor_file(&p)?);
+    }
+    Ok((inputs, outputs))
+}

@@ -31,23 +31,7 @@ pub struct Case {
 /// Reads `input_<i>.pb` / `output_<j>.pb` of one case folder.
 pub fn read_case(fixture: &str, case: &str) -> Case {
     let dir = fixtures_dir().join(fixture).join(case);
-    let mut inputs = HashMap::new();
-    let mut outputs = Vec::new();
-    for i in 0.. {
-        let p = dir.join(format!("input_{i}.pb"));
-        if !p.exists() {
-            break;
-        }
-        let (name, t) = frontend::read_tensor_file(&p).unwrap();
-        inputs.insert(name, t);
-    }
-    for i in 0.. {
-        let p = dir.join(format!("output_{i}.pb"));
-        if !p.exists() {
-            break;
-        }
-        outputs.push(frontend::read_tensor_file(&p).unwrap());
-    }
+    let (inputs, outputs) = frontend::read_test_case(&dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(!inputs.is_empty() && !outputs.is_empty(), "case {} has no tensors", dir.display());
     Case { inputs, outputs }
 }

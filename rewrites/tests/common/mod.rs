@@ -23,25 +23,7 @@ pub fn import(name: &str) -> Graph {
 
 /// Reads the inputs and expected outputs of one recorded case.
 pub fn case(name: &str, case: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
-    let dir = fixtures_dir().join(name).join(case);
-    let mut inputs = HashMap::new();
-    let mut outputs = Vec::new();
-    for i in 0.. {
-        let p = dir.join(format!("input_{i}.pb"));
-        if !p.exists() {
-            break;
-        }
-        let (n, t) = frontend::read_tensor_file(&p).unwrap();
-        inputs.insert(n, t);
-    }
-    for i in 0.. {
-        let p = dir.join(format!("output_{i}.pb"));
-        if !p.exists() {
-            break;
-        }
-        outputs.push(frontend::read_tensor_file(&p).unwrap());
-    }
-    (inputs, outputs)
+    frontend::read_test_case(&fixtures_dir().join(name).join(case)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `g` on both recorded cases of `fixture` and returns the worst max|Δ|/max|ref| over all
