@@ -15,20 +15,23 @@
 //! - onnxruntime-genai (f2): `SimplifiedLayerNormalization` (in ai.onnx, as its builder writes it,
 //!   or com.microsoft) and `com.microsoft::SkipSimplifiedLayerNormalization` (outputs: 0 = y,
 //!   1 = mean, 2 = inv_std_var, 3 = the sum).
-//! - opset 23 (f4): `RMSNormalization`.
+//! - opset 23 (f4): `RMSNormalization`, any `stash_type` (it only sets the precision of the
+//!   statistics, and RmsNorm keeps them in f64).
 //! - onnxruntime's quantize_static (f3) leaves the f1 chain as it is between its Q/DQ pairs.
 //!
 //! The decomposed chain is folded in two steps: the normalisation becomes `RmsNorm(x, 1)` (a unit
 //! scale of shape `[D]`), then a product with a per-channel scale `γ` of shape `[D]` on either side
-//! becomes `RmsNorm(x, γ)`, so a norm without γ folds too. Only the fixed ONNX ops and the
-//! spellings above are rewritten; same-dtype Casts are gone after import.
+//! becomes `RmsNorm(x, γ)`, so a norm without γ folds too. The squared value and the normalised
+//! value must be one e-class and ε a one-element constant; same-dtype Casts are gone after import.
 //!
 //! Residual sums: every `Add(a, b)` (equal types, 2-D or 3-D) whose sum feeds an `RmsNorm` with a
 //! per-channel γ becomes `SkipRmsNorm(a, b, γ)`, and the sum's class gains `proj1`, whether or not
 //! the sum is used elsewhere: the NPU runtime wants one op producing both, and an unused `proj1`
 //! is dead. In a decoder that is every norm but the first layer's input norm (which reads the
 //! token embedding): each layer's post-attention norm, the next layer's input norm and the final
-//! norm all follow a residual Add.
+//! norm all follow a residual Add. A norm without γ keeps its Add: its `RmsNorm(x, 1)` is also the
+//! intermediate of every γ fold, and a SkipRmsNorm built on it would compete for the sum with the
+//! one built after the fold.
 //!
 //! Numerics: `RmsNorm` accumulates in f64 and rounds once; the decomposed f32 chain rounds at every
 //! step, so the two differ by a few ulp.
@@ -79,7 +82,8 @@ pub fn rules() -> Vec<Rewrite> {
     ]
 }
 
-const EPS_INSIDE_MEAN: &str = "ε is added inside the mean, √(mean(x² + ε)): RmsNorm adds it after the mean, and the two round differently";
+const EPS_INSIDE_MEAN: &str =
+    "ε is added inside the mean, √(mean(x² + ε)): RmsNorm adds it after the mean, and the two round differently";
 
 // ---- conditions ----
 
@@ -121,7 +125,8 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
     let x = egraph.find(x);
     let rank = cond::rank(egraph, x)? as i64;
     let mean = egraph[ms].nodes.iter().find(|n| {
-        op_is(n, Domain::Onnx, "ReduceMean") && egraph[n.children[0]].nodes.iter().any(|s| square_base(egraph, s) == Some(x))
+        op_is(n, Domain::Onnx, "ReduceMean")
+            && egraph[n.children[0]].nodes.iter().any(|s| square_base(egraph, s) == Some(x))
     })?;
     let attrs = mean.head.attrs()?;
     let axes: Option<Vec<i64>> = match mean.children.get(1) {
@@ -133,8 +138,13 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
     }
     match axes.as_deref() {
         Some([a]) if *a == -1 || *a == rank - 1 => Some(Ok(())),
-        Some(axes) => Some(Err(format!("the mean of x² is over axes {axes:?} of a rank-{rank} tensor; RmsNorm normalises the last axis only"))),
-        None => Some(Err("the mean of x² is over all axes or over axes computed at run time; RmsNorm normalises the last axis only".into())),
+        Some(axes) => Some(Err(format!(
+            "the mean of x² is over axes {axes:?} of a rank-{rank} tensor; RmsNorm normalises the last axis only"
+        ))),
+        None => Some(Err(
+            "the mean of x² is over all axes or over axes computed at run time; RmsNorm normalises the last axis only"
+                .into(),
+        )),
     }
 }
 
@@ -142,13 +152,26 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
 fn node_in<'a>(egraph: &'a EGraph, class: Id, name: &str, children: &[Id]) -> Option<&'a ENode> {
     let want: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
     egraph[class].nodes.iter().find(|n| {
-        n.head.op() == Some(name) && n.children.len() == want.len() && n.children.iter().zip(&want).all(|(&c, &w)| egraph.find(c) == w)
+        n.head.op() == Some(name)
+            && n.children.len() == want.len()
+            && n.children.iter().zip(&want).all(|(&c, &w)| egraph.find(c) == w)
     })
 }
 
-/// The epsilon of an `RmsNorm(x, g)` node, found among the users of `x`.
-fn rms_norm_epsilon(egraph: &EGraph, x: Id, g: Id) -> Option<f32> {
-    egraph[x].parents().find_map(|p| node_in(egraph, egraph.find(p), "RmsNorm", &[x, g]))?.head.attrs()?.float("epsilon").ok().flatten()
+/// The epsilon of the `RmsNorm(x, g)` node of class `class`.
+fn rms_norm_epsilon(egraph: &EGraph, class: Id, x: Id, g: Id) -> Option<f32> {
+    node_in(egraph, class, "RmsNorm", &[x, g])?.head.attrs()?.float("epsilon").ok().flatten()
+}
+
+/// The epsilon of the `RmsNorm(x, unit)` that a `Mul` of class `product` multiplies by `g`, on
+/// either side.
+fn scaled_rms_norm_epsilon(egraph: &EGraph, product: Id, x: Id, unit: Id, g: Id) -> Option<f32> {
+    let g = egraph.find(g);
+    egraph[product].nodes.iter().filter(|n| op_is(n, Domain::Onnx, "Mul") && n.children.len() == 2).find_map(|n| {
+        let (c0, c1) = (egraph.find(n.children[0]), egraph.find(n.children[1]));
+        let right = (c1 == g).then(|| rms_norm_epsilon(egraph, c0, x, unit)).flatten();
+        right.or_else(|| (c0 == g).then(|| rms_norm_epsilon(egraph, c1, x, unit)).flatten())
+    })
 }
 
 /// Whether output `i` of the multi-output node in class `tuple` has a user.
@@ -223,7 +246,14 @@ impl UnitRmsNorm {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for UnitRmsNorm {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let x = subst[self.x];
         let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
         if !ty.dtype.is_float() || ty.shape.is_empty() {
@@ -257,9 +287,16 @@ impl ScaledRmsNorm {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for ScaledRmsNorm {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let (x, g) = (subst[self.x], subst[self.g]);
-        let Some(eps) = rms_norm_epsilon(egraph, x, subst[self.unit]) else { return vec![] };
+        let Some(eps) = scaled_rms_norm_epsilon(egraph, eclass, x, subst[self.unit], g) else { return vec![] };
         let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
         if let Some(problem) = channel_scale_problem(egraph, g, &ty) {
             return decline(egraph, rule, eclass, format!("RmsNorm(x) · scale not folded: {problem}"));
@@ -283,9 +320,18 @@ impl NormOp {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let (x, g) = (subst[self.x], subst[self.g]);
-        let Some(node) = ["SimplifiedLayerNormalization", "RMSNormalization"].iter().find_map(|op| node_in(egraph, eclass, op, &[x, g]))
+        let Some(node) = ["SimplifiedLayerNormalization", "RMSNormalization"]
+            .iter()
+            .find_map(|op| node_in(egraph, eclass, op, &[x, g]))
         else {
             return vec![];
         };
@@ -295,7 +341,12 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
         let rank = ty.shape.len() as i64;
         let (Ok(axis), Ok(eps)) = (attrs.int_or("axis", -1), attrs.float_or("epsilon", 1e-5)) else { return vec![] };
         if axis != -1 && axis != rank - 1 {
-            return decline(egraph, rule, eclass, format!("{op} normalises axes {axis}.. of a rank-{rank} tensor; RmsNorm normalises the last axis only"));
+            return decline(
+                egraph,
+                rule,
+                eclass,
+                format!("{op} normalises axes {axis}.. of a rank-{rank} tensor; RmsNorm normalises the last axis only"),
+            );
         }
         if egraph[g].data.ty().is_some_and(|gt| gt.dtype != ty.dtype) {
             return decline(egraph, rule, eclass, format!("{op}'s scale and input differ in dtype"));
@@ -329,7 +380,14 @@ impl SkipNormOp {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let inputs: Vec<Id> = self.inputs.iter().map(|&v| subst[v]).collect();
         let Some(node) = node_in(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs) else { return vec![] };
         let Some(Ok(eps)) = node.head.attrs().map(|a| a.float_or("epsilon", 1e-12)) else { return vec![] };
@@ -367,22 +425,44 @@ impl ResidualRmsNorm {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let (a, b, g) = (subst[self.a], subst[self.b], subst[self.g]);
         // A unit scale is the intermediate of a decomposed norm whose γ folds next; fusing the sum
         // into it as well would leave two SkipRmsNorms of equal cost competing for the sum.
         if is_unit(egraph, g) {
             return vec![];
         }
-        let Some(sum) = egraph.lookup(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![a, b])) else { return vec![] };
-        let Some(eps) = rms_norm_epsilon(egraph, sum, g) else { return vec![] };
+        let Some(sum) = egraph.lookup(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![a, b])) else {
+            return vec![];
+        };
+        let Some(eps) = rms_norm_epsilon(egraph, eclass, sum, g) else { return vec![] };
         let (Some(ta), Some(tb)) = (egraph[a].data.ty().cloned(), egraph[b].data.ty().cloned()) else { return vec![] };
         if ta != tb {
             let (sa, sb) = (ir::dim::shape_to_string(&ta.shape), ir::dim::shape_to_string(&tb.shape));
-            return decline(egraph, rule, eclass, format!("the residual addends differ ({} {sa} and {} {sb}); SkipRmsNorm adds equal types", ta.dtype, tb.dtype));
+            return decline(
+                egraph,
+                rule,
+                eclass,
+                format!(
+                    "the residual addends differ ({} {sa} and {} {sb}); SkipRmsNorm adds equal types",
+                    ta.dtype, tb.dtype
+                ),
+            );
         }
         if !matches!(ta.shape.len(), 2 | 3) {
-            return decline(egraph, rule, eclass, format!("the residual sum is {}-D; SkipRmsNorm takes 2-D or 3-D input", ta.shape.len()));
+            return decline(
+                egraph,
+                rule,
+                eclass,
+                format!("the residual sum is {}-D; SkipRmsNorm takes 2-D or 3-D input", ta.shape.len()),
+            );
         }
         if let Some(problem) = channel_scale_problem(egraph, g, &ta) {
             return decline(egraph, rule, eclass, format!("residual sum not fused into SkipRmsNorm: {problem}"));
@@ -398,7 +478,14 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
 struct Decline(&'static str);
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for Decline {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         decline(egraph, rule, eclass, self.0)
     }
 }

@@ -141,24 +141,44 @@ pub fn saturate(graph: &Graph, phases: &[Phase], explanations: bool) -> Saturate
     Saturated { egraph, root, names, report }
 }
 
-/// The host cost model: fused ops cost 1, every other op 2, leaves and projections nothing, so
-/// a fused op always beats the decomposition it replaces (which has at least two ops). Costs sum
-/// over the extracted tree.
+/// The host cost model: fused ops cost 1, every other op 2, leaves and projections nothing.
+///
+/// A cost is the pair (critical path, tree sum), compared in that order. The path — own cost plus
+/// the most expensive child — is what decides: a fused op reads a subset of the inputs of the
+/// decomposition it replaces and costs less than its two or more ops, so it always has the shorter
+/// path. The tree sum only breaks ties. A plain tree sum cannot decide alone: it counts a shared
+/// value once per use, so on a deep model (every residual read twice per layer) it doubles each
+/// layer and reaches magnitudes where a difference of 1 is lost in f64, and fused and unfused
+/// choices tie.
 pub struct HostCost;
 
-impl CostFunction<ENode> for HostCost {
-    type Cost = f64;
+/// (critical path, tree sum).
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct PathCost {
+    pub path: f64,
+    pub sum: f64,
+}
 
-    fn cost<C>(&mut self, enode: &ENode, mut costs: C) -> f64
+impl CostFunction<ENode> for HostCost {
+    type Cost = PathCost;
+
+    fn cost<C>(&mut self, enode: &ENode, mut costs: C) -> PathCost
     where
-        C: FnMut(Id) -> f64,
+        C: FnMut(Id) -> PathCost,
     {
         let own = match &enode.head {
             Head::Op { domain: Domain::Npuc, .. } => 1.0,
             Head::Op { .. } => 2.0,
             _ => 0.0,
         };
-        enode.children.iter().fold(own, |acc, &c| acc + costs(c))
+        let mut path: f64 = 0.0;
+        let mut sum = own;
+        for &c in &enode.children {
+            let k = costs(c);
+            path = path.max(k.path);
+            sum += k.sum;
+        }
+        PathCost { path: own + path, sum }
     }
 }
 

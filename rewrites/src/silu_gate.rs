@@ -30,26 +30,33 @@ use ir::egraph::{EGraph, ENode, NpuAnalysis};
 pub fn rules() -> Vec<Rewrite> {
     vec![
         // x · σ(x) = Silu(x)
-        rw!("silu-gate-x-sigmoid";  "(Mul ?x (Sigmoid ?x))"                 => "(npuc::Silu ?x)"),
+        rw!("silu-gate-x-sigmoid";           "(Mul ?x (Sigmoid ?x))"                                           => "(npuc::Silu ?x)"),
         // σ(x) · x = Silu(x)
-        rw!("silu-gate-sigmoid-x";  "(Mul (Sigmoid ?x) ?x)"                 => "(npuc::Silu ?x)"),
+        rw!("silu-gate-sigmoid-x";           "(Mul (Sigmoid ?x) ?x)"                                           => "(npuc::Silu ?x)"),
         // Silu(g) · u = SwiGlu(g, u)
-        rw!("silu-gate-silu-up";    "(Mul (npuc::Silu ?g) ?u)"              => "(npuc::SwiGlu ?g ?u)"),
+        rw!("silu-gate-silu-up";             "(Mul (npuc::Silu ?g) ?u)"                                        => "(npuc::SwiGlu ?g ?u)"),
         // u · Silu(g) = SwiGlu(g, u)
-        rw!("silu-gate-up-silu";    "(Mul ?u (npuc::Silu ?g))"              => "(npuc::SwiGlu ?g ?u)"),
+        rw!("silu-gate-up-silu";             "(Mul ?u (npuc::Silu ?g))"                                        => "(npuc::SwiGlu ?g ?u)"),
         // x · DQ(Q(σ(x))): the sigmoid is requantized, declined
-        rw!("silu-gate-requantized-sigmoid";
-            "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { Decline(REQUANTIZED) }),
+        rw!("silu-gate-requantized-sigmoid"; "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { Decline(REQUANTIZED) }),
     ]
 }
 
-const REQUANTIZED: &str = "σ(x) passes through QuantizeLinear/DequantizeLinear before the product; Silu(x) would skip that rounding";
+const REQUANTIZED: &str =
+    "σ(x) passes through QuantizeLinear/DequantizeLinear before the product; Silu(x) would skip that rounding";
 
 /// Records a fixed reason for the matched class and rewrites nothing.
 struct Decline(&'static str);
 
 impl Applier<ENode, NpuAnalysis> for Decline {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, _: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let class = egraph.find(eclass);
         egraph.analysis.decline(rule.as_str(), class, self.0);
         vec![]

@@ -1,0 +1,701 @@
+//! Rule family `rmsnorm`: every fixture form folds its norms into RmsNorm / SkipRmsNorm with the
+//! count the model implies and stays within tolerance of ONNX Runtime; each exporter spelling and
+//! each refusal is checked on a small hand-built graph.
+//!
+//! Counts, for a decoder of L layers: 2L + 1 decoder norms (an input and a post-attention norm per
+//! layer, and the final norm), plus 2L per-head q/k norms for Qwen3. Only layer 0's input norm
+//! reads something other than a residual sum (the token embedding), so it stays an RmsNorm; the
+//! other 2L decoder norms each follow a residual Add and become SkipRmsNorm. Qwen3's q/k norms
+//! read the projections and stay RmsNorm. The residual stream then flows through SkipRmsNorm's
+//! proj1: every SkipRmsNorm but the final norm's has its sum used.
+
+mod common;
+
+use ir::{Attr, Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use rewrites::saturate::{rewrite_with, SaturationReport};
+use std::collections::HashMap;
+
+fn rmsnorm(g: &Graph) -> (Graph, SaturationReport) {
+    rewrite_with(g, &[rewrites::family("rmsnorm").unwrap()])
+}
+
+// ---- fixtures ----
+
+/// A top-level field of `fixtures/<name>/meta.json`, as text.
+fn meta_field(name: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
+    let pat = format!("\"{key}\":");
+    let start = text.find(&pat).unwrap_or_else(|| panic!("{name}: meta.json has no `{key}`")) + pat.len();
+    let rest = text[start..].trim_start();
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].trim().trim_matches('"').to_string()
+}
+
+/// (RmsNorm, SkipRmsNorm) counts the fixture's config implies.
+fn expected_norms(name: &str) -> (usize, usize) {
+    let layers: usize = meta_field(name, "layers").parse().unwrap();
+    let qk_norms = if meta_field(name, "arch") == "qwen3" { 2 * layers } else { 0 };
+    (1 + qk_norms, 2 * layers)
+}
+
+/// Number of SkipRmsNorm nodes whose sum (output 1) some node or graph output reads.
+fn skip_sums_used(g: &Graph) -> usize {
+    let read: std::collections::HashSet<ValueId> =
+        g.nodes.iter().flat_map(|n| n.inputs.iter().flatten().copied()).chain(g.outputs.iter().copied()).collect();
+    g.nodes.iter().filter(|n| n.op == "SkipRmsNorm" && n.outputs.get(1).is_some_and(|s| read.contains(s))).count()
+}
+
+/// Rewrites a fixture and checks what every form shares: the counts, nothing of any spelling
+/// left, no Add left feeding an RmsNorm, the residual stream through proj1, no type conflicts.
+fn fold_fixture(name: &str) -> Graph {
+    let g = common::import(name);
+    let (out, report) = rmsnorm(&g);
+    assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
+    assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
+    out.verify().unwrap();
+    let (rms, skip) = expected_norms(name);
+    assert_eq!(common::count(&out, "RmsNorm"), rms, "{name}: RmsNorm");
+    assert_eq!(common::count(&out, "SkipRmsNorm"), skip, "{name}: SkipRmsNorm");
+    for op in [
+        "ReduceMean",
+        "Sqrt",
+        "Pow",
+        "Reciprocal",
+        "SimplifiedLayerNormalization",
+        "SkipSimplifiedLayerNormalization",
+        "RMSNormalization",
+    ] {
+        assert_eq!(common::count(&out, op), 0, "{name}: {op} left");
+    }
+    for n in out.nodes.iter().filter(|n| n.op == "RmsNorm") {
+        let x = out.value(n.inputs[0].unwrap());
+        if let ValueDef::Node { node, .. } = x.def {
+            assert_ne!(out.node(node).op, "Add", "{name}: {} reads a residual Add", n.name);
+        }
+    }
+    assert_eq!(skip_sums_used(&out), skip - 1, "{name}: residual sums read from SkipRmsNorm");
+    out
+}
+
+fn check_float(name: &str) {
+    let out = fold_fixture(name);
+    let err = common::worst_relative_error(&out, name);
+    eprintln!("{name}: worst relative error against ONNX Runtime {err:.3e}");
+    assert!(err <= 1e-4, "{name}: {err:e}");
+}
+
+/// The scalar scale of a graph output computed by DequantizeLinear, if it is one.
+fn dequantized_output_scale(g: &Graph, output: &str) -> Option<f64> {
+    let id = *g.value_by_name().get(output)?;
+    let ValueDef::Node { node, .. } = g.value(id).def else { return None };
+    let n = g.node(node);
+    if n.op != "DequantizeLinear" {
+        return None;
+    }
+    let t = match &g.value(n.inputs[1]?).def {
+        ValueDef::Const(t) => t.clone(),
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().ok()?,
+        _ => return None,
+    };
+    (t.numel() == 1).then(|| t.to_f64_vec()[0])
+}
+
+/// QDQ forms: the logits (a DequantizeLinear result) within 2 steps of their scale of ONNX
+/// Runtime's, as the unrewritten graph is (an activation on a rounding tie of QuantizeLinear may
+/// round the other way); the float outputs (the KV cache) within `float_tol` relative.
+fn check_qdq(name: &str, float_tol: f64) {
+    let out = fold_fixture(name);
+    let (mut worst_steps, mut worst_rel) = (0.0f64, 0.0f64);
+    for case in ["prefill", "decode"] {
+        let (inputs, outputs) = common::case(name, case);
+        let got = ir::run::run_graph(&out, &inputs).unwrap_or_else(|e| panic!("{name}/{case}: {e}"));
+        for (o, want) in outputs {
+            let (a, b) = (got[&o].to_f64_vec(), want.to_f64_vec());
+            let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
+            match dequantized_output_scale(&out, &o) {
+                Some(scale) => worst_steps = worst_steps.max(d / scale),
+                None => worst_rel = worst_rel.max(d / b.iter().fold(0.0f64, |m, x| m.max(x.abs()))),
+            }
+        }
+    }
+    eprintln!(
+        "{name}: logits {worst_steps:.3} steps of their scale, KV cache {worst_rel:.3e} relative, from ONNX Runtime"
+    );
+    assert!(worst_steps <= 2.0 + 1e-3, "{name}: logits {worst_steps} steps from ONNX Runtime");
+    assert!(worst_rel <= float_tol, "{name}: KV cache {worst_rel:e} from ONNX Runtime");
+}
+
+#[test]
+fn llama_f1_torch_pow_div_one() {
+    check_float("llama_f1");
+}
+
+#[test]
+fn qwen3_f1_torch_square_reciprocal_and_qk_norms() {
+    check_float("qwen3_f1");
+}
+
+#[test]
+fn llama_f2_genai_simplified_and_skip() {
+    check_float("llama_f2");
+}
+
+#[test]
+fn qwen3_f2_genai_simplified_skip_and_qk_norms() {
+    check_float("qwen3_f2");
+}
+
+#[test]
+fn llama_f4_rms_normalization() {
+    check_float("llama_f4");
+}
+
+#[test]
+fn qwen3_f4_rms_normalization_and_qk_norms() {
+    check_float("qwen3_f4");
+}
+
+#[test]
+fn llama_f3a_qdq_norms_between_qdq_pairs() {
+    check_qdq("llama_f3a", 1e-4);
+}
+
+#[test]
+fn llama_f3b_qdq_norms_between_qdq_pairs() {
+    check_qdq("llama_f3b", 1e-4);
+}
+
+#[test]
+fn qwen3_f3a_qdq_norms_between_qdq_pairs() {
+    check_qdq("qwen3_f3a", 1e-4);
+}
+
+#[test]
+fn qwen3_f3b_qdq_norms_between_qdq_pairs() {
+    check_qdq("qwen3_f3b", 1e-4);
+}
+
+/// SmolLM2 (30 layers): 61 norms = 1 RmsNorm (layer 0's input norm, on the token embedding) +
+/// 60 SkipRmsNorm (30 post-attention norms, 29 input norms of layers 1–29, the final norm).
+#[test]
+fn smollm2_f1_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
+    assert_eq!(expected_norms("smollm2_f1"), (1, 60));
+    check_float("smollm2_f1");
+}
+
+/// SmolLM2 in onnxruntime-genai's form: the one SimplifiedLayerNormalization becomes the
+/// RmsNorm, the 60 SkipSimplifiedLayerNormalizations the SkipRmsNorms.
+#[test]
+fn smollm2_f2_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
+    assert_eq!(expected_norms("smollm2_f2"), (1, 60));
+    check_float("smollm2_f2");
+}
+
+// ---- hand-built graphs ----
+
+/// A small graph written node by node; values are named `v<i>`.
+struct Net {
+    g: Graph,
+    opset: i64,
+}
+
+impl Net {
+    fn new(opset: i64) -> Net {
+        let g = Graph {
+            name: "net".into(),
+            values: vec![],
+            nodes: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            weights: Default::default(),
+            assumptions: vec![],
+        };
+        Net { g, opset }
+    }
+
+    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
+        let name = format!("v{}", self.g.values.len());
+        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
+        self.g.values.push(ir::Value { name, dtype, shape, def });
+        ValueId(self.g.values.len() as u32 - 1)
+    }
+
+    fn input(&mut self, shape: &[usize]) -> ValueId {
+        let v = self.value(DType::F32, shape, ValueDef::Input);
+        self.g.inputs.push(v);
+        v
+    }
+
+    fn constant(&mut self, t: Tensor) -> ValueId {
+        let (dtype, shape) = (t.dtype, t.shape.clone());
+        self.value(dtype, &shape, ValueDef::Const(t))
+    }
+
+    fn scalar(&mut self, v: f32) -> ValueId {
+        self.constant(Tensor::scalar_f32(v))
+    }
+
+    fn ints(&mut self, v: &[i64]) -> ValueId {
+        self.constant(Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
+    }
+
+    /// A scale with distinct values, so a misplaced scale shows in the numbers.
+    fn gamma(&mut self, shape: &[usize]) -> ValueId {
+        let n: usize = shape.iter().product();
+        self.constant(Tensor::from_f32(DType::F32, shape.to_vec(), (0..n).map(|i| 0.5 + 0.125 * i as f32).collect()))
+    }
+
+    fn node(
+        &mut self,
+        domain: Domain,
+        op: &str,
+        attrs: &[(&str, Attr)],
+        inputs: &[ValueId],
+        outputs: &[&[usize]],
+    ) -> Vec<ValueId> {
+        let spec = ir::op::lookup(domain, op).unwrap();
+        let node = ir::NodeId(self.g.nodes.len() as u32);
+        let outs: Vec<ValueId> = outputs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| self.value(DType::F32, s, ValueDef::Node { node, output: i }))
+            .collect();
+        let mut a = Attrs::default();
+        for (k, v) in attrs {
+            a.set(k, v.clone());
+        }
+        let opset = if domain == Domain::Onnx { self.opset } else { 1 };
+        self.g.nodes.push(ir::Node {
+            name: format!("n{}", node.0),
+            domain,
+            op: spec.name,
+            opset,
+            attrs: a,
+            inputs: inputs.iter().map(|&v| Some(v)).collect(),
+            outputs: outs.clone(),
+        });
+        outs
+    }
+
+    fn op(&mut self, op: &str, inputs: &[ValueId], shape: &[usize]) -> ValueId {
+        self.node(Domain::Onnx, op, &[], inputs, &[shape])[0]
+    }
+
+    fn output(&mut self, v: ValueId) {
+        self.g.outputs.push(v);
+    }
+
+    /// `x / √(mean(x²) + ε)` spelled Pow, ReduceMean over the last axis (as an input), Add,
+    /// Sqrt and `div` ("div": Div(x, ·); "reciprocal": Mul(x, Reciprocal(·)); "div-one":
+    /// Mul(x, Div(1, ·))).
+    fn normalise(&mut self, x: ValueId, shape: &[usize], square: &str, div: &str, eps: f32) -> ValueId {
+        let mut row = shape.to_vec();
+        *row.last_mut().unwrap() = 1;
+        let sq = match square {
+            "pow" => {
+                let two = self.scalar(2.0);
+                self.op("Pow", &[x, two], shape)
+            }
+            _ => self.op("Mul", &[x, x], shape),
+        };
+        let axes = self.ints(&[-1]);
+        let ms = self.node(Domain::Onnx, "ReduceMean", &[("keepdims", Attr::Int(1))], &[sq, axes], &[&row])[0];
+        let e = self.scalar(eps);
+        let var = self.op("Add", &[ms, e], &row);
+        let rms = self.op("Sqrt", &[var], &row);
+        match div {
+            "div" => self.op("Div", &[x, rms], shape),
+            "reciprocal" => {
+                let r = self.op("Reciprocal", &[rms], &row);
+                self.op("Mul", &[x, r], shape)
+            }
+            _ => {
+                let one = self.scalar(1.0);
+                let r = self.op("Div", &[one, rms], &row);
+                self.op("Mul", &[x, r], shape)
+            }
+        }
+    }
+
+    /// Deterministic values for every input.
+    fn feeds(&self) -> HashMap<String, Tensor> {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        };
+        self.g
+            .inputs
+            .iter()
+            .map(|&i| {
+                let v = self.g.value(i);
+                let shape: Vec<usize> = v.shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
+                let n = shape.iter().product();
+                (v.name.clone(), Tensor::from_f32(DType::F32, shape, (0..n).map(|_| next()).collect()))
+            })
+            .collect()
+    }
+}
+
+/// Worst max|Δ|/max|ref| of `b`'s outputs against `a`'s on the same inputs.
+fn worst_difference(a: &Net, b: &Graph) -> f64 {
+    let feeds = a.feeds();
+    let want = ir::run::run_graph(&a.g, &feeds).unwrap();
+    let got = ir::run::run_graph(b, &feeds).unwrap();
+    let mut worst = 0.0f64;
+    for &o in &a.g.outputs {
+        let name = &a.g.value(o).name;
+        let (x, y) = (got[name].to_f64_vec(), want[name].to_f64_vec());
+        assert_eq!(got[name].shape, want[name].shape, "{name}");
+        let m = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let d = x.iter().zip(&y).fold(0.0f64, |d, (p, q)| d.max((p - q).abs()));
+        worst = worst.max(d / m);
+    }
+    worst
+}
+
+/// Rewrites `net`, checks that it computes the same within `tol`, and returns the result.
+fn fold_net(net: &Net, tol: f64) -> (Graph, SaturationReport) {
+    let (out, report) = rmsnorm(&net.g);
+    assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
+    out.verify().unwrap();
+    let err = worst_difference(net, &out);
+    assert!(err <= tol, "rewritten graph differs by {err:e}");
+    (out, report)
+}
+
+fn ops(g: &Graph) -> Vec<&str> {
+    g.nodes.iter().map(|n| n.op).filter(|&op| op != "Identity").collect()
+}
+
+fn epsilon(g: &Graph, op: &str) -> f32 {
+    let n = g.nodes.iter().find(|n| n.op == op).unwrap();
+    n.attrs.float("epsilon").unwrap().unwrap()
+}
+
+fn declined(report: &SaturationReport, rule: &str, fragment: &str) -> bool {
+    report.declined.iter().any(|d| d.rule == rule && d.reason.contains(fragment))
+}
+
+const FUSED_TOL: f64 = 1e-6;
+
+#[test]
+fn torch_pow_rsqrt_as_div_one_and_scale_on_the_left_folds() {
+    let mut n = Net::new(18);
+    let x = n.input(&[2, 3, 8]);
+    let norm = n.normalise(x, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = n.gamma(&[8]);
+    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm"]);
+    assert_eq!(epsilon(&out, "RmsNorm"), 1e-5);
+}
+
+#[test]
+fn square_as_product_reciprocal_and_scale_on_the_right_folds_on_4d_heads() {
+    // Qwen3's per-head q/k norm: [batch, seq, heads, head_dim].
+    let mut n = Net::new(18);
+    let x = n.input(&[1, 2, 3, 16]);
+    let norm = n.normalise(x, &[1, 2, 3, 16], "mul", "reciprocal", 1e-6);
+    let g = n.gamma(&[16]);
+    let y = n.op("Mul", &[norm, g], &[1, 2, 3, 16]);
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm"]);
+    assert_eq!(epsilon(&out, "RmsNorm"), 1e-6);
+}
+
+#[test]
+fn division_by_the_root_with_axes_as_an_attribute_folds() {
+    // Opset 13: ReduceMean takes its axes as an attribute, here as the positive last index.
+    let mut n = Net::new(13);
+    let x = n.input(&[2, 3, 8]);
+    let two = n.scalar(2.0);
+    let sq = n.op("Pow", &[x, two], &[2, 3, 8]);
+    let ms = n.node(Domain::Onnx, "ReduceMean", &[("axes", Attr::Ints(vec![2]))], &[sq], &[&[2, 3, 1]])[0];
+    let e = n.scalar(1e-5);
+    let var = n.op("Add", &[ms, e], &[2, 3, 1]);
+    let rms = n.op("Sqrt", &[var], &[2, 3, 1]);
+    let norm = n.op("Div", &[x, rms], &[2, 3, 8]);
+    let g = n.gamma(&[8]);
+    let y = n.op("Mul", &[norm, g], &[2, 3, 8]);
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm"]);
+}
+
+#[test]
+fn a_norm_without_scale_folds_with_a_unit_scale() {
+    let mut n = Net::new(18);
+    let x = n.input(&[4, 8]);
+    let y = n.normalise(x, &[4, 8], "pow", "div", 1e-5);
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm"]);
+    let scale = out.value(out.nodes[0].inputs[1].unwrap());
+    let ValueDef::Const(t) = &scale.def else { panic!("the unit scale is not a constant") };
+    assert_eq!((t.shape.clone(), t.to_f64_vec()), (vec![8], vec![1.0; 8]));
+}
+
+#[test]
+fn onnxruntime_and_opset_23_norm_ops_fold() {
+    for (domain, op, opset) in [
+        (Domain::Onnx, "SimplifiedLayerNormalization", 18),
+        (Domain::Microsoft, "SimplifiedLayerNormalization", 18),
+        (Domain::Onnx, "RMSNormalization", 23),
+    ] {
+        let mut n = Net::new(opset);
+        let x = n.input(&[2, 3, 8]);
+        let g = n.gamma(&[8]);
+        let attrs = [("axis", Attr::Int(2)), ("epsilon", Attr::Float(1e-6)), ("stash_type", Attr::Int(1))];
+        let y = n.node(domain, op, &attrs, &[x, g], &[&[2, 3, 8]])[0];
+        n.output(y);
+        let (out, _) = fold_net(&n, FUSED_TOL);
+        assert_eq!(ops(&out), ["RmsNorm"], "{domain}::{op}");
+        assert_eq!(epsilon(&out, "RmsNorm"), 1e-6, "{domain}::{op}");
+    }
+}
+
+#[test]
+fn simplified_layer_norm_with_its_unused_inv_std_output_folds() {
+    let mut n = Net::new(18);
+    let x = n.input(&[3, 8]);
+    let g = n.gamma(&[8]);
+    let outs = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[x, g], &[&[3, 8], &[3, 1]]);
+    n.output(outs[0]);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm"]);
+    assert_eq!(epsilon(&out, "RmsNorm"), 1e-5, "the op's default epsilon");
+}
+
+#[test]
+fn skip_simplified_layer_norm_maps_outputs_0_and_3() {
+    for bias in [false, true] {
+        let mut n = Net::new(18);
+        let (x, skip) = (n.input(&[2, 3, 8]), n.input(&[2, 3, 8]));
+        let g = n.gamma(&[8]);
+        let mut inputs = vec![x, skip, g];
+        if bias {
+            let b = n.gamma(&[8]);
+            inputs.push(b);
+        }
+        let attrs = [("epsilon", Attr::Float(1e-6))];
+        let outs = n.node(
+            Domain::Microsoft,
+            "SkipSimplifiedLayerNormalization",
+            &attrs,
+            &inputs,
+            &[&[2, 3, 8], &[2, 3, 1], &[2, 3, 1], &[2, 3, 8]],
+        );
+        n.output(outs[0]);
+        n.output(outs[3]);
+        let (out, _) = fold_net(&n, FUSED_TOL);
+        assert_eq!(ops(&out), ["SkipRmsNorm"], "bias: {bias}");
+        assert_eq!(out.nodes[0].inputs.len(), inputs.len());
+        assert_eq!(epsilon(&out, "SkipRmsNorm"), 1e-6);
+    }
+}
+
+#[test]
+fn single_output_skip_simplified_layer_norm_folds() {
+    // The final norm of onnxruntime-genai's graphs declares only y.
+    let mut n = Net::new(18);
+    let (x, skip) = (n.input(&[3, 8]), n.input(&[3, 8]));
+    let g = n.gamma(&[8]);
+    let y = n.node(Domain::Microsoft, "SkipSimplifiedLayerNormalization", &[], &[x, skip, g], &[&[3, 8]])[0];
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["SkipRmsNorm"]);
+    assert_eq!(epsilon(&out, "SkipRmsNorm"), 1e-12, "the op's default epsilon");
+}
+
+#[test]
+fn a_residual_add_feeding_a_norm_becomes_skip_rms_norm_with_the_sum_as_proj1() {
+    // h = a + b; y = RmsNorm(h) · γ; the residual stream continues as h + y.
+    let mut n = Net::new(18);
+    let (a, b) = (n.input(&[2, 3, 8]), n.input(&[2, 3, 8]));
+    let h = n.op("Add", &[a, b], &[2, 3, 8]);
+    let norm = n.normalise(h, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = n.gamma(&[8]);
+    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
+    let next = n.op("Add", &[h, y], &[2, 3, 8]);
+    n.output(next);
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["SkipRmsNorm", "Add"]);
+    assert_eq!(skip_sums_used(&out), 1);
+}
+
+#[test]
+fn a_residual_add_feeding_a_fused_norm_op_becomes_skip_rms_norm() {
+    // The opset-23 form: Add → RMSNormalization.
+    let mut n = Net::new(23);
+    let (a, b) = (n.input(&[3, 8]), n.input(&[3, 8]));
+    let h = n.op("Add", &[a, b], &[3, 8]);
+    let g = n.gamma(&[8]);
+    let y = n.node(Domain::Onnx, "RMSNormalization", &[("epsilon", Attr::Float(1e-6))], &[h, g], &[&[3, 8]])[0];
+    n.output(y);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["SkipRmsNorm"]);
+}
+
+#[test]
+fn one_input_normalised_with_two_epsilons_keeps_each_epsilon() {
+    // Both norms share x, the unit scale of their first step and γ: each product must take the
+    // epsilon of its own norm.
+    let mut n = Net::new(18);
+    let x = n.input(&[3, 8]);
+    let g = n.gamma(&[8]);
+    let small = n.normalise(x, &[3, 8], "mul", "reciprocal", 1e-5);
+    let large = n.normalise(x, &[3, 8], "mul", "reciprocal", 1.0);
+    let y1 = n.op("Mul", &[small, g], &[3, 8]);
+    let y2 = n.op("Mul", &[large, g], &[3, 8]);
+    n.output(y1);
+    n.output(y2);
+    let (out, _) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm", "RmsNorm"]);
+}
+
+// ---- refusals ----
+
+#[test]
+fn a_mean_over_two_axes_is_declined() {
+    let mut n = Net::new(18);
+    let x = n.input(&[2, 3, 8]);
+    let sq = n.op("Mul", &[x, x], &[2, 3, 8]);
+    let axes = n.ints(&[1, 2]);
+    let ms = n.node(Domain::Onnx, "ReduceMean", &[], &[sq, axes], &[&[2, 1, 1]])[0];
+    let e = n.scalar(1e-5);
+    let var = n.op("Add", &[ms, e], &[2, 1, 1]);
+    let rms = n.op("Sqrt", &[var], &[2, 1, 1]);
+    let y = n.op("Div", &[x, rms], &[2, 3, 8]);
+    n.output(y);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(common::count(&out, "RmsNorm"), 0);
+    assert!(declined(&report, "rmsnorm-div", "axes [1, 2]"), "{:?}", report.declined);
+}
+
+#[test]
+fn a_mean_without_keepdims_is_declined() {
+    // keepdims=0 on a square x: the mean of each row divides each column instead.
+    let mut n = Net::new(18);
+    let x = n.input(&[4, 4]);
+    let sq = n.op("Mul", &[x, x], &[4, 4]);
+    let axes = n.ints(&[-1]);
+    let ms = n.node(Domain::Onnx, "ReduceMean", &[("keepdims", Attr::Int(0))], &[sq, axes], &[&[4]])[0];
+    let e = n.scalar(1e-5);
+    let var = n.op("Add", &[ms, e], &[4]);
+    let rms = n.op("Sqrt", &[var], &[4]);
+    let r = n.op("Reciprocal", &[rms], &[4]);
+    let y = n.op("Mul", &[x, r], &[4, 4]);
+    n.output(y);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(common::count(&out, "RmsNorm"), 0);
+    assert!(declined(&report, "rmsnorm-mul-reciprocal", "keepdims=0"), "{:?}", report.declined);
+}
+
+#[test]
+fn epsilon_added_inside_the_mean_is_declined() {
+    let mut n = Net::new(18);
+    let x = n.input(&[2, 8]);
+    let sq = n.op("Mul", &[x, x], &[2, 8]);
+    let e = n.scalar(1e-5);
+    let sq_eps = n.op("Add", &[sq, e], &[2, 8]);
+    let axes = n.ints(&[-1]);
+    let ms = n.node(Domain::Onnx, "ReduceMean", &[], &[sq_eps, axes], &[&[2, 1]])[0];
+    let rms = n.op("Sqrt", &[ms], &[2, 1]);
+    let y = n.op("Div", &[x, rms], &[2, 8]);
+    n.output(y);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(common::count(&out, "RmsNorm"), 0);
+    assert!(declined(&report, "rmsnorm-eps-inside-mean", "inside the mean"), "{:?}", report.declined);
+}
+
+#[test]
+fn a_scale_that_is_not_per_channel_is_declined() {
+    // γ of shape [1, 1, 8] broadcasts the same, but RmsNorm takes [D]: the Mul stays.
+    let mut n = Net::new(18);
+    let x = n.input(&[2, 3, 8]);
+    let norm = n.normalise(x, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = n.gamma(&[1, 1, 8]);
+    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
+    n.output(y);
+    let (out, report) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["RmsNorm", "Mul"]);
+    assert!(declined(&report, "rmsnorm-scale-left", "shape [1,1,8]"), "{:?}", report.declined);
+}
+
+#[test]
+fn simplified_layer_norm_with_its_inv_std_output_used_is_declined() {
+    let mut n = Net::new(18);
+    let x = n.input(&[3, 8]);
+    let g = n.gamma(&[8]);
+    let outs = n.node(Domain::Microsoft, "SimplifiedLayerNormalization", &[], &[x, g], &[&[3, 8], &[3, 1]]);
+    n.output(outs[0]);
+    n.output(outs[1]);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(ops(&out), ["SimplifiedLayerNormalization"]);
+    assert!(declined(&report, "rmsnorm-simplified-ms", "inv_std_var output is used"), "{:?}", report.declined);
+}
+
+#[test]
+fn a_norm_op_over_more_than_the_last_axis_is_declined() {
+    let mut n = Net::new(18);
+    let x = n.input(&[2, 3, 8]);
+    let g = n.gamma(&[3, 8]);
+    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[("axis", Attr::Int(1))], &[x, g], &[&[2, 3, 8]])[0];
+    n.output(y);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(ops(&out), ["SimplifiedLayerNormalization"]);
+    assert!(declined(&report, "rmsnorm-simplified", "axes 1.."), "{:?}", report.declined);
+}
+
+#[test]
+fn skip_simplified_layer_norm_with_its_inv_std_output_used_is_declined() {
+    let mut n = Net::new(18);
+    let (x, skip) = (n.input(&[3, 8]), n.input(&[3, 8]));
+    let g = n.gamma(&[8]);
+    let outs = n.node(
+        Domain::Microsoft,
+        "SkipSimplifiedLayerNormalization",
+        &[],
+        &[x, skip, g],
+        &[&[3, 8], &[3, 1], &[3, 1], &[3, 8]],
+    );
+    n.output(outs[0]);
+    n.output(outs[2]);
+    let (out, report) = fold_net(&n, 0.0);
+    assert_eq!(ops(&out), ["SkipSimplifiedLayerNormalization"]);
+    assert!(declined(&report, "rmsnorm-skip-simplified", "inv_std_var output (2) is used"), "{:?}", report.declined);
+}
+
+#[test]
+fn a_residual_of_broadcast_addends_is_declined() {
+    // A bias add, x + b[D], is not a residual of equal addends: RmsNorm stays after the Add.
+    let mut n = Net::new(18);
+    let x = n.input(&[3, 8]);
+    let b = n.gamma(&[8]);
+    let h = n.op("Add", &[x, b], &[3, 8]);
+    let g = n.gamma(&[8]);
+    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[h, g], &[&[3, 8]])[0];
+    n.output(y);
+    let (out, report) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["Add", "RmsNorm"]);
+    assert!(declined(&report, "rmsnorm-residual", "addends differ"), "{:?}", report.declined);
+}
+
+#[test]
+fn a_4d_residual_is_declined() {
+    let mut n = Net::new(18);
+    let (a, b) = (n.input(&[1, 2, 3, 8]), n.input(&[1, 2, 3, 8]));
+    let h = n.op("Add", &[a, b], &[1, 2, 3, 8]);
+    let g = n.gamma(&[8]);
+    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[h, g], &[&[1, 2, 3, 8]])[0];
+    n.output(y);
+    let (out, report) = fold_net(&n, FUSED_TOL);
+    assert_eq!(ops(&out), ["Add", "RmsNorm"]);
+    assert!(declined(&report, "rmsnorm-residual", "4-D"), "{:?}", report.declined);
+}

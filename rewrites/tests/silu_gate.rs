@@ -1,0 +1,371 @@
+//! Rule family `silu-gate`: every fixture form ends with exactly one SwiGlu per layer and no
+//! Sigmoid or lone Silu left, computes bit for bit what the unrewritten graph computes under the
+//! reference evaluator, and stays within tolerance of ONNX Runtime; each spelling and the refusal
+//! are checked on small hand-built graphs.
+//!
+//! QDQ forms (f3): quantize_static quantizes only MatMul inputs and outputs, so the gate reaches
+//! Sigmoid and Mul through one DequantizeLinear class and there is no Q/DQ pair between Sigmoid
+//! and Mul; the fold is the same as in float forms.
+
+mod common;
+
+use ir::{Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use rewrites::saturate::{rewrite_with, SaturationReport};
+use std::collections::HashMap;
+
+fn silu_gate(g: &Graph) -> (Graph, SaturationReport) {
+    rewrite_with(g, &[rewrites::family("silu-gate").unwrap()])
+}
+
+// ---- fixtures ----
+
+fn layers(name: &str) -> usize {
+    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
+    let start = text.find("\"layers\":").unwrap() + "\"layers\":".len();
+    let rest = text[start..].trim_start();
+    rest[..rest.find([',', '}']).unwrap()].trim().parse().unwrap()
+}
+
+/// Rewrites a fixture and checks the counts, that nothing decomposed is left, and that the
+/// reference evaluator gives exactly the unrewritten graph's outputs on the prefill case.
+fn fold_fixture(name: &str) -> Graph {
+    let g = common::import(name);
+    let (out, report) = silu_gate(&g);
+    assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
+    assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
+    out.verify().unwrap();
+    assert_eq!(common::count(&out, "SwiGlu"), layers(name), "{name}: SwiGlu");
+    assert_eq!(common::count(&out, "Sigmoid"), 0, "{name}: Sigmoid left");
+    assert_eq!(common::count(&out, "Silu"), 0, "{name}: Silu outside a SwiGlu");
+    out
+}
+
+fn assert_bit_exact(name: &str, before: &Graph, after: &Graph) {
+    let (inputs, _) = common::case(name, "prefill");
+    let want = ir::run::run_graph(before, &inputs).unwrap();
+    let got = ir::run::run_graph(after, &inputs).unwrap();
+    for (k, v) in &want {
+        assert!(got[k] == *v, "{name}: output {k} changed");
+    }
+}
+
+fn check_float(name: &str) {
+    let out = fold_fixture(name);
+    assert_bit_exact(name, &common::import(name), &out);
+    let err = common::worst_relative_error(&out, name);
+    eprintln!("{name}: worst relative error against ONNX Runtime {err:.3e}");
+    assert!(err <= 1e-4, "{name}: {err:e}");
+}
+
+/// The scalar scale of a graph output computed by DequantizeLinear, if it is one.
+fn dequantized_output_scale(g: &Graph, output: &str) -> Option<f64> {
+    let id = *g.value_by_name().get(output)?;
+    let ValueDef::Node { node, .. } = g.value(id).def else { return None };
+    let n = g.node(node);
+    if n.op != "DequantizeLinear" {
+        return None;
+    }
+    let t = match &g.value(n.inputs[1]?).def {
+        ValueDef::Const(t) => t.clone(),
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().ok()?,
+        _ => return None,
+    };
+    (t.numel() == 1).then(|| t.to_f64_vec()[0])
+}
+
+/// QDQ forms: the logits within 2 steps of their DequantizeLinear scale of ONNX Runtime's, the
+/// KV cache within 1e-4 relative, as for the unrewritten graph.
+fn check_qdq(name: &str) {
+    let out = fold_fixture(name);
+    assert_bit_exact(name, &common::import(name), &out);
+    let (mut worst_steps, mut worst_rel) = (0.0f64, 0.0f64);
+    for case in ["prefill", "decode"] {
+        let (inputs, outputs) = common::case(name, case);
+        let got = ir::run::run_graph(&out, &inputs).unwrap_or_else(|e| panic!("{name}/{case}: {e}"));
+        for (o, want) in outputs {
+            let (a, b) = (got[&o].to_f64_vec(), want.to_f64_vec());
+            let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
+            match dequantized_output_scale(&out, &o) {
+                Some(scale) => worst_steps = worst_steps.max(d / scale),
+                None => worst_rel = worst_rel.max(d / b.iter().fold(0.0f64, |m, x| m.max(x.abs()))),
+            }
+        }
+    }
+    eprintln!(
+        "{name}: logits {worst_steps:.3} steps of their scale, KV cache {worst_rel:.3e} relative, from ONNX Runtime"
+    );
+    assert!(worst_steps <= 2.0 + 1e-3, "{name}: logits {worst_steps} steps from ONNX Runtime");
+    assert!(worst_rel <= 1e-4, "{name}: KV cache {worst_rel:e} from ONNX Runtime");
+}
+
+#[test]
+fn llama_f1_torch_silu() {
+    check_float("llama_f1");
+}
+
+#[test]
+fn qwen3_f1_torch_silu() {
+    check_float("qwen3_f1");
+}
+
+#[test]
+fn llama_f2_genai_separate_gate_and_up() {
+    check_float("llama_f2");
+}
+
+/// qwen3 f2 packs gate and up into one MatMulNBits and splits it: SwiGlu reads the two Split
+/// outputs; repacking is the weight-only family's decision.
+#[test]
+fn qwen3_f2_genai_packed_gate_up_split() {
+    let out = fold_fixture("qwen3_f2");
+    for n in out.nodes.iter().filter(|n| n.op == "SwiGlu") {
+        let producers: Vec<(&str, usize)> = n
+            .inputs
+            .iter()
+            .map(|i| match out.value(i.unwrap()).def {
+                ValueDef::Node { node, output } => (out.node(node).op, output),
+                _ => ("", 0),
+            })
+            .collect();
+        assert_eq!(producers, [("Split", 0), ("Split", 1)], "{}", n.name);
+    }
+    check_float("qwen3_f2");
+}
+
+#[test]
+fn llama_f4_opset23() {
+    check_float("llama_f4");
+}
+
+#[test]
+fn qwen3_f4_opset23() {
+    check_float("qwen3_f4");
+}
+
+#[test]
+fn llama_f3a_qdq_gate_through_one_dequantize() {
+    check_qdq("llama_f3a");
+}
+
+#[test]
+fn llama_f3b_qdq_gate_through_one_dequantize() {
+    check_qdq("llama_f3b");
+}
+
+#[test]
+fn qwen3_f3a_qdq_gate_through_one_dequantize() {
+    check_qdq("qwen3_f3a");
+}
+
+#[test]
+fn qwen3_f3b_qdq_gate_through_one_dequantize() {
+    check_qdq("qwen3_f3b");
+}
+
+#[test]
+fn smollm2_f1_30_swiglus() {
+    let out = fold_fixture("smollm2_f1");
+    let err = common::worst_relative_error(&out, "smollm2_f1");
+    assert!(err <= 1e-4, "smollm2_f1: {err:e}");
+}
+
+#[test]
+fn smollm2_f2_30_swiglus() {
+    let out = fold_fixture("smollm2_f2");
+    let err = common::worst_relative_error(&out, "smollm2_f2");
+    assert!(err <= 1e-4, "smollm2_f2: {err:e}");
+}
+
+// ---- hand-built graphs ----
+
+/// A small f32 graph over [2, 5] inputs, written node by node; values are named `v<i>`.
+struct Net {
+    g: Graph,
+}
+
+const SHAPE: [usize; 2] = [2, 5];
+
+impl Net {
+    fn new() -> Net {
+        let g = Graph {
+            name: "net".into(),
+            values: vec![],
+            nodes: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            weights: Default::default(),
+            assumptions: vec![],
+        };
+        Net { g }
+    }
+
+    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
+        let name = format!("v{}", self.g.values.len());
+        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
+        self.g.values.push(ir::Value { name, dtype, shape, def });
+        ValueId(self.g.values.len() as u32 - 1)
+    }
+
+    fn input(&mut self) -> ValueId {
+        let v = self.value(DType::F32, &SHAPE, ValueDef::Input);
+        self.g.inputs.push(v);
+        v
+    }
+
+    fn constant(&mut self, t: Tensor) -> ValueId {
+        let (dtype, shape) = (t.dtype, t.shape.clone());
+        self.value(dtype, &shape, ValueDef::Const(t))
+    }
+
+    fn op_to(&mut self, op: &str, inputs: &[ValueId], dtype: DType) -> ValueId {
+        let spec = ir::op::lookup(Domain::Onnx, op).unwrap();
+        let node = ir::NodeId(self.g.nodes.len() as u32);
+        let out = self.value(dtype, &SHAPE, ValueDef::Node { node, output: 0 });
+        self.g.nodes.push(ir::Node {
+            name: format!("n{}", node.0),
+            domain: Domain::Onnx,
+            op: spec.name,
+            opset: 21,
+            attrs: Attrs::default(),
+            inputs: inputs.iter().map(|&v| Some(v)).collect(),
+            outputs: vec![out],
+        });
+        out
+    }
+
+    fn op(&mut self, op: &str, inputs: &[ValueId]) -> ValueId {
+        self.op_to(op, inputs, DType::F32)
+    }
+
+    fn output(&mut self, v: ValueId) {
+        self.g.outputs.push(v);
+    }
+
+    /// Deterministic values in [-4, 4) for every input.
+    fn feeds(&self) -> HashMap<String, Tensor> {
+        let n: usize = SHAPE.iter().product();
+        self.g
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| {
+                let values = (0..n).map(|j| ((j * 7 + k * 3) % 16) as f32 * 0.5 - 4.0 + 0.125 * k as f32).collect();
+                (self.g.value(i).name.clone(), Tensor::from_f32(DType::F32, SHAPE.to_vec(), values))
+            })
+            .collect()
+    }
+}
+
+/// Rewrites `net` and checks that it computes exactly the same.
+fn fold_net(net: &Net) -> (Graph, SaturationReport) {
+    let (out, report) = silu_gate(&net.g);
+    assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
+    out.verify().unwrap();
+    let feeds = net.feeds();
+    let want = ir::run::run_graph(&net.g, &feeds).unwrap();
+    let got = ir::run::run_graph(&out, &feeds).unwrap();
+    for (k, v) in &want {
+        assert!(got[k] == *v, "output {k} changed");
+    }
+    (out, report)
+}
+
+fn ops(g: &Graph) -> Vec<&str> {
+    g.nodes.iter().map(|n| n.op).filter(|&op| op != "Identity").collect()
+}
+
+#[test]
+fn x_times_sigmoid_in_either_order_is_silu() {
+    for sigmoid_first in [false, true] {
+        let mut n = Net::new();
+        let x = n.input();
+        let s = n.op("Sigmoid", &[x]);
+        let y = if sigmoid_first { n.op("Mul", &[s, x]) } else { n.op("Mul", &[x, s]) };
+        n.output(y);
+        let (out, _) = fold_net(&n);
+        assert_eq!(ops(&out), ["Silu"], "sigmoid first: {sigmoid_first}");
+    }
+}
+
+#[test]
+fn silu_times_up_in_either_order_is_swiglu_of_gate_and_up() {
+    for silu_first in [false, true] {
+        let mut n = Net::new();
+        let (gate, up) = (n.input(), n.input());
+        let s = n.op("Sigmoid", &[gate]);
+        let silu = n.op("Mul", &[gate, s]);
+        let y = if silu_first { n.op("Mul", &[silu, up]) } else { n.op("Mul", &[up, silu]) };
+        n.output(y);
+        let (out, _) = fold_net(&n);
+        assert_eq!(ops(&out), ["SwiGlu"], "silu first: {silu_first}");
+        assert_eq!(out.nodes[0].inputs, [Some(out.inputs[0]), Some(out.inputs[1])], "SwiGlu(gate, up)");
+    }
+}
+
+/// A Silu whose value is also a graph output: the product still becomes a SwiGlu, and the output
+/// is a Silu.
+#[test]
+fn a_silu_used_elsewhere_still_folds_its_product() {
+    let mut n = Net::new();
+    let (gate, up) = (n.input(), n.input());
+    let s = n.op("Sigmoid", &[gate]);
+    let silu = n.op("Mul", &[gate, s]);
+    let y = n.op("Mul", &[silu, up]);
+    n.output(y);
+    n.output(silu);
+    let (out, _) = fold_net(&n);
+    assert_eq!(common::count(&out, "Sigmoid"), 0);
+    assert_eq!(common::count(&out, "Silu"), 1);
+}
+
+/// quantize_static's form: the gate is one DequantizeLinear output feeding both Sigmoid and Mul.
+#[test]
+fn a_dequantized_gate_feeding_both_sides_folds() {
+    let mut n = Net::new();
+    let q = n.value(DType::U8, &SHAPE, ValueDef::Input);
+    n.g.inputs.push(q);
+    let scale = n.constant(Tensor::scalar_f32(0.05));
+    let zero = n.constant(Tensor::from_i64(DType::U8, vec![], vec![128]));
+    let gate = n.op("DequantizeLinear", &[q, scale, zero]);
+    let up = n.input();
+    let s = n.op("Sigmoid", &[gate]);
+    let silu = n.op("Mul", &[gate, s]);
+    let y = n.op("Mul", &[silu, up]);
+    n.output(y);
+    let (out, _) = silu_gate(&n.g);
+    assert_eq!(ops(&out), ["DequantizeLinear", "SwiGlu"]);
+}
+
+#[test]
+fn a_sigmoid_requantized_before_the_product_is_declined() {
+    // x · DQ(Q(σ(x))): what a quantizer that also quantizes Sigmoid outputs writes.
+    let mut n = Net::new();
+    let x = n.input();
+    let s = n.op("Sigmoid", &[x]);
+    let scale = n.constant(Tensor::scalar_f32(1.0 / 255.0));
+    let zero = n.constant(Tensor::from_i64(DType::U8, vec![], vec![0]));
+    let q = n.op_to("QuantizeLinear", &[s, scale, zero], DType::U8);
+    let dq = n.op("DequantizeLinear", &[q, scale, zero]);
+    let y = n.op("Mul", &[x, dq]);
+    n.output(y);
+    let (out, report) = fold_net(&n);
+    assert_eq!(ops(&out), ["Sigmoid", "QuantizeLinear", "DequantizeLinear", "Mul"]);
+    assert!(
+        report.declined.iter().any(|d| d.rule == "silu-gate-requantized-sigmoid" && d.reason.contains("rounding")),
+        "{:?}",
+        report.declined
+    );
+}
+
+#[test]
+fn a_product_of_two_different_values_is_left_alone() {
+    // x · σ(z) is not a Silu.
+    let mut n = Net::new();
+    let (x, z) = (n.input(), n.input());
+    let s = n.op("Sigmoid", &[z]);
+    let y = n.op("Mul", &[x, s]);
+    n.output(y);
+    let (out, report) = fold_net(&n);
+    assert_eq!(ops(&out), ["Sigmoid", "Mul"]);
+    assert!(report.declined.is_empty());
+}
