@@ -214,9 +214,10 @@ fn add_skip_rms_norm(egraph: &mut EGraph, eps: f32, inputs: Vec<Id>) -> (Id, Id)
     (y, s)
 }
 
-/// Unions `a` and `b`; the changed class, if any, as an applier reports it.
-fn union(egraph: &mut EGraph, a: Id, b: Id) -> Vec<Id> {
-    if egraph.union(a, b) {
+/// Unions `a` and `b` on behalf of `rule` (explanations name it); the changed class, if any, as
+/// an applier reports it.
+fn union(egraph: &mut EGraph, a: Id, b: Id, rule: Symbol) -> Vec<Id> {
+    if egraph.union_trusted(a, b, rule) {
         vec![egraph.find(a)]
     } else {
         vec![]
@@ -269,7 +270,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for UnitRmsNorm {
         let c = egraph.analysis.intern(Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
         let unit = egraph.add(ENode::leaf(Head::Const(c)));
         let norm = add_rms_norm(egraph, eps as f32, x, unit);
-        union(egraph, eclass, norm)
+        union(egraph, eclass, norm, rule)
     }
 }
 
@@ -302,7 +303,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for ScaledRmsNorm {
             return decline(egraph, rule, eclass, format!("RmsNorm(x) · scale not folded: {problem}"));
         }
         let norm = add_rms_norm(egraph, eps, x, g);
-        union(egraph, eclass, norm)
+        union(egraph, eclass, norm, rule)
     }
 }
 
@@ -361,7 +362,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
             eclass
         };
         let norm = add_rms_norm(egraph, eps, x, g);
-        union(egraph, y, norm)
+        union(egraph, y, norm, rule)
     }
 }
 
@@ -398,13 +399,13 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
         }
         let (y, s) = add_skip_rms_norm(egraph, eps, inputs);
         if outputs <= 1 {
-            return union(egraph, eclass, y);
+            return union(egraph, eclass, y, rule);
         }
         let old_y = egraph.add(ENode { head: Head::Proj(0), children: vec![eclass] });
-        let mut changed = union(egraph, old_y, y);
+        let mut changed = union(egraph, old_y, y, rule);
         if outputs >= 4 {
             let old_s = egraph.add(ENode { head: Head::Proj(3), children: vec![eclass] });
-            changed.extend(union(egraph, old_s, s));
+            changed.extend(union(egraph, old_s, s, rule));
         }
         changed
     }
@@ -468,8 +469,8 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
             return decline(egraph, rule, eclass, format!("residual sum not fused into SkipRmsNorm: {problem}"));
         }
         let (y, s) = add_skip_rms_norm(egraph, eps, vec![a, b, g]);
-        let mut changed = union(egraph, eclass, y);
-        changed.extend(union(egraph, sum, s));
+        let mut changed = union(egraph, eclass, y, rule);
+        changed.extend(union(egraph, sum, s, rule));
         changed
     }
 }
