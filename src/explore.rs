@@ -224,6 +224,11 @@ fn explain(graph: &Graph, sat: &rewrites::saturate::Saturated, name: &str) -> Re
     }
     let mut egraph = sat.egraph.clone();
     let left = original_term(graph, v, &mut egraph.analysis);
+    // Explanations are trees: a value deep in a model expands to an exponential term.
+    const MAX_EXPLAINED_TREE: u64 = 20_000;
+    if tree_size(&left) > MAX_EXPLAINED_TREE {
+        bail!("`{name}` unfolds to a term of more than {MAX_EXPLAINED_TREE} nodes; explain it within one layer (--layer N)");
+    }
     let class = egraph.lookup_expr(&left).ok_or_else(|| anyhow!("`{name}` is not in the e-graph as written"))?;
     let extractor = egg::Extractor::new(&egraph, HostCost);
     let (_, right) = extractor.find_best(class);
@@ -270,4 +275,14 @@ fn shorten(s: &str) -> String {
     } else {
         s.to_string()
     }
+}
+
+/// Nodes of the tree a RecExpr (a DAG) unfolds to, saturating.
+fn tree_size(expr: &egg::RecExpr<ENode>) -> u64 {
+    let mut sizes: Vec<u64> = Vec::with_capacity(expr.len());
+    for node in expr.as_ref() {
+        let s = node.children.iter().fold(1u64, |acc, &c| acc.saturating_add(sizes[usize::from(c)]));
+        sizes.push(s);
+    }
+    sizes.last().copied().unwrap_or(0)
 }

@@ -8,8 +8,8 @@
 //! | `Silu` | x → y | y = x · σ(x) |
 //! | `SwiGlu` | gate, up → y | y = Silu(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
-//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·sₐ·s_w in f32 (s_w per tensor or per output column); with s_y: y = sat(round_half_even(y/s_y) + z_y) |
-//! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | MatMulNBits: weights stay packed in blocks |
+//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ, zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
+//! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, see [`attention`] |
 
 use crate::attr::{Attr, Attrs};
@@ -58,7 +58,12 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(&silu[0]), Some(u)], 1)
         }
         "Rope" => rope(op, input(0)?, input(1)?, input(2)?).map(|t| vec![t]),
-        "WGemm" => onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, inputs, 1),
+        // WGemm's inputs are (a, w, scales, [zero_points], [bias]); MatMulNBits has g_idx
+        // between the zero points and the bias.
+        "WGemm" => {
+            let get = |i: usize| inputs.get(i).copied().flatten();
+            onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, &[get(0), get(1), get(2), get(3), None, get(4)], 1)
+        }
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
         "Attention" => attention(op, inputs, num_outputs),
         other => Err(err(op, format!("unknown fused op {other}"))),
@@ -122,6 +127,14 @@ fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, Ev
     Ok(Tensor::from_f32(x.dtype, x.shape.clone(), out))
 }
 
+/// QGemm, in its obviously correct form: every output accumulates Σₖ (a − zₐ)(w − z_w) in i64,
+/// then scales once in f32 and optionally requantises with QuantizeLinear's rounding.
+///
+/// Kernels compute the same integers another way. Expanding the product,
+/// `Σₖ (a − zₐ)(w − z_w) = Σₖ a·w − z_w·Σₖ a − zₐ·Σₖ w + K·zₐ·z_w`: the raw int8×int8 → int32
+/// product, a per-row sum of the activation codes, and per-column weight sums Σₖ w that depend
+/// on the weight alone (computed once per weight, at compile time). Every term is an exact integer,
+/// so the zero points, asymmetric ones included, cost no accuracy.
 fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (a, sa, za, w, sw, zw) = match (get(0), get(1), get(2), get(3), get(4), get(5)) {
@@ -163,11 +176,15 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
     *shape.last_mut().unwrap() = n;
     let y = Tensor::from_f32(DType::F32, shape, out);
     match (get(6), get(7)) {
-        (Some(sy), Some(zy)) => {
+        (Some(sy), zy) => {
+            if sy.numel() != 1 || zy.is_some_and(|z| z.numel() != 1) {
+                return Err(err(op, "output scale and zero point must be per tensor"));
+            }
             let r = OpRef { node: op.node, domain: Domain::Onnx, op: "QuantizeLinear", opset: 21, attrs: &Attrs::default() };
-            eval_op(&r, &[Some(&y), Some(sy), Some(zy)], 1).map(|mut v| v.remove(0))
+            eval_op(&r, &[Some(&y), Some(sy), zy], 1).map(|mut v| v.remove(0))
         }
-        _ => Ok(y),
+        (None, Some(_)) => Err(err(op, "an output zero point without an output scale")),
+        (None, None) => Ok(y),
     }
 }
 
@@ -284,7 +301,12 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             if let (Some(last), Some(n)) = (shape.last_mut(), w.shape.get(1)) {
                 *last = n.clone();
             }
-            let dtype = t(7).map(|z| z.dtype).unwrap_or(DType::F32);
+            // Requantised outputs take the zero point's type (uint8 without one, as QuantizeLinear).
+            let dtype = match (t(6), t(7)) {
+                (_, Some(z)) => z.dtype,
+                (Some(_), None) => DType::U8,
+                (None, None) => DType::F32,
+            };
             vec![TypeInfo { dtype, shape }]
         }
         (Domain::Npuc, "Attention") => {

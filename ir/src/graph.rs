@@ -229,9 +229,33 @@ impl Graph {
     /// `None` when no node belongs to the layer.
     pub fn layer(&self, n: usize) -> Option<Graph> {
         let tags = [format!("layers.{n}/"), format!("layers.{n}."), format!("layers.{n}_")];
-        let inside: Vec<bool> = self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
+        let mut inside: Vec<bool> = self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
         if !inside.iter().any(|&b| b) {
             return None;
+        }
+        // Nodes computed from weights and constants only (a weight's DequantizeLinear, which
+        // quantize_static names after the weight, not the layer) belong to the layer that reads
+        // them.
+        let compile_time = self.compile_time_nodes();
+        loop {
+            let mut grew = false;
+            for ni in (0..self.nodes.len()).rev() {
+                if !inside[ni] {
+                    continue;
+                }
+                for &i in self.nodes[ni].inputs.iter().flatten() {
+                    if let ValueDef::Node { node, .. } = self.value(i).def {
+                        let p = node.0 as usize;
+                        if compile_time[p] && !inside[p] {
+                            inside[p] = true;
+                            grew = true;
+                        }
+                    }
+                }
+            }
+            if !grew {
+                break;
+            }
         }
         let mut read_outside = vec![false; self.values.len()];
         for (ni, node) in self.nodes.iter().enumerate() {
@@ -299,5 +323,26 @@ impl std::fmt::Debug for Graph {
     /// The printed text form (weights by digest).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&crate::print::print_graph(self))
+    }
+}
+
+impl Graph {
+    /// For each node, whether all its inputs are weights, constants or outputs of such nodes.
+    pub fn compile_time_nodes(&self) -> Vec<bool> {
+        let mut known = vec![false; self.values.len()];
+        for (i, v) in self.values.iter().enumerate() {
+            known[i] = matches!(v.def, ValueDef::Weight(_) | ValueDef::Const(_));
+        }
+        let mut out = vec![false; self.nodes.len()];
+        for (ni, n) in self.nodes.iter().enumerate() {
+            let ct = n.inputs.iter().flatten().all(|i| known[i.0 as usize]);
+            out[ni] = ct;
+            if ct {
+                for &o in &n.outputs {
+                    known[o.0 as usize] = true;
+                }
+            }
+        }
+        out
     }
 }

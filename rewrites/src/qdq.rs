@@ -77,12 +77,12 @@ pub fn rules() -> Vec<Rewrite> {
 }
 
 /// Known shape of a class's value.
-fn known_shape(egraph: &EGraph, id: Id) -> Option<Vec<usize>> {
+pub(crate) fn known_shape(egraph: &EGraph, id: Id) -> Option<Vec<usize>> {
     egraph[id].data.ty()?.shape.iter().map(|d| d.as_known().and_then(|k| usize::try_from(k).ok())).collect()
 }
 
 /// Attributes of a `domain::op` node of `class` whose children are `children`.
-fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
+pub(crate) fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
     egraph[class].nodes.iter().find_map(|n| match &n.head {
         Head::Op { domain: d, op: o, attrs }
             if *d == domain
@@ -94,6 +94,16 @@ fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[
         }
         _ => None,
     })
+}
+
+/// Unions `a` and `b` on behalf of `rule` (explanations name it); the changed class, if any, as an
+/// applier reports it.
+pub(crate) fn union(egraph: &mut EGraph, a: Id, b: Id, rule: Symbol) -> Vec<Id> {
+    if egraph.union_trusted(a, b, rule) {
+        vec![egraph.find(a)]
+    } else {
+        vec![]
+    }
 }
 
 /// A zero constant of `dtype` and `shape`, added to the e-graph.
@@ -171,7 +181,9 @@ fn qgemm_zero_points(egraph: &mut EGraph, g: &Group) -> Result<(Id, Id), String>
             ));
         }
         if axis != 1 || sw_shape != [n] {
-            return Err(format!("weight scale of shape {sw_shape:?} on axis {axis} does not fit the [{k}, {n}] weight"));
+            return Err(format!(
+                "weight scale of shape {sw_shape:?} on axis {axis} does not fit the [{k}, {n}] weight"
+            ));
         }
     }
     for (z, s, codes) in [(g.za, g.sa, a_type), (g.zw, g.sw, w_type)] {
@@ -221,7 +233,14 @@ impl FoldMatMul {
 }
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for FoldMatMul {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let Some(g) = self.group(egraph, eclass, subst) else { return vec![] };
         match qgemm_zero_points(egraph, &g) {
             Err(reason) => {
@@ -231,7 +250,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for FoldMatMul {
             Ok((za, zw)) => {
                 let node = ENode::op(Domain::Npuc, "QGemm", Attrs::default(), vec![g.a, g.sa, za, g.w, g.sw, zw]);
                 let q = egraph.add(node);
-                if egraph.union(eclass, q) { vec![eclass] } else { vec![] }
+                union(egraph, eclass, q, rule)
             }
         }
     }
@@ -272,7 +291,14 @@ fn requantizes_per_tensor(rule: &'static str, sy: &str, zy: &str) -> impl Fn(&mu
 struct RequantizeDefaultZero;
 
 impl Applier<ENode, ir::egraph::NpuAnalysis> for RequantizeDefaultZero {
-    fn apply_one(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, _: Option<&PatternAst<ENode>>, rule: Symbol) -> Vec<Id> {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
         let [a, sa, za, w, sw, zw, sy] = ["?a", "?sa", "?za", "?w", "?sw", "?zw", "?sy"].map(|v| subst[var(v)]);
         if let Some(reason) = epilogue_refusal(egraph, sy, None) {
             egraph.analysis.decline(rule.as_str(), eclass, reason);
@@ -284,6 +310,6 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for RequantizeDefaultZero {
         };
         let zy = zeros(egraph, out, known_shape(egraph, sy).unwrap_or_default());
         let q = egraph.add(ENode::op(Domain::Npuc, "QGemm", Attrs::default(), vec![a, sa, za, w, sw, zw, sy, zy]));
-        if egraph.union(eclass, q) { vec![eclass] } else { vec![] }
+        union(egraph, eclass, q, rule)
     }
 }

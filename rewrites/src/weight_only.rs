@@ -1,8 +1,522 @@
-//! Rule family `weight-only`: being written.
+//! Rule family `weight-only`: matrix products with weight-only quantised weights become
+//! `npuc::WGemm`, whose weights stay packed codes and are never expanded to float.
+//!
+//! Identity: `WGemm{K,N,bits,block_size}(a, w, scales[, zero_points])` is MatMulNBits over the
+//! same operands (see `ir::fused`). Spellings recognised:
+//! - com.microsoft `MatMulNBits(a, B, scales[, zero_points])`, written by onnxruntime-genai
+//!   (fixtures f2: 4-bit projections; SmolLM2's tied lm_head is 8-bit). K, N, bits and block_size
+//!   carry over; `accuracy_level` only selects onnxruntime's CPU kernel and is dropped.
+//! - packed projections. Output column n of MatMulNBits reads only row n of B, scales and zero
+//!   points, so a product over N = n₀ + n₁ + … rows equals the products over row slices, side by
+//!   side. genai packs gate/up (qwen3 f2, followed by a `Split` along the last axis) and Q/K/V
+//!   (llama f2 and SmolLM2 f2, whose packed product is GroupQueryAttention's packed query). For
+//!   both the e-graph also gets the per-projection form: one WGemm per part over `Slice` views of
+//!   B, scales and zero points (a Slice of a weight with constant bounds: the bounds describe the
+//!   view, no bytes are copied). For a Split, output i of the Split is WGemm i; for packed QKV the
+//!   packed product is `Concat(WGemm_q, WGemm_k, WGemm_v)` along the last axis, cut at
+//!   num_heads·D and kv_num_heads·D (D = N / (num_heads + 2·kv_num_heads)) read from the
+//!   GroupQueryAttention that consumes it.
+//!   The cost model decides. The host model (`saturate::HostCost`: a fused op costs 1, another op
+//!   2; the costliest path decides, the tree sum breaks ties) splits a Split's packed product and
+//!   keeps packed Q/K/V packed. Per-projection WGemms over weight Slices put 1 on the activation's
+//!   path (the Slices hang off weights, beside it) against 3 for WGemm + Split, and the Split, a
+//!   copy of the activations, disappears; one packed WGemm (1) beats a Concat of three (3), whose
+//!   Concat would be such a copy. So qwen3 f2's gate/up become two WGemms over views of the packed
+//!   weight, and llama f2's and SmolLM2's q|k|v stay one WGemm feeding GroupQueryAttention.
+//! - blocked DequantizeLinear of 4-bit (or 8-bit) codes (ai.onnx opset 21: [K, N] int4/uint4
+//!   codes, `axis=0`, `block_size=b`, scales and zero points [K/b, N]) feeding a MatMul's weight
+//!   side, as Quark and onnxruntime's 4-bit quantiser in QDQ mode write it (no fixture does):
+//!   WGemm{bits, block_size=b} over the codes in MatMulNBits' layout, built lazily from the codes by
+//!   compile-time ops (Transpose to [N, K], Cast to int32, offset signed codes by 2^(bits−1),
+//!   Reshape to [N, K/b, b/2, 2], weigh the pair (1, 16), ReduceSum the pair, Cast to uint8), the
+//!   transposed scales, and the transposed zero points as floats offset alike (signed codes without
+//!   zero points need none: MatMulNBits' default 2^(bits−1) is the offset; unsigned ones get a
+//!   zero). No constant is materialised in the e-graph: the repacked codes are computed once by
+//!   whichever later pass folds compile-time subgraphs. Under the host cost model the repacking
+//!   lies beside the activation's path, so the WGemm wins wherever that path is the longer one:
+//!   inside a model, everywhere but in a product that reads a graph input directly.
+//! - GatherBlockQuantized: genai's embedding is already a quantised gather, reading the lm_head's
+//!   packed codes (through a Reshape) and scales; it is left as is, and keeps sharing them with
+//!   the lm_head's WGemm.
+//!
+//! Declined, with the reason recorded: MatMulNBits with g_idx or a bias, or with bits other than 4
+//! and 8; blocked DequantizeLinear whose codes are computed at run time, whose blocks run along N,
+//! or whose K is not a whole number of blocks; 4-bit codes quantised per tensor or per column.
 
+use crate::cond::{dtype, is_compile_time_expr, var};
+use crate::qdq::{known_shape, node_attrs, union};
 use crate::Rewrite;
+use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
+use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
 
 /// The family's rules.
+#[rustfmt::skip]
 pub fn rules() -> Vec<Rewrite> {
-    vec![]
+    vec![
+        // MatMulNBits(a, B, s) = WGemm{K,N,bits,block_size}(a, B, s)
+        rewrite!("weight-only-matmulnbits";
+            "(com.microsoft::MatMulNBits ?a ?w ?s)" => { ToWGemm::new(&[]) }),
+        // MatMulNBits(a, B, s, z) = WGemm{K,N,bits,block_size}(a, B, s, z)
+        rewrite!("weight-only-matmulnbits-zero-points";
+            "(com.microsoft::MatMulNBits ?a ?w ?s ?z)" => { ToWGemm::new(&["?z"]) }),
+        // MatMulNBits(a, B, s, z, g_idx) = WGemm{…}(a, B, s, z) when g_idx is omitted
+        rewrite!("weight-only-matmulnbits-g-idx";
+            "(com.microsoft::MatMulNBits ?a ?w ?s ?z ?g)" => { ToWGemm::new(&["?z", "?g"]) }),
+        // MatMulNBits(a, B, s, z, g_idx, bias) = WGemm{…}(a, B, s, z) when g_idx and bias are omitted
+        rewrite!("weight-only-matmulnbits-bias";
+            "(com.microsoft::MatMulNBits ?a ?w ?s ?z ?g ?bias)" => { ToWGemm::new(&["?z", "?g", "?bias"]) }),
+        // Split(MatMulNBits(a, B, …), sizes) along N: output i = WGemm(a, B[rows i], s[rows i], z[rows i])
+        rewrite!("weight-only-split-packed";
+            "(Split ?packed ?sizes)" => { SplitPacked { sizes: Some(var("?sizes")) } }),
+        // the same for a Split into equal parts
+        rewrite!("weight-only-split-packed-equal";
+            "(Split ?packed)" => { SplitPacked { sizes: None } }),
+        // GroupQueryAttention(MatMulNBits(a, B, …) packed q|k|v, …): the packed product = Concat(q, k, v WGemms)
+        rewrite!("weight-only-split-packed-qkv";
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total ?cos ?sin)" => { SplitPackedQkv }),
+        // the same without GroupQueryAttention's rotary caches
+        rewrite!("weight-only-split-packed-qkv-no-rotary";
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total)" => { SplitPackedQkv }),
+        // MatMul(a, DQ(w, s, z){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ, zᵀ)
+        rewrite!("weight-only-blocked-dequantize";
+            "(MatMul ?a (DequantizeLinear ?w ?s ?z))" => { FromBlockedDequantize { zero_point: true } }),
+        // MatMul(a, DQ(w, s){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ[, 0])
+        rewrite!("weight-only-blocked-dequantize-symmetric";
+            "(MatMul ?a (DequantizeLinear ?w ?s))" => { FromBlockedDequantize { zero_point: false } }),
+    ]
+}
+
+fn is_absent(egraph: &EGraph, id: Id) -> bool {
+    egraph[id].nodes.iter().any(|n| n.head == Head::Absent)
+}
+
+fn node(domain: Domain, op: &'static str, attrs: &[(&str, Attr)], children: Vec<Id>) -> ENode {
+    let mut a = Attrs::default();
+    for (k, v) in attrs {
+        a.set(k, v.clone());
+    }
+    ENode::op(domain, op, a, children)
+}
+
+/// Adds `n`, giving its class the type `dtype[shape]` when inference has none for it.
+fn add_typed(egraph: &mut EGraph, n: ENode, dtype: DType, shape: &[usize]) -> Id {
+    let id = egraph.add(n);
+    if egraph[id].data.types.is_empty() {
+        egraph[id].data.types = vec![TypeInfo { dtype, shape: shape.iter().map(|&d| Dim::known(d as i64)).collect() }];
+    }
+    id
+}
+
+fn constant(egraph: &mut EGraph, t: Tensor) -> Id {
+    let c = egraph.analysis.intern(t);
+    egraph.add(ENode::leaf(Head::Const(c)))
+}
+
+fn ints(egraph: &mut EGraph, v: &[i64]) -> Id {
+    constant(egraph, Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
+}
+
+/// A weight-only product WGemm can take: MatMulNBits' operands and attributes.
+#[derive(Clone)]
+struct Packed {
+    a: Id,
+    w: Id,
+    scales: Id,
+    zero_points: Option<Id>,
+    k: usize,
+    n: usize,
+    bits: i64,
+    block: i64,
+}
+
+/// The WGemm operands of a MatMulNBits node, or why it cannot be one.
+fn wgemm_operands(egraph: &EGraph, mnb: &ENode) -> Result<Packed, String> {
+    let attrs = mnb.head.attrs().cloned().unwrap_or_default();
+    let c = &mnb.children;
+    let present = |i: usize| c.get(i).copied().filter(|&id| !is_absent(egraph, id));
+    if present(4).is_some() {
+        return Err("MatMulNBits with g_idx (act-order): WGemm's blocks are contiguous along K".into());
+    }
+    if present(5).is_some() {
+        return Err("MatMulNBits with a bias input: not folded into WGemm".into());
+    }
+    let bits = attrs.int_or("bits", 4).unwrap_or(0);
+    if !matches!(bits, 4 | 8) {
+        return Err(format!("{bits}-bit MatMulNBits: WGemm takes 4- and 8-bit codes"));
+    }
+    let (Ok(Some(k)), Ok(Some(n)), Ok(Some(block))) = (attrs.int("K"), attrs.int("N"), attrs.int("block_size")) else {
+        return Err("MatMulNBits without K, N and block_size".into());
+    };
+    if !dtype(egraph, c[0]).is_some_and(|d| d.is_float()) {
+        return Err("MatMulNBits over a non-float activation".into());
+    }
+    let (Ok(k), Ok(n)) = (usize::try_from(k), usize::try_from(n)) else {
+        return Err(format!("MatMulNBits with K={k}, N={n}"));
+    };
+    Ok(Packed { a: c[0], w: c[1], scales: c[2], zero_points: present(3), k, n, bits, block })
+}
+
+/// The WGemm over `p`.
+fn wgemm(egraph: &mut EGraph, p: &Packed) -> Id {
+    let attrs = [
+        ("K", Attr::Int(p.k as i64)),
+        ("N", Attr::Int(p.n as i64)),
+        ("bits", Attr::Int(p.bits)),
+        ("block_size", Attr::Int(p.block)),
+    ];
+    let children = [p.a, p.w, p.scales].into_iter().chain(p.zero_points).collect();
+    egraph.add(node(Domain::Npuc, "WGemm", &attrs, children))
+}
+
+/// Folds a MatMulNBits node into a WGemm; `rest` names the pattern variables after `?s`.
+struct ToWGemm {
+    vars: Vec<Var>,
+}
+
+impl ToWGemm {
+    fn new(rest: &[&str]) -> ToWGemm {
+        ToWGemm { vars: ["?a", "?w", "?s"].iter().chain(rest).map(|v| var(v)).collect() }
+    }
+}
+
+impl Applier<ENode, NpuAnalysis> for ToWGemm {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let children: Vec<Id> = self.vars.iter().map(|&v| egraph.find(subst[v])).collect();
+        let mnb = egraph[eclass].nodes.iter().find(|n| {
+            n.head.op() == Some("MatMulNBits")
+                && n.children.iter().map(|&c| egraph.find(c)).eq(children.iter().copied())
+        });
+        let Some(mnb) = mnb.cloned() else { return vec![] };
+        match wgemm_operands(egraph, &mnb) {
+            Err(reason) => {
+                egraph.analysis.decline(rule.as_str(), eclass, reason);
+                vec![]
+            }
+            Ok(p) => {
+                let id = wgemm(egraph, &p);
+                union(egraph, eclass, id, rule)
+            }
+        }
+    }
+}
+
+/// The MatMulNBits product of `class` WGemm can take, if there is one.
+fn packed_product(egraph: &EGraph, class: Id) -> Option<Packed> {
+    egraph[class]
+        .nodes
+        .iter()
+        .filter(|n| n.head.op() == Some("MatMulNBits"))
+        .find_map(|n| wgemm_operands(egraph, n).ok())
+}
+
+/// A view of rows [lo, hi) of a per-column operand of a product with `n` columns: a Slice of axis
+/// 0 of an [N, …] tensor, or of the flat range of an [N·r] one.
+fn row_view(egraph: &mut EGraph, t: Id, n: usize, lo: usize, hi: usize) -> Option<Id> {
+    let shape = known_shape(egraph, t)?;
+    let dtype = dtype(egraph, t)?;
+    let (start, end, out) = match shape[..] {
+        [first, ref rest @ ..] if first == n && !rest.is_empty() => {
+            (lo, hi, std::iter::once(hi - lo).chain(rest.iter().copied()).collect::<Vec<_>>())
+        }
+        [len] if n > 0 && len % n == 0 => {
+            let r = len / n;
+            (lo * r, hi * r, vec![(hi - lo) * r])
+        }
+        _ => return None,
+    };
+    let (s, e, axes) = (ints(egraph, &[start as i64]), ints(egraph, &[end as i64]), ints(egraph, &[0]));
+    Some(add_typed(egraph, node(Domain::Onnx, "Slice", &[], vec![t, s, e, axes]), dtype, &out))
+}
+
+/// WGemms over consecutive row ranges of `p` of the given sizes.
+fn parts(egraph: &mut EGraph, p: &Packed, sizes: &[usize]) -> Option<Vec<Id>> {
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut lo = 0;
+    for &size in sizes {
+        let hi = lo + size;
+        let w = row_view(egraph, p.w, p.n, lo, hi)?;
+        let scales = row_view(egraph, p.scales, p.n, lo, hi)?;
+        let zero_points = match p.zero_points {
+            Some(z) => Some(row_view(egraph, z, p.n, lo, hi)?),
+            None => None,
+        };
+        out.push(wgemm(egraph, &Packed { w, scales, zero_points, n: size, ..p.clone() }));
+        lo = hi;
+    }
+    Some(out)
+}
+
+/// The column counts a Split (attributes `attrs`, outputs typed in class `split`) cuts packed
+/// product `p` of class `packed` into, read from the outputs' types (the sizes input is often an
+/// initializer, whose value the e-graph does not hold), or why it cannot be cut.
+fn split_sizes(egraph: &EGraph, split: Id, packed: Id, p: &Packed, attrs: &Attrs) -> Result<Vec<usize>, String> {
+    let rank = crate::cond::rank(egraph, packed).unwrap_or(0);
+    let axis = attrs.int_or("axis", 0).unwrap_or(0);
+    if rank == 0 || (axis != -1 && axis != rank as i64 - 1) {
+        return Err(format!("Split of a packed product along axis {axis}, not along its N axis"));
+    }
+    let sizes: Option<Vec<usize>> = egraph[split]
+        .data
+        .types
+        .iter()
+        .map(|t| t.shape.get(rank - 1).and_then(|d| d.as_known()).and_then(|d| usize::try_from(d).ok()))
+        .collect();
+    match sizes {
+        Some(sizes) if !sizes.is_empty() && sizes.iter().sum::<usize>() == p.n && !sizes.contains(&0) => Ok(sizes),
+        _ => Err(format!("the Split's outputs do not partition the {} packed columns", p.n)),
+    }
+}
+
+/// Gives each output of a Split of a packed product its own WGemm over row views.
+struct SplitPacked {
+    sizes: Option<Var>,
+}
+
+impl Applier<ENode, NpuAnalysis> for SplitPacked {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let packed = subst[var("?packed")];
+        let Some(p) = packed_product(egraph, packed) else { return vec![] };
+        let children: Vec<Id> = std::iter::once(packed).chain(self.sizes.map(|v| subst[v])).collect();
+        let Some(attrs) = node_attrs(egraph, eclass, Domain::Onnx, "Split", &children) else { return vec![] };
+        let sizes = split_sizes(egraph, eclass, packed, &p, &attrs);
+        let wgemms = sizes.and_then(|sizes| {
+            parts(egraph, &p, &sizes).ok_or_else(|| "packed operands are not laid out one row per column".to_string())
+        });
+        let wgemms = match wgemms {
+            Ok(w) => w,
+            Err(reason) => {
+                egraph.analysis.decline(rule.as_str(), eclass, reason);
+                return vec![];
+            }
+        };
+        let mut changed = vec![];
+        for (i, part) in wgemms.into_iter().enumerate() {
+            let out = egraph.add(ENode { head: Head::Proj(i), children: vec![eclass] });
+            changed.extend(union(egraph, out, part, rule));
+        }
+        changed
+    }
+}
+
+/// Writes the packed Q/K/V product GroupQueryAttention reads as a Concat of per-projection WGemms.
+struct SplitPackedQkv;
+
+impl Applier<ENode, NpuAnalysis> for SplitPackedQkv {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let qkv = subst[var("?qkv")];
+        let Some(p) = packed_product(egraph, qkv) else { return vec![] };
+        let gqa = egraph[eclass]
+            .nodes
+            .iter()
+            .find(|n| n.head.op() == Some("GroupQueryAttention") && egraph.find(n.children[0]) == egraph.find(qkv));
+        let Some(attrs) = gqa.and_then(|n| n.head.attrs()).cloned() else { return vec![] };
+        let (Ok(Some(q_heads)), Ok(Some(kv_heads))) = (attrs.int("num_heads"), attrs.int("kv_num_heads")) else {
+            return vec![];
+        };
+        let heads = (q_heads + 2 * kv_heads) as usize;
+        if heads == 0 || p.n % heads != 0 {
+            egraph.analysis.decline(rule.as_str(), eclass, format!("{} packed columns are not {heads} heads", p.n));
+            return vec![];
+        }
+        let d = p.n / heads;
+        let sizes = [q_heads as usize * d, kv_heads as usize * d, kv_heads as usize * d];
+        let Some(wgemms) = parts(egraph, &p, &sizes) else {
+            egraph.analysis.decline(rule.as_str(), eclass, "packed operands are not laid out one row per column");
+            return vec![];
+        };
+        let concat = egraph.add(node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], wgemms));
+        union(egraph, qkv, concat, rule)
+    }
+}
+
+/// Folds `MatMul(a, DequantizeLinear(w, s[, z]))` with 4- or 8-bit codes blocked along K into a
+/// WGemm over the codes repacked lazily into MatMulNBits' layout.
+struct FromBlockedDequantize {
+    zero_point: bool,
+}
+
+/// The blocked weight a MatMul reads: codes [K, N], scales and zero points [K/b, N], block b.
+struct Blocked {
+    codes: Id,
+    scales: Id,
+    zero_points: Option<Id>,
+    k: usize,
+    n: usize,
+    bits: i64,
+    block: usize,
+    signed: bool,
+}
+
+/// The blocked weight of `DequantizeLinear(w, s[, z])` with attributes `attrs`; `Ok(None)` when
+/// it is no candidate (8-bit codes without blocks are the qdq family's), `Err` with the reason
+/// when it is one that cannot fold.
+fn blocked_weight(
+    egraph: &EGraph,
+    a: Id,
+    w: Id,
+    s: Id,
+    z: Option<Id>,
+    attrs: &Attrs,
+) -> Result<Option<Blocked>, String> {
+    let Some(codes) = dtype(egraph, w) else { return Ok(None) };
+    let (bits, signed) = match codes {
+        DType::I4 => (4, true),
+        DType::U4 => (4, false),
+        DType::I8 => (8, true),
+        DType::U8 => (8, false),
+        _ => return Ok(None),
+    };
+    let block = attrs.int_or("block_size", 0).unwrap_or(0);
+    if block <= 0 {
+        return match bits {
+            4 => Err(
+                "4-bit weight codes quantised per tensor or per column: WGemm folds DequantizeLinear blocked along K"
+                    .into(),
+            ),
+            _ => Ok(None),
+        };
+    }
+    if !is_compile_time_expr(egraph, w) {
+        return Err("the weight codes are computed at run time: WGemm needs compile-time codes".into());
+    }
+    let Some([k, n]) = known_shape(egraph, w).and_then(|s| <[usize; 2]>::try_from(s).ok()) else {
+        return Err("the blocked weight is not a [K, N] matrix of known shape".into());
+    };
+    let axis = attrs.int_or("axis", 1).unwrap_or(1);
+    let axis = if axis < 0 { axis + 2 } else { axis };
+    let block = block as usize;
+    if axis != 0 {
+        return Err(format!("blocks of {block} run along N (axis {axis}); MatMulNBits blocks run along K"));
+    }
+    if !k.is_multiple_of(block) || !(block * bits as usize).is_multiple_of(8) {
+        return Err(format!("K = {k} is not a whole number of {block}-wide blocks of {bits}-bit codes"));
+    }
+    if dtype(egraph, s) != Some(DType::F32) || dtype(egraph, a) != Some(DType::F32) {
+        return Err("the scales or the activations are not f32".into());
+    }
+    if !matches!(attrs.int("output_dtype"), Ok(None | Some(0 | 1))) {
+        return Err("the DequantizeLinear has a non-f32 output_dtype".into());
+    }
+    let grid = [k / block, n];
+    if known_shape(egraph, s).as_deref() != Some(&grid[..])
+        || z.is_some_and(|z| known_shape(egraph, z).as_deref() != Some(&grid[..]))
+    {
+        return Err(format!("scales or zero points are not [{}, {n}]", k / block));
+    }
+    Ok(Some(Blocked { codes: w, scales: s, zero_points: z, k, n, bits, block, signed }))
+}
+
+/// The MatMulNBits operands of a blocked weight, as compile-time expressions over its codes,
+/// scales and zero points.
+fn repack(egraph: &mut EGraph, b: &Blocked, a: Id) -> Packed {
+    let (k, n, blocks) = (b.k, b.n, b.k / b.block);
+    let codes_type = dtype(egraph, b.codes).unwrap_or(DType::I4);
+    let transpose = [("perm", Attr::Ints(vec![1, 0]))];
+    let cast = |to: DType| [("to", Attr::Int(to.onnx_code() as i64))];
+    let offset = 1i64 << (b.bits - 1);
+    let t = add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![b.codes]), codes_type, &[n, k]);
+    let mut c = add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::I32), vec![t]), DType::I32, &[n, k]);
+    if b.signed {
+        let o = constant(egraph, Tensor::from_i64(DType::I32, vec![], vec![offset]));
+        c = add_typed(egraph, node(Domain::Onnx, "Add", &[], vec![c, o]), DType::I32, &[n, k]);
+    }
+    let packed = if b.bits == 4 {
+        // Element 2i of a block in the low nibble, 2i+1 in the high one: q₂ᵢ + 16·q₂ᵢ₊₁.
+        let pairs = [n, blocks, b.block / 2, 2];
+        let shape = ints(egraph, &pairs.map(|d| d as i64));
+        let r = add_typed(egraph, node(Domain::Onnx, "Reshape", &[], vec![c, shape]), DType::I32, &pairs);
+        let weights = constant(egraph, Tensor::from_i64(DType::I32, vec![2], vec![1, 16]));
+        let m = add_typed(egraph, node(Domain::Onnx, "Mul", &[], vec![r, weights]), DType::I32, &pairs);
+        let last = ints(egraph, &[-1]);
+        let bytes = [n, blocks, b.block / 2];
+        let s = add_typed(
+            egraph,
+            node(Domain::Onnx, "ReduceSum", &[("keepdims", Attr::Int(0))], vec![m, last]),
+            DType::I32,
+            &bytes,
+        );
+        add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::U8), vec![s]), DType::U8, &bytes)
+    } else {
+        let bytes = [n, blocks, b.block];
+        let shape = ints(egraph, &bytes.map(|d| d as i64));
+        let r = add_typed(egraph, node(Domain::Onnx, "Reshape", &[], vec![c, shape]), DType::I32, &bytes);
+        add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::U8), vec![r]), DType::U8, &bytes)
+    };
+    let scales =
+        add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![b.scales]), DType::F32, &[n, blocks]);
+    let zero_points = match b.zero_points {
+        Some(z) => {
+            let t = add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![z]), codes_type, &[n, blocks]);
+            let f = add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::F32), vec![t]), DType::F32, &[n, blocks]);
+            if b.signed {
+                let o = constant(egraph, Tensor::scalar_f32(offset as f32));
+                Some(add_typed(egraph, node(Domain::Onnx, "Add", &[], vec![f, o]), DType::F32, &[n, blocks]))
+            } else {
+                Some(f)
+            }
+        }
+        // MatMulNBits' default zero point 2^(bits−1) is exactly the offset given to signed codes.
+        None if b.signed => None,
+        None => {
+            let shape = ints(egraph, &[n as i64, blocks as i64]);
+            let zero = [("value", Attr::Tensor(Tensor::from_f32(DType::F32, vec![1], vec![0.0])))];
+            Some(add_typed(egraph, node(Domain::Onnx, "ConstantOfShape", &zero, vec![shape]), DType::F32, &[n, blocks]))
+        }
+    };
+    Packed { a, w: packed, scales, zero_points, k, n, bits: b.bits, block: b.block as i64 }
+}
+
+impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let (a, w, s) = (subst[var("?a")], subst[var("?w")], subst[var("?s")]);
+        let z = self.zero_point.then(|| subst[var("?z")]);
+        let dq_children: Vec<Id> = [w, s].into_iter().chain(z).collect();
+        let attrs = egraph[eclass].nodes.iter().filter(|n| n.head.op() == Some("MatMul")).find_map(|n| {
+            (egraph.find(n.children[0]) == egraph.find(a))
+                .then(|| node_attrs(egraph, n.children[1], Domain::Onnx, "DequantizeLinear", &dq_children))
+                .flatten()
+        });
+        let Some(attrs) = attrs else { return vec![] };
+        match blocked_weight(egraph, a, w, s, z, &attrs) {
+            Ok(None) => vec![],
+            Err(reason) => {
+                egraph.analysis.decline(rule.as_str(), eclass, reason);
+                vec![]
+            }
+            Ok(Some(b)) => {
+                let p = repack(egraph, &b, a);
+                let id = wgemm(egraph, &p);
+                union(egraph, eclass, id, rule)
+            }
+        }
+    }
 }
