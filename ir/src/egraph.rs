@@ -480,17 +480,28 @@ pub struct Extracted {
 
 /// Extracts the best program under `cost` from `root`, sharing every class once (a DAG, not a
 /// tree).
+///
+/// The cost function prices trees, where a multi-output op's second output costs the whole op
+/// again: a fused op's extra outputs (Attention's presents) never beat the nodes they replace on
+/// their own. So once the cheapest tree choice is made, a class that holds a projection of a tuple
+/// the program computes anyway takes that projection (it adds nothing, and what the class chose
+/// before may die), unless the tuple depends on the class.
 pub fn extract<CF: egg::CostFunction<ENode>>(egraph: &EGraph, root: Id, cost: CF) -> Extracted {
     let extractor = egg::Extractor::new(egraph, cost);
+    let root = egraph.find(root);
+    let mut choice: HashMap<Id, ENode> = HashMap::new();
+    while let Some((class, proj)) = shared_projection(egraph, &extractor, root, &mut choice) {
+        choice.insert(class, proj);
+    }
     let mut index: HashMap<Id, usize> = HashMap::new();
     let mut nodes: Vec<(ENode, Id)> = Vec::new();
     // Iterative post-order walk: a class is emitted after all its children.
-    let mut stack: Vec<(Id, bool)> = vec![(egraph.find(root), false)];
+    let mut stack: Vec<(Id, bool)> = vec![(root, false)];
     while let Some((class, expanded)) = stack.pop() {
         if index.contains_key(&class) {
             continue;
         }
-        let best = extractor.find_best_node(class).clone();
+        let best = choice.get(&class).cloned().unwrap_or_else(|| extractor.find_best_node(class).clone());
         if !expanded {
             stack.push((class, true));
             for &c in best.children.iter().rev() {
@@ -509,6 +520,50 @@ pub fn extract<CF: egg::CostFunction<ENode>>(egraph: &EGraph, root: Id, cost: CF
         nodes.push((node, class));
     }
     Extracted { nodes }
+}
+
+/// The first class reachable from `root` under `choice` (the extractor's best node where `choice`
+/// has none; filled in as the walk goes) that has not chosen a projection but holds one of a
+/// tuple also reachable, which does not itself reach the class.
+fn shared_projection<CF: egg::CostFunction<ENode>>(
+    egraph: &EGraph,
+    extractor: &egg::Extractor<CF, ENode, NpuAnalysis>,
+    root: Id,
+    choice: &mut HashMap<Id, ENode>,
+) -> Option<(Id, ENode)> {
+    let mut order = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root];
+    while let Some(c) = stack.pop() {
+        if seen.insert(c) {
+            order.push(c);
+            let node = choice.entry(c).or_insert_with(|| extractor.find_best_node(c).clone());
+            stack.extend(node.children.iter().map(|&k| egraph.find(k)));
+        }
+    }
+    let reaches = |from: Id, target: Id| {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![from];
+        while let Some(c) = stack.pop() {
+            if c == target {
+                return true;
+            }
+            if seen.insert(c) {
+                stack.extend(choice[&c].children.iter().map(|&k| egraph.find(k)));
+            }
+        }
+        false
+    };
+    order.iter().filter(|&&c| !matches!(choice[&c].head, Head::Proj(_))).find_map(|&c| {
+        egraph[c]
+            .nodes
+            .iter()
+            .find(|n| {
+                let tuple = n.children.first().map(|&t| egraph.find(t));
+                matches!(n.head, Head::Proj(_)) && tuple.is_some_and(|t| seen.contains(&t) && !reaches(t, c))
+            })
+            .map(|n| (c, n.clone()))
+    })
 }
 
 /// Rebuilds a [`Graph`] from an extracted program rooted at an `Outputs` node. Types come from

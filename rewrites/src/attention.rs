@@ -1,8 +1,995 @@
-//! Rule family `attention`: being written.
+//! Rule family `attention`: scaled-dot-product attention over the KV cache into one
+//! `npuc::Attention{q_heads, kv_heads, scale}(q, k, v, past_k, past_v, mask)` → y, present_k,
+//! present_v (BNSH layout; exact semantics in `ir::fused::attention`).
+//!
+//! Identity: query i of `q` [B, Hq, S, D] (absolute position P + i, P the past length) attends to
+//! key t of `concat(past_k, k)` [B, Hkv, P+S, D] when `t ≤ P + i` and `mask[b, t] ≠ 0`, with
+//! weights `softmax(scale · q·k_t)`, query head h reading kv head `h / (Hq/Hkv)`; the presents are
+//! `concat(past, new)` on the sequence axis. Every rule below unions the op's `y` with the
+//! attention output and `present_k`/`present_v` with the graph's KV concatenations (or the
+//! presents of the folded op), so the cache append disappears into the op.
+//!
+//! Exporter spellings recognised:
+//! - torch / optimum eager attention (form 1; Llama, Qwen3, SmolLM2): `present = Concat{axis=2}
+//!   (past, new)`; kv heads repeated by `Reshape(Expand(Unsqueeze(present, [2])))` (absent when
+//!   Hq = Hkv); `MatMul(Softmax{axis=-1}(Add(Div or Mul(MatMul(q, Transpose{perm=[0,1,3,2]}
+//!   (k_rep)), s), mask)), v_rep)`. The mask must be the one transformers builds from
+//!   `attention_mask` and the cache position, float32 min where masked, in one of two spellings
+//!   matched node for node (anything else is declined, saying which part differs):
+//!   - eager causal mask (Llama, SmolLM2): `Where(Equal(causal + Unsqueeze(Cast(attention_mask),
+//!     [1,2]), 0), min, causal)` with `causal = Expand(Unsqueeze(Trilu{upper=1}(ConstantOfShape
+//!     (min), 1) · Cast(Greater(Range(0, T), Reshape(Range(P, T), [-1, 1]))), [0,1]))`;
+//!   - `masking_utils` (Qwen3): `Expand(Max(Unsqueeze(Where(LessOrEqual(Unsqueeze(Range(0, T),
+//!     [0]), Unsqueeze(Range(0, S) + P, [1])), 0, min), [0,1]) + Unsqueeze((1 − Cast
+//!     (attention_mask))·min, [1,2]), min))` with `T = S + P`.
+//!
+//!   Both are "causal AND attention_mask"; the fold passes `attention_mask` itself as the mask.
+//!   Exact for 0/1 attention masks (the Qwen3 spelling adds `(1 − m)·min`, so other values are
+//!   not a mask there). A query row with no visible key at all (a fully padded row) differs: the
+//!   decomposed softmax averages every key uniformly (all scores equal float32 min), the fused op
+//!   outputs zeros; such rows are padding whose output nothing reads.
+//! - onnxruntime-genai `com.microsoft::GroupQueryAttention` (form 2): query/key/value
+//!   `[B, S, H·D]` (Llama and SmolLM2 pack Q, K and V into `query` with key/value absent), BNSH
+//!   caches, `seqlens_k`, `total_sequence_length`, rotary caches `[max_pos, D/2]` with
+//!   `do_rotary=1`. Lowered to `Reshape`/`Transpose` into BNSH (one `Slice` per part when packed),
+//!   `Rope` on q and k with tables `Gather(cache, Range(P, P+S))` widened to D (the positions the
+//!   fused op itself assumes), `Attention`, and `Transpose`/`Reshape` back. The mask is
+//!   `attention_mask` when `seqlens_k = Cast(ReduceSum(attention_mask, [1]) − 1)`, absent
+//!   otherwise. GroupQueryAttention keys its positions and cache writes on `seqlens_k`; the two
+//!   agree when every attention_mask row is all ones (what onnxruntime-genai feeds it), and the
+//!   fold is declined when the present length is not `past + S` (a shared-buffer cache is written
+//!   in place, not appended). Declined also: local windows, softcap, smooth softmax, quantised
+//!   caches, position_ids, attention bias and head sink inputs, partial rotary.
+//! - ai.onnx `Attention` (opset 23, form 4): 3-D `[B, S, H·D]` Q/K/V with
+//!   `q_num_heads`/`kv_num_heads` (viewed as heads through the Reshape they came from, if any) or
+//!   4-D BNSH, BNSH past, `is_causal=1` (bottom-right aligned with the past, as the fused op), and
+//!   a boolean mask `Expand(Cast{to=bool}(Unsqueeze(attention_mask, [1,2])))` or none. A mask
+//!   width named by a size of its own (`total_sequence_length`, which the exporter declares as
+//!   past + S without the graph saying so) is taken as past + S; the fused op checks it at run
+//!   time. Declined: `is_causal=0`, float masks, softcap, a used scores output.
+//!
+//! QDQ forms (`quantize_static` on form 1): Q/DQ pairs sit on both activation×activation
+//! matmuls: on q and kᵀ into QKᵀ, on the scores after it, on the probabilities and on v into AV.
+//! Decision: dequantise. The pairs inside the attention are dropped and the float attention is
+//! fused; the pair on the attention output (next to o_proj's input quantisation) stays, exact. An
+//! NPU attention kernel (flash-attention style on AIE tiles, the Intel NPU's SDPA) computes QKᵀ,
+//! an online softmax and P·V in bf16/f32 with the [S, T] scores never leaving the tile; an int8
+//! attention would need the scores requantised between the matmuls with one calibrated scale for
+//! every row and softmax over codes, and the probabilities on a static 8-bit grid (steps of
+//! max/255) are the coarsest values of the whole QDQ graph. Each pair costs a round-half-even, a
+//! clamp and a rescale of a [B, H, S, T] tensor on the host. Dropping one changes each value by at
+//! most half its quantisation step (values calibration clamps excepted), so the fused result
+//! differs from ONNX Runtime's QDQ run by about the quantisation noise the pairs added.
 
+use crate::cond::{int_values, scalar_value, var};
+use crate::rope::{
+    add_typed, cache_rows, dim_value, full_width, heads_view, i64_scalar, i64s, matched_attrs, onnx, reshape, rope,
+    transpose, type_of,
+};
 use crate::Rewrite;
+use egg::{rewrite as rw, Applier, ENodeOrVar, Id, Language, Pattern, PatternAst, Subst, Symbol};
+use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
+use ir::{Attr, Attrs, DType, Dim, Domain};
 
 /// The family's rules.
 pub fn rules() -> Vec<Rewrite> {
-    vec![]
+    #[rustfmt::skip]
+    let rules = vec![
+        // softmax(q·kᵀ / s + causal∧mask)·v over concat(past, new), kv heads repeated  →  Attention
+        rw!("attention-sdpa-div";
+            "(MatMul (Softmax{axis=-1} (Add (Div (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
+            => { FoldSdpa::new("attention-sdpa-div", ScaleBy::Divide) }),
+        // softmax(q·kᵀ · s + causal∧mask)·v over concat(past, new), kv heads repeated  →  Attention
+        rw!("attention-sdpa-mul";
+            "(MatMul (Softmax{axis=-1} (Add (Mul (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
+            => { FoldSdpa::new("attention-sdpa-mul", ScaleBy::Multiply) }),
+        // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
+        rw!("attention-sdpa-div-qdq";
+            "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Div (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
+            => { FoldSdpa::new("attention-sdpa-div-qdq", ScaleBy::Divide) }),
+        // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
+        rw!("attention-sdpa-mul-qdq";
+            "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Mul (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
+            => { FoldSdpa::new("attention-sdpa-mul-qdq", ScaleBy::Multiply) }),
+        // GroupQueryAttention(q, k, v, cache, seqlens, total, rotary caches)  →  Rope, Rope, Attention in BNSH
+        rw!("attention-gqa";
+            "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin)"
+            => { FoldGqa { rule: "attention-gqa" } }),
+        // GroupQueryAttention(q, k, v, cache, seqlens, total) without rotary  →  Attention in BNSH
+        rw!("attention-gqa-no-rotary";
+            "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total)"
+            => { FoldGqa { rule: "attention-gqa-no-rotary" } }),
+        // the same with position_ids, attention_bias or head_sink inputs: folded only when absent
+        rw!("attention-gqa-position-ids";
+            "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids)"
+            => { FoldGqa { rule: "attention-gqa-position-ids" } }),
+        rw!("attention-gqa-bias";
+            "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids ?bias)"
+            => { FoldGqa { rule: "attention-gqa-bias" } }),
+        rw!("attention-gqa-head-sink";
+            "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids ?bias ?head_sink)"
+            => { FoldGqa { rule: "attention-gqa-head-sink" } }),
+        // Attention{is_causal=1}(q, k, v, padding mask, cache)  →  Attention in BNSH
+        rw!("attention-onnx";
+            "(Attention ?q ?k ?v ?mask ?pk ?pv)"
+            => { FoldOnnx { rule: "attention-onnx" } }),
+        // Attention{is_causal=1}(q, k, v, padding mask) without a cache  →  Attention in BNSH
+        rw!("attention-onnx-no-cache";
+            "(Attention ?q ?k ?v ?mask)"
+            => { FoldOnnx { rule: "attention-onnx-no-cache" } }),
+    ];
+    rules
+}
+
+/// Why a candidate is declined, or `Ok` with what the fold needs.
+type Fold<T> = Result<T, Decline>;
+
+/// A declined candidate: `Some(reason)` to report, `None` when the match is not a candidate at
+/// all (nothing worth telling a user).
+struct Decline(Option<String>);
+
+impl From<String> for Decline {
+    fn from(s: String) -> Self {
+        Decline(Some(s))
+    }
+}
+
+impl From<&str> for Decline {
+    fn from(s: &str) -> Self {
+        Decline(Some(s.to_string()))
+    }
+}
+
+/// Not a candidate: no reason to report.
+fn no_match() -> Decline {
+    Decline(None)
+}
+
+/// Runs a fold and records its decline reason under `rule`.
+fn apply_fold(egraph: &mut EGraph, rule: &str, eclass: Id, fold: Fold<Vec<Id>>) -> Vec<Id> {
+    match fold {
+        Ok(changed) => changed,
+        Err(Decline(Some(reason))) => {
+            egraph.analysis.decline(rule, eclass, reason);
+            vec![]
+        }
+        Err(Decline(None)) => vec![],
+    }
+}
+
+/// The inputs and attributes of one `npuc::Attention`.
+struct AttentionInputs {
+    q: Id,
+    k: Id,
+    v: Id,
+    past_k: Option<Id>,
+    past_v: Option<Id>,
+    mask: Option<Id>,
+    q_heads: i64,
+    kv_heads: i64,
+    scale: f32,
+}
+
+/// Adds `Attention(..)` and returns its three projections (y, present_k, present_v).
+fn add_attention(egraph: &mut EGraph, a: &AttentionInputs) -> [Id; 3] {
+    let absent = egraph.add(ENode::leaf(Head::Absent));
+    let opt = |x: Option<Id>| x.unwrap_or(absent);
+    let attrs = crate::rope::attrs(&[
+        ("q_heads", Attr::Int(a.q_heads)),
+        ("kv_heads", Attr::Int(a.kv_heads)),
+        ("scale", Attr::Float(a.scale)),
+    ]);
+    let node =
+        ENode::op(Domain::Npuc, "Attention", attrs, vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)]);
+    let tuple = egraph.add(node);
+    [0, 1, 2].map(|i| egraph.add(ENode { head: Head::Proj(i), children: vec![tuple] }))
+}
+
+/// Pairs each output of the matched op's class `tuple` with its counterpart in `mine`: the class
+/// itself when the op has one output (a single-output node is its own value), its projections
+/// otherwise.
+fn outputs_of(egraph: &EGraph, tuple: Id, mine: [Id; 3]) -> Vec<(Id, Id)> {
+    if egraph[tuple].data.types.len() == 1 {
+        return vec![(tuple, mine[0])];
+    }
+    (0..3)
+        .filter_map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![tuple] }).map(|p| (p, mine[i])))
+        .collect()
+}
+
+/// Unions `pairs` (class, equal class) on behalf of `rule` (explanations name it) and returns
+/// the classes that changed.
+fn union_all(egraph: &mut EGraph, rule: Symbol, pairs: &[(Id, Id)]) -> Vec<Id> {
+    let mut changed = vec![];
+    for &(a, b) in pairs {
+        if egraph.union_trusted(a, b, rule) {
+            changed.push(egraph.find(a));
+        }
+    }
+    changed
+}
+
+/// The first node of `domain::op` in `class`.
+fn node_of<'a>(egraph: &'a EGraph, class: Id, domain: Domain, op: &str) -> Option<&'a ENode> {
+    egraph[class]
+        .nodes
+        .iter()
+        .find(|n| matches!(&n.head, Head::Op { domain: d, op: o, .. } if *d == domain && *o == op))
+}
+
+/// The attribute `name` of a node as an int.
+fn int_attr(node: &ENode, name: &str) -> Option<i64> {
+    node.head.attrs().and_then(|a| a.int(name).ok().flatten())
+}
+
+/// The dims of a class's type.
+fn dims(egraph: &EGraph, id: Id) -> Option<Vec<Dim>> {
+    type_of(egraph, id).map(|t| t.shape)
+}
+
+/// A known dim's value.
+fn known(d: &Dim) -> Option<i64> {
+    d.as_known()
+}
+
+/// The int64 constant `[v]` or `v`.
+fn is_int(egraph: &EGraph, id: Id, want: &[i64]) -> bool {
+    int_values(egraph, id).as_deref() == Some(want)
+}
+
+/// True when the class is a one-element constant at or below −1e30: a masked score (float32 min
+/// in every exporter) whose exponential underflows to exactly zero against any real score.
+fn is_masking_value(egraph: &EGraph, id: Id) -> bool {
+    scalar_value(egraph, id).is_some_and(|v| v <= -1e30)
+}
+
+/// How the scores are scaled in an eager-attention match.
+#[derive(Clone, Copy)]
+enum ScaleBy {
+    Divide,
+    Multiply,
+}
+
+/// Folds eager attention (form 1 and its QDQ forms) into `Attention`.
+struct FoldSdpa {
+    rule: &'static str,
+    scale: ScaleBy,
+    masks: MaskPatterns,
+}
+
+impl FoldSdpa {
+    fn new(rule: &'static str, scale: ScaleBy) -> FoldSdpa {
+        FoldSdpa { rule, scale, masks: MaskPatterns::new() }
+    }
+
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
+        let (q, krep, vrep, s, mask) =
+            (subst[var("?q")], subst[var("?krep")], subst[var("?vrep")], subst[var("?s")], subst[var("?mask")]);
+        let s = scalar_value(egraph, s).ok_or("the score scale is not a constant scalar")?;
+        let scale = match self.scale {
+            ScaleBy::Divide => 1.0 / s,
+            ScaleBy::Multiply => s,
+        } as f32;
+        if !scale.is_finite() || scale == 0.0 {
+            return Err(format!("score scale {s} is not usable").into());
+        }
+        let (present_k, k_rep) =
+            repeated_kv(egraph, krep).ok_or("the keys are not the cache, repeated over the query heads")?;
+        let (present_v, v_rep) =
+            repeated_kv(egraph, vrep).ok_or("the values are not the cache, repeated over the query heads")?;
+        let (past_k, k) =
+            cache_append(egraph, present_k).ok_or("the keys are not concat(past, new) on the sequence axis")?;
+        let (past_v, v) =
+            cache_append(egraph, present_v).ok_or("the values are not concat(past, new) on the sequence axis")?;
+        let qd = dims(egraph, q).ok_or_else(no_match)?;
+        let kd = dims(egraph, k).ok_or_else(no_match)?;
+        let (vd, pkd, pvd) = (dims(egraph, v), dims(egraph, past_k), dims(egraph, past_v));
+        let td = dims(egraph, present_k).ok_or_else(no_match)?;
+        if qd.len() != 4 || kd.len() != 4 || td.len() != 4 {
+            return Err("q and the cache are not [batch, heads, sequence, head_dim]".into());
+        }
+        let (q_heads, kv_heads) = (known(&qd[1]), known(&kd[1]));
+        let (Some(q_heads), Some(kv_heads)) = (q_heads, kv_heads) else {
+            return Err("head counts are not known".into());
+        };
+        if k_rep != v_rep || kv_heads * k_rep != q_heads {
+            return Err(format!(
+                "{q_heads} query heads are not {kv_heads} kv heads repeated {k_rep} (keys) / {v_rep} (values) times"
+            )
+            .into());
+        }
+        let kv = [qd[0].clone(), kd[1].clone(), qd[2].clone(), qd[3].clone()];
+        let past = [
+            qd[0].clone(),
+            kd[1].clone(),
+            pkd.as_ref().and_then(|p| p.get(2).cloned()).unwrap_or_default(),
+            qd[3].clone(),
+        ];
+        if kd != kv
+            || vd.as_deref() != Some(&kv[..])
+            || pkd.as_deref() != Some(&past[..])
+            || pvd.as_deref() != Some(&past[..])
+        {
+            return Err(
+                "q, the new keys/values and the past do not agree on batch, heads, sequence and head_dim".into()
+            );
+        }
+        let (seq, total) = (qd[2].clone(), td[2].clone());
+        let am = self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total)?;
+        let inputs = AttentionInputs {
+            q,
+            k,
+            v,
+            past_k: Some(past_k),
+            past_v: Some(past_v),
+            mask: Some(am),
+            q_heads,
+            kv_heads,
+            scale,
+        };
+        let [y, pk, pv] = add_attention(egraph, &inputs);
+        Ok(union_all(egraph, rule, &[(eclass, y), (present_k, pk), (present_v, pv)]))
+    }
+}
+
+impl Applier<ENode, NpuAnalysis> for FoldSdpa {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let fold = self.fold(egraph, eclass, subst, rule);
+        apply_fold(egraph, self.rule, eclass, fold)
+    }
+}
+
+/// `class` is the BNSH cache repeated over the query heads the way transformers' `repeat_kv`
+/// spells it, `Reshape(Expand(Unsqueeze(cache, [2]), [B, Hkv, n, T, D]), [B, Hkv·n, T, D])`
+/// (head h reads cache head h / n), or the 4-D cache itself (n = 1): the cache and n.
+fn repeated_kv(egraph: &EGraph, class: Id) -> Option<(Id, i64)> {
+    let expanded = node_of(egraph, class, Domain::Onnx, "Reshape").and_then(|r| {
+        let e = node_of(egraph, r.children[0], Domain::Onnx, "Expand")?;
+        let u = node_of(egraph, e.children[0], Domain::Onnx, "Unsqueeze")?;
+        let cache = *u.children.first()?;
+        if u.children.len() != 2 || !is_int(egraph, u.children[1], &[2]) {
+            return None;
+        }
+        let (c, x, y) = (dims(egraph, cache)?, dims(egraph, r.children[0])?, dims(egraph, class)?);
+        let n = known(x.get(2)?)?;
+        let heads = known(c.get(1)?)?;
+        let ok = c.len() == 4
+            && x == [c[0].clone(), c[1].clone(), Dim::known(n), c[2].clone(), c[3].clone()]
+            && y == [c[0].clone(), Dim::known(heads * n), c[2].clone(), c[3].clone()];
+        ok.then_some((cache, n))
+    });
+    expanded.or_else(|| (dims(egraph, class)?.len() == 4).then_some((class, 1)))
+}
+
+/// `class` is `Concat{axis=2}(past, new)` of BNSH tensors: (past, new).
+fn cache_append(egraph: &EGraph, class: Id) -> Option<(Id, Id)> {
+    egraph[class].nodes.iter().find_map(|n| match &n.head {
+        Head::Op { domain: Domain::Onnx, op: "Concat", attrs }
+            if n.children.len() == 2 && matches!(attrs.attrs.int("axis"), Ok(Some(2 | -2))) =>
+        {
+            Some((n.children[0], n.children[1]))
+        }
+        _ => None,
+    })
+}
+
+/// transformers' eager causal mask (Llama, SmolLM2): the causal part broadcast over the batch,
+/// combined with the padding mask by Where.
+const EAGER_PADDED: &str = "(Where (Equal (Add ?causal (Unsqueeze (Cast{to=1} ?am) ?pad_axes)) ?zero) ?masked ?causal)";
+/// Its causal part: min where key position > query position, 0 elsewhere.
+const EAGER_CAUSAL: &str =
+    "(Expand (Unsqueeze (Mul (Trilu{upper=1} ?fill ?diagonal) (Cast{to=1} (Greater ?key_pos (Reshape ?query_pos ?column)))) ?causal_axes) ?shape)";
+/// transformers' `masking_utils` mask (Qwen3): causal + padding, clamped at min.
+const CLAMPED_PADDED: &str =
+    "(Expand (Max (Add (Unsqueeze ?causal2d ?causal_axes) (Unsqueeze (Mul (Sub ?one (Cast{to=1} ?am)) ?masked_pad) ?pad_axes)) ?floor) ?shape)";
+/// Its causal part: 0 where key position ≤ query position, min elsewhere.
+const CLAMPED_CAUSAL: &str =
+    "(Where (LessOrEqual (Unsqueeze ?key_pos ?key_axes) (Unsqueeze ?query_pos ?query_axes)) ?zero ?masked)";
+
+/// The parsed mask spellings.
+struct MaskPatterns {
+    eager_padded: Pattern<ENode>,
+    eager_causal: Pattern<ENode>,
+    clamped_padded: Pattern<ENode>,
+    clamped_causal: Pattern<ENode>,
+}
+
+/// The substitutions of `pattern` rooted at `class`. A direct backtracking match rather than
+/// egg's search machine: appliers run between rebuilds, on an e-graph egg will not search.
+fn matches_at(egraph: &EGraph, pattern: &Pattern<ENode>, class: Id) -> Vec<Subst> {
+    let ast = pattern.ast.as_ref();
+    let mut out = Vec::new();
+    match_node(egraph, ast, ast.len() - 1, class, Subst::default(), &mut out);
+    out
+}
+
+/// Matches pattern node `at` of `ast` against `class` under `subst`, pushing every completion.
+fn match_node(egraph: &EGraph, ast: &[ENodeOrVar<ENode>], at: usize, class: Id, subst: Subst, out: &mut Vec<Subst>) {
+    const MAX_MATCHES: usize = 64;
+    if out.len() >= MAX_MATCHES {
+        return;
+    }
+    match &ast[at] {
+        ENodeOrVar::Var(v) => match subst.get(*v) {
+            Some(&bound) if egraph.find(bound) != egraph.find(class) => {}
+            Some(_) => out.push(subst),
+            None => {
+                let mut s = subst;
+                s.insert(*v, egraph.find(class));
+                out.push(s);
+            }
+        },
+        ENodeOrVar::ENode(p) => {
+            for n in egraph[class].nodes.iter().filter(|n| p.matches(n)) {
+                let mut partial = vec![subst.clone()];
+                for (pc, &nc) in p.children.iter().zip(&n.children) {
+                    let mut next = Vec::new();
+                    for s in partial {
+                        match_node(egraph, ast, usize::from(*pc), nc, s, &mut next);
+                    }
+                    partial = next;
+                }
+                out.extend(partial);
+            }
+        }
+    }
+}
+
+impl MaskPatterns {
+    fn new() -> MaskPatterns {
+        let p = |s: &str| s.parse().unwrap_or_else(|e| panic!("mask pattern `{s}`: {e}"));
+        MaskPatterns {
+            eager_padded: p(EAGER_PADDED),
+            eager_causal: p(EAGER_CAUSAL),
+            clamped_padded: p(CLAMPED_PADDED),
+            clamped_causal: p(CLAMPED_CAUSAL),
+        }
+    }
+
+    /// The attention_mask input `mask` is made from, when `mask` is "causal AND attention_mask"
+    /// for queries of length `seq` over `total` keys (past = total − seq); why not otherwise.
+    fn attention_mask(&self, egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Fold<Id> {
+        let mut why = Vec::new();
+        for s in matches_at(egraph, &self.eager_padded, mask) {
+            let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
+                && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
+                && is_masking_value(egraph, s[var("?masked")]);
+            if !ok {
+                why.push("the padding mask is not Where(causal + mask == 0, min, causal)");
+                continue;
+            }
+            match self.eager_causal_ok(egraph, s[var("?causal")], seq, total) {
+                Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
+                Err(reason) => why.push(reason),
+            }
+        }
+        for s in matches_at(egraph, &self.clamped_padded, mask) {
+            let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
+                && is_int(egraph, s[var("?causal_axes")], &[0, 1])
+                && scalar_value(egraph, s[var("?one")]) == Some(1.0)
+                && is_masking_value(egraph, s[var("?masked_pad")])
+                && is_masking_value(egraph, s[var("?floor")])
+                && broadcasts_batch(egraph, s[var("?causal2d")], seq, total);
+            if !ok {
+                why.push("the padding mask is not max(causal + (1 − mask)·min, min)");
+                continue;
+            }
+            match self.clamped_causal_ok(egraph, s[var("?causal2d")], seq, total) {
+                Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
+                Err(reason) => why.push(reason),
+            }
+        }
+        Err(match why.first() {
+            Some(reason) => reason.to_string().into(),
+            None => "the mask is not a spelling of causal AND attention_mask this family knows".into(),
+        })
+    }
+
+    /// `causal` is the eager spelling's causal part over `[seq, total]`.
+    fn eager_causal_ok(&self, egraph: &EGraph, causal: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
+        for s in matches_at(egraph, &self.eager_causal, causal) {
+            let filled = node_of(egraph, s[var("?fill")], Domain::Onnx, "ConstantOfShape").is_some_and(|n| {
+                let value = n.head.attrs().and_then(|a| a.tensor("value").ok().flatten());
+                value.is_some_and(|t| t.numel() == 1 && t.to_f64_vec()[0] <= -1e30)
+            }) && dims(egraph, s[var("?fill")]).as_deref() == Some(&[seq.clone(), total.clone()][..]);
+            let shape_ok = is_int(egraph, s[var("?causal_axes")], &[0, 1])
+                && is_int(egraph, s[var("?column")], &[-1, 1])
+                && is_int(egraph, s[var("?diagonal")], &[1])
+                && broadcasts_batch(egraph, causal, seq, total);
+            if !filled || !shape_ok {
+                continue;
+            }
+            // Key positions 0..T and query positions P..T with the same T: query i sits at
+            // P + i, P = T − S, and Greater masks key t > P + i (the Trilu factor, t > i, adds
+            // nothing for P ≥ 0).
+            let (key_pos, query_pos) = (s[var("?key_pos")], s[var("?query_pos")]);
+            let Some((zero, end, step)) = range_of(egraph, key_pos) else { continue };
+            let Some((_, end2, step2)) = range_of(egraph, query_pos) else { continue };
+            if is_int(egraph, zero, &[0])
+                && is_int(egraph, step, &[1])
+                && is_int(egraph, step2, &[1])
+                && egraph.find(end) == egraph.find(end2)
+                && dims(egraph, key_pos).as_deref() == Some(&[total.clone()][..])
+                && dims(egraph, query_pos).as_deref() == Some(&[seq.clone()][..])
+            {
+                return Ok(());
+            }
+        }
+        Err("the causal part is not Trilu(min)·(Range(0, T) > Range(T − S, T)) over [S, T]")
+    }
+
+    /// `causal2d` is the `masking_utils` causal part over `[seq, total]`.
+    fn clamped_causal_ok(&self, egraph: &EGraph, causal2d: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
+        for s in matches_at(egraph, &self.clamped_causal, causal2d) {
+            let ok = is_int(egraph, s[var("?key_axes")], &[0])
+                && (is_int(egraph, s[var("?query_axes")], &[1]) || is_int(egraph, s[var("?query_axes")], &[-1]))
+                && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
+                && is_masking_value(egraph, s[var("?masked")]);
+            if !ok {
+                continue;
+            }
+            // Key positions Range(0, T); query positions Range(0, S) + P with T = S + P.
+            let (key_pos, query_pos) = (s[var("?key_pos")], s[var("?query_pos")]);
+            let Some((zero, end, step)) = range_of(egraph, key_pos) else { continue };
+            let keys_ok = is_int(egraph, zero, &[0])
+                && is_int(egraph, step, &[1])
+                && dims(egraph, key_pos).as_deref() == Some(&[total.clone()][..]);
+            let queries_ok = egraph[query_pos].nodes.iter().any(|n| {
+                if !matches!(&n.head, Head::Op { domain: Domain::Onnx, op: "Add", .. }) {
+                    return false;
+                }
+                [(n.children[0], n.children[1]), (n.children[1], n.children[0])].into_iter().any(|(range, past)| {
+                    range_of(egraph, range).is_some_and(|(z, len, st)| {
+                        is_int(egraph, z, &[0])
+                            && is_int(egraph, st, &[1])
+                            && dims(egraph, range).as_deref() == Some(&[seq.clone()][..])
+                            && is_sum_of(egraph, end, len, past)
+                    })
+                })
+            });
+            if keys_ok && queries_ok && dims(egraph, query_pos).as_deref() == Some(&[seq.clone()][..]) {
+                return Ok(());
+            }
+        }
+        Err("the causal part is not Where(Range(0, T) ≤ Range(0, S) + P, 0, min) with T = S + P")
+    }
+}
+
+/// `Range(start, end, step)` in `class`.
+fn range_of(egraph: &EGraph, class: Id) -> Option<(Id, Id, Id)> {
+    let n = node_of(egraph, class, Domain::Onnx, "Range")?;
+    Some((n.children[0], n.children[1], n.children[2]))
+}
+
+/// `class` holds `Add(a, b)` or `Add(b, a)`.
+fn is_sum_of(egraph: &EGraph, class: Id, a: Id, b: Id) -> bool {
+    let (a, b) = (egraph.find(a), egraph.find(b));
+    egraph[class].nodes.iter().any(|n| {
+        matches!(&n.head, Head::Op { domain: Domain::Onnx, op: "Add", .. }) && {
+            let (x, y) = (egraph.find(n.children[0]), egraph.find(n.children[1]));
+            (x, y) == (a, b) || (x, y) == (b, a)
+        }
+    })
+}
+
+/// `class` is a `[seq, total]` tensor (the causal part before it is broadcast over the batch).
+fn broadcasts_batch(egraph: &EGraph, class: Id, seq: &Dim, total: &Dim) -> bool {
+    match dims(egraph, class) {
+        Some(d) if d.len() == 2 => d == [seq.clone(), total.clone()],
+        Some(d) if d.len() == 4 => d[2] == *seq && d[3] == *total && d[1].as_known() == Some(1),
+        _ => false,
+    }
+}
+
+/// True when a mask of width `width` covers `total` keys: the same dim, or a size of its own
+/// (`total_sequence_length`, which exporters declare as past + sequence without saying so in the
+/// graph). The fused op checks the width at run time.
+fn same_length(width: &Dim, total: &Dim) -> bool {
+    width == total || width.as_symbol().is_some_and(|w| !total.symbols().any(|s| s == w))
+}
+
+/// The padding mask's source: an integer `[batch, total]` tensor (the attention_mask input).
+fn padding_source(egraph: &EGraph, am: Id, batch: &Dim, total: &Dim) -> Fold<Id> {
+    match type_of(egraph, am) {
+        Some(t)
+            if t.dtype.is_int() && t.shape.len() == 2 && t.shape[0] == *batch && same_length(&t.shape[1], total) =>
+        {
+            Ok(am)
+        }
+        Some(t) => Err(format!(
+            "the padding mask comes from {}{}, not an integer [batch, past + sequence] attention_mask",
+            t.dtype,
+            ir::dim::shape_to_string(&t.shape)
+        )
+        .into()),
+        None => Err(no_match()),
+    }
+}
+
+/// Reads the int attribute `name` (default `default`) of the matched op.
+fn attr_int(attrs: &Attrs, name: &str, default: i64) -> Fold<i64> {
+    attrs.int_or(name, default).map_err(|e| e.to_string().into())
+}
+
+/// Reads the float attribute `name` of the matched op.
+fn attr_float(attrs: &Attrs, name: &str) -> Fold<Option<f32>> {
+    attrs.float(name).map_err(|e| e.to_string().into())
+}
+
+/// True when `id` is the absent-input leaf.
+fn is_absent(egraph: &EGraph, id: Id) -> bool {
+    egraph[id].nodes.iter().any(|n| matches!(n.head, Head::Absent))
+}
+
+/// `x` [B, S, H·D] as BNSH [B, H, S, D].
+fn to_bnsh(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Fold<Id> {
+    let view = heads_view(egraph, x, heads, head).ok_or_else(no_match)?;
+    transpose(egraph, view, &[0, 2, 1, 3]).ok_or_else(no_match)
+}
+
+/// BNSH `y` [B, H, S, D] back to [B, S, H·D].
+fn from_bnsh(egraph: &mut EGraph, y: Id, width: i64) -> Fold<Id> {
+    let t = transpose(egraph, y, &[0, 2, 1, 3]).ok_or_else(no_match)?;
+    reshape(egraph, t, &[0, 0, width]).ok_or_else(no_match)
+}
+
+/// The attention_mask `seqlens_k` was computed from, `Cast(Sub(ReduceSum(attention_mask, [1]),
+/// 1))` as onnxruntime-genai writes it, when it is an integer `[batch, total]` tensor.
+fn seqlens_source(egraph: &EGraph, seqlens: Id, batch: &Dim, total: &Dim) -> Option<Id> {
+    let sub = node_of(egraph, seqlens, Domain::Onnx, "Cast").map(|c| c.children[0]).unwrap_or(seqlens);
+    let sub = node_of(egraph, sub, Domain::Onnx, "Sub")?;
+    if scalar_value(egraph, sub.children[1]) != Some(1.0) {
+        return None;
+    }
+    let sum = node_of(egraph, sub.children[0], Domain::Onnx, "ReduceSum")?;
+    if sum.children.len() != 2 || int_attr(sum, "keepdims") != Some(0) || !is_int(egraph, sum.children[1], &[1]) {
+        return None;
+    }
+    padding_source(egraph, sum.children[0], batch, total).ok()
+}
+
+/// Lowers com.microsoft GroupQueryAttention to Rope + Attention in BNSH.
+struct FoldGqa {
+    rule: &'static str,
+}
+
+impl Applier<ENode, NpuAnalysis> for FoldGqa {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let fold = self.fold(egraph, eclass, subst, rule);
+        apply_fold(egraph, self.rule, eclass, fold)
+    }
+}
+
+impl FoldGqa {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
+        let names = [
+            "?q",
+            "?k",
+            "?v",
+            "?pk",
+            "?pv",
+            "?seqlens",
+            "?total",
+            "?cos",
+            "?sin",
+            "?position_ids",
+            "?bias",
+            "?head_sink",
+        ];
+        let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
+        let attrs =
+            matched_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
+        let (q, k, v, pk, pv, seqlens) = (children[0], children[1], children[2], children[3], children[4], children[5]);
+        let rotary = (children.len() >= 9).then(|| (children[7], children[8]));
+        // position_ids only steer the rotation; a bias or sink changes the softmax.
+        let do_rotary = attr_int(&attrs, "do_rotary", 0)? != 0;
+        for (i, what, matters) in
+            [(9, "position_ids", do_rotary), (10, "attention_bias", true), (11, "head_sink", true)]
+        {
+            if matters && children.get(i).is_some_and(|&c| !is_absent(egraph, c)) {
+                return Err(format!("a {what} input has no Attention form").into());
+            }
+        }
+        let q_heads = attr_int(&attrs, "num_heads", 0)?;
+        let kv_heads = attr_int(&attrs, "kv_num_heads", 0)?;
+        if q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0 {
+            return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
+        }
+        if attr_int(&attrs, "local_window_size", -1)? >= 0 {
+            return Err("a local attention window has no Attention form".into());
+        }
+        if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
+            return Err("softcap has no Attention form".into());
+        }
+        if attr_int(&attrs, "smooth_softmax", -1)? == 1 {
+            return Err("smooth softmax has no Attention form".into());
+        }
+        for name in ["k_quant_type", "v_quant_type"] {
+            if attrs.str(name).ok().flatten().is_some_and(|s| s != "NONE") {
+                return Err("quantised KV caches have no Attention form".into());
+            }
+        }
+        let qt = type_of(egraph, q).ok_or_else(no_match)?;
+        let [batch, seq, width] = &qt.shape[..] else { return Err("query is not [batch, sequence, hidden]".into()) };
+        let width = known(width).ok_or("the query width is not known")?;
+        let packed = is_absent(egraph, k) && is_absent(egraph, v);
+        let parts = if packed { q_heads + 2 * kv_heads } else { q_heads };
+        if width % parts != 0 {
+            return Err(format!("query width {width} does not split into {parts} heads").into());
+        }
+        let head = width / parts;
+        let new_kv = [batch.clone(), seq.clone(), Dim::known(kv_heads * head)];
+        if !packed
+            && (dims(egraph, k).as_deref() != Some(&new_kv[..]) || dims(egraph, v).as_deref() != Some(&new_kv[..]))
+        {
+            return Err("key/value are not [batch, sequence, kv_heads·head_size]".into());
+        }
+        let has_past = !is_absent(egraph, pk) && !is_absent(egraph, pv);
+        let past_len = if has_past {
+            let (a, b) = (dims(egraph, pk).ok_or_else(no_match)?, dims(egraph, pv).ok_or_else(no_match)?);
+            if a.len() != 4
+                || a != b
+                || a[0] != *batch
+                || a[1].as_known() != Some(kv_heads)
+                || a[3].as_known() != Some(head)
+            {
+                return Err("the past caches are not [batch, kv_heads, past, head_size]".into());
+            }
+            a[2].clone()
+        } else {
+            Dim::known(0)
+        };
+        // The op appends: its presents must be past + S long (a shared buffer is written in place).
+        let total = past_len.add(seq).ok_or_else(no_match)?;
+        let presents: Vec<Option<Id>> =
+            (1..3).map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![eclass] })).collect();
+        for p in presents.iter().flatten() {
+            let d = dims(egraph, *p).ok_or_else(no_match)?;
+            if d.len() != 4 || d[2] != total {
+                return Err(format!(
+                    "the present cache holds {} rows, not past + sequence = {}: a shared-buffer cache is written in place",
+                    d.get(2).map(|x| x.to_string()).unwrap_or_default(),
+                    total
+                )
+                .into());
+            }
+        }
+        let (mut qb, mut kb, vb) = if packed {
+            let all = to_bnsh(egraph, q, parts, head)?;
+            let part = |egraph: &mut EGraph, from: i64, n: i64| -> Fold<Id> {
+                let mut shape = dims(egraph, all).ok_or_else(no_match)?;
+                shape[1] = Dim::known(n);
+                let (starts, ends, axes) = (i64s(egraph, &[from]), i64s(egraph, &[from + n]), i64s(egraph, &[1]));
+                Ok(add_typed(
+                    egraph,
+                    onnx("Slice", Attrs::default(), vec![all, starts, ends, axes]),
+                    TypeInfo { dtype: qt.dtype, shape },
+                ))
+            };
+            (part(egraph, 0, q_heads)?, part(egraph, q_heads, kv_heads)?, part(egraph, q_heads + kv_heads, kv_heads)?)
+        } else {
+            (
+                to_bnsh(egraph, q, q_heads, head)?,
+                to_bnsh(egraph, k, kv_heads, head)?,
+                to_bnsh(egraph, v, kv_heads, head)?,
+            )
+        };
+        if do_rotary {
+            let (cos, sin) = rotary.ok_or("do_rotary without cos/sin caches")?;
+            let cache = dims(egraph, cos).ok_or_else(no_match)?;
+            if cache.len() != 2
+                || cache[1].as_known().map(|h| 2 * h) != Some(head)
+                || dims(egraph, sin) != Some(cache.clone())
+            {
+                return Err(format!(
+                    "rotary caches {} do not rotate the full head size {head}",
+                    ir::dim::shape_to_string(&cache)
+                )
+                .into());
+            }
+            let interleaved = attr_int(&attrs, "rotary_interleaved", 0)? != 0;
+            // Positions P .. P + S, the ones Attention assumes for its queries.
+            let start = if has_past { dim_value(egraph, pk, 2) } else { i64_scalar(egraph, 0) };
+            let len = dim_value(egraph, q, 1);
+            let end = egraph.add(onnx("Add", Attrs::default(), vec![start, len]));
+            let one = i64_scalar(egraph, 1);
+            let positions = add_typed(
+                egraph,
+                onnx("Range", Attrs::default(), vec![start, end, one]),
+                TypeInfo { dtype: DType::I64, shape: vec![seq.clone()] },
+            );
+            let tables =
+                [cos, sin].map(|c| cache_rows(egraph, c, positions).and_then(|r| full_width(egraph, r, interleaved)));
+            let [Some(tc), Some(ts)] = tables else { return Err(no_match()) };
+            qb = rope(egraph, qb, tc, ts, interleaved);
+            kb = rope(egraph, kb, tc, ts, interleaved);
+        }
+        let mask = seqlens_source(egraph, seqlens, batch, &total);
+        let scale = match attr_float(&attrs, "scale")? {
+            Some(s) if s != 0.0 => s,
+            _ => 1.0 / (head as f32).sqrt(),
+        };
+        let inputs = AttentionInputs {
+            q: qb,
+            k: kb,
+            v: vb,
+            past_k: has_past.then_some(pk),
+            past_v: has_past.then_some(pv),
+            mask,
+            q_heads,
+            kv_heads,
+            scale,
+        };
+        let [y, yk, yv] = add_attention(egraph, &inputs);
+        let out = from_bnsh(egraph, y, q_heads * head)?;
+        Ok(union_all(egraph, rule, &outputs_of(egraph, eclass, [out, yk, yv])))
+    }
+}
+
+/// Lowers ai.onnx Attention (opset 23) with a causal flag to `Attention` in BNSH.
+struct FoldOnnx {
+    rule: &'static str,
+}
+
+impl Applier<ENode, NpuAnalysis> for FoldOnnx {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let fold = self.fold(egraph, eclass, subst, rule);
+        apply_fold(egraph, self.rule, eclass, fold)
+    }
+}
+
+impl FoldOnnx {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
+        let names = ["?q", "?k", "?v", "?mask", "?pk", "?pv"];
+        let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
+        let attrs = matched_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
+        let (q, k, v, mask) = (children[0], children[1], children[2], children[3]);
+        let past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
+            .then(|| (children[4], children[5]));
+        if attr_int(&attrs, "is_causal", 0)? != 1 {
+            return Err("not causal (is_causal=0): Attention is always causal".into());
+        }
+        if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
+            return Err("softcap has no Attention form".into());
+        }
+        if egraph.lookup(ENode { head: Head::Proj(3), children: vec![eclass] }).is_some() {
+            return Err("the scores output is used".into());
+        }
+        let qt = type_of(egraph, q).ok_or_else(no_match)?;
+        let (kd, vd) = (dims(egraph, k).ok_or_else(no_match)?, dims(egraph, v).ok_or_else(no_match)?);
+        let (qb, kb, vb, q_heads, kv_heads, head, three_d) = match qt.shape.len() {
+            3 => {
+                let q_heads = attr_int(&attrs, "q_num_heads", 0)?;
+                let kv_heads = attr_int(&attrs, "kv_num_heads", 0)?;
+                let width = known(&qt.shape[2]).ok_or("the query width is not known")?;
+                if q_heads <= 0 || kv_heads <= 0 || width % q_heads != 0 {
+                    return Err(format!("query width {width} does not split into {q_heads} heads").into());
+                }
+                let head = width / q_heads;
+                let kv = [qt.shape[0].clone(), qt.shape[1].clone(), Dim::known(kv_heads * head)];
+                if kd != kv || vd != kv {
+                    return Err(
+                        "key/value are not [batch, sequence, kv_heads·head_size] with the query's head size".into()
+                    );
+                }
+                let qb = to_bnsh(egraph, q, q_heads, head)?;
+                let kb = to_bnsh(egraph, k, kv_heads, head)?;
+                let vb = to_bnsh(egraph, v, kv_heads, head)?;
+                (qb, kb, vb, q_heads, kv_heads, head, true)
+            }
+            4 => {
+                let (q_heads, kv_heads, head) = (known(&qt.shape[1]), known(&kd[1]), known(&qt.shape[3]));
+                let (Some(q_heads), Some(kv_heads), Some(head)) = (q_heads, kv_heads, head) else {
+                    return Err("head counts are not known".into());
+                };
+                let kv = [qt.shape[0].clone(), kd[1].clone(), qt.shape[2].clone(), qt.shape[3].clone()];
+                if kd != kv || vd != kv {
+                    return Err("key/value are not [batch, kv_heads, sequence, head_size] like the query".into());
+                }
+                (q, k, v, q_heads, kv_heads, head, false)
+            }
+            _ => return Err("Q/K/V are neither 3-D nor 4-D".into()),
+        };
+        if kv_heads <= 0 || q_heads % kv_heads != 0 {
+            return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
+        }
+        let (batch, seq) = (qt.shape[0].clone(), if three_d { qt.shape[1].clone() } else { qt.shape[2].clone() });
+        let past_len = match past {
+            Some((pk, pv)) => {
+                let (a, b) = (dims(egraph, pk).ok_or_else(no_match)?, dims(egraph, pv).ok_or_else(no_match)?);
+                if a.len() != 4
+                    || a != b
+                    || a[0] != batch
+                    || a[1].as_known() != Some(kv_heads)
+                    || a[3].as_known() != Some(head)
+                {
+                    return Err("the past caches are not [batch, kv_heads, past, head_size]".into());
+                }
+                a[2].clone()
+            }
+            None => Dim::known(0),
+        };
+        let total = past_len.add(&seq).ok_or_else(no_match)?;
+        let mask =
+            if is_absent(egraph, mask) { None } else { Some(bool_padding_source(egraph, mask, &batch, &seq, &total)?) };
+        let scale = match attr_float(&attrs, "scale")? {
+            Some(s) => s,
+            None => 1.0 / (head as f32).sqrt(),
+        };
+        let inputs = AttentionInputs {
+            q: qb,
+            k: kb,
+            v: vb,
+            past_k: past.map(|p| p.0),
+            past_v: past.map(|p| p.1),
+            mask,
+            q_heads,
+            kv_heads,
+            scale,
+        };
+        let [y, yk, yv] = add_attention(egraph, &inputs);
+        let out = if three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };
+        Ok(union_all(egraph, rule, &outputs_of(egraph, eclass, [out, yk, yv])))
+    }
+}
+
+/// The attention_mask a boolean padding mask is made from: `Cast{to=bool}(Unsqueeze(m, [1,2]))`,
+/// possibly `Expand`ed over the query rows, with `m` an integer `[batch, total]` tensor.
+fn bool_padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Fold<Id> {
+    let md = dims(egraph, mask).ok_or_else(no_match)?;
+    let broadcast_ok = md.len() == 4
+        && (md[0] == *batch || md[0].as_known() == Some(1))
+        && md[1].as_known() == Some(1)
+        && (md[2] == *seq || md[2].as_known() == Some(1))
+        && same_length(&md[3], total);
+    if !broadcast_ok || type_of(egraph, mask).map(|t| t.dtype) != Some(DType::Bool) {
+        return Err("the mask is not a boolean [batch, 1, sequence, past + sequence] padding mask".into());
+    }
+    // An Expand of a [B, 1, 1, T] mask only repeats it over the query rows.
+    let cast_class = match node_of(egraph, mask, Domain::Onnx, "Expand") {
+        Some(e) => {
+            let src = e.children[0];
+            let sd = dims(egraph, src).ok_or_else(no_match)?;
+            if sd.len() != 4
+                || sd[0] != md[0]
+                || sd[1].as_known() != Some(1)
+                || sd[2].as_known() != Some(1)
+                || sd[3] != md[3]
+            {
+                return Err("the expanded mask is not one row per batch entry".into());
+            }
+            src
+        }
+        None => mask,
+    };
+    let cast = node_of(egraph, cast_class, Domain::Onnx, "Cast")
+        .filter(|c| int_attr(c, "to") == Some(DType::Bool.onnx_code() as i64))
+        .ok_or("the mask is not Cast(attention_mask) to bool")?;
+    let unsq = node_of(egraph, cast.children[0], Domain::Onnx, "Unsqueeze")
+        .ok_or("the mask is not Unsqueeze(attention_mask, [1, 2])")?;
+    if unsq.children.len() != 2 || !is_int(egraph, unsq.children[1], &[1, 2]) {
+        return Err("the mask is not Unsqueeze(attention_mask, [1, 2])".into());
+    }
+    padding_source(egraph, unsq.children[0], batch, total)
 }

@@ -141,7 +141,8 @@ pub fn saturate(graph: &Graph, phases: &[Phase], explanations: bool) -> Saturate
     Saturated { egraph, root, names, report }
 }
 
-/// The host cost model: fused ops cost 1, every other op 2, leaves and projections nothing.
+/// The host cost model: fused ops cost 1, every other op 2, opaque fused ops of other domains
+/// ([`is_opaque`]) [`OPAQUE_COST`], leaves and projections nothing.
 ///
 /// A cost is the pair (critical path, tree sum), compared in that order. The path — own cost plus
 /// the most expensive child — is what decides: a fused op reads a subset of the inputs of the
@@ -151,6 +152,20 @@ pub fn saturate(graph: &Graph, phases: &[Phase], explanations: bool) -> Saturate
 /// layer and reaches magnitudes where a difference of 1 is lost in f64, and fused and unfused
 /// choices tie.
 pub struct HostCost;
+
+/// What [`HostCost`] charges for an opaque op: more than any lowering of one adds to a path.
+pub const OPAQUE_COST: f64 = 1000.0;
+
+/// True for ops of other domains that stand for a whole sub-program npuc lowers into its own
+/// fused and layout ops (GroupQueryAttention, RotaryEmbedding, opset-23 Attention) and that no
+/// target runs: [`HostCost`] prices them above any such lowering, however many ops it needs.
+pub fn is_opaque(enode: &ENode) -> bool {
+    matches!(
+        &enode.head,
+        Head::Op { domain: Domain::Microsoft, op: "GroupQueryAttention" | "RotaryEmbedding", .. }
+            | Head::Op { domain: Domain::Onnx, op: "Attention" | "RotaryEmbedding", .. }
+    )
+}
 
 /// (critical path, tree sum).
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
@@ -167,6 +182,7 @@ impl CostFunction<ENode> for HostCost {
         C: FnMut(Id) -> PathCost,
     {
         let own = match &enode.head {
+            _ if is_opaque(enode) => OPAQUE_COST,
             Head::Op { domain: Domain::Npuc, .. } => 1.0,
             Head::Op { .. } => 2.0,
             _ => 0.0,
