@@ -2,5 +2,12 @@
 //! kernels, the paged KV cache, sampling, tokenizer, and the `Backend` trait with `host`,
 //! `openvino` and `xrt` implementations.
 //!
-//! Not built yet. It depends on no compiler crate: a bundle is the only thing that crosses from the
-//! compiler to the runtime.
+//! Built so far: [`bundle`] (the deployable bundle: writer for the compiler, verifying loader),
+//! [`kvcache`] (the paged KV cache with attention over pages), [`kernels`] (the host executor's
+//! compute kernels with run-time CPU feature dispatch). The executor that runs a bundle's program,
+//! sampling, the tokenizer and the backends are not built yet. The crate depends on no compiler
+//! crate: a bundle is the only thing that crosses from the compiler to the runtime.
+
+pub mod bundle;
+pub mod kernels;
+pub mod kvcache;

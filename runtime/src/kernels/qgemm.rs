@@ -1,0 +1,395 @@
+//! `QGemm`: int8 × int8 → int32 GEMM with the folded zero-point epilogue,
+//! `y[m, n] = (Σₖ (a − zₐ)(w − z_w[n])) · sₐ · s_w[n]`, optionally requantised to
+//! `sat(round_half_even(y / s_y) + z_y)` (the zero point added after rounding).
+//!
+//! # Signedness
+//!
+//! The kernels multiply unsigned activation bytes by signed weight bytes (the operand types of
+//! `vpdpbusd`): activations become `a_u = a + oₐ` (oₐ = 128 for int8 activations, else 0) and
+//! weights `w_s = w − o_w` (o_w = 128 for uint8 weights, else 0) — at pack time for the weights,
+//! per call for the activations. With `A = oₐ + zₐ` and `B[n] = z_w[n] − o_w`,
+//!
+//! `Σₖ (a − zₐ)(w − z_w) = Σₖ (a_u − A)(w_s − B) = P − B·Σₖ a_u − A·Σₖ w_s + K·A·B`,
+//!
+//! where `P = Σₖ a_u·w_s` is what the kernels compute and the column sums `Σₖ w_s` are computed
+//! once, at pack time. The terms are combined in wrapping i32 arithmetic, which is exact whenever
+//! the true sum fits in i32; [`pack_qgemm`] refuses K > 33025, where |Σ (a − zₐ)(w − z_w)| could
+//! reach 2³¹.
+//!
+//! # Packed format ([`pack_qgemm`])
+//!
+//! Panels of 16 columns; per panel, ⌈K/4⌉ groups of 64 bytes; in group g, byte `4c + j` holds
+//! `w_s[4g + j, 16p + c]` (i8), zero past K and past N. Per column (padded to a multiple of 16):
+//! `Σₖ w_s` (i32), `B` (i32), `s_w` (f32; a per-tensor scale is repeated).
+//!
+//! # Paths
+//!
+//! - VNNI: `vpdpbusd` (u8 × s8, four products summed into i32, no saturation).
+//! - AVX-512BW / AVX2: both operands widened to i16 and multiplied with `vpmaddwd` (exact; the
+//!   u8 × s8 `vpmaddubsw` would saturate at 2·255·127).
+//! - scalar.
+//!
+//! All paths produce the same int32 P, and apply the same epilogue (plain f32 operations, no
+//! fused multiply-add), so every output is bit-identical across paths and equal to the
+//! reference evaluator's.
+
+use super::pool::ThreadPool;
+use super::{shape_err, split_range, Isa, KernelError, SyncPtr};
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub const PANEL: usize = 16;
+const GROUP_BYTES: usize = 64;
+const MAX_ROWS: usize = 8;
+/// The largest K whose accumulators cannot overflow i32: 2³¹ / 255².
+pub const MAX_K: usize = 33025;
+
+type Tile = [[i32; PANEL]; MAX_ROWS];
+
+/// Weight codes `[K, N]` row-major, as the ONNX initializer holds them.
+#[derive(Clone, Copy, Debug)]
+pub enum QWeightCodes<'a> {
+    I8(&'a [i8]),
+    U8(&'a [u8]),
+}
+
+/// Activation codes `[M, K]` row-major.
+#[derive(Clone, Copy, Debug)]
+pub enum QActivations<'a> {
+    I8(&'a [i8]),
+    U8(&'a [u8]),
+}
+
+/// Where the result goes: f32, or requantised with a per-tensor scale and zero point.
+#[derive(Debug)]
+pub enum QOutput<'a> {
+    F32(&'a mut [f32]),
+    U8 { y: &'a mut [u8], scale: f32, zero_point: i32 },
+    I8 { y: &'a mut [i8], scale: f32, zero_point: i32 },
+}
+
+/// Packed QGemm weights (see the module doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedQGemm {
+    pub k: usize,
+    pub n: usize,
+    /// [panels, ⌈K/4⌉, 16, 4].
+    pub codes: Vec<i8>,
+    /// Σₖ w_s per column, [panels·16].
+    pub col_sums: Vec<i32>,
+    /// z_w − o_w per column.
+    pub zero_points: Vec<i32>,
+    /// s_w per column.
+    pub scales: Vec<f32>,
+}
+
+impl PackedQGemm {
+    fn groups(&self) -> usize {
+        self.k.div_ceil(4)
+    }
+    fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+    /// Bytes one call reads.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * (self.col_sums.len() + self.zero_points.len() + self.scales.len())
+    }
+}
+
+/// Packs `[K, N]` weight codes with a per-tensor (one value) or per-column (N values) scale and
+/// zero point.
+pub fn pack_qgemm(
+    k: usize,
+    n: usize,
+    w: QWeightCodes,
+    scale: &[f32],
+    zero_point: &[i32],
+) -> Result<PackedQGemm, KernelError> {
+    if k == 0 || n == 0 {
+        return Err(shape_err("QGemm", format!("K={k} and N={n} must be positive")));
+    }
+    if k > MAX_K {
+        return Err(KernelError::Unsupported {
+            what: "QGemm K",
+            detail: format!("{k} (at most {MAX_K} keeps int32 exact)"),
+        });
+    }
+    let len = match w {
+        QWeightCodes::I8(v) => v.len(),
+        QWeightCodes::U8(v) => v.len(),
+    };
+    if len != k * n {
+        return Err(shape_err("QGemm weights", format!("{len} codes, expected K·N = {}", k * n)));
+    }
+    if !(scale.len() == 1 || scale.len() == n) || zero_point.len() != scale.len() {
+        return Err(shape_err(
+            "QGemm weight scale/zero point",
+            format!("{} scales and {} zero points; both must be 1 or N={n}", scale.len(), zero_point.len()),
+        ));
+    }
+    let offset = match w {
+        QWeightCodes::I8(_) => 0,
+        QWeightCodes::U8(_) => 128,
+    };
+    let code = |kk: usize, c: usize| -> i32 {
+        match w {
+            QWeightCodes::I8(v) => v[kk * n + c] as i32,
+            QWeightCodes::U8(v) => v[kk * n + c] as i32 - 128,
+        }
+    };
+    let panels = n.div_ceil(PANEL);
+    let groups = k.div_ceil(4);
+    let mut out = PackedQGemm {
+        k,
+        n,
+        codes: vec![0; panels * groups * GROUP_BYTES],
+        col_sums: vec![0; panels * PANEL],
+        zero_points: vec![0; panels * PANEL],
+        scales: vec![0.0; panels * PANEL],
+    };
+    for c in 0..n {
+        let (p, pc) = (c / PANEL, c % PANEL);
+        let mut sum = 0i32;
+        for kk in 0..k {
+            let v = code(kk, c);
+            out.codes[(p * groups + kk / 4) * GROUP_BYTES + 4 * pc + kk % 4] = v as i8;
+            sum += v;
+        }
+        out.col_sums[c] = sum;
+        let i = if scale.len() == 1 { 0 } else { c };
+        out.zero_points[c] = zero_point[i] - offset;
+        out.scales[c] = scale[i];
+    }
+    Ok(out)
+}
+
+/// Per-call activation buffers; they grow to the largest shape seen, then never allocate again.
+#[derive(Clone, Debug, Default)]
+pub struct QGemmScratch {
+    /// a_u, [M, ⌈K/4⌉·4], zero past K.
+    unsigned: Vec<u8>,
+    /// a_u widened to i16 for the paths without VNNI.
+    wide: Vec<i16>,
+    /// Σₖ a_u per row.
+    sums: Vec<i32>,
+}
+
+/// Activation rows as the kernels read them.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    unsigned: &'a [u8],
+    wide: &'a [i16],
+    stride: usize,
+}
+
+/// `y = QGemm(a, sₐ, zₐ, w)` for `m` rows of K codes (see the module doc). Panics when a
+/// buffer's length does not fit (a caller bug).
+#[allow(clippy::too_many_arguments)]
+pub fn qgemm(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &PackedQGemm,
+    a: QActivations,
+    m: usize,
+    a_scale: f32,
+    a_zero_point: i32,
+    out: QOutput,
+    scratch: &mut QGemmScratch,
+) {
+    let isa = isa.check();
+    let (k, n) = (w.k, w.n);
+    let stride = w.groups() * 4;
+    let (len, offset) = match a {
+        QActivations::I8(v) => (v.len(), 128),
+        QActivations::U8(v) => (v.len(), 0),
+    };
+    assert_eq!(len, m * k, "qgemm: a holds {len} codes, not {m}×{k}");
+    let out_len = match &out {
+        QOutput::F32(y) => y.len(),
+        QOutput::U8 { y, .. } => y.len(),
+        QOutput::I8 { y, .. } => y.len(),
+    };
+    assert_eq!(out_len, m * n, "qgemm: y holds {out_len} values, not {m}×{n}");
+    scratch.unsigned.clear();
+    scratch.unsigned.resize(m * stride, 0);
+    scratch.sums.clear();
+    for r in 0..m {
+        let dst = &mut scratch.unsigned[r * stride..r * stride + k];
+        match a {
+            QActivations::I8(v) => dst.iter_mut().zip(&v[r * k..]).for_each(|(d, &x)| *d = (x as u8) ^ 0x80),
+            QActivations::U8(v) => dst.copy_from_slice(&v[r * k..(r + 1) * k]),
+        }
+        scratch.sums.push(dst.iter().map(|&x| x as i32).sum());
+    }
+    scratch.wide.clear();
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        scratch.wide.extend(scratch.unsigned.iter().map(|&x| x as i16));
+    }
+    let rows = Rows { unsigned: &scratch.unsigned, wide: &scratch.wide, stride };
+    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_sums: &scratch.sums };
+    let panels = w.panels();
+    let tasks = if pool.threads() == 1 { 1 } else { panels.min(pool.threads() * 4) };
+    let dst = match out {
+        QOutput::F32(y) => Dst::F32(SyncPtr(y.as_mut_ptr())),
+        QOutput::U8 { y, scale, zero_point } => Dst::U8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
+        QOutput::I8 { y, scale, zero_point } => Dst::I8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
+    };
+    pool.run(tasks, &|t| {
+        let mut tile: Tile = [[0; PANEL]; MAX_ROWS];
+        for p in split_range(panels, tasks, t) {
+            let cols = PANEL.min(n - p * PANEL);
+            let mut r0 = 0;
+            while r0 < m {
+                let r = (m - r0).min(max_rows(isa));
+                panel(isa, w, p, &rows, r0, r, &mut tile);
+                for (i, acc) in tile.iter().take(r).enumerate() {
+                    // SAFETY: tasks own disjoint panels, hence disjoint columns of y.
+                    unsafe { epilogue(w, &epi, p, r0 + i, acc, cols, n, dst) };
+                }
+                r0 += r;
+            }
+        }
+    });
+}
+
+fn max_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Scalar => MAX_ROWS,
+        Isa::Avx2 => 2,
+        Isa::Avx512 | Isa::Avx512Vnni => 8,
+    }
+}
+
+fn panel(isa: Isa, w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
+    match isa {
+        Isa::Scalar => panel_scalar(w, p, rows, r0, r, tile),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `qgemm` checked the CPU's features and every buffer length.
+        _ => unsafe { x86::panel(isa, w, p, rows, r0, r, tile) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => panel_scalar(w, p, rows, r0, r, tile),
+    }
+}
+
+fn panel_scalar(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
+    let groups = w.groups();
+    let codes = &w.codes[p * groups * GROUP_BYTES..][..groups * GROUP_BYTES];
+    for (i, out) in tile.iter_mut().take(r).enumerate() {
+        let a = &rows.unsigned[(r0 + i) * rows.stride..][..rows.stride];
+        for (c, o) in out.iter_mut().enumerate() {
+            let mut acc = 0i32;
+            for (kk, &x) in a.iter().enumerate() {
+                acc += x as i32 * codes[(kk / 4) * GROUP_BYTES + 4 * c + kk % 4] as i32;
+            }
+            *o = acc;
+        }
+    }
+}
+
+struct Epilogue<'a> {
+    k: i32,
+    /// A = oₐ + zₐ.
+    a_zero: i32,
+    a_scale: f32,
+    row_sums: &'a [i32],
+}
+
+#[derive(Clone, Copy)]
+enum Dst {
+    F32(SyncPtr<f32>),
+    U8(SyncPtr<u8>, f32, i32),
+    I8(SyncPtr<i8>, f32, i32),
+}
+
+/// Folds the zero points into one panel row of P and writes it.
+///
+/// # Safety
+/// `row < m`, `p < panels`, and no other thread writes these `cols` outputs.
+#[allow(clippy::too_many_arguments)]
+unsafe fn epilogue(
+    w: &PackedQGemm,
+    e: &Epilogue,
+    p: usize,
+    row: usize,
+    acc: &[i32; PANEL],
+    cols: usize,
+    n: usize,
+    dst: Dst,
+) {
+    let mut y = [0f32; PANEL];
+    let base = p * PANEL;
+    // Plain f32 operations (Rust never contracts them into fused multiply-adds), the same for
+    // every path, so every path's outputs are identical.
+    let fold = |y: &mut [f32; PANEL]| {
+        let (sa, a_zero, k, sum_a) = (e.a_scale, e.a_zero, e.k, e.row_sums[row]);
+        for c in 0..PANEL {
+            let b = w.zero_points[base + c];
+            let exact = acc[c]
+                .wrapping_sub(b.wrapping_mul(sum_a))
+                .wrapping_sub(a_zero.wrapping_mul(w.col_sums[base + c]))
+                .wrapping_add(k.wrapping_mul(a_zero).wrapping_mul(b));
+            y[c] = exact as f32 * (sa * w.scales[base + c]);
+        }
+    };
+    fold(&mut y);
+    let at = row * n + base;
+    match dst {
+        Dst::F32(ptr) => std::slice::from_raw_parts_mut(ptr.get().add(at), cols).copy_from_slice(&y[..cols]),
+        Dst::U8(ptr, s, z) => {
+            let out = std::slice::from_raw_parts_mut(ptr.get().add(at), cols);
+            for (o, &v) in out.iter_mut().zip(&y) {
+                *o = requantise(v, s, z, 0.0, 255.0) as u8;
+            }
+        }
+        Dst::I8(ptr, s, z) => {
+            let out = std::slice::from_raw_parts_mut(ptr.get().add(at), cols);
+            for (o, &v) in out.iter_mut().zip(&y) {
+                *o = requantise(v, s, z, -128.0, 127.0) as i8;
+            }
+        }
+    }
+}
+
+/// QuantizeLinear's rounding: `clamp(round_half_even(y / s) + z)` in f32; NaN rounds to 0.
+#[inline]
+fn requantise(y: f32, s: f32, z: i32, lo: f32, hi: f32) -> i32 {
+    let x = y / s;
+    let r = if x.is_nan() {
+        0.0
+    } else if x.abs() < 4_194_304.0 {
+        const MAGIC: f32 = 12_582_912.0;
+        (x + MAGIC) - MAGIC
+    } else {
+        // |x| ≥ 2²²: far outside any 8-bit range, the clamp decides.
+        x
+    };
+    (r + z as f32).clamp(lo, hi) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requantisation_rounds_half_to_even_then_adds_the_zero_point() {
+        assert_eq!(requantise(2.5, 1.0, 0, 0.0, 255.0), 2);
+        assert_eq!(requantise(3.5, 1.0, 10, 0.0, 255.0), 14);
+        assert_eq!(requantise(-0.5, 1.0, 0, -128.0, 127.0), 0);
+        assert_eq!(requantise(1e30, 1.0, 0, -128.0, 127.0), 127);
+        assert_eq!(requantise(f32::NAN, 1.0, 7, 0.0, 255.0), 7);
+    }
+
+    #[test]
+    fn column_sums_are_computed_once_at_pack_time() {
+        let w: Vec<u8> = vec![0, 255, 128, 1];
+        let p = pack_qgemm(2, 2, QWeightCodes::U8(&w), &[1.0], &[3]).unwrap();
+        // w_s = w − 128: columns (−128, 0) and (127, −127).
+        assert_eq!(&p.col_sums[..2], &[-128, 0]);
+        assert_eq!(p.zero_points[0], 3 - 128);
+        assert!(matches!(
+            pack_qgemm(MAX_K + 1, 1, QWeightCodes::I8(&vec![0; MAX_K + 1]), &[1.0], &[0]),
+            Err(KernelError::Unsupported { .. })
+        ));
+    }
+}
