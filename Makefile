@@ -26,7 +26,7 @@ test: deps fixtures
 
 deps: $(STAMP_PY)
 	@command -v cargo >/dev/null || { \
-	  echo "cargo not found: installing Debian's rustc and cargo (npuc needs Rust >= 1.87)"; \
+	  echo "cargo not found: installing Debian's rustc and cargo (npuc needs Rust >= 1.89)"; \
 	  $(SUDO) apt-get update && $(SUDO) apt-get install -y rustc cargo; }
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
