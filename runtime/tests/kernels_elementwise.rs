@@ -2,8 +2,9 @@
 //! every path this CPU runs.
 //!
 //! Tolerances: norms within `(d/2 + 4)·ε·|y|` (f32 sum of squares against f64); the residual
-//! sum, Rope and the scalar SwiGlu bit-exact; SIMD SwiGlu within 1e-6·|y| + 3e-45·|gate·up| (vector exp; the second term is two subnormal ulps of
-//! σ(gate), where its relative precision runs out).
+//! sum, Rope and the scalar SwiGlu bit-exact; SIMD SwiGlu within 1e-6·|y| + 3e-45·|gate·up|
+//! (vector exp; the second term is two subnormal ulps of σ(gate), where its relative precision
+//! runs out).
 
 mod kernel_support;
 
@@ -176,7 +177,15 @@ proptest! {
     }
 
     #[test]
-    fn random_rope_shapes(b in 1usize..3, h in 1usize..5, s in 1usize..6, half in 1usize..70, interleaved in any::<bool>(), seq_major in any::<bool>(), seed in any::<u64>()) {
+    fn random_rope_shapes(
+        b in 1usize..3,
+        h in 1usize..5,
+        s in 1usize..6,
+        half in 1usize..70,
+        interleaved in any::<bool>(),
+        seq_major in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
         check_rope(b, h, s, 2 * half, interleaved, seq_major, seed, &available());
     }
 

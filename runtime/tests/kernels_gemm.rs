@@ -83,7 +83,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_shapes_match_the_reference_on_every_path(m in 1usize..20, k in 1usize..300, n in 1usize..150, nk in any::<bool>(), bias in any::<bool>(), seed in any::<u64>()) {
+    fn random_shapes_match_the_reference_on_every_path(
+        m in 1usize..20,
+        k in 1usize..300,
+        n in 1usize..150,
+        nk in any::<bool>(),
+        bias in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
         let layout = if nk { WeightLayout::NK } else { WeightLayout::KN };
         let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
         check(m, k, n, layout, bias, seed, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);

@@ -297,6 +297,7 @@ proptest! {
 
     #[test]
     fn random_shapes_match_the_reference_on_every_path(case in case_strategy()) {
-        check(case, &[ThreadPool::new(1), ThreadPool::new(2)], &Isa::ALL.into_iter().filter(|i| i.is_available()).collect::<Vec<_>>());
+        let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
+        check(case, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);
     }
 }

@@ -239,9 +239,6 @@ unsafe fn int8_q4_vnni<const R: usize>(w: &WGemmWeights, p: usize, x: I8Rows, r0
         let mut hi_acc = [_mm512_setzero_si512(); R];
         for g in 0..bs / 8 {
             let v = _mm512_loadu_si512(codes as *const __m512i);
-            if PF_CONST > 0 {
-                _mm_prefetch::<_MM_HINT_T0>(codes.add(PF_CONST) as *const i8);
-            }
             codes = codes.add(GROUP_BYTES);
             let lo = _mm512_and_si512(v, nib);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
@@ -255,19 +252,10 @@ unsafe fn int8_q4_vnni<const R: usize>(w: &WGemmWeights, p: usize, x: I8Rows, r0
         for r in 0..R {
             dots[r] = _mm512_add_epi32(lo_acc[r], hi_acc[r]);
         }
-        if PF_CONST > 0 {
-            let param = (p * blocks + b) * PANEL;
-            _mm_prefetch::<_MM_HINT_T0>(w.scales.as_ptr().add(param + PF_CONST / 4) as *const i8);
-            if let WGemmZeroPoints::F32(z) = w.zero_points {
-                _mm_prefetch::<_MM_HINT_T0>(z.as_ptr().add(param + PF_CONST / 4) as *const i8);
-            }
-        }
         int8_epilogue_512(w, (p * blocks + b) * PANEL, x, r0, b, &dots, &mut yacc);
     }
     store_512(&yacc, tile);
 }
-
-const PF_CONST: usize = 0;
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn int8_q8_vnni<const R: usize>(w: &WGemmWeights, p: usize, x: I8Rows, r0: usize, tile: &mut Tile) {
