@@ -33,7 +33,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             .iter()
             .map(|name| {
                 rewrites::family(name).ok_or_else(|| {
-                    let known: Vec<&str> = rewrites::families().iter().map(|f| f.name).collect();
+                    let known: Vec<&str> = rewrites::families().iter().chain(&rewrites::fp16_families()).map(|f| f.name).collect();
                     anyhow!("unknown rule family `{name}` (families: {})", known.join(", "))
                 })
             })

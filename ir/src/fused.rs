@@ -11,6 +11,9 @@
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ, zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, see [`attention`] |
+//! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
+//! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
+//! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
 
 use crate::attr::{Attr, Attrs};
 use crate::dim::Dim;
@@ -66,8 +69,121 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         }
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
         "Attention" => attention(op, inputs, num_outputs),
+        "RmsNormRowScaled" => rms_norm_row_scaled_tensor(op, input(0)?, input(1)?, eps).map(|t| vec![t]),
+        "SkipRmsNormRowScaled" => {
+            let mut a = Attrs::default();
+            a.set("epsilon", Attr::Float(eps));
+            let sum = onnx(op, "SkipSimplifiedLayerNormalization", Domain::Microsoft, &a, inputs, 4)?.swap_remove(3);
+            let y = rms_norm_row_scaled_tensor(op, &sum, input(2)?, eps)?;
+            let mut out = vec![y, sum];
+            out.truncate(num_outputs.max(1));
+            Ok(out)
+        }
+        "WGemmRowScaled" => wgemm_row_scaled(op, inputs).map(|t| vec![t]),
         other => Err(err(op, format!("unknown fused op {other}"))),
     }
+}
+
+/// The scale `c` of one row for the row-scaled ops: the largest power of two not above max|x|
+/// (1 for a row of zeros; an infinite max gives an infinite scale, and the row becomes NaN as it
+/// does in RmsNorm). A power of two makes `x / c` and `y · c` exact in binary floating point
+/// (outside the subnormal range), leaves 1 ≤ max|x/c| < 2, and is itself an fp16 value whenever
+/// max|x| is one (at most 2¹⁵).
+pub fn row_scale(row: &[f64]) -> f64 {
+    let max = row.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if max == 0.0 || !max.is_finite() {
+        return if max == 0.0 { 1.0 } else { max };
+    }
+    // Clearing the mantissa of a positive normal f64 leaves 2^exponent.
+    let c = f64::from_bits(max.to_bits() & !((1u64 << 52) - 1));
+    if c > 0.0 {
+        c
+    } else {
+        max
+    }
+}
+
+/// One row of `RmsNormRowScaled{ε}`, with `gamma(j)` the scale of element j. Every elementary
+/// operation is rounded by `round`, in this order:
+///
+/// ```text
+/// c = row_scale(x)                                  (a power of two: exact)
+/// u_j = round(x_j / c)
+/// s = 0; for each j: s = round(s + round(u_j · u_j))  (left to right)
+/// m = round(s / D)
+/// e = round(t · t) with t = round(round(√ε) / c)
+/// r = round(√ round(m + e))
+/// y_j = round(round(u_j / r) · γ_j)
+/// ```
+///
+/// The reference evaluator passes the identity (everything in f64, rounded to the output dtype
+/// once); a reduced-precision simulation passes its rounding.
+///
+/// In fp16 (normal range 2⁻¹⁴ ≈ 6.1·10⁻⁵ to 65504, denormals flushed): 1 ≤ max|u| < 2, so
+/// s ∈ [1, 4D) and m ∈ [1/D, 4) whatever the row's magnitude. ε/c² is formed as (√ε/c)²: c is a
+/// normal fp16 power of two in [2⁻¹⁴, 2¹⁵] and, for 2⁻²⁸ ≤ ε < 2⁻¹² (decoders use 10⁻⁶ to 10⁻⁵),
+/// √ε is normal and t < 2⁸, so e never overflows; squaring c first would overflow for c > 2⁸ and flush to zero for c < 2⁻⁷.
+/// Where t·t underflows (c > 2⁷·√ε) e < 2⁻¹⁴, and flushing it scales y by at most √(1 + 2⁻¹⁴/m):
+/// under half an fp16 ulp whenever m ≥ 1/16, i.e. unless a few spikes dominate the row. Squares
+/// u_j² that flush are those of elements below 2⁻⁷·c, which add less than 2⁻¹⁴ each to s ≥ 1.
+pub fn rms_norm_row_scaled(row: &[f64], gamma: impl Fn(usize) -> f64, epsilon: f64, round: impl Fn(f64) -> f64) -> Vec<f64> {
+    let c = row_scale(row);
+    let u: Vec<f64> = row.iter().map(|&x| round(x / c)).collect();
+    let mut s = 0.0;
+    for &v in &u {
+        s = round(s + round(v * v));
+    }
+    let m = round(s / row.len() as f64);
+    let t = round(round(epsilon.sqrt()) / c);
+    let e = round(t * t);
+    let r = round(round(m + e).sqrt());
+    u.iter().enumerate().map(|(j, &v)| round(round(v / r) * gamma(j))).collect()
+}
+
+/// `RmsNormRowScaled` of a tensor over its last axis, γ broadcast to x (as RmsNorm's
+/// RMSNormalization does); the output takes x's dtype.
+fn rms_norm_row_scaled_tensor(op: &OpRef, x: &Tensor, gamma: &Tensor, epsilon: f32) -> Result<Tensor, EvalError> {
+    if !x.dtype.is_float() || !gamma.dtype.is_float() {
+        return Err(err(op, format!("RmsNormRowScaled needs float x and γ, got {} and {}", x.dtype, gamma.dtype)));
+    }
+    let d = match x.shape.last() {
+        Some(&d) if d > 0 => d,
+        _ => return Err(err(op, format!("x of shape {:?} has no last axis to normalise", x.shape))),
+    };
+    let broadcasts = gamma.rank() <= x.rank() && gamma.shape.iter().rev().zip(x.shape.iter().rev()).all(|(g, x)| *g == 1 || g == x);
+    if !broadcasts {
+        return Err(err(op, format!("γ of shape {:?} does not broadcast to x {:?}", gamma.shape, x.shape)));
+    }
+    let (xv, gv) = (x.to_f64_vec(), gamma.to_f64_vec());
+    let mut y = Vec::with_capacity(xv.len());
+    for (r, row) in xv.chunks(d).enumerate() {
+        let g = |j: usize| gv[broadcast_index(&x.shape, &gamma.shape, r * d + j)];
+        y.extend(rms_norm_row_scaled(row, g, epsilon as f64, |v| v));
+    }
+    Ok(crate::eval::float_tensor(x.dtype, x.shape.clone(), y))
+}
+
+/// `WGemmRowScaled`: each row of a divided by its [`row_scale`], the WGemm of that, and each
+/// output row multiplied back. Both scalings are exact, so this is WGemm's value bit for bit
+/// (outside the subnormal range).
+fn wgemm_row_scaled(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let Some(a) = get(0) else { return Err(err(op, "WGemmRowScaled needs a")) };
+    let k = match a.shape.last() {
+        Some(&k) if k > 0 && a.dtype.is_float() => k,
+        _ => return Err(err(op, format!("a must be a float tensor [.., K > 0], got {} {:?}", a.dtype, a.shape))),
+    };
+    let av = a.to_f64_vec();
+    let scales: Vec<f64> = av.chunks(k).map(row_scale).collect();
+    let scaled: Vec<f64> = av.iter().enumerate().map(|(i, &v)| v / scales[i / k]).collect();
+    let scaled = crate::eval::float_tensor(a.dtype, a.shape.clone(), scaled);
+    let y = onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, &[Some(&scaled), get(1), get(2), get(3)], 1)?.swap_remove(0);
+    if scales.is_empty() {
+        return Ok(y);
+    }
+    let n = y.numel() / scales.len();
+    let yv: Vec<f64> = y.to_f64_vec().iter().enumerate().map(|(i, &v)| v * scales[i / n]).collect();
+    Ok(crate::eval::float_tensor(y.dtype, y.shape.clone(), yv))
 }
 
 /// Broadcast index of `out_index` (row-major over `out_shape`) into a tensor of `shape`.
@@ -283,13 +399,13 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
     let t = |i: usize| inputs.get(i).cloned().flatten();
     let one = |ty: Option<TypeInfo>| ty.into_iter().collect::<Vec<_>>();
     match (domain, op) {
-        (Domain::Npuc, "RmsNorm" | "Silu" | "Rope") => one(t(0)),
+        (Domain::Npuc, "RmsNorm" | "RmsNormRowScaled" | "Silu" | "Rope") => one(t(0)),
         (Domain::Npuc, "SwiGlu") => one(broadcast2(t(0), t(1))),
-        (Domain::Npuc, "SkipRmsNorm") => {
+        (Domain::Npuc, "SkipRmsNorm" | "SkipRmsNormRowScaled") => {
             let s = broadcast2(t(0), t(1));
             s.map(|s| vec![s.clone(), s]).unwrap_or_default()
         }
-        (Domain::Npuc, "WGemm") => one(t(0).map(|mut a| {
+        (Domain::Npuc, "WGemm" | "WGemmRowScaled") => one(t(0).map(|mut a| {
             if let (Some(last), Ok(Some(n))) = (a.shape.last_mut(), attrs.int("N")) {
                 *last = Dim::known(n);
             }

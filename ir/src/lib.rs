@@ -5,9 +5,13 @@
 //! - [`graph`]: the typed DAG every pass works on; weights are leaves that name bytes in a
 //!   [`weights::WeightStore`], never copies of them.
 //! - [`print`]: the stable, diff-friendly text form every snapshot uses.
-//! - [`eval`]: the reference evaluator, the Rust-side oracle for every pass.
+//! - [`eval`]: the reference evaluator, the Rust-side oracle for every pass; [`run`] runs a
+//!   whole graph with it; [`fused`] gives npuc's fused ops their exact semantics.
+//! - [`egraph`]: the egg e-graph form of a graph and the way back.
+//! - [`build`]: a checked builder for graphs made by hand (tests, passes that synthesise graphs).
 
 pub mod attr;
+pub mod build;
 pub mod dim;
 pub mod dtype;
 pub mod egraph;

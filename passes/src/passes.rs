@@ -2,7 +2,7 @@
 
 use crate::{Pass, PassDetail, PassError};
 use ir::Graph;
-use rewrites::saturate::{extract_graph, saturate, HostCost, Limits, Phase};
+use rewrites::saturate::{extract_graph, saturate, Fp16Cost, HostCost, Limits, Phase};
 use rewrites::Family;
 use std::time::Duration;
 
@@ -35,6 +35,17 @@ impl Pass for Canonicalize {
 /// broken rule and fails the pass.
 pub struct Saturate {
     pub phases: Vec<Phase>,
+    pub cost: CostModel,
+}
+
+/// The cost model a [`Saturate`] extracts under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostModel {
+    /// [`HostCost`]: fused ops over their decompositions.
+    Host,
+    /// [`Fp16Cost`]: as `Host`, and the row-scaled forms over the RmsNorm, SkipRmsNorm and WGemm
+    /// they replace.
+    Fp16,
 }
 
 impl Saturate {
@@ -57,7 +68,23 @@ impl Saturate {
                 limits: Limits { nodes: 2_000_000, iterations: 8, time: Duration::from_secs(30) },
             });
         }
-        Saturate { phases }
+        Saturate { phases, cost: CostModel::Host }
+    }
+
+    /// The schedule of fp16 targets: the default schedule over `families`, then a phase `fp16`
+    /// running `fp16_families` (the `fp16-rescale` family rewrites each fused op once; the
+    /// iteration limit leaves room for the backoff scheduler to ban and readmit a rule on a model
+    /// with many of them), extracting under [`Fp16Cost`].
+    pub fn for_fp16(families: Vec<Family>, fp16_families: Vec<Family>) -> Saturate {
+        let mut s = Saturate::with_families(families);
+        s.phases.push(Phase {
+            name: "fp16".into(),
+            families: fp16_families,
+            extra_rules: vec![],
+            limits: Limits { nodes: 2_000_000, iterations: 12, time: Duration::from_secs(30) },
+        });
+        s.cost = CostModel::Fp16;
+        s
     }
 }
 
@@ -77,7 +104,10 @@ impl Pass for Saturate {
                 sat.report.type_conflicts[0]
             )));
         }
-        let g = extract_graph(&graph, &sat, HostCost);
+        let g = match self.cost {
+            CostModel::Host => extract_graph(&graph, &sat, HostCost),
+            CostModel::Fp16 => extract_graph(&graph, &sat, Fp16Cost),
+        };
         let phases: Vec<String> = sat
             .report
             .phases

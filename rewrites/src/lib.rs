@@ -13,6 +13,7 @@
 
 pub mod attention;
 pub mod cond;
+pub mod fp16_rescale;
 pub mod qdq;
 pub mod rmsnorm;
 pub mod rope;
@@ -48,7 +49,17 @@ pub fn families() -> Vec<Family> {
     ]
 }
 
-/// The family called `name`.
+/// The families only fp16 targets run, after [`families`]: not part of the default (cpu)
+/// schedule.
+pub fn fp16_families() -> Vec<Family> {
+    vec![Family {
+        name: "fp16-rescale",
+        summary: "RmsNorm, SkipRmsNorm and WGemm into row-scaled forms whose fp16 intermediates neither overflow nor flush to zero",
+        rules: fp16_rescale::rules,
+    }]
+}
+
+/// The family called `name`, default or fp16.
 pub fn family(name: &str) -> Option<Family> {
-    families().into_iter().find(|f| f.name == name)
+    families().into_iter().chain(fp16_families()).find(|f| f.name == name)
 }

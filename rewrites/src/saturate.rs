@@ -198,6 +198,45 @@ impl CostFunction<ENode> for HostCost {
     }
 }
 
+/// The cost model of fp16 targets: [`HostCost`], except that the fused ops the `fp16-rescale`
+/// family replaces — `RmsNorm`, `SkipRmsNorm` and `WGemm`, whose fp16 intermediates overflow or
+/// flush to zero (see [`crate::fp16_rescale`]) — cost [`FP16_UNSCALED_COST`] more, on the path and
+/// in the tree sum alike.
+///
+/// Each rule of that family puts the row-scaled op in the very class of the op it replaces, over
+/// the same children (a WGemm with a bias: an Add of the bias to one), so the two differ only in
+/// their own cost and any surcharge already makes the row-scaled one the class's best node. The surcharge is far larger than that so the choice can
+/// never hinge on anything else: it exceeds the whole critical path of any program without an
+/// unscaled op (a path adds at most [`OPAQUE_COST`] per opaque op, and a decoder has a few
+/// thousand ops), so no class can prefer a cheaper-looking alternative whose best form still runs
+/// an unscaled op. Where no rule applied the unscaled op is its class's only form and is kept:
+/// the surcharge then only marks it.
+pub struct Fp16Cost;
+
+/// What [`Fp16Cost`] adds for an `RmsNorm`, `SkipRmsNorm` or `WGemm`.
+pub const FP16_UNSCALED_COST: f64 = 1e9;
+
+/// True for the fused ops that overflow or underflow in fp16 unless rescaled.
+pub fn is_fp16_unscaled(enode: &ENode) -> bool {
+    matches!(&enode.head, Head::Op { domain: Domain::Npuc, op: "RmsNorm" | "SkipRmsNorm" | "WGemm", .. })
+}
+
+impl CostFunction<ENode> for Fp16Cost {
+    type Cost = PathCost;
+
+    fn cost<C>(&mut self, enode: &ENode, costs: C) -> PathCost
+    where
+        C: FnMut(Id) -> PathCost,
+    {
+        let host = HostCost.cost(enode, costs);
+        if is_fp16_unscaled(enode) {
+            PathCost { path: host.path + FP16_UNSCALED_COST, sum: host.sum + FP16_UNSCALED_COST }
+        } else {
+            host
+        }
+    }
+}
+
 /// Extracts the best program of a saturated e-graph under `cost` and rebuilds it as a graph.
 pub fn extract_graph<CF: CostFunction<ENode>>(template: &Graph, sat: &Saturated, cost: CF) -> Graph {
     let program = egraph::extract(&sat.egraph, sat.root, cost);

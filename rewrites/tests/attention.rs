@@ -11,7 +11,10 @@
 
 mod common;
 
-use ir::{Attr, Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use common::float;
+
+use ir::build::{GraphBuilder, ValueType};
+use ir::{Attr, DType, Domain, Graph, Tensor, ValueDef, ValueId};
 use rewrites::saturate::{rewrite_with, SaturationReport};
 use std::collections::HashMap;
 
@@ -20,16 +23,6 @@ fn fold(g: &Graph) -> (Graph, SaturationReport) {
 }
 
 // ---- fixtures ----
-
-/// A top-level field of `fixtures/<name>/meta.json`, as text.
-fn meta_field(name: &str, key: &str) -> String {
-    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
-    let pat = format!("\"{key}\":");
-    let start = text.find(&pat).unwrap_or_else(|| panic!("{name}: meta.json has no `{key}`")) + pat.len();
-    let rest = text[start..].trim_start();
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].trim().trim_matches('"').to_string()
-}
 
 /// Nodes of `domain::op`.
 fn count_in(g: &Graph, domain: Domain, op: &str) -> usize {
@@ -74,7 +67,7 @@ fn fold_fixture(name: &str) -> Graph {
     assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
     assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
     out.verify().unwrap();
-    let layers: usize = meta_field(name, "layers").parse().unwrap();
+    let layers = common::meta(name).layers;
     assert_eq!(count_in(&out, Domain::Npuc, "Attention"), layers, "{name}: Attention");
     assert_eq!(common::count(&out, "Softmax"), 0, "{name}: Softmax left");
     assert_eq!(common::count(&out, "GroupQueryAttention"), 0, "{name}: GroupQueryAttention left");
@@ -195,7 +188,7 @@ fn check_qdq(name: &str, tol: f64) {
     let out = fold_fixture(name);
     let g = common::import(name);
     let (pairs, pairs_left) = (common::count(&g, "QuantizeLinear"), common::count(&out, "QuantizeLinear"));
-    let layers: usize = meta_field(name, "layers").parse().unwrap();
+    let layers = common::meta(name).layers;
     assert_eq!(pairs - pairs_left, 5 * layers, "{name}: q, kᵀ, scores, probabilities and v of each layer");
     let bypassed = without_attention_qdq(&g);
     let step = output_scale(&g, "logits");
@@ -319,107 +312,19 @@ fn opset23_attention_without_the_causal_flag_is_declined() {
 
 // ---- hand-built graphs ----
 
-/// A small graph written node by node; values are named `v<i>`, all dims known.
-struct Net {
-    g: Graph,
-}
-
-impl Net {
-    fn new() -> Net {
-        let g = Graph {
-            name: "net".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Default::default(),
-            assumptions: vec![],
-        };
-        Net { g }
-    }
-
-    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
-        let name = format!("v{}", self.g.values.len());
-        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.g.values.push(ir::Value { name, dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
-
-    fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {
-        let v = self.value(dtype, shape, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn node(
-        &mut self,
-        domain: Domain,
-        op: &str,
-        attrs: &[(&str, Attr)],
-        inputs: &[Option<ValueId>],
-        outputs: &[(DType, &[usize])],
-    ) -> Vec<ValueId> {
-        let spec = ir::op::lookup(domain, op).unwrap();
-        let node = ir::NodeId(self.g.nodes.len() as u32);
-        let outs: Vec<ValueId> = outputs
-            .iter()
-            .enumerate()
-            .map(|(i, (t, s))| self.value(*t, s, ValueDef::Node { node, output: i }))
-            .collect();
-        let mut a = Attrs::default();
-        for (k, v) in attrs {
-            a.set(k, v.clone());
-        }
-        let opset = if domain == Domain::Onnx { 23 } else { 1 };
-        self.g.nodes.push(ir::Node {
-            name: format!("n{}", node.0),
-            domain,
-            op: spec.name,
-            opset,
-            attrs: a,
-            inputs: inputs.to_vec(),
-            outputs: outs.clone(),
-        });
-        outs
-    }
-
-    /// Deterministic values for every input: floats in [−2, 2), integer inputs from `ints`.
-    fn feeds(&self, ints: &HashMap<ValueId, Vec<i64>>) -> HashMap<String, Tensor> {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
-        self.g
-            .inputs
-            .iter()
-            .map(|&i| {
-                let v = self.g.value(i);
-                let shape: Vec<usize> = v.shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
-                let n = shape.iter().product();
-                let t = match ints.get(&i) {
-                    Some(values) => Tensor::from_i64(v.dtype, shape, values.clone()),
-                    None => Tensor::from_f32(DType::F32, shape, (0..n).map(|_| next()).collect()),
-                };
-                (v.name.clone(), t)
-            })
-            .collect()
-    }
-}
-
-/// Rewrites `net`, checks that it computes the same as the unrewritten graph on the reference
-/// evaluator (both compute attention in f64 and round once) and returns the result.
-fn fold_net(net: &Net, ints: &HashMap<ValueId, Vec<i64>>) -> (Graph, SaturationReport) {
-    let (out, report) = fold(&net.g);
+/// Finishes `net`, rewrites it, checks that it computes the same as the unrewritten graph on the
+/// reference evaluator (both compute attention in f64 and round once) on inputs whose integer
+/// ones `ints` gives, and returns the result.
+fn fold_net(net: GraphBuilder, ints: &HashMap<ValueId, Vec<i64>>) -> (Graph, SaturationReport) {
+    let net = net.finish().unwrap();
+    let (out, report) = fold(&net);
     assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
     out.verify().unwrap();
-    let feeds = net.feeds(ints);
-    let want = ir::run::run_graph(&net.g, &feeds).unwrap();
+    let feeds = common::random_feeds(&net, ints);
+    let want = ir::run::run_graph(&net, &feeds).unwrap();
     let got = ir::run::run_graph(&out, &feeds).unwrap();
-    for &o in &net.g.outputs {
-        let name = &net.g.value(o).name;
+    for &o in &net.outputs {
+        let name = &net.value(o).name;
         assert_eq!(got[name].shape, want[name].shape, "{name}");
         let (x, y) = (got[name].to_f64_vec(), want[name].to_f64_vec());
         let m = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
@@ -432,19 +337,18 @@ fn fold_net(net: &Net, ints: &HashMap<ValueId, Vec<i64>>) -> (Graph, SaturationR
 #[test]
 fn opset23_attention_on_heads_without_cache_or_mask_folds() {
     // BNSH q [1, 4, 3, 8], k/v [1, 2, 3, 8], causal, no past, no mask.
-    let mut net = Net::new();
-    let q = net.input(DType::F32, &[1, 4, 3, 8]);
-    let k = net.input(DType::F32, &[1, 2, 3, 8]);
-    let v = net.input(DType::F32, &[1, 2, 3, 8]);
-    let y = net.node(
-        Domain::Onnx,
-        "Attention",
-        &[("is_causal", Attr::Int(1))],
-        &[Some(q), Some(k), Some(v), None],
-        &[(DType::F32, &[1, 4, 3, 8])],
-    )[0];
-    net.g.outputs.push(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let mut net = common::net(23);
+    let q = net.input("", float(&[1, 4, 3, 8]));
+    let k = net.input("", float(&[1, 2, 3, 8]));
+    let v = net.input("", float(&[1, 2, 3, 8]));
+    let y = net
+        .node(Domain::Onnx, "Attention")
+        .attr("is_causal", Attr::Int(1))
+        .optional_inputs(&[Some(q), Some(k), Some(v), None])
+        .output("", float(&[1, 4, 3, 8]))
+        .add()[0];
+    net.output(y);
+    let (out, report) = fold_net(net, &HashMap::new());
     assert!(report.declined.is_empty(), "{:?}", report.declined);
     assert_eq!(count_in(&out, Domain::Npuc, "Attention"), 1);
     assert_eq!(count_in(&out, Domain::Onnx, "Attention"), 0);
@@ -452,21 +356,17 @@ fn opset23_attention_on_heads_without_cache_or_mask_folds() {
 
 #[test]
 fn opset23_attention_with_a_float_mask_is_declined() {
-    let mut net = Net::new();
-    let q = net.input(DType::F32, &[1, 2, 3, 8]);
-    let k = net.input(DType::F32, &[1, 2, 3, 8]);
-    let v = net.input(DType::F32, &[1, 2, 3, 8]);
-    let m = net.input(DType::F32, &[1, 1, 3, 3]);
+    let mut net = common::net(23);
+    let q = net.input("", float(&[1, 2, 3, 8]));
+    let k = net.input("", float(&[1, 2, 3, 8]));
+    let v = net.input("", float(&[1, 2, 3, 8]));
+    let m = net.input("", float(&[1, 1, 3, 3]));
     let attrs = [("is_causal", Attr::Int(1))];
-    let y = net.node(
-        Domain::Onnx,
-        "Attention",
-        &attrs,
-        &[Some(q), Some(k), Some(v), Some(m)],
-        &[(DType::F32, &[1, 2, 3, 8])],
-    )[0];
-    net.g.outputs.push(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let y =
+        net.node(Domain::Onnx, "Attention").attrs(&attrs).inputs(&[q, k, v, m]).output("", float(&[1, 2, 3, 8])).add()
+            [0];
+    net.output(y);
+    let (out, report) = fold_net(net, &HashMap::new());
     assert_eq!(count_in(&out, Domain::Npuc, "Attention"), 0);
     assert!(declined(&report, "attention-onnx-no-cache", "not a boolean"), "{:?}", report.declined);
 }
@@ -476,26 +376,28 @@ fn group_query_attention_without_rotary_or_a_known_mask_folds_unmasked() {
     // Separate q [2, 2, 4·8], k/v [2, 2, 2·8], a past of 3, seqlens_k and the total given as inputs
     // (nothing says which attention_mask they came from, so the fold passes no mask). Every row is
     // complete: seqlens_k = past + S − 1.
-    let mut net = Net::new();
-    let q = net.input(DType::F32, &[2, 2, 32]);
-    let k = net.input(DType::F32, &[2, 2, 16]);
-    let v = net.input(DType::F32, &[2, 2, 16]);
-    let pk = net.input(DType::F32, &[2, 2, 3, 8]);
-    let pv = net.input(DType::F32, &[2, 2, 3, 8]);
-    let seqlens = net.input(DType::I32, &[2]);
-    let total = net.input(DType::I32, &[1]);
+    let mut net = common::net(23);
+    let q = net.input("", float(&[2, 2, 32]));
+    let k = net.input("", float(&[2, 2, 16]));
+    let v = net.input("", float(&[2, 2, 16]));
+    let pk = net.input("", float(&[2, 2, 3, 8]));
+    let pv = net.input("", float(&[2, 2, 3, 8]));
+    let seqlens = net.input("", ValueType::known(DType::I32, &[2]));
+    let total = net.input("", ValueType::known(DType::I32, &[1]));
     let attrs = [("num_heads", Attr::Int(4)), ("kv_num_heads", Attr::Int(2))];
-    let ins = [q, k, v, pk, pv, seqlens, total].map(Some);
-    let outs = net.node(
-        Domain::Microsoft,
-        "GroupQueryAttention",
-        &attrs,
-        &ins,
-        &[(DType::F32, &[2, 2, 32]), (DType::F32, &[2, 2, 5, 8]), (DType::F32, &[2, 2, 5, 8])],
-    );
-    net.g.outputs.extend(outs);
+    let outs = net
+        .node(Domain::Microsoft, "GroupQueryAttention")
+        .attrs(&attrs)
+        .inputs(&[q, k, v, pk, pv, seqlens, total])
+        .output("", float(&[2, 2, 32]))
+        .output("", float(&[2, 2, 5, 8]))
+        .output("", float(&[2, 2, 5, 8]))
+        .add();
+    for y in outs {
+        net.output(y);
+    }
     let ints = HashMap::from([(seqlens, vec![4, 4]), (total, vec![5])]);
-    let (out, report) = fold_net(&net, &ints);
+    let (out, report) = fold_net(net, &ints);
     assert!(report.declined.is_empty(), "{:?}", report.declined);
     assert_eq!(common::count(&out, "GroupQueryAttention"), 0);
     let att = out.nodes.iter().find(|n| n.op == "Attention").unwrap();
@@ -505,21 +407,28 @@ fn group_query_attention_without_rotary_or_a_known_mask_folds_unmasked() {
 
 #[test]
 fn group_query_attention_rotating_by_position_ids_is_declined() {
-    let mut net = Net::new();
-    let q = net.input(DType::F32, &[1, 2, 16]);
-    let k = net.input(DType::F32, &[1, 2, 16]);
-    let v = net.input(DType::F32, &[1, 2, 16]);
-    let seqlens = net.input(DType::I32, &[1]);
-    let total = net.input(DType::I32, &[1]);
-    let cos = net.input(DType::F32, &[8, 4]);
-    let sin = net.input(DType::F32, &[8, 4]);
-    let pos = net.input(DType::I64, &[1, 2]);
+    let mut net = common::net(23);
+    let q = net.input("", float(&[1, 2, 16]));
+    let k = net.input("", float(&[1, 2, 16]));
+    let v = net.input("", float(&[1, 2, 16]));
+    let seqlens = net.input("", ValueType::known(DType::I32, &[1]));
+    let total = net.input("", ValueType::known(DType::I32, &[1]));
+    let cos = net.input("", float(&[8, 4]));
+    let sin = net.input("", float(&[8, 4]));
+    let pos = net.input("", ValueType::known(DType::I64, &[1, 2]));
     let attrs = [("num_heads", Attr::Int(2)), ("kv_num_heads", Attr::Int(2)), ("do_rotary", Attr::Int(1))];
     let ins = [Some(q), Some(k), Some(v), None, None, Some(seqlens), Some(total), Some(cos), Some(sin), Some(pos)];
-    let outs = net.node(Domain::Microsoft, "GroupQueryAttention", &attrs, &ins, &[(DType::F32, &[1, 2, 16])]);
-    net.g.outputs.extend(outs);
+    let outs = net
+        .node(Domain::Microsoft, "GroupQueryAttention")
+        .attrs(&attrs)
+        .optional_inputs(&ins)
+        .output("", float(&[1, 2, 16]))
+        .add();
+    for y in outs {
+        net.output(y);
+    }
     let ints = HashMap::from([(seqlens, vec![1]), (total, vec![2]), (pos, vec![3, 4])]);
-    let (out, report) = fold_net(&net, &ints);
+    let (out, report) = fold_net(net, &ints);
     assert_eq!(common::count(&out, "GroupQueryAttention"), 1);
     assert!(declined(&report, "attention-gqa-position-ids", "position_ids"), "{:?}", report.declined);
 }

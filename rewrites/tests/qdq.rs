@@ -5,9 +5,9 @@
 
 mod common;
 
-use ir::{
-    Attr, Attrs, DType, Dim, Domain, Graph, Node, NodeId, OpRef, Tensor, Value, ValueDef, ValueId, Weight, WeightStore,
-};
+use common::{indexed_node, rows};
+use ir::build::ValueType;
+use ir::{Attr, Attrs, DType, Dim, Domain, Graph, Node, OpRef, Tensor, ValueDef, ValueId, Weight, WeightStore};
 use rewrites::saturate::{rewrite_with, SaturationReport};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,14 +20,6 @@ fn qdq() -> rewrites::Family {
 /// the repository's evaluator-vs-ONNX-Runtime test), and the relative bound for float outputs.
 const QDQ_MAX_STEPS: f64 = 2.0;
 const FLOAT_TOL: f64 = 1e-4;
-
-/// An integer field of a fixture's meta.json.
-fn meta_int(fixture: &str, key: &str) -> usize {
-    let text = std::fs::read_to_string(common::fixtures_dir().join(fixture).join("meta.json")).unwrap();
-    let at = text.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("{fixture}: no {key} in meta.json"));
-    let rest = text[at + key.len() + 3..].trim_start();
-    rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap()
-}
 
 /// The tensor a weight or constant value holds.
 fn value_tensor(g: &Graph, v: ValueId) -> Option<Tensor> {
@@ -194,7 +186,7 @@ fn error_vs_ort(g: &Graph, fixture: &str) -> (f64, f64) {
 /// The fixture accounting: 7 projections per layer plus the lm_head, each one requantising QGemm;
 /// no weight product left; the attention products untouched and declined as run-time operands.
 fn check_fixture(fixture: &str) {
-    let layers = meta_int(fixture, "layers");
+    let layers = common::meta(fixture).layers;
     let g = common::import(fixture);
     let (r, report) = rewrite_with(&g, &[qdq()]);
     r.verify().unwrap();
@@ -281,86 +273,6 @@ fn float_and_weight_only_forms_have_nothing_to_fold() {
     }
 }
 
-/// A small graph built value by value.
-struct Build {
-    g: Graph,
-    store: WeightStore,
-}
-
-impl Build {
-    fn new() -> Build {
-        let g = Graph {
-            name: "hand-built".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Arc::new(WeightStore::default()),
-            assumptions: vec![],
-        };
-        Build { g, store: WeightStore::default() }
-    }
-
-    fn value(&mut self, name: &str, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
-        self.g.values.push(Value { name: name.into(), dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
-
-    /// A graph input; the leading dimension is the symbol `rows`.
-    fn input(&mut self, name: &str, dtype: DType, inner: &[usize]) -> ValueId {
-        let shape = std::iter::once(Dim::sym("rows")).chain(inner.iter().map(|&d| Dim::known(d as i64))).collect();
-        let v = self.value(name, dtype, shape, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn weight(&mut self, name: &str, t: Tensor) -> ValueId {
-        let bytes: Vec<u8> = t.to_le_bytes().unwrap();
-        let id = self.store.add(Weight::new(name.into(), t.dtype, t.shape.clone(), bytes.into()));
-        let shape = t.shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.value(name, t.dtype, shape, ValueDef::Weight(id))
-    }
-
-    fn op(
-        &mut self,
-        domain: Domain,
-        op: &'static str,
-        attrs: &[(&str, Attr)],
-        inputs: &[ValueId],
-        dtype: DType,
-        shape: Vec<Dim>,
-    ) -> ValueId {
-        let node = NodeId(self.g.nodes.len() as u32);
-        let name = format!("{op}_{}", node.0);
-        let out = self.value(&name, dtype, shape, ValueDef::Node { node, output: 0 });
-        let mut a = Attrs::default();
-        for (k, v) in attrs {
-            a.set(k, v.clone());
-        }
-        self.g.nodes.push(Node {
-            name,
-            domain,
-            op,
-            opset: 21,
-            attrs: a,
-            inputs: inputs.iter().map(|&i| Some(i)).collect(),
-            outputs: vec![out],
-        });
-        out
-    }
-
-    fn finish(mut self, outputs: &[ValueId]) -> Graph {
-        self.g.outputs = outputs.to_vec();
-        self.g.weights = Arc::new(self.store);
-        self.g.verify().unwrap();
-        self.g
-    }
-}
-
-fn rows(n: usize) -> Vec<Dim> {
-    vec![Dim::sym("rows"), Dim::known(n as i64)]
-}
-
 /// A deterministic xorshift generator for the property-style tests.
 struct Rng(u64);
 
@@ -419,41 +331,42 @@ const N: usize = 5;
 /// scales (so the fused and unfused forms agree exactly) and asymmetric zero points.
 fn qdq_product(s: Spelling) -> Graph {
     let mut rng = Rng(0x5eed_0001);
-    let mut b = Build::new();
-    let x = b.input("x", DType::F32, &[K]);
-    let sa = b.weight("sa", Tensor::scalar_f32(0.125));
-    let za = b.weight("za", Tensor::from_i64(DType::U8, vec![], vec![131]));
-    let w = b.weight("w", Tensor::from_i64(DType::I8, vec![K, N], rng.codes(DType::I8, K * N)));
+    let mut b = common::hand_built();
+    let x = b.input("x", rows(DType::F32, K));
+    let sa = b.weight("sa", &Tensor::scalar_f32(0.125));
+    let za = b.weight("za", &Tensor::from_i64(DType::U8, vec![], vec![131]));
+    let w = b.weight("w", &Tensor::from_i64(DType::I8, vec![K, N], rng.codes(DType::I8, K * N)));
     let sw = if s.per_column {
-        b.weight("sw", Tensor::from_f32(DType::F32, vec![N], (0..N).map(|_| rng.pow2(-7, -3)).collect()))
+        b.weight("sw", &Tensor::from_f32(DType::F32, vec![N], (0..N).map(|_| rng.pow2(-7, -3)).collect()))
     } else {
-        b.weight("sw", Tensor::scalar_f32(0.0625))
+        b.weight("sw", &Tensor::scalar_f32(0.0625))
     };
     let zw_shape = if s.per_column { vec![N] } else { vec![] };
     let zw = b.weight(
         "zw",
-        Tensor::from_i64(DType::I8, zw_shape.clone(), (0..zw_shape.iter().product()).map(|_| rng.int(-5, 5)).collect()),
+        &Tensor::from_i64(
+            DType::I8,
+            zw_shape.clone(),
+            (0..zw_shape.iter().product()).map(|_| rng.int(-5, 5)).collect(),
+        ),
     );
-    let sy = b.weight("sy", Tensor::scalar_f32(4.0));
-    let zy = b.weight("zy", Tensor::from_i64(DType::U8, vec![], vec![120]));
+    let sy = b.weight("sy", &Tensor::scalar_f32(4.0));
+    let zy = b.weight("zy", &Tensor::from_i64(DType::U8, vec![], vec![120]));
     let d = s.domain;
     let with = |v: &[ValueId], z: Option<ValueId>| -> Vec<ValueId> { v.iter().copied().chain(z).collect() };
     let (za, zw, zy) =
         (s.activation_zero_point.then_some(za), s.weight_zero_point.then_some(zw), s.output_zero_point.then_some(zy));
-    let xq = b.op(d, "QuantizeLinear", &[], &with(&[x, sa], za), DType::U8, rows(K));
-    let xd = b.op(d, "DequantizeLinear", &[], &with(&[xq, sa], za), DType::F32, rows(K));
-    let wd = b.op(
-        d,
-        "DequantizeLinear",
-        &[("axis", Attr::Int(s.weight_axis))],
-        &with(&[w, sw], zw),
-        DType::F32,
-        vec![Dim::known(K as i64), Dim::known(N as i64)],
-    );
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[xd, wd], DType::F32, rows(N));
-    let yq = b.op(d, "QuantizeLinear", &[], &with(&[y, sy], zy), DType::U8, rows(N));
-    let yd = b.op(d, "DequantizeLinear", &[], &with(&[yq, sy], zy), DType::F32, rows(N));
-    b.finish(&[yd])
+    let xq = indexed_node(&mut b, d, "QuantizeLinear", rows(DType::U8, K)).inputs(&with(&[x, sa], za)).add()[0];
+    let xd = indexed_node(&mut b, d, "DequantizeLinear", rows(DType::F32, K)).inputs(&with(&[xq, sa], za)).add()[0];
+    let wd = indexed_node(&mut b, d, "DequantizeLinear", ValueType::known(DType::F32, &[K, N]))
+        .attr("axis", Attr::Int(s.weight_axis))
+        .inputs(&with(&[w, sw], zw))
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, N)).inputs(&[xd, wd]).add()[0];
+    let yq = indexed_node(&mut b, d, "QuantizeLinear", rows(DType::U8, N)).inputs(&with(&[y, sy], zy)).add()[0];
+    let yd = indexed_node(&mut b, d, "DequantizeLinear", rows(DType::F32, N)).inputs(&with(&[yq, sy], zy)).add()[0];
+    b.output(yd);
+    b.finish().unwrap()
 }
 
 fn random_rows(seed: u64, rows: usize, width: usize) -> Tensor {
@@ -542,24 +455,21 @@ fn declined_reasons(g: &Graph) -> Vec<String> {
 /// x → Q → DQ → MatMul ← DQ(w) for a weight DequantizeLinear with the given scale and attributes.
 fn product_with_weight_dq(codes: DType, scale: Tensor, zero: Tensor, attrs: &[(&str, Attr)]) -> Graph {
     let mut rng = Rng(7);
-    let mut b = Build::new();
-    let x = b.input("x", DType::F32, &[K]);
-    let sa = b.weight("sa", Tensor::scalar_f32(0.125));
-    let za = b.weight("za", Tensor::from_i64(DType::U8, vec![], vec![128]));
-    let w = b.weight("w", Tensor::from_i64(codes, vec![K, N], rng.codes(codes, K * N)));
-    let (sw, zw) = (b.weight("sw", scale), b.weight("zw", zero));
-    let xq = b.op(Domain::Onnx, "QuantizeLinear", &[], &[x, sa, za], DType::U8, rows(K));
-    let xd = b.op(Domain::Onnx, "DequantizeLinear", &[], &[xq, sa, za], DType::F32, rows(K));
-    let wd = b.op(
-        Domain::Onnx,
-        "DequantizeLinear",
-        attrs,
-        &[w, sw, zw],
-        DType::F32,
-        vec![Dim::known(K as i64), Dim::known(N as i64)],
-    );
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[xd, wd], DType::F32, rows(N));
-    b.finish(&[y])
+    let mut b = common::hand_built();
+    let x = b.input("x", rows(DType::F32, K));
+    let sa = b.weight("sa", &Tensor::scalar_f32(0.125));
+    let za = b.weight("za", &Tensor::from_i64(DType::U8, vec![], vec![128]));
+    let w = b.weight("w", &Tensor::from_i64(codes, vec![K, N], rng.codes(codes, K * N)));
+    let (sw, zw) = (b.weight("sw", &scale), b.weight("zw", &zero));
+    let xq = indexed_node(&mut b, Domain::Onnx, "QuantizeLinear", rows(DType::U8, K)).inputs(&[x, sa, za]).add()[0];
+    let xd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", rows(DType::F32, K)).inputs(&[xq, sa, za]).add()[0];
+    let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[K, N]))
+        .attrs(attrs)
+        .inputs(&[w, sw, zw])
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, N)).inputs(&[xd, wd]).add()[0];
+    b.output(y);
+    b.finish().unwrap()
 }
 
 #[test]
@@ -596,26 +506,21 @@ fn sixteen_bit_weight_codes_are_declined() {
 /// look like): the product must stay a MatMul and the reason must say why.
 #[test]
 fn a_weight_dequantize_of_run_time_codes_is_declined() {
-    let mut b = Build::new();
-    let x = b.input("x", DType::F32, &[K]);
-    let sa = b.weight("sa", Tensor::scalar_f32(0.125));
-    let za = b.weight("za", Tensor::from_i64(DType::U8, vec![], vec![128]));
-    let sw = b.weight("sw", Tensor::scalar_f32(0.5));
-    let zw = b.weight("zw", Tensor::from_i64(DType::I8, vec![], vec![0]));
-    let codes = b.value("w_codes", DType::I8, vec![Dim::known(K as i64), Dim::known(N as i64)], ValueDef::Input);
-    b.g.inputs.push(codes);
-    let xq = b.op(Domain::Onnx, "QuantizeLinear", &[], &[x, sa, za], DType::U8, rows(K));
-    let xd = b.op(Domain::Onnx, "DequantizeLinear", &[], &[xq, sa, za], DType::F32, rows(K));
-    let wd = b.op(
-        Domain::Onnx,
-        "DequantizeLinear",
-        &[],
-        &[codes, sw, zw],
-        DType::F32,
-        vec![Dim::known(K as i64), Dim::known(N as i64)],
-    );
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[xd, wd], DType::F32, rows(N));
-    let reasons = declined_reasons(&b.finish(&[y]));
+    let mut b = common::hand_built();
+    let x = b.input("x", rows(DType::F32, K));
+    let sa = b.weight("sa", &Tensor::scalar_f32(0.125));
+    let za = b.weight("za", &Tensor::from_i64(DType::U8, vec![], vec![128]));
+    let sw = b.weight("sw", &Tensor::scalar_f32(0.5));
+    let zw = b.weight("zw", &Tensor::from_i64(DType::I8, vec![], vec![0]));
+    let codes = b.input("w_codes", ValueType::known(DType::I8, &[K, N]));
+    let xq = indexed_node(&mut b, Domain::Onnx, "QuantizeLinear", rows(DType::U8, K)).inputs(&[x, sa, za]).add()[0];
+    let xd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", rows(DType::F32, K)).inputs(&[xq, sa, za]).add()[0];
+    let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[K, N]))
+        .inputs(&[codes, sw, zw])
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, N)).inputs(&[xd, wd]).add()[0];
+    b.output(y);
+    let reasons = declined_reasons(&b.finish().unwrap());
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(reasons[0].contains("computed at run time"), "{reasons:?}");
 }

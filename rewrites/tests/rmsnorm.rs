@@ -11,7 +11,10 @@
 
 mod common;
 
-use ir::{Attr, Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use common::float;
+
+use ir::build::GraphBuilder;
+use ir::{Attr, DType, Domain, Graph, Tensor, ValueDef, ValueId};
 use rewrites::saturate::{rewrite_with, SaturationReport};
 use std::collections::HashMap;
 
@@ -21,21 +24,11 @@ fn rmsnorm(g: &Graph) -> (Graph, SaturationReport) {
 
 // ---- fixtures ----
 
-/// A top-level field of `fixtures/<name>/meta.json`, as text.
-fn meta_field(name: &str, key: &str) -> String {
-    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
-    let pat = format!("\"{key}\":");
-    let start = text.find(&pat).unwrap_or_else(|| panic!("{name}: meta.json has no `{key}`")) + pat.len();
-    let rest = text[start..].trim_start();
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].trim().trim_matches('"').to_string()
-}
-
 /// (RmsNorm, SkipRmsNorm) counts the fixture's config implies.
 fn expected_norms(name: &str) -> (usize, usize) {
-    let layers: usize = meta_field(name, "layers").parse().unwrap();
-    let qk_norms = if meta_field(name, "arch") == "qwen3" { 2 * layers } else { 0 };
-    (1 + qk_norms, 2 * layers)
+    let meta = common::meta(name);
+    let qk_norms = if meta.arch == "qwen3" { 2 * meta.layers } else { 0 };
+    (1 + qk_norms, 2 * meta.layers)
 }
 
 /// Number of SkipRmsNorm nodes whose sum (output 1) some node or graph output reads.
@@ -193,175 +186,65 @@ fn smollm2_f2_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
 
 // ---- hand-built graphs ----
 
-/// A small graph written node by node; values are named `v<i>`.
-struct Net {
-    g: Graph,
-    opset: i64,
+fn scalar(n: &mut GraphBuilder, v: f32) -> ValueId {
+    n.constant("", Tensor::scalar_f32(v))
 }
 
-impl Net {
-    fn new(opset: i64) -> Net {
-        let g = Graph {
-            name: "net".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Default::default(),
-            assumptions: vec![],
-        };
-        Net { g, opset }
-    }
+fn ints(n: &mut GraphBuilder, v: &[i64]) -> ValueId {
+    n.constant("", Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
+}
 
-    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
-        let name = format!("v{}", self.g.values.len());
-        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.g.values.push(ir::Value { name, dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
+/// A scale with distinct values, so a misplaced scale shows in the numbers.
+fn gamma(n: &mut GraphBuilder, shape: &[usize]) -> ValueId {
+    let count: usize = shape.iter().product();
+    n.constant("", Tensor::from_f32(DType::F32, shape.to_vec(), (0..count).map(|i| 0.5 + 0.125 * i as f32).collect()))
+}
 
-    fn input(&mut self, shape: &[usize]) -> ValueId {
-        let v = self.value(DType::F32, shape, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn constant(&mut self, t: Tensor) -> ValueId {
-        let (dtype, shape) = (t.dtype, t.shape.clone());
-        self.value(dtype, &shape, ValueDef::Const(t))
-    }
-
-    fn scalar(&mut self, v: f32) -> ValueId {
-        self.constant(Tensor::scalar_f32(v))
-    }
-
-    fn ints(&mut self, v: &[i64]) -> ValueId {
-        self.constant(Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
-    }
-
-    /// A scale with distinct values, so a misplaced scale shows in the numbers.
-    fn gamma(&mut self, shape: &[usize]) -> ValueId {
-        let n: usize = shape.iter().product();
-        self.constant(Tensor::from_f32(DType::F32, shape.to_vec(), (0..n).map(|i| 0.5 + 0.125 * i as f32).collect()))
-    }
-
-    fn node(
-        &mut self,
-        domain: Domain,
-        op: &str,
-        attrs: &[(&str, Attr)],
-        inputs: &[ValueId],
-        outputs: &[&[usize]],
-    ) -> Vec<ValueId> {
-        let spec = ir::op::lookup(domain, op).unwrap();
-        let node = ir::NodeId(self.g.nodes.len() as u32);
-        let outs: Vec<ValueId> = outputs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| self.value(DType::F32, s, ValueDef::Node { node, output: i }))
-            .collect();
-        let mut a = Attrs::default();
-        for (k, v) in attrs {
-            a.set(k, v.clone());
+/// `x / √(mean(x²) + ε)` spelled Pow, ReduceMean over the last axis (as an input), Add,
+/// Sqrt and `div` ("div": Div(x, ·); "reciprocal": Mul(x, Reciprocal(·)); "div-one":
+/// Mul(x, Div(1, ·))).
+fn normalise(n: &mut GraphBuilder, x: ValueId, shape: &[usize], square: &str, div: &str, eps: f32) -> ValueId {
+    let mut row = shape.to_vec();
+    *row.last_mut().unwrap() = 1;
+    let sq = match square {
+        "pow" => {
+            let two = scalar(n, 2.0);
+            n.op("Pow", &[x, two], float(shape))
         }
-        let opset = if domain == Domain::Onnx { self.opset } else { 1 };
-        self.g.nodes.push(ir::Node {
-            name: format!("n{}", node.0),
-            domain,
-            op: spec.name,
-            opset,
-            attrs: a,
-            inputs: inputs.iter().map(|&v| Some(v)).collect(),
-            outputs: outs.clone(),
-        });
-        outs
-    }
-
-    fn op(&mut self, op: &str, inputs: &[ValueId], shape: &[usize]) -> ValueId {
-        self.node(Domain::Onnx, op, &[], inputs, &[shape])[0]
-    }
-
-    fn output(&mut self, v: ValueId) {
-        self.g.outputs.push(v);
-    }
-
-    /// `x / √(mean(x²) + ε)` spelled Pow, ReduceMean over the last axis (as an input), Add,
-    /// Sqrt and `div` ("div": Div(x, ·); "reciprocal": Mul(x, Reciprocal(·)); "div-one":
-    /// Mul(x, Div(1, ·))).
-    fn normalise(&mut self, x: ValueId, shape: &[usize], square: &str, div: &str, eps: f32) -> ValueId {
-        let mut row = shape.to_vec();
-        *row.last_mut().unwrap() = 1;
-        let sq = match square {
-            "pow" => {
-                let two = self.scalar(2.0);
-                self.op("Pow", &[x, two], shape)
-            }
-            _ => self.op("Mul", &[x, x], shape),
-        };
-        let axes = self.ints(&[-1]);
-        let ms = self.node(Domain::Onnx, "ReduceMean", &[("keepdims", Attr::Int(1))], &[sq, axes], &[&row])[0];
-        let e = self.scalar(eps);
-        let var = self.op("Add", &[ms, e], &row);
-        let rms = self.op("Sqrt", &[var], &row);
-        match div {
-            "div" => self.op("Div", &[x, rms], shape),
-            "reciprocal" => {
-                let r = self.op("Reciprocal", &[rms], &row);
-                self.op("Mul", &[x, r], shape)
-            }
-            _ => {
-                let one = self.scalar(1.0);
-                let r = self.op("Div", &[one, rms], &row);
-                self.op("Mul", &[x, r], shape)
-            }
+        _ => n.op("Mul", &[x, x], float(shape)),
+    };
+    let axes = ints(n, &[-1]);
+    let ms = n
+        .node(Domain::Onnx, "ReduceMean")
+        .attr("keepdims", Attr::Int(1))
+        .inputs(&[sq, axes])
+        .output("", float(&row))
+        .add()[0];
+    let e = scalar(n, eps);
+    let var = n.op("Add", &[ms, e], float(&row));
+    let rms = n.op("Sqrt", &[var], float(&row));
+    match div {
+        "div" => n.op("Div", &[x, rms], float(shape)),
+        "reciprocal" => {
+            let r = n.op("Reciprocal", &[rms], float(&row));
+            n.op("Mul", &[x, r], float(shape))
+        }
+        _ => {
+            let one = scalar(n, 1.0);
+            let r = n.op("Div", &[one, rms], float(&row));
+            n.op("Mul", &[x, r], float(shape))
         }
     }
-
-    /// Deterministic values for every input.
-    fn feeds(&self) -> HashMap<String, Tensor> {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
-        self.g
-            .inputs
-            .iter()
-            .map(|&i| {
-                let v = self.g.value(i);
-                let shape: Vec<usize> = v.shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
-                let n = shape.iter().product();
-                (v.name.clone(), Tensor::from_f32(DType::F32, shape, (0..n).map(|_| next()).collect()))
-            })
-            .collect()
-    }
 }
 
-/// Worst max|Δ|/max|ref| of `b`'s outputs against `a`'s on the same inputs.
-fn worst_difference(a: &Net, b: &Graph) -> f64 {
-    let feeds = a.feeds();
-    let want = ir::run::run_graph(&a.g, &feeds).unwrap();
-    let got = ir::run::run_graph(b, &feeds).unwrap();
-    let mut worst = 0.0f64;
-    for &o in &a.g.outputs {
-        let name = &a.g.value(o).name;
-        let (x, y) = (got[name].to_f64_vec(), want[name].to_f64_vec());
-        assert_eq!(got[name].shape, want[name].shape, "{name}");
-        let m = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let d = x.iter().zip(&y).fold(0.0f64, |d, (p, q)| d.max((p - q).abs()));
-        worst = worst.max(d / m);
-    }
-    worst
-}
-
-/// Rewrites `net`, checks that it computes the same within `tol`, and returns the result.
-fn fold_net(net: &Net, tol: f64) -> (Graph, SaturationReport) {
-    let (out, report) = rmsnorm(&net.g);
+/// Finishes `net`, rewrites it, checks that it computes the same within `tol`, and returns the
+/// result.
+fn fold_net(net: GraphBuilder, tol: f64) -> (Graph, SaturationReport) {
+    let net = net.finish().unwrap();
+    let (out, report) = rmsnorm(&net);
     assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
     out.verify().unwrap();
-    let err = worst_difference(net, &out);
+    let err = common::worst_difference(&net, &out, &HashMap::new());
     assert!(err <= tol, "rewritten graph differs by {err:e}");
     (out, report)
 }
@@ -383,13 +266,13 @@ const FUSED_TOL: f64 = 1e-6;
 
 #[test]
 fn torch_pow_rsqrt_as_div_one_and_scale_on_the_left_folds() {
-    let mut n = Net::new(18);
-    let x = n.input(&[2, 3, 8]);
-    let norm = n.normalise(x, &[2, 3, 8], "pow", "div-one", 1e-5);
-    let g = n.gamma(&[8]);
-    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[2, 3, 8]));
+    let norm = normalise(&mut n, x, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = gamma(&mut n, &[8]);
+    let y = n.op("Mul", &[g, norm], float(&[2, 3, 8]));
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm"]);
     assert_eq!(epsilon(&out, "RmsNorm"), 1e-5);
 }
@@ -397,13 +280,13 @@ fn torch_pow_rsqrt_as_div_one_and_scale_on_the_left_folds() {
 #[test]
 fn square_as_product_reciprocal_and_scale_on_the_right_folds_on_4d_heads() {
     // Qwen3's per-head q/k norm: [batch, seq, heads, head_dim].
-    let mut n = Net::new(18);
-    let x = n.input(&[1, 2, 3, 16]);
-    let norm = n.normalise(x, &[1, 2, 3, 16], "mul", "reciprocal", 1e-6);
-    let g = n.gamma(&[16]);
-    let y = n.op("Mul", &[norm, g], &[1, 2, 3, 16]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[1, 2, 3, 16]));
+    let norm = normalise(&mut n, x, &[1, 2, 3, 16], "mul", "reciprocal", 1e-6);
+    let g = gamma(&mut n, &[16]);
+    let y = n.op("Mul", &[norm, g], float(&[1, 2, 3, 16]));
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm"]);
     assert_eq!(epsilon(&out, "RmsNorm"), 1e-6);
 }
@@ -411,29 +294,34 @@ fn square_as_product_reciprocal_and_scale_on_the_right_folds_on_4d_heads() {
 #[test]
 fn division_by_the_root_with_axes_as_an_attribute_folds() {
     // Opset 13: ReduceMean takes its axes as an attribute, here as the positive last index.
-    let mut n = Net::new(13);
-    let x = n.input(&[2, 3, 8]);
-    let two = n.scalar(2.0);
-    let sq = n.op("Pow", &[x, two], &[2, 3, 8]);
-    let ms = n.node(Domain::Onnx, "ReduceMean", &[("axes", Attr::Ints(vec![2]))], &[sq], &[&[2, 3, 1]])[0];
-    let e = n.scalar(1e-5);
-    let var = n.op("Add", &[ms, e], &[2, 3, 1]);
-    let rms = n.op("Sqrt", &[var], &[2, 3, 1]);
-    let norm = n.op("Div", &[x, rms], &[2, 3, 8]);
-    let g = n.gamma(&[8]);
-    let y = n.op("Mul", &[norm, g], &[2, 3, 8]);
+    let mut n = common::net(13);
+    let x = n.input("", float(&[2, 3, 8]));
+    let two = scalar(&mut n, 2.0);
+    let sq = n.op("Pow", &[x, two], float(&[2, 3, 8]));
+    let ms = n
+        .node(Domain::Onnx, "ReduceMean")
+        .attr("axes", Attr::Ints(vec![2]))
+        .inputs(&[sq])
+        .output("", float(&[2, 3, 1]))
+        .add()[0];
+    let e = scalar(&mut n, 1e-5);
+    let var = n.op("Add", &[ms, e], float(&[2, 3, 1]));
+    let rms = n.op("Sqrt", &[var], float(&[2, 3, 1]));
+    let norm = n.op("Div", &[x, rms], float(&[2, 3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let y = n.op("Mul", &[norm, g], float(&[2, 3, 8]));
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm"]);
 }
 
 #[test]
 fn a_norm_without_scale_folds_with_a_unit_scale() {
-    let mut n = Net::new(18);
-    let x = n.input(&[4, 8]);
-    let y = n.normalise(x, &[4, 8], "pow", "div", 1e-5);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[4, 8]));
+    let y = normalise(&mut n, x, &[4, 8], "pow", "div", 1e-5);
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm"]);
     let scale = out.value(out.nodes[0].inputs[1].unwrap());
     let ValueDef::Const(t) = &scale.def else { panic!("the unit scale is not a constant") };
@@ -447,13 +335,13 @@ fn onnxruntime_and_opset_23_norm_ops_fold() {
         (Domain::Microsoft, "SimplifiedLayerNormalization", 18),
         (Domain::Onnx, "RMSNormalization", 23),
     ] {
-        let mut n = Net::new(opset);
-        let x = n.input(&[2, 3, 8]);
-        let g = n.gamma(&[8]);
+        let mut n = common::net(opset);
+        let x = n.input("", float(&[2, 3, 8]));
+        let g = gamma(&mut n, &[8]);
         let attrs = [("axis", Attr::Int(2)), ("epsilon", Attr::Float(1e-6)), ("stash_type", Attr::Int(1))];
-        let y = n.node(domain, op, &attrs, &[x, g], &[&[2, 3, 8]])[0];
+        let y = n.node(domain, op).attrs(&attrs).inputs(&[x, g]).output("", float(&[2, 3, 8])).add()[0];
         n.output(y);
-        let (out, _) = fold_net(&n, FUSED_TOL);
+        let (out, _) = fold_net(n, FUSED_TOL);
         assert_eq!(ops(&out), ["RmsNorm"], "{domain}::{op}");
         assert_eq!(epsilon(&out, "RmsNorm"), 1e-6, "{domain}::{op}");
     }
@@ -461,12 +349,17 @@ fn onnxruntime_and_opset_23_norm_ops_fold() {
 
 #[test]
 fn simplified_layer_norm_with_its_unused_inv_std_output_folds() {
-    let mut n = Net::new(18);
-    let x = n.input(&[3, 8]);
-    let g = n.gamma(&[8]);
-    let outs = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[x, g], &[&[3, 8], &[3, 1]]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let outs = n
+        .node(Domain::Onnx, "SimplifiedLayerNormalization")
+        .inputs(&[x, g])
+        .output("", float(&[3, 8]))
+        .output("", float(&[3, 1]))
+        .add();
     n.output(outs[0]);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm"]);
     assert_eq!(epsilon(&out, "RmsNorm"), 1e-5, "the op's default epsilon");
 }
@@ -474,25 +367,27 @@ fn simplified_layer_norm_with_its_unused_inv_std_output_folds() {
 #[test]
 fn skip_simplified_layer_norm_maps_outputs_0_and_3() {
     for bias in [false, true] {
-        let mut n = Net::new(18);
-        let (x, skip) = (n.input(&[2, 3, 8]), n.input(&[2, 3, 8]));
-        let g = n.gamma(&[8]);
+        let mut n = common::net(18);
+        let (x, skip) = (n.input("", float(&[2, 3, 8])), n.input("", float(&[2, 3, 8])));
+        let g = gamma(&mut n, &[8]);
         let mut inputs = vec![x, skip, g];
         if bias {
-            let b = n.gamma(&[8]);
+            let b = gamma(&mut n, &[8]);
             inputs.push(b);
         }
         let attrs = [("epsilon", Attr::Float(1e-6))];
-        let outs = n.node(
-            Domain::Microsoft,
-            "SkipSimplifiedLayerNormalization",
-            &attrs,
-            &inputs,
-            &[&[2, 3, 8], &[2, 3, 1], &[2, 3, 1], &[2, 3, 8]],
-        );
+        let outs = n
+            .node(Domain::Microsoft, "SkipSimplifiedLayerNormalization")
+            .attrs(&attrs)
+            .inputs(&inputs)
+            .output("", float(&[2, 3, 8]))
+            .output("", float(&[2, 3, 1]))
+            .output("", float(&[2, 3, 1]))
+            .output("", float(&[2, 3, 8]))
+            .add();
         n.output(outs[0]);
         n.output(outs[3]);
-        let (out, _) = fold_net(&n, FUSED_TOL);
+        let (out, _) = fold_net(n, FUSED_TOL);
         assert_eq!(ops(&out), ["SkipRmsNorm"], "bias: {bias}");
         assert_eq!(out.nodes[0].inputs.len(), inputs.len());
         assert_eq!(epsilon(&out, "SkipRmsNorm"), 1e-6);
@@ -502,12 +397,16 @@ fn skip_simplified_layer_norm_maps_outputs_0_and_3() {
 #[test]
 fn single_output_skip_simplified_layer_norm_folds() {
     // The final norm of onnxruntime-genai's graphs declares only y.
-    let mut n = Net::new(18);
-    let (x, skip) = (n.input(&[3, 8]), n.input(&[3, 8]));
-    let g = n.gamma(&[8]);
-    let y = n.node(Domain::Microsoft, "SkipSimplifiedLayerNormalization", &[], &[x, skip, g], &[&[3, 8]])[0];
+    let mut n = common::net(18);
+    let (x, skip) = (n.input("", float(&[3, 8])), n.input("", float(&[3, 8])));
+    let g = gamma(&mut n, &[8]);
+    let y = n
+        .node(Domain::Microsoft, "SkipSimplifiedLayerNormalization")
+        .inputs(&[x, skip, g])
+        .output("", float(&[3, 8]))
+        .add()[0];
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["SkipRmsNorm"]);
     assert_eq!(epsilon(&out, "SkipRmsNorm"), 1e-12, "the op's default epsilon");
 }
@@ -515,16 +414,16 @@ fn single_output_skip_simplified_layer_norm_folds() {
 #[test]
 fn a_residual_add_feeding_a_norm_becomes_skip_rms_norm_with_the_sum_as_proj1() {
     // h = a + b; y = RmsNorm(h) · γ; the residual stream continues as h + y.
-    let mut n = Net::new(18);
-    let (a, b) = (n.input(&[2, 3, 8]), n.input(&[2, 3, 8]));
-    let h = n.op("Add", &[a, b], &[2, 3, 8]);
-    let norm = n.normalise(h, &[2, 3, 8], "pow", "div-one", 1e-5);
-    let g = n.gamma(&[8]);
-    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
-    let next = n.op("Add", &[h, y], &[2, 3, 8]);
+    let mut n = common::net(18);
+    let (a, b) = (n.input("", float(&[2, 3, 8])), n.input("", float(&[2, 3, 8])));
+    let h = n.op("Add", &[a, b], float(&[2, 3, 8]));
+    let norm = normalise(&mut n, h, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = gamma(&mut n, &[8]);
+    let y = n.op("Mul", &[g, norm], float(&[2, 3, 8]));
+    let next = n.op("Add", &[h, y], float(&[2, 3, 8]));
     n.output(next);
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["SkipRmsNorm", "Add"]);
     assert_eq!(skip_sums_used(&out), 1);
 }
@@ -532,13 +431,18 @@ fn a_residual_add_feeding_a_norm_becomes_skip_rms_norm_with_the_sum_as_proj1() {
 #[test]
 fn a_residual_add_feeding_a_fused_norm_op_becomes_skip_rms_norm() {
     // The opset-23 form: Add → RMSNormalization.
-    let mut n = Net::new(23);
-    let (a, b) = (n.input(&[3, 8]), n.input(&[3, 8]));
-    let h = n.op("Add", &[a, b], &[3, 8]);
-    let g = n.gamma(&[8]);
-    let y = n.node(Domain::Onnx, "RMSNormalization", &[("epsilon", Attr::Float(1e-6))], &[h, g], &[&[3, 8]])[0];
+    let mut n = common::net(23);
+    let (a, b) = (n.input("", float(&[3, 8])), n.input("", float(&[3, 8])));
+    let h = n.op("Add", &[a, b], float(&[3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let y = n
+        .node(Domain::Onnx, "RMSNormalization")
+        .attr("epsilon", Attr::Float(1e-6))
+        .inputs(&[h, g])
+        .output("", float(&[3, 8]))
+        .add()[0];
     n.output(y);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["SkipRmsNorm"]);
 }
 
@@ -546,16 +450,16 @@ fn a_residual_add_feeding_a_fused_norm_op_becomes_skip_rms_norm() {
 fn one_input_normalised_with_two_epsilons_keeps_each_epsilon() {
     // Both norms share x, the unit scale of their first step and γ: each product must take the
     // epsilon of its own norm.
-    let mut n = Net::new(18);
-    let x = n.input(&[3, 8]);
-    let g = n.gamma(&[8]);
-    let small = n.normalise(x, &[3, 8], "mul", "reciprocal", 1e-5);
-    let large = n.normalise(x, &[3, 8], "mul", "reciprocal", 1.0);
-    let y1 = n.op("Mul", &[small, g], &[3, 8]);
-    let y2 = n.op("Mul", &[large, g], &[3, 8]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let small = normalise(&mut n, x, &[3, 8], "mul", "reciprocal", 1e-5);
+    let large = normalise(&mut n, x, &[3, 8], "mul", "reciprocal", 1.0);
+    let y1 = n.op("Mul", &[small, g], float(&[3, 8]));
+    let y2 = n.op("Mul", &[large, g], float(&[3, 8]));
     n.output(y1);
     n.output(y2);
-    let (out, _) = fold_net(&n, FUSED_TOL);
+    let (out, _) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm", "RmsNorm"]);
 }
 
@@ -563,17 +467,17 @@ fn one_input_normalised_with_two_epsilons_keeps_each_epsilon() {
 
 #[test]
 fn a_mean_over_two_axes_is_declined() {
-    let mut n = Net::new(18);
-    let x = n.input(&[2, 3, 8]);
-    let sq = n.op("Mul", &[x, x], &[2, 3, 8]);
-    let axes = n.ints(&[1, 2]);
-    let ms = n.node(Domain::Onnx, "ReduceMean", &[], &[sq, axes], &[&[2, 1, 1]])[0];
-    let e = n.scalar(1e-5);
-    let var = n.op("Add", &[ms, e], &[2, 1, 1]);
-    let rms = n.op("Sqrt", &[var], &[2, 1, 1]);
-    let y = n.op("Div", &[x, rms], &[2, 3, 8]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[2, 3, 8]));
+    let sq = n.op("Mul", &[x, x], float(&[2, 3, 8]));
+    let axes = ints(&mut n, &[1, 2]);
+    let ms = n.node(Domain::Onnx, "ReduceMean").inputs(&[sq, axes]).output("", float(&[2, 1, 1])).add()[0];
+    let e = scalar(&mut n, 1e-5);
+    let var = n.op("Add", &[ms, e], float(&[2, 1, 1]));
+    let rms = n.op("Sqrt", &[var], float(&[2, 1, 1]));
+    let y = n.op("Div", &[x, rms], float(&[2, 3, 8]));
     n.output(y);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(common::count(&out, "RmsNorm"), 0);
     assert!(declined(&report, "rmsnorm-div", "axes [1, 2]"), "{:?}", report.declined);
 }
@@ -581,35 +485,40 @@ fn a_mean_over_two_axes_is_declined() {
 #[test]
 fn a_mean_without_keepdims_is_declined() {
     // keepdims=0 on a square x: the mean of each row divides each column instead.
-    let mut n = Net::new(18);
-    let x = n.input(&[4, 4]);
-    let sq = n.op("Mul", &[x, x], &[4, 4]);
-    let axes = n.ints(&[-1]);
-    let ms = n.node(Domain::Onnx, "ReduceMean", &[("keepdims", Attr::Int(0))], &[sq, axes], &[&[4]])[0];
-    let e = n.scalar(1e-5);
-    let var = n.op("Add", &[ms, e], &[4]);
-    let rms = n.op("Sqrt", &[var], &[4]);
-    let r = n.op("Reciprocal", &[rms], &[4]);
-    let y = n.op("Mul", &[x, r], &[4, 4]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[4, 4]));
+    let sq = n.op("Mul", &[x, x], float(&[4, 4]));
+    let axes = ints(&mut n, &[-1]);
+    let ms = n
+        .node(Domain::Onnx, "ReduceMean")
+        .attr("keepdims", Attr::Int(0))
+        .inputs(&[sq, axes])
+        .output("", float(&[4]))
+        .add()[0];
+    let e = scalar(&mut n, 1e-5);
+    let var = n.op("Add", &[ms, e], float(&[4]));
+    let rms = n.op("Sqrt", &[var], float(&[4]));
+    let r = n.op("Reciprocal", &[rms], float(&[4]));
+    let y = n.op("Mul", &[x, r], float(&[4, 4]));
     n.output(y);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(common::count(&out, "RmsNorm"), 0);
     assert!(declined(&report, "rmsnorm-mul-reciprocal", "keepdims=0"), "{:?}", report.declined);
 }
 
 #[test]
 fn epsilon_added_inside_the_mean_is_declined() {
-    let mut n = Net::new(18);
-    let x = n.input(&[2, 8]);
-    let sq = n.op("Mul", &[x, x], &[2, 8]);
-    let e = n.scalar(1e-5);
-    let sq_eps = n.op("Add", &[sq, e], &[2, 8]);
-    let axes = n.ints(&[-1]);
-    let ms = n.node(Domain::Onnx, "ReduceMean", &[], &[sq_eps, axes], &[&[2, 1]])[0];
-    let rms = n.op("Sqrt", &[ms], &[2, 1]);
-    let y = n.op("Div", &[x, rms], &[2, 8]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[2, 8]));
+    let sq = n.op("Mul", &[x, x], float(&[2, 8]));
+    let e = scalar(&mut n, 1e-5);
+    let sq_eps = n.op("Add", &[sq, e], float(&[2, 8]));
+    let axes = ints(&mut n, &[-1]);
+    let ms = n.node(Domain::Onnx, "ReduceMean").inputs(&[sq_eps, axes]).output("", float(&[2, 1])).add()[0];
+    let rms = n.op("Sqrt", &[ms], float(&[2, 1]));
+    let y = n.op("Div", &[x, rms], float(&[2, 8]));
     n.output(y);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(common::count(&out, "RmsNorm"), 0);
     assert!(declined(&report, "rmsnorm-eps-inside-mean", "inside the mean"), "{:?}", report.declined);
 }
@@ -617,57 +526,68 @@ fn epsilon_added_inside_the_mean_is_declined() {
 #[test]
 fn a_scale_that_is_not_per_channel_is_declined() {
     // γ of shape [1, 1, 8] broadcasts the same, but RmsNorm takes [D]: the Mul stays.
-    let mut n = Net::new(18);
-    let x = n.input(&[2, 3, 8]);
-    let norm = n.normalise(x, &[2, 3, 8], "pow", "div-one", 1e-5);
-    let g = n.gamma(&[1, 1, 8]);
-    let y = n.op("Mul", &[g, norm], &[2, 3, 8]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[2, 3, 8]));
+    let norm = normalise(&mut n, x, &[2, 3, 8], "pow", "div-one", 1e-5);
+    let g = gamma(&mut n, &[1, 1, 8]);
+    let y = n.op("Mul", &[g, norm], float(&[2, 3, 8]));
     n.output(y);
-    let (out, report) = fold_net(&n, FUSED_TOL);
+    let (out, report) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["RmsNorm", "Mul"]);
     assert!(declined(&report, "rmsnorm-scale-left", "shape [1,1,8]"), "{:?}", report.declined);
 }
 
 #[test]
 fn simplified_layer_norm_with_its_inv_std_output_used_is_declined() {
-    let mut n = Net::new(18);
-    let x = n.input(&[3, 8]);
-    let g = n.gamma(&[8]);
-    let outs = n.node(Domain::Microsoft, "SimplifiedLayerNormalization", &[], &[x, g], &[&[3, 8], &[3, 1]]);
+    let mut n = common::net(18);
+    let x = n.input("", float(&[3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let outs = n
+        .node(Domain::Microsoft, "SimplifiedLayerNormalization")
+        .inputs(&[x, g])
+        .output("", float(&[3, 8]))
+        .output("", float(&[3, 1]))
+        .add();
     n.output(outs[0]);
     n.output(outs[1]);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(ops(&out), ["SimplifiedLayerNormalization"]);
     assert!(declined(&report, "rmsnorm-simplified-ms", "inv_std_var output is used"), "{:?}", report.declined);
 }
 
 #[test]
 fn a_norm_op_over_more_than_the_last_axis_is_declined() {
-    let mut n = Net::new(18);
-    let x = n.input(&[2, 3, 8]);
-    let g = n.gamma(&[3, 8]);
-    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[("axis", Attr::Int(1))], &[x, g], &[&[2, 3, 8]])[0];
+    let mut n = common::net(18);
+    let x = n.input("", float(&[2, 3, 8]));
+    let g = gamma(&mut n, &[3, 8]);
+    let y = n
+        .node(Domain::Onnx, "SimplifiedLayerNormalization")
+        .attr("axis", Attr::Int(1))
+        .inputs(&[x, g])
+        .output("", float(&[2, 3, 8]))
+        .add()[0];
     n.output(y);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(ops(&out), ["SimplifiedLayerNormalization"]);
     assert!(declined(&report, "rmsnorm-simplified", "axes 1.."), "{:?}", report.declined);
 }
 
 #[test]
 fn skip_simplified_layer_norm_with_its_inv_std_output_used_is_declined() {
-    let mut n = Net::new(18);
-    let (x, skip) = (n.input(&[3, 8]), n.input(&[3, 8]));
-    let g = n.gamma(&[8]);
-    let outs = n.node(
-        Domain::Microsoft,
-        "SkipSimplifiedLayerNormalization",
-        &[],
-        &[x, skip, g],
-        &[&[3, 8], &[3, 1], &[3, 1], &[3, 8]],
-    );
+    let mut n = common::net(18);
+    let (x, skip) = (n.input("", float(&[3, 8])), n.input("", float(&[3, 8])));
+    let g = gamma(&mut n, &[8]);
+    let outs = n
+        .node(Domain::Microsoft, "SkipSimplifiedLayerNormalization")
+        .inputs(&[x, skip, g])
+        .output("", float(&[3, 8]))
+        .output("", float(&[3, 1]))
+        .output("", float(&[3, 1]))
+        .output("", float(&[3, 8]))
+        .add();
     n.output(outs[0]);
     n.output(outs[2]);
-    let (out, report) = fold_net(&n, 0.0);
+    let (out, report) = fold_net(n, 0.0);
     assert_eq!(ops(&out), ["SkipSimplifiedLayerNormalization"]);
     assert!(declined(&report, "rmsnorm-skip-simplified", "inv_std_var output (2) is used"), "{:?}", report.declined);
 }
@@ -675,27 +595,28 @@ fn skip_simplified_layer_norm_with_its_inv_std_output_used_is_declined() {
 #[test]
 fn a_residual_of_broadcast_addends_is_declined() {
     // A bias add, x + b[D], is not a residual of equal addends: RmsNorm stays after the Add.
-    let mut n = Net::new(18);
-    let x = n.input(&[3, 8]);
-    let b = n.gamma(&[8]);
-    let h = n.op("Add", &[x, b], &[3, 8]);
-    let g = n.gamma(&[8]);
-    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[h, g], &[&[3, 8]])[0];
+    let mut n = common::net(18);
+    let x = n.input("", float(&[3, 8]));
+    let b = gamma(&mut n, &[8]);
+    let h = n.op("Add", &[x, b], float(&[3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization").inputs(&[h, g]).output("", float(&[3, 8])).add()[0];
     n.output(y);
-    let (out, report) = fold_net(&n, FUSED_TOL);
+    let (out, report) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["Add", "RmsNorm"]);
     assert!(declined(&report, "rmsnorm-residual", "addends differ"), "{:?}", report.declined);
 }
 
 #[test]
 fn a_4d_residual_is_declined() {
-    let mut n = Net::new(18);
-    let (a, b) = (n.input(&[1, 2, 3, 8]), n.input(&[1, 2, 3, 8]));
-    let h = n.op("Add", &[a, b], &[1, 2, 3, 8]);
-    let g = n.gamma(&[8]);
-    let y = n.node(Domain::Onnx, "SimplifiedLayerNormalization", &[], &[h, g], &[&[1, 2, 3, 8]])[0];
+    let mut n = common::net(18);
+    let (a, b) = (n.input("", float(&[1, 2, 3, 8])), n.input("", float(&[1, 2, 3, 8])));
+    let h = n.op("Add", &[a, b], float(&[1, 2, 3, 8]));
+    let g = gamma(&mut n, &[8]);
+    let y =
+        n.node(Domain::Onnx, "SimplifiedLayerNormalization").inputs(&[h, g]).output("", float(&[1, 2, 3, 8])).add()[0];
     n.output(y);
-    let (out, report) = fold_net(&n, FUSED_TOL);
+    let (out, report) = fold_net(n, FUSED_TOL);
     assert_eq!(ops(&out), ["Add", "RmsNorm"]);
     assert!(declined(&report, "rmsnorm-residual", "4-D"), "{:?}", report.declined);
 }

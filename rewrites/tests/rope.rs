@@ -9,7 +9,10 @@
 
 mod common;
 
-use ir::{Attr, Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use common::float;
+
+use ir::build::{GraphBuilder, ValueType};
+use ir::{Attr, DType, Domain, Graph, Tensor, ValueId};
 use rewrites::saturate::{rewrite_with, SaturationReport};
 use std::collections::HashMap;
 
@@ -19,16 +22,6 @@ fn rope(g: &Graph) -> (Graph, SaturationReport) {
 
 // ---- fixtures ----
 
-/// A top-level field of `fixtures/<name>/meta.json`, as text.
-fn meta_field(name: &str, key: &str) -> String {
-    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
-    let pat = format!("\"{key}\":");
-    let start = text.find(&pat).unwrap_or_else(|| panic!("{name}: meta.json has no `{key}`")) + pat.len();
-    let rest = text[start..].trim_start();
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].trim().trim_matches('"').to_string()
-}
-
 /// Rewrites a fixture, checks the count and that nothing of the rotation's spelling is left, and
 /// returns the rewritten graph with its worst relative error against ONNX Runtime.
 fn fold_fixture(name: &str) -> (Graph, f64) {
@@ -37,7 +30,7 @@ fn fold_fixture(name: &str) -> (Graph, f64) {
     assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
     assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
     out.verify().unwrap();
-    let layers: usize = meta_field(name, "layers").parse().unwrap();
+    let layers = common::meta(name).layers;
     assert_eq!(common::count(&out, "Rope"), 2 * layers, "{name}: Rope");
     for op in ["Neg", "Slice", "RotaryEmbedding"] {
         assert_eq!(common::count(&out, op), 0, "{name}: {op} left");
@@ -132,169 +125,65 @@ fn genai_forms_have_no_rotation_of_their_own() {
 
 // ---- hand-built graphs ----
 
-/// A small graph written node by node; values are named `v<i>`, all dims known.
-struct Net {
-    g: Graph,
+fn ints(net: &mut GraphBuilder, v: &[i64]) -> ValueId {
+    net.constant("", Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
 }
 
-impl Net {
-    fn new() -> Net {
-        let g = Graph {
-            name: "net".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Default::default(),
-            assumptions: vec![],
-        };
-        Net { g }
-    }
-
-    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
-        let name = format!("v{}", self.g.values.len());
-        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.g.values.push(ir::Value { name, dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
-
-    fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {
-        let v = self.value(dtype, shape, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn constant(&mut self, t: Tensor) -> ValueId {
-        let (dtype, shape) = (t.dtype, t.shape.clone());
-        self.value(dtype, &shape, ValueDef::Const(t))
-    }
-
-    fn ints(&mut self, v: &[i64]) -> ValueId {
-        self.constant(Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
-    }
-
-    fn node(
-        &mut self,
-        domain: Domain,
-        op: &str,
-        attrs: &[(&str, Attr)],
-        inputs: &[ValueId],
-        out: (DType, &[usize]),
-    ) -> ValueId {
-        let spec = ir::op::lookup(domain, op).unwrap();
-        let node = ir::NodeId(self.g.nodes.len() as u32);
-        let y = self.value(out.0, out.1, ValueDef::Node { node, output: 0 });
-        let mut a = Attrs::default();
-        for (k, v) in attrs {
-            a.set(k, v.clone());
-        }
-        let opset = if domain == Domain::Onnx { 23 } else { 1 };
-        self.g.nodes.push(ir::Node {
-            name: format!("n{}", node.0),
-            domain,
-            op: spec.name,
-            opset,
-            attrs: a,
-            inputs: inputs.iter().map(|&v| Some(v)).collect(),
-            outputs: vec![y],
-        });
-        y
-    }
-
-    fn op(&mut self, op: &str, inputs: &[ValueId], shape: &[usize]) -> ValueId {
-        self.node(Domain::Onnx, op, &[], inputs, (DType::F32, shape))
-    }
-
-    fn output(&mut self, v: ValueId) {
-        self.g.outputs.push(v);
-    }
-
-    /// `Slice(x, [start], [end], [axis], [step])`.
-    fn slice(&mut self, x: ValueId, (start, end, axis, step): (i64, i64, i64, i64), shape: &[usize]) -> ValueId {
-        let (s, e, a, p) = (self.ints(&[start]), self.ints(&[end]), self.ints(&[axis]), self.ints(&[step]));
-        self.op("Slice", &[x, s, e, a, p], shape)
-    }
-
-    /// torch's `rotate_half(x)` over the last axis: `Concat(−x[D/2:], x[:D/2])`.
-    fn rotate_half(&mut self, x: ValueId, shape: &[usize]) -> ValueId {
-        let d = *shape.last().unwrap() as i64;
-        let mut half = shape.to_vec();
-        *half.last_mut().unwrap() /= 2;
-        let x1 = self.slice(x, (0, d / 2, -1, 1), &half);
-        let x2 = self.slice(x, (d / 2, i64::MAX, -1, 1), &half);
-        let n = self.op("Neg", &[x2], &half);
-        self.node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], &[n, x1], (DType::F32, shape))
-    }
-
-    /// GPT-J's `rotate_every_two(x)`: `stack((−x[1::2], x[::2]), −1).flatten(−2)`.
-    fn rotate_every_two(&mut self, x: ValueId, shape: &[usize]) -> ValueId {
-        let d = *shape.last().unwrap() as i64;
-        let mut half = shape.to_vec();
-        *half.last_mut().unwrap() /= 2;
-        let even = self.slice(x, (0, d, -1, 2), &half);
-        let odd = self.slice(x, (1, d, -1, 2), &half);
-        let n = self.op("Neg", &[odd], &half);
-        let mut col = half.clone();
-        col.push(1);
-        let last = self.ints(&[-1]);
-        let (a, b) = (self.op("Unsqueeze", &[n, last], &col), self.op("Unsqueeze", &[even, last], &col));
-        let mut pairs = half.clone();
-        pairs.push(2);
-        let stacked = self.node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], &[a, b], (DType::F32, &pairs));
-        let target: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
-        let t = self.ints(&target);
-        self.op("Reshape", &[stacked, t], shape)
-    }
-
-    /// Deterministic values for every input: floats in [−2, 2), integer inputs from `ints`.
-    fn feeds(&self, ints: &HashMap<ValueId, Vec<i64>>) -> HashMap<String, Tensor> {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-        };
-        self.g
-            .inputs
-            .iter()
-            .map(|&i| {
-                let v = self.g.value(i);
-                let shape: Vec<usize> = v.shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
-                let n = shape.iter().product();
-                let t = match ints.get(&i) {
-                    Some(values) => Tensor::from_i64(v.dtype, shape, values.clone()),
-                    None => Tensor::from_f32(DType::F32, shape, (0..n).map(|_| next()).collect()),
-                };
-                (v.name.clone(), t)
-            })
-            .collect()
-    }
+/// `Concat(values)` over the last axis.
+fn concat_last(net: &mut GraphBuilder, values: &[ValueId], shape: &[usize]) -> ValueId {
+    net.node(Domain::Onnx, "Concat").attr("axis", Attr::Int(-1)).inputs(values).output("", float(shape)).add()[0]
 }
 
-/// Worst max|Δ|/max|ref| of `b`'s outputs against `a`'s on the same inputs.
-fn worst_difference(a: &Net, b: &Graph, ints: &HashMap<ValueId, Vec<i64>>) -> f64 {
-    let feeds = a.feeds(ints);
-    let want = ir::run::run_graph(&a.g, &feeds).unwrap();
-    let got = ir::run::run_graph(b, &feeds).unwrap();
-    let mut worst = 0.0f64;
-    for &o in &a.g.outputs {
-        let name = &a.g.value(o).name;
-        let (x, y) = (got[name].to_f64_vec(), want[name].to_f64_vec());
-        assert_eq!(got[name].shape, want[name].shape, "{name}");
-        let m = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let d = x.iter().zip(&y).fold(0.0f64, |d, (p, q)| d.max((p - q).abs()));
-        worst = worst.max(d / m);
-    }
-    worst
+/// `Slice(x, [start], [end], [axis], [step])`.
+fn slice(
+    net: &mut GraphBuilder,
+    x: ValueId,
+    (start, end, axis, step): (i64, i64, i64, i64),
+    shape: &[usize],
+) -> ValueId {
+    let (s, e, a, p) = (ints(net, &[start]), ints(net, &[end]), ints(net, &[axis]), ints(net, &[step]));
+    net.op("Slice", &[x, s, e, a, p], float(shape))
 }
 
-/// Rewrites `net`, checks that it computes the same (one f32 rounding) and returns the result.
-fn fold_net(net: &Net, ints: &HashMap<ValueId, Vec<i64>>) -> (Graph, SaturationReport) {
-    let (out, report) = rope(&net.g);
+/// torch's `rotate_half(x)` over the last axis: `Concat(−x[D/2:], x[:D/2])`.
+fn rotate_half(net: &mut GraphBuilder, x: ValueId, shape: &[usize]) -> ValueId {
+    let d = *shape.last().unwrap() as i64;
+    let mut half = shape.to_vec();
+    *half.last_mut().unwrap() /= 2;
+    let x1 = slice(net, x, (0, d / 2, -1, 1), &half);
+    let x2 = slice(net, x, (d / 2, i64::MAX, -1, 1), &half);
+    let n = net.op("Neg", &[x2], float(&half));
+    concat_last(net, &[n, x1], shape)
+}
+
+/// GPT-J's `rotate_every_two(x)`: `stack((−x[1::2], x[::2]), −1).flatten(−2)`.
+fn rotate_every_two(net: &mut GraphBuilder, x: ValueId, shape: &[usize]) -> ValueId {
+    let d = *shape.last().unwrap() as i64;
+    let mut half = shape.to_vec();
+    *half.last_mut().unwrap() /= 2;
+    let even = slice(net, x, (0, d, -1, 2), &half);
+    let odd = slice(net, x, (1, d, -1, 2), &half);
+    let n = net.op("Neg", &[odd], float(&half));
+    let mut col = half.clone();
+    col.push(1);
+    let last = ints(net, &[-1]);
+    let (a, b) = (net.op("Unsqueeze", &[n, last], float(&col)), net.op("Unsqueeze", &[even, last], float(&col)));
+    let mut pairs = half.clone();
+    pairs.push(2);
+    let stacked = concat_last(net, &[a, b], &pairs);
+    let target: Vec<i64> = shape.iter().map(|&s| s as i64).collect();
+    let t = ints(net, &target);
+    net.op("Reshape", &[stacked, t], float(shape))
+}
+
+/// Finishes `net`, rewrites it, checks that it computes the same (one f32 rounding) on inputs
+/// whose integer ones `ints` gives, and returns the result.
+fn fold_net(net: GraphBuilder, ints: &HashMap<ValueId, Vec<i64>>) -> (Graph, SaturationReport) {
+    let net = net.finish().unwrap();
+    let (out, report) = rope(&net);
     assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
     out.verify().unwrap();
-    let err = worst_difference(net, &out, ints);
+    let err = common::worst_difference(&net, &out, ints);
     assert!(err <= 1e-6, "rewritten graph differs by {err:e}");
     (out, report)
 }
@@ -317,25 +206,30 @@ const X: [usize; 4] = [2, 3, 4, 8];
 fn rotate_half_with_tables_computed_in_graph_folds() {
     // cos/sin from Range → Cast → outer product with inverse frequencies → Concat → Cos/Sin, as
     // exporters that compute the tables in-graph write them; broadcast [S, D] against BNSH x.
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &X);
-    let (zero, four, one) =
-        (net.constant(Tensor::scalar_i64(0)), net.constant(Tensor::scalar_i64(4)), net.constant(Tensor::scalar_i64(1)));
-    let pos = net.node(Domain::Onnx, "Range", &[], &[zero, four, one], (DType::I64, &[4]));
-    let pos = net.node(Domain::Onnx, "Cast", &[("to", Attr::Int(1))], &[pos], (DType::F32, &[4]));
-    let axis = net.ints(&[1]);
-    let pos = net.op("Unsqueeze", &[pos, axis], &[4, 1]);
-    let inv = net.constant(Tensor::from_f32(DType::F32, vec![4], vec![1.0, 0.1, 0.01, 0.001]));
-    let freqs = net.op("Mul", &[pos, inv], &[4, 4]);
-    let emb = net.node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], &[freqs, freqs], (DType::F32, &[4, 8]));
-    let cos = net.op("Cos", &[emb], &[4, 8]);
-    let sin = net.op("Sin", &[emb], &[4, 8]);
-    let a = net.op("Mul", &[x, cos], &X);
-    let r = net.rotate_half(x, &X);
-    let b = net.op("Mul", &[r, sin], &X);
-    let y = net.op("Add", &[a, b], &X);
+    let mut net = common::net(23);
+    let x = net.input("", float(&X));
+    let (zero, four, one) = (
+        net.constant("", Tensor::scalar_i64(0)),
+        net.constant("", Tensor::scalar_i64(4)),
+        net.constant("", Tensor::scalar_i64(1)),
+    );
+    let pos =
+        net.node(Domain::Onnx, "Range").inputs(&[zero, four, one]).output("", ValueType::known(DType::I64, &[4])).add()
+            [0];
+    let pos = net.node(Domain::Onnx, "Cast").attr("to", Attr::Int(1)).inputs(&[pos]).output("", float(&[4])).add()[0];
+    let axis = ints(&mut net, &[1]);
+    let pos = net.op("Unsqueeze", &[pos, axis], float(&[4, 1]));
+    let inv = net.constant("", Tensor::from_f32(DType::F32, vec![4], vec![1.0, 0.1, 0.01, 0.001]));
+    let freqs = net.op("Mul", &[pos, inv], float(&[4, 4]));
+    let emb = concat_last(&mut net, &[freqs, freqs], &[4, 8]);
+    let cos = net.op("Cos", &[emb], float(&[4, 8]));
+    let sin = net.op("Sin", &[emb], float(&[4, 8]));
+    let a = net.op("Mul", &[x, cos], float(&X));
+    let r = rotate_half(&mut net, x, &X);
+    let b = net.op("Mul", &[r, sin], float(&X));
+    let y = net.op("Add", &[a, b], float(&X));
     net.output(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let (out, report) = fold_net(net, &HashMap::new());
     assert!(report.declined.is_empty());
     assert_eq!(interleaved(&out), vec![0]);
     for op in ["Neg", "Slice"] {
@@ -346,16 +240,16 @@ fn rotate_half_with_tables_computed_in_graph_folds() {
 
 #[test]
 fn rotate_half_with_the_sum_swapped_and_gathered_tables_folds() {
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &X);
-    let cos = net.input(DType::F32, &[2, 1, 4, 8]);
-    let sin = net.input(DType::F32, &[2, 1, 4, 8]);
-    let r = net.rotate_half(x, &X);
-    let b = net.op("Mul", &[r, sin], &X);
-    let a = net.op("Mul", &[x, cos], &X);
-    let y = net.op("Add", &[b, a], &X);
+    let mut net = common::net(23);
+    let x = net.input("", float(&X));
+    let cos = net.input("", float(&[2, 1, 4, 8]));
+    let sin = net.input("", float(&[2, 1, 4, 8]));
+    let r = rotate_half(&mut net, x, &X);
+    let b = net.op("Mul", &[r, sin], float(&X));
+    let a = net.op("Mul", &[x, cos], float(&X));
+    let y = net.op("Add", &[b, a], float(&X));
     net.output(y);
-    let (out, _) = fold_net(&net, &HashMap::new());
+    let (out, _) = fold_net(net, &HashMap::new());
     assert_eq!(ops(&out), vec!["Rope"]);
     assert_eq!(interleaved(&out), vec![0]);
 }
@@ -363,16 +257,16 @@ fn rotate_half_with_the_sum_swapped_and_gathered_tables_folds() {
 #[test]
 fn interleaved_pairs_fold_in_either_order() {
     for swapped in [false, true] {
-        let mut net = Net::new();
-        let x = net.input(DType::F32, &X);
-        let cos = net.input(DType::F32, &[1, 1, 4, 8]);
-        let sin = net.input(DType::F32, &[1, 1, 4, 8]);
-        let a = net.op("Mul", &[x, cos], &X);
-        let r = net.rotate_every_two(x, &X);
-        let b = net.op("Mul", &[r, sin], &X);
-        let y = if swapped { net.op("Add", &[b, a], &X) } else { net.op("Add", &[a, b], &X) };
+        let mut net = common::net(23);
+        let x = net.input("", float(&X));
+        let cos = net.input("", float(&[1, 1, 4, 8]));
+        let sin = net.input("", float(&[1, 1, 4, 8]));
+        let a = net.op("Mul", &[x, cos], float(&X));
+        let r = rotate_every_two(&mut net, x, &X);
+        let b = net.op("Mul", &[r, sin], float(&X));
+        let y = if swapped { net.op("Add", &[b, a], float(&X)) } else { net.op("Add", &[a, b], float(&X)) };
         net.output(y);
-        let (out, _) = fold_net(&net, &HashMap::new());
+        let (out, _) = fold_net(net, &HashMap::new());
         assert_eq!(ops(&out), vec!["Rope"], "swapped: {swapped}");
         assert_eq!(interleaved(&out), vec![1]);
     }
@@ -383,58 +277,70 @@ fn tables_that_widen_x_are_declined() {
     // cos [2, 2, 4, 8] against x [1, 2, 4, 8]: the product broadcasts x over the batch, which
     // Rope (whose output has x's shape) cannot express.
     let xs = [1, 2, 4, 8];
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &xs);
-    let cos = net.input(DType::F32, &[2, 2, 4, 8]);
-    let sin = net.input(DType::F32, &[2, 2, 4, 8]);
-    let a = net.op("Mul", &[x, cos], &[2, 2, 4, 8]);
-    let r = net.rotate_half(x, &xs);
-    let b = net.op("Mul", &[r, sin], &[2, 2, 4, 8]);
-    let y = net.op("Add", &[a, b], &[2, 2, 4, 8]);
+    let mut net = common::net(23);
+    let x = net.input("", float(&xs));
+    let cos = net.input("", float(&[2, 2, 4, 8]));
+    let sin = net.input("", float(&[2, 2, 4, 8]));
+    let a = net.op("Mul", &[x, cos], float(&[2, 2, 4, 8]));
+    let r = rotate_half(&mut net, x, &xs);
+    let b = net.op("Mul", &[r, sin], float(&[2, 2, 4, 8]));
+    let y = net.op("Add", &[a, b], float(&[2, 2, 4, 8]));
     net.output(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let (out, report) = fold_net(net, &HashMap::new());
     assert!(!ops(&out).contains(&"Rope"));
     assert!(declined(&report, "rope-rotate-half", "do not broadcast to x"), "{:?}", report.declined);
 }
 
 #[test]
 fn a_cut_off_the_middle_is_not_a_rotation() {
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &X);
-    let cos = net.input(DType::F32, &[1, 1, 4, 8]);
-    let sin = net.input(DType::F32, &[1, 1, 4, 8]);
-    let x1 = net.slice(x, (0, 3, -1, 1), &[2, 3, 4, 3]);
-    let x2 = net.slice(x, (3, 8, -1, 1), &[2, 3, 4, 5]);
-    let n = net.op("Neg", &[x2], &[2, 3, 4, 5]);
-    let r = net.node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], &[n, x1], (DType::F32, &X));
-    let a = net.op("Mul", &[x, cos], &X);
-    let b = net.op("Mul", &[r, sin], &X);
-    let y = net.op("Add", &[a, b], &X);
+    let mut net = common::net(23);
+    let x = net.input("", float(&X));
+    let cos = net.input("", float(&[1, 1, 4, 8]));
+    let sin = net.input("", float(&[1, 1, 4, 8]));
+    let x1 = slice(&mut net, x, (0, 3, -1, 1), &[2, 3, 4, 3]);
+    let x2 = slice(&mut net, x, (3, 8, -1, 1), &[2, 3, 4, 5]);
+    let n = net.op("Neg", &[x2], float(&[2, 3, 4, 5]));
+    let r = concat_last(&mut net, &[n, x1], &X);
+    let a = net.op("Mul", &[x, cos], float(&X));
+    let b = net.op("Mul", &[r, sin], float(&X));
+    let y = net.op("Add", &[a, b], float(&X));
     net.output(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let (out, report) = fold_net(net, &HashMap::new());
     assert!(!ops(&out).contains(&"Rope"));
     assert!(report.declined.is_empty());
 }
 
 /// A `[max_pos, D/2]` cache of distinct values.
-fn cache(net: &mut Net, rows: usize, half: usize, phase: f32) -> ValueId {
+fn cache(net: &mut GraphBuilder, rows: usize, half: usize, phase: f32) -> ValueId {
     let v = (0..rows * half).map(|i| ((i as f32) * 0.37 + phase).sin()).collect();
-    net.constant(Tensor::from_f32(DType::F32, vec![rows, half], v))
+    net.constant("", Tensor::from_f32(DType::F32, vec![rows, half], v))
+}
+
+/// ONNX RotaryEmbedding(x, cos, sin, positions) with `attrs` on hidden states x [B, S, H·D] =
+/// [2, 3, 16], positions [B, S] and `[10, half]` caches; returns the graph and the positions.
+fn onnx_rotary_embedding_of_hidden_states(half: usize, attrs: &[(&str, Attr)]) -> (GraphBuilder, ValueId) {
+    let mut net = common::net(23);
+    let x = net.input("", float(&[2, 3, 16]));
+    let pos = net.input("", ValueType::known(DType::I64, &[2, 3]));
+    let (c, s) = (cache(&mut net, 10, half, 0.0), cache(&mut net, 10, half, 1.0));
+    let y = net
+        .node(Domain::Onnx, "RotaryEmbedding")
+        .attrs(attrs)
+        .inputs(&[x, c, s, pos])
+        .output("", float(&[2, 3, 16]))
+        .add()[0];
+    net.output(y);
+    (net, pos)
 }
 
 #[test]
 fn onnx_rotary_embedding_on_hidden_states_with_positions_folds() {
     // [B, S, H·D] = [2, 3, 2·8] with num_heads, interleaved, positions [B, S].
     for interleave in [0, 1] {
-        let mut net = Net::new();
-        let x = net.input(DType::F32, &[2, 3, 16]);
-        let pos = net.input(DType::I64, &[2, 3]);
-        let (c, s) = (cache(&mut net, 10, 4, 0.0), cache(&mut net, 10, 4, 1.0));
         let attrs = [("num_heads", Attr::Int(2)), ("interleaved", Attr::Int(interleave))];
-        let y = net.node(Domain::Onnx, "RotaryEmbedding", &attrs, &[x, c, s, pos], (DType::F32, &[2, 3, 16]));
-        net.output(y);
+        let (net, pos) = onnx_rotary_embedding_of_hidden_states(4, &attrs);
         let ints = HashMap::from([(pos, vec![0, 1, 2, 7, 8, 9])]);
-        let (out, report) = fold_net(&net, &ints);
+        let (out, report) = fold_net(net, &ints);
         assert!(report.declined.is_empty(), "{:?}", report.declined);
         assert!(!ops(&out).contains(&"RotaryEmbedding"), "{:?}", ops(&out));
         assert_eq!(interleaved(&out), vec![interleave]);
@@ -444,13 +350,13 @@ fn onnx_rotary_embedding_on_hidden_states_with_positions_folds() {
 #[test]
 fn onnx_rotary_embedding_on_heads_with_gathered_rows_folds() {
     // [B, H, S, D] = [2, 2, 3, 8] and, without position_ids, rows [B, S, D/2].
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &[2, 2, 3, 8]);
-    let c = net.input(DType::F32, &[2, 3, 4]);
-    let s = net.input(DType::F32, &[2, 3, 4]);
-    let y = net.node(Domain::Onnx, "RotaryEmbedding", &[], &[x, c, s], (DType::F32, &[2, 2, 3, 8]));
+    let mut net = common::net(23);
+    let x = net.input("", float(&[2, 2, 3, 8]));
+    let c = net.input("", float(&[2, 3, 4]));
+    let s = net.input("", float(&[2, 3, 4]));
+    let y = net.node(Domain::Onnx, "RotaryEmbedding").inputs(&[x, c, s]).output("", float(&[2, 2, 3, 8])).add()[0];
     net.output(y);
-    let (out, report) = fold_net(&net, &HashMap::new());
+    let (out, report) = fold_net(net, &HashMap::new());
     assert!(report.declined.is_empty(), "{:?}", report.declined);
     assert!(!ops(&out).contains(&"RotaryEmbedding"), "{:?}", ops(&out));
     assert_eq!(interleaved(&out), vec![0]);
@@ -459,15 +365,24 @@ fn onnx_rotary_embedding_on_heads_with_gathered_rows_folds() {
 #[test]
 fn contrib_rotary_embedding_with_positions_or_a_start_offset_folds() {
     for offset in [false, true] {
-        let mut net = Net::new();
-        let x = net.input(DType::F32, &[2, 3, 16]);
-        let pos = if offset { net.input(DType::I64, &[1]) } else { net.input(DType::I64, &[2, 3]) };
+        let mut net = common::net(23);
+        let x = net.input("", float(&[2, 3, 16]));
+        let pos = if offset {
+            net.input("", ValueType::known(DType::I64, &[1]))
+        } else {
+            net.input("", ValueType::known(DType::I64, &[2, 3]))
+        };
         let (c, s) = (cache(&mut net, 10, 4, 0.5), cache(&mut net, 10, 4, 2.0));
         let attrs = [("num_heads", Attr::Int(2))];
-        let y = net.node(Domain::Microsoft, "RotaryEmbedding", &attrs, &[x, pos, c, s], (DType::F32, &[2, 3, 16]));
+        let y = net
+            .node(Domain::Microsoft, "RotaryEmbedding")
+            .attrs(&attrs)
+            .inputs(&[x, pos, c, s])
+            .output("", float(&[2, 3, 16]))
+            .add()[0];
         net.output(y);
         let ints = HashMap::from([(pos, if offset { vec![4] } else { vec![3, 4, 5, 0, 1, 2] })]);
-        let (out, report) = fold_net(&net, &ints);
+        let (out, report) = fold_net(net, &ints);
         assert!(report.declined.is_empty(), "{:?}", report.declined);
         assert!(!ops(&out).contains(&"RotaryEmbedding"), "offset {offset}: {:?}", ops(&out));
         assert_eq!(interleaved(&out), vec![0]);
@@ -477,15 +392,10 @@ fn contrib_rotary_embedding_with_positions_or_a_start_offset_folds() {
 #[test]
 fn partial_rotation_is_declined() {
     // rotary_embedding_dim = 4 of a head of 8: the caches rotate half the head.
-    let mut net = Net::new();
-    let x = net.input(DType::F32, &[2, 3, 16]);
-    let pos = net.input(DType::I64, &[2, 3]);
-    let (c, s) = (cache(&mut net, 10, 2, 0.0), cache(&mut net, 10, 2, 1.0));
     let attrs = [("num_heads", Attr::Int(2)), ("rotary_embedding_dim", Attr::Int(4))];
-    let y = net.node(Domain::Onnx, "RotaryEmbedding", &attrs, &[x, c, s, pos], (DType::F32, &[2, 3, 16]));
-    net.output(y);
+    let (net, pos) = onnx_rotary_embedding_of_hidden_states(2, &attrs);
     let ints = HashMap::from([(pos, vec![0, 1, 2, 3, 4, 5])]);
-    let (out, report) = fold_net(&net, &ints);
+    let (out, report) = fold_net(net, &ints);
     assert!(ops(&out).contains(&"RotaryEmbedding"));
     assert!(declined(&report, "rope-onnx-rotary-embedding", "Rope rotates the full width"), "{:?}", report.declined);
 }

@@ -9,7 +9,9 @@
 
 mod common;
 
-use ir::{Attrs, DType, Dim, Domain, Graph, Tensor, ValueDef, ValueId};
+use common::float;
+use ir::build::{GraphBuilder, ValueType};
+use ir::{DType, Graph, Tensor, ValueDef};
 use rewrites::saturate::{rewrite_with, SaturationReport};
 use std::collections::HashMap;
 
@@ -19,13 +21,6 @@ fn silu_gate(g: &Graph) -> (Graph, SaturationReport) {
 
 // ---- fixtures ----
 
-fn layers(name: &str) -> usize {
-    let text = std::fs::read_to_string(common::fixtures_dir().join(name).join("meta.json")).unwrap();
-    let start = text.find("\"layers\":").unwrap() + "\"layers\":".len();
-    let rest = text[start..].trim_start();
-    rest[..rest.find([',', '}']).unwrap()].trim().parse().unwrap()
-}
-
 /// Rewrites a fixture and checks the counts, that nothing decomposed is left, and that the
 /// reference evaluator gives exactly the unrewritten graph's outputs on the prefill case.
 fn fold_fixture(name: &str) -> Graph {
@@ -34,7 +29,7 @@ fn fold_fixture(name: &str) -> Graph {
     assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
     assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
     out.verify().unwrap();
-    assert_eq!(common::count(&out, "SwiGlu"), layers(name), "{name}: SwiGlu");
+    assert_eq!(common::count(&out, "SwiGlu"), common::meta(name).layers, "{name}: SwiGlu");
     assert_eq!(common::count(&out, "Sigmoid"), 0, "{name}: Sigmoid left");
     assert_eq!(common::count(&out, "Silu"), 0, "{name}: Silu outside a SwiGlu");
     out
@@ -178,91 +173,30 @@ fn smollm2_f2_30_swiglus() {
 
 // ---- hand-built graphs ----
 
-/// A small f32 graph over [2, 5] inputs, written node by node; values are named `v<i>`.
-struct Net {
-    g: Graph,
-}
-
+/// The shape of every value of the hand-built graphs here.
 const SHAPE: [usize; 2] = [2, 5];
 
-impl Net {
-    fn new() -> Net {
-        let g = Graph {
-            name: "net".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Default::default(),
-            assumptions: vec![],
-        };
-        Net { g }
-    }
-
-    fn value(&mut self, dtype: DType, shape: &[usize], def: ValueDef) -> ValueId {
-        let name = format!("v{}", self.g.values.len());
-        let shape = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.g.values.push(ir::Value { name, dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
-
-    fn input(&mut self) -> ValueId {
-        let v = self.value(DType::F32, &SHAPE, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn constant(&mut self, t: Tensor) -> ValueId {
-        let (dtype, shape) = (t.dtype, t.shape.clone());
-        self.value(dtype, &shape, ValueDef::Const(t))
-    }
-
-    fn op_to(&mut self, op: &str, inputs: &[ValueId], dtype: DType) -> ValueId {
-        let spec = ir::op::lookup(Domain::Onnx, op).unwrap();
-        let node = ir::NodeId(self.g.nodes.len() as u32);
-        let out = self.value(dtype, &SHAPE, ValueDef::Node { node, output: 0 });
-        self.g.nodes.push(ir::Node {
-            name: format!("n{}", node.0),
-            domain: Domain::Onnx,
-            op: spec.name,
-            opset: 21,
-            attrs: Attrs::default(),
-            inputs: inputs.iter().map(|&v| Some(v)).collect(),
-            outputs: vec![out],
-        });
-        out
-    }
-
-    fn op(&mut self, op: &str, inputs: &[ValueId]) -> ValueId {
-        self.op_to(op, inputs, DType::F32)
-    }
-
-    fn output(&mut self, v: ValueId) {
-        self.g.outputs.push(v);
-    }
-
-    /// Deterministic values in [-4, 4) for every input.
-    fn feeds(&self) -> HashMap<String, Tensor> {
-        let n: usize = SHAPE.iter().product();
-        self.g
-            .inputs
-            .iter()
-            .enumerate()
-            .map(|(k, &i)| {
-                let values = (0..n).map(|j| ((j * 7 + k * 3) % 16) as f32 * 0.5 - 4.0 + 0.125 * k as f32).collect();
-                (self.g.value(i).name.clone(), Tensor::from_f32(DType::F32, SHAPE.to_vec(), values))
-            })
-            .collect()
-    }
+/// Deterministic values in [-4, 4) for every input.
+fn feeds(g: &Graph) -> HashMap<String, Tensor> {
+    let n: usize = SHAPE.iter().product();
+    g.inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let values = (0..n).map(|j| ((j * 7 + k * 3) % 16) as f32 * 0.5 - 4.0 + 0.125 * k as f32).collect();
+            (g.value(i).name.clone(), Tensor::from_f32(DType::F32, SHAPE.to_vec(), values))
+        })
+        .collect()
 }
 
-/// Rewrites `net` and checks that it computes exactly the same.
-fn fold_net(net: &Net) -> (Graph, SaturationReport) {
-    let (out, report) = silu_gate(&net.g);
+/// Finishes `net`, rewrites it and checks that it computes exactly the same.
+fn fold_net(net: GraphBuilder) -> (Graph, SaturationReport) {
+    let net = net.finish().unwrap();
+    let (out, report) = silu_gate(&net);
     assert!(report.type_conflicts.is_empty(), "{:?}", report.type_conflicts);
     out.verify().unwrap();
-    let feeds = net.feeds();
-    let want = ir::run::run_graph(&net.g, &feeds).unwrap();
+    let feeds = feeds(&net);
+    let want = ir::run::run_graph(&net, &feeds).unwrap();
     let got = ir::run::run_graph(&out, &feeds).unwrap();
     for (k, v) in &want {
         assert!(got[k] == *v, "output {k} changed");
@@ -277,12 +211,12 @@ fn ops(g: &Graph) -> Vec<&str> {
 #[test]
 fn x_times_sigmoid_in_either_order_is_silu() {
     for sigmoid_first in [false, true] {
-        let mut n = Net::new();
-        let x = n.input();
-        let s = n.op("Sigmoid", &[x]);
-        let y = if sigmoid_first { n.op("Mul", &[s, x]) } else { n.op("Mul", &[x, s]) };
+        let mut n = common::net(21);
+        let x = n.input("", float(&SHAPE));
+        let s = n.op("Sigmoid", &[x], float(&SHAPE));
+        let y = if sigmoid_first { n.op("Mul", &[s, x], float(&SHAPE)) } else { n.op("Mul", &[x, s], float(&SHAPE)) };
         n.output(y);
-        let (out, _) = fold_net(&n);
+        let (out, _) = fold_net(n);
         assert_eq!(ops(&out), ["Silu"], "sigmoid first: {sigmoid_first}");
     }
 }
@@ -290,13 +224,14 @@ fn x_times_sigmoid_in_either_order_is_silu() {
 #[test]
 fn silu_times_up_in_either_order_is_swiglu_of_gate_and_up() {
     for silu_first in [false, true] {
-        let mut n = Net::new();
-        let (gate, up) = (n.input(), n.input());
-        let s = n.op("Sigmoid", &[gate]);
-        let silu = n.op("Mul", &[gate, s]);
-        let y = if silu_first { n.op("Mul", &[silu, up]) } else { n.op("Mul", &[up, silu]) };
+        let mut n = common::net(21);
+        let (gate, up) = (n.input("", float(&SHAPE)), n.input("", float(&SHAPE)));
+        let s = n.op("Sigmoid", &[gate], float(&SHAPE));
+        let silu = n.op("Mul", &[gate, s], float(&SHAPE));
+        let y =
+            if silu_first { n.op("Mul", &[silu, up], float(&SHAPE)) } else { n.op("Mul", &[up, silu], float(&SHAPE)) };
         n.output(y);
-        let (out, _) = fold_net(&n);
+        let (out, _) = fold_net(n);
         assert_eq!(ops(&out), ["SwiGlu"], "silu first: {silu_first}");
         assert_eq!(out.nodes[0].inputs, [Some(out.inputs[0]), Some(out.inputs[1])], "SwiGlu(gate, up)");
     }
@@ -306,14 +241,14 @@ fn silu_times_up_in_either_order_is_swiglu_of_gate_and_up() {
 /// is a Silu.
 #[test]
 fn a_silu_used_elsewhere_still_folds_its_product() {
-    let mut n = Net::new();
-    let (gate, up) = (n.input(), n.input());
-    let s = n.op("Sigmoid", &[gate]);
-    let silu = n.op("Mul", &[gate, s]);
-    let y = n.op("Mul", &[silu, up]);
+    let mut n = common::net(21);
+    let (gate, up) = (n.input("", float(&SHAPE)), n.input("", float(&SHAPE)));
+    let s = n.op("Sigmoid", &[gate], float(&SHAPE));
+    let silu = n.op("Mul", &[gate, s], float(&SHAPE));
+    let y = n.op("Mul", &[silu, up], float(&SHAPE));
     n.output(y);
     n.output(silu);
-    let (out, _) = fold_net(&n);
+    let (out, _) = fold_net(n);
     assert_eq!(common::count(&out, "Sigmoid"), 0);
     assert_eq!(common::count(&out, "Silu"), 1);
 }
@@ -321,34 +256,33 @@ fn a_silu_used_elsewhere_still_folds_its_product() {
 /// quantize_static's form: the gate is one DequantizeLinear output feeding both Sigmoid and Mul.
 #[test]
 fn a_dequantized_gate_feeding_both_sides_folds() {
-    let mut n = Net::new();
-    let q = n.value(DType::U8, &SHAPE, ValueDef::Input);
-    n.g.inputs.push(q);
-    let scale = n.constant(Tensor::scalar_f32(0.05));
-    let zero = n.constant(Tensor::from_i64(DType::U8, vec![], vec![128]));
-    let gate = n.op("DequantizeLinear", &[q, scale, zero]);
-    let up = n.input();
-    let s = n.op("Sigmoid", &[gate]);
-    let silu = n.op("Mul", &[gate, s]);
-    let y = n.op("Mul", &[silu, up]);
+    let mut n = common::net(21);
+    let q = n.input("", ValueType::known(DType::U8, &SHAPE));
+    let scale = n.constant("", Tensor::scalar_f32(0.05));
+    let zero = n.constant("", Tensor::from_i64(DType::U8, vec![], vec![128]));
+    let gate = n.op("DequantizeLinear", &[q, scale, zero], float(&SHAPE));
+    let up = n.input("", float(&SHAPE));
+    let s = n.op("Sigmoid", &[gate], float(&SHAPE));
+    let silu = n.op("Mul", &[gate, s], float(&SHAPE));
+    let y = n.op("Mul", &[silu, up], float(&SHAPE));
     n.output(y);
-    let (out, _) = silu_gate(&n.g);
+    let (out, _) = silu_gate(&n.finish().unwrap());
     assert_eq!(ops(&out), ["DequantizeLinear", "SwiGlu"]);
 }
 
 #[test]
 fn a_sigmoid_requantized_before_the_product_is_declined() {
     // x · DQ(Q(σ(x))): what a quantizer that also quantizes Sigmoid outputs writes.
-    let mut n = Net::new();
-    let x = n.input();
-    let s = n.op("Sigmoid", &[x]);
-    let scale = n.constant(Tensor::scalar_f32(1.0 / 255.0));
-    let zero = n.constant(Tensor::from_i64(DType::U8, vec![], vec![0]));
-    let q = n.op_to("QuantizeLinear", &[s, scale, zero], DType::U8);
-    let dq = n.op("DequantizeLinear", &[q, scale, zero]);
-    let y = n.op("Mul", &[x, dq]);
+    let mut n = common::net(21);
+    let x = n.input("", float(&SHAPE));
+    let s = n.op("Sigmoid", &[x], float(&SHAPE));
+    let scale = n.constant("", Tensor::scalar_f32(1.0 / 255.0));
+    let zero = n.constant("", Tensor::from_i64(DType::U8, vec![], vec![0]));
+    let q = n.op("QuantizeLinear", &[s, scale, zero], ValueType::known(DType::U8, &SHAPE));
+    let dq = n.op("DequantizeLinear", &[q, scale, zero], float(&SHAPE));
+    let y = n.op("Mul", &[x, dq], float(&SHAPE));
     n.output(y);
-    let (out, report) = fold_net(&n);
+    let (out, report) = fold_net(n);
     assert_eq!(ops(&out), ["Sigmoid", "QuantizeLinear", "DequantizeLinear", "Mul"]);
     assert!(
         report.declined.iter().any(|d| d.rule == "silu-gate-requantized-sigmoid" && d.reason.contains("rounding")),
@@ -360,12 +294,12 @@ fn a_sigmoid_requantized_before_the_product_is_declined() {
 #[test]
 fn a_product_of_two_different_values_is_left_alone() {
     // x · σ(z) is not a Silu.
-    let mut n = Net::new();
-    let (x, z) = (n.input(), n.input());
-    let s = n.op("Sigmoid", &[z]);
-    let y = n.op("Mul", &[x, s]);
+    let mut n = common::net(21);
+    let (x, z) = (n.input("", float(&SHAPE)), n.input("", float(&SHAPE)));
+    let s = n.op("Sigmoid", &[z], float(&SHAPE));
+    let y = n.op("Mul", &[x, s], float(&SHAPE));
     n.output(y);
-    let (out, report) = fold_net(&n);
+    let (out, report) = fold_net(n);
     assert_eq!(ops(&out), ["Sigmoid", "Mul"]);
     assert!(report.declined.is_empty());
 }

@@ -6,40 +6,21 @@
 
 mod common;
 
+use common::{indexed_node, rows};
 use egg::{CostFunction, Id};
+use ir::build::ValueType;
 use ir::egraph::{EGraph, ENode, Head};
-use ir::{
-    Attr, Attrs, DType, Dim, Domain, Graph, Node, NodeId, Tensor, Value, ValueDef, ValueId, Weight, WeightId,
-    WeightStore,
-};
+use ir::{Attr, DType, Domain, Graph, Node, Tensor, ValueDef, ValueId, WeightId};
 use rewrites::saturate::{extract_graph, rewrite_with, saturate, Limits, Phase, SaturationReport};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 fn weight_only() -> rewrites::Family {
     rewrites::family("weight-only").unwrap()
 }
 
-fn meta(fixture: &str) -> String {
-    std::fs::read_to_string(common::fixtures_dir().join(fixture).join("meta.json")).unwrap()
-}
-
-/// An integer field of a fixture's meta.json.
-fn meta_int(fixture: &str, key: &str) -> usize {
-    let text = meta(fixture);
-    let at = text.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("{fixture}: no {key} in meta.json"));
-    let rest = text[at + key.len() + 3..].trim_start();
-    rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap()].parse().unwrap()
-}
-
-/// A boolean field of a fixture's meta.json.
-fn meta_flag(fixture: &str, key: &str) -> bool {
-    let text = meta(fixture);
-    match (text.contains(&format!("\"{key}\": true")), text.contains(&format!("\"{key}\": false"))) {
-        (true, false) => true,
-        (false, true) => false,
-        _ => panic!("{fixture}: {key} is not a boolean of meta.json"),
-    }
+/// How onnxruntime-genai packed a weight-only form's projections.
+fn packing(fixture: &str) -> common::Quant {
+    common::meta(fixture).quant.unwrap_or_else(|| panic!("{fixture}: meta.json says nothing of weight-only packing"))
 }
 
 /// The node defining `v`, if a node does.
@@ -59,9 +40,8 @@ fn weight_id(g: &Graph, v: Option<ValueId>) -> Option<WeightId> {
 
 /// Projections (7 per layer and the lm_head) and the GEMMs they are packed into by genai.
 fn accounting(fixture: &str) -> (usize, usize) {
-    let layers = meta_int(fixture, "layers");
-    let packed_away =
-        2 * usize::from(meta_flag(fixture, "packed_qkv")) + usize::from(meta_flag(fixture, "packed_gate_up"));
+    let (layers, packing) = (common::meta(fixture).layers, packing(fixture));
+    let packed_away = 2 * usize::from(packing.packed_qkv) + usize::from(packing.packed_gate_up);
     (7 * layers + 1, (7 - packed_away) * layers + 1)
 }
 
@@ -219,18 +199,14 @@ fn rewrite_and_extract<CF: CostFunction<ENode>>(
 fn packed_products_split_per_projection_under_a_narrow_gemm_cost_model() {
     for fixture in ["llama_f2", "qwen3_f2"] {
         let (projections, _) = accounting(fixture);
-        let layers = meta_int(fixture, "layers");
+        let layers = common::meta(fixture).layers;
         let g = common::import(fixture);
         let (r, report) = rewrite_and_extract(&g, |_| NarrowGemms);
         r.verify().unwrap();
         assert!(report.type_conflicts.is_empty(), "{fixture}: {:?}", report.type_conflicts);
         assert_eq!(common::count(&r, "WGemm"), projections, "{fixture}: one WGemm per projection");
         assert_eq!(common::count(&r, "MatMulNBits") + common::count(&r, "Split"), 0, "{fixture}");
-        assert_eq!(
-            common::count(&r, "Concat"),
-            layers * usize::from(meta_flag(fixture, "packed_qkv")),
-            "{fixture}: q|k|v"
-        );
+        assert_eq!(common::count(&r, "Concat"), layers * usize::from(packing(fixture).packed_qkv), "{fixture}: q|k|v");
         assert!(common::count(&r, "Slice") > 0);
         assert_views_not_copies(&r, fixture);
         assert_embedding_shares_the_lm_head(&r, fixture);
@@ -283,80 +259,6 @@ impl CostFunction<ENode> for FoldedConstants {
     }
 }
 
-/// A small graph built value by value.
-struct Build {
-    g: Graph,
-    store: WeightStore,
-}
-
-impl Build {
-    fn new() -> Build {
-        let g = Graph {
-            name: "hand-built".into(),
-            values: vec![],
-            nodes: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weights: Arc::new(WeightStore::default()),
-            assumptions: vec![],
-        };
-        Build { g, store: WeightStore::default() }
-    }
-
-    fn value(&mut self, name: &str, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
-        self.g.values.push(Value { name: name.into(), dtype, shape, def });
-        ValueId(self.g.values.len() as u32 - 1)
-    }
-
-    fn input(&mut self, name: &str, dtype: DType, shape: Vec<Dim>) -> ValueId {
-        let v = self.value(name, dtype, shape, ValueDef::Input);
-        self.g.inputs.push(v);
-        v
-    }
-
-    fn weight(&mut self, name: &str, t: Tensor) -> ValueId {
-        let bytes: Vec<u8> = t.to_le_bytes().unwrap();
-        let id = self.store.add(Weight::new(name.into(), t.dtype, t.shape.clone(), bytes.into()));
-        let shape = t.shape.iter().map(|&d| Dim::known(d as i64)).collect();
-        self.value(name, t.dtype, shape, ValueDef::Weight(id))
-    }
-
-    fn op(
-        &mut self,
-        domain: Domain,
-        op: &'static str,
-        attrs: &[(&str, Attr)],
-        inputs: &[Option<ValueId>],
-        dtype: DType,
-        shape: Vec<Dim>,
-    ) -> ValueId {
-        let node = NodeId(self.g.nodes.len() as u32);
-        let name = format!("{op}_{}", node.0);
-        let out = self.value(&name, dtype, shape, ValueDef::Node { node, output: 0 });
-        let mut a = Attrs::default();
-        for (k, v) in attrs {
-            a.set(k, v.clone());
-        }
-        self.g.nodes.push(Node { name, domain, op, opset: 21, attrs: a, inputs: inputs.to_vec(), outputs: vec![out] });
-        out
-    }
-
-    fn finish(mut self, outputs: &[ValueId]) -> Graph {
-        self.g.outputs = outputs.to_vec();
-        self.g.weights = Arc::new(self.store);
-        self.g.verify().unwrap();
-        self.g
-    }
-}
-
-fn dims(d: &[usize]) -> Vec<Dim> {
-    d.iter().map(|&d| Dim::known(d as i64)).collect()
-}
-
-fn rows(n: usize) -> Vec<Dim> {
-    vec![Dim::sym("rows"), Dim::known(n as i64)]
-}
-
 /// A deterministic xorshift generator.
 struct Rng(u64);
 
@@ -403,19 +305,23 @@ fn dequantized_product_after(
     attrs: &[(&str, Attr)],
 ) -> Graph {
     let mut rng = Rng(0x5eed_0002 + k as u64);
-    let mut b = Build::new();
-    let mut x = b.input("x", DType::F32, rows(k));
+    let mut b = common::hand_built();
+    let mut x = b.input("x", rows(DType::F32, k));
     for _ in 0..depth {
-        x = b.op(Domain::Onnx, "Neg", &[], &[Some(x)], DType::F32, rows(k));
+        x = indexed_node(&mut b, Domain::Onnx, "Neg", rows(DType::F32, k)).inputs(&[x]).add()[0];
     }
-    let w = b.weight("w", Tensor::from_i64(codes, vec![k, n], rng.codes(codes, k * n)));
-    let s = b.weight("s", Tensor::from_f32(DType::F32, grid.to_vec(), rng.floats(grid[0] * grid[1], 0.01, 0.05)));
-    let z =
-        zero_points.then(|| b.weight("z", Tensor::from_i64(codes, grid.to_vec(), rng.codes(codes, grid[0] * grid[1]))));
+    let w = b.weight("w", &Tensor::from_i64(codes, vec![k, n], rng.codes(codes, k * n)));
+    let s = b.weight("s", &Tensor::from_f32(DType::F32, grid.to_vec(), rng.floats(grid[0] * grid[1], 0.01, 0.05)));
+    let z = zero_points
+        .then(|| b.weight("z", &Tensor::from_i64(codes, grid.to_vec(), rng.codes(codes, grid[0] * grid[1]))));
     let inputs: Vec<Option<ValueId>> = [Some(w), Some(s)].into_iter().chain(z.map(Some)).collect();
-    let wd = b.op(Domain::Onnx, "DequantizeLinear", attrs, &inputs, DType::F32, dims(&[k, n]));
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[Some(x), Some(wd)], DType::F32, rows(n));
-    b.finish(&[y])
+    let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[k, n]))
+        .attrs(attrs)
+        .optional_inputs(&inputs)
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, n)).inputs(&[x, wd]).add()[0];
+    b.output(y);
+    b.finish().unwrap()
 }
 
 fn blocked(block: usize) -> [(&'static str, Attr); 2] {
@@ -505,33 +411,34 @@ fn a_partial_last_block_is_declined() {
 #[test]
 fn per_column_four_bit_codes_are_declined() {
     let (k, n) = (32, 4);
-    let mut b = Build::new();
-    let x = b.input("x", DType::F32, rows(k));
-    let w = b.weight("w", Tensor::from_i64(DType::I4, vec![k, n], Rng(1).codes(DType::I4, k * n)));
-    let s = b.weight("s", Tensor::from_f32(DType::F32, vec![n], vec![0.02; n]));
-    let wd = b.op(
-        Domain::Onnx,
-        "DequantizeLinear",
-        &[("axis", Attr::Int(1))],
-        &[Some(w), Some(s)],
-        DType::F32,
-        dims(&[k, n]),
-    );
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[Some(x), Some(wd)], DType::F32, rows(n));
-    let reasons = declined_reasons(&b.finish(&[y]));
+    let mut b = common::hand_built();
+    let x = b.input("x", rows(DType::F32, k));
+    let w = b.weight("w", &Tensor::from_i64(DType::I4, vec![k, n], Rng(1).codes(DType::I4, k * n)));
+    let s = b.weight("s", &Tensor::from_f32(DType::F32, vec![n], vec![0.02; n]));
+    let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[k, n]))
+        .attr("axis", Attr::Int(1))
+        .inputs(&[w, s])
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, n)).inputs(&[x, wd]).add()[0];
+    b.output(y);
+    let reasons = declined_reasons(&b.finish().unwrap());
     assert!(reasons.len() == 1 && reasons[0].contains("per tensor or per column"), "{reasons:?}");
 }
 
 #[test]
 fn blocked_codes_computed_at_run_time_are_declined() {
     let (k, n, block) = (32, 4, 16);
-    let mut b = Build::new();
-    let x = b.input("x", DType::F32, rows(k));
-    let w = b.input("w", DType::I4, dims(&[k, n]));
-    let s = b.weight("s", Tensor::from_f32(DType::F32, vec![k / block, n], vec![0.02; k / block * n]));
-    let wd = b.op(Domain::Onnx, "DequantizeLinear", &blocked(block), &[Some(w), Some(s)], DType::F32, dims(&[k, n]));
-    let y = b.op(Domain::Onnx, "MatMul", &[], &[Some(x), Some(wd)], DType::F32, rows(n));
-    let reasons = declined_reasons(&b.finish(&[y]));
+    let mut b = common::hand_built();
+    let x = b.input("x", rows(DType::F32, k));
+    let w = b.input("w", ValueType::known(DType::I4, &[k, n]));
+    let s = b.weight("s", &Tensor::from_f32(DType::F32, vec![k / block, n], vec![0.02; k / block * n]));
+    let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[k, n]))
+        .attrs(&blocked(block))
+        .inputs(&[w, s])
+        .add()[0];
+    let y = indexed_node(&mut b, Domain::Onnx, "MatMul", rows(DType::F32, n)).inputs(&[x, wd]).add()[0];
+    b.output(y);
+    let reasons = declined_reasons(&b.finish().unwrap());
     assert!(reasons.len() == 1 && reasons[0].contains("run time"), "{reasons:?}");
 }
 
@@ -539,19 +446,23 @@ fn blocked_codes_computed_at_run_time_are_declined() {
 fn matmul_nbits(extra: &[(usize, Tensor)]) -> Graph {
     let (k, n) = (32, 4);
     let mut rng = Rng(5);
-    let mut b = Build::new();
-    let a = b.input("a", DType::F32, rows(k));
-    let codes = b.weight("B", Tensor::from_i64(DType::U8, vec![n, 1, 16], rng.codes(DType::U8, n * 16)));
-    let scales = b.weight("scales", Tensor::from_f32(DType::F32, vec![n], vec![0.1; n]));
+    let mut b = common::hand_built();
+    let a = b.input("a", rows(DType::F32, k));
+    let codes = b.weight("B", &Tensor::from_i64(DType::U8, vec![n, 1, 16], rng.codes(DType::U8, n * 16)));
+    let scales = b.weight("scales", &Tensor::from_f32(DType::F32, vec![n], vec![0.1; n]));
     let mut inputs = vec![Some(a), Some(codes), Some(scales)];
     for (i, t) in extra {
         inputs.resize(i + 1, None);
-        inputs[*i] = Some(b.weight(&format!("input{i}"), t.clone()));
+        inputs[*i] = Some(b.weight(&format!("input{i}"), t));
     }
     let attrs =
         [("K", Attr::Int(k as i64)), ("N", Attr::Int(n as i64)), ("bits", Attr::Int(4)), ("block_size", Attr::Int(32))];
-    let y = b.op(Domain::Microsoft, "MatMulNBits", &attrs, &inputs, DType::F32, rows(n));
-    b.finish(&[y])
+    let y = indexed_node(&mut b, Domain::Microsoft, "MatMulNBits", rows(DType::F32, n))
+        .attrs(&attrs)
+        .optional_inputs(&inputs)
+        .add()[0];
+    b.output(y);
+    b.finish().unwrap()
 }
 
 #[test]
