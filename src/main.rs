@@ -1,6 +1,7 @@
 //! `npuc`: the command-line driver. Thin by design: argument parsing, progress and printing; the
 //! work lives in the library crates.
 
+mod compile;
 mod explore;
 mod inspect;
 mod passes_cmd;
@@ -44,6 +45,32 @@ npuc inspect model.onnx --print   # the imported graph, one node per line")]
         /// Also print the imported graph in npuc's text form.
         #[arg(long)]
         print: bool,
+    },
+    /// Compile a model for a target into a bundle directory (NAME.npub).
+    #[command(long_about = "Import a model, run the target's pass pipeline, and write the bundle: \
+manifest.json (format and compiler versions, target, model configuration read off the program, \
+the program, every file with its size and sha256), weights.safetensors (every weight the program \
+reads, once; 64-byte aligned), tokenizer.json and chat_template.jinja (from --tokenizer or the \
+model's folder).\n\nExamples:\n  npuc compile model.onnx --target cpu -o model.npub\n  \
+npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --json")]
+    Compile {
+        /// The model file (`.onnx`).
+        model: PathBuf,
+        /// Target: cpu, xdna or intel-npu.
+        #[arg(long, default_value = "cpu")]
+        target: String,
+        /// The bundle directory to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// tokenizer.json to include (default: the one next to the model, if any).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        /// Replace an existing bundle at the output path.
+        #[arg(long)]
+        overwrite: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a target's pass pipeline and print the graph after every pass.
     #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
@@ -114,6 +141,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
+        Command::Compile { model, target, output, tokenizer, overwrite, json } => {
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json })
+        }
         Command::Passes { model, target, stop_after, dump_dir, json } => {
             passes_cmd::run(&model, &target, stop_after.as_deref(), dump_dir.as_deref(), json)
         }

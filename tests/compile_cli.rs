@@ -1,0 +1,100 @@
+//! `npuc compile`: the bundle it writes opens with the runtime's verifying loader, carries the
+//! model's configuration, the program the pipeline produced, and every weight the program reads,
+//! once and byte for byte.
+
+mod common;
+
+use runtime::bundle::Bundle;
+use serde_json::Value;
+use std::process::Command;
+
+fn npuc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn meta(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(common::fixture(name).join("meta.json")).unwrap()).unwrap()
+}
+
+fn compile(name: &str, dir: &std::path::Path) -> Bundle {
+    let out = dir.join(format!("{name}.npub"));
+    let model = common::fixture(name).join("model.onnx");
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    Bundle::open(&out, Some("cpu")).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn bundles_carry_config_program_and_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["llama_f1", "qwen3_f2", "smollm2_f2"] {
+        let b = compile(name, tmp.path());
+        let m = meta(name);
+        let cfg = b.model();
+        let want = |k: &str| m[k].as_u64().unwrap() as usize;
+        assert_eq!(
+            (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab),
+            (want("layers"), want("hidden"), want("heads"), want("kv_heads"), want("head_dim"), want("intermediate"), want("vocab")),
+            "{name}"
+        );
+        assert_eq!(cfg.tied_embeddings, m["tied_embeddings"].as_bool().unwrap(), "{name}");
+        assert!((cfg.rms_eps - m["rms_eps"].as_f64().unwrap()).abs() < 1e-9, "{name}");
+
+        // The program is the pipeline's output.
+        let g = frontend::import_file(&common::fixture(name).join("model.onnx")).unwrap().graph;
+        let t = passes::targets::target("cpu").unwrap();
+        let compiled = passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap().graph;
+        let program = b.program();
+        assert_eq!(program["format"], "npuc-program/1");
+        assert_eq!(program["nodes"].as_array().unwrap().len(), compiled.nodes.len(), "{name}");
+
+        // Every weight the program reads is stored once, with the model's bytes.
+        let mut names = std::collections::BTreeSet::new();
+        for v in program["values"].as_array().unwrap() {
+            if let Some(w) = v["def"]["weight"].as_str() {
+                names.insert(w.to_string());
+            }
+        }
+        assert_eq!(b.tensors().count(), names.len(), "{name}: one tensor per weight");
+        for (_, w) in compiled.weights.iter().filter(|(_, w)| names.contains(&w.name)) {
+            let view = b.tensor(&w.name).unwrap_or_else(|| panic!("{name}: weight {} missing", w.name));
+            assert_eq!(view.bytes, &w.bytes[..], "{name}: weight {}", w.name);
+            assert_eq!(view.bytes.as_ptr() as usize % 64, 0, "{name}: {} not aligned", w.name);
+        }
+    }
+}
+
+#[test]
+fn smollm2_bundle_has_its_tokenizer_and_stop_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = compile("smollm2_f2", tmp.path());
+    assert!(b.read_file("tokenizer.json").unwrap().len() > 1000);
+    assert!(b.read_file("chat_template.jinja").is_ok());
+    // <|im_end|> ends a chat turn in SmolLM2's tokenizer.
+    assert_eq!(b.model().eos_token_id, Some(2));
+}
+
+#[test]
+fn compile_refuses_to_overwrite_unless_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.npub");
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let args = ["compile", model.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    assert!(npuc(&args).0);
+    let (ok, _, err) = npuc(&args);
+    assert!(!ok, "a second compile into the same bundle must be refused");
+    assert!(err.contains("m.npub"), "{err}");
+    let mut again = args.to_vec();
+    again.push("--overwrite");
+    let (ok, _, err) = npuc(&again);
+    assert!(ok, "{err}");
+    // A byte flipped in the weights is caught by the loader.
+    let weights = out.join("weights.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&weights, bytes).unwrap();
+    let err = Bundle::open(&out, Some("cpu")).err().expect("tampered bundle opened");
+    assert!(err.to_string().contains("weights.safetensors"), "{err}");
+}
