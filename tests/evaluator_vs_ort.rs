@@ -31,7 +31,7 @@ fn check(name: &str, rel_tol: f64, max_lsb: f64) {
         for (out, want) in &c.outputs {
             let t = got.get(out).unwrap_or_else(|| panic!("{name}/{case}: output {out} missing"));
             let (d, m) = max_abs_diff(t, want);
-            if let Some(scale) = dequantized_output_scale(g, out) {
+            if let Some(scale) = g.value_by_name().get(out.as_str()).and_then(|&v| g.dequantize_step(v)) {
                 let lsb = d / scale;
                 worst_lsb = worst_lsb.max(lsb);
                 // (x - z) * s in f32 is a multiple of s only up to f32 rounding, hence the slack.
@@ -52,22 +52,6 @@ fn check(name: &str, rel_tol: f64, max_lsb: f64) {
     }
 }
 
-/// The (per-tensor) scale of a graph output computed by DequantizeLinear, if it is one.
-fn dequantized_output_scale(g: &ir::Graph, output: &str) -> Option<f64> {
-    let id = *g.value_by_name().get(output)?;
-    let ir::ValueDef::Node { node, .. } = g.value(id).def else { return None };
-    let n = g.node(node);
-    if n.op != "DequantizeLinear" {
-        return None;
-    }
-    let scale = g.value(n.inputs[1]?);
-    let t = match &scale.def {
-        ir::ValueDef::Const(t) => t.clone(),
-        ir::ValueDef::Weight(w) => g.weights.get(*w).to_tensor().ok()?,
-        _ => return None,
-    };
-    (t.numel() == 1).then(|| t.to_f64_vec()[0])
-}
 
 const FLOAT_TOL: f64 = 1e-4;
 

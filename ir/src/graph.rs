@@ -346,3 +346,21 @@ impl Graph {
         out
     }
 }
+
+impl Graph {
+    /// The per-tensor scale of the DequantizeLinear that computes `value`, when it is one: the
+    /// size of one quantisation step of that value.
+    pub fn dequantize_step(&self, value: ValueId) -> Option<f64> {
+        let ValueDef::Node { node, .. } = self.value(value).def else { return None };
+        let n = self.node(node);
+        if n.op != "DequantizeLinear" {
+            return None;
+        }
+        let t = match &self.value(n.inputs.get(1).copied().flatten()?).def {
+            ValueDef::Const(t) => t.clone(),
+            ValueDef::Weight(w) => self.weights.get(*w).to_tensor().ok()?,
+            _ => return None,
+        };
+        (t.numel() == 1).then(|| t.to_f64_vec()[0])
+    }
+}

@@ -98,3 +98,22 @@ fn compile_time_within(egraph: &EGraph, id: Id, depth: usize) -> bool {
                 && n.children.iter().all(|&c| compile_time_within(egraph, c, depth - 1))
         })
 }
+
+/// An applier that records a fixed reason for the matched class and rewrites nothing: the right
+/// hand side of rules that exist to say why a look-alike group is not folded.
+pub struct Decline(pub &'static str);
+
+impl egg::Applier<ir::egraph::ENode, ir::egraph::NpuAnalysis> for Decline {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        _: &Subst,
+        _: Option<&egg::PatternAst<ir::egraph::ENode>>,
+        rule: egg::Symbol,
+    ) -> Vec<Id> {
+        let class = egraph.find(eclass);
+        egraph.analysis.decline(rule.as_str(), class, self.0);
+        vec![]
+    }
+}

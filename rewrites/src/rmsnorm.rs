@@ -76,9 +76,9 @@ pub fn rules() -> Vec<Rewrite> {
         // RmsNorm(a + b, γ) = proj0 SkipRmsNorm(a, b, γ), and a + b = proj1 SkipRmsNorm(a, b, γ)
         rw!("rmsnorm-residual";             "(npuc::RmsNorm (Add ?a ?b) ?g)"                                => { ResidualRmsNorm::new() } if cond::is_float("?a")),
         // √(mean(x² + ε)): ε inside the mean, declined
-        rw!("rmsnorm-eps-inside-mean";      "(Sqrt (ReduceMean (Add ?sq ?eps) ?axes))"                      => { Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+        rw!("rmsnorm-eps-inside-mean";      "(Sqrt (ReduceMean (Add ?sq ?eps) ?axes))"                      => { cond::Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
         // √(mean(x² + ε)) with the axes as an attribute: ε inside the mean, declined
-        rw!("rmsnorm-eps-inside-mean-attr"; "(Sqrt (ReduceMean (Add ?sq ?eps)))"                            => { Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+        rw!("rmsnorm-eps-inside-mean-attr"; "(Sqrt (ReduceMean (Add ?sq ?eps)))"                            => { cond::Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
     ]
 }
 
@@ -475,18 +475,3 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
     }
 }
 
-/// Records a fixed reason for the matched class and rewrites nothing.
-struct Decline(&'static str);
-
-impl Applier<ENode, ir::egraph::NpuAnalysis> for Decline {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        _: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        decline(egraph, rule, eclass, self.0)
-    }
-}

@@ -22,8 +22,8 @@
 //! rounding.
 
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol};
-use ir::egraph::{EGraph, ENode, NpuAnalysis};
+use crate::cond;
+use egg::rewrite as rw;
 
 /// The family's rules.
 #[rustfmt::skip]
@@ -38,27 +38,10 @@ pub fn rules() -> Vec<Rewrite> {
         // u · Silu(g) = SwiGlu(g, u)
         rw!("silu-gate-up-silu";             "(Mul ?u (npuc::Silu ?g))"                                        => "(npuc::SwiGlu ?g ?u)"),
         // x · DQ(Q(σ(x))): the sigmoid is requantized, declined
-        rw!("silu-gate-requantized-sigmoid"; "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { Decline(REQUANTIZED) }),
+        rw!("silu-gate-requantized-sigmoid"; "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { cond::Decline(REQUANTIZED) }),
     ]
 }
 
 const REQUANTIZED: &str =
     "σ(x) passes through QuantizeLinear/DequantizeLinear before the product; Silu(x) would skip that rounding";
 
-/// Records a fixed reason for the matched class and rewrites nothing.
-struct Decline(&'static str);
-
-impl Applier<ENode, NpuAnalysis> for Decline {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        _: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let class = egraph.find(eclass);
-        egraph.analysis.decline(rule.as_str(), class, self.0);
-        vec![]
-    }
-}

@@ -151,12 +151,6 @@ fn qgemm_ties(g: &Graph, fixture: &str) -> Ties {
     t
 }
 
-/// The per-tensor scale of a graph output computed by DequantizeLinear, if it is one.
-fn dequantized_output_scale(g: &Graph, out: ValueId) -> Option<f64> {
-    let n = producer(g, out).filter(|n| n.op == "DequantizeLinear")?;
-    let t = value_tensor(g, n.inputs[1]?)?;
-    (t.numel() == 1).then(|| t.to_f64_vec()[0])
-}
 
 /// Runs `g` on both recorded cases of `fixture` and returns the worst relative error of the float
 /// outputs and the worst error, in steps of their scale, of the dequantised outputs.
@@ -171,7 +165,7 @@ fn error_vs_ort(g: &Graph, fixture: &str) -> (f64, f64) {
             assert_eq!(t.shape, want.shape, "{fixture}/{c}: {name}");
             let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
             let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
-            match dequantized_output_scale(g, names[name.as_str()]) {
+            match g.dequantize_step(names[name.as_str()]) {
                 Some(scale) => steps = steps.max(d / scale),
                 None => {
                     let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
@@ -273,36 +267,6 @@ fn float_and_weight_only_forms_have_nothing_to_fold() {
     }
 }
 
-/// A deterministic xorshift generator for the property-style tests.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn int(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-
-    fn codes(&mut self, dtype: DType, n: usize) -> Vec<i64> {
-        let (lo, hi) = dtype.int_range().unwrap();
-        (0..n).map(|_| self.int(lo, hi)).collect()
-    }
-
-    /// A power of two in [2^lo, 2^hi].
-    fn pow2(&mut self, lo: i32, hi: i32) -> f32 {
-        2f32.powi(self.int(lo as i64, hi as i64) as i32)
-    }
-}
-
 /// How one hand-built QDQ product is spelled.
 #[derive(Clone, Copy)]
 struct Spelling {
@@ -330,7 +294,7 @@ const N: usize = 5;
 /// x (f32 [rows, K]) → Q → DQ → MatMul ← DQ(w [K, N] int8 weight) → Q → DQ → y, with power-of-two
 /// scales (so the fused and unfused forms agree exactly) and asymmetric zero points.
 fn qdq_product(s: Spelling) -> Graph {
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = common::Rng(0x5eed_0001);
     let mut b = common::hand_built();
     let x = b.input("x", rows(DType::F32, K));
     let sa = b.weight("sa", &Tensor::scalar_f32(0.125));
@@ -370,7 +334,7 @@ fn qdq_product(s: Spelling) -> Graph {
 }
 
 fn random_rows(seed: u64, rows: usize, width: usize) -> Tensor {
-    let mut rng = Rng(seed);
+    let mut rng = common::Rng(seed);
     Tensor::from_f32(
         DType::F32,
         vec![rows, width],
@@ -454,7 +418,7 @@ fn declined_reasons(g: &Graph) -> Vec<String> {
 
 /// x → Q → DQ → MatMul ← DQ(w) for a weight DequantizeLinear with the given scale and attributes.
 fn product_with_weight_dq(codes: DType, scale: Tensor, zero: Tensor, attrs: &[(&str, Attr)]) -> Graph {
-    let mut rng = Rng(7);
+    let mut rng = common::Rng(7);
     let mut b = common::hand_built();
     let x = b.input("x", rows(DType::F32, K));
     let sa = b.weight("sa", &Tensor::scalar_f32(0.125));
@@ -594,7 +558,7 @@ fn shift_round_half_even(x: i64, shift: u32) -> i64 {
 /// f32 QuantizeLinear of it.
 #[test]
 fn qgemm_equals_the_int32_reference_on_random_inputs() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = common::Rng(0x9e37_79b9_7f4a_7c15);
     for case in 0..300 {
         let (m, k, n) = (rng.int(1, 4) as usize, rng.int(1, 40) as usize, rng.int(1, 6) as usize);
         let a_type = if rng.below(2) == 0 { DType::U8 } else { DType::I8 };
@@ -643,7 +607,7 @@ fn qgemm_equals_the_int32_reference_on_random_inputs() {
 /// included, and equal the unfused DequantizeLinear → MatMul → QuantizeLinear.
 #[test]
 fn requantisation_rounds_exact_ties_half_to_even() {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = common::Rng(0x2545_f491_4f6c_dd1d);
     let mut ties = 0;
     for case in 0..300 {
         let (m, k, n) = (rng.int(1, 3) as usize, rng.int(1, 16) as usize, rng.int(1, 5) as usize);

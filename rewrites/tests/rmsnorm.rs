@@ -77,21 +77,6 @@ fn check_float(name: &str) {
     assert!(err <= 1e-4, "{name}: {err:e}");
 }
 
-/// The scalar scale of a graph output computed by DequantizeLinear, if it is one.
-fn dequantized_output_scale(g: &Graph, output: &str) -> Option<f64> {
-    let id = *g.value_by_name().get(output)?;
-    let ValueDef::Node { node, .. } = g.value(id).def else { return None };
-    let n = g.node(node);
-    if n.op != "DequantizeLinear" {
-        return None;
-    }
-    let t = match &g.value(n.inputs[1]?).def {
-        ValueDef::Const(t) => t.clone(),
-        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().ok()?,
-        _ => return None,
-    };
-    (t.numel() == 1).then(|| t.to_f64_vec()[0])
-}
 
 /// QDQ forms: the logits (a DequantizeLinear result) within 2 steps of their scale of ONNX
 /// Runtime's, as the unrewritten graph is (an activation on a rounding tie of QuantizeLinear may
@@ -105,7 +90,7 @@ fn check_qdq(name: &str, float_tol: f64) {
         for (o, want) in outputs {
             let (a, b) = (got[&o].to_f64_vec(), want.to_f64_vec());
             let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
-            match dequantized_output_scale(&out, &o) {
+            match out.value_by_name().get(o.as_str()).and_then(|&v| out.dequantize_step(v)) {
                 Some(scale) => worst_steps = worst_steps.max(d / scale),
                 None => worst_rel = worst_rel.max(d / b.iter().fold(0.0f64, |m, x| m.max(x.abs()))),
             }

@@ -259,27 +259,6 @@ impl CostFunction<ENode> for FoldedConstants {
     }
 }
 
-/// A deterministic xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn codes(&mut self, dtype: DType, n: usize) -> Vec<i64> {
-        let (lo, hi) = dtype.int_range().unwrap();
-        (0..n).map(|_| lo + (self.next() % (hi - lo + 1) as u64) as i64).collect()
-    }
-
-    fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| lo + (hi - lo) * (self.next() % 10_000) as f32 / 10_000.0).collect()
-    }
-}
-
 /// x [rows, K] → MatMul ← DequantizeLinear(codes [K, N], scales, zero points) with the given
 /// attributes; scales and zero points have `grid` shape.
 fn dequantized_product(
@@ -304,7 +283,7 @@ fn dequantized_product_after(
     zero_points: bool,
     attrs: &[(&str, Attr)],
 ) -> Graph {
-    let mut rng = Rng(0x5eed_0002 + k as u64);
+    let mut rng = common::Rng(0x5eed_0002 + k as u64);
     let mut b = common::hand_built();
     let mut x = b.input("x", rows(DType::F32, k));
     for _ in 0..depth {
@@ -330,7 +309,7 @@ fn blocked(block: usize) -> [(&'static str, Attr); 2] {
 
 /// Runs `g` and `r` on random rows and returns max|Δ| / max|ref|.
 fn relative_difference(g: &Graph, r: &Graph, k: usize) -> f64 {
-    let mut rng = Rng(99);
+    let mut rng = common::Rng(99);
     let x = Tensor::from_f32(DType::F32, vec![3, k], rng.floats(3 * k, -2.0, 2.0));
     let inputs: HashMap<String, Tensor> = [("x".to_string(), x)].into();
     let (want, got) = (ir::run::run_graph(g, &inputs).unwrap(), ir::run::run_graph(r, &inputs).unwrap());
@@ -413,7 +392,7 @@ fn per_column_four_bit_codes_are_declined() {
     let (k, n) = (32, 4);
     let mut b = common::hand_built();
     let x = b.input("x", rows(DType::F32, k));
-    let w = b.weight("w", &Tensor::from_i64(DType::I4, vec![k, n], Rng(1).codes(DType::I4, k * n)));
+    let w = b.weight("w", &Tensor::from_i64(DType::I4, vec![k, n], common::Rng(1).codes(DType::I4, k * n)));
     let s = b.weight("s", &Tensor::from_f32(DType::F32, vec![n], vec![0.02; n]));
     let wd = indexed_node(&mut b, Domain::Onnx, "DequantizeLinear", ValueType::known(DType::F32, &[k, n]))
         .attr("axis", Attr::Int(1))
@@ -445,7 +424,7 @@ fn blocked_codes_computed_at_run_time_are_declined() {
 /// MatMulNBits(a [rows, 32], 4-bit B [4, 1, 16], scales [4]) with the given extra inputs.
 fn matmul_nbits(extra: &[(usize, Tensor)]) -> Graph {
     let (k, n) = (32, 4);
-    let mut rng = Rng(5);
+    let mut rng = common::Rng(5);
     let mut b = common::hand_built();
     let a = b.input("a", rows(DType::F32, k));
     let codes = b.weight("B", &Tensor::from_i64(DType::U8, vec![n, 1, 16], rng.codes(DType::U8, n * 16)));
@@ -488,7 +467,7 @@ fn matmul_nbits_folds_with_and_without_zero_points() {
         let wgemm = r.nodes.iter().find(|n| n.op == "WGemm").unwrap();
         assert_eq!(wgemm.inputs.len(), 3 + extra.len());
         assert!(wgemm.attrs.get("accuracy_level").is_none());
-        let mut rng = Rng(3);
+        let mut rng = common::Rng(3);
         let a = Tensor::from_f32(DType::F32, vec![2, 32], rng.floats(64, -1.0, 1.0));
         let inputs: HashMap<String, Tensor> = [("a".to_string(), a)].into();
         assert_eq!(ir::run::run_graph(&g, &inputs).unwrap(), ir::run::run_graph(&r, &inputs).unwrap());

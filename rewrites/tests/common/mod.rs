@@ -154,3 +154,39 @@ pub fn worst_difference(before: &Graph, after: &Graph, ints: &HashMap<ValueId, V
     }
     worst
 }
+
+/// A deterministic xorshift generator for the property-style tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as u64) as i64
+    }
+
+    /// Codes drawn uniformly from an integer dtype's range.
+    pub fn codes(&mut self, dtype: ir::DType, n: usize) -> Vec<i64> {
+        let (lo, hi) = dtype.int_range().unwrap();
+        (0..n).map(|_| self.int(lo, hi)).collect()
+    }
+
+    /// A power of two in [2^lo, 2^hi].
+    pub fn pow2(&mut self, lo: i32, hi: i32) -> f32 {
+        2f32.powi(self.int(lo as i64, hi as i64) as i32)
+    }
+
+    /// Floats on a grid of 10⁴ steps in [lo, hi).
+    pub fn floats(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| lo + (hi - lo) * (self.next() % 10_000) as f32 / 10_000.0).collect()
+    }
+}
