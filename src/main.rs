@@ -5,6 +5,7 @@ mod compile;
 mod explore;
 mod inspect;
 mod passes_cmd;
+mod run_cmd;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -135,6 +136,29 @@ npuc explore model.onnx --layer 0 --dot layer0.dot")]
         #[arg(long)]
         json: bool,
     },
+    /// Generate text with a bundle on the host executor: greedy decoding, streamed as it comes.
+    #[command(long_about = "Open a bundle (verifying it), tokenise the prompt with the bundle's \
+tokenizer.json, prefill it, and decode greedily on the host executor with a paged KV cache, \
+printing the text as tokens arrive. Generation stops at the model's stop tokens or after \
+--max-tokens tokens; a last line on stderr gives prefill and decode tokens per second.\n\n\
+Examples:\n  npuc run model.npub --prompt \"The capital of France is\"\n  \
+npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --json")]
+    Run {
+        /// The bundle directory (NAME.npub).
+        bundle: PathBuf,
+        /// The prompt text.
+        #[arg(long)]
+        prompt: String,
+        /// Most tokens to generate.
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        /// Threads of the kernels, the caller included.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Print {tokens, text, ttft_ms, prefill_tok_s, decode_tok_s} as JSON instead of streaming.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -158,6 +182,9 @@ fn main() -> ExitCode {
             html,
             json,
         }),
+        Command::Run { bundle, prompt, max_tokens, threads, json } => {
+            run_cmd::run(run_cmd::Options { bundle, prompt, max_tokens, threads, json })
+        }
     };
     match result {
         Ok(code) => code,

@@ -4,10 +4,13 @@
 //!
 //! Built so far: [`bundle`] (the deployable bundle: writer for the compiler, verifying loader),
 //! [`kvcache`] (the paged KV cache with attention over pages), [`kernels`] (the host executor's
-//! compute kernels with run-time CPU feature dispatch). The executor that runs a bundle's program,
-//! sampling, the tokenizer and the backends are not built yet. The crate depends on no compiler
-//! crate: a bundle is the only thing that crosses from the compiler to the runtime.
+//! compute kernels with run-time CPU feature dispatch) and [`exec`] (the host executor: a bundle's
+//! program planned into reused buffers, run with the kernels and the paged cache; float programs
+//! today). Sampling beyond greedy, the quantised programs, and the device backends are next. The
+//! crate depends on no compiler crate: a bundle is the only thing that crosses from the compiler
+//! to the runtime.
 
 pub mod bundle;
+pub mod exec;
 pub mod kernels;
 pub mod kvcache;

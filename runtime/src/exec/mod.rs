@@ -1,0 +1,563 @@
+//! The host executor: runs a bundle's program (`npuc-program/1`) one step at a time over a
+//! paged KV cache.
+//!
+//! [`Executor::new`] decodes the program and builds its plan (see `plan.rs`): every value gets a
+//! place — a buffer, a weight read in place from the bundle's map, a constant, the step's token
+//! ids or positions, or the KV cache — and every node that computes something becomes one op.
+//! Ops the executor does not run are refused at load, naming the op and the node. Reshape,
+//! Unsqueeze, Squeeze, Flatten and Identity are aliases (no copy); a 2-D weight transposed only to
+//! feed MatMuls (a tied lm_head reading the embedding table) is read in place in the `[N, K]`
+//! layout. Buffers are shared by values whose lifetimes do not overlap and grow to the largest
+//! step seen; decoding one token after another allocates nothing.
+//!
+//! Attention nodes are bound to the cache: the step's K and V are appended to the node's layer
+//! (Attention nodes are layers in program order), its queries attend over the pages, and the
+//! node's past inputs, present outputs and attention mask are never tensors. Positions
+//! (`position_ids`) are the cache's length onwards. Symbolic sizes are `batch_size = 1`,
+//! `sequence_length = S` (the step's tokens), `past_sequence_length = P` (the tokens held).
+//!
+//! [`Executor::step`] runs S tokens (a prefill block, or one token when decoding) and returns
+//! the logits of the last position; when the logits come from a MatMul, only that row is
+//! computed.
+
+mod error;
+mod plan;
+mod program;
+
+use std::time::Instant;
+
+pub use error::ExecError;
+pub use plan::MAX_TRANSPOSE_RANK;
+pub use program::PROGRAM_FORMAT;
+
+use crate::bundle::Bundle;
+use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
+use crate::kvcache::{KvCache, KvCacheConfig, SeqId};
+use error::node_err;
+use plan::{Loc, Op, Plan};
+use program::{Program, StepDims};
+
+/// Context the executor reserves KV pages for unless told otherwise.
+pub const DEFAULT_MAX_CONTEXT: usize = 2048;
+
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Threads of the kernels' pool, the caller included.
+    pub threads: usize,
+    /// Tokens the KV cache holds at most (prompt and generated).
+    pub max_context: usize,
+    /// The kernels' instruction-set path; the best this CPU has when `None`.
+    pub isa: Option<Isa>,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions { threads: 1, max_context: DEFAULT_MAX_CONTEXT, isa: None }
+    }
+}
+
+/// A loaded program and one sequence's KV cache.
+pub struct Executor<'b> {
+    plan: Plan<'b>,
+    isa: Isa,
+    pool: ThreadPool,
+    cache: KvCache,
+    seq: SeqId,
+    max_context: usize,
+    position: usize,
+    /// Concrete shape of every value for the current step.
+    shapes: Vec<Vec<usize>>,
+    bufs: Vec<Vec<f32>>,
+    /// SkipRmsNorm's residual sum when the program does not keep it.
+    sum_scratch: Vec<f32>,
+    ids: Vec<i64>,
+    positions: Vec<i64>,
+    gather_ids: Vec<u32>,
+}
+
+/// Timings of one [`Executor::generate_greedy`] call.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    /// Tokens generated (the stop token included when one ended generation).
+    pub generated_tokens: usize,
+    /// Prefill and the first token's logits.
+    pub prefill_ms: f64,
+    /// Every decode step after the first generated token.
+    pub decode_ms: f64,
+}
+
+impl GenerateStats {
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prefill_ms)
+    }
+
+    /// Decode steps (generated tokens after the first) per second.
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.generated_tokens.saturating_sub(1), self.decode_ms)
+    }
+}
+
+fn rate(tokens: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        tokens as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+/// The index of the largest logit (the first of equal ones; NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl<'b> Executor<'b> {
+    /// Loads `bundle`'s program (see the module documentation for what is refused) and creates
+    /// a KV cache for `options.max_context` tokens.
+    pub fn new(bundle: &'b Bundle, options: ExecOptions) -> Result<Executor<'b>, ExecError> {
+        let program = Program::from_json(bundle.program())?;
+        let plan = Plan::load(program, |name| bundle.tensor(name))?;
+        let a = plan.attention;
+        let max_context = options.max_context.max(1);
+        let config = KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1);
+        let pages = a.layers * a.kv_heads * max_context.div_ceil(config.page_rows);
+        let mut cache = KvCache::new(KvCacheConfig { pages, ..config }.with_reserved_rows(max_context))?;
+        let seq = cache.create_sequence();
+        let isa = options.isa.unwrap_or_else(Isa::detect);
+        Ok(Executor {
+            shapes: vec![Vec::new(); plan.program.values.len()],
+            bufs: vec![Vec::new(); plan.buffers],
+            plan,
+            isa: isa.check(),
+            pool: ThreadPool::new(options.threads),
+            cache,
+            seq,
+            max_context,
+            position: 0,
+            sum_scratch: Vec::new(),
+            ids: Vec::new(),
+            positions: Vec::new(),
+            gather_ids: Vec::new(),
+        })
+    }
+
+    /// Tokens the cache holds.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Width of the logits row.
+    pub fn vocab(&self) -> usize {
+        self.plan.program.values[self.plan.logits].shape.last().and_then(|d| d.as_const()).unwrap_or(0)
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Forgets the sequence: the cache is emptied and the next step is at position 0. Also the
+    /// way to go on after a step that failed.
+    pub fn reset(&mut self) -> Result<(), ExecError> {
+        self.cache.drop_sequence(self.seq)?;
+        self.seq = self.cache.create_sequence();
+        self.position = 0;
+        Ok(())
+    }
+
+    /// Runs `tokens` at the next positions and returns the logits of the last one. A failed step
+    /// may leave part of the cache written: [`Executor::reset`] before going on.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        if tokens.is_empty() {
+            return Err(ExecError::EmptyStep);
+        }
+        if self.position + tokens.len() > self.max_context {
+            return Err(ExecError::ContextFull {
+                tokens: tokens.len(),
+                position: self.position,
+                max_context: self.max_context,
+            });
+        }
+        let dims = StepDims { seq: tokens.len(), past: self.position };
+        self.ids.clear();
+        self.ids.extend(tokens.iter().map(|&t| i64::from(t)));
+        self.positions.clear();
+        self.positions.extend((self.position..self.position + tokens.len()).map(|p| p as i64));
+        self.prepare(dims);
+        for i in 0..self.plan.ops.len() {
+            self.run_op(i)?;
+        }
+        self.position += tokens.len();
+        let logits = self.plan.logits;
+        let width = self.vocab();
+        let Loc::Buf(b) = self.plan.locs[logits] else { unreachable!("the logits are computed into a buffer") };
+        let rows_held = if self.last_row_only(logits) { 1 } else { numel(&self.shapes[logits]) / width };
+        Ok(&self.bufs[b][(rows_held - 1) * width..rows_held * width])
+    }
+
+    /// Greedy decoding: prefills `prompt`, then appends the most likely token until one of
+    /// `stop` is generated (it is included) or `max_new` tokens are. `on_token` sees each token
+    /// as it is chosen. Starts from the current position (call [`Executor::reset`] for a new
+    /// sequence).
+    pub fn generate_greedy(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop: &[u32],
+        mut on_token: impl FnMut(u32),
+    ) -> Result<(Vec<u32>, GenerateStats), ExecError> {
+        let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
+        let mut generated = Vec::with_capacity(max_new);
+        if max_new == 0 {
+            return Ok((generated, stats));
+        }
+        let start = Instant::now();
+        let mut next = argmax(self.step(prompt)?);
+        stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let decode_start = Instant::now();
+        loop {
+            generated.push(next);
+            on_token(next);
+            if generated.len() >= max_new || stop.contains(&next) {
+                break;
+            }
+            next = argmax(self.step(&[next])?);
+        }
+        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
+        stats.generated_tokens = generated.len();
+        Ok((generated, stats))
+    }
+
+    fn last_row_only(&self, v: usize) -> bool {
+        self.plan.ops.iter().any(|(_, op)| matches!(op, Op::MatMul { out, last_row_only: true, .. } if *out == v))
+    }
+
+    /// Evaluates every value's shape for the step and grows the buffers to fit.
+    fn prepare(&mut self, dims: StepDims) {
+        for (v, info) in self.plan.program.values.iter().enumerate() {
+            let shape = &mut self.shapes[v];
+            shape.clear();
+            shape.extend(info.shape.iter().map(|d| d.eval(dims)));
+        }
+        for (_, op) in &self.plan.ops {
+            let (outputs, rows_one): (&[usize], bool) = match op {
+                Op::MatMul { out, last_row_only, .. } => (std::slice::from_ref(out), *last_row_only),
+                Op::Gather { out, .. }
+                | Op::Transpose { out, .. }
+                | Op::RmsNorm { out, .. }
+                | Op::Rope { out, .. }
+                | Op::SwiGlu { out, .. }
+                | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
+                Op::SkipRmsNorm { x, y, sum, .. } => {
+                    grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
+                    match sum {
+                        Some(s) => grow(&mut self.bufs, self.plan.locs[*s], numel(&self.shapes[*s])),
+                        None => {
+                            let n = numel(&self.shapes[*x]);
+                            if self.sum_scratch.len() < n {
+                                self.sum_scratch.resize(n, 0.0);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
+            for &o in outputs {
+                let n = if rows_one { self.shapes[o].last().copied().unwrap_or(1) } else { numel(&self.shapes[o]) };
+                grow(&mut self.bufs, self.plan.locs[o], n);
+            }
+        }
+    }
+
+    fn run_op(&mut self, index: usize) -> Result<(), ExecError> {
+        let (first, second) = match &self.plan.ops[index].1 {
+            Op::Gather { out, .. }
+            | Op::MatMul { out, .. }
+            | Op::Transpose { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::Rope { out, .. }
+            | Op::SwiGlu { out, .. }
+            | Op::Attention { out, .. } => (*out, None),
+            Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
+        };
+        // Outputs are taken out of the buffer list while the op runs; no input shares their
+        // buffers (see `assign_buffers`).
+        let mut y = take(&mut self.bufs, self.plan.locs[first]);
+        let mut y2 = match second {
+            Some(Some(s)) => take(&mut self.bufs, self.plan.locs[s]),
+            Some(None) => std::mem::take(&mut self.sum_scratch),
+            None => Vec::new(),
+        };
+        let result = self.compute(index, &mut y, &mut y2);
+        put(&mut self.bufs, self.plan.locs[first], y);
+        match second {
+            Some(Some(s)) => put(&mut self.bufs, self.plan.locs[s], y2),
+            Some(None) => self.sum_scratch = y2,
+            None => {}
+        }
+        result
+    }
+
+    fn compute(&mut self, index: usize, y: &mut [f32], y2: &mut [f32]) -> Result<(), ExecError> {
+        let (node_index, op) = &self.plan.ops[index];
+        let node = &self.plan.program.nodes[*node_index];
+        let fail = |problem: String| node_err(&node.name, &node.op, problem);
+        let isa = self.isa;
+        let view = View {
+            plan: &self.plan,
+            bufs: &self.bufs,
+            shapes: &self.shapes,
+            ids: &self.ids,
+            positions: &self.positions,
+        };
+        match op {
+            Op::Gather { data, ids, out } => {
+                let table = view.f32(*data);
+                let rows = self.shapes[*data].first().copied().unwrap_or(0);
+                let width = table.len().checked_div(rows).unwrap_or(0);
+                self.gather_ids.clear();
+                for &i in view.i64(*ids) {
+                    let row = if i < 0 { i + rows as i64 } else { i };
+                    self.gather_ids
+                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {rows} rows")))?);
+                }
+                let n = numel(&self.shapes[*out]);
+                embed::embed_f32(table, width, &self.gather_ids, &mut y[..n])?;
+            }
+            Op::MatMul { a, w, layout, k, n, last_row_only, .. } => {
+                let (Loc::Weight(i) | Loc::WeightT(i)) = self.plan.locs[*w] else { unreachable!("checked at load") };
+                let weights = self.plan.weights[i];
+                let mut x = view.f32(*a);
+                if !x.len().is_multiple_of(*k) {
+                    return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
+                }
+                let mut m = x.len() / k;
+                if *last_row_only && m > 1 {
+                    x = &x[(m - 1) * k..];
+                    m = 1;
+                }
+                gemm::gemm_f32(isa, &self.pool, x, m, *k, weights, *n, *layout, None, &mut y[..m * n]);
+            }
+            Op::Transpose { x, perm, .. } => {
+                let input = view.f32(*x);
+                transpose(input, &self.shapes[*x], perm, &mut y[..input.len()]);
+            }
+            Op::RmsNorm { x, gamma, eps, .. } => {
+                let (input, g) = (view.f32(*x), view.f32(*gamma));
+                check_rows(&fail, input.len(), g.len(), "γ")?;
+                norm::rms_norm(isa, input, g, *eps, &mut y[..input.len()]);
+            }
+            Op::SkipRmsNorm { x, skip, gamma, bias, eps, .. } => {
+                let (input, skip_in, g) = (view.f32(*x), view.f32(*skip), view.f32(*gamma));
+                let bias_in = bias.map(|b| view.f32(b));
+                check_rows(&fail, input.len(), g.len(), "γ")?;
+                if skip_in.is_empty()
+                    || !input.len().is_multiple_of(skip_in.len())
+                    || !skip_in.len().is_multiple_of(g.len())
+                {
+                    return Err(fail(format!(
+                        "skip of {} values does not repeat over x of {}",
+                        skip_in.len(),
+                        input.len()
+                    )));
+                }
+                if bias_in.is_some_and(|b| b.len() != g.len()) {
+                    return Err(fail(format!("bias is not {} values", g.len())));
+                }
+                let n = input.len();
+                norm::skip_rms_norm(isa, input, skip_in, g, bias_in, *eps, &mut y[..n], &mut y2[..n]);
+            }
+            Op::Rope { x, cos, sin, interleaved, .. } => {
+                let (input, c, s) = (view.f32(*x), view.f32(*cos), view.f32(*sin));
+                let (d, rows_per_cos_row) =
+                    rope_broadcast(&self.shapes[*x], &self.shapes[*cos], c.len()).map_err(&fail)?;
+                if s.len() != c.len() || self.shapes[*sin] != self.shapes[*cos] {
+                    return Err(fail("cos and sin differ in shape".to_string()));
+                }
+                let n = input.len();
+                y[..n].copy_from_slice(input);
+                rope::rope_in_place(isa, &mut y[..n], d, c, s, rows_per_cos_row, *interleaved);
+            }
+            Op::SwiGlu { gate, up, .. } => {
+                let (g, u) = (view.f32(*gate), view.f32(*up));
+                if g.len() != u.len() {
+                    return Err(fail(format!("gate of {} values and up of {}", g.len(), u.len())));
+                }
+                swiglu::swiglu(isa, g, u, &mut y[..g.len()]);
+            }
+            Op::Attention { q, k, v, layer, scale, .. } => {
+                let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));
+                self.cache.append(self.seq, *layer, keys, values)?;
+                self.cache.attend(self.seq, *layer, queries, *scale, &mut y[..queries.len()])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Read access to the values of the current step.
+struct View<'a, 'b> {
+    plan: &'a Plan<'b>,
+    bufs: &'a [Vec<f32>],
+    shapes: &'a [Vec<usize>],
+    ids: &'a [i64],
+    positions: &'a [i64],
+}
+
+impl<'a> View<'a, '_> {
+    fn f32(&self, v: usize) -> &'a [f32] {
+        let n = numel(&self.shapes[v]);
+        match self.plan.locs[v] {
+            Loc::Buf(b) => &self.bufs[b][..n],
+            Loc::Weight(i) => self.plan.weights[i],
+            Loc::ConstF32(i) => &self.plan.consts_f32[i],
+            other => unreachable!("value {v} at {other:?} is not f32 (checked at load)"),
+        }
+    }
+
+    fn i64(&self, v: usize) -> &'a [i64] {
+        match self.plan.locs[v] {
+            Loc::Ids => self.ids,
+            Loc::Positions => self.positions,
+            Loc::ConstI64(i) => &self.plan.consts_i64[i],
+            other => unreachable!("value {v} at {other:?} is not i64 (checked at load)"),
+        }
+    }
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+fn grow(bufs: &mut [Vec<f32>], loc: Loc, n: usize) {
+    if let Loc::Buf(b) = loc {
+        if bufs[b].len() < n {
+            bufs[b].resize(n, 0.0);
+        }
+    }
+}
+
+fn take(bufs: &mut [Vec<f32>], loc: Loc) -> Vec<f32> {
+    let Loc::Buf(b) = loc else { unreachable!("outputs live in buffers") };
+    std::mem::take(&mut bufs[b])
+}
+
+fn put(bufs: &mut [Vec<f32>], loc: Loc, buf: Vec<f32>) {
+    let Loc::Buf(b) = loc else { unreachable!("outputs live in buffers") };
+    bufs[b] = buf;
+}
+
+fn check_rows(fail: &impl Fn(String) -> ExecError, len: usize, width: usize, what: &str) -> Result<(), ExecError> {
+    if width == 0 || !len.is_multiple_of(width) {
+        return Err(fail(format!("{what} of {width} values does not match rows of the input ({len} values)")));
+    }
+    Ok(())
+}
+
+/// Rope's broadcast of cos/sin over x as the kernel takes it: the rotary width and how many
+/// consecutive rows of x share one cos row. The cos axes other than 1 must be one run of axes
+/// equal to x's; the axes of x before the run repeat the table.
+fn rope_broadcast(x: &[usize], cos: &[usize], cos_len: usize) -> Result<(usize, usize), String> {
+    let (r, rc) = (x.len(), cos.len());
+    let d = x.last().copied().unwrap_or(0);
+    if rc == 0 || rc > r || cos[rc - 1] != d {
+        return Err(format!("cos {cos:?} does not broadcast to x {x:?} over the full width"));
+    }
+    let cos_dim = |i: usize| if i + rc >= r { cos[i + rc - r] } else { 1 };
+    let spread: Vec<usize> = (0..r - 1).filter(|&i| cos_dim(i) != 1).collect();
+    let (Some(&first), Some(&last)) = (spread.first(), spread.last()) else {
+        return Ok((d, 1));
+    };
+    if (first..=last).any(|i| cos_dim(i) != x[i]) {
+        return Err(format!("cos {cos:?} does not broadcast to x {x:?} as one run of axes"));
+    }
+    let cos_rows: usize = (first..=last).map(|i| x[i]).product();
+    if cos_rows * d != cos_len {
+        return Err(format!("cos holds {cos_len} values, not {cos_rows} rows of {d}"));
+    }
+    Ok((d, x[last + 1..r - 1].iter().product()))
+}
+
+/// Copies `x` of `shape` into `out` with its axes permuted (`out` axis i is `x` axis perm[i]).
+/// Runs of the last axis are copied whole when it stays last.
+fn transpose(x: &[f32], shape: &[usize], perm: &[usize], out: &mut [f32]) {
+    let rank = shape.len();
+    debug_assert!(rank <= MAX_TRANSPOSE_RANK && perm.len() == rank);
+    if rank == 0 || x.is_empty() {
+        out.copy_from_slice(x);
+        return;
+    }
+    let mut in_strides = [0usize; MAX_TRANSPOSE_RANK];
+    let mut stride = 1;
+    for i in (0..rank).rev() {
+        in_strides[i] = stride;
+        stride *= shape[i];
+    }
+    let mut out_shape = [0usize; MAX_TRANSPOSE_RANK];
+    let mut strides = [0usize; MAX_TRANSPOSE_RANK];
+    for i in 0..rank {
+        out_shape[i] = shape[perm[i]];
+        strides[i] = in_strides[perm[i]];
+    }
+    // With the last axis in place, whole rows move; otherwise single elements do.
+    let (outer, run) = if perm[rank - 1] == rank - 1 { (rank - 1, shape[rank - 1]) } else { (rank, 1) };
+    let mut index = [0usize; MAX_TRANSPOSE_RANK];
+    let mut src = 0usize;
+    for chunk in out.chunks_exact_mut(run) {
+        chunk.copy_from_slice(&x[src..src + run]);
+        // Odometer over the outer axes of the output.
+        let mut axis = outer;
+        while axis > 0 {
+            axis -= 1;
+            index[axis] += 1;
+            src += strides[axis];
+            if index[axis] < out_shape[axis] {
+                break;
+            }
+            src -= strides[axis] * out_shape[axis];
+            index[axis] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_moves_rows_and_elements() {
+        // [2, 3, 2] with perm [1, 0, 2]: rows of 2 move.
+        let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let mut y = vec![0.0; 12];
+        transpose(&x, &[2, 3, 2], &[1, 0, 2], &mut y);
+        assert_eq!(y, [0., 1., 6., 7., 2., 3., 8., 9., 4., 5., 10., 11.]);
+        // [2, 3] with perm [1, 0]: elements move.
+        let mut t = vec![0.0; 6];
+        transpose(&x[..6], &[2, 3], &[1, 0], &mut t);
+        assert_eq!(t, [0., 3., 1., 4., 2., 5.]);
+    }
+
+    #[test]
+    fn rope_tables_broadcast_over_heads() {
+        // x [1, 9, 5, 64] (BNSH) with cos [1, 1, 5, 64]: rows cycle through the 5 positions.
+        assert_eq!(rope_broadcast(&[1, 9, 5, 64], &[1, 1, 5, 64], 5 * 64), Ok((64, 1)));
+        // x [1, 5, 9, 64] (BSNH) with cos [1, 5, 1, 64]: 9 consecutive rows share one.
+        assert_eq!(rope_broadcast(&[1, 5, 9, 64], &[1, 5, 1, 64], 5 * 64), Ok((64, 9)));
+        assert!(rope_broadcast(&[1, 9, 5, 64], &[1, 1, 5, 32], 5 * 32).is_err());
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_logits() {
+        assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+    }
+}

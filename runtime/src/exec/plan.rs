@@ -1,0 +1,509 @@
+//! Loading a program into a plan: where every value lives (a buffer, a weight, a constant, the
+//! step's token ids or positions, or the KV cache), one [`Op`] per node that computes something,
+//! and buffers shared by values whose lifetimes do not overlap.
+
+use std::collections::HashMap;
+
+use crate::bundle::{Dtype, TensorView};
+use crate::kernels::gemm::WeightLayout;
+
+use super::error::{node_err, value_err, ExecError};
+use super::program::{ElemType, NodeInfo, Program, ValueDef};
+
+/// Where a value's elements are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// A buffer of the executor (f32).
+    Buf(usize),
+    /// A weight of the bundle, as stored.
+    Weight(usize),
+    /// The transpose of a 2-D weight, read in place by MatMul (never materialised).
+    WeightT(usize),
+    ConstF32(usize),
+    ConstI64(usize),
+    /// The step's token ids (`input_ids`).
+    Ids,
+    /// The step's positions (`position_ids`).
+    Positions,
+    /// Held by the KV cache: past and present keys and values, the attention mask.
+    Cache,
+    /// Computed by no op the executor runs and read by none (e.g. a shape operand).
+    Unused,
+}
+
+/// One node that computes something. Values are program value indices.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Gather { data: usize, ids: usize, out: usize },
+    MatMul { a: usize, w: usize, layout: WeightLayout, k: usize, n: usize, out: usize, last_row_only: bool },
+    Transpose { x: usize, perm: Vec<usize>, out: usize },
+    RmsNorm { x: usize, gamma: usize, eps: f32, out: usize },
+    SkipRmsNorm { x: usize, skip: usize, gamma: usize, bias: Option<usize>, eps: f32, y: usize, sum: Option<usize> },
+    Rope { x: usize, cos: usize, sin: usize, interleaved: bool, out: usize },
+    SwiGlu { gate: usize, up: usize, out: usize },
+    Attention { q: usize, k: usize, v: usize, layer: usize, scale: f32, out: usize },
+}
+
+/// The attention geometry every Attention node of the program shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub layers: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+pub struct Plan<'b> {
+    pub program: Program,
+    pub locs: Vec<Loc>,
+    pub ops: Vec<(usize, Op)>,
+    pub weights: Vec<&'b [f32]>,
+    pub consts_f32: Vec<Vec<f32>>,
+    pub consts_i64: Vec<Vec<i64>>,
+    pub buffers: usize,
+    pub attention: AttentionShape,
+    /// The logits value (the graph output the cache does not hold).
+    pub logits: usize,
+}
+
+/// The most axes a Transpose may have.
+pub const MAX_TRANSPOSE_RANK: usize = 8;
+
+/// Ops that compute (every other supported op is an alias).
+const COMPUTED_OPS: [&str; 8] = [
+    "ai.onnx::Gather",
+    "ai.onnx::MatMul",
+    "ai.onnx::Transpose",
+    "npuc::RmsNorm",
+    "npuc::SkipRmsNorm",
+    "npuc::Rope",
+    "npuc::SwiGlu",
+    "npuc::Attention",
+];
+
+const ALIAS_OPS: [&str; 5] =
+    ["ai.onnx::Reshape", "ai.onnx::Unsqueeze", "ai.onnx::Squeeze", "ai.onnx::Flatten", "ai.onnx::Identity"];
+
+impl<'b> Plan<'b> {
+    /// Builds the plan of `program`, looking weights up with `weight`. Refuses, naming the node or
+    /// value: ops the executor does not run, MatMuls whose right operand is not a (transposed)
+    /// weight, Attention inputs the cache cannot stand for, graph inputs it cannot supply,
+    /// non-f32 weights.
+    pub fn load(program: Program, weight: impl Fn(&str) -> Option<TensorView<'b>>) -> Result<Plan<'b>, ExecError> {
+        // Ops first: an op the executor lacks is the first thing to say about a program.
+        if let Some(node) =
+            program.nodes.iter().find(|n| !ALIAS_OPS.contains(&n.op.as_str()) && !COMPUTED_OPS.contains(&n.op.as_str()))
+        {
+            return Err(ExecError::UnsupportedOp { node: node.name.clone(), op: node.op.clone() });
+        }
+        let values = &program.values;
+        let mut locs = vec![Loc::Unused; values.len()];
+        let mut consumers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); values.len()];
+        for (n, node) in program.nodes.iter().enumerate() {
+            for (slot, input) in node.inputs.iter().enumerate() {
+                if let Some(v) = input {
+                    consumers[*v].push((n, slot));
+                }
+            }
+        }
+
+        let mut weights = Vec::new();
+        let mut weight_index: HashMap<String, usize> = HashMap::new();
+        let mut consts_f32 = Vec::new();
+        let mut consts_i64 = Vec::new();
+        for (v, info) in values.iter().enumerate() {
+            locs[v] = match &info.def {
+                ValueDef::Weight(name) => {
+                    if consumers[v].is_empty() {
+                        continue;
+                    }
+                    let index = match weight_index.get(name) {
+                        Some(&i) => i,
+                        None => {
+                            let view = weight(name).ok_or_else(|| {
+                                value_err(&info.name, format!("weight `{name}` is not in the bundle"))
+                            })?;
+                            weights.push(f32_weight(&info.name, view)?);
+                            weight_index.insert(name.clone(), weights.len() - 1);
+                            weights.len() - 1
+                        }
+                    };
+                    Loc::Weight(index)
+                }
+                ValueDef::ConstF32(data) => {
+                    consts_f32.push(data.clone());
+                    Loc::ConstF32(consts_f32.len() - 1)
+                }
+                ValueDef::ConstI64(data) => {
+                    consts_i64.push(data.clone());
+                    Loc::ConstI64(consts_i64.len() - 1)
+                }
+                ValueDef::Input | ValueDef::Node => Loc::Unused,
+            };
+        }
+
+        // Attention nodes bind their past/mask inputs and present outputs to the cache.
+        let mut attention: Option<AttentionShape> = None;
+        let mut layers = 0;
+        for node in program.nodes.iter().filter(|n| n.op == "npuc::Attention") {
+            let shape = attention_shape(&program, node)?;
+            match attention {
+                None => attention = Some(shape),
+                Some(a) if (a.q_heads, a.kv_heads, a.head_dim) == (shape.q_heads, shape.kv_heads, shape.head_dim) => {}
+                Some(_) => {
+                    return Err(node_err(
+                        &node.name,
+                        &node.op,
+                        "heads or head size differ from the first Attention node",
+                    ))
+                }
+            }
+            layers += 1;
+            for slot in 3..6 {
+                if let Some(v) = node.input(slot) {
+                    if !matches!(values[v].def, ValueDef::Input) {
+                        return Err(node_err(
+                            &node.name,
+                            &node.op,
+                            format!(
+                                "input {slot} (`{}`) must be a graph input: the KV cache holds the past and the mask",
+                                values[v].name
+                            ),
+                        ));
+                    }
+                    locs[v] = Loc::Cache;
+                }
+            }
+            for &v in node.outputs.iter().skip(1) {
+                if let Some(&(n, _)) = consumers[v].first() {
+                    let reader = &program.nodes[n];
+                    return Err(node_err(
+                        &reader.name,
+                        &reader.op,
+                        format!("reads `{}`, a present key/value the KV cache holds", values[v].name),
+                    ));
+                }
+                locs[v] = Loc::Cache;
+            }
+        }
+        let attention = attention.map(|a| AttentionShape { layers, ..a });
+
+        for &v in &program.inputs {
+            let info = &values[v];
+            match info.name.as_str() {
+                "input_ids" => locs[v] = Loc::Ids,
+                "position_ids" => locs[v] = Loc::Positions,
+                _ if locs[v] == Loc::Cache => {}
+                _ if consumers[v].is_empty() => {}
+                _ => return Err(value_err(&info.name, "is a graph input the host executor cannot supply (it supplies input_ids, position_ids, and the past and mask of Attention nodes)")),
+            }
+            if matches!(locs[v], Loc::Ids | Loc::Positions) && info.elem != Some(ElemType::I64) {
+                return Err(value_err(&info.name, format!("has dtype {}, expected i64", info.dtype)));
+            }
+        }
+        // A graph input bound to the cache may only be read by Attention nodes.
+        for (v, loc) in locs.iter().enumerate() {
+            if *loc == Loc::Cache {
+                if let Some(&(n, _)) = consumers[v].iter().find(|(n, _)| program.nodes[*n].op != "npuc::Attention") {
+                    let reader = &program.nodes[n];
+                    return Err(node_err(
+                        &reader.name,
+                        &reader.op,
+                        format!("reads `{}`, which the KV cache stands for", values[v].name),
+                    ));
+                }
+            }
+        }
+
+        let logits = logits_value(&program, &locs)?;
+        let mut ops = Vec::new();
+        let mut layer = 0;
+        let mut next_root = 0;
+        let mut fresh = |locs: &mut Vec<Loc>, v: usize| {
+            locs[v] = Loc::Buf(next_root);
+            next_root += 1;
+        };
+        for (n, node) in program.nodes.iter().enumerate() {
+            let fail = |problem: String| node_err(&node.name, &node.op, problem);
+            let input = |slot: usize| node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")));
+            let f32_input = |slot: usize, locs: &Vec<Loc>| -> Result<usize, ExecError> {
+                let v = input(slot)?;
+                if values[v].elem != Some(ElemType::F32) {
+                    return Err(fail(format!(
+                        "input {slot} (`{}`) has dtype {}; the host executor runs float programs",
+                        values[v].name, values[v].dtype
+                    )));
+                }
+                if matches!(locs[v], Loc::Unused | Loc::Cache | Loc::Ids | Loc::Positions | Loc::ConstI64(_)) {
+                    return Err(fail(format!(
+                        "input {slot} (`{}`) is not a tensor the executor holds",
+                        values[v].name
+                    )));
+                }
+                Ok(v)
+            };
+            let out = |i: usize| node.outputs.get(i).copied().ok_or_else(|| fail(format!("output {i} is missing")));
+            match node.op.as_str() {
+                op if ALIAS_OPS.contains(&op) => {
+                    let x = input(0)?;
+                    locs[out(0)?] = locs[x];
+                }
+                "ai.onnx::Gather" => {
+                    let axis = node.attr_i64("axis").unwrap_or(0);
+                    if axis != 0 {
+                        return Err(fail(format!("gathers along axis {axis}; the executor gathers rows (axis 0)")));
+                    }
+                    let data = f32_input(0, &locs)?;
+                    let ids = input(1)?;
+                    if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_)) {
+                        return Err(fail(format!(
+                            "indices `{}` are not token ids, positions or a constant",
+                            values[ids].name
+                        )));
+                    }
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::Gather { data, ids, out: o }));
+                }
+                "ai.onnx::MatMul" => {
+                    let a = f32_input(0, &locs)?;
+                    let w = f32_input(1, &locs)?;
+                    let layout = match locs[w] {
+                        Loc::Weight(_) => WeightLayout::KN,
+                        Loc::WeightT(_) => WeightLayout::NK,
+                        _ => {
+                            return Err(fail(format!(
+                                "the right operand `{}` is computed; the executor multiplies by weights",
+                                values[w].name
+                            )))
+                        }
+                    };
+                    let wshape = &values[w].shape;
+                    let (k, n_cols) = match (
+                        wshape.len(),
+                        wshape.first().and_then(|d| d.as_const()),
+                        wshape.get(1).and_then(|d| d.as_const()),
+                    ) {
+                        (2, Some(k), Some(n)) => (k, n),
+                        _ => {
+                            return Err(fail(format!(
+                                "the weight operand `{}` is not 2-D with fixed sizes",
+                                values[w].name
+                            )))
+                        }
+                    };
+                    let (Loc::Weight(i) | Loc::WeightT(i)) = locs[w] else { unreachable!("matched above") };
+                    if weights[i].len() != k * n_cols {
+                        return Err(fail(format!(
+                            "the weight `{}` holds {} values, not {k}×{n_cols}",
+                            values[w].name,
+                            weights[i].len()
+                        )));
+                    }
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    let last_row_only = o == logits && consumers[o].is_empty();
+                    ops.push((n, Op::MatMul { a, w, layout, k, n: n_cols, out: o, last_row_only }));
+                }
+                "ai.onnx::Transpose" => {
+                    let x = f32_input(0, &locs)?;
+                    let rank = values[x].shape.len();
+                    if rank > MAX_TRANSPOSE_RANK {
+                        return Err(fail(format!(
+                            "rank {rank} is above the {MAX_TRANSPOSE_RANK} axes the executor transposes"
+                        )));
+                    }
+                    let perm: Vec<usize> = match node.attr_ints("perm") {
+                        Some(p) => p.into_iter().map(|d| d as usize).collect(),
+                        None => (0..rank).rev().collect(),
+                    };
+                    let mut sorted = perm.clone();
+                    sorted.sort_unstable();
+                    if sorted != (0..rank).collect::<Vec<_>>() {
+                        return Err(fail(format!("perm {perm:?} is not a permutation of {rank} axes")));
+                    }
+                    let o = out(0)?;
+                    let only_matmul_weight = !consumers[o].is_empty()
+                        && consumers[o].iter().all(|&(c, slot)| program.nodes[c].op == "ai.onnx::MatMul" && slot == 1);
+                    match locs[x] {
+                        Loc::Weight(i) if perm == [1, 0] && only_matmul_weight => locs[o] = Loc::WeightT(i),
+                        _ => {
+                            fresh(&mut locs, o);
+                            ops.push((n, Op::Transpose { x, perm, out: o }));
+                        }
+                    }
+                }
+                "npuc::RmsNorm" => {
+                    let (x, gamma) = (f32_input(0, &locs)?, f32_input(1, &locs)?);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::RmsNorm { x, gamma, eps: node.attr_f32("epsilon").unwrap_or(1e-5), out: o }));
+                }
+                "npuc::SkipRmsNorm" => {
+                    let (x, skip, gamma) = (f32_input(0, &locs)?, f32_input(1, &locs)?, f32_input(2, &locs)?);
+                    let bias = match node.input(3) {
+                        Some(_) => Some(f32_input(3, &locs)?),
+                        None => None,
+                    };
+                    let y = out(0)?;
+                    fresh(&mut locs, y);
+                    let sum = node.outputs.get(1).copied();
+                    if let Some(s) = sum {
+                        fresh(&mut locs, s);
+                    }
+                    let eps = node.attr_f32("epsilon").unwrap_or(1e-5);
+                    ops.push((n, Op::SkipRmsNorm { x, skip, gamma, bias, eps, y, sum }));
+                }
+                "npuc::Rope" => {
+                    let (x, cos, sin) = (f32_input(0, &locs)?, f32_input(1, &locs)?, f32_input(2, &locs)?);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((
+                        n,
+                        Op::Rope { x, cos, sin, interleaved: node.attr_i64("interleaved").unwrap_or(0) != 0, out: o },
+                    ));
+                }
+                "npuc::SwiGlu" => {
+                    let (gate, up) = (f32_input(0, &locs)?, f32_input(1, &locs)?);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::SwiGlu { gate, up, out: o }));
+                }
+                "npuc::Attention" => {
+                    let (q, k, v) = (f32_input(0, &locs)?, f32_input(1, &locs)?, f32_input(2, &locs)?);
+                    let head_dim = attention.map_or(1, |a| a.head_dim);
+                    let scale = node.attr_f32("scale").unwrap_or(1.0 / (head_dim as f32).sqrt());
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::Attention { q, k, v, layer, scale, out: o }));
+                    layer += 1;
+                }
+                _ => return Err(ExecError::UnsupportedOp { node: node.name.clone(), op: node.op.clone() }),
+            }
+        }
+
+        let attention = attention.ok_or_else(|| {
+            value_err(
+                &values[logits].name,
+                "the program has no Attention node; the executor runs decoders over a KV cache",
+            )
+        })?;
+        let buffers = assign_buffers(&program, &mut locs, next_root, logits);
+        Ok(Plan { program, locs, ops, weights, consts_f32, consts_i64, buffers, attention, logits })
+    }
+}
+
+/// Checks an Attention node's q [batch, q_heads, seq, head_dim] and k, v [batch, kv_heads, seq,
+/// head_dim] against its attributes.
+fn attention_shape(program: &Program, node: &NodeInfo) -> Result<AttentionShape, ExecError> {
+    let fail = |problem: String| node_err(&node.name, &node.op, problem);
+    let shape_of = |slot: usize| -> Result<Vec<Option<usize>>, ExecError> {
+        let v = node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")))?;
+        Ok(program.values[v].shape.iter().map(|d| d.as_const()).collect())
+    };
+    let (q, k, v) = (shape_of(0)?, shape_of(1)?, shape_of(2)?);
+    let q_heads = node.attr_i64("q_heads").map(|h| h as usize).or_else(|| q.get(1).copied().flatten());
+    let kv_heads = node.attr_i64("kv_heads").map(|h| h as usize).or_else(|| k.get(1).copied().flatten());
+    let fits = |s: &[Option<usize>], heads: Option<usize>| {
+        s.len() == 4 && s[1].is_some() && s[1] == heads && s[3].is_some() && s[3] == q[3]
+    };
+    match (q_heads, kv_heads) {
+        (Some(qh), Some(kh)) if kh > 0 && qh % kh == 0 && fits(&q, q_heads) && fits(&k, kv_heads) && fits(&v, kv_heads) => {
+            Ok(AttentionShape { layers: 0, q_heads: qh, kv_heads: kh, head_dim: q[3].unwrap_or(0) })
+        }
+        _ => Err(fail(format!("q {q:?}, k {k:?}, v {v:?} are not [batch, heads, seq, head_dim] with fixed heads ({q_heads:?} query, {kv_heads:?} KV) and head size"))),
+    }
+}
+
+fn logits_value(program: &Program, locs: &[Loc]) -> Result<usize, ExecError> {
+    let mut candidates = program.outputs.iter().copied().filter(|&v| locs[v] != Loc::Cache);
+    let logits =
+        candidates.next().ok_or_else(|| value_err("logits", "the program has no output besides the KV cache"))?;
+    let info = &program.values[logits];
+    if info.elem != Some(ElemType::F32) || info.shape.last().and_then(|d| d.as_const()).is_none() {
+        return Err(value_err(&info.name, "the logits must be f32 with a fixed vocabulary axis"));
+    }
+    if let Some(extra) = candidates.next() {
+        return Err(value_err(
+            &program.values[extra].name,
+            "is a second graph output; the executor returns the logits only",
+        ));
+    }
+    Ok(logits)
+}
+
+/// Gives every buffer-held value one of as few buffers as liveness allows: a buffer is reused
+/// once every value stored in it has been read for the last time. Returns the number of
+/// buffers; `locs` then names buffers instead of storage roots.
+fn assign_buffers(program: &Program, locs: &mut [Loc], roots: usize, logits: usize) -> usize {
+    const FOREVER: usize = usize::MAX;
+    let mut last_use = vec![0usize; roots];
+    let mut defined_at = vec![FOREVER; roots];
+    for (n, node) in program.nodes.iter().enumerate() {
+        for &v in &node.outputs {
+            if let Loc::Buf(r) = locs[v] {
+                defined_at[r] = defined_at[r].min(n);
+                last_use[r] = last_use[r].max(n);
+            }
+        }
+        for v in node.inputs.iter().flatten() {
+            if let Loc::Buf(r) = locs[*v] {
+                last_use[r] = last_use[r].max(n);
+            }
+        }
+    }
+    if let Loc::Buf(r) = locs[logits] {
+        last_use[r] = FOREVER;
+    }
+    let mut buffer_of = vec![usize::MAX; roots];
+    let mut free: Vec<usize> = Vec::new();
+    let mut buffers = 0;
+    for (n, node) in program.nodes.iter().enumerate() {
+        for &v in &node.outputs {
+            if let Loc::Buf(r) = locs[v] {
+                if defined_at[r] == n && buffer_of[r] == usize::MAX {
+                    buffer_of[r] = free.pop().unwrap_or_else(|| {
+                        buffers += 1;
+                        buffers - 1
+                    });
+                }
+            }
+        }
+        // Released after this node's outputs took theirs, so no output shares an input's buffer.
+        let mut released: Vec<usize> = node
+            .inputs
+            .iter()
+            .flatten()
+            .chain(&node.outputs)
+            .filter_map(|&v| match locs[v] {
+                Loc::Buf(r) if last_use[r] == n => Some(r),
+                _ => None,
+            })
+            .collect();
+        released.sort_unstable();
+        released.dedup();
+        free.extend(released.into_iter().map(|r| buffer_of[r]));
+    }
+    for loc in locs.iter_mut() {
+        if let Loc::Buf(r) = loc {
+            *loc = Loc::Buf(buffer_of[*r]);
+        }
+    }
+    buffers
+}
+
+/// The f32 elements of a stored weight, read in place.
+fn f32_weight<'b>(value: &str, view: TensorView<'b>) -> Result<&'b [f32], ExecError> {
+    if view.dtype != Dtype::F32 {
+        return Err(value_err(
+            value,
+            format!("weight `{}` is stored as {}; the host executor runs float programs", view.name, view.dtype),
+        ));
+    }
+    if !cfg!(target_endian = "little") || view.bytes.as_ptr().align_offset(align_of::<f32>()) != 0 {
+        return Err(value_err(value, format!("weight `{}` is not 4-byte aligned little-endian f32", view.name)));
+    }
+    // SAFETY: the bytes are aligned for f32 (checked), live as long as the bundle's map ('b), and
+    // every bit pattern is a valid f32.
+    Ok(unsafe { std::slice::from_raw_parts(view.bytes.as_ptr().cast::<f32>(), view.bytes.len() / 4) })
+}

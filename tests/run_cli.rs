@@ -1,0 +1,227 @@
+//! The host executor and `npuc run` on SmolLM2 form 1 (fp32), against ONNX Runtime: the logits
+//! of the recorded prefill and decode cases, and greedy decoding of the three prompts of
+//! greedy.json token for token.
+
+mod common;
+
+use runtime::bundle::Bundle;
+use runtime::exec::{argmax, ExecOptions, Executor};
+use serde_json::Value;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Counts heap allocations made by the thread that turned counting on (the tests of this binary
+/// run in parallel; only the no-allocation test counts, and only on its own thread).
+struct CountingOnThisThread;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note_allocation() {
+    if COUNTING.with(Cell::get) {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+    }
+}
+
+// SAFETY: forwards to the system allocator; the counters are const-initialised thread-locals
+// without destructors, so touching them never allocates.
+unsafe impl GlobalAlloc for CountingOnThisThread {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingOnThisThread = CountingOnThisThread;
+
+const FIXTURE: &str = "smollm2_f1";
+/// Logits may differ from ONNX Runtime's by this fraction of the largest logit.
+const LOGIT_TOLERANCE: f64 = 1e-4;
+
+/// The bundle, compiled once per test binary into a temporary folder.
+fn bundle_dir() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("smollm2_f1.npub");
+        let model = common::fixture(FIXTURE).join("model.onnx");
+        let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        (tmp, out)
+    })
+    .1
+}
+
+fn npuc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tensor(case: &str, file: &str) -> ir::Tensor {
+    let path = common::fixture(FIXTURE).join(case).join(file);
+    frontend::read_tensor_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).1
+}
+
+fn ids(t: &ir::Tensor) -> Vec<u32> {
+    t.as_i64().expect("token ids are i64").iter().map(|&i| i as u32).collect()
+}
+
+/// Asserts max |got − want| ≤ tolerance × max |want|.
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let max_logit = want.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+    let max_diff = got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+    assert!(
+        max_diff <= LOGIT_TOLERANCE * max_logit,
+        "{what}: max |d| = {max_diff:e} above {LOGIT_TOLERANCE} × {max_logit}"
+    );
+}
+
+fn greedy_prompts() -> Vec<(Vec<u32>, Vec<u32>, String)> {
+    let path = common::fixture(FIXTURE).join("greedy.json");
+    let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let list = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    greedy["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (list(&p["prompt_ids"]), list(&p["generated_ids"]), p["prompt"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+#[test]
+fn prefill_logits_match_onnx_runtime_at_every_position() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    let prompt = ids(&tensor("prefill", "input_0.pb"));
+    let want = tensor("prefill", "output_0.pb");
+    let vocab = *want.shape.last().unwrap();
+    assert_eq!(exec.vocab(), vocab);
+    let want = want.to_f32_vec();
+    // A prefill of the first i tokens returns the logits of position i − 1.
+    for i in 1..=prompt.len() {
+        exec.reset().unwrap();
+        let got = exec.step(&prompt[..i]).unwrap().to_vec();
+        assert_close(&got, &want[(i - 1) * vocab..i * vocab], &format!("prefill of {i} tokens"));
+    }
+}
+
+#[test]
+fn decode_logits_match_onnx_runtime_after_the_prefill() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions { threads: 2, ..ExecOptions::default() }).unwrap();
+    // The decode case continues the prefill case with one token.
+    exec.step(&ids(&tensor("prefill", "input_0.pb"))).unwrap();
+    let token = ids(&tensor("decode", "input_0.pb"));
+    assert_eq!(token.len(), 1);
+    let got = exec.step(&token).unwrap().to_vec();
+    assert_close(&got, &tensor("decode", "output_0.pb").to_f32_vec(), "decode step");
+}
+
+#[test]
+fn greedy_tokens_equal_onnx_runtime_for_every_prompt() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    let stop = bundle.model().stop_token_ids.clone();
+    for (threads, (prompt, want, _)) in [1, 2, 1].into_iter().zip(greedy_prompts()) {
+        let mut exec = Executor::new(&bundle, ExecOptions { threads, ..ExecOptions::default() }).unwrap();
+        let (got, stats) = exec.generate_greedy(&prompt, 64, &stop, |_| {}).unwrap();
+        assert_eq!(got, want, "prompt {prompt:?} with {threads} threads");
+        assert_eq!(stats.generated_tokens, want.len());
+        assert_eq!(exec.position(), prompt.len() + want.len() - 1, "the last token is generated, not run");
+    }
+}
+
+#[test]
+fn decoding_token_by_token_equals_one_prefill() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    let (prompt, _, _) = greedy_prompts().swap_remove(1);
+    let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    let block = exec.step(&prompt).unwrap().to_vec();
+    exec.reset().unwrap();
+    let mut one_by_one = Vec::new();
+    for &t in &prompt {
+        one_by_one = exec.step(&[t]).unwrap().to_vec();
+    }
+    assert_close(&one_by_one, &block, "token by token vs one block");
+    assert_eq!(argmax(&one_by_one), argmax(&block));
+}
+
+#[test]
+fn decode_steps_allocate_nothing_after_the_prefill() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    // One thread: every kernel runs on this thread, where allocations are counted.
+    let mut exec = Executor::new(&bundle, ExecOptions { threads: 1, max_context: 64, isa: None }).unwrap();
+    let (prompt, _, _) = greedy_prompts().swap_remove(1);
+    let mut next = argmax(exec.step(&prompt).unwrap());
+    next = argmax(exec.step(&[next]).unwrap());
+    COUNTING.with(|c| c.set(true));
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(8)));
+    assert_eq!(ALLOCATIONS.with(Cell::get), 1, "the counter sees this thread's allocations");
+    ALLOCATIONS.with(|n| n.set(0));
+    for _ in 0..16 {
+        next = argmax(exec.step(&[next]).unwrap());
+    }
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(ALLOCATIONS.with(Cell::get), 0, "heap allocations in 16 decode steps");
+}
+
+#[test]
+fn a_step_past_the_context_is_refused() {
+    let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions { max_context: 4, ..ExecOptions::default() }).unwrap();
+    exec.step(&[1, 2, 3]).unwrap();
+    let err = exec.step(&[4, 5]).unwrap_err();
+    assert_eq!(err.to_string(), "2 new tokens at position 3 exceed the context of 4 tokens");
+    exec.step(&[4]).unwrap();
+}
+
+#[test]
+fn npuc_run_streams_the_greedy_text_and_reports_rates() {
+    let (prompt_ids, want, prompt) = greedy_prompts().swap_remove(0);
+    assert_eq!(prompt_ids.len(), 5, "the first prompt is the plain-text one");
+    let dir = bundle_dir().to_str().unwrap();
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "64", "--json"]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let tokens: Vec<u32> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert_eq!(tokens, want);
+    assert!(report["text"].as_str().unwrap().starts_with(" Paris"), "{}", report["text"]);
+    for key in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {}", report[key]);
+    }
+
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "3", "--threads", "2"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with(" Paris"), "{out}");
+    assert!(err.contains("prefill 5 tokens") && err.contains("decode 2 tokens") && err.contains("tok/s"), "{err}");
+}
+
+#[test]
+fn npuc_run_names_the_first_op_the_executor_lacks() {
+    // Form 2 (MatMulNBits, quantised embedding) needs ops the float executor does not run yet.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("smollm2_f2.npub");
+    let model = common::fixture("smollm2_f2").join("model.onnx");
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = npuc(&["run", out.to_str().unwrap(), "--prompt", "Hi"]);
+    assert!(!ok);
+    assert!(err.contains("op com.microsoft::GatherBlockQuantized is not supported by the host executor yet"), "{err}");
+}
