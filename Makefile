@@ -19,7 +19,7 @@ demo: deps smollm2 build
 	$(NPUC) inspect $(FIXTURES)/smollm2_f2/model.onnx
 	$(NPUC) explore $(FIXTURES)/smollm2_f1/model.onnx
 	$(NPUC) compile $(FIXTURES)/smollm2_f1/model.onnx --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
-	$(NPUC) run $(FIXTURES)/smollm2.npub --prompt "Once upon a time, there was a little robot who" --max-tokens 48
+	$(NPUC) run $(FIXTURES)/smollm2.npub --chat --prompt "What is the capital of France?" --max-tokens 48
 
 ## test: install, generate fixtures (checked against ONNX Runtime), run every test.
 test: deps fixtures

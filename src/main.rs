@@ -149,6 +149,12 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// The prompt text.
         #[arg(long)]
         prompt: String,
+        /// Treat the prompt as a user message and apply the bundle's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// After generating, print the KV cache's counters (bytes appended, copied, read; pages).
+        #[arg(long)]
+        stats: bool,
         /// Most tokens to generate.
         #[arg(long, default_value_t = 128)]
         max_tokens: usize,
@@ -182,8 +188,8 @@ fn main() -> ExitCode {
             html,
             json,
         }),
-        Command::Run { bundle, prompt, max_tokens, threads, json } => {
-            run_cmd::run(run_cmd::Options { bundle, prompt, max_tokens, threads, json })
+        Command::Run { bundle, prompt, chat, stats, max_tokens, threads, json } => {
+            run_cmd::run(run_cmd::Options { bundle, prompt, chat, stats, max_tokens, threads, json })
         }
     };
     match result {

@@ -225,3 +225,29 @@ fn npuc_run_names_the_first_op_the_executor_lacks() {
     assert!(!ok);
     assert!(err.contains("op com.microsoft::GatherBlockQuantized is not supported by the host executor yet"), "{err}");
 }
+
+#[test]
+fn npuc_run_chat_applies_the_template_and_counts_the_kv_traffic() {
+    let path = common::fixture(FIXTURE).join("greedy.json");
+    let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let chat = greedy["prompts"].as_array().unwrap().iter().find(|p| p["kind"] == "chat").expect("a chat prompt");
+    let message = chat["messages"][0]["content"].as_str().unwrap();
+    let want_prompt = chat["prompt_ids"].as_array().unwrap().len();
+    let want: Vec<u64> = chat["generated_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let dir = bundle_dir().to_str().unwrap();
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", message, "--chat", "--stats", "--max-tokens", "64", "--json"]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    // The template renders to the same ids ONNX Runtime's reference was given, and the greedy
+    // answer is the same.
+    assert_eq!(report["prompt_tokens"].as_u64().unwrap() as usize, want_prompt);
+    let tokens: Vec<u64> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(tokens, want);
+    // Every step appends only its own rows and copies nothing: K and V, 4 bytes each, per layer
+    // and KV head, for the prompt and every generated token but the last (never fed back).
+    let kv = &report["kv"];
+    assert_eq!(kv["copied_bytes"].as_u64(), Some(0));
+    let rows = (want_prompt + want.len() - 1) as u64;
+    let (layers, kv_heads, head_dim) = (30u64, 3u64, 64u64);
+    assert_eq!(kv["appended_bytes"].as_u64(), Some(rows * layers * kv_heads * head_dim * 2 * 4));
+}
