@@ -1,6 +1,7 @@
 //! `npuc`: the command-line driver. Thin by design: argument parsing, progress and printing; the
 //! work lives in the library crates.
 
+mod bench_cmd;
 mod compile;
 mod explore;
 mod inspect;
@@ -136,6 +137,32 @@ npuc explore model.onnx --layer 0 --dot layer0.dot")]
         #[arg(long)]
         json: bool,
     },
+    /// Measure prefill and decode rates of a bundle on the host executor (median/min/max).
+    #[command(long_about = "Run a bundle on the host executor with a synthetic prompt, several times, and \
+report prefill and decode tokens per second as median, min and max.\n\nExamples:\n  \
+npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench model.npub --json")]
+    Bench {
+        /// The bundle directory (NAME.npub).
+        bundle: PathBuf,
+        /// Prompt tokens.
+        #[arg(long, default_value_t = 64)]
+        prompt_len: usize,
+        /// Tokens to generate per run.
+        #[arg(long, default_value_t = 64)]
+        gen_len: usize,
+        /// Threads of the kernels, the caller included.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Timed runs.
+        #[arg(long, default_value_t = 5)]
+        repetitions: usize,
+        /// Quantise activations to int8 per block in weight-only GEMMs (faster, not exact).
+        #[arg(long)]
+        int8_activations: bool,
+        /// Print the results as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Generate text with a bundle on the host executor: greedy decoding, streamed as it comes.
     #[command(long_about = "Open a bundle (verifying it), tokenise the prompt with the bundle's \
 tokenizer.json, prefill it, and decode greedily on the host executor with a paged KV cache, \
@@ -188,6 +215,9 @@ fn main() -> ExitCode {
             html,
             json,
         }),
+        Command::Bench { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, json } => {
+            bench_cmd::run(bench_cmd::Options { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, json })
+        }
         Command::Run { bundle, prompt, chat, stats, max_tokens, threads, json } => {
             run_cmd::run(run_cmd::Options { bundle, prompt, chat, stats, max_tokens, threads, json })
         }

@@ -1,11 +1,14 @@
 //! The host executor and `npuc run` on SmolLM2 form 1 (fp32), against ONNX Runtime: the logits
 //! of the recorded prefill and decode cases, and greedy decoding of the three prompts of
-//! greedy.json token for token.
+//! greedy.json token for token. Form 2 (4-bit WGemm, 8-bit GatherBlockQuantized embedding, the
+//! GroupQueryAttention lowering's position ops) with the Exact WGemm precision: the last prefill
+//! position's and the decode step's logits, and the first prompt's greedy tokens.
 
 mod common;
 
 use runtime::bundle::Bundle;
 use runtime::exec::{argmax, ExecOptions, Executor};
+use runtime::kernels::wgemm::WGemmPrecision;
 use serde_json::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -65,6 +68,22 @@ fn bundle_dir() -> &'static Path {
     .1
 }
 
+/// SmolLM2 form 2 (4-bit MatMulNBits, 8-bit tied embedding/lm_head), compiled once.
+fn f2_bundle_dir() -> &'static Path {
+    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("smollm2_f2.npub");
+        let model = common::fixture(F2).join("model.onnx");
+        let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
+        assert!(ok, "{err}");
+        (tmp, out)
+    })
+    .1
+}
+
+const F2: &str = "smollm2_f2";
+
 fn npuc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
     (
@@ -75,7 +94,11 @@ fn npuc(args: &[&str]) -> (bool, String, String) {
 }
 
 fn tensor(case: &str, file: &str) -> ir::Tensor {
-    let path = common::fixture(FIXTURE).join(case).join(file);
+    fixture_tensor(FIXTURE, case, file)
+}
+
+fn fixture_tensor(fixture: &str, case: &str, file: &str) -> ir::Tensor {
+    let path = common::fixture(fixture).join(case).join(file);
     frontend::read_tensor_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).1
 }
 
@@ -95,7 +118,11 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
 }
 
 fn greedy_prompts() -> Vec<(Vec<u32>, Vec<u32>, String)> {
-    let path = common::fixture(FIXTURE).join("greedy.json");
+    fixture_greedy_prompts(FIXTURE)
+}
+
+fn fixture_greedy_prompts(fixture: &str) -> Vec<(Vec<u32>, Vec<u32>, String)> {
+    let path = common::fixture(fixture).join("greedy.json");
     let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let list = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
     greedy["prompts"]
@@ -167,7 +194,8 @@ fn decoding_token_by_token_equals_one_prefill() {
 fn decode_steps_allocate_nothing_after_the_prefill() {
     let bundle = Bundle::open(bundle_dir(), Some("cpu")).unwrap();
     // One thread: every kernel runs on this thread, where allocations are counted.
-    let mut exec = Executor::new(&bundle, ExecOptions { threads: 1, max_context: 64, isa: None }).unwrap();
+    let mut exec =
+        Executor::new(&bundle, ExecOptions { threads: 1, max_context: 64, ..ExecOptions::default() }).unwrap();
     let (prompt, _, _) = greedy_prompts().swap_remove(1);
     let mut next = argmax(exec.step(&prompt).unwrap());
     next = argmax(exec.step(&[next]).unwrap());
@@ -214,19 +242,6 @@ fn npuc_run_streams_the_greedy_text_and_reports_rates() {
 }
 
 #[test]
-fn npuc_run_names_the_first_op_the_executor_lacks() {
-    // Form 2 (MatMulNBits, quantised embedding) needs ops the float executor does not run yet.
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("smollm2_f2.npub");
-    let model = common::fixture("smollm2_f2").join("model.onnx");
-    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = npuc(&["run", out.to_str().unwrap(), "--prompt", "Hi"]);
-    assert!(!ok);
-    assert!(err.contains("op com.microsoft::GatherBlockQuantized is not supported by the host executor yet"), "{err}");
-}
-
-#[test]
 fn npuc_run_chat_applies_the_template_and_counts_the_kv_traffic() {
     let path = common::fixture(FIXTURE).join("greedy.json");
     let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -250,4 +265,86 @@ fn npuc_run_chat_applies_the_template_and_counts_the_kv_traffic() {
     let rows = (want_prompt + want.len() - 1) as u64;
     let (layers, kv_heads, head_dim) = (30u64, 3u64, 64u64);
     assert_eq!(kv["appended_bytes"].as_u64(), Some(rows * layers * kv_heads * head_dim * 2 * 4));
+}
+
+#[test]
+fn f2_greedy_tokens_equal_onnx_runtime_for_the_first_prompt() {
+    // WGemm (4-bit, float zero points; 8-bit tied lm_head), GatherBlockQuantized and the
+    // GroupQueryAttention lowering's position arithmetic, with the Exact WGemm precision.
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let stop = bundle.model().stop_token_ids.clone();
+    let (prompt, want, _) = fixture_greedy_prompts(F2).swap_remove(0);
+    for threads in [1, 2] {
+        let mut exec = Executor::new(&bundle, ExecOptions { threads, ..ExecOptions::default() }).unwrap();
+        assert_eq!(exec.wgemm_precision(), WGemmPrecision::Exact);
+        let (got, _) = exec.generate_greedy(&prompt, 64, &stop, |_| {}).unwrap();
+        assert_eq!(got, want, "prompt {prompt:?} with {threads} threads");
+    }
+}
+
+#[test]
+fn f2_prefill_last_logits_match_onnx_runtime() {
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    exec.set_wgemm_precision(WGemmPrecision::Exact);
+    let prompt = ids(&fixture_tensor(F2, "prefill", "input_0.pb"));
+    let want = fixture_tensor(F2, "prefill", "output_0.pb");
+    let vocab = *want.shape.last().unwrap();
+    assert_eq!(exec.vocab(), vocab);
+    let want = want.to_f32_vec();
+    let got = exec.step(&prompt).unwrap().to_vec();
+    let last = &want[(prompt.len() - 1) * vocab..prompt.len() * vocab];
+    assert_close(&got, last, "f2 prefill, last position");
+    // The decode case continues the prefill with one token.
+    let token = ids(&fixture_tensor(F2, "decode", "input_0.pb"));
+    let got = exec.step(&token).unwrap().to_vec();
+    assert_close(&got, &fixture_tensor(F2, "decode", "output_0.pb").to_f32_vec(), "f2 decode step");
+}
+
+#[test]
+fn f2_npuc_run_streams_the_greedy_text() {
+    let (_, want, prompt) = fixture_greedy_prompts(F2).swap_remove(0);
+    let dir = f2_bundle_dir().to_str().unwrap();
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "20", "--json"]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let tokens: Vec<u32> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert_eq!(tokens, want[..20]);
+}
+
+#[test]
+fn f2_decode_steps_allocate_nothing_after_the_prefill() {
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    for precision in [WGemmPrecision::Exact, WGemmPrecision::Int8Activations] {
+        // One thread: every kernel runs on this thread, where allocations are counted.
+        let mut exec =
+            Executor::new(&bundle, ExecOptions { threads: 1, max_context: 64, ..ExecOptions::default() }).unwrap();
+        exec.set_wgemm_precision(precision);
+        let (prompt, _, _) = fixture_greedy_prompts(F2).swap_remove(1);
+        let mut next = argmax(exec.step(&prompt).unwrap());
+        next = argmax(exec.step(&[next]).unwrap());
+        ALLOCATIONS.with(|n| n.set(0));
+        COUNTING.with(|c| c.set(true));
+        for _ in 0..8 {
+            next = argmax(exec.step(&[next]).unwrap());
+        }
+        COUNTING.with(|c| c.set(false));
+        assert_eq!(ALLOCATIONS.with(Cell::get), 0, "heap allocations in 8 decode steps ({precision:?})");
+    }
+}
+
+#[test]
+fn npuc_bench_reports_median_min_max() {
+    let dir = bundle_dir().to_str().unwrap();
+    let (ok, out, err) =
+        npuc(&["bench", dir, "--prompt-len", "8", "--gen-len", "4", "--repetitions", "3", "--threads", "2", "--json"]);
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((r["prompt_len"].as_u64(), r["gen_len"].as_u64(), r["repetitions"].as_u64()), (Some(8), Some(4), Some(3)));
+    for key in ["prefill_tok_s", "decode_tok_s"] {
+        let (min, median, max) = (r[key]["min"].as_f64().unwrap(), r[key]["median"].as_f64().unwrap(), r[key]["max"].as_f64().unwrap());
+        assert!(0.0 < min && min <= median && median <= max, "{key}: {}", r[key]);
+    }
+    let (ok, _, err) = npuc(&["bench", dir, "--gen-len", "1"]);
+    assert!(!ok && err.contains("--gen-len"), "{err}");
 }

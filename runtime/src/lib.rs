@@ -5,8 +5,8 @@
 //! Built so far: [`bundle`] (the deployable bundle: writer for the compiler, verifying loader),
 //! [`kvcache`] (the paged KV cache with attention over pages), [`kernels`] (the host executor's
 //! compute kernels with run-time CPU feature dispatch) and [`exec`] (the host executor: a bundle's
-//! program planned into reused buffers, run with the kernels and the paged cache; float programs
-//! today). Sampling beyond greedy, the quantised programs, and the device backends are next. The
+//! program planned into reused buffers, run with the kernels and the paged cache; float and 4-bit
+//! weight-only programs today). Sampling beyond greedy, the quantised programs, and the device backends are next. The
 //! crate depends on no compiler crate: a bundle is the only thing that crosses from the compiler
 //! to the runtime.
 

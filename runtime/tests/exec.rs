@@ -72,3 +72,13 @@ fn an_unknown_symbolic_size_is_refused_naming_the_value() {
     assert!(matches!(err, ExecError::Program { .. }), "{err:?}");
     assert!(err.to_string().contains("`embedded`") && err.to_string().contains("num_images"), "{err}");
 }
+
+#[test]
+fn a_wgemm_whose_codes_are_not_u8_is_refused_naming_the_node() {
+    let mut program = program_with("npuc::WGemm");
+    program["nodes"][1]["attrs"] = json!({"K": 2, "N": 2, "bits": 4, "block_size": 16});
+    program["nodes"][1]["inputs"] = json!([2, 1, 1]);
+    let err = load_error(program);
+    assert!(matches!(&err, ExecError::Node { node, .. } if node == "last_op"), "{err:?}");
+    assert!(err.to_string().contains("`table`) is not a u8 weight"), "{err}");
+}

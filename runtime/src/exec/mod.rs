@@ -3,22 +3,37 @@
 //!
 //! [`Executor::new`] decodes the program and builds its plan (see `plan.rs`): every value gets a
 //! place — a buffer, a weight read in place from the bundle's map, a constant, the step's token
-//! ids or positions, or the KV cache — and every node that computes something becomes one op.
-//! Ops the executor does not run are refused at load, naming the op and the node. Reshape,
-//! Unsqueeze, Squeeze, Flatten and Identity are aliases (no copy); a 2-D weight transposed only to
-//! feed MatMuls (a tied lm_head reading the embedding table) is read in place in the `[N, K]`
-//! layout. Buffers are shared by values whose lifetimes do not overlap and grow to the largest
-//! step seen; decoding one token after another allocates nothing.
+//! ids or positions, a small integer buffer, or the KV cache — and every node that computes
+//! something becomes one op. Ops the executor does not run are refused at load, naming the op and
+//! the node. Reshape, Unsqueeze, Squeeze, Flatten and Identity are aliases (no copy); a 2-D weight
+//! transposed only to feed MatMuls (a tied lm_head reading the embedding table) is read in place
+//! in the `[N, K]` layout. Buffers are shared by values whose lifetimes do not overlap and grow to
+//! the largest step seen; decoding one token after another allocates nothing.
+//!
+//! Quantised programs (form 2): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm;
+//! its weights are stored in the bundle in the MatMulNBits layout and repacked with
+//! `pack_wgemm` at load (a copy of every WGemm weight in memory; packing at compile time is
+//! next). The precision is [`WGemmPrecision::Exact`] unless [`Executor::set_wgemm_precision`]
+//! says otherwise. `com.microsoft::GatherBlockQuantized` (rows along axis 0, quantised along the
+//! last axis) reads its table in place with `embed_nbits` — for SmolLM2 the tied lm_head's 8-bit
+//! storage, so the table is held once in the map (and once more packed for the lm_head).
+//!
+//! Shape and position arithmetic left in the program (Shape, integer Gather, Add, Sub, Mul,
+//! Range, Concat of i64 tensors) is evaluated exactly at every step into small i64 buffers, from
+//! the step's concrete shapes; f32 Slice and Concat copy. The GroupQueryAttention lowering's
+//! positions (`Range(past, past + seq)` gathering the cos/sin caches) therefore come from the
+//! program's own ops, with `past` the cache's length.
 //!
 //! Attention nodes are bound to the cache: the step's K and V are appended to the node's layer
 //! (Attention nodes are layers in program order), its queries attend over the pages, and the
-//! node's past inputs, present outputs and attention mask are never tensors. Positions
-//! (`position_ids`) are the cache's length onwards. Symbolic sizes are `batch_size = 1`,
-//! `sequence_length = S` (the step's tokens), `past_sequence_length = P` (the tokens held).
+//! node's past inputs, present outputs and attention mask are never tensors (a Shape of a past
+//! input reads its shape only). Positions (`position_ids`) are the cache's length onwards.
+//! Symbolic sizes are `batch_size = 1`, `sequence_length = S` (the step's tokens),
+//! `past_sequence_length = P` (the tokens held).
 //!
 //! [`Executor::step`] runs S tokens (a prefill block, or one token when decoding) and returns
-//! the logits of the last position; when the logits come from a MatMul, only that row is
-//! computed.
+//! the logits of the last position; when the logits come from a MatMul or a WGemm, only that row
+//! is computed.
 
 mod error;
 mod plan;
@@ -31,10 +46,11 @@ pub use plan::MAX_TRANSPOSE_RANK;
 pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
+use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, SeqId};
 use error::node_err;
-use plan::{Loc, Op, Plan};
+use plan::{IntKind, Loc, Op, Plan};
 use program::{Program, StepDims};
 
 /// Context the executor reserves KV pages for unless told otherwise.
@@ -73,6 +89,10 @@ pub struct Executor<'b> {
     ids: Vec<i64>,
     positions: Vec<i64>,
     gather_ids: Vec<u32>,
+    /// Small integer tensors (shape and position arithmetic).
+    ibufs: Vec<Vec<i64>>,
+    wgemm_precision: WGemmPrecision,
+    wgemm_scratch: WGemmScratch,
 }
 
 /// Timings of one [`Executor::generate_greedy`] call.
@@ -133,6 +153,9 @@ impl<'b> Executor<'b> {
         Ok(Executor {
             shapes: vec![Vec::new(); plan.program.values.len()],
             bufs: vec![Vec::new(); plan.buffers],
+            ibufs: vec![Vec::new(); plan.i64_buffers],
+            wgemm_precision: WGemmPrecision::Exact,
+            wgemm_scratch: WGemmScratch::default(),
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),
@@ -145,6 +168,16 @@ impl<'b> Executor<'b> {
             positions: Vec::new(),
             gather_ids: Vec::new(),
         })
+    }
+
+    /// How WGemm nodes multiply activations by their codes; [`WGemmPrecision::Exact`] (the
+    /// default) agrees with ONNX Runtime's MatMulNBits up to f32 rounding.
+    pub fn set_wgemm_precision(&mut self, precision: WGemmPrecision) {
+        self.wgemm_precision = precision;
+    }
+
+    pub fn wgemm_precision(&self) -> WGemmPrecision {
+        self.wgemm_precision
     }
 
     /// Tokens the cache holds.
@@ -238,7 +271,9 @@ impl<'b> Executor<'b> {
     }
 
     fn last_row_only(&self, v: usize) -> bool {
-        self.plan.ops.iter().any(|(_, op)| matches!(op, Op::MatMul { out, last_row_only: true, .. } if *out == v))
+        self.plan.ops.iter().any(|(_, op)| {
+            matches!(op, Op::MatMul { out, last_row_only: true, .. } | Op::WGemm { out, last_row_only: true, .. } if *out == v)
+        })
     }
 
     /// Evaluates every value's shape for the step and grows the buffers to fit.
@@ -250,7 +285,13 @@ impl<'b> Executor<'b> {
         }
         for (_, op) in &self.plan.ops {
             let (outputs, rows_one): (&[usize], bool) = match op {
-                Op::MatMul { out, last_row_only, .. } => (std::slice::from_ref(out), *last_row_only),
+                Op::MatMul { out, last_row_only, .. } | Op::WGemm { out, last_row_only, .. } => {
+                    (std::slice::from_ref(out), *last_row_only)
+                }
+                Op::Int { .. } => continue,
+                Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
+                    (std::slice::from_ref(out), false)
+                }
                 Op::Gather { out, .. }
                 | Op::Transpose { out, .. }
                 | Op::RmsNorm { out, .. }
@@ -280,6 +321,16 @@ impl<'b> Executor<'b> {
 
     fn run_op(&mut self, index: usize) -> Result<(), ExecError> {
         let (first, second) = match &self.plan.ops[index].1 {
+            Op::Int { out, .. } => {
+                let Loc::I64Buf(b) = self.plan.locs[*out] else { unreachable!("integer ops write i64 buffers") };
+                let mut y = std::mem::take(&mut self.ibufs[b]);
+                let result = self.compute_int(index, &mut y);
+                self.ibufs[b] = y;
+                return result;
+            }
+            Op::WGemm { out, .. } | Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
+                (*out, None)
+            }
             Op::Gather { out, .. }
             | Op::MatMul { out, .. }
             | Op::Transpose { out, .. }
@@ -318,8 +369,86 @@ impl<'b> Executor<'b> {
             shapes: &self.shapes,
             ids: &self.ids,
             positions: &self.positions,
+            ibufs: &self.ibufs,
         };
         match op {
+            Op::Int { .. } => unreachable!("run by compute_int"),
+            Op::WGemm { a, packed, bias, k, n, last_row_only, .. } => {
+                let weights = self.plan.packed[*packed].weights();
+                let mut x = view.f32(*a);
+                if !x.len().is_multiple_of(*k) {
+                    return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
+                }
+                let mut m = x.len() / k;
+                if *last_row_only && m > 1 {
+                    x = &x[(m - 1) * k..];
+                    m = 1;
+                }
+                let b = bias.map(|b| view.f32(b));
+                if b.is_some_and(|b| b.len() != *n) {
+                    return Err(fail(format!("the bias is not {n} values")));
+                }
+                wgemm::wgemm(
+                    isa,
+                    &self.pool,
+                    &weights,
+                    x,
+                    m,
+                    b,
+                    &mut y[..m * n],
+                    self.wgemm_precision,
+                    &mut self.wgemm_scratch,
+                );
+            }
+            Op::GatherNBits { table, ids, out } => {
+                let table = &self.plan.nbits_tables[*table];
+                let rows = table.n;
+                self.gather_ids.clear();
+                for &i in view.i64(*ids) {
+                    let row = if i < 0 { i + rows as i64 } else { i };
+                    self.gather_ids
+                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {rows} rows")))?);
+                }
+                let n = numel(&self.shapes[*out]);
+                if n != self.gather_ids.len() * table.k {
+                    return Err(fail(format!("{} ids of {} values do not fill {n}", self.gather_ids.len(), table.k)));
+                }
+                embed::embed_nbits(table, &self.gather_ids, &mut y[..n])?;
+            }
+            Op::Slice { x, starts, ends, axes, steps, out } => {
+                let input = view.f32(*x);
+                let (st, en) = (view.i64(*starts), view.i64(*ends));
+                let ax = axes.map(|a| view.i64(a));
+                let sp = steps.map(|s| view.i64(s));
+                let n = numel(&self.shapes[*out]);
+                slice(input, &self.shapes[*x], st, en, ax, sp, &mut y[..n]).map_err(&fail)?;
+            }
+            Op::Concat { inputs, axis, out } => {
+                let out_shape = &self.shapes[*out];
+                let rank = out_shape.len();
+                let axis = if *axis < 0 { (*axis + rank as i64) as usize } else { *axis as usize };
+                let outer: usize = out_shape[..axis].iter().product();
+                let n = numel(out_shape);
+                let mut at = 0;
+                for o in 0..outer {
+                    for &i in inputs {
+                        let data = view.f32(i);
+                        let shape = &self.shapes[i];
+                        if shape.len() != rank || (0..rank).any(|d| d != axis && shape[d] != out_shape[d]) {
+                            return Err(fail(format!("input {shape:?} does not concatenate into {out_shape:?}")));
+                        }
+                        let chunk: usize = shape[axis..].iter().product();
+                        if at + chunk > n {
+                            return Err(fail(format!("inputs overflow the output {out_shape:?}")));
+                        }
+                        y[at..at + chunk].copy_from_slice(&data[o * chunk..(o + 1) * chunk]);
+                        at += chunk;
+                    }
+                }
+                if at != n {
+                    return Err(fail(format!("inputs fill {at} of {n} values of {out_shape:?}")));
+                }
+            }
             Op::Gather { data, ids, out } => {
                 let table = view.f32(*data);
                 let rows = self.shapes[*data].first().copied().unwrap_or(0);
@@ -404,6 +533,181 @@ impl<'b> Executor<'b> {
     }
 }
 
+impl Executor<'_> {
+    /// Evaluates an integer op exactly into `y`.
+    fn compute_int(&self, index: usize, y: &mut Vec<i64>) -> Result<(), ExecError> {
+        let (node_index, op) = &self.plan.ops[index];
+        let node = &self.plan.program.nodes[*node_index];
+        let fail = |problem: String| node_err(&node.name, &node.op, problem);
+        let Op::Int { kind, inputs, .. } = op else { unreachable!("an integer op") };
+        let view = View {
+            plan: &self.plan,
+            bufs: &self.bufs,
+            shapes: &self.shapes,
+            ids: &self.ids,
+            positions: &self.positions,
+            ibufs: &self.ibufs,
+        };
+        let scalar = |slot: usize| -> Result<i64, ExecError> {
+            match view.i64(inputs[slot]) {
+                [v] => Ok(*v),
+                other => Err(fail(format!("input {slot} holds {} values, not one", other.len()))),
+            }
+        };
+        y.clear();
+        match kind {
+            IntKind::Shape { start, end } => {
+                let shape = &self.shapes[inputs[0]];
+                let rank = shape.len() as i64;
+                let clamp = |i: i64| (if i < 0 { i + rank } else { i }).clamp(0, rank) as usize;
+                let (s, e) = (clamp(*start), clamp(end.unwrap_or(rank)));
+                y.extend(shape[s..e.max(s)].iter().map(|&d| d as i64));
+            }
+            IntKind::Gather => {
+                let (data, ids) = (view.i64(inputs[0]), view.i64(inputs[1]));
+                let rows = self.shapes[inputs[0]].first().copied().unwrap_or(0);
+                let width = data.len().checked_div(rows).unwrap_or(0);
+                for &i in ids {
+                    let row = if i < 0 { i + rows as i64 } else { i };
+                    if row < 0 || row as usize >= rows {
+                        return Err(fail(format!("index {i} is outside {rows} rows")));
+                    }
+                    y.extend_from_slice(&data[row as usize * width..(row as usize + 1) * width]);
+                }
+            }
+            IntKind::Add | IntKind::Sub | IntKind::Mul => {
+                let (a, b) = (view.i64(inputs[0]), view.i64(inputs[1]));
+                let f = |x: i64, y: i64| match kind {
+                    IntKind::Add => x.wrapping_add(y),
+                    IntKind::Sub => x.wrapping_sub(y),
+                    _ => x.wrapping_mul(y),
+                };
+                // Scalars broadcast; otherwise the shapes must agree.
+                match (a.len(), b.len()) {
+                    (1, _) => y.extend(b.iter().map(|&v| f(a[0], v))),
+                    (_, 1) => y.extend(a.iter().map(|&v| f(v, b[0]))),
+                    (x, z) if x == z && self.shapes[inputs[0]] == self.shapes[inputs[1]] => {
+                        y.extend(a.iter().zip(b).map(|(&u, &v)| f(u, v)))
+                    }
+                    _ => {
+                        return Err(fail(format!(
+                            "shapes {:?} and {:?} do not broadcast the ways the executor does",
+                            self.shapes[inputs[0]], self.shapes[inputs[1]]
+                        )))
+                    }
+                }
+            }
+            IntKind::Range => {
+                let (start, limit, delta) = (scalar(0)?, scalar(1)?, scalar(2)?);
+                if delta == 0 {
+                    return Err(fail("delta is 0".to_string()));
+                }
+                let count = ((limit - start) as f64 / delta as f64).ceil().max(0.0) as i64;
+                y.extend((0..count).map(|i| start + i * delta));
+            }
+            IntKind::Concat => {
+                for &i in inputs {
+                    y.extend_from_slice(view.i64(i));
+                }
+            }
+        }
+        let out = op_out(op);
+        let want = numel(&self.shapes[out]);
+        if y.len() != want {
+            return Err(fail(format!("computed {} values; the program says {:?}", y.len(), self.shapes[out])));
+        }
+        Ok(())
+    }
+}
+
+fn op_out(op: &Op) -> usize {
+    match op {
+        Op::Int { out, .. } => *out,
+        _ => unreachable!("used for integer ops"),
+    }
+}
+
+/// ONNX Slice of `x` (of `shape`) into `out`.
+fn slice(
+    x: &[f32],
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+    out: &mut [f32],
+) -> Result<(), String> {
+    let rank = shape.len();
+    if starts.len() != ends.len()
+        || axes.is_some_and(|a| a.len() != starts.len())
+        || steps.is_some_and(|s| s.len() != starts.len())
+    {
+        return Err("starts, ends, axes and steps differ in length".to_string());
+    }
+    let mut begin = [0i64; MAX_TRANSPOSE_RANK];
+    let mut step = [1i64; MAX_TRANSPOSE_RANK];
+    let mut count = [0usize; MAX_TRANSPOSE_RANK];
+    count[..rank].copy_from_slice(shape);
+    for i in 0..starts.len() {
+        let a = axes.map_or(i as i64, |a| a[i]);
+        let axis = if a < 0 { a + rank as i64 } else { a };
+        if axis < 0 || axis >= rank as i64 {
+            return Err(format!("axis {a} is outside rank {rank}"));
+        }
+        let axis = axis as usize;
+        let dim = shape[axis] as i64;
+        let s = steps.map_or(1, |s| s[i]);
+        if s == 0 {
+            return Err("a step is 0".to_string());
+        }
+        let norm = |v: i64| if v < 0 { v + dim } else { v };
+        let (b, e) = if s > 0 {
+            (norm(starts[i]).clamp(0, dim), norm(ends[i]).clamp(0, dim))
+        } else {
+            (norm(starts[i]).clamp(-1, dim - 1), norm(ends[i]).clamp(-1, dim - 1))
+        };
+        let (span, by) = if s > 0 { ((e - b).max(0), s) } else { ((b - e).max(0), -s) };
+        let n = (span + by - 1) / by;
+        begin[axis] = b;
+        step[axis] = s;
+        count[axis] = n as usize;
+    }
+    let total: usize = count[..rank].iter().product();
+    if total != out.len() {
+        return Err(format!("the slice holds {total} values; the program says {}", out.len()));
+    }
+    if total == 0 {
+        return Ok(());
+    }
+    let mut strides = [0i64; MAX_TRANSPOSE_RANK];
+    let mut stride = 1i64;
+    for i in (0..rank).rev() {
+        strides[i] = stride;
+        stride *= shape[i] as i64;
+    }
+    // Whole runs of the last axis when it is taken with step 1.
+    let (outer, run) = if rank > 0 && step[rank - 1] == 1 { (rank - 1, count[rank - 1]) } else { (rank, 1) };
+    let base: i64 = (0..rank).map(|i| begin[i] * strides[i]).sum();
+    let mut index = [0usize; MAX_TRANSPOSE_RANK];
+    let mut src = base;
+    for chunk in out.chunks_exact_mut(run) {
+        let s = src as usize;
+        chunk.copy_from_slice(&x[s..s + run]);
+        let mut axis = outer;
+        while axis > 0 {
+            axis -= 1;
+            index[axis] += 1;
+            src += step[axis] * strides[axis];
+            if index[axis] < count[axis] {
+                break;
+            }
+            src -= step[axis] * strides[axis] * count[axis] as i64;
+            index[axis] = 0;
+        }
+    }
+    Ok(())
+}
+
 /// Read access to the values of the current step.
 struct View<'a, 'b> {
     plan: &'a Plan<'b>,
@@ -411,6 +715,7 @@ struct View<'a, 'b> {
     shapes: &'a [Vec<usize>],
     ids: &'a [i64],
     positions: &'a [i64],
+    ibufs: &'a [Vec<i64>],
 }
 
 impl<'a> View<'a, '_> {
@@ -429,6 +734,7 @@ impl<'a> View<'a, '_> {
             Loc::Ids => self.ids,
             Loc::Positions => self.positions,
             Loc::ConstI64(i) => &self.plan.consts_i64[i],
+            Loc::I64Buf(i) => &self.ibufs[i],
             other => unreachable!("value {v} at {other:?} is not i64 (checked at load)"),
         }
     }
@@ -553,6 +859,21 @@ mod tests {
         // x [1, 5, 9, 64] (BSNH) with cos [1, 5, 1, 64]: 9 consecutive rows share one.
         assert_eq!(rope_broadcast(&[1, 5, 9, 64], &[1, 5, 1, 64], 5 * 64), Ok((64, 9)));
         assert!(rope_broadcast(&[1, 9, 5, 64], &[1, 1, 5, 32], 5 * 32).is_err());
+    }
+
+    #[test]
+    fn slice_takes_ranges_steps_and_negative_bounds() {
+        let x: Vec<f32> = (0..24).map(|v| v as f32).collect();
+        // [2, 3, 4]: axis 1 from 1 to the end.
+        let mut y = vec![0.0; 16];
+        slice(&x, &[2, 3, 4], &[1], &[i64::MAX], Some(&[1]), None, &mut y).unwrap();
+        assert_eq!(y, [4., 5., 6., 7., 8., 9., 10., 11., 16., 17., 18., 19., 20., 21., 22., 23.]);
+        // Last axis backwards by 2 from -1, first row only.
+        let mut y = vec![0.0; 6];
+        slice(&x, &[2, 3, 4], &[0, -1], &[1, -5], Some(&[0, -1]), Some(&[1, -2]), &mut y).unwrap();
+        assert_eq!(y, [3., 1., 7., 5., 11., 9.]);
+        // A size the program does not expect is an error.
+        assert!(slice(&x, &[2, 3, 4], &[0], &[1], None, None, &mut [0.0; 5]).is_err());
     }
 
     #[test]

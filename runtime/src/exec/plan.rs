@@ -1,11 +1,14 @@
 //! Loading a program into a plan: where every value lives (a buffer, a weight, a constant, the
-//! step's token ids or positions, or the KV cache), one [`Op`] per node that computes something,
-//! and buffers shared by values whose lifetimes do not overlap.
+//! step's token ids or positions, a small i64 buffer, or the KV cache), one [`Op`] per node that
+//! computes something, and buffers shared by values whose lifetimes do not overlap. WGemm weights
+//! are repacked from the bundle's MatMulNBits layout here (see the module doc of `exec`); i64
+//! weights (shape operands stored as raw bytes) become constants.
 
 use std::collections::HashMap;
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::WeightLayout;
+use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
 
 use super::error::{node_err, value_err, ExecError};
 use super::program::{ElemType, NodeInfo, Program, ValueDef};
@@ -21,6 +24,8 @@ pub enum Loc {
     WeightT(usize),
     ConstF32(usize),
     ConstI64(usize),
+    /// A small integer tensor computed at run time (shape and position arithmetic).
+    I64Buf(usize),
     /// The step's token ids (`input_ids`).
     Ids,
     /// The step's positions (`position_ids`).
@@ -34,14 +39,115 @@ pub enum Loc {
 /// One node that computes something. Values are program value indices.
 #[derive(Clone, Debug)]
 pub enum Op {
-    Gather { data: usize, ids: usize, out: usize },
-    MatMul { a: usize, w: usize, layout: WeightLayout, k: usize, n: usize, out: usize, last_row_only: bool },
-    Transpose { x: usize, perm: Vec<usize>, out: usize },
-    RmsNorm { x: usize, gamma: usize, eps: f32, out: usize },
-    SkipRmsNorm { x: usize, skip: usize, gamma: usize, bias: Option<usize>, eps: f32, y: usize, sum: Option<usize> },
-    Rope { x: usize, cos: usize, sin: usize, interleaved: bool, out: usize },
-    SwiGlu { gate: usize, up: usize, out: usize },
-    Attention { q: usize, k: usize, v: usize, layer: usize, scale: f32, out: usize },
+    Gather {
+        data: usize,
+        ids: usize,
+        out: usize,
+    },
+    MatMul {
+        a: usize,
+        w: usize,
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        out: usize,
+        last_row_only: bool,
+    },
+    Transpose {
+        x: usize,
+        perm: Vec<usize>,
+        out: usize,
+    },
+    RmsNorm {
+        x: usize,
+        gamma: usize,
+        eps: f32,
+        out: usize,
+    },
+    SkipRmsNorm {
+        x: usize,
+        skip: usize,
+        gamma: usize,
+        bias: Option<usize>,
+        eps: f32,
+        y: usize,
+        sum: Option<usize>,
+    },
+    Rope {
+        x: usize,
+        cos: usize,
+        sin: usize,
+        interleaved: bool,
+        out: usize,
+    },
+    SwiGlu {
+        gate: usize,
+        up: usize,
+        out: usize,
+    },
+    Attention {
+        q: usize,
+        k: usize,
+        v: usize,
+        layer: usize,
+        scale: f32,
+        out: usize,
+    },
+    /// MatMulNBits: `packed` indexes [`Plan::packed`].
+    WGemm {
+        a: usize,
+        packed: usize,
+        bias: Option<usize>,
+        k: usize,
+        n: usize,
+        out: usize,
+        last_row_only: bool,
+    },
+    /// GatherBlockQuantized along axis 0: `table` indexes [`Plan::nbits_tables`].
+    GatherNBits {
+        table: usize,
+        ids: usize,
+        out: usize,
+    },
+    /// Slice of an f32 tensor; starts, ends, axes and steps are i64 values.
+    Slice {
+        x: usize,
+        starts: usize,
+        ends: usize,
+        axes: Option<usize>,
+        steps: Option<usize>,
+        out: usize,
+    },
+    /// Concat of f32 tensors.
+    Concat {
+        inputs: Vec<usize>,
+        axis: i64,
+        out: usize,
+    },
+    /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
+    Int {
+        kind: IntKind,
+        inputs: Vec<usize>,
+        out: usize,
+    },
+}
+
+/// The integer ops of shape and position arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntKind {
+    /// `start`/`end` attributes of Shape (end exclusive; `None` = the rank).
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
+    /// Gather along axis 0.
+    Gather,
+    Add,
+    Sub,
+    Mul,
+    Range,
+    /// Concat of rank-1 (or scalar) tensors.
+    Concat,
 }
 
 /// The attention geometry every Attention node of the program shares.
@@ -57,7 +163,14 @@ pub struct Plan<'b> {
     pub program: Program,
     pub locs: Vec<Loc>,
     pub ops: Vec<(usize, Op)>,
+    /// f32 weights read in place (empty for weights of other dtypes; see `views`).
     pub weights: Vec<&'b [f32]>,
+    /// WGemm weights repacked from the bundle's MatMulNBits layout at load.
+    pub packed: Vec<PackedWGemm>,
+    /// GatherBlockQuantized tables, read in place in MatMulNBits layout.
+    pub nbits_tables: Vec<MatMulNBits<'b>>,
+    /// Number of [`Loc::I64Buf`] buffers.
+    pub i64_buffers: usize,
     pub consts_f32: Vec<Vec<f32>>,
     pub consts_i64: Vec<Vec<i64>>,
     pub buffers: usize,
@@ -70,10 +183,19 @@ pub struct Plan<'b> {
 pub const MAX_TRANSPOSE_RANK: usize = 8;
 
 /// Ops that compute (every other supported op is an alias).
-const COMPUTED_OPS: [&str; 8] = [
+const COMPUTED_OPS: [&str; 17] = [
     "ai.onnx::Gather",
     "ai.onnx::MatMul",
     "ai.onnx::Transpose",
+    "ai.onnx::Slice",
+    "ai.onnx::Concat",
+    "ai.onnx::Shape",
+    "ai.onnx::Add",
+    "ai.onnx::Sub",
+    "ai.onnx::Mul",
+    "ai.onnx::Range",
+    "npuc::WGemm",
+    "com.microsoft::GatherBlockQuantized",
     "npuc::RmsNorm",
     "npuc::SkipRmsNorm",
     "npuc::Rope",
@@ -108,6 +230,7 @@ impl<'b> Plan<'b> {
         }
 
         let mut weights = Vec::new();
+        let mut views = Vec::new();
         let mut weight_index: HashMap<String, usize> = HashMap::new();
         let mut consts_f32 = Vec::new();
         let mut consts_i64 = Vec::new();
@@ -117,13 +240,23 @@ impl<'b> Plan<'b> {
                     if consumers[v].is_empty() {
                         continue;
                     }
+                    let view = weight(name)
+                        .ok_or_else(|| value_err(&info.name, format!("weight `{name}` is not in the bundle")))?;
+                    if info.dtype == "i64" {
+                        // Shape operands (stored as raw little-endian bytes): small constants.
+                        consts_i64.push(i64_weight(&info.name, view)?);
+                        locs[v] = Loc::ConstI64(consts_i64.len() - 1);
+                        continue;
+                    }
                     let index = match weight_index.get(name) {
                         Some(&i) => i,
                         None => {
-                            let view = weight(name).ok_or_else(|| {
-                                value_err(&info.name, format!("weight `{name}` is not in the bundle"))
-                            })?;
-                            weights.push(f32_weight(&info.name, view)?);
+                            // Only f32 weights are read as floats; others (u8 codes) are read by
+                            // the ops that take them, which check their dtype.
+                            let floats =
+                                if info.elem == Some(ElemType::F32) { f32_weight(&info.name, view)? } else { &[] };
+                            weights.push(floats);
+                            views.push(view);
                             weight_index.insert(name.clone(), weights.len() - 1);
                             weights.len() - 1
                         }
@@ -204,7 +337,10 @@ impl<'b> Plan<'b> {
         // A graph input bound to the cache may only be read by Attention nodes.
         for (v, loc) in locs.iter().enumerate() {
             if *loc == Loc::Cache {
-                if let Some(&(n, _)) = consumers[v].iter().find(|(n, _)| program.nodes[*n].op != "npuc::Attention") {
+                if let Some(&(n, _)) = consumers[v]
+                    .iter()
+                    .find(|(n, _)| !matches!(program.nodes[*n].op.as_str(), "npuc::Attention" | "ai.onnx::Shape"))
+                {
                     let reader = &program.nodes[n];
                     return Err(node_err(
                         &reader.name,
@@ -223,6 +359,13 @@ impl<'b> Plan<'b> {
             locs[v] = Loc::Buf(next_root);
             next_root += 1;
         };
+        let mut i64_buffers = 0;
+        let mut fresh_i64 = |locs: &mut Vec<Loc>, v: usize| {
+            locs[v] = Loc::I64Buf(i64_buffers);
+            i64_buffers += 1;
+        };
+        let mut packed = Vec::new();
+        let mut nbits_tables = Vec::new();
         for (n, node) in program.nodes.iter().enumerate() {
             let fail = |problem: String| node_err(&node.name, &node.op, problem);
             let input = |slot: usize| node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")));
@@ -253,9 +396,16 @@ impl<'b> Plan<'b> {
                     if axis != 0 {
                         return Err(fail(format!("gathers along axis {axis}; the executor gathers rows (axis 0)")));
                     }
+                    if values[input(0)?].elem == Some(ElemType::I64) {
+                        let ins = int_inputs(node, &locs, 2, values)?;
+                        let o = out(0)?;
+                        fresh_i64(&mut locs, o);
+                        ops.push((n, Op::Int { kind: IntKind::Gather, inputs: ins, out: o }));
+                        continue;
+                    }
                     let data = f32_input(0, &locs)?;
                     let ids = input(1)?;
-                    if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_)) {
+                    if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_) | Loc::I64Buf(_)) {
                         return Err(fail(format!(
                             "indices `{}` are not token ids, positions or a constant",
                             values[ids].name
@@ -378,6 +528,151 @@ impl<'b> Plan<'b> {
                     ops.push((n, Op::Attention { q, k, v, layer, scale, out: o }));
                     layer += 1;
                 }
+                "ai.onnx::Shape" => {
+                    let start = node.attr_i64("start").unwrap_or(0);
+                    let end = node.attr_i64("end");
+                    let x = input(0)?;
+                    let o = out(0)?;
+                    fresh_i64(&mut locs, o);
+                    ops.push((n, Op::Int { kind: IntKind::Shape { start, end }, inputs: vec![x], out: o }));
+                }
+                "ai.onnx::Add" | "ai.onnx::Sub" | "ai.onnx::Mul" | "ai.onnx::Range" => {
+                    let (kind, arity) = match node.op.as_str() {
+                        "ai.onnx::Add" => (IntKind::Add, 2),
+                        "ai.onnx::Sub" => (IntKind::Sub, 2),
+                        "ai.onnx::Mul" => (IntKind::Mul, 2),
+                        _ => (IntKind::Range, 3),
+                    };
+                    let ins = int_inputs(node, &locs, arity, values)?;
+                    let o = out(0)?;
+                    fresh_i64(&mut locs, o);
+                    ops.push((n, Op::Int { kind, inputs: ins, out: o }));
+                }
+                "ai.onnx::Concat" => {
+                    let axis = node.attr_i64("axis").unwrap_or(0);
+                    let o = out(0)?;
+                    if values[o].elem == Some(ElemType::I64) {
+                        let arity = node.inputs.len();
+                        let ins = int_inputs(node, &locs, arity, values)?;
+                        if values[o].shape.len() != 1 {
+                            return Err(fail("concatenates integer tensors of rank other than 1".to_string()));
+                        }
+                        fresh_i64(&mut locs, o);
+                        ops.push((n, Op::Int { kind: IntKind::Concat, inputs: ins, out: o }));
+                        continue;
+                    }
+                    let rank = values[o].shape.len();
+                    if rank > MAX_TRANSPOSE_RANK || rank == 0 || axis < -(rank as i64) || axis >= rank as i64 {
+                        return Err(fail(format!("axis {axis} of rank {rank} is not one the executor concatenates")));
+                    }
+                    let ins = (0..node.inputs.len()).map(|s| f32_input(s, &locs)).collect::<Result<Vec<_>, _>>()?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::Concat { inputs: ins, axis, out: o }));
+                }
+                "ai.onnx::Slice" => {
+                    let x = f32_input(0, &locs)?;
+                    if values[x].shape.len() > MAX_TRANSPOSE_RANK {
+                        return Err(fail(format!("rank above the {MAX_TRANSPOSE_RANK} axes the executor slices")));
+                    }
+                    let int = |slot: usize| -> Result<Option<usize>, ExecError> {
+                        match node.input(slot) {
+                            None => Ok(None),
+                            Some(v)
+                                if values[v].elem == Some(ElemType::I64)
+                                    && matches!(locs[v], Loc::ConstI64(_) | Loc::I64Buf(_)) =>
+                            {
+                                Ok(Some(v))
+                            }
+                            Some(v) => Err(fail(format!(
+                                "input {slot} (`{}`) is not an integer tensor the executor holds",
+                                values[v].name
+                            ))),
+                        }
+                    };
+                    let (starts, ends) = match (int(1)?, int(2)?) {
+                        (Some(s), Some(e)) => (s, e),
+                        _ => return Err(fail("starts and ends are required".to_string())),
+                    };
+                    let (axes, steps) = (int(3)?, int(4)?);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::Slice { x, starts, ends, axes, steps, out: o }));
+                }
+                "npuc::WGemm" => {
+                    let a = f32_input(0, &locs)?;
+                    let attr = |name: &str| -> Result<usize, ExecError> {
+                        node.attr_i64(name)
+                            .and_then(|v| usize::try_from(v).ok())
+                            .ok_or_else(|| fail(format!("attribute {name} is missing or negative")))
+                    };
+                    let (k, n_cols, bits, block_size) = (attr("K")?, attr("N")?, attr("bits")?, attr("block_size")?);
+                    if node.input(4).is_some() {
+                        return Err(fail("g_idx (act-order block indices) is not supported".to_string()));
+                    }
+                    let codes = u8_weight(node, &locs, &views, values, 1)?;
+                    let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
+                    let zero_points = match node.input(3) {
+                        None => NBitsZeroPoints::Default,
+                        Some(v) if values[v].dtype == "u8" => {
+                            NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?)
+                        }
+                        Some(_) => NBitsZeroPoints::Float(f32_weight_input(node, &locs, &weights, values, 3)?),
+                    };
+                    let bias = match node.input(5) {
+                        Some(_) => Some(f32_input(5, &locs)?),
+                        None => None,
+                    };
+                    let src = MatMulNBits { k, n: n_cols, bits, block_size, b: codes, scales, zero_points };
+                    packed.push(pack_wgemm(&src).map_err(|e| fail(e.to_string()))?);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    let last_row_only = o == logits && consumers[o].is_empty();
+                    ops.push((n, Op::WGemm { a, packed: packed.len() - 1, bias, k, n: n_cols, out: o, last_row_only }));
+                }
+                "com.microsoft::GatherBlockQuantized" => {
+                    let gather_axis = node.attr_i64("gather_axis").unwrap_or(0);
+                    let quantize_axis = node.attr_i64("quantize_axis").unwrap_or(1);
+                    let bits = node.attr_i64("bits").unwrap_or(4) as usize;
+                    let block_size = node.attr_i64("block_size").unwrap_or(128) as usize;
+                    let data = input(0)?;
+                    let dshape: Vec<Option<usize>> = values[data].shape.iter().map(|d| d.as_const()).collect();
+                    let (rows, row_bytes) = match dshape[..] {
+                        [Some(r), Some(b)] => (r, b),
+                        _ => return Err(fail(format!("data `{}` is not 2-D with fixed sizes", values[data].name))),
+                    };
+                    if gather_axis != 0 || !(quantize_axis == 1 || quantize_axis == -1) {
+                        return Err(fail(format!(
+                            "gather_axis {gather_axis} and quantize_axis {quantize_axis}; the executor gathers rows quantised along them"
+                        )));
+                    }
+                    if !(bits == 4 || bits == 8) {
+                        return Err(fail(format!("{bits}-bit codes (4 and 8 are supported)")));
+                    }
+                    let k = row_bytes * 8 / bits;
+                    if block_size == 0 || !k.is_multiple_of(block_size) {
+                        return Err(fail(format!("rows of {k} are not whole blocks of {block_size}")));
+                    }
+                    let codes = u8_weight(node, &locs, &views, values, 0)?;
+                    let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
+                    let zero_points = match node.input(3) {
+                        None => NBitsZeroPoints::Default,
+                        Some(_) => NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?),
+                    };
+                    let table = MatMulNBits { k, n: rows, bits, block_size, b: codes, scales, zero_points };
+                    // Checks the buffers against the table's size (no ids: nothing is gathered).
+                    crate::kernels::embed::embed_nbits(&table, &[], &mut []).map_err(|e| fail(e.to_string()))?;
+                    let ids = input(1)?;
+                    if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_) | Loc::I64Buf(_)) {
+                        return Err(fail(format!(
+                            "indices `{}` are not token ids or an integer tensor",
+                            values[ids].name
+                        )));
+                    }
+                    nbits_tables.push(table);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::GatherNBits { table: nbits_tables.len() - 1, ids, out: o }));
+                }
                 _ => return Err(ExecError::UnsupportedOp { node: node.name.clone(), op: node.op.clone() }),
             }
         }
@@ -389,7 +684,20 @@ impl<'b> Plan<'b> {
             )
         })?;
         let buffers = assign_buffers(&program, &mut locs, next_root, logits);
-        Ok(Plan { program, locs, ops, weights, consts_f32, consts_i64, buffers, attention, logits })
+        Ok(Plan {
+            program,
+            locs,
+            ops,
+            weights,
+            packed,
+            nbits_tables,
+            i64_buffers,
+            consts_f32,
+            consts_i64,
+            buffers,
+            attention,
+            logits,
+        })
     }
 }
 
@@ -490,6 +798,74 @@ fn assign_buffers(program: &Program, locs: &mut [Loc], roots: usize, logits: usi
         }
     }
     buffers
+}
+
+/// The i64 inputs of an integer op: constants or values computed by integer ops.
+fn int_inputs(
+    node: &NodeInfo,
+    locs: &[Loc],
+    arity: usize,
+    values: &[super::program::ValueInfo],
+) -> Result<Vec<usize>, ExecError> {
+    (0..arity)
+        .map(|slot| {
+            let v =
+                node.input(slot).ok_or_else(|| node_err(&node.name, &node.op, format!("input {slot} is missing")))?;
+            if values[v].elem != Some(ElemType::I64)
+                || !matches!(locs[v], Loc::ConstI64(_) | Loc::I64Buf(_) | Loc::Ids | Loc::Positions)
+            {
+                return Err(node_err(
+                    &node.name,
+                    &node.op,
+                    format!(
+                        "input {slot} (`{}`, {}) is not an integer tensor the executor holds",
+                        values[v].name, values[v].dtype
+                    ),
+                ));
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+/// The u8 bytes of a weight read by `node` at `slot`.
+fn u8_weight<'b>(
+    node: &NodeInfo,
+    locs: &[Loc],
+    views: &[TensorView<'b>],
+    values: &[super::program::ValueInfo],
+    slot: usize,
+) -> Result<&'b [u8], ExecError> {
+    let fail = |problem: String| node_err(&node.name, &node.op, problem);
+    let v = node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")))?;
+    match locs[v] {
+        Loc::Weight(i) if views[i].dtype == Dtype::U8 && values[v].dtype == "u8" => Ok(views[i].bytes),
+        _ => Err(fail(format!("input {slot} (`{}`) is not a u8 weight", values[v].name))),
+    }
+}
+
+/// The f32 elements of a weight read by `node` at `slot`.
+fn f32_weight_input<'b>(
+    node: &NodeInfo,
+    locs: &[Loc],
+    weights: &[&'b [f32]],
+    values: &[super::program::ValueInfo],
+    slot: usize,
+) -> Result<&'b [f32], ExecError> {
+    let fail = |problem: String| node_err(&node.name, &node.op, problem);
+    let v = node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")))?;
+    match locs[v] {
+        Loc::Weight(i) if values[v].elem == Some(ElemType::F32) => Ok(weights[i]),
+        _ => Err(fail(format!("input {slot} (`{}`) is not an f32 weight", values[v].name))),
+    }
+}
+
+/// A stored i64 weight (raw little-endian bytes) as constants.
+fn i64_weight(value: &str, view: TensorView<'_>) -> Result<Vec<i64>, ExecError> {
+    if !matches!(view.dtype, Dtype::U8 | Dtype::I8) || !view.bytes.len().is_multiple_of(8) {
+        return Err(value_err(value, format!("weight `{}` ({}) is not i64 bytes", view.name, view.dtype)));
+    }
+    Ok(view.bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect())
 }
 
 /// The f32 elements of a stored weight, read in place.

@@ -1,0 +1,72 @@
+//! `npuc bench`: prefill and decode rates of a bundle on the host executor, repeated, with
+//! median/min/max. The prompt is synthetic (token ids cycled from 1), so runs are comparable
+//! across machines and need no tokenizer; decode never stops early.
+
+use anyhow::{Context, Result};
+use runtime::bundle::Bundle;
+use runtime::exec::{ExecOptions, Executor};
+use runtime::kernels::wgemm::WGemmPrecision;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+pub struct Options {
+    pub bundle: PathBuf,
+    pub prompt_len: usize,
+    pub gen_len: usize,
+    pub threads: usize,
+    pub repetitions: usize,
+    pub int8_activations: bool,
+    pub json: bool,
+}
+
+/// (median, min, max) of a non-empty sample.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+pub fn run(o: Options) -> Result<ExitCode> {
+    anyhow::ensure!(o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0, "--prompt-len, --gen-len (> 1) and --repetitions must be positive");
+    let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
+    let options = ExecOptions { threads: o.threads, max_context: o.prompt_len + o.gen_len, ..ExecOptions::default() };
+    let mut exec = Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
+    exec.set_wgemm_precision(precision);
+    let vocab = exec.vocab().max(2) as u32;
+    let prompt: Vec<u32> = (0..o.prompt_len as u32).map(|i| 1 + i % (vocab - 1)).collect();
+    // One untimed run warms caches and page tables.
+    exec.generate_greedy(&prompt, 2, &[], |_| {})?;
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..o.repetitions {
+        exec.reset()?;
+        let (_, stats) = exec.generate_greedy(&prompt, o.gen_len, &[], |_| {})?;
+        prefill.push(stats.prefill_tok_s());
+        decode.push(stats.decode_tok_s());
+    }
+    let (pm, pmin, pmax) = spread(prefill);
+    let (dm, dmin, dmax) = spread(decode);
+    if o.json {
+        let out = json!({
+            "bundle": o.bundle.display().to_string(),
+            "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads,
+            "repetitions": o.repetitions, "wgemm_precision": format!("{precision:?}"),
+            "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
+            "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{}: prompt {} + {} generated, {} thread(s), {} runs, WGemm {:?}",
+            o.bundle.display(),
+            o.prompt_len,
+            o.gen_len,
+            o.threads,
+            o.repetitions,
+            precision
+        );
+        println!("prefill tok/s  median {pm:8.1}  min {pmin:8.1}  max {pmax:8.1}");
+        println!("decode  tok/s  median {dm:8.1}  min {dmin:8.1}  max {dmax:8.1}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
