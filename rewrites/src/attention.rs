@@ -61,7 +61,7 @@
 //! most half its quantisation step (values calibration clamps excepted), so the fused result
 //! differs from ONNX Runtime's QDQ run by about the quantisation noise the pairs added.
 
-use crate::cond::{int_values, scalar_value, var};
+use crate::cond::{int_values, scalar_value, union_all, var};
 use crate::rope::{
     add_typed, cache_rows, dim_value, full_width, heads_view, i64_scalar, i64s, matched_attrs, onnx, reshape, rope,
     transpose, type_of,
@@ -195,18 +195,6 @@ fn outputs_of(egraph: &EGraph, tuple: Id, mine: [Id; 3]) -> Vec<(Id, Id)> {
     (0..3)
         .filter_map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![tuple] }).map(|p| (p, mine[i])))
         .collect()
-}
-
-/// Unions `pairs` (class, equal class) on behalf of `rule` (explanations name it) and returns
-/// the classes that changed.
-fn union_all(egraph: &mut EGraph, rule: Symbol, pairs: &[(Id, Id)]) -> Vec<Id> {
-    let mut changed = vec![];
-    for &(a, b) in pairs {
-        if egraph.union_trusted(a, b, rule) {
-            changed.push(egraph.find(a));
-        }
-    }
-    changed
 }
 
 /// The first node of `domain::op` in `class`.

@@ -117,3 +117,20 @@ impl egg::Applier<ir::egraph::ENode, ir::egraph::NpuAnalysis> for Decline {
         vec![]
     }
 }
+
+/// Unions `a` and `b` on behalf of `rule` (explanations name it); the changed class, if any, as an
+/// applier reports it.
+pub fn union(egraph: &mut EGraph, a: Id, b: Id, rule: egg::Symbol) -> Vec<Id> {
+    union_all(egraph, rule, &[(a, b)])
+}
+
+/// Unions each pair (class, equal class) on behalf of `rule` and returns the classes that changed.
+pub fn union_all(egraph: &mut EGraph, rule: egg::Symbol, pairs: &[(Id, Id)]) -> Vec<Id> {
+    let mut changed = vec![];
+    for &(a, b) in pairs {
+        if egraph.union_trusted(a, b, rule) {
+            changed.push(egraph.find(a));
+        }
+    }
+    changed
+}

@@ -142,9 +142,7 @@ impl Applier<ENode, NpuAnalysis> for RowScaled {
             if let Some(bias) = bias {
                 scaled = egraph.add(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![scaled, bias]));
             }
-            if egraph.union_trusted(eclass, scaled, rule) {
-                changed.push(egraph.find(eclass));
-            }
+            changed.extend(crate::cond::union(egraph, eclass, scaled, rule));
         }
         changed
     }

@@ -32,7 +32,7 @@
 //! activation scales; codes that are not 8-bit; scales that are not f32; output QuantizeLinear
 //! with a per-channel scale.
 
-use crate::cond::{dtype, is_compile_time_expr, var};
+use crate::cond::{dtype, is_compile_time_expr, union, var};
 use crate::Rewrite;
 use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head};
@@ -94,16 +94,6 @@ pub(crate) fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, c
         }
         _ => None,
     })
-}
-
-/// Unions `a` and `b` on behalf of `rule` (explanations name it); the changed class, if any, as an
-/// applier reports it.
-pub(crate) fn union(egraph: &mut EGraph, a: Id, b: Id, rule: Symbol) -> Vec<Id> {
-    if egraph.union_trusted(a, b, rule) {
-        vec![egraph.find(a)]
-    } else {
-        vec![]
-    }
 }
 
 /// A zero constant of `dtype` and `shape`, added to the e-graph.

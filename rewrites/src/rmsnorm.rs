@@ -43,7 +43,7 @@
 //! inv_std_var output used; SkipSimplifiedLayerNormalization with output 1 or 2 used; a residual
 //! Add whose addends differ in type or are not 2-D/3-D (SkipRmsNorm's input ranks).
 
-use crate::cond::{self, var};
+use crate::cond::{self, union, var};
 use crate::Rewrite;
 use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head, TypeInfo};
@@ -212,16 +212,6 @@ fn add_skip_rms_norm(egraph: &mut EGraph, eps: f32, inputs: Vec<Id>) -> (Id, Id)
     let y = egraph.add(ENode { head: Head::Proj(0), children: vec![tuple] });
     let s = egraph.add(ENode { head: Head::Proj(1), children: vec![tuple] });
     (y, s)
-}
-
-/// Unions `a` and `b` on behalf of `rule` (explanations name it); the changed class, if any, as
-/// an applier reports it.
-fn union(egraph: &mut EGraph, a: Id, b: Id, rule: Symbol) -> Vec<Id> {
-    if egraph.union_trusted(a, b, rule) {
-        vec![egraph.find(a)]
-    } else {
-        vec![]
-    }
 }
 
 fn decline(egraph: &mut EGraph, rule: Symbol, class: Id, reason: impl Into<String>) -> Vec<Id> {

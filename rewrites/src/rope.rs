@@ -207,13 +207,7 @@ impl Applier<ENode, NpuAnalysis> for LowerRotaryEmbedding {
         rule: Symbol,
     ) -> Vec<Id> {
         match self.lower(egraph, eclass, subst) {
-            Ok(y) => {
-                if egraph.union_trusted(eclass, y, rule) {
-                    vec![egraph.find(eclass)]
-                } else {
-                    vec![]
-                }
-            }
+            Ok(y) => crate::cond::union(egraph, eclass, y, rule),
             Err(Some(reason)) => {
                 egraph.analysis.decline(self.rule, eclass, reason);
                 vec![]

@@ -43,8 +43,8 @@
 //! and 8; blocked DequantizeLinear whose codes are computed at run time, whose blocks run along N,
 //! or whose K is not a whole number of blocks; 4-bit codes quantised per tensor or per column.
 
-use crate::cond::{dtype, is_compile_time_expr, var};
-use crate::qdq::{known_shape, node_attrs, union};
+use crate::cond::{dtype, is_compile_time_expr, union, var};
+use crate::qdq::{known_shape, node_attrs};
 use crate::Rewrite;
 use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
