@@ -74,7 +74,9 @@ impl Dim {
     }
 
     pub fn neg(&self) -> Option<Dim> {
-        Dim::from_terms(self.terms.iter().map(|(m, c)| c.checked_neg().map(|c| (m.clone(), c))).collect::<Option<Vec<_>>>()?)
+        Dim::from_terms(
+            self.terms.iter().map(|(m, c)| c.checked_neg().map(|c| (m.clone(), c))).collect::<Option<Vec<_>>>()?,
+        )
     }
 
     pub fn sub(&self, other: &Dim) -> Option<Dim> {

@@ -233,7 +233,8 @@ impl egg::FromOp for ENode {
             Some(_) => return Err(err("unbalanced braces")),
             None => (text, None),
         };
-        let spec = resolve_op(name).ok_or_else(|| err("not an op of the vocabulary (prefix the domain if ambiguous)"))?;
+        let spec =
+            resolve_op(name).ok_or_else(|| err("not an op of the vocabulary (prefix the domain if ambiguous)"))?;
         let attrs = match attr_text {
             Some(t) => parse_attrs(t).map_err(|m| err(&m))?,
             None => Attrs::default(),
@@ -284,7 +285,11 @@ fn parse_attr_value(v: &str) -> Result<Attr, String> {
         if let Ok(ints) = items.iter().map(|s| s.parse::<i64>()).collect::<Result<Vec<_>, _>>() {
             return Ok(Attr::Ints(ints));
         }
-        let floats = items.iter().map(|s| s.parse::<f32>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("bad list `{v}`"))?;
+        let floats = items
+            .iter()
+            .map(|s| s.parse::<f32>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| format!("bad list `{v}`"))?;
         return Ok(Attr::Floats(floats));
     }
     if let Some(s) = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
@@ -371,7 +376,10 @@ impl egg::Analysis<ENode> for NpuAnalysis {
             Head::Const(c) => {
                 let t = &egraph.analysis.consts[*c as usize];
                 ClassData {
-                    types: vec![TypeInfo { dtype: t.dtype, shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect() }],
+                    types: vec![TypeInfo {
+                        dtype: t.dtype,
+                        shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect(),
+                    }],
                     constant: Some(*c),
                 }
             }
@@ -383,7 +391,13 @@ impl egg::Analysis<ENode> for NpuAnalysis {
                 let inputs: Vec<Option<TypeInfo>> = enode
                     .children
                     .iter()
-                    .map(|&c| if matches!(egraph[c].nodes.first().map(|n| &n.head), Some(Head::Absent)) { None } else { egraph[c].data.ty().cloned() })
+                    .map(|&c| {
+                        if matches!(egraph[c].nodes.first().map(|n| &n.head), Some(Head::Absent)) {
+                            None
+                        } else {
+                            egraph[c].data.ty().cloned()
+                        }
+                    })
                     .collect();
                 ClassData { types: crate::fused::infer_types(*domain, op, &attrs.attrs, &inputs), constant: None }
             }
@@ -598,7 +612,12 @@ pub fn to_graph(template: &Graph, egraph: &EGraph, program: &Extracted, names: &
     let mut input_ids: HashMap<String, ValueId> = HashMap::new();
     for &i in &template.inputs {
         let v = template.value(i);
-        g.values.push(Value { name: fresh(v.name.clone(), &mut used), dtype: v.dtype, shape: v.shape.clone(), def: ValueDef::Input });
+        g.values.push(Value {
+            name: fresh(v.name.clone(), &mut used),
+            dtype: v.dtype,
+            shape: v.shape.clone(),
+            def: ValueDef::Input,
+        });
         let id = ValueId(g.values.len() as u32 - 1);
         g.inputs.push(id);
         input_ids.insert(v.name.clone(), id);
@@ -635,7 +654,12 @@ pub fn to_graph(template: &Graph, egraph: &EGraph, program: &Extracted, names: &
                         // output gets its own Identity so every output keeps its name.
                         let node_id = NodeId(g.nodes.len() as u32);
                         let src = g.values[v.0 as usize].clone();
-                        g.values.push(Value { name, dtype: src.dtype, shape: src.shape, def: ValueDef::Node { node: node_id, output: 0 } });
+                        g.values.push(Value {
+                            name,
+                            dtype: src.dtype,
+                            shape: src.shape,
+                            def: ValueDef::Node { node: node_id, output: 0 },
+                        });
                         let out = ValueId(g.values.len() as u32 - 1);
                         g.nodes.push(Node {
                             name: format!("output_{}", g.outputs.len()),
@@ -652,9 +676,14 @@ pub fn to_graph(template: &Graph, egraph: &EGraph, program: &Extracted, names: &
                 vec![]
             }
             Head::Op { domain, op, attrs } => {
-                let inputs: Vec<Option<ValueId>> = node.children.iter().map(|c| vals[usize::from(*c)].first().copied()).collect();
+                let inputs: Vec<Option<ValueId>> =
+                    node.children.iter().map(|c| vals[usize::from(*c)].first().copied()).collect();
                 let node_id = NodeId(g.nodes.len() as u32);
-                let types = if data.types.is_empty() { vec![TypeInfo { dtype: DType::F32, shape: vec![] }] } else { data.types.clone() };
+                let types = if data.types.is_empty() {
+                    vec![TypeInfo { dtype: DType::F32, shape: vec![] }]
+                } else {
+                    data.types.clone()
+                };
                 let mut outputs = Vec::with_capacity(types.len());
                 for (k, ty) in types.iter().enumerate() {
                     let base = match (&hint, types.len()) {

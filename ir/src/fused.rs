@@ -27,7 +27,14 @@ fn err(op: &OpRef, msg: impl Into<String>) -> EvalError {
     EvalError { node: op.node.to_string(), op: op.op.to_string(), msg: msg.into() }
 }
 
-fn onnx(op: &OpRef, name: &'static str, domain: Domain, attrs: &Attrs, inputs: &[Option<&Tensor>], n: usize) -> Result<Vec<Tensor>, EvalError> {
+fn onnx(
+    op: &OpRef,
+    name: &'static str,
+    domain: Domain,
+    attrs: &Attrs,
+    inputs: &[Option<&Tensor>],
+    n: usize,
+) -> Result<Vec<Tensor>, EvalError> {
     let r = OpRef { node: op.node, domain, op: name, opset: 23, attrs };
     eval_op(&r, inputs, n)
 }
@@ -126,8 +133,24 @@ pub fn row_scale(row: &[f64]) -> f64 {
 /// Where t·t underflows (c > 2⁷·√ε) e < 2⁻¹⁴, and flushing it scales y by at most √(1 + 2⁻¹⁴/m):
 /// under half an fp16 ulp whenever m ≥ 1/16, i.e. unless a few spikes dominate the row. Squares
 /// u_j² that flush are those of elements below 2⁻⁷·c, which add less than 2⁻¹⁴ each to s ≥ 1.
-pub fn rms_norm_row_scaled(row: &[f64], gamma: impl Fn(usize) -> f64, epsilon: f64, round: impl Fn(f64) -> f64) -> Vec<f64> {
-    let c = row_scale(row);
+pub fn rms_norm_row_scaled(
+    row: &[f64],
+    gamma: impl Fn(usize) -> f64,
+    epsilon: f64,
+    round: impl Fn(f64) -> f64,
+) -> Vec<f64> {
+    rms_norm_steps(row, gamma, epsilon, row_scale(row), round)
+}
+
+/// The steps of [`rms_norm_row_scaled`] with the scale `c` given: `c = 1` is plain RmsNorm computed
+/// step by step (what a device without the rescale rules computes, e.g. in [`crate::fp16sim`]).
+pub fn rms_norm_steps(
+    row: &[f64],
+    gamma: impl Fn(usize) -> f64,
+    epsilon: f64,
+    c: f64,
+    round: impl Fn(f64) -> f64,
+) -> Vec<f64> {
     let u: Vec<f64> = row.iter().map(|&x| round(x / c)).collect();
     let mut s = 0.0;
     for &v in &u {
@@ -143,14 +166,29 @@ pub fn rms_norm_row_scaled(row: &[f64], gamma: impl Fn(usize) -> f64, epsilon: f
 /// `RmsNormRowScaled` of a tensor over its last axis, γ broadcast to x (as RmsNorm's
 /// RMSNormalization does); the output takes x's dtype.
 fn rms_norm_row_scaled_tensor(op: &OpRef, x: &Tensor, gamma: &Tensor, epsilon: f32) -> Result<Tensor, EvalError> {
+    rms_norm_rows(op, x, gamma, epsilon as f64, true, &|v| v)
+}
+
+/// [`rms_norm_steps`] over every row of x's last axis, γ broadcast to x; each row's scale is its
+/// [`row_scale`] when `row_scaled`, else 1 (RmsNorm step by step). Every step is rounded by
+/// `round`; the output takes x's dtype.
+pub(crate) fn rms_norm_rows(
+    op: &OpRef,
+    x: &Tensor,
+    gamma: &Tensor,
+    epsilon: f64,
+    row_scaled: bool,
+    round: &dyn Fn(f64) -> f64,
+) -> Result<Tensor, EvalError> {
     if !x.dtype.is_float() || !gamma.dtype.is_float() {
-        return Err(err(op, format!("RmsNormRowScaled needs float x and γ, got {} and {}", x.dtype, gamma.dtype)));
+        return Err(err(op, format!("{} needs float x and γ, got {} and {}", op.op, x.dtype, gamma.dtype)));
     }
     let d = match x.shape.last() {
         Some(&d) if d > 0 => d,
         _ => return Err(err(op, format!("x of shape {:?} has no last axis to normalise", x.shape))),
     };
-    let broadcasts = gamma.rank() <= x.rank() && gamma.shape.iter().rev().zip(x.shape.iter().rev()).all(|(g, x)| *g == 1 || g == x);
+    let broadcasts =
+        gamma.rank() <= x.rank() && gamma.shape.iter().rev().zip(x.shape.iter().rev()).all(|(g, x)| *g == 1 || g == x);
     if !broadcasts {
         return Err(err(op, format!("γ of shape {:?} does not broadcast to x {:?}", gamma.shape, x.shape)));
     }
@@ -158,7 +196,8 @@ fn rms_norm_row_scaled_tensor(op: &OpRef, x: &Tensor, gamma: &Tensor, epsilon: f
     let mut y = Vec::with_capacity(xv.len());
     for (r, row) in xv.chunks(d).enumerate() {
         let g = |j: usize| gv[broadcast_index(&x.shape, &gamma.shape, r * d + j)];
-        y.extend(rms_norm_row_scaled(row, g, epsilon as f64, |v| v));
+        let c = if row_scaled { row_scale(row) } else { 1.0 };
+        y.extend(rms_norm_steps(row, g, epsilon, c, round));
     }
     Ok(crate::eval::float_tensor(x.dtype, x.shape.clone(), y))
 }
@@ -177,7 +216,8 @@ fn wgemm_row_scaled(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, Ev
     let scales: Vec<f64> = av.chunks(k).map(row_scale).collect();
     let scaled: Vec<f64> = av.iter().enumerate().map(|(i, &v)| v / scales[i / k]).collect();
     let scaled = crate::eval::float_tensor(a.dtype, a.shape.clone(), scaled);
-    let y = onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, &[Some(&scaled), get(1), get(2), get(3)], 1)?.swap_remove(0);
+    let y = onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, &[Some(&scaled), get(1), get(2), get(3)], 1)?
+        .swap_remove(0);
     if scales.is_empty() {
         return Ok(y);
     }
@@ -216,7 +256,10 @@ fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, Ev
     }
     for t in [cos, sin] {
         if t.rank() > x.rank() || t.shape.last() != Some(&d) {
-            return Err(err(op, format!("cos/sin of shape {:?} do not broadcast to x {:?} over the full width", t.shape, x.shape)));
+            return Err(err(
+                op,
+                format!("cos/sin of shape {:?} do not broadcast to x {:?} over the full width", t.shape, x.shape),
+            ));
         }
         for (a, b) in t.shape.iter().rev().zip(x.shape.iter().rev()) {
             if *a != 1 && a != b {
@@ -230,7 +273,11 @@ fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, Ev
         let j = i % d;
         let row = i - j;
         let (partner, sign) = if interleaved {
-            if j % 2 == 0 { (row + j + 1, -1.0) } else { (row + j - 1, 1.0) }
+            if j % 2 == 0 {
+                (row + j + 1, -1.0)
+            } else {
+                (row + j - 1, 1.0)
+            }
         } else if j < d / 2 {
             (row + j + d / 2, -1.0)
         } else {
@@ -296,7 +343,13 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
             if sy.numel() != 1 || zy.is_some_and(|z| z.numel() != 1) {
                 return Err(err(op, "output scale and zero point must be per tensor"));
             }
-            let r = OpRef { node: op.node, domain: Domain::Onnx, op: "QuantizeLinear", opset: 21, attrs: &Attrs::default() };
+            let r = OpRef {
+                node: op.node,
+                domain: Domain::Onnx,
+                op: "QuantizeLinear",
+                opset: 21,
+                attrs: &Attrs::default(),
+            };
             eval_op(&r, &[Some(&y), Some(sy), zy], 1).map(|mut v| v.remove(0))
         }
         (None, Some(_)) => Err(err(op, "an output zero point without an output scale")),
@@ -440,7 +493,10 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             vec![q, kv.clone(), kv]
         }
         (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(broadcast2(t(0), t(1))),
-        (Domain::Onnx, "Neg" | "Sqrt" | "Reciprocal" | "Exp" | "Sigmoid" | "Tanh" | "Softmax" | "Identity" | "Relu") => one(t(0)),
+        (
+            Domain::Onnx,
+            "Neg" | "Sqrt" | "Reciprocal" | "Exp" | "Sigmoid" | "Tanh" | "Softmax" | "Identity" | "Relu",
+        ) => one(t(0)),
         _ => vec![],
     }
 }

@@ -25,7 +25,10 @@ pub enum ValueDef {
     Weight(WeightId),
     /// A small constant held by value (folded shape arithmetic, scalars, axes).
     Const(Tensor),
-    Node { node: NodeId, output: usize },
+    Node {
+        node: NodeId,
+        output: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -97,7 +100,10 @@ impl Graph {
         for (ni, node) in self.nodes.iter().enumerate() {
             for &input in node.inputs.iter().flatten() {
                 if !defined[input.0 as usize] {
-                    return Err(GraphError::UseBeforeDef { node: node.name.clone(), value: self.value(input).name.clone() });
+                    return Err(GraphError::UseBeforeDef {
+                        node: node.name.clone(),
+                        value: self.value(input).name.clone(),
+                    });
                 }
             }
             for (oi, &out) in node.outputs.iter().enumerate() {
@@ -229,7 +235,8 @@ impl Graph {
     /// `None` when no node belongs to the layer.
     pub fn layer(&self, n: usize) -> Option<Graph> {
         let tags = [format!("layers.{n}/"), format!("layers.{n}."), format!("layers.{n}_")];
-        let mut inside: Vec<bool> = self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
+        let mut inside: Vec<bool> =
+            self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
         if !inside.iter().any(|&b| b) {
             return None;
         }
@@ -292,7 +299,12 @@ impl Graph {
                             other => other.clone(),
                         };
                         let is_input = matches!(def, ValueDef::Input);
-                        g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def });
+                        g.values.push(Value {
+                            name: old.name.clone(),
+                            dtype: old.dtype,
+                            shape: old.shape.clone(),
+                            def,
+                        });
                         let id = ValueId(g.values.len() as u32 - 1);
                         if is_input {
                             g.inputs.push(id);
@@ -305,7 +317,12 @@ impl Graph {
             let mut outputs = Vec::new();
             for (k, &o) in node.outputs.iter().enumerate() {
                 let old = self.value(o);
-                g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Node { node: node_id, output: k } });
+                g.values.push(Value {
+                    name: old.name.clone(),
+                    dtype: old.dtype,
+                    shape: old.shape.clone(),
+                    def: ValueDef::Node { node: node_id, output: k },
+                });
                 let id = ValueId(g.values.len() as u32 - 1);
                 map.insert(o, id);
                 outputs.push(id);

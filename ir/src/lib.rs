@@ -16,6 +16,7 @@ pub mod dim;
 pub mod dtype;
 pub mod egraph;
 pub mod eval;
+pub mod fp16sim;
 pub mod fused;
 pub mod graph;
 pub mod op;

@@ -30,6 +30,21 @@ pub enum RunError {
 /// are dropped after their last use; input shapes are checked against the declared symbolic
 /// shapes, and each node's results against the shapes inference gave them.
 pub fn run_graph(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>, RunError> {
+    run_graph_with(graph, inputs, &mut |op, args, n| eval_op(op, args, n))
+}
+
+/// One node's evaluation: the op, its arguments (absent optional inputs are `None`) and how many
+/// results it must give.
+pub type NodeEval<'f> = dyn FnMut(&OpRef, &[Option<&Tensor>], usize) -> Result<Vec<Tensor>, EvalError> + 'f;
+
+/// [`run_graph`] with every node evaluated by `eval` instead of the reference evaluator: a
+/// simulation of other arithmetic (see [`crate::fp16sim`]) reuses the walk, the input and shape
+/// checks and the freeing of intermediates.
+pub fn run_graph_with(
+    graph: &Graph,
+    inputs: &HashMap<String, Tensor>,
+    eval: &mut NodeEval<'_>,
+) -> Result<HashMap<String, Tensor>, RunError> {
     let mut bindings: HashMap<String, i64> = HashMap::new();
     let mut slots: Vec<Option<Tensor>> = vec![None; graph.values.len()];
     for &id in &graph.inputs {
@@ -72,11 +87,10 @@ pub fn run_graph(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result<Hash
             .map(|i| i.and_then(|i| slots[i.0 as usize].as_ref().or_else(|| weight_cache.get(&i))))
             .collect();
         let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
-        let results = eval_op(&op, &args, n.outputs.len())?;
+        let results = eval(&op, &args, n.outputs.len())?;
         for (&out, t) in n.outputs.iter().zip(results) {
             let v = graph.value(out);
-            let expected: Option<Vec<i64>> =
-                v.shape.iter().map(|d| d.eval(&|s| bindings.get(s).copied())).collect();
+            let expected: Option<Vec<i64>> = v.shape.iter().map(|d| d.eval(&|s| bindings.get(s).copied())).collect();
             if let Some(expected) = expected {
                 let got: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
                 if got != expected {
@@ -135,7 +149,12 @@ fn bind_shape(
         if let Some(s) = d.as_symbol() {
             match bindings.get(s) {
                 Some(&earlier) if earlier != g as i64 => {
-                    return Err(RunError::SymbolConflict { name: name.into(), symbol: s.into(), given: g as i64, earlier })
+                    return Err(RunError::SymbolConflict {
+                        name: name.into(),
+                        symbol: s.into(),
+                        given: g as i64,
+                        earlier,
+                    })
                 }
                 _ => {
                     bindings.insert(s.to_string(), g as i64);

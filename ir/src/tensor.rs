@@ -161,12 +161,12 @@ impl Tensor {
             U32 => Data::I64(bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()) as i64).collect()),
             I64 => Data::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()),
             U64 => Data::I64(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as i64).collect()),
-            I4 | U4 => Data::I64(
-                (0..n).map(|i| wrap_int(dtype, ((bytes[i / 2] >> (4 * (i % 2))) & 0xf) as i64)).collect(),
-            ),
-            I2 | U2 => Data::I64(
-                (0..n).map(|i| wrap_int(dtype, ((bytes[i / 4] >> (2 * (i % 4))) & 0x3) as i64)).collect(),
-            ),
+            I4 | U4 => {
+                Data::I64((0..n).map(|i| wrap_int(dtype, ((bytes[i / 2] >> (4 * (i % 2))) & 0xf) as i64)).collect())
+            }
+            I2 | U2 => {
+                Data::I64((0..n).map(|i| wrap_int(dtype, ((bytes[i / 4] >> (2 * (i % 4))) & 0x3) as i64)).collect())
+            }
             Str | C64 | C128 => unreachable!("rejected above"),
         };
         Ok(Tensor { dtype, shape, data })
@@ -293,7 +293,15 @@ pub fn decode_minifloat(dtype: DType, code: u32) -> f32 {
     }
     let all_ones_exp = (1 << l.exp_bits) - 1;
     if l.ieee_specials && exp == all_ones_exp {
-        return if man == 0 { if neg { f32::NEG_INFINITY } else { f32::INFINITY } } else { f32::NAN };
+        return if man == 0 {
+            if neg {
+                f32::NEG_INFINITY
+            } else {
+                f32::INFINITY
+            }
+        } else {
+            f32::NAN
+        };
     }
     if dtype == DType::F8E4M3FN && exp == all_ones_exp && man == (1 << l.man_bits) - 1 {
         return f32::NAN;
