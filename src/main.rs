@@ -96,6 +96,14 @@ npuc passes model.onnx --json | jq '.passes[] | {name, nodes_after}'")]
         /// Print the per-pass summaries (and the rule report) as JSON, without the graphs.
         #[arg(long)]
         json: bool,
+        /// Run the final program with the reference evaluator on a test case folder (input_N.pb,
+        /// output_N.pb as ONNX's test data) and report each output's error against the expected one.
+        #[arg(long, value_name = "CASE_DIR")]
+        check: Option<PathBuf>,
+        /// With --check: evaluate as an fp16 device would (fp16 storage and arithmetic, denormals
+        /// flushed), to see where the program leaves fp16's range.
+        #[arg(long, requires = "check")]
+        fp16_sim: bool,
     },
     /// Watch rewrite rules fire on a model's e-graph, add your own, see what was not fused and why.
     #[command(long_about = "Build the e-graph of a model (or of one decoder layer), run rule families on it \
@@ -201,9 +209,15 @@ fn main() -> ExitCode {
         Command::Compile { model, target, output, tokenizer, overwrite, json } => {
             compile::run(compile::Options { model, target, output, tokenizer, overwrite, json })
         }
-        Command::Passes { model, target, stop_after, dump_dir, json } => {
-            passes_cmd::run(&model, &target, stop_after.as_deref(), dump_dir.as_deref(), json)
-        }
+        Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => passes_cmd::run(passes_cmd::Options {
+            model: &model,
+            target: &target,
+            stop_after: stop_after.as_deref(),
+            dump_dir: dump_dir.as_deref(),
+            json,
+            check: check.as_deref(),
+            fp16_sim,
+        }),
         Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => explore::run(explore::Options {
             model,
             families: family,

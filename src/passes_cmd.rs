@@ -5,7 +5,34 @@ use passes::driver::{self, DriverError};
 use std::path::Path;
 use std::process::ExitCode;
 
-pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Option<&Path>, json: bool) -> Result<ExitCode> {
+pub struct Options<'a> {
+    pub model: &'a Path,
+    pub target: &'a str,
+    pub stop_after: Option<&'a str>,
+    pub dump_dir: Option<&'a Path>,
+    pub json: bool,
+    /// A test case folder to evaluate the final program on.
+    pub check: Option<&'a Path>,
+    /// Evaluate the check with the fp16 simulation.
+    pub fp16_sim: bool,
+}
+
+pub fn run(o: Options) -> Result<ExitCode> {
+    let Options { model, target, stop_after, dump_dir, json, check, fp16_sim } = o;
+    // Read the case first: a wrong folder should fail before the pipeline runs.
+    let case = match check {
+        Some(dir) => {
+            if !dir.is_dir() {
+                bail!("test case folder {} does not exist", dir.display());
+            }
+            let case = frontend::read_test_case(dir).with_context(|| format!("reading the test case {}", dir.display()))?;
+            if case.0.is_empty() || case.1.is_empty() {
+                bail!("{} holds no input_N.pb and output_N.pb files (ONNX test data)", dir.display());
+            }
+            Some(case)
+        }
+        None => None,
+    };
     let t = passes::targets::target(target)
         .ok_or_else(|| anyhow!("unknown target `{target}` (targets: {})", passes::targets::TARGET_NAMES.join(", ")))?;
     let start = std::time::Instant::now();
@@ -50,6 +77,13 @@ pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Optio
     }
     match result {
         Ok(outcome) => {
+            let check = match &case {
+                Some((inputs, expected)) => Some(check_program(&outcome.graph, inputs, expected, fp16_sim)?),
+                None => None,
+            };
+            if let (Some(c), false) = (&check, json) {
+                print_check(c, fp16_sim);
+            }
             if json {
                 let out = serde_json::json!({
                     "model": model.display().to_string(),
@@ -59,6 +93,7 @@ pub fn run(model: &Path, target: &str, stop_after: Option<&str>, dump_dir: Optio
                     "weight_bytes": weight_bytes,
                     "peak_rss_bytes": peak_rss_bytes(),
                     "passes": outcome.reports,
+                    "check": check,
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             }
@@ -80,4 +115,72 @@ fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// One output of `--check`: its error against the expected tensor.
+#[derive(serde::Serialize)]
+struct OutputCheck {
+    name: String,
+    /// max |got − want| / max |want|.
+    max_rel_diff: f64,
+    /// Values of the result that are ±∞ or NaN.
+    non_finite: usize,
+    /// For `logits`: the worst KL(softmax(want) ‖ softmax(got)) over positions.
+    worst_kl: Option<f64>,
+}
+
+/// Runs the program on the case's inputs (reference evaluator, or the fp16 simulation) and
+/// compares every expected output that the program produces.
+fn check_program(
+    g: &ir::Graph,
+    inputs: &std::collections::HashMap<String, ir::Tensor>,
+    expected: &[(String, ir::Tensor)],
+    fp16_sim: bool,
+) -> Result<Vec<OutputCheck>> {
+    let got = if fp16_sim { ir::fp16sim::run_graph_fp16(g, inputs) } else { ir::run::run_graph(g, inputs) }
+        .map_err(|e| anyhow!("evaluating the program on the case: {e}"))?;
+    let mut out = Vec::new();
+    for (name, want) in expected {
+        let Some(t) = got.get(name) else { bail!("the program has no output `{name}` that the case expects") };
+        if t.shape != want.shape {
+            bail!("output `{name}` has shape {:?}, the case expects {:?}", t.shape, want.shape);
+        }
+        let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
+        let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let diff = a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if (x - y).abs() > m || x.is_nan() { (x - y).abs() } else { m });
+        let worst_kl = (name == "logits" && !want.shape.is_empty()).then(|| {
+            let v = *want.shape.last().unwrap();
+            b.chunks(v).zip(a.chunks(v)).map(|(p, q)| kl(p, q)).fold(0.0, f64::max)
+        });
+        out.push(OutputCheck {
+            name: name.clone(),
+            max_rel_diff: if scale > 0.0 { diff / scale } else { diff },
+            non_finite: a.iter().filter(|v| !v.is_finite()).count(),
+            worst_kl,
+        });
+    }
+    Ok(out)
+}
+
+/// KL(softmax(p) ‖ softmax(q)); ∞ when q holds a non-finite value.
+fn kl(p: &[f64], q: &[f64]) -> f64 {
+    if q.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let lse = |r: &[f64]| {
+        let m = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        m + r.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p), lse(q));
+    p.iter().zip(q).map(|(x, y)| (x - lp).exp() * ((x - lp) - (y - lq))).sum()
+}
+
+fn print_check(checks: &[OutputCheck], fp16_sim: bool) {
+    let how = if fp16_sim { "fp16 simulation" } else { "reference evaluator" };
+    eprintln!("check ({how}) against the case's expected outputs:");
+    for c in checks {
+        let kl = c.worst_kl.map(|k| format!("  worst KL {k:.2e}")).unwrap_or_default();
+        let bad = if c.non_finite > 0 { format!("  {} non-finite", c.non_finite) } else { String::new() };
+        eprintln!("  {:<24} max|Δ|/max|ref| {:.2e}{kl}{bad}", c.name, c.max_rel_diff);
+    }
 }

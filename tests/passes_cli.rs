@@ -45,6 +45,40 @@ fn passes_refuses_unknown_targets_and_passes() {
     assert!(err.contains("no pass named `fold`") && err.contains("canonicalize, saturate"), "{err}");
 }
 
+/// `--check` evaluates the final program on a case and reports its error against ONNX Runtime's
+/// outputs; `--fp16-sim` does it as an fp16 device would. On the unmodified fixture both stay close
+/// (fp16 rounds every tensor: errors of a few 10⁻³, logits KL far below 0.01).
+#[test]
+fn passes_checks_the_program_against_a_test_case() {
+    let case = common::fixture("llama_f2").join("prefill").display().to_string();
+    let m = model("llama_f2");
+    for (target, fp16, bound) in [("cpu", false, 1e-4), ("intel-npu", true, 2e-2)] {
+        let mut args = vec!["passes", &m, "--target", target, "--json", "--check", &case];
+        if fp16 {
+            args.push("--fp16-sim");
+        }
+        let (ok, out, err) = npuc(&args);
+        assert!(ok, "{err}");
+        let r: Value = serde_json::from_str(&out).unwrap();
+        let checks = r["check"].as_array().unwrap();
+        let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names[0], "logits", "{names:?}");
+        assert_eq!(names.len(), 5, "logits and four presents: {names:?}");
+        for c in checks {
+            let d = c["max_rel_diff"].as_f64().unwrap();
+            assert!(d < bound, "{target}: {c}");
+            assert!(!fp16 || d > 0.0, "fp16 rounding must show: {c}");
+            assert_eq!(c["non_finite"], 0);
+        }
+        assert!(checks[0]["worst_kl"].as_f64().unwrap() < 1e-3, "{target}: {}", checks[0]);
+    }
+    let (ok, _, err) = npuc(&["passes", &m, "--check", "no/such/case"]);
+    assert!(!ok && err.contains("no/such/case") && err.contains("does not exist"), "{err}");
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, _, err) = npuc(&["passes", &m, "--check", empty.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("holds no input_N.pb"), "{err}");
+}
+
 #[test]
 fn explore_runs_user_rules_on_one_layer() {
     let dir = tempfile::tempdir().unwrap();
