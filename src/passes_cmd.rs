@@ -25,7 +25,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
             if !dir.is_dir() {
                 bail!("test case folder {} does not exist", dir.display());
             }
-            let case = frontend::read_test_case(dir).with_context(|| format!("reading the test case {}", dir.display()))?;
+            let case =
+                frontend::read_test_case(dir).with_context(|| format!("reading the test case {}", dir.display()))?;
             if case.0.is_empty() || case.1.is_empty() {
                 bail!("{} holds no input_N.pb and output_N.pb files (ONNX test data)", dir.display());
             }
@@ -101,7 +102,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         Err(DriverError::PassFailed { pass, message, last_good, reports }) => {
             if let Some(dir) = dump_dir {
-                std::fs::write(dir.join(format!("{:02}-last-good.ir", reports.len())), ir::print::print_graph(&last_good))?;
+                std::fs::write(
+                    dir.join(format!("{:02}-last-good.ir", reports.len())),
+                    ir::print::print_graph(&last_good),
+                )?;
             }
             bail!("pass `{pass}` failed: {message}")
         }
@@ -147,7 +151,8 @@ fn check_program(
         }
         let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
         let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let diff = a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if (x - y).abs() > m || x.is_nan() { (x - y).abs() } else { m });
+        let diff =
+            a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if (x - y).abs() > m || x.is_nan() { (x - y).abs() } else { m });
         let worst_kl = (name == "logits" && !want.shape.is_empty()).then(|| {
             let v = *want.shape.last().unwrap();
             b.chunks(v).zip(a.chunks(v)).map(|(p, q)| kl(p, q)).fold(0.0, f64::max)

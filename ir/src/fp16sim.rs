@@ -25,7 +25,7 @@
 //! ([`crate::run::run_graph_with`]): slow, exact, and independent of any kernel.
 
 use crate::eval::{eval_op, float_tensor, EvalError};
-use crate::fused::{rms_norm_rows, row_scale};
+use crate::fused::{rms_norm_rows, row_scale, NBitsWeights};
 use crate::graph::Graph;
 use crate::op::{Domain, OpRef};
 use crate::run::{run_graph_with, RunError};
@@ -118,54 +118,13 @@ fn skip_norm(op: &OpRef, args: &[Option<&Tensor>], num_outputs: usize) -> Result
 /// 2^(bits−1)) with fp16 products and sums per block. The row-scaled form divides each row of a
 /// by its [`row_scale`] first and multiplies the result back.
 fn wgemm(op: &OpRef, args: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
-    let attr = |name: &str| -> Result<usize, EvalError> {
-        match op.attrs.int(name).map_err(|e| err(op, e.to_string()))? {
-            Some(v) if v > 0 => Ok(v as usize),
-            _ => Err(err(op, format!("attribute {name} must be a positive integer"))),
-        }
-    };
-    let (k, n, bits, block) = (attr("K")?, attr("N")?, attr("bits")?, attr("block_size")?);
     let (a, w, scales) = (input(op, args, 0)?, input(op, args, 1)?, input(op, args, 2)?);
     let (zp, bias) = (args.get(3).copied().flatten(), args.get(4).copied().flatten());
-    if !matches!(bits, 2 | 4 | 8) || (block * bits) % 8 != 0 {
-        return Err(err(op, format!("bits {bits} with block_size {block} is not a MatMulNBits layout")));
-    }
+    let nb = NBitsWeights::new(op.attrs, w, scales, zp).map_err(|m| err(op, m))?;
+    let (k, n) = (nb.k, nb.n);
     if a.shape.last() != Some(&k) || !a.dtype.is_float() {
         return Err(err(op, format!("a must be float [.., K={k}], got {} {:?}", a.dtype, a.shape)));
     }
-    let blocks = k.div_ceil(block);
-    let blob = block * bits / 8;
-    let codes = w.as_i64().ok_or_else(|| err(op, format!("weights must be uint8 codes, got {}", w.dtype)))?;
-    if codes.len() != n * blocks * blob {
-        return Err(err(
-            op,
-            format!("weights must hold N·blocks·{blob} = {} bytes, got {:?}", n * blocks * blob, w.shape),
-        ));
-    }
-    let s = scales.to_f64_vec();
-    if s.len() != n * blocks {
-        return Err(err(op, format!("scales must hold N·blocks = {} values, got {:?}", n * blocks, scales.shape)));
-    }
-    let unpack = |bytes: &[i64], index: usize| -> f64 {
-        let bit = index * bits;
-        ((bytes[bit / 8] >> (bit % 8)) & ((1 << bits) - 1)) as f64
-    };
-    let zero_row_bytes = (blocks * bits).div_ceil(8);
-    let zero: Box<dyn Fn(usize, usize) -> f64> = match zp {
-        None => Box::new(|_, _| (1u32 << (bits - 1)) as f64),
-        Some(z) if z.dtype.is_float() && z.numel() == n * blocks => {
-            let v = z.to_f64_vec();
-            Box::new(move |col, b| v[col * blocks + b])
-        }
-        Some(z) if z.numel() == n * zero_row_bytes => {
-            let v = z
-                .as_i64()
-                .ok_or_else(|| err(op, format!("zero points must be uint8 or float, got {}", z.dtype)))?
-                .to_vec();
-            Box::new(move |col, b| unpack(&v[col * zero_row_bytes..][..zero_row_bytes], b))
-        }
-        Some(z) => return Err(err(op, format!("zero points of shape {:?} fit neither layout", z.shape))),
-    };
     let bias = bias.map(Tensor::to_f64_vec);
     let row_scaled = op.op.ends_with("RowScaled");
     let av = a.to_f64_vec();
@@ -175,14 +134,13 @@ fn wgemm(op: &OpRef, args: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
         let u: Vec<f64> = row.iter().map(|&x| round_fp16(x / c)).collect();
         for col in 0..n {
             let mut acc = 0.0;
-            for b in 0..blocks {
-                let bytes = &codes[(col * blocks + b) * blob..][..blob];
-                let z = zero(col, b);
+            for b in 0..nb.blocks {
+                let z = nb.zero(col, b);
                 let mut part = 0.0;
-                for (j, &x) in u[b * block..k.min((b + 1) * block)].iter().enumerate() {
-                    part = round_fp16(part + round_fp16((unpack(bytes, j) - z) * x));
+                for kk in b * nb.block..k.min((b + 1) * nb.block) {
+                    part = round_fp16(part + round_fp16((nb.code(col, kk) - z) * u[kk]));
                 }
-                acc = round_fp16(acc + round_fp16(part * s[col * blocks + b]));
+                acc = round_fp16(acc + round_fp16(part * nb.scale(col, b)));
             }
             let mut v = if row_scaled { round_fp16(acc * c) } else { acc };
             if let Some(bias) = &bias {

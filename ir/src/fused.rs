@@ -8,9 +8,10 @@
 //! | `Silu` | x → y | y = x · σ(x) |
 //! | `SwiGlu` | gate, up → y | y = Silu(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
-//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ, zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
+//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, see [`attention`] |
+//! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
@@ -75,6 +76,24 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             onnx(op, "MatMulNBits", Domain::Microsoft, op.attrs, &[get(0), get(1), get(2), get(3), None, get(4)], 1)
         }
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
+        "QuantizeRows" => {
+            let x = input(0)?;
+            let d = match x.shape.last() {
+                Some(&d) if d > 0 && x.dtype.is_float() => d,
+                _ => {
+                    return Err(err(op, format!("x must be a float tensor [.., K > 0], got {} {:?}", x.dtype, x.shape)))
+                }
+            };
+            let (codes, scales) = quantize_rows(&x.to_f32_vec(), d);
+            let mut scale_shape = x.shape.clone();
+            *scale_shape.last_mut().unwrap() = 1;
+            let mut out = vec![
+                Tensor::from_i64(DType::I8, x.shape.clone(), codes.into_iter().map(i64::from).collect()),
+                Tensor::from_f32(DType::F32, scale_shape, scales),
+            ];
+            out.truncate(num_outputs.max(1));
+            Ok(out)
+        }
         "Attention" => attention(op, inputs, num_outputs),
         "RmsNormRowScaled" => rms_norm_row_scaled_tensor(op, input(0)?, input(1)?, eps).map(|t| vec![t]),
         "SkipRmsNormRowScaled" => {
@@ -316,13 +335,13 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
     }
     let sa_v = sa.to_f32_vec();
     let sw_v = sw.to_f32_vec();
-    if sa_v.len() != 1 || zav.len() != 1 {
-        return Err(err(op, "activation scale and zero point must be per tensor"));
+    let m = a.numel() / k;
+    if !(sa_v.len() == 1 || (sa_v.len() == m && sa.shape.last() == Some(&1))) || zav.len() != 1 {
+        return Err(err(op, "activation scale must be per tensor or per row ([.., 1]), its zero point per tensor"));
     }
     if !(sw_v.len() == 1 || sw_v.len() == n) || zwv.len() != sw_v.len() {
         return Err(err(op, "weight scale and zero point must be per tensor or per output column"));
     }
-    let m = a.numel() / k;
     let mut out = vec![0f32; m * n];
     for r in 0..m {
         for c in 0..n {
@@ -332,7 +351,7 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
                 acc += (av[r * k + kk] - zav[0]) * (wv[kk * n + c] - zwc);
             }
             let swc = sw_v[if sw_v.len() == 1 { 0 } else { c }];
-            out[r * n + c] = acc as f32 * (sa_v[0] * swc);
+            out[r * n + c] = acc as f32 * (sa_v[if sa_v.len() == 1 { 0 } else { r }] * swc);
         }
     }
     let mut shape = a.shape.clone();
@@ -354,6 +373,121 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
         }
         (None, Some(_)) => Err(err(op, "an output zero point without an output scale")),
         (None, None) => Ok(y),
+    }
+}
+
+/// `QuantizeRows` on rows of `d` values: per row s = max|x|/127 (1 for a row of zeros, so its
+/// codes are 0), codes = x/s rounded half to even, which stays within ±127 because |x| ≤ max|x|.
+/// The division is done in f32, as a kernel does it; returns (codes, one scale per row).
+pub fn quantize_rows(x: &[f32], d: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(x.len() / d.max(1));
+    for row in x.chunks(d) {
+        let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
+        scales.push(s);
+        codes.extend(row.iter().map(|v| (v / s).round_ties_even().clamp(-127.0, 127.0) as i8));
+    }
+    (codes, scales)
+}
+
+/// The weights of a `WGemm` (MatMulNBits layout), decoded for code-level access: codes uint8
+/// [N, blocks, block·bits/8] packed along K low bits first, scales [N·blocks], zero points packed
+/// uint8 ([N, ⌈blocks·bits/8⌉]) or float ([N·blocks]), by default 2^(bits−1).
+pub struct NBitsWeights {
+    pub k: usize,
+    pub n: usize,
+    pub bits: usize,
+    pub block: usize,
+    pub blocks: usize,
+    codes: Vec<i64>,
+    scales: Vec<f64>,
+    zeros: Zeros,
+}
+
+enum Zeros {
+    Default,
+    Packed(Vec<i64>, usize),
+    Float(Vec<f64>),
+}
+
+impl NBitsWeights {
+    /// Decodes the weights of a WGemm with attributes `attrs` (K, N, bits, block_size).
+    pub fn new(
+        attrs: &Attrs,
+        w: &Tensor,
+        scales: &Tensor,
+        zero_points: Option<&Tensor>,
+    ) -> Result<NBitsWeights, String> {
+        let attr = |name: &str| -> Result<usize, String> {
+            match attrs.int(name).map_err(|e| e.to_string())? {
+                Some(v) if v > 0 => Ok(v as usize),
+                _ => Err(format!("attribute {name} must be a positive integer")),
+            }
+        };
+        let (k, n, bits, block) = (attr("K")?, attr("N")?, attr("bits")?, attr("block_size")?);
+        if !matches!(bits, 2 | 4 | 8) || (block * bits) % 8 != 0 {
+            return Err(format!("bits {bits} with block_size {block} is not a MatMulNBits layout"));
+        }
+        let blocks = k.div_ceil(block);
+        let blob = block * bits / 8;
+        let codes = w.as_i64().ok_or_else(|| format!("weights must be uint8 codes, got {}", w.dtype))?.to_vec();
+        if codes.len() != n * blocks * blob {
+            return Err(format!("weights must hold N·blocks·{blob} = {} bytes, got {:?}", n * blocks * blob, w.shape));
+        }
+        let scales = scales.to_f64_vec();
+        if scales.len() != n * blocks {
+            return Err(format!("scales must hold N·blocks = {} values, got {}", n * blocks, scales.len()));
+        }
+        let row_bytes = (blocks * bits).div_ceil(8);
+        let zeros = match zero_points {
+            None => Zeros::Default,
+            Some(z) if z.dtype.is_float() && z.numel() == n * blocks => Zeros::Float(z.to_f64_vec()),
+            Some(z) if z.numel() == n * row_bytes => Zeros::Packed(
+                z.as_i64().ok_or_else(|| format!("zero points must be uint8 or float, got {}", z.dtype))?.to_vec(),
+                row_bytes,
+            ),
+            Some(z) => return Err(format!("zero points of shape {:?} fit neither layout", z.shape)),
+        };
+        Ok(NBitsWeights { k, n, bits, block, blocks, codes, scales, zeros })
+    }
+
+    fn unpack(&self, bytes: &[i64], index: usize) -> i64 {
+        let bit = index * self.bits;
+        (bytes[bit / 8] >> (bit % 8)) & ((1 << self.bits) - 1)
+    }
+
+    /// The code of W[col, kk].
+    pub fn code(&self, col: usize, kk: usize) -> f64 {
+        let blob = self.block * self.bits / 8;
+        let (b, within) = (kk / self.block, kk % self.block);
+        self.unpack(&self.codes[(col * self.blocks + b) * blob..][..blob], within) as f64
+    }
+
+    /// The zero point of block `b` of column `col`.
+    pub fn zero(&self, col: usize, b: usize) -> f64 {
+        match &self.zeros {
+            Zeros::Default => (1u32 << (self.bits - 1)) as f64,
+            Zeros::Float(v) => v[col * self.blocks + b],
+            Zeros::Packed(v, row) => self.unpack(&v[col * row..][..*row], b) as f64,
+        }
+    }
+
+    /// The scale of block `b` of column `col`.
+    pub fn scale(&self, col: usize, b: usize) -> f64 {
+        self.scales[col * self.blocks + b]
+    }
+
+    /// W dequantised, row-major [N, K]: (code − zero)·scale, in f64.
+    pub fn dequantized(&self) -> Vec<f64> {
+        let mut w = Vec::with_capacity(self.n * self.k);
+        for col in 0..self.n {
+            for kk in 0..self.k {
+                let b = kk / self.block;
+                w.push((self.code(col, kk) - self.zero(col, b)) * self.scale(col, b));
+            }
+        }
+        w
     }
 }
 
@@ -478,6 +612,14 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             };
             vec![TypeInfo { dtype, shape }]
         }
+        (Domain::Npuc, "QuantizeRows") => {
+            let Some(x) = t(0) else { return vec![] };
+            let mut scale_shape = x.shape.clone();
+            if let Some(last) = scale_shape.last_mut() {
+                *last = Dim::known(1);
+            }
+            vec![TypeInfo { dtype: DType::I8, shape: x.shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }]
+        }
         (Domain::Npuc, "Attention") => {
             let (Some(q), Some(k)) = (t(0), t(1)) else { return vec![] };
             let total = match t(3) {
@@ -551,6 +693,29 @@ mod tests {
         let at = Attrs::default();
         let y = eval(&op("QGemm", &at), &[Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)], 1).unwrap();
         assert_eq!(y[0].as_f32().unwrap(), &[14.0 * 0.125]);
+    }
+
+    #[test]
+    fn quantize_rows_scales_each_row_to_127_and_qgemm_takes_row_scales() {
+        // Row 0: max 2.54 → s = 0.02, 1.27/0.02 = 63.5 rounds half to even (64), −2.54 → −127.
+        // Row 1: zeros → s = 1, codes 0.
+        let x = Tensor::from_f32(DType::F32, vec![2, 2], vec![1.27, -2.54, 0.0, 0.0]);
+        let at = Attrs::default();
+        let r = eval(&op("QuantizeRows", &at), &[Some(&x)], 2).unwrap();
+        assert_eq!(r[0].dtype, DType::I8);
+        assert_eq!(r[0].as_i64().unwrap(), &[64, -127, 0, 0]);
+        assert_eq!(r[1].shape, [2, 1]);
+        let s = r[1].as_f32().unwrap();
+        assert_eq!(s, &[2.54f32 / 127.0, 1.0]);
+        // × w = [[1], [1]] per tensor: row 0 → (64 − 127)·s₀, row 1 → 0.
+        let w = Tensor::from_i64(DType::I8, vec![2, 1], vec![1, 1]);
+        let (z, one) = (Tensor::from_i64(DType::I8, vec![], vec![0]), Tensor::scalar_f32(1.0));
+        let y = eval(&op("QGemm", &at), &[Some(&r[0]), Some(&r[1]), Some(&z), Some(&w), Some(&one), Some(&z)], 1).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[-63.0 * s[0], 0.0]);
+        // A per-row scale must have one value per row.
+        let bad = Tensor::from_f32(DType::F32, vec![3, 1], vec![1.0; 3]);
+        let e = eval(&op("QGemm", &at), &[Some(&r[0]), Some(&bad), Some(&z), Some(&w), Some(&one), Some(&z)], 1);
+        assert!(e.unwrap_err().msg.contains("per row"));
     }
 
     #[test]

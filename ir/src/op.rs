@@ -167,6 +167,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "RmsNormRowScaled",     (2, 2), (1, 1)),
     spec(NP, "SkipRmsNormRowScaled", (3, 4), (1, 2)),
     spec(NP, "WGemmRowScaled",       (3, 4), (1, 1)),
+    // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
+    spec(NP, "QuantizeRows",         (1, 1), (2, 2)),
 ];
 
 /// The vocabulary entry for an op, if npuc knows it.

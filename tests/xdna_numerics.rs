@@ -1,0 +1,84 @@
+//! The `xdna` program has the array's numerics: after `array-int8`, every projection of every
+//! fixture form is an int8 × int8 → int32 `QGemm` (per-channel int8 weights, activations
+//! quantised per row), nothing float or 4-bit is left on a projection, and the logits stay close
+//! to the float program's — the error the array's int8 costs, measured here with the reference
+//! evaluator on the recorded prefill and decode cases (`cargo test --release --test xdna_numerics
+//! -- --nocapture` prints it).
+
+mod common;
+
+use ir::graph::{Graph, ValueDef};
+
+fn compile(name: &str, target: &str) -> Graph {
+    let g = frontend::import_file(&common::fixture(name).join("model.onnx")).unwrap_or_else(|e| panic!("{e}")).graph;
+    let t = passes::targets::target(target).unwrap();
+    passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}")).graph
+}
+
+/// Projections of a program: WGemms, QGemms, and MatMuls by a weight or a transposed weight.
+fn projections(g: &Graph) -> usize {
+    g.nodes
+        .iter()
+        .filter(|n| match n.op {
+            "WGemm" | "QGemm" => true,
+            "MatMul" => {
+                let b = n.inputs[1].unwrap();
+                match &g.value(b).def {
+                    ValueDef::Weight(_) => true,
+                    ValueDef::Node { node, .. } => {
+                        let p = g.node(*node);
+                        p.op == "Transpose" && matches!(g.value(p.inputs[0].unwrap()).def, ValueDef::Weight(_))
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        })
+        .count()
+}
+
+fn softmax(row: &[f64]) -> Vec<f64> {
+    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = row.iter().map(|x| (x - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+fn argmax(row: &[f64]) -> usize {
+    row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
+}
+
+#[test]
+fn every_projection_runs_in_int8_and_the_logits_stay_close() {
+    for f in ["llama_f1", "qwen3_f1", "llama_f2", "qwen3_f2", "llama_f3a", "qwen3_f3b", "llama_f4"] {
+        let (cpu, xdna) = (compile(f, "cpu"), compile(f, "xdna"));
+        let expected = projections(&cpu);
+        let qgemm = xdna.nodes.iter().filter(|n| n.op == "QGemm").count();
+        assert_eq!(projections(&xdna), qgemm, "{f}: a projection is not int8");
+        assert_eq!(qgemm, expected, "{f}: every projection of the cpu program is one QGemm");
+        let rows = xdna.nodes.iter().filter(|n| n.op == "QuantizeRows").count();
+        let a8w8 = cpu.nodes.iter().filter(|n| n.op == "QGemm").count();
+        assert_eq!(rows, expected - a8w8, "{f}: one QuantizeRows per rewritten projection");
+        let (mut worst_kl, mut agree, mut total) = (0.0f64, 0, 0);
+        for case in ["prefill", "decode"] {
+            let c = common::read_case(f, case);
+            let a = &ir::run::run_graph(&cpu, &c.inputs).unwrap()["logits"];
+            let b = &ir::run::run_graph(&xdna, &c.inputs).unwrap()["logits"];
+            let v = *a.shape.last().unwrap();
+            for (p, q) in a.to_f64_vec().chunks(v).zip(b.to_f64_vec().chunks(v)) {
+                let (sp, sq) = (softmax(p), softmax(q));
+                let kl: f64 = sp.iter().zip(&sq).map(|(x, y)| if *x > 0.0 { x * (x / y).ln() } else { 0.0 }).sum();
+                worst_kl = worst_kl.max(kl);
+                agree += usize::from(argmax(p) == argmax(q));
+                total += 1;
+            }
+        }
+        eprintln!("{f}: {qgemm} int8 QGemm ({a8w8} A8W8 kept), worst KL {worst_kl:.2e}, top-1 {agree}/{total}");
+        if a8w8 == expected {
+            assert_eq!(worst_kl, 0.0, "{f}: an A8W8 program must be unchanged");
+        } else {
+            assert!(worst_kl > 0.0, "{f}: int8 must change something");
+        }
+        assert!(worst_kl < 0.02, "{f}: worst KL {worst_kl}");
+    }
+}
