@@ -44,7 +44,7 @@ impl Pass for ArrayInt8 {
     }
 }
 
-/// A projection found in the program: its activation, its weight as f64 [K, N], what it came from.
+/// A projection found in the program: its activation, its weight, what it came from.
 struct Projection {
     a: ValueId,
     k: usize,
@@ -52,8 +52,18 @@ struct Projection {
     /// The weight (or constant) the int8 form is named after and cached by: a weight read by two
     /// projections is quantised once.
     source: Source,
-    w_kn: Vec<f64>,
+    weights: Weights,
     bias: Option<ValueId>,
+}
+
+/// Where a projection's weight values come from, read where they lie (a model's weights are a
+/// memory map: no f32 or f64 copy of a whole weight is made).
+enum Weights {
+    /// f32 little-endian bytes, row-major [K, N] — or [N, K] when `nk` (a table the tied lm_head
+    /// reads transposed).
+    F32 { bytes: bytes::Bytes, nk: bool },
+    /// A WGemm's blocks, dequantised column by column.
+    NBits(NBitsWeights),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,6 +110,22 @@ fn weight_tensor(g: &Graph, v: ValueId) -> Option<(Source, Tensor)> {
     }
 }
 
+/// A float weight's f32 bytes and shape, without copying a mapped weight.
+fn f32_weight(g: &Graph, v: ValueId) -> Option<(Source, Vec<usize>, bytes::Bytes)> {
+    if let ValueDef::Weight(w) = g.value(v).def {
+        let wt = g.weights.get(w);
+        if wt.dtype == DType::F32 {
+            return Some((Source::Weight(w), wt.shape.clone(), wt.bytes.clone()));
+        }
+    }
+    let (source, t) = weight_tensor(g, v)?;
+    if !t.dtype.is_float() {
+        return None;
+    }
+    let bytes: Vec<u8> = t.to_f32_vec().iter().flat_map(|x| x.to_le_bytes()).collect();
+    Some((source, t.shape.clone(), bytes::Bytes::from(bytes)))
+}
+
 /// The projection `n` computes, if it is one the array takes and not yet int8.
 fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, String> {
     let input = |i: usize| n.inputs.get(i).copied().flatten();
@@ -115,64 +141,163 @@ fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, String> {
                 None => None,
             };
             let nb = NBitsWeights::new(&n.attrs, &w, &s, z.as_ref())?;
-            let w_nk = nb.dequantized();
-            Ok(Some(Projection { a, k: nb.k, n: nb.n, source, w_kn: transpose(&w_nk, nb.n, nb.k), bias: input(4) }))
+            Ok(Some(Projection { a, k: nb.k, n: nb.n, source, weights: Weights::NBits(nb), bias: input(4) }))
         }
         (Domain::Onnx, "MatMul") => {
             let (Some(a), Some(b)) = (input(0), input(1)) else { return Ok(None) };
             if !g.value(a).dtype.is_float() {
                 return Ok(None);
             }
-            if let Some((source, w)) = weight_tensor(g, b).filter(|(_, w)| w.rank() == 2 && w.dtype.is_float()) {
-                let (k, n) = (w.shape[0], w.shape[1]);
-                return Ok(Some(Projection { a, k, n, source, w_kn: w.to_f64_vec(), bias: None }));
+            if let Some((source, shape, bytes)) = f32_weight(g, b).filter(|(_, s, _)| s.len() == 2) {
+                let weights = Weights::F32 { bytes, nk: false };
+                return Ok(Some(Projection { a, k: shape[0], n: shape[1], source, weights, bias: None }));
             }
             // The tied lm_head: MatMul(x, Transpose(table [N, K])).
             let ValueDef::Node { node, .. } = g.value(b).def else { return Ok(None) };
             let t = g.node(node);
             let perm = t.attrs.ints("perm").ok().flatten();
-            if t.op != "Transpose" || perm.as_deref() != Some(&[1, 0][..]) {
+            if t.op != "Transpose" || perm != Some(&[1, 0][..]) {
                 return Ok(None);
             }
-            let Some((source, w)) = t.inputs[0].and_then(|v| weight_tensor(g, v)) else { return Ok(None) };
-            if w.rank() != 2 || !w.dtype.is_float() {
+            let Some((source, shape, bytes)) = t.inputs[0].and_then(|v| f32_weight(g, v)) else { return Ok(None) };
+            if shape.len() != 2 {
                 return Ok(None);
             }
-            let (nn, k) = (w.shape[0], w.shape[1]);
-            Ok(Some(Projection { a, k, n: nn, source, w_kn: transpose(&w.to_f64_vec(), nn, k), bias: None }))
+            let weights = Weights::F32 { bytes, nk: true };
+            Ok(Some(Projection { a, k: shape[1], n: shape[0], source, weights, bias: None }))
         }
         _ => Ok(None),
     }
 }
 
-fn transpose(m: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    let mut t = vec![0.0; m.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = m[r * cols + c];
-        }
-    }
-    t
+fn f32_at(bytes: &[u8], i: usize) -> f32 {
+    f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap())
+}
+
+/// Quantises column by column (one output channel at a time), each thread taking a range of
+/// columns: `column(col, buf)` fills buf with W[:, col]. Returns (codes [N, K], scales [N],
+/// max|W8·s − W|, max|W|).
+fn quantize_by_column(
+    k: usize,
+    n: usize,
+    column: &(dyn Fn(usize, &mut [f32]) + Sync),
+) -> (Vec<i8>, Vec<f32>, f64, f64) {
+    let mut codes = vec![0i8; n * k];
+    let mut scales = vec![0f32; n];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.max(1));
+    let per = n.div_ceil(threads);
+    let (err, max) = std::thread::scope(|scope| {
+        let jobs: Vec<_> = codes
+            .chunks_mut(per * k)
+            .zip(scales.chunks_mut(per))
+            .enumerate()
+            .map(|(t, (codes, scales))| {
+                scope.spawn(move || {
+                    let mut buf = vec![0f32; k];
+                    let (mut err, mut max) = (0.0f64, 0.0f64);
+                    for (j, s) in scales.iter_mut().enumerate() {
+                        column(t * per + j, &mut buf);
+                        let m = buf.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        *s = if m > 0.0 { m / 127.0 } else { 1.0 };
+                        for (c, &w) in codes[j * k..(j + 1) * k].iter_mut().zip(&buf) {
+                            let q = (w / *s).round_ties_even().clamp(-127.0, 127.0);
+                            *c = q as i8;
+                            err = err.max((q as f64 * *s as f64 - w as f64).abs());
+                        }
+                        max = max.max(m as f64);
+                    }
+                    (err, max)
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).fold((0.0f64, 0.0f64), |(e, m), (a, b)| (e.max(a), m.max(b)))
+    });
+    (codes, scales, err, max)
+}
+
+/// [`quantize_columns`] of a row-major [K, N] f32 weight, read in row order (twice: the column
+/// maxima, then the codes), each thread taking a range of rows.
+fn quantize_rows_major(bytes: &[u8], k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64) {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(k.max(1));
+    let per = k.div_ceil(threads);
+    let rows = |t: usize| t * per..((t + 1) * per).min(k);
+    let maxima: Vec<f32> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut m = vec![0f32; n];
+                    for r in rows(t) {
+                        for (c, m) in m.iter_mut().enumerate() {
+                            *m = m.max(f32_at(bytes, r * n + c).abs());
+                        }
+                    }
+                    m
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().unwrap())
+            .reduce(|a, b| a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect())
+            .unwrap_or_default()
+    });
+    let scales: Vec<f32> = maxima.iter().map(|&m| if m > 0.0 { m / 127.0 } else { 1.0 }).collect();
+    let mut codes = vec![0i8; k * n];
+    let err = std::thread::scope(|scope| {
+        let scales = &scales;
+        let jobs: Vec<_> = codes
+            .chunks_mut(per * n)
+            .enumerate()
+            .map(|(t, out)| {
+                scope.spawn(move || {
+                    let mut err = 0.0f64;
+                    for (i, c) in out.iter_mut().enumerate() {
+                        let (r, col) = (t * per + i / n, i % n);
+                        let w = f32_at(bytes, r * n + col);
+                        let q = (w / scales[col]).round_ties_even().clamp(-127.0, 127.0);
+                        *c = q as i8;
+                        err = err.max((q as f64 * scales[col] as f64 - w as f64).abs());
+                    }
+                    err
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).fold(0.0f64, f64::max)
+    });
+    let max = maxima.iter().fold(0.0f32, |m, v| m.max(*v)) as f64;
+    (codes, scales, if max > 0.0 { err / max } else { 0.0 })
 }
 
 /// Per output channel (column of W [K, N]): s = max|W[:, col]|/127 (1 for a zero column), codes
-/// rounded half to even. Returns (codes [K, N], scales [N], max|W8·s − W| / max|W|).
-pub fn quantize_columns(w_kn: &[f64], k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64) {
-    let mut scales = vec![0f32; n];
-    for (col, s) in scales.iter_mut().enumerate() {
-        let max = (0..k).fold(0.0f64, |m, r| m.max(w_kn[r * n + col].abs()));
-        *s = if max > 0.0 { (max / 127.0) as f32 } else { 1.0 };
+/// rounded half to even (in f32, as a kernel would). Returns (codes row-major [K, N], scales [N],
+/// max|W8·s − W| / max|W|).
+fn quantize_columns(w: &Weights, k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64) {
+    let (nk, scales, err, max) = match w {
+        Weights::F32 { bytes, nk: true } => quantize_by_column(k, n, &|col, buf: &mut [f32]| {
+            for (kk, b) in buf.iter_mut().enumerate() {
+                *b = f32_at(bytes, col * k + kk);
+            }
+        }),
+        Weights::F32 { bytes, nk: false } => return quantize_rows_major(bytes, k, n),
+        Weights::NBits(nb) => quantize_by_column(k, n, &|col, buf: &mut [f32]| {
+            for (kk, b) in buf.iter_mut().enumerate() {
+                let blk = kk / nb.block;
+                *b = ((nb.code(col, kk) - nb.zero(col, blk)) * nb.scale(col, blk)) as f32;
+            }
+        }),
+    };
+    // [N, K] → [K, N], in tiles so both sides stay in cache.
+    let mut kn = vec![0i8; k * n];
+    const T: usize = 64;
+    for c0 in (0..n).step_by(T) {
+        for k0 in (0..k).step_by(T) {
+            for c in c0..(c0 + T).min(n) {
+                for kk in k0..(k0 + T).min(k) {
+                    kn[kk * n + c] = nk[c * k + kk];
+                }
+            }
+        }
     }
-    let mut codes = Vec::with_capacity(k * n);
-    let (mut err, mut max) = (0.0f64, 0.0f64);
-    for (i, &w) in w_kn.iter().enumerate() {
-        let s = scales[i % n] as f64;
-        let q = (w / s).round_ties_even().clamp(-127.0, 127.0);
-        codes.push(q as i8);
-        err = err.max((q * s - w).abs());
-        max = max.max(w.abs());
-    }
-    (codes, scales, if max > 0.0 { err / max } else { 0.0 })
+    (kn, scales, if max > 0.0 { err / max } else { 0.0 })
 }
 
 fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
@@ -213,7 +338,7 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
         let (w8, s_cols, z_cols) = match quantised.get(&p.source) {
             Some(&v) => v,
             None => {
-                let (codes, scales, error) = quantize_columns(&p.w_kn, p.k, p.n);
+                let (codes, scales, error) = quantize_columns(&p.weights, p.k, p.n);
                 worst_error = worst_error.max(error);
                 let base = p.source.name(&g);
                 per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
