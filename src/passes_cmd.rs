@@ -131,6 +131,8 @@ struct OutputCheck {
     non_finite: usize,
     /// For `logits`: the worst KL(softmax(want) ‖ softmax(got)) over positions.
     worst_kl: Option<f64>,
+    /// For `logits`: positions whose largest logit is the expected one, and positions.
+    top1: Option<(usize, usize)>,
 }
 
 /// Runs the program on the case's inputs (reference evaluator, or the fp16 simulation) and
@@ -153,15 +155,20 @@ fn check_program(
         let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let diff =
             a.iter().zip(&b).fold(0.0f64, |m, (x, y)| if (x - y).abs() > m || x.is_nan() { (x - y).abs() } else { m });
-        let worst_kl = (name == "logits" && !want.shape.is_empty()).then(|| {
+        let logits = name == "logits" && !want.shape.is_empty();
+        let rows = || {
             let v = *want.shape.last().unwrap();
-            b.chunks(v).zip(a.chunks(v)).map(|(p, q)| kl(p, q)).fold(0.0, f64::max)
-        });
+            b.chunks(v).zip(a.chunks(v))
+        };
+        let worst_kl = logits.then(|| rows().map(|(p, q)| kl(p, q)).fold(0.0, f64::max));
+        let argmax = |r: &[f64]| r.iter().enumerate().fold(0, |m, (i, v)| if *v > r[m] { i } else { m });
+        let top1 = logits.then(|| (rows().filter(|(p, q)| argmax(p) == argmax(q)).count(), rows().count()));
         out.push(OutputCheck {
             name: name.clone(),
             max_rel_diff: if scale > 0.0 { diff / scale } else { diff },
             non_finite: a.iter().filter(|v| !v.is_finite()).count(),
             worst_kl,
+            top1,
         });
     }
     Ok(out)
@@ -185,7 +192,8 @@ fn print_check(checks: &[OutputCheck], fp16_sim: bool) {
     eprintln!("check ({how}) against the case's expected outputs:");
     for c in checks {
         let kl = c.worst_kl.map(|k| format!("  worst KL {k:.2e}")).unwrap_or_default();
+        let top1 = c.top1.map(|(a, n)| format!("  top-1 {a}/{n}")).unwrap_or_default();
         let bad = if c.non_finite > 0 { format!("  {} non-finite", c.non_finite) } else { String::new() };
-        eprintln!("  {:<24} max|Δ|/max|ref| {:.2e}{kl}{bad}", c.name, c.max_rel_diff);
+        eprintln!("  {:<24} max|Δ|/max|ref| {:.2e}{kl}{top1}{bad}", c.name, c.max_rel_diff);
     }
 }
