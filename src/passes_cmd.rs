@@ -1,6 +1,7 @@
 //! `npuc passes`.
 
 use anyhow::{anyhow, bail, Context, Result};
+use passes::cost::{self, StepSizes};
 use passes::driver::{self, DriverError};
 use std::path::Path;
 use std::process::ExitCode;
@@ -85,6 +86,24 @@ pub fn run(o: Options) -> Result<ExitCode> {
             if let (Some(c), false) = (&check, json) {
                 print_check(c, fp16_sim);
             }
+            let decode = StepSizes { rows: 1, past: 512 };
+            let prefill = StepSizes { rows: 64, past: 0 };
+            let costs = [
+                ("decode", decode, cost::step_cost(&outcome.graph, decode)),
+                ("prefill", prefill, cost::step_cost(&outcome.graph, prefill)),
+            ];
+            if !json {
+                for (what, s, c) in &costs {
+                    eprintln!(
+                        "{what} step ({} rows, {} past): {:.1} MMAC, {:.2} MB of weights read, {:.2} MB of KV read",
+                        s.rows,
+                        s.past,
+                        c.macs as f64 / 1e6,
+                        c.weight_bytes as f64 / 1e6,
+                        c.kv_bytes as f64 / 1e6
+                    );
+                }
+            }
             if json {
                 let out = serde_json::json!({
                     "model": model.display().to_string(),
@@ -95,6 +114,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
                     "peak_rss_bytes": peak_rss_bytes(),
                     "passes": outcome.reports,
                     "check": check,
+                    "step_cost": costs.iter().map(|(what, s, c)| serde_json::json!({"step": what, "sizes": s, "cost": c})).collect::<Vec<_>>(),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             }

@@ -33,6 +33,21 @@ fn passes_dumps_one_file_per_pass_and_reports_json() {
     let names: Vec<&str> = r["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["canonicalize"]);
     assert!(r["weight_bytes"].as_u64().unwrap() > 0);
+
+    // The final program's step cost: a decode step reads every projection weight once (all but
+    // the embedding table, of which it gathers one row); a 64-row prefill block reads the same
+    // weights, 63 more gathered rows, and does 64× the GEMM work (plus attention).
+    let (ok, out, err) = npuc(&["passes", &model("llama_f1"), "--json"]);
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let cost = |i: usize, k: &str| r["step_cost"][i]["cost"][k].as_u64().unwrap();
+    assert_eq!(r["step_cost"][0]["step"], "decode");
+    let total = r["weight_bytes"].as_u64().unwrap();
+    let table = 512 * 256 * 4;
+    assert!(cost(0, "weight_bytes") > total - table && cost(0, "weight_bytes") < total, "{}", r["step_cost"]);
+    // 63 more rows gathered: an embedding row (256 f32) and a cos and a sin row (64 f32 each).
+    assert_eq!(cost(1, "weight_bytes"), cost(0, "weight_bytes") + 63 * (256 + 2 * 64) * 4);
+    assert!(cost(1, "macs") >= 64 * (cost(0, "macs") - 2 * 4 * 513 * 64 * 2));
 }
 
 #[test]
