@@ -32,6 +32,10 @@ use std::sync::Arc;
 
 pub struct ArrayInt8;
 
+/// The largest K whose int32 accumulator cannot overflow: |Σₖ a·w| ≤ K · 127 · 127 < 2³¹ for the
+/// symmetric int8 codes this pass makes.
+pub const MAX_ARRAY_K: usize = (i32::MAX as usize) / (127 * 127);
+
 impl Pass for ArrayInt8 {
     fn name(&self) -> &'static str {
         "array-int8"
@@ -323,17 +327,31 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
     let (mut rewritten, mut kept_qgemm, mut activation_matmuls) = (0usize, 0usize, 0usize);
     let mut worst_error = 0.0f64;
     let mut per_weight = Vec::new();
+    // Nodes the array does not take, with the reason: they stay on the host, as they are.
+    let mut host = Vec::new();
     for n in &g.nodes {
         let p = projection(&g, n).map_err(|m| PassError(format!("node `{}` ({}): {m}", n.name, n.op)))?;
         let Some(p) = p else {
             match (n.domain, n.op) {
                 (Domain::Npuc, "QGemm") => kept_qgemm += 1,
-                (Domain::Onnx, "MatMul") => activation_matmuls += 1,
+                (Domain::Onnx, "MatMul") => {
+                    activation_matmuls += 1;
+                    host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": "a product of two activations: the array's designs stream a constant weight"}));
+                }
                 _ => {}
             }
             nodes.push(n.clone());
             continue;
         };
+        if p.k > MAX_ARRAY_K {
+            let reason = format!(
+                "K = {}: the array accumulates int8 × int8 products in int32, which can overflow past K = {MAX_ARRAY_K}",
+                p.k
+            );
+            host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": reason}));
+            nodes.push(n.clone());
+            continue;
+        }
         rewritten += 1;
         let (w8, s_cols, z_cols) = match quantised.get(&p.source) {
             Some(&v) => v,
@@ -433,16 +451,78 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
         }
     }
     let out = Graph { values, nodes, weights: Arc::new(store), ..g }.pruned();
-    let summary = format!(
+    let mut summary = format!(
         "{rewritten} projections → int8 QGemm (worst weight error {worst_error:.2e} of max|W|), {kept_qgemm} A8W8 QGemm kept, {} activation MatMuls left float",
         activation_matmuls
     );
+    for h in &host {
+        summary.push_str(&format!(
+            "; host: `{}` ({})",
+            h["node"].as_str().unwrap_or(""),
+            h["reason"].as_str().unwrap_or("")
+        ));
+    }
     let data = serde_json::json!({
         "rewritten": rewritten,
         "kept_qgemm": kept_qgemm,
         "activation_matmuls": activation_matmuls,
         "worst_weight_error": worst_error,
         "weights": per_weight,
+        "host": host,
     });
     Ok((out, PassDetail { summary, data }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir::build::{GraphBuilder, ValueType};
+
+    fn rows(width: usize) -> ValueType {
+        ValueType::new(DType::F32, vec![Dim::known(1), Dim::sym("sequence_length"), Dim::known(width as i64)])
+    }
+
+    /// Refusals, as a fixture: a projection whose K the array's int32 accumulators cannot take,
+    /// and a product of two activations, stay float MatMuls on the host, each with its reason; a
+    /// projection beside them is taken.
+    #[test]
+    fn shapes_and_operands_the_array_cannot_take_stay_on_the_host_with_a_reason() {
+        let big_k = MAX_ARRAY_K + 1;
+        let mut b = GraphBuilder::new("refusals");
+        let x = b.input("x", rows(big_k));
+        let w_big = b.weight("w_big", &Tensor::from_f32(DType::F32, vec![big_k, 2], vec![0.25; big_k * 2]));
+        let y = b.node(Domain::Onnx, "MatMul").name("too_long").inputs(&[x, w_big]).output("y", rows(2)).add()[0];
+        let w = b.weight("w", &Tensor::from_f32(DType::F32, vec![2, 2], vec![0.5, -1.0, 2.0, 0.75]));
+        let z = b.node(Domain::Onnx, "MatMul").name("taken").inputs(&[y, w]).output("z", rows(2)).add()[0];
+        let zt = b
+            .node(Domain::Onnx, "Transpose")
+            .attr("perm", ir::Attr::Ints(vec![0, 2, 1]))
+            .inputs(&[z])
+            .output("zt", ValueType::new(DType::F32, vec![Dim::known(1), Dim::known(2), Dim::sym("sequence_length")]))
+            .add()[0];
+        let gram = b
+            .node(Domain::Onnx, "MatMul")
+            .name("gram")
+            .inputs(&[zt, z])
+            .output("gram", ValueType::known(DType::F32, &[1, 2, 2]))
+            .add()[0];
+        b.output(gram);
+        let g = b.finish().unwrap();
+        let (out, detail) = ArrayInt8.run(g).unwrap();
+        out.verify().unwrap();
+        let op_of = |name: &str| out.nodes.iter().find(|n| n.name == name).unwrap().op;
+        assert_eq!(op_of("too_long"), "MatMul");
+        assert_eq!(op_of("gram"), "MatMul");
+        assert_eq!(op_of("taken"), "QGemm");
+        let host = detail.data["host"].as_array().unwrap();
+        let reason =
+            |node: &str| host.iter().find(|h| h["node"] == node).unwrap()["reason"].as_str().unwrap().to_string();
+        assert!(
+            reason("too_long").contains(&format!("K = {big_k}")) && reason("too_long").contains("int32"),
+            "{host:?}"
+        );
+        assert!(reason("gram").contains("two activations"), "{host:?}");
+        assert_eq!(host.len(), 2);
+        assert!(detail.summary.contains("host: `too_long`"), "{}", detail.summary);
+    }
 }
