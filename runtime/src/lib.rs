@@ -6,7 +6,8 @@
 //! [`kvcache`] (the paged KV cache with attention over pages), [`kernels`] (the host executor's
 //! compute kernels with run-time CPU feature dispatch) and [`exec`] (the host executor: a bundle's
 //! program planned into reused buffers, run with the kernels and the paged cache; float and 4-bit
-//! weight-only programs today). Sampling beyond greedy, the quantised programs, and the device backends are next. The
+//! weight-only programs today; several sequences share one KV pool) and [`sample`] (greedy, temperature,
+//! top-k and top-p with a seeded generator). The int8 programs and the device backends are next. The
 //! crate depends on no compiler crate: a bundle is the only thing that crosses from the compiler
 //! to the runtime.
 
@@ -14,3 +15,4 @@ pub mod bundle;
 pub mod exec;
 pub mod kernels;
 pub mod kvcache;
+pub mod sample;

@@ -48,7 +48,8 @@ pub use program::PROGRAM_FORMAT;
 use crate::bundle::Bundle;
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
-use crate::kvcache::{KvCache, KvCacheConfig, SeqId};
+use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
+use crate::sample::Sampler;
 use error::node_err;
 use plan::{IntKind, Loc, Op, Plan};
 use program::{Program, StepDims};
@@ -64,23 +65,43 @@ pub struct ExecOptions {
     pub max_context: usize,
     /// The kernels' instruction-set path; the best this CPU has when `None`.
     pub isa: Option<Isa>,
+    /// How the KV cache stores K and V rows.
+    pub kv_storage: KvStorage,
+    /// Sequences of `max_context` tokens the KV pool has pages for.
+    pub sequences: usize,
+    /// Pages in the KV pool (one page: `page_rows` rows of one layer and KV head), instead of
+    /// what `sequences` × `max_context` needs.
+    pub kv_pages: Option<usize>,
 }
 
 impl Default for ExecOptions {
     fn default() -> Self {
-        ExecOptions { threads: 1, max_context: DEFAULT_MAX_CONTEXT, isa: None }
+        ExecOptions {
+            threads: 1,
+            max_context: DEFAULT_MAX_CONTEXT,
+            isa: None,
+            kv_storage: KvStorage::F32,
+            sequences: 1,
+            kv_pages: None,
+        }
     }
 }
 
-/// A loaded program and one sequence's KV cache.
+/// A loaded program and a KV cache holding its sequences: a default one (used by
+/// [`Executor::step`] and [`Executor::generate`]) and any created with
+/// [`Executor::new_sequence`] or [`Executor::fork_sequence`].
 pub struct Executor<'b> {
     plan: Plan<'b>,
     isa: Isa,
     pool: ThreadPool,
     cache: KvCache,
+    /// The default sequence.
     seq: SeqId,
+    /// The sequence the current step runs for.
+    current: SeqId,
+    /// Tokens held by each live sequence.
+    held: Vec<(SeqId, usize)>,
     max_context: usize,
-    position: usize,
     /// Concrete shape of every value for the current step.
     shapes: Vec<Vec<usize>>,
     bufs: Vec<Vec<f32>>,
@@ -126,6 +147,19 @@ fn rate(tokens: usize, ms: f64) -> f64 {
     }
 }
 
+/// One sequence of [`Executor::generate_many`].
+#[derive(Debug, Default)]
+pub struct SequenceOutput {
+    /// Tokens generated (the stop token included when one ended generation).
+    pub tokens: Vec<u32>,
+    /// `prefill_ms` is this sequence's prefill; `decode_ms` the sum of its own decode steps.
+    pub stats: GenerateStats,
+    /// Prompt tokens whose KV pages were shared with an earlier sequence instead of computed.
+    pub shared_prefix_tokens: usize,
+    /// Why the sequence stopped early, if it did.
+    pub error: Option<ExecError>,
+}
+
 /// The index of the largest logit (the first of equal ones; NaN never wins).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -145,8 +179,11 @@ impl<'b> Executor<'b> {
         let plan = Plan::load(program, |name| bundle.tensor(name))?;
         let a = plan.attention;
         let max_context = options.max_context.max(1);
-        let config = KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1);
-        let pages = a.layers * a.kv_heads * max_context.div_ceil(config.page_rows);
+        let config =
+            KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1).with_storage(options.kv_storage);
+        let pages = options.kv_pages.unwrap_or_else(|| {
+            options.sequences.max(1) * a.layers * a.kv_heads * max_context.div_ceil(config.page_rows)
+        });
         let mut cache = KvCache::new(KvCacheConfig { pages, ..config }.with_reserved_rows(max_context))?;
         let seq = cache.create_sequence();
         let isa = options.isa.unwrap_or_else(Isa::detect);
@@ -161,8 +198,9 @@ impl<'b> Executor<'b> {
             pool: ThreadPool::new(options.threads),
             cache,
             seq,
+            current: seq,
+            held: vec![(seq, 0)],
             max_context,
-            position: 0,
             sum_scratch: Vec::new(),
             ids: Vec::new(),
             positions: Vec::new(),
@@ -180,9 +218,57 @@ impl<'b> Executor<'b> {
         self.wgemm_precision
     }
 
-    /// Tokens the cache holds.
+    /// Tokens the default sequence holds.
     pub fn position(&self) -> usize {
-        self.position
+        self.held_by(self.seq).unwrap_or(0)
+    }
+
+    /// Tokens `seq` holds.
+    pub fn sequence_position(&self, seq: SeqId) -> Result<usize, ExecError> {
+        self.held_by(seq).ok_or(ExecError::Kv(crate::kvcache::KvError::UnknownSequence { seq }))
+    }
+
+    fn held_by(&self, seq: SeqId) -> Option<usize> {
+        self.held.iter().find(|(s, _)| *s == seq).map(|&(_, n)| n)
+    }
+
+    /// The sequence [`Executor::step`] runs.
+    pub fn default_sequence(&self) -> SeqId {
+        self.seq
+    }
+
+    /// A new empty sequence in the same KV pool.
+    pub fn new_sequence(&mut self) -> SeqId {
+        let seq = self.cache.create_sequence();
+        self.held.push((seq, 0));
+        seq
+    }
+
+    /// A new sequence holding the first `tokens` tokens of `parent` by sharing its pages (no
+    /// copy; a page written later while still shared is copied then, see [`KvCache`]).
+    pub fn fork_sequence(&mut self, parent: SeqId, tokens: usize) -> Result<SeqId, ExecError> {
+        let held = self.sequence_position(parent)?;
+        if tokens > held {
+            return Err(ExecError::Kv(crate::kvcache::KvError::PrefixBeyondHeld {
+                seq: parent,
+                layer: 0,
+                rows: tokens,
+                held_rows: held,
+            }));
+        }
+        let seq = self.cache.fork_prefix(parent, tokens)?;
+        self.held.push((seq, tokens));
+        Ok(seq)
+    }
+
+    /// Drops a sequence other than the default one, returning the pages only it held.
+    pub fn drop_sequence(&mut self, seq: SeqId) -> Result<(), ExecError> {
+        if seq == self.seq {
+            return self.reset();
+        }
+        self.cache.drop_sequence(seq)?;
+        self.held.retain(|(s, _)| *s != seq);
+        Ok(())
     }
 
     pub fn max_context(&self) -> usize {
@@ -202,34 +288,44 @@ impl<'b> Executor<'b> {
     /// way to go on after a step that failed.
     pub fn reset(&mut self) -> Result<(), ExecError> {
         self.cache.drop_sequence(self.seq)?;
+        self.held.retain(|(s, _)| *s != self.seq);
         self.seq = self.cache.create_sequence();
-        self.position = 0;
+        self.held.push((self.seq, 0));
         Ok(())
     }
 
     /// Runs `tokens` at the next positions and returns the logits of the last one. A failed step
     /// may leave part of the cache written: [`Executor::reset`] before going on.
     pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.step_sequence(self.seq, tokens)
+    }
+
+    /// [`Executor::step`] for sequence `seq`. A failed step may leave part of that sequence's
+    /// cache written (drop it, or reset the default one); other sequences are untouched.
+    pub fn step_sequence(&mut self, seq: SeqId, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        let held_index = self
+            .held
+            .iter()
+            .position(|(s, _)| *s == seq)
+            .ok_or(ExecError::Kv(crate::kvcache::KvError::UnknownSequence { seq }))?;
+        let position = self.held[held_index].1;
         if tokens.is_empty() {
             return Err(ExecError::EmptyStep);
         }
-        if self.position + tokens.len() > self.max_context {
-            return Err(ExecError::ContextFull {
-                tokens: tokens.len(),
-                position: self.position,
-                max_context: self.max_context,
-            });
+        if position + tokens.len() > self.max_context {
+            return Err(ExecError::ContextFull { tokens: tokens.len(), position, max_context: self.max_context });
         }
-        let dims = StepDims { seq: tokens.len(), past: self.position };
+        let dims = StepDims { seq: tokens.len(), past: position };
+        self.current = seq;
         self.ids.clear();
         self.ids.extend(tokens.iter().map(|&t| i64::from(t)));
         self.positions.clear();
-        self.positions.extend((self.position..self.position + tokens.len()).map(|p| p as i64));
+        self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
         self.prepare(dims);
         for i in 0..self.plan.ops.len() {
             self.run_op(i)?;
         }
-        self.position += tokens.len();
+        self.held[held_index].1 += tokens.len();
         let logits = self.plan.logits;
         let width = self.vocab();
         let Loc::Buf(b) = self.plan.locs[logits] else { unreachable!("the logits are computed into a buffer") };
@@ -237,15 +333,27 @@ impl<'b> Executor<'b> {
         Ok(&self.bufs[b][(rows_held - 1) * width..rows_held * width])
     }
 
-    /// Greedy decoding: prefills `prompt`, then appends the most likely token until one of
-    /// `stop` is generated (it is included) or `max_new` tokens are. `on_token` sees each token
-    /// as it is chosen. Starts from the current position (call [`Executor::reset`] for a new
-    /// sequence).
+    /// Greedy decoding: [`Executor::generate`] with a greedy [`Sampler`].
     pub fn generate_greedy(
         &mut self,
         prompt: &[u32],
         max_new: usize,
         stop: &[u32],
+        on_token: impl FnMut(u32),
+    ) -> Result<(Vec<u32>, GenerateStats), ExecError> {
+        self.generate(prompt, max_new, stop, &mut Sampler::greedy(), on_token)
+    }
+
+    /// Prefills `prompt` on the default sequence, then appends the token `sampler` chooses until
+    /// one of `stop` is generated (it is included) or `max_new` tokens are. `on_token` sees each
+    /// token as it is chosen. Starts from the current position (call [`Executor::reset`] for a
+    /// new sequence).
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop: &[u32],
+        sampler: &mut Sampler,
         mut on_token: impl FnMut(u32),
     ) -> Result<(Vec<u32>, GenerateStats), ExecError> {
         let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
@@ -254,7 +362,7 @@ impl<'b> Executor<'b> {
             return Ok((generated, stats));
         }
         let start = Instant::now();
-        let mut next = argmax(self.step(prompt)?);
+        let mut next = sampler.sample(self.step(prompt)?);
         stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
         let decode_start = Instant::now();
         loop {
@@ -263,11 +371,101 @@ impl<'b> Executor<'b> {
             if generated.len() >= max_new || stop.contains(&next) {
                 break;
             }
-            next = argmax(self.step(&[next])?);
+            next = sampler.sample(self.step(&[next])?);
         }
         stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
         stats.generated_tokens = generated.len();
         Ok((generated, stats))
+    }
+
+    /// Generates for several prompts as concurrent sequences of one KV pool: every prompt is
+    /// prefilled in turn, then the live sequences take one decode step each, round after round,
+    /// until each has met a stop token or `max_new` tokens. Prompt `i` samples with
+    /// `samplers[i]`, and `on_token(i, token)` sees its tokens as they are chosen.
+    ///
+    /// A prompt that begins like an earlier one shares that one's pages for the whole pages of
+    /// the common prefix (leaving at least its last token to run), so its prefill runs only the
+    /// rest and nothing is copied. A sequence whose step fails (an exhausted pool, a full
+    /// context) ends with that error and its pages are released; the others go on. Sequences
+    /// are dropped at the end; the default sequence is not touched.
+    pub fn generate_many(
+        &mut self,
+        prompts: &[Vec<u32>],
+        max_new: usize,
+        stop: &[u32],
+        samplers: &mut [Sampler],
+        mut on_token: impl FnMut(usize, u32),
+    ) -> Vec<SequenceOutput> {
+        assert_eq!(prompts.len(), samplers.len(), "one sampler per prompt");
+        let page_rows = self.cache.config().page_rows;
+        let mut outs: Vec<SequenceOutput> = prompts
+            .iter()
+            .map(|p| SequenceOutput {
+                stats: GenerateStats { prompt_tokens: p.len(), ..GenerateStats::default() },
+                ..SequenceOutput::default()
+            })
+            .collect();
+        let mut seqs: Vec<Option<SeqId>> = vec![None; prompts.len()];
+        let mut next = vec![0u32; prompts.len()];
+        if max_new == 0 {
+            return outs;
+        }
+        for (i, prompt) in prompts.iter().enumerate() {
+            // The earlier live sequence with the longest common prefix, in whole pages.
+            let source = (0..i)
+                .filter_map(|j| {
+                    let common = prompts[j].iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                    let rows = common.min(prompt.len().saturating_sub(1)) / page_rows * page_rows;
+                    seqs[j].filter(|_| rows > 0).map(|s| (rows, s))
+                })
+                .max_by_key(|&(rows, _)| rows);
+            let start = Instant::now();
+            let result = (|| {
+                let (seq, shared) = match source {
+                    Some((rows, parent)) => (self.fork_sequence(parent, rows)?, rows),
+                    None => (self.new_sequence(), 0),
+                };
+                seqs[i] = Some(seq);
+                outs[i].shared_prefix_tokens = shared;
+                let logits = self.step_sequence(seq, &prompt[shared..])?;
+                Ok(samplers[i].sample(logits))
+            })();
+            outs[i].stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
+            match result {
+                Ok(token) => next[i] = token,
+                Err(e) => self.end_with_error(&mut seqs[i], &mut outs[i], e),
+            }
+        }
+        while seqs.iter().any(Option::is_some) {
+            for i in 0..prompts.len() {
+                let Some(seq) = seqs[i] else { continue };
+                let token = next[i];
+                outs[i].tokens.push(token);
+                on_token(i, token);
+                if outs[i].tokens.len() >= max_new || stop.contains(&token) {
+                    outs[i].stats.generated_tokens = outs[i].tokens.len();
+                    let _ = self.drop_sequence(seq);
+                    seqs[i] = None;
+                    continue;
+                }
+                let start = Instant::now();
+                let result = self.step_sequence(seq, &[token]).map(|logits| samplers[i].sample(logits));
+                outs[i].stats.decode_ms += start.elapsed().as_secs_f64() * 1000.0;
+                match result {
+                    Ok(t) => next[i] = t,
+                    Err(e) => self.end_with_error(&mut seqs[i], &mut outs[i], e),
+                }
+            }
+        }
+        outs
+    }
+
+    fn end_with_error(&mut self, seq: &mut Option<SeqId>, out: &mut SequenceOutput, error: ExecError) {
+        if let Some(s) = seq.take() {
+            let _ = self.drop_sequence(s);
+        }
+        out.stats.generated_tokens = out.tokens.len();
+        out.error = Some(error);
     }
 
     fn last_row_only(&self, v: usize) -> bool {
@@ -525,8 +723,8 @@ impl<'b> Executor<'b> {
             }
             Op::Attention { q, k, v, layer, scale, .. } => {
                 let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));
-                self.cache.append(self.seq, *layer, keys, values)?;
-                self.cache.attend(self.seq, *layer, queries, *scale, &mut y[..queries.len()])?;
+                self.cache.append(self.current, *layer, keys, values)?;
+                self.cache.attend(self.current, *layer, queries, *scale, &mut y[..queries.len()])?;
             }
         }
         Ok(())
