@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
 use runtime::exec::{ExecOptions, Executor};
 use runtime::kernels::wgemm::WGemmPrecision;
+use runtime::kvcache::KvStorage;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +18,7 @@ pub struct Options {
     pub threads: usize,
     pub repetitions: usize,
     pub int8_activations: bool,
+    pub kv_storage: KvStorage,
     pub json: bool,
 }
 
@@ -29,7 +31,7 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 pub fn run(o: Options) -> Result<ExitCode> {
     anyhow::ensure!(o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0, "--prompt-len, --gen-len (> 1) and --repetitions must be positive");
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
-    let options = ExecOptions { threads: o.threads, max_context: o.prompt_len + o.gen_len, ..ExecOptions::default() };
+    let options = ExecOptions { threads: o.threads, max_context: o.prompt_len + o.gen_len, kv_storage: o.kv_storage, ..ExecOptions::default() };
     let mut exec = Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
@@ -51,6 +53,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             "bundle": o.bundle.display().to_string(),
             "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads,
             "repetitions": o.repetitions, "wgemm_precision": format!("{precision:?}"),
+            "kv_dtype": format!("{:?}", o.kv_storage),
             "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
             "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
         });

@@ -167,23 +167,33 @@ npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench mod
         /// Quantise activations to int8 per block in weight-only GEMMs (faster, not exact).
         #[arg(long)]
         int8_activations: bool,
+        /// How the KV cache stores K and V: f32, f16 or int8.
+        #[arg(long, default_value = "f32", value_parser = run_cmd::parse_kv_dtype)]
+        kv_dtype: runtime::kvcache::KvStorage,
         /// Print the results as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Generate text with a bundle on the host executor: greedy decoding, streamed as it comes.
+    /// Generate text with a bundle on the host executor: greedy or sampled, streamed as it comes.
     #[command(long_about = "Open a bundle (verifying it), tokenise the prompt with the bundle's \
-tokenizer.json, prefill it, and decode greedily on the host executor with a paged KV cache, \
-printing the text as tokens arrive. Generation stops at the model's stop tokens or after \
---max-tokens tokens; a last line on stderr gives prefill and decode tokens per second.\n\n\
+tokenizer.json, prefill it, and decode on the host executor with a paged KV cache (greedy, or \
+sampled with --temperature/--top-k/--top-p from --seed), printing the text as tokens arrive. \
+Generation stops at the model's stop tokens or after --max-tokens tokens; a last line on stderr \
+gives prefill and decode tokens per second. Several prompts (--prompt repeated, --prompts-file) \
+run as concurrent sequences sharing one KV pool (and the pages of a common prefix); their texts \
+are printed when all are done.\n\n\
 Examples:\n  npuc run model.npub --prompt \"The capital of France is\"\n  \
 npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --json")]
     Run {
         /// The bundle directory (NAME.npub).
         bundle: PathBuf,
-        /// The prompt text.
+        /// The prompt text; repeat to run several prompts as concurrent sequences.
+        #[arg(long, required_unless_present = "prompts_file")]
+        prompt: Vec<String>,
+        /// A file of prompts, one per non-empty line, run as concurrent sequences (after any
+        /// --prompt).
         #[arg(long)]
-        prompt: String,
+        prompts_file: Option<PathBuf>,
         /// Treat the prompt as a user message and apply the bundle's chat template.
         #[arg(long)]
         chat: bool,
@@ -196,7 +206,23 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// Threads of the kernels, the caller included.
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// Print {tokens, text, ttft_ms, prefill_tok_s, decode_tok_s} as JSON instead of streaming.
+        /// Sampling temperature; 0 (the default) is greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Sample among the K most likely tokens only (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Sample among the most likely tokens whose probability mass reaches P (1: all).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Seed of the sampler (prompt i of several uses seed + i); same seed, same tokens.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// How the KV cache stores K and V: f32, f16 or int8 (one scale per token and KV head).
+        #[arg(long, default_value = "f32", value_parser = run_cmd::parse_kv_dtype)]
+        kv_dtype: runtime::kvcache::KvStorage,
+        /// Print {tokens, text, ttft_ms, prefill_tok_s, decode_tok_s} as JSON instead of streaming
+        /// ({"sequences": [...]} for several prompts).
         #[arg(long)]
         json: bool,
     },
@@ -229,12 +255,44 @@ fn main() -> ExitCode {
             html,
             json,
         }),
-        Command::Bench { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, json } => {
-            bench_cmd::run(bench_cmd::Options { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, json })
+        Command::Bench { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, kv_dtype, json } => {
+            bench_cmd::run(bench_cmd::Options {
+                bundle,
+                prompt_len,
+                gen_len,
+                threads,
+                repetitions,
+                int8_activations,
+                kv_storage: kv_dtype,
+                json,
+            })
         }
-        Command::Run { bundle, prompt, chat, stats, max_tokens, threads, json } => {
-            run_cmd::run(run_cmd::Options { bundle, prompt, chat, stats, max_tokens, threads, json })
-        }
+        Command::Run {
+            bundle,
+            prompt,
+            prompts_file,
+            chat,
+            stats,
+            max_tokens,
+            threads,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            kv_dtype,
+            json,
+        } => run_cmd::run(run_cmd::Options {
+            bundle,
+            prompts: prompt,
+            prompts_file,
+            chat,
+            stats,
+            max_tokens,
+            threads,
+            sampling: runtime::sample::SamplingParams { temperature, top_k, top_p, seed },
+            kv_storage: kv_dtype,
+            json,
+        }),
     };
     match result {
         Ok(code) => code,

@@ -1,9 +1,12 @@
-//! `npuc run`: open a bundle, tokenise the prompt with its tokenizer.json, decode greedily on the
-//! host executor and stream the text as tokens arrive.
+//! `npuc run`: open a bundle, tokenise the prompts with its tokenizer.json, decode on the host
+//! executor (greedy, or sampled with a seed) and stream the text as tokens arrive. Several
+//! prompts run as concurrent sequences of one KV pool and are printed when all are done.
 
 use anyhow::{anyhow, Context, Result};
 use runtime::bundle::{Bundle, CHAT_TEMPLATE_FILE, TOKENIZER_FILE};
-use runtime::exec::{ExecOptions, Executor};
+use runtime::exec::{ExecOptions, Executor, GenerateStats};
+use runtime::kvcache::{KvStorage, PoolStats};
+use runtime::sample::{Sampler, SamplingParams};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,12 +14,47 @@ use std::process::ExitCode;
 
 pub struct Options {
     pub bundle: PathBuf,
-    pub prompt: String,
+    pub prompts: Vec<String>,
+    pub prompts_file: Option<PathBuf>,
     pub chat: bool,
     pub stats: bool,
     pub max_tokens: usize,
     pub threads: usize,
+    pub sampling: SamplingParams,
+    pub kv_storage: KvStorage,
     pub json: bool,
+}
+
+/// `--kv-dtype`: f32, f16 or int8.
+pub fn parse_kv_dtype(s: &str) -> Result<KvStorage, String> {
+    match s {
+        "f32" => Ok(KvStorage::F32),
+        "f16" => Ok(KvStorage::F16),
+        "int8" => Ok(KvStorage::Int8),
+        other => Err(format!("`{other}` is not a KV storage type (f32, f16 or int8)")),
+    }
+}
+
+fn kv_json(pool: &PoolStats) -> serde_json::Value {
+    json!({
+        "appended_bytes": pool.traffic.appended_bytes,
+        "copied_bytes": pool.traffic.copied_bytes,
+        "attention_read_bytes": pool.traffic.attention_read_bytes,
+        "pages_in_use": pool.pages_in_use,
+        "pages_total": pool.pages_total,
+        "page_bytes": pool.page_bytes,
+    })
+}
+
+fn rates_line(stats: &GenerateStats) -> String {
+    format!(
+        "prefill {} tokens: {:.1} tok/s (first token after {:.1} ms); decode {} tokens: {:.1} tok/s",
+        stats.prompt_tokens,
+        stats.prefill_tok_s(),
+        stats.prefill_ms,
+        stats.generated_tokens.saturating_sub(1),
+        stats.decode_tok_s()
+    )
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
@@ -26,25 +64,49 @@ pub fn run(o: Options) -> Result<ExitCode> {
         .with_context(|| format!("{} has no usable {TOKENIZER_FILE}", o.bundle.display()))?;
     let tokenizer =
         tokenizers::Tokenizer::from_bytes(&tokenizer_bytes).map_err(|e| anyhow!("reading {TOKENIZER_FILE}: {e}"))?;
-    let text_in = if o.chat { render_chat(&bundle, &o.prompt)? } else { o.prompt.clone() };
-    let encoding = tokenizer.encode(text_in.as_str(), true).map_err(|e| anyhow!("tokenising the prompt: {e}"))?;
-    let prompt_ids = encoding.get_ids().to_vec();
-    if prompt_ids.is_empty() {
-        anyhow::bail!("the prompt is empty after tokenisation");
+    let mut prompts = o.prompts.clone();
+    if let Some(file) = &o.prompts_file {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+    }
+    anyhow::ensure!(!prompts.is_empty(), "no prompt: give --prompt (repeatable) or --prompts-file");
+    let mut prompt_ids = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let text_in = if o.chat { render_chat(&bundle, prompt)? } else { prompt.clone() };
+        let encoding =
+            tokenizer.encode(text_in.as_str(), true).map_err(|e| anyhow!("tokenising prompt {}: {e}", i + 1))?;
+        let ids = encoding.get_ids().to_vec();
+        anyhow::ensure!(!ids.is_empty(), "prompt {} is empty after tokenisation", i + 1);
+        prompt_ids.push(ids);
     }
     let model = bundle.model();
     let mut stop: Vec<u32> = model.stop_token_ids.clone();
     stop.extend(model.eos_token_id);
 
-    let options = ExecOptions { threads: o.threads, max_context: prompt_ids.len() + o.max_tokens, isa: None };
+    let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
+    let options = ExecOptions {
+        threads: o.threads,
+        max_context: longest + o.max_tokens,
+        kv_storage: o.kv_storage,
+        sequences: prompt_ids.len(),
+        ..ExecOptions::default()
+    };
     let mut executor =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    // Sequence i samples with seed + i, so that equal prompts still differ when sampling.
+    let mut samplers = (0..prompt_ids.len() as u64)
+        .map(|i| Sampler::new(SamplingParams { seed: o.sampling.seed.wrapping_add(i), ..o.sampling }))
+        .collect::<Result<Vec<_>, _>>()?;
+    if prompt_ids.len() > 1 {
+        return run_many(&o, &tokenizer, &mut executor, &prompt_ids, &stop, &mut samplers);
+    }
+    let prompt_ids = &prompt_ids[0];
 
     let mut generated: Vec<u32> = Vec::new();
     let mut shown_chars = 0usize;
     let mut stdout = std::io::stdout().lock();
     let mut stream_error: Option<anyhow::Error> = None;
-    let (tokens, stats) = executor.generate_greedy(&prompt_ids, o.max_tokens, &stop, |token| {
+    let (tokens, stats) = executor.generate(prompt_ids, o.max_tokens, &stop, &mut samplers[0], |token| {
         generated.push(token);
         if o.json || stream_error.is_some() {
             return;
@@ -76,29 +138,66 @@ pub fn run(o: Options) -> Result<ExitCode> {
             "decode_tok_s": stats.decode_tok_s(),
         });
         if o.stats {
-            summary["kv"] = json!({
-                "appended_bytes": pool.traffic.appended_bytes,
-                "copied_bytes": pool.traffic.copied_bytes,
-                "attention_read_bytes": pool.traffic.attention_read_bytes,
-                "pages_in_use": pool.pages_in_use,
-                "pages_total": pool.pages_total,
-                "page_bytes": pool.page_bytes,
-            });
+            summary["kv"] = kv_json(&pool);
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         let _ = writeln!(stdout);
-        eprintln!(
-            "prefill {} tokens: {:.1} tok/s (first token after {:.1} ms); decode {} tokens: {:.1} tok/s",
-            stats.prompt_tokens,
-            stats.prefill_tok_s(),
-            stats.prefill_ms,
-            stats.generated_tokens.saturating_sub(1),
-            stats.decode_tok_s()
-        );
+        eprintln!("{}", rates_line(&stats));
         if o.stats {
             eprintln!("kv cache: {pool}");
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Several prompts as concurrent sequences: each one's text once all are done, or
+/// `{"sequences": [...]}` with `--json`. Fails (after printing) when any sequence failed.
+fn run_many(
+    o: &Options,
+    tokenizer: &tokenizers::Tokenizer,
+    executor: &mut Executor,
+    prompt_ids: &[Vec<u32>],
+    stop: &[u32],
+    samplers: &mut [Sampler],
+) -> Result<ExitCode> {
+    let outputs = executor.generate_many(prompt_ids, o.max_tokens, stop, samplers, |_, _| {});
+    let pool = executor.cache().pool_stats();
+    let mut failed = 0;
+    let mut sequences = Vec::with_capacity(outputs.len());
+    for (i, out) in outputs.iter().enumerate() {
+        let text = tokenizer.decode(&out.tokens, true).map_err(|e| anyhow!("decoding sequence {}: {e}", i + 1))?;
+        failed += usize::from(out.error.is_some());
+        if o.json {
+            sequences.push(json!({
+                "prompt_tokens": out.stats.prompt_tokens,
+                "shared_prefix_tokens": out.shared_prefix_tokens,
+                "tokens": out.tokens,
+                "text": text,
+                "ttft_ms": out.stats.prefill_ms,
+                "prefill_tok_s": out.stats.prefill_tok_s(),
+                "decode_tok_s": out.stats.decode_tok_s(),
+                "error": out.error.as_ref().map(|e| e.to_string()),
+            }));
+        } else {
+            println!("[{}] {text}", i + 1);
+            eprintln!("[{}] {} (prefix of {} tokens shared)", i + 1, rates_line(&out.stats), out.shared_prefix_tokens);
+            if let Some(e) = &out.error {
+                eprintln!("[{}] error: {e}", i + 1);
+            }
+        }
+    }
+    if o.json {
+        let mut summary = json!({ "sequences": sequences });
+        if o.stats {
+            summary["kv"] = kv_json(&pool);
+        }
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else if o.stats {
+        eprintln!("kv cache: {pool}");
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} sequences failed", outputs.len());
     }
     Ok(ExitCode::SUCCESS)
 }

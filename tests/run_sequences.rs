@@ -1,0 +1,273 @@
+//! The host executor's KV storage types, sampling and concurrent sequences on the tiny float
+//! fixtures, against a contiguous reference: the `cpu` pipeline's graph run by the reference
+//! evaluator (`ir::run`) with the past K and V passed as whole tensors, step after step.
+
+mod common;
+
+use ir::graph::Graph;
+use ir::{DType, Tensor};
+use runtime::bundle::Bundle;
+use runtime::exec::{argmax, ExecError, ExecOptions, Executor};
+use runtime::kvcache::{KvError, KvStorage};
+use runtime::sample::{Sampler, SamplingParams};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+const FIXTURES: [&str; 2] = ["llama_f1", "qwen3_f1"];
+/// f32 pages: logits within this fraction of the largest reference logit (measured: 9.3e-7).
+const F32_TOLERANCE: f64 = 1e-4;
+/// int8 pages (one scale per token row and KV head), over 28 steps up to 48 positions: measured
+/// 8.3e-3 (llama_f1) and 8.6e-3 (qwen3_f1) of the largest logit; the bound leaves room.
+const INT8_TOLERANCE: f64 = 2e-2;
+/// f16 pages: measured 3.2e-4 and 2.9e-4.
+const F16_TOLERANCE: f64 = 1e-3;
+
+struct Model {
+    graph: Graph,
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+    inputs: Vec<String>,
+    bundle: PathBuf,
+}
+
+fn models() -> &'static HashMap<&'static str, Model> {
+    static MODELS: OnceLock<(tempfile::TempDir, HashMap<&'static str, Model>)> = OnceLock::new();
+    &MODELS
+        .get_or_init(|| {
+            let tmp = tempfile::tempdir().unwrap();
+            let mut map = HashMap::new();
+            for name in FIXTURES {
+                map.insert(name, load(name, &tmp));
+            }
+            (tmp, map)
+        })
+        .1
+}
+
+fn load(name: &str, tmp: &tempfile::TempDir) -> Model {
+    let dir = common::fixture(name);
+    let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    let n = |k: &str| meta[k].as_u64().unwrap() as usize;
+    let g = frontend::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{e}")).graph;
+    let target = passes::targets::target("cpu").unwrap();
+    let graph = passes::driver::run(&target.pipeline(), g, None, |_, _| {}).unwrap_or_else(|e| panic!("{e}")).graph;
+    let bundle = tmp.path().join(format!("{name}.npub"));
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", dir.join("model.onnx").to_str().unwrap(), "--target", "cpu", "-o", bundle.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Model {
+        graph,
+        layers: n("layers"),
+        kv_heads: n("kv_heads"),
+        head_dim: n("head_dim"),
+        vocab: n("vocab"),
+        inputs: meta["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect(),
+        bundle,
+    }
+}
+
+/// The reference evaluator over a contiguous past: `past[l] = (K, V)` as `[1, kv_heads, P, D]`.
+struct Reference<'m> {
+    model: &'m Model,
+    past: Vec<(Tensor, Tensor)>,
+    position: usize,
+}
+
+impl<'m> Reference<'m> {
+    fn new(model: &'m Model) -> Self {
+        let empty = || Tensor::from_f32(DType::F32, vec![1, model.kv_heads, 0, model.head_dim], Vec::new());
+        Reference { model, past: (0..model.layers).map(|_| (empty(), empty())).collect(), position: 0 }
+    }
+
+    /// Runs `tokens` and returns the last position's logits.
+    fn step(&mut self, tokens: &[u32]) -> Vec<f32> {
+        let (p, s) = (self.position, tokens.len());
+        let mut inputs = HashMap::new();
+        for name in &self.model.inputs {
+            let t = match name.as_str() {
+                "input_ids" => Tensor::from_i64(DType::I64, vec![1, s], tokens.iter().map(|&t| t as i64).collect()),
+                "attention_mask" => Tensor::from_i64(DType::I64, vec![1, p + s], vec![1; p + s]),
+                "position_ids" => Tensor::from_i64(DType::I64, vec![1, s], (p..p + s).map(|i| i as i64).collect()),
+                other => {
+                    let rest = other.strip_prefix("past_key_values.").expect("a past input");
+                    let (layer, kind) = rest.split_once('.').unwrap();
+                    let (k, v) = &self.past[layer.parse::<usize>().unwrap()];
+                    if kind == "key" { k.clone() } else { v.clone() }
+                }
+            };
+            inputs.insert(name.clone(), t);
+        }
+        let mut out = ir::run::run_graph(&self.model.graph, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        for (l, past) in self.past.iter_mut().enumerate() {
+            *past = (
+                out.remove(&format!("present.{l}.key")).unwrap(),
+                out.remove(&format!("present.{l}.value")).unwrap(),
+            );
+        }
+        self.position += s;
+        let logits = out.remove("logits").unwrap().to_f32_vec();
+        logits[(s - 1) * self.model.vocab..s * self.model.vocab].to_vec()
+    }
+}
+
+/// A fixed prompt of `len` ids below `vocab`.
+fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 37 + salt * 101 + 11) % vocab as u32).collect()
+}
+
+fn relative_diff(got: &[f32], want: &[f32]) -> f64 {
+    let max = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    let diff = got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((f64::from(a) - f64::from(b)).abs()));
+    diff / max
+}
+
+/// Greedy decoding of 27 tokens after a 21-token prompt (crossing page boundaries at 16, 32 and
+/// 48 rows) on the executor with `storage` and on the reference, fed the reference's tokens so
+/// that both see the same inputs. Returns the worst relative logit difference and whether the
+/// greedy tokens agreed at every step.
+fn compare_with_reference(model: &Model, storage: KvStorage) -> (f64, bool) {
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let options = ExecOptions { kv_storage: storage, max_context: 64, ..ExecOptions::default() };
+    let mut exec = Executor::new(&bundle, options).unwrap();
+    let mut reference = Reference::new(model);
+    let mut tokens = prompt(21, 0, model.vocab);
+    let (mut worst, mut same_tokens) = (0f64, true);
+    for step in 0..28 {
+        let block = if step == 0 { &tokens[..] } else { &tokens[tokens.len() - 1..] };
+        let got = exec.step(block).unwrap().to_vec();
+        let want = reference.step(block);
+        worst = worst.max(relative_diff(&got, &want));
+        same_tokens &= argmax(&got) == argmax(&want);
+        tokens.push(argmax(&want));
+    }
+    let traffic = exec.cache().pool_stats().traffic;
+    assert_eq!(traffic.copied_bytes, 0, "decoding copies nothing of the past");
+    let rows = tokens.len() - 1;
+    let row_bytes = storage.row_bytes(model.head_dim) as u64;
+    assert_eq!(traffic.appended_bytes, (rows * model.layers * model.kv_heads * 2) as u64 * row_bytes);
+    (worst, same_tokens)
+}
+
+#[test]
+fn f32_pages_give_the_contiguous_reference_tokens() {
+    for name in FIXTURES {
+        let (worst, same_tokens) = compare_with_reference(&models()[name], KvStorage::F32);
+        assert!(same_tokens, "{name}: greedy tokens differ from the reference");
+        assert!(worst <= F32_TOLERANCE, "{name}: logits differ by {worst:e} of the largest");
+    }
+}
+
+#[test]
+fn f16_and_int8_pages_stay_within_their_logit_tolerance() {
+    for name in FIXTURES {
+        let (worst, _) = compare_with_reference(&models()[name], KvStorage::F16);
+        assert!(worst <= F16_TOLERANCE, "{name}: f16 pages: logits differ by {worst:e} of the largest");
+        let (worst, _) = compare_with_reference(&models()[name], KvStorage::Int8);
+        assert!(worst <= INT8_TOLERANCE, "{name}: int8 pages: logits differ by {worst:e} of the largest");
+        // The storage matters: int8 pages are not exact.
+        assert!(worst > F32_TOLERANCE / 10.0, "{name}: int8 pages agree suspiciously well ({worst:e})");
+    }
+}
+
+fn greedy_alone(model: &Model, prompt: &[u32], max_new: usize) -> Vec<u32> {
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions { max_context: 64, ..ExecOptions::default() }).unwrap();
+    exec.generate_greedy(prompt, max_new, &[], |_| {}).unwrap().0
+}
+
+#[test]
+fn sequences_with_a_shared_prefix_share_its_pages_and_diverge_correctly() {
+    let model = &models()["llama_f1"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let a = prompt(40, 1, model.vocab);
+    let mut b = a[..35].to_vec();
+    b.extend(prompt(5, 2, model.vocab));
+    let c = prompt(9, 3, model.vocab);
+    let prompts = vec![a.clone(), b.clone(), c.clone()];
+    let options = ExecOptions { max_context: 64, sequences: 3, ..ExecOptions::default() };
+
+    // Sharing by hand: B forks A's first two blocks (32 rows).
+    let mut exec = Executor::new(&bundle, options.clone()).unwrap();
+    let seq_a = exec.new_sequence();
+    exec.step_sequence(seq_a, &a).unwrap();
+    let seq_b = exec.fork_sequence(seq_a, 32).unwrap();
+    let shared_pages = 2 * model.layers * model.kv_heads;
+    let stats_b = exec.cache().sequence_stats(seq_b).unwrap();
+    assert_eq!((stats_b.pages_in_use, stats_b.pages_shared), (shared_pages, shared_pages));
+    let in_use_before = exec.cache().pool_stats().pages_in_use;
+    exec.step_sequence(seq_b, &b[32..]).unwrap();
+    // B's third block is its own; A's pages are untouched and still shared.
+    let stats_a = exec.cache().sequence_stats(seq_a).unwrap();
+    assert_eq!(stats_a.pages_shared, shared_pages);
+    assert_eq!(exec.cache().pool_stats().pages_in_use, in_use_before + model.layers * model.kv_heads);
+    assert_eq!(exec.cache().pool_stats().traffic.copied_bytes, 0);
+
+    // Interleaved generation: the same sharing, and each sequence's tokens equal to it alone.
+    let mut exec = Executor::new(&bundle, options).unwrap();
+    let mut samplers = vec![Sampler::greedy(), Sampler::greedy(), Sampler::greedy()];
+    let mut order = Vec::new();
+    let outs = exec.generate_many(&prompts, 12, &[], &mut samplers, |i, _| order.push(i));
+    assert_eq!(outs.iter().map(|o| o.shared_prefix_tokens).collect::<Vec<_>>(), [0, 32, 0]);
+    for (out, p) in outs.iter().zip(&prompts) {
+        assert!(out.error.is_none(), "{:?}", out.error);
+        assert_eq!(out.tokens, greedy_alone(model, p, 12), "prompt of {} tokens", p.len());
+    }
+    assert_eq!(&order[..6], [0, 1, 2, 0, 1, 2], "decode steps are interleaved");
+    let pool = exec.cache().pool_stats();
+    assert_eq!(pool.traffic.copied_bytes, 0);
+    assert_eq!((pool.pages_in_use, pool.sequences), (0, 1), "finished sequences return their pages");
+}
+
+#[test]
+fn pool_exhaustion_fails_only_the_sequence_that_needs_the_page() {
+    let model = &models()["llama_f1"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let per_block = model.layers * model.kv_heads;
+    // A (5 + 10 rows) needs one block; B (14-token prompt) needs a second block at row 16,
+    // when the pool has none left.
+    let a = prompt(5, 4, model.vocab);
+    let b = prompt(14, 5, model.vocab);
+    let options = ExecOptions { max_context: 64, kv_pages: Some(2 * per_block), ..ExecOptions::default() };
+    let mut exec = Executor::new(&bundle, options).unwrap();
+    let mut samplers = vec![Sampler::greedy(), Sampler::greedy()];
+    let outs = exec.generate_many(&[a.clone(), b.clone()], 10, &[], &mut samplers, |_, _| {});
+    assert!(outs[0].error.is_none(), "{:?}", outs[0].error);
+    assert_eq!(outs[0].tokens, greedy_alone(model, &a, 10));
+    match &outs[1].error {
+        Some(ExecError::Kv(KvError::PoolExhausted { pages_needed, pages_free: 0, .. })) => {
+            assert_eq!(*pages_needed, model.kv_heads)
+        }
+        other => panic!("B should fail for want of pages, got {other:?}"),
+    }
+    // B's tokens before the failure are its own: it ran rows 14 and 15, then needed row 16.
+    assert_eq!(outs[1].tokens, greedy_alone(model, &b, 10)[..3]);
+    assert!(outs[1].error.as_ref().unwrap().to_string().contains("KV pool exhausted"));
+}
+
+#[test]
+fn sampling_is_reproducible_and_top_k_one_is_greedy() {
+    let model = &models()["qwen3_f1"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions { max_context: 64, ..ExecOptions::default() }).unwrap();
+    let p = prompt(6, 6, model.vocab);
+    let mut sample = |params: SamplingParams| {
+        exec.reset().unwrap();
+        let mut sampler = Sampler::new(params).unwrap();
+        exec.generate(&p, 24, &[], &mut sampler, |_| {}).unwrap().0
+    };
+    let hot = SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, seed: 7 };
+    let first = sample(hot);
+    assert_eq!(first, sample(hot), "same seed, same tokens");
+    assert_ne!(first, sample(SamplingParams { seed: 8, ..hot }), "another seed, other tokens");
+    let greedy = greedy_alone(model, &p, 24);
+    assert_ne!(first, greedy, "sampling at temperature 1.5 is not greedy");
+    assert_eq!(sample(SamplingParams { top_k: 1, ..hot }), greedy);
+    assert_eq!(sample(SamplingParams { top_p: 1e-6, ..hot }), greedy, "a tiny top-p keeps the top token only");
+}
