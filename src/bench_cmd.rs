@@ -29,10 +29,19 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
-    anyhow::ensure!(o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0, "--prompt-len, --gen-len (> 1) and --repetitions must be positive");
+    anyhow::ensure!(
+        o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0,
+        "--prompt-len, --gen-len (> 1) and --repetitions must be positive"
+    );
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
-    let options = ExecOptions { threads: o.threads, max_context: o.prompt_len + o.gen_len, kv_storage: o.kv_storage, ..ExecOptions::default() };
-    let mut exec = Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    let options = ExecOptions {
+        threads: o.threads,
+        max_context: o.prompt_len + o.gen_len,
+        kv_storage: o.kv_storage,
+        ..ExecOptions::default()
+    };
+    let mut exec =
+        Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let vocab = exec.vocab().max(2) as u32;

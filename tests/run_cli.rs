@@ -340,11 +340,93 @@ fn npuc_bench_reports_median_min_max() {
         npuc(&["bench", dir, "--prompt-len", "8", "--gen-len", "4", "--repetitions", "3", "--threads", "2", "--json"]);
     assert!(ok, "{err}");
     let r: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((r["prompt_len"].as_u64(), r["gen_len"].as_u64(), r["repetitions"].as_u64()), (Some(8), Some(4), Some(3)));
+    assert_eq!(
+        (r["prompt_len"].as_u64(), r["gen_len"].as_u64(), r["repetitions"].as_u64()),
+        (Some(8), Some(4), Some(3))
+    );
     for key in ["prefill_tok_s", "decode_tok_s"] {
-        let (min, median, max) = (r[key]["min"].as_f64().unwrap(), r[key]["median"].as_f64().unwrap(), r[key]["max"].as_f64().unwrap());
+        let (min, median, max) =
+            (r[key]["min"].as_f64().unwrap(), r[key]["median"].as_f64().unwrap(), r[key]["max"].as_f64().unwrap());
         assert!(0.0 < min && min <= median && median <= max, "{key}: {}", r[key]);
     }
     let (ok, _, err) = npuc(&["bench", dir, "--gen-len", "1"]);
     assert!(!ok && err.contains("--gen-len"), "{err}");
+}
+
+fn json_tokens(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn npuc_run_samples_reproducibly_with_a_seed() {
+    let (_, greedy, prompt) = greedy_prompts().swap_remove(1);
+    let dir = bundle_dir().to_str().unwrap();
+    let sample = |seed: &str| {
+        let args = ["run", dir, "--prompt", &prompt, "--max-tokens", "12", "--temperature", "1.0", "--top-p", "0.95"];
+        let (ok, out, err) = npuc(&[&args[..], &["--seed", seed, "--json"]].concat());
+        assert!(ok, "{err}");
+        json_tokens(&serde_json::from_str::<Value>(&out).unwrap()["tokens"])
+    };
+    let first = sample("5");
+    assert_eq!(first.len(), 12);
+    assert_eq!(first, sample("5"), "same seed, same tokens");
+    assert_ne!(first, sample("6"));
+    assert_ne!(first, greedy[..12], "temperature 1 samples");
+    // top-k 1 is greedy whatever the temperature.
+    let (ok, out, err) =
+        npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "12", "--temperature", "2", "--top-k", "1", "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(json_tokens(&serde_json::from_str::<Value>(&out).unwrap()["tokens"]), greedy[..12]);
+
+    let (ok, _, err) = npuc(&["run", dir, "--prompt", "x", "--temperature", "1", "--top-p", "0"]);
+    assert!(!ok && err.contains("top-p 0 is outside (0, 1]"), "{err}");
+    let (ok, _, err) = npuc(&["run", dir, "--prompt", "x", "--kv-dtype", "f8"]);
+    assert!(!ok && err.contains("`f8` is not a KV storage type"), "{err}");
+    let (ok, _, err) = npuc(&["run", dir]);
+    assert!(!ok && err.contains("--prompt"), "{err}");
+}
+
+#[test]
+fn npuc_run_runs_several_prompts_as_sequences_of_one_pool() {
+    let prompts = greedy_prompts();
+    let dir = bundle_dir().to_str().unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), format!("{}\n\n", prompts[1].2)).unwrap();
+    let args = ["run", dir, "--prompt", &prompts[0].2, "--prompts-file", file.path().to_str().unwrap()];
+    let (ok, out, err) = npuc(&[&args[..], &["--max-tokens", "10", "--stats", "--json"]].concat());
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let sequences = report["sequences"].as_array().unwrap();
+    assert_eq!(sequences.len(), 2, "one --prompt and one line of the file");
+    for (s, (ids, want, _)) in sequences.iter().zip(&prompts) {
+        assert_eq!(s["prompt_tokens"].as_u64().unwrap() as usize, ids.len());
+        assert_eq!(json_tokens(&s["tokens"]), want[..10]);
+        assert!(s["error"].is_null() && s["decode_tok_s"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    assert_eq!(report["kv"]["copied_bytes"].as_u64(), Some(0));
+    assert_eq!(report["kv"]["pages_in_use"].as_u64(), Some(0), "finished sequences return their pages");
+
+    // Plain output: one line per sequence, numbered.
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompts[0].2, "--prompt", &prompts[1].2, "--max-tokens", "3"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("[1]  Paris") && out.contains("\n[2] "), "{out}");
+}
+
+#[test]
+fn npuc_run_kv_dtype_sets_the_page_storage() {
+    let (prompt_ids, want, prompt) = greedy_prompts().swap_remove(0);
+    let dir = bundle_dir().to_str().unwrap();
+    let (layers, kv_heads, head_dim) = (30u64, 3u64, 64u64);
+    // Row bytes for K or V: f16 2 per value, int8 1 per value and a 4-byte scale.
+    for (dtype, row_bytes) in [("f16", 2 * head_dim), ("int8", head_dim + 4)] {
+        let (ok, out, err) =
+            npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "8", "--kv-dtype", dtype, "--stats", "--json"]);
+        assert!(ok, "{err}");
+        let report: Value = serde_json::from_str(&out).unwrap();
+        let rows = (prompt_ids.len() + 8 - 1) as u64;
+        assert_eq!(report["kv"]["appended_bytes"].as_u64(), Some(rows * layers * kv_heads * 2 * row_bytes), "{dtype}");
+        assert_eq!(report["kv"]["copied_bytes"].as_u64(), Some(0));
+        // On this prompt the greedy answer survives the storage's rounding.
+        assert_eq!(json_tokens(&report["tokens"]), want[..8], "{dtype}");
+    }
 }

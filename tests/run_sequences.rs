@@ -99,17 +99,19 @@ impl<'m> Reference<'m> {
                     let rest = other.strip_prefix("past_key_values.").expect("a past input");
                     let (layer, kind) = rest.split_once('.').unwrap();
                     let (k, v) = &self.past[layer.parse::<usize>().unwrap()];
-                    if kind == "key" { k.clone() } else { v.clone() }
+                    if kind == "key" {
+                        k.clone()
+                    } else {
+                        v.clone()
+                    }
                 }
             };
             inputs.insert(name.clone(), t);
         }
         let mut out = ir::run::run_graph(&self.model.graph, &inputs).unwrap_or_else(|e| panic!("{e}"));
         for (l, past) in self.past.iter_mut().enumerate() {
-            *past = (
-                out.remove(&format!("present.{l}.key")).unwrap(),
-                out.remove(&format!("present.{l}.value")).unwrap(),
-            );
+            *past =
+                (out.remove(&format!("present.{l}.key")).unwrap(), out.remove(&format!("present.{l}.value")).unwrap());
         }
         self.position += s;
         let logits = out.remove("logits").unwrap().to_f32_vec();
