@@ -18,6 +18,18 @@
 //! last axis) reads its table in place with `embed_nbits` — for SmolLM2 the tied lm_head's 8-bit
 //! storage, so the table is held once in the map (and once more packed for the lm_head).
 //!
+//! A8W8 programs (QDQ form 3): `QuantizeLinear` of activations (per-tensor scale and zero point)
+//! writes u8 or i8 codes into code buffers, `npuc::QGemm` multiplies them by weights packed at
+//! load with `pack_qgemm` (per-tensor or per-column weight scales; the output requantised or
+//! f32), and `DequantizeLinear` brings codes back to f32 — each exactly as the reference
+//! evaluator computes it. A `QuantizeLinear` of a weight (a tied lm_head quantised by the
+//! program) is folded at load.
+//!
+//! Several sequences share the cache's pool ([`Executor::new_sequence`],
+//! [`Executor::fork_sequence`], [`Executor::step_sequence`]); [`Executor::generate_many`] runs
+//! several prompts as interleaved sequences, sharing the pages of common prefixes. Tokens are
+//! chosen by a [`Sampler`] (greedy by default).
+//!
 //! Shape and position arithmetic left in the program (Shape, integer Gather, Add, Sub, Mul,
 //! Range, Concat of i64 tensors) is evaluated exactly at every step into small i64 buffers, from
 //! the step's concrete shapes; f32 Slice and Concat copy. The GroupQueryAttention lowering's
@@ -46,6 +58,7 @@ pub use plan::MAX_TRANSPOSE_RANK;
 pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
+use crate::kernels::qgemm::{self, QActivations, QGemmScratch, QOutput};
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
@@ -114,6 +127,9 @@ pub struct Executor<'b> {
     ibufs: Vec<Vec<i64>>,
     wgemm_precision: WGemmPrecision,
     wgemm_scratch: WGemmScratch,
+    /// Quantised activations (u8 codes, or i8 codes as bytes).
+    qbufs: Vec<Vec<u8>>,
+    qgemm_scratch: QGemmScratch,
 }
 
 /// Timings of one [`Executor::generate_greedy`] call.
@@ -193,6 +209,8 @@ impl<'b> Executor<'b> {
             ibufs: vec![Vec::new(); plan.i64_buffers],
             wgemm_precision: WGemmPrecision::Exact,
             wgemm_scratch: WGemmScratch::default(),
+            qbufs: vec![Vec::new(); plan.q_buffers],
+            qgemm_scratch: QGemmScratch::default(),
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),
@@ -487,6 +505,15 @@ impl<'b> Executor<'b> {
                     (std::slice::from_ref(out), *last_row_only)
                 }
                 Op::Int { .. } => continue,
+                Op::Quantize { out, .. } | Op::QGemm { out, requant: Some(_), .. } => {
+                    let Loc::QBuf(b) = self.plan.locs[*out] else { unreachable!("codes live in code buffers") };
+                    let n = numel(&self.shapes[*out]);
+                    if self.qbufs[b].len() < n {
+                        self.qbufs[b].resize(n, 0);
+                    }
+                    continue;
+                }
+                Op::Dequantize { out, .. } | Op::QGemm { out, requant: None, .. } => (std::slice::from_ref(out), false),
                 Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                     (std::slice::from_ref(out), false)
                 }
@@ -526,6 +553,7 @@ impl<'b> Executor<'b> {
                 self.ibufs[b] = y;
                 return result;
             }
+            Op::Quantize { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => return self.run_quantised(index),
             Op::WGemm { out, .. } | Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                 (*out, None)
             }
@@ -571,6 +599,7 @@ impl<'b> Executor<'b> {
         };
         match op {
             Op::Int { .. } => unreachable!("run by compute_int"),
+            Op::Quantize { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => unreachable!("run by run_quantised"),
             Op::WGemm { a, packed, bias, k, n, last_row_only, .. } => {
                 let weights = self.plan.packed[*packed].weights();
                 let mut x = view.f32(*a);
@@ -732,6 +761,100 @@ impl<'b> Executor<'b> {
 }
 
 impl Executor<'_> {
+    /// Runs QuantizeLinear, DequantizeLinear and QGemm: codes in [`Executor::qbufs`].
+    fn run_quantised(&mut self, index: usize) -> Result<(), ExecError> {
+        let (node_index, op) = &self.plan.ops[index];
+        let node = &self.plan.program.nodes[*node_index];
+        let fail = |problem: String| node_err(&node.name, &node.op, problem);
+        let locs = &self.plan.locs;
+        let qbuf = |v: usize| match locs[v] {
+            Loc::QBuf(b) => b,
+            other => unreachable!("codes at {other:?} (checked at load)"),
+        };
+        match op {
+            Op::Quantize { x, scale, zero_point, signed, out } => {
+                let b = qbuf(*out);
+                let mut y = std::mem::take(&mut self.qbufs[b]);
+                let view = View {
+                    plan: &self.plan,
+                    bufs: &self.bufs,
+                    shapes: &self.shapes,
+                    ids: &self.ids,
+                    positions: &self.positions,
+                    ibufs: &self.ibufs,
+                };
+                let input = view.f32(*x);
+                for (d, &v) in y[..input.len()].iter_mut().zip(input) {
+                    *d = plan::quantize(v, *scale, *zero_point, *signed);
+                }
+                self.qbufs[b] = y;
+            }
+            Op::Dequantize { x, scale, zero_point, signed, out } => {
+                let codes = &self.qbufs[qbuf(*x)][..numel(&self.shapes[*x])];
+                let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
+                let y = &mut self.bufs[b][..codes.len()];
+                for (d, &c) in y.iter_mut().zip(codes) {
+                    let q = if *signed { i32::from(c as i8) } else { i32::from(c) };
+                    *d = q.wrapping_sub(*zero_point) as f32 * *scale;
+                }
+            }
+            Op::QGemm { a, a_signed, a_scale, a_zero_point, packed, k, n, requant, out } => {
+                let (k, n) = (*k, *n);
+                let codes_len = numel(&self.shapes[*a]);
+                if !codes_len.is_multiple_of(k) {
+                    return Err(fail(format!("the activation holds {codes_len} codes, not rows of {k}")));
+                }
+                let m = codes_len / k;
+                let weights = &self.plan.qpacked[*packed];
+                match requant {
+                    Some((scale, zero_point, signed)) => {
+                        let b = qbuf(*out);
+                        let mut y = std::mem::take(&mut self.qbufs[b]);
+                        let codes = &self.qbufs[qbuf(*a)][..codes_len];
+                        let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
+                        let (scale, zero_point) = (*scale, *zero_point);
+                        let dst = if *signed {
+                            QOutput::I8 { y: as_i8_mut(&mut y[..m * n]), scale, zero_point }
+                        } else {
+                            QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
+                        };
+                        qgemm::qgemm(
+                            self.isa,
+                            &self.pool,
+                            weights,
+                            acts,
+                            m,
+                            *a_scale,
+                            *a_zero_point,
+                            dst,
+                            &mut self.qgemm_scratch,
+                        );
+                        self.qbufs[b] = y;
+                    }
+                    None => {
+                        let codes = &self.qbufs[qbuf(*a)][..codes_len];
+                        let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
+                        let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
+                        let dst = QOutput::F32(&mut self.bufs[b][..m * n]);
+                        qgemm::qgemm(
+                            self.isa,
+                            &self.pool,
+                            weights,
+                            acts,
+                            m,
+                            *a_scale,
+                            *a_zero_point,
+                            dst,
+                            &mut self.qgemm_scratch,
+                        );
+                    }
+                }
+            }
+            _ => unreachable!("quantised ops only"),
+        }
+        Ok(())
+    }
+
     /// Evaluates an integer op exactly into `y`.
     fn compute_int(&self, index: usize, y: &mut Vec<i64>) -> Result<(), ExecError> {
         let (node_index, op) = &self.plan.ops[index];
@@ -1079,4 +1202,14 @@ mod tests {
         assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
     }
+}
+
+fn as_i8(bytes: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
+}
+
+fn as_i8_mut(bytes: &mut [u8]) -> &mut [i8] {
+    // SAFETY: as in `as_i8`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<i8>(), bytes.len()) }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::WeightLayout;
+use crate::kernels::qgemm::{pack_qgemm, PackedQGemm, QWeightCodes};
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
 
 use super::error::{node_err, value_err, ExecError};
@@ -26,6 +27,12 @@ pub enum Loc {
     ConstI64(usize),
     /// A small integer tensor computed at run time (shape and position arithmetic).
     I64Buf(usize),
+    /// Quantised codes (u8, or i8 stored as their bytes) computed at run time: one buffer per
+    /// value, never shared.
+    QBuf(usize),
+    /// Quantised codes folded from weights at load (QuantizeLinear of a weight); read only by
+    /// the QGemm packing at load.
+    ConstQ(usize),
     /// The step's token ids (`input_ids`).
     Ids,
     /// The step's positions (`position_ids`).
@@ -124,6 +131,35 @@ pub enum Op {
         axis: i64,
         out: usize,
     },
+    /// QuantizeLinear of f32 activations with a per-tensor scale and zero point, into codes.
+    Quantize {
+        x: usize,
+        scale: f32,
+        zero_point: i32,
+        signed: bool,
+        out: usize,
+    },
+    /// DequantizeLinear of codes with a per-tensor scale and zero point.
+    Dequantize {
+        x: usize,
+        scale: f32,
+        zero_point: i32,
+        signed: bool,
+        out: usize,
+    },
+    /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
+    /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
+    QGemm {
+        a: usize,
+        a_signed: bool,
+        a_scale: f32,
+        a_zero_point: i32,
+        packed: usize,
+        k: usize,
+        n: usize,
+        requant: Option<(f32, i32, bool)>,
+        out: usize,
+    },
     /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
     Int {
         kind: IntKind,
@@ -171,6 +207,10 @@ pub struct Plan<'b> {
     pub nbits_tables: Vec<MatMulNBits<'b>>,
     /// Number of [`Loc::I64Buf`] buffers.
     pub i64_buffers: usize,
+    /// QGemm weights packed at load.
+    pub qpacked: Vec<PackedQGemm>,
+    /// Number of [`Loc::QBuf`] buffers.
+    pub q_buffers: usize,
     pub consts_f32: Vec<Vec<f32>>,
     pub consts_i64: Vec<Vec<i64>>,
     pub buffers: usize,
@@ -183,7 +223,10 @@ pub struct Plan<'b> {
 pub const MAX_TRANSPOSE_RANK: usize = 8;
 
 /// Ops that compute (every other supported op is an alias).
-const COMPUTED_OPS: [&str; 17] = [
+const COMPUTED_OPS: [&str; 20] = [
+    "ai.onnx::QuantizeLinear",
+    "ai.onnx::DequantizeLinear",
+    "npuc::QGemm",
     "ai.onnx::Gather",
     "ai.onnx::MatMul",
     "ai.onnx::Transpose",
@@ -366,6 +409,14 @@ impl<'b> Plan<'b> {
         };
         let mut packed = Vec::new();
         let mut nbits_tables = Vec::new();
+        let mut qpacked = Vec::new();
+        let mut q_buffers = 0;
+        let mut fresh_q = |locs: &mut Vec<Loc>, v: usize| {
+            locs[v] = Loc::QBuf(q_buffers);
+            q_buffers += 1;
+        };
+        // Codes of QuantizeLinear nodes folded at load, with their signedness.
+        let mut folded: Vec<(Vec<u8>, bool)> = Vec::new();
         for (n, node) in program.nodes.iter().enumerate() {
             let fail = |problem: String| node_err(&node.name, &node.op, problem);
             let input = |slot: usize| node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")));
@@ -473,8 +524,12 @@ impl<'b> Plan<'b> {
                         return Err(fail(format!("perm {perm:?} is not a permutation of {rank} axes")));
                     }
                     let o = out(0)?;
+                    // Read in place by MatMul, or quantised at load (QuantizeLinear of a weight).
                     let only_matmul_weight = !consumers[o].is_empty()
-                        && consumers[o].iter().all(|&(c, slot)| program.nodes[c].op == "ai.onnx::MatMul" && slot == 1);
+                        && consumers[o].iter().all(|&(c, slot)| {
+                            let op = program.nodes[c].op.as_str();
+                            (op == "ai.onnx::MatMul" && slot == 1) || (op == "ai.onnx::QuantizeLinear" && slot == 0)
+                        });
                     match locs[x] {
                         Loc::Weight(i) if perm == [1, 0] && only_matmul_weight => locs[o] = Loc::WeightT(i),
                         _ => {
@@ -673,7 +728,185 @@ impl<'b> Plan<'b> {
                     fresh(&mut locs, o);
                     ops.push((n, Op::GatherNBits { table: nbits_tables.len() - 1, ids, out: o }));
                 }
+                "ai.onnx::QuantizeLinear" => {
+                    let o = out(0)?;
+                    let signed = code_signedness(&values[o].dtype).ok_or_else(|| {
+                        fail(format!("quantises to {}; the executor holds u8 and i8 codes", values[o].dtype))
+                    })?;
+                    let x = input(0)?;
+                    let params = Params {
+                        locs: &locs,
+                        weights: &weights,
+                        views: &views,
+                        values,
+                        consts_f32: &consts_f32,
+                        consts_i64: &consts_i64,
+                    };
+                    let scale = params.f32s(node, 1)?;
+                    let zero_point = match node.input(2) {
+                        Some(_) => params.ints(node, 2)?,
+                        None => vec![0; scale.len()],
+                    };
+                    if zero_point.len() != scale.len() {
+                        return Err(fail("the zero point and the scale differ in size".to_string()));
+                    }
+                    if let Loc::Weight(i) | Loc::WeightT(i) = locs[x] {
+                        // A weight quantised by the program (a tied lm_head): folded here, once.
+                        let dims: Vec<Option<usize>> = values[x].shape.iter().map(|d| d.as_const()).collect();
+                        let [Some(rows), Some(cols)] = dims[..] else {
+                            return Err(fail(format!("quantises `{}`, not a 2-D weight", values[x].name)));
+                        };
+                        let axis = node.attr_i64("axis").unwrap_or(1);
+                        let per_column = match (scale.len(), axis) {
+                            (1, _) => None,
+                            (len, 1 | -1) if len == cols => Some(true),
+                            (len, 0 | -2) if len == rows => Some(false),
+                            (len, _) => {
+                                return Err(fail(format!(
+                                    "{len} scales along axis {axis} of a [{rows}, {cols}] weight"
+                                )))
+                            }
+                        };
+                        let data = weights[i];
+                        let transposed = matches!(locs[x], Loc::WeightT(_));
+                        let mut codes = Vec::with_capacity(rows * cols);
+                        for r in 0..rows {
+                            for c in 0..cols {
+                                let v = if transposed { data[c * rows + r] } else { data[r * cols + c] };
+                                let p = match per_column {
+                                    None => 0,
+                                    Some(true) => c,
+                                    Some(false) => r,
+                                };
+                                codes.push(quantize(v, scale[p], zero_point[p], signed));
+                            }
+                        }
+                        folded.push((codes, signed));
+                        locs[o] = Loc::ConstQ(folded.len() - 1);
+                        continue;
+                    }
+                    let x = f32_input(0, &locs)?;
+                    let [scale] = scale[..] else {
+                        return Err(fail(
+                            "quantises activations with several scales; the executor takes one per tensor".to_string(),
+                        ));
+                    };
+                    fresh_q(&mut locs, o);
+                    ops.push((n, Op::Quantize { x, scale, zero_point: zero_point[0], signed, out: o }));
+                }
+                "ai.onnx::DequantizeLinear" => {
+                    let x = input(0)?;
+                    if !matches!(locs[x], Loc::QBuf(_)) {
+                        return Err(fail(format!(
+                            "`{}` is not quantised activations the executor computes",
+                            values[x].name
+                        )));
+                    }
+                    let signed = code_signedness(&values[x].dtype).expect("QBuf values are u8 or i8");
+                    let params = Params {
+                        locs: &locs,
+                        weights: &weights,
+                        views: &views,
+                        values,
+                        consts_f32: &consts_f32,
+                        consts_i64: &consts_i64,
+                    };
+                    let (scale, zero_point) = params.per_tensor(node, 1, 2)?;
+                    if values[out(0)?].elem != Some(ElemType::F32) {
+                        return Err(fail("dequantises to a type other than f32".to_string()));
+                    }
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::Dequantize { x, scale, zero_point, signed, out: o }));
+                }
+                "npuc::QGemm" => {
+                    let a = input(0)?;
+                    if !matches!(locs[a], Loc::QBuf(_)) {
+                        return Err(fail(format!(
+                            "the activation `{}` is not codes the executor computes",
+                            values[a].name
+                        )));
+                    }
+                    let a_signed = code_signedness(&values[a].dtype).expect("QBuf values are u8 or i8");
+                    let params = Params {
+                        locs: &locs,
+                        weights: &weights,
+                        views: &views,
+                        values,
+                        consts_f32: &consts_f32,
+                        consts_i64: &consts_i64,
+                    };
+                    let (a_scale, a_zero_point) = params.per_tensor(node, 1, 2)?;
+                    let w = input(3)?;
+                    let dims: Vec<Option<usize>> = values[w].shape.iter().map(|d| d.as_const()).collect();
+                    let [Some(k), Some(n_cols)] = dims[..] else {
+                        return Err(fail(format!("the weight `{}` is not 2-D with fixed sizes", values[w].name)));
+                    };
+                    let codes = match locs[w] {
+                        Loc::ConstQ(i) => {
+                            let (bytes, signed) = &folded[i];
+                            if *signed {
+                                QWeightCodes::I8(as_i8(bytes))
+                            } else {
+                                QWeightCodes::U8(bytes)
+                            }
+                        }
+                        Loc::Weight(i) if views[i].dtype == Dtype::I8 && values[w].dtype == "i8" => {
+                            QWeightCodes::I8(as_i8(views[i].bytes))
+                        }
+                        Loc::Weight(i) if views[i].dtype == Dtype::U8 && values[w].dtype == "u8" => {
+                            QWeightCodes::U8(views[i].bytes)
+                        }
+                        _ => return Err(fail(format!("the weight `{}` is not u8 or i8 codes", values[w].name))),
+                    };
+                    let w_scale = params.f32s(node, 4)?;
+                    let w_zero_point = params.ints(node, 5)?;
+                    let packed_w =
+                        pack_qgemm(k, n_cols, codes, &w_scale, &w_zero_point).map_err(|e| fail(e.to_string()))?;
+                    qpacked.push(packed_w);
+                    let o = out(0)?;
+                    let requant = match node.input(6) {
+                        Some(_) => {
+                            let (s_y, z_y) = params.per_tensor(node, 6, 7)?;
+                            let signed = code_signedness(&values[o].dtype).ok_or_else(|| {
+                                fail(format!("requantises to {}; the executor holds u8 and i8 codes", values[o].dtype))
+                            })?;
+                            Some((s_y, z_y, signed))
+                        }
+                        None => None,
+                    };
+                    if requant.is_some() {
+                        fresh_q(&mut locs, o);
+                    } else {
+                        fresh(&mut locs, o);
+                    }
+                    ops.push((
+                        n,
+                        Op::QGemm {
+                            a,
+                            a_signed,
+                            a_scale,
+                            a_zero_point,
+                            packed: qpacked.len() - 1,
+                            k,
+                            n: n_cols,
+                            requant,
+                            out: o,
+                        },
+                    ));
+                }
                 _ => return Err(ExecError::UnsupportedOp { node: node.name.clone(), op: node.op.clone() }),
+            }
+        }
+        // Folded codes are read by QGemm packing only.
+        for (v, loc) in locs.iter().enumerate() {
+            if let Loc::ConstQ(_) = loc {
+                if let Some(&(c, slot)) =
+                    consumers[v].iter().find(|&&(c, slot)| !(program.nodes[c].op == "npuc::QGemm" && slot == 3))
+                {
+                    let reader = &program.nodes[c];
+                    return Err(node_err(&reader.name, &reader.op, format!("input {slot} (`{}`) is a weight quantised by the program; the executor folds those for QGemm weights only", values[v].name)));
+                }
             }
         }
 
@@ -692,6 +925,8 @@ impl<'b> Plan<'b> {
             packed,
             nbits_tables,
             i64_buffers,
+            qpacked,
+            q_buffers,
             consts_f32,
             consts_i64,
             buffers,
@@ -882,4 +1117,96 @@ fn f32_weight<'b>(value: &str, view: TensorView<'b>) -> Result<&'b [f32], ExecEr
     // SAFETY: the bytes are aligned for f32 (checked), live as long as the bundle's map ('b), and
     // every bit pattern is a valid f32.
     Ok(unsafe { std::slice::from_raw_parts(view.bytes.as_ptr().cast::<f32>(), view.bytes.len() / 4) })
+}
+
+/// Whether codes of `dtype` are signed (`i8`) or not (`u8`); `None` for other types.
+pub(crate) fn code_signedness(dtype: &str) -> Option<bool> {
+    match dtype {
+        "u8" => Some(false),
+        "i8" => Some(true),
+        _ => None,
+    }
+}
+
+/// QuantizeLinear of one value: `saturate(round_half_even(x / scale) + zero_point)`, the
+/// division in f32, as the reference evaluator does; the code's bits as a byte.
+pub(crate) fn quantize(x: f32, scale: f32, zero_point: i32, signed: bool) -> u8 {
+    let q = x / scale;
+    let r = if q.is_nan() { 0.0 } else { q.round_ties_even() };
+    let (lo, hi) = if signed { (-128.0, 127.0) } else { (0.0, 255.0) };
+    let v = (f64::from(r) + f64::from(zero_point)).clamp(lo, hi) as i32;
+    v as u8
+}
+
+fn as_i8(bytes: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
+}
+
+/// Scales and zero points of the quantisation ops: weights or constants.
+struct Params<'a, 'b> {
+    locs: &'a [Loc],
+    weights: &'a [&'b [f32]],
+    views: &'a [TensorView<'b>],
+    values: &'a [super::program::ValueInfo],
+    consts_f32: &'a [Vec<f32>],
+    consts_i64: &'a [Vec<i64>],
+}
+
+impl Params<'_, '_> {
+    fn value(&self, node: &NodeInfo, slot: usize) -> Result<usize, ExecError> {
+        node.input(slot).ok_or_else(|| node_err(&node.name, &node.op, format!("input {slot} is missing")))
+    }
+
+    fn f32s(&self, node: &NodeInfo, slot: usize) -> Result<Vec<f32>, ExecError> {
+        let v = self.value(node, slot)?;
+        match self.locs[v] {
+            Loc::Weight(i) if self.values[v].elem == Some(ElemType::F32) => Ok(self.weights[i].to_vec()),
+            Loc::ConstF32(i) => Ok(self.consts_f32[i].clone()),
+            _ => Err(node_err(
+                &node.name,
+                &node.op,
+                format!("input {slot} (`{}`) is not an f32 weight or constant", self.values[v].name),
+            )),
+        }
+    }
+
+    fn ints(&self, node: &NodeInfo, slot: usize) -> Result<Vec<i32>, ExecError> {
+        let v = self.value(node, slot)?;
+        let info = &self.values[v];
+        match (self.locs[v], code_signedness(&info.dtype)) {
+            (Loc::Weight(i), Some(signed)) => Ok(self.views[i]
+                .bytes
+                .iter()
+                .map(|&b| if signed { i32::from(b as i8) } else { i32::from(b) })
+                .collect()),
+            (Loc::ConstI64(i), Some(_)) => Ok(self.consts_i64[i].iter().map(|&x| x as i32).collect()),
+            _ => Err(node_err(
+                &node.name,
+                &node.op,
+                format!("input {slot} (`{}`, {}) is not a u8 or i8 weight or constant", info.name, info.dtype),
+            )),
+        }
+    }
+
+    /// One scale and one zero point (0 when the zero point is absent).
+    fn per_tensor(&self, node: &NodeInfo, scale_slot: usize, zero_slot: usize) -> Result<(f32, i32), ExecError> {
+        let scale = self.f32s(node, scale_slot)?;
+        let zero = match node.input(zero_slot) {
+            Some(_) => self.ints(node, zero_slot)?,
+            None => vec![0],
+        };
+        match (&scale[..], &zero[..]) {
+            ([s], [z]) => Ok((*s, *z)),
+            _ => Err(node_err(
+                &node.name,
+                &node.op,
+                format!(
+                    "{} scales and {} zero points; the executor takes one per tensor here",
+                    scale.len(),
+                    zero.len()
+                ),
+            )),
+        }
+    }
 }
