@@ -1,38 +1,62 @@
 #!/usr/bin/env python3
-"""Side by side in one run: ONNX Runtime on an ONNX decoder and `npuc bench` on its bundle.
+"""Side by side in one run: ONNX Runtime (and onnxruntime-genai) on an ONNX decoder and
+`npuc bench` on its bundle.
 
     python tools/bench_compare.py MODEL_DIR [--threads 1 2] [--prompt-len 64] [--gen-len 64] [--reps 3]
+                                  [--u8-zero-points] [--int8-compute] [--no-ort] [--no-genai]
 
 MODEL_DIR is a fixture folder (model.onnx + meta.json, e.g. fixtures/smollm2_f2). The script
-compiles the model with `npuc compile` (into MODEL_DIR/bench.npub), then for each thread count
-times ONNX Runtime (CPU provider, all graph optimisations on, the given intra-op threads, a greedy
-KV-cache loop feeding each step's presents back as the next past) and `npuc bench` with the same
-prompt length, generation length and threads, and prints decode and prefill tok/s and the ratio
-npuc / ONNX Runtime. Both sides use a synthetic prompt of token ids cycled from 1. For the
-MatMulNBits form this measures plain onnxruntime on the same graph; onnxruntime-genai is not
-installed by the project. Caveat for smollm2_f2: its Q4_1 weights map onto MatMulNBits with FLOAT
-zero points, for which onnxruntime's CPU kernel takes a slow path (about 0.3 s per decode step
-here, with or without graph optimisations), so that ratio says nothing about onnxruntime's
-uint8-zero-point kernels; compare on a graph with uint8 zero points for a fair number.
+compiles the model with `npuc compile`, then for each thread count times
+
+- ONNX Runtime (CPU provider, all graph optimisations on, the given intra-op threads, a greedy
+  KV-cache loop feeding each step's presents back as the next past);
+- onnxruntime-genai when it is importable and the graph has its input names (the MatMulNBits /
+  GroupQueryAttention form): a genai_config.json written from meta.json next to a link to the
+  model, greedy search, the given intra-op threads; prefill is `append_tokens`, decode every
+  `generate_next_token` after the first (which only picks from the prefill's logits);
+- `npuc bench` with the same prompt length, generation length and threads;
+
+and prints decode and prefill tok/s and the ratios npuc / each. Every side uses a synthetic
+prompt of token ids cycled from 1 and never stops early.
+
+--u8-zero-points (4-bit MatMulNBits with float zero points, as smollm2_f2's Q4_1 weights are
+mapped): onnxruntime's CPU kernel takes a slow path for float zero points (about 0.5 s per
+SmolLM2 decode step), so the script first writes a copy of the model whose 4-bit zero points are
+rounded to packed uint8 (clamped to [0, 15]; numerically a different model, for timing only) and
+runs every side, npuc included, on that copy: the same graph and the same bytes per token.
+
+--int8-compute: every MatMulNBits of that copy gets accuracy_level 4 (activations quantised to
+int8 per block, the setting onnxruntime-genai's model builder writes for CPU) and npuc bench runs
+with --int8-activations, its counterpart. Without it both sides compute with float activations.
+An 8-bit MatMulNBits at accuracy_level 0 (SmolLM2's tied lm_head) takes about 0.2 s per decode
+step in onnxruntime's CPU kernel (it expands the weights), which swamps everything else.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def synthetic_prompt(prompt_len: int, vocab: int) -> np.ndarray:
+    return (1 + np.arange(prompt_len) % (vocab - 1)).astype(np.int64)
+
+
 def ort_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: int, reps: int) -> tuple[float, float]:
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads
@@ -58,7 +82,7 @@ def ort_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: i
                 f[name] = past[f"present.{layer}.{kind}"] if past else np.zeros((1, kv, 0, hd), dtype=np.float32)
         return f
 
-    prompt = (1 + np.arange(prompt_len) % (meta["vocab"] - 1)).astype(np.int64)[None, :]
+    prompt = synthetic_prompt(prompt_len, meta["vocab"])[None, :]
     prefill, decode = [], []
     for rep in range(reps + 1):  # the first run warms up and is not counted
         t0 = time.perf_counter()
@@ -77,6 +101,142 @@ def ort_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: i
     return statistics.median(prefill), statistics.median(decode)
 
 
+def genai_config(meta: dict, model_file: str, threads: int, max_length: int) -> dict:
+    """The genai_config.json of a decoder with the MatMulNBits/GQA form's input and output names."""
+    tok = meta.get("tokenizer", {})
+    return {
+        "model": {
+            "bos_token_id": tok.get("bos_token_id", 1),
+            "eos_token_id": tok.get("eos_token_id", 2),
+            "pad_token_id": tok.get("pad_token_id", tok.get("eos_token_id", 2)),
+            "context_length": max(max_length, meta.get("max_position_embeddings", max_length)),
+            "vocab_size": meta["vocab"],
+            "type": meta.get("arch", "llama"),
+            "decoder": {
+                "session_options": {
+                    "log_id": "onnxruntime-genai",
+                    "provider_options": [],
+                    "intra_op_num_threads": threads,
+                    "inter_op_num_threads": 1,
+                },
+                "filename": model_file,
+                "head_size": meta["head_dim"],
+                "hidden_size": meta["hidden"],
+                "num_attention_heads": meta["heads"],
+                "num_hidden_layers": meta["layers"],
+                "num_key_value_heads": meta["kv_heads"],
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+            },
+        },
+        "search": {
+            "do_sample": False,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "max_length": max_length,
+            "min_length": 0,
+            "past_present_share_buffer": True,
+            "top_k": 1,
+            "top_p": 1.0,
+            "temperature": 1.0,
+            "repetition_penalty": 1.0,
+            "early_stopping": True,
+            "length_penalty": 1.0,
+            "no_repeat_ngram_size": 0,
+            "diversity_penalty": 0.0,
+        },
+    }
+
+
+def genai_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: int, reps: int) -> tuple[float, float]:
+    import onnxruntime_genai as og
+
+    total = prompt_len + gen_len
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for f in model.parent.iterdir():
+            if f.name == model.name or f.name.startswith(model.name + "."):
+                os.symlink(f.resolve(), d / f.name)
+        (d / "genai_config.json").write_text(json.dumps(genai_config(meta, model.name, threads, total), indent=2))
+        m = og.Model(str(d))
+        prompt = synthetic_prompt(prompt_len, meta["vocab"]).astype(np.int32)
+        prefill, decode = [], []
+        for rep in range(reps + 1):
+            params = og.GeneratorParams(m)
+            params.set_search_options(max_length=total, min_length=total, do_sample=False)
+            g = og.Generator(m, params)
+            t0 = time.perf_counter()
+            g.append_tokens(prompt)
+            t1 = time.perf_counter()
+            g.generate_next_token()  # picks the first token from the prefill's logits
+            t2 = time.perf_counter()
+            steps = 0
+            while not g.is_done():
+                g.generate_next_token()
+                steps += 1
+            t3 = time.perf_counter()
+            if len(g.get_sequence(0)) != total:
+                raise RuntimeError(f"onnxruntime-genai generated {len(g.get_sequence(0)) - prompt_len} tokens, not {gen_len}")
+            if rep:
+                prefill.append(prompt_len / (t2 - t0))
+                decode.append(steps / (t3 - t2))
+            del g
+    return statistics.median(prefill), statistics.median(decode)
+
+
+def variant(model: Path, out_dir: Path, u8_zero_points: bool, int8_compute: bool) -> Path:
+    """A copy of `model` whose 4-bit MatMulNBits float zero points are rounded to packed uint8
+    and/or whose MatMulNBits compute with int8 activations (accuracy_level 4)."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(model))
+    inits = {t.name: t for t in m.graph.initializer}
+    changed = 0
+    for node in m.graph.node:
+        if node.op_type == "MatMulNBits" and int8_compute:
+            for a in [a for a in node.attribute if a.name == "accuracy_level"]:
+                node.attribute.remove(a)
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
+        if not u8_zero_points or node.op_type != "MatMulNBits" or len(node.input) < 4 or not node.input[3]:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        bits, block, k, n = attrs.get("bits", 4), attrs["block_size"], attrs["K"], attrs["N"]
+        zp = inits.get(node.input[3])
+        if bits != 4 or zp is None or zp.data_type != onnx.TensorProto.FLOAT:
+            continue
+        blocks = (k + block - 1) // block
+        z = numpy_helper.to_array(zp).reshape(n, blocks)
+        codes = np.clip(np.rint(z), 0, 15).astype(np.uint8)
+        if blocks % 2:
+            codes = np.concatenate([codes, np.zeros((n, 1), np.uint8)], axis=1)
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8).reshape(-1)
+        name = node.input[3] + "_u8"
+        m.graph.initializer.append(numpy_helper.from_array(packed, name))
+        node.input[3] = name
+        changed += 1
+    if u8_zero_points and not changed:
+        raise SystemExit(f"{model}: no 4-bit MatMulNBits with float zero points to convert")
+    used = {i for node in m.graph.node for i in node.input}
+    keep = [t for t in m.graph.initializer if t.name in used]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(keep)
+    out = out_dir / "model.onnx"
+    onnx.save(m, str(out), save_as_external_data=True, location="model.onnx.data", size_threshold=1024)
+    if u8_zero_points:
+        print(f"{changed} MatMulNBits nodes given uint8 zero points (rounded, clamped to [0, 15])")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", type=Path)
@@ -84,23 +244,57 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--u8-zero-points", action="store_true", help="run every side on a copy with uint8 zero points")
+    ap.add_argument("--int8-compute", action="store_true", help="int8 activations in the 4/8-bit GEMMs on every side")
+    ap.add_argument("--no-ort", action="store_true", help="skip plain ONNX Runtime")
+    ap.add_argument("--no-genai", action="store_true", help="skip onnxruntime-genai")
     ap.add_argument("--npuc", default=str(ROOT / "target/release/npuc"))
     args = ap.parse_args()
     meta = json.loads((args.model_dir / "meta.json").read_text())
+    work = Path(tempfile.mkdtemp(prefix="bench_compare_"))
+    try:
+        return compare(args, meta, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
     model = args.model_dir / "model.onnx"
-    bundle = args.model_dir / "bench.npub"
+    if args.u8_zero_points or args.int8_compute:
+        model = variant(model, work, args.u8_zero_points, args.int8_compute)
+    bundle = work / "bench.npub"
     subprocess.run([args.npuc, "compile", str(model), "-o", str(bundle), "--overwrite"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"{args.model_dir.name}: prompt {args.prompt_len} + {args.gen_len} generated, median of {args.reps}")
-    print(f"{'threads':>7} {'ORT decode':>11} {'npuc decode':>12} {'ratio':>6} {'ORT prefill':>12} {'npuc prefill':>13} {'ratio':>6}")
+
+    use_genai = False
+    if not args.no_genai and meta.get("form") == "f2":
+        try:
+            import onnxruntime_genai  # noqa: F401
+            use_genai = True
+        except ImportError:
+            print("onnxruntime-genai is not installed (pip install onnxruntime-genai): its columns are left out")
+    sides = (["ORT"] if not args.no_ort else []) + (["genai"] if use_genai else [])
+    notes = ["uint8 zero points"] * args.u8_zero_points + ["int8 compute"] * args.int8_compute
+    print(f"{args.model_dir.name}{' (' + ', '.join(notes) + ')' if notes else ''}: "
+          f"prompt {args.prompt_len} + {args.gen_len} generated, median of {args.reps}")
+    head = f"{'threads':>7} {'npuc dec':>9}" + "".join(f" {s + ' dec':>10} {'ratio':>6}" for s in sides)
+    head += f" {'npuc pre':>9}" + "".join(f" {s + ' pre':>10} {'ratio':>6}" for s in sides)
+    print(head, flush=True)
     for t in args.threads:
-        o_pre, o_dec = ort_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
+        rates = {}
+        if "ORT" in sides:
+            rates["ORT"] = ort_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
+        if "genai" in sides:
+            rates["genai"] = genai_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
         out = subprocess.run([args.npuc, "bench", str(bundle), "--threads", str(t), "--prompt-len", str(args.prompt_len),
-                              "--gen-len", str(args.gen_len), "--repetitions", str(args.reps), "--json"],
+                              "--gen-len", str(args.gen_len), "--repetitions", str(args.reps), "--json"]
+                             + ["--int8-activations"] * args.int8_compute,
                              check=True, capture_output=True, text=True)
         r = json.loads(out.stdout)
         n_pre, n_dec = r["prefill_tok_s"]["median"], r["decode_tok_s"]["median"]
-        print(f"{t:>7} {o_dec:>11.1f} {n_dec:>12.1f} {n_dec / o_dec:>6.2f} {o_pre:>12.1f} {n_pre:>13.1f} {n_pre / o_pre:>6.2f}")
+        line = f"{t:>7} {n_dec:>9.1f}" + "".join(f" {rates[s][1]:>10.1f} {n_dec / rates[s][1]:>6.2f}" for s in sides)
+        line += f" {n_pre:>9.1f}" + "".join(f" {rates[s][0]:>10.1f} {n_pre / rates[s][0]:>6.2f}" for s in sides)
+        print(line, flush=True)
     return 0
 
 
