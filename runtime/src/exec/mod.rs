@@ -1156,6 +1156,16 @@ fn transpose(x: &[f32], shape: &[usize], perm: &[usize], out: &mut [f32]) {
     }
 }
 
+fn as_i8(bytes: &[u8]) -> &[i8] {
+    // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
+}
+
+fn as_i8_mut(bytes: &mut [u8]) -> &mut [i8] {
+    // SAFETY: as in `as_i8`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<i8>(), bytes.len()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1202,14 +1212,4 @@ mod tests {
         assert_eq!(argmax(&[0.5, 2.0, 2.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
     }
-}
-
-fn as_i8(bytes: &[u8]) -> &[i8] {
-    // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
-    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
-}
-
-fn as_i8_mut(bytes: &mut [u8]) -> &mut [i8] {
-    // SAFETY: as in `as_i8`; the borrow is exclusive.
-    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<i8>(), bytes.len()) }
 }
