@@ -320,3 +320,26 @@ fn a8w8_programs_match_the_reference_evaluator() {
         }
     }
 }
+
+#[test]
+fn sequence_misuse_is_an_error_naming_the_sequence() {
+    let model = &models()["llama_f1"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let mut exec =
+        Executor::new(&bundle, ExecOptions { max_context: 32, sequences: 2, ..ExecOptions::default() }).unwrap();
+    let seq = exec.new_sequence();
+    exec.step_sequence(seq, &prompt(4, 8, model.vocab)).unwrap();
+    assert_eq!(exec.sequence_position(seq).unwrap(), 4);
+    match exec.fork_sequence(seq, 5) {
+        Err(ExecError::Kv(KvError::PrefixBeyondHeld { rows: 5, held_rows: 4, .. })) => {}
+        other => panic!("forking past what is held: {other:?}"),
+    }
+    exec.drop_sequence(seq).unwrap();
+    let err = exec.step_sequence(seq, &[1]).unwrap_err();
+    assert!(matches!(err, ExecError::Kv(KvError::UnknownSequence { seq: s }) if s == seq), "{err:?}");
+    assert!(err.to_string().contains(&seq.to_string()), "{err}");
+    // The default sequence is untouched by all of this.
+    assert_eq!(exec.position(), 0);
+    exec.step(&[1, 2]).unwrap();
+    assert_eq!(exec.position(), 2);
+}
