@@ -57,6 +57,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let (pm, pmin, pmax) = spread(prefill);
     let (dm, dmin, dmax) = spread(decode);
+    let weight_bytes = exec.gemm_weight_bytes_per_token();
+    let weight_gb_s = weight_bytes as f64 * dm / 1e9;
     if o.json {
         let out = json!({
             "bundle": o.bundle.display().to_string(),
@@ -65,6 +67,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
             "kv_dtype": format!("{:?}", o.kv_storage),
             "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
             "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
+            "gemm_weight_bytes_per_token": weight_bytes,
+            "decode_weight_gb_s": weight_gb_s,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -79,6 +83,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         );
         println!("prefill tok/s  median {pm:8.1}  min {pmin:8.1}  max {pmax:8.1}");
         println!("decode  tok/s  median {dm:8.1}  min {dmin:8.1}  max {dmax:8.1}");
+        println!(
+            "GEMM weights read per decode token: {:.1} MB, {weight_gb_s:.1} GB/s at the median decode rate",
+            weight_bytes as f64 / 1e6
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -350,6 +350,10 @@ fn npuc_bench_reports_median_min_max() {
             (r[key]["min"].as_f64().unwrap(), r[key]["median"].as_f64().unwrap(), r[key]["max"].as_f64().unwrap());
         assert!(0.0 < min && min <= median && median <= max, "{key}: {}", r[key]);
     }
+    // fp32 SmolLM2 reads every GEMM weight once per token: per layer q, o (576²), k, v (576×192),
+    // gate, up, down (576×1536); and the tied lm_head (49152×576), 4 bytes each.
+    let per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536;
+    assert_eq!(r["gemm_weight_bytes_per_token"].as_u64(), Some(4 * (30 * per_layer + 49152 * 576)));
     let (ok, _, err) = npuc(&["bench", dir, "--gen-len", "1"]);
     assert!(!ok && err.contains("--gen-len"), "{err}");
 }

@@ -293,6 +293,21 @@ impl<'b> Executor<'b> {
         self.max_context
     }
 
+    /// Bytes of GEMM weights one decode step reads (every WGemm, QGemm and weight MatMul once):
+    /// what bounds decoding when memory bandwidth is the limit.
+    pub fn gemm_weight_bytes_per_token(&self) -> usize {
+        self.plan
+            .ops
+            .iter()
+            .map(|(_, op)| match op {
+                Op::WGemm { packed, .. } => self.plan.packed[*packed].weights().bytes(),
+                Op::QGemm { packed, .. } => self.plan.qpacked[*packed].bytes(),
+                Op::MatMul { k, n, .. } => 4 * k * n,
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Width of the logits row.
     pub fn vocab(&self) -> usize {
         self.plan.program.values[self.plan.logits].shape.last().and_then(|d| d.as_const()).unwrap_or(0)
