@@ -69,7 +69,7 @@ fn awkward_shapes_match_the_reference_on_every_path() {
     let isas = isas("gemm awkward shapes");
     let pools = pools();
     let mut seed = 500;
-    for &(m, k, n) in &[(1, 1, 1), (1, 80, 17), (3, 200, 33), (17, 35, 70), (1, 576, 129), (5, 17, 200)] {
+    for &(m, k, n) in &[(1, 1, 1), (1, 80, 17), (3, 200, 33), (17, 35, 70), (1, 576, 129), (5, 17, 200), (1, 96, 900), (1, 64, 2100)] {
         for layout in [WeightLayout::KN, WeightLayout::NK] {
             for bias in [false, true] {
                 seed += 1;
@@ -94,5 +94,26 @@ proptest! {
         let layout = if nk { WeightLayout::NK } else { WeightLayout::KN };
         let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
         check(m, k, n, layout, bias, seed, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);
+    }
+}
+
+/// A single row (the decode path) gives bit for bit the first row of the same product computed
+/// with two rows: every path accumulates each output over k in one order.
+#[test]
+fn one_row_equals_the_first_row_of_two() {
+    let isas = isas("gemm one row");
+    let (k, n) = (96, 1000);
+    let mut rng = kernel_support::Rng::new(77);
+    let a = rng.f32s(2 * k, -1.0, 1.0);
+    let w = rng.f32s(k * n, -1.0, 1.0);
+    let bias = rng.f32s(n, -1.0, 1.0);
+    for &isa in &isas {
+        for pool in pools() {
+            let mut two = vec![0.0; 2 * n];
+            gemm_f32(isa, &pool, &a, 2, k, &w, n, WeightLayout::KN, Some(&bias), &mut two);
+            let mut one = vec![0.0; n];
+            gemm_f32(isa, &pool, &a[..k], 1, k, &w, n, WeightLayout::KN, Some(&bias), &mut one);
+            assert!(one == two[..n], "{isa} threads {}", pool.threads());
+        }
     }
 }
