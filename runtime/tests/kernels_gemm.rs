@@ -69,7 +69,9 @@ fn awkward_shapes_match_the_reference_on_every_path() {
     let isas = isas("gemm awkward shapes");
     let pools = pools();
     let mut seed = 500;
-    for &(m, k, n) in &[(1, 1, 1), (1, 80, 17), (3, 200, 33), (17, 35, 70), (1, 576, 129), (5, 17, 200), (1, 96, 900), (1, 64, 2100)] {
+    for &(m, k, n) in
+        &[(1, 1, 1), (1, 80, 17), (3, 200, 33), (17, 35, 70), (1, 576, 129), (5, 17, 200), (1, 96, 900), (1, 64, 2100)]
+    {
         for layout in [WeightLayout::KN, WeightLayout::NK] {
             for bias in [false, true] {
                 seed += 1;
