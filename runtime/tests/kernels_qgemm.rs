@@ -6,7 +6,9 @@ mod kernel_support;
 use ir::{DType, Domain, Tensor};
 use kernel_support::*;
 use proptest::prelude::*;
-use runtime::kernels::qgemm::{pack_qgemm, qgemm, QActivations, QGemmScratch, QOutput, QWeightCodes};
+use runtime::kernels::qgemm::{
+    pack_qgemm, qgemm, qgemm_scaled, AScale, QActivations, QGemmScratch, QOutput, QWeightCodes,
+};
 use runtime::kernels::{Isa, ThreadPool};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -123,6 +125,41 @@ fn check(case: Case, pools: &[ThreadPool], isas: &[Isa]) {
                     let got: Vec<i64> = y.iter().map(|&v| v as i64).collect();
                     assert_eq!(got, want.as_i64().unwrap(), "{what}");
                 }
+            }
+        }
+    }
+}
+
+/// Activations quantised per row (`npuc::QuantizeRows` → `QGemm` with a scale per row, what an
+/// `xdna` program runs): bit for bit the reference evaluator's QGemm with sₐ of shape [M, 1].
+#[test]
+fn per_row_activation_scales_are_exact_on_every_path() {
+    let isas = isas("qgemm per-row scales");
+    let pools = pools();
+    for (seed, &(m, k, n)) in [(1, 80, 17), (3, 200, 33), (17, 130, 20), (9, 576, 48)].iter().enumerate() {
+        let case =
+            Case { m, k, n, a_signed: true, w_signed: true, per_column: true, out: Out::F32, seed: 900 + seed as u64 };
+        let d = case.data();
+        let mut rng = kernel_support::Rng::new(7 + seed as u64);
+        let rows: Vec<f32> = (0..m).map(|_| rng.f32(0.001, 0.1)).collect();
+        let signed_w: Vec<i8> = d.w.iter().map(|&b| b as i8).collect();
+        let packed = pack_qgemm(k, n, QWeightCodes::I8(&signed_w), &d.w_scale, &d.w_zero).expect("pack");
+        let a = Tensor::from_i64(DType::I8, vec![m, k], d.a.iter().map(|&b| b as i8 as i64).collect());
+        let sa = Tensor::from_f32(DType::F32, vec![m, 1], rows.clone());
+        let za = Tensor::from_i64(DType::I8, vec![], vec![0]);
+        let w = Tensor::from_i64(DType::I8, vec![k, n], signed_w.iter().map(|&v| v as i64).collect());
+        let sw = Tensor::from_f32(DType::F32, vec![n], d.w_scale.clone());
+        let zw = Tensor::from_i64(DType::I8, vec![n], d.w_zero.iter().map(|&z| z as i64).collect());
+        let inputs = [Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)];
+        let want = reference(Domain::Npuc, "QGemm", &Default::default(), &inputs, 1).remove(0);
+        let signed_a: Vec<i8> = d.a.iter().map(|&b| b as i8).collect();
+        let mut scratch = QGemmScratch::default();
+        for &isa in &isas {
+            for pool in &pools {
+                let mut y = vec![f32::NAN; m * n];
+                let (acts, out) = (QActivations::I8(&signed_a), QOutput::F32(&mut y));
+                qgemm_scaled(isa, pool, &packed, acts, m, AScale::Rows(&rows), 0, out, &mut scratch);
+                assert_bits(&format!("{m}×{k}×{n} {isa} threads {}", pool.threads()), &y, want.as_f32().unwrap());
             }
         }
     }

@@ -58,7 +58,7 @@ pub use plan::MAX_TRANSPOSE_RANK;
 pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
-use crate::kernels::qgemm::{self, QActivations, QGemmScratch, QOutput};
+use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QOutput};
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
@@ -520,6 +520,15 @@ impl<'b> Executor<'b> {
                     (std::slice::from_ref(out), *last_row_only)
                 }
                 Op::Int { .. } => continue,
+                Op::QuantizeRows { x, k, codes, scales } => {
+                    let Loc::QBuf(b) = self.plan.locs[*codes] else { unreachable!("codes live in code buffers") };
+                    let n = numel(&self.shapes[*x]);
+                    if self.qbufs[b].len() < n {
+                        self.qbufs[b].resize(n, 0);
+                    }
+                    grow(&mut self.bufs, self.plan.locs[*scales], n / k);
+                    continue;
+                }
                 Op::Quantize { out, .. } | Op::QGemm { out, requant: Some(_), .. } => {
                     let Loc::QBuf(b) = self.plan.locs[*out] else { unreachable!("codes live in code buffers") };
                     let n = numel(&self.shapes[*out]);
@@ -568,7 +577,9 @@ impl<'b> Executor<'b> {
                 self.ibufs[b] = y;
                 return result;
             }
-            Op::Quantize { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => return self.run_quantised(index),
+            Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
+                return self.run_quantised(index)
+            }
             Op::WGemm { out, .. } | Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                 (*out, None)
             }
@@ -614,7 +625,9 @@ impl<'b> Executor<'b> {
         };
         match op {
             Op::Int { .. } => unreachable!("run by compute_int"),
-            Op::Quantize { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => unreachable!("run by run_quantised"),
+            Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
+                unreachable!("run by run_quantised")
+            }
             Op::WGemm { a, packed, bias, k, n, last_row_only, .. } => {
                 let weights = self.plan.packed[*packed].weights();
                 let mut x = view.f32(*a);
@@ -804,6 +817,31 @@ impl Executor<'_> {
                 }
                 self.qbufs[b] = y;
             }
+            Op::QuantizeRows { x, k, codes, scales } => {
+                let b = qbuf(*codes);
+                let mut y = std::mem::take(&mut self.qbufs[b]);
+                let Loc::Buf(sb) = locs[*scales] else { unreachable!("scales live in buffers") };
+                let mut row_scales = std::mem::take(&mut self.bufs[sb]);
+                let view = View {
+                    plan: &self.plan,
+                    bufs: &self.bufs,
+                    shapes: &self.shapes,
+                    ids: &self.ids,
+                    positions: &self.positions,
+                    ibufs: &self.ibufs,
+                };
+                let input = view.f32(*x);
+                for ((row, out), s) in input.chunks(*k).zip(y.chunks_mut(*k)).zip(row_scales.iter_mut()) {
+                    // As `ir::fused::quantize_rows`: in f32, ties to even, within ±127.
+                    let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    *s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
+                    for (o, &v) in out.iter_mut().zip(row) {
+                        *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+                    }
+                }
+                self.bufs[sb] = row_scales;
+                self.qbufs[b] = y;
+            }
             Op::Dequantize { x, scale, zero_point, signed, out } => {
                 let codes = &self.qbufs[qbuf(*x)][..numel(&self.shapes[*x])];
                 let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
@@ -813,7 +851,7 @@ impl Executor<'_> {
                     *d = q.wrapping_sub(*zero_point) as f32 * *scale;
                 }
             }
-            Op::QGemm { a, a_signed, a_scale, a_zero_point, packed, k, n, requant, out } => {
+            Op::QGemm { a, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n, requant, out } => {
                 let (k, n) = (*k, *n);
                 let codes_len = numel(&self.shapes[*a]);
                 if !codes_len.is_multiple_of(k) {
@@ -821,6 +859,15 @@ impl Executor<'_> {
                 }
                 let m = codes_len / k;
                 let weights = &self.plan.qpacked[*packed];
+                // Per-row scales are read from their buffer, taken out while the output is written.
+                let rows = a_row_scales.map(|v| {
+                    let Loc::Buf(b) = locs[v] else { unreachable!("scales live in buffers") };
+                    (b, std::mem::take(&mut self.bufs[b]))
+                });
+                let a_sc = match &rows {
+                    Some((_, r)) => AScale::Rows(&r[..m]),
+                    None => AScale::Tensor(*a_scale),
+                };
                 match requant {
                     Some((scale, zero_point, signed)) => {
                         let b = qbuf(*out);
@@ -833,17 +880,8 @@ impl Executor<'_> {
                         } else {
                             QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
                         };
-                        qgemm::qgemm(
-                            self.isa,
-                            &self.pool,
-                            weights,
-                            acts,
-                            m,
-                            *a_scale,
-                            *a_zero_point,
-                            dst,
-                            &mut self.qgemm_scratch,
-                        );
+                        let scratch = &mut self.qgemm_scratch;
+                        qgemm::qgemm_scaled(self.isa, &self.pool, weights, acts, m, a_sc, *a_zero_point, dst, scratch);
                         self.qbufs[b] = y;
                     }
                     None => {
@@ -851,18 +889,12 @@ impl Executor<'_> {
                         let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
                         let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
                         let dst = QOutput::F32(&mut self.bufs[b][..m * n]);
-                        qgemm::qgemm(
-                            self.isa,
-                            &self.pool,
-                            weights,
-                            acts,
-                            m,
-                            *a_scale,
-                            *a_zero_point,
-                            dst,
-                            &mut self.qgemm_scratch,
-                        );
+                        let scratch = &mut self.qgemm_scratch;
+                        qgemm::qgemm_scaled(self.isa, &self.pool, weights, acts, m, a_sc, *a_zero_point, dst, scratch);
                     }
+                }
+                if let Some((b, r)) = rows {
+                    self.bufs[b] = r;
                 }
             }
             _ => unreachable!("quantised ops only"),

@@ -147,11 +147,22 @@ pub enum Op {
         signed: bool,
         out: usize,
     },
+    /// `npuc::QuantizeRows`: f32 rows of `k` values into int8 codes (a [`Loc::QBuf`]) and one
+    /// f32 scale per row (max|row|/127, 1 for a row of zeros).
+    QuantizeRows {
+        x: usize,
+        k: usize,
+        codes: usize,
+        scales: usize,
+    },
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
+    /// With `a_row_scales`, the activations' scale is that value (one per row) and `a_scale` is
+    /// unused.
     QGemm {
         a: usize,
         a_signed: bool,
+        a_row_scales: Option<usize>,
         a_scale: f32,
         a_zero_point: i32,
         packed: usize,
@@ -223,8 +234,9 @@ pub struct Plan<'b> {
 pub const MAX_TRANSPOSE_RANK: usize = 8;
 
 /// Ops that compute (every other supported op is an alias).
-const COMPUTED_OPS: [&str; 20] = [
+const COMPUTED_OPS: [&str; 21] = [
     "ai.onnx::QuantizeLinear",
+    "npuc::QuantizeRows",
     "ai.onnx::DequantizeLinear",
     "npuc::QGemm",
     "ai.onnx::Gather",
@@ -794,6 +806,19 @@ impl<'b> Plan<'b> {
                     fresh_q(&mut locs, o);
                     ops.push((n, Op::Quantize { x, scale, zero_point: zero_point[0], signed, out: o }));
                 }
+                "npuc::QuantizeRows" => {
+                    let x = f32_input(0, &locs)?;
+                    let k = values[x].shape.last().and_then(|d| d.as_const()).filter(|&k| k > 0).ok_or_else(|| {
+                        fail(format!("`{}` has no fixed last axis to quantise along", values[x].name))
+                    })?;
+                    let (codes, scales) = (out(0)?, out(1)?);
+                    if values[codes].dtype != "i8" || values[scales].elem != Some(ElemType::F32) {
+                        return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
+                    }
+                    fresh_q(&mut locs, codes);
+                    fresh(&mut locs, scales);
+                    ops.push((n, Op::QuantizeRows { x, k, codes, scales }));
+                }
                 "ai.onnx::DequantizeLinear" => {
                     let x = input(0)?;
                     if !matches!(locs[x], Loc::QBuf(_)) {
@@ -836,7 +861,17 @@ impl<'b> Plan<'b> {
                         consts_f32: &consts_f32,
                         consts_i64: &consts_i64,
                     };
-                    let (a_scale, a_zero_point) = params.per_tensor(node, 1, 2)?;
+                    // Scales computed per row by the program (QuantizeRows), or constants per tensor.
+                    let (a_scale, a_zero_point, a_row_scales) = match locs[input(1)?] {
+                        Loc::Buf(_) => match params.ints(node, 2)?[..] {
+                            [z] => (1.0, z, Some(input(1)?)),
+                            _ => return Err(fail("per-row activation scales need one zero point".to_string())),
+                        },
+                        _ => {
+                            let (s, z) = params.per_tensor(node, 1, 2)?;
+                            (s, z, None)
+                        }
+                    };
                     let w = input(3)?;
                     let dims: Vec<Option<usize>> = values[w].shape.iter().map(|d| d.as_const()).collect();
                     let [Some(k), Some(n_cols)] = dims[..] else {
@@ -885,6 +920,7 @@ impl<'b> Plan<'b> {
                         Op::QGemm {
                             a,
                             a_signed,
+                            a_row_scales,
                             a_scale,
                             a_zero_point,
                             packed: qpacked.len() - 1,

@@ -197,7 +197,39 @@ pub fn qgemm(
     out: QOutput,
     scratch: &mut QGemmScratch,
 ) {
+    qgemm_scaled(isa, pool, w, a, m, AScale::Tensor(a_scale), a_zero_point, out, scratch)
+}
+
+/// The activations' scale: one per tensor, or one per row (activations quantised row by row,
+/// as `npuc::QuantizeRows` does).
+#[derive(Clone, Copy, Debug)]
+pub enum AScale<'a> {
+    Tensor(f32),
+    Rows(&'a [f32]),
+}
+
+/// [`qgemm`] with the activations' scale per tensor or per row: output row r is scaled by
+/// `sₐ[r] · s_w[n]`, formed exactly as the per-tensor epilogue forms `sₐ · s_w[n]`.
+#[allow(clippy::too_many_arguments)]
+pub fn qgemm_scaled(
+    isa: Isa,
+    pool: &ThreadPool,
+    w: &PackedQGemm,
+    a: QActivations,
+    m: usize,
+    a_scale: AScale,
+    a_zero_point: i32,
+    out: QOutput,
+    scratch: &mut QGemmScratch,
+) {
     let isa = isa.check();
+    let (a_scale, row_scales) = match a_scale {
+        AScale::Tensor(s) => (s, None),
+        AScale::Rows(r) => {
+            assert_eq!(r.len(), m, "qgemm: {} row scales for {m} rows", r.len());
+            (1.0, Some(r))
+        }
+    };
     let (k, n) = (w.k, w.n);
     let stride = w.groups() * 4;
     let (len, offset) = match a {
@@ -227,7 +259,7 @@ pub fn qgemm(
         scratch.wide.extend(scratch.unsigned.iter().map(|&x| x as i16));
     }
     let rows = Rows { unsigned: &scratch.unsigned, wide: &scratch.wide, stride };
-    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_sums: &scratch.sums };
+    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_scales, row_sums: &scratch.sums };
     let panels = w.panels();
     let tasks = if pool.threads() == 1 { 1 } else { panels.min(pool.threads() * 4) };
     let dst = match out {
@@ -292,6 +324,8 @@ struct Epilogue<'a> {
     /// A = oₐ + zₐ.
     a_zero: i32,
     a_scale: f32,
+    /// Per-row activation scales, which replace `a_scale` when present.
+    row_scales: Option<&'a [f32]>,
     row_sums: &'a [i32],
 }
 
@@ -322,7 +356,8 @@ unsafe fn epilogue(
     // Plain f32 operations (Rust never contracts them into fused multiply-adds), the same for
     // every path, so every path's outputs are identical.
     let fold = |y: &mut [f32; PANEL]| {
-        let (sa, a_zero, k, sum_a) = (e.a_scale, e.a_zero, e.k, e.row_sums[row]);
+        let sa = e.row_scales.map_or(e.a_scale, |r| r[row]);
+        let (a_zero, k, sum_a) = (e.a_zero, e.k, e.row_sums[row]);
         for c in 0..PANEL {
             let b = w.zero_points[base + c];
             let exact = acc[c]
