@@ -52,10 +52,14 @@ smollm2: $(STAMP_PY)
 build:
 	cargo build --release --bin npuc
 
-## bench: ONNX Runtime and npuc side by side on SmolLM2 (forms 1 and 2), 1 and 2 threads.
+## bench: ONNX Runtime (and onnxruntime-genai for the 4-bit form) and npuc side by side on
+## SmolLM2 (forms 1 and 2), 1 and 2 threads. The 4-bit form runs on a copy with uint8 zero
+## points and int8 compute on every side: ONNX Runtime's kernels for the original graph expand
+## the weights (see tools/bench_compare.py).
 bench: deps smollm2 build
+	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
 	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f1
-	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f2
+	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f2 --u8-zero-points --int8-compute
 
 ## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 and a
 ## Qwen3-0.6B-shaped model (random weights, ~2.4 GB, generated once into fixtures/).
