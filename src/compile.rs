@@ -28,6 +28,7 @@ pub struct Options {
     pub tokenizer: Option<PathBuf>,
     pub overwrite: bool,
     pub json: bool,
+    pub intel: crate::intel::IntelArgs,
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
@@ -51,7 +52,12 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let outcome = passes::driver::run(&pipeline, imported.graph, None, |r, _| {
         step(format!("{} done ({} → {} nodes)", r.name, r.nodes_before, r.nodes_after));
     })?;
-    let g = outcome.graph;
+    let mut g = outcome.graph;
+    // intel-npu: the IR, and the host program it agrees with (symmetric weights).
+    let intel = if o.target == "intel-npu" { Some(crate::intel::compile(&g, &o.intel)?) } else { None };
+    if let Some(ir) = &intel {
+        g = ir.host_program.clone();
+    }
     let config = model_config(&g)?;
     let tokenizer = match &o.tokenizer {
         Some(t) => Some(t.clone()),
@@ -92,12 +98,15 @@ pub fn run(o: Options) -> Result<ExitCode> {
             w.copy_file(runtime::bundle::CHAT_TEMPLATE_FILE, &template)?;
         }
     }
+    if let Some(ir) = &intel {
+        crate::intel::write(&mut w, ir)?;
+    }
     let summary = w.finish()?;
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
     if o.json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() }))?);
+        println!("{}", serde_json::to_string_pretty(&json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel.as_ref().map(crate::intel::summary) }))?);
     } else {
         println!(
             "wrote {} ({} target): {} program nodes, {} weights, {} files, {} bytes",
@@ -108,6 +117,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
             summary.files.len(),
             summary.total_bytes
         );
+        if let Some(ir) = &intel {
+            println!("{}", crate::intel::summary_line(ir));
+        }
         if tokenizer.is_none() {
             println!("no tokenizer.json next to the model and none given with --tokenizer: the bundle has none");
         }

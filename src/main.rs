@@ -5,6 +5,7 @@ mod bench_cmd;
 mod compile;
 mod explore;
 mod inspect;
+mod intel;
 mod passes_cmd;
 mod run_cmd;
 
@@ -73,6 +74,8 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        intel: intel::IntelArgs,
     },
     /// Run a target's pass pipeline and print the graph after every pass.
     #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
@@ -232,8 +235,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
-        Command::Compile { model, target, output, tokenizer, overwrite, json } => {
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json })
+        Command::Compile { model, target, output, tokenizer, overwrite, json, intel } => {
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, intel })
         }
         Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => passes_cmd::run(passes_cmd::Options {
             model: &model,

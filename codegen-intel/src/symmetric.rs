@@ -1,0 +1,301 @@
+//! Symmetric weights for the NPU, and the host program that runs the same model.
+//!
+//! The Intel NPU decompresses symmetric int4/int8 weights only (`code · scale`, no zero point),
+//! with f16 scales. [`symmetrize`] rewrites every `WGemm`/`WGemmRowScaled` whose weights have
+//! zero points other than the default 2^(bits−1), or whose scales are not f16 values, into the
+//! same op over new weights: codes stored as MatMulNBits expects them (unsigned, default zero
+//! point, so the host executor runs them unchanged) and f32 scales that are exactly f16 values.
+//! The IR writer reads those very weights (code − 2^(bits−1) is the two's complement `i4`/`i8`
+//! code, a flip of the top bit), so the host program and the OpenVINO IR compute with identical
+//! weight values. Re-quantising an asymmetric weight costs accuracy: the error is measured per
+//! weight and reported, or the model is refused when the options ask for that.
+
+use crate::IntelError;
+use bytes::Bytes;
+use ir::graph::{Graph, Value, ValueDef, ValueId};
+use ir::{DType, Domain, Weight, WeightId, WeightStore};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What to do with weights that have non-default zero points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asymmetric {
+    /// Re-quantise them symmetrically (per group: scale = max|w| / (2^(bits−1) − 1)).
+    Requantize,
+    /// Refuse the model, naming the first such weight.
+    Reject,
+}
+
+/// The cost of making one weight symmetric with f16 scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightError {
+    /// The codes' weight name in the model.
+    pub weight: String,
+    /// Whether the codes changed (asymmetric zero points) or only the scales were rounded to f16.
+    pub requantized: bool,
+    /// max |w' − w| / max |w| over the weight.
+    pub max_rel: f64,
+    /// mean |w' − w| / mean |w| over the weight.
+    pub mean_rel: f64,
+}
+
+struct Decoded {
+    groups: usize,
+    block: usize,
+    bits: usize,
+    bytes_per_group: usize,
+}
+
+impl Decoded {
+    fn code(&self, w: &[u8], n: usize, k: usize) -> i32 {
+        let (g, j) = (k / self.block, k % self.block);
+        let base = (n * self.groups + g) * self.bytes_per_group;
+        match self.bits {
+            8 => w[base + j] as i32,
+            _ => {
+                let b = w[base + j / 2];
+                (if j % 2 == 0 { b & 0x0f } else { b >> 4 }) as i32
+            }
+        }
+    }
+}
+
+fn f16_round(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// The weight behind a value, when the value is one.
+pub(crate) fn weight_of(g: &Graph, v: ValueId) -> Option<WeightId> {
+    match g.value(v).def {
+        ValueDef::Weight(w) => Some(w),
+        _ => None,
+    }
+}
+
+/// The graph with symmetric weights and f16-exact scales in every weight-only GEMM, and the error
+/// that cost per weight. Nodes other than `WGemm`/`WGemmRowScaled` are unchanged, except that a
+/// `GatherBlockQuantized` reading a rescaled scale weight (a tied embedding) reads the rescaled one.
+pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightError>), IntelError> {
+    let mut store = WeightStore::default();
+    for (_, w) in g.weights.iter() {
+        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+    }
+    let mut out = g.clone();
+    let mut reports = Vec::new();
+    // (codes, scales) → (new codes value, new scales value); scales → new scales value.
+    let mut done: HashMap<(WeightId, WeightId, Option<ValueId>), (ValueId, ValueId)> = HashMap::new();
+    let mut rescaled: HashMap<WeightId, ValueId> = HashMap::new();
+    for ni in 0..g.nodes.len() {
+        let node = &g.nodes[ni];
+        if node.domain != Domain::Npuc || !matches!(node.op, "WGemm" | "WGemmRowScaled") {
+            continue;
+        }
+        let attr = |k: &str| node.attrs.int(k).ok().flatten().unwrap_or(0).max(0) as usize;
+        let (k, n, bits, block) = (attr("K"), attr("N"), attr("bits"), attr("block_size"));
+        let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
+        if !(bits == 4 || bits == 8) || block == 0 || k == 0 || n == 0 || (bits == 4 && block % 2 != 0) {
+            return Err(bad(format!("weight-only GEMM with K={k} N={n} bits={bits} block_size={block}")));
+        }
+        let input = |i: usize| node.inputs.get(i).copied().flatten();
+        let (Some(wv), Some(sv)) = (input(1), input(2)) else {
+            return Err(bad("weight-only GEMM without weights or scales".into()));
+        };
+        let (Some(wid), Some(sid)) = (weight_of(g, wv), weight_of(g, sv)) else {
+            return Err(bad("weights and scales must be model weights".into()));
+        };
+        let zp_value = input(3);
+        let key = (wid, sid, zp_value);
+        if let Some(&(nw, ns)) = done.get(&key) {
+            let inputs = &mut out.nodes[ni].inputs;
+            inputs[1] = Some(nw);
+            inputs[2] = Some(ns);
+            if inputs.len() > 3 {
+                inputs[3] = None;
+            }
+            continue;
+        }
+        let groups = k.div_ceil(block);
+        let d = Decoded { groups, block, bits, bytes_per_group: block * bits / 8 };
+        let w = g.weights.get(wid);
+        if w.dtype != DType::U8 || w.bytes.len() != n * groups * d.bytes_per_group {
+            return Err(bad(format!(
+                "weights `{}` are {} {:?}, expected uint8 [{n}, {groups}, {}]",
+                w.name, w.dtype, w.shape, d.bytes_per_group
+            )));
+        }
+        let s = g.weights.get(sid);
+        let scales = s.to_tensor().map_err(|e| bad(format!("scales `{}`: {e}", s.name)))?.to_f32_vec();
+        if scales.len() != n * groups {
+            return Err(bad(format!("scales `{}` hold {} values, expected {n}×{groups}", s.name, scales.len())));
+        }
+        let offset = 1i32 << (bits - 1);
+        let zero_points: Option<Vec<f32>> = match zp_value {
+            None => None,
+            Some(z) => Some(decode_zero_points(g, z, n, groups, bits).map_err(bad)?),
+        };
+        let asymmetric = zero_points.as_ref().is_some_and(|z| z.iter().any(|&v| v != offset as f32));
+        if asymmetric && policy == Asymmetric::Reject {
+            return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
+        }
+        let qmax = (offset - 1) as f32;
+        let mut codes = vec![0u8; w.bytes.len()];
+        let mut new_scales = vec![0f32; n * groups];
+        let (mut max_err, mut max_w, mut sum_err, mut sum_w) = (0f64, 0f64, 0f64, 0f64);
+        let mut row = vec![0f32; block];
+        for ni2 in 0..n {
+            for gi in 0..groups {
+                let len = block.min(k - gi * block);
+                let sc = scales[ni2 * groups + gi];
+                let zp = zero_points.as_ref().map_or(offset as f32, |z| z[ni2 * groups + gi]);
+                for (j, r) in row.iter_mut().enumerate().take(len) {
+                    *r = (d.code(&w.bytes, ni2, gi * block + j) as f32 - zp) * sc;
+                }
+                let scale = if asymmetric {
+                    let absmax = row[..len].iter().fold(0f32, |m, v| m.max(v.abs()));
+                    f16_round(absmax / qmax)
+                } else {
+                    f16_round(sc)
+                };
+                new_scales[ni2 * groups + gi] = scale;
+                let base = (ni2 * groups + gi) * d.bytes_per_group;
+                for j in 0..block {
+                    let q = if j >= len {
+                        0
+                    } else if asymmetric {
+                        if scale > 0.0 {
+                            ((row[j] / scale).round() as i32).clamp(-offset, offset - 1)
+                        } else {
+                            0
+                        }
+                    } else {
+                        d.code(&w.bytes, ni2, gi * block + j) - offset
+                    };
+                    if j < len {
+                        let err = (q as f32 * scale - row[j]).abs() as f64;
+                        max_err = max_err.max(err);
+                        sum_err += err;
+                        max_w = max_w.max(row[j].abs() as f64);
+                        sum_w += row[j].abs() as f64;
+                    }
+                    let u = (q + offset) as u8;
+                    if bits == 8 {
+                        codes[base + j] = u;
+                    } else {
+                        codes[base + j / 2] |= if j % 2 == 0 { u } else { u << 4 };
+                    }
+                }
+            }
+        }
+        let changed_codes = asymmetric;
+        let new_w = if changed_codes {
+            store.add(Weight::new(format!("{}.sym", w.name), DType::U8, w.shape.clone(), Bytes::from(codes)))
+        } else {
+            wid
+        };
+        let scale_bytes: Vec<u8> = new_scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let new_s = store.add(Weight::new(format!("{}.f16", s.name), DType::F32, s.shape.clone(), Bytes::from(scale_bytes)));
+        let push = |out: &mut Graph, like: ValueId, id: WeightId, name: String| -> ValueId {
+            let old = g.value(like);
+            out.values.push(Value { name, dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Weight(id) });
+            ValueId(out.values.len() as u32 - 1)
+        };
+        let nw = if changed_codes { push(&mut out, wv, new_w, format!("{}.sym", w.name)) } else { wv };
+        let ns = push(&mut out, sv, new_s, format!("{}.f16", s.name));
+        if !changed_codes {
+            rescaled.insert(sid, ns);
+        }
+        done.insert(key, (nw, ns));
+        let inputs = &mut out.nodes[ni].inputs;
+        inputs[1] = Some(nw);
+        inputs[2] = Some(ns);
+        if inputs.len() > 3 {
+            inputs[3] = None;
+        }
+        reports.push(WeightError {
+            weight: w.name.clone(),
+            requantized: changed_codes,
+            max_rel: if max_w > 0.0 { max_err / max_w } else { 0.0 },
+            mean_rel: if sum_w > 0.0 { sum_err / sum_w } else { 0.0 },
+        });
+    }
+    // A tied embedding reads the GEMM's scales: it must read the rounded ones too.
+    for node in out.nodes.iter_mut() {
+        if node.op == "GatherBlockQuantized" {
+            if let Some(Some(sv)) = node.inputs.get(2).copied() {
+                if let Some(id) = weight_of(g, sv) {
+                    if let Some(&ns) = rescaled.get(&id) {
+                        node.inputs[2] = Some(ns);
+                    }
+                }
+            }
+            if node.inputs.get(3).copied().flatten().is_some() {
+                return Err(IntelError::Unsupported {
+                    node: node.name.clone(),
+                    msg: "a quantised embedding with zero points is not supported".into(),
+                });
+            }
+        }
+    }
+    // Trailing optional inputs that became absent are dropped, as the importer writes them.
+    for node in out.nodes.iter_mut() {
+        while node.inputs.last().is_some_and(|i| i.is_none()) {
+            node.inputs.pop();
+        }
+    }
+    out.weights = Arc::new(store);
+    Ok((out.pruned(), reports))
+}
+
+fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usize) -> Result<Vec<f32>, String> {
+    let t = match &g.value(z).def {
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string())?,
+        ValueDef::Const(t) => t.clone(),
+        _ => return Err("zero points must be constant".into()),
+    };
+    if t.dtype.is_float() {
+        let v = t.to_f32_vec();
+        if v.len() != n * groups {
+            return Err(format!("float zero points hold {} values, expected {n}×{groups}", v.len()));
+        }
+        return Ok(v);
+    }
+    let bytes: Vec<u8> = t.as_i64().ok_or("zero points are neither float nor uint8")?.iter().map(|&b| b as u8).collect();
+    let row_bytes = (groups * bits).div_ceil(8);
+    if bytes.len() != n * row_bytes {
+        return Err(format!("packed zero points hold {} bytes, expected {n}×{row_bytes}", bytes.len()));
+    }
+    let mut out = Vec::with_capacity(n * groups);
+    for r in 0..n {
+        for gi in 0..groups {
+            let v = if bits == 8 {
+                bytes[r * row_bytes + gi]
+            } else {
+                let b = bytes[r * row_bytes + gi / 2];
+                if gi % 2 == 0 {
+                    b & 0x0f
+                } else {
+                    b >> 4
+                }
+            };
+            out.push(v as f32);
+        }
+    }
+    Ok(out)
+}
+
+/// The host executor's form of an intel-npu program: the row-scaled ops replaced by the plain ones
+/// they equal in f32 (RmsNormRowScaled → RmsNorm, SkipRmsNormRowScaled → SkipRmsNorm,
+/// WGemmRowScaled → WGemm; same inputs and attributes). The rescalings matter on an fp16 device,
+/// where the IR keeps them.
+pub fn host_forms(g: &Graph) -> Graph {
+    let mut out = g.clone();
+    for node in out.nodes.iter_mut().filter(|n| n.domain == Domain::Npuc) {
+        node.op = match node.op {
+            "RmsNormRowScaled" => "RmsNorm",
+            "SkipRmsNormRowScaled" => "SkipRmsNorm",
+            "WGemmRowScaled" => "WGemm",
+            other => other,
+        };
+    }
+    out
+}

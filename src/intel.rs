@@ -1,0 +1,85 @@
+//! `npuc compile --target intel-npu`: the OpenVINO IR segments and their shared weights file in
+//! the bundle (`intel/*.xml`, `intel/weights.bin`, `intel/plan.json`), and the host program they
+//! agree with (see the `codegen-intel` crate doc).
+
+use anyhow::{bail, Context, Result};
+use codegen_intel::symmetric::Asymmetric;
+use runtime::bundle::BundleWriter;
+use serde_json::{json, Value};
+
+/// The intel-npu options of `npuc compile`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct IntelArgs {
+    /// intel-npu: token block sizes, one static-shape network per segment each.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub blocks: Vec<usize>,
+    /// intel-npu: what to do with asymmetric (zero-point) weights: `requantize` them symmetrically
+    /// (the error is reported per weight) or `reject` the model.
+    #[arg(long, default_value = "requantize", value_parser = ["requantize", "reject"])]
+    pub asymmetric: String,
+    /// intel-npu: positions the RoPE tables cover (the longest context on this target).
+    #[arg(long, default_value_t = 4096)]
+    pub rope_positions: usize,
+}
+
+/// The bundle folder of the IR.
+pub const DIR: &str = "intel";
+
+pub fn compile(program: &ir::Graph, a: &IntelArgs) -> Result<codegen_intel::IntelIr> {
+    if a.blocks.is_empty() || a.blocks.contains(&0) {
+        bail!("--blocks needs positive token block sizes, got {:?}", a.blocks);
+    }
+    let options = codegen_intel::Options {
+        blocks: a.blocks.clone(),
+        asymmetric: if a.asymmetric == "reject" { Asymmetric::Reject } else { Asymmetric::Requantize },
+        rope_positions: a.rope_positions,
+    };
+    codegen_intel::compile(program, &options).context("writing the OpenVINO IR")
+}
+
+/// Adds the IR files to the bundle.
+pub fn write(w: &mut BundleWriter, ir: &codegen_intel::IntelIr) -> Result<()> {
+    for (name, text) in &ir.xml {
+        w.add_file(&format!("{DIR}/{name}"), text.as_bytes()).with_context(|| format!("storing {DIR}/{name}"))?;
+    }
+    w.add_file(&format!("{DIR}/{}", codegen_intel::WEIGHTS_FILE), &ir.weights)?;
+    w.add_file(&format!("{DIR}/{}", codegen_intel::PLAN_FILE), serde_json::to_string_pretty(&ir.plan)?.as_bytes())?;
+    Ok(())
+}
+
+/// The summary: segments, IR and weights bytes, and the re-quantisation error.
+pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
+    let xml_bytes: usize = ir.xml.iter().map(|(_, t)| t.len()).sum();
+    let requantized: Vec<&codegen_intel::symmetric::WeightError> = ir.requantized.iter().filter(|e| e.requantized).collect();
+    let worst = requantized.iter().map(|e| e.max_rel).fold(0.0f64, f64::max);
+    let mean = if requantized.is_empty() { 0.0 } else { requantized.iter().map(|e| e.mean_rel).sum::<f64>() / requantized.len() as f64 };
+    json!({
+        "segments": ir.plan["segments"].as_array().map_or(0, |s| s.len()),
+        "xml_files": ir.xml.len(),
+        "xml_bytes": xml_bytes,
+        "weights_bin_bytes": ir.weights.len(),
+        "blocks": ir.plan["blocks"],
+        "requantized_weights": requantized.len(),
+        "requantized_max_rel_error": worst,
+        "requantized_mean_rel_error": mean,
+        "weights": ir.requantized.iter().map(|e| json!({
+            "weight": e.weight, "requantized": e.requantized, "max_rel": e.max_rel, "mean_rel": e.mean_rel,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// One line for the text summary.
+pub fn summary_line(ir: &codegen_intel::IntelIr) -> String {
+    let s = summary(ir);
+    format!(
+        "intel-npu: {} segments, {} IR files ({} bytes of XML), {} bytes in {DIR}/weights.bin; {} weights re-quantised symmetrically (relative error max {:.3e}, mean {:.3e}); scales of {} weights rounded to f16",
+        s["segments"],
+        s["xml_files"],
+        s["xml_bytes"],
+        s["weights_bin_bytes"],
+        s["requantized_weights"],
+        s["requantized_max_rel_error"].as_f64().unwrap_or(0.0),
+        s["requantized_mean_rel_error"].as_f64().unwrap_or(0.0),
+        ir.requantized.len() - s["requantized_weights"].as_u64().unwrap_or(0) as usize,
+    )
+}
