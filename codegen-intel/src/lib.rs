@@ -93,7 +93,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     let (device, requantized) = symmetric::symmetrize(program, o.asymmetric)?;
     let parts = partition(&device)?;
     let mut bin = Bin::default();
-    let (cos, sin, width) = rope_tables(&device, &parts, o.rope_positions)?;
+    let (cos, sin, width, rope_positions) = rope_tables(&device, &parts, o.rope_positions)?;
     let cos_at = bin.keyed("rope_cos", || cos.iter().flat_map(|v| v.to_le_bytes()).collect());
     let sin_at = bin.keyed("rope_sin", || sin.iter().flat_map(|v| v.to_le_bytes()).collect());
     let mut xml = Vec::new();
@@ -161,7 +161,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         "weights_bytes": bin.bytes.len(),
         "blocks": blocks,
         "logits": device.value(device.outputs[0]).name,
-        "rope": {"positions": o.rope_positions, "width": width,
+        "rope": {"positions": rope_positions, "width": width,
                  "cos": {"offset": cos_at.0, "size": cos_at.1}, "sin": {"offset": sin_at.0, "size": sin_at.1}},
         "segments": segments,
         "attention": attention,
@@ -236,13 +236,9 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
         let node = g.node(p);
         needed[p.0 as usize] = true;
         if is_op(node, "Attention") {
+            // A mask input is the model's attention mask over the sequence: the host runs one
+            // unpadded sequence, where it is all ones and attention is causal only.
             stack.extend(node.inputs.iter().take(3).flatten().copied());
-            if node.inputs.get(5).copied().flatten().is_some() {
-                return Err(IntelError::Unsupported {
-                    node: node.name.clone(),
-                    msg: "attention with an explicit mask (the host computes causal attention only)".into(),
-                });
-            }
         } else {
             if table[p.0 as usize] {
                 return Err(IntelError::Unsupported {
@@ -303,9 +299,14 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
             outputs: vec![],
         });
     }
+    // Nodes computed from weights and constants only are lowered where they are read.
+    let compile_time = g.compile_time_nodes();
     let mut seg_of_node: HashMap<NodeId, usize> = HashMap::new();
     for (ni, n) in g.nodes.iter().enumerate() {
         let id = NodeId(ni as u32);
+        if compile_time[ni] {
+            continue;
+        }
         if !needed[ni] || is_op(n, "Attention") || Some(id) == head {
             if Some(id) == head {
                 seg_of_node.insert(id, segments.len() - 1);
@@ -338,7 +339,7 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
             for &v in n.inputs.iter().flatten() {
                 let external = match g.value(v).def {
                     ValueDef::Input => true,
-                    ValueDef::Node { node, .. } => !mine.contains(&node),
+                    ValueDef::Node { node, .. } => !mine.contains(&node) && !compile_time[node.0 as usize],
                     _ => false,
                 };
                 if external && !ins.contains(&v) {
@@ -361,12 +362,48 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
 }
 
 /// Evaluates the program's cos/sin computation for positions `0..positions` (batch 1, no past)
-/// with the reference evaluator; every Rope must read the same tables. Returns (cos, sin, width),
+/// with the reference evaluator; every Rope must read the same tables. Returns (cos, sin, width,
+/// positions covered),
 /// each `[positions, width]` row-major.
-fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, Vec<f32>, usize), IntelError> {
+fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, Vec<f32>, usize, usize), IntelError> {
     if parts.cos.is_empty() {
-        return Ok((vec![], vec![], 0));
+        return Ok((vec![], vec![], 0, 0));
     }
+    // A table gathered from a cache covers at most the cache's rows: a first evaluation for one
+    // position finds them.
+    let (_, rows) = eval_tables(g, parts, 1)?;
+    let positions = positions.min(rows);
+    let (vals, _) = eval_tables(g, parts, positions)?;
+    let table = |set: &HashSet<ValueId>, what: &str| -> Result<(Vec<f32>, usize), IntelError> {
+        let mut first: Option<(Vec<f32>, usize)> = None;
+        for v in set {
+            let t = vals.get(v).ok_or_else(|| IntelError::Structure(format!("a RoPE {what} table that is not computed")))?;
+            let width = *t.shape.last().unwrap_or(&0);
+            let data = t.to_f32_vec();
+            if width == 0 || data.len() != positions * width {
+                return Err(IntelError::Shape { value: g.value(*v).name.clone(), msg: format!("RoPE {what} of shape {:?}", t.shape) });
+            }
+            match &first {
+                None => first = Some((data, width)),
+                Some((f, _)) if *f != data => {
+                    return Err(IntelError::Unsupported {
+                        node: g.value(*v).name.clone(),
+                        msg: format!("Rope ops read different {what} tables"),
+                    })
+                }
+                _ => {}
+            }
+        }
+        Ok(first.unwrap_or_default())
+    };
+    let (c, w) = table(&parts.cos, "cos")?;
+    let (s, _) = table(&parts.sin, "sin")?;
+    Ok((c, s, w, positions))
+}
+
+/// The table computation's values for `positions` positions, and the fewest rows a Gather in it
+/// reads from.
+fn eval_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(HashMap<ValueId, Tensor>, usize), IntelError> {
     let dims = |name: &str| match name {
         "batch_size" | "batch" => Some(1),
         "past_sequence_length" => Some(0),
@@ -381,6 +418,7 @@ fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, 
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| IntelError::Shape { value: g.value(v).name.clone(), msg: "has a size the RoPE tables cannot bind".into() })
     };
+    let mut rows = usize::MAX;
     let mut vals: HashMap<ValueId, Tensor> = HashMap::new();
     for &ni in &parts.table_nodes {
         let n = g.node(ni);
@@ -415,37 +453,18 @@ fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, 
             });
         }
         let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
+        if n.op == "Gather" {
+            if let Some(Some(d)) = refs.first() {
+                rows = rows.min(d.shape.first().copied().unwrap_or(usize::MAX));
+            }
+        }
         let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
         let out = ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| fail(e.to_string()))?;
         for (o, t) in n.outputs.iter().zip(out) {
             vals.insert(*o, t);
         }
     }
-    let table = |set: &HashSet<ValueId>, what: &str| -> Result<(Vec<f32>, usize), IntelError> {
-        let mut first: Option<(Vec<f32>, usize)> = None;
-        for v in set {
-            let t = vals.get(v).ok_or_else(|| IntelError::Structure(format!("a RoPE {what} table that is not computed")))?;
-            let width = *t.shape.last().unwrap_or(&0);
-            let data = t.to_f32_vec();
-            if width == 0 || data.len() != positions * width {
-                return Err(IntelError::Shape { value: g.value(*v).name.clone(), msg: format!("RoPE {what} of shape {:?}", t.shape) });
-            }
-            match &first {
-                None => first = Some((data, width)),
-                Some((f, _)) if *f != data => {
-                    return Err(IntelError::Unsupported {
-                        node: g.value(*v).name.clone(),
-                        msg: format!("Rope ops read different {what} tables"),
-                    })
-                }
-                _ => {}
-            }
-        }
-        Ok(first.unwrap_or_default())
-    };
-    let (c, w) = table(&parts.cos, "cos")?;
-    let (s, _) = table(&parts.sin, "sin")?;
-    Ok((c, s, w))
+    Ok((vals, rows))
 }
 
 struct Lower<'a> {
@@ -574,6 +593,10 @@ impl Lower<'_> {
                 DType::I64 | DType::I32 => self.net.const_i64(self.bin, t.as_i64().unwrap_or(&[]), &t.shape),
                 other => return Err(IntelError::Shape { value: val.name.clone(), msg: format!("constant of type {other}") }),
             },
+            ValueDef::Node { node, .. } if self.g.compile_time_nodes()[node.0 as usize] => {
+                self.node(self.g.node(*node))?;
+                return Ok(self.vals[&v].clone());
+            }
             _ => return Err(IntelError::Shape { value: val.name.clone(), msg: "is read before it is computed in its segment".into() }),
         };
         self.vals.insert(v, p.clone());

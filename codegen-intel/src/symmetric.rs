@@ -76,6 +76,8 @@ pub(crate) fn weight_of(g: &Graph, v: ValueId) -> Option<WeightId> {
 /// that cost per weight. Nodes other than `WGemm`/`WGemmRowScaled` are unchanged, except that a
 /// `GatherBlockQuantized` reading a rescaled scale weight (a tied embedding) reads the rescaled one.
 pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightError>), IntelError> {
+    let promoted = promote_constants(g)?;
+    let g = &promoted;
     let mut store = WeightStore::default();
     for (_, w) in g.weights.iter() {
         store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
@@ -101,7 +103,11 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
             return Err(bad("weight-only GEMM without weights or scales".into()));
         };
         let (Some(wid), Some(sid)) = (weight_of(g, wv), weight_of(g, sv)) else {
-            return Err(bad("weights and scales must be model weights".into()));
+            let kind = |v: ValueId| match g.value(v).def {
+                ValueDef::Node { node, .. } => format!("`{}` computed by {}", g.value(v).name, g.node(node).op),
+                _ => format!("`{}`", g.value(v).name),
+            };
+            return Err(bad(format!("weights {} and scales {} must be model weights", kind(wv), kind(sv))));
         };
         let zp_value = input(3);
         let key = (wid, sid, zp_value);
@@ -244,6 +250,79 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
     }
     out.weights = Arc::new(store);
     Ok((out.pruned(), reports))
+}
+
+/// The graph with the constants that hold quantised weights (small models keep them by value)
+/// turned into weights, so that every weight-only GEMM and quantised gather reads model weights.
+fn promote_constants(g: &Graph) -> Result<Graph, IntelError> {
+    let mut store = WeightStore::default();
+    for (_, w) in g.weights.iter() {
+        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+    }
+    let mut out = g.clone();
+    let mut compile_time = vec![false; g.values.len()];
+    for (n, ct) in g.nodes.iter().zip(g.compile_time_nodes()) {
+        for &o in &n.outputs {
+            compile_time[o.0 as usize] = ct;
+        }
+    }
+    for n in &g.nodes {
+        let slots: &[usize] = match (n.domain, n.op) {
+            (Domain::Npuc, "WGemm" | "WGemmRowScaled") => &[1, 2, 3],
+            (Domain::Microsoft, "GatherBlockQuantized") => &[0, 2],
+            _ => continue,
+        };
+        for &i in slots {
+            let Some(mut v) = n.inputs.get(i).copied().flatten() else { continue };
+            // A Reshape of the codes (a tied embedding) is looked through.
+            if let ValueDef::Node { node, .. } = g.value(v).def {
+                let p = g.node(node);
+                if p.op == "Reshape" {
+                    if let Some(src) = p.inputs[0] {
+                        v = src;
+                    }
+                }
+            }
+            let computed = match &g.value(v).def {
+                ValueDef::Const(t) => Some(t.clone()),
+                ValueDef::Node { .. } if compile_time[v.0 as usize] => Some(
+                    evaluate_constant(g, v).map_err(|msg| IntelError::Unsupported { node: n.name.clone(), msg })?,
+                ),
+                _ => None,
+            };
+            if let Some(t) = &computed {
+                let bytes = t.to_le_bytes().map_err(|e| IntelError::Unsupported { node: n.name.clone(), msg: e.to_string() })?;
+                let val = g.value(v);
+                let id = store.add(Weight::new(val.name.clone(), t.dtype, t.shape.clone(), Bytes::from(bytes)));
+                out.values[v.0 as usize].def = ValueDef::Weight(id);
+            }
+        }
+    }
+    out.weights = Arc::new(store);
+    Ok(out)
+}
+
+/// The value of `v`, computed from weights and constants only (a slice of a fused weight).
+pub(crate) fn evaluate_constant(g: &Graph, v: ValueId) -> Result<ir::Tensor, String> {
+    match &g.value(v).def {
+        ValueDef::Const(t) => Ok(t.clone()),
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string()),
+        ValueDef::Input => Err(format!("`{}` is not a constant", g.value(v).name)),
+        ValueDef::Node { node, output } => {
+            let n = g.node(*node);
+            let mut inputs = Vec::new();
+            for i in &n.inputs {
+                inputs.push(match i {
+                    Some(i) => Some(evaluate_constant(g, *i)?),
+                    None => None,
+                });
+            }
+            let refs: Vec<Option<&ir::Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
+            let op = ir::OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
+            let mut out = ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| e.to_string())?;
+            Ok(out.swap_remove(*output))
+        }
+    }
 }
 
 fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usize) -> Result<Vec<f32>, String> {
