@@ -453,9 +453,10 @@ fn eval_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(HashMap<Va
             });
         }
         let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
-        if n.op == "Gather" {
-            if let Some(Some(d)) = refs.first() {
-                rows = rows.min(d.shape.first().copied().unwrap_or(usize::MAX));
+        // A cache is a table of rows (a Gather of a shape vector is not).
+        if n.op == "Gather" && n.inputs[0].is_some_and(|v| !matches!(g.value(v).def, ValueDef::Node { .. })) {
+            if let Some(Some(d)) = refs.first().filter(|d| d.is_some_and(|d| d.rank() >= 2)) {
+                rows = rows.min(d.shape[0]);
             }
         }
         let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
@@ -519,7 +520,7 @@ impl Lower<'_> {
                 other => return Err(IntelError::Shape { value: val.name.clone(), msg: format!("segment input of type {other}") }),
             };
             let port = if role.starts_with("rope") {
-                let canonical = [self.t, self.width];
+                let canonical = [1, 1, self.t, self.width];
                 let p = match rope.get(name.as_str()) {
                     Some(p) => p.clone(),
                     None => {

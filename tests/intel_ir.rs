@@ -1,0 +1,248 @@
+//! The intel-npu IR against the real OpenVINO (its Python API, `tools/ov_check.py`): every segment
+//! loads with `read_model`, and each one run on CPU (f32) matches the reference evaluator on the
+//! same inputs; the IR is weightless and every block size views the same weight bytes.
+
+mod common;
+
+use codegen_intel::symmetric::Asymmetric;
+use ir::{DType, Tensor};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> PathBuf {
+    std::env::var_os("NPUC_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"))
+}
+
+fn program(fixture: &str) -> ir::Graph {
+    let model = common::fixture(fixture).join("model.onnx");
+    let imported = frontend::import_file(&model).unwrap();
+    let target = passes::targets::target("intel-npu").unwrap();
+    passes::driver::run(&target.pipeline(), imported.graph, None, |_, _| {}).unwrap().graph
+}
+
+fn write_ir(dir: &Path, ir: &codegen_intel::IntelIr) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, text) in &ir.xml {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    std::fs::write(dir.join(codegen_intel::WEIGHTS_FILE), &ir.weights).unwrap();
+    std::fs::write(dir.join(codegen_intel::PLAN_FILE), serde_json::to_vec(&ir.plan).unwrap()).unwrap();
+}
+
+fn ov_check(dir: &Path, extra: &[&str]) -> Value {
+    let out = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/ov_check.py"))
+        .arg(dir)
+        .args(extra)
+        .output()
+        .expect("running tools/ov_check.py (set NPUC_PYTHON to a Python with openvino)");
+    assert!(out.status.success(), "ov_check.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Rows `0..t` of a RoPE table stored in the weights file.
+fn rope_rows(ir: &codegen_intel::IntelIr, which: &str, t: usize) -> Vec<f32> {
+    let at = &ir.plan["rope"][which];
+    let width = ir.plan["rope"]["width"].as_u64().unwrap() as usize;
+    assert!(t <= ir.plan["rope"]["positions"].as_u64().unwrap() as usize, "{}", ir.plan["rope"]);
+    let offset = at["offset"].as_u64().unwrap() as usize;
+    ir.weights[offset..offset + t * width * 4].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// The reference evaluator on the IR's own program for `t` tokens at positions 0..t, every value
+/// any segment reads or writes kept.
+fn reference(ir: &codegen_intel::IntelIr, t: usize) -> HashMap<String, Tensor> {
+    let mut g = ir.device_program.clone();
+    let names: BTreeSet<String> = ir.plan["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["inputs"].as_array().unwrap().iter().chain(s["outputs"].as_array().unwrap()))
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    let by_name = g.value_by_name().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<HashMap<_, _>>();
+    for n in &names {
+        if let Some(&v) = by_name.get(n) {
+            if matches!(g.value(v).def, ir::ValueDef::Node { .. }) {
+                g.outputs.push(v);
+            }
+        }
+    }
+    let mut inputs = HashMap::new();
+    for &i in &g.inputs {
+        let v = g.value(i);
+        let dims = |name: &str| match name {
+            "batch_size" | "batch" => Some(1),
+            "past_sequence_length" => Some(0),
+            _ => Some(t as i64),
+        };
+        let shape: Vec<usize> = v.shape.iter().map(|d| d.eval(&dims).unwrap() as usize).collect();
+        let count: usize = shape.iter().product();
+        let tensor = if v.name.contains("input_ids") {
+            Tensor::from_i64(v.dtype, shape, (0..count as i64).map(|k| (k * 7 + 3) % 200).collect())
+        } else if v.name.contains("position") {
+            Tensor::from_i64(v.dtype, shape, (0..count as i64).collect())
+        } else if v.dtype.is_float() {
+            Tensor::from_f32(v.dtype, shape, vec![0.0; count])
+        } else {
+            Tensor::from_i64(v.dtype, shape, vec![1; count])
+        };
+        inputs.insert(v.name.clone(), tensor);
+    }
+    ir::run::run_graph(&g, &inputs).unwrap()
+}
+
+fn raw(t: &Tensor) -> (Vec<u8>, &'static str) {
+    match t.dtype {
+        DType::I64 => (t.as_i64().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(), "int64"),
+        _ => (t.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect(), "float32"),
+    }
+}
+
+#[test]
+fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
+    let g = program("llama_f2");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g, &options).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("intel");
+    write_ir(&dir, &ir);
+    let cases_dir = tmp.path().join("cases");
+    std::fs::create_dir_all(&cases_dir).unwrap();
+    let mut cases = Vec::new();
+    let mut file_id = 0;
+    for t in [1usize, 4] {
+        let reference = reference(&ir, t);
+        let ids = Tensor::from_i64(DType::I64, vec![1, t], (0..t as i64).map(|k| (k * 7 + 3) % 200).collect());
+        for seg in ir.plan["segments"].as_array().unwrap() {
+            let Some(file) = seg["files"][t.to_string()].as_str() else { continue };
+            let last_row = seg["last_row_only"].as_bool().unwrap();
+            let mut put = |name: &str, tensor: &Tensor, shape: &Value| -> Value {
+                let (bytes, dtype) = raw(tensor);
+                let mut bytes = bytes;
+                let want: usize = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).product();
+                let elem = if dtype == "int64" { 8 } else { 4 };
+                if last_row {
+                    bytes = bytes[bytes.len() - want * elem..].to_vec();
+                }
+                assert_eq!(bytes.len(), want * elem, "{name} in {file}");
+                file_id += 1;
+                let path = format!("{file_id}.raw");
+                std::fs::write(cases_dir.join(&path), bytes).unwrap();
+                json!({"path": path, "shape": shape, "dtype": dtype})
+            };
+            let mut inputs = serde_json::Map::new();
+            for i in seg["inputs"].as_array().unwrap() {
+                let name = i["name"].as_str().unwrap();
+                let shape = &i["shape"][t.to_string()];
+                let tensor = match i["role"].as_str().unwrap() {
+                    "rope_cos" | "rope_sin" => {
+                        let which = if name == "rope_cos" { "cos" } else { "sin" };
+                        let rows = rope_rows(&ir, which, t);
+                        Tensor::from_f32(DType::F32, vec![rows.len()], rows)
+                    }
+                    "input" => ids.clone(),
+                    _ => reference[name].clone(),
+                };
+                inputs.insert(name.to_string(), put(name, &tensor, shape));
+            }
+            let mut outputs = serde_json::Map::new();
+            for o in seg["outputs"].as_array().unwrap() {
+                let name = o["name"].as_str().unwrap();
+                outputs.insert(name.to_string(), put(name, &reference[name], &o["shape"][t.to_string()]));
+            }
+            cases.push(json!({"file": file, "inputs": inputs, "outputs": outputs}));
+        }
+    }
+    let segments = ir.plan["segments"].as_array().unwrap().len();
+    assert!(segments >= 3, "a two-layer model cuts into at least 3 segments, got {segments}");
+    std::fs::write(cases_dir.join("cases.json"), serde_json::to_vec(&cases).unwrap()).unwrap();
+    let report = ov_check(&dir, &["--cases", cases_dir.to_str().unwrap()]);
+    assert_eq!(report["loaded"].as_array().unwrap().len(), ir.xml.len(), "every .xml loads with read_model");
+    let results = report["cases"].as_array().unwrap();
+    assert!(results.len() >= 2 * segments, "{report}");
+    for r in results {
+        let (d, m) = (r["max_abs_diff"].as_f64().unwrap(), r["max_abs_ref"].as_f64().unwrap());
+        // f32 on CPU against the f64-accumulating evaluator; the weights are the same values (the
+        // f16 scales are exact), so what differs is f32 rounding and summation order.
+        assert!(r["finite"].as_bool().unwrap() && d <= 1e-4 * m.max(1.0), "{r}");
+    }
+}
+
+fn const_views(xml: &str) -> Vec<(String, usize, usize, usize)> {
+    // (element type, offset, size, bytes) of every Const layer.
+    let mut out = Vec::new();
+    for layer in xml.split("<layer ").skip(1) {
+        if !layer.contains("type=\"Const\"") {
+            continue;
+        }
+        let attr = |k: &str| {
+            let key = format!(" {k}=\"");
+            let s = layer.find(&key).map(|i| &layer[i + key.len()..]).unwrap_or_else(|| panic!("Const without {k}: {layer}"));
+            s[..s.find('"').unwrap()].to_string()
+        };
+        let (offset, size) = (attr("offset").parse().unwrap(), attr("size").parse().unwrap());
+        out.push((attr("element_type"), offset, size, size));
+    }
+    out
+}
+
+#[test]
+fn intel_ir_is_weightless_and_every_block_size_views_the_same_weights() {
+    let g = program("smollm2_f2");
+    let ir = codegen_intel::compile(&g, &codegen_intel::Options::default()).unwrap();
+    let bin = ir.weights.len();
+    let xml_bytes: usize = ir.xml.iter().map(|(_, t)| t.len()).sum();
+    // 30 layers × 2 block sizes + lm_head; the XML is a few percent of the weights.
+    assert_eq!(ir.xml.len(), 31 * 2 + 1);
+    assert!(xml_bytes * 10 < bin, "{xml_bytes} bytes of XML against {bin} of weights");
+    let mut weights_by_block: HashMap<String, BTreeSet<(usize, usize)>> = HashMap::new();
+    for (name, text) in &ir.xml {
+        assert!(!text.contains("<blob") && !text.contains("value=\""), "{name} carries data inline");
+        for (et, offset, size, _) in const_views(text) {
+            assert!(offset + size <= bin, "{name}: Const {et} at {offset}+{size} beyond the {bin}-byte weights file");
+            if size >= 4096 {
+                let segment = name.rsplit_once("_t").unwrap().0.to_string();
+                weights_by_block.entry(format!("{segment}/{name}")).or_default().insert((offset, size));
+            }
+        }
+    }
+    // Every segment's t1 and t64 networks view the same weight ranges.
+    let mut per_segment: HashMap<String, Vec<BTreeSet<(usize, usize)>>> = HashMap::new();
+    for (k, v) in weights_by_block {
+        per_segment.entry(k.split('/').next().unwrap().to_string()).or_default().push(v);
+    }
+    for (segment, sets) in &per_segment {
+        assert!(sets.iter().all(|s| s == &sets[0] && !s.is_empty()), "{segment}: block sizes view different weights");
+    }
+    // The tied embedding and lm_head share one int8 copy: the weights file holds about the
+    // model's 4-bit layers plus one int8 embedding, not two.
+    let big: usize = per_segment.values().flat_map(|s| s[0].iter()).collect::<BTreeSet<_>>().iter().map(|r| r.1).sum();
+    assert!(big <= bin, "{big} > {bin}");
+}
+
+#[test]
+fn intel_asymmetric_weights_are_requantised_with_the_error_reported_or_rejected() {
+    let g = program("smollm2_f2");
+    let err = codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
+        .err()
+        .expect("SmolLM2 form 2 has asymmetric 4-bit weights");
+    assert!(err.to_string().contains("asymmetric zero points") && err.to_string().contains("weight_Q4G32"), "{err}");
+    let (sym, report) = codegen_intel::symmetric::symmetrize(&g, Asymmetric::Requantize).unwrap();
+    let requantized: Vec<_> = report.iter().filter(|r| r.requantized).collect();
+    assert_eq!(requantized.len(), 30 * 5, "q/k/v, o, gate, up, down of 30 layers");
+    for r in &requantized {
+        // Symmetric 4-bit rounding moves a weight by at most half a step, max|w| / 14, plus the
+        // clipping of the group maximum to 7 steps.
+        assert!(r.max_rel > 0.0 && r.max_rel <= 1.0 / 14.0 + 1e-3, "{r:?}");
+        assert!(r.mean_rel > 0.0 && r.mean_rel < 0.2, "{r:?}");
+    }
+    // No zero points remain, and the host forms run with the evaluator.
+    for n in sym.nodes.iter().filter(|n| n.op.starts_with("WGemm")) {
+        assert!(n.inputs.get(3).copied().flatten().is_none(), "{} keeps zero points", n.name);
+    }
+}
