@@ -8,6 +8,7 @@ mod inspect;
 mod intel;
 mod passes_cmd;
 mod run_cmd;
+mod run_openvino;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -228,6 +229,8 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// ({"sequences": [...]} for several prompts).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        backend: run_openvino::BackendArgs,
     },
 }
 
@@ -284,6 +287,7 @@ fn main() -> ExitCode {
             seed,
             kv_dtype,
             json,
+            backend,
         } => run_cmd::run(run_cmd::Options {
             bundle,
             prompts: prompt,
@@ -295,6 +299,7 @@ fn main() -> ExitCode {
             sampling: runtime::sample::SamplingParams { temperature, top_k, top_p, seed },
             kv_storage: kv_dtype,
             json,
+            backend,
         }),
     };
     match result {

@@ -23,6 +23,7 @@ pub struct Options {
     pub sampling: SamplingParams,
     pub kv_storage: KvStorage,
     pub json: bool,
+    pub backend: crate::run_openvino::BackendArgs,
 }
 
 /// `--kv-dtype`: f32, f16 or int8.
@@ -83,6 +84,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let mut stop: Vec<u32> = model.stop_token_ids.clone();
     stop.extend(model.eos_token_id);
 
+    if o.backend.backend == "openvino" {
+        anyhow::ensure!(prompt_ids.len() == 1, "--backend openvino runs one prompt at a time");
+        anyhow::ensure!(o.sampling.temperature == 0.0, "--backend openvino decodes greedily (--temperature 0)");
+        let request = crate::run_openvino::Request {
+            bundle: &bundle,
+            tokenizer: &tokenizer,
+            prompt_ids: &prompt_ids[0],
+            stop: &stop,
+            max_tokens: o.max_tokens,
+            threads: o.threads,
+            json: o.json,
+        };
+        return crate::run_openvino::run(&o.backend, request);
+    }
     let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
     let options = ExecOptions {
         threads: o.threads,

@@ -16,3 +16,5 @@ pub mod exec;
 pub mod kernels;
 pub mod kvcache;
 pub mod sample;
+#[cfg(feature = "openvino")]
+pub mod openvino;
