@@ -306,6 +306,15 @@ impl OvSession {
         })
     }
 
+    /// Forgets the sequence: the cache is emptied and the next step is at position 0 (the compiled
+    /// segments stay).
+    pub fn reset(&mut self) -> Result<(), OvError> {
+        self.cache.drop_sequence(self.seq).map_err(|e| OvError::Run(e.to_string()))?;
+        self.seq = self.cache.create_sequence();
+        self.position = 0;
+        Ok(())
+    }
+
     /// Tokens the sequence holds.
     pub fn position(&self) -> usize {
         self.position

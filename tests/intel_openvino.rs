@@ -1,0 +1,96 @@
+//! The `openvino` backend against the host executor on the same intel-npu bundle (SmolLM2-135M,
+//! 4-bit, re-quantised symmetrically): the very same weights, so the same greedy tokens; first-step
+//! logits within a stated tolerance. Also: the CLI path, and a clear error for a missing device.
+
+mod common;
+
+use runtime::bundle::Bundle;
+use runtime::exec::{ExecOptions, Executor};
+use runtime::openvino::{OvError, OvOptions, OvSession};
+use std::path::Path;
+use std::process::Command;
+
+fn compile_smollm2(out: &Path) {
+    let model = common::fixture("smollm2_f2").join("model.onnx");
+    let status = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--blocks", "1,16", "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let summary = String::from_utf8_lossy(&status.stdout);
+    assert!(summary.contains("150 weights re-quantised symmetrically"), "{summary}");
+}
+
+fn tokenize(bundle: &Bundle, text: &str) -> Vec<u32> {
+    let t = tokenizers::Tokenizer::from_bytes(bundle.read_file(runtime::bundle::TOKENIZER_FILE).unwrap()).unwrap();
+    t.encode(text, true).unwrap().get_ids().to_vec()
+}
+
+#[test]
+fn intel_openvino_cpu_generates_the_host_tokens_for_smollm2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("smollm2.npub");
+    compile_smollm2(&path);
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let prompts = [
+        "The capital of France is",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "Once upon a time, in a small village by the sea, there lived a fisherman who",
+    ];
+    let options = OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host = Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, isa: None }).unwrap();
+    for prompt in prompts {
+        let ids = tokenize(&bundle, prompt);
+        assert!(ids.len() > 3, "{prompt}");
+        // First-step logits: the same weights in f32 on both sides, so the difference is f32
+        // summation order: within 1e-3 of the largest logit.
+        let want = host.step(&ids).unwrap().to_vec();
+        let got = ov.step(&ids).unwrap();
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 1e-3 * scale, "{prompt:?}: first-step logits differ by {worst} (largest {scale})");
+        host.reset().unwrap();
+        ov.reset().unwrap();
+        let (want_tokens, _) = host.generate_greedy(&ids, 32, &[], |_| {}).unwrap();
+        let got_tokens = ov.generate_greedy(&ids, 32, &[], |_| {}).unwrap();
+        assert_eq!(got_tokens.len(), 32);
+        assert_eq!(got_tokens, want_tokens, "{prompt:?}");
+        host.reset().unwrap();
+        ov.reset().unwrap();
+    }
+}
+
+#[test]
+fn intel_openvino_without_the_device_says_which_devices_exist() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny.npub");
+    let model = common::fixture("llama_f2").join("model.onnx");
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "-o", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bundle = Bundle::open(&path, None).unwrap();
+    let options = OvOptions { device: "NO_SUCH_DEVICE".into(), cache_dir: None, max_context: 16, threads: 1 };
+    match OvSession::open(&bundle, &options) {
+        Err(OvError::NoDevice { device, available }) => {
+            assert_eq!(device, "NO_SUCH_DEVICE");
+            assert!(available.iter().any(|d| d == "CPU"), "{available:?}");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a device that does not exist was accepted"),
+    }
+    // The CLI: a bundle without IR refuses --backend openvino with a reason.
+    let cpu = tmp.path().join("cpu.npub");
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "cpu", "-o", cpu.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let bundle = Bundle::open(&cpu, None).unwrap();
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 16, threads: 1 };
+    let err = OvSession::open(&bundle, &options).err().expect("a cpu bundle has no IR");
+    assert!(err.to_string().contains("--target intel-npu"), "{err}");
+}
