@@ -306,6 +306,20 @@ impl OvSession {
         })
     }
 
+    /// Compiles every segment for every block size now (they otherwise compile on first use), and
+    /// returns how many networks that is.
+    pub fn compile_all(&mut self) -> Result<usize, OvError> {
+        let mut n = 0;
+        for i in 0..self.segments.len() {
+            let blocks: Vec<usize> = self.segments[i].files.keys().copied().collect();
+            for b in blocks {
+                self.request(i, b)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Forgets the sequence: the cache is emptied and the next step is at position 0 (the compiled
     /// segments stay).
     pub fn reset(&mut self) -> Result<(), OvError> {
