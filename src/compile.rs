@@ -106,7 +106,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
         p.finish_and_clear();
     }
     if o.json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel.as_ref().map(crate::intel::summary) }))?);
+        let intel = intel.as_ref().map(crate::intel::summary);
+        let out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel });
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
             "wrote {} ({} target): {} program nodes, {} weights, {} files, {} bytes",

@@ -50,9 +50,14 @@ pub fn write(w: &mut BundleWriter, ir: &codegen_intel::IntelIr) -> Result<()> {
 /// The summary: segments, IR and weights bytes, and the re-quantisation error.
 pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
     let xml_bytes: usize = ir.xml.iter().map(|(_, t)| t.len()).sum();
-    let requantized: Vec<&codegen_intel::symmetric::WeightError> = ir.requantized.iter().filter(|e| e.requantized).collect();
+    let requantized: Vec<&codegen_intel::symmetric::WeightError> =
+        ir.requantized.iter().filter(|e| e.requantized).collect();
     let worst = requantized.iter().map(|e| e.max_rel).fold(0.0f64, f64::max);
-    let mean = if requantized.is_empty() { 0.0 } else { requantized.iter().map(|e| e.mean_rel).sum::<f64>() / requantized.len() as f64 };
+    let mean = if requantized.is_empty() {
+        0.0
+    } else {
+        requantized.iter().map(|e| e.mean_rel).sum::<f64>() / requantized.len() as f64
+    };
     json!({
         "segments": ir.plan["segments"].as_array().map_or(0, |s| s.len()),
         "xml_files": ir.xml.len(),

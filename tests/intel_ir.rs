@@ -182,7 +182,10 @@ fn const_views(xml: &str) -> Vec<(String, usize, usize, usize)> {
         }
         let attr = |k: &str| {
             let key = format!(" {k}=\"");
-            let s = layer.find(&key).map(|i| &layer[i + key.len()..]).unwrap_or_else(|| panic!("Const without {k}: {layer}"));
+            let s = layer
+                .find(&key)
+                .map(|i| &layer[i + key.len()..])
+                .unwrap_or_else(|| panic!("Const without {k}: {layer}"));
             s[..s.find('"').unwrap()].to_string()
         };
         let (offset, size) = (attr("offset").parse().unwrap(), attr("size").parse().unwrap());
@@ -228,9 +231,10 @@ fn intel_ir_is_weightless_and_every_block_size_views_the_same_weights() {
 #[test]
 fn intel_asymmetric_weights_are_requantised_with_the_error_reported_or_rejected() {
     let g = program("smollm2_f2");
-    let err = codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
-        .err()
-        .expect("SmolLM2 form 2 has asymmetric 4-bit weights");
+    let err =
+        codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
+            .err()
+            .expect("SmolLM2 form 2 has asymmetric 4-bit weights");
     assert!(err.to_string().contains("asymmetric zero points") && err.to_string().contains("weight_Q4G32"), "{err}");
     let (sym, report) = codegen_intel::symmetric::symmetrize(&g, Asymmetric::Requantize).unwrap();
     let requantized: Vec<_> = report.iter().filter(|r| r.requantized).collect();

@@ -13,7 +13,16 @@ use std::process::Command;
 fn compile_smollm2(out: &Path) {
     let model = common::fixture("smollm2_f2").join("model.onnx");
     let status = Command::new(env!("CARGO_BIN_EXE_npuc"))
-        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--blocks", "1,16", "-o", out.to_str().unwrap()])
+        .args([
+            "compile",
+            model.to_str().unwrap(),
+            "--target",
+            "intel-npu",
+            "--blocks",
+            "1,16",
+            "-o",
+            out.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
@@ -37,7 +46,8 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_smollm2() {
         "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
         "Once upon a time, in a small village by the sea, there lived a fisherman who",
     ];
-    let options = OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
     let mut ov = OvSession::open(&bundle, &options).unwrap();
     let mut host = Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, isa: None }).unwrap();
     for prompt in prompts {

@@ -11,7 +11,7 @@
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.
-//! - **RoPE tables.** cos/sin are segment inputs (`rope_cos`, `rope_sin`, `[T, head_dim]` f32):
+//! - **RoPE tables.** cos/sin are segment inputs (`rope_cos`, `rope_sin`, `[1, 1, T, head_dim]` f32):
 //!   the program's own cos/sin computation is evaluated here for positions `0..rope_positions` and
 //!   stored in the weights file; the host gathers the rows of the block's positions.
 //! - **Public opset only.** RmsNorm, SkipRmsNorm, Rope, SwiGlu are decomposed (OpenVINO re-fuses
@@ -114,7 +114,10 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
             xml.push((file.clone(), lower.net.to_xml()));
             files.insert(t.to_string(), json!(file));
             if inputs.is_empty() {
-                inputs = ins.iter().map(|(n, role, et, _)| json!({"name": n, "role": role, "dtype": et.name(), "shape": {}})).collect();
+                inputs = ins
+                    .iter()
+                    .map(|(n, role, et, _)| json!({"name": n, "role": role, "dtype": et.name(), "shape": {}}))
+                    .collect();
                 outputs = outs.iter().map(|(n, _)| json!({"name": n, "shape": {}})).collect();
             }
             for (i, (_, _, _, shape)) in ins.iter().enumerate() {
@@ -136,7 +139,8 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         .map(|(layer, &a)| {
             let n = device.node(a);
             let name = |i: usize| n.inputs[i].map(|v| device.value(v).name.clone());
-            let head_dim = n.inputs[0].and_then(|v| device.value(v).shape.last().and_then(|d| d.as_known())).unwrap_or(0);
+            let head_dim =
+                n.inputs[0].and_then(|v| device.value(v).shape.last().and_then(|d| d.as_known())).unwrap_or(0);
             let scale = n.attrs.float("scale").ok().flatten().unwrap_or(1.0 / (head_dim as f32).sqrt());
             json!({
                 "layer": layer, "node": n.name, "q": name(0), "k": name(1), "v": name(2),
@@ -377,11 +381,16 @@ fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, 
     let table = |set: &HashSet<ValueId>, what: &str| -> Result<(Vec<f32>, usize), IntelError> {
         let mut first: Option<(Vec<f32>, usize)> = None;
         for v in set {
-            let t = vals.get(v).ok_or_else(|| IntelError::Structure(format!("a RoPE {what} table that is not computed")))?;
+            let t = vals
+                .get(v)
+                .ok_or_else(|| IntelError::Structure(format!("a RoPE {what} table that is not computed")))?;
             let width = *t.shape.last().unwrap_or(&0);
             let data = t.to_f32_vec();
             if width == 0 || data.len() != positions * width {
-                return Err(IntelError::Shape { value: g.value(*v).name.clone(), msg: format!("RoPE {what} of shape {:?}", t.shape) });
+                return Err(IntelError::Shape {
+                    value: g.value(*v).name.clone(),
+                    msg: format!("RoPE {what} of shape {:?}", t.shape),
+                });
             }
             match &first {
                 None => first = Some((data, width)),
@@ -411,12 +420,12 @@ fn eval_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(HashMap<Va
         _ => None,
     };
     let static_shape = |v: ValueId| -> Result<Vec<usize>, IntelError> {
-        g.value(v)
-            .shape
-            .iter()
-            .map(|d| d.eval(&dims).map(|x| x as usize))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| IntelError::Shape { value: g.value(v).name.clone(), msg: "has a size the RoPE tables cannot bind".into() })
+        g.value(v).shape.iter().map(|d| d.eval(&dims).map(|x| x as usize)).collect::<Option<Vec<_>>>().ok_or_else(
+            || IntelError::Shape {
+                value: g.value(v).name.clone(),
+                msg: "has a size the RoPE tables cannot bind".into(),
+            },
+        )
     };
     let mut rows = usize::MAX;
     let mut vals: HashMap<ValueId, Tensor> = HashMap::new();
@@ -436,7 +445,10 @@ fn eval_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(HashMap<Va
                 Some(v) => Some(match &g.value(*v).def {
                     ValueDef::Const(t) => t.clone(),
                     ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| fail(e.to_string()))?,
-                    ValueDef::Node { .. } => vals.get(v).cloned().ok_or_else(|| fail("reads a value outside the table computation".into()))?,
+                    ValueDef::Node { .. } => vals
+                        .get(v)
+                        .cloned()
+                        .ok_or_else(|| fail("reads a value outside the table computation".into()))?,
                     ValueDef::Input => {
                         let name = &g.value(*v).name;
                         let shape = static_shape(*v)?;
@@ -486,16 +498,20 @@ impl Lower<'_> {
             _ => None,
         };
         let val = self.g.value(v);
-        val.shape
-            .iter()
-            .map(|d| d.eval(&dims).map(|x| x as usize))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| IntelError::Shape { value: val.name.clone(), msg: format!("shape {:?} is not static in a token block", val.shape) })
+        val.shape.iter().map(|d| d.eval(&dims).map(|x| x as usize)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+            IntelError::Shape {
+                value: val.name.clone(),
+                msg: format!("shape {:?} is not static in a token block", val.shape),
+            }
+        })
     }
 
     /// Lowers one segment: returns its inputs (name, role, type, shape) and outputs (name, shape).
     #[allow(clippy::type_complexity)]
-    fn segment(&mut self, seg: &Segment) -> Result<(Vec<(String, String, Et, Vec<usize>)>, Vec<(String, Vec<usize>)>), IntelError> {
+    fn segment(
+        &mut self,
+        seg: &Segment,
+    ) -> Result<(Vec<(String, String, Et, Vec<usize>)>, Vec<(String, Vec<usize>)>), IntelError> {
         let mut ins = Vec::new();
         let mut rope: HashMap<&str, Port> = HashMap::new();
         for &v in &seg.inputs {
@@ -517,7 +533,12 @@ impl Lower<'_> {
             let et = match val.dtype {
                 DType::F32 => Et::F32,
                 DType::I64 => Et::I64,
-                other => return Err(IntelError::Shape { value: val.name.clone(), msg: format!("segment input of type {other}") }),
+                other => {
+                    return Err(IntelError::Shape {
+                        value: val.name.clone(),
+                        msg: format!("segment input of type {other}"),
+                    })
+                }
             };
             let port = if role.starts_with("rope") {
                 let canonical = [1, 1, self.t, self.width];
@@ -583,7 +604,9 @@ impl Lower<'_> {
                     DType::I32 => Et::I32,
                     DType::I8 => Et::I8,
                     DType::U8 => Et::U8,
-                    other => return Err(IntelError::Shape { value: w.name.clone(), msg: format!("weight of type {other}") }),
+                    other => {
+                        return Err(IntelError::Shape { value: w.name.clone(), msg: format!("weight of type {other}") })
+                    }
                 };
                 let bytes = w.bytes.clone();
                 let r = self.bin.keyed(&format!("raw:{}", w.name), || bytes.to_vec());
@@ -592,13 +615,20 @@ impl Lower<'_> {
             ValueDef::Const(t) => match t.dtype {
                 DType::F32 | DType::F64 | DType::F16 => self.net.const_f32(self.bin, &t.to_f32_vec(), &t.shape),
                 DType::I64 | DType::I32 => self.net.const_i64(self.bin, t.as_i64().unwrap_or(&[]), &t.shape),
-                other => return Err(IntelError::Shape { value: val.name.clone(), msg: format!("constant of type {other}") }),
+                other => {
+                    return Err(IntelError::Shape { value: val.name.clone(), msg: format!("constant of type {other}") })
+                }
             },
             ValueDef::Node { node, .. } if self.g.compile_time_nodes()[node.0 as usize] => {
                 self.node(self.g.node(*node))?;
                 return Ok(self.vals[&v].clone());
             }
-            _ => return Err(IntelError::Shape { value: val.name.clone(), msg: "is read before it is computed in its segment".into() }),
+            _ => {
+                return Err(IntelError::Shape {
+                    value: val.name.clone(),
+                    msg: "is read before it is computed in its segment".into(),
+                })
+            }
         };
         self.vals.insert(v, p.clone());
         Ok(p)
@@ -864,7 +894,9 @@ impl Lower<'_> {
     fn gather_block_quantized(&mut self, n: &Node) -> Result<Port, String> {
         let bits = n.attrs.int_or("bits", 4).map_err(|e| e.to_string())?;
         let block = n.attrs.int_or("block_size", 128).map_err(|e| e.to_string())? as usize;
-        if n.attrs.int_or("gather_axis", 0).map_err(|e| e.to_string())? != 0 || n.attrs.int_or("quantize_axis", 1).map_err(|e| e.to_string())? != 1 {
+        if n.attrs.int_or("gather_axis", 0).map_err(|e| e.to_string())? != 0
+            || n.attrs.int_or("quantize_axis", 1).map_err(|e| e.to_string())? != 1
+        {
             return Err("GatherBlockQuantized other than gather_axis 0, quantize_axis 1".into());
         }
         if n.inputs.get(3).copied().flatten().is_some() {
@@ -879,14 +911,18 @@ impl Lower<'_> {
             }
         }
         let wid = symmetric::weight_of(self.g, data).ok_or("embedding codes must be a model weight")?;
-        let sid = symmetric::weight_of(self.g, n.inputs[2].ok_or("no scales")?).ok_or("scales must be a model weight")?;
+        let sid =
+            symmetric::weight_of(self.g, n.inputs[2].ok_or("no scales")?).ok_or("scales must be a model weight")?;
         let w = self.g.weights.get(wid);
         let s = self.g.weights.get(sid);
         let rows = w.shape[0];
         let width: usize = w.shape[1..].iter().product::<usize>() * if bits == 4 { 2 } else { 1 };
         let groups = width.div_ceil(block);
         if groups * block != width || w.dtype != DType::U8 || !(bits == 4 || bits == 8) {
-            return Err(format!("embedding `{}` of {} {:?} with {bits}-bit blocks of {block}", w.name, w.dtype, w.shape));
+            return Err(format!(
+                "embedding `{}` of {} {:?} with {bits}-bit blocks of {block}",
+                w.name, w.dtype, w.shape
+            ));
         }
         let (et, flip) = if bits == 4 { (Et::I4, 0x88u8) } else { (Et::I8, 0x80u8) };
         let wbytes = w.bytes.clone();

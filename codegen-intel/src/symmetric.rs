@@ -199,7 +199,8 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
             wid
         };
         let scale_bytes: Vec<u8> = new_scales.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let new_s = store.add(Weight::new(format!("{}.f16", s.name), DType::F32, s.shape.clone(), Bytes::from(scale_bytes)));
+        let new_s =
+            store.add(Weight::new(format!("{}.f16", s.name), DType::F32, s.shape.clone(), Bytes::from(scale_bytes)));
         let push = |out: &mut Graph, like: ValueId, id: WeightId, name: String| -> ValueId {
             let old = g.value(like);
             out.values.push(Value { name, dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Weight(id) });
@@ -285,13 +286,15 @@ fn promote_constants(g: &Graph) -> Result<Graph, IntelError> {
             }
             let computed = match &g.value(v).def {
                 ValueDef::Const(t) => Some(t.clone()),
-                ValueDef::Node { .. } if compile_time[v.0 as usize] => Some(
-                    evaluate_constant(g, v).map_err(|msg| IntelError::Unsupported { node: n.name.clone(), msg })?,
-                ),
+                ValueDef::Node { .. } if compile_time[v.0 as usize] => {
+                    Some(evaluate_constant(g, v).map_err(|msg| IntelError::Unsupported { node: n.name.clone(), msg })?)
+                }
                 _ => None,
             };
             if let Some(t) = &computed {
-                let bytes = t.to_le_bytes().map_err(|e| IntelError::Unsupported { node: n.name.clone(), msg: e.to_string() })?;
+                let bytes = t
+                    .to_le_bytes()
+                    .map_err(|e| IntelError::Unsupported { node: n.name.clone(), msg: e.to_string() })?;
                 let val = g.value(v);
                 let id = store.add(Weight::new(val.name.clone(), t.dtype, t.shape.clone(), Bytes::from(bytes)));
                 out.values[v.0 as usize].def = ValueDef::Weight(id);
@@ -338,7 +341,8 @@ fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usiz
         }
         return Ok(v);
     }
-    let bytes: Vec<u8> = t.as_i64().ok_or("zero points are neither float nor uint8")?.iter().map(|&b| b as u8).collect();
+    let bytes: Vec<u8> =
+        t.as_i64().ok_or("zero points are neither float nor uint8")?.iter().map(|&b| b as u8).collect();
     let row_bytes = (groups * bits).div_ceil(8);
     if bytes.len() != n * row_bytes {
         return Err(format!("packed zero points hold {} bytes, expected {n}×{row_bytes}", bytes.len()));

@@ -158,7 +158,11 @@ impl Net {
             inputs: inputs.iter().map(|p| PortDesc { et: p.et, shape: p.shape.clone(), names: vec![] }).collect(),
             outputs: outputs.iter().map(|(et, s)| PortDesc { et: *et, shape: s.clone(), names: vec![] }).collect(),
         });
-        outputs.iter().enumerate().map(|(i, (et, s))| Port { layer: id, port: n_in + i, et: *et, shape: s.clone() }).collect()
+        outputs
+            .iter()
+            .enumerate()
+            .map(|(i, (et, s))| Port { layer: id, port: n_in + i, et: *et, shape: s.clone() })
+            .collect()
     }
 
     fn one(
@@ -230,7 +234,8 @@ impl Net {
     }
 
     pub fn binary(&mut self, ty: &'static str, a: &Port, b: &Port) -> Result<Port, String> {
-        let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| format!("{ty}: {:?} and {:?} do not broadcast", a.shape, b.shape))?;
+        let shape = broadcast(&a.shape, &b.shape)
+            .ok_or_else(|| format!("{ty}: {:?} and {:?} do not broadcast", a.shape, b.shape))?;
         Ok(self.one(ty, "opset1", vec![("auto_broadcast", "numpy".into())], &[a, b], a.et, shape))
     }
 
@@ -303,14 +308,22 @@ impl Net {
         let mut s = String::new();
         let _ = writeln!(s, "<?xml version=\"1.0\"?>\n<net name=\"{}\" version=\"11\">\n\t<layers>", esc(&self.name));
         for (id, l) in self.layers.iter().enumerate() {
-            let _ = writeln!(s, "\t\t<layer id=\"{id}\" name=\"{}\" type=\"{}\" version=\"{}\">", esc(&l.name), l.ty, l.version);
+            let _ = writeln!(
+                s,
+                "\t\t<layer id=\"{id}\" name=\"{}\" type=\"{}\" version=\"{}\">",
+                esc(&l.name),
+                l.ty,
+                l.version
+            );
             if !l.data.is_empty() {
                 let attrs: String = l.data.iter().map(|(k, v)| format!(" {k}=\"{}\"", esc(v))).collect();
                 let _ = writeln!(s, "\t\t\t<data{attrs}/>");
             }
             let port = |s: &mut String, i: usize, p: &PortDesc, with_precision: bool| {
-                let precision = if with_precision { format!(" precision=\"{}\"", p.et.precision()) } else { String::new() };
-                let names = if p.names.is_empty() { String::new() } else { format!(" names=\"{}\"", esc(&p.names.join(","))) };
+                let precision =
+                    if with_precision { format!(" precision=\"{}\"", p.et.precision()) } else { String::new() };
+                let names =
+                    if p.names.is_empty() { String::new() } else { format!(" names=\"{}\"", esc(&p.names.join(","))) };
                 let _ = write!(s, "\t\t\t\t<port id=\"{i}\"{precision}{names}>");
                 for d in &p.shape {
                     let _ = write!(s, "<dim>{d}</dim>");
@@ -335,7 +348,8 @@ impl Net {
         }
         s.push_str("\t</layers>\n\t<edges>\n");
         for (fl, fp, tl, tp) in &self.edges {
-            let _ = writeln!(s, "\t\t<edge from-layer=\"{fl}\" from-port=\"{fp}\" to-layer=\"{tl}\" to-port=\"{tp}\"/>");
+            let _ =
+                writeln!(s, "\t\t<edge from-layer=\"{fl}\" from-port=\"{fp}\" to-layer=\"{tl}\" to-port=\"{tp}\"/>");
         }
         s.push_str("\t</edges>\n</net>\n");
         s

@@ -181,7 +181,11 @@ fn io_list(v: &Value, what: &str) -> Result<Vec<Io>, OvError> {
             let dims = s.as_array().ok_or_else(|| OvError::Plan(format!("{what}[{i}].shape.{t}")))?;
             shapes.insert(t, dims.iter().map(|d| usize_of(d, what)).collect::<Result<_, _>>()?);
         }
-        out.push(Io { name: str_of(&x["name"], what)?, role: x["role"].as_str().unwrap_or("value").to_string(), shapes });
+        out.push(Io {
+            name: str_of(&x["name"], what)?,
+            role: x["role"].as_str().unwrap_or("value").to_string(),
+            shapes,
+        });
     }
     Ok(out)
 }
@@ -189,7 +193,8 @@ fn io_list(v: &Value, what: &str) -> Result<Vec<Io>, OvError> {
 impl OvSession {
     /// Loads OpenVINO, checks the device and reads the bundle's plan; segments compile on first use.
     pub fn open(bundle: &Bundle, o: &OvOptions) -> Result<OvSession, OvError> {
-        let plan_path = bundle.file_path("intel/plan.json").ok_or_else(|| OvError::NoIr("no intel/plan.json".into()))?;
+        let plan_path =
+            bundle.file_path("intel/plan.json").ok_or_else(|| OvError::NoIr("no intel/plan.json".into()))?;
         let plan: Value = serde_json::from_slice(&std::fs::read(&plan_path).map_err(|e| OvError::NoIr(e.to_string()))?)
             .map_err(|e| OvError::Plan(e.to_string()))?;
         if plan["format"] != "npuc-intel/1" {
@@ -201,8 +206,10 @@ impl OvSession {
             .file_path(&format!("intel/{weights_name}"))
             .ok_or_else(|| OvError::NoIr(format!("no intel/{weights_name}")))?;
         let lib = find_library()?;
-        openvino_sys::library::load_from(&lib).map_err(|msg| OvError::Library { path: lib.display().to_string(), msg })?;
-        let mut core = Core::new().map_err(|e| OvError::Library { path: lib.display().to_string(), msg: e.to_string() })?;
+        openvino_sys::library::load_from(&lib)
+            .map_err(|msg| OvError::Library { path: lib.display().to_string(), msg })?;
+        let mut core =
+            Core::new().map_err(|e| OvError::Library { path: lib.display().to_string(), msg: e.to_string() })?;
         let available: Vec<String> = core
             .available_devices()
             .map_err(|e| OvError::Run(format!("listing devices: {e}")))?
@@ -215,7 +222,8 @@ impl OvSession {
         let device = DeviceType::Other(o.device.clone().into());
         let cache_dir = o.cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("npuc-openvino-cache"));
         let set = |core: &mut Core, k: RwPropertyKey, v: &str| {
-            core.set_property(&device, &k, v).map_err(|e| OvError::Run(format!("setting {} on {}: {e}", k.as_ref(), o.device)))
+            core.set_property(&device, &k, v)
+                .map_err(|e| OvError::Run(format!("setting {} on {}: {e}", k.as_ref(), o.device)))
         };
         set(&mut core, RwPropertyKey::CacheDir, &cache_dir.display().to_string())?;
         if o.device == "CPU" {
@@ -228,7 +236,8 @@ impl OvSession {
             }
         }
         let mut segments = Vec::new();
-        for (i, s) in plan["segments"].as_array().ok_or_else(|| OvError::Plan("no segments".into()))?.iter().enumerate() {
+        for (i, s) in plan["segments"].as_array().ok_or_else(|| OvError::Plan("no segments".into()))?.iter().enumerate()
+        {
             let mut files = HashMap::new();
             for (t, f) in s["files"].as_object().ok_or_else(|| OvError::Plan(format!("segments[{i}].files")))? {
                 files.insert(t.parse().map_err(|_| OvError::Plan(format!("block `{t}`")))?, str_of(f, "file")?);
@@ -267,10 +276,14 @@ impl OvSession {
             .collect::<Result<Vec<_>, _>>()?;
         let first = attentions.first().ok_or_else(|| OvError::Plan("no attention".into()))?;
         let (layers, q_heads, kv_heads, head_dim) = (attentions.len(), first.q_heads, first.kv_heads, first.head_dim);
-        let weights = std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
+        let weights =
+            std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
         let table = |k: &str| -> Result<Vec<f32>, OvError> {
-            let (off, size) = (usize_of(&plan["rope"][k]["offset"], "rope")?, usize_of(&plan["rope"][k]["size"], "rope")?);
-            let bytes = weights.get(off..off + size).ok_or_else(|| OvError::Plan(format!("rope {k} beyond the weights file")))?;
+            let (off, size) =
+                (usize_of(&plan["rope"][k]["offset"], "rope")?, usize_of(&plan["rope"][k]["size"], "rope")?);
+            let bytes = weights
+                .get(off..off + size)
+                .ok_or_else(|| OvError::Plan(format!("rope {k} beyond the weights file")))?;
             Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
         };
         let (rope_cos, rope_sin) = (table("cos")?, table("sin")?);
@@ -281,8 +294,10 @@ impl OvSession {
         let config = KvCacheConfig::new(layers, q_heads, kv_heads, head_dim, pages).with_page_rows(page_rows);
         let mut cache = KvCache::new(config).map_err(|e| OvError::Run(e.to_string()))?;
         let seq = cache.create_sequence();
-        let mut blocks: Vec<usize> =
-            plan["blocks"].as_array().map(|b| b.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect()).unwrap_or_default();
+        let mut blocks: Vec<usize> = plan["blocks"]
+            .as_array()
+            .map(|b| b.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect())
+            .unwrap_or_default();
         blocks.sort_unstable();
         Ok(OvSession {
             core,
@@ -347,7 +362,10 @@ impl OvSession {
                 msg: format!("no network for block size {block}"),
             })?;
             let xml = self.dir.join(file);
-            let model = self.core.read_model_from_file(&xml.display().to_string(), &self.weights).map_err(ov(&s.name, "read_model"))?;
+            let model = self
+                .core
+                .read_model_from_file(&xml.display().to_string(), &self.weights)
+                .map_err(ov(&s.name, "read_model"))?;
             let mut compiled = self
                 .core
                 .compile_model(&model, DeviceType::Other(self.device.clone().into()))
@@ -378,7 +396,8 @@ impl OvSession {
         while done < tokens.len() {
             let left = tokens.len() - done;
             let largest = *self.blocks.last().unwrap_or(&1);
-            let block = if left >= largest { largest } else { *self.blocks.iter().find(|&&b| b >= left).unwrap_or(&largest) };
+            let block =
+                if left >= largest { largest } else { *self.blocks.iter().find(|&&b| b >= left).unwrap_or(&largest) };
             let rows = left.min(block);
             logits = self.run_block(&tokens[done..done + rows], block)?;
             done += rows;
@@ -416,7 +435,8 @@ impl OvSession {
                         let shape_ov = Shape::new(&dims).map_err(ov(&seg.name, "shape"))?;
                         let tensor = match io.role.as_str() {
                             "input" => {
-                                let mut tensor = Tensor::new(ElementType::I64, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
+                                let mut tensor =
+                                    Tensor::new(ElementType::I64, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
                                 tensor.get_data_mut::<i64>().map_err(ov(&seg.name, "tensor"))?.copy_from_slice(&ids);
                                 tensor
                             }
@@ -442,10 +462,15 @@ impl OvSession {
                                 if src.len() != count {
                                     return Err(OvError::Segment {
                                         segment: seg.name.clone(),
-                                        msg: format!("input {} holds {} values, the network wants {shape:?}", io.name, src.len()),
+                                        msg: format!(
+                                            "input {} holds {} values, the network wants {shape:?}",
+                                            io.name,
+                                            src.len()
+                                        ),
                                     });
                                 }
-                                let mut tensor = Tensor::new(ElementType::F32, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
+                                let mut tensor =
+                                    Tensor::new(ElementType::F32, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
                                 tensor.get_data_mut::<f32>().map_err(ov(&seg.name, "tensor"))?.copy_from_slice(src);
                                 tensor
                             }
@@ -453,8 +478,11 @@ impl OvSession {
                         feeds.push((io.name.clone(), tensor));
                     }
                     let name = seg.name.clone();
-                    let outputs: Vec<(String, Vec<usize>)> =
-                        seg.outputs.iter().map(|o| (o.name.clone(), o.shapes.get(&t).cloned().unwrap_or_default())).collect();
+                    let outputs: Vec<(String, Vec<usize>)> = seg
+                        .outputs
+                        .iter()
+                        .map(|o| (o.name.clone(), o.shapes.get(&t).cloned().unwrap_or_default()))
+                        .collect();
                     let logits_name = self.logits_name.clone();
                     let request = self.request(i, t)?;
                     for (n, tensor) in &feeds {
@@ -492,9 +520,14 @@ impl OvSession {
         let at = &self.attentions[a];
         let d = at.head_dim;
         let take = |name: &str, heads: usize| -> Result<Vec<f32>, OvError> {
-            let (v, _) = values.get(name).ok_or_else(|| OvError::Run(format!("attention {}: no value {name}", at.layer)))?;
+            let (v, _) =
+                values.get(name).ok_or_else(|| OvError::Run(format!("attention {}: no value {name}", at.layer)))?;
             if v.len() != heads * block * d {
-                return Err(OvError::Run(format!("attention {}: {name} holds {} values, expected [1, {heads}, {block}, {d}]", at.layer, v.len())));
+                return Err(OvError::Run(format!(
+                    "attention {}: {name} holds {} values, expected [1, {heads}, {block}, {d}]",
+                    at.layer,
+                    v.len()
+                )));
             }
             let mut out = Vec::with_capacity(heads * rows * d);
             for h in 0..heads {
