@@ -20,7 +20,8 @@ use std::sync::Arc;
 /// What to do with weights that have non-default zero points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Asymmetric {
-    /// Re-quantise them symmetrically (per group: scale = max|w| / (2^(bits−1) − 1)).
+    /// Re-quantise them symmetrically (per group, the f16 scale near max|w| / (2^(bits−1) − 1) with the
+    /// least squared error).
     Requantize,
     /// Refuse the model, naming the first such weight.
     Reject,
@@ -62,6 +63,30 @@ impl Decoded {
 
 fn f16_round(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
+}
+
+/// The f16 scale for one group that minimises the squared rounding error: max|w|/qmax and a few
+/// smaller ones (clipping the largest weights a little buys finer steps for all the others).
+fn best_scale(w: &[f32], qmax: f32, offset: i32) -> f32 {
+    let absmax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut best = (f64::INFINITY, f16_round(absmax / qmax));
+    for step in 0..12 {
+        let scale = f16_round(absmax / qmax * (1.0 - 0.025 * step as f32));
+        if scale <= 0.0 {
+            break;
+        }
+        let sse: f64 = w
+            .iter()
+            .map(|&v| {
+                let q = ((v / scale).round() as i32).clamp(-offset, offset - 1);
+                ((q as f32 * scale - v) as f64).powi(2)
+            })
+            .sum();
+        if sse < best.0 {
+            best = (sse, scale);
+        }
+    }
+    best.1
 }
 
 /// The weight behind a value, when the value is one.
@@ -156,12 +181,7 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
                 for (j, r) in row.iter_mut().enumerate().take(len) {
                     *r = (d.code(&w.bytes, ni2, gi * block + j) as f32 - zp) * sc;
                 }
-                let scale = if asymmetric {
-                    let absmax = row[..len].iter().fold(0f32, |m, v| m.max(v.abs()));
-                    f16_round(absmax / qmax)
-                } else {
-                    f16_round(sc)
-                };
+                let scale = if asymmetric { best_scale(&row[..len], qmax, offset) } else { f16_round(sc) };
                 new_scales[ni2 * groups + gi] = scale;
                 let base = (ni2 * groups + gi) * d.bytes_per_group;
                 for j in 0..block {

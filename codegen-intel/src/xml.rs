@@ -83,7 +83,7 @@ impl Bin {
             return r;
         }
         let data = make();
-        while self.bytes.len() % 64 != 0 {
+        while !self.bytes.len().is_multiple_of(64) {
             self.bytes.push(0);
         }
         let r = (self.bytes.len(), data.len());
@@ -97,7 +97,7 @@ impl Bin {
         if let Some(&r) = self.by_content.get(&data) {
             return r;
         }
-        while self.bytes.len() % 8 != 0 {
+        while !self.bytes.len().is_multiple_of(8) {
             self.bytes.push(0);
         }
         let r = (self.bytes.len(), data.len());
