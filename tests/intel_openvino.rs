@@ -49,7 +49,7 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_smollm2() {
     let options =
         OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
     let mut ov = OvSession::open(&bundle, &options).unwrap();
-    let mut host = Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, isa: None }).unwrap();
+    let mut host = Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, ..ExecOptions::default() }).unwrap();
     for prompt in prompts {
         let ids = tokenize(&bundle, prompt);
         assert!(ids.len() > 3, "{prompt}");
