@@ -49,7 +49,8 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_smollm2() {
     let options =
         OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
     let mut ov = OvSession::open(&bundle, &options).unwrap();
-    let mut host = Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, ..ExecOptions::default() }).unwrap();
+    let mut host =
+        Executor::new(&bundle, ExecOptions { threads: 2, max_context: 256, ..ExecOptions::default() }).unwrap();
     for prompt in prompts {
         let ids = tokenize(&bundle, prompt);
         assert!(ids.len() > 3, "{prompt}");
@@ -78,7 +79,16 @@ fn intel_openvino_without_the_device_says_which_devices_exist() {
     let path = tmp.path().join("tiny.npub");
     let model = common::fixture("llama_f2").join("model.onnx");
     let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
-        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "-o", path.to_str().unwrap()])
+        .args([
+            "compile",
+            model.to_str().unwrap(),
+            "--target",
+            "intel-npu",
+            "-o",
+            path.to_str().unwrap(),
+            "--tokenizer",
+        ])
+        .arg(common::fixture("smollm2_f2").join("tokenizer.json"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -92,7 +102,15 @@ fn intel_openvino_without_the_device_says_which_devices_exist() {
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a device that does not exist was accepted"),
     }
-    // The CLI: a bundle without IR refuses --backend openvino with a reason.
+    // The CLI: a library named in NPUC_OPENVINO_LIB that is not there is reported by that name.
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["run", path.to_str().unwrap(), "--prompt", "x", "--backend", "openvino"])
+        .env("NPUC_OPENVINO_LIB", tmp.path().join("missing"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("NPUC_OPENVINO_LIB=") && stderr.contains("missing"), "{stderr}");
+    // A bundle without IR refuses the openvino backend with a reason.
     let cpu = tmp.path().join("cpu.npub");
     let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
         .args(["compile", model.to_str().unwrap(), "--target", "cpu", "-o", cpu.to_str().unwrap()])

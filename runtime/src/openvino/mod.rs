@@ -4,7 +4,7 @@
 //!
 //! OpenVINO's C library is linked at run time (`openvino_sys::library::load_from`): the PyPI wheel
 //! ships it as `openvino/libs/libopenvino_c.so.<version>`, with no unversioned name, so
-//! [`find_library`] looks in `NPUC_OPENVINO_LIB` (a file or a folder), then in the site-packages of
+//! [`find_library`] takes `NPUC_OPENVINO_LIB` (a file or a folder) when it is set, else looks in the site-packages of
 //! `$VIRTUAL_ENV` and of a `.venv` in the working directory or above the executable. A build of
 //! npuc therefore needs no OpenVINO; a run says what it looked for when none is found.
 //!
@@ -54,7 +54,8 @@ pub fn find_library() -> Result<PathBuf, OvError> {
         if let Some(f) = versioned_in(&p) {
             return Ok(f);
         }
-        looked.push(format!("NPUC_OPENVINO_LIB={}", p.display()));
+        // A library named explicitly and missing is an error, not a reason to look elsewhere.
+        return Err(OvError::LibraryNotFound { looked_for: format!("NPUC_OPENVINO_LIB={}", p.display()) });
     } else {
         looked.push("NPUC_OPENVINO_LIB (unset)".into());
     }
