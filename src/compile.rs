@@ -28,11 +28,18 @@ pub struct Options {
     pub tokenizer: Option<PathBuf>,
     pub overwrite: bool,
     pub json: bool,
+    /// XDNA device (`--device`), for `--target xdna` only.
+    pub device: Option<String>,
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
     let target: Target = o.target.parse().map_err(|_| anyhow!("unknown target `{}` (targets: cpu, xdna, intel-npu)", o.target))?;
     let pipeline_target = passes::targets::target(&o.target).ok_or_else(|| anyhow!("unknown target `{}`", o.target))?;
+    let xdna_device = match (&o.device, target) {
+        (_, Target::Xdna) => Some(crate::xdna::device(o.device.as_deref())?),
+        (Some(d), _) => bail!("--device {d} applies to --target xdna only"),
+        (None, _) => None,
+    };
     let progress = (!o.json && std::io::stderr().is_terminal()).then(|| {
         let p = indicatif::ProgressBar::new_spinner();
         p.enable_steady_tick(std::time::Duration::from_millis(100));
@@ -92,12 +99,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
             w.copy_file(runtime::bundle::CHAT_TEMPLATE_FILE, &template)?;
         }
     }
+    let xdna = match xdna_device {
+        Some(device) => Some(crate::xdna::add_to_bundle(&g, device, &mut w)?),
+        None => None,
+    };
     let summary = w.finish()?;
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
     if o.json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() }))?);
+        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() });
+        if let Some(x) = &xdna {
+            out["xdna"] = x.clone();
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
             "wrote {} ({} target): {} program nodes, {} weights, {} files, {} bytes",
@@ -108,6 +123,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
             summary.files.len(),
             summary.total_bytes
         );
+        for line in xdna.iter().flat_map(crate::xdna::summary_lines) {
+            println!("{line}");
+        }
         if tokenizer.is_none() {
             println!("no tokenizer.json next to the model and none given with --tokenizer: the bundle has none");
         }

@@ -7,6 +7,7 @@ mod explore;
 mod inspect;
 mod passes_cmd;
 mod run_cmd;
+mod xdna;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -73,6 +74,9 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
+        /// XDNA device for --target xdna: npu1 (Phoenix/Hawk Point) or npu2 (Strix).
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Run a target's pass pipeline and print the graph after every pass.
     #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
@@ -232,8 +236,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
-        Command::Compile { model, target, output, tokenizer, overwrite, json } => {
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json })
+        Command::Compile { model, target, output, tokenizer, overwrite, json, device } => {
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, device })
         }
         Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => passes_cmd::run(passes_cmd::Options {
             model: &model,

@@ -2,68 +2,13 @@
 //! the decode and the prefill M-block, executed from its text by the interpreter and compared
 //! int32-exactly with a plain GEMM; and the interpreter's and the checks' failure modes.
 
-use codegen_aie::design::{self, Design};
+mod common;
+
+use codegen_aie::design;
+use common::prove;
 use codegen_aie::gemm::GemmSite;
-use codegen_aie::interp;
 use codegen_aie::plan::{self, PlanOptions};
-use codegen_aie::tiling::{self, GemmShape, TilingError};
 use codegen_aie::Device;
-
-/// Deterministic int8 values in [-128, 127].
-fn values(len: usize, seed: u64) -> Vec<i8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 as i8
-        })
-        .collect()
-}
-
-fn reference(a: &[i8], b: &[i8], (m, k, n): (usize, usize, usize)) -> Vec<i32> {
-    let mut c = vec![0i32; m * n];
-    for i in 0..m {
-        for kk in 0..k {
-            let av = a[i * k + kk] as i32;
-            for j in 0..n {
-                c[i * n + j] += av * b[kk * n + j] as i32;
-            }
-        }
-    }
-    c
-}
-
-fn pad(src: &[i8], (rows, cols): (usize, usize), (prows, pcols): (usize, usize)) -> Vec<i8> {
-    let mut out = vec![0i8; prows * pcols];
-    for r in 0..rows {
-        out[r * pcols..r * pcols + cols].copy_from_slice(&src[r * cols..r * cols + cols]);
-    }
-    out
-}
-
-/// Runs a design's generic text on random operands of its logical shape (zero-padded to its
-/// host shape) and compares the cropped result with the reference.
-fn prove(d: &Design, seed: u64) {
-    let t = &d.tiling;
-    let (s, p) = (t.shape, t.padded);
-    let a = values(s.m * s.k, seed);
-    let b = values(s.k * s.n, seed + 1);
-    let want = reference(&a, &b, (s.m, s.k, s.n));
-    let (out, stats) = interp::run(&d.generic(), &[&pad(&a, (s.m, s.k), (p.m, p.k)), &pad(&b, (s.k, s.n), (p.k, p.n))])
-        .unwrap_or_else(|e| panic!("{}: {e}", d.name));
-    assert_eq!(stats.cores, t.rows * t.cols, "{}", d.name);
-    assert_eq!(stats.kernel_calls as usize, t.rows * t.cols * t.tiles_per_core() * t.k_steps(), "{}", d.name);
-    assert_eq!(out.len(), p.m * p.n);
-    for i in 0..p.m {
-        for j in 0..p.n {
-            let got = out[i * p.n + j];
-            let expect = if i < s.m && j < s.n { want[i * s.n + j] } else { 0 };
-            assert_eq!(got, expect, "{}: C[{i}][{j}]", d.name);
-        }
-    }
-}
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
     GemmSite { node: node.into(), op: "ai.onnx::MatMul".into(), k, n, weight: node.into(), transposed: false }

@@ -1,0 +1,150 @@
+//! `npuc compile --target xdna`: the bundle's designs cover every projection GEMM of the program
+//! (the lm_head included), the plan routes small calls to the host, and every design read back
+//! from the bundle executes int32-exactly in the design interpreter.
+
+mod common;
+
+use codegen_aie::interp;
+use runtime::bundle::Bundle;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn npuc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn compile(name: &str, device: &str, dir: &std::path::Path) -> (Bundle, Value) {
+    let out = dir.join(format!("{name}_{device}.npub"));
+    let model = common::fixture(name).join("model.onnx");
+    let args = ["compile", model.to_str().unwrap(), "--target", "xdna", "--device", device, "-o", out.to_str().unwrap(), "--json"];
+    let (ok, stdout, err) = npuc(&args);
+    assert!(ok, "{err}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    (Bundle::open(&out, Some("xdna")).unwrap_or_else(|e| panic!("{name}: {e}")), summary)
+}
+
+/// Projection nodes of the bundle's program, found from the program JSON alone: MatMul, WGemm,
+/// QGemm whose weight operand is a stored weight or a 2-D transpose of one.
+fn projection_nodes(program: &Value) -> BTreeSet<String> {
+    let values = program["values"].as_array().unwrap();
+    let nodes = program["nodes"].as_array().unwrap();
+    let is_weight = |v: &Value| v.as_u64().is_some_and(|i| values[i as usize]["def"].get("weight").is_some());
+    let transposed_weight = |v: &Value| {
+        let Some(i) = v.as_u64() else { return false };
+        nodes.iter().any(|n| {
+            n["op"] == "ai.onnx::Transpose" && n["outputs"][0].as_u64() == Some(i) && is_weight(&n["inputs"][0])
+        })
+    };
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let w = match n["op"].as_str()? {
+                "ai.onnx::MatMul" => &n["inputs"][1],
+                "npuc::WGemm" => &n["inputs"][1],
+                "npuc::QGemm" => &n["inputs"][3],
+                _ => return None,
+            };
+            (is_weight(w) || transposed_weight(w)).then(|| n["name"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn values(len: usize, seed: u64) -> Vec<i8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 56) as u8 as i8
+        })
+        .collect()
+}
+
+/// Runs every design of `rows` M-block from the bundle's text against a plain GEMM.
+fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, rows: u64) -> usize {
+    let mut ran = 0;
+    for d in plan["designs"].as_array().unwrap().iter().filter(|d| d["tiling"]["shape"]["m"] == rows) {
+        let text = String::from_utf8(b.read_file(d["file"].as_str().unwrap()).unwrap()).unwrap();
+        let dim = |k: &str, x: &str| d["tiling"][k][x].as_u64().unwrap() as usize;
+        let (m, k, n) = (dim("shape", "m"), dim("shape", "k"), dim("shape", "n"));
+        let (pm, pk, pn) = (dim("padded", "m"), dim("padded", "k"), dim("padded", "n"));
+        let (a, w) = (values(m * k, 11), values(k * n, 12));
+        let mut ap = vec![0i8; pm * pk];
+        for i in 0..m {
+            ap[i * pk..i * pk + k].copy_from_slice(&a[i * k..i * k + k]);
+        }
+        let mut wp = vec![0i8; pk * pn];
+        for i in 0..k {
+            wp[i * pn..i * pn + n].copy_from_slice(&w[i * n..i * n + n]);
+        }
+        let (c, _) = interp::run(&text, &[&ap, &wp]).unwrap_or_else(|e| panic!("{}: {e}", d["name"]));
+        for i in 0..m {
+            for j in 0..n {
+                let want: i32 = (0..k).map(|kk| a[i * k + kk] as i32 * w[kk * n + j] as i32).sum();
+                assert_eq!(c[i * pn + j], want, "{}: C[{i}][{j}]", d["name"]);
+            }
+        }
+        ran += 1;
+    }
+    ran
+}
+
+fn check_bundle(name: &str, device: &str, lm_head_transposed: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, summary) = compile(name, device, tmp.path());
+    let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
+    assert_eq!(plan["format"], "npuc-xdna-plan/1");
+    assert_eq!(plan["device"], device);
+    assert_eq!(plan["host_threshold_rows"], 16);
+    let planned: BTreeSet<String> =
+        plan["gemms"].as_array().unwrap().iter().map(|g| g["site"]["node"].as_str().unwrap().to_string()).collect();
+    let projections = projection_nodes(b.program());
+    assert!(!projections.is_empty());
+    assert_eq!(planned, projections, "{name}: every projection GEMM has designs");
+    let gemms = plan["gemms"].as_array().unwrap();
+    let vocab = b.model().vocab as u64;
+    let lm_head = gemms.iter().find(|g| g["site"]["n"] == vocab).expect("the lm_head is planned");
+    assert_eq!(lm_head["site"]["transposed"], lm_head_transposed, "{name}");
+    for g in gemms {
+        let cols: u64 = g["chunks"].as_array().unwrap().iter().map(|c| c["cols"].as_u64().unwrap()).sum();
+        assert_eq!(cols, g["site"]["n"].as_u64().unwrap(), "{}", g["site"]["node"]);
+    }
+    for d in plan["designs"].as_array().unwrap() {
+        for k in ["file", "pretty"] {
+            let text = String::from_utf8(b.read_file(d[k].as_str().unwrap()).unwrap()).unwrap();
+            assert!(text.contains("aie.objectfifo.link") && text.contains("aiex.npu.dma_memcpy_nd"), "{}", d[k]);
+        }
+        let u = d["tiling"]["utilisation"].as_f64().unwrap();
+        assert!(u > 0.0 && u <= 1.0);
+    }
+    assert_eq!(summary["xdna"]["projections"], projections.len());
+    assert_eq!(summary["xdna"]["projections_with_designs"], projections.len());
+    let ran = designs_pass_the_interpreter(&b, &plan, plan["decode_rows"].as_u64().unwrap());
+    let distinct: BTreeSet<String> = gemms
+        .iter()
+        .flat_map(|g| g["chunks"].as_array().unwrap().iter().map(|c| c["decode_design"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(ran, distinct.len(), "{name}: every decode-block design ran");
+}
+
+#[test]
+fn smollm2_compiles_for_npu1_with_designs_for_every_projection_including_lm_head() {
+    check_bundle("smollm2_f1", "npu1", true);
+}
+
+#[test]
+fn int4_qwen3_compiles_for_npu2_with_designs_for_every_projection() {
+    check_bundle("qwen3_f2", "npu2", false);
+}
+
+#[test]
+fn device_applies_to_xdna_only_and_must_be_known() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let out = tmp.path().join("x.npub");
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "--device", "npu1", "-o", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("--device npu1 applies to --target xdna only"), "{err}");
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "xdna", "--device", "npu9", "-o", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("unknown XDNA device `npu9`"), "{err}");
+}
