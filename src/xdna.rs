@@ -19,11 +19,13 @@ pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The device `--device` names (default npu1).
 pub fn device(name: Option<&str>) -> Result<Device> {
     let name = name.unwrap_or("npu1");
-    Device::parse(name).ok_or_else(|| anyhow!("unknown XDNA device `{name}` (devices: {})", codegen_aie::device::DEVICES.join(", ")))
+    Device::parse(name)
+        .ok_or_else(|| anyhow!("unknown XDNA device `{name}` (devices: {})", codegen_aie::device::DEVICES.join(", ")))
 }
 
 fn aiecc_on_path() -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("aiecc").is_file() || d.join("aiecc.py").is_file()))
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("aiecc").is_file() || d.join("aiecc.py").is_file()))
 }
 
 /// Plans the program's projections for `device`, writes designs and plan into the bundle, and
@@ -80,7 +82,9 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         v["artifacts"].as_str().unwrap_or("")
     )];
     for d in v["designs"].as_array().into_iter().flatten() {
-        let dims = |k: &str| d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default();
+        let dims = |k: &str| {
+            d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()
+        };
         out.push(format!(
             "  {:<34} padded {:<16} tile {:<10} L1 {:>6} B  L2 {:>7} B  predicted utilisation {:>5.1} %",
             d["name"].as_str().unwrap_or("?"),

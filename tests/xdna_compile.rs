@@ -12,13 +12,27 @@ use std::process::Command;
 
 fn npuc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn compile(name: &str, device: &str, dir: &std::path::Path) -> (Bundle, Value) {
     let out = dir.join(format!("{name}_{device}.npub"));
     let model = common::fixture(name).join("model.onnx");
-    let args = ["compile", model.to_str().unwrap(), "--target", "xdna", "--device", device, "-o", out.to_str().unwrap(), "--json"];
+    let args = [
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "xdna",
+        "--device",
+        device,
+        "-o",
+        out.to_str().unwrap(),
+        "--json",
+    ];
     let (ok, stdout, err) = npuc(&args);
     assert!(ok, "{err}");
     let summary: Value = serde_json::from_str(&stdout).unwrap();
@@ -26,17 +40,20 @@ fn compile(name: &str, device: &str, dir: &std::path::Path) -> (Bundle, Value) {
 }
 
 /// Projection nodes of the bundle's program, found from the program JSON alone: MatMul, WGemm,
-/// QGemm whose weight operand is a stored weight or a 2-D transpose of one.
+/// QGemm whose weight operand is constant: a stored weight, or computed from stored weights only.
 fn projection_nodes(program: &Value) -> BTreeSet<String> {
     let values = program["values"].as_array().unwrap();
     let nodes = program["nodes"].as_array().unwrap();
-    let is_weight = |v: &Value| v.as_u64().is_some_and(|i| values[i as usize]["def"].get("weight").is_some());
-    let transposed_weight = |v: &Value| {
+    fn constant(values: &[Value], nodes: &[Value], v: &Value) -> bool {
         let Some(i) = v.as_u64() else { return false };
-        nodes.iter().any(|n| {
-            n["op"] == "ai.onnx::Transpose" && n["outputs"][0].as_u64() == Some(i) && is_weight(&n["inputs"][0])
+        let def = &values[i as usize]["def"];
+        if def.get("weight").is_some() || def.get("const").is_some() {
+            return true;
+        }
+        nodes.iter().find(|n| n["outputs"].as_array().unwrap().iter().any(|o| o.as_u64() == Some(i))).is_some_and(|n| {
+            n["inputs"].as_array().unwrap().iter().filter(|x| !x.is_null()).all(|x| constant(values, nodes, x))
         })
-    };
+    }
     nodes
         .iter()
         .filter_map(|n| {
@@ -46,7 +63,7 @@ fn projection_nodes(program: &Value) -> BTreeSet<String> {
                 "npuc::QGemm" => &n["inputs"][3],
                 _ => return None,
             };
-            (is_weight(w) || transposed_weight(w)).then(|| n["name"].as_str().unwrap().to_string())
+            constant(values, nodes, w).then(|| n["name"].as_str().unwrap().to_string())
         })
         .collect()
 }
@@ -104,7 +121,7 @@ fn check_bundle(name: &str, device: &str, lm_head_transposed: bool) {
     assert_eq!(planned, projections, "{name}: every projection GEMM has designs");
     let gemms = plan["gemms"].as_array().unwrap();
     let vocab = b.model().vocab as u64;
-    let lm_head = gemms.iter().find(|g| g["site"]["n"] == vocab).expect("the lm_head is planned");
+    let lm_head = gemms.iter().rev().find(|g| g["site"]["n"] == vocab).expect("the lm_head is planned");
     assert_eq!(lm_head["site"]["transposed"], lm_head_transposed, "{name}");
     for g in gemms {
         let cols: u64 = g["chunks"].as_array().unwrap().iter().map(|c| c["cols"].as_u64().unwrap()).sum();
@@ -139,12 +156,27 @@ fn int4_qwen3_compiles_for_npu2_with_designs_for_every_projection() {
 }
 
 #[test]
+fn qdq_llama_compiles_for_npu1_with_designs_for_every_qgemm_including_lm_head() {
+    check_bundle("llama_f3a", "npu1", true);
+}
+
+#[test]
 fn device_applies_to_xdna_only_and_must_be_known() {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::fixture("llama_f1").join("model.onnx");
     let out = tmp.path().join("x.npub");
-    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "--device", "npu1", "-o", out.to_str().unwrap()]);
+    let (ok, _, err) =
+        npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "--device", "npu1", "-o", out.to_str().unwrap()]);
     assert!(!ok && err.contains("--device npu1 applies to --target xdna only"), "{err}");
-    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "xdna", "--device", "npu9", "-o", out.to_str().unwrap()]);
+    let (ok, _, err) = npuc(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "xdna",
+        "--device",
+        "npu9",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("unknown XDNA device `npu9`"), "{err}");
 }

@@ -88,8 +88,18 @@ pub struct Core {
 
 #[derive(Clone, Debug)]
 pub enum SeqOp {
-    Dma { arg: usize, offset: usize, sizes: [usize; 4], strides: [usize; 4], id: usize, fifo: String, issue_token: bool },
-    Wait { fifo: String },
+    Dma {
+        arg: usize,
+        offset: usize,
+        sizes: [usize; 4],
+        strides: [usize; 4],
+        id: usize,
+        fifo: String,
+        issue_token: bool,
+    },
+    Wait {
+        fifo: String,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -322,7 +332,12 @@ pub struct ResourceError {
 }
 
 /// Checks one access pattern (outermost first) against a descriptor's limits.
-pub fn check_pattern(limits: DmaLimits, elem_bytes: usize, dims: &[(usize, usize)], repeat: bool) -> Result<(), String> {
+pub fn check_pattern(
+    limits: DmaLimits,
+    elem_bytes: usize,
+    dims: &[(usize, usize)],
+    repeat: bool,
+) -> Result<(), String> {
     if dims.len() > limits.dims {
         return Err(format!("{} dimensions, the descriptor walks at most {}", dims.len(), limits.dims));
     }
@@ -372,10 +387,17 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
         }
         let (c, r) = core.tile;
         if bytes > dev.core_data_bytes() {
-            return fail(format!("compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}", dev.core_data_bytes()));
+            return fail(format!(
+                "compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}",
+                dev.core_data_bytes()
+            ));
         }
         if locks > dev.core_locks() || bds > dev.core_bds() {
-            return fail(format!("compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}", dev.core_locks(), dev.core_bds()));
+            return fail(format!(
+                "compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}",
+                dev.core_locks(),
+                dev.core_bds()
+            ));
         }
     }
     for col in 0..d.tiling.cols {
@@ -397,19 +419,29 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
         let out_ch = d.fifos.iter().filter(|f| f.producer == mt).count();
         let in_ch = d.fifos.iter().filter(|f| f.consumers.contains(&mt)).count();
         if out_ch > dev.mem_tile_channels() || in_ch > dev.mem_tile_channels() {
-            return fail(format!("mem tile ({col}, 1) needs {out_ch} outgoing and {in_ch} incoming DMA channels; it has {}", dev.mem_tile_channels()));
+            return fail(format!(
+                "mem tile ({col}, 1) needs {out_ch} outgoing and {in_ch} incoming DMA channels; it has {}",
+                dev.mem_tile_channels()
+            ));
         }
         let endpoints: Vec<&Fifo> = d.fifos.iter().filter(|f| f.producer == mt || f.consumers.contains(&mt)).collect();
         let bds: usize = endpoints.iter().map(|f| f.depth).sum();
         let locks = 2 * endpoints.len();
         if bds > dev.mem_tile_bds() || locks > dev.mem_tile_locks() {
-            return fail(format!("mem tile ({col}, 1) needs {bds} BDs and {locks} locks; it has {} and {}", dev.mem_tile_bds(), dev.mem_tile_locks()));
+            return fail(format!(
+                "mem tile ({col}, 1) needs {bds} BDs and {locks} locks; it has {} and {}",
+                dev.mem_tile_bds(),
+                dev.mem_tile_locks()
+            ));
         }
         let shim = (col, Device::SHIM_ROW);
         let shim_out = d.fifos.iter().filter(|f| f.producer == shim).count();
         let shim_in = d.fifos.iter().filter(|f| f.consumers.contains(&shim)).count();
         if shim_out > dev.shim_channels() || shim_in > dev.shim_channels() {
-            return fail(format!("shim tile ({col}, 0) needs {shim_out} outgoing and {shim_in} incoming channels; it has {}", dev.shim_channels()));
+            return fail(format!(
+                "shim tile ({col}, 0) needs {shim_out} outgoing and {shim_in} incoming channels; it has {}",
+                dev.shim_channels()
+            ));
         }
     }
     for f in &d.fifos {
@@ -432,10 +464,15 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
                 let Some(f) = fifo(name) else { return fail(format!("runtime sequence uses unknown FIFO {name}")) };
                 let shim_col = if f.producer.1 == Device::SHIM_ROW { f.producer.0 } else { f.consumers[0].0 };
                 if *id >= dev.shim_bds() {
-                    return fail(format!("runtime sequence BD id {id} on shim column {shim_col}; it has {}", dev.shim_bds()));
+                    return fail(format!(
+                        "runtime sequence BD id {id} on shim column {shim_col}; it has {}",
+                        dev.shim_bds()
+                    ));
                 }
                 if in_flight.iter().any(|(c, i, _)| *c == shim_col && i == id) {
-                    return fail(format!("runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"));
+                    return fail(format!(
+                        "runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"
+                    ));
                 }
                 in_flight.push((shim_col, *id, name.clone()));
                 let dims: Vec<(usize, usize)> = sizes.iter().zip(strides).map(|(&s, &t)| (s, t)).collect();
@@ -500,7 +537,13 @@ impl Design {
         let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
         let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
         for &tile in &self.tiles {
-            let _ = writeln!(o, "    {} = \"aie.tile\"() {{col = {} : i32, row = {} : i32}} : () -> index", tile_var(tile), tile.0, tile.1);
+            let _ = writeln!(
+                o,
+                "    {} = \"aie.tile\"() {{col = {} : i32, row = {} : i32}} : () -> index",
+                tile_var(tile),
+                tile.0,
+                tile.1
+            );
         }
         for f in &self.fifos {
             let mut operands = vec![tile_var(f.producer)];
@@ -535,20 +578,37 @@ impl Design {
             let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
             let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
             let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
-            let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
-            let _ = writeln!(o, "      %ksteps = \"arith.constant\"() {{value = {} : index}} : () -> index", core.k_steps);
+            let _ =
+                writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
+            let _ =
+                writeln!(o, "      %ksteps = \"arith.constant\"() {{value = {} : index}} : () -> index", core.k_steps);
             let _ = writeln!(o, "      \"scf.for\"(%c0, %ctiles, %c1) ({{");
             let _ = writeln!(o, "      ^bb0(%tile: index):");
             let _ = writeln!(o, "        %0 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> {}", core.c, sub(&tc));
-            let _ = writeln!(o, "        %1 = \"aie.objectfifo.subview.access\"(%0) {{index = 0 : i32}} : ({}) -> {tc}", sub(&tc));
+            let _ = writeln!(
+                o,
+                "        %1 = \"aie.objectfifo.subview.access\"(%0) {{index = 0 : i32}} : ({}) -> {tc}",
+                sub(&tc)
+            );
             let _ = writeln!(o, "        \"func.call\"(%1) {{callee = @{ZERO_KERNEL}}} : ({tc}) -> ()");
             let _ = writeln!(o, "        \"scf.for\"(%c0, %ksteps, %c1) ({{");
             let _ = writeln!(o, "        ^bb0(%kstep: index):");
             let _ = writeln!(o, "          %2 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.a, sub(&ta));
-            let _ = writeln!(o, "          %3 = \"aie.objectfifo.subview.access\"(%2) {{index = 0 : i32}} : ({}) -> {ta}", sub(&ta));
+            let _ = writeln!(
+                o,
+                "          %3 = \"aie.objectfifo.subview.access\"(%2) {{index = 0 : i32}} : ({}) -> {ta}",
+                sub(&ta)
+            );
             let _ = writeln!(o, "          %4 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.b, sub(&tb));
-            let _ = writeln!(o, "          %5 = \"aie.objectfifo.subview.access\"(%4) {{index = 0 : i32}} : ({}) -> {tb}", sub(&tb));
-            let _ = writeln!(o, "          \"func.call\"(%3, %5, %1) {{callee = @{MATMUL_KERNEL}}} : ({ta}, {tb}, {tc}) -> ()");
+            let _ = writeln!(
+                o,
+                "          %5 = \"aie.objectfifo.subview.access\"(%4) {{index = 0 : i32}} : ({}) -> {tb}",
+                sub(&tb)
+            );
+            let _ = writeln!(
+                o,
+                "          \"func.call\"(%3, %5, %1) {{callee = @{MATMUL_KERNEL}}} : ({ta}, {tb}, {tc}) -> ()"
+            );
             let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.a);
             let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.b);
             let _ = writeln!(o, "          \"scf.yield\"() : () -> ()");
@@ -557,7 +617,11 @@ impl Design {
             let _ = writeln!(o, "        \"scf.yield\"() : () -> ()");
             let _ = writeln!(o, "      }}) : (index, index, index) -> ()");
             let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
-            let _ = writeln!(o, "    }}) {{link_with = \"{obj}\", stack_size = {} : i32}} : (index) -> index", t.device.core_stack_bytes());
+            let _ = writeln!(
+                o,
+                "    }}) {{link_with = \"{obj}\", stack_size = {} : i32}} : (index) -> index",
+                t.device.core_stack_bytes()
+            );
         }
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let _ = writeln!(o, "    \"aie.runtime_sequence\"() ({{");
@@ -582,7 +646,8 @@ impl Design {
         }
         let _ = writeln!(o, "    }}) {{sym_name = \"sequence\"}} : () -> ()");
         let _ = writeln!(o, "    \"aie.end\"() : () -> ()");
-        let _ = writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
+        let _ =
+            writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
         let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
         o
     }
@@ -600,7 +665,11 @@ impl Design {
             let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
         }
         for f in &self.fifos {
-            let dims = if f.to_stream.is_empty() { String::new() } else { format!(" dimensionsToStream [{}]", dims_attr(&f.to_stream)) };
+            let dims = if f.to_stream.is_empty() {
+                String::new()
+            } else {
+                format!(" dimensionsToStream [{}]", dims_attr(&f.to_stream))
+            };
             let cons: Vec<String> = f.consumers.iter().map(|&c| tile_var(c)).collect();
             let _ = writeln!(
                 o,
@@ -629,7 +698,11 @@ impl Design {
             let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
             let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
             let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
-            let _ = writeln!(o, "      %ctiles = arith.constant {} : index\n      %ksteps = arith.constant {} : index", core.tiles, core.k_steps);
+            let _ = writeln!(
+                o,
+                "      %ctiles = arith.constant {} : index\n      %ksteps = arith.constant {} : index",
+                core.tiles, core.k_steps
+            );
             let _ = writeln!(o, "      scf.for %tile = %c0 to %ctiles step %c1 {{");
             let _ = writeln!(o, "        %0 = aie.objectfifo.acquire @{}(Produce, 1) : {}", core.c, sub(&tc));
             let _ = writeln!(o, "        %1 = aie.objectfifo.subview.access %0[0] : {} -> {tc}", sub(&tc));
@@ -646,7 +719,12 @@ impl Design {
             let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
             let _ = writeln!(o, "      }}");
             let _ = writeln!(o, "      aie.end");
-            let _ = writeln!(o, "    }} {{link_with = \"{}\", stack_size = {} : i32}}", kernel_object(t), t.device.core_stack_bytes());
+            let _ = writeln!(
+                o,
+                "    }} {{link_with = \"{}\", stack_size = {} : i32}}",
+                kernel_object(t),
+                t.device.core_stack_bytes()
+            );
         }
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();

@@ -1,6 +1,7 @@
 //! The projection GEMMs of a compiled program: every `npuc::WGemm` / `WGemmRowScaled`,
 //! `npuc::QGemm`, and `MatMul` whose right operand is a constant 2-D weight, including the tied
-//! lm_head that reads the embedding through `Transpose(perm = [1, 0])`.
+//! lm_head that reads the embedding through `Transpose(perm = [1, 0])` (and through a
+//! `QuantizeLinear` of that in QDQ models).
 
 use ir::graph::{Graph, Node, ValueDef, ValueId};
 use ir::Domain;
@@ -28,23 +29,39 @@ fn known_2d(g: &Graph, v: ValueId) -> Option<(usize, usize)> {
     }
 }
 
-/// The weight behind `v`: a weight or constant, or a 2-D transpose of one.
+/// The weight behind `v`, and whether it is read transposed: a weight or constant, or a value
+/// computed from constants only (a tied lm_head's `Transpose(perm = [1, 0])` of the embedding,
+/// a `QuantizeLinear` of one); the name is that of the first weight on the data operand's path.
 fn weight_of(g: &Graph, v: ValueId) -> Option<(String, bool)> {
+    weight_at(g, v, 0)
+}
+
+fn weight_at(g: &Graph, v: ValueId, depth: usize) -> Option<(String, bool)> {
     let value = g.value(v);
     match &value.def {
         ValueDef::Weight(w) => Some((g.weights.get(*w).name.clone(), false)),
         ValueDef::Const(_) => Some((value.name.clone(), false)),
-        ValueDef::Node { node, .. } => {
-            let n = g.node(*node);
-            let perm = n.attrs.ints("perm").ok().flatten();
-            if n.domain == Domain::Onnx && n.op == "Transpose" && perm == Some(&[1, 0][..]) {
-                let src = n.inputs.first().copied().flatten()?;
-                weight_of(g, src).filter(|(_, t)| !t).map(|(name, _)| (name, true))
-            } else {
-                None
-            }
-        }
         ValueDef::Input => None,
+        ValueDef::Node { node, .. } if depth < 8 => {
+            let n = g.node(*node);
+            let inputs: Vec<ValueId> = n.inputs.iter().flatten().copied().collect();
+            let (first, rest) = inputs.split_first()?;
+            if !rest.iter().all(|&i| weight_at(g, i, depth + 1).is_some()) {
+                return None;
+            }
+            let (name, transposed) = weight_at(g, *first, depth + 1)?;
+            // ONNX's default permutation reverses the dimensions: [1, 0] for a matrix.
+            let perm = n.attrs.ints("perm").ok().flatten();
+            let flips = n.domain == Domain::Onnx
+                && n.op == "Transpose"
+                && g.value(*first).shape.len() == 2
+                && perm.is_none_or(|p| p == [1, 0]);
+            if n.domain == Domain::Onnx && n.op == "Transpose" && !flips {
+                return None;
+            }
+            Some((name, transposed ^ flips))
+        }
+        ValueDef::Node { .. } => None,
     }
 }
 

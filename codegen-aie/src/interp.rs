@@ -53,21 +53,29 @@ impl Op {
         self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
     fn need(&self, key: &str) -> Result<&str, InterpError> {
-        self.attr(key).ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{} has no `{key}`", self.name) })
+        self.attr(key)
+            .ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{} has no `{key}`", self.name) })
     }
     fn int(&self, key: &str) -> Result<i64, InterpError> {
         let v = self.need(key)?;
-        parse_int(v).ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{}: `{key}` = {v} is not an integer", self.name) })
+        parse_int(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an integer", self.name),
+        })
     }
     fn ints(&self, key: &str) -> Result<Vec<usize>, InterpError> {
         let v = self.need(key)?;
-        parse_i64_array(v).ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{}: `{key}` = {v} is not an i64 array", self.name) })
+        parse_i64_array(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an i64 array", self.name),
+        })
     }
     fn symbol(&self, key: &str) -> Result<String, InterpError> {
         let v = self.need(key)?;
-        v.strip_prefix('@')
-            .map(str::to_string)
-            .ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{}: `{key}` = {v} is not a symbol", self.name) })
+        v.strip_prefix('@').map(str::to_string).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not a symbol", self.name),
+        })
     }
 }
 
@@ -155,12 +163,15 @@ fn split_top(s: &str) -> Vec<String> {
 /// Index just past the bracket matching the one at `open`.
 fn matching(s: &str, open: usize) -> Option<usize> {
     let bytes = s.as_bytes();
-    let (o, c) = (bytes[open], match bytes[open] {
-        b'(' => b')',
-        b'{' => b'}',
-        b'[' => b']',
-        _ => return None,
-    });
+    let (o, c) = (
+        bytes[open],
+        match bytes[open] {
+            b'(' => b')',
+            b'{' => b'}',
+            b'[' => b']',
+            _ => return None,
+        },
+    );
     let mut depth = 0;
     let mut quoted = false;
     for (i, &b) in bytes.iter().enumerate().skip(open) {
@@ -195,14 +206,18 @@ impl<'a> Parser<'a> {
             let Some(end) = matching(rest, 0) else { return self.perr(line, "unbalanced attribute dictionary") };
             let mut attrs = vec![];
             for part in split_top(&rest[1..end - 1]) {
-                let Some((k, v)) = part.split_once('=') else { return self.perr(line, format!("attribute `{part}` has no value")) };
+                let Some((k, v)) = part.split_once('=') else {
+                    return self.perr(line, format!("attribute `{part}` has no value"));
+                };
                 attrs.push((k.trim().to_string(), v.trim().to_string()));
             }
             (attrs, rest[end..].trim())
         } else {
             (vec![], rest)
         };
-        let Some(ty) = rest.strip_prefix(':') else { return self.perr(line, format!("expected `: type`, found `{rest}`")) };
+        let Some(ty) = rest.strip_prefix(':') else {
+            return self.perr(line, format!("expected `: type`, found `{rest}`"));
+        };
         Ok((attrs, ty.trim().to_string()))
     }
 
@@ -221,7 +236,9 @@ impl<'a> Parser<'a> {
             if let Some(header) = t.strip_prefix("^bb0(") {
                 let Some(header) = header.strip_suffix("):") else { return self.perr(line, "bad block header") };
                 for a in split_top(header) {
-                    let Some((n, ty)) = a.split_once(':') else { return self.perr(line, "block argument without type") };
+                    let Some((n, ty)) = a.split_once(':') else {
+                        return self.perr(line, "block argument without type");
+                    };
                     b.args.push((n.trim().to_string(), ty.trim().to_string()));
                 }
                 continue;
@@ -250,7 +267,9 @@ impl<'a> Parser<'a> {
         let mut regions = vec![];
         let tail = if rest == "({" {
             regions.push(self.block()?);
-            let Some(&(_, close)) = self.lines.get(self.pos) else { return self.perr(line, format!("{name}: region never closed")) };
+            let Some(&(_, close)) = self.lines.get(self.pos) else {
+                return self.perr(line, format!("{name}: region never closed"));
+            };
             self.pos += 1;
             close.trim()[2..].to_string()
         } else {
@@ -319,7 +338,9 @@ fn gather(src: &[i32], base: usize, dims: &[(usize, usize)], out: &mut Vec<i32>)
             off += idx[i] * stride;
         }
         if inner_stride == 1 {
-            let Some(s) = src.get(off..off + inner) else { return run_err(format!("access at {off}..{} outside a buffer of {}", off + inner, src.len())) };
+            let Some(s) = src.get(off..off + inner) else {
+                return run_err(format!("access at {off}..{} outside a buffer of {}", off + inner, src.len()));
+            };
             out.extend_from_slice(s);
         } else {
             for e in 0..inner {
@@ -350,7 +371,9 @@ fn scatter(dst: &mut [i32], base: usize, dims: &[(usize, usize)], data: &[i32]) 
             off += idx[i] * stride;
         }
         for e in 0..inner {
-            let Some(d) = dst.get_mut(off + e * inner_stride) else { return run_err(format!("store at {} outside a buffer of {}", off + e * inner_stride, dst_len(dst))) };
+            let Some(d) = dst.get_mut(off + e * inner_stride) else {
+                return run_err(format!("store at {} outside a buffer of {}", off + e * inner_stride, dst_len(dst)));
+            };
             *d = data[pos];
             pos += 1;
         }
@@ -392,7 +415,9 @@ impl Machine {
     fn pop(&mut self, name: &str, at: (usize, usize), who: &str) -> Result<Elem, InterpError> {
         match self.queues.get_mut(&(name.to_string(), at)).and_then(|q| q.pop_front()) {
             Some(e) => Ok(e),
-            None => run_err(format!("{who} acquires from @{name} but no element was produced (the hardware would hang)")),
+            None => {
+                run_err(format!("{who} acquires from @{name} but no element was produced (the hardware would hang)"))
+            }
         }
     }
 
@@ -402,7 +427,9 @@ impl Machine {
         let f = self.fifo(name)?.clone();
         let mut out = Vec::with_capacity(f.elems);
         if f.to_stream.is_empty() {
-            let Some(s) = buf.get(base..base + f.elems) else { return run_err(format!("@{name}: element outside the link buffer")) };
+            let Some(s) = buf.get(base..base + f.elems) else {
+                return run_err(format!("@{name}: element outside the link buffer"));
+            };
             out.extend_from_slice(s);
         } else {
             gather(buf, base, &f.to_stream, &mut out)?;
@@ -432,13 +459,19 @@ impl Machine {
                 for (j, name) in l.ins.iter().enumerate() {
                     let e = self.pop(name, mt, "mem-tile join")?;
                     let off = *l.src.get(j).ok_or_else(|| InterpError::Run("join without source offsets".into()))?;
-                    let Some(dst) = buf.get_mut(off..off + e.len()) else { return run_err(format!("join input @{name} at {off} overflows @{}", l.outs[0])) };
+                    let Some(dst) = buf.get_mut(off..off + e.len()) else {
+                        return run_err(format!("join input @{name} at {off} overflows @{}", l.outs[0]));
+                    };
                     dst.copy_from_slice(&e);
                 }
                 buf
             };
             for (j, name) in l.outs.iter().enumerate() {
-                let base = if l.outs.len() > 1 { *l.dst.get(j).ok_or_else(|| InterpError::Run("distribute without destination offsets".into()))? } else { 0 };
+                let base = if l.outs.len() > 1 {
+                    *l.dst.get(j).ok_or_else(|| InterpError::Run("distribute without destination offsets".into()))?
+                } else {
+                    0
+                };
                 self.emit_from(name, &buf, base)?;
             }
         }
@@ -514,13 +547,24 @@ impl Machine {
 
     fn buffer<'s>(st: &'s mut CoreState, v: Val) -> Result<&'s mut Elem, InterpError> {
         let Val::Buf(f, seq) = v else { return run_err("kernel operand is not a FIFO element") };
-        st.held[f].iter_mut().find(|(s, _, _)| *s == seq).map(|(_, e, _)| e).ok_or_else(|| InterpError::Run("kernel operand was released".into()))
+        st.held[f]
+            .iter_mut()
+            .find(|(s, _, _)| *s == seq)
+            .map(|(_, e, _)| e)
+            .ok_or_else(|| InterpError::Run("kernel operand was released".into()))
     }
 
-    fn exec_block(&mut self, st: &mut CoreState, block: &Block, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
+    fn exec_block(
+        &mut self,
+        st: &mut CoreState,
+        block: &Block,
+        env: &mut HashMap<String, Val>,
+    ) -> Result<(), InterpError> {
         for op in &block.ops {
             let get = |env: &HashMap<String, Val>, name: &str| {
-                env.get(name).copied().ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{name} is not defined") })
+                env.get(name)
+                    .copied()
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{name} is not defined") })
             };
             match op.name.as_str() {
                 "arith.constant" => {
@@ -532,7 +576,11 @@ impl Machine {
                         Val::Index(i) => Ok(i),
                         _ => Err(InterpError::Parse { line: op.line, msg: "scf.for bound is not an index".into() }),
                     };
-                    let (lb, ub, step) = (idx(get(env, &op.operands[0])?)?, idx(get(env, &op.operands[1])?)?, idx(get(env, &op.operands[2])?)?);
+                    let (lb, ub, step) = (
+                        idx(get(env, &op.operands[0])?)?,
+                        idx(get(env, &op.operands[1])?)?,
+                        idx(get(env, &op.operands[2])?)?,
+                    );
                     if step <= 0 {
                         return Err(InterpError::Parse { line: op.line, msg: "scf.for step must be positive".into() });
                     }
@@ -562,7 +610,10 @@ impl Machine {
                             self.pop(&name, st.tile, &format!("core ({}, {})", st.tile.0, st.tile.1))?
                         } else {
                             if f.producer != st.tile {
-                                return run_err(format!("core {:?} produces into @{name}, which it does not own", st.tile));
+                                return run_err(format!(
+                                    "core {:?} produces into @{name}, which it does not own",
+                                    st.tile
+                                ));
                             }
                             // Uninitialised memory: a kernel that forgets to zero shows.
                             vec![0x5a5a_5a5a; f.elems]
@@ -573,7 +624,9 @@ impl Machine {
                     env.insert(op.results[0].clone(), Val::Sub(id, first));
                 }
                 "aie.objectfifo.subview.access" => {
-                    let Val::Sub(f, first) = get(env, &op.operands[0])? else { return run_err("subview.access of a non-subview") };
+                    let Val::Sub(f, first) = get(env, &op.operands[0])? else {
+                        return run_err("subview.access of a non-subview");
+                    };
                     let index = op.int("index")? as u64;
                     env.insert(op.results[0].clone(), Val::Buf(f, first + index));
                 }
@@ -596,11 +649,17 @@ impl Machine {
                     match callee.as_str() {
                         "zero_i32" => Self::buffer(st, args[0])?.iter_mut().for_each(|x| *x = 0),
                         "matmul_i8_i32" => {
-                            let (a_shape, _) = parse_memref(&op.ty).ok_or_else(|| InterpError::Parse { line: op.line, msg: "matmul operand types".into() })?;
+                            let (a_shape, _) = parse_memref(&op.ty).ok_or_else(|| InterpError::Parse {
+                                line: op.line,
+                                msg: "matmul operand types".into(),
+                            })?;
                             let types = split_top(op.ty.trim_start_matches('(').split(')').next().unwrap_or(""));
                             let b_shape = types.get(1).and_then(|t| parse_memref(t)).map(|x| x.0).unwrap_or_default();
                             if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[1] != b_shape[0] {
-                                return Err(InterpError::Parse { line: op.line, msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}") });
+                                return Err(InterpError::Parse {
+                                    line: op.line,
+                                    msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}"),
+                                });
                             }
                             let (m, k, n) = (a_shape[0], a_shape[1], b_shape[1]);
                             let a = Self::buffer(st, args[0])?.clone();
@@ -619,7 +678,12 @@ impl Machine {
                         other => return run_err(format!("call to unknown kernel @{other}")),
                     }
                 }
-                other => return Err(InterpError::Parse { line: op.line, msg: format!("core body: unsupported operation {other}") }),
+                other => {
+                    return Err(InterpError::Parse {
+                        line: op.line,
+                        msg: format!("core body: unsupported operation {other}"),
+                    })
+                }
             }
         }
         Ok(())
@@ -662,24 +726,54 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                 let t: Vec<(usize, usize)> = op
                     .operands
                     .iter()
-                    .map(|o| tiles.get(o).copied().ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") }))
+                    .map(|o| {
+                        tiles
+                            .get(o)
+                            .copied()
+                            .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") })
+                    })
                     .collect::<Result<_, _>>()?;
-                let (shape, _) = parse_memref(op.need("elemType")?).ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
+                let (shape, _) = parse_memref(op.need("elemType")?)
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
                 let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
                 let name = op.need("sym_name")?.trim_matches('"').to_string();
-                fifos.insert(name, FifoInfo { producer: t[0], consumers: t[1..].to_vec(), elems: shape.iter().product(), to_stream: dims });
+                fifos.insert(
+                    name,
+                    FifoInfo {
+                        producer: t[0],
+                        consumers: t[1..].to_vec(),
+                        elems: shape.iter().product(),
+                        to_stream: dims,
+                    },
+                );
             }
             "aie.objectfifo.link" => {
-                let syms = |k: &str| parse_symbols(op.need(k)?).ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("link `{k}`") });
-                links.push(LinkInfo { ins: syms("fifoIns")?, outs: syms("fifoOuts")?, src: op.ints("src_offsets")?, dst: op.ints("dst_offsets")? });
+                let syms = |k: &str| {
+                    parse_symbols(op.need(k)?)
+                        .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("link `{k}`") })
+                };
+                links.push(LinkInfo {
+                    ins: syms("fifoIns")?,
+                    outs: syms("fifoOuts")?,
+                    src: op.ints("src_offsets")?,
+                    dst: op.ints("dst_offsets")?,
+                });
             }
             "aie.core" => {
-                let tile = tiles.get(&op.operands[0]).copied().ok_or_else(|| InterpError::Parse { line: op.line, msg: "core on an unknown tile".into() })?;
+                let tile = tiles
+                    .get(&op.operands[0])
+                    .copied()
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "core on an unknown tile".into() })?;
                 cores.push((tile, op));
             }
             "aie.runtime_sequence" => sequence = Some(op),
             "aie.end" => {}
-            other => return Err(InterpError::Parse { line: op.line, msg: format!("unsupported operation {other} in aie.device") }),
+            other => {
+                return Err(InterpError::Parse {
+                    line: op.line,
+                    msg: format!("unsupported operation {other} in aie.device"),
+                })
+            }
         }
     }
     for k in ["matmul_i8_i32", "zero_i32"] {
@@ -732,12 +826,19 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                     return run_err(format!("BD {id} of shim {shim:?} reused before a wait freed it"));
                 }
                 in_flight.push((shim, id, fifo.clone()));
-                let arg = *arg_index.get(&op.operands[0]).ok_or_else(|| InterpError::Parse { line: op.line, msg: "DMA on a non-argument".into() })?;
-                let (offs, sizes, strides) = (op.ints("static_offsets")?, op.ints("static_sizes")?, op.ints("static_strides")?);
+                let arg = *arg_index
+                    .get(&op.operands[0])
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "DMA on a non-argument".into() })?;
+                let (offs, sizes, strides) =
+                    (op.ints("static_offsets")?, op.ints("static_sizes")?, op.ints("static_strides")?);
                 if offs.len() != 4 || sizes.len() != 4 || strides.len() != 4 {
-                    return Err(InterpError::Parse { line: op.line, msg: "dma_memcpy_nd wants 4 offsets, sizes, strides".into() });
+                    return Err(InterpError::Parse {
+                        line: op.line,
+                        msg: "dma_memcpy_nd wants 4 offsets, sizes, strides".into(),
+                    });
                 }
-                let base: usize = offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
+                let base: usize =
+                    offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
                 let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
                 stats.dmas += 1;
                 let dma = Dma { arg, fifo: fifo.clone(), base, dims };
@@ -753,7 +854,12 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                 let fifo = op.symbol("symbol")?;
                 in_flight.retain(|(_, _, f)| *f != fifo);
             }
-            other => return Err(InterpError::Parse { line: op.line, msg: format!("unsupported runtime-sequence operation {other}") }),
+            other => {
+                return Err(InterpError::Parse {
+                    line: op.line,
+                    msg: format!("unsupported runtime-sequence operation {other}"),
+                })
+            }
         }
     }
     for (name, p) in &m.partial {
@@ -771,14 +877,18 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
         procs.push((Proc::Link(l.clone()), l.ins.clone(), l.outs.clone()));
     }
     for (tile, op) in &cores {
-        let ins: Vec<String> = m.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
+        let ins: Vec<String> =
+            m.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
         let outs: Vec<String> = m.fifos.iter().filter(|(_, f)| f.producer == *tile).map(|(n, _)| n.clone()).collect();
         procs.push((Proc::Core(*tile, op), ins, outs));
     }
     let mut done = vec![false; procs.len()];
     loop {
-        let produced_by_pending = |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
-        let Some(next) = (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done))) else {
+        let produced_by_pending =
+            |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
+        let Some(next) =
+            (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done)))
+        else {
             if done.iter().all(|&d| d) {
                 break;
             }

@@ -114,11 +114,7 @@ fn budgets(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Re
 fn evaluate(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<Tiling, String> {
     let (l1_bytes, l2_bytes) = budgets(device, shape, m, k, n)?;
     let (rows, cols) = (device.compute_rows(), device.columns());
-    let padded = GemmShape {
-        m: round_up(shape.m, rows * m),
-        k: round_up(shape.k, k),
-        n: round_up(shape.n, cols * n),
-    };
+    let padded = GemmShape { m: round_up(shape.m, rows * m), k: round_up(shape.k, k), n: round_up(shape.n, cols * n) };
     let (mb, nb) = (padded.m / (rows * m), padded.n / (cols * n));
     let k_steps = padded.k / k;
     let calls = (mb * nb * k_steps) as u64;

@@ -81,7 +81,8 @@ fn shapes_that_divide_nothing_are_padded_and_still_exact() {
 #[test]
 fn a_core_that_does_not_zero_its_accumulator_is_caught() {
     let d = design(Device::Npu1, 64, 128, 128);
-    let text: String = d.generic().lines().filter(|l| !l.contains("callee = @zero_i32")).map(|l| format!("{l}\n")).collect();
+    let text: String =
+        d.generic().lines().filter(|l| !l.contains("callee = @zero_i32")).map(|l| format!("{l}\n")).collect();
     let (got, want) = run_text(&d, &text, 5).unwrap();
     assert_ne!(got, want);
     let (got, want) = run_text(&d, &d.generic(), 5).unwrap();
@@ -92,7 +93,9 @@ fn a_core_that_does_not_zero_its_accumulator_is_caught() {
 fn a_wrong_access_pattern_gives_a_wrong_result() {
     let d = design(Device::Npu2, 128, 256, 256);
     let b = d.fifos.iter().find(|f| f.name == "B_L2L1_0").unwrap();
-    let dims = |v: &[(usize, usize)]| v.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect::<Vec<_>>().join(", ");
+    let dims = |v: &[(usize, usize)]| {
+        v.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect::<Vec<_>>().join(", ")
+    };
     let mut swapped = b.to_stream.clone();
     swapped.swap(2, 3);
     swapped.swap(0, 1);
@@ -108,7 +111,8 @@ fn a_wrong_access_pattern_gives_a_wrong_result() {
 fn reusing_a_shim_bd_before_its_wait_is_an_error() {
     // Enough column blocks that the sequence must wait to reuse descriptors.
     let d = design(Device::Npu1, 64, 64, 8192);
-    let text: String = d.generic().lines().filter(|l| !l.contains("aiex.npu.dma_wait")).map(|l| format!("{l}\n")).collect();
+    let text: String =
+        d.generic().lines().filter(|l| !l.contains("aiex.npu.dma_wait")).map(|l| format!("{l}\n")).collect();
     let err = run_text(&d, &text, 1).unwrap_err();
     assert!(err.to_string().contains("reused before a wait"), "{err}");
 }

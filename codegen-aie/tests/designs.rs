@@ -5,10 +5,10 @@
 mod common;
 
 use codegen_aie::design;
-use common::prove;
 use codegen_aie::gemm::GemmSite;
 use codegen_aie::plan::{self, PlanOptions};
 use codegen_aie::Device;
+use common::prove;
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
     GemmSite { node: node.into(), op: "ai.onnx::MatMul".into(), k, n, weight: node.into(), transposed: false }

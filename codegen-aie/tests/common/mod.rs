@@ -59,7 +59,6 @@ pub fn prove(d: &Design, seed: u64) {
     }
 }
 
-
 /// The design's result on operands of its logical shape, cropped, and the reference.
 #[allow(dead_code)]
 pub fn run_text(d: &Design, text: &str, seed: u64) -> Result<(Vec<i32>, Vec<i32>), interp::InterpError> {
