@@ -531,11 +531,12 @@ impl Design {
     pub fn generic(&self) -> String {
         let t = &self.tiling;
         let (ta, tb, tc) = self.kernel_types();
+        let obj = kernel_object(t);
         let mut o = String::new();
         let _ = writeln!(o, "\"builtin.module\"() ({{");
         let _ = writeln!(o, "  \"aie.device\"() ({{");
-        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
-        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
+        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), link_with = \"{obj}\", sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
+        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), link_with = \"{obj}\", sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
         for &tile in &self.tiles {
             let _ = writeln!(
                 o,
@@ -571,7 +572,6 @@ impl Design {
                 i64_array(&l.src_offsets)
             );
         }
-        let obj = kernel_object(t);
         for core in &self.cores {
             let (c, r) = core.tile;
             let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
@@ -617,11 +617,7 @@ impl Design {
             let _ = writeln!(o, "        \"scf.yield\"() : () -> ()");
             let _ = writeln!(o, "      }}) : (index, index, index) -> ()");
             let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
-            let _ = writeln!(
-                o,
-                "    }}) {{link_with = \"{obj}\", stack_size = {} : i32}} : (index) -> index",
-                t.device.core_stack_bytes()
-            );
+            let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", t.device.core_stack_bytes());
         }
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let _ = writeln!(o, "    \"aie.runtime_sequence\"() ({{");
@@ -659,8 +655,12 @@ impl Design {
         let mut o = String::new();
         let _ = writeln!(o, "module attributes {{{}}} {{", self.module_attrs());
         let _ = writeln!(o, "  aie.device({}) @{} {{", t.device, self.name);
-        let _ = writeln!(o, "    func.func private @{ZERO_KERNEL}({tc})");
-        let _ = writeln!(o, "    func.func private @{MATMUL_KERNEL}({ta}, {tb}, {tc})");
+        let obj = kernel_object(t);
+        let _ = writeln!(o, "    func.func private @{ZERO_KERNEL}({tc}) attributes {{link_with = \"{obj}\"}}");
+        let _ = writeln!(
+            o,
+            "    func.func private @{MATMUL_KERNEL}({ta}, {tb}, {tc}) attributes {{link_with = \"{obj}\"}}"
+        );
         for &tile in &self.tiles {
             let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
         }
@@ -719,12 +719,7 @@ impl Design {
             let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
             let _ = writeln!(o, "      }}");
             let _ = writeln!(o, "      aie.end");
-            let _ = writeln!(
-                o,
-                "    }} {{link_with = \"{}\", stack_size = {} : i32}}",
-                kernel_object(t),
-                t.device.core_stack_bytes()
-            );
+            let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", t.device.core_stack_bytes());
         }
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();

@@ -721,7 +721,14 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
             "aie.tile" => {
                 tiles.insert(op.results[0].clone(), (op.int("col")? as usize, op.int("row")? as usize));
             }
-            "func.func" => kernels.push(op.need("sym_name")?.trim_matches('"').to_string()),
+            "func.func" => {
+                let name = op.need("sym_name")?.trim_matches('"').to_string();
+                // A private declaration is an external kernel: its object file must be named.
+                if op.need("link_with")?.trim_matches('"').is_empty() {
+                    return Err(InterpError::Parse { line: op.line, msg: format!("kernel @{name} links no object") });
+                }
+                kernels.push(name);
+            }
             "aie.objectfifo" => {
                 let t: Vec<(usize, usize)> = op
                     .operands

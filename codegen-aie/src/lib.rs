@@ -11,6 +11,8 @@
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
 //! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
 //! - `mlir` (feature `mlir`): parses designs with MLIR itself through melior.
+//! - `xrt` (feature `xrt`): finds XRT and the NPU at run time; running designs awaits their
+//!   device artifacts.
 
 pub mod design;
 pub mod device;
@@ -20,6 +22,8 @@ pub mod interp;
 pub mod mlir;
 pub mod plan;
 pub mod tiling;
+#[cfg(feature = "xrt")]
+pub mod xrt;
 
 pub use device::Device;
 pub use tiling::{GemmShape, Tiling};
