@@ -134,3 +134,39 @@ fn text_that_is_not_a_design_is_a_parse_error_with_a_line() {
     let err = interp::run("\"builtin.module\"() ({\n  garbage here\n}) : () -> ()\n", &[]).unwrap_err();
     assert!(matches!(err, InterpError::Parse { line: 2, .. }), "{err}");
 }
+
+#[test]
+fn small_calls_stay_on_the_host_and_large_ones_are_cut_into_m_blocks() {
+    use codegen_aie::plan::{self, PlanOptions};
+    let sites = vec![codegen_aie::gemm::GemmSite {
+        node: "q".into(),
+        op: "ai.onnx::MatMul".into(),
+        k: 576,
+        n: 576,
+        weight: "q".into(),
+        transposed: false,
+    }];
+    let p = plan::plan_sites(sites.clone(), PlanOptions::new(Device::Npu1)).unwrap();
+    assert_eq!(p.decode_rows, 64);
+    assert_eq!(plan::route(&p, 1), None);
+    assert_eq!(plan::route(&p, 15), None);
+    assert_eq!(plan::route(&p, 16), Some(vec![(64, 16)]));
+    assert_eq!(plan::route(&p, 64), Some(vec![(64, 64)]));
+    assert_eq!(plan::route(&p, 300), Some(vec![(256, 256), (64, 44)]));
+    assert_eq!(plan::route(&p, 400), Some(vec![(256, 256), (256, 144)]));
+    let p2 = plan::plan_sites(sites, PlanOptions::new(Device::Npu2)).unwrap();
+    assert_eq!(p2.decode_rows, 128);
+    assert_eq!(plan::route(&p2, 100), Some(vec![(128, 100)]));
+}
+
+#[test]
+fn wide_projections_are_cut_into_equal_chunks_that_cover_every_column_once() {
+    use codegen_aie::plan::chunks;
+    let c = chunks(151936, 4096);
+    assert_eq!(c.len(), 38);
+    assert!(c.iter().all(|&(_, w)| w <= 4096));
+    assert_eq!(c.iter().map(|&(_, w)| w).sum::<usize>(), 151936);
+    assert!(c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+    assert_eq!(chunks(49152, 4096), (0..12).map(|i| (i * 4096, 4096)).collect::<Vec<_>>());
+    assert_eq!(chunks(192, 4096), vec![(0, 192)]);
+}
