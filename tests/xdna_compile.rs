@@ -4,7 +4,7 @@
 
 mod common;
 
-use codegen_aie::interp;
+use codegen_aie::{interp, quant};
 use runtime::bundle::Bundle;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -107,6 +107,41 @@ fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, rows: u64) -> usize {
     ran
 }
 
+/// A float projection of the bundle (weight read back from it) on the array's numerics: int8
+/// activations per row and weights per channel, the decode-block design run by the interpreter,
+/// the float epilogue; returns its relative error against the float GEMM.
+fn float_projection_error(b: &Bundle, plan: &Value) -> f64 {
+    let g = &plan["gemms"][0];
+    let (k, n) = (g["site"]["k"].as_u64().unwrap() as usize, g["site"]["n"].as_u64().unwrap() as usize);
+    let t = b.tensor(g["site"]["weight"].as_str().unwrap()).unwrap();
+    assert_eq!(t.shape, [k, n]);
+    let w: Vec<f32> = t.bytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
+    let name = g["chunks"][0]["decode_design"].as_str().unwrap();
+    let d = plan["designs"].as_array().unwrap().iter().find(|d| d["name"] == name).unwrap();
+    let dim = |k: &str, x: &str| d["tiling"][k][x].as_u64().unwrap() as usize;
+    let (m, pm, pk, pn) = (dim("shape", "m"), dim("padded", "m"), dim("padded", "k"), dim("padded", "n"));
+    assert_eq!((dim("shape", "k"), dim("shape", "n")), (k, n));
+    let a: Vec<f32> =
+        values(m * k * 4, 3).chunks(4).map(|c| c.iter().map(|&x| x as f32 / 128.0).sum::<f32>()).collect();
+    let (qa, qw) = (quant::quantize_rows(&a, m, k), quant::quantize_columns(&w, k, n));
+    let mut ap = vec![0i8; pm * pk];
+    for i in 0..m {
+        ap[i * pk..i * pk + k].copy_from_slice(&qa.codes[i * k..(i + 1) * k]);
+    }
+    let mut wp = vec![0i8; pk * pn];
+    for i in 0..k {
+        wp[i * pn..i * pn + n].copy_from_slice(&qw.codes[i * n..(i + 1) * n]);
+    }
+    let text = String::from_utf8(b.read_file(d["file"].as_str().unwrap()).unwrap()).unwrap();
+    let (c, _) = interp::run(&text, &[&ap, &wp]).unwrap();
+    let acc: Vec<i32> = (0..m).flat_map(|i| c[i * pn..i * pn + n].to_vec()).collect();
+    let got = quant::epilogue(&acc, &qa, &qw);
+    let want: Vec<f32> = (0..m * n)
+        .map(|ij| (0..k).map(|kk| a[ij / n * k + kk] as f64 * w[kk * n + ij % n] as f64).sum::<f64>() as f32)
+        .collect();
+    quant::relative_error(&got, &want)
+}
+
 fn check_bundle(name: &str, device: &str, lm_head_transposed: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
@@ -143,6 +178,16 @@ fn check_bundle(name: &str, device: &str, lm_head_transposed: bool) {
         .flat_map(|g| g["chunks"].as_array().unwrap().iter().map(|c| c["decode_design"].as_str().unwrap().to_string()))
         .collect();
     assert_eq!(ran, distinct.len(), "{name}: every decode-block design ran");
+    if b.tensor(gemms[0]["site"]["weight"].as_str().unwrap()).unwrap().dtype == runtime::bundle::Dtype::F32 {
+        let err = float_projection_error(&b, &plan);
+        eprintln!("{name}: a float projection on the array's int8 numerics: relative error {err:.5}");
+        // int8 per row and per channel: about 1 % on a projection, never exact.
+        assert!(err > 1e-4 && err < 0.03, "{name}: {err}");
+        let w = &summary["xdna"]["int8_weight_error"];
+        assert!(w["projections"].as_u64().unwrap() > 0, "{w}");
+        let (mean, max) = (w["mean"].as_f64().unwrap(), w["max"].as_f64().unwrap());
+        assert!(0.0 < mean && mean <= max && max < 0.05, "{w}");
+    }
 }
 
 #[test]
