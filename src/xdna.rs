@@ -9,7 +9,6 @@
 
 use anyhow::{anyhow, Context, Result};
 use codegen_aie::plan::{self, PlanOptions};
-use codegen_aie::quant;
 use codegen_aie::Device;
 use ir::graph::Graph;
 use runtime::bundle::BundleWriter;
@@ -62,49 +61,14 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
             })
         })
         .collect();
-    let errors = weight_errors(g, &plan);
-    let worst = errors.iter().map(|e| e.1).fold(None, |m: Option<f64>, e| Some(m.map_or(e, |m| m.max(e))));
-    let mean = (!errors.is_empty()).then(|| errors.iter().map(|e| e.1).sum::<f64>() / errors.len() as f64);
     Ok(json!({
         "device": device.name(),
-        "int8_weight_error": { "projections": errors.len(), "max": worst, "mean": mean },
         "host_threshold_rows": plan.options.host_threshold_rows,
         "projections": plan.gemms.len(),
         "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
         "designs": designs,
         "artifacts": artifacts,
     }))
-}
-
-/// For every float projection weight: the relative error of its int8 per-channel form, the
-/// weight error the array's numerics add (activations add theirs per call).
-fn weight_errors(g: &Graph, plan: &plan::Plan) -> Vec<(String, f64)> {
-    let by_name: std::collections::HashMap<&str, &ir::weights::Weight> =
-        g.weights.iter().map(|(_, w)| (w.name.as_str(), w)).collect();
-    let mut out = vec![];
-    let mut seen = std::collections::BTreeSet::new();
-    for p in &plan.gemms {
-        let s = &p.site;
-        let Some(w) = by_name.get(s.weight.as_str()) else { continue };
-        if w.dtype != ir::DType::F32 || w.shape.iter().product::<usize>() != s.k * s.n || !seen.insert(&s.weight) {
-            continue;
-        }
-        let values: Vec<f32> = w.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        // A transposed weight is stored [n, k]: its output channels are its rows.
-        let kn = if s.transposed {
-            let mut t = vec![0f32; values.len()];
-            for (i, row) in values.chunks_exact(s.k).enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    t[j * s.n + i] = v;
-                }
-            }
-            t
-        } else {
-            values
-        };
-        out.push((s.weight.clone(), quant::weight_error(&kn, s.k, s.n)));
-    }
-    out
 }
 
 /// Human-readable lines for the compile summary.
@@ -117,15 +81,6 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         v["host_threshold_rows"],
         v["artifacts"].as_str().unwrap_or("")
     )];
-    let e = &v["int8_weight_error"];
-    if let (Some(max), Some(mean)) = (e["max"].as_f64(), e["mean"].as_f64()) {
-        out.push(format!(
-            "  int8 per-channel weights ({} float projections): relative error mean {:.3} %, max {:.3} %",
-            e["projections"],
-            100.0 * mean,
-            100.0 * max
-        ));
-    }
     for d in v["designs"].as_array().into_iter().flatten() {
         let dims = |k: &str| {
             d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()

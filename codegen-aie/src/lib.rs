@@ -10,7 +10,7 @@
 //! - [`design`]: the design of a tiling, its resource checks and its generic and pretty texts.
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
 //! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
-//! - [`quant`]: the array's int8 numerics for float models and their error.
+//! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
 //! - `mlir` (feature `mlir`): parses designs with MLIR itself through melior.
 //! - `xrt` (feature `xrt`): finds XRT and the NPU at run time; running designs awaits their
 //!   device artifacts.
