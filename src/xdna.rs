@@ -4,8 +4,11 @@
 //! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the host
 //! threshold below which a call stays on the host, each design's tiling and predicted
 //! utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
-//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). When `aiecc` is not on PATH the bundle
-//! says so: it carries designs, not device artifacts.
+//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). When mlir-aie's `aiecc` is on PATH, it
+//! is run on every design (in a scratch folder that also holds the kernel objects, when
+//! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream and xclbin it writes go
+//! into the bundle as `xdna/<name>.insts.bin` and `xdna/<name>.xclbin`; a design aiecc fails on
+//! keeps its error in the plan. Without aiecc the bundle says it carries designs only.
 
 use anyhow::{anyhow, Context, Result};
 use codegen_aie::plan::{self, PlanOptions};
@@ -13,6 +16,8 @@ use codegen_aie::Device;
 use ir::graph::Graph;
 use runtime::bundle::BundleWriter;
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 pub const PLAN_FILE: &str = "xdna/plan.json";
 
@@ -23,9 +28,55 @@ pub fn device(name: Option<&str>) -> Result<Device> {
         .ok_or_else(|| anyhow!("unknown XDNA device `{name}` (devices: {})", codegen_aie::device::DEVICES.join(", ")))
 }
 
-fn aiecc_on_path() -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("aiecc").is_file() || d.join("aiecc.py").is_file()))
+/// mlir-aie's compiler driver, if PATH has it.
+fn aiecc() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).flat_map(|d| [d.join("aiecc"), d.join("aiecc.py")]).find(|p| p.is_file())
+}
+
+/// Runs aiecc on one design's custom form; returns the instruction stream and the xclbin, or the
+/// tail of what aiecc said.
+fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let dir = std::env::temp_dir().join(format!("npuc-aiecc-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let result = (|| {
+        if let Some(kernels) = std::env::var_os("NPUC_AIE_KERNELS") {
+            for entry in std::fs::read_dir(&kernels).map_err(|e| format!("reading NPUC_AIE_KERNELS: {e}"))?.flatten() {
+                if entry.path().extension().is_some_and(|x| x == "o") {
+                    std::fs::copy(entry.path(), dir.join(entry.file_name())).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        let design = dir.join("design.mlir");
+        std::fs::write(&design, pretty).map_err(|e| e.to_string())?;
+        let out = Command::new(tool)
+            .current_dir(&dir)
+            .args([
+                "--aie-generate-xclbin",
+                "--aie-generate-npu-insts",
+                "--no-compile-host",
+                "--no-xchesscc",
+                "--no-xbridge",
+                "--xclbin-name=design.xclbin",
+                "--npu-insts-name=insts.bin",
+                "design.mlir",
+            ])
+            .output()
+            .map_err(|e| format!("running {}: {e}", tool.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+            return Err(format!(
+                "aiecc failed ({}): {}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| format!("aiecc wrote no {f}: {e}"));
+        Ok((read("insts.bin")?, read("design.xclbin")?))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// Plans the program's projections for `device`, writes designs and plan into the bundle, and
@@ -38,10 +89,25 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         w.add_file(&pretty, d.pretty().as_bytes()).with_context(|| format!("storing {pretty}"))?;
     }
     let mut plan_json = plan.to_json();
-    let artifacts = if aiecc_on_path() {
-        "aiecc is on PATH; building device artifacts from the designs is not wired yet: the bundle carries the designs"
-    } else {
-        "aiecc is not on PATH: the bundle carries the designs, not device artifacts"
+    let artifacts = match aiecc() {
+        None => "aiecc is not on PATH: the bundle carries the designs, not device artifacts".to_string(),
+        Some(tool) => {
+            let mut built = 0;
+            for (d, entry) in plan.designs.values().zip(plan_json["designs"].as_array_mut().into_iter().flatten()) {
+                match build_artifacts(&tool, &d.name, &d.pretty()) {
+                    Ok((insts, xclbin)) => {
+                        let (i, x) = (format!("xdna/{}.insts.bin", d.name), format!("xdna/{}.xclbin", d.name));
+                        w.add_file(&i, &insts).with_context(|| format!("storing {i}"))?;
+                        w.add_file(&x, &xclbin).with_context(|| format!("storing {x}"))?;
+                        entry["insts"] = json!(i);
+                        entry["xclbin"] = json!(x);
+                        built += 1;
+                    }
+                    Err(e) => entry["aiecc_error"] = json!(e),
+                }
+            }
+            format!("aiecc ({}) built device artifacts for {built} of {} designs", tool.display(), plan.designs.len())
+        }
     };
     plan_json["artifacts"] = json!(artifacts);
     w.add_file(PLAN_FILE, serde_json::to_string_pretty(&plan_json)?.as_bytes()).context("storing the XDNA plan")?;
