@@ -258,10 +258,10 @@ pub fn build(t: &Tiling) -> Design {
             let mut next_id = vec![0usize; cols];
             let mut used: Vec<String> = vec![];
             for jj in j..j + batch {
-                for c in 0..cols {
+                for (c, next) in next_id.iter_mut().enumerate() {
                     let col = (jj * cols + c) * n;
-                    let id = next_id[c];
-                    next_id[c] += 1;
+                    let id = *next;
+                    *next += 1;
                     seq.push(SeqOp::Dma {
                         arg: 2,
                         offset: i * rows * m * p.n + col,
@@ -283,10 +283,10 @@ pub fn build(t: &Tiling) -> Design {
                     fifo: "A_L3L2".into(),
                     issue_token: true,
                 });
-                for c in 0..cols {
+                for (c, next) in next_id.iter_mut().enumerate() {
                     let col = (jj * cols + c) * n;
-                    let id = next_id[c];
-                    next_id[c] += 1;
+                    let id = *next;
+                    *next += 1;
                     seq.push(SeqOp::Dma {
                         arg: 1,
                         offset: col,
@@ -345,7 +345,7 @@ pub fn check_pattern(
     if inner_stride != 1 {
         return Err(format!("innermost stride {inner_stride}, must be 1"));
     }
-    if (inner_size * elem_bytes) % 4 != 0 {
+    if !(inner_size * elem_bytes).is_multiple_of(4) {
         return Err(format!("innermost size {inner_size} × {elem_bytes} bytes is not a whole number of 32-bit words"));
     }
     for (i, &(size, stride)) in dims.iter().enumerate() {
@@ -360,7 +360,7 @@ pub fn check_pattern(
             return Err(format!("size {size} exceeds {}", limits.max_size));
         }
         if size > 1 && i + 1 < dims.len() {
-            if (stride * elem_bytes) % 4 != 0 {
+            if !(stride * elem_bytes).is_multiple_of(4) {
                 return Err(format!("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words"));
             }
             if stride * elem_bytes / 4 > limits.max_stride_words {

@@ -545,7 +545,7 @@ impl Machine {
         }
     }
 
-    fn buffer<'s>(st: &'s mut CoreState, v: Val) -> Result<&'s mut Elem, InterpError> {
+    fn buffer(st: &mut CoreState, v: Val) -> Result<&mut Elem, InterpError> {
         let Val::Buf(f, seq) = v else { return run_err("kernel operand is not a FIFO element") };
         st.held[f]
             .iter_mut()
@@ -924,7 +924,9 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
             let pend = m.pending.entry(dma.fifo.clone()).or_default();
             if pend.is_empty() {
                 let e = m.pop(&dma.fifo, shim, "runtime DMA")?;
-                m.pending.get_mut(&dma.fifo).map(|p| p.extend(e));
+                if let Some(p) = m.pending.get_mut(&dma.fifo) {
+                    p.extend(e);
+                }
                 continue;
             }
             let take = (want - data.len()).min(pend.len());

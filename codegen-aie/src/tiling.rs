@@ -206,7 +206,7 @@ pub fn choose(device: Device, shape: GemmShape) -> Result<Tiling, TilingError> {
 pub fn with_tile(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<Tiling, TilingError> {
     let (r, s, t) = device.micro_tile();
     let nothing = |reason: String| TilingError::NothingFits { shape, device, reason };
-    if m % (4 * r) != 0 || k % s != 0 || n % (2 * t) != 0 || m == 0 || k == 0 || n == 0 {
+    if !m.is_multiple_of(4 * r) || !k.is_multiple_of(s) || !n.is_multiple_of(2 * t) || m == 0 || k == 0 || n == 0 {
         return Err(nothing(format!(
             "tile {m}x{k}x{n}: the kernel needs m % {} == 0, k % {s} == 0 and n % {} == 0",
             4 * r,
