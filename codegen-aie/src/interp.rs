@@ -11,7 +11,8 @@
 //! mem-tile links, cores, shim output DMAs) to completion in data-flow order over unbounded
 //! queues. It fails on anything the hardware would get wrong or hang on: a process acquiring an
 //! element nobody produced, elements left over, a DMA whose length is not a whole number of FIFO
-//! elements, a shim BD reused before its wait, an unknown kernel. Elements a core acquires to
+//! elements, a shim BD reused before its wait, an unknown kernel, FIFO buffers past a compute
+//! tile's memory, an access pattern past its descriptor's limits. Elements a core acquires to
 //! produce start as garbage, so a missing `zero_i32` shows; host output starts as `i32::MIN`, so a
 //! missed store shows.
 
@@ -300,6 +301,8 @@ struct FifoInfo {
     producer: (usize, usize),
     consumers: Vec<(usize, usize)>,
     elems: usize,
+    elem_bytes: usize,
+    depth: usize,
     to_stream: Vec<(usize, usize)>,
 }
 
@@ -690,6 +693,36 @@ impl Machine {
     }
 }
 
+/// The limits the text itself must respect: each compute tile's FIFO buffers within its data
+/// memory (stack reserved), and each mem-tile access pattern within the descriptor's limits.
+fn check_limits(
+    device: Device,
+    fifos: &HashMap<String, FifoInfo>,
+    cores: &[(usize, usize)],
+) -> Result<(), InterpError> {
+    for &tile in cores {
+        let bytes: usize = fifos
+            .values()
+            .filter(|f| f.producer == tile || f.consumers.contains(&tile))
+            .map(|f| f.depth * f.elems * f.elem_bytes)
+            .sum::<usize>()
+            + device.core_stack_bytes();
+        if bytes > device.core_data_bytes() {
+            return run_err(format!(
+                "core {tile:?} needs {bytes} bytes of data memory; it has {}",
+                device.core_data_bytes()
+            ));
+        }
+    }
+    for (name, f) in fifos {
+        if f.producer.1 == Device::MEM_TILE_ROW && !f.to_stream.is_empty() {
+            crate::design::check_pattern(device.mem_tile_dma(), f.elem_bytes, &f.to_stream, false)
+                .or_else(|e| run_err(format!("@{name} access pattern: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
 /// What a run did, besides its output.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {
@@ -740,8 +773,13 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                             .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") })
                     })
                     .collect::<Result<_, _>>()?;
-                let (shape, _) = parse_memref(op.need("elemType")?)
+                let (shape, elem) = parse_memref(op.need("elemType")?)
                     .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
+                let elem_bytes = match elem.as_str() {
+                    "i8" => 1,
+                    "i32" => 4,
+                    other => return Err(InterpError::Parse { line: op.line, msg: format!("element type {other}") }),
+                };
                 let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
                 let name = op.need("sym_name")?.trim_matches('"').to_string();
                 fifos.insert(
@@ -750,6 +788,8 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                         producer: t[0],
                         consumers: t[1..].to_vec(),
                         elems: shape.iter().product(),
+                        elem_bytes,
+                        depth: op.int("elemNumber")? as usize,
                         to_stream: dims,
                     },
                 );
@@ -789,6 +829,7 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
         }
     }
     let Some(sequence) = sequence else { return run_err("no aie.runtime_sequence") };
+    check_limits(device, &fifos, &cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
     let seq = &sequence.regions[0];
     let mut host: Vec<Vec<i32>> = vec![];
     for (i, (_, ty)) in seq.args.iter().enumerate() {
@@ -847,6 +888,9 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
                 let base: usize =
                     offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
                 let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
+                let elem_bytes = if parse_memref(&seq.args[arg].1).is_some_and(|(_, e)| e == "i32") { 4 } else { 1 };
+                crate::design::check_pattern(device.shim_dma(), elem_bytes, &dims, true)
+                    .or_else(|e| run_err(format!("runtime DMA on @{fifo} (line {}): {e}", op.line)))?;
                 stats.dmas += 1;
                 let dma = Dma { arg, fifo: fifo.clone(), base, dims };
                 if f.producer.1 == Device::SHIM_ROW {

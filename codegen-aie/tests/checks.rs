@@ -170,3 +170,20 @@ fn wide_projections_are_cut_into_equal_chunks_that_cover_every_column_once() {
     assert_eq!(chunks(49152, 4096), (0..12).map(|i| (i * 4096, 4096)).collect::<Vec<_>>());
     assert_eq!(chunks(192, 4096), vec![(0, 192)]);
 }
+
+#[test]
+fn the_interpreter_enforces_memory_and_dma_limits_on_the_text() {
+    let d = design(Device::Npu1, 64, 256, 256);
+    // Deeper FIFOs than the compute tile's memory holds.
+    let deep = d.generic().replace("elemNumber = 2 : i32", "elemNumber = 16 : i32");
+    let err = run_text(&d, &deep, 1).unwrap_err();
+    assert!(err.to_string().contains("bytes of data memory"), "{err}");
+    // A shim descriptor repeating more often than it can.
+    let t = &d.tiling;
+    let from = format!("static_sizes = array<i64: 1, 1, {}, {}>", t.rows * t.m, t.n);
+    assert!(d.generic().contains(&from));
+    let repeat =
+        d.generic().replacen(&from, &format!("static_sizes = array<i64: 65, 1, {}, {}>", t.rows * t.m, t.n), 1);
+    let err = run_text(&d, &repeat, 1).unwrap_err();
+    assert!(err.to_string().contains("repeat 65"), "{err}");
+}
