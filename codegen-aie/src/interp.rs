@@ -14,7 +14,9 @@
 //! elements, a shim BD reused before its wait, an unknown kernel, FIFO buffers past a compute
 //! tile's memory, an access pattern past its descriptor's limits. Elements a core acquires to
 //! produce start as garbage, so a missing `zero_i32` shows; host output starts as `i32::MIN`, so a
-//! missed store shows.
+//! missed store shows. FIFO depths are checked against memory but not simulated: a deadlock that
+//! only bounded buffers would cause (consumers taking broadcast elements in different orders) is
+//! not caught here.
 
 use crate::device::Device;
 use std::collections::{HashMap, VecDeque};
