@@ -29,11 +29,19 @@ pub struct Options {
     pub overwrite: bool,
     pub json: bool,
     pub intel: crate::intel::IntelArgs,
+    /// XDNA device (`--device`), for `--target xdna` only.
+    pub device: Option<String>,
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
-    let target: Target = o.target.parse().map_err(|_| anyhow!("unknown target `{}` (targets: cpu, xdna, intel-npu)", o.target))?;
+    let target: Target =
+        o.target.parse().map_err(|_| anyhow!("unknown target `{}` (targets: cpu, xdna, intel-npu)", o.target))?;
     let pipeline_target = passes::targets::target(&o.target).ok_or_else(|| anyhow!("unknown target `{}`", o.target))?;
+    let xdna_device = match (&o.device, target) {
+        (_, Target::Xdna) => Some(crate::xdna::device(o.device.as_deref())?),
+        (Some(d), _) => bail!("--device {d} applies to --target xdna only"),
+        (None, _) => None,
+    };
     let progress = (!o.json && std::io::stderr().is_terminal()).then(|| {
         let p = indicatif::ProgressBar::new_spinner();
         p.enable_steady_tick(std::time::Duration::from_millis(100));
@@ -101,13 +109,21 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if let Some(ir) = &intel {
         crate::intel::write(&mut w, ir)?;
     }
+    let xdna = match xdna_device {
+        Some(device) => Some(crate::xdna::add_to_bundle(&g, device, &mut w)?),
+        None => None,
+    };
     let summary = w.finish()?;
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
     if o.json {
         let intel = intel.as_ref().map(crate::intel::summary);
-        let out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel });
+        let mut out =
+            json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel });
+        if let Some(x) = &xdna {
+            out["xdna"] = x.clone();
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
@@ -121,6 +137,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
         );
         if let Some(ir) = &intel {
             println!("{}", crate::intel::summary_line(ir));
+        }
+        for line in xdna.iter().flat_map(crate::xdna::summary_lines) {
+            println!("{line}");
         }
         if tokenizer.is_none() {
             println!("no tokenizer.json next to the model and none given with --tokenizer: the bundle has none");
@@ -224,7 +243,8 @@ pub fn program_json(g: &Graph) -> Value {
 /// MLP width, the first norm epsilon. The rotary base is not recoverable from a program whose
 /// cos/sin tables are weights, and is recorded as 0.
 fn model_config(g: &Graph) -> Result<ModelConfig> {
-    let attentions: Vec<&ir::Node> = g.nodes.iter().filter(|n| n.op == "Attention" && n.domain == ir::Domain::Npuc).collect();
+    let attentions: Vec<&ir::Node> =
+        g.nodes.iter().filter(|n| n.op == "Attention" && n.domain == ir::Domain::Npuc).collect();
     let Some(first) = attentions.first() else {
         bail!("the compiled program has no fused Attention: npuc compiles decoder models whose attention the rewrites recognise (see `npuc explore --why`)");
     };
@@ -261,10 +281,12 @@ fn model_config(g: &Graph) -> Result<ModelConfig> {
             .flatten()
             .filter_map(|&v| match &g.value(v).def {
                 ValueDef::Weight(w) => Some(*w),
-                ValueDef::Node { node, .. } => g.node(*node).inputs.iter().flatten().find_map(|&i| match g.value(i).def {
-                    ValueDef::Weight(w) => Some(w),
-                    _ => None,
-                }),
+                ValueDef::Node { node, .. } => {
+                    g.node(*node).inputs.iter().flatten().find_map(|&i| match g.value(i).def {
+                        ValueDef::Weight(w) => Some(w),
+                        _ => None,
+                    })
+                }
                 _ => None,
             })
             .collect()
@@ -284,7 +306,9 @@ fn model_config(g: &Graph) -> Result<ModelConfig> {
         .filter(|n| n.op == "Gather")
         .filter_map(|n| n.inputs[0])
         .map(|v| g.value(v))
-        .filter(|v| matches!(v.def, ValueDef::Weight(_)) && v.shape.last().and_then(|d| d.as_known()) == Some(head_dim as i64))
+        .filter(|v| {
+            matches!(v.def, ValueDef::Weight(_)) && v.shape.last().and_then(|d| d.as_known()) == Some(head_dim as i64)
+        })
         .map(|v| known(v, 0))
         .next()
         .unwrap_or(0);
@@ -318,5 +342,8 @@ fn special_tokens(path: &Path) -> Result<(Option<u32>, Option<u32>)> {
             added.iter().find(|a| a["content"].as_str() == Some(name)).and_then(|a| a["id"].as_u64()).map(|i| i as u32)
         })
     };
-    Ok((find(&["<|im_start|>", "<s>", "<|begin_of_text|>"]), find(&["<|im_end|>", "</s>", "<|endoftext|>", "<|eot_id|>"])))
+    Ok((
+        find(&["<|im_start|>", "<s>", "<|begin_of_text|>"]),
+        find(&["<|im_end|>", "</s>", "<|endoftext|>", "<|eot_id|>"]),
+    ))
 }

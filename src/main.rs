@@ -9,6 +9,7 @@ mod intel;
 mod passes_cmd;
 mod run_cmd;
 mod run_openvino;
+mod xdna;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -77,6 +78,9 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
         json: bool,
         #[command(flatten)]
         intel: intel::IntelArgs,
+        /// XDNA device for --target xdna: npu1 (Phoenix/Hawk Point) or npu2 (Strix).
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Run a target's pass pipeline and print the graph after every pass.
     #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
@@ -238,29 +242,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
-        Command::Compile { model, target, output, tokenizer, overwrite, json, intel } => {
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, intel })
+        Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device } => {
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, intel, device })
         }
-        Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => passes_cmd::run(passes_cmd::Options {
-            model: &model,
-            target: &target,
-            stop_after: stop_after.as_deref(),
-            dump_dir: dump_dir.as_deref(),
-            json,
-            check: check.as_deref(),
-            fp16_sim,
-        }),
-        Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => explore::run(explore::Options {
-            model,
-            families: family,
-            rules,
-            layer,
-            explain,
-            why,
-            dot,
-            html,
-            json,
-        }),
+        Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => {
+            passes_cmd::run(passes_cmd::Options {
+                model: &model,
+                target: &target,
+                stop_after: stop_after.as_deref(),
+                dump_dir: dump_dir.as_deref(),
+                json,
+                check: check.as_deref(),
+                fp16_sim,
+            })
+        }
+        Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => {
+            explore::run(explore::Options { model, families: family, rules, layer, explain, why, dot, html, json })
+        }
         Command::Bench { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, kv_dtype, json } => {
             bench_cmd::run(bench_cmd::Options {
                 bundle,

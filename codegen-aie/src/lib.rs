@@ -1,6 +1,31 @@
 //! Code generation for AMD XDNA NPUs (`npu1` Phoenix/Hawk Point, `npu2` Strix): one MLIR-AIE
 //! design per GEMM shape (tile placement, object FIFOs, core bodies calling the int8 kernel, the
-//! runtime DMA sequence), the tiling cost model and resource checks, and a design interpreter that
-//! executes the emitted text to prove it.
+//! runtime DMA sequence), the tiling cost model and resource checks, the host plan that maps the
+//! program's projections onto designs, and a design interpreter that executes the emitted text to
+//! prove it.
 //!
-//! Not built yet. It will depend on `ir` and `passes`.
+//! - [`device`]: the device model.
+//! - [`gemm`]: the projection GEMMs of a compiled program.
+//! - [`tiling`]: per-shape tiling by cost model; compile-time errors naming shape and budget.
+//! - [`design`]: the design of a tiling, its resource checks and its generic and pretty texts.
+//! - [`interp`]: parses a design's generic text and executes it int32-exactly.
+//! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
+//! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
+//! - `mlir` (feature `mlir`): parses designs with MLIR itself through melior.
+//! - `xrt` (feature `xrt`): finds XRT and the NPU at run time; running designs awaits their
+//!   device artifacts.
+
+pub mod design;
+pub mod device;
+pub mod gemm;
+pub mod interp;
+#[cfg(feature = "mlir")]
+pub mod mlir;
+pub mod plan;
+pub mod quant;
+pub mod tiling;
+#[cfg(feature = "xrt")]
+pub mod xrt;
+
+pub use device::Device;
+pub use tiling::{GemmShape, Tiling};

@@ -1,0 +1,748 @@
+//! One MLIR-AIE design per tiling: its structure ([`Design`]), the resource checks on it
+//! ([`check`]), and its two texts: the generic operation form ([`Design::generic`], parseable by
+//! MLIR with unregistered dialects; this is what the interpreter reads) and the readable custom
+//! form mlir-aie's tools take ([`Design::pretty`]).
+//!
+//! Layout of a design on `rows × cols` compute tiles:
+//! - `A_L3L2` (shim of column 0 → mem tile of column 0) carries, per K step, the `rows·m × k` slab
+//!   of A; the link distributes it to `A_L2L1_<r>`, one per row of cores, broadcast across the
+//!   columns, whose mem-tile DMA pre-tiles each `m × k` part into r×s micro-blocks.
+//! - `B_L3L2_<c>` (shim of column c → its mem tile) carries `k × n` tiles of B; `B_L2L1_<c>` is
+//!   broadcast down the column and pre-tiled into s×t micro-blocks.
+//! - `C_L1L2_<c>_<r>` takes each core's `m × n` int32 tile (r×t micro-blocks) to its column's mem
+//!   tile; the link joins the rows, and `C_L2L3_<c>` streams the `rows·m × n` block back to the
+//!   shim in row-major order.
+//! - Each core zeroes its C tile, accumulates `k_steps` kernel calls into it, and releases it,
+//!   once per output tile it owns. The runtime sequence moves, for every (row block, column
+//!   block), C's readback, A's slab and B's tiles, and waits every few blocks so no shim tile ever
+//!   has more buffer descriptors in flight than it holds.
+
+use crate::device::{Device, DmaLimits};
+use crate::tiling::Tiling;
+use std::fmt::Write;
+
+pub const MATMUL_KERNEL: &str = "matmul_i8_i32";
+pub const ZERO_KERNEL: &str = "zero_i32";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    I8,
+    I32,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::I8 => 1,
+            Elem::I32 => 4,
+        }
+    }
+    pub fn mlir(self) -> &'static str {
+        match self {
+            Elem::I8 => "i8",
+            Elem::I32 => "i32",
+        }
+    }
+}
+
+pub type Tile = (usize, usize);
+
+#[derive(Clone, Debug)]
+pub struct Fifo {
+    pub name: String,
+    pub producer: Tile,
+    pub consumers: Vec<Tile>,
+    pub depth: usize,
+    pub shape: Vec<usize>,
+    pub elem: Elem,
+    /// The producer DMA's access pattern (size, stride) outermost first; empty: linear.
+    pub to_stream: Vec<(usize, usize)>,
+}
+
+impl Fifo {
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn memref(&self) -> String {
+        memref(&self.shape, self.elem)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Link {
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub src_offsets: Vec<usize>,
+    pub dst_offsets: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Core {
+    pub tile: Tile,
+    pub a: String,
+    pub b: String,
+    pub c: String,
+    pub tiles: usize,
+    pub k_steps: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum SeqOp {
+    Dma {
+        arg: usize,
+        offset: usize,
+        sizes: [usize; 4],
+        strides: [usize; 4],
+        id: usize,
+        fifo: String,
+        issue_token: bool,
+    },
+    Wait {
+        fifo: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Design {
+    pub tiling: Tiling,
+    pub name: String,
+    pub tiles: Vec<Tile>,
+    pub fifos: Vec<Fifo>,
+    pub links: Vec<Link>,
+    pub cores: Vec<Core>,
+    /// Runtime-sequence arguments: A, B (int8) and C (int32), flat.
+    pub args: Vec<(usize, Elem)>,
+    pub seq: Vec<SeqOp>,
+}
+
+fn memref(shape: &[usize], elem: Elem) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("memref<{}x{}>", dims.join("x"), elem.mlir())
+}
+
+/// Object-file name of the kernels for a per-core tile.
+pub fn kernel_object(t: &Tiling) -> String {
+    format!("mm_i8_i32_{}x{}x{}.o", t.m, t.k, t.n)
+}
+
+/// The design file's stem for a tiling: `gemm_<M>x<K>x<N>_<device>`.
+pub fn design_name(t: &Tiling) -> String {
+    format!("gemm_{}_{}", t.shape, t.device)
+}
+
+/// Column blocks issued between waits: the shim tile of column 0 uses three descriptors per block
+/// (A, its B, its C), and every shim tile has `shim_bds` of them.
+fn blocks_per_wait(device: Device) -> usize {
+    device.shim_bds() / 3
+}
+
+/// The design of a tiling.
+pub fn build(t: &Tiling) -> Design {
+    let (r, s, tt) = t.device.micro_tile();
+    let (rows, cols) = (t.rows, t.cols);
+    let (m, k, n) = (t.m, t.k, t.n);
+    let row0 = Device::FIRST_COMPUTE_ROW;
+    let mut tiles = vec![];
+    for c in 0..cols {
+        tiles.push((c, Device::SHIM_ROW));
+        tiles.push((c, Device::MEM_TILE_ROW));
+    }
+    for c in 0..cols {
+        for rr in 0..rows {
+            tiles.push((c, row0 + rr));
+        }
+    }
+    let mut fifos = vec![];
+    let mut links = vec![];
+    fifos.push(Fifo {
+        name: "A_L3L2".into(),
+        producer: (0, 0),
+        consumers: vec![(0, 1)],
+        depth: 2,
+        shape: vec![rows * m * k],
+        elem: Elem::I8,
+        to_stream: vec![],
+    });
+    for rr in 0..rows {
+        fifos.push(Fifo {
+            name: format!("A_L2L1_{rr}"),
+            producer: (0, 1),
+            consumers: (0..cols).map(|c| (c, row0 + rr)).collect(),
+            depth: 2,
+            shape: vec![m, k],
+            elem: Elem::I8,
+            to_stream: vec![(m / r, r * k), (k / s, s), (r, k), (s, 1)],
+        });
+    }
+    links.push(Link {
+        inputs: vec!["A_L3L2".into()],
+        outputs: (0..rows).map(|rr| format!("A_L2L1_{rr}")).collect(),
+        src_offsets: vec![],
+        dst_offsets: (0..rows).map(|rr| rr * m * k).collect(),
+    });
+    for c in 0..cols {
+        fifos.push(Fifo {
+            name: format!("B_L3L2_{c}"),
+            producer: (c, 0),
+            consumers: vec![(c, 1)],
+            depth: 2,
+            shape: vec![k * n],
+            elem: Elem::I8,
+            to_stream: vec![],
+        });
+        fifos.push(Fifo {
+            name: format!("B_L2L1_{c}"),
+            producer: (c, 1),
+            consumers: (0..rows).map(|rr| (c, row0 + rr)).collect(),
+            depth: 2,
+            shape: vec![k, n],
+            elem: Elem::I8,
+            to_stream: vec![(k / s, s * n), (n / tt, tt), (s, n), (tt, 1)],
+        });
+        links.push(Link {
+            inputs: vec![format!("B_L3L2_{c}")],
+            outputs: vec![format!("B_L2L1_{c}")],
+            src_offsets: vec![],
+            dst_offsets: vec![],
+        });
+    }
+    for c in 0..cols {
+        for rr in 0..rows {
+            fifos.push(Fifo {
+                name: format!("C_L1L2_{c}_{rr}"),
+                producer: (c, row0 + rr),
+                consumers: vec![(c, 1)],
+                depth: 2,
+                shape: vec![m, n],
+                elem: Elem::I32,
+                to_stream: vec![],
+            });
+        }
+        fifos.push(Fifo {
+            name: format!("C_L2L3_{c}"),
+            producer: (c, 1),
+            consumers: vec![(c, 0)],
+            depth: 2,
+            shape: vec![rows * m * n],
+            elem: Elem::I32,
+            to_stream: vec![(rows * m / r, r * n), (r, tt), (n / tt, r * tt), (tt, 1)],
+        });
+        links.push(Link {
+            inputs: (0..rows).map(|rr| format!("C_L1L2_{c}_{rr}")).collect(),
+            outputs: vec![format!("C_L2L3_{c}")],
+            src_offsets: (0..rows).map(|rr| rr * m * n).collect(),
+            dst_offsets: vec![],
+        });
+    }
+    let mut cores = vec![];
+    for c in 0..cols {
+        for rr in 0..rows {
+            cores.push(Core {
+                tile: (c, row0 + rr),
+                a: format!("A_L2L1_{rr}"),
+                b: format!("B_L2L1_{c}"),
+                c: format!("C_L1L2_{c}_{rr}"),
+                tiles: t.tiles_per_core(),
+                k_steps: t.k_steps(),
+            });
+        }
+    }
+    let p = t.padded;
+    let (mb, nb) = t.blocks();
+    let mut seq = vec![];
+    let per_wait = blocks_per_wait(t.device);
+    for i in 0..mb {
+        let mut j = 0;
+        while j < nb {
+            let batch = per_wait.min(nb - j);
+            let mut next_id = vec![0usize; cols];
+            let mut used: Vec<String> = vec![];
+            for jj in j..j + batch {
+                for (c, next) in next_id.iter_mut().enumerate() {
+                    let col = (jj * cols + c) * n;
+                    let id = *next;
+                    *next += 1;
+                    seq.push(SeqOp::Dma {
+                        arg: 2,
+                        offset: i * rows * m * p.n + col,
+                        sizes: [1, 1, rows * m, n],
+                        strides: [0, 0, p.n, 1],
+                        id,
+                        fifo: format!("C_L2L3_{c}"),
+                        issue_token: false,
+                    });
+                }
+                let id = next_id[0];
+                next_id[0] += 1;
+                seq.push(SeqOp::Dma {
+                    arg: 0,
+                    offset: i * rows * m * p.k,
+                    sizes: [1, p.k / k, rows * m, k],
+                    strides: [0, k, p.k, 1],
+                    id,
+                    fifo: "A_L3L2".into(),
+                    issue_token: true,
+                });
+                for (c, next) in next_id.iter_mut().enumerate() {
+                    let col = (jj * cols + c) * n;
+                    let id = *next;
+                    *next += 1;
+                    seq.push(SeqOp::Dma {
+                        arg: 1,
+                        offset: col,
+                        sizes: [1, p.k / k, k, n],
+                        strides: [0, k * p.n, p.n, 1],
+                        id,
+                        fifo: format!("B_L3L2_{c}"),
+                        issue_token: true,
+                    });
+                }
+            }
+            for c in 0..cols {
+                used.push(format!("C_L2L3_{c}"));
+            }
+            used.push("A_L3L2".into());
+            for c in 0..cols {
+                used.push(format!("B_L3L2_{c}"));
+            }
+            for f in used {
+                seq.push(SeqOp::Wait { fifo: f });
+            }
+            j += batch;
+        }
+    }
+    Design {
+        name: design_name(t),
+        tiling: t.clone(),
+        tiles,
+        fifos,
+        links,
+        cores,
+        args: vec![(p.m * p.k, Elem::I8), (p.k * p.n, Elem::I8), (p.m * p.n, Elem::I32)],
+        seq,
+    }
+}
+
+/// A resource or DMA limit a design breaks.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("design {design}: {what}")]
+pub struct ResourceError {
+    pub design: String,
+    pub what: String,
+}
+
+/// Checks one access pattern (outermost first) against a descriptor's limits.
+pub fn check_pattern(
+    limits: DmaLimits,
+    elem_bytes: usize,
+    dims: &[(usize, usize)],
+    repeat: bool,
+) -> Result<(), String> {
+    if dims.len() > limits.dims {
+        return Err(format!("{} dimensions, the descriptor walks at most {}", dims.len(), limits.dims));
+    }
+    let Some(&(inner_size, inner_stride)) = dims.last() else { return Ok(()) };
+    if inner_stride != 1 {
+        return Err(format!("innermost stride {inner_stride}, must be 1"));
+    }
+    if !(inner_size * elem_bytes).is_multiple_of(4) {
+        return Err(format!("innermost size {inner_size} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+    }
+    for (i, &(size, stride)) in dims.iter().enumerate() {
+        let is_repeat = repeat && i == 0 && dims.len() == limits.dims;
+        if is_repeat {
+            if size > limits.max_repeat {
+                return Err(format!("repeat {size} exceeds {}", limits.max_repeat));
+            }
+            continue;
+        }
+        if size > limits.max_size {
+            return Err(format!("size {size} exceeds {}", limits.max_size));
+        }
+        if size > 1 && i + 1 < dims.len() {
+            if !(stride * elem_bytes).is_multiple_of(4) {
+                return Err(format!("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+            }
+            if stride * elem_bytes / 4 > limits.max_stride_words {
+                return Err(format!("stride {stride} exceeds {} words", limits.max_stride_words));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks every budget and limit of a design: L1 and L2 bytes, locks and BDs per tile, DMA
+/// channels per mem and shim tile, access patterns, shim BD ids in flight.
+pub fn check(d: &Design) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
+    let fail = |what: String| Err(ResourceError { design: d.name.clone(), what });
+    let fifo = |name: &str| d.fifos.iter().find(|f| f.name == name);
+    for core in &d.cores {
+        let mut bytes = dev.core_stack_bytes();
+        let (mut locks, mut bds) = (0, 0);
+        for f in d.fifos.iter().filter(|f| f.producer == core.tile || f.consumers.contains(&core.tile)) {
+            bytes += f.depth * f.elems() * f.elem.bytes();
+            locks += 2;
+            bds += f.depth;
+        }
+        let (c, r) = core.tile;
+        if bytes > dev.core_data_bytes() {
+            return fail(format!(
+                "compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}",
+                dev.core_data_bytes()
+            ));
+        }
+        if locks > dev.core_locks() || bds > dev.core_bds() {
+            return fail(format!(
+                "compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}",
+                dev.core_locks(),
+                dev.core_bds()
+            ));
+        }
+    }
+    for col in 0..d.tiling.cols {
+        let mt = (col, Device::MEM_TILE_ROW);
+        let mut bytes = 0;
+        for l in &d.links {
+            let ins: Vec<&Fifo> = l.inputs.iter().filter_map(|n| fifo(n)).collect();
+            let outs: Vec<&Fifo> = l.outputs.iter().filter_map(|n| fifo(n)).collect();
+            if ins.iter().any(|f| f.consumers.contains(&mt)) {
+                // The link's buffers live on the mem tile: the bigger side's elements.
+                let inb: usize = ins.iter().map(|f| f.elems() * f.elem.bytes()).sum();
+                let outb: usize = outs.iter().map(|f| f.elems() * f.elem.bytes()).sum();
+                bytes += 2 * inb.max(outb);
+            }
+        }
+        if bytes > dev.mem_tile_bytes() {
+            return fail(format!("mem tile ({col}, 1) needs {bytes} bytes; the budget is {}", dev.mem_tile_bytes()));
+        }
+        let out_ch = d.fifos.iter().filter(|f| f.producer == mt).count();
+        let in_ch = d.fifos.iter().filter(|f| f.consumers.contains(&mt)).count();
+        if out_ch > dev.mem_tile_channels() || in_ch > dev.mem_tile_channels() {
+            return fail(format!(
+                "mem tile ({col}, 1) needs {out_ch} outgoing and {in_ch} incoming DMA channels; it has {}",
+                dev.mem_tile_channels()
+            ));
+        }
+        let endpoints: Vec<&Fifo> = d.fifos.iter().filter(|f| f.producer == mt || f.consumers.contains(&mt)).collect();
+        let bds: usize = endpoints.iter().map(|f| f.depth).sum();
+        let locks = 2 * endpoints.len();
+        if bds > dev.mem_tile_bds() || locks > dev.mem_tile_locks() {
+            return fail(format!(
+                "mem tile ({col}, 1) needs {bds} BDs and {locks} locks; it has {} and {}",
+                dev.mem_tile_bds(),
+                dev.mem_tile_locks()
+            ));
+        }
+        let shim = (col, Device::SHIM_ROW);
+        let shim_out = d.fifos.iter().filter(|f| f.producer == shim).count();
+        let shim_in = d.fifos.iter().filter(|f| f.consumers.contains(&shim)).count();
+        if shim_out > dev.shim_channels() || shim_in > dev.shim_channels() {
+            return fail(format!(
+                "shim tile ({col}, 0) needs {shim_out} outgoing and {shim_in} incoming channels; it has {}",
+                dev.shim_channels()
+            ));
+        }
+    }
+    for f in &d.fifos {
+        if f.to_stream.is_empty() {
+            continue;
+        }
+        let limits = if f.producer.1 == Device::MEM_TILE_ROW { dev.mem_tile_dma() } else { dev.core_dma() };
+        check_pattern(limits, f.elem.bytes(), &f.to_stream, false)
+            .or_else(|e| fail(format!("object FIFO {} access pattern: {e}", f.name)))?;
+        let covered: usize = f.to_stream.iter().map(|&(s, _)| s).product();
+        if covered != f.elems() {
+            return fail(format!("object FIFO {} access pattern covers {covered} of {} elements", f.name, f.elems()));
+        }
+    }
+    // Shim BDs: ids below the shim's count, none reused before the wait that frees it.
+    let mut in_flight: Vec<(usize, usize, String)> = vec![];
+    for op in &d.seq {
+        match op {
+            SeqOp::Dma { arg, sizes, strides, id, fifo: name, .. } => {
+                let Some(f) = fifo(name) else { return fail(format!("runtime sequence uses unknown FIFO {name}")) };
+                let shim_col = if f.producer.1 == Device::SHIM_ROW { f.producer.0 } else { f.consumers[0].0 };
+                if *id >= dev.shim_bds() {
+                    return fail(format!(
+                        "runtime sequence BD id {id} on shim column {shim_col}; it has {}",
+                        dev.shim_bds()
+                    ));
+                }
+                if in_flight.iter().any(|(c, i, _)| *c == shim_col && i == id) {
+                    return fail(format!(
+                        "runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"
+                    ));
+                }
+                in_flight.push((shim_col, *id, name.clone()));
+                let dims: Vec<(usize, usize)> = sizes.iter().zip(strides).map(|(&s, &t)| (s, t)).collect();
+                check_pattern(dev.shim_dma(), d.args[*arg].1.bytes(), &dims, true)
+                    .or_else(|e| fail(format!("runtime DMA on {name}: {e}")))?;
+            }
+            SeqOp::Wait { fifo: name } => in_flight.retain(|(_, _, f)| f != name),
+        }
+    }
+    Ok(())
+}
+
+fn dims_attr(dims: &[(usize, usize)]) -> String {
+    let parts: Vec<String> = dims.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect();
+    parts.join(", ")
+}
+
+fn tile_var(t: Tile) -> String {
+    format!("%tile_{}_{}", t.0, t.1)
+}
+
+fn i64_array(v: &[usize]) -> String {
+    if v.is_empty() {
+        "array<i64>".into()
+    } else {
+        format!("array<i64: {}>", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", "))
+    }
+}
+
+/// The `aie.device` enum value of a device in the generic form.
+fn device_enum(d: Device) -> u32 {
+    match d {
+        Device::Npu1 => 4,
+        Device::Npu2 => 8,
+    }
+}
+
+impl Design {
+    fn kernel_types(&self) -> (String, String, String) {
+        let t = &self.tiling;
+        (memref(&[t.m, t.k], Elem::I8), memref(&[t.k, t.n], Elem::I8), memref(&[t.m, t.n], Elem::I32))
+    }
+
+    fn module_attrs(&self) -> String {
+        let t = &self.tiling;
+        format!(
+            "npuc.gemm_shape = {}, npuc.padded_shape = {}, npuc.tile = {}",
+            i64_array(&[t.shape.m, t.shape.k, t.shape.n]),
+            i64_array(&[t.padded.m, t.padded.k, t.padded.n]),
+            i64_array(&[t.m, t.k, t.n])
+        )
+    }
+
+    /// The generic operation form: every operation as `"dialect.op"(operands) ({regions}) {attrs}
+    /// : type`, parseable by MLIR without the AIE dialects.
+    pub fn generic(&self) -> String {
+        let t = &self.tiling;
+        let (ta, tb, tc) = self.kernel_types();
+        let obj = kernel_object(t);
+        let mut o = String::new();
+        let _ = writeln!(o, "\"builtin.module\"() ({{");
+        let _ = writeln!(o, "  \"aie.device\"() ({{");
+        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), link_with = \"{obj}\", sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
+        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), link_with = \"{obj}\", sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
+        for &tile in &self.tiles {
+            let _ = writeln!(
+                o,
+                "    {} = \"aie.tile\"() {{col = {} : i32, row = {} : i32}} : () -> index",
+                tile_var(tile),
+                tile.0,
+                tile.1
+            );
+        }
+        for f in &self.fifos {
+            let mut operands = vec![tile_var(f.producer)];
+            operands.extend(f.consumers.iter().map(|&c| tile_var(c)));
+            let from = vec!["[]"; f.consumers.len()].join(", ");
+            let _ = writeln!(
+                o,
+                "    \"aie.objectfifo\"({}) {{dimensionsFromStreamPerConsumer = #aie<bd_dim_layout_array_array[{from}]>, dimensionsToStream = #aie<bd_dim_layout_array[{}]>, disable_synchronization = false, elemNumber = {} : i32, elemType = !aie.objectfifo<{}>, plio = false, sym_name = \"{}\", via_DMA = false}} : ({}) -> ()",
+                operands.join(", "),
+                dims_attr(&f.to_stream),
+                f.depth,
+                f.memref(),
+                f.name,
+                vec!["index"; operands.len()].join(", ")
+            );
+        }
+        for l in &self.links {
+            let syms = |v: &[String]| v.iter().map(|s| format!("@{s}")).collect::<Vec<_>>().join(", ");
+            let _ = writeln!(
+                o,
+                "    \"aie.objectfifo.link\"() {{dst_offsets = {}, fifoIns = [{}], fifoOuts = [{}], src_offsets = {}}} : () -> ()",
+                i64_array(&l.dst_offsets),
+                syms(&l.inputs),
+                syms(&l.outputs),
+                i64_array(&l.src_offsets)
+            );
+        }
+        for core in &self.cores {
+            let (c, r) = core.tile;
+            let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+            let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
+            let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
+            let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
+            let _ =
+                writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
+            let _ =
+                writeln!(o, "      %ksteps = \"arith.constant\"() {{value = {} : index}} : () -> index", core.k_steps);
+            let _ = writeln!(o, "      \"scf.for\"(%c0, %ctiles, %c1) ({{");
+            let _ = writeln!(o, "      ^bb0(%tile: index):");
+            let _ = writeln!(o, "        %0 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> {}", core.c, sub(&tc));
+            let _ = writeln!(
+                o,
+                "        %1 = \"aie.objectfifo.subview.access\"(%0) {{index = 0 : i32}} : ({}) -> {tc}",
+                sub(&tc)
+            );
+            let _ = writeln!(o, "        \"func.call\"(%1) {{callee = @{ZERO_KERNEL}}} : ({tc}) -> ()");
+            let _ = writeln!(o, "        \"scf.for\"(%c0, %ksteps, %c1) ({{");
+            let _ = writeln!(o, "        ^bb0(%kstep: index):");
+            let _ = writeln!(o, "          %2 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.a, sub(&ta));
+            let _ = writeln!(
+                o,
+                "          %3 = \"aie.objectfifo.subview.access\"(%2) {{index = 0 : i32}} : ({}) -> {ta}",
+                sub(&ta)
+            );
+            let _ = writeln!(o, "          %4 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.b, sub(&tb));
+            let _ = writeln!(
+                o,
+                "          %5 = \"aie.objectfifo.subview.access\"(%4) {{index = 0 : i32}} : ({}) -> {tb}",
+                sub(&tb)
+            );
+            let _ = writeln!(
+                o,
+                "          \"func.call\"(%3, %5, %1) {{callee = @{MATMUL_KERNEL}}} : ({ta}, {tb}, {tc}) -> ()"
+            );
+            let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.a);
+            let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.b);
+            let _ = writeln!(o, "          \"scf.yield\"() : () -> ()");
+            let _ = writeln!(o, "        }}) : (index, index, index) -> ()");
+            let _ = writeln!(o, "        \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> ()", core.c);
+            let _ = writeln!(o, "        \"scf.yield\"() : () -> ()");
+            let _ = writeln!(o, "      }}) : (index, index, index) -> ()");
+            let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
+            let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", t.device.core_stack_bytes());
+        }
+        let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
+        let _ = writeln!(o, "    \"aie.runtime_sequence\"() ({{");
+        let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();
+        let _ = writeln!(o, "    ^bb0({}):", params.join(", "));
+        for op in &self.seq {
+            match op {
+                SeqOp::Dma { arg, offset, sizes, strides, id, fifo, issue_token } => {
+                    let _ = writeln!(
+                        o,
+                        "      \"aiex.npu.dma_memcpy_nd\"(%arg{arg}) {{id = {id} : i64, issue_token = {issue_token}, metadata = @{fifo}, operandSegmentSizes = array<i32: 1, 0, 0, 0>, static_offsets = {}, static_sizes = {}, static_strides = {}}} : ({}) -> ()",
+                        i64_array(&[0, 0, 0, *offset]),
+                        i64_array(sizes),
+                        i64_array(strides),
+                        arg_types[*arg]
+                    );
+                }
+                SeqOp::Wait { fifo } => {
+                    let _ = writeln!(o, "      \"aiex.npu.dma_wait\"() {{symbol = @{fifo}}} : () -> ()");
+                }
+            }
+        }
+        let _ = writeln!(o, "    }}) {{sym_name = \"sequence\"}} : () -> ()");
+        let _ = writeln!(o, "    \"aie.end\"() : () -> ()");
+        let _ =
+            writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
+        let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
+        o
+    }
+
+    /// The custom (pretty) form mlir-aie's `aie-opt` and `aiecc` take.
+    pub fn pretty(&self) -> String {
+        let t = &self.tiling;
+        let (ta, tb, tc) = self.kernel_types();
+        let mut o = String::new();
+        let _ = writeln!(o, "module attributes {{{}}} {{", self.module_attrs());
+        let _ = writeln!(o, "  aie.device({}) @{} {{", t.device, self.name);
+        let obj = kernel_object(t);
+        let _ = writeln!(o, "    func.func private @{ZERO_KERNEL}({tc}) attributes {{link_with = \"{obj}\"}}");
+        let _ = writeln!(
+            o,
+            "    func.func private @{MATMUL_KERNEL}({ta}, {tb}, {tc}) attributes {{link_with = \"{obj}\"}}"
+        );
+        for &tile in &self.tiles {
+            let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
+        }
+        for f in &self.fifos {
+            let dims = if f.to_stream.is_empty() {
+                String::new()
+            } else {
+                format!(" dimensionsToStream [{}]", dims_attr(&f.to_stream))
+            };
+            let cons: Vec<String> = f.consumers.iter().map(|&c| tile_var(c)).collect();
+            let _ = writeln!(
+                o,
+                "    aie.objectfifo @{}({}{dims}, {{{}}}, {} : i32) : !aie.objectfifo<{}>",
+                f.name,
+                tile_var(f.producer),
+                cons.join(", "),
+                f.depth,
+                f.memref()
+            );
+        }
+        for l in &self.links {
+            let syms = |v: &[String]| v.iter().map(|s| format!("@{s}")).collect::<Vec<_>>().join(", ");
+            let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
+            let _ = writeln!(
+                o,
+                "    aie.objectfifo.link [{}] -> [{}]([{}] [{}])",
+                syms(&l.inputs),
+                syms(&l.outputs),
+                list(&l.src_offsets),
+                list(&l.dst_offsets)
+            );
+        }
+        for core in &self.cores {
+            let (c, r) = core.tile;
+            let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+            let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
+            let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
+            let _ = writeln!(
+                o,
+                "      %ctiles = arith.constant {} : index\n      %ksteps = arith.constant {} : index",
+                core.tiles, core.k_steps
+            );
+            let _ = writeln!(o, "      scf.for %tile = %c0 to %ctiles step %c1 {{");
+            let _ = writeln!(o, "        %0 = aie.objectfifo.acquire @{}(Produce, 1) : {}", core.c, sub(&tc));
+            let _ = writeln!(o, "        %1 = aie.objectfifo.subview.access %0[0] : {} -> {tc}", sub(&tc));
+            let _ = writeln!(o, "        func.call @{ZERO_KERNEL}(%1) : ({tc}) -> ()");
+            let _ = writeln!(o, "        scf.for %kstep = %c0 to %ksteps step %c1 {{");
+            let _ = writeln!(o, "          %2 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.a, sub(&ta));
+            let _ = writeln!(o, "          %3 = aie.objectfifo.subview.access %2[0] : {} -> {ta}", sub(&ta));
+            let _ = writeln!(o, "          %4 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.b, sub(&tb));
+            let _ = writeln!(o, "          %5 = aie.objectfifo.subview.access %4[0] : {} -> {tb}", sub(&tb));
+            let _ = writeln!(o, "          func.call @{MATMUL_KERNEL}(%3, %5, %1) : ({ta}, {tb}, {tc}) -> ()");
+            let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.a);
+            let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.b);
+            let _ = writeln!(o, "        }}");
+            let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
+            let _ = writeln!(o, "      }}");
+            let _ = writeln!(o, "      aie.end");
+            let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", t.device.core_stack_bytes());
+        }
+        let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
+        let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();
+        let _ = writeln!(o, "    aie.runtime_sequence @sequence({}) {{", params.join(", "));
+        let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
+        for op in &self.seq {
+            match op {
+                SeqOp::Dma { arg, offset, sizes, strides, id, fifo, issue_token } => {
+                    let token = if *issue_token { ", issue_token = true" } else { "" };
+                    let _ = writeln!(
+                        o,
+                        "      aiex.npu.dma_memcpy_nd(%arg{arg}[0, 0, 0, {offset}][{}][{}]) {{id = {id} : i64{token}, metadata = @{fifo}}} : {}",
+                        list(sizes),
+                        list(strides),
+                        arg_types[*arg]
+                    );
+                }
+                SeqOp::Wait { fifo } => {
+                    let _ = writeln!(o, "      aiex.npu.dma_wait {{symbol = @{fifo}}}");
+                }
+            }
+        }
+        let _ = writeln!(o, "    }}\n  }}\n}}");
+        o
+    }
+}

@@ -1,0 +1,995 @@
+//! The design interpreter: parses a design's generic-form text (never the compiler's structures)
+//! and executes it: the runtime sequence's shim DMAs (offsets, sizes, strides), object FIFOs with
+//! their producers' access patterns (`dimensionsToStream`), mem-tile links (distribute by
+//! destination offsets, join by source offsets, broadcast to every consumer), and every core's
+//! loops, FIFO acquires/releases and kernel calls, with the kernels' semantics on the micro-block
+//! layout of the device (`matmul_i8_i32`: A in r×s blocks, B in s×t blocks, C in r×t blocks,
+//! accumulated in int32; `zero_i32`).
+//!
+//! Object FIFOs with blocking acquire/release make the design a Kahn process network, so its
+//! result does not depend on the schedule: the interpreter runs each process (shim input DMAs,
+//! mem-tile links, cores, shim output DMAs) to completion in data-flow order over unbounded
+//! queues. It fails on anything the hardware would get wrong or hang on: a process acquiring an
+//! element nobody produced, elements left over, a DMA whose length is not a whole number of FIFO
+//! elements, a shim BD reused before its wait, an unknown kernel, FIFO buffers past a compute
+//! tile's memory, an access pattern past its descriptor's limits. Elements a core acquires to
+//! produce start as garbage, so a missing `zero_i32` shows; host output starts as `i32::MIN`, so a
+//! missed store shows. FIFO depths are checked against memory but not simulated: a deadlock that
+//! only bounded buffers would cause (consumers taking broadcast elements in different orders) is
+//! not caught here.
+
+use crate::device::Device;
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum InterpError {
+    #[error("design text line {line}: {msg}")]
+    Parse { line: usize, msg: String },
+    #[error("design: {0}")]
+    Run(String),
+}
+
+fn run_err<T>(msg: impl Into<String>) -> Result<T, InterpError> {
+    Err(InterpError::Run(msg.into()))
+}
+
+/// One operation of the generic form.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub results: Vec<String>,
+    pub name: String,
+    pub operands: Vec<String>,
+    pub attrs: Vec<(String, String)>,
+    pub ty: String,
+    pub regions: Vec<Block>,
+    pub line: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Block {
+    pub args: Vec<(String, String)>,
+    pub ops: Vec<Op>,
+}
+
+impl Op {
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+    fn need(&self, key: &str) -> Result<&str, InterpError> {
+        self.attr(key)
+            .ok_or_else(|| InterpError::Parse { line: self.line, msg: format!("{} has no `{key}`", self.name) })
+    }
+    fn int(&self, key: &str) -> Result<i64, InterpError> {
+        let v = self.need(key)?;
+        parse_int(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an integer", self.name),
+        })
+    }
+    fn ints(&self, key: &str) -> Result<Vec<usize>, InterpError> {
+        let v = self.need(key)?;
+        parse_i64_array(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an i64 array", self.name),
+        })
+    }
+    fn symbol(&self, key: &str) -> Result<String, InterpError> {
+        let v = self.need(key)?;
+        v.strip_prefix('@').map(str::to_string).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not a symbol", self.name),
+        })
+    }
+}
+
+fn parse_int(v: &str) -> Option<i64> {
+    let v = v.split(':').next()?.trim();
+    match v {
+        "true" => Some(1),
+        "false" => Some(0),
+        _ => v.parse().ok(),
+    }
+}
+
+fn parse_i64_array(v: &str) -> Option<Vec<usize>> {
+    let inner = v.trim().strip_prefix("array<i64")?.strip_suffix('>')?;
+    let inner = inner.trim_start_matches(':').trim();
+    if inner.is_empty() {
+        return Some(vec![]);
+    }
+    inner.split(',').map(|x| x.trim().parse().ok()).collect()
+}
+
+fn parse_symbols(v: &str) -> Option<Vec<String>> {
+    let inner = v.trim().strip_prefix('[')?.strip_suffix(']')?;
+    inner.split(',').map(|s| s.trim().strip_prefix('@').map(str::to_string)).collect()
+}
+
+/// `(size, stride)` pairs of a `#aie<bd_dim_layout_array[...]>` attribute, outermost first.
+fn parse_dims(v: &str) -> Option<Vec<(usize, usize)>> {
+    let mut out = vec![];
+    let mut rest = v;
+    while let Some(p) = rest.find("size = ") {
+        rest = &rest[p + 7..];
+        let end = rest.find(',')?;
+        let size = rest[..end].trim().parse().ok()?;
+        let q = rest.find("stride = ")?;
+        rest = &rest[q + 9..];
+        let end = rest.find('>')?;
+        let stride = rest[..end].trim().parse().ok()?;
+        out.push((size, stride));
+    }
+    Some(out)
+}
+
+/// Shape and element type of the first `memref<AxBxT>` in a type.
+fn parse_memref(v: &str) -> Option<(Vec<usize>, String)> {
+    let p = v.find("memref<")?;
+    let rest = &v[p + 7..];
+    let body = &rest[..rest.find('>')?];
+    let mut parts: Vec<&str> = body.split('x').collect();
+    let elem = parts.pop()?.to_string();
+    let dims = parts.iter().map(|d| d.parse().ok()).collect::<Option<Vec<usize>>>()?;
+    Some((dims, elem))
+}
+
+/// Splits `s` at top-level commas (outside (), [], {}, <> and quotes; `->` is not a bracket).
+fn split_top(s: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut depth = 0i32;
+    let mut quoted = false;
+    let mut cur = String::new();
+    let mut prev = ' ';
+    for ch in s.chars() {
+        match ch {
+            '"' => quoted = !quoted,
+            '(' | '[' | '{' | '<' if !quoted => depth += 1,
+            ')' | ']' | '}' if !quoted => depth -= 1,
+            '>' if !quoted && prev != '-' => depth -= 1,
+            ',' if !quoted && depth == 0 => {
+                out.push(cur.trim().to_string());
+                cur.clear();
+                prev = ch;
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+        prev = ch;
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// Index just past the bracket matching the one at `open`.
+fn matching(s: &str, open: usize) -> Option<usize> {
+    let bytes = s.as_bytes();
+    let (o, c) = (
+        bytes[open],
+        match bytes[open] {
+            b'(' => b')',
+            b'{' => b'}',
+            b'[' => b']',
+            _ => return None,
+        },
+    );
+    let mut depth = 0;
+    let mut quoted = false;
+    for (i, &b) in bytes.iter().enumerate().skip(open) {
+        if b == b'"' {
+            quoted = !quoted;
+        } else if !quoted && b == o {
+            depth += 1;
+        } else if !quoted && b == c {
+            depth -= 1;
+            if depth == 0 {
+                return Some(i + 1);
+            }
+        }
+    }
+    None
+}
+
+struct Parser<'a> {
+    lines: Vec<(usize, &'a str)>,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn perr<T>(&self, line: usize, msg: impl Into<String>) -> Result<T, InterpError> {
+        Err(InterpError::Parse { line, msg: msg.into() })
+    }
+
+    /// Parses `{attrs} : type` (both optional) from `rest`.
+    fn tail(&self, line: usize, rest: &str) -> Result<(Vec<(String, String)>, String), InterpError> {
+        let rest = rest.trim();
+        let (attrs, rest) = if rest.starts_with('{') {
+            let Some(end) = matching(rest, 0) else { return self.perr(line, "unbalanced attribute dictionary") };
+            let mut attrs = vec![];
+            for part in split_top(&rest[1..end - 1]) {
+                let Some((k, v)) = part.split_once('=') else {
+                    return self.perr(line, format!("attribute `{part}` has no value"));
+                };
+                attrs.push((k.trim().to_string(), v.trim().to_string()));
+            }
+            (attrs, rest[end..].trim())
+        } else {
+            (vec![], rest)
+        };
+        let Some(ty) = rest.strip_prefix(':') else {
+            return self.perr(line, format!("expected `: type`, found `{rest}`"));
+        };
+        Ok((attrs, ty.trim().to_string()))
+    }
+
+    /// Ops until a line that closes the enclosing region (`})...`), which is not consumed.
+    fn block(&mut self) -> Result<Block, InterpError> {
+        let mut b = Block::default();
+        while let Some(&(line, text)) = self.lines.get(self.pos) {
+            let t = text.trim();
+            if t.starts_with("})") {
+                return Ok(b);
+            }
+            self.pos += 1;
+            if t.is_empty() {
+                continue;
+            }
+            if let Some(header) = t.strip_prefix("^bb0(") {
+                let Some(header) = header.strip_suffix("):") else { return self.perr(line, "bad block header") };
+                for a in split_top(header) {
+                    let Some((n, ty)) = a.split_once(':') else {
+                        return self.perr(line, "block argument without type");
+                    };
+                    b.args.push((n.trim().to_string(), ty.trim().to_string()));
+                }
+                continue;
+            }
+            b.ops.push(self.op(line, t)?);
+        }
+        Ok(b)
+    }
+
+    fn op(&mut self, line: usize, t: &str) -> Result<Op, InterpError> {
+        let Some(q) = t.find('"') else { return self.perr(line, format!("expected a generic operation, found `{t}`")) };
+        let results: Vec<String> = match t[..q].trim().strip_suffix('=') {
+            Some(r) => r.split(',').map(|s| s.trim().to_string()).collect(),
+            None if t[..q].trim().is_empty() => vec![],
+            None => return self.perr(line, "text before the operation name"),
+        };
+        let Some(qe) = t[q + 1..].find('"') else { return self.perr(line, "unterminated operation name") };
+        let name = t[q + 1..q + 1 + qe].to_string();
+        let rest = &t[q + qe + 2..];
+        if !rest.starts_with('(') {
+            return self.perr(line, format!("{name}: expected operands"));
+        }
+        let Some(end) = matching(rest, 0) else { return self.perr(line, format!("{name}: unbalanced operands")) };
+        let operands: Vec<String> = split_top(&rest[1..end - 1]);
+        let rest = rest[end..].trim();
+        let mut regions = vec![];
+        let tail = if rest == "({" {
+            regions.push(self.block()?);
+            let Some(&(_, close)) = self.lines.get(self.pos) else {
+                return self.perr(line, format!("{name}: region never closed"));
+            };
+            self.pos += 1;
+            close.trim()[2..].to_string()
+        } else {
+            rest.to_string()
+        };
+        let (attrs, ty) = self.tail(line, &tail)?;
+        Ok(Op { results, name, operands, attrs, ty, regions, line })
+    }
+}
+
+/// Parses a generic-form module into its top operation.
+pub fn parse(text: &str) -> Result<Op, InterpError> {
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().map(|(i, l)| (i + 1, l)).collect();
+    let mut p = Parser { lines, pos: 0 };
+    let b = p.block()?;
+    if p.pos != p.lines.len() {
+        return p.perr(p.lines[p.pos].0, "unmatched region close");
+    }
+    let mut ops = b.ops;
+    if ops.len() != 1 || ops[0].name != "builtin.module" {
+        return p.perr(1, "expected one \"builtin.module\"");
+    }
+    Ok(ops.remove(0))
+}
+
+#[derive(Debug, Clone)]
+struct FifoInfo {
+    producer: (usize, usize),
+    consumers: Vec<(usize, usize)>,
+    elems: usize,
+    elem_bytes: usize,
+    depth: usize,
+    to_stream: Vec<(usize, usize)>,
+}
+
+#[derive(Debug, Clone)]
+struct LinkInfo {
+    ins: Vec<String>,
+    outs: Vec<String>,
+    src: Vec<usize>,
+    dst: Vec<usize>,
+}
+
+/// Element values in flight: int8 and int32 streams, as i32.
+type Elem = Vec<i32>;
+
+struct Machine {
+    device: Device,
+    fifos: HashMap<String, FifoInfo>,
+    /// Elements waiting at each (fifo, consumer tile).
+    queues: HashMap<(String, (usize, usize)), VecDeque<Elem>>,
+    /// Partial element of a DMA stream into a FIFO.
+    partial: HashMap<String, Vec<i32>>,
+    /// Stream left over from an element a DMA out of a FIFO consumed in part.
+    pending: HashMap<String, VecDeque<i32>>,
+}
+
+/// Gathers `sizes`/`strides` (outermost first) from `src` at `base`.
+fn gather(src: &[i32], base: usize, dims: &[(usize, usize)], out: &mut Vec<i32>) -> Result<(), InterpError> {
+    let Some((&(inner, inner_stride), outer)) = dims.split_last() else {
+        return Ok(());
+    };
+    let total_outer: usize = outer.iter().map(|d| d.0).product();
+    let mut idx = vec![0usize; outer.len()];
+    for _ in 0..total_outer {
+        let mut off = base;
+        for (i, &(_, stride)) in outer.iter().enumerate() {
+            off += idx[i] * stride;
+        }
+        if inner_stride == 1 {
+            let Some(s) = src.get(off..off + inner) else {
+                return run_err(format!("access at {off}..{} outside a buffer of {}", off + inner, src.len()));
+            };
+            out.extend_from_slice(s);
+        } else {
+            for e in 0..inner {
+                let Some(&v) = src.get(off + e * inner_stride) else { return run_err("access outside a buffer") };
+                out.push(v);
+            }
+        }
+        for i in (0..outer.len()).rev() {
+            idx[i] += 1;
+            if idx[i] < outer[i].0 {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    Ok(())
+}
+
+/// Scatters `data` into `dst` at `base` along `dims`.
+fn scatter(dst: &mut [i32], base: usize, dims: &[(usize, usize)], data: &[i32]) -> Result<(), InterpError> {
+    let Some((&(inner, inner_stride), outer)) = dims.split_last() else { return Ok(()) };
+    let total_outer: usize = outer.iter().map(|d| d.0).product();
+    let mut idx = vec![0usize; outer.len()];
+    let mut pos = 0;
+    for _ in 0..total_outer {
+        let mut off = base;
+        for (i, &(_, stride)) in outer.iter().enumerate() {
+            off += idx[i] * stride;
+        }
+        for e in 0..inner {
+            let Some(d) = dst.get_mut(off + e * inner_stride) else {
+                return run_err(format!("store at {} outside a buffer of {}", off + e * inner_stride, dst_len(dst)));
+            };
+            *d = data[pos];
+            pos += 1;
+        }
+        for i in (0..outer.len()).rev() {
+            idx[i] += 1;
+            if idx[i] < outer[i].0 {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    Ok(())
+}
+
+fn dst_len(d: &[i32]) -> usize {
+    d.len()
+}
+
+impl Machine {
+    fn fifo(&self, name: &str) -> Result<&FifoInfo, InterpError> {
+        self.fifos.get(name).ok_or_else(|| InterpError::Run(format!("unknown object FIFO @{name}")))
+    }
+
+    /// Appends a producer's stream to a FIFO, cutting it into elements for every consumer.
+    fn push_stream(&mut self, name: &str, data: &[i32]) -> Result<(), InterpError> {
+        let f = self.fifo(name)?.clone();
+        let part = self.partial.entry(name.to_string()).or_default();
+        part.extend_from_slice(data);
+        let whole = part.len() / f.elems * f.elems;
+        let done: Vec<i32> = part.drain(..whole).collect();
+        for chunk in done.chunks(f.elems) {
+            for &c in &f.consumers {
+                self.queues.entry((name.to_string(), c)).or_default().push_back(chunk.to_vec());
+            }
+        }
+        Ok(())
+    }
+
+    fn pop(&mut self, name: &str, at: (usize, usize), who: &str) -> Result<Elem, InterpError> {
+        match self.queues.get_mut(&(name.to_string(), at)).and_then(|q| q.pop_front()) {
+            Some(e) => Ok(e),
+            None => {
+                run_err(format!("{who} acquires from @{name} but no element was produced (the hardware would hang)"))
+            }
+        }
+    }
+
+    /// Produces one element of `name` from a consumer's stream view: applies the producer's access
+    /// pattern to `buf` at `base`.
+    fn emit_from(&mut self, name: &str, buf: &[i32], base: usize) -> Result<(), InterpError> {
+        let f = self.fifo(name)?.clone();
+        let mut out = Vec::with_capacity(f.elems);
+        if f.to_stream.is_empty() {
+            let Some(s) = buf.get(base..base + f.elems) else {
+                return run_err(format!("@{name}: element outside the link buffer"));
+            };
+            out.extend_from_slice(s);
+        } else {
+            gather(buf, base, &f.to_stream, &mut out)?;
+        }
+        if out.len() != f.elems {
+            return run_err(format!("@{name}: access pattern yields {} of {} elements", out.len(), f.elems));
+        }
+        for &c in &f.consumers {
+            self.queues.entry((name.to_string(), c)).or_default().push_back(out.clone());
+        }
+        Ok(())
+    }
+
+    fn run_link(&mut self, l: &LinkInfo) -> Result<(), InterpError> {
+        let first = self.fifo(&l.ins[0])?.clone();
+        let mt = first.consumers[0];
+        loop {
+            let ready = self.queues.get(&(l.ins[0].clone(), mt)).map_or(0, |q| q.len());
+            if ready == 0 {
+                break;
+            }
+            let buf: Vec<i32> = if l.ins.len() == 1 {
+                self.pop(&l.ins[0], mt, "mem-tile link")?
+            } else {
+                let out_elems = self.fifo(&l.outs[0])?.elems;
+                let mut buf = vec![0i32; out_elems];
+                for (j, name) in l.ins.iter().enumerate() {
+                    let e = self.pop(name, mt, "mem-tile join")?;
+                    let off = *l.src.get(j).ok_or_else(|| InterpError::Run("join without source offsets".into()))?;
+                    let Some(dst) = buf.get_mut(off..off + e.len()) else {
+                        return run_err(format!("join input @{name} at {off} overflows @{}", l.outs[0]));
+                    };
+                    dst.copy_from_slice(&e);
+                }
+                buf
+            };
+            for (j, name) in l.outs.iter().enumerate() {
+                let base = if l.outs.len() > 1 {
+                    *l.dst.get(j).ok_or_else(|| InterpError::Run("distribute without destination offsets".into()))?
+                } else {
+                    0
+                };
+                self.emit_from(name, &buf, base)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// int8 GEMM on the micro-block layout: `a` [m/r][k/s][r][s], `b` [k/s][n/t][s][t], `c`
+/// [m/r][n/t][r][t] accumulated.
+pub fn matmul_i8_i32(device: Device, (m, k, n): (usize, usize, usize), a: &[i32], b: &[i32], c: &mut [i32]) {
+    let (r, s, t) = device.micro_tile();
+    let mut a_rm = vec![0i16; m * k];
+    for i in 0..m {
+        for kk in 0..k {
+            a_rm[i * k + kk] = a[((i / r) * (k / s) + kk / s) * r * s + (i % r) * s + kk % s] as i16;
+        }
+    }
+    let mut b_rm = vec![0i16; k * n];
+    for kk in 0..k {
+        for j in 0..n {
+            b_rm[kk * n + j] = b[((kk / s) * (n / t) + j / t) * s * t + (kk % s) * t + j % t] as i16;
+        }
+    }
+    let mut acc = vec![0i32; n];
+    for i in 0..m {
+        acc.iter_mut().for_each(|x| *x = 0);
+        for kk in 0..k {
+            let av = a_rm[i * k + kk];
+            if av == 0 {
+                continue;
+            }
+            let row = &b_rm[kk * n..kk * n + n];
+            for (x, &bv) in acc.iter_mut().zip(row) {
+                // |i8 · i8| ≤ 2^14 fits i16 exactly.
+                *x += (av * bv) as i32;
+            }
+        }
+        for j in 0..n {
+            c[((i / r) * (n / t) + j / t) * r * t + (i % r) * t + j % t] += acc[j];
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Val {
+    Index(i64),
+    /// An acquired subview: (fifo id, first element's sequence number).
+    Sub(usize, u64),
+    /// An element buffer: (fifo id, sequence number).
+    Buf(usize, u64),
+}
+
+struct CoreState {
+    tile: (usize, usize),
+    fifo_names: Vec<String>,
+    /// Held elements per fifo id: (sequence number, data), oldest first; produce or consume.
+    held: Vec<VecDeque<(u64, Elem, bool)>>,
+    next_seq: u64,
+    kernel_calls: u64,
+}
+
+impl Machine {
+    fn fifo_id(&self, st: &mut CoreState, name: &str) -> usize {
+        match st.fifo_names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                st.fifo_names.push(name.to_string());
+                st.held.push(VecDeque::new());
+                st.fifo_names.len() - 1
+            }
+        }
+    }
+
+    fn buffer(st: &mut CoreState, v: Val) -> Result<&mut Elem, InterpError> {
+        let Val::Buf(f, seq) = v else { return run_err("kernel operand is not a FIFO element") };
+        st.held[f]
+            .iter_mut()
+            .find(|(s, _, _)| *s == seq)
+            .map(|(_, e, _)| e)
+            .ok_or_else(|| InterpError::Run("kernel operand was released".into()))
+    }
+
+    fn exec_block(
+        &mut self,
+        st: &mut CoreState,
+        block: &Block,
+        env: &mut HashMap<String, Val>,
+    ) -> Result<(), InterpError> {
+        for op in &block.ops {
+            let get = |env: &HashMap<String, Val>, name: &str| {
+                env.get(name)
+                    .copied()
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{name} is not defined") })
+            };
+            match op.name.as_str() {
+                "arith.constant" => {
+                    let v = op.int("value")?;
+                    env.insert(op.results[0].clone(), Val::Index(v));
+                }
+                "scf.for" => {
+                    let idx = |v: Val| match v {
+                        Val::Index(i) => Ok(i),
+                        _ => Err(InterpError::Parse { line: op.line, msg: "scf.for bound is not an index".into() }),
+                    };
+                    let (lb, ub, step) = (
+                        idx(get(env, &op.operands[0])?)?,
+                        idx(get(env, &op.operands[1])?)?,
+                        idx(get(env, &op.operands[2])?)?,
+                    );
+                    if step <= 0 {
+                        return Err(InterpError::Parse { line: op.line, msg: "scf.for step must be positive".into() });
+                    }
+                    let body = &op.regions[0];
+                    let mut i = lb;
+                    while i < ub {
+                        if let Some((name, _)) = body.args.first() {
+                            env.insert(name.clone(), Val::Index(i));
+                        }
+                        self.exec_block(st, body, env)?;
+                        i += step;
+                    }
+                }
+                "scf.yield" | "aie.end" => {}
+                "aie.objectfifo.acquire" => {
+                    let name = op.symbol("objFifo_name")?;
+                    let port = op.int("port")?;
+                    let size = op.int("size")? as u64;
+                    let f = self.fifo(&name)?.clone();
+                    let id = self.fifo_id(st, &name);
+                    let first = st.next_seq;
+                    for _ in 0..size {
+                        let data = if port == 1 {
+                            if !f.consumers.contains(&st.tile) {
+                                return run_err(format!("core {:?} consumes @{name}, which does not feed it", st.tile));
+                            }
+                            self.pop(&name, st.tile, &format!("core ({}, {})", st.tile.0, st.tile.1))?
+                        } else {
+                            if f.producer != st.tile {
+                                return run_err(format!(
+                                    "core {:?} produces into @{name}, which it does not own",
+                                    st.tile
+                                ));
+                            }
+                            // Uninitialised memory: a kernel that forgets to zero shows.
+                            vec![0x5a5a_5a5a; f.elems]
+                        };
+                        st.held[id].push_back((st.next_seq, data, port == 0));
+                        st.next_seq += 1;
+                    }
+                    env.insert(op.results[0].clone(), Val::Sub(id, first));
+                }
+                "aie.objectfifo.subview.access" => {
+                    let Val::Sub(f, first) = get(env, &op.operands[0])? else {
+                        return run_err("subview.access of a non-subview");
+                    };
+                    let index = op.int("index")? as u64;
+                    env.insert(op.results[0].clone(), Val::Buf(f, first + index));
+                }
+                "aie.objectfifo.release" => {
+                    let name = op.symbol("objFifo_name")?;
+                    let size = op.int("size")?;
+                    let id = self.fifo_id(st, &name);
+                    for _ in 0..size {
+                        let Some((_, data, produced)) = st.held[id].pop_front() else {
+                            return run_err(format!("core {:?} releases @{name} it does not hold", st.tile));
+                        };
+                        if produced {
+                            self.push_stream(&name, &data)?;
+                        }
+                    }
+                }
+                "func.call" => {
+                    let callee = op.symbol("callee")?;
+                    let args: Vec<Val> = op.operands.iter().map(|o| get(env, o)).collect::<Result<_, _>>()?;
+                    match callee.as_str() {
+                        "zero_i32" => Self::buffer(st, args[0])?.iter_mut().for_each(|x| *x = 0),
+                        "matmul_i8_i32" => {
+                            let (a_shape, _) = parse_memref(&op.ty).ok_or_else(|| InterpError::Parse {
+                                line: op.line,
+                                msg: "matmul operand types".into(),
+                            })?;
+                            let types = split_top(op.ty.trim_start_matches('(').split(')').next().unwrap_or(""));
+                            let b_shape = types.get(1).and_then(|t| parse_memref(t)).map(|x| x.0).unwrap_or_default();
+                            if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[1] != b_shape[0] {
+                                return Err(InterpError::Parse {
+                                    line: op.line,
+                                    msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}"),
+                                });
+                            }
+                            let (m, k, n) = (a_shape[0], a_shape[1], b_shape[1]);
+                            let a = Self::buffer(st, args[0])?.clone();
+                            let b = Self::buffer(st, args[1])?.clone();
+                            if a.len() != m * k || b.len() != k * n {
+                                return run_err("matmul_i8_i32 operand sizes do not match their types");
+                            }
+                            let device = self.device;
+                            let c = Self::buffer(st, args[2])?;
+                            if c.len() != m * n {
+                                return run_err("matmul_i8_i32 output size does not match its type");
+                            }
+                            matmul_i8_i32(device, (m, k, n), &a, &b, c);
+                            st.kernel_calls += 1;
+                        }
+                        other => return run_err(format!("call to unknown kernel @{other}")),
+                    }
+                }
+                other => {
+                    return Err(InterpError::Parse {
+                        line: op.line,
+                        msg: format!("core body: unsupported operation {other}"),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The limits the text itself must respect: each compute tile's FIFO buffers within its data
+/// memory (stack reserved), and each mem-tile access pattern within the descriptor's limits.
+fn check_limits(
+    device: Device,
+    fifos: &HashMap<String, FifoInfo>,
+    cores: &[(usize, usize)],
+) -> Result<(), InterpError> {
+    for &tile in cores {
+        let bytes: usize = fifos
+            .values()
+            .filter(|f| f.producer == tile || f.consumers.contains(&tile))
+            .map(|f| f.depth * f.elems * f.elem_bytes)
+            .sum::<usize>()
+            + device.core_stack_bytes();
+        if bytes > device.core_data_bytes() {
+            return run_err(format!(
+                "core {tile:?} needs {bytes} bytes of data memory; it has {}",
+                device.core_data_bytes()
+            ));
+        }
+    }
+    for (name, f) in fifos {
+        if f.producer.1 == Device::MEM_TILE_ROW && !f.to_stream.is_empty() {
+            crate::design::check_pattern(device.mem_tile_dma(), f.elem_bytes, &f.to_stream, false)
+                .or_else(|e| run_err(format!("@{name} access pattern: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// What a run did, besides its output.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunStats {
+    pub dmas: usize,
+    pub kernel_calls: u64,
+    pub cores: usize,
+}
+
+/// Executes a design's text on host buffers: `inputs` are the runtime sequence's int8 arguments
+/// (A then B, flat, as int values), the last argument (int32) is returned.
+pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpError> {
+    let module = parse(text)?;
+    let device_op = module.regions.first().and_then(|b| b.ops.iter().find(|o| o.name == "aie.device"));
+    let Some(device_op) = device_op else { return run_err("no aie.device") };
+    let device = match device_op.int("device")? {
+        4 => Device::Npu1,
+        8 => Device::Npu2,
+        d => return run_err(format!("unsupported device enum {d}")),
+    };
+    let body = &device_op.regions[0];
+    let mut tiles: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut fifos = HashMap::new();
+    let mut links = vec![];
+    let mut cores = vec![];
+    let mut sequence = None;
+    let mut kernels = vec![];
+    for op in &body.ops {
+        match op.name.as_str() {
+            "aie.tile" => {
+                tiles.insert(op.results[0].clone(), (op.int("col")? as usize, op.int("row")? as usize));
+            }
+            "func.func" => {
+                let name = op.need("sym_name")?.trim_matches('"').to_string();
+                // A private declaration is an external kernel: its object file must be named.
+                if op.need("link_with")?.trim_matches('"').is_empty() {
+                    return Err(InterpError::Parse { line: op.line, msg: format!("kernel @{name} links no object") });
+                }
+                kernels.push(name);
+            }
+            "aie.objectfifo" => {
+                let t: Vec<(usize, usize)> = op
+                    .operands
+                    .iter()
+                    .map(|o| {
+                        tiles
+                            .get(o)
+                            .copied()
+                            .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") })
+                    })
+                    .collect::<Result<_, _>>()?;
+                let (shape, elem) = parse_memref(op.need("elemType")?)
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
+                let elem_bytes = match elem.as_str() {
+                    "i8" => 1,
+                    "i32" => 4,
+                    other => return Err(InterpError::Parse { line: op.line, msg: format!("element type {other}") }),
+                };
+                let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
+                let name = op.need("sym_name")?.trim_matches('"').to_string();
+                fifos.insert(
+                    name,
+                    FifoInfo {
+                        producer: t[0],
+                        consumers: t[1..].to_vec(),
+                        elems: shape.iter().product(),
+                        elem_bytes,
+                        depth: op.int("elemNumber")? as usize,
+                        to_stream: dims,
+                    },
+                );
+            }
+            "aie.objectfifo.link" => {
+                let syms = |k: &str| {
+                    parse_symbols(op.need(k)?)
+                        .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("link `{k}`") })
+                };
+                links.push(LinkInfo {
+                    ins: syms("fifoIns")?,
+                    outs: syms("fifoOuts")?,
+                    src: op.ints("src_offsets")?,
+                    dst: op.ints("dst_offsets")?,
+                });
+            }
+            "aie.core" => {
+                let tile = tiles
+                    .get(&op.operands[0])
+                    .copied()
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "core on an unknown tile".into() })?;
+                cores.push((tile, op));
+            }
+            "aie.runtime_sequence" => sequence = Some(op),
+            "aie.end" => {}
+            other => {
+                return Err(InterpError::Parse {
+                    line: op.line,
+                    msg: format!("unsupported operation {other} in aie.device"),
+                })
+            }
+        }
+    }
+    for k in ["matmul_i8_i32", "zero_i32"] {
+        if !kernels.iter().any(|x| x == k) {
+            return run_err(format!("kernel @{k} is not declared"));
+        }
+    }
+    let Some(sequence) = sequence else { return run_err("no aie.runtime_sequence") };
+    check_limits(device, &fifos, &cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
+    let seq = &sequence.regions[0];
+    let mut host: Vec<Vec<i32>> = vec![];
+    for (i, (_, ty)) in seq.args.iter().enumerate() {
+        let (shape, elem) = parse_memref(ty).ok_or_else(|| InterpError::Run(format!("sequence argument {i}: {ty}")))?;
+        let len: usize = shape.iter().product();
+        if i < inputs.len() {
+            if elem != "i8" || inputs[i].len() != len {
+                return run_err(format!("sequence argument {i} is {ty}; given {} int8 values", inputs[i].len()));
+            }
+            host.push(inputs[i].iter().map(|&x| x as i32).collect());
+        } else {
+            host.push(vec![i32::MIN; len]);
+        }
+    }
+    let arg_index: HashMap<String, usize> = seq.args.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
+    let mut m = Machine { device, fifos, queues: HashMap::new(), partial: HashMap::new(), pending: HashMap::new() };
+    let mut stats = RunStats { cores: cores.len(), ..Default::default() };
+
+    // Shim BD bookkeeping and the input streams, in sequence order.
+    struct Dma {
+        arg: usize,
+        fifo: String,
+        base: usize,
+        dims: Vec<(usize, usize)>,
+    }
+    let mut outputs = vec![];
+    let mut in_flight: Vec<((usize, usize), i64, String)> = vec![];
+    for op in &seq.ops {
+        match op.name.as_str() {
+            "aiex.npu.dma_memcpy_nd" => {
+                let fifo = op.symbol("metadata")?;
+                let f = m.fifo(&fifo)?.clone();
+                let id = op.int("id")?;
+                let shim = if f.producer.1 == Device::SHIM_ROW { f.producer } else { f.consumers[0] };
+                if shim.1 != Device::SHIM_ROW {
+                    return run_err(format!("runtime DMA on @{fifo}, which does not touch a shim tile"));
+                }
+                if id < 0 || id as usize >= device.shim_bds() {
+                    return run_err(format!("BD id {id} on shim {shim:?}: it has {}", device.shim_bds()));
+                }
+                if in_flight.iter().any(|(t, i, _)| *t == shim && *i == id) {
+                    return run_err(format!("BD {id} of shim {shim:?} reused before a wait freed it"));
+                }
+                in_flight.push((shim, id, fifo.clone()));
+                let arg = *arg_index
+                    .get(&op.operands[0])
+                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "DMA on a non-argument".into() })?;
+                let (offs, sizes, strides) =
+                    (op.ints("static_offsets")?, op.ints("static_sizes")?, op.ints("static_strides")?);
+                if offs.len() != 4 || sizes.len() != 4 || strides.len() != 4 {
+                    return Err(InterpError::Parse {
+                        line: op.line,
+                        msg: "dma_memcpy_nd wants 4 offsets, sizes, strides".into(),
+                    });
+                }
+                let base: usize =
+                    offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
+                let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
+                let elem_bytes = if parse_memref(&seq.args[arg].1).is_some_and(|(_, e)| e == "i32") { 4 } else { 1 };
+                crate::design::check_pattern(device.shim_dma(), elem_bytes, &dims, true)
+                    .or_else(|e| run_err(format!("runtime DMA on @{fifo} (line {}): {e}", op.line)))?;
+                stats.dmas += 1;
+                let dma = Dma { arg, fifo: fifo.clone(), base, dims };
+                if f.producer.1 == Device::SHIM_ROW {
+                    let mut data = vec![];
+                    gather(&host[dma.arg], dma.base, &dma.dims, &mut data)?;
+                    m.push_stream(&dma.fifo, &data)?;
+                } else {
+                    outputs.push(dma);
+                }
+            }
+            "aiex.npu.dma_wait" => {
+                let fifo = op.symbol("symbol")?;
+                in_flight.retain(|(_, _, f)| *f != fifo);
+            }
+            other => {
+                return Err(InterpError::Parse {
+                    line: op.line,
+                    msg: format!("unsupported runtime-sequence operation {other}"),
+                })
+            }
+        }
+    }
+    for (name, p) in &m.partial {
+        if !p.is_empty() {
+            return run_err(format!("the runtime sequence leaves a partial element of @{name} ({} values)", p.len()));
+        }
+    }
+    // Processes in data-flow order: a link or core runs once every FIFO feeding it is complete.
+    enum Proc<'o> {
+        Link(LinkInfo),
+        Core((usize, usize), &'o Op),
+    }
+    let mut procs: Vec<(Proc, Vec<String>, Vec<String>)> = vec![];
+    for l in &links {
+        procs.push((Proc::Link(l.clone()), l.ins.clone(), l.outs.clone()));
+    }
+    for (tile, op) in &cores {
+        let ins: Vec<String> =
+            m.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
+        let outs: Vec<String> = m.fifos.iter().filter(|(_, f)| f.producer == *tile).map(|(n, _)| n.clone()).collect();
+        procs.push((Proc::Core(*tile, op), ins, outs));
+    }
+    let mut done = vec![false; procs.len()];
+    loop {
+        let produced_by_pending =
+            |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
+        let Some(next) =
+            (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done)))
+        else {
+            if done.iter().all(|&d| d) {
+                break;
+            }
+            return run_err("the links and cores form a cycle");
+        };
+        done[next] = true;
+        match &procs[next].0 {
+            Proc::Link(l) => m.run_link(l)?,
+            Proc::Core(tile, op) => {
+                let mut st = CoreState { tile: *tile, fifo_names: vec![], held: vec![], next_seq: 0, kernel_calls: 0 };
+                let mut env = HashMap::new();
+                m.exec_block(&mut st, &op.regions[0], &mut env)?;
+                if st.held.iter().any(|h| !h.is_empty()) {
+                    return run_err(format!("core {tile:?} ends holding FIFO elements"));
+                }
+                stats.kernel_calls += st.kernel_calls;
+            }
+        }
+    }
+    // Output DMAs, in sequence order, drain their FIFOs' streams.
+    for dma in &outputs {
+        let want: usize = dma.dims.iter().map(|d| d.0).product();
+        let shim = m.fifo(&dma.fifo)?.consumers[0];
+        let mut data = Vec::with_capacity(want);
+        while data.len() < want {
+            let pend = m.pending.entry(dma.fifo.clone()).or_default();
+            if pend.is_empty() {
+                let e = m.pop(&dma.fifo, shim, "runtime DMA")?;
+                if let Some(p) = m.pending.get_mut(&dma.fifo) {
+                    p.extend(e);
+                }
+                continue;
+            }
+            let take = (want - data.len()).min(pend.len());
+            data.extend(pend.drain(..take));
+        }
+        scatter(&mut host[dma.arg], dma.base, &dma.dims, &data)?;
+    }
+    for ((name, tile), q) in &m.queues {
+        if !q.is_empty() {
+            return run_err(format!("{} element(s) of @{name} never consumed at tile {tile:?}", q.len()));
+        }
+    }
+    for (name, p) in &m.pending {
+        if !p.is_empty() {
+            return run_err(format!("{} value(s) of @{name} never written back", p.len()));
+        }
+    }
+    let out = host.pop().unwrap_or_default();
+    Ok((out, stats))
+}

@@ -1,0 +1,189 @@
+//! Resource checks, padding, and the interpreter's failure modes: every way a design can be wrong
+//! that the interpreter is there to catch.
+
+mod common;
+
+use codegen_aie::design::{self, check_pattern};
+use codegen_aie::interp::{self, InterpError};
+use codegen_aie::tiling::{self, GemmShape, TilingError};
+use codegen_aie::Device;
+use common::{prove, run_text};
+
+fn design(device: Device, m: usize, k: usize, n: usize) -> design::Design {
+    design::build(&tiling::choose(device, GemmShape { m, k, n }).unwrap())
+}
+
+#[test]
+fn a_tile_over_the_compute_tile_budget_is_an_error_naming_shape_and_budget() {
+    let shape = GemmShape { m: 256, k: 1024, n: 1024 };
+    let err = tiling::with_tile(Device::Npu1, shape, 128, 256, 256).unwrap_err();
+    let TilingError::NothingFits { shape: s, device, reason } = &err else { panic!("{err}") };
+    assert_eq!((*s, *device), (shape, Device::Npu1));
+    let text = err.to_string();
+    assert!(text.contains("256x1024x1024") && text.contains("65536") && text.contains("npu1"), "{text}");
+    assert!(reason.contains("compute-tile memory"), "{reason}");
+}
+
+#[test]
+fn a_tile_the_micro_tile_does_not_divide_is_rejected() {
+    // npu2's kernel needs m % 32 == 0 (4r with r = 8) and n % 16 == 0.
+    let shape = GemmShape { m: 128, k: 64, n: 64 };
+    let err = tiling::with_tile(Device::Npu2, shape, 16, 64, 64).unwrap_err();
+    assert!(err.to_string().contains("m % 32 == 0"), "{err}");
+    let err = tiling::with_tile(Device::Npu1, shape, 16, 64, 24).unwrap_err();
+    assert!(err.to_string().contains("n % 16 == 0"), "{err}");
+    assert!(tiling::with_tile(Device::Npu1, shape, 16, 64, 32).is_ok());
+}
+
+#[test]
+fn access_patterns_over_the_dma_limits_are_errors() {
+    let mem = Device::Npu1.mem_tile_dma();
+    assert_eq!(check_pattern(mem, 1, &[(2, 64), (4, 8), (4, 32), (8, 1)], false), Ok(()));
+    let five = [(2, 1), (2, 64), (4, 8), (4, 32), (8, 1)];
+    assert!(check_pattern(mem, 1, &five, false).unwrap_err().contains("5 dimensions"));
+    assert!(check_pattern(mem, 1, &[(4, 8), (8, 2)], false).unwrap_err().contains("innermost stride"));
+    assert!(check_pattern(mem, 1, &[(4, 8), (6, 1)], false).unwrap_err().contains("32-bit words"));
+    assert!(check_pattern(mem, 1, &[(2000, 8), (8, 1)], false).unwrap_err().contains("size 2000"));
+    assert!(check_pattern(mem, 4, &[(2, (1 << 17) + 1), (8, 1)], false).unwrap_err().contains("stride"));
+    let shim = Device::Npu1.shim_dma();
+    assert_eq!(check_pattern(shim, 1, &[(64, 0), (4, 64), (16, 576), (64, 1)], true), Ok(()));
+    assert!(check_pattern(shim, 1, &[(65, 0), (4, 64), (16, 576), (64, 1)], true).unwrap_err().contains("repeat 65"));
+}
+
+#[test]
+fn every_chosen_tiling_fits_and_predicts_a_utilisation_between_zero_and_one() {
+    for device in [Device::Npu1, Device::Npu2] {
+        for (k, n) in [(576, 576), (576, 192), (1536, 576), (1024, 3072), (3072, 1024)] {
+            let decode = tiling::choose(device, GemmShape { m: 64, k, n }).unwrap();
+            let prefill = tiling::choose(device, GemmShape { m: 512, k, n }).unwrap();
+            for t in [&decode, &prefill] {
+                assert!(t.utilisation > 0.0 && t.utilisation <= 1.0, "{t:?}");
+                assert!(t.l1_bytes <= device.core_data_bytes() && t.l2_bytes <= device.mem_tile_bytes(), "{t:?}");
+                design::check(&design::build(t)).unwrap();
+            }
+            // More rows reuse every streamed weight more: the array is busier.
+            assert!(prefill.utilisation > decode.utilisation, "{k}x{n} on {device}: {prefill:?} vs {decode:?}");
+        }
+    }
+}
+
+#[test]
+fn shapes_that_divide_nothing_are_padded_and_still_exact() {
+    for device in [Device::Npu1, Device::Npu2] {
+        let d = design(device, 37, 200, 300);
+        let (s, p) = (d.tiling.shape, d.tiling.padded);
+        assert!(p.m > s.m && p.n > s.n && p.k % d.tiling.k == 0, "{:?}", d.tiling);
+        assert!(d.generic().contains("npuc.gemm_shape = array<i64: 37, 200, 300>"));
+        prove(&d, 3);
+    }
+}
+
+#[test]
+fn a_core_that_does_not_zero_its_accumulator_is_caught() {
+    let d = design(Device::Npu1, 64, 128, 128);
+    let text: String =
+        d.generic().lines().filter(|l| !l.contains("callee = @zero_i32")).map(|l| format!("{l}\n")).collect();
+    let (got, want) = run_text(&d, &text, 5).unwrap();
+    assert_ne!(got, want);
+    let (got, want) = run_text(&d, &d.generic(), 5).unwrap();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_wrong_access_pattern_gives_a_wrong_result() {
+    let d = design(Device::Npu2, 128, 256, 256);
+    let b = d.fifos.iter().find(|f| f.name == "B_L2L1_0").unwrap();
+    let dims = |v: &[(usize, usize)]| {
+        v.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect::<Vec<_>>().join(", ")
+    };
+    let mut swapped = b.to_stream.clone();
+    swapped.swap(2, 3);
+    swapped.swap(0, 1);
+    let text = d.generic().replacen(&dims(&b.to_stream), &dims(&swapped), 1);
+    assert_ne!(text, d.generic());
+    match run_text(&d, &text, 9) {
+        Ok((got, want)) => assert_ne!(got, want),
+        Err(e) => assert!(matches!(e, InterpError::Run(_)), "{e}"),
+    }
+}
+
+#[test]
+fn reusing_a_shim_bd_before_its_wait_is_an_error() {
+    // Enough column blocks that the sequence must wait to reuse descriptors.
+    let d = design(Device::Npu1, 64, 64, 8192);
+    let text: String =
+        d.generic().lines().filter(|l| !l.contains("aiex.npu.dma_wait")).map(|l| format!("{l}\n")).collect();
+    let err = run_text(&d, &text, 1).unwrap_err();
+    assert!(err.to_string().contains("reused before a wait"), "{err}");
+}
+
+#[test]
+fn a_core_waiting_for_an_element_nobody_sends_is_an_error() {
+    let d = design(Device::Npu1, 64, 128, 256);
+    let tiles = d.cores[0].tiles;
+    let from = format!("%ctiles = \"arith.constant\"() {{value = {tiles} : index}}");
+    let to = format!("%ctiles = \"arith.constant\"() {{value = {} : index}}", tiles + 1);
+    let text = d.generic().replacen(&from, &to, 1);
+    assert_ne!(text, d.generic());
+    let err = run_text(&d, &text, 1).unwrap_err();
+    assert!(err.to_string().contains("no element was produced"), "{err}");
+}
+
+#[test]
+fn text_that_is_not_a_design_is_a_parse_error_with_a_line() {
+    let err = interp::run("\"builtin.module\"() ({\n  garbage here\n}) : () -> ()\n", &[]).unwrap_err();
+    assert!(matches!(err, InterpError::Parse { line: 2, .. }), "{err}");
+}
+
+#[test]
+fn small_calls_stay_on_the_host_and_large_ones_are_cut_into_m_blocks() {
+    use codegen_aie::plan::{self, PlanOptions};
+    let sites = vec![codegen_aie::gemm::GemmSite {
+        node: "q".into(),
+        op: "ai.onnx::MatMul".into(),
+        k: 576,
+        n: 576,
+        weight: "q".into(),
+        transposed: false,
+    }];
+    let p = plan::plan_sites(sites.clone(), PlanOptions::new(Device::Npu1)).unwrap();
+    assert_eq!(p.decode_rows, 64);
+    assert_eq!(plan::route(&p, 1), None);
+    assert_eq!(plan::route(&p, 15), None);
+    assert_eq!(plan::route(&p, 16), Some(vec![(64, 16)]));
+    assert_eq!(plan::route(&p, 64), Some(vec![(64, 64)]));
+    assert_eq!(plan::route(&p, 300), Some(vec![(256, 256), (64, 44)]));
+    assert_eq!(plan::route(&p, 400), Some(vec![(256, 256), (256, 144)]));
+    let p2 = plan::plan_sites(sites, PlanOptions::new(Device::Npu2)).unwrap();
+    assert_eq!(p2.decode_rows, 128);
+    assert_eq!(plan::route(&p2, 100), Some(vec![(128, 100)]));
+}
+
+#[test]
+fn wide_projections_are_cut_into_equal_chunks_that_cover_every_column_once() {
+    use codegen_aie::plan::chunks;
+    let c = chunks(151936, 4096);
+    assert_eq!(c.len(), 38);
+    assert!(c.iter().all(|&(_, w)| w <= 4096));
+    assert_eq!(c.iter().map(|&(_, w)| w).sum::<usize>(), 151936);
+    assert!(c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+    assert_eq!(chunks(49152, 4096), (0..12).map(|i| (i * 4096, 4096)).collect::<Vec<_>>());
+    assert_eq!(chunks(192, 4096), vec![(0, 192)]);
+}
+
+#[test]
+fn the_interpreter_enforces_memory_and_dma_limits_on_the_text() {
+    let d = design(Device::Npu1, 64, 256, 256);
+    // Deeper FIFOs than the compute tile's memory holds.
+    let deep = d.generic().replace("elemNumber = 2 : i32", "elemNumber = 16 : i32");
+    let err = run_text(&d, &deep, 1).unwrap_err();
+    assert!(err.to_string().contains("bytes of data memory"), "{err}");
+    // A shim descriptor repeating more often than it can.
+    let t = &d.tiling;
+    let from = format!("static_sizes = array<i64: 1, 1, {}, {}>", t.rows * t.m, t.n);
+    assert!(d.generic().contains(&from));
+    let repeat =
+        d.generic().replacen(&from, &format!("static_sizes = array<i64: 65, 1, {}, {}>", t.rows * t.m, t.n), 1);
+    let err = run_text(&d, &repeat, 1).unwrap_err();
+    assert!(err.to_string().contains("repeat 65"), "{err}");
+}

@@ -1,0 +1,165 @@
+//! `npuc compile --target xdna`: the designs and the host plan in the bundle.
+//!
+//! Every projection GEMM of the compiled program gets designs (see `codegen_aie::plan`): the
+//! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the host
+//! threshold below which a call stays on the host, each design's tiling and predicted
+//! utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
+//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). When mlir-aie's `aiecc` is on PATH, it
+//! is run on every design (in a scratch folder that also holds the kernel objects, when
+//! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream and xclbin it writes go
+//! into the bundle as `xdna/<name>.insts.bin` and `xdna/<name>.xclbin`; a design aiecc fails on
+//! keeps its error in the plan. Without aiecc the bundle says it carries designs only.
+
+use anyhow::{anyhow, Context, Result};
+use codegen_aie::plan::{self, PlanOptions};
+use codegen_aie::Device;
+use ir::graph::Graph;
+use runtime::bundle::BundleWriter;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub const PLAN_FILE: &str = "xdna/plan.json";
+
+/// The device `--device` names (default npu1).
+pub fn device(name: Option<&str>) -> Result<Device> {
+    let name = name.unwrap_or("npu1");
+    Device::parse(name)
+        .ok_or_else(|| anyhow!("unknown XDNA device `{name}` (devices: {})", codegen_aie::device::DEVICES.join(", ")))
+}
+
+/// mlir-aie's compiler driver, if PATH has it.
+fn aiecc() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).flat_map(|d| [d.join("aiecc"), d.join("aiecc.py")]).find(|p| p.is_file())
+}
+
+/// Runs aiecc on one design's custom form; returns the instruction stream and the xclbin, or the
+/// tail of what aiecc said.
+fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let dir = std::env::temp_dir().join(format!("npuc-aiecc-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let result = (|| {
+        if let Some(kernels) = std::env::var_os("NPUC_AIE_KERNELS") {
+            for entry in std::fs::read_dir(&kernels).map_err(|e| format!("reading NPUC_AIE_KERNELS: {e}"))?.flatten() {
+                if entry.path().extension().is_some_and(|x| x == "o") {
+                    std::fs::copy(entry.path(), dir.join(entry.file_name())).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        let design = dir.join("design.mlir");
+        std::fs::write(&design, pretty).map_err(|e| e.to_string())?;
+        let out = Command::new(tool)
+            .current_dir(&dir)
+            .args([
+                "--aie-generate-xclbin",
+                "--aie-generate-npu-insts",
+                "--no-compile-host",
+                "--no-xchesscc",
+                "--no-xbridge",
+                "--xclbin-name=design.xclbin",
+                "--npu-insts-name=insts.bin",
+                "design.mlir",
+            ])
+            .output()
+            .map_err(|e| format!("running {}: {e}", tool.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(5).collect();
+            return Err(format!(
+                "aiecc failed ({}): {}",
+                out.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            ));
+        }
+        let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| format!("aiecc wrote no {f}: {e}"));
+        Ok((read("insts.bin")?, read("design.xclbin")?))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Plans the program's projections for `device`, writes designs and plan into the bundle, and
+/// returns the summary `--json` prints.
+pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<Value> {
+    let plan = plan::plan(g, PlanOptions::new(device)).context("planning the XDNA designs")?;
+    for d in plan.designs.values() {
+        let (generic, pretty) = plan::design_files(&d.name);
+        w.add_file(&generic, d.generic().as_bytes()).with_context(|| format!("storing {generic}"))?;
+        w.add_file(&pretty, d.pretty().as_bytes()).with_context(|| format!("storing {pretty}"))?;
+    }
+    let mut plan_json = plan.to_json();
+    let artifacts = match aiecc() {
+        None => "aiecc is not on PATH: the bundle carries the designs, not device artifacts".to_string(),
+        Some(tool) => {
+            let mut built = 0;
+            for (d, entry) in plan.designs.values().zip(plan_json["designs"].as_array_mut().into_iter().flatten()) {
+                match build_artifacts(&tool, &d.name, &d.pretty()) {
+                    Ok((insts, xclbin)) => {
+                        let (i, x) = (format!("xdna/{}.insts.bin", d.name), format!("xdna/{}.xclbin", d.name));
+                        w.add_file(&i, &insts).with_context(|| format!("storing {i}"))?;
+                        w.add_file(&x, &xclbin).with_context(|| format!("storing {x}"))?;
+                        entry["insts"] = json!(i);
+                        entry["xclbin"] = json!(x);
+                        built += 1;
+                    }
+                    Err(e) => entry["aiecc_error"] = json!(e),
+                }
+            }
+            format!("aiecc ({}) built device artifacts for {built} of {} designs", tool.display(), plan.designs.len())
+        }
+    };
+    plan_json["artifacts"] = json!(artifacts);
+    w.add_file(PLAN_FILE, serde_json::to_string_pretty(&plan_json)?.as_bytes()).context("storing the XDNA plan")?;
+    let designs: Vec<Value> = plan
+        .designs
+        .values()
+        .map(|d| {
+            let t = &d.tiling;
+            json!({
+                "name": d.name,
+                "shape": [t.shape.m, t.shape.k, t.shape.n],
+                "padded": [t.padded.m, t.padded.k, t.padded.n],
+                "tile": [t.m, t.k, t.n],
+                "l1_bytes": t.l1_bytes,
+                "l2_bytes": t.l2_bytes,
+                "predicted_utilisation": t.utilisation,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "device": device.name(),
+        "host_threshold_rows": plan.options.host_threshold_rows,
+        "projections": plan.gemms.len(),
+        "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
+        "designs": designs,
+        "artifacts": artifacts,
+    }))
+}
+
+/// Human-readable lines for the compile summary.
+pub fn summary_lines(v: &Value) -> Vec<String> {
+    let mut out = vec![format!(
+        "xdna ({}): {} of {} projection GEMMs have designs; calls below {} rows run on the host; {}",
+        v["device"].as_str().unwrap_or("?"),
+        v["projections_with_designs"],
+        v["projections"],
+        v["host_threshold_rows"],
+        v["artifacts"].as_str().unwrap_or("")
+    )];
+    for d in v["designs"].as_array().into_iter().flatten() {
+        let dims = |k: &str| {
+            d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()
+        };
+        out.push(format!(
+            "  {:<34} padded {:<16} tile {:<10} L1 {:>6} B  L2 {:>7} B  predicted utilisation {:>5.1} %",
+            d["name"].as_str().unwrap_or("?"),
+            dims("padded"),
+            dims("tile"),
+            d["l1_bytes"],
+            d["l2_bytes"],
+            100.0 * d["predicted_utilisation"].as_f64().unwrap_or(0.0)
+        ));
+    }
+    out
+}

@@ -1,0 +1,260 @@
+//! `npuc compile --target xdna`: the bundle's designs cover every projection GEMM of the program
+//! (the lm_head included), the plan routes small calls to the host, and every design read back
+//! from the bundle executes int32-exactly in the design interpreter.
+
+mod common;
+
+use codegen_aie::{interp, quant};
+use runtime::bundle::Bundle;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::Command;
+
+fn npuc(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn compile(name: &str, device: &str, dir: &std::path::Path) -> (Bundle, Value) {
+    let out = dir.join(format!("{name}_{device}.npub"));
+    let model = common::fixture(name).join("model.onnx");
+    let args = [
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "xdna",
+        "--device",
+        device,
+        "-o",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    let (ok, stdout, err) = npuc(&args);
+    assert!(ok, "{err}");
+    let summary: Value = serde_json::from_str(&stdout).unwrap();
+    (Bundle::open(&out, Some("xdna")).unwrap_or_else(|e| panic!("{name}: {e}")), summary)
+}
+
+/// Projection nodes of the bundle's program, found from the program JSON alone: MatMul, WGemm,
+/// QGemm whose weight operand is constant: a stored weight, or computed from stored weights only.
+fn projection_nodes(program: &Value) -> BTreeSet<String> {
+    let values = program["values"].as_array().unwrap();
+    let nodes = program["nodes"].as_array().unwrap();
+    fn constant(values: &[Value], nodes: &[Value], v: &Value) -> bool {
+        let Some(i) = v.as_u64() else { return false };
+        let def = &values[i as usize]["def"];
+        if def.get("weight").is_some() || def.get("const").is_some() {
+            return true;
+        }
+        nodes.iter().find(|n| n["outputs"].as_array().unwrap().iter().any(|o| o.as_u64() == Some(i))).is_some_and(|n| {
+            n["inputs"].as_array().unwrap().iter().filter(|x| !x.is_null()).all(|x| constant(values, nodes, x))
+        })
+    }
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let w = match n["op"].as_str()? {
+                "ai.onnx::MatMul" => &n["inputs"][1],
+                "npuc::WGemm" => &n["inputs"][1],
+                "npuc::QGemm" => &n["inputs"][3],
+                _ => return None,
+            };
+            constant(values, nodes, w).then(|| n["name"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn values_i8(len: usize, seed: u64) -> Vec<i8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 56) as u8 as i8
+        })
+        .collect()
+}
+
+/// Runs every design of `rows` M-block from the bundle's text against a plain GEMM.
+fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, rows: u64) -> usize {
+    let mut ran = 0;
+    for d in plan["designs"].as_array().unwrap().iter().filter(|d| d["tiling"]["shape"]["m"] == rows) {
+        let text = String::from_utf8(b.read_file(d["file"].as_str().unwrap()).unwrap()).unwrap();
+        let dim = |k: &str, x: &str| d["tiling"][k][x].as_u64().unwrap() as usize;
+        let (m, k, n) = (dim("shape", "m"), dim("shape", "k"), dim("shape", "n"));
+        let (pm, pk, pn) = (dim("padded", "m"), dim("padded", "k"), dim("padded", "n"));
+        let (a, w) = (values_i8(m * k, 11), values_i8(k * n, 12));
+        let mut ap = vec![0i8; pm * pk];
+        for i in 0..m {
+            ap[i * pk..i * pk + k].copy_from_slice(&a[i * k..i * k + k]);
+        }
+        let mut wp = vec![0i8; pk * pn];
+        for i in 0..k {
+            wp[i * pn..i * pn + n].copy_from_slice(&w[i * n..i * n + n]);
+        }
+        let (c, _) = interp::run(&text, &[&ap, &wp]).unwrap_or_else(|e| panic!("{}: {e}", d["name"]));
+        for i in 0..m {
+            for j in 0..n {
+                let want: i32 = (0..k).map(|kk| a[i * k + kk] as i32 * w[kk * n + j] as i32).sum();
+                assert_eq!(c[i * pn + j], want, "{}: C[{i}][{j}]", d["name"]);
+            }
+        }
+        ran += 1;
+    }
+    ran
+}
+
+/// The bundle's first projection, an int8 `QGemm`, through its decode-block design: activations
+/// quantised per row as `QuantizeRows` does, the weight codes, scales and zero points read back
+/// from the bundle, the design's int32 output from the interpreter, the A8W8 epilogue on it;
+/// the result must equal the reference `QGemm` bit for bit.
+fn first_qgemm_through_its_design(b: &Bundle, plan: &Value) -> bool {
+    let program = b.program();
+    let values = program["values"].as_array().unwrap();
+    let g = &plan["gemms"][0];
+    let node = program["nodes"].as_array().unwrap().iter().find(|n| n["name"] == g["site"]["node"]).unwrap();
+    assert_eq!(node["op"], "npuc::QGemm");
+    let input = |i: usize| &values[node["inputs"][i].as_u64().unwrap() as usize];
+    // The array-int8 form: symmetric per-row activation codes (zero point the constant 0).
+    if input(2)["def"]["const"]["data"] != serde_json::json!([0]) {
+        return false;
+    }
+    let weight = |i: usize| b.tensor(input(i)["def"]["weight"].as_str().unwrap()).unwrap();
+    let (k, n) = (g["site"]["k"].as_u64().unwrap() as usize, g["site"]["n"].as_u64().unwrap() as usize);
+    let w: Vec<i8> = weight(3).bytes.iter().map(|&x| x as i8).collect();
+    let sw: Vec<f32> = weight(4).bytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
+    let zw: Vec<i64> = weight(5).bytes.iter().map(|&x| x as i8 as i64).collect();
+    assert_eq!((w.len(), sw.len(), zw.len()), (k * n, n, n));
+    let name = g["chunks"][0]["decode_design"].as_str().unwrap();
+    let d = plan["designs"].as_array().unwrap().iter().find(|d| d["name"] == name).unwrap();
+    let dim = |key: &str, x: &str| d["tiling"][key][x].as_u64().unwrap() as usize;
+    let (m, pm, pk, pn) = (dim("shape", "m"), dim("padded", "m"), dim("padded", "k"), dim("padded", "n"));
+    let a: Vec<f32> =
+        values_i8(m * k * 4, 3).chunks(4).map(|c| c.iter().map(|&x| x as f32 / 64.0).sum::<f32>()).collect();
+    let (codes, row_scales) = ir::fused::quantize_rows(&a, k);
+    let mut ap = vec![0i8; pm * pk];
+    for i in 0..m {
+        ap[i * pk..i * pk + k].copy_from_slice(&codes[i * k..(i + 1) * k]);
+    }
+    let mut wp = vec![0i8; pk * pn];
+    for i in 0..k {
+        wp[i * pn..i * pn + n].copy_from_slice(&w[i * n..(i + 1) * n]);
+    }
+    let text = String::from_utf8(b.read_file(d["file"].as_str().unwrap()).unwrap()).unwrap();
+    let (c, _) = interp::run(&text, &[&ap, &wp]).unwrap();
+    let p: Vec<i32> = (0..m).flat_map(|i| c[i * pn..i * pn + n].to_vec()).collect();
+    let (rows, cols) = quant::code_sums(&codes, m, k, &w, n);
+    let q = quant::QParams { a_scales: &row_scales, a_zero: 0, w_scales: &sw, w_zeros: &zw };
+    let got = quant::epilogue(&p, m, k, n, &rows, &cols, &q);
+    let t = |dtype, shape: Vec<usize>, v: Vec<i64>| ir::Tensor::from_i64(dtype, shape, v);
+    let inputs = [
+        t(ir::DType::I8, vec![m, k], codes.iter().map(|&x| x as i64).collect()),
+        ir::Tensor::from_f32(ir::DType::F32, vec![m, 1], row_scales.clone()),
+        t(ir::DType::I8, vec![], vec![0]),
+        t(ir::DType::I8, vec![k, n], w.iter().map(|&x| x as i64).collect()),
+        ir::Tensor::from_f32(ir::DType::F32, vec![n], sw.clone()),
+        t(ir::DType::I8, vec![n], zw.clone()),
+    ];
+    let attrs = ir::Attrs::default();
+    let op = ir::OpRef { node: "qgemm", domain: ir::Domain::Npuc, op: "QGemm", opset: 1, attrs: &attrs };
+    let refs: Vec<Option<&ir::Tensor>> = inputs.iter().map(Some).collect();
+    let want = ir::fused::eval(&op, &refs, 1).unwrap().remove(0);
+    assert_eq!(got, want.as_f32().unwrap(), "the design's QGemm differs from the reference");
+    true
+}
+
+/// Checks a bundle; true when its first projection was also run through the A8W8 epilogue.
+fn check_bundle(name: &str, device: &str) -> bool {
+    let tmp = tempfile::tempdir().unwrap();
+    let (b, summary) = compile(name, device, tmp.path());
+    let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
+    assert_eq!(plan["format"], "npuc-xdna-plan/1");
+    assert_eq!(plan["device"], device);
+    assert_eq!(plan["host_threshold_rows"], 16);
+    let planned: BTreeSet<String> =
+        plan["gemms"].as_array().unwrap().iter().map(|g| g["site"]["node"].as_str().unwrap().to_string()).collect();
+    let projections = projection_nodes(b.program());
+    assert!(!projections.is_empty());
+    assert_eq!(planned, projections, "{name}: every projection GEMM has designs");
+    let gemms = plan["gemms"].as_array().unwrap();
+    let vocab = b.model().vocab as u64;
+    let lm_head = gemms.iter().rev().find(|g| g["site"]["n"] == vocab).expect("the lm_head is planned");
+    // The weight it streams is in the bundle (array-int8 stores a tied lm_head's int8 [k, n] copy).
+    assert!(b.tensor(lm_head["site"]["weight"].as_str().unwrap()).is_some(), "{name}: {lm_head}");
+    for g in gemms {
+        let cols: u64 = g["chunks"].as_array().unwrap().iter().map(|c| c["cols"].as_u64().unwrap()).sum();
+        assert_eq!(cols, g["site"]["n"].as_u64().unwrap(), "{}", g["site"]["node"]);
+    }
+    for d in plan["designs"].as_array().unwrap() {
+        for k in ["file", "pretty"] {
+            let text = String::from_utf8(b.read_file(d[k].as_str().unwrap()).unwrap()).unwrap();
+            assert!(text.contains("aie.objectfifo.link") && text.contains("aiex.npu.dma_memcpy_nd"), "{}", d[k]);
+        }
+        let u = d["tiling"]["utilisation"].as_f64().unwrap();
+        assert!(u > 0.0 && u <= 1.0);
+    }
+    assert_eq!(summary["xdna"]["projections"], projections.len());
+    assert_eq!(summary["xdna"]["projections_with_designs"], projections.len());
+    let ran = designs_pass_the_interpreter(&b, &plan, plan["decode_rows"].as_u64().unwrap());
+    let distinct: BTreeSet<String> = gemms
+        .iter()
+        .flat_map(|g| g["chunks"].as_array().unwrap().iter().map(|c| c["decode_design"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(ran, distinct.len(), "{name}: every decode-block design ran");
+    let w = b.tensor(gemms[0]["site"]["weight"].as_str().unwrap()).unwrap();
+    w.dtype == runtime::bundle::Dtype::I8 && first_qgemm_through_its_design(&b, &plan)
+}
+
+#[test]
+fn smollm2_compiles_for_npu1_with_designs_for_every_projection_and_its_qgemm_equals_the_reference() {
+    assert!(check_bundle("smollm2_f1", "npu1"));
+}
+
+#[test]
+fn int4_qwen3_compiles_for_npu2_with_designs_for_every_projection_and_its_qgemm_equals_the_reference() {
+    assert!(check_bundle("qwen3_f2", "npu2"));
+}
+
+#[test]
+fn qdq_llama_compiles_for_npu1_with_designs_for_every_qgemm_including_lm_head() {
+    check_bundle("llama_f3a", "npu1");
+}
+
+#[test]
+fn device_applies_to_xdna_only_and_must_be_known() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let out = tmp.path().join("x.npub");
+    let (ok, _, err) =
+        npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "--device", "npu1", "-o", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("--device npu1 applies to --target xdna only"), "{err}");
+    let (ok, _, err) = npuc(&[
+        "compile",
+        model.to_str().unwrap(),
+        "--target",
+        "xdna",
+        "--device",
+        "npu9",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("unknown XDNA device `npu9`"), "{err}");
+}
+
+#[test]
+fn a_tied_lm_head_reading_the_embedding_transposed_is_a_projection() {
+    // Before array-int8 (the cpu pipeline), the tied lm_head is MatMul(x, Transpose(embedding)).
+    let g = frontend::import_file(&common::fixture("llama_f1").join("model.onnx")).unwrap().graph;
+    let t = passes::targets::target("cpu").unwrap();
+    let g = passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap().graph;
+    let sites = codegen_aie::gemm::collect(&g);
+    let head = sites.last().unwrap();
+    let vocab = g.value(g.outputs[0]).shape.last().unwrap().as_known().unwrap() as usize;
+    assert_eq!((head.n, head.transposed, head.op.as_str()), (vocab, true, "ai.onnx::MatMul"), "{head:?}");
+    let embedding = g.weights.iter().find(|(_, w)| w.name == head.weight).map(|(_, w)| w.shape.clone());
+    assert_eq!(embedding, Some(vec![vocab, head.k]));
+    assert!(sites.iter().rev().skip(1).all(|s| !s.transposed));
+}
