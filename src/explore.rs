@@ -24,7 +24,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let imported = frontend::import_file(&o.model).with_context(|| format!("importing {}", o.model.display()))?;
     let mut graph = imported.graph.pruned();
     if let Some(n) = o.layer {
-        graph = graph.layer(n).ok_or_else(|| anyhow!("no node of {} is named after layer {n} (`layers.{n}/`)", o.model.display()))?;
+        graph = graph
+            .layer(n)
+            .ok_or_else(|| anyhow!("no node of {} is named after layer {n} (`layers.{n}/`)", o.model.display()))?;
     }
     let families = if o.families.is_empty() {
         rewrites::families()
@@ -33,7 +35,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
             .iter()
             .map(|name| {
                 rewrites::family(name).ok_or_else(|| {
-                    let known: Vec<&str> = rewrites::families().iter().chain(&rewrites::fp16_families()).map(|f| f.name).collect();
+                    let known: Vec<&str> =
+                        rewrites::families().iter().chain(&rewrites::fp16_families()).map(|f| f.name).collect();
                     anyhow!("unknown rule family `{name}` (families: {})", known.join(", "))
                 })
             })
@@ -75,7 +78,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
                 let applied: Vec<String> = it.applied.iter().map(|(r, n)| format!("{r}×{n}")).collect();
                 println!("{:>4} {:>10} {:>10}  {}", i, it.egraph_nodes, it.egraph_classes, applied.join(" "));
             }
-            println!("stop: {}; {} e-nodes, {} e-classes, {:.1} ms", p.stop_reason, p.egraph_nodes, p.egraph_classes, p.time_ms);
+            println!(
+                "stop: {}; {} e-nodes, {} e-classes, {:.1} ms",
+                p.stop_reason, p.egraph_nodes, p.egraph_classes, p.time_ms
+            );
         }
         println!("program: {} nodes → {} nodes", graph.nodes.len(), extracted.nodes.len());
         for (op, n) in extracted.op_census().iter().filter(|(op, _)| op.starts_with("npuc::")) {
@@ -100,7 +106,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
         match std::process::Command::new("dot").arg("-Tsvg").arg(path).arg("-o").arg(&svg).status() {
             Ok(s) if s.success() => eprintln!("wrote {} and {}", path.display(), svg.display()),
             Ok(s) => eprintln!("wrote {}; graphviz `dot` failed ({s}) to render SVG", path.display()),
-            Err(_) => eprintln!("wrote {}; install graphviz (`apt-get install graphviz`) to render it as SVG", path.display()),
+            Err(_) => {
+                eprintln!("wrote {}; install graphviz (`apt-get install graphviz`) to render it as SVG", path.display())
+            }
         }
     }
     if let Some(path) = &o.html {
@@ -125,12 +133,23 @@ fn write_html(
     use std::fmt::Write;
     let mut h = String::new();
     let title = format!("npuc explore {}", o.model.display());
-    let _ = write!(h, "<!doctype html><meta charset=utf-8><title>{}</title><h1>{}</h1>", escape(&title), escape(&title));
+    let _ =
+        write!(h, "<!doctype html><meta charset=utf-8><title>{}</title><h1>{}</h1>", escape(&title), escape(&title));
     for p in &sat.report.phases {
-        let _ = write!(h, "<h2>families: {}</h2><table border=1><tr><th>iteration<th>e-nodes<th>e-classes<th>rules applied</tr>", escape(&p.families.join(", ")));
+        let _ = write!(
+            h,
+            "<h2>families: {}</h2><table border=1><tr><th>iteration<th>e-nodes<th>e-classes<th>rules applied</tr>",
+            escape(&p.families.join(", "))
+        );
         for (i, it) in p.iterations.iter().enumerate() {
             let applied: Vec<String> = it.applied.iter().map(|(r, n)| format!("{r}×{n}")).collect();
-            let _ = write!(h, "<tr><td>{i}<td>{}<td>{}<td>{}</tr>", it.egraph_nodes, it.egraph_classes, escape(&applied.join(" ")));
+            let _ = write!(
+                h,
+                "<tr><td>{i}<td>{}<td>{}<td>{}</tr>",
+                it.egraph_nodes,
+                it.egraph_classes,
+                escape(&applied.join(" "))
+            );
         }
         let _ = write!(h, "</table><p>stop: {}</p>", escape(&p.stop_reason));
     }
@@ -195,7 +214,11 @@ fn original_term(g: &Graph, value: ValueId, analysis: &mut ir::egraph::NpuAnalys
                     })
                     .collect();
                 let op = expr.add(ENode::op(n.domain, n.op, n.attrs.clone(), children));
-                let id = if n.outputs.len() > 1 { expr.add(ENode { head: Head::Proj(*output), children: vec![op] }) } else { op };
+                let id = if n.outputs.len() > 1 {
+                    expr.add(ENode { head: Head::Proj(*output), children: vec![op] })
+                } else {
+                    op
+                };
                 memo.insert(v, id);
             }
             ValueDef::Input => {

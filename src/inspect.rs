@@ -130,7 +130,9 @@ fn operand_kind(g: &Graph, v: ValueId) -> &'static str {
             let n = g.node(*node);
             match (n.op, n.inputs.first().copied().flatten()) {
                 ("Transpose", Some(src)) if matches!(g.value(src).def, ValueDef::Weight(_)) => "weight (transposed)",
-                ("DequantizeLinear", Some(src)) if matches!(g.value(src).def, ValueDef::Weight(_)) => "quantized weight",
+                ("DequantizeLinear", Some(src)) if matches!(g.value(src).def, ValueDef::Weight(_)) => {
+                    "quantized weight"
+                }
                 _ => "activation",
             }
         }
@@ -145,7 +147,11 @@ fn gemms(g: &Graph) -> Vec<Gemm> {
         let a_shape = &g.value(a).shape;
         let rows = |s: &[ir::Dim]| {
             let lead: Vec<String> = s[..s.len().saturating_sub(1)].iter().map(|d| d.to_string()).collect();
-            if lead.is_empty() { "1".to_string() } else { lead.join("×") }
+            if lead.is_empty() {
+                "1".to_string()
+            } else {
+                lead.join("×")
+            }
         };
         let key = match n.op {
             "MatMul" | "MatMulInteger" => {
@@ -190,7 +196,11 @@ fn weights(g: &Graph) -> Vec<WeightBytes> {
 
 fn print_text(r: &Report) {
     println!("model      {} ({} bytes)", r.model, r.file_bytes);
-    println!("ir         version {}, produced by {}", r.ir_version, if r.producer.is_empty() { "?" } else { &r.producer });
+    println!(
+        "ir         version {}, produced by {}",
+        r.ir_version,
+        if r.producer.is_empty() { "?" } else { &r.producer }
+    );
     let opsets: Vec<String> = r.opsets.iter().map(|(d, v)| format!("{d} {v}")).collect();
     println!("opsets     {}", opsets.join(", "));
     println!(
