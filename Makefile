@@ -28,7 +28,7 @@ demo: deps smollm2 build
 
 ## test: install, generate fixtures (checked against ONNX Runtime), run every test.
 test: deps fixtures
-	cargo test --workspace --release --no-fail-fast --features codegen-aie/mlir,codegen-aie/xrt
+	cargo test --workspace --release --no-fail-fast --features codegen-aie/mlir,xrt
 
 deps: $(STAMP_PY)
 	@command -v cargo >/dev/null || { \

@@ -60,6 +60,9 @@ fn rates_line(stats: &GenerateStats) -> String {
 
 pub fn run(o: Options) -> Result<ExitCode> {
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
+    if o.backend.backend == "xrt" {
+        return Err(crate::xdna::xrt_backend(&bundle));
+    }
     let tokenizer_bytes = bundle
         .read_file(TOKENIZER_FILE)
         .with_context(|| format!("{} has no usable {TOKENIZER_FILE}", o.bundle.display()))?;

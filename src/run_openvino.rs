@@ -11,8 +11,9 @@ use std::process::ExitCode;
 /// Backend options of `npuc run`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
-    /// Where the program runs: the host executor, or the bundle's OpenVINO IR (intel-npu bundles).
-    #[arg(long, default_value = "host", value_parser = ["host", "openvino"])]
+    /// Where the program runs: the host executor, the bundle's OpenVINO IR (intel-npu bundles), or
+    /// the bundle's XDNA designs through XRT (xdna bundles, a build with feature `xrt`).
+    #[arg(long, default_value = "host", value_parser = ["host", "openvino", "xrt"])]
     pub backend: String,
     /// OpenVINO device for --backend openvino: CPU or NPU.
     #[arg(long, default_value = "CPU")]

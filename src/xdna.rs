@@ -163,3 +163,24 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
     }
     out
 }
+
+/// `npuc run --backend xrt`: why the bundle cannot run on an XDNA NPU here. Designs run through
+/// XRT once the bundle carries their device artifacts (aiecc's instruction streams and xclbins)
+/// and XRT ≥ 2.18 with the amdxdna driver is present; every missing piece is named, and the host
+/// backend runs the same bundle with the array's numerics.
+pub fn xrt_backend(bundle: &runtime::bundle::Bundle) -> anyhow::Error {
+    if bundle.target() != runtime::bundle::Target::Xdna {
+        return anyhow!("--backend xrt runs bundles compiled with --target xdna; this one is for {}", bundle.target());
+    }
+    #[cfg(feature = "xrt")]
+    {
+        match codegen_aie::xrt::Xrt::open() {
+            Err(e) => anyhow!(e),
+            Ok(_) => anyhow!(codegen_aie::xrt::XrtError::NoArtifacts { design: "every design".into() }),
+        }
+    }
+    #[cfg(not(feature = "xrt"))]
+    {
+        anyhow!("this npuc was built without the `xrt` feature (cargo build --features xrt); run the bundle with --backend host")
+    }
+}

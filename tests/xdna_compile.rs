@@ -258,3 +258,23 @@ fn a_tied_lm_head_reading_the_embedding_transposed_is_a_projection() {
     assert_eq!(embedding, Some(vec![vocab, head.k]));
     assert!(sites.iter().rev().skip(1).all(|s| !s.transposed));
 }
+
+/// `npuc run --backend xrt` on a machine without XRT or an NPU names what is missing and points
+/// at the host backend; a bundle for another target is refused for what it is.
+#[test]
+fn the_xrt_backend_says_what_is_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, _) = compile("llama_f1", "npu1", tmp.path());
+    let bundle = tmp.path().join("llama_f1_npu1.npub");
+    let (ok, _, err) = npuc(&["run", bundle.to_str().unwrap(), "--prompt", "hi", "--backend", "xrt"]);
+    assert!(!ok, "{err}");
+    let missing =
+        err.contains("XRT not found") || err.contains("no XDNA NPU") || err.contains("without the `xrt` feature");
+    assert!(missing && err.contains("--backend host"), "{err}");
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let cpu = tmp.path().join("cpu.npub");
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", cpu.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = npuc(&["run", cpu.to_str().unwrap(), "--prompt", "hi", "--backend", "xrt"]);
+    assert!(!ok && err.contains("--target xdna") && err.contains("cpu"), "{err}");
+}
