@@ -174,10 +174,6 @@ fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, String> {
     }
 }
 
-fn f32_at(bytes: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap())
-}
-
 /// Quantises column by column (one output channel at a time), each thread taking a range of
 /// columns: `column(col, buf)` fills buf with W[:, col]. Returns (codes [N, K], scales [N],
 /// max|W8·s − W|, max|W|).
@@ -231,8 +227,8 @@ fn quantize_rows_major(bytes: &[u8], k: usize, n: usize) -> (Vec<i8>, Vec<f32>, 
                 scope.spawn(move || {
                     let mut m = vec![0f32; n];
                     for r in rows(t) {
-                        for (c, m) in m.iter_mut().enumerate() {
-                            *m = m.max(f32_at(bytes, r * n + c).abs());
+                        for (m, w) in m.iter_mut().zip(bytes[r * n * 4..(r + 1) * n * 4].chunks_exact(4)) {
+                            *m = m.max(f32::from_le_bytes(w.try_into().unwrap()).abs());
                         }
                     }
                     m
@@ -253,15 +249,18 @@ fn quantize_rows_major(bytes: &[u8], k: usize, n: usize) -> (Vec<i8>, Vec<f32>, 
             .enumerate()
             .map(|(t, out)| {
                 scope.spawn(move || {
-                    let mut err = 0.0f64;
-                    for (i, c) in out.iter_mut().enumerate() {
-                        let (r, col) = (t * per + i / n, i % n);
-                        let w = f32_at(bytes, r * n + col);
-                        let q = (w / scales[col]).round_ties_even().clamp(-127.0, 127.0);
-                        *c = q as i8;
-                        err = err.max((q as f64 * scales[col] as f64 - w as f64).abs());
+                    let mut err = 0.0f32;
+                    let src = &bytes[t * per * n * 4..][..out.len() * 4];
+                    for (row_out, row_in) in out.chunks_mut(n).zip(src.chunks(n * 4)) {
+                        for ((c, w), &s) in row_out.iter_mut().zip(row_in.chunks_exact(4)).zip(scales) {
+                            let w = f32::from_le_bytes(w.try_into().unwrap());
+                            let q = (w / s).round_ties_even().clamp(-127.0, 127.0);
+                            *c = q as i8;
+                            // |q·s − w| ≤ s/2: the error of one code, in f32 (exact enough to report).
+                            err = err.max((q * s - w).abs());
+                        }
                     }
-                    err
+                    err as f64
                 })
             })
             .collect();
@@ -277,8 +276,8 @@ fn quantize_rows_major(bytes: &[u8], k: usize, n: usize) -> (Vec<i8>, Vec<f32>, 
 fn quantize_columns(w: &Weights, k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64) {
     let (nk, scales, err, max) = match w {
         Weights::F32 { bytes, nk: true } => quantize_by_column(k, n, &|col, buf: &mut [f32]| {
-            for (kk, b) in buf.iter_mut().enumerate() {
-                *b = f32_at(bytes, col * k + kk);
+            for (b, w) in buf.iter_mut().zip(bytes[col * k * 4..(col + 1) * k * 4].chunks_exact(4)) {
+                *b = f32::from_le_bytes(w.try_into().unwrap());
             }
         }),
         Weights::F32 { bytes, nk: false } => return quantize_rows_major(bytes, k, n),
