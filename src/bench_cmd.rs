@@ -40,8 +40,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
         kv_storage: o.kv_storage,
         ..ExecOptions::default()
     };
+    let load_started = std::time::Instant::now();
     let mut exec =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
+    let packed_at_load = exec.wgemm_bytes_packed_at_load();
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let vocab = exec.vocab().max(2) as u32;
@@ -69,6 +72,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
             "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
             "gemm_weight_bytes_per_token": weight_bytes,
             "decode_weight_gb_s": weight_gb_s,
+            "load_ms": load_ms,
+            "wgemm_bytes_packed_at_load": packed_at_load,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -86,6 +91,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         println!(
             "GEMM weights read per decode token: {:.1} MB, {weight_gb_s:.1} GB/s at the median decode rate",
             weight_bytes as f64 / 1e6
+        );
+        println!(
+            "program loaded in {load_ms:.1} ms; WGemm weights packed at load: {:.1} MB",
+            packed_at_load as f64 / 1e6
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -2,8 +2,12 @@
 //!
 //! The bundle's program is the pipeline's final graph as JSON (format `npuc-program/1`, below);
 //! every weight it reads is stored once in `weights.safetensors` under its model name (a tied
-//! embedding/lm_head is one tensor), in the model's own layout. Repacking into the kernels'
-//! layouts joins this step together with the executor that reads them.
+//! embedding/lm_head is one tensor), in the model's own layout — except the weights of `WGemm`
+//! nodes, which are packed here by the kernels' own `pack_wgemm` and stored in the kernels' layout
+//! under the names and with the layout description `runtime::exec::packed` documents; the
+//! MatMulNBits tensors they come from are left out when nothing else reads them (a tied embedding
+//! read by `GatherBlockQuantized` with the lm_head's very codes, scales and zero points reads the
+//! packed form). The executor reads packed weights in place.
 //!
 //! Program JSON: `{"format": "npuc-program/1", "values": [{"name", "dtype", "shape": [dim, ...],
 //! "def": "input" | "node" | {"weight": NAME} | {"const": {"dtype", "shape", "data"}}}], "nodes":
@@ -13,10 +17,12 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use ir::graph::{Graph, ValueDef};
-use ir::{Attr, DType, Data, Tensor};
+use ir::{Attr, DType, Data, Tensor, ValueId, WeightId};
 use runtime::bundle::{BundleWriter, Dtype, ManifestHeader, ModelConfig, Target, WriteOptions};
+use runtime::exec::packed::{layout_json, packed_names, tensor_bytes};
+use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,10 +93,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
     };
     let mut w = BundleWriter::create_with(&o.output, header, WriteOptions { overwrite: o.overwrite })
         .with_context(|| format!("creating {}", o.output.display()))?;
+    let packed = pack_wgemm_weights(&g)?;
     let mut stored = BTreeSet::new();
     for v in &g.values {
         if let ValueDef::Weight(id) = v.def {
-            if !stored.insert(id) {
+            if packed.omitted.contains(&id) || !stored.insert(id) {
                 continue;
             }
             let wt = g.weights.get(id);
@@ -98,6 +105,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
             w.add_tensor(&wt.name, dtype, &shape, &wt.bytes, layout.as_ref())
                 .with_context(|| format!("storing weight `{}`", wt.name))?;
         }
+    }
+    for entry in &packed.entries {
+        write_packed(&mut w, &g, entry)?;
     }
     if let Some(t) = &tokenizer {
         w.copy_file(runtime::bundle::TOKENIZER_FILE, t).with_context(|| format!("copying {}", t.display()))?;
@@ -119,8 +129,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     if o.json {
         let intel = intel.as_ref().map(crate::intel::summary);
-        let mut out =
-            json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "intel": intel });
+        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "wgemm_packed": packed.entries.len(), "intel": intel });
         if let Some(x) = &xdna {
             out["xdna"] = x.clone();
         }
@@ -146,6 +155,218 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One WGemm weight packed at compile time: its codes, scales and zero-point weights and the
+/// packed buffers.
+struct PackedEntry {
+    codes: WeightId,
+    scales: WeightId,
+    zero_points: Option<WeightId>,
+    packed: PackedWGemm,
+}
+
+/// The WGemm weights of a program packed for the kernels, and the MatMulNBits weights nothing
+/// reads any more but through their packed form (they are not stored).
+struct PackedWeights {
+    entries: Vec<PackedEntry>,
+    omitted: BTreeSet<WeightId>,
+}
+
+fn weight_of(g: &Graph, v: Option<ValueId>) -> Option<WeightId> {
+    match g.value(v?).def {
+        ValueDef::Weight(w) => Some(w),
+        _ => None,
+    }
+}
+
+fn input(node: &ir::Node, slot: usize) -> Option<ValueId> {
+    node.inputs.get(slot).copied().flatten()
+}
+
+const ALIAS_OPS: [&str; 5] = ["Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"];
+
+/// The weight `v` is, through aliases (Reshape, Unsqueeze, ...).
+fn weight_root(g: &Graph, mut v: ValueId) -> Option<WeightId> {
+    loop {
+        match g.value(v).def {
+            ValueDef::Weight(w) => return Some(w),
+            ValueDef::Node { node, .. } => {
+                let n = g.node(node);
+                if n.domain != ir::Domain::Onnx || !ALIAS_OPS.contains(&n.op) {
+                    return None;
+                }
+                v = input(n, 0)?;
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect()
+}
+
+/// Packs the weights of every WGemm node whose codes, scales and zero points are weights in the
+/// dtypes the kernels take (u8 codes, f32 scales, u8 or f32 zero points, no `g_idx`); the others
+/// keep the MatMulNBits layout and are packed by the executor at load.
+fn pack_wgemm_weights(g: &Graph) -> Result<PackedWeights> {
+    let mut entries: Vec<PackedEntry> = Vec::new();
+    let mut by_codes: HashMap<WeightId, usize> = HashMap::new();
+    for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Npuc && n.op == "WGemm") {
+        let (Some(codes), Some(scales)) = (weight_of(g, input(node, 1)), weight_of(g, input(node, 2))) else {
+            continue;
+        };
+        let zero_points = weight_of(g, input(node, 3));
+        if (input(node, 3).is_some() && zero_points.is_none()) || input(node, 4).is_some() {
+            continue;
+        }
+        if let Some(&i) = by_codes.get(&codes) {
+            if (entries[i].scales, entries[i].zero_points) != (scales, zero_points) {
+                bail!(
+                    "WGemm node `{}` reads codes `{}` with other scales or zero points than another WGemm node; each packed weight has one set",
+                    node.name,
+                    g.weights.get(codes).name
+                );
+            }
+            continue;
+        }
+        let (b, s) = (g.weights.get(codes), g.weights.get(scales));
+        if b.dtype != DType::U8 || s.dtype != DType::F32 {
+            continue;
+        }
+        let attr = |key: &str| -> Result<usize> {
+            node.attrs
+                .int(key)
+                .ok()
+                .flatten()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| anyhow!("WGemm node `{}`: attribute {key} is missing or negative", node.name))
+        };
+        let scale_values = f32_values(&s.bytes);
+        let float_zero_points;
+        let zp = match zero_points.map(|z| g.weights.get(z)) {
+            None => NBitsZeroPoints::Default,
+            Some(z) if z.dtype == DType::U8 => NBitsZeroPoints::Packed(&z.bytes),
+            Some(z) if z.dtype == DType::F32 => {
+                float_zero_points = f32_values(&z.bytes);
+                NBitsZeroPoints::Float(&float_zero_points)
+            }
+            Some(_) => continue,
+        };
+        let src = MatMulNBits {
+            k: attr("K")?,
+            n: attr("N")?,
+            bits: attr("bits")?,
+            block_size: attr("block_size")?,
+            b: &b.bytes,
+            scales: &scale_values,
+            zero_points: zp,
+        };
+        let packed = pack_wgemm(&src).with_context(|| format!("packing the weights of WGemm node `{}`", node.name))?;
+        by_codes.insert(codes, entries.len());
+        entries.push(PackedEntry { codes, scales, zero_points, packed });
+    }
+
+    let mut consumers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();
+    for (n, node) in g.nodes.iter().enumerate() {
+        for (slot, v) in node.inputs.iter().enumerate() {
+            if let Some(v) = v {
+                consumers.entry(*v).or_default().push((n, slot));
+            }
+        }
+    }
+    // Whether every reader of `v` reads it through a packed entry: the entry's own WGemm, or a
+    // GatherBlockQuantized of the entry's very table.
+    fn read_only_packed(
+        g: &Graph,
+        consumers: &HashMap<ValueId, Vec<(usize, usize)>>,
+        entries: &[PackedEntry],
+        by_codes: &HashMap<WeightId, usize>,
+        v: ValueId,
+    ) -> bool {
+        if g.outputs.contains(&v) {
+            return false;
+        }
+        consumers.get(&v).into_iter().flatten().all(|&(n, slot)| {
+            let node = &g.nodes[n];
+            match (node.domain, node.op) {
+                (ir::Domain::Onnx, op) if ALIAS_OPS.contains(&op) && slot == 0 => {
+                    node.outputs.iter().all(|&o| read_only_packed(g, consumers, entries, by_codes, o))
+                }
+                (ir::Domain::Npuc, "WGemm") => {
+                    (1..=3).contains(&slot) && weight_of(g, input(node, 1)).is_some_and(|c| by_codes.contains_key(&c))
+                }
+                (ir::Domain::Microsoft, "GatherBlockQuantized") => {
+                    [0, 2, 3].contains(&slot) && tied_gather(g, node, entries, by_codes)
+                }
+                _ => false,
+            }
+        })
+    }
+    let mut omitted = BTreeSet::new();
+    for e in &entries {
+        let sources: Vec<WeightId> = [Some(e.codes), Some(e.scales), e.zero_points].into_iter().flatten().collect();
+        let only_packed = sources.iter().all(|&w| {
+            g.values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| matches!(v.def, ValueDef::Weight(id) if id == w))
+                .all(|(i, _)| read_only_packed(g, &consumers, &entries, &by_codes, ValueId(i as u32)))
+        });
+        if only_packed {
+            omitted.extend(sources);
+        }
+    }
+    Ok(PackedWeights { entries, omitted })
+}
+
+/// Whether a GatherBlockQuantized node gathers rows of a packed entry's table: its data is the
+/// entry's codes (through aliases), with the entry's scales, zero points, bits, block size and
+/// shape, gathered along axis 0 and quantised along the last.
+fn tied_gather(g: &Graph, node: &ir::Node, entries: &[PackedEntry], by_codes: &HashMap<WeightId, usize>) -> bool {
+    let Some(e) = input(node, 0).and_then(|v| weight_root(g, v)).and_then(|w| by_codes.get(&w)).map(|&i| &entries[i])
+    else {
+        return false;
+    };
+    let int = |key: &str, default: i64| node.attrs.int(key).ok().flatten().unwrap_or(default);
+    let (bits, block_size) = (int("bits", 4), int("block_size", 128));
+    let shape: Vec<Option<i64>> =
+        input(node, 0).map(|v| g.value(v).shape.iter().map(|d| d.as_known()).collect()).unwrap_or_default();
+    let fits = match shape[..] {
+        [Some(rows), Some(row_bytes)] => {
+            rows as usize == e.packed.n && (row_bytes * 8 / bits.max(1)) as usize == e.packed.k
+        }
+        _ => false,
+    };
+    fits && int("gather_axis", 0) == 0
+        && matches!(int("quantize_axis", 1), 1 | -1)
+        && (bits as usize, block_size as usize) == (e.packed.bits, e.packed.block_size)
+        && weight_of(g, input(node, 2)) == Some(e.scales)
+        && weight_of(g, input(node, 3)) == e.zero_points
+}
+
+/// Stores a packed entry's buffers with their layout description.
+fn write_packed(w: &mut BundleWriter, g: &Graph, e: &PackedEntry) -> Result<()> {
+    let source = &g.weights.get(e.codes).name;
+    let names = packed_names(source);
+    let layout = layout_json(
+        &e.packed,
+        source,
+        &g.weights.get(e.scales).name,
+        e.zero_points.map(|z| g.weights.get(z).name.as_str()),
+    );
+    let [codes, scales, zero_points] = tensor_bytes(&e.packed);
+    let tensors =
+        [(names.codes, codes, Some(&layout)), (names.scales, scales, None), (names.zero_points, zero_points, None)];
+    for (name, buffer, layout) in tensors {
+        if let Some((dtype, bytes)) = buffer {
+            let shape = [bytes.len() / dtype.size_bytes()];
+            w.add_tensor(&name, dtype, &shape, &bytes, layout)
+                .with_context(|| format!("storing packed weight `{name}`"))?;
+        }
+    }
+    Ok(())
 }
 
 /// How a weight is stored: the bundle's dtype where there is one, else its raw bytes as U8 with the

@@ -59,7 +59,9 @@ fn rates_line(stats: &GenerateStats) -> String {
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
+    let open_ms = started.elapsed().as_secs_f64() * 1e3;
     if o.backend.backend == "xrt" {
         return Err(crate::xdna::xrt_backend(&bundle));
     }
@@ -109,8 +111,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         sequences: prompt_ids.len(),
         ..ExecOptions::default()
     };
+    let load_started = std::time::Instant::now();
     let mut executor =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     // Sequence i samples with seed + i, so that equal prompts still differ when sampling.
     let mut samplers = (0..prompt_ids.len() as u64)
         .map(|i| Sampler::new(SamplingParams { seed: o.sampling.seed.wrapping_add(i), ..o.sampling }))
@@ -157,6 +161,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
         });
         if o.stats {
             summary["kv"] = kv_json(&pool);
+            summary["open_ms"] = json!(open_ms);
+            summary["load_ms"] = json!(load_ms);
+            summary["wgemm_bytes_packed_at_load"] = json!(executor.wgemm_bytes_packed_at_load());
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -164,6 +171,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         eprintln!("{}", rates_line(&stats));
         if o.stats {
             eprintln!("kv cache: {pool}");
+            eprintln!(
+                "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; WGemm weights packed at load: {:.1} MB",
+                executor.wgemm_bytes_packed_at_load() as f64 / 1e6
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -10,13 +10,16 @@
 //! in the `[N, K]` layout. Buffers are shared by values whose lifetimes do not overlap and grow to
 //! the largest step seen; decoding one token after another allocates nothing.
 //!
-//! Quantised programs (form 2): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm;
-//! its weights are stored in the bundle in the MatMulNBits layout and repacked with
-//! `pack_wgemm` at load (a copy of every WGemm weight in memory; packing at compile time is
-//! next). The precision is [`WGemmPrecision::Exact`] unless [`Executor::set_wgemm_precision`]
-//! says otherwise. `com.microsoft::GatherBlockQuantized` (rows along axis 0, quantised along the
-//! last axis) reads its table in place with `embed_nbits` — for SmolLM2 the tied lm_head's 8-bit
-//! storage, so the table is held once in the map (and once more packed for the lm_head).
+//! Quantised programs (form 2): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm.
+//! Bundles of format 2 hold its weights packed at compile time ([`packed`]); the executor reads
+//! them in place from the map — no copy, nothing packed at load. A WGemm whose weights the bundle
+//! holds only in the MatMulNBits layout (format 1 bundles) is packed with `pack_wgemm` at load, a
+//! copy [`Executor::wgemm_bytes_packed_at_load`] reports. The precision is
+//! [`WGemmPrecision::Exact`] unless [`Executor::set_wgemm_precision`] says otherwise.
+//! `com.microsoft::GatherBlockQuantized` (rows along axis 0, quantised along the last axis) reads
+//! its table in place: with `embed_nbits` in the MatMulNBits layout, or, for a table tied to a
+//! packed lm_head (SmolLM2's 8-bit storage), with `embed_packed` from the packed form, so the table
+//! is held once.
 //!
 //! A8W8 programs (QDQ form 3): `QuantizeLinear` of activations (per-tensor scale and zero point)
 //! writes u8 or i8 codes into code buffers, `npuc::QGemm` multiplies them by weights packed at
@@ -48,6 +51,7 @@
 //! is computed.
 
 mod error;
+pub mod packed;
 mod plan;
 mod program;
 
@@ -64,7 +68,7 @@ use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
 use crate::sample::Sampler;
 use error::node_err;
-use plan::{IntKind, Loc, Op, Plan};
+use plan::{IntKind, Loc, NBitsTable, Op, Plan, WGemmStore};
 use program::{Program, StepDims};
 
 /// Context the executor reserves KV pages for unless told otherwise.
@@ -304,6 +308,19 @@ impl<'b> Executor<'b> {
                 Op::QGemm { packed, .. } => self.plan.qpacked[*packed].bytes(),
                 Op::MatMul { k, n, .. } => 4 * k * n,
                 _ => 0,
+            })
+            .sum()
+    }
+
+    /// Bytes of WGemm weights packed at load (a copy of MatMulNBits-layout weights the executor
+    /// holds); 0 when the bundle holds every WGemm weight packed.
+    pub fn wgemm_bytes_packed_at_load(&self) -> usize {
+        self.plan
+            .packed
+            .iter()
+            .map(|store| match store {
+                WGemmStore::PackedAtLoad(p) => p.weights().bytes(),
+                WGemmStore::Mapped(_) => 0,
             })
             .sum()
     }
@@ -657,7 +674,7 @@ impl<'b> Executor<'b> {
             }
             Op::GatherNBits { table, ids, out } => {
                 let table = &self.plan.nbits_tables[*table];
-                let rows = table.n;
+                let (rows, width) = (table.rows(), table.width());
                 self.gather_ids.clear();
                 for &i in view.i64(*ids) {
                     let row = if i < 0 { i + rows as i64 } else { i };
@@ -665,10 +682,13 @@ impl<'b> Executor<'b> {
                         .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {rows} rows")))?);
                 }
                 let n = numel(&self.shapes[*out]);
-                if n != self.gather_ids.len() * table.k {
-                    return Err(fail(format!("{} ids of {} values do not fill {n}", self.gather_ids.len(), table.k)));
+                if n != self.gather_ids.len() * width {
+                    return Err(fail(format!("{} ids of {width} values do not fill {n}", self.gather_ids.len())));
                 }
-                embed::embed_nbits(table, &self.gather_ids, &mut y[..n])?;
+                match table {
+                    NBitsTable::Source(t) => embed::embed_nbits(t, &self.gather_ids, &mut y[..n])?,
+                    NBitsTable::Packed(w) => embed::embed_packed(w, &self.gather_ids, &mut y[..n])?,
+                }
             }
             Op::Slice { x, starts, ends, axes, steps, out } => {
                 let input = view.f32(*x);

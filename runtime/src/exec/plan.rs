@@ -1,17 +1,18 @@
 //! Loading a program into a plan: where every value lives (a buffer, a weight, a constant, the
 //! step's token ids or positions, a small i64 buffer, or the KV cache), one [`Op`] per node that
 //! computes something, and buffers shared by values whose lifetimes do not overlap. WGemm weights
-//! are repacked from the bundle's MatMulNBits layout here (see the module doc of `exec`); i64
-//! weights (shape operands stored as raw bytes) become constants.
+//! are read in place when the bundle holds them packed (see `packed.rs`), and packed here from the
+//! MatMulNBits layout otherwise; i64 weights (shape operands stored as raw bytes) become constants.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::WeightLayout;
 use crate::kernels::qgemm::{pack_qgemm, PackedQGemm, QWeightCodes};
-use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
+use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
 
 use super::error::{node_err, value_err, ExecError};
+use super::packed::{mapped_weights, packed_names, parse_layout, PackedLayout};
 use super::program::{ElemType, NodeInfo, Program, ValueDef};
 
 /// Where a value's elements are.
@@ -212,10 +213,10 @@ pub struct Plan<'b> {
     pub ops: Vec<(usize, Op)>,
     /// f32 weights read in place (empty for weights of other dtypes; see `views`).
     pub weights: Vec<&'b [f32]>,
-    /// WGemm weights repacked from the bundle's MatMulNBits layout at load.
-    pub packed: Vec<PackedWGemm>,
-    /// GatherBlockQuantized tables, read in place in MatMulNBits layout.
-    pub nbits_tables: Vec<MatMulNBits<'b>>,
+    /// WGemm weights: read in place, or packed at load from a MatMulNBits layout.
+    pub packed: Vec<WGemmStore<'b>>,
+    /// GatherBlockQuantized tables, read in place (MatMulNBits layout or packed).
+    pub nbits_tables: Vec<NBitsTable<'b>>,
     /// Number of [`Loc::I64Buf`] buffers.
     pub i64_buffers: usize,
     /// QGemm weights packed at load.
@@ -228,6 +229,48 @@ pub struct Plan<'b> {
     pub attention: AttentionShape,
     /// The logits value (the graph output the cache does not hold).
     pub logits: usize,
+}
+
+/// Where a WGemm node's packed weights are.
+#[derive(Clone, Debug)]
+pub enum WGemmStore<'b> {
+    /// Packed at compile time, read in place from the bundle's map.
+    Mapped(WGemmWeights<'b>),
+    /// Packed at load from the MatMulNBits layout (a copy the executor holds).
+    PackedAtLoad(PackedWGemm),
+}
+
+impl WGemmStore<'_> {
+    pub fn weights(&self) -> WGemmWeights<'_> {
+        match self {
+            WGemmStore::Mapped(w) => *w,
+            WGemmStore::PackedAtLoad(p) => p.weights(),
+        }
+    }
+}
+
+/// A GatherBlockQuantized table.
+#[derive(Clone, Copy, Debug)]
+pub enum NBitsTable<'b> {
+    /// MatMulNBits layout.
+    Source(MatMulNBits<'b>),
+    /// The packed form of a tied lm_head's weights (row t = output column t).
+    Packed(WGemmWeights<'b>),
+}
+
+impl NBitsTable<'_> {
+    pub fn rows(&self) -> usize {
+        match self {
+            NBitsTable::Source(t) => t.n,
+            NBitsTable::Packed(w) => w.n(),
+        }
+    }
+    pub fn width(&self) -> usize {
+        match self {
+            NBitsTable::Source(t) => t.k,
+            NBitsTable::Packed(w) => w.k(),
+        }
+    }
 }
 
 /// The most axes a Transpose may have.
@@ -276,13 +319,49 @@ impl<'b> Plan<'b> {
         let values = &program.values;
         let mut locs = vec![Loc::Unused; values.len()];
         let mut consumers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); values.len()];
+        let mut producer: Vec<Option<usize>> = vec![None; values.len()];
         for (n, node) in program.nodes.iter().enumerate() {
             for (slot, input) in node.inputs.iter().enumerate() {
                 if let Some(v) = input {
                     consumers[*v].push((n, slot));
                 }
             }
+            for &o in &node.outputs {
+                producer[o] = Some(n);
+            }
         }
+
+        // WGemm weights the bundle holds packed, by the name of their MatMulNBits codes weight;
+        // the MatMulNBits tensors they were packed from may be absent.
+        let mut packed_layouts: HashMap<String, PackedLayout> = HashMap::new();
+        let mut packed_sources: HashSet<String> = HashSet::new();
+        for node in program.nodes.iter().filter(|n| n.op == "npuc::WGemm") {
+            let Some(source) = weight_name(&program, node, 1) else { continue };
+            if packed_layouts.contains_key(source) {
+                continue;
+            }
+            let Some(codes) = weight(&packed_names(source).codes) else { continue };
+            let layout = parse_layout(codes.metadata).map_err(|p| value_err(codes.name, p))?;
+            if layout.source != source {
+                return Err(value_err(codes.name, format!("is packed from `{}`, not `{source}`", layout.source)));
+            }
+            packed_sources.extend([layout.source.clone(), layout.scales.clone()]);
+            packed_sources.extend(layout.zero_points.clone());
+            packed_layouts.insert(source.to_string(), layout);
+        }
+        let load_packed = |layout: &PackedLayout| -> Result<WGemmWeights<'b>, ExecError> {
+            let names = packed_names(&layout.source);
+            let get = |name: &str| {
+                weight(name)
+                    .ok_or_else(|| value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle")))
+            };
+            let zero_points = match layout.zero_points {
+                Some(_) => Some(get(&names.zero_points)?),
+                None => None,
+            };
+            mapped_weights(layout, get(&names.codes)?, get(&names.scales)?, zero_points)
+                .map_err(|p| value_err(&layout.source, p))
+        };
 
         let mut weights = Vec::new();
         let mut views = Vec::new();
@@ -295,8 +374,12 @@ impl<'b> Plan<'b> {
                     if consumers[v].is_empty() {
                         continue;
                     }
-                    let view = weight(name)
-                        .ok_or_else(|| value_err(&info.name, format!("weight `{name}` is not in the bundle")))?;
+                    let view = match weight(name) {
+                        Some(view) => view,
+                        // Read only through its packed form (checked by the ops that read it).
+                        None if packed_sources.contains(name) => continue,
+                        None => return Err(value_err(&info.name, format!("weight `{name}` is not in the bundle"))),
+                    };
                     if info.dtype == "i64" {
                         // Shape operands (stored as raw little-endian bytes): small constants.
                         consts_i64.push(i64_weight(&info.name, view)?);
@@ -420,6 +503,7 @@ impl<'b> Plan<'b> {
             i64_buffers += 1;
         };
         let mut packed = Vec::new();
+        let mut mapped_index: HashMap<String, usize> = HashMap::new();
         let mut nbits_tables = Vec::new();
         let mut qpacked = Vec::new();
         let mut q_buffers = 0;
@@ -676,25 +760,42 @@ impl<'b> Plan<'b> {
                     if node.input(4).is_some() {
                         return Err(fail("g_idx (act-order block indices) is not supported".to_string()));
                     }
-                    let codes = u8_weight(node, &locs, &views, values, 1)?;
-                    let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
-                    let zero_points = match node.input(3) {
-                        None => NBitsZeroPoints::Default,
-                        Some(v) if values[v].dtype == "u8" => {
-                            NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?)
-                        }
-                        Some(_) => NBitsZeroPoints::Float(f32_weight_input(node, &locs, &weights, values, 3)?),
-                    };
                     let bias = match node.input(5) {
                         Some(_) => Some(f32_input(5, &locs)?),
                         None => None,
                     };
-                    let src = MatMulNBits { k, n: n_cols, bits, block_size, b: codes, scales, zero_points };
-                    packed.push(pack_wgemm(&src).map_err(|e| fail(e.to_string()))?);
+                    let source = weight_name(&program, node, 1);
+                    let index = match source.and_then(|s| packed_layouts.get(s)) {
+                        Some(layout) => {
+                            check_packed_layout(&program, node, layout, (k, n_cols, bits, block_size)).map_err(fail)?;
+                            match mapped_index.get(&layout.source) {
+                                Some(&i) => i,
+                                None => {
+                                    packed.push(WGemmStore::Mapped(load_packed(layout)?));
+                                    mapped_index.insert(layout.source.clone(), packed.len() - 1);
+                                    packed.len() - 1
+                                }
+                            }
+                        }
+                        None => {
+                            let codes = u8_weight(node, &locs, &views, values, 1)?;
+                            let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
+                            let zero_points = match node.input(3) {
+                                None => NBitsZeroPoints::Default,
+                                Some(v) if values[v].dtype == "u8" => {
+                                    NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?)
+                                }
+                                Some(_) => NBitsZeroPoints::Float(f32_weight_input(node, &locs, &weights, values, 3)?),
+                            };
+                            let src = MatMulNBits { k, n: n_cols, bits, block_size, b: codes, scales, zero_points };
+                            packed.push(WGemmStore::PackedAtLoad(pack_wgemm(&src).map_err(|e| fail(e.to_string()))?));
+                            packed.len() - 1
+                        }
+                    };
                     let o = out(0)?;
                     fresh(&mut locs, o);
                     let last_row_only = o == logits && consumers[o].is_empty();
-                    ops.push((n, Op::WGemm { a, packed: packed.len() - 1, bias, k, n: n_cols, out: o, last_row_only }));
+                    ops.push((n, Op::WGemm { a, packed: index, bias, k, n: n_cols, out: o, last_row_only }));
                 }
                 "com.microsoft::GatherBlockQuantized" => {
                     let gather_axis = node.attr_i64("gather_axis").unwrap_or(0);
@@ -719,15 +820,38 @@ impl<'b> Plan<'b> {
                     if block_size == 0 || !k.is_multiple_of(block_size) {
                         return Err(fail(format!("rows of {k} are not whole blocks of {block_size}")));
                     }
-                    let codes = u8_weight(node, &locs, &views, values, 0)?;
-                    let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
-                    let zero_points = match node.input(3) {
-                        None => NBitsZeroPoints::Default,
-                        Some(_) => NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?),
+                    let root = weight_root(&program, &producer, data);
+                    let tied = root.and_then(|r| packed_layouts.get(r)).filter(|_| locs[data] == Loc::Unused);
+                    let table = match tied {
+                        // A tied table stored only packed for the lm_head: the same codes, scales
+                        // and zero points, so its rows are the packed weights' columns.
+                        Some(layout) => {
+                            let same_inputs = weight_name(&program, node, 2) == Some(layout.scales.as_str())
+                                && weight_name(&program, node, 3) == layout.zero_points.as_deref();
+                            if !same_inputs
+                                || (layout.n, layout.k, layout.bits, layout.block_size) != (rows, k, bits, block_size)
+                            {
+                                return Err(fail(format!(
+                                    "data `{}` is stored only packed for WGemm, and this table is not the one packed (scales, zero points, or {rows}×{k} {bits}-bit in blocks of {block_size} differ)",
+                                    layout.source
+                                )));
+                            }
+                            NBitsTable::Packed(load_packed(layout)?)
+                        }
+                        None => {
+                            let codes = u8_weight(node, &locs, &views, values, 0)?;
+                            let scales = f32_weight_input(node, &locs, &weights, values, 2)?;
+                            let zero_points = match node.input(3) {
+                                None => NBitsZeroPoints::Default,
+                                Some(_) => NBitsZeroPoints::Packed(u8_weight(node, &locs, &views, values, 3)?),
+                            };
+                            let table = MatMulNBits { k, n: rows, bits, block_size, b: codes, scales, zero_points };
+                            // Checks the buffers against the table's size (no ids: nothing is gathered).
+                            crate::kernels::embed::embed_nbits(&table, &[], &mut [])
+                                .map_err(|e| fail(e.to_string()))?;
+                            NBitsTable::Source(table)
+                        }
                     };
-                    let table = MatMulNBits { k, n: rows, bits, block_size, b: codes, scales, zero_points };
-                    // Checks the buffers against the table's size (no ids: nothing is gathered).
-                    crate::kernels::embed::embed_nbits(&table, &[], &mut []).map_err(|e| fail(e.to_string()))?;
                     let ids = input(1)?;
                     if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_) | Loc::I64Buf(_)) {
                         return Err(fail(format!(
@@ -1097,6 +1221,56 @@ fn int_inputs(
             Ok(v)
         })
         .collect()
+}
+
+/// The name of the weight `node` reads directly at `slot`.
+fn weight_name<'p>(program: &'p Program, node: &NodeInfo, slot: usize) -> Option<&'p str> {
+    match &program.values[node.input(slot)?].def {
+        ValueDef::Weight(name) => Some(name),
+        _ => None,
+    }
+}
+
+/// The weight `v` is, through aliases (Reshape, Unsqueeze, ...).
+fn weight_root<'p>(program: &'p Program, producer: &[Option<usize>], mut v: usize) -> Option<&'p str> {
+    loop {
+        match &program.values[v].def {
+            ValueDef::Weight(name) => return Some(name),
+            ValueDef::Node => {
+                let node = &program.nodes[producer[v]?];
+                if !ALIAS_OPS.contains(&node.op.as_str()) {
+                    return None;
+                }
+                v = node.input(0)?;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Checks a WGemm node against the layout description of the packed weights it reads: the same
+/// K, N, bits and block size, packed from the node's own scale and zero-point weights.
+fn check_packed_layout(
+    program: &Program,
+    node: &NodeInfo,
+    layout: &PackedLayout,
+    (k, n, bits, block_size): (usize, usize, usize, usize),
+) -> Result<(), String> {
+    if (layout.k, layout.n, layout.bits, layout.block_size) != (k, n, bits, block_size) {
+        return Err(format!(
+            "packed weights of `{}` are K={} N={} {}-bit in blocks of {}, the node says K={k} N={n} {bits}-bit in blocks of {block_size}",
+            layout.source, layout.k, layout.n, layout.bits, layout.block_size
+        ));
+    }
+    if weight_name(program, node, 2) != Some(layout.scales.as_str())
+        || weight_name(program, node, 3) != layout.zero_points.as_deref()
+    {
+        return Err(format!(
+            "packed weights of `{}` were packed with scales `{}` and zero points {:?}, not the node's",
+            layout.source, layout.scales, layout.zero_points
+        ));
+    }
+    Ok(())
 }
 
 /// The u8 bytes of a weight read by `node` at `slot`.

@@ -1,0 +1,178 @@
+//! WGemm weights in a bundle, packed at compile time (bundle format 2).
+//!
+//! For a WGemm node whose MatMulNBits codes are the weight `W`, the compiler runs
+//! [`pack_wgemm`](crate::kernels::wgemm::pack_wgemm) — the very function the kernels' layout is
+//! defined by — and stores its three buffers as they are, under names derived from `W`
+//! ([`packed_names`]):
+//!
+//! | tensor | dtype | shape |
+//! |---|---|---|
+//! | `W.wgemm.codes` | U8 | `[panels·blocks·block_bytes]` |
+//! | `W.wgemm.scales` | F32 | `[panels·blocks·16]` |
+//! | `W.wgemm.zero_points` (when the node has zero points) | U8 or F32 | `[panels·blocks·16]` |
+//!
+//! The codes tensor carries the layout description ([`layout_json`]): `{"packing":
+//! "npuc-wgemm-panel16/1", "k", "n", "bits", "block_size", "source": W, "scales": S,
+//! "zero_points": Z | null}`, where `S` and `Z` name the node's scale and zero-point weights. The
+//! program is unchanged (the node still reads `W`, `S`, `Z`); the MatMulNBits tensors themselves are
+//! left out of the bundle when nothing else reads them, so each weight is stored once. A tied
+//! embedding read by `GatherBlockQuantized` with the lm_head's very codes, scales and zero points
+//! gathers its rows from the packed form (`embed_packed`).
+//!
+//! The executor reads the three tensors in place from the memory map (every tensor starts on a
+//! 64-byte boundary): no copy and no packing at load. A bundle without them (format 1, or a WGemm
+//! the compiler could not pack) still loads: its MatMulNBits weights are packed at load, and
+//! `Executor::wgemm_bytes_packed_at_load` says how many bytes that copy holds.
+
+use serde_json::{json, Value};
+
+use crate::bundle::{Dtype, TensorView};
+use crate::kernels::wgemm::{PackedWGemm, PackedZeroPoints, WGemmWeights, WGemmZeroPoints};
+
+/// The `packing` tag of the layout description.
+pub const PACKING: &str = "npuc-wgemm-panel16/1";
+
+/// Names of the packed tensors of the MatMulNBits codes weight `source`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedNames {
+    pub codes: String,
+    pub scales: String,
+    pub zero_points: String,
+}
+
+pub fn packed_names(source: &str) -> PackedNames {
+    PackedNames {
+        codes: format!("{source}.wgemm.codes"),
+        scales: format!("{source}.wgemm.scales"),
+        zero_points: format!("{source}.wgemm.zero_points"),
+    }
+}
+
+/// The layout description stored with the codes tensor of `packed`, packed from the weights
+/// `source` (codes), `scales` and `zero_points`.
+pub fn layout_json(packed: &PackedWGemm, source: &str, scales: &str, zero_points: Option<&str>) -> Value {
+    json!({
+        "packing": PACKING,
+        "k": packed.k,
+        "n": packed.n,
+        "bits": packed.bits,
+        "block_size": packed.block_size,
+        "source": source,
+        "scales": scales,
+        "zero_points": zero_points,
+    })
+}
+
+/// A decoded layout description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PackedLayout {
+    pub k: usize,
+    pub n: usize,
+    pub bits: usize,
+    pub block_size: usize,
+    pub source: String,
+    pub scales: String,
+    pub zero_points: Option<String>,
+}
+
+/// Decodes the layout description of a packed codes tensor; the error says what is wrong.
+pub fn parse_layout(layout: Option<&Value>) -> Result<PackedLayout, String> {
+    let layout = layout.ok_or("has no layout description")?;
+    if layout["packing"].as_str() != Some(PACKING) {
+        return Err(format!("has packing {}, expected \"{PACKING}\"", layout["packing"]));
+    }
+    let size = |key: &str| -> Result<usize, String> {
+        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
+    };
+    let name = |key: &str| -> Result<String, String> {
+        layout[key].as_str().map(str::to_string).ok_or(format!("layout `{key}` is not a weight name"))
+    };
+    Ok(PackedLayout {
+        k: size("k")?,
+        n: size("n")?,
+        bits: size("bits")?,
+        block_size: size("block_size")?,
+        source: name("source")?,
+        scales: name("scales")?,
+        zero_points: match &layout["zero_points"] {
+            Value::Null => None,
+            _ => Some(name("zero_points")?),
+        },
+    })
+}
+
+/// The owned buffers of `packed` as the bundle stores them: (dtype, bytes) of codes, scales and
+/// zero points (none for the default zero point).
+pub fn tensor_bytes(packed: &PackedWGemm) -> [Option<(Dtype, Vec<u8>)>; 3] {
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    [
+        Some((Dtype::U8, packed.codes.clone())),
+        Some((Dtype::F32, f32_bytes(&packed.scales))),
+        match &packed.zero_points {
+            PackedZeroPoints::Default => None,
+            PackedZeroPoints::U8(z) => Some((Dtype::U8, z.clone())),
+            PackedZeroPoints::F32(z) => Some((Dtype::F32, f32_bytes(z))),
+        },
+    ]
+}
+
+/// The packed weights read in place from the bundle's tensors, checked against `layout`.
+pub fn mapped_weights<'b>(
+    layout: &PackedLayout,
+    codes: TensorView<'b>,
+    scales: TensorView<'b>,
+    zero_points: Option<TensorView<'b>>,
+) -> Result<WGemmWeights<'b>, String> {
+    if codes.dtype != Dtype::U8 {
+        return Err(format!("`{}` is {}, expected U8", codes.name, codes.dtype));
+    }
+    let scales = f32s(scales)?;
+    let zero_points = match zero_points {
+        None => WGemmZeroPoints::Default,
+        Some(z) if z.dtype == Dtype::U8 => WGemmZeroPoints::U8(z.bytes),
+        Some(z) => WGemmZeroPoints::F32(f32s(z)?),
+    };
+    WGemmWeights::from_parts(layout.k, layout.n, layout.bits, layout.block_size, codes.bytes, scales, zero_points)
+        .map_err(|e| format!("`{}`: {e}", codes.name))
+}
+
+fn f32s(view: TensorView<'_>) -> Result<&[f32], String> {
+    if view.dtype != Dtype::F32 {
+        return Err(format!("`{}` is {}, expected F32", view.name, view.dtype));
+    }
+    if !cfg!(target_endian = "little") || view.bytes.as_ptr().align_offset(align_of::<f32>()) != 0 {
+        return Err(format!("`{}` is not 4-byte aligned little-endian f32", view.name));
+    }
+    // SAFETY: the bytes are aligned for f32 (checked), live as long as the bundle's map, and every
+    // bit pattern is a valid f32.
+    Ok(unsafe { std::slice::from_raw_parts(view.bytes.as_ptr().cast::<f32>(), view.bytes.len() / 4) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints};
+
+    #[test]
+    fn layout_descriptions_round_trip_and_wrong_tags_are_refused() {
+        let b = vec![0x21u8; 3 * 16];
+        let src = MatMulNBits {
+            k: 32,
+            n: 3,
+            bits: 4,
+            block_size: 32,
+            b: &b,
+            scales: &[1.0, 2.0, 3.0],
+            zero_points: NBitsZeroPoints::Default,
+        };
+        let packed = pack_wgemm(&src).unwrap();
+        let json = layout_json(&packed, "w", "w_scale", None);
+        let layout = parse_layout(Some(&json)).unwrap();
+        assert_eq!((layout.k, layout.n, layout.bits, layout.block_size), (32, 3, 4, 32));
+        assert_eq!((layout.source.as_str(), layout.scales.as_str(), layout.zero_points), ("w", "w_scale", None));
+        let mut other = json.clone();
+        other["packing"] = json!("npuc-wgemm-panel16/9");
+        assert!(parse_layout(Some(&other)).unwrap_err().contains("npuc-wgemm-panel16/9"));
+        assert!(parse_layout(None).is_err());
+    }
+}
