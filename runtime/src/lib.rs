@@ -15,6 +15,6 @@ pub mod bundle;
 pub mod exec;
 pub mod kernels;
 pub mod kvcache;
+pub mod sample;
 #[cfg(feature = "openvino")]
 pub mod openvino;
-pub mod sample;
