@@ -6,9 +6,10 @@
 
 mod common;
 
-use runtime::bundle::Bundle;
+use runtime::bundle::{Bundle, BundleError, BundleWriter, Dtype, ManifestHeader, WEIGHTS_FILE};
+use runtime::exec::packed::{packed_names, parse_layout};
 use runtime::exec::{argmax, ExecOptions, Executor};
-use runtime::kernels::wgemm::WGemmPrecision;
+use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedZeroPoints, WGemmPrecision};
 use runtime::kvcache::KvStorage;
 use serde_json::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -311,6 +312,146 @@ fn f2_npuc_run_streams_the_greedy_text() {
     let report: Value = serde_json::from_str(&out).unwrap();
     let tokens: Vec<u32> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
     assert_eq!(tokens, want[..20]);
+}
+
+/// The weights of the SmolLM2 form-2 model as the ONNX file holds them, by name.
+fn f2_model_weights() -> std::collections::HashMap<String, ir::Weight> {
+    let model = common::fixture(F2).join("model.onnx");
+    let imported = frontend::import_file(&model).unwrap();
+    imported
+        .graph
+        .weights
+        .iter()
+        .map(|(_, w)| (w.name.clone(), ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone())))
+        .collect()
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn f2_bundle_holds_wgemm_weights_packed_by_the_kernels_and_the_executor_copies_none() {
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    assert_eq!(exec.wgemm_bytes_packed_at_load(), 0);
+    // Every MatMulNBits weight is stored only packed; the tied 8-bit embedding/lm_head once.
+    let unpacked: Vec<&str> =
+        bundle.tensors().map(|t| t.name).filter(|n| n.ends_with("_Q4G32") || n.ends_with("_Q8G32")).collect();
+    assert!(unpacked.is_empty(), "MatMulNBits tensors stored as well: {unpacked:?}");
+    let packed_codes = bundle.tensors().filter(|t| t.name.ends_with(".wgemm.codes")).count();
+    assert_eq!(packed_codes, 30 * 5 + 1, "q/k/v, o, gate, up, down per layer and the lm_head");
+    assert!(bundle.tensor("lm_head.MatMul.weight_scale").is_none());
+
+    // The stored bytes are pack_wgemm's output for the model's own weights.
+    let weights = f2_model_weights();
+    for (source, zero_points) in [
+        ("model.layers.0.attn.qkv_proj.MatMul.weight_Q4G32", Some("model.layers.0.attn.qkv_proj.MatMul.weight_zp")),
+        ("lm_head.MatMul.weight_Q8G32", None),
+    ] {
+        let b = &weights[source];
+        let scales_name = source.rsplit_once('_').unwrap().0.to_string() + "_scale";
+        let scales = f32_values(&weights[&scales_name].bytes);
+        let zp = zero_points.map(|z| f32_values(&weights[z].bytes));
+        let (n, blocks, blob) = (b.shape[0], b.shape[1], b.shape[2]);
+        let bits = blob * 8 / 32;
+        let src = MatMulNBits {
+            k: blocks * 32,
+            n,
+            bits,
+            block_size: 32,
+            b: &b.bytes,
+            scales: &scales,
+            zero_points: match &zp {
+                Some(z) => NBitsZeroPoints::Float(z),
+                None => NBitsZeroPoints::Default,
+            },
+        };
+        let want = pack_wgemm(&src).unwrap();
+        let names = packed_names(source);
+        let codes = bundle.tensor(&names.codes).unwrap();
+        assert!(codes.bytes == want.codes.as_slice(), "{source}: packed codes differ from pack_wgemm's");
+        let layout = parse_layout(codes.metadata).unwrap();
+        assert_eq!((layout.k, layout.n, layout.bits, layout.scales), (src.k, n, bits, scales_name.clone()));
+        assert_eq!(f32_values(bundle.tensor(&names.scales).unwrap().bytes), want.scales, "{source}: scales");
+        match (&want.zero_points, bundle.tensor(&names.zero_points)) {
+            (PackedZeroPoints::F32(z), Some(t)) => assert_eq!(&f32_values(t.bytes), z, "{source}: zero points"),
+            (PackedZeroPoints::Default, None) => {}
+            (other, stored) => panic!("{source}: zero points {other:?} stored as {stored:?}"),
+        }
+    }
+}
+
+#[test]
+fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_logits() {
+    // A bundle as the compiler wrote it before packing: the MatMulNBits weights as the model holds
+    // them, no packed tensors.
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let weights = f2_model_weights();
+    let tmp = tempfile::tempdir().unwrap();
+    let old_dir = tmp.path().join("f2_format1.npub");
+    let header = ManifestHeader {
+        compiler_version: bundle.manifest().compiler_version.clone(),
+        target: bundle.target(),
+        model: bundle.model().clone(),
+        program: bundle.program().clone(),
+    };
+    let mut writer = BundleWriter::create(&old_dir, header).unwrap();
+    let mut packed_bytes = 0;
+    let mut added = std::collections::HashSet::new();
+    for t in bundle.tensors() {
+        if t.name.contains(".wgemm.") {
+            packed_bytes += t.bytes.len();
+        } else {
+            writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
+        }
+    }
+    for value in bundle.program()["values"].as_array().unwrap() {
+        if let Some(name) = value["def"]["weight"].as_str() {
+            if bundle.tensor(name).is_none() && added.insert(name.to_string()) {
+                let w = &weights[name];
+                let dtype = match w.dtype {
+                    ir::DType::U8 => Dtype::U8,
+                    ir::DType::F32 => Dtype::F32,
+                    other => panic!("{name}: {other:?}"),
+                };
+                writer.add_tensor(name, dtype, &w.shape, &w.bytes, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+    writer.finish().unwrap();
+
+    let old = Bundle::open(&old_dir, Some("cpu")).unwrap();
+    let mut old_exec = Executor::new(&old, ExecOptions::default()).unwrap();
+    assert_eq!(old_exec.wgemm_bytes_packed_at_load(), packed_bytes);
+    let mut new_exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    let prompt = ids(&fixture_tensor(F2, "prefill", "input_0.pb"));
+    let (got_old, got_new) = (old_exec.step(&prompt).unwrap().to_vec(), new_exec.step(&prompt).unwrap().to_vec());
+    assert!(got_old == got_new, "logits of weights packed at load and at compile time differ");
+}
+
+#[test]
+fn a_flipped_byte_in_a_packed_tensor_is_refused_by_the_bundle_loader() {
+    let src = f2_bundle_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("flipped.npub");
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let path = dir.join(WEIGHTS_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let name = packed_names("model.layers.7.mlp.down_proj.MatMul.weight_Q4G32").codes;
+    let begin = header[&name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + header_len + begin + 1000] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    let error = Bundle::open(&dir, Some("cpu")).err().unwrap();
+    assert!(matches!(&error, BundleError::HashMismatch { file, .. } if file == WEIGHTS_FILE), "{error:?}");
+    let (ok, _, err) = npuc(&["run", dir.to_str().unwrap(), "--prompt", "Hi", "--max-tokens", "2"]);
+    assert!(!ok && err.contains(WEIGHTS_FILE), "{err}");
 }
 
 #[test]

@@ -16,13 +16,8 @@ use super::digest::{is_sha256_hex, sha256_hex};
 use super::paths::check_relative_path;
 use super::{BundleError, MANIFEST_FILE, WEIGHTS_FILE};
 
-/// The bundle format this runtime writes. Format 2 stores WGemm weights packed for the kernels
-/// (see `exec::packed`); format 1 stored them in the MatMulNBits layout, and this runtime still
-/// reads it (the executor packs such weights at load). Bundles of a newer format are refused, so a
-/// format-1 runtime names the format of a bundle whose packed weights it could not read.
-pub const FORMAT_VERSION: u32 = 2;
-/// The oldest bundle format this runtime reads.
-pub const OLDEST_FORMAT_VERSION: u32 = 1;
+/// The bundle format this runtime writes and reads. Bundles of a newer format are refused.
+pub const FORMAT_VERSION: u32 = 1;
 
 const CHECKSUM_KEY: &str = "manifest_sha256";
 const CHECKSUM_MARKER: &[u8] = b"\"manifest_sha256\": \"";
@@ -176,13 +171,10 @@ impl Manifest {
 
         let manifest: Manifest = serde_path_to_error::deserialize(document)
             .map_err(|e| malformed(&e.path().to_string(), e.inner().to_string()))?;
-        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
+        if manifest.format_version != FORMAT_VERSION {
             return Err(malformed(
                 "format_version",
-                format!(
-                    "format {} is not one this runtime reads (it reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})",
-                    manifest.format_version
-                ),
+                format!("format {} is not one this runtime reads (it reads {FORMAT_VERSION})", manifest.format_version),
             ));
         }
         manifest.check_files()?;

@@ -27,7 +27,7 @@ mod safetensors;
 mod writer;
 
 pub use error::BundleError;
-pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION, OLDEST_FORMAT_VERSION};
+pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};
 pub use reader::{Bundle, TensorView};
 pub use safetensors::{Dtype, ALIGNMENT_BYTES};
 pub use writer::{BundleSummary, BundleWriter, TensorSink, WriteOptions};

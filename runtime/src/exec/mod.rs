@@ -11,9 +11,9 @@
 //! the largest step seen; decoding one token after another allocates nothing.
 //!
 //! Quantised programs (form 2): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm.
-//! Bundles of format 2 hold its weights packed at compile time ([`packed`]); the executor reads
-//! them in place from the map — no copy, nothing packed at load. A WGemm whose weights the bundle
-//! holds only in the MatMulNBits layout (format 1 bundles) is packed with `pack_wgemm` at load, a
+//! The compiler stores its weights packed ([`packed`]); the executor reads them in place from the
+//! map — no copy, nothing packed at load. A WGemm whose weights the bundle holds only in the
+//! MatMulNBits layout (bundles written before packing) is packed with `pack_wgemm` at load, a
 //! copy [`Executor::wgemm_bytes_packed_at_load`] reports. The precision is
 //! [`WGemmPrecision::Exact`] unless [`Executor::set_wgemm_precision`] says otherwise.
 //! `com.microsoft::GatherBlockQuantized` (rows along axis 0, quantised along the last axis) reads

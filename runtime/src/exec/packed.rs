@@ -1,4 +1,4 @@
-//! WGemm weights in a bundle, packed at compile time (bundle format 2).
+//! WGemm weights in a bundle, packed at compile time.
 //!
 //! For a WGemm node whose MatMulNBits codes are the weight `W`, the compiler runs
 //! [`pack_wgemm`](crate::kernels::wgemm::pack_wgemm) — the very function the kernels' layout is
@@ -20,9 +20,13 @@
 //! gathers its rows from the packed form (`embed_packed`).
 //!
 //! The executor reads the three tensors in place from the memory map (every tensor starts on a
-//! 64-byte boundary): no copy and no packing at load. A bundle without them (format 1, or a WGemm
-//! the compiler could not pack) still loads: its MatMulNBits weights are packed at load, and
-//! `Executor::wgemm_bytes_packed_at_load` says how many bytes that copy holds.
+//! 64-byte boundary): no copy and no packing at load. The bundle format stays 1: which form a
+//! WGemm's weights take is decided per weight by the presence of the packed tensors, so bundles
+//! written before packing (MatMulNBits tensors only), or a WGemm the compiler could not pack, still
+//! load — their weights are packed at load, and `Executor::wgemm_bytes_packed_at_load` says how
+//! many bytes that copy holds. A packed layout of another `packing` tag is refused naming the
+//! tensor and both tags; a runtime that predates packing refuses a packed bundle naming the
+//! MatMulNBits weight it cannot find.
 
 use serde_json::{json, Value};
 
