@@ -129,18 +129,19 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     if o.json {
         let intel = intel.as_ref().map(crate::intel::summary);
-        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len(), "wgemm_packed": packed.entries.len(), "intel": intel });
+        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() + packed.entries.len(), "wgemm_packed": packed.entries.len(), "intel": intel });
         if let Some(x) = &xdna {
             out["xdna"] = x.clone();
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "wrote {} ({} target): {} program nodes, {} weights, {} files, {} bytes",
+            "wrote {} ({} target): {} program nodes, {} weights ({} WGemm weights packed), {} files, {} bytes",
             o.output.display(),
             o.target,
             g.nodes.len(),
-            stored.len(),
+            stored.len() + packed.entries.len(),
+            packed.entries.len(),
             summary.files.len(),
             summary.total_bytes
         );
