@@ -2,7 +2,10 @@
 //! of the recorded prefill and decode cases, and greedy decoding of the three prompts of
 //! greedy.json token for token. Form 2 (4-bit WGemm, 8-bit GatherBlockQuantized embedding, the
 //! GroupQueryAttention lowering's position ops) with the Exact WGemm precision: the last prefill
-//! position's and the decode step's logits, and the first prompt's greedy tokens.
+//! position's and the decode step's logits, and the first prompt's greedy tokens. Form 2's WGemm
+//! weights are stored packed by `pack_wgemm` and read in place (nothing packed at load); a bundle
+//! holding them in the MatMulNBits layout is packed at load to the same logits; a changed byte or
+//! an unknown packing of a packed tensor is refused.
 
 mod common;
 
@@ -389,7 +392,7 @@ fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_l
     let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
     let weights = f2_model_weights();
     let tmp = tempfile::tempdir().unwrap();
-    let old_dir = tmp.path().join("f2_format1.npub");
+    let old_dir = tmp.path().join("f2_matmulnbits.npub");
     let header = ManifestHeader {
         compiler_version: bundle.manifest().compiler_version.clone(),
         target: bundle.target(),
@@ -428,6 +431,36 @@ fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_l
     let prompt = ids(&fixture_tensor(F2, "prefill", "input_0.pb"));
     let (got_old, got_new) = (old_exec.step(&prompt).unwrap().to_vec(), new_exec.step(&prompt).unwrap().to_vec());
     assert!(got_old == got_new, "logits of weights packed at load and at compile time differ");
+}
+
+#[test]
+fn a_packed_tensor_of_another_packing_is_refused_naming_it() {
+    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("other_packing.npub");
+    let header = ManifestHeader {
+        compiler_version: bundle.manifest().compiler_version.clone(),
+        target: bundle.target(),
+        model: bundle.model().clone(),
+        program: bundle.program().clone(),
+    };
+    let mut writer = BundleWriter::create(&dir, header).unwrap();
+    let changed = packed_names("model.layers.3.attn.o_proj.MatMul.weight_Q4G32").codes;
+    for t in bundle.tensors() {
+        let mut metadata = t.metadata.cloned();
+        if t.name == changed {
+            metadata.as_mut().unwrap()["packing"] = Value::from("npuc-wgemm-panel32/1");
+        }
+        writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, metadata.as_ref()).unwrap();
+    }
+    writer.finish().unwrap();
+    let other = Bundle::open(&dir, Some("cpu")).unwrap();
+    let error = Executor::new(&other, ExecOptions::default()).err().unwrap();
+    let text = error.to_string();
+    assert!(
+        text.contains(&changed) && text.contains("npuc-wgemm-panel32/1") && text.contains("npuc-wgemm-panel16/1"),
+        "{text}"
+    );
 }
 
 #[test]
