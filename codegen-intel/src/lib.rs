@@ -28,6 +28,7 @@
 //!   inputs and outputs per block size, the attentions between them, the schedule, and the RoPE
 //!   tables' location in the weights file.
 
+pub mod float;
 pub mod symmetric;
 pub mod xml;
 
@@ -58,11 +59,18 @@ pub struct Options {
     pub asymmetric: Asymmetric,
     /// Positions the RoPE tables cover (the longest context the bundle can run on this target).
     pub rope_positions: usize,
+    /// How float projection weights are stored (see [`float::compress`]).
+    pub weights: float::FloatWeights,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { blocks: vec![1, 64], asymmetric: Asymmetric::Requantize, rope_positions: 4096 }
+        Options {
+            blocks: vec![1, 64],
+            asymmetric: Asymmetric::Requantize,
+            rope_positions: 4096,
+            weights: float::FloatWeights::Int4,
+        }
     }
 }
 
@@ -90,7 +98,9 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     if o.blocks.is_empty() || o.blocks.contains(&0) {
         return Err(IntelError::Structure(format!("invalid token block sizes {:?}", o.blocks)));
     }
-    let (device, requantized) = symmetric::symmetrize(program, o.asymmetric)?;
+    let (device, mut requantized) = symmetric::symmetrize(program, o.asymmetric)?;
+    let (device, f16_weights, compressed) = float::compress(&device, o.weights)?;
+    requantized.extend(compressed);
     let parts = partition(&device)?;
     let mut bin = Bin::default();
     let (cos, sin, width, rope_positions) = rope_tables(&device, &parts, o.rope_positions)?;
@@ -108,7 +118,15 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         let mut outputs: Vec<Json> = Vec::new();
         for &t in &seg_blocks {
             let name = format!("{}_t{t}", seg.name);
-            let mut lower = Lower { g: &device, bin: &mut bin, net: Net::new(&name), vals: HashMap::new(), t, width };
+            let mut lower = Lower {
+                g: &device,
+                bin: &mut bin,
+                net: Net::new(&name),
+                vals: HashMap::new(),
+                t,
+                width,
+                f16_weights: &f16_weights,
+            };
             let (ins, outs) = lower.segment(seg)?;
             let file = format!("{name}.xml");
             xml.push((file.clone(), lower.net.to_xml()));
@@ -487,6 +505,8 @@ struct Lower<'a> {
     vals: HashMap<ValueId, Port>,
     t: usize,
     width: usize,
+    /// f32 weights that hold f16 values, stored as f16.
+    f16_weights: &'a HashSet<ir::WeightId>,
 }
 
 impl Lower<'_> {
@@ -595,6 +615,18 @@ impl Lower<'_> {
         }
         let val = self.g.value(v);
         let p = match &val.def {
+            ValueDef::Weight(id) if self.f16_weights.contains(id) => {
+                let g = self.g;
+                let w = g.weights.get(*id);
+                let r = self.bin.keyed(&format!("f16w:{}", w.name), || {
+                    w.bytes
+                        .chunks_exact(4)
+                        .flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                        .collect()
+                });
+                let c = self.net.constant(Et::F16, &w.shape, r);
+                self.net.convert(&c, Et::F32)
+            }
             ValueDef::Weight(w) => {
                 let w = self.g.weights.get(*w);
                 let et = match w.dtype {

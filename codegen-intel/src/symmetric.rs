@@ -34,6 +34,8 @@ pub struct WeightError {
     pub weight: String,
     /// Whether the codes changed (asymmetric zero points) or only the scales were rounded to f16.
     pub requantized: bool,
+    /// For a float weight compressed for the NPU: the format it was stored in.
+    pub from_float: Option<crate::float::FloatWeights>,
     /// max |w' − w| / max |w| over the weight.
     pub max_rel: f64,
     /// mean |w' − w| / mean |w| over the weight.
@@ -67,7 +69,7 @@ fn f16_round(v: f32) -> f32 {
 
 /// The f16 scale for one group that minimises the squared rounding error: max|w|/qmax and a few
 /// smaller ones (clipping the largest weights a little buys finer steps for all the others).
-fn best_scale(w: &[f32], qmax: f32, offset: i32) -> f32 {
+pub(crate) fn best_scale(w: &[f32], qmax: f32, offset: i32) -> f32 {
     let absmax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
     let mut best = (f64::INFINITY, f16_round(absmax / qmax));
     for step in 0..12 {
@@ -241,6 +243,7 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
         reports.push(WeightError {
             weight: w.name.clone(),
             requantized: changed_codes,
+            from_float: None,
             max_rel: if max_w > 0.0 { max_err / max_w } else { 0.0 },
             mean_rel: if sum_w > 0.0 { sum_err / sum_w } else { 0.0 },
         });
