@@ -4,6 +4,7 @@
 
 mod common;
 
+use codegen_intel::float::FloatWeights;
 use codegen_intel::symmetric::Asymmetric;
 use ir::{DType, Tensor};
 use serde_json::{json, Value};
@@ -113,11 +114,9 @@ fn raw(t: &Tensor) -> (Vec<u8>, &'static str) {
     }
 }
 
-#[test]
-fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
-    let g = program("llama_f2");
-    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
-    let ir = codegen_intel::compile(&g, &options).unwrap();
+/// Runs every segment of `ir` for token blocks 1 and 4 (the IR must have them) on OpenVINO CPU
+/// and checks it against the reference evaluator on the same inputs.
+fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("intel");
     write_ir(&dir, &ir);
@@ -181,6 +180,13 @@ fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block()
         // f16 scales are exact), so what differs is f32 rounding and summation order.
         assert!(r["finite"].as_bool().unwrap() && d <= 1e-4 * m.max(1.0), "{r}");
     }
+}
+
+#[test]
+fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
+    let g = program("llama_f2");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
 }
 
 fn const_views(xml: &str) -> Vec<(String, usize, usize, usize)> {
@@ -259,4 +265,92 @@ fn intel_asymmetric_weights_are_requantised_with_the_error_reported_or_rejected(
     for n in ir.device_program.nodes.iter().chain(&ir.host_program.nodes).filter(|n| n.op.starts_with("WGemm")) {
         assert!(n.inputs.get(3).copied().flatten().is_none(), "{} keeps zero points", n.name);
     }
+}
+
+/// The bytes of the float weights a program holds.
+fn float_weight_bytes(g: &ir::Graph) -> usize {
+    g.weights.iter().filter(|(_, w)| w.dtype.is_float()).map(|(_, w)| w.bytes.len()).sum()
+}
+
+/// The projections of `ir`'s program: every MatMul by a weight became a WGemm.
+fn assert_no_float_projections(ir: &codegen_intel::IntelIr) {
+    for g in [&ir.device_program, &ir.host_program] {
+        let ct = g.compile_time_nodes();
+        for (n, &ct) in g.nodes.iter().zip(&ct) {
+            if n.op == "MatMul" && !ct {
+                let b = n.inputs[1].unwrap();
+                let weight_b = match g.value(b).def {
+                    ir::ValueDef::Weight(_) | ir::ValueDef::Const(_) => true,
+                    ir::ValueDef::Node { node, .. } => g.compile_time_nodes()[node.0 as usize],
+                    ir::ValueDef::Input => false,
+                };
+                assert!(!weight_b, "{} still multiplies by a float weight", n.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn intel_float_smollm2_is_stored_as_int4_and_every_segment_matches_openvino() {
+    let g = program("smollm2_f1");
+    let f32_bytes = float_weight_bytes(&g);
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g, &options).unwrap();
+    // int4 projections (q, k, v, o, gate, up, down of 30 layers and the tied lm_head) next to the
+    // f32 embedding: about a third of the f32 model.
+    let bin = ir.weights.len();
+    assert!(bin * 5 < f32_bytes * 2, "{bin} bytes of weights against {f32_bytes} bytes of f32 weights");
+    assert_no_float_projections(&ir);
+    let compressed: Vec<_> = ir.requantized.iter().filter(|e| e.from_float.is_some()).collect();
+    assert_eq!(compressed.len(), 30 * 7 + 1);
+    for e in &compressed {
+        assert_eq!(e.from_float, Some(FloatWeights::Int4));
+        // The scale is chosen between max|w|/7 and 0.725·max|w|/7 per group: clipping the largest
+        // weight costs at most 27.5% of it, rounding the others at most half a step.
+        assert!(e.max_rel > 0.0 && e.max_rel <= 0.28 && e.mean_rel < 0.2, "{e:?}");
+    }
+    // K = 576 is not a multiple of 128 (one group per channel); K = 1536 is (groups of 128).
+    let blocks: BTreeSet<i64> = ir
+        .device_program
+        .nodes
+        .iter()
+        .filter(|n| n.op == "WGemm")
+        .map(|n| n.attrs.int("block_size").unwrap().unwrap())
+        .collect();
+    assert_eq!(blocks, BTreeSet::from([128, 576]));
+    check_segments_against_openvino(&ir);
+}
+
+#[test]
+fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_openvino() {
+    let g = program("llama_f1");
+    let mut sizes = Vec::new();
+    for format in [FloatWeights::Int4, FloatWeights::Int8, FloatWeights::F16] {
+        let options = codegen_intel::Options { blocks: vec![1, 4], weights: format, ..Default::default() };
+        let ir = codegen_intel::compile(&g, &options).unwrap();
+        let compressed: Vec<_> = ir.requantized.iter().filter(|e| e.from_float.is_some()).collect();
+        assert!(!compressed.is_empty());
+        for e in &compressed {
+            assert_eq!(e.from_float, Some(format));
+            match format {
+                // Half a step of max|w|/127 at most (int8 does not clip enough to matter here).
+                FloatWeights::Int8 => assert!(e.max_rel <= 0.28 && e.mean_rel < 0.01, "{e:?}"),
+                // f16 rounding: at most 2^-11 relative to each value.
+                FloatWeights::F16 => assert!(e.max_rel <= 1.0 / 2048.0 && e.mean_rel < 1e-3, "{e:?}"),
+                FloatWeights::Int4 => assert!(e.max_rel <= 0.28 && e.mean_rel < 0.2, "{e:?}"),
+            }
+        }
+        if format == FloatWeights::F16 {
+            // f16 keeps the MatMuls, over f16 constants the IR converts to f32.
+            assert!(ir.xml.iter().any(|(_, x)| x.contains("element_type=\"f16\"")));
+            assert!(ir.device_program.nodes.iter().all(|n| n.op != "WGemm"));
+        } else {
+            assert_no_float_projections(&ir);
+        }
+        sizes.push(ir.weights.len());
+        if format != FloatWeights::Int4 {
+            check_segments_against_openvino(&ir);
+        }
+    }
+    assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "weights bytes int4, int8, f16: {sizes:?}");
 }

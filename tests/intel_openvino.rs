@@ -11,7 +11,13 @@ use std::path::Path;
 use std::process::Command;
 
 fn compile_smollm2(out: &Path) {
-    let model = common::fixture("smollm2_f2").join("model.onnx");
+    let summary = compile(out, "smollm2_f2");
+    assert!(summary.contains("150 weights re-quantised symmetrically"), "{summary}");
+}
+
+/// `npuc compile --target intel-npu --blocks 1,16` of a fixture; the text summary.
+fn compile(out: &Path, fixture: &str) -> String {
+    let model = common::fixture(fixture).join("model.onnx");
     let status = Command::new(env!("CARGO_BIN_EXE_npuc"))
         .args([
             "compile",
@@ -26,8 +32,7 @@ fn compile_smollm2(out: &Path) {
         .output()
         .unwrap();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let summary = String::from_utf8_lossy(&status.stdout);
-    assert!(summary.contains("150 weights re-quantised symmetrically"), "{summary}");
+    String::from_utf8_lossy(&status.stdout).into_owned()
 }
 
 fn tokenize(bundle: &Bundle, text: &str) -> Vec<u32> {
@@ -121,4 +126,30 @@ fn intel_openvino_without_the_device_says_which_devices_exist() {
     let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 16, threads: 1 };
     let err = OvSession::open(&bundle, &options).err().expect("a cpu bundle has no IR");
     assert!(err.to_string().contains("--target intel-npu"), "{err}");
+}
+
+#[test]
+fn intel_openvino_cpu_generates_the_host_tokens_for_float_smollm2_stored_as_int4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("smollm2_f1.npub");
+    let summary = compile(&path, "smollm2_f1");
+    assert!(summary.contains("211 float weights stored as int4"), "{summary}");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host =
+        Executor::new(&bundle, ExecOptions { threads: 2, max_context: 128, ..ExecOptions::default() }).unwrap();
+    let ids = tokenize(&bundle, "The capital of France is");
+    let want = host.step(&ids).unwrap().to_vec();
+    let got = ov.step(&ids).unwrap();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-3 * scale, "first-step logits differ by {worst} (largest {scale})");
+    host.reset().unwrap();
+    ov.reset().unwrap();
+    let (want_tokens, _) = host.generate_greedy(&ids, 24, &[], |_| {}).unwrap();
+    let got_tokens = ov.generate_greedy(&ids, 24, &[], |_| {}).unwrap();
+    assert_eq!(got_tokens.len(), 24);
+    assert_eq!(got_tokens, want_tokens);
 }
