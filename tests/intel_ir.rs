@@ -354,3 +354,30 @@ fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_op
     }
     assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "weights bytes int4, int8, f16: {sizes:?}");
 }
+
+#[test]
+fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and_matches_openvino() {
+    let g = program("qwen3_f2");
+    let err =
+        codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
+            .err()
+            .expect("Qwen3 form 2 has asymmetric weights");
+    assert!(err.to_string().contains("asymmetric zero points"), "{err}");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g, &options).unwrap();
+    // q, k, v, o, gate, up, down of 2 layers and the lm_head, whose codes the embedding shares.
+    assert_eq!(ir.requantized.iter().filter(|e| e.requantized).count(), 2 * 7 + 1);
+    for p in [&ir.device_program, &ir.host_program] {
+        let embed = p.nodes.iter().find(|n| n.op == "GatherBlockQuantized").expect("a quantised embedding");
+        let head = p.nodes.iter().rev().find(|n| n.op.starts_with("WGemm")).unwrap();
+        assert!(embed.inputs.get(3).copied().flatten().is_none(), "the embedding keeps zero points");
+        assert_eq!(embed.inputs[2], head.inputs[2], "the embedding and the lm_head read different scales");
+        let codes = match p.value(embed.inputs[0].unwrap()).def {
+            ir::ValueDef::Node { node, .. } => p.node(node).inputs[0],
+            _ => embed.inputs[0],
+        };
+        assert_eq!(codes, head.inputs[1], "the embedding and the lm_head read different codes");
+        assert!(p.value(codes.unwrap()).name.ends_with(".sym"));
+    }
+    check_segments_against_openvino(&ir);
+}

@@ -153,3 +153,21 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_float_smollm2_stored_as_int4
     assert_eq!(got_tokens.len(), 24);
     assert_eq!(got_tokens, want_tokens);
 }
+
+#[test]
+fn intel_openvino_cpu_generates_the_host_tokens_for_qwen3_form2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3_f2.npub");
+    let summary = compile(&path, "qwen3_f2");
+    assert!(summary.contains("15 weights re-quantised symmetrically"), "{summary}");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 64, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host =
+        Executor::new(&bundle, ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() }).unwrap();
+    let ids: Vec<u32> = vec![3, 17, 101, 250, 9, 44];
+    let (want, _) = host.generate_greedy(&ids, 20, &[], |_| {}).unwrap();
+    let got = ov.generate_greedy(&ids, 20, &[], |_| {}).unwrap();
+    assert_eq!(got.len(), 20);
+    assert_eq!(got, want);
+}
