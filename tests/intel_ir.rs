@@ -381,3 +381,18 @@ fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and
     }
     check_segments_against_openvino(&ir);
 }
+
+#[test]
+fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
+    // llama_f2 with every Rope made interleaved: the reference evaluator rotates pairs (2i, 2i+1),
+    // so the IR only matches if it does too.
+    let mut g = program("llama_f2");
+    let mut ropes = 0;
+    for n in g.nodes.iter_mut().filter(|n| n.op == "Rope") {
+        n.attrs.set("interleaved", ir::Attr::Int(1));
+        ropes += 1;
+    }
+    assert!(ropes >= 2, "{ropes} Rope nodes");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
+}
