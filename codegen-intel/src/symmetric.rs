@@ -239,9 +239,14 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
                 let block = node.attrs.int_or("block_size", 128).map_err(|e| bad(e.to_string()))?.max(0) as usize;
                 let w = g.weights.get(wid);
                 let rows = w.shape.first().copied().unwrap_or(0);
-                let bytes_per_row = if rows == 0 { 0 } else { w.bytes.len() / rows };
+                let bytes_per_row = w.bytes.len().checked_div(rows).unwrap_or(0);
                 let width = bytes_per_row * 8 / bits.max(1);
-                if !(bits == 4 || bits == 8) || block == 0 || width == 0 || width % block != 0 || w.dtype != DType::U8 {
+                if !(bits == 4 || bits == 8)
+                    || block == 0
+                    || width == 0
+                    || !width.is_multiple_of(block)
+                    || w.dtype != DType::U8
+                {
                     return Err(bad(format!(
                         "embedding `{}` of {} {:?} with {bits}-bit blocks of {block}",
                         w.name, w.dtype, w.shape
