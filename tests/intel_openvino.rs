@@ -1,6 +1,7 @@
 //! The `openvino` backend against the host executor on the same intel-npu bundle (SmolLM2-135M,
-//! 4-bit, re-quantised symmetrically): the very same weights, so the same greedy tokens; first-step
-//! logits within a stated tolerance. Also: the CLI path, and a clear error for a missing device.
+//! 4-bit, re-quantised symmetrically; SmolLM2-135M float, compressed to int4; tiny Qwen3 form 2):
+//! the very same weights, so the same greedy tokens; first-step logits within a stated tolerance.
+//! Also: the CLI path (`--weights`), and a clear error for a missing device.
 
 mod common;
 
@@ -170,4 +171,36 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_qwen3_form2() {
     let got = ov.generate_greedy(&ids, 20, &[], |_| {}).unwrap();
     assert_eq!(got.len(), 20);
     assert_eq!(got, want);
+}
+
+#[test]
+fn intel_weights_flag_chooses_the_float_format_and_the_summary_reports_its_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let run = |weights: &str| {
+        let out = tmp.path().join(format!("{weights}.npub"));
+        Command::new(env!("CARGO_BIN_EXE_npuc"))
+            .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--json", "--weights", weights, "-o"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let mut bins = Vec::new();
+    for weights in ["int4", "int8", "f16"] {
+        let out = run(weights);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let intel = &s["intel"];
+        assert_eq!(intel["float_weights"], weights, "{intel}");
+        assert!(intel["compressed_weights"].as_u64().unwrap() > 0, "{intel}");
+        let (max, mean) =
+            (intel["compressed_max_rel_error"].as_f64().unwrap(), intel["compressed_mean_rel_error"].as_f64().unwrap());
+        assert!(0.0 < mean && mean <= max, "{intel}");
+        bins.push((max, intel["weights_bin_bytes"].as_u64().unwrap()));
+    }
+    // Fewer bits, more error and fewer bytes.
+    assert!(bins[0].0 > bins[1].0 && bins[1].0 > bins[2].0, "{bins:?}");
+    assert!(bins[0].1 < bins[1].1 && bins[1].1 < bins[2].1, "{bins:?}");
+    let out = run("int3");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("int3"));
 }
