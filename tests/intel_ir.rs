@@ -397,3 +397,62 @@ fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
 }
+
+#[test]
+fn intel_an_embedding_of_its_own_with_zero_points_is_requantised_like_a_gemm() {
+    // qwen3_f2 with the embedding untied: its own copies of the lm_head's codes (already [rows,
+    // K/2]), scales and zero points. Re-quantised on its own, it must come out exactly as the
+    // lm_head's symmetric weights do.
+    let mut g = program("qwen3_f2");
+    let embed = g.nodes.iter().position(|n| n.op == "GatherBlockQuantized").unwrap();
+    let mut store = ir::WeightStore::default();
+    for (_, w) in g.weights.iter() {
+        store.add(ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+    }
+    let data = g.nodes[embed].inputs[0].unwrap();
+    let codes = match g.value(data).def {
+        ir::ValueDef::Node { node, .. } => g.node(node).inputs[0].unwrap(),
+        _ => panic!("the fixture's embedding is a Reshape of the lm_head codes"),
+    };
+    let weight = |v: ir::ValueId| match g.value(v).def {
+        ir::ValueDef::Weight(w) => g.weights.get(w),
+        _ => panic!("{} is not a weight", g.value(v).name),
+    };
+    let mut copies = Vec::new();
+    for (slot, src, shape) in [
+        (0, codes, Some(g.value(data).shape.clone())),
+        (2, g.nodes[embed].inputs[2].unwrap(), None),
+        (3, g.nodes[embed].inputs[3].unwrap(), None),
+    ] {
+        let w = weight(src);
+        let shape = shape.unwrap_or_else(|| g.value(src).shape.clone());
+        let dims: Vec<usize> = shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
+        let name = format!("embed_own.{}", w.name);
+        let id = store.add(ir::Weight::new(name.clone(), w.dtype, dims, w.bytes.clone()));
+        copies.push((slot, ir::Value { name, dtype: w.dtype, shape, def: ir::ValueDef::Weight(id) }));
+    }
+    for (slot, value) in copies {
+        g.values.push(value);
+        g.nodes[embed].inputs[slot] = Some(ir::ValueId(g.values.len() as u32 - 1));
+    }
+    g.weights = std::sync::Arc::new(store);
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g.pruned(), &options).unwrap();
+    let requantized: Vec<_> = ir.requantized.iter().filter(|e| e.requantized).collect();
+    assert_eq!(requantized.len(), 2 * 7 + 2, "the layers, the lm_head and the embedding");
+    let own = requantized.iter().find(|e| e.weight.starts_with("embed_own.")).expect("the embedding is reported");
+    let head = requantized.iter().find(|e| e.weight == own.weight["embed_own.".len()..]).unwrap();
+    assert_eq!((own.max_rel, own.mean_rel), (head.max_rel, head.mean_rel));
+    let p = &ir.host_program;
+    let e = p.nodes.iter().find(|n| n.op == "GatherBlockQuantized").unwrap();
+    let h = p.nodes.iter().rev().find(|n| n.op.starts_with("WGemm")).unwrap();
+    assert!(e.inputs.get(3).copied().flatten().is_none());
+    let bytes = |v: Option<ir::ValueId>| match p.value(v.unwrap()).def {
+        ir::ValueDef::Weight(w) => p.weights.get(w).bytes.clone(),
+        _ => panic!("not a weight"),
+    };
+    assert_ne!(e.inputs[0], h.inputs[1]);
+    assert_eq!(bytes(e.inputs[0]), bytes(h.inputs[1]), "the same codes");
+    assert_eq!(bytes(e.inputs[2]), bytes(h.inputs[2]), "the same scales");
+    check_segments_against_openvino(&ir);
+}
