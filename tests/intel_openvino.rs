@@ -134,7 +134,7 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_float_smollm2_stored_as_int4
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("smollm2_f1.npub");
     let summary = compile(&path, "smollm2_f1");
-    assert!(summary.contains("211 float weights stored as int4"), "{summary}");
+    assert!(summary.contains("212 float weights stored as int4"), "{summary}");
     let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
     let options =
         OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };

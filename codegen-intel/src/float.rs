@@ -10,6 +10,10 @@
 //! - [`FloatWeights::F16`]: the same `MatMul` over the weight rounded to f16 (the IR stores it as
 //!   f16 and converts it).
 //!
+//! The embedding table (a `Gather` of a float weight by token ids, not a RoPE cache) becomes a
+//! `GatherBlockQuantized` over symmetric int8 codes in blocks of up to 128 along the row for both
+//! integer formats (reported as int8), and an f16 table for f16.
+//!
 //! The codes are stored as MatMulNBits expects them (unsigned, default zero point) with f32 scales
 //! that are f16 values, exactly as [`crate::symmetric::symmetrize`] leaves a quantised model, so
 //! the IR writer and the host executor compute with the very same weight values. The error each
@@ -138,6 +142,83 @@ pub fn compress(g: &Graph, format: FloatWeights) -> Result<(Graph, HashSet<Weigh
         };
         done.insert(b, inputs.clone());
         replace(&mut out, ni, format, inputs, g.value(b));
+    }
+    // The embedding: int8 codes in blocks along the row (GatherBlockQuantized) for the integer
+    // formats, f16 for f16. A row that is no whole number of 16-wide blocks stays f32.
+    // (Not the RoPE caches the cos/sin tables gather from: those stay exact.)
+    let mut rope_tables = vec![false; g.nodes.len()];
+    let mut stack: Vec<ValueId> = g
+        .nodes
+        .iter()
+        .filter(|n| n.domain == Domain::Npuc && n.op == "Rope")
+        .flat_map(|n| n.inputs.iter().skip(1).flatten().copied())
+        .collect();
+    while let Some(v) = stack.pop() {
+        if let ValueDef::Node { node, .. } = g.value(v).def {
+            if !std::mem::replace(&mut rope_tables[node.0 as usize], true) {
+                stack.extend(g.node(node).inputs.iter().flatten().copied());
+            }
+        }
+    }
+    for (ni, node) in g.nodes.iter().enumerate() {
+        if node.domain != Domain::Onnx || node.op != "Gather" || compile_time[ni] || rope_tables[ni] {
+            continue;
+        }
+        let (Some(dv), Some(idx)) = (node.inputs.first().copied().flatten(), node.inputs.get(1).copied().flatten())
+        else {
+            continue;
+        };
+        let axis = node.attrs.int_or("axis", 0).unwrap_or(-1);
+        let ValueDef::Weight(wid) = g.value(dv).def else { continue };
+        let w = g.weights.get(wid);
+        if axis != 0 || w.dtype != DType::F32 || w.shape.len() != 2 || ct_value[idx.0 as usize] {
+            continue;
+        }
+        let (rows, width) = (w.shape[0], w.shape[1]);
+        let data =
+            w.to_tensor().map_err(|e| IntelError::Unsupported { node: node.name.clone(), msg: e.to_string() })?;
+        let data = data.to_f32_vec();
+        if format == FloatWeights::F16 {
+            let rounded: Vec<f32> = data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            reports.push(error_of(&w.name, &data, &rounded, format));
+            let bytes: Vec<u8> = rounded.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let name = format!("{}.f16", w.name);
+            let id = store.add(Weight::new(name.clone(), DType::F32, w.shape.clone(), Bytes::from(bytes)));
+            f16_weights.insert(id);
+            let v = push(&mut out, name, DType::F32, w.shape.clone(), id);
+            out.nodes[ni].inputs[0] = Some(v);
+            continue;
+        }
+        let Some(block) = [128, 64, 32, 16].into_iter().find(|b| width % b == 0) else { continue };
+        // Row r of the table is output channel r of a [width, rows] weight.
+        let transposed: Vec<f32> = (0..width * rows).map(|i| data[(i % rows) * width + i / rows]).collect();
+        let (codes, scales, deq) = quantize(&transposed, width, rows, 8, block);
+        let deq_rows: Vec<f32> = (0..rows * width).map(|i| deq[(i % width) * rows + i / width]).collect();
+        let mut report = error_of(&w.name, &data, &deq_rows, format);
+        report.from_float = Some(FloatWeights::Int8);
+        reports.push(report);
+        let cname = format!("{}.q8", w.name);
+        let cid = store.add(Weight::new(cname.clone(), DType::U8, vec![rows, width], Bytes::from(codes)));
+        let sbytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let groups = width / block;
+        let sname = format!("{}.scales", w.name);
+        let sid = store.add(Weight::new(sname.clone(), DType::F32, vec![rows, groups], Bytes::from(sbytes)));
+        let cv = push(&mut out, cname, DType::U8, vec![rows, width], cid);
+        let sv = push(&mut out, sname, DType::F32, vec![rows, groups], sid);
+        let mut attrs = ir::Attrs::default();
+        for (key, v) in [("bits", 8), ("block_size", block as i64), ("gather_axis", 0), ("quantize_axis", 1)] {
+            attrs.set(key, Attr::Int(v));
+        }
+        let old = &out.nodes[ni];
+        out.nodes[ni] = Node {
+            name: old.name.clone(),
+            domain: Domain::Microsoft,
+            op: "GatherBlockQuantized",
+            opset: 1,
+            attrs,
+            inputs: vec![Some(cv), Some(idx), Some(sv)],
+            outputs: old.outputs.clone(),
+        };
     }
     out.weights = Arc::new(store);
     Ok((out.pruned(), f16_weights, reports))
