@@ -20,6 +20,11 @@ pub struct IntelArgs {
     /// intel-npu: positions the RoPE tables cover (the longest context on this target).
     #[arg(long, default_value_t = 4096)]
     pub rope_positions: usize,
+    /// intel-npu: how a float model's projection weights are stored: `int4` (symmetric, groups
+    /// of 128 along K where K divides, else per channel), `int8` (symmetric, per channel) or `f16`.
+    /// The host program runs the same weights; the error is reported per weight.
+    #[arg(long, default_value = "int4", value_parser = ["int4", "int8", "f16"])]
+    pub weights: String,
 }
 
 /// The bundle folder of the IR.
@@ -33,6 +38,7 @@ pub fn compile(program: &ir::Graph, a: &IntelArgs) -> Result<codegen_intel::Inte
         blocks: a.blocks.clone(),
         asymmetric: if a.asymmetric == "reject" { Asymmetric::Reject } else { Asymmetric::Requantize },
         rope_positions: a.rope_positions,
+        weights: a.weights.parse().map_err(anyhow::Error::msg)?,
     };
     codegen_intel::compile(program, &options).context("writing the OpenVINO IR")
 }
@@ -50,14 +56,12 @@ pub fn write(w: &mut BundleWriter, ir: &codegen_intel::IntelIr) -> Result<()> {
 /// The summary: segments, IR and weights bytes, and the re-quantisation error.
 pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
     let xml_bytes: usize = ir.xml.iter().map(|(_, t)| t.len()).sum();
-    let requantized: Vec<&codegen_intel::symmetric::WeightError> =
-        ir.requantized.iter().filter(|e| e.requantized).collect();
-    let worst = requantized.iter().map(|e| e.max_rel).fold(0.0f64, f64::max);
-    let mean = if requantized.is_empty() {
-        0.0
-    } else {
-        requantized.iter().map(|e| e.mean_rel).sum::<f64>() / requantized.len() as f64
-    };
+    type Errors<'a> = Vec<&'a codegen_intel::symmetric::WeightError>;
+    let requantized: Errors = ir.requantized.iter().filter(|e| e.requantized).collect();
+    let compressed: Errors = ir.requantized.iter().filter(|e| e.from_float.is_some()).collect();
+    let worst = |v: &Errors| v.iter().map(|e| e.max_rel).fold(0.0f64, f64::max);
+    let mean = |v: &Errors| if v.is_empty() { 0.0 } else { v.iter().map(|e| e.mean_rel).sum::<f64>() / v.len() as f64 };
+    let format = compressed.first().and_then(|e| e.from_float).map(|f| f.name());
     json!({
         "segments": ir.plan["segments"].as_array().map_or(0, |s| s.len()),
         "xml_files": ir.xml.len(),
@@ -65,10 +69,15 @@ pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
         "weights_bin_bytes": ir.weights.len(),
         "blocks": ir.plan["blocks"],
         "requantized_weights": requantized.len(),
-        "requantized_max_rel_error": worst,
-        "requantized_mean_rel_error": mean,
+        "requantized_max_rel_error": worst(&requantized),
+        "requantized_mean_rel_error": mean(&requantized),
+        "float_weights": format,
+        "compressed_weights": compressed.len(),
+        "compressed_max_rel_error": worst(&compressed),
+        "compressed_mean_rel_error": mean(&compressed),
         "weights": ir.requantized.iter().map(|e| json!({
-            "weight": e.weight, "requantized": e.requantized, "max_rel": e.max_rel, "mean_rel": e.mean_rel,
+            "weight": e.weight, "requantized": e.requantized, "from_float": e.from_float.map(|f| f.name()),
+            "max_rel": e.max_rel, "mean_rel": e.mean_rel,
         })).collect::<Vec<_>>(),
     })
 }
@@ -76,8 +85,19 @@ pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
 /// One line for the text summary.
 pub fn summary_line(ir: &codegen_intel::IntelIr) -> String {
     let s = summary(ir);
+    let compressed = s["compressed_weights"].as_u64().unwrap_or(0) as usize;
+    let float = if compressed == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {compressed} float weights stored as {} (relative error max {:.3e}, mean {:.3e})",
+            s["float_weights"].as_str().unwrap_or("?"),
+            s["compressed_max_rel_error"].as_f64().unwrap_or(0.0),
+            s["compressed_mean_rel_error"].as_f64().unwrap_or(0.0),
+        )
+    };
     format!(
-        "intel-npu: {} segments, {} IR files ({} bytes of XML), {} bytes in {DIR}/weights.bin; {} weights re-quantised symmetrically (relative error max {:.3e}, mean {:.3e}); scales of {} weights rounded to f16",
+        "intel-npu: {} segments, {} IR files ({} bytes of XML), {} bytes in {DIR}/weights.bin; {} weights re-quantised symmetrically (relative error max {:.3e}, mean {:.3e}); scales of {} weights rounded to f16{float}",
         s["segments"],
         s["xml_files"],
         s["xml_bytes"],
@@ -85,6 +105,6 @@ pub fn summary_line(ir: &codegen_intel::IntelIr) -> String {
         s["requantized_weights"],
         s["requantized_max_rel_error"].as_f64().unwrap_or(0.0),
         s["requantized_mean_rel_error"].as_f64().unwrap_or(0.0),
-        ir.requantized.len() - s["requantized_weights"].as_u64().unwrap_or(0) as usize,
+        ir.requantized.len() - compressed - s["requantized_weights"].as_u64().unwrap_or(0) as usize,
     )
 }

@@ -1,9 +1,11 @@
 //! The intel-npu IR against the real OpenVINO (its Python API, `tools/ov_check.py`): every segment
 //! loads with `read_model`, and each one run on CPU (f32) matches the reference evaluator on the
-//! same inputs; the IR is weightless and every block size views the same weight bytes.
+//! same inputs (Llama and Qwen3 form 2, float SmolLM2 and Llama with compressed weights,
+//! interleaved RoPE); the IR is weightless and every block size views the same weight bytes.
 
 mod common;
 
+use codegen_intel::float::FloatWeights;
 use codegen_intel::symmetric::Asymmetric;
 use ir::{DType, Tensor};
 use serde_json::{json, Value};
@@ -113,11 +115,9 @@ fn raw(t: &Tensor) -> (Vec<u8>, &'static str) {
     }
 }
 
-#[test]
-fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
-    let g = program("llama_f2");
-    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
-    let ir = codegen_intel::compile(&g, &options).unwrap();
+/// Runs every segment of `ir` for token blocks 1 and 4 (the IR must have them) on OpenVINO CPU
+/// and checks it against the reference evaluator on the same inputs.
+fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("intel");
     write_ir(&dir, &ir);
@@ -181,6 +181,13 @@ fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block()
         // f16 scales are exact), so what differs is f32 rounding and summation order.
         assert!(r["finite"].as_bool().unwrap() && d <= 1e-4 * m.max(1.0), "{r}");
     }
+}
+
+#[test]
+fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
+    let g = program("llama_f2");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
 }
 
 fn const_views(xml: &str) -> Vec<(String, usize, usize, usize)> {
@@ -259,4 +266,201 @@ fn intel_asymmetric_weights_are_requantised_with_the_error_reported_or_rejected(
     for n in ir.device_program.nodes.iter().chain(&ir.host_program.nodes).filter(|n| n.op.starts_with("WGemm")) {
         assert!(n.inputs.get(3).copied().flatten().is_none(), "{} keeps zero points", n.name);
     }
+}
+
+/// The bytes of the float weights a program holds.
+fn float_weight_bytes(g: &ir::Graph) -> usize {
+    g.weights.iter().filter(|(_, w)| w.dtype.is_float()).map(|(_, w)| w.bytes.len()).sum()
+}
+
+/// The projections of `ir`'s program: every MatMul by a weight became a WGemm.
+fn assert_no_float_projections(ir: &codegen_intel::IntelIr) {
+    for g in [&ir.device_program, &ir.host_program] {
+        let ct = g.compile_time_nodes();
+        for (n, &ct) in g.nodes.iter().zip(&ct) {
+            if n.op == "MatMul" && !ct {
+                let b = n.inputs[1].unwrap();
+                let weight_b = match g.value(b).def {
+                    ir::ValueDef::Weight(_) | ir::ValueDef::Const(_) => true,
+                    ir::ValueDef::Node { node, .. } => g.compile_time_nodes()[node.0 as usize],
+                    ir::ValueDef::Input => false,
+                };
+                assert!(!weight_b, "{} still multiplies by a float weight", n.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn intel_float_smollm2_is_stored_as_int4_and_every_segment_matches_openvino() {
+    let g = program("smollm2_f1");
+    let f32_bytes = float_weight_bytes(&g);
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g, &options).unwrap();
+    // int4 projections (q, k, v, o, gate, up, down of 30 layers and the tied lm_head) and an int8
+    // embedding: under a fifth of the f32 model.
+    let bin = ir.weights.len();
+    assert!(bin * 5 < f32_bytes, "{bin} bytes of weights against {f32_bytes} bytes of f32 weights");
+    assert_no_float_projections(&ir);
+    let compressed: Vec<_> = ir.requantized.iter().filter(|e| e.from_float.is_some()).collect();
+    assert_eq!(compressed.len(), 30 * 7 + 2);
+    let embedding: Vec<_> = compressed.iter().filter(|e| e.from_float == Some(FloatWeights::Int8)).collect();
+    assert!(embedding.len() == 1 && embedding[0].weight.contains("embed_tokens"), "{embedding:?}");
+    // int8 in blocks of 64 along the row (no block of this table is clipped): half a step of
+    // max|w|/127 at most.
+    assert!(embedding[0].max_rel <= 0.5 / 127.0 + 1e-6 && embedding[0].mean_rel < 0.01, "{embedding:?}");
+    for e in compressed.iter().filter(|e| e.from_float != Some(FloatWeights::Int8)) {
+        assert_eq!(e.from_float, Some(FloatWeights::Int4));
+        // The scale is chosen between max|w|/7 and 0.725·max|w|/7 per group: clipping the largest
+        // weight costs at most 27.5% of it, rounding the others at most half a step.
+        assert!(e.max_rel > 0.0 && e.max_rel <= 0.28 && e.mean_rel < 0.2, "{e:?}");
+    }
+    // K = 576 is not a multiple of 128 (one group per channel); K = 1536 is (groups of 128).
+    let blocks: BTreeSet<i64> = ir
+        .device_program
+        .nodes
+        .iter()
+        .filter(|n| n.op == "WGemm")
+        .map(|n| n.attrs.int("block_size").unwrap().unwrap())
+        .collect();
+    assert_eq!(blocks, BTreeSet::from([128, 576]));
+    check_segments_against_openvino(&ir);
+}
+
+#[test]
+fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_openvino() {
+    let g = program("llama_f1");
+    let mut sizes = Vec::new();
+    for format in [FloatWeights::Int4, FloatWeights::Int8, FloatWeights::F16] {
+        let options = codegen_intel::Options { blocks: vec![1, 4], weights: format, ..Default::default() };
+        let ir = codegen_intel::compile(&g, &options).unwrap();
+        let compressed: Vec<_> = ir.requantized.iter().filter(|e| e.from_float.is_some()).collect();
+        assert!(!compressed.is_empty());
+        for e in &compressed {
+            // The integer formats store the embedding as int8.
+            let embedding = e.weight.contains("embed_tokens");
+            let want = if embedding && format == FloatWeights::Int4 { FloatWeights::Int8 } else { format };
+            assert_eq!(e.from_float, Some(want), "{e:?}");
+            match want {
+                // Half a step of max|w|/127 at most (int8 does not clip enough to matter here).
+                FloatWeights::Int8 => assert!(e.max_rel <= 0.28 && e.mean_rel < 0.01, "{e:?}"),
+                // f16 rounding: at most 2^-11 relative to each value.
+                FloatWeights::F16 => assert!(e.max_rel <= 1.0 / 2048.0 && e.mean_rel < 1e-3, "{e:?}"),
+                FloatWeights::Int4 => assert!(e.max_rel <= 0.28 && e.mean_rel < 0.2, "{e:?}"),
+            }
+        }
+        if format == FloatWeights::F16 {
+            // f16 keeps the MatMuls, over f16 constants the IR converts to f32.
+            assert!(ir.xml.iter().any(|(_, x)| x.contains("element_type=\"f16\"")));
+            assert!(ir.device_program.nodes.iter().all(|n| n.op != "WGemm"));
+        } else {
+            assert_no_float_projections(&ir);
+        }
+        sizes.push(ir.weights.len());
+        if format != FloatWeights::Int4 {
+            check_segments_against_openvino(&ir);
+        }
+    }
+    assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "weights bytes int4, int8, f16: {sizes:?}");
+}
+
+#[test]
+fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and_matches_openvino() {
+    let g = program("qwen3_f2");
+    let err =
+        codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
+            .err()
+            .expect("Qwen3 form 2 has asymmetric weights");
+    assert!(err.to_string().contains("asymmetric zero points"), "{err}");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g, &options).unwrap();
+    // q, k, v, o, gate, up, down of 2 layers and the lm_head, whose codes the embedding shares.
+    assert_eq!(ir.requantized.iter().filter(|e| e.requantized).count(), 2 * 7 + 1);
+    for p in [&ir.device_program, &ir.host_program] {
+        let embed = p.nodes.iter().find(|n| n.op == "GatherBlockQuantized").expect("a quantised embedding");
+        let head = p.nodes.iter().rev().find(|n| n.op.starts_with("WGemm")).unwrap();
+        assert!(embed.inputs.get(3).copied().flatten().is_none(), "the embedding keeps zero points");
+        assert_eq!(embed.inputs[2], head.inputs[2], "the embedding and the lm_head read different scales");
+        let codes = match p.value(embed.inputs[0].unwrap()).def {
+            ir::ValueDef::Node { node, .. } => p.node(node).inputs[0],
+            _ => embed.inputs[0],
+        };
+        assert_eq!(codes, head.inputs[1], "the embedding and the lm_head read different codes");
+        assert!(p.value(codes.unwrap()).name.ends_with(".sym"));
+    }
+    check_segments_against_openvino(&ir);
+}
+
+#[test]
+fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
+    // llama_f2 with every Rope made interleaved: the reference evaluator rotates pairs (2i, 2i+1),
+    // so the IR only matches if it does too.
+    let mut g = program("llama_f2");
+    let mut ropes = 0;
+    for n in g.nodes.iter_mut().filter(|n| n.op == "Rope") {
+        n.attrs.set("interleaved", ir::Attr::Int(1));
+        ropes += 1;
+    }
+    assert!(ropes >= 2, "{ropes} Rope nodes");
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
+}
+
+#[test]
+fn intel_an_embedding_of_its_own_with_zero_points_is_requantised_like_a_gemm() {
+    // qwen3_f2 with the embedding untied: its own copies of the lm_head's codes (already [rows,
+    // K/2]), scales and zero points. Re-quantised on its own, it must come out exactly as the
+    // lm_head's symmetric weights do.
+    let mut g = program("qwen3_f2");
+    let embed = g.nodes.iter().position(|n| n.op == "GatherBlockQuantized").unwrap();
+    let mut store = ir::WeightStore::default();
+    for (_, w) in g.weights.iter() {
+        store.add(ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+    }
+    let data = g.nodes[embed].inputs[0].unwrap();
+    let codes = match g.value(data).def {
+        ir::ValueDef::Node { node, .. } => g.node(node).inputs[0].unwrap(),
+        _ => panic!("the fixture's embedding is a Reshape of the lm_head codes"),
+    };
+    let weight = |v: ir::ValueId| match g.value(v).def {
+        ir::ValueDef::Weight(w) => g.weights.get(w),
+        _ => panic!("{} is not a weight", g.value(v).name),
+    };
+    let mut copies = Vec::new();
+    for (slot, src, shape) in [
+        (0, codes, Some(g.value(data).shape.clone())),
+        (2, g.nodes[embed].inputs[2].unwrap(), None),
+        (3, g.nodes[embed].inputs[3].unwrap(), None),
+    ] {
+        let w = weight(src);
+        let shape = shape.unwrap_or_else(|| g.value(src).shape.clone());
+        let dims: Vec<usize> = shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
+        let name = format!("embed_own.{}", w.name);
+        let id = store.add(ir::Weight::new(name.clone(), w.dtype, dims, w.bytes.clone()));
+        copies.push((slot, ir::Value { name, dtype: w.dtype, shape, def: ir::ValueDef::Weight(id) }));
+    }
+    for (slot, value) in copies {
+        g.values.push(value);
+        g.nodes[embed].inputs[slot] = Some(ir::ValueId(g.values.len() as u32 - 1));
+    }
+    g.weights = std::sync::Arc::new(store);
+    let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
+    let ir = codegen_intel::compile(&g.pruned(), &options).unwrap();
+    let requantized: Vec<_> = ir.requantized.iter().filter(|e| e.requantized).collect();
+    assert_eq!(requantized.len(), 2 * 7 + 2, "the layers, the lm_head and the embedding");
+    let own = requantized.iter().find(|e| e.weight.starts_with("embed_own.")).expect("the embedding is reported");
+    let head = requantized.iter().find(|e| e.weight == own.weight["embed_own.".len()..]).unwrap();
+    assert_eq!((own.max_rel, own.mean_rel), (head.max_rel, head.mean_rel));
+    let p = &ir.host_program;
+    let e = p.nodes.iter().find(|n| n.op == "GatherBlockQuantized").unwrap();
+    let h = p.nodes.iter().rev().find(|n| n.op.starts_with("WGemm")).unwrap();
+    assert!(e.inputs.get(3).copied().flatten().is_none());
+    let bytes = |v: Option<ir::ValueId>| match p.value(v.unwrap()).def {
+        ir::ValueDef::Weight(w) => p.weights.get(w).bytes.clone(),
+        _ => panic!("not a weight"),
+    };
+    assert_ne!(e.inputs[0], h.inputs[1]);
+    assert_eq!(bytes(e.inputs[0]), bytes(h.inputs[1]), "the same codes");
+    assert_eq!(bytes(e.inputs[2]), bytes(h.inputs[2]), "the same scales");
+    check_segments_against_openvino(&ir);
 }

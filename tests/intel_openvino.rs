@@ -1,6 +1,7 @@
 //! The `openvino` backend against the host executor on the same intel-npu bundle (SmolLM2-135M,
-//! 4-bit, re-quantised symmetrically): the very same weights, so the same greedy tokens; first-step
-//! logits within a stated tolerance. Also: the CLI path, and a clear error for a missing device.
+//! 4-bit, re-quantised symmetrically; SmolLM2-135M float, compressed to int4; tiny Qwen3 form 2):
+//! the very same weights, so the same greedy tokens; first-step logits within a stated tolerance.
+//! Also: the CLI path (`--weights`), and a clear error for a missing device.
 
 mod common;
 
@@ -11,7 +12,13 @@ use std::path::Path;
 use std::process::Command;
 
 fn compile_smollm2(out: &Path) {
-    let model = common::fixture("smollm2_f2").join("model.onnx");
+    let summary = compile(out, "smollm2_f2");
+    assert!(summary.contains("150 weights re-quantised symmetrically"), "{summary}");
+}
+
+/// `npuc compile --target intel-npu --blocks 1,16` of a fixture; the text summary.
+fn compile(out: &Path, fixture: &str) -> String {
+    let model = common::fixture(fixture).join("model.onnx");
     let status = Command::new(env!("CARGO_BIN_EXE_npuc"))
         .args([
             "compile",
@@ -26,8 +33,7 @@ fn compile_smollm2(out: &Path) {
         .output()
         .unwrap();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let summary = String::from_utf8_lossy(&status.stdout);
-    assert!(summary.contains("150 weights re-quantised symmetrically"), "{summary}");
+    String::from_utf8_lossy(&status.stdout).into_owned()
 }
 
 fn tokenize(bundle: &Bundle, text: &str) -> Vec<u32> {
@@ -121,4 +127,80 @@ fn intel_openvino_without_the_device_says_which_devices_exist() {
     let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 16, threads: 1 };
     let err = OvSession::open(&bundle, &options).err().expect("a cpu bundle has no IR");
     assert!(err.to_string().contains("--target intel-npu"), "{err}");
+}
+
+#[test]
+fn intel_openvino_cpu_generates_the_host_tokens_for_float_smollm2_stored_as_int4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("smollm2_f1.npub");
+    let summary = compile(&path, "smollm2_f1");
+    assert!(summary.contains("212 float weights stored as int4"), "{summary}");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host =
+        Executor::new(&bundle, ExecOptions { threads: 2, max_context: 128, ..ExecOptions::default() }).unwrap();
+    let ids = tokenize(&bundle, "The capital of France is");
+    let want = host.step(&ids).unwrap().to_vec();
+    let got = ov.step(&ids).unwrap();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst <= 1e-3 * scale, "first-step logits differ by {worst} (largest {scale})");
+    host.reset().unwrap();
+    ov.reset().unwrap();
+    let (want_tokens, _) = host.generate_greedy(&ids, 24, &[], |_| {}).unwrap();
+    let got_tokens = ov.generate_greedy(&ids, 24, &[], |_| {}).unwrap();
+    assert_eq!(got_tokens.len(), 24);
+    assert_eq!(got_tokens, want_tokens);
+}
+
+#[test]
+fn intel_openvino_cpu_generates_the_host_tokens_for_qwen3_form2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3_f2.npub");
+    let summary = compile(&path, "qwen3_f2");
+    assert!(summary.contains("15 weights re-quantised symmetrically"), "{summary}");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 64, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host =
+        Executor::new(&bundle, ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() }).unwrap();
+    let ids: Vec<u32> = vec![3, 17, 101, 250, 9, 44];
+    let (want, _) = host.generate_greedy(&ids, 20, &[], |_| {}).unwrap();
+    let got = ov.generate_greedy(&ids, 20, &[], |_| {}).unwrap();
+    assert_eq!(got.len(), 20);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn intel_weights_flag_chooses_the_float_format_and_the_summary_reports_its_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let run = |weights: &str| {
+        let out = tmp.path().join(format!("{weights}.npub"));
+        Command::new(env!("CARGO_BIN_EXE_npuc"))
+            .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--json", "--weights", weights, "-o"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let mut bins = Vec::new();
+    for weights in ["int4", "int8", "f16"] {
+        let out = run(weights);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let intel = &s["intel"];
+        assert_eq!(intel["float_weights"], weights, "{intel}");
+        assert!(intel["compressed_weights"].as_u64().unwrap() > 0, "{intel}");
+        let (max, mean) =
+            (intel["compressed_max_rel_error"].as_f64().unwrap(), intel["compressed_mean_rel_error"].as_f64().unwrap());
+        assert!(0.0 < mean && mean <= max, "{intel}");
+        bins.push((max, intel["weights_bin_bytes"].as_u64().unwrap()));
+    }
+    // Fewer bits, more error and fewer bytes.
+    assert!(bins[0].0 > bins[1].0 && bins[1].0 > bins[2].0, "{bins:?}");
+    assert!(bins[0].1 < bins[1].1 && bins[1].1 < bins[2].1, "{bins:?}");
+    let out = run("int3");
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("int3"));
 }

@@ -15,10 +15,13 @@
 //!   the program's own cos/sin computation is evaluated here for positions `0..rope_positions` and
 //!   stored in the weights file; the host gathers the rows of the block's positions.
 //! - **Public opset only.** RmsNorm, SkipRmsNorm, Rope, SwiGlu are decomposed (OpenVINO re-fuses
-//!   them); the row-scaled forms of the `fp16-rescale` family are decomposed with their rescaling
-//!   (c = 2^⌊log₂ max|x|⌋ per row); a weight-only GEMM is `Const i4/i8 [N, G, group]` → `Convert
-//!   f16` → `Multiply` by `Const f16 [N, G, 1]` → `Reshape [N, K]` → `Convert f32` → `MatMul
-//!   (transpose_b)`, the decompression pattern OpenVINO keeps compressed.
+//!   them; interleaved RoPE swaps its pairs through a `[.., d/2, 2]` view); the row-scaled forms
+//!   of the `fp16-rescale` family are decomposed with their rescaling (c = 2^⌊log₂ max|x|⌋ per
+//!   row); a weight-only GEMM is `Const i4/i8 [N, G, group]` → `Convert f16` → `Multiply` by
+//!   `Const f16 [N, G, 1]` → `Reshape [N, K]` → `Convert f32` → `MatMul (transpose_b)`, the
+//!   decompression pattern OpenVINO keeps compressed.
+//! - **Float models.** Their projections are compressed ([`float::compress`]: symmetric int4 by
+//!   default, int8 or f16 on request) in the program both the IR and the host executor run.
 //! - **Symmetric weights, one model for both backends.** [`symmetric::symmetrize`] re-quantises
 //!   asymmetric weights symmetrically (or refuses them) and rounds scales to f16, reporting the error
 //!   per weight; the same transformed program, with the row-scaled ops in their plain f32 forms
@@ -28,6 +31,7 @@
 //!   inputs and outputs per block size, the attentions between them, the schedule, and the RoPE
 //!   tables' location in the weights file.
 
+pub mod float;
 pub mod symmetric;
 pub mod xml;
 
@@ -58,11 +62,18 @@ pub struct Options {
     pub asymmetric: Asymmetric,
     /// Positions the RoPE tables cover (the longest context the bundle can run on this target).
     pub rope_positions: usize,
+    /// How float projection weights are stored (see [`float::compress`]).
+    pub weights: float::FloatWeights,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { blocks: vec![1, 64], asymmetric: Asymmetric::Requantize, rope_positions: 4096 }
+        Options {
+            blocks: vec![1, 64],
+            asymmetric: Asymmetric::Requantize,
+            rope_positions: 4096,
+            weights: float::FloatWeights::Int4,
+        }
     }
 }
 
@@ -90,7 +101,9 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     if o.blocks.is_empty() || o.blocks.contains(&0) {
         return Err(IntelError::Structure(format!("invalid token block sizes {:?}", o.blocks)));
     }
-    let (device, requantized) = symmetric::symmetrize(program, o.asymmetric)?;
+    let (device, mut requantized) = symmetric::symmetrize(program, o.asymmetric)?;
+    let (device, f16_weights, compressed) = float::compress(&device, o.weights)?;
+    requantized.extend(compressed);
     let parts = partition(&device)?;
     let mut bin = Bin::default();
     let (cos, sin, width, rope_positions) = rope_tables(&device, &parts, o.rope_positions)?;
@@ -108,7 +121,15 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         let mut outputs: Vec<Json> = Vec::new();
         for &t in &seg_blocks {
             let name = format!("{}_t{t}", seg.name);
-            let mut lower = Lower { g: &device, bin: &mut bin, net: Net::new(&name), vals: HashMap::new(), t, width };
+            let mut lower = Lower {
+                g: &device,
+                bin: &mut bin,
+                net: Net::new(&name),
+                vals: HashMap::new(),
+                t,
+                width,
+                f16_weights: &f16_weights,
+            };
             let (ins, outs) = lower.segment(seg)?;
             let file = format!("{name}.xml");
             xml.push((file.clone(), lower.net.to_xml()));
@@ -487,6 +508,8 @@ struct Lower<'a> {
     vals: HashMap<ValueId, Port>,
     t: usize,
     width: usize,
+    /// f32 weights that hold f16 values, stored as f16.
+    f16_weights: &'a HashSet<ir::WeightId>,
 }
 
 impl Lower<'_> {
@@ -595,6 +618,18 @@ impl Lower<'_> {
         }
         let val = self.g.value(v);
         let p = match &val.def {
+            ValueDef::Weight(id) if self.f16_weights.contains(id) => {
+                let g = self.g;
+                let w = g.weights.get(*id);
+                let r = self.bin.keyed(&format!("f16w:{}", w.name), || {
+                    w.bytes
+                        .chunks_exact(4)
+                        .flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                        .collect()
+                });
+                let c = self.net.constant(Et::F16, &w.shape, r);
+                self.net.convert(&c, Et::F32)
+            }
             ValueDef::Weight(w) => {
                 let w = self.g.weights.get(*w);
                 let et = match w.dtype {
@@ -840,18 +875,32 @@ impl Lower<'_> {
                 Ok(vec![y, s])
             }
             (Domain::Npuc, "Rope") => {
-                if n.attrs.int_or("interleaved", 0).map_err(|e| e.to_string())? != 0 {
-                    return Err("interleaved RoPE is not lowered yet".into());
-                }
+                let interleaved = n.attrs.int_or("interleaved", 0).map_err(|e| e.to_string())? != 0;
                 let x = self.port(input(0)?).map_err(|e| e.to_string())?;
                 let c = self.port(input(1)?).map_err(|e| e.to_string())?;
                 let s = self.port(input(2)?).map_err(|e| e.to_string())?;
                 let axis = x.shape.len() - 1;
                 let d = x.shape[axis];
-                let x1 = self.net.slice(self.bin, &x, axis, 0, d / 2);
-                let x2 = self.net.slice(self.bin, &x, axis, d / 2, d);
-                let nx2 = self.net.unary("Negative", &x2);
-                let rot = self.net.concat(&[&nx2, &x1], axis);
+                if d % 2 != 0 {
+                    return Err(format!("rotary width {d} is odd"));
+                }
+                let rot = if interleaved {
+                    // Pairs (2i, 2i+1) → (−x[2i+1], x[2i]): view [.., d/2, 2], swap and negate, back.
+                    let mut pairs = x.shape.clone();
+                    pairs[axis] = d / 2;
+                    pairs.push(2);
+                    let xp = self.net.reshape(self.bin, &x, &pairs);
+                    let even = self.net.slice(self.bin, &xp, axis + 1, 0, 1);
+                    let odd = self.net.slice(self.bin, &xp, axis + 1, 1, 2);
+                    let nodd = self.net.unary("Negative", &odd);
+                    let swapped = self.net.concat(&[&nodd, &even], axis + 1);
+                    self.net.reshape(self.bin, &swapped, &x.shape)
+                } else {
+                    let x1 = self.net.slice(self.bin, &x, axis, 0, d / 2);
+                    let x2 = self.net.slice(self.bin, &x, axis, d / 2, d);
+                    let nx2 = self.net.unary("Negative", &x2);
+                    self.net.concat(&[&nx2, &x1], axis)
+                };
                 let xc = self.net.binary("Multiply", &x, &c)?;
                 let rs = self.net.binary("Multiply", &rot, &s)?;
                 one(self.net.binary("Add", &xc, &rs)?)

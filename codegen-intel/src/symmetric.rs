@@ -34,6 +34,8 @@ pub struct WeightError {
     pub weight: String,
     /// Whether the codes changed (asymmetric zero points) or only the scales were rounded to f16.
     pub requantized: bool,
+    /// For a float weight compressed for the NPU: the format it was stored in.
+    pub from_float: Option<crate::float::FloatWeights>,
     /// max |w' − w| / max |w| over the weight.
     pub max_rel: f64,
     /// mean |w' − w| / mean |w| over the weight.
@@ -67,7 +69,7 @@ fn f16_round(v: f32) -> f32 {
 
 /// The f16 scale for one group that minimises the squared rounding error: max|w|/qmax and a few
 /// smaller ones (clipping the largest weights a little buys finer steps for all the others).
-fn best_scale(w: &[f32], qmax: f32, offset: i32) -> f32 {
+pub(crate) fn best_scale(w: &[f32], qmax: f32, offset: i32) -> f32 {
     let absmax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
     let mut best = (f64::INFINITY, f16_round(absmax / qmax));
     for step in 0..12 {
@@ -168,50 +170,8 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
         if asymmetric && policy == Asymmetric::Reject {
             return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
         }
-        let qmax = (offset - 1) as f32;
-        let mut codes = vec![0u8; w.bytes.len()];
-        let mut new_scales = vec![0f32; n * groups];
-        let (mut max_err, mut max_w, mut sum_err, mut sum_w) = (0f64, 0f64, 0f64, 0f64);
-        let mut row = vec![0f32; block];
-        for ni2 in 0..n {
-            for gi in 0..groups {
-                let len = block.min(k - gi * block);
-                let sc = scales[ni2 * groups + gi];
-                let zp = zero_points.as_ref().map_or(offset as f32, |z| z[ni2 * groups + gi]);
-                for (j, r) in row.iter_mut().enumerate().take(len) {
-                    *r = (d.code(&w.bytes, ni2, gi * block + j) as f32 - zp) * sc;
-                }
-                let scale = if asymmetric { best_scale(&row[..len], qmax, offset) } else { f16_round(sc) };
-                new_scales[ni2 * groups + gi] = scale;
-                let base = (ni2 * groups + gi) * d.bytes_per_group;
-                for j in 0..block {
-                    let q = if j >= len {
-                        0
-                    } else if asymmetric {
-                        if scale > 0.0 {
-                            ((row[j] / scale).round() as i32).clamp(-offset, offset - 1)
-                        } else {
-                            0
-                        }
-                    } else {
-                        d.code(&w.bytes, ni2, gi * block + j) - offset
-                    };
-                    if j < len {
-                        let err = (q as f32 * scale - row[j]).abs() as f64;
-                        max_err = max_err.max(err);
-                        sum_err += err;
-                        max_w = max_w.max(row[j].abs() as f64);
-                        sum_w += row[j].abs() as f64;
-                    }
-                    let u = (q + offset) as u8;
-                    if bits == 8 {
-                        codes[base + j] = u;
-                    } else {
-                        codes[base + j / 2] |= if j % 2 == 0 { u } else { u << 4 };
-                    }
-                }
-            }
-        }
+        let (codes, new_scales, max_rel, mean_rel) =
+            requantize(&w.bytes, &scales, zero_points.as_deref(), n, k, &d, asymmetric);
         let changed_codes = asymmetric;
         let new_w = if changed_codes {
             store.add(Weight::new(format!("{}.sym", w.name), DType::U8, w.shape.clone(), Bytes::from(codes)))
@@ -241,26 +201,117 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
         reports.push(WeightError {
             weight: w.name.clone(),
             requantized: changed_codes,
-            max_rel: if max_w > 0.0 { max_err / max_w } else { 0.0 },
-            mean_rel: if sum_w > 0.0 { sum_err / sum_w } else { 0.0 },
+            from_float: None,
+            max_rel,
+            mean_rel,
         });
     }
-    // A tied embedding reads the GEMM's scales: it must read the rounded ones too.
-    for node in out.nodes.iter_mut() {
-        if node.op == "GatherBlockQuantized" {
-            if let Some(Some(sv)) = node.inputs.get(2).copied() {
-                if let Some(id) = weight_of(g, sv) {
-                    if let Some(&ns) = rescaled.get(&id) {
-                        node.inputs[2] = Some(ns);
-                    }
+    // A tied embedding reads the GEMM's weights: it must read the symmetric ones too. An embedding
+    // of its own with zero points is re-quantised the same way.
+    for ni in 0..g.nodes.len() {
+        let node = &g.nodes[ni];
+        if node.op != "GatherBlockQuantized" {
+            continue;
+        }
+        let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
+        let input = |i: usize| node.inputs.get(i).copied().flatten();
+        let (Some(dv), Some(sv)) = (input(0), input(2)) else {
+            return Err(bad("a quantised embedding without data or scales".into()));
+        };
+        // The codes, possibly through a Reshape (a tied lm_head's [N, G, group] codes).
+        let reshape = match g.value(dv).def {
+            ValueDef::Node { node, .. } if g.node(node).op == "Reshape" => Some(node),
+            _ => None,
+        };
+        let codes_v = match reshape {
+            Some(r) => g.node(r).inputs[0].ok_or_else(|| bad("a Reshape without input".into()))?,
+            None => dv,
+        };
+        let (Some(wid), Some(sid)) = (weight_of(g, codes_v), weight_of(g, sv)) else {
+            return Err(bad("a quantised embedding whose codes and scales are not model weights".into()));
+        };
+        let zp = input(3);
+        let replacement = match (zp, done.get(&(wid, sid, zp))) {
+            (None, _) => rescaled.get(&sid).map(|&ns| (codes_v, ns)),
+            (Some(_), Some(&pair)) => Some(pair),
+            (Some(z), None) => {
+                let bits = node.attrs.int_or("bits", 4).map_err(|e| bad(e.to_string()))?.max(0) as usize;
+                let block = node.attrs.int_or("block_size", 128).map_err(|e| bad(e.to_string()))?.max(0) as usize;
+                let w = g.weights.get(wid);
+                let rows = w.shape.first().copied().unwrap_or(0);
+                let bytes_per_row = w.bytes.len().checked_div(rows).unwrap_or(0);
+                let width = bytes_per_row * 8 / bits.max(1);
+                if !(bits == 4 || bits == 8)
+                    || block == 0
+                    || width == 0
+                    || !width.is_multiple_of(block)
+                    || w.dtype != DType::U8
+                {
+                    return Err(bad(format!(
+                        "embedding `{}` of {} {:?} with {bits}-bit blocks of {block}",
+                        w.name, w.dtype, w.shape
+                    )));
                 }
-            }
-            if node.inputs.get(3).copied().flatten().is_some() {
-                return Err(IntelError::Unsupported {
-                    node: node.name.clone(),
-                    msg: "a quantised embedding with zero points is not supported".into(),
+                let groups = width / block;
+                let d = Decoded { groups, block, bits, bytes_per_group: block * bits / 8 };
+                let s = g.weights.get(sid);
+                let scales = s.to_tensor().map_err(|e| bad(format!("scales `{}`: {e}", s.name)))?.to_f32_vec();
+                if scales.len() != rows * groups {
+                    return Err(bad(format!(
+                        "scales `{}` hold {} values, expected {rows}×{groups}",
+                        s.name,
+                        scales.len()
+                    )));
+                }
+                let zero_points = decode_zero_points(g, z, rows, groups, bits).map_err(bad)?;
+                let offset = (1u32 << (bits - 1)) as f32;
+                let asymmetric = zero_points.iter().any(|&v| v != offset);
+                if asymmetric && policy == Asymmetric::Reject {
+                    return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
+                }
+                let (codes, new_scales, max_rel, mean_rel) =
+                    requantize(&w.bytes, &scales, Some(&zero_points), rows, width, &d, asymmetric);
+                let new_w =
+                    store.add(Weight::new(format!("{}.sym", w.name), DType::U8, w.shape.clone(), Bytes::from(codes)));
+                let scale_bytes: Vec<u8> = new_scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let new_s = store.add(Weight::new(
+                    format!("{}.f16", s.name),
+                    DType::F32,
+                    s.shape.clone(),
+                    Bytes::from(scale_bytes),
+                ));
+                let push = |out: &mut Graph, like: ValueId, id: WeightId, name: String| -> ValueId {
+                    let old = g.value(like);
+                    out.values.push(Value {
+                        name,
+                        dtype: old.dtype,
+                        shape: old.shape.clone(),
+                        def: ValueDef::Weight(id),
+                    });
+                    ValueId(out.values.len() as u32 - 1)
+                };
+                let nw = push(&mut out, codes_v, new_w, format!("{}.sym", w.name));
+                let ns = push(&mut out, sv, new_s, format!("{}.f16", s.name));
+                done.insert((wid, sid, zp), (nw, ns));
+                reports.push(WeightError {
+                    weight: w.name.clone(),
+                    requantized: asymmetric,
+                    from_float: None,
+                    max_rel,
+                    mean_rel,
                 });
+                Some((nw, ns))
             }
+        };
+        if let Some((nw, ns)) = replacement {
+            match reshape {
+                Some(r) => out.nodes[r.0 as usize].inputs[0] = Some(nw),
+                None => out.nodes[ni].inputs[0] = Some(nw),
+            }
+            out.nodes[ni].inputs[2] = Some(ns);
+        }
+        if let Some(slot) = out.nodes[ni].inputs.get_mut(3) {
+            *slot = None;
         }
     }
     // Trailing optional inputs that became absent are dropped, as the importer writes them.
@@ -271,6 +322,69 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
     }
     out.weights = Arc::new(store);
     Ok((out.pruned(), reports))
+}
+
+/// Symmetric codes (MatMulNBits layout, default zero point) and f16-exact scales for the `[n, k]`
+/// weight `w` in `d`'s layout with `scales` and `zero_points`, and the relative error (max, mean).
+/// Only the scales are rounded unless `asymmetric`.
+fn requantize(
+    w: &[u8],
+    scales: &[f32],
+    zero_points: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    d: &Decoded,
+    asymmetric: bool,
+) -> (Vec<u8>, Vec<f32>, f64, f64) {
+    let (groups, block, bits) = (d.groups, d.block, d.bits);
+    let offset = 1i32 << (bits - 1);
+    let qmax = (offset - 1) as f32;
+    let mut codes = vec![0u8; w.len()];
+    let mut new_scales = vec![0f32; n * groups];
+    let (mut max_err, mut max_w, mut sum_err, mut sum_w) = (0f64, 0f64, 0f64, 0f64);
+    let mut row = vec![0f32; block];
+    for ni2 in 0..n {
+        for gi in 0..groups {
+            let len = block.min(k - gi * block);
+            let sc = scales[ni2 * groups + gi];
+            let zp = zero_points.map_or(offset as f32, |z| z[ni2 * groups + gi]);
+            for (j, r) in row.iter_mut().enumerate().take(len) {
+                *r = (d.code(w, ni2, gi * block + j) as f32 - zp) * sc;
+            }
+            let scale = if asymmetric { best_scale(&row[..len], qmax, offset) } else { f16_round(sc) };
+            new_scales[ni2 * groups + gi] = scale;
+            let base = (ni2 * groups + gi) * d.bytes_per_group;
+            for j in 0..block {
+                let q = if j >= len {
+                    0
+                } else if asymmetric {
+                    if scale > 0.0 {
+                        ((row[j] / scale).round() as i32).clamp(-offset, offset - 1)
+                    } else {
+                        0
+                    }
+                } else {
+                    d.code(w, ni2, gi * block + j) - offset
+                };
+                if j < len {
+                    let err = (q as f32 * scale - row[j]).abs() as f64;
+                    max_err = max_err.max(err);
+                    sum_err += err;
+                    max_w = max_w.max(row[j].abs() as f64);
+                    sum_w += row[j].abs() as f64;
+                }
+                let u = (q + offset) as u8;
+                if bits == 8 {
+                    codes[base + j] = u;
+                } else {
+                    codes[base + j / 2] |= if j % 2 == 0 { u } else { u << 4 };
+                }
+            }
+        }
+    }
+    let max_rel = if max_w > 0.0 { max_err / max_w } else { 0.0 };
+    let mean_rel = if sum_w > 0.0 { sum_err / sum_w } else { 0.0 };
+    (codes, new_scales, max_rel, mean_rel)
 }
 
 /// The graph with the constants that hold quantised weights (small models keep them by value)
