@@ -91,6 +91,21 @@ pub struct ExecOptions {
     pub kv_pages: Option<usize>,
 }
 
+/// A [`View`] of an executor's buffers, borrowing only the fields it reads, so the others
+/// (code buffers, scratch, a buffer taken out for writing) stay free to change.
+macro_rules! view {
+    ($e:expr) => {
+        View {
+            plan: &$e.plan,
+            bufs: &$e.bufs,
+            shapes: &$e.shapes,
+            ids: &$e.ids,
+            positions: &$e.positions,
+            ibufs: &$e.ibufs,
+        }
+    };
+}
+
 impl Default for ExecOptions {
     fn default() -> Self {
         ExecOptions {
@@ -632,14 +647,7 @@ impl<'b> Executor<'b> {
         let node = &self.plan.program.nodes[*node_index];
         let fail = |problem: String| node_err(&node.name, &node.op, problem);
         let isa = self.isa;
-        let view = View {
-            plan: &self.plan,
-            bufs: &self.bufs,
-            shapes: &self.shapes,
-            ids: &self.ids,
-            positions: &self.positions,
-            ibufs: &self.ibufs,
-        };
+        let view = view!(self);
         match op {
             Op::Int { .. } => unreachable!("run by compute_int"),
             Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
@@ -823,14 +831,7 @@ impl Executor<'_> {
             Op::Quantize { x, scale, zero_point, signed, out } => {
                 let b = qbuf(*out);
                 let mut y = std::mem::take(&mut self.qbufs[b]);
-                let view = View {
-                    plan: &self.plan,
-                    bufs: &self.bufs,
-                    shapes: &self.shapes,
-                    ids: &self.ids,
-                    positions: &self.positions,
-                    ibufs: &self.ibufs,
-                };
+                let view = view!(self);
                 let input = view.f32(*x);
                 for (d, &v) in y[..input.len()].iter_mut().zip(input) {
                     *d = plan::quantize(v, *scale, *zero_point, *signed);
@@ -842,14 +843,7 @@ impl Executor<'_> {
                 let mut y = std::mem::take(&mut self.qbufs[b]);
                 let Loc::Buf(sb) = locs[*scales] else { unreachable!("scales live in buffers") };
                 let mut row_scales = std::mem::take(&mut self.bufs[sb]);
-                let view = View {
-                    plan: &self.plan,
-                    bufs: &self.bufs,
-                    shapes: &self.shapes,
-                    ids: &self.ids,
-                    positions: &self.positions,
-                    ibufs: &self.ibufs,
-                };
+                let view = view!(self);
                 let input = view.f32(*x);
                 for ((row, out), s) in input.chunks(*k).zip(y.chunks_mut(*k)).zip(row_scales.iter_mut()) {
                     // As `ir::fused::quantize_rows`: in f32, ties to even, within ±127.
@@ -928,14 +922,7 @@ impl Executor<'_> {
         let node = &self.plan.program.nodes[*node_index];
         let fail = |problem: String| node_err(&node.name, &node.op, problem);
         let Op::Int { kind, inputs, .. } = op else { unreachable!("an integer op") };
-        let view = View {
-            plan: &self.plan,
-            bufs: &self.bufs,
-            shapes: &self.shapes,
-            ids: &self.ids,
-            positions: &self.positions,
-            ibufs: &self.ibufs,
-        };
+        let view = view!(self);
         let scalar = |slot: usize| -> Result<i64, ExecError> {
             match view.i64(inputs[slot]) {
                 [v] => Ok(*v),

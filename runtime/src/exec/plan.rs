@@ -513,6 +513,19 @@ impl<'b> Plan<'b> {
         };
         // Codes of QuantizeLinear nodes folded at load, with their signedness.
         let mut folded: Vec<(Vec<u8>, bool)> = Vec::new();
+        // The load-time parameters of a node (scales, zero points) as the plan stands so far.
+        macro_rules! params {
+            () => {
+                Params {
+                    locs: &locs,
+                    weights: &weights,
+                    views: &views,
+                    values,
+                    consts_f32: &consts_f32,
+                    consts_i64: &consts_i64,
+                }
+            };
+        }
         for (n, node) in program.nodes.iter().enumerate() {
             let fail = |problem: String| node_err(&node.name, &node.op, problem);
             let input = |slot: usize| node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")));
@@ -870,14 +883,7 @@ impl<'b> Plan<'b> {
                         fail(format!("quantises to {}; the executor holds u8 and i8 codes", values[o].dtype))
                     })?;
                     let x = input(0)?;
-                    let params = Params {
-                        locs: &locs,
-                        weights: &weights,
-                        views: &views,
-                        values,
-                        consts_f32: &consts_f32,
-                        consts_i64: &consts_i64,
-                    };
+                    let params = params!();
                     let scale = params.f32s(node, 1)?;
                     let zero_point = match node.input(2) {
                         Some(_) => params.ints(node, 2)?,
@@ -952,14 +958,7 @@ impl<'b> Plan<'b> {
                         )));
                     }
                     let signed = code_signedness(&values[x].dtype).expect("QBuf values are u8 or i8");
-                    let params = Params {
-                        locs: &locs,
-                        weights: &weights,
-                        views: &views,
-                        values,
-                        consts_f32: &consts_f32,
-                        consts_i64: &consts_i64,
-                    };
+                    let params = params!();
                     let (scale, zero_point) = params.per_tensor(node, 1, 2)?;
                     if values[out(0)?].elem != Some(ElemType::F32) {
                         return Err(fail("dequantises to a type other than f32".to_string()));
@@ -977,14 +976,7 @@ impl<'b> Plan<'b> {
                         )));
                     }
                     let a_signed = code_signedness(&values[a].dtype).expect("QBuf values are u8 or i8");
-                    let params = Params {
-                        locs: &locs,
-                        weights: &weights,
-                        views: &views,
-                        values,
-                        consts_f32: &consts_f32,
-                        consts_i64: &consts_i64,
-                    };
+                    let params = params!();
                     // Scales computed per row by the program (QuantizeRows), or constants per tensor.
                     let (a_scale, a_zero_point, a_row_scales) = match locs[input(1)?] {
                         Loc::Buf(_) => match params.ints(node, 2)?[..] {
