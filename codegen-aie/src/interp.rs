@@ -330,18 +330,30 @@ struct Machine {
     pending: HashMap<String, VecDeque<i32>>,
 }
 
+/// The start offset of every innermost run of an access pattern `dims` (size, stride; outermost
+/// first) at `base`, in the order a DMA walks them.
+fn run_starts(base: usize, outer: &[(usize, usize)]) -> impl Iterator<Item = usize> + '_ {
+    let total: usize = outer.iter().map(|d| d.0).product();
+    let mut idx = vec![0usize; outer.len()];
+    (0..total).map(move |_| {
+        let off = base + idx.iter().zip(outer).map(|(i, &(_, stride))| i * stride).sum::<usize>();
+        for i in (0..outer.len()).rev() {
+            idx[i] += 1;
+            if idx[i] < outer[i].0 {
+                break;
+            }
+            idx[i] = 0;
+        }
+        off
+    })
+}
+
 /// Gathers `sizes`/`strides` (outermost first) from `src` at `base`.
 fn gather(src: &[i32], base: usize, dims: &[(usize, usize)], out: &mut Vec<i32>) -> Result<(), InterpError> {
     let Some((&(inner, inner_stride), outer)) = dims.split_last() else {
         return Ok(());
     };
-    let total_outer: usize = outer.iter().map(|d| d.0).product();
-    let mut idx = vec![0usize; outer.len()];
-    for _ in 0..total_outer {
-        let mut off = base;
-        for (i, &(_, stride)) in outer.iter().enumerate() {
-            off += idx[i] * stride;
-        }
+    for off in run_starts(base, outer) {
         if inner_stride == 1 {
             let Some(s) = src.get(off..off + inner) else {
                 return run_err(format!("access at {off}..{} outside a buffer of {}", off + inner, src.len()));
@@ -353,13 +365,6 @@ fn gather(src: &[i32], base: usize, dims: &[(usize, usize)], out: &mut Vec<i32>)
                 out.push(v);
             }
         }
-        for i in (0..outer.len()).rev() {
-            idx[i] += 1;
-            if idx[i] < outer[i].0 {
-                break;
-            }
-            idx[i] = 0;
-        }
     }
     Ok(())
 }
@@ -367,27 +372,14 @@ fn gather(src: &[i32], base: usize, dims: &[(usize, usize)], out: &mut Vec<i32>)
 /// Scatters `data` into `dst` at `base` along `dims`.
 fn scatter(dst: &mut [i32], base: usize, dims: &[(usize, usize)], data: &[i32]) -> Result<(), InterpError> {
     let Some((&(inner, inner_stride), outer)) = dims.split_last() else { return Ok(()) };
-    let total_outer: usize = outer.iter().map(|d| d.0).product();
-    let mut idx = vec![0usize; outer.len()];
     let mut pos = 0;
-    for _ in 0..total_outer {
-        let mut off = base;
-        for (i, &(_, stride)) in outer.iter().enumerate() {
-            off += idx[i] * stride;
-        }
+    for off in run_starts(base, outer) {
         for e in 0..inner {
             let Some(d) = dst.get_mut(off + e * inner_stride) else {
                 return run_err(format!("store at {} outside a buffer of {}", off + e * inner_stride, dst_len(dst)));
             };
             *d = data[pos];
             pos += 1;
-        }
-        for i in (0..outer.len()).rev() {
-            idx[i] += 1;
-            if idx[i] < outer[i].0 {
-                break;
-            }
-            idx[i] = 0;
         }
     }
     Ok(())
