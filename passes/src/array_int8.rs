@@ -359,38 +359,21 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
                 worst_error = worst_error.max(error);
                 let base = p.source.name(&g);
                 per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
-                let bytes = |v: Vec<u8>| bytes::Bytes::from(v);
-                let w_id = store.add(Weight::new(
-                    format!("{base}.int8"),
-                    DType::I8,
-                    vec![p.k, p.n],
-                    bytes(codes.iter().map(|&c| c as u8).collect()),
-                ));
-                let s_id = store.add(Weight::new(
-                    format!("{base}.int8_scale"),
-                    DType::F32,
-                    vec![p.n],
-                    bytes(scales.iter().flat_map(|s| s.to_le_bytes()).collect()),
-                ));
-                let z_id =
-                    store.add(Weight::new(format!("{base}.int8_zero"), DType::I8, vec![p.n], bytes(vec![0; p.n])));
-                let kn = vec![Dim::known(p.k as i64), Dim::known(p.n as i64)];
+                // A new weight and the program value that names it.
+                let mut weight = |name: String, dtype: DType, shape: Vec<usize>, data: Vec<u8>| {
+                    let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
+                    let id = store.add(Weight::new(name.clone(), dtype, shape, bytes::Bytes::from(data)));
+                    add_value(&mut values, name, dtype, dims, ValueDef::Weight(id))
+                };
                 let v = (
-                    add_value(&mut values, format!("{base}.int8"), DType::I8, kn, ValueDef::Weight(w_id)),
-                    add_value(
-                        &mut values,
+                    weight(format!("{base}.int8"), DType::I8, vec![p.k, p.n], codes.iter().map(|&c| c as u8).collect()),
+                    weight(
                         format!("{base}.int8_scale"),
                         DType::F32,
-                        vec![Dim::known(p.n as i64)],
-                        ValueDef::Weight(s_id),
+                        vec![p.n],
+                        scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
                     ),
-                    add_value(
-                        &mut values,
-                        format!("{base}.int8_zero"),
-                        DType::I8,
-                        vec![Dim::known(p.n as i64)],
-                        ValueDef::Weight(z_id),
-                    ),
+                    weight(format!("{base}.int8_zero"), DType::I8, vec![p.n], vec![0; p.n]),
                 );
                 quantised.insert(p.source, v);
                 v
