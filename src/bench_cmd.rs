@@ -45,6 +45,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     let packed_at_load = exec.wgemm_bytes_packed_at_load();
+    let q_packed_at_load = exec.qgemm_bytes_packed_at_load();
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let vocab = exec.vocab().max(2) as u32;
@@ -74,6 +75,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             "decode_weight_gb_s": weight_gb_s,
             "load_ms": load_ms,
             "wgemm_bytes_packed_at_load": packed_at_load,
+            "qgemm_bytes_packed_at_load": q_packed_at_load,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -93,8 +95,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
             weight_bytes as f64 / 1e6
         );
         println!(
-            "program loaded in {load_ms:.1} ms; WGemm weights packed at load: {:.1} MB",
-            packed_at_load as f64 / 1e6
+            "program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
+            packed_at_load as f64 / 1e6,
+            q_packed_at_load as f64 / 1e6
         );
     }
     Ok(ExitCode::SUCCESS)

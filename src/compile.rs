@@ -7,7 +7,10 @@
 //! under the names and with the layout description `runtime::exec::packed` documents; the
 //! MatMulNBits tensors they come from are left out when nothing else reads them (a tied embedding
 //! read by `GatherBlockQuantized` with the lm_head's very codes, scales and zero points reads the
-//! packed form). The executor reads packed weights in place.
+//! packed form). Likewise the int8 weight codes of `QGemm` nodes are packed by the kernels'
+//! `pack_qgemm_codes` (codes and column sums; `runtime::exec::packed`), their `[K, N]` codes left
+//! out when only packed QGemms read them (not for `xdna`, whose designs stream the `[K, N]` codes).
+//! The executor reads packed weights in place.
 //!
 //! Program JSON: `{"format": "npuc-program/1", "values": [{"name", "dtype", "shape": [dim, ...],
 //! "def": "input" | "node" | {"weight": NAME} | {"const": {"dtype", "shape", "data"}}}], "nodes":
@@ -19,7 +22,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use ir::graph::{Graph, ValueDef};
 use ir::{Attr, DType, Data, Tensor, ValueId, WeightId};
 use runtime::bundle::{BundleWriter, Dtype, ManifestHeader, ModelConfig, Target, WriteOptions};
-use runtime::exec::packed::{layout_json, packed_names, tensor_bytes};
+use runtime::exec::packed::{
+    layout_json, packed_names, qgemm_layout_json, qgemm_packed_names, qgemm_tensor_bytes, tensor_bytes, QGemmLayout,
+};
+use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
 use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -94,10 +100,17 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let mut w = BundleWriter::create_with(&o.output, header, WriteOptions { overwrite: o.overwrite })
         .with_context(|| format!("creating {}", o.output.display()))?;
     let packed = pack_wgemm_weights(&g)?;
+    // An xdna bundle keeps QGemm weights as the `[K, N]` int8 codes its designs stream to the
+    // array; the host executor packs them at load when it runs the bundle itself.
+    let qpacked = if xdna_device.is_some() {
+        QPackedWeights { entries: Vec::new(), omitted: BTreeSet::new() }
+    } else {
+        pack_qgemm_weights(&g)?
+    };
     let mut stored = BTreeSet::new();
     for v in &g.values {
         if let ValueDef::Weight(id) = v.def {
-            if packed.omitted.contains(&id) || !stored.insert(id) {
+            if packed.omitted.contains(&id) || qpacked.omitted.contains(&id) || !stored.insert(id) {
                 continue;
             }
             let wt = g.weights.get(id);
@@ -108,6 +121,15 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     for entry in &packed.entries {
         write_packed(&mut w, &g, entry)?;
+    }
+    for entry in &qpacked.entries {
+        let (codes_name, sums_name) = qgemm_packed_names(&entry.layout.source);
+        let [(codes_dtype, codes), (sums_dtype, sums)] = qgemm_tensor_bytes(&entry.codes, &entry.col_sums);
+        let layout = qgemm_layout_json(&entry.layout);
+        w.add_tensor(&codes_name, codes_dtype, &[codes.len()], &codes, Some(&layout))
+            .with_context(|| format!("storing packed weight `{codes_name}`"))?;
+        w.add_tensor(&sums_name, sums_dtype, &[sums.len() / 4], &sums, None)
+            .with_context(|| format!("storing packed weight `{sums_name}`"))?;
     }
     if let Some(t) = &tokenizer {
         w.copy_file(runtime::bundle::TOKENIZER_FILE, t).with_context(|| format!("copying {}", t.display()))?;
@@ -129,19 +151,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     if o.json {
         let intel = intel.as_ref().map(crate::intel::summary);
-        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() + packed.entries.len(), "wgemm_packed": packed.entries.len(), "intel": intel });
+        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() + packed.entries.len() + qpacked.entries.len(), "wgemm_packed": packed.entries.len(), "qgemm_packed": qpacked.entries.len(), "intel": intel });
         if let Some(x) = &xdna {
             out["xdna"] = x.clone();
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "wrote {} ({} target): {} program nodes, {} weights ({} WGemm weights packed), {} files, {} bytes",
+            "wrote {} ({} target): {} program nodes, {} weights ({} WGemm and {} QGemm weights packed), {} files, {} bytes",
             o.output.display(),
             o.target,
             g.nodes.len(),
-            stored.len() + packed.entries.len(),
+            stored.len() + packed.entries.len() + qpacked.entries.len(),
             packed.entries.len(),
+            qpacked.entries.len(),
             summary.files.len(),
             summary.total_bytes
         );
@@ -156,6 +179,65 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One QGemm weight packed at compile time: its layout description, codes and column sums.
+struct QPackedEntry {
+    layout: QGemmLayout,
+    codes: Vec<i8>,
+    col_sums: Vec<i32>,
+}
+
+/// The QGemm weights of a program packed for the kernels, and the `[K, N]` codes nothing reads
+/// but packed QGemms (they are not stored).
+struct QPackedWeights {
+    entries: Vec<QPackedEntry>,
+    omitted: BTreeSet<WeightId>,
+}
+
+/// Packs the weight codes of every QGemm node that reads them directly from a 2-D u8 or i8
+/// weight; codes the program computes (a weight quantised in the graph) are packed at load.
+fn pack_qgemm_weights(g: &Graph) -> Result<QPackedWeights> {
+    let mut entries = Vec::new();
+    let mut packed: BTreeSet<WeightId> = BTreeSet::new();
+    for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Npuc && n.op == "QGemm") {
+        let Some(id) = weight_of(g, input(node, 3)) else { continue };
+        let wt = g.weights.get(id);
+        let unsigned = match wt.dtype {
+            DType::U8 => true,
+            DType::I8 => false,
+            _ => continue,
+        };
+        let [k, n] = wt.shape[..] else { continue };
+        if !packed.insert(id) {
+            continue;
+        }
+        let codes = if unsigned {
+            QWeightCodes::U8(&wt.bytes)
+        } else {
+            // SAFETY: i8 has the size and alignment of u8, and every bit pattern is valid.
+            QWeightCodes::I8(unsafe { std::slice::from_raw_parts(wt.bytes.as_ptr().cast::<i8>(), wt.bytes.len()) })
+        };
+        let (codes, col_sums) = pack_qgemm_codes(k, n, codes)
+            .with_context(|| format!("packing the weights of QGemm node `{}`", node.name))?;
+        entries.push(QPackedEntry { layout: QGemmLayout { k, n, source: wt.name.clone(), unsigned }, codes, col_sums });
+    }
+    // A source is left out when every value naming it is read only as a packed QGemm's weight.
+    let mut other_readers: BTreeSet<WeightId> = BTreeSet::new();
+    for node in &g.nodes {
+        for (slot, v) in node.inputs.iter().enumerate() {
+            let Some(id) = weight_of(g, *v) else { continue };
+            let is_packed_qgemm = node.domain == ir::Domain::Npuc && node.op == "QGemm" && slot == 3;
+            if !is_packed_qgemm {
+                other_readers.insert(id);
+            }
+        }
+    }
+    for &o in &g.outputs {
+        other_readers.extend(weight_of(g, Some(o)));
+    }
+    let omitted = packed.difference(&other_readers).copied().collect();
+    Ok(QPackedWeights { entries, omitted })
 }
 
 /// One WGemm weight packed at compile time: its codes, scales and zero-point weights and the

@@ -164,6 +164,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
             summary["open_ms"] = json!(open_ms);
             summary["load_ms"] = json!(load_ms);
             summary["wgemm_bytes_packed_at_load"] = json!(executor.wgemm_bytes_packed_at_load());
+            summary["qgemm_bytes_packed_at_load"] = json!(executor.qgemm_bytes_packed_at_load());
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -172,8 +173,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
         if o.stats {
             eprintln!("kv cache: {pool}");
             eprintln!(
-                "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; WGemm weights packed at load: {:.1} MB",
-                executor.wgemm_bytes_packed_at_load() as f64 / 1e6
+                "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
+                executor.wgemm_bytes_packed_at_load() as f64 / 1e6,
+                executor.qgemm_bytes_packed_at_load() as f64 / 1e6
             );
         }
     }

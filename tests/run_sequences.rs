@@ -383,3 +383,108 @@ fn sequence_misuse_is_an_error_naming_the_sequence() {
     exec.step(&[1, 2]).unwrap();
     assert_eq!(exec.position(), 2);
 }
+
+/// `npuc compile` stores every QGemm's weight codes packed by the kernels' own
+/// `pack_qgemm_codes` (codes and column sums), leaves the `[K, N]` codes out, and the executor
+/// reads them in place; a bundle holding the `[K, N]` codes instead (as written before packing)
+/// is packed at load and computes bit for bit the same logits. An xdna bundle keeps the `[K, N]`
+/// codes its designs stream, and the executor packs them at load.
+#[test]
+fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
+    use runtime::bundle::{BundleWriter, Dtype, ManifestHeader};
+    use runtime::exec::packed::{parse_qgemm_layout, qgemm_packed_names};
+    use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
+    for name in XDNA {
+        let bundle = Bundle::open(&models()[name].bundle, None).unwrap();
+        assert_eq!(bundle.tensors().filter(|t| t.name.contains(".qgemm.")).count(), 0, "{name}");
+        let exec = Executor::new(&bundle, ExecOptions { max_context: 64, ..ExecOptions::default() }).unwrap();
+        assert!(exec.qgemm_bytes_packed_at_load() > 0, "{name}");
+    }
+    for name in A8W8 {
+        let model = &models()[name];
+        let bundle = Bundle::open(&model.bundle, None).unwrap();
+        let by_name: HashMap<&str, &ir::Weight> =
+            model.graph.weights.iter().map(|(_, w)| (w.name.as_str(), w)).collect();
+        // QGemm weight codes the program reads directly from a weight.
+        let mut sources: Vec<&str> = model
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| n.op == "QGemm")
+            .filter_map(|n| match model.graph.value(n.inputs[3].unwrap()).def {
+                ir::graph::ValueDef::Weight(id) => Some(model.graph.weights.get(id).name.as_str()),
+                _ => None,
+            })
+            .collect();
+        sources.sort();
+        sources.dedup();
+        assert!(sources.len() >= 14, "{name}: {} QGemm weights", sources.len());
+        let mut packed_bytes = 0;
+        for source in &sources {
+            let w = by_name[source];
+            let codes = match w.dtype {
+                DType::I8 => {
+                    QWeightCodes::I8(unsafe { std::slice::from_raw_parts(w.bytes.as_ptr().cast(), w.bytes.len()) })
+                }
+                DType::U8 => QWeightCodes::U8(&w.bytes),
+                other => panic!("{name}: {source} is {other:?}"),
+            };
+            let (want_codes, want_sums) = pack_qgemm_codes(w.shape[0], w.shape[1], codes).unwrap();
+            let (codes_name, sums_name) = qgemm_packed_names(source);
+            let stored = bundle.tensor(&codes_name).unwrap_or_else(|| panic!("{name}: {codes_name} missing"));
+            let layout = parse_qgemm_layout(stored.metadata).unwrap();
+            assert_eq!((layout.k, layout.n, layout.unsigned), (w.shape[0], w.shape[1], w.dtype == DType::U8));
+            assert!(stored.bytes.iter().map(|&b| b as i8).eq(want_codes.iter().copied()), "{name}: {source} codes");
+            let sums: Vec<i32> = bundle
+                .tensor(&sums_name)
+                .unwrap()
+                .bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(sums, want_sums, "{name}: {source} column sums");
+            assert!(bundle.tensor(source).is_none(), "{name}: {source} stored unpacked as well");
+            packed_bytes += want_codes.len() + 4 * want_sums.len();
+        }
+        let exec = Executor::new(&bundle, ExecOptions { max_context: 64, ..ExecOptions::default() }).unwrap();
+        let computed_codes = model.graph.nodes.iter().filter(|n| n.op == "QGemm").count()
+            - model.graph.nodes.iter().filter(|n| n.op == "QGemm" && sources.iter().any(|s| {
+                matches!(model.graph.value(n.inputs[3].unwrap()).def, ir::graph::ValueDef::Weight(id) if model.graph.weights.get(id).name == *s)
+            })).count();
+        assert_eq!(
+            exec.qgemm_bytes_packed_at_load() == 0,
+            computed_codes == 0,
+            "{name}: {computed_codes} QGemms read computed codes"
+        );
+
+        // The same bundle as written before packing: [K, N] codes, no packed tensors.
+        let tmp = tempfile::tempdir().unwrap();
+        let old_dir = tmp.path().join("unpacked.npub");
+        let header = ManifestHeader {
+            compiler_version: bundle.manifest().compiler_version.clone(),
+            target: bundle.target(),
+            model: bundle.model().clone(),
+            program: bundle.program().clone(),
+        };
+        let mut writer = BundleWriter::create(&old_dir, header).unwrap();
+        for t in bundle.tensors().filter(|t| !t.name.contains(".qgemm.")) {
+            writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
+        }
+        for source in &sources {
+            let w = by_name[source];
+            let dtype = if w.dtype == DType::I8 { Dtype::I8 } else { Dtype::U8 };
+            writer.add_tensor(source, dtype, &w.shape, &w.bytes, None).unwrap();
+        }
+        writer.finish().unwrap();
+        let old = Bundle::open(&old_dir, None).unwrap();
+        let options = ExecOptions { max_context: 64, ..ExecOptions::default() };
+        let mut old_exec = Executor::new(&old, options.clone()).unwrap();
+        assert_eq!(old_exec.qgemm_bytes_packed_at_load(), exec.qgemm_bytes_packed_at_load() + packed_bytes, "{name}");
+        let mut new_exec = Executor::new(&bundle, options).unwrap();
+        let tokens = prompt(9, 5, model.vocab);
+        for block in [&tokens[..8], &tokens[8..]] {
+            let (got_old, got_new) = (old_exec.step(block).unwrap().to_vec(), new_exec.step(block).unwrap().to_vec());
+            assert!(got_old == got_new, "{name}: logits of codes packed at load and at compile time differ");
+        }
+    }
+}

@@ -84,7 +84,8 @@ pub fn verify_generic(text: &str) -> Result<(), MlirError> {
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     let first: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).take(3).collect();
-    let said = if first.is_empty() { stderr.lines().take(3).collect::<Vec<_>>().join(" | ") } else { first.join(" | ") };
+    let said =
+        if first.is_empty() { stderr.lines().take(3).collect::<Vec<_>>().join(" | ") } else { first.join(" | ") };
     Err(MlirError::Rejected(format!("{} ({})", said.trim(), out.status)))
 }
 
@@ -102,7 +103,9 @@ fn check_calls(text: &str) -> Result<(), MlirError> {
         let callee = callee.trim_end_matches('}');
         let ty = line.rsplit_once("} : ").map(|(_, t)| t.trim()).unwrap_or_default();
         match declared.get(callee) {
-            None => return Err(MlirError::BadCall(format!("`{callee}` is not declared in the design: {}", line.trim()))),
+            None => {
+                return Err(MlirError::BadCall(format!("`{callee}` is not declared in the design: {}", line.trim())))
+            }
             Some(decl) if decl != ty => {
                 return Err(MlirError::BadCall(format!("`{callee}` is declared {decl} but called as {ty}")))
             }
@@ -139,7 +142,10 @@ mod tests {
         let call = |ty: &str, name: &str| format!("{DECL}        \"func.call\"(%1) {{callee = @{name}}} : {ty}\n");
         assert_eq!(check_calls(&call("(memref<4x8xi32>) -> ()", "zero_i32")), Ok(()));
         let wrong_type = check_calls(&call("(memref<4x16xi32>) -> ()", "zero_i32")).unwrap_err();
-        assert!(wrong_type.to_string().contains("declared (memref<4x8xi32>) -> () but called as (memref<4x16xi32>) -> ()"), "{wrong_type}");
+        assert!(
+            wrong_type.to_string().contains("declared (memref<4x8xi32>) -> () but called as (memref<4x16xi32>) -> ()"),
+            "{wrong_type}"
+        );
         let unknown = check_calls(&call("(memref<4x8xi32>) -> ()", "matmul_i8_i32")).unwrap_err();
         assert!(unknown.to_string().contains("`matmul_i8_i32` is not declared"), "{unknown}");
     }

@@ -22,9 +22,10 @@
 //! is held once.
 //!
 //! A8W8 programs (QDQ form 3): `QuantizeLinear` of activations (per-tensor scale and zero point)
-//! writes u8 or i8 codes into code buffers, `npuc::QGemm` multiplies them by weights packed at
-//! load with `pack_qgemm` (per-tensor or per-column weight scales; the output requantised or
-//! f32), and `DequantizeLinear` brings codes back to f32 — each exactly as the reference
+//! writes u8 or i8 codes into code buffers, `npuc::QGemm` multiplies them by weights the compiler
+//! packed ([`packed`]; read in place, with per-tensor or per-column weight scales; the output
+//! requantised or f32 — weights the bundle holds as `[K, N]` codes, or codes the program computes,
+//! are packed at load, a copy [`Executor::qgemm_bytes_packed_at_load`] reports), and `DequantizeLinear` brings codes back to f32 — each exactly as the reference
 //! evaluator computes it. A `QuantizeLinear` of a weight (a tied lm_head quantised by the
 //! program) is folded at load.
 //!
@@ -320,11 +321,18 @@ impl<'b> Executor<'b> {
             .iter()
             .map(|(_, op)| match op {
                 Op::WGemm { packed, .. } => self.plan.packed[*packed].weights().bytes(),
-                Op::QGemm { packed, .. } => self.plan.qpacked[*packed].bytes(),
+                Op::QGemm { packed, .. } => self.plan.qpacked[*packed].weights().bytes(),
                 Op::MatMul { k, n, .. } => 4 * k * n,
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Bytes of QGemm weight codes and column sums packed at load; 0 when the bundle holds every
+    /// QGemm's weights packed (codes a program computes, such as a tied lm_head it quantises, are
+    /// always packed at load).
+    pub fn qgemm_bytes_packed_at_load(&self) -> usize {
+        self.plan.qpacked.iter().map(|store| store.bytes_packed_at_load()).sum()
     }
 
     /// Bytes of WGemm weights packed at load (a copy of MatMulNBits-layout weights the executor
@@ -872,7 +880,7 @@ impl Executor<'_> {
                     return Err(fail(format!("the activation holds {codes_len} codes, not rows of {k}")));
                 }
                 let m = codes_len / k;
-                let weights = &self.plan.qpacked[*packed];
+                let weights = self.plan.qpacked[*packed].weights();
                 // Per-row scales are read from their buffer, taken out while the output is written.
                 let rows = a_row_scales.map(|v| {
                     let Loc::Buf(b) = locs[v] else { unreachable!("scales live in buffers") };

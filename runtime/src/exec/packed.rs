@@ -1,4 +1,6 @@
-//! WGemm weights in a bundle, packed at compile time.
+//! WGemm and QGemm weights in a bundle, packed at compile time.
+//!
+//! # WGemm
 //!
 //! For a WGemm node whose MatMulNBits codes are the weight `W`, the compiler runs
 //! [`pack_wgemm`](crate::kernels::wgemm::pack_wgemm) — the very function the kernels' layout is
@@ -27,10 +29,28 @@
 //! many bytes that copy holds. A packed layout of another `packing` tag is refused naming the
 //! tensor and both tags; a runtime that predates packing refuses a packed bundle naming the
 //! MatMulNBits weight it cannot find.
+//!
+//! # QGemm
+//!
+//! For a QGemm node whose int8 weight codes are the weight `W` (`[K, N]`, i8 or u8), the compiler
+//! runs [`pack_qgemm_codes`](crate::kernels::qgemm::pack_qgemm_codes) and stores
+//!
+//! | tensor | dtype | shape |
+//! |---|---|---|
+//! | `W.qgemm.codes` | I8 | `[panels·⌈K/4⌉·64]` |
+//! | `W.qgemm.col_sums` | I32 | `[panels·16]` |
+//!
+//! with the layout description `{"packing": "npuc-qgemm-panel16/1", "k", "n", "source": W,
+//! "unsigned": true if W is u8}` on the codes. These are what depend on the codes; the per-column
+//! zero points and scales (N values each) come from the node's own weight scale and zero point at
+//! load ([`qgemm_columns`](crate::kernels::qgemm::qgemm_columns)). `W` is left out of the bundle
+//! when only packed QGemms read it; a QGemm without packed tensors (an older bundle, or weight
+//! codes the program computes, such as a tied lm_head quantised in the graph) is packed at load.
 
 use serde_json::{json, Value};
 
 use crate::bundle::{Dtype, TensorView};
+use crate::kernels::qgemm::QGemmWeights;
 use crate::kernels::wgemm::{PackedWGemm, PackedZeroPoints, WGemmWeights, WGemmZeroPoints};
 
 /// The `packing` tag of the layout description.
@@ -140,6 +160,84 @@ pub fn mapped_weights<'b>(
         .map_err(|e| format!("`{}`: {e}", codes.name))
 }
 
+/// The `packing` tag of a packed QGemm's layout description.
+pub const QGEMM_PACKING: &str = "npuc-qgemm-panel16/1";
+
+/// Names of the packed QGemm tensors (codes, column sums) of the weight codes `source`.
+pub fn qgemm_packed_names(source: &str) -> (String, String) {
+    (format!("{source}.qgemm.codes"), format!("{source}.qgemm.col_sums"))
+}
+
+/// A decoded QGemm layout description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QGemmLayout {
+    pub k: usize,
+    pub n: usize,
+    pub source: String,
+    /// The source codes are u8 (stored as `w − 128`).
+    pub unsigned: bool,
+}
+
+pub fn qgemm_layout_json(layout: &QGemmLayout) -> Value {
+    json!({ "packing": QGEMM_PACKING, "k": layout.k, "n": layout.n, "source": layout.source, "unsigned": layout.unsigned })
+}
+
+/// Decodes a QGemm layout description; the error says what is wrong.
+pub fn parse_qgemm_layout(layout: Option<&Value>) -> Result<QGemmLayout, String> {
+    let layout = layout.ok_or("has no layout description")?;
+    if layout["packing"].as_str() != Some(QGEMM_PACKING) {
+        return Err(format!("has packing {}, expected \"{QGEMM_PACKING}\"", layout["packing"]));
+    }
+    let size = |key: &str| -> Result<usize, String> {
+        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
+    };
+    Ok(QGemmLayout {
+        k: size("k")?,
+        n: size("n")?,
+        source: layout["source"].as_str().ok_or("layout `source` is not a weight name")?.to_string(),
+        unsigned: layout["unsigned"].as_bool().ok_or("layout `unsigned` is not a boolean")?,
+    })
+}
+
+/// The bundle tensors of packed QGemm codes and column sums: (dtype, bytes) of each.
+pub fn qgemm_tensor_bytes(codes: &[i8], col_sums: &[i32]) -> [(Dtype, Vec<u8>); 2] {
+    [
+        (Dtype::I8, codes.iter().map(|&c| c as u8).collect()),
+        (Dtype::I32, col_sums.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    ]
+}
+
+/// Packed QGemm codes and column sums read in place from the bundle's tensors, their dtypes and
+/// lengths checked against `layout`.
+pub fn mapped_qgemm<'w>(
+    layout: &QGemmLayout,
+    codes: TensorView<'w>,
+    col_sums: TensorView<'w>,
+) -> Result<(&'w [i8], &'w [i32]), String> {
+    if codes.dtype != Dtype::I8 {
+        return Err(format!("`{}` is {}, expected I8", codes.name, codes.dtype));
+    }
+    if col_sums.dtype != Dtype::I32 {
+        return Err(format!("`{}` is {}, expected I32", col_sums.name, col_sums.dtype));
+    }
+    // SAFETY: i8 has the size and alignment of u8, and every bit pattern is valid.
+    let codes_i8 = unsafe { std::slice::from_raw_parts(codes.bytes.as_ptr().cast::<i8>(), codes.bytes.len()) };
+    let sums = i32s(col_sums)?;
+    // Lengths are checked with the per-column parameters the kernels would be given.
+    let columns = sums.len();
+    QGemmWeights::from_parts(layout.k, layout.n, codes_i8, sums, &vec![0; columns], &vec![0.0; columns])
+        .map_err(|e| format!("`{}`: {e}", codes.name))?;
+    Ok((codes_i8, sums))
+}
+
+fn i32s(view: TensorView<'_>) -> Result<&[i32], String> {
+    if !cfg!(target_endian = "little") || view.bytes.as_ptr().align_offset(align_of::<i32>()) != 0 {
+        return Err(format!("`{}` is not 4-byte aligned little-endian i32", view.name));
+    }
+    // SAFETY: aligned (checked), alive as long as the bundle's map, every bit pattern a valid i32.
+    Ok(unsafe { std::slice::from_raw_parts(view.bytes.as_ptr().cast::<i32>(), view.bytes.len() / 4) })
+}
+
 fn f32s(view: TensorView<'_>) -> Result<&[f32], String> {
     if view.dtype != Dtype::F32 {
         return Err(format!("`{}` is {}, expected F32", view.name, view.dtype));
@@ -178,5 +276,18 @@ mod tests {
         other["packing"] = json!("npuc-wgemm-panel16/9");
         assert!(parse_layout(Some(&other)).unwrap_err().contains("npuc-wgemm-panel16/9"));
         assert!(parse_layout(None).is_err());
+    }
+
+    #[test]
+    fn qgemm_layouts_round_trip_and_other_tags_are_refused() {
+        let layout = QGemmLayout { k: 576, n: 192, source: "w".into(), unsigned: true };
+        let json = qgemm_layout_json(&layout);
+        assert_eq!(parse_qgemm_layout(Some(&json)), Ok(layout));
+        let mut other = json.clone();
+        other["packing"] = json!("npuc-qgemm-panel16/2");
+        assert!(parse_qgemm_layout(Some(&other)).unwrap_err().contains("npuc-qgemm-panel16/2"));
+        other = json.clone();
+        other["unsigned"] = json!(1);
+        assert!(parse_qgemm_layout(Some(&other)).unwrap_err().contains("unsigned"));
     }
 }

@@ -2,17 +2,22 @@
 //! step's token ids or positions, a small i64 buffer, or the KV cache), one [`Op`] per node that
 //! computes something, and buffers shared by values whose lifetimes do not overlap. WGemm weights
 //! are read in place when the bundle holds them packed (see `packed.rs`), and packed here from the
-//! MatMulNBits layout otherwise; i64 weights (shape operands stored as raw bytes) become constants.
+//! MatMulNBits layout otherwise; so are QGemm weight codes (packed here from their `[K, N]` codes
+//! otherwise); i64 weights (shape operands stored as raw bytes) become constants.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::WeightLayout;
-use crate::kernels::qgemm::{pack_qgemm, PackedQGemm, QWeightCodes};
+use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QGemmWeights, QWeightCodes};
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
 
 use super::error::{node_err, value_err, ExecError};
-use super::packed::{mapped_weights, packed_names, parse_layout, PackedLayout};
+use super::packed::{
+    mapped_qgemm, mapped_weights, packed_names, parse_layout, parse_qgemm_layout, qgemm_packed_names, PackedLayout,
+    QGemmLayout,
+};
 use super::program::{ElemType, NodeInfo, Program, ValueDef};
 
 /// Where a value's elements are.
@@ -219,8 +224,8 @@ pub struct Plan<'b> {
     pub nbits_tables: Vec<NBitsTable<'b>>,
     /// Number of [`Loc::I64Buf`] buffers.
     pub i64_buffers: usize,
-    /// QGemm weights packed at load.
-    pub qpacked: Vec<PackedQGemm>,
+    /// QGemm weights: codes read in place, or packed at load.
+    pub qpacked: Vec<QGemmStore<'b>>,
     /// Number of [`Loc::QBuf`] buffers.
     pub q_buffers: usize,
     pub consts_f32: Vec<Vec<f32>>,
@@ -245,6 +250,44 @@ impl WGemmStore<'_> {
         match self {
             WGemmStore::Mapped(w) => *w,
             WGemmStore::PackedAtLoad(p) => p.weights(),
+        }
+    }
+}
+
+/// A QGemm node's packed weights: codes and column sums read in place from the bundle's map
+/// (packed at compile time) or packed at load, and the per-column zero points and scales of the
+/// node.
+#[derive(Clone, Debug)]
+pub struct QGemmStore<'b> {
+    k: usize,
+    n: usize,
+    codes: Cow<'b, [i8]>,
+    col_sums: Cow<'b, [i32]>,
+    zero_points: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl<'b> QGemmStore<'b> {
+    /// Checks the parts' lengths once, so that [`QGemmStore::weights`] cannot fail.
+    fn new(
+        k: usize,
+        n: usize,
+        codes: Cow<'b, [i8]>,
+        col_sums: Cow<'b, [i32]>,
+        (zero_points, scales): (Vec<i32>, Vec<f32>),
+    ) -> Result<QGemmStore<'b>, String> {
+        QGemmWeights::from_parts(k, n, &codes, &col_sums, &zero_points, &scales).map_err(|e| e.to_string())?;
+        Ok(QGemmStore { k, n, codes, col_sums, zero_points, scales })
+    }
+    pub fn weights(&self) -> QGemmWeights<'_> {
+        QGemmWeights::from_parts(self.k, self.n, &self.codes, &self.col_sums, &self.zero_points, &self.scales)
+            .expect("lengths checked when the store was made")
+    }
+    /// Bytes of codes and column sums the executor packed at load (0 when read in place).
+    pub fn bytes_packed_at_load(&self) -> usize {
+        match (&self.codes, &self.col_sums) {
+            (Cow::Owned(c), Cow::Owned(s)) => c.len() + 4 * s.len(),
+            _ => 0,
         }
     }
 }
@@ -348,6 +391,18 @@ impl<'b> Plan<'b> {
             packed_sources.extend([layout.source.clone(), layout.scales.clone()]);
             packed_sources.extend(layout.zero_points.clone());
             packed_layouts.insert(source.to_string(), layout);
+        }
+        // QGemm weight codes the bundle holds packed, by the name of the codes weight.
+        let mut qgemm_layouts: HashMap<String, QGemmLayout> = HashMap::new();
+        for node in program.nodes.iter().filter(|n| n.op == "npuc::QGemm") {
+            let Some(source) = weight_name(&program, node, 3) else { continue };
+            let Some(codes) = weight(&qgemm_packed_names(source).0) else { continue };
+            let layout = parse_qgemm_layout(codes.metadata).map_err(|p| value_err(codes.name, p))?;
+            if layout.source != source {
+                return Err(value_err(codes.name, format!("is packed from `{}`, not `{source}`", layout.source)));
+            }
+            packed_sources.insert(layout.source.clone());
+            qgemm_layouts.insert(source.to_string(), layout);
         }
         let load_packed = |layout: &PackedLayout| -> Result<WGemmWeights<'b>, ExecError> {
             let names = packed_names(&layout.source);
@@ -993,28 +1048,74 @@ impl<'b> Plan<'b> {
                     let [Some(k), Some(n_cols)] = dims[..] else {
                         return Err(fail(format!("the weight `{}` is not 2-D with fixed sizes", values[w].name)));
                     };
-                    let codes = match locs[w] {
-                        Loc::ConstQ(i) => {
-                            let (bytes, signed) = &folded[i];
-                            if *signed {
-                                QWeightCodes::I8(as_i8(bytes))
-                            } else {
-                                QWeightCodes::U8(bytes)
-                            }
-                        }
-                        Loc::Weight(i) if views[i].dtype == Dtype::I8 && values[w].dtype == "i8" => {
-                            QWeightCodes::I8(as_i8(views[i].bytes))
-                        }
-                        Loc::Weight(i) if views[i].dtype == Dtype::U8 && values[w].dtype == "u8" => {
-                            QWeightCodes::U8(views[i].bytes)
-                        }
-                        _ => return Err(fail(format!("the weight `{}` is not u8 or i8 codes", values[w].name))),
-                    };
                     let w_scale = params.f32s(node, 4)?;
                     let w_zero_point = params.ints(node, 5)?;
-                    let packed_w =
-                        pack_qgemm(k, n_cols, codes, &w_scale, &w_zero_point).map_err(|e| fail(e.to_string()))?;
-                    qpacked.push(packed_w);
+                    let layout = weight_name(&program, node, 3).and_then(|s| qgemm_layouts.get(s));
+                    let store = match layout {
+                        Some(layout) => {
+                            let unsigned = match values[w].dtype.as_str() {
+                                "u8" => true,
+                                "i8" => false,
+                                other => {
+                                    return Err(fail(format!(
+                                        "the weight `{}` is {other}, not u8 or i8 codes",
+                                        values[w].name
+                                    )))
+                                }
+                            };
+                            if (layout.k, layout.n, layout.unsigned) != (k, n_cols, unsigned) {
+                                return Err(fail(format!(
+                                    "packed weights of `{}` are K={} N={} {} codes, the node reads K={k} N={n_cols} {}",
+                                    layout.source,
+                                    layout.k,
+                                    layout.n,
+                                    if layout.unsigned { "u8" } else { "i8" },
+                                    values[w].dtype
+                                )));
+                            }
+                            let (codes_name, sums_name) = qgemm_packed_names(&layout.source);
+                            let get = |name: &str| {
+                                weight(name).ok_or_else(|| {
+                                    value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle"))
+                                })
+                            };
+                            let (codes, sums) = mapped_qgemm(layout, get(&codes_name)?, get(&sums_name)?)
+                                .map_err(|p| value_err(&layout.source, p))?;
+                            let columns = qgemm_columns(n_cols, unsigned, &w_scale, &w_zero_point)
+                                .map_err(|e| fail(e.to_string()))?;
+                            QGemmStore::new(k, n_cols, Cow::Borrowed(codes), Cow::Borrowed(sums), columns)
+                                .map_err(fail)?
+                        }
+                        None => {
+                            let codes = match locs[w] {
+                                Loc::ConstQ(i) => {
+                                    let (bytes, signed) = &folded[i];
+                                    if *signed {
+                                        QWeightCodes::I8(as_i8(bytes))
+                                    } else {
+                                        QWeightCodes::U8(bytes)
+                                    }
+                                }
+                                Loc::Weight(i) if views[i].dtype == Dtype::I8 && values[w].dtype == "i8" => {
+                                    QWeightCodes::I8(as_i8(views[i].bytes))
+                                }
+                                Loc::Weight(i) if views[i].dtype == Dtype::U8 && values[w].dtype == "u8" => {
+                                    QWeightCodes::U8(views[i].bytes)
+                                }
+                                _ => {
+                                    return Err(fail(format!("the weight `{}` is not u8 or i8 codes", values[w].name)))
+                                }
+                            };
+                            let unsigned = matches!(codes, QWeightCodes::U8(_));
+                            let (packed_codes, sums) =
+                                pack_qgemm_codes(k, n_cols, codes).map_err(|e| fail(e.to_string()))?;
+                            let columns = qgemm_columns(n_cols, unsigned, &w_scale, &w_zero_point)
+                                .map_err(|e| fail(e.to_string()))?;
+                            QGemmStore::new(k, n_cols, Cow::Owned(packed_codes), Cow::Owned(sums), columns)
+                                .map_err(fail)?
+                        }
+                    };
+                    qpacked.push(store);
                     let o = out(0)?;
                     let requant = match node.input(6) {
                         Some(_) => {

@@ -41,6 +41,8 @@ struct Shared {
     sleepers: AtomicUsize,
     caller_sleeping: AtomicBool,
     shutdown: AtomicBool,
+    /// Workers that have started running.
+    started: AtomicUsize,
     lock: Mutex<()>,
     work: Condvar,
     finished: Condvar,
@@ -153,6 +155,7 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             caller_sleeping: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             work: Condvar::new(),
             finished: Condvar::new(),
@@ -163,10 +166,18 @@ impl ThreadPool {
                 let s = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("npuc-kernel-{i}"))
-                    .spawn(move || s.worker_loop())
+                    .spawn(move || {
+                        s.started.fetch_add(1, SeqCst);
+                        s.worker_loop()
+                    })
                     .expect("spawning a kernel thread")
             })
             .collect();
+        // Returning once every worker runs keeps what a thread's start allocates out of the first
+        // kernel calls (their "nothing allocated per token" holds from the first call on).
+        while shared.started.load(SeqCst) < threads - 1 {
+            std::thread::yield_now();
+        }
         ThreadPool { shared, workers, threads, serial: Mutex::new(()) }
     }
 

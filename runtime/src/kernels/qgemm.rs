@@ -69,7 +69,7 @@ pub enum QOutput<'a> {
     I8 { y: &'a mut [i8], scale: f32, zero_point: i32 },
 }
 
-/// Packed QGemm weights (see the module doc).
+/// Packed QGemm weights, owned (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedQGemm {
     pub k: usize,
@@ -85,6 +85,77 @@ pub struct PackedQGemm {
 }
 
 impl PackedQGemm {
+    /// The weights as the kernels borrow them.
+    pub fn weights(&self) -> QGemmWeights<'_> {
+        QGemmWeights {
+            k: self.k,
+            n: self.n,
+            codes: &self.codes,
+            col_sums: &self.col_sums,
+            zero_points: &self.zero_points,
+            scales: &self.scales,
+        }
+    }
+    /// Bytes one call reads.
+    pub fn bytes(&self) -> usize {
+        self.weights().bytes()
+    }
+}
+
+/// Packed QGemm weights, borrowed: from a [`PackedQGemm`], or codes and column sums mapped from a
+/// bundle with the per-column parameters beside them.
+#[derive(Clone, Copy, Debug)]
+pub struct QGemmWeights<'a> {
+    k: usize,
+    n: usize,
+    codes: &'a [i8],
+    col_sums: &'a [i32],
+    zero_points: &'a [i32],
+    scales: &'a [f32],
+}
+
+impl<'a> From<&'a PackedQGemm> for QGemmWeights<'a> {
+    fn from(p: &'a PackedQGemm) -> Self {
+        p.weights()
+    }
+}
+
+impl<'a> QGemmWeights<'a> {
+    /// Packed weights from their parts, checking every length against K and N.
+    pub fn from_parts(
+        k: usize,
+        n: usize,
+        codes: &'a [i8],
+        col_sums: &'a [i32],
+        zero_points: &'a [i32],
+        scales: &'a [f32],
+    ) -> Result<QGemmWeights<'a>, KernelError> {
+        if k == 0 || n == 0 || k > MAX_K {
+            return Err(shape_err("packed QGemm", format!("K={k} N={n} (K in 1..={MAX_K}, N positive)")));
+        }
+        let w = QGemmWeights { k, n, codes, col_sums, zero_points, scales };
+        let columns = w.panels() * PANEL;
+        if codes.len() != w.panels() * w.groups() * GROUP_BYTES {
+            return Err(shape_err(
+                "packed QGemm codes",
+                format!("{} bytes, expected {}", codes.len(), w.panels() * w.groups() * GROUP_BYTES),
+            ));
+        }
+        for (what, len) in
+            [("column sums", col_sums.len()), ("zero points", zero_points.len()), ("scales", scales.len())]
+        {
+            if len != columns {
+                return Err(shape_err("packed QGemm", format!("{len} {what}, expected {columns}")));
+            }
+        }
+        Ok(w)
+    }
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    pub fn n(&self) -> usize {
+        self.n
+    }
     fn groups(&self) -> usize {
         self.k.div_ceil(4)
     }
@@ -106,6 +177,14 @@ pub fn pack_qgemm(
     scale: &[f32],
     zero_point: &[i32],
 ) -> Result<PackedQGemm, KernelError> {
+    let (codes, col_sums) = pack_qgemm_codes(k, n, w)?;
+    let (zero_points, scales) = qgemm_columns(n, matches!(w, QWeightCodes::U8(_)), scale, zero_point)?;
+    Ok(PackedQGemm { k, n, codes, col_sums, zero_points, scales })
+}
+
+/// The codes and column sums of [`pack_qgemm`]: what depends on the weight codes alone, and what a
+/// bundle stores.
+pub fn pack_qgemm_codes(k: usize, n: usize, w: QWeightCodes) -> Result<(Vec<i8>, Vec<i32>), KernelError> {
     if k == 0 || n == 0 {
         return Err(shape_err("QGemm", format!("K={k} and N={n} must be positive")));
     }
@@ -122,16 +201,6 @@ pub fn pack_qgemm(
     if len != k * n {
         return Err(shape_err("QGemm weights", format!("{len} codes, expected K·N = {}", k * n)));
     }
-    if !(scale.len() == 1 || scale.len() == n) || zero_point.len() != scale.len() {
-        return Err(shape_err(
-            "QGemm weight scale/zero point",
-            format!("{} scales and {} zero points; both must be 1 or N={n}", scale.len(), zero_point.len()),
-        ));
-    }
-    let offset = match w {
-        QWeightCodes::I8(_) => 0,
-        QWeightCodes::U8(_) => 128,
-    };
     let code = |kk: usize, c: usize| -> i32 {
         match w {
             QWeightCodes::I8(v) => v[kk * n + c] as i32,
@@ -140,28 +209,43 @@ pub fn pack_qgemm(
     };
     let panels = n.div_ceil(PANEL);
     let groups = k.div_ceil(4);
-    let mut out = PackedQGemm {
-        k,
-        n,
-        codes: vec![0; panels * groups * GROUP_BYTES],
-        col_sums: vec![0; panels * PANEL],
-        zero_points: vec![0; panels * PANEL],
-        scales: vec![0.0; panels * PANEL],
-    };
-    for c in 0..n {
-        let (p, pc) = (c / PANEL, c % PANEL);
-        let mut sum = 0i32;
-        for kk in 0..k {
+    let mut codes = vec![0i8; panels * groups * GROUP_BYTES];
+    let mut col_sums = vec![0i32; panels * PANEL];
+    // Rows of the source in order (it is row-major), each column's sum accumulated as it goes.
+    for kk in 0..k {
+        for (c, sum) in col_sums.iter_mut().enumerate().take(n) {
             let v = code(kk, c);
-            out.codes[(p * groups + kk / 4) * GROUP_BYTES + 4 * pc + kk % 4] = v as i8;
-            sum += v;
+            codes[((c / PANEL) * groups + kk / 4) * GROUP_BYTES + 4 * (c % PANEL) + kk % 4] = v as i8;
+            *sum += v;
         }
-        out.col_sums[c] = sum;
-        let i = if scale.len() == 1 { 0 } else { c };
-        out.zero_points[c] = zero_point[i] - offset;
-        out.scales[c] = scale[i];
     }
-    Ok(out)
+    Ok((codes, col_sums))
+}
+
+/// The per-column zero points `B = z_w − o_w` and scales of [`pack_qgemm`] (padded to whole
+/// panels), from a per-tensor or per-column scale and zero point of u8 (`unsigned_codes`) or i8
+/// weights.
+pub fn qgemm_columns(
+    n: usize,
+    unsigned_codes: bool,
+    scale: &[f32],
+    zero_point: &[i32],
+) -> Result<(Vec<i32>, Vec<f32>), KernelError> {
+    if !(scale.len() == 1 || scale.len() == n) || zero_point.len() != scale.len() {
+        return Err(shape_err(
+            "QGemm weight scale/zero point",
+            format!("{} scales and {} zero points; both must be 1 or N={n}", scale.len(), zero_point.len()),
+        ));
+    }
+    let offset = if unsigned_codes { 128 } else { 0 };
+    let columns = n.div_ceil(PANEL) * PANEL;
+    let (mut zero_points, mut scales) = (vec![0i32; columns], vec![0f32; columns]);
+    for c in 0..n {
+        let i = if scale.len() == 1 { 0 } else { c };
+        zero_points[c] = zero_point[i] - offset;
+        scales[c] = scale[i];
+    }
+    Ok((zero_points, scales))
 }
 
 /// Per-call activation buffers; they grow to the largest shape seen, then never allocate again.
@@ -186,10 +270,10 @@ pub(crate) struct Rows<'a> {
 /// `y = QGemm(a, sₐ, zₐ, w)` for `m` rows of K codes (see the module doc). Panics when a
 /// buffer's length does not fit (a caller bug).
 #[allow(clippy::too_many_arguments)]
-pub fn qgemm(
+pub fn qgemm<'w>(
     isa: Isa,
     pool: &ThreadPool,
-    w: &PackedQGemm,
+    w: impl Into<QGemmWeights<'w>>,
     a: QActivations,
     m: usize,
     a_scale: f32,
@@ -211,10 +295,10 @@ pub enum AScale<'a> {
 /// [`qgemm`] with the activations' scale per tensor or per row: output row r is scaled by
 /// `sₐ[r] · s_w[n]`, formed exactly as the per-tensor epilogue forms `sₐ · s_w[n]`.
 #[allow(clippy::too_many_arguments)]
-pub fn qgemm_scaled(
+pub fn qgemm_scaled<'w>(
     isa: Isa,
     pool: &ThreadPool,
-    w: &PackedQGemm,
+    w: impl Into<QGemmWeights<'w>>,
     a: QActivations,
     m: usize,
     a_scale: AScale,
@@ -223,6 +307,7 @@ pub fn qgemm_scaled(
     scratch: &mut QGemmScratch,
 ) {
     let isa = isa.check();
+    let w = &w.into();
     let (a_scale, row_scales) = match a_scale {
         AScale::Tensor(s) => (s, None),
         AScale::Rows(r) => {
@@ -293,7 +378,7 @@ fn max_rows(isa: Isa) -> usize {
     }
 }
 
-fn panel(isa: Isa, w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
+fn panel(isa: Isa, w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
     match isa {
         Isa::Scalar => panel_scalar(w, p, rows, r0, r, tile),
         #[cfg(target_arch = "x86_64")]
@@ -304,7 +389,7 @@ fn panel(isa: Isa, w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, 
     }
 }
 
-fn panel_scalar(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
+fn panel_scalar(w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
     let groups = w.groups();
     let codes = &w.codes[p * groups * GROUP_BYTES..][..groups * GROUP_BYTES];
     for (i, out) in tile.iter_mut().take(r).enumerate() {
@@ -342,7 +427,7 @@ enum Dst {
 /// `row < m`, `p < panels`, and no other thread writes these `cols` outputs.
 #[allow(clippy::too_many_arguments)]
 unsafe fn epilogue(
-    w: &PackedQGemm,
+    w: &QGemmWeights,
     e: &Epilogue,
     p: usize,
     row: usize,

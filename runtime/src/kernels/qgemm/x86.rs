@@ -4,13 +4,13 @@
 // them in registers after unrolling.
 #![allow(clippy::needless_range_loop)]
 
-use super::{PackedQGemm, Rows, Tile, GROUP_BYTES};
+use super::{QGemmWeights, Rows, Tile, GROUP_BYTES};
 use crate::kernels::Isa;
 use std::arch::x86_64::*;
 
 /// # Safety
 /// The CPU must have `isa`'s features; rows `r0..r0 + r` and panel `p` must be in range.
-pub(super) unsafe fn panel(isa: Isa, w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
+pub(super) unsafe fn panel(isa: Isa, w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, r: usize, tile: &mut Tile) {
     macro_rules! by_rows {
         ($f:ident, $($n:literal)*) => {
             match r {
@@ -27,7 +27,7 @@ pub(super) unsafe fn panel(isa: Isa, w: &PackedQGemm, p: usize, rows: &Rows, r0:
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-unsafe fn vnni<const R: usize>(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
+unsafe fn vnni<const R: usize>(w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
     let groups = w.groups();
     let codes = w.codes.as_ptr().add(p * groups * GROUP_BYTES);
     let mut acc0 = [_mm512_setzero_si512(); R];
@@ -57,7 +57,7 @@ unsafe fn vnni<const R: usize>(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn bw<const R: usize>(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
+unsafe fn bw<const R: usize>(w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
     let groups = w.groups();
     let codes = w.codes.as_ptr().add(p * groups * GROUP_BYTES);
     // Lanes (2c, 2c+1) of each accumulator hold the two pair sums of column c.
@@ -86,7 +86,7 @@ unsafe fn bw<const R: usize>(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, 
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2<const R: usize>(w: &PackedQGemm, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
+unsafe fn avx2<const R: usize>(w: &QGemmWeights, p: usize, rows: &Rows, r0: usize, tile: &mut Tile) {
     let groups = w.groups();
     let codes = w.codes.as_ptr().add(p * groups * GROUP_BYTES);
     // acc[r][q]: columns 4q..4q+4, two pair sums each.
