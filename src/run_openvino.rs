@@ -73,6 +73,8 @@ pub fn run(args: &BackendArgs, r: Request) -> Result<ExitCode> {
             "backend": "openvino", "device": session.device(), "prompt_tokens": r.prompt_ids.len(),
             "tokens": tokens, "text": text, "ttft_ms": first_ms, "decode_tok_s": decode_tok_s,
             "networks": networks, "compile_ms": compile_ms,
+            "input_bytes_bound": session.input_traffic().bound_bytes,
+            "input_bytes_copied": session.input_traffic().copied_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {

@@ -173,6 +173,41 @@ fn intel_openvino_cpu_generates_the_host_tokens_for_qwen3_form2() {
     assert_eq!(got, want);
 }
 
+/// Values flow from segment to segment as OpenVINO tensors, bound in place: in a decode step every
+/// `value` input of a block-sized segment is bound to the tensor that produced it, and only token
+/// ids, RoPE rows and the lm_head segment's last row are written into fresh tensors — counted
+/// against what `intel/plan.json` says each segment reads.
+#[test]
+fn intel_openvino_binds_values_between_segments_without_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3_f2.npub");
+    compile(&path, "qwen3_f2");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&bundle.read_file("intel/plan.json").unwrap()).unwrap();
+    let (mut copied, mut bound) = (0u64, 0u64);
+    for seg in plan["segments"].as_array().unwrap() {
+        let last_row = seg["last_row_only"].as_bool().unwrap();
+        for io in seg["inputs"].as_array().unwrap() {
+            let count: u64 = io["shape"]["1"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
+            match (io["role"].as_str().unwrap(), last_row) {
+                ("input", _) => copied += 8 * count,
+                ("rope_cos" | "rope_sin", _) | ("value", true) => copied += 4 * count,
+                ("value", false) => bound += 4 * count,
+                (role, _) => panic!("input role {role}"),
+            }
+        }
+    }
+    assert!(bound > 0 && copied > 0);
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 64, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    ov.step(&[3, 17, 101, 250, 9, 44]).unwrap();
+    let before = ov.input_traffic();
+    ov.step(&[7]).unwrap();
+    let after = ov.input_traffic();
+    assert_eq!(after.bound_bytes - before.bound_bytes, bound, "bytes bound in place in a decode step");
+    assert_eq!(after.copied_bytes - before.copied_bytes, copied, "bytes copied into inputs in a decode step");
+}
+
 #[test]
 fn intel_weights_flag_chooses_the_float_format_and_the_summary_reports_its_error() {
     let tmp = tempfile::tempdir().unwrap();

@@ -13,6 +13,12 @@
 //! step of S tokens runs blocks of the largest size ≤ S, and the remainder in the smallest block
 //! that holds it, padded: segments are row-wise, padded rows are never appended to the cache and
 //! their outputs are dropped.
+//!
+//! Values flow between segments as OpenVINO tensors: a segment's outputs are the request's own
+//! tensors, and the next segment's inputs are bound to them as they are (`set_tensor`, no copy);
+//! attention's output is written by the host into a tensor that is bound the same way. Only token
+//! ids, RoPE rows and the last row a last-row segment (the lm_head) reads are written into fresh
+//! tensors; [`OvSession::input_traffic`] counts both.
 
 use crate::bundle::Bundle;
 use crate::kvcache::{KvCache, KvCacheConfig, SeqId};
@@ -143,6 +149,17 @@ enum Step {
     Attention(usize),
 }
 
+/// What binding the segments' inputs moved (see [`OvSession::input_traffic`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputTraffic {
+    /// Bytes written into fresh input tensors: token ids, RoPE rows, the last row of a value a
+    /// last-row segment (the lm_head) reads.
+    pub copied_bytes: u64,
+    /// Bytes of values bound as the tensors that produced them (a segment's output, attention's
+    /// output), with no copy.
+    pub bound_bytes: u64,
+}
+
 /// A bundle's IR on one OpenVINO device with the host's paged KV cache for one sequence.
 pub struct OvSession {
     core: Core,
@@ -163,6 +180,7 @@ pub struct OvSession {
     seq: SeqId,
     position: usize,
     max_context: usize,
+    traffic: InputTraffic,
 }
 
 fn usize_of(v: &Value, what: &str) -> Result<usize, OvError> {
@@ -319,6 +337,7 @@ impl OvSession {
             seq,
             position: 0,
             max_context,
+            traffic: InputTraffic::default(),
         })
     }
 
@@ -348,6 +367,13 @@ impl OvSession {
     /// Tokens the sequence holds.
     pub fn position(&self) -> usize {
         self.position
+    }
+
+    /// What binding inputs has moved since the session opened: values flow from segment to
+    /// segment as OpenVINO tensors, bound in place; only token ids, RoPE rows and last-row slices
+    /// are written into fresh tensors.
+    pub fn input_traffic(&self) -> InputTraffic {
+        self.traffic
     }
 
     /// The device the segments run on.
@@ -408,95 +434,129 @@ impl OvSession {
 
     fn run_block(&mut self, tokens: &[u32], block: usize) -> Result<Vec<f32>, OvError> {
         let rows = tokens.len();
-        let mut values: HashMap<String, (Vec<f32>, Vec<usize>)> = HashMap::new();
+        // Every value between segments is an OpenVINO tensor: a segment's output as the request
+        // holds it, or attention's output written by the host straight into one.
+        let mut values: HashMap<String, Tensor> = HashMap::new();
         let w = self.rope_width;
-        let mut cos = vec![0f32; block * w];
-        let mut sin = vec![0f32; block * w];
-        for r in 0..rows {
-            let p = self.position + r;
-            cos[r * w..(r + 1) * w].copy_from_slice(&self.rope_cos[p * w..(p + 1) * w]);
-            sin[r * w..(r + 1) * w].copy_from_slice(&self.rope_sin[p * w..(p + 1) * w]);
-        }
-        let mut ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-        ids.resize(block, 0);
         let mut logits = Vec::new();
         for si in 0..self.schedule.len() {
             match self.schedule[si] {
                 Step::Segment(i) => {
                     let last_row = self.segments[i].last_row_only;
                     let t = if last_row { 1 } else { block };
-                    let mut feeds: Vec<(String, Tensor)> = Vec::new();
+                    let mut made: Vec<(usize, Tensor)> = Vec::new();
+                    let (mut copied, mut bound) = (0u64, 0u64);
                     let seg = &self.segments[i];
-                    for io in &seg.inputs {
+                    for (slot, io) in seg.inputs.iter().enumerate() {
                         let shape = io.shapes.get(&t).ok_or_else(|| OvError::Segment {
                             segment: seg.name.clone(),
                             msg: format!("input {} has no shape for block {t}", io.name),
                         })?;
-                        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-                        let shape_ov = Shape::new(&dims).map_err(ov(&seg.name, "shape"))?;
+                        let count: usize = shape.iter().product();
+                        let fresh = |element: ElementType| -> Result<Tensor, OvError> {
+                            let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+                            let shape_ov = Shape::new(&dims).map_err(ov(&seg.name, "shape"))?;
+                            Tensor::new(element, &shape_ov).map_err(ov(&seg.name, "tensor"))
+                        };
                         let tensor = match io.role.as_str() {
                             "input" => {
-                                let mut tensor =
-                                    Tensor::new(ElementType::I64, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
-                                tensor.get_data_mut::<i64>().map_err(ov(&seg.name, "tensor"))?.copy_from_slice(&ids);
+                                let mut tensor = fresh(ElementType::I64)?;
+                                let ids = tensor.get_data_mut::<i64>().map_err(ov(&seg.name, "tensor"))?;
+                                let tokens = if last_row { &tokens[rows - 1..] } else { tokens };
+                                for (d, &tok) in ids.iter_mut().zip(tokens) {
+                                    *d = i64::from(tok);
+                                }
+                                copied += 8 * count as u64;
                                 tensor
                             }
-                            role => {
-                                let data: &[f32] = match role {
-                                    "rope_cos" => &cos,
-                                    "rope_sin" => &sin,
-                                    _ => {
-                                        let (v, _) = values.get(&io.name).ok_or_else(|| OvError::Segment {
+                            role @ ("rope_cos" | "rope_sin") => {
+                                let table = if role == "rope_cos" { &self.rope_cos } else { &self.rope_sin };
+                                let mut tensor = fresh(ElementType::F32)?;
+                                let dst = tensor.get_data_mut::<f32>().map_err(ov(&seg.name, "tensor"))?;
+                                let first = if last_row { rows - 1 } else { 0 };
+                                for (r, row) in (first..rows).enumerate() {
+                                    let p = (self.position + row) * w;
+                                    dst[r * w..(r + 1) * w].copy_from_slice(&table[p..p + w]);
+                                }
+                                copied += 4 * count as u64;
+                                tensor
+                            }
+                            _ => {
+                                let value = values.get(&io.name).ok_or_else(|| OvError::Segment {
+                                    segment: seg.name.clone(),
+                                    msg: format!("input {} is computed by nothing before it", io.name),
+                                })?;
+                                let data = value.get_data::<f32>().map_err(ov(&seg.name, "tensor"))?;
+                                if !last_row {
+                                    if data.len() != count {
+                                        return Err(OvError::Segment {
                                             segment: seg.name.clone(),
-                                            msg: format!("input {} is computed by nothing before it", io.name),
-                                        })?;
-                                        v
+                                            msg: format!(
+                                                "input {} holds {} values, the network wants {shape:?}",
+                                                io.name,
+                                                data.len()
+                                            ),
+                                        });
                                     }
-                                };
-                                let count: usize = shape.iter().product();
-                                let src = if last_row {
-                                    let width = count;
-                                    &data[(rows - 1) * width..rows * width]
-                                } else {
-                                    data
-                                };
-                                if src.len() != count {
+                                    // Bound as it is: the tensor the previous step wrote.
+                                    bound += 4 * count as u64;
+                                    continue;
+                                }
+                                // The last row of a block-sized value: the one copy a last-row
+                                // segment (the lm_head) needs.
+                                if data.len() != count * block {
                                     return Err(OvError::Segment {
                                         segment: seg.name.clone(),
                                         msg: format!(
-                                            "input {} holds {} values, the network wants {shape:?}",
+                                            "input {} holds {} values, not {block} rows of {count}",
                                             io.name,
-                                            src.len()
+                                            data.len()
                                         ),
                                     });
                                 }
-                                let mut tensor =
-                                    Tensor::new(ElementType::F32, &shape_ov).map_err(ov(&seg.name, "tensor"))?;
-                                tensor.get_data_mut::<f32>().map_err(ov(&seg.name, "tensor"))?.copy_from_slice(src);
+                                let mut tensor = fresh(ElementType::F32)?;
+                                tensor
+                                    .get_data_mut::<f32>()
+                                    .map_err(ov(&seg.name, "tensor"))?
+                                    .copy_from_slice(&data[(rows - 1) * count..rows * count]);
+                                copied += 4 * count as u64;
                                 tensor
                             }
                         };
-                        feeds.push((io.name.clone(), tensor));
+                        made.push((slot, tensor));
                     }
                     let name = seg.name.clone();
-                    let outputs: Vec<(String, Vec<usize>)> = seg
+                    let inputs: Vec<String> = seg.inputs.iter().map(|io| io.name.clone()).collect();
+                    let outputs: Vec<(String, usize)> = seg
                         .outputs
                         .iter()
-                        .map(|o| (o.name.clone(), o.shapes.get(&t).cloned().unwrap_or_default()))
+                        .map(|o| (o.name.clone(), o.shapes.get(&t).and_then(|s| s.last().copied()).unwrap_or(0)))
                         .collect();
+                    self.traffic.copied_bytes += copied;
+                    self.traffic.bound_bytes += bound;
                     let logits_name = self.logits_name.clone();
                     let request = self.request(i, t)?;
-                    for (n, tensor) in &feeds {
-                        request.set_tensor(n, tensor).map_err(ov(&name, &format!("binding {n}")))?;
+                    let mut made = made.into_iter().peekable();
+                    for (slot, input) in inputs.iter().enumerate() {
+                        let bound = match made.peek() {
+                            Some((s, _)) if *s == slot => {
+                                let (_, tensor) = made.next().expect("peeked");
+                                request.set_tensor(input, &tensor).map_err(ov(&name, &format!("binding {input}")))?;
+                                continue;
+                            }
+                            _ => &values[input],
+                        };
+                        request.set_tensor(input, bound).map_err(ov(&name, &format!("binding {input}")))?;
                     }
                     request.infer().map_err(ov(&name, "infer"))?;
-                    for (n, shape) in outputs {
+                    for (n, width) in outputs {
                         let tensor = request.get_tensor(&n).map_err(ov(&name, &format!("reading {n}")))?;
-                        let data = tensor.get_data::<f32>().map_err(ov(&name, &format!("reading {n}")))?.to_vec();
                         if n == logits_name {
-                            logits = data[data.len() - shape.last().copied().unwrap_or(data.len())..].to_vec();
+                            let data = tensor.get_data::<f32>().map_err(ov(&name, &format!("reading {n}")))?;
+                            let width = if width == 0 { data.len() } else { width };
+                            logits = data[data.len() - width..].to_vec();
                         }
-                        values.insert(n, (data, shape));
+                        values.insert(n, tensor);
                     }
                 }
                 Step::Attention(a) => self.attend(a, rows, block, &mut values)?,
@@ -510,25 +570,23 @@ impl OvSession {
     }
 
     /// Appends the block's real rows of k/v to the cache and attends with its q; the output takes
-    /// the q layout `[1, heads, block, head_dim]` with padded rows zero.
+    /// the q layout `[1, heads, block, head_dim]` with padded rows zero, in an OpenVINO tensor that
+    /// the next segment is bound to.
     fn attend(
         &mut self,
         a: usize,
         rows: usize,
         block: usize,
-        values: &mut HashMap<String, (Vec<f32>, Vec<usize>)>,
+        values: &mut HashMap<String, Tensor>,
     ) -> Result<(), OvError> {
         let at = &self.attentions[a];
         let d = at.head_dim;
+        let run = |e: String| OvError::Run(format!("attention {}: {e}", at.layer));
         let take = |name: &str, heads: usize| -> Result<Vec<f32>, OvError> {
-            let (v, _) =
-                values.get(name).ok_or_else(|| OvError::Run(format!("attention {}: no value {name}", at.layer)))?;
+            let v = values.get(name).ok_or_else(|| run(format!("no value {name}")))?;
+            let v = v.get_data::<f32>().map_err(|e| run(e.to_string()))?;
             if v.len() != heads * block * d {
-                return Err(OvError::Run(format!(
-                    "attention {}: {name} holds {} values, expected [1, {heads}, {block}, {d}]",
-                    at.layer,
-                    v.len()
-                )));
+                return Err(run(format!("{name} holds {} values, expected [1, {heads}, {block}, {d}]", v.len())));
             }
             let mut out = Vec::with_capacity(heads * rows * d);
             for h in 0..heads {
@@ -541,13 +599,15 @@ impl OvSession {
         let v = take(&at.v, at.kv_heads)?;
         let (layer, q_heads, scale, y_name) = (at.layer, at.q_heads, at.scale, at.y.clone());
         self.cache.append(self.seq, layer, &k, &v).map_err(|e| OvError::Run(e.to_string()))?;
-        let mut out = vec![0f32; q_heads * rows * d];
-        self.cache.attend(self.seq, layer, &q, scale, &mut out).map_err(|e| OvError::Run(e.to_string()))?;
-        let mut y = vec![0f32; q_heads * block * d];
+        let shape = Shape::new(&[1, q_heads as i64, block as i64, d as i64]).map_err(|e| run(e.to_string()))?;
+        let mut y = Tensor::new(ElementType::F32, &shape).map_err(|e| run(e.to_string()))?;
+        let out = y.get_data_mut::<f32>().map_err(|e| run(e.to_string()))?;
+        let mut heads_out = vec![0f32; q_heads * rows * d];
+        self.cache.attend(self.seq, layer, &q, scale, &mut heads_out).map_err(|e| OvError::Run(e.to_string()))?;
         for h in 0..q_heads {
-            y[h * block * d..(h * block + rows) * d].copy_from_slice(&out[h * rows * d..(h + 1) * rows * d]);
+            out[h * block * d..(h * block + rows) * d].copy_from_slice(&heads_out[h * rows * d..(h + 1) * rows * d]);
         }
-        values.insert(y_name, (y, vec![1, q_heads, block, d]));
+        values.insert(y_name, y);
         Ok(())
     }
 
