@@ -9,7 +9,9 @@
 //! read by `GatherBlockQuantized` with the lm_head's very codes, scales and zero points reads the
 //! packed form). Likewise the int8 weight codes of `QGemm` nodes are packed by the kernels'
 //! `pack_qgemm_codes` (codes and column sums; `runtime::exec::packed`), their `[K, N]` codes left
-//! out when only packed QGemms read them (not for `xdna`, whose designs stream the `[K, N]` codes).
+//! out when only packed QGemms read them (not for `xdna`, whose designs stream the `[K, N]` codes),
+//! and the f32 weights of float MatMuls are stored as the f32 GEMM's panels, the `[K, N]` weight
+//! left out when only such MatMuls read it.
 //! The executor reads packed weights in place.
 //!
 //! Program JSON: `{"format": "npuc-program/1", "values": [{"name", "dtype", "shape": [dim, ...],
@@ -23,13 +25,15 @@ use ir::graph::{Graph, ValueDef};
 use ir::{Attr, DType, Data, Tensor, ValueId, WeightId};
 use runtime::bundle::{BundleWriter, Dtype, ManifestHeader, ModelConfig, Target, WriteOptions};
 use runtime::exec::packed::{
-    layout_json, packed_names, qgemm_layout_json, qgemm_packed_names, qgemm_tensor_bytes, tensor_bytes, QGemmLayout,
+    gemm_layout_json, gemm_panels_name, layout_json, packed_names, qgemm_layout_json, qgemm_packed_names,
+    qgemm_tensor_bytes, tensor_bytes, GemmLayout, QGemmLayout,
 };
+use runtime::kernels::gemm::{f32_panels_len, F32_PANEL};
 use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
 use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -107,10 +111,17 @@ pub fn run(o: Options) -> Result<ExitCode> {
     } else {
         pack_qgemm_weights(&g)?
     };
+    // Likewise for float MatMul weights, which an xdna bundle's designs may stream.
+    let (gemm_panels, gemm_omitted) =
+        if xdna_device.is_some() { (Vec::new(), BTreeSet::new()) } else { gemm_panel_weights(&g) };
     let mut stored = BTreeSet::new();
     for v in &g.values {
         if let ValueDef::Weight(id) = v.def {
-            if packed.omitted.contains(&id) || qpacked.omitted.contains(&id) || !stored.insert(id) {
+            if packed.omitted.contains(&id)
+                || qpacked.omitted.contains(&id)
+                || gemm_omitted.contains(&id)
+                || !stored.insert(id)
+            {
                 continue;
             }
             let wt = g.weights.get(id);
@@ -121,6 +132,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     for entry in &packed.entries {
         write_packed(&mut w, &g, entry)?;
+    }
+    for &id in &gemm_panels {
+        write_gemm_panels(&mut w, &g, id)?;
     }
     for entry in &qpacked.entries {
         let (codes_name, sums_name) = qgemm_packed_names(&entry.layout.source);
@@ -151,20 +165,21 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     if o.json {
         let intel = intel.as_ref().map(crate::intel::summary);
-        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() + packed.entries.len() + qpacked.entries.len(), "wgemm_packed": packed.entries.len(), "qgemm_packed": qpacked.entries.len(), "intel": intel });
+        let mut out = json!({ "bundle": summary, "program_nodes": g.nodes.len(), "weights": stored.len() + packed.entries.len() + qpacked.entries.len() + gemm_panels.len(), "wgemm_packed": packed.entries.len(), "qgemm_packed": qpacked.entries.len(), "gemm_packed": gemm_panels.len(), "intel": intel });
         if let Some(x) = &xdna {
             out["xdna"] = x.clone();
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "wrote {} ({} target): {} program nodes, {} weights ({} WGemm and {} QGemm weights packed), {} files, {} bytes",
+            "wrote {} ({} target): {} program nodes, {} weights ({} WGemm, {} QGemm and {} MatMul weights packed), {} files, {} bytes",
             o.output.display(),
             o.target,
             g.nodes.len(),
-            stored.len() + packed.entries.len() + qpacked.entries.len(),
+            stored.len() + packed.entries.len() + qpacked.entries.len() + gemm_panels.len(),
             packed.entries.len(),
             qpacked.entries.len(),
+            gemm_panels.len(),
             summary.files.len(),
             summary.total_bytes
         );
@@ -179,6 +194,54 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The f32 `[K, N]` weights of float MatMuls (read directly as the right operand), and those of
+/// them nothing else reads (they are stored only as panels).
+fn gemm_panel_weights(g: &Graph) -> (Vec<WeightId>, BTreeSet<WeightId>) {
+    let mut panels: Vec<WeightId> = Vec::new();
+    for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Onnx && n.op == "MatMul") {
+        let Some(id) = weight_of(g, input(node, 1)) else { continue };
+        let wt = g.weights.get(id);
+        if wt.dtype == DType::F32 && wt.shape.len() == 2 && !panels.contains(&id) {
+            panels.push(id);
+        }
+    }
+    let mut other_readers: BTreeSet<WeightId> = g.outputs.iter().filter_map(|&o| weight_of(g, Some(o))).collect();
+    for node in &g.nodes {
+        for (slot, v) in node.inputs.iter().enumerate() {
+            let Some(id) = weight_of(g, *v) else { continue };
+            if !(node.domain == ir::Domain::Onnx && node.op == "MatMul" && slot == 1) {
+                other_readers.insert(id);
+            }
+        }
+    }
+    let omitted = panels.iter().copied().filter(|id| !other_readers.contains(id)).collect();
+    (panels, omitted)
+}
+
+/// Stores the panels of the f32 weight `id`, one panel at a time (the packed weight is never
+/// held whole in memory).
+fn write_gemm_panels(w: &mut BundleWriter, g: &Graph, id: WeightId) -> Result<()> {
+    let wt = g.weights.get(id);
+    let (k, n) = (wt.shape[0], wt.shape[1]);
+    let name = gemm_panels_name(&wt.name);
+    let layout = gemm_layout_json(&GemmLayout { k, n, source: wt.name.clone() });
+    let bytes = &wt.bytes;
+    w.add_tensor_with(&name, Dtype::F32, &[f32_panels_len(k, n)], Some(&layout), |sink| {
+        let mut panel = vec![0u8; k * F32_PANEL * 4];
+        for p in 0..n.div_ceil(F32_PANEL) {
+            let cols = F32_PANEL.min(n - p * F32_PANEL);
+            panel.fill(0);
+            for kk in 0..k {
+                let src = &bytes[(kk * n + p * F32_PANEL) * 4..][..cols * 4];
+                panel[kk * F32_PANEL * 4..][..cols * 4].copy_from_slice(src);
+            }
+            sink.write_all(&panel)?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("storing packed weight `{name}`"))
 }
 
 /// One QGemm weight packed at compile time: its layout description, codes and column sums.

@@ -8,7 +8,9 @@
 //! is run on every design (in a scratch folder that also holds the kernel objects, when
 //! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream and xclbin it writes go
 //! into the bundle as `xdna/<name>.insts.bin` and `xdna/<name>.xclbin`; a design aiecc fails on
-//! keeps its error in the plan. Without aiecc the bundle says it carries designs only.
+//! keeps its error in the plan. Without aiecc the bundle says it carries designs only. When
+//! MLIR 22's `mlir-opt` is installed (`codegen_aie::mlir`), every design is verified by it first
+//! and the plan says so; a design MLIR rejects fails the compile.
 
 use anyhow::{anyhow, Context, Result};
 use codegen_aie::plan::{self, PlanOptions};
@@ -89,6 +91,19 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         w.add_file(&pretty, d.pretty().as_bytes()).with_context(|| format!("storing {pretty}"))?;
     }
     let mut plan_json = plan.to_json();
+    // MLIR 22's verifier over every design when mlir-opt is installed; a design it rejects is a
+    // compiler bug, so the compile fails naming it.
+    let verified = match codegen_aie::mlir::version() {
+        Err(e) => format!("not verified by MLIR ({e})"),
+        Ok(version) => {
+            for d in plan.designs.values() {
+                codegen_aie::mlir::verify_generic(&d.generic())
+                    .with_context(|| format!("design {} does not verify in MLIR ({version})", d.name))?;
+            }
+            format!("{} designs verified by MLIR ({version})", plan.designs.len())
+        }
+    };
+    plan_json["mlir"] = json!(verified);
     let artifacts = match aiecc() {
         None => "aiecc is not on PATH: the bundle carries the designs, not device artifacts".to_string(),
         Some(tool) => {
@@ -133,6 +148,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         "projections": plan.gemms.len(),
         "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
         "designs": designs,
+        "mlir": verified,
         "artifacts": artifacts,
     }))
 }
@@ -140,11 +156,12 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
 /// Human-readable lines for the compile summary.
 pub fn summary_lines(v: &Value) -> Vec<String> {
     let mut out = vec![format!(
-        "xdna ({}): {} of {} projection GEMMs have designs; calls below {} rows run on the host; {}",
+        "xdna ({}): {} of {} projection GEMMs have designs; calls below {} rows run on the host; {}; {}",
         v["device"].as_str().unwrap_or("?"),
         v["projections_with_designs"],
         v["projections"],
         v["host_threshold_rows"],
+        v["mlir"].as_str().unwrap_or(""),
         v["artifacts"].as_str().unwrap_or("")
     )];
     for d in v["designs"].as_array().into_iter().flatten() {

@@ -10,7 +10,11 @@ use std::process::Command;
 
 fn npuc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn meta(name: &str) -> Value {
@@ -35,7 +39,15 @@ fn bundles_carry_config_program_and_weights() {
         let want = |k: &str| m[k].as_u64().unwrap() as usize;
         assert_eq!(
             (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab),
-            (want("layers"), want("hidden"), want("heads"), want("kv_heads"), want("head_dim"), want("intermediate"), want("vocab")),
+            (
+                want("layers"),
+                want("hidden"),
+                want("heads"),
+                want("kv_heads"),
+                want("head_dim"),
+                want("intermediate"),
+                want("vocab")
+            ),
             "{name}"
         );
         assert_eq!(cfg.tied_embeddings, m["tied_embeddings"].as_bool().unwrap(), "{name}");
@@ -56,17 +68,32 @@ fn bundles_carry_config_program_and_weights() {
                 names.insert(w.to_string());
             }
         }
-        // WGemm weights are stored packed (runtime::exec::packed); the MatMulNBits weights they were
-        // packed from are named in the packed codes' layout and not stored again.
+        // WGemm and float MatMul weights are stored packed (runtime::exec::packed); the weights they
+        // were packed from are named in the packed tensors' layout and not stored again.
         let mut packed_from = std::collections::BTreeSet::new();
         let mut packed_tensors = 0;
-        for t in b.tensors().filter(|t| t.name.contains(".wgemm.")) {
+        for t in b.tensors().filter(|t| t.name.contains(".wgemm.") || t.name.ends_with(".gemm.panels")) {
             packed_tensors += 1;
             if let Some(layout) = t.metadata {
                 for key in ["source", "scales", "zero_points"] {
                     packed_from.extend(layout[key].as_str().map(str::to_string));
                 }
             }
+        }
+        // The panels hold the model's own weight in the f32 GEMM's packed layout.
+        let weights_by_name: std::collections::HashMap<&str, &ir::Weight> =
+            compiled.weights.iter().map(|(_, w)| (w.name.as_str(), w)).collect();
+        for t in b.tensors().filter(|t| t.name.ends_with(".gemm.panels")) {
+            let source = t.metadata.unwrap()["source"].as_str().unwrap().to_string();
+            let w = weights_by_name[source.as_str()];
+            let floats: Vec<f32> = w.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            let want = runtime::kernels::gemm::pack_f32_panels(&floats, w.shape[0], w.shape[1]);
+            let got: Vec<f32> = t.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert!(got == want, "{name}: panels of {source}");
+        }
+        if name == "llama_f1" {
+            // 2 layers × q, k, v, o, gate, up, down; the tied lm_head reads the embedding transposed.
+            assert_eq!(b.tensors().filter(|t| t.name.ends_with(".gemm.panels")).count(), 14, "{name}");
         }
         let stored = names.iter().filter(|n| b.tensor(n).is_some()).count();
         assert_eq!(b.tensors().count(), stored + packed_tensors, "{name}: one tensor per weight");

@@ -197,6 +197,14 @@ fn check_bundle(name: &str, device: &str) -> bool {
         assert!(u > 0.0 && u <= 1.0);
     }
     assert_eq!(summary["xdna"]["projections"], projections.len());
+    // make test installs mlir-opt, so every design was verified by MLIR 22 while compiling.
+    let mlir = plan["mlir"].as_str().unwrap();
+    let count = plan["designs"].as_array().unwrap().len();
+    assert!(
+        mlir.starts_with(&format!("{count} designs verified by MLIR (")) && mlir.contains("LLVM version 22."),
+        "{mlir}"
+    );
+    assert_eq!(summary["xdna"]["mlir"], plan["mlir"]);
     assert_eq!(summary["xdna"]["projections_with_designs"], projections.len());
     let ran = designs_pass_the_interpreter(&b, &plan, plan["decode_rows"].as_u64().unwrap());
     let distinct: BTreeSet<String> = gemms
@@ -221,6 +229,38 @@ fn int4_qwen3_compiles_for_npu2_with_designs_for_every_projection_and_its_qgemm_
 #[test]
 fn qdq_llama_compiles_for_npu1_with_designs_for_every_qgemm_including_lm_head() {
     check_bundle("llama_f3a", "npu1");
+}
+
+/// A design MLIR rejects is a compiler bug: the compile fails naming the design and MLIR's words.
+/// A stand-in mlir-opt (named by `NPUC_MLIR_OPT`) answers `--version` and rejects every input.
+#[test]
+fn a_design_mlir_rejects_fails_the_compile_naming_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let tool = tmp.path().join("mlir-opt");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'LLVM version 22.1.0'; exit 0; }\necho \"<stdin>:3:5: error: 'aie.tile' op is not good\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let model = common::fixture("llama_f1").join("model.onnx");
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args([
+            "compile",
+            model.to_str().unwrap(),
+            "--target",
+            "xdna",
+            "-o",
+            tmp.path().join("b.npub").to_str().unwrap(),
+        ])
+        .env("NPUC_MLIR_OPT", &tool)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not verify in MLIR (LLVM version 22.1.0)") && err.contains("design gemm_"), "{err}");
+    assert!(err.contains("'aie.tile' op is not good"), "{err}");
 }
 
 #[test]

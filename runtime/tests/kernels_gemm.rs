@@ -7,7 +7,7 @@ mod kernel_support;
 use ir::Domain;
 use kernel_support::*;
 use proptest::prelude::*;
-use runtime::kernels::gemm::{gemm_f32, WeightLayout};
+use runtime::kernels::gemm::{gemm_f32, pack_f32_panels, WeightLayout};
 use runtime::kernels::{Isa, ThreadPool};
 
 #[allow(clippy::too_many_arguments)]
@@ -27,9 +27,11 @@ fn check(
     let bias = rng.f32s(n, -1.0, 1.0);
     // The reference multiplies by W as [K, N].
     let w_kn: Vec<f32> = match layout {
-        WeightLayout::KN => w.clone(),
+        WeightLayout::KN | WeightLayout::Panels => w.clone(),
         WeightLayout::NK => (0..k * n).map(|i| w[(i % n) * k + i / n]).collect(),
     };
+    // The kernels read the panels packed from the same [K, N] weight.
+    let w = if layout == WeightLayout::Panels { pack_f32_panels(&w, k, n) } else { w };
     let y = reference(
         Domain::Onnx,
         "MatMul",
@@ -72,7 +74,7 @@ fn awkward_shapes_match_the_reference_on_every_path() {
     for &(m, k, n) in
         &[(1, 1, 1), (1, 80, 17), (3, 200, 33), (17, 35, 70), (1, 576, 129), (5, 17, 200), (1, 96, 900), (1, 64, 2100)]
     {
-        for layout in [WeightLayout::KN, WeightLayout::NK] {
+        for layout in [WeightLayout::KN, WeightLayout::NK, WeightLayout::Panels] {
             for bias in [false, true] {
                 seed += 1;
                 check(m, k, n, layout, bias, seed, &pools, &isas);
@@ -89,11 +91,11 @@ proptest! {
         m in 1usize..20,
         k in 1usize..300,
         n in 1usize..150,
-        nk in any::<bool>(),
+        layout in 0usize..3,
         bias in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let layout = if nk { WeightLayout::NK } else { WeightLayout::KN };
+        let layout = [WeightLayout::KN, WeightLayout::NK, WeightLayout::Panels][layout];
         let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
         check(m, k, n, layout, bias, seed, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);
     }
@@ -118,4 +120,40 @@ fn one_row_equals_the_first_row_of_two() {
             assert!(one == two[..n], "{isa} threads {}", pool.threads());
         }
     }
+}
+
+/// Packed panels give bit for bit what the `[K, N]` layout gives, decode rows and prefill rows
+/// alike: the same fused multiply-adds in the same k order.
+#[test]
+fn panels_give_the_bits_of_the_kn_layout() {
+    let isas = isas("gemm panels");
+    let mut rng = kernel_support::Rng::new(91);
+    for &(m, k, n) in &[(1, 576, 1536), (1, 1536, 576), (3, 64, 100), (9, 96, 33)] {
+        let a = rng.f32s(m * k, -1.0, 1.0);
+        let w = rng.f32s(k * n, -1.0, 1.0);
+        let bias = rng.f32s(n, -1.0, 1.0);
+        let panels = pack_f32_panels(&w, k, n);
+        for &isa in &isas {
+            for pool in pools() {
+                let mut kn = vec![0.0; m * n];
+                gemm_f32(isa, &pool, &a, m, k, &w, n, WeightLayout::KN, Some(&bias), &mut kn);
+                let mut packed = vec![f32::NAN; m * n];
+                gemm_f32(isa, &pool, &a, m, k, &panels, n, WeightLayout::Panels, Some(&bias), &mut packed);
+                assert!(kn == packed, "{m}x{k}x{n} {isa} threads {}", pool.threads());
+            }
+        }
+    }
+}
+
+#[test]
+fn packing_puts_each_column_in_its_panel_row_after_row() {
+    // W[k, n] = 100·k + n, K = 2, N = 35: two panels, the second holding columns 32..35.
+    let (k, n) = (2, 35);
+    let w: Vec<f32> = (0..k * n).map(|i| (100 * (i / n) + i % n) as f32).collect();
+    let p = pack_f32_panels(&w, k, n);
+    assert_eq!(p.len(), 2 * 32 * k);
+    assert_eq!(p[32 + 5], 105.0, "panel 0, k = 1, column 5");
+    assert_eq!(p[(k * 32) + 2], 34.0, "panel 1, k = 0, column 34");
+    assert_eq!(p[(k + 1) * 32 + 2], 134.0, "panel 1, k = 1, column 34");
+    assert_eq!(p[(k + 1) * 32 + 3], 0.0, "columns past N are zero");
 }

@@ -753,9 +753,16 @@ impl<'b> Executor<'b> {
                 let n = numel(&self.shapes[*out]);
                 embed::embed_f32(table, width, &self.gather_ids, &mut y[..n])?;
             }
-            Op::MatMul { a, w, layout, k, n, last_row_only, .. } => {
-                let (Loc::Weight(i) | Loc::WeightT(i)) = self.plan.locs[*w] else { unreachable!("checked at load") };
-                let weights = self.plan.weights[i];
+            Op::MatMul { a, w, panels, layout, k, n, last_row_only, .. } => {
+                let weights = match panels {
+                    Some(i) => self.plan.weights[*i],
+                    None => {
+                        let (Loc::Weight(i) | Loc::WeightT(i)) = self.plan.locs[*w] else {
+                            unreachable!("checked at load")
+                        };
+                        self.plan.weights[i]
+                    }
+                };
                 let mut x = view.f32(*a);
                 if !x.len().is_multiple_of(*k) {
                     return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));

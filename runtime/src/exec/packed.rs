@@ -1,4 +1,4 @@
-//! WGemm and QGemm weights in a bundle, packed at compile time.
+//! WGemm, QGemm and float MatMul weights in a bundle, packed at compile time.
 //!
 //! # WGemm
 //!
@@ -46,6 +46,15 @@
 //! load ([`qgemm_columns`](crate::kernels::qgemm::qgemm_columns)). `W` is left out of the bundle
 //! when only packed QGemms read it; a QGemm without packed tensors (an older bundle, or weight
 //! codes the program computes, such as a tied lm_head quantised in the graph) is packed at load.
+//!
+//! # Float MatMul
+//!
+//! For a float MatMul whose right operand is the f32 weight `W` (`[K, N]`), the compiler stores
+//! `W.gemm.panels` (F32, `[⌈N/32⌉·32·K]`, the layout of
+//! [`pack_f32_panels`](crate::kernels::gemm::pack_f32_panels)) with the layout description
+//! `{"packing": "npuc-gemm-panel32/1", "k", "n", "source": W}`, and leaves `W` out when only such
+//! MatMuls read it. A MatMul without panels (an older bundle, a weight read transposed, such as a
+//! tied lm_head reading the embedding table) reads its weight in place as it is stored.
 
 use serde_json::{json, Value};
 
@@ -158,6 +167,42 @@ pub fn mapped_weights<'b>(
     };
     WGemmWeights::from_parts(layout.k, layout.n, layout.bits, layout.block_size, codes.bytes, scales, zero_points)
         .map_err(|e| format!("`{}`: {e}", codes.name))
+}
+
+/// The `packing` tag of a float MatMul weight's panels.
+pub const GEMM_PACKING: &str = "npuc-gemm-panel32/1";
+
+/// The name of the panels of the f32 weight `source`.
+pub fn gemm_panels_name(source: &str) -> String {
+    format!("{source}.gemm.panels")
+}
+
+/// A decoded layout description of float MatMul panels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GemmLayout {
+    pub k: usize,
+    pub n: usize,
+    pub source: String,
+}
+
+pub fn gemm_layout_json(layout: &GemmLayout) -> Value {
+    json!({ "packing": GEMM_PACKING, "k": layout.k, "n": layout.n, "source": layout.source })
+}
+
+/// Decodes the layout description of float MatMul panels; the error says what is wrong.
+pub fn parse_gemm_layout(layout: Option<&Value>) -> Result<GemmLayout, String> {
+    let layout = layout.ok_or("has no layout description")?;
+    if layout["packing"].as_str() != Some(GEMM_PACKING) {
+        return Err(format!("has packing {}, expected \"{GEMM_PACKING}\"", layout["packing"]));
+    }
+    let size = |key: &str| -> Result<usize, String> {
+        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
+    };
+    Ok(GemmLayout {
+        k: size("k")?,
+        n: size("n")?,
+        source: layout["source"].as_str().ok_or("layout `source` is not a weight name")?.to_string(),
+    })
 }
 
 /// The `packing` tag of a packed QGemm's layout description.
@@ -276,6 +321,19 @@ mod tests {
         other["packing"] = json!("npuc-wgemm-panel16/9");
         assert!(parse_layout(Some(&other)).unwrap_err().contains("npuc-wgemm-panel16/9"));
         assert!(parse_layout(None).is_err());
+    }
+
+    #[test]
+    fn gemm_layouts_round_trip_and_other_tags_are_refused() {
+        let layout = GemmLayout { k: 576, n: 1536, source: "w".into() };
+        let json = gemm_layout_json(&layout);
+        assert_eq!(parse_gemm_layout(Some(&json)), Ok(layout));
+        let mut other = json.clone();
+        other["packing"] = json!("npuc-gemm-panel16/1");
+        assert!(parse_gemm_layout(Some(&other)).unwrap_err().contains("npuc-gemm-panel16/1"));
+        other = json.clone();
+        other["k"] = json!(-1);
+        assert!(parse_gemm_layout(Some(&other)).unwrap_err().contains("`k`"));
     }
 
     #[test]

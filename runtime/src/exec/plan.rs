@@ -9,14 +9,14 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use crate::bundle::{Dtype, TensorView};
-use crate::kernels::gemm::WeightLayout;
+use crate::kernels::gemm::{f32_panels_len, WeightLayout};
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QGemmWeights, QWeightCodes};
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
 
 use super::error::{node_err, value_err, ExecError};
 use super::packed::{
-    mapped_qgemm, mapped_weights, packed_names, parse_layout, parse_qgemm_layout, qgemm_packed_names, PackedLayout,
-    QGemmLayout,
+    gemm_panels_name, mapped_qgemm, mapped_weights, packed_names, parse_gemm_layout, parse_layout, parse_qgemm_layout,
+    qgemm_packed_names, GemmLayout, PackedLayout, QGemmLayout,
 };
 use super::program::{ElemType, NodeInfo, Program, ValueDef};
 
@@ -60,6 +60,8 @@ pub enum Op {
     MatMul {
         a: usize,
         w: usize,
+        /// The weight's panels in [`Plan::weights`] when the bundle holds it packed.
+        panels: Option<usize>,
         layout: WeightLayout,
         k: usize,
         n: usize,
@@ -404,6 +406,18 @@ impl<'b> Plan<'b> {
             packed_sources.insert(layout.source.clone());
             qgemm_layouts.insert(source.to_string(), layout);
         }
+        // Float MatMul weights the bundle holds as panels, by the name of the weight.
+        let mut gemm_layouts: HashMap<String, GemmLayout> = HashMap::new();
+        for node in program.nodes.iter().filter(|n| n.op == "ai.onnx::MatMul") {
+            let Some(source) = weight_name(&program, node, 1) else { continue };
+            let Some(panels) = weight(&gemm_panels_name(source)) else { continue };
+            let layout = parse_gemm_layout(panels.metadata).map_err(|p| value_err(panels.name, p))?;
+            if layout.source != source {
+                return Err(value_err(panels.name, format!("is packed from `{}`, not `{source}`", layout.source)));
+            }
+            packed_sources.insert(layout.source.clone());
+            gemm_layouts.insert(source.to_string(), layout);
+        }
         let load_packed = |layout: &PackedLayout| -> Result<WGemmWeights<'b>, ExecError> {
             let names = packed_names(&layout.source);
             let get = |name: &str| {
@@ -630,6 +644,47 @@ impl<'b> Plan<'b> {
                     fresh(&mut locs, o);
                     ops.push((n, Op::Gather { data, ids, out: o }));
                 }
+                "ai.onnx::MatMul" if weight_name(&program, node, 1).is_some_and(|s| gemm_layouts.contains_key(s)) => {
+                    let a = f32_input(0, &locs)?;
+                    let w = input(1)?;
+                    let layout = &gemm_layouts[weight_name(&program, node, 1).expect("checked by the guard")];
+                    let dims: Vec<Option<usize>> = values[w].shape.iter().map(|d| d.as_const()).collect();
+                    if dims[..] != [Some(layout.k), Some(layout.n)] {
+                        return Err(fail(format!(
+                            "the panels of `{}` are K={} N={}, the node's weight is {:?}",
+                            layout.source, layout.k, layout.n, dims
+                        )));
+                    }
+                    let name = gemm_panels_name(&layout.source);
+                    let view = weight(&name).ok_or_else(|| {
+                        value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle"))
+                    })?;
+                    let panels = f32_weight(&values[w].name, view)?;
+                    if panels.len() != f32_panels_len(layout.k, layout.n) {
+                        return Err(value_err(
+                            &name,
+                            format!("holds {} values, not the panels of {}×{}", panels.len(), layout.k, layout.n),
+                        ));
+                    }
+                    weights.push(panels);
+                    views.push(view);
+                    let o = out(0)?;
+                    fresh(&mut locs, o);
+                    let last_row_only = o == logits && consumers[o].is_empty();
+                    ops.push((
+                        n,
+                        Op::MatMul {
+                            a,
+                            w,
+                            panels: Some(weights.len() - 1),
+                            layout: WeightLayout::Panels,
+                            k: layout.k,
+                            n: layout.n,
+                            out: o,
+                            last_row_only,
+                        },
+                    ));
+                }
                 "ai.onnx::MatMul" => {
                     let a = f32_input(0, &locs)?;
                     let w = f32_input(1, &locs)?;
@@ -668,7 +723,7 @@ impl<'b> Plan<'b> {
                     let o = out(0)?;
                     fresh(&mut locs, o);
                     let last_row_only = o == logits && consumers[o].is_empty();
-                    ops.push((n, Op::MatMul { a, w, layout, k, n: n_cols, out: o, last_row_only }));
+                    ops.push((n, Op::MatMul { a, w, panels: None, layout, k, n: n_cols, out: o, last_row_only }));
                 }
                 "ai.onnx::Transpose" => {
                     let x = f32_input(0, &locs)?;

@@ -1,12 +1,18 @@
 //! f32 GEMM / GEMV for float models: `y[m, n] = Σₖ a[m, k]·W(k, n) (+ bias[n])`, with W stored
 //! either as `[K, N]` row-major (ONNX MatMul's B) or transposed as `[N, K]` (a tied lm_head that
-//! reads the embedding table `[vocab, hidden]`). No packing: both layouts are read in place.
+//! reads the embedding table `[vocab, hidden]`), or packed into panels of [`F32_PANEL`] columns
+//! ([`pack_f32_panels`], what `npuc compile` stores for a float MatMul's weight).
 //!
 //! - `[K, N]`: each task owns a range of columns; for a tile of 64 columns (32 with AVX2) and a
 //!   chunk of rows, every k broadcasts `a[r, k]` against the tile's slice of row k of W. The last
 //!   partial tile uses masked loads and stores.
 //! - `[N, K]`: every output is a dot product of two contiguous rows; four columns and a chunk of
 //!   rows run together, with masked loads for the K tail.
+//! - panels: panel p holds columns `32p..32p + 32` of W for every k, row after row
+//!   (`panels[(p·K + k)·32 + j] = W[k, 32p + j]`, zero past N), so a tile walking all of K reads
+//!   one contiguous stream — what decoding, bound by reading W, wants (`[K, N]` in place reads W
+//!   in pieces of 128 bytes, one per row). The arithmetic is the `[K, N]` kernel's, so the results
+//!   are the same bits.
 //!
 //! Accumulation is in f32 (the reference accumulates in f64): the difference is bounded by
 //! `K·ε·Σₖ |a·w|` and is far smaller in practice.
@@ -21,6 +27,28 @@ pub enum WeightLayout {
     KN,
     /// `[N, K]` row-major (W transposed).
     NK,
+    /// Panels of [`F32_PANEL`] columns ([`pack_f32_panels`]).
+    Panels,
+}
+
+/// Columns per panel of the packed layout.
+pub const F32_PANEL: usize = 32;
+
+/// Values the packed layout of a `[K, N]` weight holds (N padded to whole panels).
+pub fn f32_panels_len(k: usize, n: usize) -> usize {
+    n.div_ceil(F32_PANEL) * F32_PANEL * k
+}
+
+/// Packs a `[K, N]` row-major weight into panels (see the module doc).
+pub fn pack_f32_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
+    assert_eq!(w.len(), k * n, "pack_f32_panels: w holds {} values, not {k}×{n}", w.len());
+    let mut out = vec![0f32; f32_panels_len(k, n)];
+    for (kk, row) in w.chunks_exact(n.max(1)).enumerate().take(k) {
+        for (p, cols) in row.chunks(F32_PANEL).enumerate() {
+            out[(p * k + kk) * F32_PANEL..][..cols.len()].copy_from_slice(cols);
+        }
+    }
+    out
 }
 
 /// Columns per task unit.
@@ -42,7 +70,8 @@ pub fn gemm_f32(
 ) {
     let isa = isa.check();
     assert_eq!(a.len(), m * k, "gemm_f32: a holds {} values, not {m}×{k}", a.len());
-    assert_eq!(w.len(), k * n, "gemm_f32: w holds {} values, not {k}×{n}", w.len());
+    let w_len = if layout == WeightLayout::Panels { f32_panels_len(k, n) } else { k * n };
+    assert_eq!(w.len(), w_len, "gemm_f32: w holds {} values, not {w_len} for {k}×{n} {layout:?}", w.len());
     assert_eq!(y.len(), m * n, "gemm_f32: y holds {} values, not {m}×{n}", y.len());
     if let Some(b) = bias {
         assert_eq!(b.len(), n, "gemm_f32: bias holds {} values, not {n}", b.len());
@@ -99,6 +128,12 @@ impl Job<'_> {
                             acc += x * wv;
                         }
                     }
+                    WeightLayout::Panels => {
+                        let (p, j) = (c / F32_PANEL, c % F32_PANEL);
+                        for (kk, &x) in a.iter().enumerate() {
+                            acc += x * self.w[(p * k + kk) * F32_PANEL + j];
+                        }
+                    }
                 }
                 // SAFETY: c is in this task's columns and r < m.
                 unsafe { *self.y.add(r * n + c) = acc + self.bias.map_or(0.0, |b| b[c]) };
@@ -121,10 +156,27 @@ mod x86 {
         match (isa, layout) {
             (Isa::Avx2, WeightLayout::KN) => kn_avx2(job),
             (Isa::Avx2, WeightLayout::NK) => nk_avx2(job),
+            (Isa::Avx2, WeightLayout::Panels) => panels_avx2(job),
             (_, WeightLayout::KN) => kn_512(job),
             (_, WeightLayout::NK) => nk_512(job),
+            (_, WeightLayout::Panels) => panels_512(job),
         }
     }
+
+    /// The blocks of W's rows a `[K, N]` task walks. With a few activation rows (decoding) the
+    /// kernel is bound by reading W: it takes [`DECODE_ROWS_PER_BLOCK`] rows of W across all of the
+    /// task's columns before the next ones, so W streams through memory row after row (a tile
+    /// walking all K rows first reads W in short strided pieces); the partial sums wait in y, and
+    /// every output is still the same chain of fused multiply-adds in k order. With more rows
+    /// (prefill) each tile walks all of K while its slice of W stays in cache.
+    fn k_blocks(job: &Job) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let step = if job.m <= 4 { DECODE_ROWS_PER_BLOCK } else { job.k.max(1) };
+        let k = job.k;
+        (0..k.max(1)).step_by(step).map(move |s| s..(s + step).min(k))
+    }
+
+    /// Rows of W per block when decoding (see [`k_blocks`]).
+    const DECODE_ROWS_PER_BLOCK: usize = 16;
 
     fn mask16(left: usize) -> __mmask16 {
         if left >= 16 {
@@ -136,30 +188,47 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     unsafe fn kn_512(job: &Job) {
-        let mut c0 = job.cols.start;
-        while c0 < job.cols.end {
-            let width = (job.cols.end - c0).min(64);
-            let masks = [0, 1, 2, 3].map(|i| mask16(width.saturating_sub(16 * i)));
-            let mut r0 = 0;
-            while r0 < job.m {
-                match job.m - r0 {
-                    1 => kn_tile_512::<1>(job, r0, c0, &masks),
-                    2 => kn_tile_512::<2>(job, r0, c0, &masks),
-                    3 => kn_tile_512::<3>(job, r0, c0, &masks),
-                    _ => kn_tile_512::<4>(job, r0, c0, &masks),
+        for ks in k_blocks(job) {
+            let mut c0 = job.cols.start;
+            while c0 < job.cols.end {
+                let width = (job.cols.end - c0).min(64);
+                let masks = [0, 1, 2, 3].map(|i| mask16(width.saturating_sub(16 * i)));
+                let mut r0 = 0;
+                while r0 < job.m {
+                    match job.m - r0 {
+                        1 => kn_tile_512::<1>(job, r0, c0, &masks, ks.clone()),
+                        2 => kn_tile_512::<2>(job, r0, c0, &masks, ks.clone()),
+                        3 => kn_tile_512::<3>(job, r0, c0, &masks, ks.clone()),
+                        _ => kn_tile_512::<4>(job, r0, c0, &masks, ks.clone()),
+                    }
+                    r0 += (job.m - r0).min(4);
                 }
-                r0 += (job.m - r0).min(4);
+                c0 += width;
             }
-            c0 += width;
         }
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    unsafe fn kn_tile_512<const R: usize>(job: &Job, r0: usize, c0: usize, masks: &[__mmask16; 4]) {
+    unsafe fn kn_tile_512<const R: usize>(
+        job: &Job,
+        r0: usize,
+        c0: usize,
+        masks: &[__mmask16; 4],
+        ks: std::ops::Range<usize>,
+    ) {
         let (k, n) = (job.k, job.n);
+        // The accumulators start from the partial sums earlier row blocks left in y.
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
-        let mut wp = job.w.as_ptr().add(c0);
-        for kk in 0..k {
+        if ks.start > 0 {
+            for r in 0..R {
+                for i in 0..4 {
+                    acc[r][i] = _mm512_maskz_loadu_ps(masks[i], job.y.add((r0 + r) * n + c0 + 16 * i));
+                }
+            }
+        }
+        let last = ks.end == k;
+        let mut wp = job.w.as_ptr().add(ks.start * n + c0);
+        for kk in ks {
             let wv = [0, 1, 2, 3].map(|i| _mm512_maskz_loadu_ps(masks[i], wp.add(16 * i)));
             for r in 0..R {
                 let av = _mm512_set1_ps(*job.a.get_unchecked((r0 + r) * k + kk));
@@ -172,7 +241,7 @@ mod x86 {
         for r in 0..R {
             for i in 0..4 {
                 let mut v = acc[r][i];
-                if let Some(b) = job.bias {
+                if let (true, Some(b)) = (last, job.bias) {
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(masks[i], b.as_ptr().add(c0 + 16 * i)));
                 }
                 _mm512_mask_storeu_ps(job.y.add((r0 + r) * n + c0 + 16 * i), masks[i], v);
@@ -225,6 +294,104 @@ mod x86 {
         }
     }
 
+    /// The packed layout: one 32-column panel at a time (tasks own whole panels: their column
+    /// ranges start at multiples of 64), every k in order, rows in chunks of 4.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    unsafe fn panels_512(job: &Job) {
+        let (k, n) = (job.k, job.n);
+        let mut c0 = job.cols.start;
+        while c0 < job.cols.end {
+            let width = (job.cols.end - c0).min(super::F32_PANEL);
+            let masks = [mask16(width), mask16(width.saturating_sub(16))];
+            let panel = job.w.as_ptr().add((c0 / super::F32_PANEL) * k * super::F32_PANEL);
+            let mut r0 = 0;
+            while r0 < job.m {
+                let rows = (job.m - r0).min(4);
+                macro_rules! tile {
+                    ($r:literal) => {{
+                        let mut acc = [[_mm512_setzero_ps(); 2]; $r];
+                        let mut wp = panel;
+                        for kk in 0..k {
+                            let wv = [_mm512_loadu_ps(wp), _mm512_loadu_ps(wp.add(16))];
+                            for r in 0..$r {
+                                let av = _mm512_set1_ps(*job.a.get_unchecked((r0 + r) * k + kk));
+                                for i in 0..2 {
+                                    acc[r][i] = _mm512_fmadd_ps(wv[i], av, acc[r][i]);
+                                }
+                            }
+                            wp = wp.add(super::F32_PANEL);
+                        }
+                        for r in 0..$r {
+                            for i in 0..2 {
+                                let mut v = acc[r][i];
+                                if let Some(b) = job.bias {
+                                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(masks[i], b.as_ptr().add(c0 + 16 * i)));
+                                }
+                                _mm512_mask_storeu_ps(job.y.add((r0 + r) * n + c0 + 16 * i), masks[i], v);
+                            }
+                        }
+                    }};
+                }
+                match rows {
+                    1 => tile!(1),
+                    2 => tile!(2),
+                    3 => tile!(3),
+                    _ => tile!(4),
+                }
+                r0 += rows;
+            }
+            c0 += width;
+        }
+    }
+
+    /// As [`panels_512`], four 8-float vectors a row, rows in chunks of 2.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn panels_avx2(job: &Job) {
+        let (k, n) = (job.k, job.n);
+        let mut c0 = job.cols.start;
+        while c0 < job.cols.end {
+            let width = (job.cols.end - c0).min(super::F32_PANEL);
+            let masks = [0, 1, 2, 3].map(|i| mask8(width.saturating_sub(8 * i)));
+            let panel = job.w.as_ptr().add((c0 / super::F32_PANEL) * k * super::F32_PANEL);
+            let mut r0 = 0;
+            while r0 < job.m {
+                let rows = (job.m - r0).min(2);
+                macro_rules! tile {
+                    ($r:literal) => {{
+                        let mut acc = [[_mm256_setzero_ps(); 4]; $r];
+                        let mut wp = panel;
+                        for kk in 0..k {
+                            let wv = [0, 1, 2, 3].map(|i| _mm256_loadu_ps(wp.add(8 * i)));
+                            for r in 0..$r {
+                                let av = _mm256_set1_ps(*job.a.get_unchecked((r0 + r) * k + kk));
+                                for i in 0..4 {
+                                    acc[r][i] = _mm256_fmadd_ps(wv[i], av, acc[r][i]);
+                                }
+                            }
+                            wp = wp.add(super::F32_PANEL);
+                        }
+                        for r in 0..$r {
+                            for i in 0..4 {
+                                let mut v = acc[r][i];
+                                if let Some(b) = job.bias {
+                                    v = _mm256_add_ps(v, _mm256_maskload_ps(b.as_ptr().add(c0 + 8 * i), masks[i]));
+                                }
+                                _mm256_maskstore_ps(job.y.add((r0 + r) * n + c0 + 8 * i), masks[i], v);
+                            }
+                        }
+                    }};
+                }
+                if rows == 1 {
+                    tile!(1)
+                } else {
+                    tile!(2)
+                }
+                r0 += rows;
+            }
+            c0 += width;
+        }
+    }
+
     /// Lane mask for `left` remaining floats of an 8-float vector.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn mask8(left: usize) -> __m256i {
@@ -234,34 +401,51 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn kn_avx2(job: &Job) {
-        let mut c0 = job.cols.start;
-        while c0 < job.cols.end {
-            let width = (job.cols.end - c0).min(32);
-            let masks = [
-                mask8(width),
-                mask8(width.saturating_sub(8)),
-                mask8(width.saturating_sub(16)),
-                mask8(width.saturating_sub(24)),
-            ];
-            let mut r0 = 0;
-            while r0 < job.m {
-                if job.m - r0 == 1 {
-                    kn_tile_avx2::<1>(job, r0, c0, &masks);
-                } else {
-                    kn_tile_avx2::<2>(job, r0, c0, &masks);
+        for ks in k_blocks(job) {
+            let mut c0 = job.cols.start;
+            while c0 < job.cols.end {
+                let width = (job.cols.end - c0).min(32);
+                let masks = [
+                    mask8(width),
+                    mask8(width.saturating_sub(8)),
+                    mask8(width.saturating_sub(16)),
+                    mask8(width.saturating_sub(24)),
+                ];
+                let mut r0 = 0;
+                while r0 < job.m {
+                    if job.m - r0 == 1 {
+                        kn_tile_avx2::<1>(job, r0, c0, &masks, ks.clone());
+                    } else {
+                        kn_tile_avx2::<2>(job, r0, c0, &masks, ks.clone());
+                    }
+                    r0 += (job.m - r0).min(2);
                 }
-                r0 += (job.m - r0).min(2);
+                c0 += width;
             }
-            c0 += width;
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn kn_tile_avx2<const R: usize>(job: &Job, r0: usize, c0: usize, masks: &[__m256i; 4]) {
+    unsafe fn kn_tile_avx2<const R: usize>(
+        job: &Job,
+        r0: usize,
+        c0: usize,
+        masks: &[__m256i; 4],
+        ks: std::ops::Range<usize>,
+    ) {
         let (k, n) = (job.k, job.n);
+        // The accumulators start from the partial sums earlier row blocks left in y.
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
-        let mut wp = job.w.as_ptr().add(c0);
-        for kk in 0..k {
+        if ks.start > 0 {
+            for r in 0..R {
+                for i in 0..4 {
+                    acc[r][i] = _mm256_maskload_ps(job.y.add((r0 + r) * n + c0 + 8 * i), masks[i]);
+                }
+            }
+        }
+        let last = ks.end == k;
+        let mut wp = job.w.as_ptr().add(ks.start * n + c0);
+        for kk in ks {
             let wv = [0, 1, 2, 3].map(|i| _mm256_maskload_ps(wp.add(8 * i), masks[i]));
             for r in 0..R {
                 let av = _mm256_set1_ps(*job.a.get_unchecked((r0 + r) * k + kk));
@@ -274,7 +458,7 @@ mod x86 {
         for r in 0..R {
             for i in 0..4 {
                 let mut v = acc[r][i];
-                if let Some(b) = job.bias {
+                if let (true, Some(b)) = (last, job.bias) {
                     v = _mm256_add_ps(v, _mm256_maskload_ps(b.as_ptr().add(c0 + 8 * i), masks[i]));
                 }
                 _mm256_maskstore_ps(job.y.add((r0 + r) * n + c0 + 8 * i), masks[i], v);
