@@ -9,7 +9,7 @@
 
 mod common;
 
-use runtime::bundle::{Bundle, BundleError, BundleWriter, Dtype, ManifestHeader, WEIGHTS_FILE};
+use runtime::bundle::{Bundle, BundleError, BundleWriter, ManifestHeader, WEIGHTS_FILE};
 use runtime::exec::packed::{packed_names, parse_layout};
 use runtime::exec::{argmax, ExecOptions, Executor};
 use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedZeroPoints, WGemmPrecision};
@@ -393,36 +393,18 @@ fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_l
     let weights = f2_model_weights();
     let tmp = tempfile::tempdir().unwrap();
     let old_dir = tmp.path().join("f2_matmulnbits.npub");
-    let header = ManifestHeader {
-        compiler_version: bundle.manifest().compiler_version.clone(),
-        target: bundle.target(),
-        model: bundle.model().clone(),
-        program: bundle.program().clone(),
-    };
-    let mut writer = BundleWriter::create(&old_dir, header).unwrap();
-    let mut packed_bytes = 0;
-    let mut added = std::collections::HashSet::new();
-    for t in bundle.tensors() {
-        if t.name.contains(".wgemm.") {
-            packed_bytes += t.bytes.len();
-        } else {
-            writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
-        }
-    }
-    for value in bundle.program()["values"].as_array().unwrap() {
-        if let Some(name) = value["def"]["weight"].as_str() {
-            if bundle.tensor(name).is_none() && added.insert(name.to_string()) {
-                let w = &weights[name];
-                let dtype = match w.dtype {
-                    ir::DType::U8 => Dtype::U8,
-                    ir::DType::F32 => Dtype::F32,
-                    other => panic!("{name}: {other:?}"),
-                };
-                writer.add_tensor(name, dtype, &w.shape, &w.bytes, None).unwrap_or_else(|e| panic!("{name}: {e}"));
-            }
-        }
-    }
-    writer.finish().unwrap();
+    let packed_bytes: usize = bundle.tensors().filter(|t| t.name.contains(".wgemm.")).map(|t| t.bytes.len()).sum();
+    let mut missing: Vec<&str> = bundle.program()["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["def"]["weight"].as_str())
+        .filter(|name| bundle.tensor(name).is_none())
+        .collect();
+    missing.sort();
+    missing.dedup();
+    let add: Vec<&ir::Weight> = missing.iter().map(|name| &weights[*name]).collect();
+    common::rewrite_bundle(&bundle, &old_dir, |name| name.contains(".wgemm."), &add);
 
     let old = Bundle::open(&old_dir, Some("cpu")).unwrap();
     let mut old_exec = Executor::new(&old, ExecOptions::default()).unwrap();

@@ -391,7 +391,6 @@ fn sequence_misuse_is_an_error_naming_the_sequence() {
 /// codes its designs stream, and the executor packs them at load.
 #[test]
 fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
-    use runtime::bundle::{BundleWriter, Dtype, ManifestHeader};
     use runtime::exec::packed::{parse_qgemm_layout, qgemm_packed_names};
     use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
     for name in XDNA {
@@ -460,22 +459,8 @@ fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
         // The same bundle as written before packing: [K, N] codes, no packed tensors.
         let tmp = tempfile::tempdir().unwrap();
         let old_dir = tmp.path().join("unpacked.npub");
-        let header = ManifestHeader {
-            compiler_version: bundle.manifest().compiler_version.clone(),
-            target: bundle.target(),
-            model: bundle.model().clone(),
-            program: bundle.program().clone(),
-        };
-        let mut writer = BundleWriter::create(&old_dir, header).unwrap();
-        for t in bundle.tensors().filter(|t| !t.name.contains(".qgemm.")) {
-            writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
-        }
-        for source in &sources {
-            let w = by_name[source];
-            let dtype = if w.dtype == DType::I8 { Dtype::I8 } else { Dtype::U8 };
-            writer.add_tensor(source, dtype, &w.shape, &w.bytes, None).unwrap();
-        }
-        writer.finish().unwrap();
+        let add: Vec<&ir::Weight> = sources.iter().map(|s| by_name[s]).collect();
+        common::rewrite_bundle(&bundle, &old_dir, |name| name.contains(".qgemm."), &add);
         let old = Bundle::open(&old_dir, None).unwrap();
         let options = ExecOptions { max_context: 64, ..ExecOptions::default() };
         let mut old_exec = Executor::new(&old, options.clone()).unwrap();

@@ -48,3 +48,35 @@ pub fn max_abs_diff(got: &Tensor, want: &Tensor) -> (f64, f64) {
     }
     (d, m)
 }
+
+/// Writes a copy of `bundle` at `dir` with the same header, without the tensors `drop` picks, and
+/// with the model weights `add` (name, stored as their model dtype): a bundle as an older
+/// compiler would have written it.
+pub fn rewrite_bundle(
+    bundle: &runtime::bundle::Bundle,
+    dir: &std::path::Path,
+    drop: impl Fn(&str) -> bool,
+    add: &[&ir::Weight],
+) {
+    use runtime::bundle::{BundleWriter, Dtype, ManifestHeader};
+    let header = ManifestHeader {
+        compiler_version: bundle.manifest().compiler_version.clone(),
+        target: bundle.target(),
+        model: bundle.model().clone(),
+        program: bundle.program().clone(),
+    };
+    let mut writer = BundleWriter::create(dir, header).unwrap();
+    for t in bundle.tensors().filter(|t| !drop(t.name)) {
+        writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
+    }
+    for w in add {
+        let dtype = match w.dtype {
+            ir::DType::U8 => Dtype::U8,
+            ir::DType::I8 => Dtype::I8,
+            ir::DType::F32 => Dtype::F32,
+            other => panic!("{}: {other:?}", w.name),
+        };
+        writer.add_tensor(&w.name, dtype, &w.shape, &w.bytes, None).unwrap_or_else(|e| panic!("{}: {e}", w.name));
+    }
+    writer.finish().unwrap();
+}

@@ -108,18 +108,30 @@ pub struct PackedLayout {
     pub zero_points: Option<String>,
 }
 
+/// A layout description with the `packing` tag `tag`, or what is wrong with it.
+fn tagged<'v>(layout: Option<&'v Value>, tag: &str) -> Result<&'v Value, String> {
+    let layout = layout.ok_or("has no layout description")?;
+    if layout["packing"].as_str() != Some(tag) {
+        return Err(format!("has packing {}, expected \"{tag}\"", layout["packing"]));
+    }
+    Ok(layout)
+}
+
+/// A layout description's size `key`.
+fn layout_size(layout: &Value, key: &str) -> Result<usize, String> {
+    layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
+}
+
+/// A layout description's weight name `key`.
+fn layout_name(layout: &Value, key: &str) -> Result<String, String> {
+    layout[key].as_str().map(str::to_string).ok_or(format!("layout `{key}` is not a weight name"))
+}
+
 /// Decodes the layout description of a packed codes tensor; the error says what is wrong.
 pub fn parse_layout(layout: Option<&Value>) -> Result<PackedLayout, String> {
-    let layout = layout.ok_or("has no layout description")?;
-    if layout["packing"].as_str() != Some(PACKING) {
-        return Err(format!("has packing {}, expected \"{PACKING}\"", layout["packing"]));
-    }
-    let size = |key: &str| -> Result<usize, String> {
-        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
-    };
-    let name = |key: &str| -> Result<String, String> {
-        layout[key].as_str().map(str::to_string).ok_or(format!("layout `{key}` is not a weight name"))
-    };
+    let layout = tagged(layout, PACKING)?;
+    let size = |key: &str| layout_size(layout, key);
+    let name = |key: &str| layout_name(layout, key);
     Ok(PackedLayout {
         k: size("k")?,
         n: size("n")?,
@@ -191,17 +203,11 @@ pub fn gemm_layout_json(layout: &GemmLayout) -> Value {
 
 /// Decodes the layout description of float MatMul panels; the error says what is wrong.
 pub fn parse_gemm_layout(layout: Option<&Value>) -> Result<GemmLayout, String> {
-    let layout = layout.ok_or("has no layout description")?;
-    if layout["packing"].as_str() != Some(GEMM_PACKING) {
-        return Err(format!("has packing {}, expected \"{GEMM_PACKING}\"", layout["packing"]));
-    }
-    let size = |key: &str| -> Result<usize, String> {
-        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
-    };
+    let layout = tagged(layout, GEMM_PACKING)?;
     Ok(GemmLayout {
-        k: size("k")?,
-        n: size("n")?,
-        source: layout["source"].as_str().ok_or("layout `source` is not a weight name")?.to_string(),
+        k: layout_size(layout, "k")?,
+        n: layout_size(layout, "n")?,
+        source: layout_name(layout, "source")?,
     })
 }
 
@@ -229,17 +235,11 @@ pub fn qgemm_layout_json(layout: &QGemmLayout) -> Value {
 
 /// Decodes a QGemm layout description; the error says what is wrong.
 pub fn parse_qgemm_layout(layout: Option<&Value>) -> Result<QGemmLayout, String> {
-    let layout = layout.ok_or("has no layout description")?;
-    if layout["packing"].as_str() != Some(QGEMM_PACKING) {
-        return Err(format!("has packing {}, expected \"{QGEMM_PACKING}\"", layout["packing"]));
-    }
-    let size = |key: &str| -> Result<usize, String> {
-        layout[key].as_u64().and_then(|v| usize::try_from(v).ok()).ok_or(format!("layout `{key}` is not a size"))
-    };
+    let layout = tagged(layout, QGEMM_PACKING)?;
     Ok(QGemmLayout {
-        k: size("k")?,
-        n: size("n")?,
-        source: layout["source"].as_str().ok_or("layout `source` is not a weight name")?.to_string(),
+        k: layout_size(layout, "k")?,
+        n: layout_size(layout, "n")?,
+        source: layout_name(layout, "source")?,
         unsigned: layout["unsigned"].as_bool().ok_or("layout `unsigned` is not a boolean")?,
     })
 }
