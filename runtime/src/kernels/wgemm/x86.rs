@@ -495,71 +495,82 @@ unsafe fn exact_epilogue_256<const R: usize>(
     }
 }
 
+/// Both 8-column halves of the panel in one pass over its codes, so that each broadcast of four
+/// activation codes serves the 16 columns of a 64-byte group (the kernel is bound by its
+/// instructions on AVX2, not by memory).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int8_q4_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: I8Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
     let nib = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
-    for half in 0..2 {
-        let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes() + 32 * half);
-        let mut yacc = [_mm256_setzero_ps(); R];
-        for b in 0..blocks {
-            let mut acc = [_mm256_setzero_si256(); R];
-            for g in (0..bs / 8).step_by(2) {
-                let v0 = _mm256_loadu_si256(codes as *const __m256i);
-                let v1 = _mm256_loadu_si256(codes.add(GROUP_BYTES) as *const __m256i);
-                codes = codes.add(2 * GROUP_BYTES);
-                let lo0 = _mm256_and_si256(v0, nib);
-                let hi0 = _mm256_and_si256(_mm256_srli_epi16::<4>(v0), nib);
-                let lo1 = _mm256_and_si256(v1, nib);
-                let hi1 = _mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib);
-                for r in 0..R {
-                    let ap = x.codes.add((r0 + r) * x.stride + b * bs + g * 8);
-                    let p0 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo0, _mm256_set1_epi32(bcast4(ap))),
-                        _mm256_maddubs_epi16(hi0, _mm256_set1_epi32(bcast4(ap.add(4)))),
-                    );
+    let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes());
+    let mut yacc = [[_mm256_setzero_ps(); R]; 2];
+    for b in 0..blocks {
+        let mut acc = [[_mm256_setzero_si256(); R]; 2];
+        for g in (0..bs / 8).step_by(2) {
+            // Group g then g + 1; in each, bytes 0..32 are columns 0..8 and 32..64 columns 8..16.
+            let v = [0, 32, GROUP_BYTES, GROUP_BYTES + 32].map(|o| _mm256_loadu_si256(codes.add(o) as *const __m256i));
+            codes = codes.add(2 * GROUP_BYTES);
+            let lo = v.map(|v| _mm256_and_si256(v, nib));
+            let hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+            for r in 0..R {
+                let ap = x.codes.add((r0 + r) * x.stride + b * bs + g * 8);
+                let a = [0, 4, 8, 12].map(|o| _mm256_set1_epi32(bcast4(ap.add(o))));
+                for half in 0..2 {
+                    let p0 =
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo[half], a[0]), _mm256_maddubs_epi16(hi[half], a[1]));
                     let p1 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo1, _mm256_set1_epi32(bcast4(ap.add(8)))),
-                        _mm256_maddubs_epi16(hi1, _mm256_set1_epi32(bcast4(ap.add(12)))),
+                        _mm256_maddubs_epi16(lo[2 + half], a[2]),
+                        _mm256_maddubs_epi16(hi[2 + half], a[3]),
                     );
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
+                    acc[half][r] = _mm256_add_epi32(acc[half][r], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
                 }
             }
-            int8_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &acc, &mut yacc);
         }
-        store_half(&yacc, half, tile);
+        for half in 0..2 {
+            int8_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &acc[half], &mut yacc[half]);
+        }
+    }
+    for half in 0..2 {
+        store_half(&yacc[half], half, tile);
     }
 }
 
+/// As [`int8_q4_avx2`]: both halves in one pass, one broadcast per four activation codes.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int8_q8_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: I8Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
-    for half in 0..2 {
-        let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes() + 32 * half);
-        let mut yacc = [_mm256_setzero_ps(); R];
-        for b in 0..blocks {
-            let mut acc = [_mm256_setzero_si256(); R];
-            for g in 0..bs / 4 {
-                let v = _mm256_loadu_si256(codes as *const __m256i);
-                codes = codes.add(GROUP_BYTES);
-                let xs = _mm256_xor_si256(v, flip);
-                let mag = _mm256_abs_epi8(xs);
-                for r in 0..R {
-                    let av = _mm256_set1_epi32(bcast4(x.codes.add((r0 + r) * x.stride + b * bs + g * 4)));
-                    let signed = _mm256_sign_epi8(av, xs);
-                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, signed), ones));
+    let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes());
+    let mut yacc = [[_mm256_setzero_ps(); R]; 2];
+    for b in 0..blocks {
+        let mut acc = [[_mm256_setzero_si256(); R]; 2];
+        for g in 0..bs / 4 {
+            let xs = [0, 32].map(|o| _mm256_xor_si256(_mm256_loadu_si256(codes.add(o) as *const __m256i), flip));
+            codes = codes.add(GROUP_BYTES);
+            let mag = xs.map(|v| _mm256_abs_epi8(v));
+            for r in 0..R {
+                let av = _mm256_set1_epi32(bcast4(x.codes.add((r0 + r) * x.stride + b * bs + g * 4)));
+                for half in 0..2 {
+                    let signed = _mm256_sign_epi8(av, xs[half]);
+                    acc[half][r] = _mm256_add_epi32(
+                        acc[half][r],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(mag[half], signed), ones),
+                    );
                 }
             }
+        }
+        for half in 0..2 {
             let mut dots = [_mm256_setzero_si256(); R];
             for r in 0..R {
                 let sum = *x.sums.add((r0 + r) * blocks + b);
-                dots[r] = _mm256_add_epi32(acc[r], _mm256_set1_epi32(128 * sum));
+                dots[r] = _mm256_add_epi32(acc[half][r], _mm256_set1_epi32(128 * sum));
             }
-            int8_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &dots, &mut yacc);
+            int8_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &dots, &mut yacc[half]);
         }
-        store_half(&yacc, half, tile);
+    }
+    for half in 0..2 {
+        store_half(&yacc[half], half, tile);
     }
 }
