@@ -1,6 +1,8 @@
-//! `npuc bench`: prefill and decode rates of a bundle on the host executor, repeated, with
-//! median/min/max. The prompt is synthetic (token ids cycled from 1), so runs are comparable
-//! across machines and need no tokenizer; decode never stops early.
+//! `npuc bench`: prefill and decode rates of a bundle on the host executor (or, with
+//! `--backend openvino`, an intel-npu bundle's IR on OpenVINO), repeated, with median/min/max.
+//! The prompt is synthetic (token ids cycled from 1), so runs are comparable across machines and
+//! need no tokenizer; decode never stops early. The greedy tokens of the last run are reported:
+//! two backends computing the same numbers give the same tokens.
 
 use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
@@ -20,6 +22,13 @@ pub struct Options {
     pub int8_activations: bool,
     pub kv_storage: KvStorage,
     pub json: bool,
+    pub backend: crate::run_openvino::BackendArgs,
+}
+
+/// The synthetic prompt: ids cycled from 1 below `vocab`.
+fn synthetic_prompt(len: usize, vocab: usize) -> Vec<u32> {
+    let vocab = vocab.max(2) as u32;
+    (0..len as u32).map(|i| 1 + i % (vocab - 1)).collect()
 }
 
 /// (median, min, max) of a non-empty sample.
@@ -34,6 +43,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
         "--prompt-len, --gen-len (> 1) and --repetitions must be positive"
     );
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
+    match o.backend.backend.as_str() {
+        "host" => {}
+        "openvino" => return bench_openvino(&o, &bundle),
+        _ => return Err(crate::xdna::xrt_backend(&bundle)),
+    }
     let options = ExecOptions {
         threads: o.threads,
         max_context: o.prompt_len + o.gen_len,
@@ -48,16 +62,16 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let q_packed_at_load = exec.qgemm_bytes_packed_at_load();
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
-    let vocab = exec.vocab().max(2) as u32;
-    let prompt: Vec<u32> = (0..o.prompt_len as u32).map(|i| 1 + i % (vocab - 1)).collect();
+    let prompt = synthetic_prompt(o.prompt_len, exec.vocab());
     // One untimed run warms caches and page tables.
     exec.generate_greedy(&prompt, 2, &[], |_| {})?;
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.repetitions {
         exec.reset()?;
-        let (_, stats) = exec.generate_greedy(&prompt, o.gen_len, &[], |_| {})?;
+        let (generated, stats) = exec.generate_greedy(&prompt, o.gen_len, &[], |_| {})?;
         prefill.push(stats.prefill_tok_s());
         decode.push(stats.decode_tok_s());
+        tokens = generated;
     }
     let (pm, pmin, pmax) = spread(prefill);
     let (dm, dmin, dmax) = spread(decode);
@@ -66,6 +80,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if o.json {
         let out = json!({
             "bundle": o.bundle.display().to_string(),
+            "backend": "host",
+            "tokens": tokens,
             "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads,
             "repetitions": o.repetitions, "wgemm_precision": format!("{precision:?}"),
             "kv_dtype": format!("{:?}", o.kv_storage),
@@ -101,4 +117,70 @@ pub fn run(o: Options) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--backend openvino`: the same measurement on the bundle's IR segments (each compiled before
+/// the untimed warm-up), prefill as one step over the prompt, decode one token a step.
+#[cfg(feature = "openvino")]
+fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
+    use runtime::openvino::{OvOptions, OvSession};
+    let options = OvOptions {
+        device: o.backend.device.clone(),
+        cache_dir: o.backend.ov_cache_dir.clone(),
+        max_context: o.prompt_len + o.gen_len,
+        threads: o.threads,
+    };
+    let compile_started = std::time::Instant::now();
+    let mut session = OvSession::open(bundle, &options).context("starting the openvino backend")?;
+    let networks = session.compile_all().context("compiling the IR segments")?;
+    let compile_ms = compile_started.elapsed().as_secs_f64() * 1e3;
+    let prompt = synthetic_prompt(o.prompt_len, bundle.model().vocab);
+    session.generate_greedy(&prompt, 2, &[], |_| {})?;
+    let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..o.repetitions {
+        session.reset()?;
+        let started = std::time::Instant::now();
+        let mut logits = session.step(&prompt)?;
+        let prefill_s = started.elapsed().as_secs_f64();
+        let mut generated = vec![runtime::exec::argmax(&logits)];
+        let started = std::time::Instant::now();
+        while generated.len() < o.gen_len {
+            logits = session.step(&generated[generated.len() - 1..])?;
+            generated.push(runtime::exec::argmax(&logits));
+        }
+        prefill.push(prompt.len() as f64 / prefill_s);
+        decode.push((o.gen_len - 1) as f64 / started.elapsed().as_secs_f64());
+        tokens = generated;
+    }
+    let (pm, pmin, pmax) = spread(prefill);
+    let (dm, dmin, dmax) = spread(decode);
+    if o.json {
+        let out = json!({
+            "bundle": o.bundle.display().to_string(),
+            "backend": "openvino", "device": session.device(), "tokens": tokens,
+            "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads, "repetitions": o.repetitions,
+            "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
+            "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
+            "networks": networks, "compile_ms": compile_ms,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "{} on openvino {}: prompt {} + {} generated, {} thread(s), {} runs; {networks} networks compiled in {compile_ms:.0} ms",
+            o.bundle.display(),
+            session.device(),
+            o.prompt_len,
+            o.gen_len,
+            o.threads,
+            o.repetitions
+        );
+        println!("prefill tok/s  median {pm:8.1}  min {pmin:8.1}  max {pmax:8.1}");
+        println!("decode  tok/s  median {dm:8.1}  min {dmin:8.1}  max {dmax:8.1}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "openvino"))]
+fn bench_openvino(_: &Options, _: &Bundle) -> Result<ExitCode> {
+    anyhow::bail!("this npuc was built without the `openvino` feature: rebuild with `--features openvino`")
 }

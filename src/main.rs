@@ -153,10 +153,12 @@ npuc explore model.onnx --layer 0 --dot layer0.dot")]
         #[arg(long)]
         json: bool,
     },
-    /// Measure prefill and decode rates of a bundle on the host executor (median/min/max).
-    #[command(long_about = "Run a bundle on the host executor with a synthetic prompt, several times, and \
-report prefill and decode tokens per second as median, min and max.\n\nExamples:\n  \
-npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench model.npub --json")]
+    /// Measure prefill and decode rates of a bundle (host executor or OpenVINO; median/min/max).
+    #[command(long_about = "Run a bundle with a synthetic prompt, several times, and report prefill and \
+decode tokens per second as median, min and max, and the greedy tokens of the last run (the same on \
+every backend that computes the same numbers).\n\nExamples:\n  \
+npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench model.npub --json\n  \
+npuc bench intel.npub --backend openvino --device CPU --threads 2")]
     Bench {
         /// The bundle directory (NAME.npub).
         bundle: PathBuf,
@@ -181,6 +183,8 @@ npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench mod
         /// Print the results as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        backend: run_openvino::BackendArgs,
     },
     /// Generate text with a bundle on the host executor: greedy or sampled, streamed as it comes.
     #[command(long_about = "Open a bundle (verifying it), tokenise the prompt with the bundle's \
@@ -259,18 +263,27 @@ fn main() -> ExitCode {
         Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => {
             explore::run(explore::Options { model, families: family, rules, layer, explain, why, dot, html, json })
         }
-        Command::Bench { bundle, prompt_len, gen_len, threads, repetitions, int8_activations, kv_dtype, json } => {
-            bench_cmd::run(bench_cmd::Options {
-                bundle,
-                prompt_len,
-                gen_len,
-                threads,
-                repetitions,
-                int8_activations,
-                kv_storage: kv_dtype,
-                json,
-            })
-        }
+        Command::Bench {
+            bundle,
+            prompt_len,
+            gen_len,
+            threads,
+            repetitions,
+            int8_activations,
+            kv_dtype,
+            json,
+            backend,
+        } => bench_cmd::run(bench_cmd::Options {
+            bundle,
+            prompt_len,
+            gen_len,
+            threads,
+            repetitions,
+            int8_activations,
+            kv_storage: kv_dtype,
+            json,
+            backend,
+        }),
         Command::Run {
             bundle,
             prompt,

@@ -208,6 +208,34 @@ fn intel_openvino_binds_values_between_segments_without_copies() {
     assert_eq!(after.copied_bytes - before.copied_bytes, copied, "bytes copied into inputs in a decode step");
 }
 
+/// `npuc bench --backend openvino` measures the IR on OpenVINO and, on the same synthetic prompt,
+/// generates the greedy tokens `npuc bench` gets from the host executor.
+#[test]
+fn npuc_bench_on_openvino_gives_the_host_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3_f2.npub");
+    compile(&path, "qwen3_f2");
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["bench", path.to_str().unwrap(), "--prompt-len", "6", "--gen-len", "10"];
+        args.extend(["--repetitions", "2", "--threads", "2", "--json"]);
+        args.extend(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let host = bench(&[]);
+    let ov = bench(&["--backend", "openvino", "--device", "CPU"]);
+    assert_eq!((host["backend"].as_str(), ov["backend"].as_str()), (Some("host"), Some("openvino")));
+    assert_eq!(ov["device"], "CPU");
+    assert_eq!(ov["tokens"].as_array().unwrap().len(), 10);
+    assert_eq!(ov["tokens"], host["tokens"]);
+    for key in ["prefill_tok_s", "decode_tok_s"] {
+        let (min, median, max) =
+            (ov[key]["min"].as_f64().unwrap(), ov[key]["median"].as_f64().unwrap(), ov[key]["max"].as_f64().unwrap());
+        assert!(0.0 < min && min <= median && median <= max, "{key}: {}", ov[key]);
+    }
+}
+
 #[test]
 fn intel_weights_flag_chooses_the_float_format_and_the_summary_reports_its_error() {
     let tmp = tempfile::tempdir().unwrap();
