@@ -123,17 +123,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
 /// the untimed warm-up), prefill as one step over the prompt, decode one token a step.
 #[cfg(feature = "openvino")]
 fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
-    use runtime::openvino::{OvOptions, OvSession};
-    let options = OvOptions {
-        device: o.backend.device.clone(),
-        cache_dir: o.backend.ov_cache_dir.clone(),
-        max_context: o.prompt_len + o.gen_len,
-        threads: o.threads,
-    };
-    let compile_started = std::time::Instant::now();
-    let mut session = OvSession::open(bundle, &options).context("starting the openvino backend")?;
-    let networks = session.compile_all().context("compiling the IR segments")?;
-    let compile_ms = compile_started.elapsed().as_secs_f64() * 1e3;
+    let (mut session, networks, compile_ms) =
+        crate::run_openvino::open_session(&o.backend, bundle, o.prompt_len + o.gen_len, o.threads)?;
     let prompt = synthetic_prompt(o.prompt_len, bundle.model().vocab);
     session.generate_greedy(&prompt, 2, &[], |_| {})?;
     let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());

@@ -33,19 +33,27 @@ pub struct Request<'a> {
     pub json: bool,
 }
 
+/// An OpenVINO session on `bundle` with every segment compiled: the session, the number of
+/// networks and the milliseconds compiling took.
+#[cfg(feature = "openvino")]
+pub fn open_session(
+    args: &BackendArgs,
+    bundle: &Bundle,
+    max_context: usize,
+    threads: usize,
+) -> Result<(runtime::openvino::OvSession, usize, f64)> {
+    use runtime::openvino::{OvOptions, OvSession};
+    let options = OvOptions { device: args.device.clone(), cache_dir: args.ov_cache_dir.clone(), max_context, threads };
+    let compile_start = std::time::Instant::now();
+    let mut session = OvSession::open(bundle, &options).context("starting the openvino backend")?;
+    let networks = session.compile_all().context("compiling the IR segments")?;
+    Ok((session, networks, compile_start.elapsed().as_secs_f64() * 1e3))
+}
+
 #[cfg(feature = "openvino")]
 pub fn run(args: &BackendArgs, r: Request) -> Result<ExitCode> {
-    use runtime::openvino::{OvOptions, OvSession};
-    let options = OvOptions {
-        device: args.device.clone(),
-        cache_dir: args.ov_cache_dir.clone(),
-        max_context: r.prompt_ids.len() + r.max_tokens,
-        threads: r.threads,
-    };
-    let compile_start = std::time::Instant::now();
-    let mut session = OvSession::open(r.bundle, &options).context("starting the openvino backend")?;
-    let networks = session.compile_all().context("compiling the IR segments")?;
-    let compile_ms = compile_start.elapsed().as_secs_f64() * 1e3;
+    let (mut session, networks, compile_ms) =
+        open_session(args, r.bundle, r.prompt_ids.len() + r.max_tokens, r.threads)?;
     let start = std::time::Instant::now();
     let mut first_ms = 0.0;
     let mut generated = Vec::new();

@@ -59,7 +59,6 @@
 use serde_json::{json, Value};
 
 use crate::bundle::{Dtype, TensorView};
-use crate::kernels::qgemm::QGemmWeights;
 use crate::kernels::wgemm::{PackedWGemm, PackedZeroPoints, WGemmWeights, WGemmZeroPoints};
 
 /// The `packing` tag of the layout description.
@@ -252,13 +251,10 @@ pub fn qgemm_tensor_bytes(codes: &[i8], col_sums: &[i32]) -> [(Dtype, Vec<u8>); 
     ]
 }
 
-/// Packed QGemm codes and column sums read in place from the bundle's tensors, their dtypes and
-/// lengths checked against `layout`.
-pub fn mapped_qgemm<'w>(
-    layout: &QGemmLayout,
-    codes: TensorView<'w>,
-    col_sums: TensorView<'w>,
-) -> Result<(&'w [i8], &'w [i32]), String> {
+/// Packed QGemm codes and column sums read in place from the bundle's tensors, their dtypes
+/// checked (their lengths are checked against K and N with the node's per-column parameters, when
+/// the executor assembles the weights).
+pub fn mapped_qgemm<'w>(codes: TensorView<'w>, col_sums: TensorView<'w>) -> Result<(&'w [i8], &'w [i32]), String> {
     if codes.dtype != Dtype::I8 {
         return Err(format!("`{}` is {}, expected I8", codes.name, codes.dtype));
     }
@@ -267,12 +263,7 @@ pub fn mapped_qgemm<'w>(
     }
     // SAFETY: i8 has the size and alignment of u8, and every bit pattern is valid.
     let codes_i8 = unsafe { std::slice::from_raw_parts(codes.bytes.as_ptr().cast::<i8>(), codes.bytes.len()) };
-    let sums = i32s(col_sums)?;
-    // Lengths are checked with the per-column parameters the kernels would be given.
-    let columns = sums.len();
-    QGemmWeights::from_parts(layout.k, layout.n, codes_i8, sums, &vec![0; columns], &vec![0.0; columns])
-        .map_err(|e| format!("`{}`: {e}", codes.name))?;
-    Ok((codes_i8, sums))
+    Ok((codes_i8, i32s(col_sums)?))
 }
 
 fn i32s(view: TensorView<'_>) -> Result<&[i32], String> {

@@ -1134,7 +1134,7 @@ impl<'b> Plan<'b> {
                                     value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle"))
                                 })
                             };
-                            let (codes, sums) = mapped_qgemm(layout, get(&codes_name)?, get(&sums_name)?)
+                            let (codes, sums) = mapped_qgemm(get(&codes_name)?, get(&sums_name)?)
                                 .map_err(|p| value_err(&layout.source, p))?;
                             let columns = qgemm_columns(n_cols, unsigned, &w_scale, &w_zero_point)
                                 .map_err(|e| fail(e.to_string()))?;
