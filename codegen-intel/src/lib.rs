@@ -20,6 +20,10 @@
 //!   row); a weight-only GEMM is `Const i4/i8 [N, G, group]` → `Convert f16` → `Multiply` by
 //!   `Const f16 [N, G, 1]` → `Reshape [N, K]` → `Convert f32` → `MatMul (transpose_b)`, the
 //!   decompression pattern OpenVINO keeps compressed.
+//! - **QDQ (A8W8) programs.** `QuantizeLinear` of an activation is `FakeQuantize`, a QGemm's
+//!   int8 weights are `Const i8|u8 [N, K]` → `Convert` → `Subtract` → `Multiply`, and the QGemm a
+//!   MatMul of the two followed by its output's FakeQuantize (see [`qdq`]); the lm_head segment is
+//!   the last `QuantizeLinear → QGemm → DequantizeLinear`.
 //! - **Float models.** Their projections are compressed ([`float::compress`]: symmetric int4 by
 //!   default, int8 or f16 on request) in the program both the IR and the host executor run.
 //! - **Symmetric weights, one model for both backends.** [`symmetric::symmetrize`] re-quantises
@@ -32,6 +36,7 @@
 //!   tables' location in the weights file.
 
 pub mod float;
+mod qdq;
 pub mod symmetric;
 pub mod xml;
 
@@ -129,6 +134,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
                 t,
                 width,
                 f16_weights: &f16_weights,
+                quantized: HashMap::new(),
             };
             let (ins, outs) = lower.segment(seg)?;
             let file = format!("{name}.xml");
@@ -300,10 +306,7 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
         return Err(IntelError::Structure("no npuc::Attention to cut segments at".into()));
     }
     let last_stage = attention_stage.iter().max().copied().unwrap_or(0) + 1;
-    let head = producer(g, logits).filter(|&p| {
-        let n = g.node(p);
-        matches!(n.op, "WGemm" | "WGemmRowScaled" | "MatMul") && !is_op(n, "Attention")
-    });
+    let head = lm_head(g, logits);
     let mut segments: Vec<Segment> = (0..=last_stage)
         .map(|s| Segment {
             name: format!("seg{s:02}"),
@@ -314,11 +317,11 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
             outputs: vec![],
         })
         .collect();
-    if let Some(h) = head {
+    if !head.is_empty() {
         segments.push(Segment {
             name: "lm_head".into(),
             stage: None,
-            nodes: vec![h],
+            nodes: head.clone(),
             last_row_only: true,
             inputs: vec![],
             outputs: vec![],
@@ -332,8 +335,8 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
         if compile_time[ni] {
             continue;
         }
-        if !needed[ni] || is_op(n, "Attention") || Some(id) == head {
-            if Some(id) == head {
+        if !needed[ni] || is_op(n, "Attention") || head.contains(&id) {
+            if head.contains(&id) {
                 seg_of_node.insert(id, segments.len() - 1);
             }
             continue;
@@ -384,6 +387,32 @@ fn partition(g: &Graph) -> Result<Parts, IntelError> {
     segments.retain(|s| !s.nodes.is_empty());
     let table_nodes = (0..g.nodes.len()).filter(|&i| table[i]).map(|i| NodeId(i as u32)).collect();
     Ok(Parts { segments, attentions, attention_stage, cos, sin, table_nodes })
+}
+
+/// The nodes of the lm_head segment, in program order: the GEMM that produces the logits — a
+/// WGemm or MatMul, or in a QDQ program `QuantizeLinear → QGemm → DequantizeLinear` (the
+/// QuantizeLinear when only that QGemm reads its codes) — or none.
+fn lm_head(g: &Graph, logits: ValueId) -> Vec<NodeId> {
+    let Some(p) = producer(g, logits) else { return vec![] };
+    let n = g.node(p);
+    if matches!((n.domain, n.op), (Domain::Npuc, "WGemm" | "WGemmRowScaled") | (Domain::Onnx, "MatMul")) {
+        return vec![p];
+    }
+    if (n.domain, n.op) != (Domain::Onnx, "DequantizeLinear") {
+        return vec![];
+    }
+    let Some(q) = n.inputs[0].and_then(|v| producer(g, v)).filter(|&q| is_op(g.node(q), "QGemm")) else {
+        return vec![];
+    };
+    let mut nodes = vec![q, p];
+    let a = g.node(q).inputs[0];
+    if let Some(qa) = a.and_then(|v| producer(g, v)) {
+        let readers = g.nodes.iter().filter(|r| r.inputs.contains(&a)).count();
+        if g.node(qa).op == "QuantizeLinear" && readers == 1 {
+            nodes.insert(0, qa);
+        }
+    }
+    nodes
 }
 
 /// Evaluates the program's cos/sin computation for positions `0..positions` (batch 1, no past)
@@ -510,6 +539,8 @@ struct Lower<'a> {
     width: usize,
     /// f32 weights that hold f16 values, stored as f16.
     f16_weights: &'a HashSet<ir::WeightId>,
+    /// Quantised values, represented by their dequantised ports (see [`qdq`]).
+    quantized: HashMap<ValueId, qdq::QParams>,
 }
 
 impl Lower<'_> {
@@ -750,7 +781,28 @@ impl Lower<'_> {
     }
 
     fn node(&mut self, n: &Node) -> Result<(), IntelError> {
-        let r = self.node_inner(n).map_err(|msg| IntelError::Unsupported { node: n.name.clone(), msg })?;
+        let fail = |msg: String| IntelError::Unsupported { node: n.name.clone(), msg };
+        // Codes are read by what dequantises them, or passed on by what only moves elements.
+        let codes_in = n.inputs.iter().flatten().find(|v| self.quantized.contains_key(v)).copied();
+        let passes_codes = qdq::moves_elements(n) && n.inputs[0].is_some_and(|v| self.quantized.contains_key(&v));
+        if let Some(c) = codes_in {
+            let reads_codes = matches!((n.domain, n.op), (Domain::Onnx, "DequantizeLinear") | (Domain::Npuc, "QGemm"));
+            if !reads_codes && !passes_codes {
+                return Err(fail(format!(
+                    "{}::{} reads the quantised codes `{}` (only DequantizeLinear, QGemm and ops that move elements may)",
+                    n.domain,
+                    n.op,
+                    self.g.value(c).name
+                )));
+            }
+        }
+        let r = self.node_inner(n).map_err(fail)?;
+        if passes_codes {
+            let q = self.quantized[&n.inputs[0].unwrap()];
+            for &o in &n.outputs {
+                self.quantized.insert(o, q);
+            }
+        }
         for (o, p) in n.outputs.iter().zip(r) {
             let want = self.shape(*o)?;
             let got_rows = if want.len() >= 2 && p.shape.len() == want.len() { p.shape[want.len() - 2] } else { 0 };
@@ -935,6 +987,9 @@ impl Lower<'_> {
                 };
                 one(y)
             }
+            (Domain::Onnx, "QuantizeLinear") => one(self.quantize_linear(n)?),
+            (Domain::Onnx, "DequantizeLinear") => one(self.dequantize_linear(n)?),
+            (Domain::Npuc, "QGemm") => one(self.qgemm(n)?),
             (d, op) => Err(format!("{d}::{op} has no OpenVINO lowering")),
         }
     }

@@ -92,6 +92,11 @@ impl Bin {
         r
     }
 
+    /// The (offset, size) stored under `key`, if any.
+    pub fn get(&self, key: &str) -> Option<(usize, usize)> {
+        self.by_key.get(key).copied()
+    }
+
     /// The (offset, size) of these bytes, stored once whatever asks for them.
     pub fn content(&mut self, data: Vec<u8>) -> (usize, usize) {
         if let Some(&r) = self.by_content.get(&data) {
@@ -301,6 +306,13 @@ impl Net {
         *shape.last_mut().unwrap() = n;
         let data = vec![("transpose_a", "false".into()), ("transpose_b", transpose_b.to_string())];
         Ok(self.one("MatMul", "opset1", data, &[a, b], a.et, shape))
+    }
+
+    /// `FakeQuantize` with the same input and output range (`levels` steps between `low` and
+    /// `high`): what OpenVINO reads as a quantised activation.
+    pub fn fake_quantize(&mut self, x: &Port, low: &Port, high: &Port, levels: usize) -> Port {
+        let data = vec![("levels", levels.to_string()), ("auto_broadcast", "numpy".into())];
+        self.one("FakeQuantize", "opset1", data, &[x, low, high, low, high], x.et, x.shape.clone())
     }
 
     /// The IR v11 text.

@@ -9,7 +9,8 @@
 //! npuc therefore needs no OpenVINO; a run says what it looked for when none is found.
 //!
 //! Each segment is compiled for a block size on first use (cache dir set; on CPU with precision
-//! hint f32 and no dynamic quantisation of activations, so it computes what the host computes). A
+//! hint f32, no dynamic quantisation of activations and no low-precision (int8) transformations,
+//! so it computes what the host computes). A
 //! step of S tokens runs blocks of the largest size ≤ S, and the remainder in the smallest block
 //! that holds it, padded: segments are row-wise, padded rows are never appended to the cache and
 //! their outputs are dropped.
@@ -246,10 +247,14 @@ impl OvSession {
         };
         set(&mut core, RwPropertyKey::CacheDir, &cache_dir.display().to_string())?;
         if o.device == "CPU" {
-            // The CPU device defaults to bf16 where the CPU has it, and quantises activations to
-            // int8 for GEMMs with compressed weights: both off, so CPU computes what the host does.
+            // The CPU device defaults to bf16 where the CPU has it, quantises activations to
+            // int8 for GEMMs with compressed weights, and runs a QDQ program's FakeQuantize →
+            // MatMul in int8, whose u8×i8 kernel on AVX2 without VNNI adds pairs of products in
+            // saturating 16 bits (off by 30 of 94 on extreme codes, tools/ov_int8_saturation.py):
+            // all off, so CPU computes what the host does — the NPU's int8 sums are exact.
             set(&mut core, RwPropertyKey::HintInferencePrecision, "f32")?;
             set(&mut core, RwPropertyKey::Other("DYNAMIC_QUANTIZATION_GROUP_SIZE".into()), "0")?;
+            set(&mut core, RwPropertyKey::Other("LP_TRANSFORMS_MODE".into()), "NO")?;
             if o.threads > 0 {
                 set(&mut core, RwPropertyKey::InferenceNumThreads, &o.threads.to_string())?;
             }
