@@ -43,11 +43,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
         "--prompt-len, --gen-len (> 1) and --repetitions must be positive"
     );
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
-    match o.backend.backend.as_str() {
-        "host" => {}
+    let offload = match o.backend.backend.as_str() {
         "openvino" => return bench_openvino(&o, &bundle),
-        _ => return Err(crate::xdna::xrt_backend(&bundle)),
-    }
+        "xrt" => Some(crate::xdna_run::xrt_offload(&bundle)?),
+        _ => None,
+    };
     let options = ExecOptions {
         threads: o.threads,
         max_context: o.prompt_len + o.gen_len,
@@ -57,6 +57,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let load_started = std::time::Instant::now();
     let mut exec =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    if let Some(offload) = offload {
+        exec.set_offload(offload);
+    }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     let packed_at_load = exec.wgemm_bytes_packed_at_load();
     let q_packed_at_load = exec.qgemm_bytes_packed_at_load();

@@ -10,6 +10,7 @@ mod passes_cmd;
 mod run_cmd;
 mod run_openvino;
 mod xdna;
+mod xdna_run;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

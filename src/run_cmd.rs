@@ -62,9 +62,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
-    if o.backend.backend == "xrt" {
-        return Err(crate::xdna::xrt_backend(&bundle));
-    }
+    // The NPU is opened and the bundle's device artifacts read before any prompt work.
+    let offload = if o.backend.backend == "xrt" { Some(crate::xdna_run::xrt_offload(&bundle)?) } else { None };
     let tokenizer_bytes = bundle
         .read_file(TOKENIZER_FILE)
         .with_context(|| format!("{} has no usable {TOKENIZER_FILE}", o.bundle.display()))?;
@@ -114,6 +113,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let load_started = std::time::Instant::now();
     let mut executor =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    if let Some(offload) = offload {
+        executor.set_offload(offload);
+    }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     // Sequence i samples with seed + i, so that equal prompts still differ when sampling.
     let mut samplers = (0..prompt_ids.len() as u64)

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Where the program runs: the host executor, the bundle's OpenVINO IR (intel-npu bundles), or
-    /// the bundle's XDNA designs through XRT (xdna bundles, a build with feature `xrt`).
+    /// the host executor with the prefill GEMMs on an XDNA NPU through the amdxdna driver (xdna
+    /// bundles with their aiecc artifacts, a build with feature `xrt`).
     #[arg(long, default_value = "host", value_parser = ["host", "openvino", "xrt"])]
     pub backend: String,
     /// OpenVINO device for --backend openvino: CPU or NPU.

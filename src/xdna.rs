@@ -6,8 +6,8 @@
 //! utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
 //! (the custom form mlir-aie's `aie-opt`/`aiecc` take). When mlir-aie's `aiecc` is on PATH, it
 //! is run on every design (in a scratch folder that also holds the kernel objects, when
-//! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream and xclbin it writes go
-//! into the bundle as `xdna/<name>.insts.bin` and `xdna/<name>.xclbin`; a design aiecc fails on
+//! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream, xclbin and PDI it writes
+//! go into the bundle as `xdna/<name>.insts.bin`, `.xclbin` and `.pdi`; a design aiecc fails on
 //! keeps its error in the plan. Without aiecc the bundle says it carries designs only. When
 //! MLIR 22's `mlir-opt` is installed (`codegen_aie::mlir`), every design is verified by it first
 //! and the plan says so; a design MLIR rejects fails the compile.
@@ -36,9 +36,15 @@ fn aiecc() -> Option<PathBuf> {
     std::env::split_paths(&path).flat_map(|d| [d.join("aiecc"), d.join("aiecc.py")]).find(|p| p.is_file())
 }
 
-/// Runs aiecc on one design's custom form; returns the instruction stream and the xclbin, or the
-/// tail of what aiecc said.
-fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<(Vec<u8>, Vec<u8>), String> {
+/// What aiecc builds for one design.
+struct Artifacts {
+    insts: Vec<u8>,
+    xclbin: Vec<u8>,
+    pdi: Vec<u8>,
+}
+
+/// Runs aiecc on one design's custom form; returns its artifacts, or the tail of what aiecc said.
+fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<Artifacts, String> {
     let dir = std::env::temp_dir().join(format!("npuc-aiecc-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let result = (|| {
@@ -75,7 +81,11 @@ fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<(Vec<u8>, Ve
             ));
         }
         let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| format!("aiecc wrote no {f}: {e}"));
-        Ok((read("insts.bin")?, read("design.xclbin")?))
+        // The PDI the amdxdna driver loads is bootgen's output in aiecc's project folder, the
+        // image the xclbin wraps.
+        let pdi = std::fs::read(dir.join("design.mlir.prj").join("design.pdi"))
+            .map_err(|e| format!("aiecc left no design.mlir.prj/design.pdi: {e}"))?;
+        Ok(Artifacts { insts: read("insts.bin")?, xclbin: read("design.xclbin")?, pdi })
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -110,12 +120,15 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
             let mut built = 0;
             for (d, entry) in plan.designs.values().zip(plan_json["designs"].as_array_mut().into_iter().flatten()) {
                 match build_artifacts(&tool, &d.name, &d.pretty()) {
-                    Ok((insts, xclbin)) => {
+                    Ok(Artifacts { insts, xclbin, pdi }) => {
                         let (i, x) = (format!("xdna/{}.insts.bin", d.name), format!("xdna/{}.xclbin", d.name));
+                        let p = format!("xdna/{}.pdi", d.name);
                         w.add_file(&i, &insts).with_context(|| format!("storing {i}"))?;
                         w.add_file(&x, &xclbin).with_context(|| format!("storing {x}"))?;
+                        w.add_file(&p, &pdi).with_context(|| format!("storing {p}"))?;
                         entry["insts"] = json!(i);
                         entry["xclbin"] = json!(x);
+                        entry["pdi"] = json!(p);
                         built += 1;
                     }
                     Err(e) => entry["aiecc_error"] = json!(e),
@@ -179,25 +192,4 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         ));
     }
     out
-}
-
-/// `npuc run --backend xrt`: why the bundle cannot run on an XDNA NPU here. Designs run through
-/// XRT once the bundle carries their device artifacts (aiecc's instruction streams and xclbins)
-/// and XRT ≥ 2.18 with the amdxdna driver is present; every missing piece is named, and the host
-/// backend runs the same bundle with the array's numerics.
-pub fn xrt_backend(bundle: &runtime::bundle::Bundle) -> anyhow::Error {
-    if bundle.target() != runtime::bundle::Target::Xdna {
-        return anyhow!("--backend xrt runs bundles compiled with --target xdna; this one is for {}", bundle.target());
-    }
-    #[cfg(feature = "xrt")]
-    {
-        match codegen_aie::xrt::Xrt::open() {
-            Err(e) => anyhow!(e),
-            Ok(_) => anyhow!(codegen_aie::xrt::XrtError::NoArtifacts { design: "every design".into() }),
-        }
-    }
-    #[cfg(not(feature = "xrt"))]
-    {
-        anyhow!("this npuc was built without the `xrt` feature (cargo build --features xrt); run the bundle with --backend host")
-    }
 }

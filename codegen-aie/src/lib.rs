@@ -12,9 +12,11 @@
 //! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
 //! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
 //! - [`mlir`]: verifies designs with MLIR itself (`mlir-opt` of LLVM/MLIR 22).
-//! - `xrt` (feature `xrt`): finds XRT and the NPU at run time; running designs awaits their
-//!   device artifacts.
+//! - [`amdxdna`] (feature `xrt`): runs a design on an XDNA NPU through the amdxdna driver's
+//!   ioctls, and a model of the driver (`amdxdna::sim`) that tests run it against.
 
+#[cfg(feature = "xrt")]
+pub mod amdxdna;
 pub mod design;
 pub mod device;
 pub mod gemm;
@@ -23,8 +25,6 @@ pub mod mlir;
 pub mod plan;
 pub mod quant;
 pub mod tiling;
-#[cfg(feature = "xrt")]
-pub mod xrt;
 
 pub use device::Device;
 pub use tiling::{GemmShape, Tiling};

@@ -125,14 +125,24 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
 /// Where a call of `rows` rows runs: `None` on the host, else the M-blocks `(design rows, rows
 /// used)` it is cut into.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
-    if rows < plan.options.host_threshold_rows {
+    route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
+}
+
+/// [`route`] from the numbers `xdna/plan.json` records.
+pub fn route_rows(
+    host_threshold_rows: usize,
+    decode_rows: usize,
+    prefill_rows: usize,
+    rows: usize,
+) -> Option<Vec<(usize, usize)>> {
+    if rows < host_threshold_rows || decode_rows == 0 {
         return None;
     }
-    let prefill = plan.options.prefill_rows.max(plan.decode_rows);
+    let prefill = prefill_rows.max(decode_rows);
     let mut blocks = vec![];
     let mut left = rows;
     while left > 0 {
-        let block = if left <= plan.decode_rows { plan.decode_rows } else { prefill };
+        let block = if left <= decode_rows { decode_rows } else { prefill };
         let used = left.min(block);
         blocks.push((block, used));
         left -= used;

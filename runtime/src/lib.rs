@@ -18,3 +18,5 @@ pub mod kvcache;
 pub mod sample;
 #[cfg(feature = "openvino")]
 pub mod openvino;
+#[cfg(feature = "xrt")]
+pub mod xdna;

@@ -80,3 +80,26 @@ pub fn rewrite_bundle(
     }
     writer.finish().unwrap();
 }
+
+/// Writes a copy of `bundle` at `dir` — tensors and files — with the files `add` (path, bytes)
+/// besides: a bundle that carries artifacts its compiler could not make here.
+pub fn copy_bundle_adding_files(bundle: &runtime::bundle::Bundle, dir: &std::path::Path, add: &[(String, Vec<u8>)]) {
+    use runtime::bundle::{BundleWriter, ManifestHeader};
+    let header = ManifestHeader {
+        compiler_version: bundle.manifest().compiler_version.clone(),
+        target: bundle.target(),
+        model: bundle.model().clone(),
+        program: bundle.program().clone(),
+    };
+    let mut writer = BundleWriter::create(dir, header).unwrap();
+    for t in bundle.tensors() {
+        writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
+    }
+    for f in bundle.manifest().files.iter().filter(|f| f.path != "weights.safetensors") {
+        writer.add_file(&f.path, &bundle.read_file(&f.path).unwrap()).unwrap();
+    }
+    for (path, bytes) in add {
+        writer.add_file(path, bytes).unwrap();
+    }
+    writer.finish().unwrap();
+}

@@ -63,7 +63,7 @@ pub use plan::MAX_TRANSPOSE_RANK;
 pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
-use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QOutput};
+use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QGemmWeights, QOutput};
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
@@ -150,6 +150,19 @@ pub struct Executor<'b> {
     /// Quantised activations (u8 codes, or i8 codes as bytes).
     qbufs: Vec<Vec<u8>>,
     qgemm_scratch: QGemmScratch,
+    /// Where QGemm products are computed when not here (see [`GemmOffload`]).
+    offload: Option<Box<dyn GemmOffload>>,
+    offloaded_calls: u64,
+}
+
+/// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call; the
+/// offload returns the products P = Σₖ a_s·w_s of the signed activation codes
+/// ([`qgemm::signed_codes`], `[m, K]`) and the weights' signed codes
+/// ([`QGemmWeights::codes_kn`]), or `None` to leave the call on the host. The host then applies the
+/// kernels' own epilogue ([`qgemm::qgemm_from_products`]), so an exact P gives bit-identical
+/// outputs.
+pub trait GemmOffload: Send {
+    fn products(&mut self, node: &str, a: &[i8], m: usize, w: QGemmWeights<'_>) -> Result<Option<Vec<i32>>, String>;
 }
 
 /// Timings of one [`Executor::generate_greedy`] call.
@@ -231,6 +244,8 @@ impl<'b> Executor<'b> {
             wgemm_scratch: WGemmScratch::default(),
             qbufs: vec![Vec::new(); plan.q_buffers],
             qgemm_scratch: QGemmScratch::default(),
+            offload: None,
+            offloaded_calls: 0,
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),
@@ -326,6 +341,16 @@ impl<'b> Executor<'b> {
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Installs an offload for QGemm products (see [`GemmOffload`]).
+    pub fn set_offload(&mut self, offload: Box<dyn GemmOffload>) {
+        self.offload = Some(offload);
+    }
+
+    /// QGemm calls whose products the offload computed.
+    pub fn offloaded_calls(&self) -> u64 {
+        self.offloaded_calls
     }
 
     /// Bytes of QGemm weight codes and column sums packed at load; 0 when the bundle holds every
@@ -897,6 +922,45 @@ impl Executor<'_> {
                     Some((_, r)) => AScale::Rows(&r[..m]),
                     None => AScale::Tensor(*a_scale),
                 };
+                let products = match self.offload.as_mut() {
+                    Some(off) => {
+                        let codes = &self.qbufs[qbuf(*a)][..codes_len];
+                        let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
+                        off.products(&node.name, &qgemm::signed_codes(acts), m, weights).map_err(&fail)?
+                    }
+                    None => None,
+                };
+                if let Some(p) = products {
+                    self.offloaded_calls += 1;
+                    let result = match requant {
+                        Some((scale, zero_point, signed)) => {
+                            let b = qbuf(*out);
+                            let mut y = std::mem::take(&mut self.qbufs[b]);
+                            let codes = &self.qbufs[qbuf(*a)][..codes_len];
+                            let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
+                            let (scale, zero_point) = (*scale, *zero_point);
+                            let dst = if *signed {
+                                QOutput::I8 { y: as_i8_mut(&mut y[..m * n]), scale, zero_point }
+                            } else {
+                                QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
+                            };
+                            let r = qgemm::qgemm_from_products(weights, acts, m, a_sc, *a_zero_point, &p, dst);
+                            self.qbufs[b] = y;
+                            r
+                        }
+                        None => {
+                            let codes = &self.qbufs[qbuf(*a)][..codes_len];
+                            let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
+                            let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
+                            let dst = QOutput::F32(&mut self.bufs[b][..m * n]);
+                            qgemm::qgemm_from_products(weights, acts, m, a_sc, *a_zero_point, &p, dst)
+                        }
+                    };
+                    if let Some((b, r)) = rows {
+                        self.bufs[b] = r;
+                    }
+                    return result.map_err(|e| fail(e.to_string()));
+                }
                 match requant {
                     Some((scale, zero_point, signed)) => {
                         let b = qbuf(*out);

@@ -159,6 +159,19 @@ impl<'a> QGemmWeights<'a> {
     fn groups(&self) -> usize {
         self.k.div_ceil(4)
     }
+    /// The signed codes w_s the kernels multiply, as `[K, N]` row-major: what an int8 array
+    /// (an XDNA design) is given as B.
+    pub fn codes_kn(&self) -> Vec<i8> {
+        let (k, n, groups) = (self.k, self.n, self.groups());
+        let mut out = vec![0i8; k * n];
+        for (col, c) in (0..n).map(|col| (col, col % PANEL)) {
+            let panel = &self.codes[(col / PANEL) * groups * GROUP_BYTES..];
+            for kk in 0..k {
+                out[kk * n + col] = panel[(kk / 4) * GROUP_BYTES + 4 * c + kk % 4];
+            }
+        }
+        out
+    }
     fn panels(&self) -> usize {
         self.n.div_ceil(PANEL)
     }
@@ -347,11 +360,7 @@ pub fn qgemm_scaled<'w>(
     let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_scales, row_sums: &scratch.sums };
     let panels = w.panels();
     let tasks = if pool.threads() == 1 { 1 } else { panels.min(pool.threads() * 4) };
-    let dst = match out {
-        QOutput::F32(y) => Dst::F32(SyncPtr(y.as_mut_ptr())),
-        QOutput::U8 { y, scale, zero_point } => Dst::U8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
-        QOutput::I8 { y, scale, zero_point } => Dst::I8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
-    };
+    let dst = Dst::of(out);
     pool.run(tasks, &|t| {
         let mut tile: Tile = [[0; PANEL]; MAX_ROWS];
         for p in split_range(panels, tasks, t) {
@@ -368,6 +377,68 @@ pub fn qgemm_scaled<'w>(
             }
         }
     });
+}
+
+/// The activation codes as signed int8 (u8 codes − 128), as an int8 array multiplies them.
+pub fn signed_codes(a: QActivations) -> Vec<i8> {
+    match a {
+        QActivations::I8(v) => v.to_vec(),
+        QActivations::U8(v) => v.iter().map(|&x| (x ^ 0x80) as i8).collect(),
+    }
+}
+
+/// [`qgemm_scaled`]'s epilogue on products computed elsewhere (an NPU): `products` `[m, n]`
+/// row-major holds P = Σₖ a_s·w_s for the codes of [`signed_codes`] and
+/// [`QGemmWeights::codes_kn`]. The kernels accumulate Σₖ (a_s + 128)·w_s = P + 128·Σₖ w_s, so
+/// with the column sums added the same epilogue folds the zero points and scales, and the outputs
+/// are bit-identical to `qgemm_scaled`'s whenever P is exact.
+#[allow(clippy::too_many_arguments)]
+pub fn qgemm_from_products(
+    w: QGemmWeights,
+    a: QActivations,
+    m: usize,
+    a_scale: AScale,
+    a_zero_point: i32,
+    products: &[i32],
+    out: QOutput,
+) -> Result<(), KernelError> {
+    let (k, n) = (w.k, w.n);
+    let (codes, offset): (Vec<u8>, i32) = match a {
+        QActivations::I8(v) => (v.iter().map(|&x| (x as u8) ^ 0x80).collect(), 128),
+        QActivations::U8(v) => (v.to_vec(), 0),
+    };
+    let out_len = match &out {
+        QOutput::F32(y) => y.len(),
+        QOutput::U8 { y, .. } => y.len(),
+        QOutput::I8 { y, .. } => y.len(),
+    };
+    if codes.len() != m * k || products.len() != m * n || out_len != m * n {
+        return Err(shape_err(
+            "QGemm products",
+            format!("{} codes, {} products, {out_len} outputs for {m}×{k}×{n}", codes.len(), products.len()),
+        ));
+    }
+    let (a_scale, row_scales) = match a_scale {
+        AScale::Tensor(s) => (s, None),
+        AScale::Rows(r) if r.len() == m => (1.0, Some(r)),
+        AScale::Rows(r) => return Err(shape_err("QGemm products", format!("{} row scales for {m} rows", r.len()))),
+    };
+    let sums: Vec<i32> = codes.chunks_exact(k).map(|r| r.iter().map(|&x| x as i32).sum()).collect();
+    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_scales, row_sums: &sums };
+    let dst = Dst::of(out);
+    for row in 0..m {
+        for p in 0..w.panels() {
+            let cols = PANEL.min(n - p * PANEL);
+            let mut acc = [0i32; PANEL];
+            for (c, a) in acc.iter_mut().enumerate().take(cols) {
+                let col = p * PANEL + c;
+                *a = products[row * n + col].wrapping_add(128i32.wrapping_mul(w.col_sums[col]));
+            }
+            // SAFETY: row < m and p < panels; this loop is the only writer.
+            unsafe { epilogue(&w, &epi, p, row, &acc, cols, n, dst) };
+        }
+    }
+    Ok(())
 }
 
 fn max_rows(isa: Isa) -> usize {
@@ -419,6 +490,16 @@ enum Dst {
     F32(SyncPtr<f32>),
     U8(SyncPtr<u8>, f32, i32),
     I8(SyncPtr<i8>, f32, i32),
+}
+
+impl Dst {
+    fn of(out: QOutput) -> Dst {
+        match out {
+            QOutput::F32(y) => Dst::F32(SyncPtr(y.as_mut_ptr())),
+            QOutput::U8 { y, scale, zero_point } => Dst::U8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
+            QOutput::I8 { y, scale, zero_point } => Dst::I8(SyncPtr(y.as_mut_ptr()), scale, zero_point),
+        }
+    }
 }
 
 /// Folds the zero points into one panel row of P and writes it.
@@ -511,5 +592,78 @@ mod tests {
             pack_qgemm(MAX_K + 1, 1, QWeightCodes::I8(&vec![0; MAX_K + 1]), &[1.0], &[0]),
             Err(KernelError::Unsupported { .. })
         ));
+    }
+
+    /// Products from elsewhere (here: plain loops over the signed codes) give `qgemm_scaled`'s
+    /// outputs bit for bit, for u8 and i8 weights and activations, per-tensor and per-row scales,
+    /// f32 and requantised outputs, and a K and N that are no multiple of 4 or 16.
+    #[test]
+    fn products_from_an_int8_array_give_the_kernels_outputs() {
+        let (m, k, n) = (5, 37, 21);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        };
+        let wu: Vec<u8> = (0..k * n).map(|_| next()).collect();
+        let au: Vec<u8> = (0..m * k).map(|_| next()).collect();
+        let (wi, ai): (Vec<i8>, Vec<i8>) =
+            (wu.iter().map(|&v| v as i8).collect(), au.iter().map(|&v| v as i8).collect());
+        let scales: Vec<f32> = (0..n).map(|j| 0.01 + j as f32 * 1e-3).collect();
+        let zeros: Vec<i32> = (0..n).map(|j| j as i32 % 7 - 3).collect();
+        let rows: Vec<f32> = (0..m).map(|i| 0.02 + i as f32 * 1e-3).collect();
+        let pool = ThreadPool::new(1);
+        for wcodes in [QWeightCodes::U8(&wu), QWeightCodes::I8(&wi)] {
+            let packed = pack_qgemm(k, n, wcodes, &scales, &zeros).unwrap();
+            let w = packed.weights();
+            let wk = w.codes_kn();
+            let expect: Vec<i8> = match wcodes {
+                QWeightCodes::U8(v) => v.iter().map(|&c| (c ^ 0x80) as i8).collect(),
+                QWeightCodes::I8(v) => v.to_vec(),
+            };
+            assert_eq!(wk, expect, "codes_kn gives w_s");
+            for a in [QActivations::U8(&au), QActivations::I8(&ai)] {
+                let sa = signed_codes(a);
+                let mut p = vec![0i32; m * n];
+                for i in 0..m {
+                    for j in 0..n {
+                        p[i * n + j] = (0..k).map(|kk| sa[i * k + kk] as i32 * wk[kk * n + j] as i32).sum();
+                    }
+                }
+                for per_row in [false, true] {
+                    let scale = || if per_row { AScale::Rows(&rows) } else { AScale::Tensor(0.05) };
+                    let mut want = vec![0f32; m * n];
+                    let mut got = vec![0f32; m * n];
+                    let mut scratch = QGemmScratch::default();
+                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, QOutput::F32(&mut want), &mut scratch);
+                    qgemm_from_products(w, a, m, scale(), 5, &p, QOutput::F32(&mut got)).unwrap();
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    );
+                    let (mut want, mut got) = (vec![0u8; m * n], vec![0u8; m * n]);
+                    let q = |y| QOutput::U8 { y, scale: 2.0, zero_point: 120 };
+                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, q(&mut want), &mut scratch);
+                    qgemm_from_products(w, a, m, scale(), 5, &p, q(&mut got)).unwrap();
+                    assert_eq!(got, want);
+                    assert!(want.iter().any(|&v| v != 0 && v != 255), "requantised outputs in range");
+                }
+            }
+        }
+        // Lengths are checked.
+        let packed = pack_qgemm(k, n, QWeightCodes::I8(&wi), &scales, &zeros).unwrap();
+        let mut y = vec![0f32; m * n];
+        let e = qgemm_from_products(
+            packed.weights(),
+            QActivations::I8(&ai),
+            m,
+            AScale::Tensor(1.0),
+            0,
+            &[0; 3],
+            QOutput::F32(&mut y),
+        );
+        assert!(e.is_err());
     }
 }

@@ -1,0 +1,181 @@
+//! The `xrt` backend's run path: an xdna bundle on the host executor with its array-sized GEMMs
+//! on the XDNA NPU, through the amdxdna driver's ioctls (`codegen_aie::amdxdna`).
+//!
+//! [`XdnaOffload`] is the executor's [`GemmOffload`]: for a QGemm the plan gives designs to, a
+//! call of at least `host_threshold_rows` rows is cut as the plan cuts it (M-blocks of the decode
+//! or prefill design, column chunks), each block zero-padded to its design's host shape and run
+//! on the NPU with that design's PDI and instruction stream (one hardware context per design,
+//! made on first use); the int32 products come back to the executor, which applies the same
+//! epilogue as its own kernels. Smaller calls, and nodes without designs, stay on the host.
+
+use crate::bundle::Bundle;
+use crate::exec::GemmOffload;
+use crate::kernels::qgemm::QGemmWeights;
+use codegen_aie::amdxdna::{Driver, HwContext, Npu};
+use serde_json::Value;
+use std::collections::HashMap;
+
+struct DesignRun {
+    /// Host shape (M, K, N) of the design's buffers.
+    padded: (usize, usize, usize),
+    cols: u32,
+    pdi: Vec<u8>,
+    insts: Vec<u8>,
+}
+
+struct Chunk {
+    col_offset: usize,
+    cols: usize,
+    decode: String,
+    prefill: String,
+}
+
+pub struct XdnaOffload<D: Driver> {
+    npu: Npu<D>,
+    designs: HashMap<String, DesignRun>,
+    gemms: HashMap<String, Vec<Chunk>>,
+    contexts: HashMap<String, HwContext>,
+    /// Weight codes `[K, N]` per node, unpacked on first use.
+    weights: HashMap<String, Vec<i8>>,
+    host_threshold: usize,
+    decode_rows: usize,
+    prefill_rows: usize,
+    /// Design runs submitted.
+    pub runs: u64,
+}
+
+pub const PLAN_FILE: &str = "xdna/plan.json";
+
+fn usize_of(v: &Value, what: &str) -> Result<usize, String> {
+    v.as_u64().map(|x| x as usize).ok_or_else(|| format!("{PLAN_FILE}: `{what}` is not a number"))
+}
+
+impl<D: Driver + Send> XdnaOffload<D> {
+    /// Reads the bundle's plan and every design's device artifacts (`xdna/<name>.pdi` and
+    /// `xdna/<name>.insts.bin`, which aiecc writes at compile time).
+    pub fn new(npu: Npu<D>, bundle: &Bundle) -> Result<XdnaOffload<D>, String> {
+        let bytes = bundle.read_file(PLAN_FILE).map_err(|e| e.to_string())?;
+        let plan: Value = serde_json::from_slice(&bytes).map_err(|e| format!("{PLAN_FILE}: {e}"))?;
+        let mut designs = HashMap::new();
+        for d in plan["designs"].as_array().into_iter().flatten() {
+            let name = d["name"].as_str().ok_or_else(|| format!("{PLAN_FILE}: a design without a name"))?;
+            let t = &d["tiling"];
+            let padded = (
+                usize_of(&t["padded"]["m"], "padded.m")?,
+                usize_of(&t["padded"]["k"], "padded.k")?,
+                usize_of(&t["padded"]["n"], "padded.n")?,
+            );
+            let artifact = |key: &str, ext: &str| -> Result<Vec<u8>, String> {
+                let path = d[key].as_str().map(str::to_string).unwrap_or_else(|| format!("xdna/{name}.{ext}"));
+                bundle.read_file(&path).map_err(|_| {
+                    format!(
+                        "design {name}: the bundle has no {path} (device artifacts come from mlir-aie's aiecc on \
+                         PATH at compile time); run the bundle with --backend host"
+                    )
+                })
+            };
+            let run = DesignRun {
+                padded,
+                cols: usize_of(&t["cols"], "cols")? as u32,
+                pdi: artifact("pdi", "pdi")?,
+                insts: artifact("insts", "insts.bin")?,
+            };
+            designs.insert(name.to_string(), run);
+        }
+        let mut gemms = HashMap::new();
+        for g in plan["gemms"].as_array().into_iter().flatten() {
+            let node = g["site"]["node"].as_str().ok_or_else(|| format!("{PLAN_FILE}: a GEMM without a node"))?;
+            let mut chunks = Vec::new();
+            for c in g["chunks"].as_array().into_iter().flatten() {
+                let name = |k: &str| -> Result<String, String> {
+                    let n = c[k].as_str().ok_or_else(|| format!("{PLAN_FILE}: {node}: no {k}"))?;
+                    if !designs.contains_key(n) {
+                        return Err(format!("{PLAN_FILE}: {node} calls unknown design {n}"));
+                    }
+                    Ok(n.to_string())
+                };
+                chunks.push(Chunk {
+                    col_offset: usize_of(&c["col_offset"], "col_offset")?,
+                    cols: usize_of(&c["cols"], "cols")?,
+                    decode: name("decode_design")?,
+                    prefill: name("prefill_design")?,
+                });
+            }
+            gemms.insert(node.to_string(), chunks);
+        }
+        Ok(XdnaOffload {
+            npu,
+            designs,
+            gemms,
+            contexts: HashMap::new(),
+            weights: HashMap::new(),
+            host_threshold: usize_of(&plan["host_threshold_rows"], "host_threshold_rows")?,
+            decode_rows: usize_of(&plan["decode_rows"], "decode_rows")?,
+            prefill_rows: usize_of(&plan["prefill_rows"], "prefill_rows")?,
+            runs: 0,
+        })
+    }
+
+    fn run_block(&mut self, design: &str, a: &[i8], b: &[i8]) -> Result<Vec<i32>, String> {
+        let d = &self.designs[design];
+        if !self.contexts.contains_key(design) {
+            let ctx = self.npu.context(&d.pdi, d.cols).map_err(|e| format!("design {design}: {e}"))?;
+            self.contexts.insert(design.to_string(), ctx);
+        }
+        let (pm, _, pn) = d.padded;
+        self.runs += 1;
+        self.npu.run_gemm(&self.contexts[design], &d.insts, a, b, pm * pn).map_err(|e| format!("design {design}: {e}"))
+    }
+}
+
+impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
+    fn products(&mut self, node: &str, a: &[i8], m: usize, w: QGemmWeights<'_>) -> Result<Option<Vec<i32>>, String> {
+        let Some(blocks) = codegen_aie::plan::route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m)
+        else {
+            return Ok(None);
+        };
+        let Some(chunks) = self.gemms.remove(node) else { return Ok(None) };
+        let (k, n) = (w.k(), w.n());
+        let wk = self.weights.remove(node).unwrap_or_else(|| w.codes_kn());
+        let result = (|| {
+            let mut p = vec![0i32; m * n];
+            let mut r0 = 0;
+            for (block, used) in blocks {
+                for c in &chunks {
+                    let design = if block == self.decode_rows { &c.decode } else { &c.prefill };
+                    let (pm, pk, pn) = self.designs[design].padded;
+                    if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n {
+                        return Err(format!("design {design} ({pm}×{pk}×{pn}) cannot take {used}×{k}×{} rows", c.cols));
+                    }
+                    let mut ab = vec![0i8; pm * pk];
+                    for i in 0..used {
+                        ab[i * pk..i * pk + k].copy_from_slice(&a[(r0 + i) * k..(r0 + i + 1) * k]);
+                    }
+                    let mut bb = vec![0i8; pk * pn];
+                    for kk in 0..k {
+                        let row = &wk[kk * n + c.col_offset..kk * n + c.col_offset + c.cols];
+                        bb[kk * pn..kk * pn + c.cols].copy_from_slice(row);
+                    }
+                    let out = self.run_block(design, &ab, &bb)?;
+                    for i in 0..used {
+                        let dst = &mut p[(r0 + i) * n + c.col_offset..(r0 + i) * n + c.col_offset + c.cols];
+                        dst.copy_from_slice(&out[i * pn..i * pn + c.cols]);
+                    }
+                }
+                r0 += used;
+            }
+            Ok(Some(p))
+        })();
+        self.gemms.insert(node.to_string(), chunks);
+        self.weights.insert(node.to_string(), wk);
+        result
+    }
+}
+
+impl<D: Driver> Drop for XdnaOffload<D> {
+    fn drop(&mut self) {
+        for (_, ctx) in self.contexts.drain() {
+            self.npu.release(ctx);
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! `npuc run|bench --backend xrt`: an xdna bundle on the host executor with its array-sized
+//! GEMMs on the XDNA NPU (`runtime::xdna`), or why that cannot happen here.
+
+use anyhow::{anyhow, Result};
+use runtime::bundle::Bundle;
+use runtime::exec::GemmOffload;
+
+/// The offload for `--backend xrt` on this machine's NPU, or why there is none.
+pub fn xrt_offload(bundle: &Bundle) -> Result<Box<dyn GemmOffload>> {
+    if bundle.target() != runtime::bundle::Target::Xdna {
+        return Err(anyhow!(
+            "--backend xrt runs bundles compiled with --target xdna; this one is for {}",
+            bundle.target()
+        ));
+    }
+    #[cfg(feature = "xrt")]
+    {
+        use codegen_aie::amdxdna::{Npu, ACCEL_DIR};
+        let npu = Npu::open(std::path::Path::new(ACCEL_DIR))
+            .map_err(|e| anyhow!("{e}; run the bundle with --backend host"))?;
+        Ok(Box::new(runtime::xdna::XdnaOffload::new(npu, bundle).map_err(|e| anyhow!(e))?))
+    }
+    #[cfg(not(feature = "xrt"))]
+    {
+        Err(anyhow!(
+            "this npuc was built without the `xrt` feature (cargo build --features xrt); run the bundle with --backend host"
+        ))
+    }
+}
