@@ -1,5 +1,5 @@
 //! `npuc compile --target xdna` with mlir-aie's `aiecc` on PATH runs it on every design and
-//! stores the instruction stream and xclbin it writes; a design it fails on keeps aiecc's error
+//! stores the instruction stream, xclbin and PDI it writes; a design it fails on keeps aiecc's error
 //! in the plan and the compile still succeeds. A stand-in `aiecc` script plays the tool: it
 //! checks it was given an npu1 design whose kernel object is in its folder, as the real one
 //! would fail to link without it.
@@ -24,6 +24,8 @@ grep -q "aie.device(npu1)" "$D" || { echo "not an npu1 design" >&2; exit 3; }
 obj=$(grep -o 'link_with = "[^"]*"' "$D" | head -n 1 | cut -d'"' -f2)
 [ -f "$obj" ] || { echo "ld.lld: error: cannot open $obj" >&2; exit 1; }
 cp "$D" "$X" && printf 'insts' > "$I"
+# bootgen's PDI, which the xclbin wraps, stays in aiecc's project folder.
+mkdir -p "$D.prj" && printf 'pdi of %s' "$D" > "$D.prj/design.pdi"
 "#;
 
 fn compile(tools: &Path, kernels: Option<&Path>, out: &Path) -> (Bundle, Value) {
@@ -78,6 +80,7 @@ fn aiecc_on_path_builds_every_design_and_its_failures_are_recorded() {
         let xclbin = b.read_file(d["xclbin"].as_str().unwrap()).unwrap();
         assert_eq!(xclbin, b.read_file(d["pretty"].as_str().unwrap()).unwrap());
         assert_eq!(b.read_file(d["insts"].as_str().unwrap()).unwrap(), b"insts");
+        assert_eq!(b.read_file(d["pdi"].as_str().unwrap()).unwrap(), b"pdi of design.mlir");
     }
     assert!(
         plan["artifacts"].as_str().unwrap().contains(&format!("for {0} of {0} designs", designs.len())),

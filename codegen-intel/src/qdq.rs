@@ -100,6 +100,24 @@ impl Lower<'_> {
         Ok(QParams { scale: s[0], zero: z[0], lo, hi })
     }
 
+    /// Checks that `codes` are read with the scale and zero point they were made with (`verb` says
+    /// how the reader reads them, for the error).
+    fn read_codes(&self, codes: ValueId, s: Option<ValueId>, z: Option<ValueId>, verb: &str) -> Result<(), String> {
+        let name = &self.g.value(codes).name;
+        let have =
+            self.quantized.get(&codes).copied().ok_or_else(|| {
+                format!("{verb} codes `{name}` that no per-tensor QuantizeLinear of the segment made")
+            })?;
+        let want = self.qparams(s, z, self.g.value(codes).dtype)?;
+        if want != have {
+            return Err(format!(
+                "{verb} `{name}` with scale {} and zero point {}, but its codes were made with scale {} and zero point {}",
+                want.scale, want.zero, have.scale, have.zero
+            ));
+        }
+        Ok(())
+    }
+
     fn fake_quantize(&mut self, x: &Port, q: &QParams) -> Port {
         let low = self.scalar((q.lo - q.zero) as f32 * q.scale);
         let high = self.scalar((q.hi - q.zero) as f32 * q.scale);
@@ -125,18 +143,8 @@ impl Lower<'_> {
     pub(crate) fn dequantize_linear(&mut self, n: &Node) -> Result<Port, String> {
         let codes = n.inputs[0].ok_or("no input")?;
         let (s, z) = (n.inputs.get(1).copied().flatten(), n.inputs.get(2).copied().flatten());
-        if let Some(have) = self.quantized.get(&codes).copied() {
-            let want = self.qparams(s, z, self.g.value(codes).dtype)?;
-            if want != have {
-                return Err(format!(
-                    "dequantises `{}` with scale {} and zero point {}, but its codes were made with scale {} and zero point {}",
-                    self.g.value(codes).name,
-                    want.scale,
-                    want.zero,
-                    have.scale,
-                    have.zero
-                ));
-            }
+        if self.quantized.contains_key(&codes) {
+            self.read_codes(codes, s, z, "dequantises")?;
             return self.port(codes).map_err(|e| e.to_string());
         }
         if !matches!(self.g.value(codes).def, ValueDef::Weight(_) | ValueDef::Const(_))
@@ -191,20 +199,7 @@ impl Lower<'_> {
     pub(crate) fn qgemm(&mut self, n: &Node) -> Result<Port, String> {
         let input = |i: usize| n.inputs.get(i).copied().flatten();
         let a = input(0).ok_or("no activation")?;
-        let have = self.quantized.get(&a).copied().ok_or_else(|| {
-            format!("reads codes `{}` that no per-tensor QuantizeLinear of the segment made", self.g.value(a).name)
-        })?;
-        let want = self.qparams(input(1), input(2), self.g.value(a).dtype)?;
-        if want != have {
-            return Err(format!(
-                "reads `{}` with scale {} and zero point {}, but its codes were made with scale {} and zero point {}",
-                self.g.value(a).name,
-                want.scale,
-                want.zero,
-                have.scale,
-                have.zero
-            ));
-        }
+        self.read_codes(a, input(1), input(2), "reads")?;
         let x = self.port(a).map_err(|e| e.to_string())?;
         let w = self.qgemm_weight(n)?;
         let y = self.net.matmul(&x, &w, true)?;

@@ -58,14 +58,8 @@ pub fn rewrite_bundle(
     drop: impl Fn(&str) -> bool,
     add: &[&ir::Weight],
 ) {
-    use runtime::bundle::{BundleWriter, Dtype, ManifestHeader};
-    let header = ManifestHeader {
-        compiler_version: bundle.manifest().compiler_version.clone(),
-        target: bundle.target(),
-        model: bundle.model().clone(),
-        program: bundle.program().clone(),
-    };
-    let mut writer = BundleWriter::create(dir, header).unwrap();
+    use runtime::bundle::Dtype;
+    let mut writer = writer_like(bundle, dir);
     for t in bundle.tensors().filter(|t| !drop(t.name)) {
         writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
     }
@@ -84,14 +78,7 @@ pub fn rewrite_bundle(
 /// Writes a copy of `bundle` at `dir` — tensors and files — with the files `add` (path, bytes)
 /// besides: a bundle that carries artifacts its compiler could not make here.
 pub fn copy_bundle_adding_files(bundle: &runtime::bundle::Bundle, dir: &std::path::Path, add: &[(String, Vec<u8>)]) {
-    use runtime::bundle::{BundleWriter, ManifestHeader};
-    let header = ManifestHeader {
-        compiler_version: bundle.manifest().compiler_version.clone(),
-        target: bundle.target(),
-        model: bundle.model().clone(),
-        program: bundle.program().clone(),
-    };
-    let mut writer = BundleWriter::create(dir, header).unwrap();
+    let mut writer = writer_like(bundle, dir);
     for t in bundle.tensors() {
         writer.add_tensor(t.name, t.dtype, t.shape, t.bytes, t.metadata).unwrap();
     }
@@ -102,4 +89,15 @@ pub fn copy_bundle_adding_files(bundle: &runtime::bundle::Bundle, dir: &std::pat
         writer.add_file(path, bytes).unwrap();
     }
     writer.finish().unwrap();
+}
+
+/// A writer for a bundle at `dir` with `bundle`'s header.
+fn writer_like(bundle: &runtime::bundle::Bundle, dir: &std::path::Path) -> runtime::bundle::BundleWriter {
+    let header = runtime::bundle::ManifestHeader {
+        compiler_version: bundle.manifest().compiler_version.clone(),
+        target: bundle.target(),
+        model: bundle.model().clone(),
+        program: bundle.program().clone(),
+    };
+    runtime::bundle::BundleWriter::create(dir, header).unwrap()
 }

@@ -930,38 +930,18 @@ impl Executor<'_> {
                     }
                     None => None,
                 };
-                if let Some(p) = products {
-                    self.offloaded_calls += 1;
-                    let result = match requant {
-                        Some((scale, zero_point, signed)) => {
-                            let b = qbuf(*out);
-                            let mut y = std::mem::take(&mut self.qbufs[b]);
-                            let codes = &self.qbufs[qbuf(*a)][..codes_len];
-                            let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
-                            let (scale, zero_point) = (*scale, *zero_point);
-                            let dst = if *signed {
-                                QOutput::I8 { y: as_i8_mut(&mut y[..m * n]), scale, zero_point }
-                            } else {
-                                QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
-                            };
-                            let r = qgemm::qgemm_from_products(weights, acts, m, a_sc, *a_zero_point, &p, dst);
-                            self.qbufs[b] = y;
-                            r
-                        }
-                        None => {
-                            let codes = &self.qbufs[qbuf(*a)][..codes_len];
-                            let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
-                            let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
-                            let dst = QOutput::F32(&mut self.bufs[b][..m * n]);
-                            qgemm::qgemm_from_products(weights, acts, m, a_sc, *a_zero_point, &p, dst)
-                        }
-                    };
-                    if let Some((b, r)) = rows {
-                        self.bufs[b] = r;
+                self.offloaded_calls += u64::from(products.is_some());
+                // The kernel, or its epilogue on the offload's products.
+                let (isa, pool, scratch) = (self.isa, &self.pool, &mut self.qgemm_scratch);
+                let a_zero = *a_zero_point;
+                let mut gemm = |acts: QActivations, dst: QOutput| match &products {
+                    Some(p) => qgemm::qgemm_from_products(weights, acts, m, a_sc, a_zero, p, dst),
+                    None => {
+                        qgemm::qgemm_scaled(isa, pool, weights, acts, m, a_sc, a_zero, dst, scratch);
+                        Ok(())
                     }
-                    return result.map_err(|e| fail(e.to_string()));
-                }
-                match requant {
+                };
+                let result = match requant {
                     Some((scale, zero_point, signed)) => {
                         let b = qbuf(*out);
                         let mut y = std::mem::take(&mut self.qbufs[b]);
@@ -973,22 +953,21 @@ impl Executor<'_> {
                         } else {
                             QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
                         };
-                        let scratch = &mut self.qgemm_scratch;
-                        qgemm::qgemm_scaled(self.isa, &self.pool, weights, acts, m, a_sc, *a_zero_point, dst, scratch);
+                        let r = gemm(acts, dst);
                         self.qbufs[b] = y;
+                        r
                     }
                     None => {
                         let codes = &self.qbufs[qbuf(*a)][..codes_len];
                         let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
                         let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
-                        let dst = QOutput::F32(&mut self.bufs[b][..m * n]);
-                        let scratch = &mut self.qgemm_scratch;
-                        qgemm::qgemm_scaled(self.isa, &self.pool, weights, acts, m, a_sc, *a_zero_point, dst, scratch);
+                        gemm(acts, QOutput::F32(&mut self.bufs[b][..m * n]))
                     }
-                }
+                };
                 if let Some((b, r)) = rows {
                     self.bufs[b] = r;
                 }
+                result.map_err(|e| fail(e.to_string()))?;
             }
             _ => unreachable!("quantised ops only"),
         }

@@ -261,8 +261,8 @@ impl OvSession {
         } else if o.device.starts_with("NPU") {
             // Weightless cache blobs: the NPU plugin keeps the compiled network and reads the
             // weights from the bundle's weights.bin again at import. (The CPU plugin keeps them in
-            // its blobs whatever the mode: 190 MB of blobs for SmolLM2's 99.5 MB, and loading
-            // from an OPTIMIZE_SIZE cache took 2.3x longer there, so CPU keeps the default.)
+            // its blobs whatever the mode — 190 MB of blobs for SmolLM2's 99.5 MB — and loads an
+            // OPTIMIZE_SIZE cache about 2x slower: tools/ov_cache_modes.py; CPU keeps the default.)
             set(&mut core, RwPropertyKey::Other("CACHE_MODE".into()), "OPTIMIZE_SIZE")?;
         }
         let mut segments = Vec::new();
