@@ -324,7 +324,8 @@ fn the_xrt_backend_says_what_is_missing() {
 /// through the design interpreter, and a stand-in instruction stream) runs on the host executor
 /// with every prefill QGemm offloaded through the amdxdna ioctls — buffer objects, hardware
 /// contexts, commands, syncobj waits (`codegen_aie::amdxdna::sim` checks each as the driver does).
-/// The int32 products are exact, so the logits equal the host backend's bit for bit; a decode step
+/// The int32 products are exact, so the logits equal the host backend's bit for bit — a 20-row
+/// prefill (the small M-block's designs), a 100-row one (the prefill designs) — and a decode step
 /// (one row, below the plan's threshold) stays on the host.
 #[cfg(feature = "xrt")]
 #[test]
@@ -344,7 +345,7 @@ fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_hos
     let with = tmp.path().join("with_artifacts.npub");
     common::copy_bundle_adding_files(&bundle, &with, &add);
     let bundle = Bundle::open(&with, Some("xdna")).unwrap();
-    let options = || ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() };
+    let options = || ExecOptions { threads: 2, max_context: 128, ..ExecOptions::default() };
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
     let mut host = Executor::new(&bundle, options()).unwrap();
     let want_prefill = host.step(&prompt).unwrap().to_vec();
@@ -367,6 +368,23 @@ fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_hos
     assert_eq!(got_prefill.len(), want_prefill.len());
     assert_eq!(differing(&got_prefill, &want_prefill), 0, "prefill logits that differ from the host's");
     assert_eq!(differing(&got_decode, &want_decode), 0, "decode logits that differ from the host's");
+    // A prompt longer than the smallest M-block runs the prefill designs.
+    let long: Vec<u32> = (0..100).map(|i| (i * 53 + 11) % 500).collect();
+    host.reset().unwrap();
+    npu_exec.reset().unwrap();
+    let want_long = host.step(&long).unwrap().to_vec();
+    let got_long = npu_exec.step(&long).unwrap().to_vec();
+    assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls);
+    assert_eq!(differing(&got_long, &want_long), 0, "logits of a 100-token prefill");
+    // One hardware context per design the two prompts used: every decode and prefill design.
+    let used: BTreeSet<&str> = plan["gemms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["chunks"].as_array().unwrap())
+        .flat_map(|c| [c["decode_design"].as_str().unwrap(), c["prefill_design"].as_str().unwrap()])
+        .collect();
+    assert_eq!(sim.state().ctxs.len(), used.len(), "hardware contexts");
     drop(npu_exec);
     assert!(sim.state().bos.is_empty() && sim.state().ctxs.is_empty(), "every buffer and context released");
 }

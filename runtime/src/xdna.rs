@@ -30,13 +30,15 @@ struct Chunk {
     prefill: String,
 }
 
+/// The executor's offload onto an XDNA NPU (see the module doc).
 pub struct XdnaOffload<D: Driver> {
     npu: Npu<D>,
     designs: HashMap<String, DesignRun>,
     gemms: HashMap<String, Vec<Chunk>>,
     contexts: HashMap<String, HwContext>,
-    /// Weight codes `[K, N]` per node, unpacked on first use.
-    weights: HashMap<String, Vec<i8>>,
+    /// Per node, each column chunk's weight codes as the design's B operand (`[K, N]` zero-padded
+    /// to its host shape), made on first use.
+    operands: HashMap<String, Vec<Vec<i8>>>,
     host_threshold: usize,
     decode_rows: usize,
     prefill_rows: usize,
@@ -108,7 +110,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             designs,
             gemms,
             contexts: HashMap::new(),
-            weights: HashMap::new(),
+            operands: HashMap::new(),
             host_threshold: usize_of(&plan["host_threshold_rows"], "host_threshold_rows")?,
             decode_rows: usize_of(&plan["decode_rows"], "decode_rows")?,
             prefill_rows: usize_of(&plan["prefill_rows"], "prefill_rows")?,
@@ -136,27 +138,48 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         };
         let Some(chunks) = self.gemms.remove(node) else { return Ok(None) };
         let (k, n) = (w.k(), w.n());
-        let wk = self.weights.remove(node).unwrap_or_else(|| w.codes_kn());
+        if a.len() != m * k {
+            self.gemms.insert(node.to_string(), chunks);
+            return Err(format!("{} activation codes for {m}×{k}", a.len()));
+        }
+        let operands = match self.operands.remove(node) {
+            Some(b) => b,
+            None => {
+                let wk = w.codes_kn();
+                chunks
+                    .iter()
+                    .map(|c| {
+                        let (_, pk, pn) = self.designs[&c.prefill].padded;
+                        let mut b = vec![0i8; pk * pn];
+                        if k <= pk && c.cols <= pn && c.col_offset + c.cols <= n {
+                            for kk in 0..k {
+                                let row = &wk[kk * n + c.col_offset..kk * n + c.col_offset + c.cols];
+                                b[kk * pn..kk * pn + c.cols].copy_from_slice(row);
+                            }
+                        }
+                        b
+                    })
+                    .collect()
+            }
+        };
         let result = (|| {
             let mut p = vec![0i32; m * n];
             let mut r0 = 0;
             for (block, used) in blocks {
-                for c in &chunks {
+                for (c, b) in chunks.iter().zip(&operands) {
                     let design = if block == self.decode_rows { &c.decode } else { &c.prefill };
                     let (pm, pk, pn) = self.designs[design].padded;
-                    if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n {
-                        return Err(format!("design {design} ({pm}×{pk}×{pn}) cannot take {used}×{k}×{} rows", c.cols));
+                    if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
+                        return Err(format!(
+                            "design {design} ({pm}×{pk}×{pn}) cannot take a {used}×{k}×{} block at column {}",
+                            c.cols, c.col_offset
+                        ));
                     }
                     let mut ab = vec![0i8; pm * pk];
                     for i in 0..used {
                         ab[i * pk..i * pk + k].copy_from_slice(&a[(r0 + i) * k..(r0 + i + 1) * k]);
                     }
-                    let mut bb = vec![0i8; pk * pn];
-                    for kk in 0..k {
-                        let row = &wk[kk * n + c.col_offset..kk * n + c.col_offset + c.cols];
-                        bb[kk * pn..kk * pn + c.cols].copy_from_slice(row);
-                    }
-                    let out = self.run_block(design, &ab, &bb)?;
+                    let out = self.run_block(design, &ab, b)?;
                     for i in 0..used {
                         let dst = &mut p[(r0 + i) * n + c.col_offset..(r0 + i) * n + c.col_offset + c.cols];
                         dst.copy_from_slice(&out[i * pn..i * pn + c.cols]);
@@ -167,7 +190,7 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
             Ok(Some(p))
         })();
         self.gemms.insert(node.to_string(), chunks);
-        self.weights.insert(node.to_string(), wk);
+        self.operands.insert(node.to_string(), operands);
         result
     }
 }
