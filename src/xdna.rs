@@ -13,15 +13,13 @@
 //! and the plan says so; a design MLIR rejects fails the compile.
 
 use anyhow::{anyhow, Context, Result};
-use codegen_aie::plan::{self, PlanOptions};
+use codegen_aie::plan::{self, PlanOptions, PLAN_FILE};
 use codegen_aie::Device;
 use ir::graph::Graph;
 use runtime::bundle::BundleWriter;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-pub const PLAN_FILE: &str = "xdna/plan.json";
 
 /// The device `--device` names (default npu1).
 pub fn device(name: Option<&str>) -> Result<Device> {

@@ -19,6 +19,8 @@ pub const DEFAULT_HOST_THRESHOLD_ROWS: usize = 16;
 pub const DEFAULT_PREFILL_ROWS: usize = 256;
 pub const DEFAULT_MAX_DESIGN_COLS: usize = 4096;
 pub const PLAN_FORMAT: &str = "npuc-xdna-plan/1";
+/// Where a bundle keeps the plan.
+pub const PLAN_FILE: &str = "xdna/plan.json";
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {

@@ -22,10 +22,11 @@
 //! its transformations) and rounds in FakeQuantize, so an output code can differ by one step where
 //! the exact value lies within f32 rounding of a tie.
 
+use crate::symmetric::evaluate_constant;
 use crate::xml::{Et, Port};
 use crate::Lower;
-use ir::graph::{Graph, ValueDef, ValueId};
-use ir::{DType, Node, OpRef, Tensor};
+use ir::graph::{ValueDef, ValueId};
+use ir::{DType, Node};
 
 /// The quantisation of a value represented by its dequantised port: per tensor.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -45,28 +46,6 @@ pub(crate) fn moves_elements(n: &Node) -> bool {
         )
 }
 
-/// The value of a weight, a constant, or a node computed from them only (evaluated here).
-pub(crate) fn const_tensor(g: &Graph, v: ValueId) -> Result<Tensor, String> {
-    let val = g.value(v);
-    match &val.def {
-        ValueDef::Const(t) => Ok(t.clone()),
-        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| format!("weight `{}`: {e}", val.name)),
-        ValueDef::Node { node, output } if g.compile_time_nodes()[node.0 as usize] => {
-            let n = g.node(*node);
-            let inputs: Vec<Option<Tensor>> =
-                n.inputs.iter().map(|i| i.map(|i| const_tensor(g, i)).transpose()).collect::<Result<_, _>>()?;
-            let refs: Vec<Option<&Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
-            let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
-            let mut out = ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| e.to_string())?;
-            if *output >= out.len() {
-                return Err(format!("node `{}` has no output {output}", n.name));
-            }
-            Ok(out.swap_remove(*output))
-        }
-        _ => Err(format!("`{}` is not known at compile time", val.name)),
-    }
-}
-
 /// The code range of an 8-bit type.
 fn code_range(dtype: DType) -> Result<(i64, i64), String> {
     match dtype {
@@ -80,10 +59,10 @@ impl Lower<'_> {
     /// Per-tensor parameters from a scale and an optional zero point known at compile time.
     fn qparams(&self, scale: Option<ValueId>, zero: Option<ValueId>, dtype: DType) -> Result<QParams, String> {
         let (lo, hi) = code_range(dtype)?;
-        let s = const_tensor(self.g, scale.ok_or("no scale")?)?.to_f32_vec();
+        let s = evaluate_constant(self.g, scale.ok_or("no scale")?)?.to_f32_vec();
         let z = match zero {
             Some(z) => {
-                const_tensor(self.g, z)?.as_i64().map(|z| z.to_vec()).ok_or("a zero point that is not integer")?
+                evaluate_constant(self.g, z)?.as_i64().map(|z| z.to_vec()).ok_or("a zero point that is not integer")?
             }
             None => vec![0],
         };
@@ -156,14 +135,14 @@ impl Lower<'_> {
             ));
         }
         // Weight codes: Convert, Subtract, Multiply, with per-axis parameters broadcast on `axis`.
-        let t = const_tensor(self.g, codes)?;
+        let t = evaluate_constant(self.g, codes)?;
         let shape = t.shape.clone();
         let rank = shape.len() as i64;
         let axis = n.attrs.int_or("axis", 1).map_err(|e| e.to_string())?;
         let axis = if axis < 0 { axis + rank } else { axis };
-        let sv = const_tensor(self.g, s.ok_or("no scale")?)?.to_f32_vec();
+        let sv = evaluate_constant(self.g, s.ok_or("no scale")?)?.to_f32_vec();
         let zv = match z {
-            Some(z) => const_tensor(self.g, z)?.to_f32_vec(),
+            Some(z) => evaluate_constant(self.g, z)?.to_f32_vec(),
             None => vec![0.0],
         };
         let param_shape = |len: usize| -> Result<Vec<usize>, String> {
@@ -240,7 +219,7 @@ impl Lower<'_> {
                 // [K, N] codes from the model (raw bytes) or from a computation on weights.
                 let kn: Vec<u8> = match &wval.def {
                     ValueDef::Weight(id) => g.weights.get(*id).bytes.to_vec(),
-                    _ => const_tensor(g, wv)?
+                    _ => evaluate_constant(g, wv)?
                         .as_i64()
                         .ok_or("weight codes that are not integers")?
                         .iter()
@@ -269,14 +248,14 @@ impl Lower<'_> {
             }
         };
         if let Some(z) = n.inputs.get(5).copied().flatten() {
-            let zv = const_tensor(g, z)?.to_f32_vec();
+            let zv = evaluate_constant(g, z)?.to_f32_vec();
             if zv.iter().any(|&v| v != 0.0) {
                 let shape = per(zv.len(), "zero point")?;
                 let zc = self.net.const_f32(self.bin, &zv, &shape);
                 w = self.net.binary("Subtract", &w, &zc)?;
             }
         }
-        let sv = const_tensor(g, n.inputs[4].ok_or("no weight scale")?)?.to_f32_vec();
+        let sv = evaluate_constant(g, n.inputs[4].ok_or("no weight scale")?)?.to_f32_vec();
         let shape = per(sv.len(), "scale")?;
         let sc = self.net.const_f32(self.bin, &sv, &shape);
         self.net.binary("Multiply", &w, &sc)

@@ -10,8 +10,9 @@
 
 use crate::bundle::Bundle;
 use crate::exec::GemmOffload;
-use crate::kernels::qgemm::QGemmWeights;
+use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
 use codegen_aie::amdxdna::{Driver, HwContext, Npu};
+use codegen_aie::plan::PLAN_FILE;
 use serde_json::Value;
 use std::collections::HashMap;
 
@@ -45,8 +46,6 @@ pub struct XdnaOffload<D: Driver> {
     /// Design runs submitted.
     pub runs: u64,
 }
-
-pub const PLAN_FILE: &str = "xdna/plan.json";
 
 fn usize_of(v: &Value, what: &str) -> Result<usize, String> {
     v.as_u64().map(|x| x as usize).ok_or_else(|| format!("{PLAN_FILE}: `{what}` is not a number"))
@@ -117,81 +116,90 @@ impl<D: Driver + Send> XdnaOffload<D> {
             runs: 0,
         })
     }
+}
 
-    fn run_block(&mut self, design: &str, a: &[i8], b: &[i8]) -> Result<Vec<i32>, String> {
-        let d = &self.designs[design];
-        if !self.contexts.contains_key(design) {
-            let ctx = self.npu.context(&d.pdi, d.cols).map_err(|e| format!("design {design}: {e}"))?;
-            self.contexts.insert(design.to_string(), ctx);
-        }
-        let (pm, _, pn) = d.padded;
-        self.runs += 1;
-        self.npu.run_gemm(&self.contexts[design], &d.insts, a, b, pm * pn).map_err(|e| format!("design {design}: {e}"))
+/// Runs one block of `design` on the NPU, making the design's hardware context on first use.
+fn run_block<D: Driver>(
+    npu: &mut Npu<D>,
+    contexts: &mut HashMap<String, HwContext>,
+    d: &DesignRun,
+    design: &str,
+    a: &[i8],
+    b: &[i8],
+) -> Result<Vec<i32>, String> {
+    if !contexts.contains_key(design) {
+        let ctx = npu.context(&d.pdi, d.cols).map_err(|e| format!("design {design}: {e}"))?;
+        contexts.insert(design.to_string(), ctx);
     }
+    let (pm, _, pn) = d.padded;
+    npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(|e| format!("design {design}: {e}"))
+}
+
+/// Each column chunk's weight codes as its design's B operand: `[K, N]` zero-padded to the host
+/// shape.
+fn operands(chunks: &[Chunk], designs: &HashMap<String, DesignRun>, w: QGemmWeights<'_>) -> Vec<Vec<i8>> {
+    let (k, n) = (w.k(), w.n());
+    let wk = w.codes_kn();
+    chunks
+        .iter()
+        .map(|c| {
+            let (_, pk, pn) = designs[&c.prefill].padded;
+            let mut b = vec![0i8; pk * pn];
+            if k <= pk && c.cols <= pn && c.col_offset + c.cols <= n {
+                for kk in 0..k {
+                    b[kk * pn..kk * pn + c.cols].copy_from_slice(&wk[kk * n + c.col_offset..][..c.cols]);
+                }
+            }
+            b
+        })
+        .collect()
 }
 
 impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
-    fn products(&mut self, node: &str, a: &[i8], m: usize, w: QGemmWeights<'_>) -> Result<Option<Vec<i32>>, String> {
+    fn products(
+        &mut self,
+        node: &str,
+        a: QActivations<'_>,
+        m: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Option<Vec<i32>>, String> {
         let Some(blocks) = codegen_aie::plan::route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m)
         else {
             return Ok(None);
         };
-        let Some(chunks) = self.gemms.remove(node) else { return Ok(None) };
+        let Some(chunks) = self.gemms.get(node) else { return Ok(None) };
+        let a = qgemm::signed_codes(a);
         let (k, n) = (w.k(), w.n());
         if a.len() != m * k {
-            self.gemms.insert(node.to_string(), chunks);
             return Err(format!("{} activation codes for {m}×{k}", a.len()));
         }
-        let operands = match self.operands.remove(node) {
-            Some(b) => b,
-            None => {
-                let wk = w.codes_kn();
-                chunks
-                    .iter()
-                    .map(|c| {
-                        let (_, pk, pn) = self.designs[&c.prefill].padded;
-                        let mut b = vec![0i8; pk * pn];
-                        if k <= pk && c.cols <= pn && c.col_offset + c.cols <= n {
-                            for kk in 0..k {
-                                let row = &wk[kk * n + c.col_offset..kk * n + c.col_offset + c.cols];
-                                b[kk * pn..kk * pn + c.cols].copy_from_slice(row);
-                            }
-                        }
-                        b
-                    })
-                    .collect()
-            }
-        };
-        let result = (|| {
-            let mut p = vec![0i32; m * n];
-            let mut r0 = 0;
-            for (block, used) in blocks {
-                for (c, b) in chunks.iter().zip(&operands) {
-                    let design = if block == self.decode_rows { &c.decode } else { &c.prefill };
-                    let (pm, pk, pn) = self.designs[design].padded;
-                    if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
-                        return Err(format!(
-                            "design {design} ({pm}×{pk}×{pn}) cannot take a {used}×{k}×{} block at column {}",
-                            c.cols, c.col_offset
-                        ));
-                    }
-                    let mut ab = vec![0i8; pm * pk];
-                    for i in 0..used {
-                        ab[i * pk..i * pk + k].copy_from_slice(&a[(r0 + i) * k..(r0 + i + 1) * k]);
-                    }
-                    let out = self.run_block(design, &ab, b)?;
-                    for i in 0..used {
-                        let dst = &mut p[(r0 + i) * n + c.col_offset..(r0 + i) * n + c.col_offset + c.cols];
-                        dst.copy_from_slice(&out[i * pn..i * pn + c.cols]);
-                    }
+        let operands = self.operands.entry(node.to_string()).or_insert_with(|| operands(chunks, &self.designs, w));
+        let mut p = vec![0i32; m * n];
+        let mut r0 = 0;
+        for (block, used) in blocks {
+            for (c, b) in chunks.iter().zip(operands.iter()) {
+                let design = if block == self.decode_rows { &c.decode } else { &c.prefill };
+                let d = &self.designs[design];
+                let (pm, pk, pn) = d.padded;
+                if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
+                    return Err(format!(
+                        "design {design} ({pm}×{pk}×{pn}) cannot take a {used}×{k}×{} block at column {}",
+                        c.cols, c.col_offset
+                    ));
                 }
-                r0 += used;
+                let mut ab = vec![0i8; pm * pk];
+                for i in 0..used {
+                    ab[i * pk..i * pk + k].copy_from_slice(&a[(r0 + i) * k..(r0 + i + 1) * k]);
+                }
+                let out = run_block(&mut self.npu, &mut self.contexts, d, design, &ab, b)?;
+                self.runs += 1;
+                for i in 0..used {
+                    p[(r0 + i) * n + c.col_offset..][..c.cols].copy_from_slice(&out[i * pn..][..c.cols]);
+                }
             }
-            Ok(Some(p))
-        })();
-        self.gemms.insert(node.to_string(), chunks);
-        self.operands.insert(node.to_string(), operands);
-        result
+            r0 += used;
+        }
+        Ok(Some(p))
     }
 }
 

@@ -155,14 +155,20 @@ pub struct Executor<'b> {
     offloaded_calls: u64,
 }
 
-/// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call; the
-/// offload returns the products P = Σₖ a_s·w_s of the signed activation codes
-/// ([`qgemm::signed_codes`], `[m, K]`) and the weights' signed codes
-/// ([`QGemmWeights::codes_kn`]), or `None` to leave the call on the host. The host then applies the
-/// kernels' own epilogue ([`qgemm::qgemm_from_products`]), so an exact P gives bit-identical
-/// outputs.
+/// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
+/// activation codes `[m, K]` as they are; the offload returns the products P = Σₖ a_s·w_s of the
+/// signed activation codes ([`qgemm::signed_codes`]) and the weights' signed codes
+/// ([`QGemmWeights::codes_kn`]), or `None` to leave the call on the host (deciding that first, so a
+/// call it leaves costs no copy). The host then applies the kernels' own epilogue
+/// ([`qgemm::qgemm_from_products`]), so an exact P gives bit-identical outputs.
 pub trait GemmOffload: Send {
-    fn products(&mut self, node: &str, a: &[i8], m: usize, w: QGemmWeights<'_>) -> Result<Option<Vec<i32>>, String>;
+    fn products(
+        &mut self,
+        node: &str,
+        a: QActivations<'_>,
+        m: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Option<Vec<i32>>, String>;
 }
 
 /// Timings of one [`Executor::generate_greedy`] call.
@@ -926,7 +932,7 @@ impl Executor<'_> {
                     Some(off) => {
                         let codes = &self.qbufs[qbuf(*a)][..codes_len];
                         let acts = if *a_signed { QActivations::I8(as_i8(codes)) } else { QActivations::U8(codes) };
-                        off.products(&node.name, &qgemm::signed_codes(acts), m, weights).map_err(&fail)?
+                        off.products(&node.name, acts, m, weights).map_err(&fail)?
                     }
                     None => None,
                 };

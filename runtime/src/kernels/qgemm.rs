@@ -69,6 +69,42 @@ pub enum QOutput<'a> {
     I8 { y: &'a mut [i8], scale: f32, zero_point: i32 },
 }
 
+impl QActivations<'_> {
+    fn len(&self) -> usize {
+        match self {
+            QActivations::I8(v) => v.len(),
+            QActivations::U8(v) => v.len(),
+        }
+    }
+
+    /// What the kernels add to a code to make it unsigned: 128 for i8, 0 for u8.
+    fn offset(&self) -> i32 {
+        match self {
+            QActivations::I8(_) => 128,
+            QActivations::U8(_) => 0,
+        }
+    }
+
+    /// Row `r` of `[m, k]` codes as the kernels' unsigned codes, into `dst` (`k` long); their sum.
+    fn unsigned_row(&self, r: usize, k: usize, dst: &mut [u8]) -> i32 {
+        match self {
+            QActivations::I8(v) => dst.iter_mut().zip(&v[r * k..]).for_each(|(d, &x)| *d = (x as u8) ^ 0x80),
+            QActivations::U8(v) => dst.copy_from_slice(&v[r * k..(r + 1) * k]),
+        }
+        dst.iter().map(|&x| x as i32).sum()
+    }
+}
+
+impl QOutput<'_> {
+    fn len(&self) -> usize {
+        match self {
+            QOutput::F32(y) => y.len(),
+            QOutput::U8 { y, .. } => y.len(),
+            QOutput::I8 { y, .. } => y.len(),
+        }
+    }
+}
+
 /// Packed QGemm weights, owned (see the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedQGemm {
@@ -330,27 +366,16 @@ pub fn qgemm_scaled<'w>(
     };
     let (k, n) = (w.k, w.n);
     let stride = w.groups() * 4;
-    let (len, offset) = match a {
-        QActivations::I8(v) => (v.len(), 128),
-        QActivations::U8(v) => (v.len(), 0),
-    };
+    let (len, offset) = (a.len(), a.offset());
     assert_eq!(len, m * k, "qgemm: a holds {len} codes, not {m}×{k}");
-    let out_len = match &out {
-        QOutput::F32(y) => y.len(),
-        QOutput::U8 { y, .. } => y.len(),
-        QOutput::I8 { y, .. } => y.len(),
-    };
+    let out_len = out.len();
     assert_eq!(out_len, m * n, "qgemm: y holds {out_len} values, not {m}×{n}");
     scratch.unsigned.clear();
     scratch.unsigned.resize(m * stride, 0);
     scratch.sums.clear();
     for r in 0..m {
-        let dst = &mut scratch.unsigned[r * stride..r * stride + k];
-        match a {
-            QActivations::I8(v) => dst.iter_mut().zip(&v[r * k..]).for_each(|(d, &x)| *d = (x as u8) ^ 0x80),
-            QActivations::U8(v) => dst.copy_from_slice(&v[r * k..(r + 1) * k]),
-        }
-        scratch.sums.push(dst.iter().map(|&x| x as i32).sum());
+        let sum = a.unsigned_row(r, k, &mut scratch.unsigned[r * stride..r * stride + k]);
+        scratch.sums.push(sum);
     }
     scratch.wide.clear();
     if matches!(isa, Isa::Avx2 | Isa::Avx512) {
@@ -403,19 +428,11 @@ pub fn qgemm_from_products(
     out: QOutput,
 ) -> Result<(), KernelError> {
     let (k, n) = (w.k, w.n);
-    let (codes, offset): (Vec<u8>, i32) = match a {
-        QActivations::I8(v) => (v.iter().map(|&x| (x as u8) ^ 0x80).collect(), 128),
-        QActivations::U8(v) => (v.to_vec(), 0),
-    };
-    let out_len = match &out {
-        QOutput::F32(y) => y.len(),
-        QOutput::U8 { y, .. } => y.len(),
-        QOutput::I8 { y, .. } => y.len(),
-    };
-    if codes.len() != m * k || products.len() != m * n || out_len != m * n {
+    let (codes_len, out_len) = (a.len(), out.len());
+    if codes_len != m * k || products.len() != m * n || out_len != m * n {
         return Err(shape_err(
             "QGemm products",
-            format!("{} codes, {} products, {out_len} outputs for {m}×{k}×{n}", codes.len(), products.len()),
+            format!("{codes_len} codes, {} products, {out_len} outputs for {m}×{k}×{n}", products.len()),
         ));
     }
     let (a_scale, row_scales) = match a_scale {
@@ -423,8 +440,9 @@ pub fn qgemm_from_products(
         AScale::Rows(r) if r.len() == m => (1.0, Some(r)),
         AScale::Rows(r) => return Err(shape_err("QGemm products", format!("{} row scales for {m} rows", r.len()))),
     };
-    let sums: Vec<i32> = codes.chunks_exact(k).map(|r| r.iter().map(|&x| x as i32).sum()).collect();
-    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + offset, a_scale, row_scales, row_sums: &sums };
+    let mut row = vec![0u8; k];
+    let sums: Vec<i32> = (0..m).map(|r| a.unsigned_row(r, k, &mut row)).collect();
+    let epi = Epilogue { k: k as i32, a_zero: a_zero_point + a.offset(), a_scale, row_scales, row_sums: &sums };
     let dst = Dst::of(out);
     for row in 0..m {
         for p in 0..w.panels() {
