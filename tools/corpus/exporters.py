@@ -1,0 +1,62 @@
+"""The exporters, run as their users run them. Each returns the command line it ran (provenance)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+BUILDER_OVERLAY = Path(sys.prefix) / "builder-overlay"
+
+
+def run(cmd: list[str], log: Path, env: dict | None = None):
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if p.returncode != 0:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({p.returncode}):\n" + "\n".join(tail))
+
+
+def optimum(hf: Path, out: Path) -> list[str]:
+    """optimum-onnx's `text-generation-with-past` export (torch's TorchScript exporter)."""
+    cmd = [str(VENV_BIN / "optimum-cli"), "export", "onnx", "--model", str(hf), "--task",
+           "text-generation-with-past", str(out)]
+    run(cmd, out.parent / f"{out.name}.log")
+    return cmd
+
+
+def builder(hf: Path, out: Path, precision: str, extra: dict[str, str]) -> list[str]:
+    """onnxruntime-genai's model builder for the CPU provider."""
+    if not (BUILDER_OVERLAY / "transformers").is_dir():
+        raise RuntimeError(f"{BUILDER_OVERLAY} is missing: install tools/requirements-builder.txt there")
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf), "-o", str(out), "-p",
+           precision, "-e", "cpu", "-c", str(out.parent / f"{out.name}.cache")]
+    if extra:
+        cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
+    env = dict(os.environ, PYTHONPATH=str(BUILDER_OVERLAY))
+    run(cmd, out.parent / f"{out.name}.log", env)
+    shutil.rmtree(out.parent / f"{out.name}.cache", ignore_errors=True)
+    return cmd
+
+
+def quantize_qdq(src: Path, out: Path, feeds: list[dict], per_channel: bool, symmetric_activations: bool) -> list[str]:
+    """onnxruntime.quantization.quantize_static, QDQ format, MatMul weights and activations."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    out.mkdir(parents=True, exist_ok=True)
+    options = dict(quant_format=QuantFormat.QDQ, per_channel=per_channel, op_types_to_quantize=["MatMul", "Gemm"],
+                   activation_type=QuantType.QInt8 if symmetric_activations else QuantType.QUInt8,
+                   weight_type=QuantType.QInt8,
+                   extra_options={"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True})
+    quantize_static(str(src), str(out / "model.onnx"), Reader(), **options)
+    return ["onnxruntime.quantization.quantize_static", str(src), f"{options}"]

@@ -1,0 +1,90 @@
+"""Tiny random-weight decoders made with transformers' own config and model classes.
+
+Every structural feature of the architecture is there (q/k norms, biases, tied or untied
+embeddings); only the sizes are small. Weights are drawn with a larger spread than transformers'
+default init (std 0.02 gives near-uniform attention, which hides RoPE and mask bugs) and the norm
+weights are random too, so a kernel that ignores them is caught.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+VOCAB = 512
+INIT_STD = 0.08
+NORM_RANGE = (0.5, 1.5)
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    hf_class: str
+    config: dict
+    seed: int
+
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+ARCHS = {
+    # SmolLM2's shape of Llama: tied embeddings, GQA, head_dim 32.
+    "llama": Arch("llama", "LlamaForCausalLM", dict(COMMON, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                                                    rope_theta=10000.0), 11),
+    # Qwen3: q/k RMSNorm per head, explicit head_dim, untied lm_head.
+    "qwen3": Arch("qwen3", "Qwen3ForCausalLM", dict(COMMON, head_dim=64, tie_word_embeddings=False,
+                                                    rms_norm_eps=1e-6, rope_theta=1000000.0), 12),
+}
+
+
+def build(arch: Arch, out: Path) -> dict:
+    """Writes a Hugging Face model folder (weights, config, tokenizer); returns the config dict."""
+    import torch
+    import transformers
+
+    torch.manual_seed(arch.seed)
+    cls = getattr(transformers, arch.hf_class)
+    config_cls = cls.config_class
+    cfg = config_cls(**arch.config, initializer_range=INIT_STD)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(*NORM_RANGE)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    write_tokenizer(out)
+    return json.loads((out / "config.json").read_text())
+
+
+def write_tokenizer(out: Path):
+    """A word-level tokenizer over the model's vocabulary: the builder needs one to write its
+    genai_config, and tests feed token ids directly."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"w{i}": i for i in range(3, VOCAB)})
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<pad>")
+    fast.save_pretrained(out)
+
+
+def dims(config: dict) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a saved config."""
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return config["num_hidden_layers"], config.get("num_key_value_heads", heads), head_dim

@@ -1,0 +1,101 @@
+"""ONNX Runtime's answers for an exported decoder: a prefill case, a decode case, greedy ids.
+
+Feeds follow the graph's own inputs (optimum writes position_ids, the builder does not); past
+caches start empty, shaped [batch, kv_heads, 0, head_dim] in the dtype the graph declares.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import numpy_helper
+
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def session(path: Path) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+class Decoder:
+    """One exported graph run step by step in ONNX Runtime with its KV cache."""
+
+    def __init__(self, path: Path, kv_heads: int, head_dim: int):
+        self.sess = session(path)
+        self.inputs = [i.name for i in self.sess.get_inputs()]
+        self.outputs = [o.name for o in self.sess.get_outputs()]
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.cache_dtype = {i.name: ORT_DTYPES[i.type] for i in self.sess.get_inputs() if i.name.startswith("past")}
+
+    def feeds(self, ids: list[int], past: dict | None, past_len: int) -> dict:
+        n = len(ids)
+        f = {}
+        for name in self.inputs:
+            if name == "input_ids":
+                f[name] = np.asarray([ids], dtype=np.int64)
+            elif name == "attention_mask":
+                f[name] = np.ones((1, past_len + n), dtype=np.int64)
+            elif name == "position_ids":
+                f[name] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+            elif name.startswith("past_key_values."):
+                present = "present." + name[len("past_key_values."):]
+                if past is None:
+                    f[name] = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.cache_dtype[name])
+                else:
+                    f[name] = past[present]
+            else:
+                raise ValueError(f"graph input `{name}` is not one a decoder step feeds")
+        return f
+
+    def step(self, ids: list[int], past: dict | None, past_len: int) -> tuple[dict, dict]:
+        feeds = self.feeds(ids, past, past_len)
+        outs = dict(zip(self.outputs, self.sess.run(self.outputs, feeds)))
+        return feeds, outs
+
+    def greedy(self, prompt: list[int], steps: int) -> list[int]:
+        _, outs = self.step(prompt, None, 0)
+        ids, length = [], len(prompt)
+        for _ in range(steps):
+            nxt = int(np.argmax(outs["logits"][0, -1]))
+            ids.append(nxt)
+            _, outs = self.step([nxt], outs, length)
+            length += 1
+        return ids
+
+
+def write_case(case_dir: Path, dec: Decoder, feeds: dict, outs: dict):
+    case_dir.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(dec.inputs):
+        write_tensor(case_dir / f"input_{i}.pb", feeds[name], name)
+    for j, name in enumerate(dec.outputs):
+        write_tensor(case_dir / f"output_{j}.pb", outs[name], name)
+
+
+def write_tensor(path: Path, arr: np.ndarray, name: str):
+    path.write_bytes(numpy_helper.from_array(np.ascontiguousarray(arr), name).SerializeToString())
+
+
+def record(model: Path, kv_heads: int, head_dim: int, prompt: list[int], decode_id: int, greedy_steps: int) -> dict:
+    """Writes the prefill and decode cases beside `model`; returns what the index keeps."""
+    dec = Decoder(model, kv_heads, head_dim)
+    pre_feeds, pre_outs = dec.step(prompt, None, 0)
+    write_case(model.parent / "prefill", dec, pre_feeds, pre_outs)
+    dec_feeds, dec_outs = dec.step([decode_id], pre_outs, len(prompt))
+    write_case(model.parent / "decode", dec, dec_feeds, dec_outs)
+    logits = pre_outs["logits"]
+    if not np.isfinite(logits).all() or float(logits.std(axis=-1).min()) < 1e-3:
+        raise AssertionError(f"{model}: degenerate logits")
+    return {
+        "inputs": dec.inputs,
+        "outputs": dec.outputs,
+        "prompt_ids": prompt,
+        "decode_id": decode_id,
+        "greedy_ids": dec.greedy(prompt, greedy_steps),
+        "max_abs_logit": float(np.abs(logits).max()),
+    }

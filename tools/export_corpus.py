@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Make the exporter corpus: tiny random-weight decoders exported by the real tools, with ONNX
+Runtime's references.
+
+    .venv-export/bin/python tools/export_corpus.py [--out fixtures/corpus] [--only NAME ...] [--force]
+
+For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
+with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
+file the exporter wrote, untouched, `prefill/` and `decode/` cases (input_<i>.pb, output_<j>.pb as
+in fixtures/README), and `provenance.json` (exporter, versions, command). <out>/index.json lists
+every entry with its greedy ids, or the reason the exporter could not make it. An entry whose
+provenance digest matches the tools' sources is kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+
+from corpus import exporters, models, reference  # noqa: E402
+
+PROMPT = [1, 17, 250, 33, 402, 98, 5, 311]
+DECODE_ID = 77
+GREEDY_STEPS = 16
+PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai", "onnx"]
+
+# exporter name -> how to make it from the HF folder (and the optimum export, for QDQ).
+EXPORTERS = {
+    "optimum": lambda hf, out, ctx: exporters.optimum(hf, out),
+    "builder-fp32": lambda hf, out, ctx: exporters.builder(hf, out, "fp32", {}),
+    "builder-int4": lambda hf, out, ctx: exporters.builder(hf, out, "int4", {}),
+    "builder-int4-b128-asym": lambda hf, out, ctx: exporters.builder(
+        hf, out, "int4", {"block_size": "128", "is_symmetric": "false", "accuracy_level": "4",
+                          "shared_embeddings": "false"}),
+    "qdq-per-channel-u8": lambda hf, out, ctx: exporters.quantize_qdq(
+        ctx["optimum"], out, ctx["calibration"], per_channel=True, symmetric_activations=False),
+    "qdq-per-tensor-s8": lambda hf, out, ctx: exporters.quantize_qdq(
+        ctx["optimum"], out, ctx["calibration"], per_channel=False, symmetric_activations=True),
+}
+
+
+def sources_digest() -> str:
+    h = hashlib.sha256()
+    files = [TOOLS / "export_corpus.py", TOOLS / "requirements-exporters.txt", TOOLS / "requirements-builder.txt"]
+    files += sorted((TOOLS / "corpus").glob("*.py"))
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def versions() -> dict:
+    v = {}
+    for p in PACKAGES:
+        try:
+            v[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            v[p] = None
+    overlay = exporters.BUILDER_OVERLAY
+    v["transformers (builder)"] = next((d.name.split("-")[1] for d in overlay.glob("transformers-*.dist-info")), None)
+    return v
+
+
+def calibration_feeds(optimum_model: Path, config: dict) -> list[dict]:
+    import numpy as np
+
+    layers, kv_heads, head_dim = models.dims(config)
+    dec = reference.Decoder(optimum_model, kv_heads, head_dim)
+    rng = np.random.default_rng(7)
+    return [dec.feeds([int(t) for t in rng.integers(3, models.VOCAB, size=12)], None, 0) for _ in range(8)]
+
+
+def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: str) -> dict:
+    entry_dir = out / f"{arch.name}-{exporter}"
+    prov_path = entry_dir / "provenance.json"
+    if prov_path.exists():
+        prov = json.loads(prov_path.read_text())
+        if prov.get("digest") == digest and (entry_dir / "model.onnx").exists():
+            return prov
+    if entry_dir.exists():
+        shutil.rmtree(entry_dir)
+    t0 = time.time()
+    entry = {"name": entry_dir.name, "arch": arch.name, "exporter": exporter, "digest": digest}
+    try:
+        entry["command"] = EXPORTERS[exporter](ctx["hf"], entry_dir, ctx)
+    except Exception as e:  # an exporter that refuses an architecture is a corpus fact, not a crash
+        entry["refused"] = str(e).strip().splitlines()[-1][:400]
+        entry_dir.mkdir(parents=True, exist_ok=True)
+        prov_path.write_text(json.dumps(entry, indent=2) + "\n")
+        return entry
+    layers, kv_heads, head_dim = models.dims(ctx["config"])
+    entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions()})
+    entry.update(reference.record(entry_dir / "model.onnx", kv_heads, head_dim, PROMPT, DECODE_ID, GREEDY_STEPS))
+    entry["seconds"] = round(time.time() - t0, 1)
+    prov_path.write_text(json.dumps(entry, indent=2) + "\n")
+    return entry
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=TOOLS.parent / "fixtures" / "corpus")
+    ap.add_argument("--only", nargs="*", help="entries (arch-exporter) or architectures to (re)make")
+    ap.add_argument("--force", action="store_true", help="remake even when the stamp matches")
+    args = ap.parse_args()
+    digest = sources_digest() + ("-forced" + str(time.time()) if args.force else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    index_path = args.out / "index.json"
+    index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
+    for arch in models.ARCHS.values():
+        wanted = [x for x in EXPORTERS if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
+        if not wanted:
+            continue
+        hf = args.out / f"{arch.name}-hf"
+        if not (hf / "config.json").exists() or args.force:
+            shutil.rmtree(hf, ignore_errors=True)
+            models.build(arch, hf)
+        ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
+        for exporter in wanted:
+            if exporter.startswith("qdq") and "calibration" not in ctx:
+                ctx["optimum"] = args.out / f"{arch.name}-optimum" / "model.onnx"
+                ctx["calibration"] = calibration_feeds(ctx["optimum"], ctx["config"])
+            try:
+                entry = make_entry(arch, exporter, args.out, ctx, digest)
+            except Exception:
+                traceback.print_exc()
+                sys.exit(f"export_corpus: {arch.name}-{exporter} failed")
+            index[entry["name"]] = entry
+            status = f"refused: {entry['refused']}" if "refused" in entry else f"greedy {entry['greedy_ids'][:6]}..."
+            print(f"{entry['name']:<36} {status}", flush=True)
+    entries = sorted(index.values(), key=lambda e: e["name"])
+    index_path.write_text(json.dumps({"prompt_ids": PROMPT, "entries": entries}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
