@@ -201,8 +201,16 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// The bundle directory (NAME.npub).
         bundle: PathBuf,
         /// The prompt text; repeat to run several prompts as concurrent sequences.
-        #[arg(long, required_unless_present = "prompts_file")]
+        #[arg(long, required_unless_present_any = ["prompts_file", "prompt_ids"])]
         prompt: Vec<String>,
+        /// A prompt as comma-separated token ids (`--prompt-ids 1,17,250`), for models without a
+        /// tokenizer and for comparisons with other runtimes; repeatable. Without a tokenizer the
+        /// output is the generated ids.
+        #[arg(long)]
+        prompt_ids: Vec<String>,
+        /// Generate --max-tokens tokens whatever they are (no stop at the end-of-sequence token).
+        #[arg(long)]
+        ignore_eos: bool,
         /// A file of prompts, one per non-empty line, run as concurrent sequences (after any
         /// --prompt).
         #[arg(long)]
@@ -288,6 +296,8 @@ fn main() -> ExitCode {
         Command::Run {
             bundle,
             prompt,
+            prompt_ids,
+            ignore_eos,
             prompts_file,
             chat,
             stats,
@@ -303,6 +313,8 @@ fn main() -> ExitCode {
         } => run_cmd::run(run_cmd::Options {
             bundle,
             prompts: prompt,
+            prompt_ids,
+            ignore_eos,
             prompts_file,
             chat,
             stats,

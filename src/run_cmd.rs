@@ -15,6 +15,9 @@ use std::process::ExitCode;
 pub struct Options {
     pub bundle: PathBuf,
     pub prompts: Vec<String>,
+    /// Prompts given as token ids (`--prompt-ids 1,2,3`), run after the text prompts.
+    pub prompt_ids: Vec<String>,
+    pub ignore_eos: bool,
     pub prompts_file: Option<PathBuf>,
     pub chat: bool,
     pub stats: bool,
@@ -64,36 +67,21 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let open_ms = started.elapsed().as_secs_f64() * 1e3;
     // The NPU is opened and the bundle's device artifacts read before any prompt work.
     let offload = if o.backend.backend == "xrt" { Some(crate::xdna_run::xrt_offload(&bundle)?) } else { None };
-    let tokenizer_bytes = bundle
-        .read_file(TOKENIZER_FILE)
-        .with_context(|| format!("{} has no usable {TOKENIZER_FILE}", o.bundle.display()))?;
-    let tokenizer =
-        tokenizers::Tokenizer::from_bytes(&tokenizer_bytes).map_err(|e| anyhow!("reading {TOKENIZER_FILE}: {e}"))?;
-    let mut prompts = o.prompts.clone();
-    if let Some(file) = &o.prompts_file {
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
-    }
-    anyhow::ensure!(!prompts.is_empty(), "no prompt: give --prompt (repeatable) or --prompts-file");
-    let mut prompt_ids = Vec::with_capacity(prompts.len());
-    for (i, prompt) in prompts.iter().enumerate() {
-        let text_in = if o.chat { render_chat(&bundle, prompt)? } else { prompt.clone() };
-        let encoding =
-            tokenizer.encode(text_in.as_str(), true).map_err(|e| anyhow!("tokenising prompt {}: {e}", i + 1))?;
-        let ids = encoding.get_ids().to_vec();
-        anyhow::ensure!(!ids.is_empty(), "prompt {} is empty after tokenisation", i + 1);
-        prompt_ids.push(ids);
-    }
+    let text = Text::open(&bundle, &o)?;
+    let prompt_ids = prompt_token_ids(&o, &bundle, &text)?;
     let model = bundle.model();
     let mut stop: Vec<u32> = model.stop_token_ids.clone();
     stop.extend(model.eos_token_id);
+    if o.ignore_eos {
+        stop.clear();
+    }
 
     if o.backend.backend == "openvino" {
         anyhow::ensure!(prompt_ids.len() == 1, "--backend openvino runs one prompt at a time");
         anyhow::ensure!(o.sampling.temperature == 0.0, "--backend openvino decodes greedily (--temperature 0)");
         let request = crate::run_openvino::Request {
             bundle: &bundle,
-            tokenizer: &tokenizer,
+            text: &text,
             prompt_ids: &prompt_ids[0],
             stop: &stop,
             max_tokens: o.max_tokens,
@@ -122,7 +110,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         .map(|i| Sampler::new(SamplingParams { seed: o.sampling.seed.wrapping_add(i), ..o.sampling }))
         .collect::<Result<Vec<_>, _>>()?;
     if prompt_ids.len() > 1 {
-        return run_many(&o, &tokenizer, &mut executor, &prompt_ids, &stop, &mut samplers);
+        return run_many(&o, &text, &mut executor, &prompt_ids, &stop, &mut samplers);
     }
     let prompt_ids = &prompt_ids[0];
 
@@ -137,20 +125,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         // Decoding everything generated so far and printing what is new keeps characters that
         // span several tokens whole.
-        match tokenizer.decode(&generated, true) {
+        match text.decode(&generated) {
             Ok(text) => {
                 if let Some(new) = text.get(shown_chars..) {
                     let _ = stdout.write_all(new.as_bytes()).and_then(|_| stdout.flush());
                     shown_chars = text.len();
                 }
             }
-            Err(e) => stream_error = Some(anyhow!("decoding generated tokens: {e}")),
+            Err(e) => stream_error = Some(e),
         }
     })?;
     if let Some(e) = stream_error {
         return Err(e);
     }
-    let text = tokenizer.decode(&tokens, true).map_err(|e| anyhow!("decoding generated tokens: {e}"))?;
+    let text = text.decode(&tokens)?;
     let pool = executor.cache().pool_stats();
     if o.json {
         let mut summary = json!({
@@ -188,7 +176,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
 /// `{"sequences": [...]}` with `--json`. Fails (after printing) when any sequence failed.
 fn run_many(
     o: &Options,
-    tokenizer: &tokenizers::Tokenizer,
+    text_of: &Text,
     executor: &mut Executor,
     prompt_ids: &[Vec<u32>],
     stop: &[u32],
@@ -199,7 +187,7 @@ fn run_many(
     let mut failed = 0;
     let mut sequences = Vec::with_capacity(outputs.len());
     for (i, out) in outputs.iter().enumerate() {
-        let text = tokenizer.decode(&out.tokens, true).map_err(|e| anyhow!("decoding sequence {}: {e}", i + 1))?;
+        let text = text_of.decode(&out.tokens).with_context(|| format!("sequence {}", i + 1))?;
         failed += usize::from(out.error.is_some());
         if o.json {
             sequences.push(json!({
@@ -245,4 +233,77 @@ fn render_chat(bundle: &Bundle, prompt: &str) -> Result<String> {
     env.get_template("chat")
         .and_then(|t| t.render(minijinja::context! { messages => messages, add_generation_prompt => true }))
         .map_err(|e| anyhow!("rendering {CHAT_TEMPLATE_FILE}: {e}"))
+}
+
+/// Turns generated ids into text: the bundle's tokenizer, or the ids themselves (space-separated)
+/// for a bundle without one run with `--prompt-ids`.
+pub struct Text {
+    tokenizer: Option<tokenizers::Tokenizer>,
+}
+
+impl Text {
+    /// The bundle's tokenizer; required unless every prompt is given as ids.
+    fn open(bundle: &Bundle, o: &Options) -> Result<Text> {
+        let needed = !o.prompts.is_empty() || o.prompts_file.is_some();
+        let bytes = match bundle.read_file(TOKENIZER_FILE) {
+            Ok(b) => b,
+            Err(_) if !needed => return Ok(Text { tokenizer: None }),
+            Err(e) => {
+                return Err(anyhow!(e).context(format!(
+                    "{} has no usable {TOKENIZER_FILE} (compile with --tokenizer, or give --prompt-ids)",
+                    o.bundle.display()
+                )))
+            }
+        };
+        let tokenizer =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| anyhow!("reading {TOKENIZER_FILE}: {e}"))?;
+        Ok(Text { tokenizer: Some(tokenizer) })
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match &self.tokenizer {
+            Some(t) => t.decode(ids, true).map_err(|e| anyhow!("decoding generated tokens: {e}")),
+            None => Ok(ids.iter().map(|i| format!("{i} ")).collect()),
+        }
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let t = self.tokenizer.as_ref().ok_or_else(|| anyhow!("the bundle has no tokenizer"))?;
+        Ok(t.encode(text, true).map_err(|e| anyhow!("{e}"))?.get_ids().to_vec())
+    }
+}
+
+/// The prompts as token ids: text prompts (through the chat template with `--chat`) tokenised,
+/// then `--prompt-ids` lists.
+fn prompt_token_ids(o: &Options, bundle: &Bundle, text: &Text) -> Result<Vec<Vec<u32>>> {
+    let mut prompts = o.prompts.clone();
+    if let Some(file) = &o.prompts_file {
+        let body = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        prompts.extend(body.lines().filter(|l| !l.trim().is_empty()).map(str::to_string));
+    }
+    anyhow::ensure!(
+        !prompts.is_empty() || !o.prompt_ids.is_empty(),
+        "no prompt: give --prompt (repeatable), --prompts-file or --prompt-ids"
+    );
+    let mut out = Vec::with_capacity(prompts.len() + o.prompt_ids.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let text_in = if o.chat { render_chat(bundle, prompt)? } else { prompt.clone() };
+        let ids = text.encode(&text_in).with_context(|| format!("tokenising prompt {}", i + 1))?;
+        anyhow::ensure!(!ids.is_empty(), "prompt {} is empty after tokenisation", i + 1);
+        out.push(ids);
+    }
+    for list in &o.prompt_ids {
+        out.push(parse_ids(list)?);
+    }
+    Ok(out)
+}
+
+/// `--prompt-ids 1,2,3`: a non-empty comma-separated list of token ids.
+pub fn parse_ids(list: &str) -> Result<Vec<u32>> {
+    let ids = list
+        .split(',')
+        .map(|t| t.trim().parse::<u32>().map_err(|_| anyhow!("--prompt-ids `{list}`: `{}` is not a token id", t.trim())))
+        .collect::<Result<Vec<u32>>>()?;
+    anyhow::ensure!(!ids.is_empty(), "--prompt-ids is empty");
+    Ok(ids)
 }

@@ -1,7 +1,7 @@
 //! `npuc run --backend openvino`: the bundle's OpenVINO IR on an OpenVINO device, attention over
 //! the host's paged KV cache, greedy decoding (see `runtime::openvino`).
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
 use serde_json::json;
 use std::io::Write;
@@ -26,7 +26,7 @@ pub struct BackendArgs {
 
 pub struct Request<'a> {
     pub bundle: &'a Bundle,
-    pub tokenizer: &'a tokenizers::Tokenizer,
+    pub text: &'a crate::run_cmd::Text,
     pub prompt_ids: &'a [u32],
     pub stop: &'a [u32],
     pub max_tokens: usize,
@@ -66,7 +66,7 @@ pub fn run(args: &BackendArgs, r: Request) -> Result<ExitCode> {
         }
         generated.push(t);
         if !r.json {
-            if let Ok(text) = r.tokenizer.decode(&generated, true) {
+            if let Ok(text) = r.text.decode(&generated) {
                 if let Some(new) = text.get(shown..) {
                     let _ = stdout.write_all(new.as_bytes()).and_then(|_| stdout.flush());
                     shown = text.len();
@@ -75,7 +75,7 @@ pub fn run(args: &BackendArgs, r: Request) -> Result<ExitCode> {
         }
     })?;
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
-    let text = r.tokenizer.decode(&tokens, true).map_err(|e| anyhow!("decoding generated tokens: {e}"))?;
+    let text = r.text.decode(&tokens)?;
     let decode_tok_s = if tokens.len() > 1 { (tokens.len() - 1) as f64 / ((total_ms - first_ms) / 1e3) } else { 0.0 };
     if r.json {
         let summary = json!({

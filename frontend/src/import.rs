@@ -356,6 +356,17 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         }
     }
 
+    // Slice bounds that are symbolic sizes equal to the dim they slice become `i64::MAX`.
+    for &i in &order {
+        let n = &g.node[i];
+        if specs[i].0.name != "Slice" || infos[n.output[0].as_str()].as_const().is_some() {
+            continue;
+        }
+        for (k, t) in slice_overrides(n, &infos, &ctx) {
+            shape_overrides.insert((i, k), t);
+        }
+    }
+
     // Liveness from the graph outputs.
     let mut live_nodes = vec![false; g.node.len()];
     let mut stack: Vec<&str> = g.output.iter().map(|o| o.name.as_deref().unwrap_or("")).collect();
@@ -537,12 +548,34 @@ fn value_type(v: &proto::ValueInfoProto, ctx: &mut Ctx) -> Result<(DType, Vec<Di
                     .ok_or_else(|| terr("its shape has more than 2^40 elements"))?;
                 Dim::known(*k)
             }
-            Some(V::DimParam(p)) if !p.is_empty() => Dim::sym(p),
+            Some(V::DimParam(p)) if !p.is_empty() => dim_param(p),
             _ => ctx_fresh(ctx, &name, axis),
         };
         shape.push(dim);
     }
     Ok((dtype, shape))
+}
+
+/// A `dim_param`: a size name, or a sum of products of names and integers as optimum declares
+/// the attention mask's width (`past_sequence_length + sequence_length`), which must be the same
+/// size as the sum of its parts. Anything else is one opaque name.
+fn dim_param(text: &str) -> Dim {
+    let term = |t: &str| -> Option<Dim> {
+        t.split('*').try_fold(Dim::known(1), |acc, f| {
+            let f = f.trim();
+            let factor = match f.parse::<i64>() {
+                Ok(k) => Dim::known(k),
+                Err(_) if !f.is_empty() && f.chars().all(|c| c.is_alphanumeric() || c == '_') => Dim::sym(f),
+                Err(_) => return None,
+            };
+            acc.mul(&factor)
+        })
+    };
+    let parsed = text.split('+').try_fold(Dim::known(0), |acc, t| acc.add(&term(t)?));
+    match parsed {
+        Some(d) if text.contains(['+', '*']) => d,
+        _ => Dim::sym(text),
+    }
 }
 
 fn ctx_fresh(_ctx: &mut Ctx, input: &str, axis: usize) -> Dim {
@@ -625,6 +658,30 @@ fn reshape_constant(x: &[Dim], y: &[Dim], allowzero: bool, ctx: &mut Ctx, node: 
     (check == y).then(|| Tensor::from_i64(DType::I64, vec![out.len()], out))
 }
 
+/// Constant `starts`/`ends` (inputs 1 and 2) for a Slice whose bounds are symbolic sizes that
+/// inference resolved (see `infer::constant_slice_bounds`).
+fn slice_overrides(n: &proto::NodeProto, infos: &HashMap<&str, Info>, ctx: &Ctx) -> Vec<(usize, Tensor)> {
+    let x = &infos[n.input[0].as_str()];
+    let bounds = |k: usize| n.input.get(k).filter(|s| !s.is_empty()).and_then(|s| infos.get(s.as_str()));
+    let rank = x.shape.len() as i64;
+    let count = bounds(1).and_then(|b| b.as_dims()).map_or(0, |(d, _)| d.len());
+    let axes: Vec<usize> = match bounds(3) {
+        Some(a) => match a.as_const().and_then(|t| t.as_i64()) {
+            Some(v) => v.iter().map(|&a| if a < 0 { (a + rank) as usize } else { a as usize }).collect(),
+            None => return vec![],
+        },
+        None => (0..count).collect(),
+    };
+    let mut out = vec![];
+    for k in [1, 2] {
+        let Some(Known::Dims { dims, .. }) = bounds(k).map(|b| &b.known) else { continue };
+        if let Ok(v) = crate::infer::constant_slice_bounds(ctx, dims, &x.shape, &axes) {
+            out.push((k, Tensor::from_i64(DType::I64, vec![v.len()], v)));
+        }
+    }
+    out
+}
+
 /// A constant Expand target equivalent to the symbolic one: symbolic dims the input already has
 /// become 1.
 fn expand_constant(x: &[Dim], y: &[Dim], target: &[Dim]) -> Option<Tensor> {
@@ -644,4 +701,20 @@ fn expand_constant(x: &[Dim], y: &[Dim], target: &[Dim]) -> Option<Tensor> {
         }
     }
     Some(Tensor::from_i64(DType::I64, vec![out.len()], out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dim_param;
+    use ir::Dim;
+
+    #[test]
+    fn dim_params_that_are_sums_become_polynomials() {
+        let sum = Dim::sym("past_sequence_length").add(&Dim::sym("sequence_length")).unwrap();
+        assert_eq!(dim_param("past_sequence_length + sequence_length"), sum);
+        assert_eq!(dim_param("2*batch"), Dim::sym("batch").mul(&Dim::known(2)).unwrap());
+        assert_eq!(dim_param("batch_size"), Dim::sym("batch_size"));
+        assert_eq!(dim_param("a - b"), Dim::sym("a - b"));
+        assert_eq!(dim_param("unk__3 +"), Dim::sym("unk__3 +"));
+    }
 }

@@ -798,13 +798,14 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         }
         "Slice" => {
             let x = x0()?;
-            let starts = known_ints(n, req(n, inputs, 1)?, "starts")?;
-            let ends = known_ints(n, req(n, inputs, 2)?, "ends")?;
             let r = x.shape.len();
+            let bound_count = req(n, inputs, 1)?.as_dims().map_or(0, |(d, _)| d.len());
             let axes: Vec<usize> = match opt(inputs, 3) {
                 Some(a) => known_ints(n, a, "axes")?.iter().map(|&a| norm_axis(n, a, r)).collect::<Result<_, _>>()?,
-                None => (0..starts.len()).collect(),
+                None => (0..bound_count).collect(),
             };
+            let starts = slice_bounds(n, ctx, req(n, inputs, 1)?, "starts", &x.shape, &axes)?;
+            let ends = slice_bounds(n, ctx, req(n, inputs, 2)?, "ends", &x.shape, &axes)?;
             let steps = match opt(inputs, 4) {
                 Some(s) => known_ints(n, s, "steps")?,
                 None => vec![1; starts.len()],
@@ -966,6 +967,32 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
 
 /// Length of `d[s:e:st]`, for symbolic `d` only in the common cases (the whole dim, a prefix, a
 /// suffix), assuming the dim is long enough for the constant bounds.
+/// Slice `starts`/`ends` as numbers. A bound may be a symbolic size when it equals the size of
+/// the dim it slices (transformers slices the causal mask to the key length,
+/// `mask[..., :key.shape[-2]]`): that is "to the end", `i64::MAX`. Any other symbolic bound is an
+/// error naming it.
+fn slice_bounds(n: &NodeCtx, ctx: &Ctx, info: &Info, what: &str, shape: &[Dim], axes: &[usize]) -> Result<Vec<i64>, ErrorKind> {
+    let (dims, _) = info.as_dims().ok_or_else(|| n.bad(format!("{what} must be a constant integer tensor")))?;
+    constant_slice_bounds(ctx, &dims, shape, axes).map_err(|(bound, dim)| {
+        n.bad(format!("{what} must be constant or the size of the dim it slices; it is {bound}, the dim is {dim}"))
+    })
+}
+
+/// [`slice_bounds`] on dims: `Err((bound, dim))` names the first bound that is neither.
+pub fn constant_slice_bounds(ctx: &Ctx, bounds: &[Dim], shape: &[Dim], axes: &[usize]) -> Result<Vec<i64>, (Dim, Dim)> {
+    bounds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            if let Some(k) = b.as_known() {
+                return Ok(k);
+            }
+            let dim = axes.get(i).and_then(|&a| shape.get(a)).map(|d| ctx.normalize(d)).unwrap_or(Dim::known(0));
+            if ctx.normalize(b) == dim { Ok(i64::MAX) } else { Err((ctx.normalize(b), dim)) }
+        })
+        .collect()
+}
+
 fn slice_len(ctx: &Ctx, d: &Dim, s: i64, e: i64, st: i64) -> Option<Dim> {
     let d = ctx.normalize(d);
     if let Some(len) = d.as_known() {
@@ -1046,6 +1073,17 @@ fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
         n.shape_err(format!("query width {} is not a multiple of {width} heads", q.shape[2]))
     })?;
     let past = opt(inputs, 3);
+    // The caches hold kv_num_heads heads of the query's head size; the builder declares the
+    // last dim as a size of its own (`kv_cache_dim`), which this makes the head size.
+    for cache in [past, opt(inputs, 4)].into_iter().flatten().filter(|c| c.shape.len() == 4) {
+        for (dim, want) in [(&cache.shape[1], Dim::known(kv_heads)), (&cache.shape[3], head.clone())] {
+            let dim = ctx.normalize(dim);
+            if dim.is_known() && want.is_known() && dim != want {
+                return Err(n.shape_err(format!("a past cache is {} where {want} is expected", ir::dim::shape_to_string(&cache.shape))));
+            }
+            ctx.unify(&dim, &want);
+        }
+    }
     // Without a shared KV buffer the present cache is the past plus this step's tokens, which is
     // what total_sequence_length must then be.
     let appended = match past {

@@ -83,6 +83,10 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("attention-sdpa-mul";
             "(MatMul (Softmax{axis=-1} (Add (Mul (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
             => { FoldSdpa::new("attention-sdpa-mul", ScaleBy::Multiply) }),
+        // softmax((q·√s)·(kᵀ·√s) + causal∧mask)·v, NaN rows zeroed, over concat(past, new)  →  Attention
+        rw!("attention-sdpa-split-scale";
+            "(MatMul (Where (IsNaN (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?zero (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?vrep)"
+            => { FoldSdpa::new("attention-sdpa-split-scale", ScaleBy::Split) }),
         // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
         rw!("attention-sdpa-div-qdq";
             "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Div (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
@@ -236,6 +240,8 @@ fn is_masking_value(egraph: &EGraph, id: Id) -> bool {
 enum ScaleBy {
     Divide,
     Multiply,
+    /// `(q·?s)·(kᵀ·?s2)`: transformers' SDPA export scales both operands by √scale.
+    Split,
 }
 
 /// Folds eager attention (form 1 and its QDQ forms) into `Attention`.
@@ -257,6 +263,12 @@ impl FoldSdpa {
         let scale = match self.scale {
             ScaleBy::Divide => 1.0 / s,
             ScaleBy::Multiply => s,
+            ScaleBy::Split => {
+                if scalar_value(egraph, subst[var("?zero")]) != Some(0.0) {
+                    return Err("the NaN guard after the softmax does not write 0".into());
+                }
+                s * scalar_value(egraph, subst[var("?s2")]).ok_or("the key scale is not a constant scalar")?
+            }
         } as f32;
         if !scale.is_finite() || scale == 0.0 {
             return Err(format!("score scale {s} is not usable").into());
@@ -303,7 +315,10 @@ impl FoldSdpa {
             );
         }
         let (seq, total) = (qd[2].clone(), td[2].clone());
-        let am = self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total)?;
+        let am = match self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total) {
+            Ok(am) => am,
+            Err(_) => crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past[2])?,
+        };
         let inputs = AttentionInputs {
             q,
             k,

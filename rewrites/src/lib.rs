@@ -12,6 +12,7 @@
 //! the result back into an `ir::Graph` under a cost model.
 
 pub mod attention;
+pub mod causal_mask;
 pub mod cond;
 pub mod fp16_rescale;
 pub mod qdq;

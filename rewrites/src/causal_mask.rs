@@ -1,0 +1,237 @@
+//! Is an additive attention mask "causal AND attention_mask"? Checked by evaluating it.
+//!
+//! Exporters build the causal mask in many spellings (transformers' eager and `masking_utils`
+//! masks, its SDPA path's boolean `LessOrEqual`/`And` with the padding mask gathered through
+//! index arithmetic, `Where(mask, 0, -inf)`); matching each node for node breaks with every
+//! transformers release. The mask is index arithmetic on sizes and on `attention_mask`, so this
+//! module evaluates the mask's e-class with the reference evaluator at several concrete sizes
+//! (batch 2; query length S and past P in {(3, 0), (1, 4), (3, 2), (2, 5)}) and several
+//! attention masks (all ones, left padding, a hole), and compares every visible row with the
+//! definition: key t is visible to query i of batch b when `t ≤ P + i` and `attention_mask[b, t]
+//! ≠ 0`, where the mask must be 0, and hidden where it must be at or below −1e30 (float32 min or
+//! −∞). Rows with no visible key (padding queries) are not compared: the fused op outputs zeros
+//! there and nothing reads them.
+//!
+//! `Shape` is answered from the analysis' symbolic shapes under the sizes of the case, so the
+//! activations a mask takes its sizes from are never computed. Graph inputs other than
+//! `attention_mask` get canonical values (integer `[batch, S]` inputs count positions from P, the
+//! rest are zeros); a mask that reads a weight, or whose evaluation fails, is declined with the
+//! reason. Sampling sizes is evidence, not a proof; the sizes cover decode (S = 1), prefill with
+//! and without a past, and a past longer than the block.
+
+use egg::Id;
+use ir::egraph::{EGraph, ENode, Head};
+use ir::op::OpRef;
+use ir::{Attrs, DType, Dim, Tensor};
+use std::collections::{HashMap, HashSet};
+
+/// (query length, past length) of each case.
+const SIZES: [(usize, usize); 4] = [(3, 0), (1, 4), (3, 2), (2, 5)];
+const BATCH: usize = 2;
+/// E-classes one evaluation may visit: a mask is tens of nodes, never thousands.
+const CLASS_BUDGET: usize = 4000;
+
+/// The graph input `mask` takes its padding from, when `mask` (broadcastable to `[B, 1, S, T]`)
+/// equals "causal AND attention_mask" on every case; why not otherwise.
+pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &Dim) -> Result<Id, String> {
+    let syms = [batch, seq, past].map(|d| d.as_symbol().map(str::to_string));
+    let [Some(b), Some(s), Some(p)] = syms else {
+        return Err(format!("batch, query and past lengths ({batch}, {seq}, {past}) are not plain sizes"));
+    };
+    let total = past.add(seq).ok_or("the key length overflows")?;
+    let (am, am_name) = attention_mask_input(egraph, batch, &total)?;
+    for &(s_len, p_len) in &SIZES {
+        for pattern in 0..3 {
+            let am_value = attention_mask_value(pattern, s_len + p_len);
+            let sizes = HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
+            let mut probe = Probe::new(egraph, sizes, (am_name.clone(), am_value.clone()), p_len as i64);
+            let value = probe.eval(mask).map_err(|e| format!("evaluating the mask: {e}"))?;
+            compare(&value, &am_value, s_len, p_len)
+                .map_err(|e| format!("the mask is not causal AND attention_mask (S={s_len}, past={p_len}): {e}"))?;
+        }
+    }
+    Ok(am)
+}
+
+/// The one integer graph input shaped `[batch, past + seq]`.
+fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<(Id, String), String> {
+    let want = [batch.clone(), total.clone()];
+    let found: Vec<(Id, String)> = egraph
+        .classes()
+        .flat_map(|c| c.nodes.iter().map(move |n| (c.id, n)))
+        .filter_map(|(id, n)| match &n.head {
+            Head::Input(name) => {
+                let ty = egraph[id].data.ty()?;
+                (ty.dtype.is_int() && ty.shape == want).then(|| (id, name.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(format!("no integer graph input is shaped [{batch}, {total}] to read the padding from")),
+        _ => Err(format!("{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear", found.len())),
+    }
+}
+
+/// `[BATCH, total]` 0/1 masks: all ones; left padding of two in row 0; a hole at 1 in row 1.
+fn attention_mask_value(pattern: usize, total: usize) -> Tensor {
+    let mut v = vec![1i64; BATCH * total];
+    match pattern {
+        1 => v.iter_mut().take(2.min(total)).for_each(|x| *x = 0),
+        2 if total > 1 => v[total + 1] = 0,
+        _ => {}
+    }
+    Tensor::from_i64(DType::I64, vec![BATCH, total], v)
+}
+
+/// Compares an evaluated mask with the definition on every row that sees at least one key.
+fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize) -> Result<(), String> {
+    let total = s_len + p_len;
+    if mask.rank() > 4 || mask.shape.last() != Some(&total) {
+        return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
+    }
+    let mut dims = vec![1usize; 4 - mask.rank()];
+    dims.extend(&mask.shape);
+    if dims[0] != 1 && dims[0] != BATCH || dims[2] != 1 && dims[2] != s_len {
+        return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
+    }
+    let (m, a) = (mask.to_f64_vec(), am.as_i64().ok_or("attention_mask is not int64")?.to_vec());
+    for b in 0..BATCH {
+        for h in 0..dims[1] {
+            for i in 0..s_len {
+                let visible = |t: usize| t <= p_len + i && a[b * total + t] != 0;
+                if !(0..total).any(visible) {
+                    continue;
+                }
+                for t in 0..total {
+                    let at = (((b % dims[0]) * dims[1] + h) * dims[2] + i % dims[2]) * total + t;
+                    let ok = if visible(t) { m[at] == 0.0 } else { m[at] <= -1e30 };
+                    if !ok {
+                        let what = if visible(t) { "visible" } else { "hidden" };
+                        return Err(format!("batch {b}, query {i}, key {t} is {what} but the mask holds {}", m[at]));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One evaluation of e-classes under concrete sizes and inputs.
+struct Probe<'a> {
+    egraph: &'a EGraph,
+    sizes: HashMap<String, i64>,
+    mask_input: (String, Tensor),
+    /// The past length of the case: positions start there.
+    past: i64,
+    memo: HashMap<Id, Vec<Tensor>>,
+    visiting: HashSet<Id>,
+    visited: usize,
+}
+
+impl<'a> Probe<'a> {
+    fn new(egraph: &'a EGraph, sizes: HashMap<String, i64>, mask_input: (String, Tensor), past: i64) -> Probe<'a> {
+        Probe { egraph, sizes, mask_input, past, memo: HashMap::new(), visiting: HashSet::new(), visited: 0 }
+    }
+
+    fn eval(&mut self, class: Id) -> Result<Tensor, String> {
+        Ok(self.eval_outputs(class, 1)?.swap_remove(0))
+    }
+
+    /// The class's value(s): the first of its nodes that evaluates, constants first.
+    fn eval_outputs(&mut self, class: Id, outputs: usize) -> Result<Vec<Tensor>, String> {
+        let class = self.egraph.find(class);
+        if let Some(t) = self.memo.get(&class).filter(|t| t.len() >= outputs) {
+            return Ok(t.clone());
+        }
+        if let Some(t) = self.egraph.analysis.constant_of(&self.egraph[class].data) {
+            return Ok(vec![t.clone()]);
+        }
+        self.visited += 1;
+        if self.visited > CLASS_BUDGET {
+            return Err(format!("more than {CLASS_BUDGET} e-classes"));
+        }
+        if !self.visiting.insert(class) {
+            return Err("a cycle".into());
+        }
+        let mut why = String::from("no node");
+        for node in &self.egraph[class].nodes {
+            match self.eval_node(class, node, outputs) {
+                Ok(v) => {
+                    self.visiting.remove(&class);
+                    self.memo.insert(class, v.clone());
+                    return Ok(v);
+                }
+                Err(e) => why = e,
+            }
+        }
+        self.visiting.remove(&class);
+        Err(why)
+    }
+
+    fn eval_node(&mut self, class: Id, node: &ENode, outputs: usize) -> Result<Vec<Tensor>, String> {
+        match &node.head {
+            Head::Input(name) => Ok(vec![self.input(class, name)?]),
+            Head::Proj(i) => Ok(vec![self.eval_outputs(node.children[0], i + 1)?.swap_remove(*i)]),
+            Head::Op { op: "Shape", attrs, .. } => Ok(vec![self.shape_of(node.children[0], &attrs.attrs)?]),
+            Head::Op { domain, op, attrs } => {
+                let mut args = Vec::with_capacity(node.children.len());
+                for &c in &node.children {
+                    let absent = self.egraph[c].nodes.iter().any(|n| matches!(n.head, Head::Absent));
+                    args.push(if absent { None } else { Some(self.eval(c)?) });
+                }
+                let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
+                let op_ref = OpRef { node: "mask", domain: *domain, op, opset: 21, attrs: &attrs.attrs };
+                ir::eval::eval_op(&op_ref, &refs, outputs).map_err(|e| e.msg)
+            }
+            Head::Weight(_) => Err("it reads a weight".into()),
+            Head::Const(_) | Head::Absent | Head::Outputs => Err("not a value".into()),
+        }
+    }
+
+    /// `Shape(x)` from x's symbolic shape under the case's sizes.
+    fn shape_of(&self, x: Id, attrs: &Attrs) -> Result<Tensor, String> {
+        let dims = self.concrete_shape(x)?;
+        let r = dims.len() as i64;
+        let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
+        let start = clamp(attrs.int("start").ok().flatten().unwrap_or(0));
+        let end = clamp(attrs.int("end").ok().flatten().unwrap_or(r)).max(start);
+        let v: Vec<i64> = dims[start..end].iter().map(|&d| d as i64).collect();
+        Ok(Tensor::from_i64(DType::I64, vec![v.len()], v))
+    }
+
+    fn concrete_shape(&self, x: Id) -> Result<Vec<usize>, String> {
+        let ty = self.egraph[x].data.ty().ok_or("a value of unknown type")?;
+        ty.shape
+            .iter()
+            .map(|d| {
+                let v = d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| format!("size {d} is not one of the case's"))?;
+                usize::try_from(v).map_err(|_| format!("size {d} is negative"))
+            })
+            .collect()
+    }
+
+    /// A graph input's value: the case's attention mask, positions for `[batch, S]` integers,
+    /// zeros otherwise.
+    fn input(&self, class: Id, name: &str) -> Result<Tensor, String> {
+        if name == self.mask_input.0 {
+            return Ok(self.mask_input.1.clone());
+        }
+        let ty = self.egraph[class].data.ty().ok_or("an input of unknown type")?;
+        let shape = self.concrete_shape(class)?;
+        let n: usize = shape.iter().product();
+        if n > 1 << 20 {
+            return Err(format!("input `{name}` would hold {n} elements"));
+        }
+        if ty.dtype.is_int() {
+            let cols = *shape.last().unwrap_or(&1);
+            let v = (0..n).map(|k| if shape.len() == 2 { self.past + (k % cols) as i64 } else { 0 }).collect();
+            return Ok(Tensor::from_i64(ty.dtype, shape, v));
+        }
+        if ty.dtype.is_float() {
+            return Ok(Tensor::from_f32(ty.dtype, shape, vec![0.0; n]));
+        }
+        Err(format!("input `{name}` is {}", ty.dtype))
+    }
+}
