@@ -1,14 +1,14 @@
 //! The targets and their pipelines.
 //!
 //! `cpu` runs the host pipeline: canonicalize, then saturate with every default rule family,
-//! extracting under the host cost model. `xdna` adds `array-int8`: every projection becomes the
+//! extracting under the host cost model, then fold-weight-slices. `xdna` adds `array-int8`: every projection becomes the
 //! int8 × int8 → int32 `QGemm` the AIE array computes (per-channel int8 weights, activations
 //! quantised per row at run time), so its program has the array's numerics wherever it runs.
 //! `intel-npu` computes in fp16, so its saturate adds a third phase, the `fp16-rescale` family,
 //! and extracts under `Fp16Cost`: its program has the row-scaled RmsNorm, SkipRmsNorm and WGemm.
 
 use crate::array_int8::ArrayInt8;
-use crate::passes::{Canonicalize, Saturate};
+use crate::passes::{Canonicalize, FoldWeightSlices, Saturate};
 use crate::{Pass, Target};
 
 pub struct Cpu;
@@ -16,12 +16,16 @@ pub struct Xdna;
 pub struct IntelNpu;
 
 fn host_pipeline() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Canonicalize), Box::new(Saturate::with_families(rewrites::families()))]
+    vec![Box::new(Canonicalize), Box::new(Saturate::with_families(rewrites::families())), Box::new(FoldWeightSlices)]
 }
 
 /// The host pipeline with the fp16 phase in saturate.
 fn fp16_pipeline() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Canonicalize), Box::new(Saturate::for_fp16(rewrites::families(), rewrites::fp16_families()))]
+    vec![
+        Box::new(Canonicalize),
+        Box::new(Saturate::for_fp16(rewrites::families(), rewrites::fp16_families())),
+        Box::new(FoldWeightSlices),
+    ]
 }
 
 impl Target for Cpu {
