@@ -302,7 +302,9 @@ fn prompt_token_ids(o: &Options, bundle: &Bundle, text: &Text) -> Result<Vec<Vec
 pub fn parse_ids(list: &str) -> Result<Vec<u32>> {
     let ids = list
         .split(',')
-        .map(|t| t.trim().parse::<u32>().map_err(|_| anyhow!("--prompt-ids `{list}`: `{}` is not a token id", t.trim())))
+        .map(|t| {
+            t.trim().parse::<u32>().map_err(|_| anyhow!("--prompt-ids `{list}`: `{}` is not a token id", t.trim()))
+        })
         .collect::<Result<Vec<u32>>>()?;
     anyhow::ensure!(!ids.is_empty(), "--prompt-ids is empty");
     Ok(ids)

@@ -53,7 +53,13 @@ fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
 }
 
 fn f32_init(name: &str, dims: &[i64], raw: Vec<u8>) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(F32), raw_data: Some(raw.into()), ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(F32),
+        raw_data: Some(raw.into()),
+        ..Default::default()
+    }
 }
 
 fn external(name: &str, dims: &[i64], location: &str, offset: Option<u64>, length: Option<u64>) -> TensorProto {
@@ -74,12 +80,24 @@ fn external(name: &str, dims: &[i64], location: &str, offset: Option<u64>, lengt
     }
 }
 
-fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, inputs: Vec<ValueInfoProto>, outputs: Vec<ValueInfoProto>) -> ModelProto {
+fn model(
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+) -> ModelProto {
     ModelProto {
         ir_version: Some(10),
         opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
         producer_name: Some("npuc-tests".into()),
-        graph: Some(GraphProto { node: nodes, name: Some("g".into()), initializer: inits, input: inputs, output: outputs, ..Default::default() }),
+        graph: Some(GraphProto {
+            node: nodes,
+            name: Some("g".into()),
+            initializer: inits,
+            input: inputs,
+            output: outputs,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -197,7 +215,12 @@ fn cycle() {
 
 #[test]
 fn undefined_input() {
-    let m = model(vec![node("add", "Add", &["x", "nowhere"], &["y"])], vec![], vec![vi("x", F32, &[2])], vec![vi("y", F32, &[2])]);
+    let m = model(
+        vec![node("add", "Add", &["x", "nowhere"], &["y"])],
+        vec![],
+        vec![vi("x", F32, &[2])],
+        vec![vi("y", F32, &[2])],
+    );
     let c = write_model(&m);
     match import_err(&c.path).kind {
         ErrorKind::UndefinedInput { node, input } => assert_eq!((node.as_str(), input.as_str()), ("add", "nowhere")),
@@ -236,7 +259,12 @@ fn wrong_initializer_size() {
 
 #[test]
 fn wrong_input_count() {
-    let m = model(vec![node("add3", "Add", &["x", "x", "x"], &["y"])], vec![], vec![vi("x", F32, &[2])], vec![vi("y", F32, &[2])]);
+    let m = model(
+        vec![node("add3", "Add", &["x", "x", "x"], &["y"])],
+        vec![],
+        vec![vi("x", F32, &[2])],
+        vec![vi("y", F32, &[2])],
+    );
     let c = write_model(&m);
     match import_err(&c.path).kind {
         ErrorKind::Arity { node, given, .. } => assert_eq!((node.as_str(), given), ("add3", 3)),
@@ -294,7 +322,12 @@ fn graph_output_not_produced() {
 
 #[test]
 fn unknown_op_names_node_op_domain_and_opset() {
-    let m = model(vec![node("weird", "FooBar", &["x"], &["y"])], vec![], vec![vi("x", F32, &[2])], vec![vi("y", F32, &[2])]);
+    let m = model(
+        vec![node("weird", "FooBar", &["x"], &["y"])],
+        vec![],
+        vec![vi("x", F32, &[2])],
+        vec![vi("y", F32, &[2])],
+    );
     let c = write_model(&m);
     match import_err(&c.path).kind {
         ErrorKind::UnknownOp { node, op, domain, opset } => {
@@ -317,12 +350,7 @@ fn unknown_domain_is_an_unknown_op() {
 
 /// A model whose initializer `w` (f32[4]) is external data described by `t`.
 fn with_external(t: TensorProto) -> ModelProto {
-    model(
-        vec![node("add", "Add", &["x", "w"], &["y"])],
-        vec![t],
-        vec![vi("x", F32, &[4])],
-        vec![vi("y", F32, &[4])],
-    )
+    model(vec![node("add", "Add", &["x", "w"], &["y"])], vec![t], vec![vi("x", F32, &[4])], vec![vi("y", F32, &[4])])
 }
 
 #[test]

@@ -52,7 +52,6 @@ fn check(name: &str, rel_tol: f64, max_lsb: f64) {
     }
 }
 
-
 const FLOAT_TOL: f64 = 1e-4;
 
 #[test]

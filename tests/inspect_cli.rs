@@ -51,13 +51,12 @@ fn gemms(report: &Value) -> BTreeMap<(String, String, String, String), i64> {
 /// constants are gone after it, and the decoder's inputs carry the symbolic dims.
 fn common_checks(name: &str) -> (Value, Value) {
     let (r, meta) = inspect(name);
-    let hist: BTreeMap<String, i64> =
-        meta["op_histogram"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.trim_start_matches("com.microsoft.").to_string(), v.as_i64().unwrap()))
-            .collect();
+    let hist: BTreeMap<String, i64> = meta["op_histogram"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.trim_start_matches("com.microsoft.").to_string(), v.as_i64().unwrap()))
+        .collect();
     assert_eq!(by_op(&r["before"]), hist, "{name}: census before import differs from the file's");
     let after = by_op(&r["after"]);
     for gone in ["Constant", "Identity", "Size"] {
@@ -68,15 +67,27 @@ fn common_checks(name: &str) -> (Value, Value) {
     assert!(after.get("Shape").copied().unwrap_or(0) <= 2, "{name}: {after:?}");
     assert!(int(&r["after"], "nodes") <= int(&r["before"], "nodes"));
     assert_eq!(r["unsupported"].as_array().unwrap().len(), 0);
-    let inputs: BTreeMap<&str, &str> =
-        r["inputs"].as_array().unwrap().iter().map(|i| (i["name"].as_str().unwrap(), i["shape"].as_str().unwrap())).collect();
+    let inputs: BTreeMap<&str, &str> = r["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap(), i["shape"].as_str().unwrap()))
+        .collect();
     assert_eq!(inputs["input_ids"], "[batch_size,sequence_length]");
     let kv = format!("[batch_size,{},past_sequence_length,{}]", int(&meta, "kv_heads"), int(&meta, "head_dim"));
     assert_eq!(inputs["past_key_values.0.key"], kv);
-    let outputs: BTreeMap<&str, &str> =
-        r["outputs"].as_array().unwrap().iter().map(|i| (i["name"].as_str().unwrap(), i["shape"].as_str().unwrap())).collect();
+    let outputs: BTreeMap<&str, &str> = r["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["name"].as_str().unwrap(), i["shape"].as_str().unwrap()))
+        .collect();
     assert_eq!(outputs["logits"], format!("[batch_size,sequence_length,{}]", int(&meta, "vocab")));
-    let present = format!("[batch_size,{},past_sequence_length + sequence_length,{}]", int(&meta, "kv_heads"), int(&meta, "head_dim"));
+    let present = format!(
+        "[batch_size,{},past_sequence_length + sequence_length,{}]",
+        int(&meta, "kv_heads"),
+        int(&meta, "head_dim")
+    );
     assert_eq!(outputs["present.0.key"], present);
     (r, meta)
 }
@@ -95,8 +106,11 @@ fn float_form(name: &str) {
         int(&meta, "vocab"),
     );
     let g = gemms(&r);
-    let w = |k: i64, n: i64| g.get(&("MatMul".into(), k.to_string(), n.to_string(), "weight".into())).copied().unwrap_or(0);
-    let expect = |k: i64, n: i64, count: i64| assert!(w(k, n) >= count, "{name}: MatMul {k}×{n} on a weight: {} < {count}", w(k, n));
+    let w =
+        |k: i64, n: i64| g.get(&("MatMul".into(), k.to_string(), n.to_string(), "weight".into())).copied().unwrap_or(0);
+    let expect = |k: i64, n: i64, count: i64| {
+        assert!(w(k, n) >= count, "{name}: MatMul {k}×{n} on a weight: {} < {count}", w(k, n))
+    };
     expect(hidden, heads * hd, layers);
     expect(hidden, kv * hd, 2 * layers);
     expect(heads * hd, hidden, layers);
@@ -105,8 +119,15 @@ fn float_form(name: &str) {
     let head = g.get(&("MatMul".into(), hidden.to_string(), vocab.to_string(), "weight (transposed)".into()));
     assert_eq!(head, Some(&1), "{name}: tied lm_head");
     assert_eq!(by_op(&r["after"])["MatMul"], 7 * layers + 2 * layers + 1, "{name}: MatMul count");
-    assert!(int(&r["after"], "nodes") * 2 < int(&r["before"], "nodes"), "{name}: import should at least halve an optimum-style graph");
-    assert!(r["assumptions"].as_array().unwrap().iter().any(|a| a == "total_sequence_length = past_sequence_length + sequence_length"));
+    assert!(
+        int(&r["after"], "nodes") * 2 < int(&r["before"], "nodes"),
+        "{name}: import should at least halve an optimum-style graph"
+    );
+    assert!(r["assumptions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "total_sequence_length = past_sequence_length + sequence_length"));
 }
 
 #[test]
@@ -150,7 +171,13 @@ fn qdq_forms_keep_their_quantize_dequantize_pairs() {
         assert_eq!(after["QuantizeLinear"], before["QuantizeLinear"], "{name}");
         assert_eq!(after["DequantizeLinear"], before["DequantizeLinear"], "{name}");
         let layers = int(&meta, "layers");
-        let quantized = r["gemms"].as_array().unwrap().iter().filter(|g| g["rhs"] == "quantized weight").map(|g| g["count"].as_i64().unwrap()).sum::<i64>();
+        let quantized = r["gemms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["rhs"] == "quantized weight")
+            .map(|g| g["count"].as_i64().unwrap())
+            .sum::<i64>();
         assert_eq!(quantized, 7 * layers, "{name}: projections on int8 weights");
     }
 }

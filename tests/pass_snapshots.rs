@@ -7,7 +7,16 @@
 mod common;
 
 const FIXTURES: &[&str] = &[
-    "llama_f1", "llama_f2", "llama_f3a", "llama_f3b", "llama_f4", "qwen3_f1", "qwen3_f2", "qwen3_f3a", "qwen3_f3b", "qwen3_f4",
+    "llama_f1",
+    "llama_f2",
+    "llama_f3a",
+    "llama_f3b",
+    "llama_f4",
+    "qwen3_f1",
+    "qwen3_f2",
+    "qwen3_f3a",
+    "qwen3_f3b",
+    "qwen3_f4",
 ];
 
 /// The printed graph after `pass` (or after import for `import`).

@@ -7,7 +7,11 @@ use std::process::Command;
 
 fn npuc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn model(name: &str) -> String {
@@ -17,9 +21,11 @@ fn model(name: &str) -> String {
 #[test]
 fn passes_dumps_one_file_per_pass_and_reports_json() {
     let dir = tempfile::tempdir().unwrap();
-    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--target", "cpu", "--dump-dir", dir.path().to_str().unwrap()]);
+    let (ok, _, err) =
+        npuc(&["passes", &model("llama_f1"), "--target", "cpu", "--dump-dir", dir.path().to_str().unwrap()]);
     assert!(ok, "{err}");
-    let mut files: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut files: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     files.sort();
     assert_eq!(files, ["00-import.ir", "01-canonicalize.ir", "02-saturate.ir"]);
     let text = std::fs::read_to_string(dir.path().join("02-saturate.ir")).unwrap();
@@ -98,9 +104,19 @@ fn passes_checks_the_program_against_a_test_case() {
 fn explore_runs_user_rules_on_one_layer() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("my.rules");
-    std::fs::write(&rules, "# x·σ(x) as written by torch\nmy-silu: (Mul ?x (Sigmoid ?x)) => (npuc::Silu ?x)\n").unwrap();
-    let (ok, out, err) =
-        npuc(&["explore", &model("llama_f1"), "--layer", "0", "--family", "rmsnorm", "--rules", rules.to_str().unwrap(), "--json"]);
+    std::fs::write(&rules, "# x·σ(x) as written by torch\nmy-silu: (Mul ?x (Sigmoid ?x)) => (npuc::Silu ?x)\n")
+        .unwrap();
+    let (ok, out, err) = npuc(&[
+        "explore",
+        &model("llama_f1"),
+        "--layer",
+        "0",
+        "--family",
+        "rmsnorm",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--json",
+    ]);
     assert!(ok, "{err}");
     let r: Value = serde_json::from_str(&out).unwrap();
     let applied: u64 = r["report"]["phases"][0]["iterations"]
@@ -137,8 +153,18 @@ fn explore_explains_a_fused_value() {
     let rules = dir.path().join("my.rules");
     std::fs::write(&rules, "my-silu: (Mul ?x (Sigmoid ?x)) => (npuc::Silu ?x)\n").unwrap();
     let value = "/model/layers.0/mlp/act_fn/Mul_output_0";
-    let (ok, out, err) =
-        npuc(&["explore", &model("llama_f1"), "--layer", "0", "--family", "rmsnorm", "--rules", rules.to_str().unwrap(), "--explain", value]);
+    let (ok, out, err) = npuc(&[
+        "explore",
+        &model("llama_f1"),
+        "--layer",
+        "0",
+        "--family",
+        "rmsnorm",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--explain",
+        value,
+    ]);
     assert!(ok, "{err}");
     let chain: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("rewrite chain")).collect();
     assert!(chain.iter().any(|l| l.trim_start().starts_with("start: (Mul ")), "{out}");

@@ -13,7 +13,8 @@ struct Meta {
 }
 
 fn meta(name: &str) -> Meta {
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(common::fixture(name).join("meta.json")).unwrap()).unwrap();
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(common::fixture(name).join("meta.json")).unwrap()).unwrap();
     Meta { layers: v["layers"].as_u64().unwrap() as usize, qk_norm: v["arch"] == "qwen3" }
 }
 

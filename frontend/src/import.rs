@@ -81,7 +81,13 @@ pub struct UnsupportedOp {
 pub fn unsupported_ops(model: &OnnxModel) -> Vec<UnsupportedOp> {
     let Some(g) = model.proto.graph.as_ref() else { return vec![] };
     let opset_of = |d: &str| {
-        model.proto.opset_import.iter().find(|o| o.domain.as_deref().unwrap_or("") == d).and_then(|o| o.version).unwrap_or(0)
+        model
+            .proto
+            .opset_import
+            .iter()
+            .find(|o| o.domain.as_deref().unwrap_or("") == d)
+            .and_then(|o| o.version)
+            .unwrap_or(0)
     };
     g.node
         .iter()
@@ -128,9 +134,13 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
     let mut opsets: BTreeMap<Domain, i64> = BTreeMap::new();
     let mut report = ImportReport {
         ir_version: m.ir_version.unwrap_or(0),
-        producer: format!("{} {}", m.producer_name.clone().unwrap_or_default(), m.producer_version.clone().unwrap_or_default())
-            .trim()
-            .to_string(),
+        producer: format!(
+            "{} {}",
+            m.producer_name.clone().unwrap_or_default(),
+            m.producer_version.clone().unwrap_or_default()
+        )
+        .trim()
+        .to_string(),
         ..Default::default()
     };
     for o in &m.opset_import {
@@ -159,7 +169,10 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         define(&mut sources, t.name.as_deref().unwrap_or(""), Source::Initializer)?;
     }
     if !g.sparse_initializer.is_empty() {
-        return Err(ErrorKind::Tensor { tensor: "(sparse initializer)".into(), detail: "sparse initializers are not supported".into() });
+        return Err(ErrorKind::Tensor {
+            tensor: "(sparse initializer)".into(),
+            detail: "sparse initializers are not supported".into(),
+        });
     }
     let initializer_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_deref().unwrap_or("")).collect();
     for v in &g.input {
@@ -198,13 +211,31 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         let n_in = n.input.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
         let n_out = n.output.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
         let range = |lo: usize, hi: usize| {
-            if hi == ir::op::MANY { format!("at least {lo}") } else if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") }
+            if hi == ir::op::MANY {
+                format!("at least {lo}")
+            } else if lo == hi {
+                format!("{lo}")
+            } else {
+                format!("{lo} to {hi}")
+            }
         };
         if n_in < spec.min_inputs || n_in > spec.max_inputs {
-            return Err(ErrorKind::Arity { node: node_name(i), op, what: "inputs", given: n_in, expected: range(spec.min_inputs, spec.max_inputs) });
+            return Err(ErrorKind::Arity {
+                node: node_name(i),
+                op,
+                what: "inputs",
+                given: n_in,
+                expected: range(spec.min_inputs, spec.max_inputs),
+            });
         }
         if n_out < spec.min_outputs || n_out > spec.max_outputs {
-            return Err(ErrorKind::Arity { node: node_name(i), op, what: "outputs", given: n_out, expected: range(spec.min_outputs, spec.max_outputs) });
+            return Err(ErrorKind::Arity {
+                node: node_name(i),
+                op,
+                what: "outputs",
+                given: n_out,
+                expected: range(spec.min_outputs, spec.max_outputs),
+            });
         }
         specs.push((spec, opset, n_in, n_out));
     }
@@ -236,7 +267,8 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         }
     }
     if order.len() != g.node.len() {
-        let stuck: Vec<String> = (0..g.node.len()).filter(|&i| pending[i] > 0).take(5).map(|i| format!("`{}`", node_name(i))).collect();
+        let stuck: Vec<String> =
+            (0..g.node.len()).filter(|&i| pending[i] > 0).take(5).map(|i| format!("`{}`", node_name(i))).collect();
         return Err(ErrorKind::Cycle(stuck.join(", ")));
     }
     for o in &g.output {
@@ -290,11 +322,10 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         let outs = if spec.name == "Constant" {
             vec![Info::constant(constant_value(&attrs, &name)?)]
         } else {
-            let ins: Vec<Option<&Info>> = n.input[..n_in]
-                .iter()
-                .map(|s| if s.is_empty() { None } else { infos.get(s.as_str()) })
-                .collect();
-            let nc = NodeCtx { name: &name, domain: spec.domain, op: spec.name, opset, attrs: &attrs, num_outputs: n_out };
+            let ins: Vec<Option<&Info>> =
+                n.input[..n_in].iter().map(|s| if s.is_empty() { None } else { infos.get(s.as_str()) }).collect();
+            let nc =
+                NodeCtx { name: &name, domain: spec.domain, op: spec.name, opset, attrs: &attrs, num_outputs: n_out };
             infer_node(&nc, &mut ctx, &ins)?
         };
         for (k, (o, info)) in n.output.iter().zip(outs).enumerate() {
@@ -411,15 +442,16 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
     let mut ids: HashMap<String, ValueId> = HashMap::new();
     let mut aliases: HashMap<&str, &str> = HashMap::new();
     let output_names: HashSet<&str> = g.output.iter().map(|o| o.name.as_deref().unwrap_or("")).collect();
-    let leaf = |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, name: &str, info: &Info, def: ValueDef| -> ValueId {
-        if let Some(&id) = ids.get(name) {
-            return id;
-        }
-        graph.values.push(Value { name: name.to_string(), dtype: info.dtype, shape: info.shape.clone(), def });
-        let id = ValueId(graph.values.len() as u32 - 1);
-        ids.insert(name.to_string(), id);
-        id
-    };
+    let leaf =
+        |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, name: &str, info: &Info, def: ValueDef| -> ValueId {
+            if let Some(&id) = ids.get(name) {
+                return id;
+            }
+            graph.values.push(Value { name: name.to_string(), dtype: info.dtype, shape: info.shape.clone(), def });
+            let id = ValueId(graph.values.len() as u32 - 1);
+            ids.insert(name.to_string(), id);
+            id
+        };
     for v in &g.input {
         let name = v.name.as_deref().unwrap_or("");
         if !initializer_names.contains(name) {
@@ -427,22 +459,23 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
             graph.inputs.push(id);
         }
     }
-    let resolve = |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, aliases: &HashMap<&str, &str>, name: &str| -> ValueId {
-        let mut name = name;
-        while let Some(a) = aliases.get(name) {
-            name = a;
-        }
-        if let Some(&id) = ids.get(name) {
-            return id;
-        }
-        let info = &infos[name];
-        let def = match (sources[name], &info.known) {
-            (Source::Initializer, _) => ValueDef::Weight(weight_ids[name]),
-            (_, Known::Const(t)) => ValueDef::Const(t.clone()),
-            _ => unreachable!("non-constant value `{name}` used before its node was built"),
+    let resolve =
+        |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, aliases: &HashMap<&str, &str>, name: &str| -> ValueId {
+            let mut name = name;
+            while let Some(a) = aliases.get(name) {
+                name = a;
+            }
+            if let Some(&id) = ids.get(name) {
+                return id;
+            }
+            let info = &infos[name];
+            let def = match (sources[name], &info.known) {
+                (Source::Initializer, _) => ValueDef::Weight(weight_ids[name]),
+                (_, Known::Const(t)) => ValueDef::Const(t.clone()),
+                _ => unreachable!("non-constant value `{name}` used before its node was built"),
+            };
+            leaf(graph, ids, name, info, def)
         };
-        leaf(graph, ids, name, info, def)
-    };
     for &i in &order {
         if !live_nodes[i] {
             continue;
@@ -474,7 +507,12 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
             let name = if o.is_empty() { format!("{}.unused{k}", name_of(n, i)) } else { o.clone() };
             let info = if o.is_empty() { unnamed_outputs.get(&(i, k)) } else { infos.get(o.as_str()) };
             let (dtype, shape) = info.map(|i| (i.dtype, i.shape.clone())).unwrap_or((DType::F32, vec![]));
-            graph.values.push(Value { name: name.clone(), dtype, shape, def: ValueDef::Node { node: node_id, output: k } });
+            graph.values.push(Value {
+                name: name.clone(),
+                dtype,
+                shape,
+                def: ValueDef::Node { node: node_id, output: k },
+            });
             let id = ValueId(graph.values.len() as u32 - 1);
             ids.insert(name, id);
             outputs.push(id);
@@ -586,7 +624,11 @@ fn convert_attrs(n: &proto::NodeProto, node: &str, files: &mut ExternalFiles) ->
     let mut attrs = Attrs::default();
     for a in &n.attribute {
         let name = a.name.clone().unwrap_or_default();
-        let bad = |detail: String| ErrorKind::BadNode { node: node.into(), op: n.op_type.clone().unwrap_or_default(), detail };
+        let bad = |detail: String| ErrorKind::BadNode {
+            node: node.into(),
+            op: n.op_type.clone().unwrap_or_default(),
+            detail,
+        };
         if a.ref_attr_name.as_deref().is_some_and(|s| !s.is_empty()) {
             return Err(bad(format!("attribute `{name}` refers to a function attribute")));
         }
@@ -597,7 +639,9 @@ fn convert_attrs(n: &proto::NodeProto, node: &str, files: &mut ExternalFiles) ->
             AttributeType::String => Attr::Str(String::from_utf8_lossy(a.s.as_deref().unwrap_or(&[])).into_owned()),
             AttributeType::Floats => Attr::Floats(a.floats.clone()),
             AttributeType::Ints => Attr::Ints(a.ints.clone()),
-            AttributeType::Strings => Attr::Strs(a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect()),
+            AttributeType::Strings => {
+                Attr::Strs(a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect())
+            }
             AttributeType::Tensor => {
                 let t = a.t.as_ref().ok_or_else(|| bad(format!("tensor attribute `{name}` has no tensor")))?;
                 let raw = decode_tensor(t, files)?;

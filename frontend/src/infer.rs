@@ -21,7 +21,10 @@ pub enum Known {
     /// A concrete tensor.
     Const(Tensor),
     /// An integer scalar (`scalar == true`) or vector of symbolic dims.
-    Dims { dims: Vec<Dim>, scalar: bool },
+    Dims {
+        dims: Vec<Dim>,
+        scalar: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -37,11 +40,7 @@ impl Info {
     }
 
     pub fn constant(t: Tensor) -> Info {
-        Info {
-            dtype: t.dtype,
-            shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect(),
-            known: Known::Const(t),
-        }
+        Info { dtype: t.dtype, shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect(), known: Known::Const(t) }
     }
 
     fn from_dims(dtype: DType, dims: Vec<Dim>, scalar: bool) -> Info {
@@ -246,14 +245,19 @@ pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
     }
     let all_concrete = inputs.iter().flatten().all(|i| i.is_concrete());
     let small = outs.iter().all(|o| {
-        o.shape.iter().try_fold(1usize, |acc, d| d.as_known().and_then(|k| acc.checked_mul(k as usize)))
+        o.shape
+            .iter()
+            .try_fold(1usize, |acc, d| d.as_known().and_then(|k| acc.checked_mul(k as usize)))
             .is_some_and(|numel| numel <= FOLD_LIMIT_ELEMENTS)
     });
     if all_concrete && small && n.op != "Constant" {
         let tensors: Vec<Option<&Tensor>> = inputs.iter().map(|i| i.and_then(|i| i.as_const())).collect();
         let op = OpRef { node: n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: n.attrs };
-        let results = ir::eval::eval_op(&op, &tensors, n.num_outputs)
-            .map_err(|e| ErrorKind::Fold { node: n.name.into(), op: n.op.into(), detail: e.msg })?;
+        let results = ir::eval::eval_op(&op, &tensors, n.num_outputs).map_err(|e| ErrorKind::Fold {
+            node: n.name.into(),
+            op: n.op.into(),
+            detail: e.msg,
+        })?;
         for (i, (t, o)) in results.iter().zip(outs.iter()).enumerate() {
             let inferred: Vec<Option<i64>> = o.shape.iter().map(|d| d.as_known()).collect();
             let got: Vec<Option<i64>> = t.shape.iter().map(|&d| Some(d as i64)).collect();
@@ -468,7 +472,13 @@ fn fold_dims(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Option<Info>, Err
     Ok(result.map(|(d, s)| Info::from_dims(out_dtype, d, s)))
 }
 
-fn reduce_shape(n: &NodeCtx, x: &Info, axes: Option<Vec<i64>>, keepdims: bool, noop_empty: bool) -> Result<Vec<Dim>, ErrorKind> {
+fn reduce_shape(
+    n: &NodeCtx,
+    x: &Info,
+    axes: Option<Vec<i64>>,
+    keepdims: bool,
+    noop_empty: bool,
+) -> Result<Vec<Dim>, ErrorKind> {
     let rank = x.shape.len();
     let axes: Vec<usize> = match axes {
         Some(a) if !a.is_empty() => a.iter().map(|&a| norm_axis(n, a, rank)).collect::<Result<_, _>>()?,
@@ -518,14 +528,23 @@ fn matmul_shape(n: &NodeCtx, ctx: &mut Ctx, a: &[Dim], b: &[Dim]) -> Result<Vec<
 }
 
 /// Output shape of a Reshape whose target may hold symbolic dims, 0 (copy) and -1 (infer).
-pub fn reshape_shape(n: &NodeCtx, ctx: &mut Ctx, input: &[Dim], target: &[Dim], allowzero: bool) -> Result<Vec<Dim>, ErrorKind> {
+pub fn reshape_shape(
+    n: &NodeCtx,
+    ctx: &mut Ctx,
+    input: &[Dim],
+    target: &[Dim],
+    allowzero: bool,
+) -> Result<Vec<Dim>, ErrorKind> {
     let mut out = Vec::with_capacity(target.len());
     let mut infer_at = None;
     for (i, t) in target.iter().enumerate() {
         match t.as_known() {
-            Some(0) if !allowzero => {
-                out.push(input.get(i).cloned().ok_or_else(|| n.shape_err(format!("0 at position {i} has no input dim to copy")))?)
-            }
+            Some(0) if !allowzero => out.push(
+                input
+                    .get(i)
+                    .cloned()
+                    .ok_or_else(|| n.shape_err(format!("0 at position {i} has no input dim to copy")))?,
+            ),
             Some(-1) => {
                 if infer_at.replace(i).is_some() {
                     return Err(n.shape_err("more than one -1 in the target shape"));
@@ -592,8 +611,10 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
         | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" => {
             let x = x0()?;
-            if matches!(n.op, "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Softmax")
-                && !x.dtype.is_float()
+            if matches!(
+                n.op,
+                "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Softmax"
+            ) && !x.dtype.is_float()
             {
                 return Err(n.dtype_err(format!("{} needs a float input, got {}", n.op, x.dtype)));
             }
@@ -670,7 +691,11 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
             match s.as_dims() {
                 Some((target, _)) => one(x.dtype, reshape_shape(n, ctx, &x.shape, &target, allowzero)?),
                 None => {
-                    let rank = s.shape.first().and_then(|d| d.as_known()).ok_or_else(|| n.shape_err("target shape of unknown length"))?;
+                    let rank = s
+                        .shape
+                        .first()
+                        .and_then(|d| d.as_known())
+                        .ok_or_else(|| n.shape_err("target shape of unknown length"))?;
                     let shape = (0..rank).map(|_| ctx.fresh("reshape")).collect();
                     one(x.dtype, shape)
                 }
@@ -780,7 +805,9 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
                                 (0..parts).map(|i| Dim::known(chunk.min(k - chunk * i as i64).max(0))).collect()
                             }
                             None => {
-                                let q = d.div_exact(&Dim::known(parts as i64)).ok_or_else(|| n.shape_err("cannot split a symbolic dim evenly"))?;
+                                let q = d
+                                    .div_exact(&Dim::known(parts as i64))
+                                    .ok_or_else(|| n.shape_err("cannot split a symbolic dim evenly"))?;
                                 vec![q; parts]
                             }
                         }
@@ -790,11 +817,14 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
             if sizes.len() != parts {
                 return Err(n.shape_err(format!("{} split sizes for {parts} outputs", sizes.len())));
             }
-            Ok(sizes.into_iter().map(|s| {
-                let mut shape = x.shape.clone();
-                shape[axis] = s;
-                Info::new(x.dtype, shape)
-            }).collect())
+            Ok(sizes
+                .into_iter()
+                .map(|s| {
+                    let mut shape = x.shape.clone();
+                    shape[axis] = s;
+                    Info::new(x.dtype, shape)
+                })
+                .collect())
         }
         "Slice" => {
             let x = x0()?;
@@ -840,7 +870,11 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         "GatherND" => {
             let (x, idx) = (x0()?, req(n, inputs, 1)?);
             let b = n.attr_int("batch_dims", 0)? as usize;
-            let last = idx.shape.last().and_then(|d| d.as_known()).ok_or_else(|| n.shape_err("GatherND needs a known index depth"))? as usize;
+            let last = idx
+                .shape
+                .last()
+                .and_then(|d| d.as_known())
+                .ok_or_else(|| n.shape_err("GatherND needs a known index depth"))? as usize;
             let mut out = idx.shape[..idx.shape.len() - 1].to_vec();
             out.extend(x.shape.get(b + last..).unwrap_or(&[]).iter().cloned());
             one(x.dtype, out)
@@ -971,7 +1005,14 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
 /// the dim it slices (transformers slices the causal mask to the key length,
 /// `mask[..., :key.shape[-2]]`): that is "to the end", `i64::MAX`. Any other symbolic bound is an
 /// error naming it.
-fn slice_bounds(n: &NodeCtx, ctx: &Ctx, info: &Info, what: &str, shape: &[Dim], axes: &[usize]) -> Result<Vec<i64>, ErrorKind> {
+fn slice_bounds(
+    n: &NodeCtx,
+    ctx: &Ctx,
+    info: &Info,
+    what: &str,
+    shape: &[Dim],
+    axes: &[usize],
+) -> Result<Vec<i64>, ErrorKind> {
     let (dims, _) = info.as_dims().ok_or_else(|| n.bad(format!("{what} must be a constant integer tensor")))?;
     constant_slice_bounds(ctx, &dims, shape, axes).map_err(|(bound, dim)| {
         n.bad(format!("{what} must be constant or the size of the dim it slices; it is {bound}, the dim is {dim}"))
@@ -988,7 +1029,11 @@ pub fn constant_slice_bounds(ctx: &Ctx, bounds: &[Dim], shape: &[Dim], axes: &[u
                 return Ok(k);
             }
             let dim = axes.get(i).and_then(|&a| shape.get(a)).map(|d| ctx.normalize(d)).unwrap_or(Dim::known(0));
-            if ctx.normalize(b) == dim { Ok(i64::MAX) } else { Err((ctx.normalize(b), dim)) }
+            if ctx.normalize(b) == dim {
+                Ok(i64::MAX)
+            } else {
+                Err((ctx.normalize(b), dim))
+            }
         })
         .collect()
 }
@@ -1014,7 +1059,13 @@ fn slice_len(ctx: &Ctx, d: &Dim, s: i64, e: i64, st: i64) -> Option<Dim> {
     }
     const OPEN: i64 = 1 << 31;
     let start = if s >= 0 { Dim::known(s) } else { d.add(&Dim::known(s))? };
-    let end = if e >= OPEN { d.clone() } else if e >= 0 { Dim::known(e) } else { d.add(&Dim::known(e))? };
+    let end = if e >= OPEN {
+        d.clone()
+    } else if e >= 0 {
+        Dim::known(e)
+    } else {
+        d.add(&Dim::known(e))?
+    };
     end.sub(&start)
 }
 
@@ -1029,8 +1080,12 @@ fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, 
         if kvh <= 0 {
             return Err(n.bad("3-D Attention inputs need kv_num_heads"));
         }
-        let hk = k.shape[2].div_exact(&Dim::known(kvh)).ok_or_else(|| n.shape_err("key width not divisible by kv_num_heads"))?;
-        let hv = v.shape[2].div_exact(&Dim::known(kvh)).ok_or_else(|| n.shape_err("value width not divisible by kv_num_heads"))?;
+        let hk = k.shape[2]
+            .div_exact(&Dim::known(kvh))
+            .ok_or_else(|| n.shape_err("key width not divisible by kv_num_heads"))?;
+        let hv = v.shape[2]
+            .div_exact(&Dim::known(kvh))
+            .ok_or_else(|| n.shape_err("value width not divisible by kv_num_heads"))?;
         (Dim::known(kvh), hk, hv, k.shape[1].clone(), k.shape[0].clone())
     };
     let y = if q.shape.len() == 4 {
@@ -1066,12 +1121,14 @@ fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
     let heads = n.attr_int("num_heads", 0)?;
     let kv_heads = n.attr_int("kv_num_heads", 0)?;
     if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
-        return Err(n.bad(format!("num_heads {heads} and kv_num_heads {kv_heads} must be positive, heads a multiple of kv heads")));
+        return Err(n.bad(format!(
+            "num_heads {heads} and kv_num_heads {kv_heads} must be positive, heads a multiple of kv heads"
+        )));
     }
     let width = if opt(inputs, 1).is_some() { heads } else { heads + 2 * kv_heads };
-    let head = q.shape[2].div_exact(&Dim::known(width)).ok_or_else(|| {
-        n.shape_err(format!("query width {} is not a multiple of {width} heads", q.shape[2]))
-    })?;
+    let head = q.shape[2]
+        .div_exact(&Dim::known(width))
+        .ok_or_else(|| n.shape_err(format!("query width {} is not a multiple of {width} heads", q.shape[2])))?;
     let past = opt(inputs, 3);
     // The caches hold kv_num_heads heads of the query's head size; the builder declares the
     // last dim as a size of its own (`kv_cache_dim`), which this makes the head size.
@@ -1079,7 +1136,10 @@ fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
         for (dim, want) in [(&cache.shape[1], Dim::known(kv_heads)), (&cache.shape[3], head.clone())] {
             let dim = ctx.normalize(dim);
             if dim.is_known() && want.is_known() && dim != want {
-                return Err(n.shape_err(format!("a past cache is {} where {want} is expected", ir::dim::shape_to_string(&cache.shape))));
+                return Err(n.shape_err(format!(
+                    "a past cache is {} where {want} is expected",
+                    ir::dim::shape_to_string(&cache.shape)
+                )));
             }
             ctx.unify(&dim, &want);
         }

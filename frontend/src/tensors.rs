@@ -47,7 +47,11 @@ impl ExternalFiles {
         for c in rel.components() {
             match c {
                 Component::Normal(_) | Component::CurDir => {}
-                Component::ParentDir => return Err(err("`..` components are refused; external data must live in the model's folder".into())),
+                Component::ParentDir => {
+                    return Err(
+                        err("`..` components are refused; external data must live in the model's folder".into()),
+                    )
+                }
                 _ => return Err(err("the location is not a plain relative path".into())),
             }
         }
@@ -56,7 +60,8 @@ impl ExternalFiles {
             return Ok(b.clone());
         }
         if self.canonical_dir.is_none() {
-            let d = std::fs::canonicalize(&self.dir).map_err(|e| err(format!("cannot resolve the model's folder: {e}")))?;
+            let d =
+                std::fs::canonicalize(&self.dir).map_err(|e| err(format!("cannot resolve the model's folder: {e}")))?;
             self.canonical_dir = Some(d);
         }
         let canonical_dir = self.canonical_dir.as_ref().expect("set above");
@@ -94,13 +99,10 @@ pub fn tensor_type(t: &TensorProto) -> Result<(DType, Vec<usize>, u64), ErrorKin
         if d < 0 {
             return Err(ErrorKind::Tensor { tensor: name, detail: format!("negative dimension {d} in {:?}", t.dims) });
         }
-        numel = numel
-            .checked_mul(d as u64)
-            .filter(|&n| n <= MAX_TENSOR_ELEMENTS)
-            .ok_or_else(|| ErrorKind::Tensor {
-                tensor: name.clone(),
-                detail: format!("shape {:?} has more than 2^40 elements", t.dims),
-            })?;
+        numel = numel.checked_mul(d as u64).filter(|&n| n <= MAX_TENSOR_ELEMENTS).ok_or_else(|| ErrorKind::Tensor {
+            tensor: name.clone(),
+            detail: format!("shape {:?} has more than 2^40 elements", t.dims),
+        })?;
         shape.push(d as usize);
     }
     Ok((dtype, shape, numel))
@@ -145,7 +147,9 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
         let length = length.unwrap_or(file_len.saturating_sub(offset));
         let end = offset.checked_add(length).ok_or_else(|| ext("offset + length overflows".into()))?;
         if end > file_len {
-            return Err(ext(format!("offset {offset} + length {length} is past the end of the file ({file_len} bytes)")));
+            return Err(ext(format!(
+                "offset {offset} + length {length} is past the end of the file ({file_len} bytes)"
+            )));
         }
         if length != expected {
             return Err(ext(format!("length {length} disagrees with {dtype}{shape:?}, which needs {expected} bytes")));
@@ -154,10 +158,7 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() as u64 != expected {
-            return Err(terr(format!(
-                "raw_data has {} bytes but {dtype}{shape:?} needs {expected}",
-                raw.len()
-            )));
+            return Err(terr(format!("raw_data has {} bytes but {dtype}{shape:?} needs {expected}", raw.len())));
         }
         return Ok(RawTensor { dtype, shape, bytes: raw.clone() });
     }

@@ -710,7 +710,8 @@ mod tests {
         // × w = [[1], [1]] per tensor: row 0 → (64 − 127)·s₀, row 1 → 0.
         let w = Tensor::from_i64(DType::I8, vec![2, 1], vec![1, 1]);
         let (z, one) = (Tensor::from_i64(DType::I8, vec![], vec![0]), Tensor::scalar_f32(1.0));
-        let y = eval(&op("QGemm", &at), &[Some(&r[0]), Some(&r[1]), Some(&z), Some(&w), Some(&one), Some(&z)], 1).unwrap();
+        let y =
+            eval(&op("QGemm", &at), &[Some(&r[0]), Some(&r[1]), Some(&z), Some(&w), Some(&one), Some(&z)], 1).unwrap();
         assert_eq!(y[0].as_f32().unwrap(), &[-63.0 * s[0], 0.0]);
         // A per-row scale must have one value per row.
         let bad = Tensor::from_f32(DType::F32, vec![3, 1], vec![1.0; 3]);

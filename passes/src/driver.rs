@@ -98,11 +98,24 @@ mod tests {
     /// y = Neg(x).
     fn tiny() -> Graph {
         let x = Value { name: "x".into(), dtype: DType::F32, shape: vec![Dim::known(2)], def: ValueDef::Input };
-        let y = Value { name: "y".into(), dtype: DType::F32, shape: vec![Dim::known(2)], def: ValueDef::Node { node: NodeId(0), output: 0 } };
+        let y = Value {
+            name: "y".into(),
+            dtype: DType::F32,
+            shape: vec![Dim::known(2)],
+            def: ValueDef::Node { node: NodeId(0), output: 0 },
+        };
         Graph {
             name: "tiny".into(),
             values: vec![x, y],
-            nodes: vec![Node { name: "neg".into(), domain: Domain::Onnx, op: "Neg", opset: 18, attrs: Attrs::default(), inputs: vec![Some(ValueId(0))], outputs: vec![ValueId(1)] }],
+            nodes: vec![Node {
+                name: "neg".into(),
+                domain: Domain::Onnx,
+                op: "Neg",
+                opset: 18,
+                attrs: Attrs::default(),
+                inputs: vec![Some(ValueId(0))],
+                outputs: vec![ValueId(1)],
+            }],
             inputs: vec![ValueId(0)],
             outputs: vec![ValueId(1)],
             weights: Default::default(),

@@ -9,6 +9,7 @@ pub mod array_int8;
 pub mod cost;
 pub mod driver;
 pub mod passes;
+pub mod position_tables;
 pub mod targets;
 
 use ir::Graph;

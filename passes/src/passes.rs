@@ -118,7 +118,16 @@ impl Pass for Saturate {
             .report
             .phases
             .iter()
-            .map(|p| format!("{}: {} after {} iterations, {} e-nodes / {} e-classes", p.name, p.stop_reason, p.iterations.len(), p.egraph_nodes, p.egraph_classes))
+            .map(|p| {
+                format!(
+                    "{}: {} after {} iterations, {} e-nodes / {} e-classes",
+                    p.name,
+                    p.stop_reason,
+                    p.iterations.len(),
+                    p.egraph_nodes,
+                    p.egraph_classes
+                )
+            })
             .collect();
         let mut summary = phases.join("; ");
         if !sat.report.declined.is_empty() {
@@ -217,7 +226,8 @@ fn weight_slice(graph: &Graph, n: usize) -> Option<(ir::ValueId, ir::Weight)> {
         return None;
     }
     let inner: usize = w.shape[first.min(rank)..].iter().skip(1).product();
-    let (start_el, count_el) = if first == rank { (0, w.numel()) } else { (lo[first] * inner, (hi[first] - lo[first]) * inner) };
+    let (start_el, count_el) =
+        if first == rank { (0, w.numel()) } else { (lo[first] * inner, (hi[first] - lo[first]) * inner) };
     let bits = w.dtype.bits() as usize;
     if (start_el * bits) % 8 != 0 || (count_el * bits) % 8 != 0 {
         return None;
@@ -235,7 +245,8 @@ fn splits_to_slices(mut g: Graph) -> (Graph, usize) {
     let old = std::mem::take(&mut g.nodes);
     let mut made = 0;
     for node in old {
-        let parts = if node.op == "Split" && node.domain == ir::Domain::Onnx { split_parts(&mut g, &node) } else { None };
+        let parts =
+            if node.op == "Split" && node.domain == ir::Domain::Onnx { split_parts(&mut g, &node) } else { None };
         for n in parts.unwrap_or_else(|| vec![node]) {
             let id = ir::NodeId(g.nodes.len() as u32);
             for (k, &o) in n.outputs.iter().enumerate() {
@@ -261,7 +272,12 @@ fn split_parts(g: &mut Graph, split: &ir::Node) -> Option<Vec<ir::Node>> {
         split.outputs.iter().map(|&o| g.value(o).shape.get(axis as usize)?.as_known()).collect::<Option<_>>()?;
     let konst = |g: &mut Graph, name: String, v: i64| {
         let t = ir::Tensor::from_i64(ir::DType::I64, vec![1], vec![v]);
-        g.values.push(ir::Value { name, dtype: ir::DType::I64, shape: vec![ir::Dim::known(1)], def: ir::graph::ValueDef::Const(t) });
+        g.values.push(ir::Value {
+            name,
+            dtype: ir::DType::I64,
+            shape: vec![ir::Dim::known(1)],
+            def: ir::graph::ValueDef::Const(t),
+        });
         ir::ValueId(g.values.len() as u32 - 1)
     };
     let axis_id = konst(g, format!("{}.axis", split.name), axis);

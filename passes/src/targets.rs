@@ -1,7 +1,7 @@
 //! The targets and their pipelines.
 //!
 //! `cpu` runs the host pipeline: canonicalize, then saturate with every default rule family,
-//! extracting under the host cost model, then fold-weight-slices. `xdna` adds `array-int8`: every projection becomes the
+//! extracting under the host cost model, then position-tables and fold-weight-slices. `xdna` adds `array-int8`: every projection becomes the
 //! int8 × int8 → int32 `QGemm` the AIE array computes (per-channel int8 weights, activations
 //! quantised per row at run time), so its program has the array's numerics wherever it runs.
 //! `intel-npu` computes in fp16, so its saturate adds a third phase, the `fp16-rescale` family,
@@ -9,6 +9,11 @@
 
 use crate::array_int8::ArrayInt8;
 use crate::passes::{Canonicalize, FoldWeightSlices, Saturate};
+use crate::position_tables::PositionTables;
+
+/// Rows of the position tables: the positions a compiled program of a model that computes RoPE
+/// in the graph can run at.
+pub const POSITION_TABLE_ROWS: usize = 8192;
 use crate::{Pass, Target};
 
 pub struct Cpu;
@@ -16,7 +21,12 @@ pub struct Xdna;
 pub struct IntelNpu;
 
 fn host_pipeline() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Canonicalize), Box::new(Saturate::with_families(rewrites::families())), Box::new(FoldWeightSlices)]
+    vec![
+        Box::new(Canonicalize),
+        Box::new(Saturate::with_families(rewrites::families())),
+        Box::new(PositionTables { rows: POSITION_TABLE_ROWS }),
+        Box::new(FoldWeightSlices),
+    ]
 }
 
 /// The host pipeline with the fp16 phase in saturate.
@@ -24,6 +34,7 @@ fn fp16_pipeline() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(Canonicalize),
         Box::new(Saturate::for_fp16(rewrites::families(), rewrites::fp16_families())),
+        Box::new(PositionTables { rows: POSITION_TABLE_ROWS }),
         Box::new(FoldWeightSlices),
     ]
 }

@@ -43,7 +43,8 @@ pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &
     for &(s_len, p_len) in &SIZES {
         for pattern in 0..3 {
             let am_value = attention_mask_value(pattern, s_len + p_len);
-            let sizes = HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
+            let sizes =
+                HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
             let mut probe = Probe::new(egraph, sizes, (am_name.clone(), am_value.clone()), p_len as i64);
             let value = probe.eval(mask).map_err(|e| format!("evaluating the mask: {e}"))?;
             compare(&value, &am_value, s_len, p_len)
@@ -70,7 +71,10 @@ fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<(Id
     match found.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(format!("no integer graph input is shaped [{batch}, {total}] to read the padding from")),
-        _ => Err(format!("{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear", found.len())),
+        _ => Err(format!(
+            "{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear",
+            found.len()
+        )),
     }
 }
 
@@ -206,7 +210,9 @@ impl<'a> Probe<'a> {
         ty.shape
             .iter()
             .map(|d| {
-                let v = d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| format!("size {d} is not one of the case's"))?;
+                let v = d
+                    .eval(&|s| self.sizes.get(s).copied())
+                    .ok_or_else(|| format!("size {d} is not one of the case's"))?;
                 usize::try_from(v).map_err(|_| format!("size {d} is negative"))
             })
             .collect()

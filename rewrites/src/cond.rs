@@ -51,7 +51,9 @@ pub fn dtype(egraph: &EGraph, id: Id) -> Option<DType> {
 /// `?v` is a one-element constant equal to `value` (relative tolerance 1e-6).
 pub fn is_scalar_const(v: &str, value: f64) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
     let v = var(v);
-    move |egraph, _, subst| scalar_value(egraph, subst[v]).is_some_and(|x| (x - value).abs() <= 1e-6 * value.abs().max(1e-30))
+    move |egraph, _, subst| {
+        scalar_value(egraph, subst[v]).is_some_and(|x| (x - value).abs() <= 1e-6 * value.abs().max(1e-30))
+    }
 }
 
 /// `?v` is a one-element constant (any value): an epsilon, a scale.

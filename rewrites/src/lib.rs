@@ -41,12 +41,30 @@ pub struct Family {
 /// Every family npuc has, in the order the default schedule runs them.
 pub fn families() -> Vec<Family> {
     vec![
-        Family { name: "qdq", summary: "DequantizeLinear → MatMul (→ QuantizeLinear) into one int8 QGemm", rules: qdq::rules },
-        Family { name: "weight-only", summary: "MatMulNBits and blocked-int4 DequantizeLinear → MatMul into WGemm", rules: weight_only::rules },
-        Family { name: "rmsnorm", summary: "decomposed and fused RMS normalisations into RmsNorm / SkipRmsNorm", rules: rmsnorm::rules },
+        Family {
+            name: "qdq",
+            summary: "DequantizeLinear → MatMul (→ QuantizeLinear) into one int8 QGemm",
+            rules: qdq::rules,
+        },
+        Family {
+            name: "weight-only",
+            summary: "MatMulNBits and blocked-int4 DequantizeLinear → MatMul into WGemm",
+            rules: weight_only::rules,
+        },
+        Family {
+            name: "rmsnorm",
+            summary: "decomposed and fused RMS normalisations into RmsNorm / SkipRmsNorm",
+            rules: rmsnorm::rules,
+        },
         Family { name: "rope", summary: "rotate-half and interleaved rotary embeddings into Rope", rules: rope::rules },
-        Family { name: "silu-gate", summary: "x·σ(x) into Silu, Silu(gate)·up into SwiGlu", rules: silu_gate::rules },
-        Family { name: "attention", summary: "scaled-dot-product attention over the KV cache into one causal GQA Attention", rules: attention::rules },
+        Family {
+            name: "silu-gate", summary: "x·σ(x) into Silu, Silu(gate)·up into SwiGlu", rules: silu_gate::rules
+        },
+        Family {
+            name: "attention",
+            summary: "scaled-dot-product attention over the KV cache into one causal GQA Attention",
+            rules: attention::rules,
+        },
     ]
 }
 

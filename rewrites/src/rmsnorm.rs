@@ -464,4 +464,3 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
         changed
     }
 }
-

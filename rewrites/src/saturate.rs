@@ -135,7 +135,11 @@ pub fn saturate(graph: &Graph, phases: &[Phase], explanations: bool) -> Saturate
         .analysis
         .declined
         .iter()
-        .map(|Declined { rule, class, reason }| DeclinedReport { rule: rule.clone(), class: usize::from(egraph.find(*class)), reason: reason.clone() })
+        .map(|Declined { rule, class, reason }| DeclinedReport {
+            rule: rule.clone(),
+            class: usize::from(egraph.find(*class)),
+            reason: reason.clone(),
+        })
         .collect();
     report.type_conflicts = egraph.analysis.type_conflicts.clone();
     Saturated { egraph, root, names, report }
@@ -246,7 +250,8 @@ pub fn extract_graph<CF: CostFunction<ENode>>(template: &Graph, sat: &Saturated,
 /// Runs `families` to saturation (within default limits) and extracts with the host cost model:
 /// what a family's tests use.
 pub fn rewrite_with(graph: &Graph, families: &[Family]) -> (Graph, SaturationReport) {
-    let phase = Phase { name: "test".into(), families: families.to_vec(), extra_rules: vec![], limits: Limits::default() };
+    let phase =
+        Phase { name: "test".into(), families: families.to_vec(), extra_rules: vec![], limits: Limits::default() };
     let sat = saturate(graph, &[phase], false);
     let g = extract_graph(graph, &sat, HostCost);
     (g, sat.report)

@@ -21,8 +21,8 @@
 //! product (what a quantizer that also quantizes Sigmoid outputs writes): `Silu` would skip that
 //! rounding.
 
-use crate::Rewrite;
 use crate::cond;
+use crate::Rewrite;
 use egg::rewrite as rw;
 
 /// The family's rules.
@@ -44,4 +44,3 @@ pub fn rules() -> Vec<Rewrite> {
 
 const REQUANTIZED: &str =
     "σ(x) passes through QuantizeLinear/DequantizeLinear before the product; Silu(x) would skip that rounding";
-

@@ -102,7 +102,11 @@ fn parse_condition(text: &str) -> Result<Condition, String> {
             want(2)?;
             Box::new(cond::is_last_axis(args[0], args[1]))
         }
-        other => return Err(format!("unknown condition `{other}` (known: is_scalar_const, is_scalar, is_constant, is_float, is_last_axis)")),
+        other => {
+            return Err(format!(
+                "unknown condition `{other}` (known: is_scalar_const, is_scalar, is_constant, is_float, is_last_axis)"
+            ))
+        }
     })
 }
 

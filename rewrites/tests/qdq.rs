@@ -151,7 +151,6 @@ fn qgemm_ties(g: &Graph, fixture: &str) -> Ties {
     t
 }
 
-
 /// Runs `g` on both recorded cases of `fixture` and returns the worst relative error of the float
 /// outputs and the worst error, in steps of their scale, of the dequantised outputs.
 fn error_vs_ort(g: &Graph, fixture: &str) -> (f64, f64) {

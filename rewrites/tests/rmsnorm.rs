@@ -77,7 +77,6 @@ fn check_float(name: &str) {
     assert!(err <= 1e-4, "{name}: {err:e}");
 }
 
-
 /// QDQ forms: the logits (a DequantizeLinear result) within 2 steps of their scale of ONNX
 /// Runtime's, as the unrewritten graph is (an activation on a rounding tie of QuantizeLinear may
 /// round the other way); the float outputs (the KV cache) within `float_tol` relative.

@@ -52,7 +52,6 @@ fn check_float(name: &str) {
     assert!(err <= 1e-4, "{name}: {err:e}");
 }
 
-
 /// QDQ forms: the logits within 2 steps of their DequantizeLinear scale of ONNX Runtime's, the
 /// KV cache within 1e-4 relative, as for the unrewritten graph.
 fn check_qdq(name: &str) {

@@ -15,8 +15,8 @@ pub mod bundle;
 pub mod exec;
 pub mod kernels;
 pub mod kvcache;
-pub mod sample;
 #[cfg(feature = "openvino")]
 pub mod openvino;
+pub mod sample;
 #[cfg(feature = "xrt")]
 pub mod xdna;

@@ -1,0 +1,295 @@
+//! `position-tables`: values that are a function of each token's position alone become rows of
+//! a table computed at compile time.
+//!
+//! transformers computes RoPE's cos/sin in the graph from `position_ids` (`inv_freq ⊗ positions`,
+//! `Cos`, `Sin`, the attention scaling), through Expand, MatMul, Where and trigonometry the host
+//! executor has no kernels for and that an NPU would not run either. The onnxruntime-genai
+//! builder writes the same thing as `Gather(cos_cache, positions)`. This pass finds every float
+//! value computed from `position_ids` (with constants, weights and sizes) and read by something
+//! that is not, evaluates it once at positions `0..rows` with the reference evaluator, and
+//! replaces it by `Gather(table, position_ids)` reshaped to its shape — after checking, on a
+//! batch of scattered positions, that each token's row depends on its own position only (the
+//! table is then exactly what the graph computes, bit for bit). Positions at or past `rows` are
+//! outside the table: the manifest's `max_positions` says so and the runtime refuses them.
+
+use crate::{Pass, PassDetail, PassError};
+use ir::graph::ValueDef;
+use ir::{Attrs, DType, Dim, Domain, Graph, Node, NodeId, OpRef, Tensor, Value, ValueId, Weight};
+use std::collections::HashMap;
+
+/// The graph input whose values the tables are indexed by.
+pub const POSITIONS: &str = "position_ids";
+
+pub struct PositionTables {
+    /// Rows of each table: the positions the compiled program can run at.
+    pub rows: usize,
+}
+
+impl Pass for PositionTables {
+    fn name(&self) -> &'static str {
+        "position-tables"
+    }
+    fn contract(&self) -> &'static str {
+        "Expects a graph after saturate. Guarantees the same program for positions below the table size, with every float value computed from position_ids alone (RoPE's in-graph cos/sin) read from a table computed at compile time."
+    }
+    fn run(&self, mut graph: Graph) -> Result<(Graph, PassDetail), PassError> {
+        let Some(&pos) = graph.inputs.iter().find(|&&i| graph.value(i).name == POSITIONS) else {
+            return Ok((graph, PassDetail { summary: "no position_ids input".into(), data: serde_json::Value::Null }));
+        };
+        let mut tabulated = Vec::new();
+        let mut declined = Vec::new();
+        for v in frontier(&graph, pos) {
+            match tabulate(&graph, pos, v, self.rows) {
+                Ok(table) => {
+                    replace_with_gather(&mut graph, pos, v, table);
+                    tabulated.push(graph.value(v).name.clone());
+                }
+                Err(why) => declined.push(format!("`{}`: {why}", graph.value(v).name)),
+            }
+        }
+        let g = graph.pruned();
+        let mut summary = format!("{} values tabulated over {} positions", tabulated.len(), self.rows);
+        if !declined.is_empty() {
+            summary += &format!("; declined {}", declined.join("; "));
+        }
+        let data = serde_json::json!({ "tabulated": tabulated, "declined": declined, "rows": self.rows });
+        Ok((g, PassDetail { summary, data }))
+    }
+}
+
+/// What a value depends on.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Dep {
+    /// Constants and weights.
+    Fixed,
+    /// Sizes (`Shape` of anything) and arithmetic on them and constants.
+    Sizes,
+    /// The positions' values.
+    Positions,
+    /// Anything else.
+    Other,
+}
+
+/// Float values that depend on the positions (and nothing but sizes and constants) and are read
+/// by a node that depends on more, or are graph outputs.
+fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
+    let mut dep: Vec<Dep> = g
+        .values
+        .iter()
+        .map(|v| match v.def {
+            ValueDef::Weight(_) | ValueDef::Const(_) => Dep::Fixed,
+            _ => Dep::Other,
+        })
+        .collect();
+    dep[pos.0 as usize] = Dep::Positions;
+    for n in &g.nodes {
+        let d = if n.op == "Shape" {
+            Dep::Sizes
+        } else {
+            n.inputs.iter().flatten().map(|i| dep[i.0 as usize]).max().unwrap_or(Dep::Fixed)
+        };
+        for &o in &n.outputs {
+            dep[o.0 as usize] = d;
+        }
+    }
+    let mut out: Vec<ValueId> = Vec::new();
+    let mut take = |v: ValueId| {
+        if dep[v.0 as usize] == Dep::Positions && g.value(v).dtype.is_float() && !out.contains(&v) {
+            out.push(v);
+        }
+    };
+    for n in &g.nodes {
+        if n.outputs.iter().any(|o| dep[o.0 as usize] == Dep::Other) {
+            n.inputs.iter().flatten().for_each(|&i| take(i));
+        }
+    }
+    g.outputs.iter().for_each(|&o| take(o));
+    out
+}
+
+/// The `[rows, width]` table of `v`, checked to be a function of each token's position alone.
+fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, String> {
+    let width = row_width(g, pos, v)?;
+    let p = &g.value(pos).shape;
+    let all: Vec<i64> = (0..rows as i64).collect();
+    let table = eval_value(g, pos, v, Tensor::from_i64(DType::I64, vec![1, rows], all), p)?;
+    let table = table.to_f32_vec();
+    let scattered = [7i64, 3, 11, 0, 5, 2].map(|x| x.min(rows as i64 - 1)).to_vec();
+    let check = eval_value(g, pos, v, Tensor::from_i64(DType::I64, vec![2, 3], scattered.clone()), p)?;
+    for (k, &at) in scattered.iter().enumerate() {
+        let want = &table[at as usize * width..(at as usize + 1) * width];
+        let got = &check.to_f32_vec()[k * width..(k + 1) * width];
+        if want.iter().zip(got).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            return Err(format!("token {k} (position {at}) does not read its own row"));
+        }
+    }
+    Ok(Tensor::from_f32(DType::F32, vec![rows, width], table))
+}
+
+/// The elements per token of `v`, when `v` is `[batch, 1.., seq, rest..]` with `rest` known.
+fn row_width(g: &Graph, pos: ValueId, v: ValueId) -> Result<usize, String> {
+    let (p, s) = (&g.value(pos).shape, &g.value(v).shape);
+    let seq_at = s.iter().position(|d| *d == p[1]).ok_or("it has no sequence axis")?;
+    let layout_ok = s.first() == Some(&p[0]) && s[1..seq_at].iter().all(|d| d.as_known() == Some(1));
+    let rest: Option<Vec<i64>> = s[seq_at + 1..].iter().map(Dim::as_known).collect();
+    match rest {
+        Some(rest) if layout_ok && g.value(v).dtype == DType::F32 => Ok(rest.iter().product::<i64>() as usize),
+        _ => Err(format!("it is {}, not f32 [batch, 1.., sequence, known..]", ir::dim::shape_to_string(s))),
+    }
+}
+
+/// Evaluates `v` with `position_ids` = `positions`; `Shape` is answered from symbolic shapes with
+/// the positions' batch and sequence sizes.
+fn eval_value(g: &Graph, pos: ValueId, v: ValueId, positions: Tensor, p: &[Dim]) -> Result<Tensor, String> {
+    let mut sizes = HashMap::new();
+    for (d, &n) in p.iter().zip(&positions.shape) {
+        let s = d.as_symbol().ok_or("position_ids' dims are not plain sizes")?;
+        sizes.insert(s.to_string(), n as i64);
+    }
+    let mut values: HashMap<ValueId, Tensor> = HashMap::from([(pos, positions)]);
+    eval_rec(g, v, &sizes, &mut values)
+}
+
+fn eval_rec(
+    g: &Graph,
+    v: ValueId,
+    sizes: &HashMap<String, i64>,
+    values: &mut HashMap<ValueId, Tensor>,
+) -> Result<Tensor, String> {
+    if let Some(t) = values.get(&v) {
+        return Ok(t.clone());
+    }
+    let value = g.value(v);
+    let t = match &value.def {
+        ValueDef::Const(t) => t.clone(),
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string())?,
+        ValueDef::Input => return Err(format!("it reads the input `{}`", value.name)),
+        ValueDef::Node { node, output } => {
+            let n = g.node(*node);
+            let mut results = if n.op == "Shape" {
+                vec![shape_value(g, n, sizes)?]
+            } else {
+                let mut args = Vec::with_capacity(n.inputs.len());
+                for i in &n.inputs {
+                    args.push(match i {
+                        Some(i) => Some(eval_rec(g, *i, sizes, values)?),
+                        None => None,
+                    });
+                }
+                let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
+                let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
+                ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| e.to_string())?
+            };
+            results.swap_remove(*output)
+        }
+    };
+    values.insert(v, t.clone());
+    Ok(t)
+}
+
+/// `Shape(x)` from x's symbolic shape under `sizes`.
+fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tensor, String> {
+    let x = g.value(n.inputs[0].ok_or("Shape without input")?);
+    let dims: Vec<i64> = x
+        .shape
+        .iter()
+        .map(|d| d.eval(&|s| sizes.get(s).copied()).ok_or_else(|| format!("size {d} of `{}` is not known", x.name)))
+        .collect::<Result<_, _>>()?;
+    let r = dims.len() as i64;
+    let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
+    let start = clamp(n.attrs.int("start").ok().flatten().unwrap_or(0));
+    let end = clamp(n.attrs.int("end").ok().flatten().unwrap_or(r)).max(start);
+    Ok(Tensor::from_i64(DType::I64, vec![end - start], dims[start..end].to_vec()))
+}
+
+/// Makes `v` the output of `Reshape(Gather(table, position_ids), shape of v)`; the node that
+/// computed it is left without readers.
+fn replace_with_gather(g: &mut Graph, pos: ValueId, v: ValueId, table: Tensor) {
+    let name = g.value(v).name.clone();
+    let (rows, width) = (table.shape[0], table.shape[1]);
+    let bytes = bytes::Bytes::from(table.to_le_bytes().expect("an f32 table encodes"));
+    let mut store = ir::WeightStore::default();
+    for (_, w) in g.weights.iter() {
+        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+    }
+    let wid = store.add(Weight::new(format!("{name}.table"), DType::F32, vec![rows, width], bytes));
+    g.weights = std::sync::Arc::new(store);
+    let p = g.value(pos).shape.clone();
+    let add_value = |g: &mut Graph, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef| {
+        g.values.push(Value { name, dtype, shape, def });
+        ValueId(g.values.len() as u32 - 1)
+    };
+    let tw = add_value(
+        g,
+        format!("{name}.table"),
+        DType::F32,
+        vec![Dim::known(rows as i64), Dim::known(width as i64)],
+        ValueDef::Weight(wid),
+    );
+    let gathered_shape = vec![p[0].clone(), p[1].clone(), Dim::known(width as i64)];
+    let gathered = add_value(g, format!("{name}.rows"), DType::F32, gathered_shape, ValueDef::Input);
+    let target: Vec<i64> = g
+        .value(v)
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match d.as_known() {
+            Some(k) => k,
+            None if i == 0 => 0,
+            None => -1,
+        })
+        .collect();
+    let target_t = Tensor::from_i64(DType::I64, vec![target.len()], target);
+    let shape_v = add_value(
+        g,
+        format!("{name}.shape"),
+        DType::I64,
+        vec![Dim::known(target_t.numel() as i64)],
+        ValueDef::Const(target_t),
+    );
+    // The old producer keeps a value of its own that nothing reads.
+    if let ValueDef::Node { node, output } = g.value(v).def {
+        let orphan = Value { name: format!("{name}.computed"), ..g.value(v).clone() };
+        let o = add_value(g, orphan.name.clone(), orphan.dtype, orphan.shape.clone(), orphan.def.clone());
+        g.nodes[node.0 as usize].outputs[output] = o;
+    }
+    let gather = Node {
+        name: format!("{name}.gather"),
+        domain: Domain::Onnx,
+        op: "Gather",
+        opset: 13,
+        attrs: Attrs::default(),
+        inputs: vec![Some(tw), Some(pos)],
+        outputs: vec![gathered],
+    };
+    let reshape = Node {
+        name: format!("{name}.reshape"),
+        domain: Domain::Onnx,
+        op: "Reshape",
+        opset: 14,
+        attrs: Attrs::default(),
+        inputs: vec![Some(gathered), Some(shape_v)],
+        outputs: vec![v],
+    };
+    let first_reader = g.nodes.iter().position(|n| n.inputs.contains(&Some(v))).unwrap_or(g.nodes.len());
+    insert_nodes(g, first_reader, vec![gather, reshape]);
+}
+
+/// Inserts `nodes` at index `at` of the node list (keeping it in order) and renumbers the node
+/// ids that values point to.
+fn insert_nodes(g: &mut Graph, at: usize, nodes: Vec<Node>) {
+    let shift = nodes.len() as u32;
+    for v in g.values.iter_mut() {
+        if let ValueDef::Node { node, .. } = &mut v.def {
+            if node.0 as usize >= at {
+                node.0 += shift;
+            }
+        }
+    }
+    for (k, n) in nodes.iter().enumerate() {
+        for (i, &o) in n.outputs.iter().enumerate() {
+            g.values[o.0 as usize].def = ValueDef::Node { node: NodeId((at + k) as u32), output: i };
+        }
+    }
+    g.nodes.splice(at..at, nodes);
+}
