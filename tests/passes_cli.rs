@@ -27,7 +27,10 @@ fn passes_dumps_one_file_per_pass_and_reports_json() {
     let mut files: Vec<String> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     files.sort();
-    assert_eq!(files, ["00-import.ir", "01-canonicalize.ir", "02-saturate.ir"]);
+    assert_eq!(
+        files,
+        ["00-import.ir", "01-canonicalize.ir", "02-saturate.ir", "03-position-tables.ir", "04-lower-slices.ir"]
+    );
     let text = std::fs::read_to_string(dir.path().join("02-saturate.ir")).unwrap();
     assert!(text.starts_with("graph "), "{}", &text[..80.min(text.len())]);
     // The summary lines go to stderr, one per pass.

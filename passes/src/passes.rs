@@ -7,10 +7,8 @@ use rewrites::Family;
 use std::time::Duration;
 
 /// `canonicalize`: expects a verified imported graph; guarantees the same program with dead nodes
-/// removed, Identity nodes bypassed (except those that name a graph output), and each `Split`
-/// whose part sizes are known written as one `Slice` per part (the builder splits packed QKV
-/// products; the rewrites and the executor know Slice), so later passes and snapshots see only
-/// computation.
+/// removed and Identity nodes bypassed (except those that name a graph output), so later passes
+/// and snapshots see only computation.
 pub struct Canonicalize;
 
 impl Pass for Canonicalize {
@@ -18,16 +16,12 @@ impl Pass for Canonicalize {
         "canonicalize"
     }
     fn contract(&self) -> &'static str {
-        "Expects a verified imported graph. Guarantees the same program with dead nodes removed, Identity nodes bypassed (except those naming a graph output) and every Split with known part sizes written as one Slice per part."
+        "Expects a verified imported graph. Guarantees the same program with dead nodes removed and Identity nodes bypassed (except those naming a graph output)."
     }
     fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError> {
         let before = graph.nodes.len();
-        let (graph, splits) = splits_to_slices(graph);
         let g = graph.pruned();
-        let mut summary = format!("{} nodes removed", before + splits - g.nodes.len());
-        if splits > 0 {
-            summary += &format!(", {splits} Split outputs as Slices");
-        }
+        let summary = format!("{} nodes removed", before - g.nodes.len());
         Ok((g, PassDetail { summary, data: serde_json::Value::Null }))
     }
 }
@@ -138,22 +132,25 @@ impl Pass for Saturate {
     }
 }
 
-/// `fold-weight-slices`: expects a graph after `saturate`. A `Slice` of a weight with constant
-/// bounds that selects one contiguous run of its bytes (step 1, every axis after the first
-/// sliced one whole, whole bytes) becomes a weight of its own that is a view of the same bytes,
-/// so the executor and the code generators see weights, not slicing. This is how a packed QKV
-/// weight reaches per-part GEMMs after the rewrites split a `MatMulNBits → Split` (the
-/// onnxruntime-genai builder's Qwen3 graphs). Guarantees the same program; nothing is copied.
-pub struct FoldWeightSlices;
+/// `lower-slices`: expects a graph after `saturate`. Each `Split` whose part sizes are known
+/// becomes one `Slice` per part (the builder splits packed QKV and gate/up products that the
+/// rewrites did not split into per-part GEMMs; the executor and the code generators know Slice).
+/// Then a `Slice` of a weight with constant bounds that selects one contiguous run of its bytes
+/// (step 1, every axis after the first sliced one whole, whole bytes) becomes a weight of its own
+/// viewing the same bytes, so the executor and the code generators see weights, not slicing: how
+/// a packed weight reaches the per-part GEMMs the `weight-only` rules make of a `MatMulNBits →
+/// Split`. Guarantees the same program; no weight byte is copied.
+pub struct LowerSlices;
 
-impl Pass for FoldWeightSlices {
+impl Pass for LowerSlices {
     fn name(&self) -> &'static str {
-        "fold-weight-slices"
+        "lower-slices"
     }
     fn contract(&self) -> &'static str {
-        "Expects a graph after saturate. Guarantees the same program with every Slice of a weight by constant bounds selecting one contiguous byte run replaced by a weight viewing those bytes."
+        "Expects a graph after saturate. Guarantees the same program with every Split of known part sizes written as Slices, and every Slice of a weight by constant bounds selecting one contiguous byte run replaced by a weight viewing those bytes."
     }
-    fn run(&self, mut graph: Graph) -> Result<(Graph, PassDetail), PassError> {
+    fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError> {
+        let (mut graph, splits) = splits_to_slices(graph);
         let mut store = ir::WeightStore::default();
         for (_, w) in graph.weights.iter() {
             store.add(ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
@@ -177,8 +174,8 @@ impl Pass for FoldWeightSlices {
         }
         graph.weights = std::sync::Arc::new(store);
         let g = graph.pruned();
-        let summary = format!("{folded} weight slices folded");
-        Ok((g, PassDetail { summary, data: serde_json::json!({ "folded": folded }) }))
+        let summary = format!("{splits} Split parts as Slices, {folded} weight slices as weights");
+        Ok((g, PassDetail { summary, data: serde_json::json!({ "split_parts": splits, "weight_slices": folded }) }))
     }
 }
 

@@ -1,14 +1,14 @@
 //! The targets and their pipelines.
 //!
 //! `cpu` runs the host pipeline: canonicalize, then saturate with every default rule family,
-//! extracting under the host cost model, then position-tables and fold-weight-slices. `xdna` adds `array-int8`: every projection becomes the
+//! extracting under the host cost model, then position-tables and lower-slices. `xdna` adds `array-int8`: every projection becomes the
 //! int8 × int8 → int32 `QGemm` the AIE array computes (per-channel int8 weights, activations
 //! quantised per row at run time), so its program has the array's numerics wherever it runs.
 //! `intel-npu` computes in fp16, so its saturate adds a third phase, the `fp16-rescale` family,
 //! and extracts under `Fp16Cost`: its program has the row-scaled RmsNorm, SkipRmsNorm and WGemm.
 
 use crate::array_int8::ArrayInt8;
-use crate::passes::{Canonicalize, FoldWeightSlices, Saturate};
+use crate::passes::{Canonicalize, LowerSlices, Saturate};
 use crate::position_tables::PositionTables;
 
 /// Rows of the position tables: the positions a compiled program of a model that computes RoPE
@@ -25,7 +25,7 @@ fn host_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(Canonicalize),
         Box::new(Saturate::with_families(rewrites::families())),
         Box::new(PositionTables { rows: POSITION_TABLE_ROWS }),
-        Box::new(FoldWeightSlices),
+        Box::new(LowerSlices),
     ]
 }
 
@@ -35,7 +35,7 @@ fn fp16_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(Canonicalize),
         Box::new(Saturate::for_fp16(rewrites::families(), rewrites::fp16_families())),
         Box::new(PositionTables { rows: POSITION_TABLE_ROWS }),
-        Box::new(FoldWeightSlices),
+        Box::new(LowerSlices),
     ]
 }
 

@@ -48,8 +48,10 @@
 //!   past + S without the graph saying so) is taken as past + S; the fused op checks it at run
 //!   time. Declined: `is_causal=0`, float masks, softcap, a used scores output.
 //!
-//! QDQ forms (`quantize_static` on form 1): Q/DQ pairs sit on both activation×activation
-//! matmuls: on q and kᵀ into QKᵀ, on the scores after it, on the probabilities and on v into AV.
+//! QDQ forms (`quantize_static` on form 1, and on optimum's SDPA export where the pairs sit on
+//! q·√s and kᵀ·√s and the probabilities follow the NaN guard): Q/DQ pairs sit on both
+//! activation×activation matmuls: on q and kᵀ into QKᵀ, on the scores after it, on the
+//! probabilities and on v into AV.
 //! Decision: dequantise. The pairs inside the attention are dropped and the float attention is
 //! fused; the pair on the attention output (next to o_proj's input quantisation) stays, exact. An
 //! NPU attention kernel (flash-attention style on AIE tiles, the Intel NPU's SDPA) computes QKᵀ,
@@ -87,6 +89,10 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("attention-sdpa-split-scale";
             "(MatMul (Where (IsNaN (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?zero (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?vrep)"
             => { FoldSdpa::new("attention-sdpa-split-scale", ScaleBy::Split) }),
+        // the split-scale form with Q/DQ pairs on q·√s, kᵀ·√s, the scores, the probabilities and v, dropped  →  Attention
+        rw!("attention-sdpa-split-scale-qdq";
+            "(MatMul (DequantizeLinear (QuantizeLinear (Where (IsNaN (Softmax{axis=-1} (Add (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear (Mul ?q ?s) ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?mask))) ?zero (Softmax{axis=-1} (Add (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear (Mul ?q ?s) ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?mask))) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
+            => { FoldSdpa::new("attention-sdpa-split-scale-qdq", ScaleBy::Split) }),
         // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
         rw!("attention-sdpa-div-qdq";
             "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Div (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"

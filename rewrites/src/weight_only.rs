@@ -5,7 +5,9 @@
 //! same operands (see `ir::fused`). Spellings recognised:
 //! - com.microsoft `MatMulNBits(a, B, scales[, zero_points])`, written by onnxruntime-genai
 //!   (fixtures f2: 4-bit projections; SmolLM2's tied lm_head is 8-bit). K, N, bits and block_size
-//!   carry over; `accuracy_level` only selects onnxruntime's CPU kernel and is dropped.
+//!   carry over, and `accuracy_level` when it is 4: onnxruntime then quantises the activations to
+//!   int8 per block before the product (see `ir::eval` MatMulNBits), which is what the file asks
+//!   to compute; other levels only pick a float kernel and are dropped.
 //! - packed projections. Output column n of MatMulNBits reads only row n of B, scales and zero
 //!   points, so a product over N = n₀ + n₁ + … rows equals the products over row slices, side by
 //!   side. genai packs gate/up (qwen3 f2, followed by a `Split` along the last axis) and Q/K/V
@@ -128,6 +130,8 @@ struct Packed {
     n: usize,
     bits: i64,
     block: i64,
+    /// MatMulNBits' `accuracy_level`: 4 makes the activations int8 per block.
+    accuracy_level: i64,
 }
 
 /// The WGemm operands of a MatMulNBits node, or why it cannot be one.
@@ -154,7 +158,8 @@ fn wgemm_operands(egraph: &EGraph, mnb: &ENode) -> Result<Packed, String> {
     let (Ok(k), Ok(n)) = (usize::try_from(k), usize::try_from(n)) else {
         return Err(format!("MatMulNBits with K={k}, N={n}"));
     };
-    Ok(Packed { a: c[0], w: c[1], scales: c[2], zero_points: present(3), k, n, bits, block })
+    let accuracy_level = attrs.int_or("accuracy_level", 0).unwrap_or(0);
+    Ok(Packed { a: c[0], w: c[1], scales: c[2], zero_points: present(3), k, n, bits, block, accuracy_level })
 }
 
 /// The WGemm over `p`.
@@ -166,6 +171,11 @@ fn wgemm(egraph: &mut EGraph, p: &Packed) -> Id {
         ("block_size", Attr::Int(p.block)),
     ];
     let children = [p.a, p.w, p.scales].into_iter().chain(p.zero_points).collect();
+    if p.accuracy_level == 4 {
+        let mut with_level = attrs.to_vec();
+        with_level.push(("accuracy_level", Attr::Int(4)));
+        return egraph.add(node(Domain::Npuc, "WGemm", &with_level, children));
+    }
     egraph.add(node(Domain::Npuc, "WGemm", &attrs, children))
 }
 
@@ -485,7 +495,7 @@ fn repack(egraph: &mut EGraph, b: &Blocked, a: Id) -> Packed {
             Some(add_typed(egraph, node(Domain::Onnx, "ConstantOfShape", &zero, vec![shape]), DType::F32, &[n, blocks]))
         }
     };
-    Packed { a, w: packed, scales, zero_points, k, n, bits: b.bits, block: b.block as i64 }
+    Packed { a, w: packed, scales, zero_points, k, n, bits: b.bits, block: b.block as i64, accuracy_level: 0 }
 }
 
 impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {

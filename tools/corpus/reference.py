@@ -58,15 +58,20 @@ class Decoder:
         outs = dict(zip(self.outputs, self.sess.run(self.outputs, feeds)))
         return feeds, outs
 
-    def greedy(self, prompt: list[int], steps: int) -> list[int]:
+    def greedy(self, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+        """Greedy ids, and at each step the gap between the best and second-best logit as a
+        fraction of max|logit| (a small gap is a near tie that f32 rounding can decide)."""
         _, outs = self.step(prompt, None, 0)
-        ids, length = [], len(prompt)
+        ids, margins, length = [], [], len(prompt)
         for _ in range(steps):
-            nxt = int(np.argmax(outs["logits"][0, -1]))
+            row = outs["logits"][0, -1].astype(np.float64)
+            top2 = np.sort(row)[-2:]
+            margins.append(float((top2[1] - top2[0]) / np.abs(row).max()))
+            nxt = int(np.argmax(row))
             ids.append(nxt)
             _, outs = self.step([nxt], outs, length)
             length += 1
-        return ids
+        return ids, margins
 
 
 def write_case(case_dir: Path, dec: Decoder, feeds: dict, outs: dict):
@@ -91,11 +96,13 @@ def record(model: Path, kv_heads: int, head_dim: int, prompt: list[int], decode_
     logits = pre_outs["logits"]
     if not np.isfinite(logits).all() or float(logits.std(axis=-1).min()) < 1e-3:
         raise AssertionError(f"{model}: degenerate logits")
+    greedy_ids, margins = dec.greedy(prompt, greedy_steps)
     return {
         "inputs": dec.inputs,
         "outputs": dec.outputs,
         "prompt_ids": prompt,
         "decode_id": decode_id,
-        "greedy_ids": dec.greedy(prompt, greedy_steps),
+        "greedy_ids": greedy_ids,
+        "greedy_margins": [round(m, 6) for m in margins],
         "max_abs_logit": float(np.abs(logits).max()),
     }

@@ -231,6 +231,12 @@ fn unpack(bytes: &[i64], bits: usize, index: usize) -> i64 {
 /// dequantised per block as `(q - zero_point) * scale`. Zero points are either packed uint8
 /// (each row padded to whole bytes) or floats of the scales' type; by default 2^(bits-1). W is
 /// dequantised in f32 and rounded to A's dtype; the products accumulate in f64.
+///
+/// `accuracy_level` 4 is semantics, as onnxruntime's CPU provider runs it: when its int8 kernel
+/// applies (4-bit codes, f32 A, no g_idx, no float zero points, block_size 16 to 256, a power of
+/// two), each block of each row of A is first quantised to int8 — `s = max|a| / 127`,
+/// `q = round_half_even(a · (127 / max|a|))` in f32 — and the product reads `q · s`. Other levels,
+/// and level 4 where that kernel does not apply, compute with A as it is.
 pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (a, b, scales) = (cx.input(0, "A")?, cx.input(1, "B")?, cx.input(2, "scales")?);
     let (zp, g_idx, bias) = (cx.opt(3), cx.opt(4), cx.opt(5));
@@ -303,7 +309,13 @@ pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
     let codes = int_values(b, "B")?;
     let s = scales.to_f32_vec();
     let bias_v = bias.map(Tensor::to_f64_vec);
-    let av = a.to_f64_vec();
+    let int8 = cx.attrs().int_or("accuracy_level", 0)? == 4
+        && bits == 4
+        && g_idx.is_none()
+        && !matches!(zero_points, ZeroPoints::Float(_))
+        && a.dtype == DType::F32
+        && [16, 32, 64, 128, 256].contains(&block);
+    let av = if int8 { int8_blocks(&a.to_f32_vec(), k, block) } else { a.to_f64_vec() };
     let rows = av.len() / k;
     let mut y = vec![0.0; rows * n];
     let mut w = vec![0.0f64; k];
@@ -702,4 +714,22 @@ mod tests {
         ));
         assert!(e.contains("do not fit"), "{e}");
     }
+}
+
+/// A's rows with each `block`-long run along K replaced by its int8 quantisation `q · s`
+/// (`s = max|a| / 127`, `q = round_half_even(a · (127 / max|a|))`, f32 arithmetic): what
+/// onnxruntime's `accuracy_level` 4 kernel multiplies the weights with.
+fn int8_blocks(a: &[f32], k: usize, block: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(a.len());
+    for row in a.chunks(k) {
+        for blk in row.chunks(block) {
+            let amax = blk.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+            let scale = amax / 127.0;
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            out.extend(
+                blk.iter().map(|&x| f64::from((x * inv).round_ties_even().clamp(-128.0, 127.0)) * f64::from(scale)),
+            );
+        }
+    }
+    out
 }

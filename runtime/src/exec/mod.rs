@@ -692,7 +692,7 @@ impl<'b> Executor<'b> {
             Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
                 unreachable!("run by run_quantised")
             }
-            Op::WGemm { a, packed, bias, k, n, last_row_only, .. } => {
+            Op::WGemm { a, packed, bias, k, n, last_row_only, int8_activations, .. } => {
                 let weights = self.plan.packed[*packed].weights();
                 let mut x = view.f32(*a);
                 if !x.len().is_multiple_of(*k) {
@@ -715,7 +715,7 @@ impl<'b> Executor<'b> {
                     m,
                     b,
                     &mut y[..m * n],
-                    self.wgemm_precision,
+                    if *int8_activations { WGemmPrecision::Int8Activations } else { self.wgemm_precision },
                     &mut self.wgemm_scratch,
                 );
             }

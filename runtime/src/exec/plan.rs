@@ -117,6 +117,9 @@ pub enum Op {
         n: usize,
         out: usize,
         last_row_only: bool,
+        /// The node asks for int8 activations (`accuracy_level` 4), whatever the executor's
+        /// precision otherwise.
+        int8_activations: bool,
     },
     /// GatherBlockQuantized along axis 0: `table` indexes [`Plan::nbits_tables`].
     GatherNBits {
@@ -918,7 +921,15 @@ impl<'b> Plan<'b> {
                     let o = out(0)?;
                     fresh(&mut locs, o);
                     let last_row_only = o == logits && consumers[o].is_empty();
-                    ops.push((n, Op::WGemm { a, packed: index, bias, k, n: n_cols, out: o, last_row_only }));
+                    // accuracy_level 4 asks for int8 activations per block (onnxruntime's int8
+                    // kernel, 4-bit codes without float zero points); the kernels compute it so.
+                    let float_zero_points = node.input(3).is_some_and(|v| values[v].dtype != "u8");
+                    let int8_activations =
+                        node.attr_i64("accuracy_level") == Some(4) && bits == 4 && !float_zero_points;
+                    ops.push((
+                        n,
+                        Op::WGemm { a, packed: index, bias, k, n: n_cols, out: o, last_row_only, int8_activations },
+                    ));
                 }
                 "com.microsoft::GatherBlockQuantized" => {
                     let gather_axis = node.attr_i64("gather_axis").unwrap_or(0);
