@@ -135,7 +135,7 @@ fn program_cells(e: &Entry, row: &mut Row) {
         1e-4
     };
     row.cells.push(format!("{rel:.1e}"));
-    if !(rel <= tolerance) {
+    if rel.is_nan() || rel > tolerance {
         row.failures.push(format!("prefill logits differ by {rel:.2e} of max|logit| (allowed {tolerance:.0e})"));
     }
 }

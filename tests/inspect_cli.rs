@@ -156,7 +156,7 @@ fn genai_int4_forms() {
         let layers = int(&meta, "layers");
         assert_eq!(after["GroupQueryAttention"], layers, "{name}");
         assert_eq!(after.get("MatMul"), None, "{name}: float MatMuls left");
-        assert!(after["MatMulNBits"] >= 3 * layers + 1, "{name}");
+        assert!(after["MatMulNBits"] > 3 * layers, "{name}");
         assert!(r["gemms"].as_array().unwrap().iter().all(|g| g["op"] == "MatMulNBits"), "{name}");
     }
 }
@@ -189,7 +189,7 @@ fn opset23_forms_keep_the_fused_ops() {
         let after = by_op(&r["after"]);
         let layers = int(&meta, "layers");
         assert_eq!(after["Attention"], layers, "{name}");
-        assert!(after["RMSNormalization"] >= 2 * layers + 1, "{name}");
+        assert!(after["RMSNormalization"] > 2 * layers, "{name}");
         assert!(after["RotaryEmbedding"] >= 2 * layers, "{name}");
     }
 }

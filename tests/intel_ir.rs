@@ -120,13 +120,13 @@ fn raw(t: &Tensor) -> (Vec<u8>, &'static str) {
 fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("intel");
-    write_ir(&dir, &ir);
+    write_ir(&dir, ir);
     let cases_dir = tmp.path().join("cases");
     std::fs::create_dir_all(&cases_dir).unwrap();
     let mut cases = Vec::new();
     let mut file_id = 0;
     for t in [1usize, 4] {
-        let reference = reference(&ir, t);
+        let reference = reference(ir, t);
         let ids = Tensor::from_i64(DType::I64, vec![1, t], (0..t as i64).map(|k| (k * 7 + 3) % 200).collect());
         for seg in ir.plan["segments"].as_array().unwrap() {
             let Some(file) = seg["files"][t.to_string()].as_str() else { continue };
@@ -152,7 +152,7 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
                 let tensor = match i["role"].as_str().unwrap() {
                     "rope_cos" | "rope_sin" => {
                         let which = if name == "rope_cos" { "cos" } else { "sin" };
-                        let rows = rope_rows(&ir, which, t);
+                        let rows = rope_rows(ir, which, t);
                         Tensor::from_f32(DType::F32, vec![rows.len()], rows)
                     }
                     "input" => ids.clone(),

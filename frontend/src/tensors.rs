@@ -248,9 +248,12 @@ pub fn read_tensor_file(path: &Path) -> Result<(String, ir::Tensor), crate::Erro
     Ok((name, tensor))
 }
 
+/// A test case: its inputs by name, and its expected outputs in graph output order.
+pub type TestCase = (HashMap<String, ir::Tensor>, Vec<(String, ir::Tensor)>);
+
 /// Reads an ONNX test-data folder: `input_<i>.pb` as named inputs and `output_<j>.pb` as
 /// (name, tensor) in order, each file one serialized TensorProto.
-pub fn read_test_case(dir: &Path) -> Result<(HashMap<String, ir::Tensor>, Vec<(String, ir::Tensor)>), crate::Error> {
+pub fn read_test_case(dir: &Path) -> Result<TestCase, crate::Error> {
     let mut inputs = HashMap::new();
     let mut outputs = Vec::new();
     for i in 0.. {

@@ -266,8 +266,8 @@ pub fn parse_attrs(text: &str) -> Result<Attrs, String> {
         let (value, tail) = if rest.starts_with('[') {
             let close = rest.find(']').ok_or("unclosed list")?;
             (&rest[..=close], &rest[close + 1..])
-        } else if rest.starts_with('"') {
-            let close = rest[1..].find('"').ok_or("unclosed string")? + 1;
+        } else if let Some(body) = rest.strip_prefix('"') {
+            let close = body.find('"').ok_or("unclosed string")? + 1;
             (&rest[..=close], &rest[close + 1..])
         } else {
             let end = rest.find(',').unwrap_or(rest.len());

@@ -137,8 +137,9 @@ fn wgemm(op: &OpRef, args: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
             for b in 0..nb.blocks {
                 let z = nb.zero(col, b);
                 let mut part = 0.0;
-                for kk in b * nb.block..k.min((b + 1) * nb.block) {
-                    part = round_fp16(part + round_fp16((nb.code(col, kk) - z) * u[kk]));
+                let start = b * nb.block;
+                for (kk, &uk) in u.iter().enumerate().take(k.min(start + nb.block)).skip(start) {
+                    part = round_fp16(part + round_fp16((nb.code(col, kk) - z) * uk));
                 }
                 acc = round_fp16(acc + round_fp16(part * nb.scale(col, b)));
             }

@@ -226,7 +226,7 @@ fn weight_slice(graph: &Graph, n: usize) -> Option<(ir::ValueId, ir::Weight)> {
     let (start_el, count_el) =
         if first == rank { (0, w.numel()) } else { (lo[first] * inner, (hi[first] - lo[first]) * inner) };
     let bits = w.dtype.bits() as usize;
-    if (start_el * bits) % 8 != 0 || (count_el * bits) % 8 != 0 {
+    if !(start_el * bits).is_multiple_of(8) || !(count_el * bits).is_multiple_of(8) {
         return None;
     }
     let bytes = w.bytes.slice(start_el * bits / 8..(start_el + count_el) * bits / 8);

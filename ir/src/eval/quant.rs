@@ -469,6 +469,24 @@ pub(super) fn gather_block_quantized(cx: &Ctx) -> Res<Vec<Tensor>> {
     Ok(vec![float_tensor(scales.dtype, out_shape, out)])
 }
 
+/// A's rows with each `block`-long run along K replaced by its int8 quantisation `q · s`
+/// (`s = max|a| / 127`, `q = round_half_even(a · (127 / max|a|))`, f32 arithmetic): what
+/// onnxruntime's `accuracy_level` 4 kernel multiplies the weights with.
+fn int8_blocks(a: &[f32], k: usize, block: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(a.len());
+    for row in a.chunks(k) {
+        for blk in row.chunks(block) {
+            let amax = blk.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
+            let scale = amax / 127.0;
+            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            out.extend(
+                blk.iter().map(|&x| f64::from((x * inv).round_ties_even().clamp(-128.0, 127.0)) * f64::from(scale)),
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;
@@ -714,22 +732,4 @@ mod tests {
         ));
         assert!(e.contains("do not fit"), "{e}");
     }
-}
-
-/// A's rows with each `block`-long run along K replaced by its int8 quantisation `q · s`
-/// (`s = max|a| / 127`, `q = round_half_even(a · (127 / max|a|))`, f32 arithmetic): what
-/// onnxruntime's `accuracy_level` 4 kernel multiplies the weights with.
-fn int8_blocks(a: &[f32], k: usize, block: usize) -> Vec<f64> {
-    let mut out = Vec::with_capacity(a.len());
-    for row in a.chunks(k) {
-        for blk in row.chunks(block) {
-            let amax = blk.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
-            let scale = amax / 127.0;
-            let inv = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            out.extend(
-                blk.iter().map(|&x| f64::from((x * inv).round_ties_even().clamp(-128.0, 127.0)) * f64::from(scale)),
-            );
-        }
-    }
-    out
 }
