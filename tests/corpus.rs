@@ -1,7 +1,8 @@
 //! The exporter corpus: tiny Llama and Qwen3 models exported by the real tools (optimum-onnx,
-//! the onnxruntime-genai builder in fp32 and int4, onnxruntime's quantize_static) into
-//! `fixtures/corpus` by `tools/export_corpus.py`, each with ONNX Runtime's prefill/decode cases
-//! and 16 greedy ids. For every model: it imports; the cpu pipeline fuses one Attention per
+//! the onnxruntime-genai builder in fp32 and int4, onnxruntime's quantize_static), and
+//! SmolLM2-135M through optimum and the builder's int4, into `fixtures/corpus` by
+//! `tools/export_corpus.py`, each with ONNX Runtime's prefill/decode cases and 16 greedy ids per
+//! prompt (one prompt for the tiny models, three for SmolLM2). For every model: it imports; the cpu pipeline fuses one Attention per
 //! layer; the final program's prefill logits (reference evaluator) are within the form's
 //! tolerance of ONNX Runtime's; `npuc compile` and `npuc run --prompt-ids` give ONNX Runtime's 16
 //! greedy ids, or the same ids up to a step where ONNX Runtime's own top-2 gap is a near tie
@@ -9,13 +10,16 @@
 //! `fixtures/corpus/table.md` (make test prints it).
 //!
 //! Tolerances on the prefill logits, as a fraction of ONNX Runtime's largest logit: 1e-4 for
-//! float graphs; 2e-2 for int4 graphs, which the builder writes with `accuracy_level` 4:
-//! activations are quantised to int8 per block before each product, npuc computes that too
-//! (default int4 graphs agree to 4e-7), but a value that f32 rounding in an earlier op moves
-//! across a rounding boundary changes one code by one step, about 1e-3 of a product (seen in
-//! the block-128 asymmetric Qwen3); 0.1 for QDQ graphs, whose Q/DQ pairs inside the attention
-//! npuc drops (see `rewrites::attention`), so their greedy ids are reported, not required.
-
+//! float graphs, 1e-3 for int4 graphs at `accuracy_level` 1 (float activations), 0.1 for the
+//! builder's default int4 graphs (level 4) and for QDQ graphs, whose greedy ids are reported, not
+//! required:
+//! - level 4 quantises each activation block to int8 before the product. npuc computes exactly
+//!   that (`accuracy_level_4_products_match_onnx_runtime_node_by_node`: every such node of the
+//!   corpus to f32 rounding), but in a whole model an activation that an earlier op's f32
+//!   rounding moves across a rounding boundary changes its code by one step, about 1e-3 of that
+//!   product, and later layers compound it: tiny graphs agree to 4e-7 or part at a near tie;
+//!   SmolLM2's layers 0-1 agree to 3e-7 and its logits end 6e-2 apart;
+//! - QDQ: npuc drops the Q/DQ pairs inside the attention (see `rewrites::attention`).
 mod common;
 
 use serde_json::Value;
@@ -27,6 +31,11 @@ struct Entry {
     exporter: String,
     dir: PathBuf,
     layers: usize,
+    cases: Vec<GreedyCase>,
+}
+
+/// One prompt and ONNX Runtime's greedy continuation of it.
+struct GreedyCase {
     prompt: Vec<u64>,
     greedy: Vec<u64>,
     /// ONNX Runtime's top-1/top-2 logit gap at each greedy step, as a fraction of max|logit|.
@@ -61,9 +70,16 @@ fn entries() -> Vec<Entry> {
                 exporter: e["exporter"].as_str().unwrap().to_string(),
                 dir: dir.join(e["name"].as_str().unwrap()),
                 layers: e["layers"].as_u64().unwrap() as usize,
-                prompt: ids(&e["prompt_ids"]),
-                greedy: ids(&e["greedy_ids"]),
-                margins: e["greedy_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
+                cases: e["cases"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| GreedyCase {
+                        prompt: ids(&c["prompt_ids"]),
+                        greedy: ids(&c["greedy_ids"]),
+                        margins: c["greedy_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
+                    })
+                    .collect(),
             }
         })
         .collect()
@@ -71,6 +87,16 @@ fn entries() -> Vec<Entry> {
 
 fn is_qdq(e: &Entry) -> bool {
     e.exporter.starts_with("qdq")
+}
+
+/// The builder's int4 graphs at its default `accuracy_level` 4: int8 activations per block.
+fn is_level4(e: &Entry) -> bool {
+    e.exporter.starts_with("builder-int4") && !e.exporter.ends_with("acc1")
+}
+
+/// Whether the greedy ids must be ONNX Runtime's (up to a near tie), or are only reported.
+fn greedy_required(e: &Entry) -> bool {
+    !is_qdq(e) && !is_level4(e)
 }
 
 fn npuc(args: &[&str]) -> Result<String, String> {
@@ -127,10 +153,10 @@ fn program_cells(e: &Entry, row: &mut Row) {
     let want = &expected.iter().find(|(n, _)| n == "logits").expect("a logits output").1;
     let (diff, scale) = common::max_abs_diff(&got["logits"], want);
     let rel = diff / scale;
-    let tolerance = if is_qdq(e) {
+    let tolerance = if is_qdq(e) || is_level4(e) {
         0.1
     } else if e.exporter.contains("int4") {
-        2e-2
+        1e-3
     } else {
         1e-4
     };
@@ -140,7 +166,8 @@ fn program_cells(e: &Entry, row: &mut Row) {
     }
 }
 
-/// `npuc compile` for cpu, then `npuc run --prompt-ids` against ONNX Runtime's greedy ids.
+/// `npuc compile` for cpu, then `npuc run --prompt-ids` of every prompt against ONNX Runtime's
+/// greedy ids.
 fn greedy_cell(e: &Entry, work: &Path, row: &mut Row) {
     let bundle = work.join(format!("{}.npub", e.name));
     let model = e.dir.join("model.onnx");
@@ -150,8 +177,14 @@ fn greedy_cell(e: &Entry, work: &Path, row: &mut Row) {
         row.cells.push("compile fails".into());
         return;
     }
-    let ids: Vec<String> = e.prompt.iter().map(u64::to_string).collect();
-    let steps = e.greedy.len().to_string();
+    let results: Vec<String> = e.cases.iter().map(|c| greedy_case(e, &bundle, c, row)).collect();
+    row.cells.push(results.join("; "));
+}
+
+/// One prompt's greedy ids: "k/n ids", and where they part from ONNX Runtime's.
+fn greedy_case(e: &Entry, bundle: &Path, c: &GreedyCase, row: &mut Row) -> String {
+    let ids: Vec<String> = c.prompt.iter().map(u64::to_string).collect();
+    let steps = c.greedy.len().to_string();
     let args = [
         "run",
         bundle.to_str().unwrap(),
@@ -166,22 +199,20 @@ fn greedy_cell(e: &Entry, work: &Path, row: &mut Row) {
         Ok(o) => o,
         Err(err) => {
             row.failures.push(format!("run: {err}"));
-            row.cells.push("run fails".into());
-            return;
+            return "run fails".into();
         }
     };
     let json: Value = serde_json::from_str(&out).unwrap();
     let tokens: Vec<u64> = json["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
-    let same = tokens.iter().zip(&e.greedy).take_while(|(a, b)| a == b).count();
-    if same == e.greedy.len() {
-        row.cells.push(format!("{same}/{same} ids"));
-        return;
+    let same = tokens.iter().zip(&c.greedy).take_while(|(a, b)| a == b).count();
+    if same == c.greedy.len() {
+        return format!("{same}/{same} ids");
     }
-    let gap = e.margins[same];
-    row.cells.push(format!("{same}/{} ids, then a gap of {:.1}% at step {}", e.greedy.len(), gap * 100.0, same + 1));
-    if gap >= NEAR_TIE && !is_qdq(e) {
-        row.failures.push(format!("greedy ids {tokens:?}, ONNX Runtime {:?} (no near tie where they part)", e.greedy));
+    let gap = c.margins[same];
+    if gap >= NEAR_TIE && greedy_required(e) {
+        row.failures.push(format!("greedy ids {tokens:?}, ONNX Runtime {:?} (no near tie where they part)", c.greedy));
     }
+    format!("{same}/{} ids, then a gap of {:.1}% at step {}", c.greedy.len(), gap * 100.0, same + 1)
 }
 
 /// `npuc compile --target T` succeeds.
@@ -207,10 +238,81 @@ fn write_table(rows: &[(String, Row)]) -> String {
     t
 }
 
+/// A one-node MatMulNBits case of the corpus: its folder, and the node's attributes.
+fn matmulnbits_cases() -> Vec<(PathBuf, Value)> {
+    let dir = common::fixtures_dir().join("corpus");
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for e in index["entries"].as_array().unwrap() {
+        for c in e["matmulnbits_cases"].as_array().into_iter().flatten() {
+            out.push((dir.join(e["name"].as_str().unwrap()).join(c["dir"].as_str().unwrap()), c.clone()));
+        }
+    }
+    out
+}
+
+/// The weights and activations of a one-node MatMulNBits case, as the kernels take them.
+fn kernel_product(graph: &ir::Graph, a: &ir::Tensor) -> Vec<f32> {
+    use runtime::kernels::wgemm::{pack_wgemm, wgemm, MatMulNBits, NBitsZeroPoints, WGemmPrecision, WGemmScratch};
+    let node = &graph.nodes[0];
+    let attr = |n: &str| node.attrs.int(n).unwrap().unwrap() as usize;
+    let weight = |i: usize| match &graph.value(node.inputs[i].unwrap()).def {
+        ir::ValueDef::Weight(w) => graph.weights.get(*w),
+        _ => panic!("input {i} of the case is not a weight"),
+    };
+    let scales: Vec<f32> = weight(2).to_tensor().unwrap().to_f32_vec();
+    let zp = node.inputs.get(3).copied().flatten().map(|_| weight(3).bytes.to_vec());
+    let zero_points = zp.as_deref().map_or(NBitsZeroPoints::Default, NBitsZeroPoints::Packed);
+    let (k, n) = (attr("K"), attr("N"));
+    let src = MatMulNBits {
+        k,
+        n,
+        bits: attr("bits"),
+        block_size: attr("block_size"),
+        b: &weight(1).bytes,
+        scales: &scales,
+        zero_points,
+    };
+    let packed = pack_wgemm(&src).unwrap();
+    let level4 = node.attrs.int("accuracy_level").unwrap() == Some(4);
+    let precision = if level4 { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
+    let rows = a.numel() / k;
+    let mut y = vec![0f32; rows * n];
+    let pool = runtime::kernels::ThreadPool::new(1);
+    let isa = runtime::kernels::Isa::detect();
+    wgemm(isa, &pool, &packed.weights(), &a.to_f32_vec(), rows, None, &mut y, precision, &mut WGemmScratch::default());
+    y
+}
+
+/// Every MatMulNBits configuration of the builder's int4 graphs, on its own: ONNX Runtime's
+/// product against the reference evaluator and the WGemm kernels (at `accuracy_level` 4 both
+/// quantise the activations per block as onnxruntime does). Agreement is to f32 rounding of the
+/// sums (2e-5 of the largest output); exact float activations would be 1-3 % off.
+#[test]
+fn accuracy_level_4_products_match_onnx_runtime_node_by_node() {
+    let cases = matmulnbits_cases();
+    assert!(cases.len() >= 10, "{} MatMulNBits cases", cases.len());
+    for (dir, attrs) in cases {
+        let imported = frontend::import_file(&dir.join("model.onnx")).unwrap();
+        let (inputs, expected) = frontend::read_test_case(&dir.join("case")).unwrap();
+        let want = &expected[0].1;
+        let got = &ir::run::run_graph(&imported.graph, &inputs).unwrap()["Y"];
+        let (diff, scale) = common::max_abs_diff(got, want);
+        assert!(diff <= 2e-5 * scale, "{} {attrs}: evaluator {:.2e} of max", dir.display(), diff / scale);
+        let kernel = kernel_product(&imported.graph, &inputs["A"]);
+        let kernel = ir::Tensor::from_f32(ir::DType::F32, want.shape.clone(), kernel);
+        let (diff, scale) = common::max_abs_diff(&kernel, want);
+        assert!(diff <= 2e-5 * scale, "{} {attrs}: kernels {:.2e} of max", dir.display(), diff / scale);
+    }
+}
+
 #[test]
 fn every_corpus_model_fuses_compiles_and_gives_onnx_runtimes_greedy_ids() {
     let entries = entries();
-    assert!(entries.len() >= 12, "the corpus index lists {} models", entries.len());
+    assert!(entries.len() >= 17, "the corpus index lists {} models", entries.len());
+    assert!(
+        entries.iter().any(|e| e.name == "smollm2-optimum") && entries.iter().any(|e| e.name == "smollm2-builder-int4")
+    );
     let work = tempfile::tempdir().unwrap();
     let mut rows = Vec::new();
     for e in &entries {

@@ -3,13 +3,16 @@
 Runtime's references.
 
     .venv-export/bin/python tools/export_corpus.py [--out fixtures/corpus] [--only NAME ...] [--force]
+        [--smollm2-gguf fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf]
 
 For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
 with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
 file the exporter wrote, untouched, `prefill/` and `decode/` cases (input_<i>.pb, output_<j>.pb as
-in fixtures/README), and `provenance.json` (exporter, versions, command). <out>/index.json lists
-every entry with its greedy ids, or the reason the exporter could not make it. An entry whose
-provenance digest matches the tools' sources is kept as it is.
+in fixtures/README), and `provenance.json` (exporter, versions, command). With --smollm2-gguf,
+SmolLM2-135M too, its real weights loaded by transformers' GGUF loader, through optimum and the
+builder's int4, greedy over three prompts. <out>/index.json lists every entry with its greedy
+ids, or the reason the exporter could not make it. An entry whose provenance digest matches the
+tools' sources is kept as it is.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ sys.path.insert(0, str(TOOLS))
 from corpus import exporters, models, reference  # noqa: E402
 
 PROMPT = [1, 17, 250, 33, 402, 98, 5, 311]
+SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, there was a little robot who",
+                   "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"]
+SMOLLM2_EXPORTERS = ["optimum", "builder-int4", "builder-int4-acc1"]
 DECODE_ID = 77
 GREEDY_STEPS = 16
 PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai", "onnx"]
@@ -42,6 +48,8 @@ EXPORTERS = {
     "builder-int4-b128-asym": lambda hf, out, ctx: exporters.builder(
         hf, out, "int4", {"block_size": "128", "is_symmetric": "false", "accuracy_level": "4",
                           "shared_embeddings": "false"}),
+    # accuracy_level 1: float activations, so the whole model is comparable token for token.
+    "builder-int4-acc1": lambda hf, out, ctx: exporters.builder(hf, out, "int4", {"accuracy_level": "1"}),
     "qdq-per-channel-u8": lambda hf, out, ctx: exporters.quantize_qdq(
         ctx["optimum"], out, ctx["calibration"], per_channel=True, symmetric_activations=False),
     "qdq-per-tensor-s8": lambda hf, out, ctx: exporters.quantize_qdq(
@@ -100,10 +108,41 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
         return entry
     layers, kv_heads, head_dim = models.dims(ctx["config"])
     entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions()})
-    entry.update(reference.record(entry_dir / "model.onnx", kv_heads, head_dim, PROMPT, DECODE_ID, GREEDY_STEPS))
+    entry.update(reference.record(entry_dir / "model.onnx", kv_heads, head_dim, ctx["prompts"], DECODE_ID, GREEDY_STEPS))
+    if exporter.startswith("builder-int4"):
+        entry["matmulnbits_cases"] = reference.record_matmulnbits(entry_dir / "model.onnx", entry_dir / "matmulnbits")
     entry["seconds"] = round(time.time() - t0, 1)
     prov_path.write_text(json.dumps(entry, indent=2) + "\n")
     return entry
+
+
+def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force: bool, digest: str,
+                index: dict, make_hf, prompts_of):
+    hf = out / f"{arch.name}-hf"
+    if not (hf / "config.json").exists() or force:
+        shutil.rmtree(hf, ignore_errors=True)
+        make_hf(hf)
+    ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
+    ctx["prompts"] = prompts_of(hf)
+    for exporter in exporters_wanted:
+        if exporter.startswith("qdq") and "calibration" not in ctx:
+            ctx["optimum"] = out / f"{arch.name}-optimum" / "model.onnx"
+            ctx["calibration"] = calibration_feeds(ctx["optimum"], ctx["config"])
+        try:
+            entry = make_entry(arch, exporter, out, ctx, digest)
+        except Exception:
+            traceback.print_exc()
+            sys.exit(f"export_corpus: {arch.name}-{exporter} failed")
+        index[entry["name"]] = entry
+        status = f"refused: {entry['refused']}" if "refused" in entry else f"greedy {entry['cases'][0]['greedy_ids'][:6]}..."
+        print(f"{entry['name']:<36} {status}", flush=True)
+
+
+def smollm2_prompts(hf: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf))
+    return [tok.encode(p, add_special_tokens=False) for p in SMOLLM2_PROMPTS]
 
 
 def main():
@@ -111,34 +150,22 @@ def main():
     ap.add_argument("--out", type=Path, default=TOOLS.parent / "fixtures" / "corpus")
     ap.add_argument("--only", nargs="*", help="entries (arch-exporter) or architectures to (re)make")
     ap.add_argument("--force", action="store_true", help="remake even when the stamp matches")
+    ap.add_argument("--smollm2-gguf", type=Path, help="SmolLM2-135M's GGUF: add it to the corpus")
     args = ap.parse_args()
     digest = sources_digest() + ("-forced" + str(time.time()) if args.force else "")
     args.out.mkdir(parents=True, exist_ok=True)
     index_path = args.out / "index.json"
     index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
+    wanted = lambda arch, names: [x for x in names if not args.only or arch in args.only or f"{arch}-{x}" in args.only]
     for arch in models.ARCHS.values():
-        wanted = [x for x in EXPORTERS if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
-        if not wanted:
-            continue
-        hf = args.out / f"{arch.name}-hf"
-        if not (hf / "config.json").exists() or args.force:
-            shutil.rmtree(hf, ignore_errors=True)
-            models.build(arch, hf)
-        ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
-        for exporter in wanted:
-            if exporter.startswith("qdq") and "calibration" not in ctx:
-                ctx["optimum"] = args.out / f"{arch.name}-optimum" / "model.onnx"
-                ctx["calibration"] = calibration_feeds(ctx["optimum"], ctx["config"])
-            try:
-                entry = make_entry(arch, exporter, args.out, ctx, digest)
-            except Exception:
-                traceback.print_exc()
-                sys.exit(f"export_corpus: {arch.name}-{exporter} failed")
-            index[entry["name"]] = entry
-            status = f"refused: {entry['refused']}" if "refused" in entry else f"greedy {entry['greedy_ids'][:6]}..."
-            print(f"{entry['name']:<36} {status}", flush=True)
+        export_arch(arch, wanted(arch.name, EXPORTERS), args.out, args.force, digest, index,
+                    lambda hf, a=arch: models.build(a, hf), lambda hf: [PROMPT])
+    if args.smollm2_gguf:
+        smol = models.Arch("smollm2", "LlamaForCausalLM", {}, 0)
+        export_arch(smol, wanted("smollm2", SMOLLM2_EXPORTERS), args.out, args.force, digest, index,
+                    lambda hf: models.build_from_gguf(args.smollm2_gguf.resolve(), hf), smollm2_prompts)
     entries = sorted(index.values(), key=lambda e: e["name"])
-    index_path.write_text(json.dumps({"prompt_ids": PROMPT, "entries": entries}, indent=2) + "\n")
+    index_path.write_text(json.dumps({"entries": entries}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

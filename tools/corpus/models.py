@@ -88,3 +88,17 @@ def dims(config: dict) -> tuple[int, int, int]:
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     return config["num_hidden_layers"], config.get("num_key_value_heads", heads), head_dim
+
+
+def build_from_gguf(gguf: Path, out: Path) -> dict:
+    """A Hugging Face folder from a GGUF file through transformers' own GGUF loader (weights
+    dequantised to float32, tokenizer converted): SmolLM2-135M with its real weights."""
+    import transformers
+
+    out.mkdir(parents=True, exist_ok=True)
+    kw = dict(gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), torch_dtype="float32", **kw)
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), **kw)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return json.loads((out / "config.json").read_text())

@@ -86,23 +86,67 @@ def write_tensor(path: Path, arr: np.ndarray, name: str):
     path.write_bytes(numpy_helper.from_array(np.ascontiguousarray(arr), name).SerializeToString())
 
 
-def record(model: Path, kv_heads: int, head_dim: int, prompt: list[int], decode_id: int, greedy_steps: int) -> dict:
-    """Writes the prefill and decode cases beside `model`; returns what the index keeps."""
+def record(model: Path, kv_heads: int, head_dim: int, prompts: list[list[int]], decode_id: int,
+           greedy_steps: int) -> dict:
+    """Writes the prefill and decode cases (of the first prompt) beside `model`; returns what the
+    index keeps: per prompt, its ids and ONNX Runtime's greedy ids with their top-2 gaps."""
     dec = Decoder(model, kv_heads, head_dim)
-    pre_feeds, pre_outs = dec.step(prompt, None, 0)
+    pre_feeds, pre_outs = dec.step(prompts[0], None, 0)
     write_case(model.parent / "prefill", dec, pre_feeds, pre_outs)
-    dec_feeds, dec_outs = dec.step([decode_id], pre_outs, len(prompt))
+    dec_feeds, dec_outs = dec.step([decode_id], pre_outs, len(prompts[0]))
     write_case(model.parent / "decode", dec, dec_feeds, dec_outs)
     logits = pre_outs["logits"]
     if not np.isfinite(logits).all() or float(logits.std(axis=-1).min()) < 1e-3:
         raise AssertionError(f"{model}: degenerate logits")
-    greedy_ids, margins = dec.greedy(prompt, greedy_steps)
+    cases = []
+    for prompt in prompts:
+        greedy_ids, margins = dec.greedy(prompt, greedy_steps)
+        cases.append({"prompt_ids": prompt, "greedy_ids": greedy_ids,
+                      "greedy_margins": [round(m, 6) for m in margins]})
     return {
         "inputs": dec.inputs,
         "outputs": dec.outputs,
-        "prompt_ids": prompt,
         "decode_id": decode_id,
-        "greedy_ids": greedy_ids,
-        "greedy_margins": [round(m, 6) for m in margins],
+        "cases": cases,
         "max_abs_logit": float(np.abs(logits).max()),
     }
+
+
+def record_matmulnbits(model: Path, out: Path, rows: int = 4, seed: int = 5) -> list[dict]:
+    """Each distinct MatMulNBits configuration of `model` (K, N, bits, block, zero points,
+    accuracy level) as a one-node graph over the node's own weights, run by ONNX Runtime on random
+    activations: `out/<i>/model.onnx` with `case/input_0.pb` and `case/output_0.pb`. At
+    `accuracy_level` 4 a whole model's result moves with every f32 rounding that flips an int8
+    activation code, so these cases are where the level's semantics is compared exactly."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(model))
+    inits = {t.name: t for t in m.graph.initializer}
+    rng = np.random.default_rng(seed)
+    seen, written = set(), []
+    for n in m.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        ins = list(n.input)
+        key = (tuple(sorted(attrs.items())), len([i for i in ins if i]))
+        if key in seen:
+            continue
+        seen.add(key)
+        k, nn = attrs["K"], attrs["N"]
+        a = (rng.standard_normal((rows, k)) * 2).astype(np.float32)
+        node = helper.make_node("MatMulNBits", ["A"] + ins[1:], ["Y"], domain="com.microsoft", **attrs)
+        weights = [inits[i] for i in ins[1:] if i]
+        graph = helper.make_graph([node], "matmulnbits", [helper.make_tensor_value_info("A", 1, [rows, k])],
+                                  [helper.make_tensor_value_info("Y", 1, [rows, nn])], weights)
+        one = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+        one.ir_version = m.ir_version
+        d = out / str(len(written))
+        (d / "case").mkdir(parents=True, exist_ok=True)
+        onnx.save(one, str(d / "model.onnx"))
+        y = session(d / "model.onnx").run(["Y"], {"A": a})[0]
+        write_tensor(d / "case" / "input_0.pb", a, "A")
+        write_tensor(d / "case" / "output_0.pb", y, "Y")
+        written.append({"node": n.name, "dir": f"{out.name}/{len(written)}", **{k: v for k, v in attrs.items()}})
+    return written
