@@ -141,3 +141,21 @@ fn compile_refuses_to_overwrite_unless_asked() {
     let err = Bundle::open(&out, Some("cpu")).err().expect("tampered bundle opened");
     assert!(err.to_string().contains("weights.safetensors"), "{err}");
 }
+
+/// Typed inside the model's folder, `npuc compile model.onnx` finds the external data beside it
+/// (the parent of a bare file name is the empty path, which is the current folder).
+#[test]
+fn compile_works_from_inside_the_models_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("here.npub");
+    let dir = common::fixture("smollm2_f1");
+    assert!(dir.join("model.onnx.data").is_file(), "smollm2_f1 keeps its tensors in external data");
+    let run = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .current_dir(&dir)
+        .args(["compile", "model.onnx", "--target", "cpu", "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let b = Bundle::open(&out, Some("cpu")).unwrap();
+    assert_eq!(b.model().layers, 30);
+}

@@ -154,7 +154,11 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
             opsets.insert(d, version);
         }
     }
-    let dir = model.path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    // A bare file name's parent is the empty path: the model's folder is then the current one.
+    let dir = match model.path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
     let mut files = ExternalFiles::new(&dir);
 
     // Names: every value is defined once.
