@@ -341,6 +341,7 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         }
         node_attrs[i] = Some(attrs);
     }
+    name_sizes_by_role(g, &infos, &mut ctx);
     let normalize_info = |info: &mut Info, ctx: &Ctx| {
         info.shape = info.shape.iter().map(|d| ctx.normalize(d)).collect();
         if let Known::Dims { dims, .. } = &mut info.known {
@@ -596,6 +597,60 @@ fn value_type(v: &proto::ValueInfoProto, ctx: &mut Ctx) -> Result<(DType, Vec<Di
         shape.push(dim);
     }
     Ok((dtype, shape))
+}
+
+/// The names the runtime knows sizes by: the batch and the new tokens (`input_ids`' dims) and
+/// the tokens a cache held before the step (dim 2 of `past_key_values.*`).
+const SIZE_ROLES: [&str; 3] = ["batch_size", "sequence_length", "past_sequence_length"];
+
+/// Gives the sizes a decoder's inputs play a role in the names of [`SIZE_ROLES`] when the
+/// exporter named them otherwise (torch.export writes `s10`, `s70`, ...), as recorded
+/// substitutions. A size already named by its role, or a role name the graph uses for another
+/// size, is left alone. An `attention_mask` whose sizes are names of its own (the graph reads it
+/// only through index arithmetic, so nothing tied them) becomes `[batch, past + new tokens]`.
+fn name_sizes_by_role(g: &proto::GraphProto, infos: &HashMap<&str, Info>, ctx: &mut Ctx) {
+    let names: Vec<&str> = g.input.iter().filter_map(|v| v.name.as_deref()).collect();
+    let past = names.iter().copied().find(|n| n.starts_with("past_key_values"));
+    let mut roles: Vec<(Dim, &str)> = Vec::new();
+    if let Some(ids) = input_shape(infos, ctx, "input_ids").filter(|s| s.len() == 2) {
+        roles.push((ids[0].clone(), SIZE_ROLES[0]));
+        roles.push((ids[1].clone(), SIZE_ROLES[1]));
+    }
+    if let Some(p) = past.and_then(|p| input_shape(infos, ctx, p)).filter(|s| s.len() == 4) {
+        roles.push((p[2].clone(), SIZE_ROLES[2]));
+    }
+    let taken = symbols_of(infos, ctx, names.iter().copied());
+    for (dim, role) in roles {
+        let Some(sym) = dim.as_symbol() else { continue };
+        if sym != role && !taken.contains(role) {
+            ctx.unify(&dim, &Dim::sym(role));
+        }
+    }
+    let Some(mask) = input_shape(infos, ctx, "attention_mask").filter(|s| s.len() == 2) else { return };
+    let others = symbols_of(infos, ctx, names.iter().copied().filter(|&n| n != "attention_mask"));
+    let own = |d: &Dim| d.as_symbol().is_some_and(|s| !others.contains(s));
+    let ids = input_shape(infos, ctx, "input_ids").filter(|s| s.len() == 2);
+    let p = past.and_then(|p| input_shape(infos, ctx, p)).filter(|s| s.len() == 4);
+    if let (Some(ids), Some(p)) = (ids, p) {
+        if let (true, Some(total)) = (own(&mask[0]) && own(&mask[1]), p[2].add(&ids[1])) {
+            ctx.unify(&mask[0], &ids[0]);
+            ctx.unify(&mask[1], &total);
+        }
+    }
+}
+
+/// A graph input's shape with every substitution so far applied.
+fn input_shape(infos: &HashMap<&str, Info>, ctx: &Ctx, name: &str) -> Option<Vec<Dim>> {
+    infos.get(name).map(|i| i.shape.iter().map(|d| ctx.normalize(d)).collect())
+}
+
+/// Every symbol the shapes of the named inputs mention.
+fn symbols_of<'a>(infos: &HashMap<&str, Info>, ctx: &Ctx, names: impl Iterator<Item = &'a str>) -> HashSet<String> {
+    names
+        .filter_map(|n| input_shape(infos, ctx, n))
+        .flatten()
+        .flat_map(|d| d.symbols().map(str::to_string).collect::<Vec<_>>())
+        .collect()
 }
 
 /// A `dim_param`: a size name, or a sum of products of names and integers as optimum declares

@@ -105,14 +105,19 @@ impl Ctx {
     }
 
     /// Makes `a` and `b` equal: substitutes a bare symbol by the other side when possible.
-    fn unify(&mut self, a: &Dim, b: &Dim) -> Dim {
+    pub(crate) fn unify(&mut self, a: &Dim, b: &Dim) -> Dim {
         let (a, b) = (self.normalize(a), self.normalize(b));
         if a == b {
             return a;
         }
+        let renamed = renamed_symbol(&a, &b);
         let (sym, other) = match (a.as_symbol(), b.as_symbol()) {
             (Some(s), _) if !b.symbols().any(|x| x == s) => (s.to_string(), b.clone()),
             (_, Some(s)) if !a.symbols().any(|x| x == s) => (s.to_string(), a.clone()),
+            _ if renamed.is_some() => {
+                let (x, y) = renamed.unwrap();
+                (x, Dim::sym(&y))
+            }
             _ => {
                 let fact = format!("{a} = {b}");
                 if !self.assumptions.contains(&fact) {
@@ -124,6 +129,18 @@ impl Ctx {
         self.substitutions.push((sym, other.clone()));
         other
     }
+}
+
+/// `(x, y)` when `a` and `b` differ only in that one has symbol `x` where the other has `y`
+/// (`a − b = x − y`): the same size under two names, as torch.export names each input's sizes
+/// apart (`s15 + s70` against `s69 + s70`).
+fn renamed_symbol(a: &Dim, b: &Dim) -> Option<(String, String)> {
+    let d = a.sub(b)?;
+    let syms: Vec<String> = d.symbols().map(str::to_string).collect();
+    let [x, y] = &syms[..] else { return None };
+    [(x.clone(), y.clone()), (y.clone(), x.clone())]
+        .into_iter()
+        .find(|(p, q)| Dim::sym(p).sub(&Dim::sym(q)).as_ref() == Some(&d))
 }
 
 /// Everything inference needs about one node.
@@ -999,21 +1016,27 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
     }
 }
 
-/// Length of `d[s:e:st]`, for symbolic `d` only in the common cases (the whole dim, a prefix, a
-/// suffix), assuming the dim is long enough for the constant bounds.
 /// Slice `starts`/`ends` as numbers. A bound may be a symbolic size when it equals the size of
 /// the dim it slices (transformers slices the causal mask to the key length,
-/// `mask[..., :key.shape[-2]]`): that is "to the end", `i64::MAX`. Any other symbolic bound is an
-/// error naming it.
+/// `mask[..., :key.shape[-2]]`), also when the two differ only by one symbol's name (torch.export
+/// names each input's sizes apart; the equality is then assumed and recorded): that is "to the
+/// end", `i64::MAX`. Any other symbolic bound is an error naming it.
 fn slice_bounds(
     n: &NodeCtx,
-    ctx: &Ctx,
+    ctx: &mut Ctx,
     info: &Info,
     what: &str,
     shape: &[Dim],
     axes: &[usize],
 ) -> Result<Vec<i64>, ErrorKind> {
     let (dims, _) = info.as_dims().ok_or_else(|| n.bad(format!("{what} must be a constant integer tensor")))?;
+    for (i, b) in dims.iter().enumerate() {
+        let Some(dim) = axes.get(i).and_then(|&a| shape.get(a)) else { continue };
+        let (b, dim) = (ctx.normalize(b), ctx.normalize(dim));
+        if !b.is_known() && renamed_symbol(&b, &dim).is_some() {
+            ctx.unify(&b, &dim);
+        }
+    }
     constant_slice_bounds(ctx, &dims, shape, axes).map_err(|(bound, dim)| {
         n.bad(format!("{what} must be constant or the size of the dim it slices; it is {bound}, the dim is {dim}"))
     })
@@ -1038,6 +1061,8 @@ pub fn constant_slice_bounds(ctx: &Ctx, bounds: &[Dim], shape: &[Dim], axes: &[u
         .collect()
 }
 
+/// Length of `d[s:e:st]`, for symbolic `d` only in the common cases (the whole dim, a prefix, a
+/// suffix), assuming the dim is long enough for the constant bounds.
 fn slice_len(ctx: &Ctx, d: &Dim, s: i64, e: i64, st: i64) -> Option<Dim> {
     let d = ctx.normalize(d);
     if let Some(len) = d.as_known() {

@@ -96,17 +96,25 @@ impl Dim {
     }
 
     /// Exact division: `Some(q)` with `q * other == self` when such a polynomial quotient exists
-    /// for a monomial divisor (the only kind shape arithmetic produces); `None` otherwise.
+    /// for a monomial divisor, or a monomial quotient for a divisor of several terms
+    /// (`128·b·p + 128·b·s` by `p + s` is `128·b`, as torch.export's reshapes need); `None`
+    /// otherwise.
     pub fn div_exact(&self, other: &Dim) -> Option<Dim> {
         if other.terms.len() != 1 {
-            // A multi-term divisor divides only a constant multiple of itself.
-            let (m0, c0) = self.terms.iter().next()?;
-            let d0 = other.terms.get(m0)?;
-            if c0 % d0 != 0 {
-                return None;
-            }
-            let k = Dim::known(c0 / d0);
-            return (k.mul(other)? == *self).then_some(k);
+            // The quotient's one term times some term of the divisor is self's first term.
+            let (m0, &c0) = self.terms.iter().next()?;
+            return other.terms.iter().find_map(|(md, &cd)| {
+                if cd == 0 || c0 % cd != 0 {
+                    return None;
+                }
+                let mut rest = m0.clone();
+                for s in md {
+                    let i = rest.iter().position(|x| x == s)?;
+                    rest.remove(i);
+                }
+                let q = Dim::from_terms([(rest, c0 / cd)])?;
+                (q.mul(other)? == *self).then_some(q)
+            });
         }
         let (dm, &dc) = other.terms.iter().next()?;
         let mut terms = Vec::new();
@@ -214,6 +222,19 @@ mod tests {
         assert_eq!(Dim::sym("s").div_exact(&Dim::known(2)), None);
         let two_s = Dim::sym("s").add(&Dim::sym("p")).unwrap().mul(&Dim::known(2)).unwrap();
         assert_eq!(two_s.div_exact(&Dim::sym("s").add(&Dim::sym("p")).unwrap()), Some(Dim::known(2)));
+    }
+
+    #[test]
+    fn exact_division_by_sums_with_a_monomial_quotient() {
+        let (b, p, s) = (Dim::sym("b"), Dim::sym("p"), Dim::sym("s"));
+        let total = p.add(&s).unwrap();
+        // torch.export: 128·b·p + 128·b·s elements into [-1, p + s, 32].
+        let numel = b.mul(&total).unwrap().mul(&Dim::known(128)).unwrap();
+        let rest = total.mul(&Dim::known(32)).unwrap();
+        assert_eq!(numel.div_exact(&rest), Some(b.mul(&Dim::known(4)).unwrap()));
+        // No monomial quotient: (p + s)·(p + s) by p + s, or p + 1 by p + s.
+        assert_eq!(total.mul(&total).unwrap().div_exact(&total), None);
+        assert_eq!(p.add(&Dim::known(1)).unwrap().div_exact(&total), None);
     }
 
     #[test]

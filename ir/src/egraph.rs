@@ -430,6 +430,9 @@ pub struct Seeded {
 }
 
 /// Builds the e-graph of `g` (explanations optional: they cost memory).
+/// Weights with at most this many elements are known by value in the e-graph analysis.
+const SMALL_WEIGHT_ELEMENTS: usize = 16;
+
 pub fn seed(g: &Graph, explanations: bool) -> Seeded {
     let mut egraph = EGraph::new(NpuAnalysis::default());
     if explanations {
@@ -453,6 +456,18 @@ pub fn seed(g: &Graph, explanations: bool) -> Seeded {
         };
         if egraph[id].data.types.is_empty() {
             egraph[id].data.types = vec![TypeInfo { dtype: value.dtype, shape: value.shape.clone() }];
+        }
+        // A weight of a few elements (torch.export writes scalars and shape vectors as
+        // initializers) is also known by value, as a constant leaf would be: scales, epsilons
+        // and axes must be readable by rules.
+        if let ValueDef::Weight(w) = &value.def {
+            let w = g.weights.get(*w);
+            if w.numel() <= SMALL_WEIGHT_ELEMENTS && egraph[id].data.constant.is_none() {
+                if let Ok(t) = w.to_tensor() {
+                    let c = egraph.analysis.intern(t);
+                    egraph[id].data.constant = Some(c);
+                }
+            }
         }
         classes.insert(v, id);
         id

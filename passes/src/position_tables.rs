@@ -190,16 +190,16 @@ fn eval_rec(
 /// `Shape(x)` from x's symbolic shape under `sizes`.
 fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tensor, String> {
     let x = g.value(n.inputs[0].ok_or("Shape without input")?);
-    let dims: Vec<i64> = x
-        .shape
-        .iter()
-        .map(|d| d.eval(&|s| sizes.get(s).copied()).ok_or_else(|| format!("size {d} of `{}` is not known", x.name)))
-        .collect::<Result<_, _>>()?;
-    let r = dims.len() as i64;
+    let r = x.shape.len() as i64;
     let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
     let start = clamp(n.attrs.int("start").ok().flatten().unwrap_or(0));
     let end = clamp(n.attrs.int("end").ok().flatten().unwrap_or(r)).max(start);
-    Ok(Tensor::from_i64(DType::I64, vec![end - start], dims[start..end].to_vec()))
+    // Only the sizes the Shape reads need to be known.
+    let dims: Vec<i64> = x.shape[start..end]
+        .iter()
+        .map(|d| d.eval(&|s| sizes.get(s).copied()).ok_or_else(|| format!("size {d} of `{}` is not known", x.name)))
+        .collect::<Result<_, _>>()?;
+    Ok(Tensor::from_i64(DType::I64, vec![end - start], dims))
 }
 
 /// Makes `v` the output of `Reshape(Gather(table, position_ids), shape of v)`; the node that

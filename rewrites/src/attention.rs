@@ -28,6 +28,9 @@
 //!   not a mask there). A query row with no visible key at all (a fully padded row) differs: the
 //!   decomposed softmax averages every key uniformly (all scores equal float32 min), the fused op
 //!   outputs zeros; such rows are padding whose output nothing reads.
+//! - torch.export (`torch.onnx.export(dynamo=True)`): as transformers' SDPA export above, with
+//!   `kᵀ` spelled `Reshape(Transpose{[0,2,1]}(Reshape(k, [B·H, T, D])), [B, H, D, T])`, which
+//!   `attention-kt-through-3d` proves a 4-D transpose from the shapes.
 //! - onnxruntime-genai `com.microsoft::GroupQueryAttention` (form 2): query/key/value
 //!   `[B, S, H·D]` (Llama and SmolLM2 pack Q, K and V into `query` with key/value absent), BNSH
 //!   caches, `seqlens_k`, `total_sequence_length`, rotary caches `[max_pos, D/2]` with
@@ -85,6 +88,10 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("attention-sdpa-mul";
             "(MatMul (Softmax{axis=-1} (Add (Mul (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
             => { FoldSdpa::new("attention-sdpa-mul", ScaleBy::Multiply) }),
+        // k [B,H,T,D] reshaped to [B·H,T,D], transposed [0,2,1], reshaped to [B,H,D,T]  =  Transpose{[0,1,3,2]}(k)
+        rw!("attention-kt-through-3d";
+            "(Reshape (Transpose{perm=[0,2,1]} ?flat) ?shape)"
+            => { KtThrough3d }),
         // softmax((q·√s)·(kᵀ·√s) + causal∧mask)·v, NaN rows zeroed, over concat(past, new)  →  Attention
         rw!("attention-sdpa-split-scale";
             "(MatMul (Where (IsNaN (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?zero (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?vrep)"
@@ -352,6 +359,38 @@ impl Applier<ENode, NpuAnalysis> for FoldSdpa {
     ) -> Vec<Id> {
         let fold = self.fold(egraph, eclass, subst, rule);
         apply_fold(egraph, self.rule, eclass, fold)
+    }
+}
+
+/// torch.export's `kᵀ`: a 4-D `[B, H, T, D]` value reshaped to `[B·H, T, D]`, transposed to
+/// `[B·H, D, T]` and reshaped back to `[B, H, D, T]` is that value transposed over its last two
+/// axes. The shapes of the three classes prove it; the reshapes' shape operands (computed in the
+/// graph from `Shape`) are not read.
+struct KtThrough3d;
+
+impl Applier<ENode, NpuAnalysis> for KtThrough3d {
+    fn apply_one(
+        &self,
+        egraph: &mut EGraph,
+        eclass: Id,
+        subst: &Subst,
+        _: Option<&PatternAst<ENode>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let flat = subst[var("?flat")];
+        let (Some(fd), Some(out)) = (dims(egraph, flat), dims(egraph, eclass)) else { return vec![] };
+        let source = egraph[flat].nodes.iter().find_map(|n| match &n.head {
+            Head::Op { domain: Domain::Onnx, op: "Reshape", .. } => Some(n.children[0]),
+            _ => None,
+        });
+        let Some(x) = source else { return vec![] };
+        let Some(xd) = dims(egraph, x) else { return vec![] };
+        let merged = xd.len() == 4 && xd[0].mul(&xd[1]).is_some_and(|bh| fd == [bh, xd[2].clone(), xd[3].clone()]);
+        if !merged || out != [xd[0].clone(), xd[1].clone(), xd[3].clone(), xd[2].clone()] {
+            return vec![];
+        }
+        let Some(t) = transpose(egraph, x, &[0, 1, 3, 2]) else { return vec![] };
+        union_all(egraph, rule, &[(eclass, t)])
     }
 }
 

@@ -39,12 +39,16 @@ pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &
         return Err(format!("batch, query and past lengths ({batch}, {seq}, {past}) are not plain sizes"));
     };
     let total = past.add(seq).ok_or("the key length overflows")?;
-    let (am, am_name) = attention_mask_input(egraph, batch, &total)?;
+    let (am, am_name, own_sizes) = attention_mask_input(egraph, batch, &total)?;
     for &(s_len, p_len) in &SIZES {
         for pattern in 0..3 {
             let am_value = attention_mask_value(pattern, s_len + p_len);
-            let sizes =
+            let mut sizes =
                 HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
+            if let Some((mask_batch, mask_total)) = &own_sizes {
+                sizes.insert(mask_batch.clone(), BATCH as i64);
+                sizes.insert(mask_total.clone(), (s_len + p_len) as i64);
+            }
             let mut probe = Probe::new(egraph, sizes, (am_name.clone(), am_value.clone()), p_len as i64);
             let value = probe.eval(mask).map_err(|e| format!("evaluating the mask: {e}"))?;
             compare(&value, &am_value, s_len, p_len)
@@ -54,29 +58,60 @@ pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &
     Ok(am)
 }
 
-/// The one integer graph input shaped `[batch, past + seq]`.
-fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<(Id, String), String> {
-    let want = [batch.clone(), total.clone()];
-    let found: Vec<(Id, String)> = egraph
+/// The one integer graph input shaped `[batch, past + seq]`; failing that, the one integer
+/// rank-2 input whose two sizes are names no other input uses (torch.export names the mask's
+/// sizes apart when the graph reads it only through index arithmetic): then also those names,
+/// which the probe binds to the batch and the key length.
+fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<MaskInput, String> {
+    let inputs: Vec<(Id, String, Vec<Dim>)> = egraph
         .classes()
         .flat_map(|c| c.nodes.iter().map(move |n| (c.id, n)))
         .filter_map(|(id, n)| match &n.head {
             Head::Input(name) => {
                 let ty = egraph[id].data.ty()?;
-                (ty.dtype.is_int() && ty.shape == want).then(|| (id, name.to_string()))
+                ty.dtype.is_int().then(|| (id, name.to_string(), ty.shape.clone()))
             }
             _ => None,
         })
         .collect();
-    match found.as_slice() {
-        [one] => Ok(one.clone()),
-        [] => Err(format!("no integer graph input is shaped [{batch}, {total}] to read the padding from")),
-        _ => Err(format!(
-            "{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear",
-            found.len()
-        )),
+    let want = [batch.clone(), total.clone()];
+    let exact: Vec<_> = inputs.iter().filter(|(_, _, s)| *s == want).collect();
+    match exact.as_slice() {
+        [(id, name, _)] => return Ok((*id, name.clone(), None)),
+        [] => {}
+        _ => {
+            return Err(format!(
+                "{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear",
+                exact.len()
+            ))
+        }
+    }
+    let free: Vec<MaskInput> = inputs
+        .iter()
+        .filter_map(|(id, name, shape)| {
+            let [a, b] = &shape[..] else { return None };
+            let (a, b) = (a.as_symbol()?, b.as_symbol()?);
+            (a != b && !used_by_another_input(egraph, a, name) && !used_by_another_input(egraph, b, name))
+                .then(|| (*id, name.clone(), Some((a.to_string(), b.to_string()))))
+        })
+        .collect();
+    match <[MaskInput; 1]>::try_from(free) {
+        Ok([one]) => Ok(one),
+        Err(_) => Err(format!("no integer graph input is shaped [{batch}, {total}] to read the padding from")),
     }
 }
+
+/// Some graph input other than `me` has a size that mentions `sym`.
+fn used_by_another_input(egraph: &EGraph, sym: &str, me: &str) -> bool {
+    egraph.classes().any(|c| {
+        c.nodes.iter().any(|n| matches!(&n.head, Head::Input(other) if &**other != me))
+            && c.data.ty().is_some_and(|t| t.shape.iter().any(|d| d.symbols().any(|x| x == sym)))
+    })
+}
+
+/// The padding mask's class, its input name, and its own size names when they are not the
+/// batch's and the key length's.
+type MaskInput = (Id, String, Option<(String, String)>);
 
 /// `[BATCH, total]` 0/1 masks: all ones; left padding of two in row 0; a hole at 1 in row 1.
 fn attention_mask_value(pattern: usize, total: usize) -> Tensor {
@@ -196,12 +231,18 @@ impl<'a> Probe<'a> {
 
     /// `Shape(x)` from x's symbolic shape under the case's sizes.
     fn shape_of(&self, x: Id, attrs: &Attrs) -> Result<Tensor, String> {
-        let dims = self.concrete_shape(x)?;
-        let r = dims.len() as i64;
+        let ty = self.egraph[x].data.ty().ok_or("a value of unknown type")?;
+        let r = ty.shape.len() as i64;
         let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
         let start = clamp(attrs.int("start").ok().flatten().unwrap_or(0));
         let end = clamp(attrs.int("end").ok().flatten().unwrap_or(r)).max(start);
-        let v: Vec<i64> = dims[start..end].iter().map(|&d| d as i64).collect();
+        // Only the sizes the Shape reads need to be known.
+        let v: Vec<i64> = ty.shape[start..end]
+            .iter()
+            .map(|d| {
+                d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| format!("size {d} is not one of the case's"))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Tensor::from_i64(DType::I64, vec![v.len()], v))
     }
 
