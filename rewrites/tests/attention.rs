@@ -262,7 +262,8 @@ fn an_anti_causal_mask_is_declined() {
     let mut g = common::import("llama_f1");
     let at = node_named(&g, "Greater", "");
     g.nodes[at].op = "Less";
-    assert_declined(&g, "attention-sdpa-div", "the causal part is not");
+    // No spelling matches node for node; evaluated, a key after the query is not hidden.
+    assert_declined(&g, "attention-sdpa-div", "query 0, key 1 is hidden but the mask holds");
 }
 
 #[test]
@@ -272,7 +273,8 @@ fn a_padding_mask_that_is_not_zero_one_is_declined() {
     let at = node_named(&g, "Sub", "");
     let one = g.nodes[at].inputs[0].unwrap();
     g.values[one.0 as usize].def = ValueDef::Const(Tensor::scalar_f32(2.0));
-    assert_declined(&g, "attention-sdpa-mul", "the padding mask is not");
+    // Evaluated, the first key of the first query (visible: its mask entry is 1) is masked.
+    assert_declined(&g, "attention-sdpa-mul", "query 0, key 0 is visible but the mask holds");
 }
 
 #[test]
