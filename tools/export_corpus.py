@@ -43,6 +43,7 @@ PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime
 # exporter name -> how to make it from the HF folder (and the optimum export, for QDQ).
 EXPORTERS = {
     "optimum": lambda hf, out, ctx: exporters.optimum(hf, out),
+    "torch-dynamo": lambda hf, out, ctx: exporters.dynamo(hf, out),
     "builder-fp32": lambda hf, out, ctx: exporters.builder(hf, out, "fp32", {}),
     "builder-int4": lambda hf, out, ctx: exporters.builder(hf, out, "int4", {}),
     "builder-int4-b128-asym": lambda hf, out, ctx: exporters.builder(

@@ -383,7 +383,15 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         let y = &infos[n.output[0].as_str()];
         let replacement = if op == "Reshape" {
             let allowzero = node_attrs[i].as_ref().and_then(|a| a.int("allowzero").ok().flatten()).unwrap_or(0) != 0;
-            reshape_constant(&x.shape, &y.shape, allowzero, &mut ctx, &name_of(n, i))
+            let t = reshape_constant(&x.shape, &y.shape, allowzero, &mut ctx, &name_of(n, i));
+            // allowzero=1 (torch.export) with a target holding no literal 0: the constant target
+            // copies dims with 0, which allowzero=0 reads as the copy it is.
+            if t.is_some() && allowzero {
+                if let Some(a) = node_attrs[i].as_mut() {
+                    a.set("allowzero", Attr::Int(0));
+                }
+            }
+            t
         } else {
             expand_constant(&x.shape, &y.shape, &target.as_dims().unwrap().0)
         };
@@ -736,7 +744,9 @@ fn constant_value(attrs: &Attrs, node: &str) -> Result<Tensor, ErrorKind> {
 /// A constant Reshape target equivalent to the symbolic one: known dims as numbers, dims equal
 /// to the input's at the same position as 0, at most one other as -1.
 fn reshape_constant(x: &[Dim], y: &[Dim], allowzero: bool, ctx: &mut Ctx, node: &str) -> Option<Tensor> {
-    if allowzero {
+    // With allowzero=1 a literal 0 in the target is a zero-sized dim, which no constant target
+    // read with allowzero=0 (as the caller rewrites it) can say.
+    if allowzero && y.iter().any(|d| d.as_known() == Some(0)) {
         return None;
     }
     let mut out = Vec::with_capacity(y.len());

@@ -28,6 +28,14 @@ def optimum(hf: Path, out: Path) -> list[str]:
     return cmd
 
 
+def dynamo(hf: Path, out: Path) -> list[str]:
+    """`torch.onnx.export(..., dynamo=True)` (the torch.export-based exporter) with the KV cache
+    as flat inputs and outputs; see dynamo_export.py."""
+    cmd = [sys.executable, str(Path(__file__).with_name("dynamo_export.py")), str(hf), str(out)]
+    run(cmd, out.parent / f"{out.name}.log")
+    return cmd
+
+
 def builder(hf: Path, out: Path, precision: str, extra: dict[str, str]) -> list[str]:
     """onnxruntime-genai's model builder for the CPU provider."""
     if not (BUILDER_OVERLAY / "transformers").is_dir():
