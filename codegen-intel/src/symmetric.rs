@@ -503,7 +503,9 @@ fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usiz
 /// The host executor's form of an intel-npu program: the row-scaled ops replaced by the plain ones
 /// they equal in f32 (RmsNormRowScaled → RmsNorm, SkipRmsNormRowScaled → SkipRmsNorm,
 /// WGemmRowScaled → WGemm; same inputs and attributes). The rescalings matter on an fp16 device,
-/// where the IR keeps them.
+/// where the IR keeps them. The IR multiplies float activations by the decompressed weights, so
+/// the host's WGemms do too: a MatMulNBits' `accuracy_level` 4 (int8 activations on
+/// onnxruntime's CPU) is dropped, or the host would compute something the IR does not.
 pub fn host_forms(g: &Graph) -> Graph {
     let mut out = g.clone();
     for node in out.nodes.iter_mut().filter(|n| n.domain == Domain::Npuc) {
@@ -513,6 +515,9 @@ pub fn host_forms(g: &Graph) -> Graph {
             "WGemmRowScaled" => "WGemm",
             other => other,
         };
+        if node.op == "WGemm" {
+            node.attrs.remove("accuracy_level");
+        }
     }
     out
 }

@@ -36,6 +36,11 @@ impl Attrs {
         self.0.insert(name.to_string(), value);
     }
 
+    /// Removes an attribute; its value, if it had one.
+    pub fn remove(&mut self, name: &str) -> Option<Attr> {
+        self.0.remove(name)
+    }
+
     pub fn int(&self, name: &str) -> Result<Option<i64>, AttrError> {
         match self.0.get(name) {
             None => Ok(None),
