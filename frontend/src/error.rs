@@ -23,6 +23,8 @@ pub enum ErrorKind {
     LocalFunctions(String),
     #[error("the model imports opset {domain} version {version}; npuc imports {supported}")]
     Opset { domain: String, version: i64, supported: &'static str },
+    #[error("node `{node}`: op {op} as defined since ai.onnx opset {since} (the model imports {opset}) differs from the definitions npuc implements ({implemented})")]
+    OpVersion { node: String, op: String, since: i64, opset: i64, implemented: String },
     #[error("node `{node}`: op {domain}::{op} (opset {opset}) is outside npuc's vocabulary")]
     UnknownOp { node: String, op: String, domain: String, opset: i64 },
     #[error("node `{node}` ({op}) has {given} {what}; the op takes {expected}")]

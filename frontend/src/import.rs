@@ -13,9 +13,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// ai.onnx opset versions npuc imports.
-pub const ONNX_OPSETS: std::ops::RangeInclusive<i64> = 13..=23;
-const ONNX_OPSETS_TEXT: &str = "ai.onnx opsets 13 to 23";
+/// ai.onnx opset versions npuc imports; each op is then checked against the definitions npuc
+/// implements (`crate::versions`).
+pub const ONNX_OPSETS: std::ops::RangeInclusive<i64> = 1..=crate::versions::MAX_OPSET;
+const ONNX_OPSETS_TEXT: &str = "ai.onnx opsets 1 to 28";
 
 /// Initializers with at most this many elements are also known by value to the folder.
 const SMALL_WEIGHT_ELEMENTS: usize = 4096;
@@ -212,6 +213,15 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         let domain = Domain::parse(&dom_s).ok_or_else(|| unknown(0))?;
         let opset = *opsets.get(&domain).ok_or_else(|| unknown(0))?;
         let spec = ir::op::lookup(domain, &op).ok_or_else(|| unknown(opset))?;
+        if domain == Domain::Onnx {
+            crate::versions::check(&op, opset).map_err(|(since, implemented)| ErrorKind::OpVersion {
+                node: node_name(i),
+                op: op.clone(),
+                since,
+                opset,
+                implemented,
+            })?;
+        }
         let n_in = n.input.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
         let n_out = n.output.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
         let range = |lo: usize, hi: usize| {

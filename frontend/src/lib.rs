@@ -9,6 +9,7 @@ pub mod error;
 pub mod import;
 pub mod infer;
 pub mod tensors;
+pub mod versions;
 
 pub mod proto {
     //! Types generated from `proto/onnx.proto`.

@@ -74,10 +74,11 @@ impl Granularity {
     }
 }
 
-/// The zero point's shape must equal the scale's.
+/// The zero point's shape must equal the scale's; a one-element zero point beside a
+/// one-element scale is per-tensor either way (`[1]` against `[]`, as ONNX's own tests write).
 fn check_zero_point(zp: Option<&Tensor>, scale: &Tensor) -> Res<()> {
     if let Some(z) = zp {
-        if z.shape != scale.shape {
+        if z.shape != scale.shape && !(z.numel() == 1 && scale.numel() == 1) {
             bail!("zero point shape {:?} differs from scale shape {:?}", z.shape, scale.shape);
         }
     }
