@@ -626,11 +626,22 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         "Not" => one(DType::Bool, x0()?.shape.clone()),
         "IsNaN" | "IsInf" => one(DType::Bool, x0()?.shape.clone()),
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
-        | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" => {
+        | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" | "Gelu" | "Softplus" => {
             let x = x0()?;
             if matches!(
                 n.op,
-                "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Softmax"
+                "Sqrt"
+                    | "Reciprocal"
+                    | "Exp"
+                    | "Log"
+                    | "Sin"
+                    | "Cos"
+                    | "Tanh"
+                    | "Erf"
+                    | "Sigmoid"
+                    | "Softmax"
+                    | "Gelu"
+                    | "Softplus"
             ) && !x.dtype.is_float()
             {
                 return Err(n.dtype_err(format!("{} needs a float input, got {}", n.op, x.dtype)));

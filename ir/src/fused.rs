@@ -637,7 +637,8 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
         (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(broadcast2(t(0), t(1))),
         (
             Domain::Onnx,
-            "Neg" | "Sqrt" | "Reciprocal" | "Exp" | "Sigmoid" | "Tanh" | "Softmax" | "Identity" | "Relu",
+            "Neg" | "Sqrt" | "Reciprocal" | "Exp" | "Sigmoid" | "Tanh" | "Softmax" | "Identity" | "Relu" | "Gelu"
+            | "Softplus",
         ) => one(t(0)),
         _ => vec![],
     }

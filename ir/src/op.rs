@@ -91,6 +91,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "Tanh",           (1, 1), (1, 1)),
     spec(ON, "Erf",            (1, 1), (1, 1)),
     spec(ON, "Sigmoid",        (1, 1), (1, 1)),
+    spec(ON, "Gelu",           (1, 1), (1, 1)),
+    spec(ON, "Softplus",       (1, 1), (1, 1)),
     spec(ON, "Relu",           (1, 1), (1, 1)),
     spec(ON, "Floor",          (1, 1), (1, 1)),
     spec(ON, "Ceil",           (1, 1), (1, 1)),

@@ -318,11 +318,32 @@ pub(super) fn min_max(cx: &Ctx, is_max: bool) -> Res<Vec<Tensor>> {
 trait FloatExt: Copy {
     fn gauss_erf(self) -> Self;
     fn logistic(self) -> Self;
+    /// `x·Φ(x)` exactly (`tanh` false) or with the tanh approximation, computed in f64.
+    fn gelu(self, tanh: bool) -> Self;
+    /// `ln(eˣ + 1)`, computed in f64.
+    fn softplus(self) -> Self;
+}
+
+/// Gelu in f64: `0.5·x·(1 + erf(x/√2))`, or `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+fn gelu_f64(x: f64, tanh: bool) -> f64 {
+    if tanh {
+        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+    } else {
+        0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
+    }
 }
 
 impl FloatExt for f64 {
     fn gauss_erf(self) -> f64 {
         erf(self)
+    }
+
+    fn gelu(self, tanh: bool) -> f64 {
+        gelu_f64(self, tanh)
+    }
+
+    fn softplus(self) -> f64 {
+        self.exp().ln_1p()
     }
 
     fn logistic(self) -> f64 {
@@ -339,6 +360,14 @@ impl FloatExt for f64 {
 impl FloatExt for f32 {
     fn gauss_erf(self) -> f32 {
         erf(self as f64) as f32
+    }
+
+    fn gelu(self, tanh: bool) -> f32 {
+        gelu_f64(self as f64, tanh) as f32
+    }
+
+    fn softplus(self) -> f32 {
+        (self as f64).exp().ln_1p() as f32
     }
 
     fn logistic(self) -> f32 {
@@ -430,6 +459,15 @@ pub(super) fn unary(cx: &Ctx) -> Res<Vec<Tensor>> {
         ("Tanh", _) => map_float!(x, name, |v| v.tanh()),
         ("Erf", _) => map_float!(x, name, |v| v.gauss_erf()),
         ("Sigmoid", _) => map_float!(x, name, |v| v.logistic()),
+        ("Softplus", _) => map_float!(x, name, |v| v.softplus()),
+        ("Gelu", _) => {
+            let tanh = match cx.attrs().str("approximate")?.unwrap_or("none") {
+                "none" => false,
+                "tanh" => true,
+                other => bail!("Gelu approximate must be none or tanh, got {other}"),
+            };
+            map_float!(x, name, |v| v.gelu(tanh))
+        }
         ("Floor", _) => map_float!(x, name, |v| v.floor()),
         ("Ceil", _) => map_float!(x, name, |v| v.ceil()),
         ("Round", _) => map_float!(x, name, |v| v.round_ties_even()),

@@ -116,7 +116,7 @@ fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         "Xor" => elementwise::logic(cx, Logic::Xor),
         "Where" => elementwise::where_op(cx),
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
-        | "Floor" | "Ceil" | "Round" | "Not" | "IsNaN" | "IsInf" => elementwise::unary(cx),
+        | "Floor" | "Ceil" | "Round" | "Not" | "IsNaN" | "IsInf" | "Gelu" | "Softplus" => elementwise::unary(cx),
         "Identity" => Ok(vec![cx.input(0, "input")?.clone()]),
         "Cast" => elementwise::cast(cx),
         "CastLike" => elementwise::cast_like(cx),
