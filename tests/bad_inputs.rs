@@ -477,3 +477,15 @@ fn a_huge_constant_of_shape_is_not_materialised() {
     let (code, stderr) = cli(&c.path);
     assert_eq!(code, 0, "{stderr}");
 }
+
+#[test]
+fn a_model_without_ir_version_or_from_a_newer_ir_is_refused() {
+    let mut m = good_model();
+    m.ir_version = None;
+    let c = write_model(&m);
+    assert!(matches!(import_err(&c.path).kind, ErrorKind::IrVersion(_)));
+    assert_cli_refuses(&c.path, &["no ir_version", "IR versions 1 to 14", "model.onnx"]);
+    m.ir_version = Some(15);
+    let c = write_model(&m);
+    assert_cli_refuses(&c.path, &["IR version 15", "IR versions 1 to 14", "model.onnx"]);
+}

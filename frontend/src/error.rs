@@ -19,6 +19,8 @@ pub enum ErrorKind {
     Decode(String),
     #[error("the model has no graph")]
     NoGraph,
+    #[error("the model declares {0}; npuc reads ONNX IR versions 1 to {max}", max = crate::import::IR_VERSION)]
+    IrVersion(String),
     #[error("the model defines local functions ({0}), which npuc does not import")]
     LocalFunctions(String),
     #[error("the model imports opset {domain} version {version}; npuc imports {supported}")]

@@ -18,6 +18,9 @@ use std::sync::Arc;
 pub const ONNX_OPSETS: std::ops::RangeInclusive<i64> = 1..=crate::versions::MAX_OPSET;
 const ONNX_OPSETS_TEXT: &str = "ai.onnx opsets 1 to 28";
 
+/// The newest ONNX IR version the frontend's protobuf types (onnx.proto of onnx 1.23) describe.
+pub const IR_VERSION: i64 = 14;
+
 /// Initializers with at most this many elements are also known by value to the folder.
 const SMALL_WEIGHT_ELEMENTS: usize = 4096;
 
@@ -128,6 +131,11 @@ enum Source {
 fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
     let m = &model.proto;
     let g = m.graph.as_ref().ok_or(ErrorKind::NoGraph)?;
+    match m.ir_version {
+        None | Some(0) => return Err(ErrorKind::IrVersion("no ir_version".into())),
+        Some(v) if !(1..=IR_VERSION).contains(&v) => return Err(ErrorKind::IrVersion(format!("IR version {v}"))),
+        Some(_) => {}
+    }
     if !m.functions.is_empty() {
         let names: Vec<String> = m.functions.iter().map(|f| f.name.clone().unwrap_or_default()).collect();
         return Err(ErrorKind::LocalFunctions(names.join(", ")));
