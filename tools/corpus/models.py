@@ -42,6 +42,9 @@ ARCHS = {
     # SmolLM2's shape of Llama: tied embeddings, GQA, head_dim 32.
     "llama": Arch("llama", "LlamaForCausalLM", dict(COMMON, tie_word_embeddings=True, rms_norm_eps=1e-5,
                                                     rope_theta=10000.0), 11),
+    # Qwen2.5: biases on the q/k/v projections, tied embeddings.
+    "qwen2": Arch("qwen2", "Qwen2ForCausalLM", dict(COMMON, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                                                    rope_theta=1000000.0), 13),
     # Qwen3: q/k RMSNorm per head, explicit head_dim, untied lm_head.
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", dict(COMMON, head_dim=64, tie_word_embeddings=False,
                                                     rms_norm_eps=1e-6, rope_theta=1000000.0), 12),

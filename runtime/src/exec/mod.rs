@@ -617,6 +617,7 @@ impl<'b> Executor<'b> {
                 | Op::RmsNorm { out, .. }
                 | Op::Rope { out, .. }
                 | Op::SwiGlu { out, .. }
+                | Op::AddF32 { out, .. }
                 | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
@@ -660,6 +661,7 @@ impl<'b> Executor<'b> {
             | Op::RmsNorm { out, .. }
             | Op::Rope { out, .. }
             | Op::SwiGlu { out, .. }
+            | Op::AddF32 { out, .. }
             | Op::Attention { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
         };
@@ -851,6 +853,22 @@ impl<'b> Executor<'b> {
                     return Err(fail(format!("gate of {} values and up of {}", g.len(), u.len())));
                 }
                 swiglu::swiglu(isa, g, u, &mut y[..g.len()]);
+            }
+            Op::AddF32 { a, b, .. } => {
+                let (x, z) = (view.f32(*a), view.f32(*b));
+                let (big, small) = if x.len() >= z.len() { (x, z) } else { (z, x) };
+                if small.is_empty() || big.len() % small.len() != 0 {
+                    return Err(fail(format!(
+                        "adds {} values to {}: neither repeats over the other",
+                        small.len(),
+                        big.len()
+                    )));
+                }
+                for (row, out) in big.chunks(small.len()).zip(y[..big.len()].chunks_mut(small.len())) {
+                    for ((o, p), q) in out.iter_mut().zip(row).zip(small) {
+                        *o = p + q;
+                    }
+                }
             }
             Op::Attention { q, k, v, layer, scale, .. } => {
                 let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));

@@ -100,6 +100,13 @@ pub enum Op {
         up: usize,
         out: usize,
     },
+    /// Float `a + b` where one operand's values repeat over the other's rows (a bias `[N]` on a
+    /// projection's `[.., N]`, the q/k/v biases of Qwen2) or both have the same size.
+    AddF32 {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
     Attention {
         q: usize,
         k: usize,
@@ -812,6 +819,26 @@ impl<'b> Plan<'b> {
                     let o = out(0)?;
                     fresh_i64(&mut locs, o);
                     ops.push((n, Op::Int { kind: IntKind::Shape { start, end }, inputs: vec![x], out: o }));
+                }
+                "ai.onnx::Add" if values[out(0)?].elem == Some(ElemType::F32) => {
+                    let (a, b) = (f32_input(0, &locs)?, f32_input(1, &locs)?);
+                    let o = out(0)?;
+                    // One operand is the output's shape; the other that shape or a suffix of it
+                    // (leading 1s aside): the only broadcast the row-wise add computes.
+                    let trailing = |v: usize| {
+                        let s = &values[v].shape;
+                        let s = &s[s.iter().take_while(|d| d.as_const() == Some(1)).count()..];
+                        values[o].shape.ends_with(s)
+                    };
+                    let full = |v: usize| values[v].shape == values[o].shape;
+                    if !(full(a) && trailing(b) || full(b) && trailing(a)) {
+                        return Err(fail(format!(
+                            "adds `{}` and `{}` with a broadcast other than a trailing one",
+                            values[a].name, values[b].name
+                        )));
+                    }
+                    fresh(&mut locs, o);
+                    ops.push((n, Op::AddF32 { a, b, out: o }));
                 }
                 "ai.onnx::Add" | "ai.onnx::Sub" | "ai.onnx::Mul" | "ai.onnx::Range" => {
                     let (kind, arity) = match node.op.as_str() {
