@@ -33,6 +33,9 @@ struct Entry {
     dir: PathBuf,
     layers: usize,
     cases: Vec<GreedyCase>,
+    /// What the exporter tool found about the file itself (an exporter that disagrees with the
+    /// others on the same weights).
+    note: Option<String>,
 }
 
 /// One prompt and ONNX Runtime's greedy continuation of it.
@@ -81,6 +84,7 @@ fn entries() -> Vec<Entry> {
                         margins: c["greedy_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
                     })
                     .collect(),
+                note: e["note"].as_str().map(str::to_string),
             }
         })
         .collect()
@@ -365,7 +369,10 @@ fn every_corpus_model_fuses_compiles_and_gives_onnx_runtimes_greedy_ids() {
         openvino_cell(e, intel, &mut row);
         rows.push((e.name.clone(), row));
     }
-    let table = write_table(&rows);
+    let mut table = write_table(&rows);
+    for e in entries.iter().filter(|e| e.note.is_some()) {
+        table += &format!("\n{}: {}\n", e.name, e.note.as_deref().unwrap_or_default());
+    }
     std::fs::write(common::fixtures_dir().join("corpus").join("table.md"), &table).unwrap();
     let failures: Vec<String> =
         rows.iter().flat_map(|(n, r)| r.failures.iter().map(move |f| format!("{n}: {f}"))).collect();

@@ -45,6 +45,10 @@ ARCHS = {
     # Qwen2.5: biases on the q/k/v projections, tied embeddings.
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", dict(COMMON, tie_word_embeddings=True, rms_norm_eps=1e-6,
                                                     rope_theta=1000000.0), 13),
+    # Phi-3: fused qkv and gate_up projections sliced apart; one RoPE scale (the builder takes
+    # the long-RoPE path unless the original context equals the context).
+    "phi3": Arch("phi3", "Phi3ForCausalLM", dict(COMMON, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                                                 rope_theta=10000.0, original_max_position_embeddings=512), 14),
     # Qwen3: q/k RMSNorm per head, explicit head_dim, untied lm_head.
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", dict(COMMON, head_dim=64, tie_word_embeddings=False,
                                                     rms_norm_eps=1e-6, rope_theta=1000000.0), 12),
