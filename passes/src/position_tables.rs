@@ -206,73 +206,52 @@ fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tens
 /// computed it is left without readers.
 fn replace_with_gather(g: &mut Graph, pos: ValueId, v: ValueId, table: Tensor) {
     let name = g.value(v).name.clone();
-    let (rows, width) = (table.shape[0], table.shape[1]);
+    let width = table.shape[1];
+    let tw = add_table(g, &name, table);
+    let p = g.value(pos).shape.clone();
+    let rows_shape = vec![p[0].clone(), p[1].clone(), Dim::known(width as i64)];
+    let gathered = add_value(g, format!("{name}.rows"), DType::F32, rows_shape, ValueDef::Input);
+    // Batch copies the input's dim (0), the sequence is inferred (-1), the rest are numbers.
+    let target: Vec<i64> =
+        g.value(v).shape.iter().enumerate().map(|(i, d)| d.as_known().unwrap_or(if i == 0 { 0 } else { -1 })).collect();
+    let target = Tensor::from_i64(DType::I64, vec![target.len()], target);
+    let shape_dims = vec![Dim::known(target.numel() as i64)];
+    let shape_v = add_value(g, format!("{name}.shape"), DType::I64, shape_dims, ValueDef::Const(target));
+    // The old producer keeps a value of its own that nothing reads.
+    if let ValueDef::Node { node, output } = g.value(v).def {
+        let old = g.value(v).clone();
+        let o = add_value(g, format!("{name}.computed"), old.dtype, old.shape, old.def);
+        g.nodes[node.0 as usize].outputs[output] = o;
+    }
+    let gather = onnx_node(format!("{name}.gather"), "Gather", 13, &[tw, pos], gathered);
+    let reshape = onnx_node(format!("{name}.reshape"), "Reshape", 14, &[gathered, shape_v], v);
+    let first_reader = g.nodes.iter().position(|n| n.inputs.contains(&Some(v))).unwrap_or(g.nodes.len());
+    insert_nodes(g, first_reader, vec![gather, reshape]);
+}
+
+/// Adds `table` as the weight `<name>.table` and a value naming it.
+fn add_table(g: &mut Graph, name: &str, table: Tensor) -> ValueId {
+    let shape = table.shape.clone();
     let bytes = bytes::Bytes::from(table.to_le_bytes().expect("an f32 table encodes"));
     let mut store = ir::WeightStore::default();
     for (_, w) in g.weights.iter() {
         store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
     }
-    let wid = store.add(Weight::new(format!("{name}.table"), DType::F32, vec![rows, width], bytes));
+    let wid = store.add(Weight::new(format!("{name}.table"), DType::F32, shape.clone(), bytes));
     g.weights = std::sync::Arc::new(store);
-    let p = g.value(pos).shape.clone();
-    let add_value = |g: &mut Graph, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef| {
-        g.values.push(Value { name, dtype, shape, def });
-        ValueId(g.values.len() as u32 - 1)
-    };
-    let tw = add_value(
-        g,
-        format!("{name}.table"),
-        DType::F32,
-        vec![Dim::known(rows as i64), Dim::known(width as i64)],
-        ValueDef::Weight(wid),
-    );
-    let gathered_shape = vec![p[0].clone(), p[1].clone(), Dim::known(width as i64)];
-    let gathered = add_value(g, format!("{name}.rows"), DType::F32, gathered_shape, ValueDef::Input);
-    let target: Vec<i64> = g
-        .value(v)
-        .shape
-        .iter()
-        .enumerate()
-        .map(|(i, d)| match d.as_known() {
-            Some(k) => k,
-            None if i == 0 => 0,
-            None => -1,
-        })
-        .collect();
-    let target_t = Tensor::from_i64(DType::I64, vec![target.len()], target);
-    let shape_v = add_value(
-        g,
-        format!("{name}.shape"),
-        DType::I64,
-        vec![Dim::known(target_t.numel() as i64)],
-        ValueDef::Const(target_t),
-    );
-    // The old producer keeps a value of its own that nothing reads.
-    if let ValueDef::Node { node, output } = g.value(v).def {
-        let orphan = Value { name: format!("{name}.computed"), ..g.value(v).clone() };
-        let o = add_value(g, orphan.name.clone(), orphan.dtype, orphan.shape.clone(), orphan.def.clone());
-        g.nodes[node.0 as usize].outputs[output] = o;
-    }
-    let gather = Node {
-        name: format!("{name}.gather"),
-        domain: Domain::Onnx,
-        op: "Gather",
-        opset: 13,
-        attrs: Attrs::default(),
-        inputs: vec![Some(tw), Some(pos)],
-        outputs: vec![gathered],
-    };
-    let reshape = Node {
-        name: format!("{name}.reshape"),
-        domain: Domain::Onnx,
-        op: "Reshape",
-        opset: 14,
-        attrs: Attrs::default(),
-        inputs: vec![Some(gathered), Some(shape_v)],
-        outputs: vec![v],
-    };
-    let first_reader = g.nodes.iter().position(|n| n.inputs.contains(&Some(v))).unwrap_or(g.nodes.len());
-    insert_nodes(g, first_reader, vec![gather, reshape]);
+    let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
+    add_value(g, format!("{name}.table"), DType::F32, dims, ValueDef::Weight(wid))
+}
+
+fn add_value(g: &mut Graph, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
+    g.values.push(Value { name, dtype, shape, def });
+    ValueId(g.values.len() as u32 - 1)
+}
+
+/// An ai.onnx node without attributes.
+fn onnx_node(name: String, op: &'static str, opset: i64, inputs: &[ValueId], output: ValueId) -> Node {
+    let inputs = inputs.iter().map(|&i| Some(i)).collect();
+    Node { name, domain: Domain::Onnx, op, opset, attrs: Attrs::default(), inputs, outputs: vec![output] }
 }
 
 /// Inserts `nodes` at index `at` of the node list (keeping it in order) and renumbers the node
