@@ -431,7 +431,7 @@ pub struct Seeded {
 
 /// Builds the e-graph of `g` (explanations optional: they cost memory).
 /// Weights with at most this many elements are known by value in the e-graph analysis.
-const SMALL_WEIGHT_ELEMENTS: usize = 16;
+const KNOWN_WEIGHT_ELEMENTS: usize = 16;
 
 pub fn seed(g: &Graph, explanations: bool) -> Seeded {
     let mut egraph = EGraph::new(NpuAnalysis::default());
@@ -462,7 +462,7 @@ pub fn seed(g: &Graph, explanations: bool) -> Seeded {
         // and axes must be readable by rules.
         if let ValueDef::Weight(w) = &value.def {
             let w = g.weights.get(*w);
-            if w.numel() <= SMALL_WEIGHT_ELEMENTS && egraph[id].data.constant.is_none() {
+            if w.numel() <= KNOWN_WEIGHT_ELEMENTS && egraph[id].data.constant.is_none() {
                 if let Ok(t) = w.to_tensor() {
                     let c = egraph.analysis.intern(t);
                     egraph[id].data.constant = Some(c);

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WeightId(pub u32);
 
+#[derive(Clone)]
 pub struct Weight {
     pub name: String,
     pub dtype: DType,
@@ -39,7 +40,9 @@ impl Weight {
     }
 }
 
-#[derive(Default)]
+/// Cloning a store clones `Bytes` handles, never weight bytes (a graph pass that adds weights
+/// clones the store it shares with earlier graphs through `Arc::make_mut`).
+#[derive(Clone, Default)]
 pub struct WeightStore {
     weights: Vec<Weight>,
 }

@@ -151,19 +151,17 @@ impl Pass for LowerSlices {
     }
     fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError> {
         let (mut graph, splits) = splits_to_slices(graph);
-        let mut store = ir::WeightStore::default();
-        for (_, w) in graph.weights.iter() {
-            store.add(ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-        }
         let mut folded = 0;
         for n in 0..graph.nodes.len() {
             let Some((out, weight)) = weight_slice(&graph, n) else { continue };
             let taken = graph.values.iter().any(|v| v.name == weight.name);
+            let name = weight.name.clone();
+            let id = std::sync::Arc::make_mut(&mut graph.weights).add(weight);
             let value = &mut graph.values[out.0 as usize];
             if !taken {
-                value.name = weight.name.clone();
+                value.name = name;
             }
-            value.def = ir::graph::ValueDef::Weight(store.add(weight));
+            value.def = ir::graph::ValueDef::Weight(id);
             // The Slice now defines a value nothing reads, so pruning drops it.
             let mut orphan = value.clone();
             orphan.name = format!("{}.folded", orphan.name);
@@ -172,7 +170,6 @@ impl Pass for LowerSlices {
             graph.nodes[n].outputs[0] = ir::ValueId(graph.values.len() as u32 - 1);
             folded += 1;
         }
-        graph.weights = std::sync::Arc::new(store);
         let g = graph.pruned();
         let summary = format!("{splits} Split parts as Slices, {folded} weight slices as weights");
         Ok((g, PassDetail { summary, data: serde_json::json!({ "split_parts": splits, "weight_slices": folded }) }))

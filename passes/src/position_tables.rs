@@ -233,12 +233,8 @@ fn replace_with_gather(g: &mut Graph, pos: ValueId, v: ValueId, table: Tensor) {
 fn add_table(g: &mut Graph, name: &str, table: Tensor) -> ValueId {
     let shape = table.shape.clone();
     let bytes = bytes::Bytes::from(table.to_le_bytes().expect("an f32 table encodes"));
-    let mut store = ir::WeightStore::default();
-    for (_, w) in g.weights.iter() {
-        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-    }
-    let wid = store.add(Weight::new(format!("{name}.table"), DType::F32, shape.clone(), bytes));
-    g.weights = std::sync::Arc::new(store);
+    let weight = Weight::new(format!("{name}.table"), DType::F32, shape.clone(), bytes);
+    let wid = std::sync::Arc::make_mut(&mut g.weights).add(weight);
     let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
     add_value(g, format!("{name}.table"), DType::F32, dims, ValueDef::Weight(wid))
 }
