@@ -197,7 +197,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
 }
 
 /// The f32 `[K, N]` weights of float MatMuls (read directly as the right operand), and those of
-/// them nothing else reads (they are stored only as panels).
+/// them nothing else reads but MatMuls and a Gather of their transpose (they are stored only as
+/// panels; the executor gathers a tied embedding's rows from the lm_head's panels).
 fn gemm_panel_weights(g: &Graph) -> (Vec<WeightId>, BTreeSet<WeightId>) {
     let mut panels: Vec<WeightId> = Vec::new();
     for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Onnx && n.op == "MatMul") {
@@ -211,13 +212,32 @@ fn gemm_panel_weights(g: &Graph) -> (Vec<WeightId>, BTreeSet<WeightId>) {
     for node in &g.nodes {
         for (slot, v) in node.inputs.iter().enumerate() {
             let Some(id) = weight_of(g, *v) else { continue };
-            if !(node.domain == ir::Domain::Onnx && node.op == "MatMul" && slot == 1) {
+            let read_as_panels = node.domain == ir::Domain::Onnx
+                && ((node.op == "MatMul" && slot == 1) || (node.op == "Transpose" && gathered_transpose(g, node)));
+            if !read_as_panels {
                 other_readers.insert(id);
             }
         }
     }
     let omitted = panels.iter().copied().filter(|id| !other_readers.contains(id)).collect();
     (panels, omitted)
+}
+
+/// Whether `node` (a Transpose) swaps the two axes of a matrix and only Gathers along axis 0 read
+/// it: an embedding table that is a `[hidden, vocab]` weight transposed.
+fn gathered_transpose(g: &Graph, node: &ir::Node) -> bool {
+    let Some(&out) = node.outputs.first() else { return false };
+    let swaps = matches!(node.attrs.ints("perm"), Ok(Some([1, 0]))) && g.value(out).shape.len() == 2;
+    let mut readers = g.nodes.iter().flat_map(|n| n.inputs.iter().enumerate().map(move |(slot, v)| (n, slot, *v)));
+    swaps
+        && !g.outputs.contains(&out)
+        && readers.all(|(n, slot, v)| {
+            v != Some(out)
+                || (n.domain == ir::Domain::Onnx
+                    && n.op == "Gather"
+                    && slot == 0
+                    && matches!(n.attrs.int("axis"), Ok(None | Some(0))))
+        })
 }
 
 /// Stores the panels of the f32 weight `id`, one panel at a time (the packed weight is never

@@ -182,8 +182,21 @@ fn greedy_cell(e: &Entry, work: &Path, row: &mut Row) {
         row.cells.push("compile fails".into());
         return;
     }
+    stored_once(&bundle, row);
     let results: Vec<String> = e.cases.iter().map(|c| greedy_case(e, &bundle, c, row)).collect();
     row.cells.push(results.join("; "));
+}
+
+/// A float MatMul weight stored as GEMM panels is not stored as it is too: a tied embedding (the
+/// builder's `Gather(Transpose(lm_head))`) is gathered from the lm_head's panels in place.
+fn stored_once(bundle: &Path, row: &mut Row) {
+    let b = runtime::bundle::Bundle::open(bundle, Some("cpu")).unwrap();
+    let names: Vec<&str> = b.tensors().map(|t| t.name).collect();
+    for name in &names {
+        if names.contains(&runtime::exec::packed::gemm_panels_name(name).as_str()) {
+            row.failures.push(format!("`{name}` is stored both as it is and as GEMM panels"));
+        }
+    }
 }
 
 /// One prompt's greedy ids: "k/n ids", and where they part from ONNX Runtime's.

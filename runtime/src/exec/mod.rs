@@ -613,6 +613,7 @@ impl<'b> Executor<'b> {
                     (std::slice::from_ref(out), false)
                 }
                 Op::Gather { out, .. }
+                | Op::GatherColumns { out, .. }
                 | Op::Transpose { out, .. }
                 | Op::RmsNorm { out, .. }
                 | Op::Rope { out, .. }
@@ -656,6 +657,7 @@ impl<'b> Executor<'b> {
                 (*out, None)
             }
             Op::Gather { out, .. }
+            | Op::GatherColumns { out, .. }
             | Op::MatMul { out, .. }
             | Op::Transpose { out, .. }
             | Op::RmsNorm { out, .. }
@@ -785,6 +787,17 @@ impl<'b> Executor<'b> {
                 }
                 let n = numel(&self.shapes[*out]);
                 embed::embed_f32(table, width, &self.gather_ids, &mut y[..n])?;
+            }
+            Op::GatherColumns { table, layout, k, n, ids, out } => {
+                self.gather_ids.clear();
+                for &i in view.i64(*ids) {
+                    let row = if i < 0 { i + *n as i64 } else { i };
+                    self.gather_ids
+                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {n} rows")))?);
+                }
+                let len = numel(&self.shapes[*out]);
+                let w = self.plan.weights[*table];
+                embed::embed_columns(w, *layout, *k, *n, &self.gather_ids, &mut y[..len])?;
             }
             Op::MatMul { a, w, panels, layout, k, n, last_row_only, .. } => {
                 let weights = match panels {

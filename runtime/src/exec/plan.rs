@@ -27,8 +27,12 @@ pub enum Loc {
     Buf(usize),
     /// A weight of the bundle, as stored.
     Weight(usize),
-    /// The transpose of a 2-D weight, read in place by MatMul (never materialised).
+    /// The transpose of a 2-D weight, read in place by MatMul and Gather (never materialised).
     WeightT(usize),
+    /// The transpose of a 2-D weight the bundle holds only as f32 GEMM panels (index into
+    /// [`Plan::weights`]), read in place by Gather: a tied embedding that is the lm_head's `[K, N]`
+    /// weight transposed.
+    PanelsT(usize),
     ConstF32(usize),
     ConstI64(usize),
     /// A small integer tensor computed at run time (shape and position arithmetic).
@@ -54,6 +58,16 @@ pub enum Loc {
 pub enum Op {
     Gather {
         data: usize,
+        ids: usize,
+        out: usize,
+    },
+    /// Rows of a transposed `[K, N]` weight (columns of W), read in place: `table` is the weight
+    /// (`KN`) or its panels (`Panels`) in [`Plan::weights`]; each id gives `k` values.
+    GatherColumns {
+        table: usize,
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
         ids: usize,
         out: usize,
     },
@@ -642,7 +656,6 @@ impl<'b> Plan<'b> {
                         ops.push((n, Op::Int { kind: IntKind::Gather, inputs: ins, out: o }));
                         continue;
                     }
-                    let data = f32_input(0, &locs)?;
                     let ids = input(1)?;
                     if !matches!(locs[ids], Loc::Ids | Loc::Positions | Loc::ConstI64(_) | Loc::I64Buf(_)) {
                         return Err(fail(format!(
@@ -650,9 +663,26 @@ impl<'b> Plan<'b> {
                             values[ids].name
                         )));
                     }
+                    let data = input(0)?;
                     let o = out(0)?;
+                    let (table, layout) = match locs[data] {
+                        Loc::WeightT(i) => (i, WeightLayout::KN),
+                        Loc::PanelsT(i) => (i, WeightLayout::Panels),
+                        _ => {
+                            let data = f32_input(0, &locs)?;
+                            fresh(&mut locs, o);
+                            ops.push((n, Op::Gather { data, ids, out: o }));
+                            continue;
+                        }
+                    };
+                    // The transpose of W [K, N]: its rows are W's columns.
+                    let [Some(n_rows), Some(k)] =
+                        values[data].shape.iter().map(|d| d.as_const()).collect::<Vec<_>>()[..]
+                    else {
+                        return Err(fail(format!("`{}` is not a 2-D table of fixed sizes", values[data].name)));
+                    };
                     fresh(&mut locs, o);
-                    ops.push((n, Op::Gather { data, ids, out: o }));
+                    ops.push((n, Op::GatherColumns { table, layout, k, n: n_rows, ids, out: o }));
                 }
                 "ai.onnx::MatMul" if weight_name(&program, node, 1).is_some_and(|s| gemm_layouts.contains_key(s)) => {
                     let a = f32_input(0, &locs)?;
@@ -665,17 +695,7 @@ impl<'b> Plan<'b> {
                             layout.source, layout.k, layout.n, dims
                         )));
                     }
-                    let name = gemm_panels_name(&layout.source);
-                    let view = weight(&name).ok_or_else(|| {
-                        value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle"))
-                    })?;
-                    let panels = f32_weight(&values[w].name, view)?;
-                    if panels.len() != f32_panels_len(layout.k, layout.n) {
-                        return Err(value_err(
-                            &name,
-                            format!("holds {} values, not the panels of {}×{}", panels.len(), layout.k, layout.n),
-                        ));
-                    }
+                    let (view, panels) = panels_view(&weight, layout, &values[w].name)?;
                     weights.push(panels);
                     views.push(view);
                     let o = out(0)?;
@@ -736,7 +756,7 @@ impl<'b> Plan<'b> {
                     ops.push((n, Op::MatMul { a, w, panels: None, layout, k, n: n_cols, out: o, last_row_only }));
                 }
                 "ai.onnx::Transpose" => {
-                    let x = f32_input(0, &locs)?;
+                    let x = input(0)?;
                     let rank = values[x].shape.len();
                     if rank > MAX_TRANSPOSE_RANK {
                         return Err(fail(format!(
@@ -753,15 +773,35 @@ impl<'b> Plan<'b> {
                         return Err(fail(format!("perm {perm:?} is not a permutation of {rank} axes")));
                     }
                     let o = out(0)?;
-                    // Read in place by MatMul, or quantised at load (QuantizeLinear of a weight).
-                    let only_matmul_weight = !consumers[o].is_empty()
-                        && consumers[o].iter().all(|&(c, slot)| {
-                            let op = program.nodes[c].op.as_str();
-                            (op == "ai.onnx::MatMul" && slot == 1) || (op == "ai.onnx::QuantizeLinear" && slot == 0)
-                        });
-                    match locs[x] {
-                        Loc::Weight(i) if perm == [1, 0] && only_matmul_weight => locs[o] = Loc::WeightT(i),
+                    // Read in place by MatMul and Gather, or quantised at load (QuantizeLinear of
+                    // a weight).
+                    let read_in_place = |gather_only: bool| {
+                        !consumers[o].is_empty()
+                            && consumers[o].iter().all(|&(c, slot)| {
+                                let node = &program.nodes[c];
+                                let gather = node.op == "ai.onnx::Gather"
+                                    && slot == 0
+                                    && node.attr_i64("axis").unwrap_or(0) == 0;
+                                gather
+                                    || !gather_only
+                                        && ((node.op == "ai.onnx::MatMul" && slot == 1)
+                                            || (node.op == "ai.onnx::QuantizeLinear" && slot == 0))
+                            })
+                    };
+                    let panels_only = match &values[x].def {
+                        ValueDef::Weight(name) if locs[x] == Loc::Unused => gemm_layouts.get(name),
+                        _ => None,
+                    };
+                    match (locs[x], panels_only) {
+                        (Loc::Weight(i), _) if perm == [1, 0] && read_in_place(false) => locs[o] = Loc::WeightT(i),
+                        (_, Some(layout)) if perm == [1, 0] && read_in_place(true) => {
+                            let (view, panels) = panels_view(&weight, layout, &values[x].name)?;
+                            weights.push(panels);
+                            views.push(view);
+                            locs[o] = Loc::PanelsT(weights.len() - 1);
+                        }
                         _ => {
+                            let x = f32_input(0, &locs)?;
                             fresh(&mut locs, o);
                             ops.push((n, Op::Transpose { x, perm, out: o }));
                         }
@@ -1473,6 +1513,25 @@ fn u8_weight<'b>(
         Loc::Weight(i) if views[i].dtype == Dtype::U8 && values[v].dtype == "u8" => Ok(views[i].bytes),
         _ => Err(fail(format!("input {slot} (`{}`) is not a u8 weight", values[v].name))),
     }
+}
+
+/// The f32 GEMM panels of `layout`'s weight (read for `value`), checked against its sizes.
+fn panels_view<'b>(
+    weight: &impl Fn(&str) -> Option<TensorView<'b>>,
+    layout: &GemmLayout,
+    value: &str,
+) -> Result<(TensorView<'b>, &'b [f32]), ExecError> {
+    let name = gemm_panels_name(&layout.source);
+    let view = weight(&name)
+        .ok_or_else(|| value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle")))?;
+    let panels = f32_weight(value, view)?;
+    if panels.len() != f32_panels_len(layout.k, layout.n) {
+        return Err(value_err(
+            &name,
+            format!("holds {} values, not the panels of {}×{}", panels.len(), layout.k, layout.n),
+        ));
+    }
+    Ok((view, panels))
 }
 
 /// The f32 elements of a weight read by `node` at `slot`.

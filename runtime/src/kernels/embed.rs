@@ -5,11 +5,14 @@
 //!   GatherBlockQuantized's `[rows, hidden·bits/8]` when hidden is a multiple of the block, as in
 //!   SmolLM2's tied 8-bit embedding ([`embed_nbits`]);
 //! - the same table already packed for the tied lm_head WGemm, so the weights are stored once
-//!   ([`embed_packed`]): row `t` of the table is output column `t` of the lm_head.
+//!   ([`embed_packed`]): row `t` of the table is output column `t` of the lm_head;
+//! - the transpose of a float lm_head's `[K, N]` weight, as stored or as the f32 GEMM's panels
+//!   ([`embed_columns`]): row `t` is column `t` of W, gathered in place.
 //!
 //! Quantised rows dequantise as `(q − z)·s` in f32, exactly as the reference evaluator's
 //! GatherBlockQuantized and MatMulNBits do. An id outside the table is an error.
 
+use super::gemm::{f32_panels_len, WeightLayout, F32_PANEL};
 use super::wgemm::{MatMulNBits, NBitsZeroPoints, WGemmWeights};
 use super::KernelError;
 
@@ -94,4 +97,65 @@ pub fn embed_packed(w: &WGemmWeights, ids: &[u32], out: &mut [f32]) -> Result<()
         w.dequantise_column(id as usize, o);
     }
     Ok(())
+}
+
+/// Columns of an f32 `[K, N]` weight stored as `layout` (`KN` or `Panels`): `out[i]` is
+/// `W[:, ids[i]]`, `k` values.
+pub fn embed_columns(
+    w: &[f32],
+    layout: WeightLayout,
+    k: usize,
+    n: usize,
+    ids: &[u32],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let expected = match layout {
+        WeightLayout::KN => k * n,
+        WeightLayout::Panels => f32_panels_len(k, n),
+        WeightLayout::NK => return embed_f32(w, k, ids, out),
+    };
+    if w.len() != expected {
+        return Err(super::shape_err(
+            "embedding table",
+            format!("{} values are not a {k}×{n} {layout:?} weight", w.len()),
+        ));
+    }
+    check(ids, n, k, out)?;
+    for (&id, o) in ids.iter().zip(out.chunks_exact_mut(k.max(1))) {
+        let c = id as usize;
+        let (start, stride) = match layout {
+            WeightLayout::Panels => ((c / F32_PANEL) * k * F32_PANEL + c % F32_PANEL, F32_PANEL),
+            _ => (c, n),
+        };
+        for (kk, v) in o.iter_mut().enumerate() {
+            *v = w[start + kk * stride];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::gemm::pack_f32_panels;
+
+    /// Row t of the gathered table is column t of W, for W as stored and as panels (N = 37 is
+    /// not a whole number of panels).
+    #[test]
+    fn columns_of_a_weight_as_stored_and_as_panels() {
+        let (k, n) = (5, 37);
+        let w: Vec<f32> = (0..k * n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let ids = [0u32, 36, 33, 1];
+        let expected: Vec<f32> =
+            ids.iter().flat_map(|&t| (0..k).map(move |kk| (kk * n + t as usize) as f32 * 0.5 - 3.0)).collect();
+        let panels = pack_f32_panels(&w, k, n);
+        for (table, layout) in [(&w, WeightLayout::KN), (&panels, WeightLayout::Panels)] {
+            let mut out = vec![0f32; ids.len() * k];
+            embed_columns(table, layout, k, n, &ids, &mut out).unwrap();
+            assert_eq!(out, expected, "{layout:?}");
+        }
+        let mut out = vec![0f32; k];
+        let err = embed_columns(&w, WeightLayout::KN, k, n, &[37], &mut out).unwrap_err();
+        assert!(matches!(err, KernelError::IdOutOfRange { id: 37, rows: 37 }), "{err:?}");
+    }
 }
