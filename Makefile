@@ -86,14 +86,13 @@ smollm2: $(STAMP_PY)
 build:
 	cargo build --release --bin npuc
 
-## bench: ONNX Runtime (and onnxruntime-genai for the 4-bit form) and npuc side by side on
-## SmolLM2 (forms 1 and 2), 1 and 2 threads. The 4-bit form runs on a copy with uint8 zero
-## points and int8 compute on every side: ONNX Runtime's kernels for the original graph expand
-## the weights (see tools/bench_compare.py).
-bench: deps smollm2 build
+## bench: npuc side by side with ONNX Runtime and onnxruntime-genai on SmolLM2-135M as the
+## exporters wrote it (optimum-onnx fp32, the model builder's fp32 and int4), unmodified, 1 and 2
+## threads, prompt 128 + 128 generated (see tools/bench_compare.py).
+bench: deps corpus build
 	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
-	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f1
-	$(PY) tools/bench_compare.py $(FIXTURES)/smollm2_f2 --u8-zero-points --int8-compute
+	for m in smollm2-optimum smollm2-builder-fp32 smollm2-builder-int4; do \
+	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m --prompt-len 128 --gen-len 128 || exit 1; done
 
 ## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 and a
 ## Qwen3-0.6B-shaped model (random weights, ~2.4 GB, generated once into fixtures/).

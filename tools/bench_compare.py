@@ -5,15 +5,18 @@
     python tools/bench_compare.py MODEL_DIR [--threads 1 2] [--prompt-len 64] [--gen-len 64] [--reps 3]
                                   [--u8-zero-points] [--int8-compute] [--no-ort] [--no-genai]
 
-MODEL_DIR is a fixture folder (model.onnx + meta.json, e.g. fixtures/smollm2_f2). The script
-compiles the model with `npuc compile`, then for each thread count times
+MODEL_DIR is an exporter's folder as it wrote it (the model builder's, with its genai_config.json,
+or optimum-onnx's, with the model's config.json; e.g. fixtures/corpus/smollm2-builder-int4) or a
+fixture folder (model.onnx + meta.json, e.g. fixtures/smollm2_f2). The script compiles the model
+with `npuc compile`, then for each thread count times
 
 - ONNX Runtime (CPU provider, all graph optimisations on, the given intra-op threads, a greedy
   KV-cache loop feeding each step's presents back as the next past);
-- onnxruntime-genai when it is importable and the graph has its input names (the MatMulNBits /
-  GroupQueryAttention form): a genai_config.json written from meta.json next to a link to the
-  model, greedy search, the given intra-op threads; prefill is `append_tokens`, decode every
-  `generate_next_token` after the first (which only picks from the prefill's logits);
+- onnxruntime-genai when it is importable and the graph has its input names (the builder's
+  graphs, and the MatMulNBits / GroupQueryAttention fixture form): the builder's own
+  genai_config.json (or one written from meta.json) next to a link to the model, greedy search,
+  the given intra-op threads; prefill is `append_tokens`, decode every `generate_next_token`
+  after the first (which only picks from the prefill's logits);
 - `npuc bench` with the same prompt length, generation length and threads;
 
 and prints decode and prefill tok/s and the ratios npuc / each. Every side uses a synthetic
@@ -157,6 +160,20 @@ def genai_config(meta: dict, model_file: str, threads: int, max_length: int) -> 
     }
 
 
+def exporters_genai_config(model: Path, threads: int, max_length: int) -> dict | None:
+    """The genai_config.json the builder wrote beside `model`, with the thread count and length
+    set; None when there is none."""
+    path = model.parent / "genai_config.json"
+    if not path.exists():
+        return None
+    cfg = json.loads(path.read_text())
+    opts = cfg["model"]["decoder"].setdefault("session_options", {})
+    opts.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1})
+    cfg["model"]["context_length"] = max(cfg["model"].get("context_length", 0), max_length)
+    cfg["search"].update({"max_length": max_length, "min_length": 0, "do_sample": False, "top_k": 1})
+    return cfg
+
+
 def genai_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: int, reps: int) -> tuple[float, float]:
     import onnxruntime_genai as og
 
@@ -164,9 +181,10 @@ def genai_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for f in model.parent.iterdir():
-            if f.name == model.name or f.name.startswith(model.name + "."):
+            if f.name == model.name or f.name.startswith(model.name + ".") or f.name.startswith("tokenizer"):
                 os.symlink(f.resolve(), d / f.name)
-        (d / "genai_config.json").write_text(json.dumps(genai_config(meta, model.name, threads, total), indent=2))
+        cfg = exporters_genai_config(model, threads, total) or genai_config(meta, model.name, threads, total)
+        (d / "genai_config.json").write_text(json.dumps(cfg, indent=2))
         m = og.Model(str(d))
         prompt = synthetic_prompt(prompt_len, meta["vocab"]).astype(np.int32)
         prefill, decode = [], []
@@ -237,6 +255,26 @@ def variant(model: Path, out_dir: Path, u8_zero_points: bool, int8_compute: bool
     return out
 
 
+def load_meta(model_dir: Path) -> dict:
+    """The sizes the ONNX Runtime loop needs: a fixture's meta.json, or from the exporter's own
+    files (the builder's genai_config.json, optimum's config.json)."""
+    if (model_dir / "meta.json").exists():
+        return json.loads((model_dir / "meta.json").read_text())
+    if (model_dir / "genai_config.json").exists():
+        m = json.loads((model_dir / "genai_config.json").read_text())["model"]
+        d = m["decoder"]
+        return {"form": "builder", "vocab": m["vocab_size"], "heads": d["num_attention_heads"],
+                "kv_heads": d["num_key_value_heads"], "head_dim": d["head_size"], "layers": d["num_hidden_layers"],
+                "hidden": d["hidden_size"]}
+    if (model_dir / "config.json").exists():
+        c = json.loads((model_dir / "config.json").read_text())
+        heads = c["num_attention_heads"]
+        return {"form": "optimum", "vocab": c["vocab_size"], "heads": heads,
+                "kv_heads": c.get("num_key_value_heads", heads), "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
+                "layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
+    raise SystemExit(f"{model_dir}: no meta.json, genai_config.json or config.json to read the model's sizes from")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", type=Path)
@@ -250,7 +288,7 @@ def main() -> int:
     ap.add_argument("--no-genai", action="store_true", help="skip onnxruntime-genai")
     ap.add_argument("--npuc", default=str(ROOT / "target/release/npuc"))
     args = ap.parse_args()
-    meta = json.loads((args.model_dir / "meta.json").read_text())
+    meta = load_meta(args.model_dir)
     work = Path(tempfile.mkdtemp(prefix="bench_compare_"))
     try:
         return compare(args, meta, work)
@@ -267,7 +305,7 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     use_genai = False
-    if not args.no_genai and meta.get("form") == "f2":
+    if not args.no_genai and meta.get("form") in ("f2", "builder"):
         try:
             import onnxruntime_genai  # noqa: F401
             use_genai = True

@@ -35,7 +35,7 @@ from corpus import exporters, models, reference  # noqa: E402
 PROMPT = [1, 17, 250, 33, 402, 98, 5, 311]
 SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, there was a little robot who",
                    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"]
-SMOLLM2_EXPORTERS = ["optimum", "builder-int4", "builder-int4-acc1"]
+SMOLLM2_EXPORTERS = ["optimum", "builder-fp32", "builder-int4", "builder-int4-acc1"]
 DECODE_ID = 77
 GREEDY_STEPS = 16
 PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai", "onnx"]
