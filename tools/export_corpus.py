@@ -119,6 +119,8 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
 
 def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force: bool, digest: str,
                 index: dict, make_hf, prompts_of):
+    if not exporters_wanted:
+        return
     hf = out / f"{arch.name}-hf"
     if not (hf / "config.json").exists() or force:
         shutil.rmtree(hf, ignore_errors=True)
