@@ -138,8 +138,16 @@ fn program_cells(e: &Entry, row: &mut Row) {
     let census = graph.op_census();
     let count = |op: &str| census.iter().filter(|(o, _)| o.ends_with(op)).map(|(_, n)| n).sum::<usize>();
     let attention = count("npuc::Attention");
+    let mut windows: Vec<i64> = graph
+        .nodes
+        .iter()
+        .filter(|n| n.domain == ir::Domain::Npuc && n.op == "Attention")
+        .filter_map(|n| n.attrs.int("window").ok().flatten())
+        .collect();
+    windows.dedup();
+    let windows = if windows.is_empty() { String::new() } else { format!(" (window {windows:?})") };
     row.cells.push(format!(
-        "{attention} Attention, {} norms, {} SwiGlu",
+        "{attention} Attention{windows}, {} norms, {} SwiGlu",
         count("npuc::RmsNorm") + count("npuc::SkipRmsNorm"),
         count("npuc::SwiGlu")
     ));

@@ -154,7 +154,9 @@ def note_disagreements(index: dict):
         mine, theirs = e["cases"][0]["greedy_ids"], ref["cases"][0]["greedy_ids"]
         e.pop("note", None)
         if mine != theirs:
-            e["note"] = f"ONNX Runtime's greedy ids on this file differ from those on {ref['name']} ({mine[:4]}... vs {theirs[:4]}...)"
+            at = next(i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b)
+            e["note"] = (f"ONNX Runtime's greedy ids on this file part from those on {ref['name']} at step {at + 1} "
+                         f"({mine[at]} vs {theirs[at]})")
 
 
 def smollm2_prompts(hf: Path) -> list[list[int]]:

@@ -174,6 +174,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
                 "y": device.value(n.outputs[0]).name,
                 "q_heads": n.attrs.int("q_heads").ok().flatten(), "kv_heads": n.attrs.int("kv_heads").ok().flatten(),
                 "head_dim": head_dim, "scale": scale,
+                "window": n.attrs.int("window").ok().flatten().filter(|&w| w > 0),
             })
         })
         .collect();

@@ -10,7 +10,7 @@
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
-//! | `Attention{q_heads,kv_heads,scale}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, see [`attention`] |
+//! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window, see [`attention`] |
 //! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -495,7 +495,9 @@ impl NBitsWeights {
 ///
 /// q: [B, Hq, S, D]; k, v: [B, Hkv, S, D] (this step's keys and values); past_k, past_v:
 /// [B, Hkv, P, D] or absent (P = 0); mask: [B, P+S] integers, 1 = attend, or absent. Query i
-/// (absolute position P+i) attends to key t when t ≤ P+i and mask[b, t] ≠ 0, with weights
+/// (absolute position P+i) attends to key t when t ≤ P+i, P+i − t < window (when the `window`
+/// attribute is given and positive: a sliding window of that many positions, the query's own
+/// included) and mask[b, t] ≠ 0, with weights
 /// softmax(q·k_t · scale) over those t (f64 accumulation); a query with no key to attend to
 /// outputs zeros. Query head h reads kv head h / (Hq/Hkv). Outputs y [B, Hq, S, D] and the
 /// presents concat(past, new) along the sequence axis.
@@ -527,6 +529,11 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let total = pk.shape[2];
     let past = total - s;
     let scale = op.attrs.float_or("scale", 1.0 / (d as f32).sqrt()).map_err(|e| err(op, e.to_string()))? as f64;
+    let window = match op.attrs.int("window").map_err(|e| err(op, e.to_string()))? {
+        Some(w) if w < 0 => return Err(err(op, format!("window {w} is negative"))),
+        Some(w) if w > 0 => w as usize,
+        _ => usize::MAX,
+    };
     let mask = get(5).map(|m| m.to_f64_vec());
     if let Some(m) = &mask {
         if m.len() != b * total {
@@ -545,7 +552,9 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
                 let mut max = f64::NEG_INFINITY;
                 let mut any = false;
                 for (t, sc) in scores.iter_mut().enumerate() {
-                    let allowed = t <= past + i && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0);
+                    let allowed = t <= past + i
+                        && past + i - t < window
+                        && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0);
                     if !allowed {
                         *sc = f64::NEG_INFINITY;
                         continue;
@@ -733,5 +742,27 @@ mod tests {
         // Zero scores: uniform weights. Query 0 sees {0, 3} → 1.5; query 1 sees {0, 3, 6} → 3.
         assert_eq!(y[0].as_f32().unwrap(), &[1.5, 3.0]);
         assert_eq!(y[1].shape, vec![1, 1, 3, 1]);
+    }
+
+    #[test]
+    fn a_sliding_window_hides_keys_older_than_it() {
+        // Past values 0, 10, 20; new 30, 40; zero scores, so each query averages what it sees.
+        let q = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![0., 0.]);
+        let k = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![1., 1.]);
+        let v = Tensor::from_f32(DType::F32, vec![1, 1, 2, 1], vec![30., 40.]);
+        let pk = Tensor::from_f32(DType::F32, vec![1, 1, 3, 1], vec![1.; 3]);
+        let pv = Tensor::from_f32(DType::F32, vec![1, 1, 3, 1], vec![0., 10., 20.]);
+        let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv)];
+        let mut a = Attrs::default();
+        a.set("window", Attr::Int(2));
+        // Query 0 (position 3) sees positions 2, 3; query 1 (position 4) sees 3, 4.
+        let y = attention(&op("Attention", &a), &inputs, 1).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[25.0, 35.0]);
+        // A window longer than the sequence hides nothing: the causal means of 0..=30 and 0..=40.
+        a.set("window", Attr::Int(9));
+        let y = attention(&op("Attention", &a), &inputs, 1).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[15.0, 20.0]);
+        a.set("window", Attr::Int(-1));
+        assert!(attention(&op("Attention", &a), &inputs, 1).unwrap_err().msg.contains("negative"));
     }
 }

@@ -185,17 +185,18 @@ struct AttentionInputs {
     q_heads: i64,
     kv_heads: i64,
     scale: f32,
+    /// A sliding window (positions a query sees, its own included).
+    window: Option<usize>,
 }
 
 /// Adds `Attention(..)` and returns its three projections (y, present_k, present_v).
 fn add_attention(egraph: &mut EGraph, a: &AttentionInputs) -> [Id; 3] {
     let absent = egraph.add(ENode::leaf(Head::Absent));
     let opt = |x: Option<Id>| x.unwrap_or(absent);
-    let attrs = crate::rope::attrs(&[
-        ("q_heads", Attr::Int(a.q_heads)),
-        ("kv_heads", Attr::Int(a.kv_heads)),
-        ("scale", Attr::Float(a.scale)),
-    ]);
+    let mut attrs =
+        vec![("q_heads", Attr::Int(a.q_heads)), ("kv_heads", Attr::Int(a.kv_heads)), ("scale", Attr::Float(a.scale))];
+    attrs.extend(a.window.map(|w| ("window", Attr::Int(w as i64))));
+    let attrs = crate::rope::attrs(&attrs);
     let node =
         ENode::op(Domain::Npuc, "Attention", attrs, vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)]);
     let tuple = egraph.add(node);
@@ -328,9 +329,12 @@ impl FoldSdpa {
             );
         }
         let (seq, total) = (qd[2].clone(), td[2].clone());
-        let am = match self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total) {
-            Ok(am) => am,
-            Err(_) => crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past[2])?,
+        let (am, window) = match self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total) {
+            Ok(am) => (am, None),
+            Err(_) => {
+                let proven = crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past[2])?;
+                (proven.padding, proven.window)
+            }
         };
         let inputs = AttentionInputs {
             q,
@@ -342,6 +346,7 @@ impl FoldSdpa {
             q_heads,
             kv_heads,
             scale,
+            window,
         };
         let [y, pk, pv] = add_attention(egraph, &inputs);
         Ok(union_all(egraph, rule, &[(eclass, y), (present_k, pk), (present_v, pv)]))
@@ -881,6 +886,7 @@ impl FoldGqa {
             q_heads,
             kv_heads,
             scale,
+            window: None,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
         let out = from_bnsh(egraph, y, q_heads * head)?;
@@ -995,6 +1001,7 @@ impl FoldOnnx {
             q_heads,
             kv_heads,
             scale,
+            window: None,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
         let out = if three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };

@@ -1,4 +1,5 @@
-//! Is an additive attention mask "causal AND attention_mask"? Checked by evaluating it.
+//! Is an additive attention mask "causal AND attention_mask" (within a sliding window)? Checked
+//! by evaluating it.
 //!
 //! Exporters build the causal mask in many spellings (transformers' eager and `masking_utils`
 //! masks, its SDPA path's boolean `LessOrEqual`/`And` with the padding mask gathered through
@@ -18,6 +19,13 @@
 //! rest are zeros); a mask that reads a weight, or whose evaluation fails, is declined with the
 //! reason. Sampling sizes is evidence, not a proof; the sizes cover decode (S = 1), prefill with
 //! and without a past, and a past longer than the block.
+//!
+//! Sliding windows (Mistral, Gemma's local layers) show only past the window, so first a decode
+//! row is evaluated at pasts of 16, 128, 1024 and [`LONGEST_PAST`] positions: when it hides keys
+//! a causal mask would show, the count it shows is the window w, and every case is then compared
+//! with the windowed definition (key t visible to query i only when `P + i − t < w`), with cases
+//! added that straddle the window. A window longer than [`LONGEST_PAST`] is not seen: the
+//! programs npuc compiles hold position tables of that many rows, so no longer context runs.
 
 use egg::Id;
 use ir::egraph::{EGraph, ENode, Head};
@@ -30,32 +38,104 @@ const SIZES: [(usize, usize); 4] = [(3, 0), (1, 4), (3, 2), (2, 5)];
 const BATCH: usize = 2;
 /// E-classes one evaluation may visit: a mask is tens of nodes, never thousands.
 const CLASS_BUDGET: usize = 4000;
+/// The longest past a decode row is probed at for a sliding window.
+pub const LONGEST_PAST: usize = 8192;
+/// Windows up to this long are also checked inside one prefill block (a block of w + 2 rows).
+const BLOCK_CHECKED_WINDOW: usize = 256;
 
-/// The graph input `mask` takes its padding from, when `mask` (broadcastable to `[B, 1, S, T]`)
-/// equals "causal AND attention_mask" on every case; why not otherwise.
-pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &Dim) -> Result<Id, String> {
+/// What an additive mask was proven to be: causal AND the padding read from a graph input
+/// (its class), within a sliding window of `window` positions when there is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CausalMask {
+    pub padding: Id,
+    pub window: Option<usize>,
+}
+
+/// What `mask` (broadcastable to `[B, 1, S, T]`) is, when it equals "causal AND attention_mask"
+/// (in a sliding window) on every case; why not otherwise.
+pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &Dim) -> Result<CausalMask, String> {
     let syms = [batch, seq, past].map(|d| d.as_symbol().map(str::to_string));
     let [Some(b), Some(s), Some(p)] = syms else {
         return Err(format!("batch, query and past lengths ({batch}, {seq}, {past}) are not plain sizes"));
     };
     let total = past.add(seq).ok_or("the key length overflows")?;
-    let (am, am_name, own_sizes) = attention_mask_input(egraph, batch, &total)?;
-    for &(s_len, p_len) in &SIZES {
-        for pattern in 0..3 {
-            let am_value = attention_mask_value(pattern, s_len + p_len);
-            let mut sizes =
-                HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
-            if let Some((mask_batch, mask_total)) = &own_sizes {
-                sizes.insert(mask_batch.clone(), BATCH as i64);
-                sizes.insert(mask_total.clone(), (s_len + p_len) as i64);
-            }
-            let mut probe = Probe::new(egraph, sizes, (am_name.clone(), am_value.clone()), p_len as i64);
-            let value = probe.eval(mask).map_err(|e| format!("evaluating the mask: {e}"))?;
-            compare(&value, &am_value, s_len, p_len)
-                .map_err(|e| format!("the mask is not causal AND attention_mask (S={s_len}, past={p_len}): {e}"))?;
+    let input = attention_mask_input(egraph, batch, &total)?;
+    let case = Case { egraph, mask, syms: [b, s, p], input: &input };
+    let window = match case.window() {
+        Ok(w) => w,
+        // Where the short cases already part from the definition, that says more.
+        Err(e) => return Err(case.check(&SIZES, None).err().unwrap_or(e)),
+    };
+    let mut sizes = SIZES.to_vec();
+    if let Some(w) = window {
+        sizes.extend([(3, w), (1, w + 2), (2, w + 5)]);
+        if w <= BLOCK_CHECKED_WINDOW {
+            sizes.push((w + 2, 1));
         }
     }
-    Ok(am)
+    case.check(&sizes, window)?;
+    Ok(CausalMask { padding: input.0, window })
+}
+
+/// The mask's class evaluated under concrete sizes.
+struct Case<'a> {
+    egraph: &'a EGraph,
+    mask: Id,
+    /// The batch, query length and past length's symbols.
+    syms: [String; 3],
+    input: &'a MaskInput,
+}
+
+impl Case<'_> {
+    fn eval(&self, s_len: usize, p_len: usize, am_value: &Tensor) -> Result<Tensor, String> {
+        let [b, s, p] = &self.syms;
+        let mut sizes =
+            HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
+        if let Some((mask_batch, mask_total)) = &self.input.2 {
+            sizes.insert(mask_batch.clone(), BATCH as i64);
+            sizes.insert(mask_total.clone(), (s_len + p_len) as i64);
+        }
+        let mut probe = Probe::new(self.egraph, sizes, (self.input.1.clone(), am_value.clone()), p_len as i64);
+        probe.eval(self.mask).map_err(|e| format!("evaluating the mask: {e}"))
+    }
+
+    /// Compares the mask with the definition for every (query length, past) of `sizes` and
+    /// every padding pattern.
+    fn check(&self, sizes: &[(usize, usize)], window: Option<usize>) -> Result<(), String> {
+        for &(s_len, p_len) in sizes {
+            for pattern in 0..3 {
+                let am_value = attention_mask_value(pattern, s_len + p_len);
+                let value = self.eval(s_len, p_len, &am_value)?;
+                compare(&value, &am_value, s_len, p_len, window).map_err(|e| {
+                    let what = window.map_or(String::new(), |w| format!(" in a window of {w}"));
+                    format!("the mask is not causal{what} AND attention_mask (S={s_len}, past={p_len}): {e}")
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The sliding window a decode row shows (see the module doc), if any.
+    fn window(&self) -> Result<Option<usize>, String> {
+        for past in [16, 128, 1024, LONGEST_PAST] {
+            let am = attention_mask_value(0, past + 1);
+            let value = self.eval(1, past, &am)?;
+            let row = value.to_f64_vec();
+            let Some(row) = row.get(row.len().saturating_sub(past + 1)..).filter(|r| r.len() == past + 1) else {
+                return Err(format!("a decode row at past {past} is shaped {:?}", value.shape));
+            };
+            let shown = row.iter().filter(|&&m| m == 0.0).count();
+            if shown < past + 1 {
+                // The definition's check (compare) says whether these are the last `shown` keys.
+                return if shown == 0 {
+                    Err(format!("a decode row at past {past} shows no key"))
+                } else {
+                    Ok(Some(shown))
+                };
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// The one integer graph input shaped `[batch, past + seq]`; failing that, the one integer
@@ -125,7 +205,8 @@ fn attention_mask_value(pattern: usize, total: usize) -> Tensor {
 }
 
 /// Compares an evaluated mask with the definition on every row that sees at least one key.
-fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize) -> Result<(), String> {
+/// `window` bounds how far back a query sees (its own position included).
+fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Option<usize>) -> Result<(), String> {
     let total = s_len + p_len;
     if mask.rank() > 4 || mask.shape.last() != Some(&total) {
         return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
@@ -139,7 +220,8 @@ fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize) -> Result<(),
     for b in 0..BATCH {
         for h in 0..dims[1] {
             for i in 0..s_len {
-                let visible = |t: usize| t <= p_len + i && a[b * total + t] != 0;
+                let in_window = |t: usize| window.is_none_or(|w| p_len + i - t < w);
+                let visible = |t: usize| t <= p_len + i && in_window(t) && a[b * total + t] != 0;
                 if !(0..total).any(visible) {
                     continue;
                 }

@@ -1,6 +1,6 @@
 //! The paged KV cache against `ir::fused::attention` (the semantics of the fused `Attention` op)
 //! on the concatenated past: prefill blocks and decode steps, GQA 2:1 and 3:1, head_dim 64 and
-//! 128, page sizes 1, 7 and 16, f32/f16/int8 pages; copy on write, prefix sharing, pool
+//! 128, page sizes 1, 7 and 16, f32/f16/int8 pages, sliding windows; copy on write, prefix sharing, pool
 //! exhaustion, dropping, traffic counters and allocation-free decoding.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -8,7 +8,8 @@ use std::cell::Cell;
 
 use half::f16;
 use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
-use runtime::kvcache::{KvCache, KvCacheConfig, KvError, KvStorage, SeqId};
+use runtime::kvcache::{KvCache, KvCacheConfig, KvError, KvStorage, Scoring, SeqId};
+use std::num::NonZeroUsize;
 
 /// Counts the allocations of the current thread, so a test can prove a loop allocates nothing.
 struct CountingAllocator;
@@ -105,7 +106,7 @@ impl Shadow {
 
     /// `ir::fused::attention` of `q` ([Hq, S, D]) over the rows held (the last S as the new
     /// block, the rest as the past), on the exact or on the stored values.
-    fn reference(&self, q: &[f32], q_heads: usize, scale: f32, on_stored: bool) -> Vec<f32> {
+    fn reference(&self, q: &[f32], q_heads: usize, scoring: Scoring, on_stored: bool) -> Vec<f32> {
         let (k, v) = if on_stored { (&self.k_stored, &self.v_stored) } else { (&self.k, &self.v) };
         let d = self.d;
         let tokens = q.len() / (q_heads * d);
@@ -119,7 +120,10 @@ impl Shadow {
         let (k_new, v_new) = (split(k, past..past + tokens), split(v, past..past + tokens));
         let (k_past, v_past) = (split(k, 0..past), split(v, 0..past));
         let mut attrs = Attrs::default();
-        attrs.set("scale", Attr::Float(scale));
+        attrs.set("scale", Attr::Float(scoring.scale));
+        if let Some(w) = scoring.window {
+            attrs.set("window", Attr::Int(w.get() as i64));
+        }
         let op = OpRef { node: "attention", domain: Domain::Npuc, op: "Attention", opset: 1, attrs: &attrs };
         let inputs = if past == 0 {
             vec![Some(&q_t), Some(&k_new), Some(&v_new)]
@@ -173,6 +177,7 @@ struct Case {
     kv_heads: usize,
     d: usize,
     page_rows: usize,
+    window: Option<NonZeroUsize>,
 }
 
 impl Case {
@@ -184,6 +189,10 @@ impl Case {
 
     fn scale(&self) -> f32 {
         1.0 / (self.d as f32).sqrt()
+    }
+
+    fn scoring(&self) -> Scoring {
+        Scoring { scale: self.scale(), window: self.window }
     }
 }
 
@@ -221,9 +230,9 @@ fn step(
         cache.append(seq, layer, &k, &v).unwrap();
         shadow.append(case.storage, &k, &v);
         let mut out = vec![0f32; q.len()];
-        cache.attend(seq, layer, &q, case.scale(), &mut out).unwrap();
-        let exact = shadow.reference(&q, case.q_heads, case.scale(), false);
-        let on_stored = shadow.reference(&q, case.q_heads, case.scale(), true);
+        cache.attend(seq, layer, &q, case.scoring(), &mut out).unwrap();
+        let exact = shadow.reference(&q, case.q_heads, case.scoring(), false);
+        let on_stored = shadow.reference(&q, case.q_heads, case.scoring(), true);
         m.exact_rel = m.exact_rel.max(row_relative_error(&out, &exact, d));
         m.exact_abs = m.exact_abs.max(abs_error(&out, &exact));
         m.stored_rel = m.stored_rel.max(row_relative_error(&out, &on_stored, d));
@@ -252,7 +261,7 @@ fn cases(storage: KvStorage, q_heads: usize, kv_heads: usize) -> Vec<Case> {
     let mut all = vec![];
     for d in [64, 128] {
         for page_rows in [1, 7, 16] {
-            all.push(Case { storage, q_heads, kv_heads, d, page_rows });
+            all.push(Case { storage, q_heads, kv_heads, d, page_rows, window: None });
         }
     }
     all
@@ -318,8 +327,22 @@ fn int8_pages_within_tolerance() {
     println!("int8 pages: {worst:?}");
 }
 
+/// Sliding windows shorter than a page, a page long and longer than several pages: the prefill
+/// block, the second block and the decode steps all cross window edges.
+#[test]
+fn sliding_windows_match_reference() {
+    for window in [1, 5, 7, 13, 40] {
+        for page_rows in [1, 7, 16] {
+            let mut case = f32_case(page_rows);
+            case.window = NonZeroUsize::new(window);
+            let m = run_case(case);
+            assert!(m.exact_rel < F32_TOLERANCE, "window {window}, pages of {page_rows}: {m:?}");
+        }
+    }
+}
+
 fn f32_case(page_rows: usize) -> Case {
-    Case { storage: KvStorage::F32, q_heads: 4, kv_heads: 2, d: 64, page_rows }
+    Case { storage: KvStorage::F32, q_heads: 4, kv_heads: 2, d: 64, page_rows, window: None }
 }
 
 #[test]
@@ -411,7 +434,7 @@ fn shared_prefix_shares_pages_and_diverges_correctly() {
 
 #[test]
 fn fork_prefix_mid_page_shares_the_prefix_only() {
-    let case = Case { storage: KvStorage::Int8, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7 };
+    let case = Case { storage: KvStorage::Int8, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None };
     let mut cache = KvCache::new(case.config(1, 64)).unwrap();
     let a = cache.create_sequence();
     let mut shadow_a = vec![Shadow::new(case.kv_heads, case.d)];
@@ -570,7 +593,7 @@ fn bad_calls_are_errors_that_change_nothing() {
 #[test]
 fn decoding_does_not_allocate() {
     for storage in [KvStorage::F32, KvStorage::F16, KvStorage::Int8] {
-        let case = Case { storage, q_heads: 6, kv_heads: 2, d: 128, page_rows: 16 };
+        let case = Case { storage, q_heads: 6, kv_heads: 2, d: 128, page_rows: 16, window: None };
         let layers = 2;
         let mut cache = KvCache::new(case.config(layers, 512).with_reserved_rows(512)).unwrap();
         let seq = cache.create_sequence();
@@ -604,7 +627,7 @@ fn decoding_does_not_allocate() {
 
 #[test]
 fn workers_attend_in_parallel_with_their_own_scratch() {
-    let case = Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7 };
+    let case = Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None };
     let mut cache = KvCache::new(case.config(1, 256)).unwrap();
     let mut rng = Rng(29);
     let seqs: Vec<SeqId> = (0..4).map(|_| cache.create_sequence()).collect();

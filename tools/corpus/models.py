@@ -49,6 +49,10 @@ ARCHS = {
     # the long-RoPE path unless the original context equals the context).
     "phi3": Arch("phi3", "Phi3ForCausalLM", dict(COMMON, tie_word_embeddings=False, rms_norm_eps=1e-5,
                                                  rope_theta=10000.0, original_max_position_embeddings=512), 14),
+    # Mistral: a sliding window shorter than a corpus case (8 prompt + 16 generated positions),
+    # so keys leave the window within the greedy run.
+    "mistral": Arch("mistral", "MistralForCausalLM", dict(COMMON, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                                                          rope_theta=10000.0, sliding_window=12), 15),
     # Qwen3: q/k RMSNorm per head, explicit head_dim, untied lm_head.
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", dict(COMMON, head_dim=64, tie_word_embeddings=False,
                                                     rms_norm_eps=1e-6, rope_theta=1000000.0), 12),

@@ -883,10 +883,10 @@ impl<'b> Executor<'b> {
                     }
                 }
             }
-            Op::Attention { q, k, v, layer, scale, .. } => {
+            Op::Attention { q, k, v, layer, scoring, .. } => {
                 let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));
                 self.cache.append(self.current, *layer, keys, values)?;
-                self.cache.attend(self.current, *layer, queries, *scale, &mut y[..queries.len()])?;
+                self.cache.attend(self.current, *layer, queries, *scoring, &mut y[..queries.len()])?;
             }
         }
         Ok(())

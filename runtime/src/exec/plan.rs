@@ -7,11 +7,13 @@
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::{f32_panels_len, WeightLayout};
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QGemmWeights, QWeightCodes};
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
+use crate::kvcache::Scoring;
 
 use super::error::{node_err, value_err, ExecError};
 use super::packed::{
@@ -126,7 +128,7 @@ pub enum Op {
         k: usize,
         v: usize,
         layer: usize,
-        scale: f32,
+        scoring: Scoring,
         out: usize,
     },
     /// MatMulNBits: `packed` indexes [`Plan::packed`].
@@ -847,9 +849,13 @@ impl<'b> Plan<'b> {
                     let (q, k, v) = (f32_input(0, &locs)?, f32_input(1, &locs)?, f32_input(2, &locs)?);
                     let head_dim = attention.map_or(1, |a| a.head_dim);
                     let scale = node.attr_f32("scale").unwrap_or(1.0 / (head_dim as f32).sqrt());
+                    let window = match node.attr_i64("window").unwrap_or(0) {
+                        w if w < 0 => return Err(fail(format!("window {w} is negative"))),
+                        w => NonZeroUsize::new(w as usize),
+                    };
                     let o = out(0)?;
                     fresh(&mut locs, o);
-                    ops.push((n, Op::Attention { q, k, v, layer, scale, out: o }));
+                    ops.push((n, Op::Attention { q, k, v, layer, scoring: Scoring { scale, window }, out: o }));
                     layer += 1;
                 }
                 "ai.onnx::Shape" => {

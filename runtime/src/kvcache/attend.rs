@@ -116,6 +116,20 @@ fn weighted_sum_columns<const W: usize>(
     first + blocks.len() * W
 }
 
+/// How a query row scores the keys it sees: `scale · q·k`, over every earlier key or over the
+/// last `window` positions (its own included: a sliding window).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scoring {
+    pub scale: f32,
+    pub window: Option<std::num::NonZeroUsize>,
+}
+
+impl From<f32> for Scoring {
+    fn from(scale: f32) -> Scoring {
+        Scoring { scale, window: None }
+    }
+}
+
 /// What one call attends: the queries of one KV head group and where they sit in the sequence.
 pub(crate) struct GroupQueries<'a> {
     /// `[q_heads, S, D]`: the whole query tensor of the call.
@@ -128,6 +142,8 @@ pub(crate) struct GroupQueries<'a> {
     pub tokens: usize,
     pub first_position: usize,
     pub scale: f32,
+    /// A sliding window: token at position p sees keys `p + 1 − w..=p` only.
+    pub window: Option<std::num::NonZeroUsize>,
 }
 
 impl GroupQueries<'_> {
@@ -205,11 +221,15 @@ fn merge_rows(scratch: &mut AttendScratch, queries: &GroupQueries, k: &[f32], v:
     let valid_rows = k.len() / d;
     for r in 0..queries.rows() {
         let (q, position) = queries.row(r);
-        // Causality: the query at `position` sees keys up to and including its own row.
-        if position < page_start {
+        // Causality: the query at `position` sees keys up to and including its own row, and
+        // with a window none before `position + 1 − w`.
+        let first = queries.window.map_or(0, |w| (position + 1).saturating_sub(w.get())).saturating_sub(page_start);
+        if position < page_start || first >= valid_rows {
             continue;
         }
         let visible = valid_rows.min(position + 1 - page_start);
+        let (k, v) = (&k[first * d..visible * d], &v[first * d..visible * d]);
+        let visible = visible - first;
         // The page's partial: maximum score, sum of exponentials, weighted value sum.
         let weights = &mut scratch.scores[..visible];
         for (t, w) in weights.iter_mut().enumerate() {

@@ -29,7 +29,7 @@ mod stats;
 
 use std::fmt;
 
-pub use attend::AttendScratch;
+pub use attend::{AttendScratch, Scoring};
 pub use config::{KvCacheConfig, KvStorage, DEFAULT_PAGE_ROWS, DEFAULT_RESERVED_ROWS};
 pub use error::KvError;
 pub use stats::{KvTraffic, PoolStats, SequenceStats};
@@ -222,12 +222,20 @@ impl KvCache {
 
     /// Causal grouped-query attention of the last S rows appended to layer `layer` of `seq`: `q`
     /// and `out` are `[q_heads, S, head_dim]` (for one token `[q_heads, head_dim]`); query token
-    /// `i` sits at position `rows − S + i` and attends to positions `0..=rows − S + i`;
-    /// `out = softmax(scale · q·Kᵀ) · V` per query head over its KV head. Uses the sequence's
-    /// own scratch.
-    pub fn attend(&mut self, seq: SeqId, layer: usize, q: &[f32], scale: f32, out: &mut [f32]) -> Result<(), KvError> {
+    /// `i` sits at position `p = rows − S + i` and attends to positions `0..=p` (with a sliding
+    /// window of w, `p + 1 − w..=p`); `out = softmax(scale · q·Kᵀ) · V` per query head over its
+    /// KV head. `scoring` is the scale, or a [`Scoring`] with a window. Uses the sequence's own
+    /// scratch.
+    pub fn attend(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        q: &[f32],
+        scoring: impl Into<Scoring>,
+        out: &mut [f32],
+    ) -> Result<(), KvError> {
         let mut scratch = std::mem::take(&mut lookup_mut(&mut self.slots, seq)?.scratch);
-        let result = self.attend_with(seq, layer, q, scale, out, &mut scratch);
+        let result = self.attend_with(seq, layer, q, scoring, out, &mut scratch);
         lookup_mut(&mut self.slots, seq).expect("looked up above").scratch = scratch;
         result
     }
@@ -239,10 +247,11 @@ impl KvCache {
         seq: SeqId,
         layer: usize,
         q: &[f32],
-        scale: f32,
+        scoring: impl Into<Scoring>,
         out: &mut [f32],
         scratch: &mut AttendScratch,
     ) -> Result<(), KvError> {
+        let Scoring { scale, window } = scoring.into();
         let sequence = lookup(&self.slots, seq)?;
         self.check_layer(seq, layer)?;
         let config = &self.config;
@@ -271,9 +280,12 @@ impl KvCache {
                 tokens,
                 first_position: table.rows - tokens,
                 scale,
+                window,
             };
             attend::begin(scratch, &queries, page_rows);
-            for block in 0..table.rows.div_ceil(page_rows) {
+            // Pages wholly before the first query's window hold no visible row.
+            let first_visible = window.map_or(0, |w| (table.rows - tokens + 1).saturating_sub(w.get()));
+            for block in first_visible / page_rows..table.rows.div_ceil(page_rows) {
                 let page_start = block * page_rows;
                 let valid_rows = page_rows.min(table.rows - page_start);
                 let page = self.pool.view(table.pages[block * kv_heads + h]);
@@ -281,8 +293,11 @@ impl KvCache {
             }
             attend::finish(scratch, &queries, out);
         }
-        // The last query sees every row held, so each row is read once per KV head.
-        let read = table.rows * kv_heads * 2 * config.storage.row_bytes(d);
+        // The last query sees every row held (within its window), so each row read is read
+        // once per KV head.
+        let first_read =
+            window.map_or(0, |w| ((table.rows - tokens + 1).saturating_sub(w.get()) / page_rows) * page_rows);
+        let read = (table.rows - first_read) * kv_heads * 2 * config.storage.row_bytes(d);
         sequence.traffic.add_read(read);
         self.traffic.add_read(read);
         Ok(())

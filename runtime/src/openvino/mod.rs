@@ -22,10 +22,11 @@
 //! tensors; [`OvSession::input_traffic`] counts both.
 
 use crate::bundle::Bundle;
-use crate::kvcache::{KvCache, KvCacheConfig, SeqId};
+use crate::kvcache::{KvCache, KvCacheConfig, Scoring, SeqId};
 use openvino::{Core, DeviceType, ElementType, InferRequest, RwPropertyKey, Shape, Tensor};
 use serde_json::Value;
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +144,8 @@ struct AttentionPlan {
     kv_heads: usize,
     head_dim: usize,
     scale: f32,
+    /// A sliding window (keys a query sees, its own included); none when absent.
+    window: Option<NonZeroUsize>,
 }
 
 enum Step {
@@ -292,6 +295,7 @@ impl OvSession {
                 kv_heads: usize_of(&a["kv_heads"], "kv_heads")?,
                 head_dim: usize_of(&a["head_dim"], "head_dim")?,
                 scale: a["scale"].as_f64().unwrap_or(0.0) as f32,
+                window: a["window"].as_u64().and_then(|w| NonZeroUsize::new(w as usize)),
             });
         }
         let schedule = plan["schedule"]
@@ -608,13 +612,14 @@ impl OvSession {
         let q = take(&at.q, at.q_heads)?;
         let k = take(&at.k, at.kv_heads)?;
         let v = take(&at.v, at.kv_heads)?;
-        let (layer, q_heads, scale, y_name) = (at.layer, at.q_heads, at.scale, at.y.clone());
+        let (layer, q_heads, y_name) = (at.layer, at.q_heads, at.y.clone());
+        let scoring = Scoring { scale: at.scale, window: at.window };
         self.cache.append(self.seq, layer, &k, &v).map_err(|e| OvError::Run(e.to_string()))?;
         let shape = Shape::new(&[1, q_heads as i64, block as i64, d as i64]).map_err(|e| run(e.to_string()))?;
         let mut y = Tensor::new(ElementType::F32, &shape).map_err(|e| run(e.to_string()))?;
         let out = y.get_data_mut::<f32>().map_err(|e| run(e.to_string()))?;
         let mut heads_out = vec![0f32; q_heads * rows * d];
-        self.cache.attend(self.seq, layer, &q, scale, &mut heads_out).map_err(|e| OvError::Run(e.to_string()))?;
+        self.cache.attend(self.seq, layer, &q, scoring, &mut heads_out).map_err(|e| OvError::Run(e.to_string()))?;
         for h in 0..q_heads {
             out[h * block * d..(h * block + rows) * d].copy_from_slice(&heads_out[h * rows * d..(h + 1) * rows * d]);
         }
