@@ -652,7 +652,7 @@ fn model_config(g: &Graph) -> Result<ModelConfig> {
     let intermediate = g
         .nodes
         .iter()
-        .find(|n| n.op == "SwiGlu")
+        .find(|n| n.op == "SwiGlu" || n.op == "GeluGate")
         .map(|n| known(g.value(n.outputs[0]), g.value(n.outputs[0]).shape.len().saturating_sub(1)))
         .unwrap_or(0);
     let rms_eps = g

@@ -36,7 +36,19 @@ struct Entry {
     /// What the exporter tool found about the file itself (an exporter that disagrees with the
     /// others on the same weights).
     note: Option<String>,
+    /// Why the exporter made no file.
+    refused: Option<String>,
 }
+
+/// Exporters known to refuse an architecture, by entry name prefix and a fragment of the reason:
+/// onnxruntime-genai's builder 0.18 reads `rope_parameters["rope_type"]`, which transformers 5
+/// keys by layer type for Gemma 3 (local and global RoPE). Any other refusal fails the test.
+const KNOWN_REFUSALS: [(&str, &str); 1] = [("gemma3-builder", "rope_type")];
+
+/// Targets known not to compile an architecture yet, by entry name prefix, target and a fragment
+/// of the error: the intel-npu IR carries one RoPE cos/sin table pair, and Gemma 3's local and
+/// global layers rotate with different bases. Any other compile failure fails the test.
+const KNOWN_TARGET_GAPS: [(&str, &str, &str); 1] = [("gemma3-", "intel-npu", "Rope ops read different cos tables")];
 
 /// One prompt and ONNX Runtime's greedy continuation of it.
 struct GreedyCase {
@@ -68,15 +80,15 @@ fn entries() -> Vec<Entry> {
         .unwrap()
         .iter()
         .map(|e| {
-            assert!(e.get("refused").is_none(), "{}: the exporter refused: {}", e["name"], e["refused"]);
+            let refused = e["refused"].as_str().map(str::to_string);
             Entry {
                 name: e["name"].as_str().unwrap().to_string(),
                 exporter: e["exporter"].as_str().unwrap().to_string(),
                 dir: dir.join(e["name"].as_str().unwrap()),
-                layers: e["layers"].as_u64().unwrap() as usize,
+                layers: e["layers"].as_u64().unwrap_or(0) as usize,
                 cases: e["cases"]
                     .as_array()
-                    .unwrap()
+                    .map_or(&[][..], Vec::as_slice)
                     .iter()
                     .map(|c| GreedyCase {
                         prompt: ids(&c["prompt_ids"]),
@@ -85,6 +97,7 @@ fn entries() -> Vec<Entry> {
                     })
                     .collect(),
                 note: e["note"].as_str().map(str::to_string),
+                refused,
             }
         })
         .collect()
@@ -126,6 +139,7 @@ fn program_cells(e: &Entry, row: &mut Row) {
         }
     };
     row.cells.push(format!("{} nodes", imported.graph.nodes.len()));
+    let dead_nodes = imported.report.dead_nodes;
     let pipeline = passes::targets::target("cpu").unwrap().pipeline();
     let graph = match passes::driver::run(&pipeline, imported.graph, None, |_, _| {}) {
         Ok(o) => o.graph,
@@ -146,13 +160,24 @@ fn program_cells(e: &Entry, row: &mut Row) {
         .collect();
     windows.dedup();
     let windows = if windows.is_empty() { String::new() } else { format!(" (window {windows:?})") };
+    let (swiglu, gelu) = (count("npuc::SwiGlu"), count("npuc::GeluGate"));
+    let gates = match (swiglu, gelu) {
+        (s, 0) => format!("{s} SwiGlu"),
+        (0, g) => format!("{g} GeluGate"),
+        (s, g) => format!("{s} SwiGlu, {g} GeluGate"),
+    };
     row.cells.push(format!(
-        "{attention} Attention{windows}, {} norms, {} SwiGlu",
-        count("npuc::RmsNorm") + count("npuc::SkipRmsNorm"),
-        count("npuc::SwiGlu")
+        "{attention} Attention{windows}, {} norms, {gates}",
+        count("npuc::RmsNorm") + count("npuc::SkipRmsNorm")
     ));
     if attention != e.layers {
         row.failures.push(format!("{attention} fused Attention for {} layers", e.layers));
+    }
+    // The builder's Phi-3 graph leaves 9 nodes dead, one layer's gated MLP among them (the
+    // index notes ONNX Runtime's greedy on it parting from optimum's on the same weights).
+    let dead_mlp = e.name.starts_with("phi3-builder") && dead_nodes > 0;
+    if swiglu + gelu != e.layers && !dead_mlp {
+        row.failures.push(format!("{} fused gates for {} layers", swiglu + gelu, e.layers));
     }
     let (inputs, expected) = frontend::read_test_case(&e.dir.join("prefill")).unwrap();
     let got = match ir::run::run_graph(&graph, &inputs) {
@@ -251,8 +276,14 @@ fn target_cell(e: &Entry, work: &Path, target: &str, row: &mut Row) -> Option<Pa
             Some(bundle)
         }
         Err(err) => {
-            row.failures.push(format!("compile {target}: {err}"));
-            row.cells.push("fails".into());
+            let known =
+                KNOWN_TARGET_GAPS.iter().any(|(n, t, why)| e.name.starts_with(n) && *t == target && err.contains(why));
+            if known {
+                row.cells.push(format!("not yet: {}", err.lines().last().unwrap_or_default().trim()));
+            } else {
+                row.failures.push(format!("compile {target}: {err}"));
+                row.cells.push("fails".into());
+            }
             None
         }
     }
@@ -383,6 +414,15 @@ fn every_corpus_model_fuses_compiles_and_gives_onnx_runtimes_greedy_ids() {
     let mut rows = Vec::new();
     for e in &entries {
         let mut row = Row { cells: vec![], failures: vec![] };
+        if let Some(reason) = &e.refused {
+            let known = KNOWN_REFUSALS.iter().any(|(name, why)| e.name.starts_with(name) && reason.contains(why));
+            if !known {
+                row.failures.push(format!("the exporter refused: {reason}"));
+            }
+            row.cells.push(format!("the exporter refused: {reason}"));
+            rows.push((e.name.clone(), row));
+            continue;
+        }
         program_cells(e, &mut row);
         greedy_cell(e, work.path(), &mut row);
         target_cell(e, work.path(), "xdna", &mut row);

@@ -14,7 +14,7 @@
 //! - **RoPE tables.** cos/sin are segment inputs (`rope_cos`, `rope_sin`, `[1, 1, T, head_dim]` f32):
 //!   the program's own cos/sin computation is evaluated here for positions `0..rope_positions` and
 //!   stored in the weights file; the host gathers the rows of the block's positions.
-//! - **Public opset only.** RmsNorm, SkipRmsNorm, Rope, SwiGlu are decomposed (OpenVINO re-fuses
+//! - **Public opset only.** RmsNorm, SkipRmsNorm, Rope, SwiGlu, GeluGate are decomposed (OpenVINO re-fuses
 //!   them; interleaved RoPE swaps its pairs through a `[.., d/2, 2]` view); the row-scaled forms
 //!   of the `fp16-rescale` family are decomposed with their rescaling (c = 2^⌊log₂ max|x|⌋ per
 //!   row); a weight-only GEMM is `Const i4/i8 [N, G, group]` → `Convert f16` → `Multiply` by
@@ -709,6 +709,20 @@ impl Lower<'_> {
         }
     }
 
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` in public ops.
+    fn gelu_tanh(&mut self, x: &Port) -> Result<Port, String> {
+        let (c, k, one, half) = (self.scalar(0.797_884_6), self.scalar(0.044715), self.scalar(1.0), self.scalar(0.5));
+        let x2 = self.net.binary("Multiply", x, x)?;
+        let x3 = self.net.binary("Multiply", &x2, x)?;
+        let kx3 = self.net.binary("Multiply", &k, &x3)?;
+        let inner = self.net.binary("Add", x, &kx3)?;
+        let scaled = self.net.binary("Multiply", &c, &inner)?;
+        let t = self.net.unary("Tanh", &scaled);
+        let onept = self.net.binary("Add", &one, &t)?;
+        let xt = self.net.binary("Multiply", x, &onept)?;
+        self.net.binary("Multiply", &half, &xt)
+    }
+
     fn scalar(&mut self, v: f32) -> Port {
         self.net.const_f32(self.bin, &[v], &[])
     }
@@ -969,6 +983,16 @@ impl Lower<'_> {
                 let sg = self.net.unary("Sigmoid", &g);
                 let silu = self.net.binary("Multiply", &g, &sg)?;
                 one(self.net.binary("Multiply", &silu, &u)?)
+            }
+            (Domain::Npuc, "GeluTanh") => {
+                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
+                one(self.gelu_tanh(&x)?)
+            }
+            (Domain::Npuc, "GeluGate") => {
+                let g = self.port(input(0)?).map_err(|e| e.to_string())?;
+                let u = self.port(input(1)?).map_err(|e| e.to_string())?;
+                let gelu = self.gelu_tanh(&g)?;
+                one(self.net.binary("Multiply", &gelu, &u)?)
             }
             (Domain::Npuc, op @ ("WGemm" | "WGemmRowScaled")) => {
                 let a = self.port(input(0)?).map_err(|e| e.to_string())?;

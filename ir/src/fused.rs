@@ -7,6 +7,8 @@
 //! | `SkipRmsNorm{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias); y = RmsNorm(s) |
 //! | `Silu` | x → y | y = x · σ(x) |
 //! | `SwiGlu` | gate, up → y | y = Silu(gate) · up |
+//! | `GeluTanh` | x → y | y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), GELU's tanh form: ONNX `Gelu` with `approximate = "tanh"` |
+//! | `GeluGate` | gate, up → y | y = GeluTanh(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
@@ -67,6 +69,11 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             let s = onnx(op, "Sigmoid", Domain::Onnx, &Attrs::default(), &[Some(g)], 1)?;
             let silu = onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(g), Some(&s[0])], 1)?;
             onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(&silu[0]), Some(u)], 1)
+        }
+        "GeluTanh" => gelu_tanh(op, input(0)?),
+        "GeluGate" => {
+            let g = gelu_tanh(op, input(0)?)?;
+            onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(&g[0]), Some(input(1)?)], 1)
         }
         "Rope" => rope(op, input(0)?, input(1)?, input(2)?).map(|t| vec![t]),
         // WGemm's inputs are (a, w, scales, [zero_points], [bias]); MatMulNBits has g_idx
@@ -491,6 +498,13 @@ impl NBitsWeights {
     }
 }
 
+/// ONNX `Gelu` with `approximate = "tanh"`.
+fn gelu_tanh(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
+    let mut a = Attrs::default();
+    a.set("approximate", Attr::Str("tanh".into()));
+    onnx(op, "Gelu", Domain::Onnx, &a, &[Some(x)], 1)
+}
+
 /// Causal grouped-query attention in BNSH layout.
 ///
 /// q: [B, Hq, S, D]; k, v: [B, Hkv, S, D] (this step's keys and values); past_k, past_v:
@@ -596,7 +610,8 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
     let one = |ty: Option<TypeInfo>| ty.into_iter().collect::<Vec<_>>();
     match (domain, op) {
         (Domain::Npuc, "RmsNorm" | "RmsNormRowScaled" | "Silu" | "Rope") => one(t(0)),
-        (Domain::Npuc, "SwiGlu") => one(broadcast2(t(0), t(1))),
+        (Domain::Npuc, "SwiGlu" | "GeluGate") => one(broadcast2(t(0), t(1))),
+        (Domain::Npuc, "GeluTanh") => one(t(0)),
         (Domain::Npuc, "SkipRmsNorm" | "SkipRmsNormRowScaled") => {
             let s = broadcast2(t(0), t(1));
             s.map(|s| vec![s.clone(), s]).unwrap_or_default()

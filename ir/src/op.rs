@@ -161,6 +161,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "SkipRmsNorm", (3, 4), (1, 2)),
     spec(NP, "Silu",        (1, 1), (1, 1)),
     spec(NP, "SwiGlu",      (2, 2), (1, 1)),
+    spec(NP, "GeluTanh",    (1, 1), (1, 1)),
+    spec(NP, "GeluGate",    (2, 2), (1, 1)),
     spec(NP, "Rope",        (3, 3), (1, 1)),
     spec(NP, "QGemm",       (6, 8), (1, 1)),
     spec(NP, "WGemm",       (3, 5), (1, 1)),

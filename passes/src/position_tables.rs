@@ -11,6 +11,11 @@
 //! batch of scattered positions, that each token's row depends on its own position only (the
 //! table is then exactly what the graph computes, bit for bit). Positions at or past `rows` are
 //! outside the table: the manifest's `max_positions` says so and the runtime refuses them.
+//!
+//! A graph without `position_ids` (optimum's Gemma 3 export) counts its positions itself:
+//! `Range(past, past + sequence, 1)` from the cache's and the input's sizes. Such a Range, shown
+//! by evaluation at several sizes to be `past..past + sequence`, is the positions the tables are
+//! indexed by; the graph keeps computing it.
 
 use crate::{Pass, PassDetail, PassError};
 use ir::graph::ValueDef;
@@ -33,8 +38,10 @@ impl Pass for PositionTables {
         "Expects a graph after saturate. Guarantees the same program for positions below the table size, with every float value computed from position_ids alone (RoPE's in-graph cos/sin) read from a table computed at compile time."
     }
     fn run(&self, mut graph: Graph) -> Result<(Graph, PassDetail), PassError> {
-        let Some(&pos) = graph.inputs.iter().find(|&&i| graph.value(i).name == POSITIONS) else {
-            return Ok((graph, PassDetail { summary: "no position_ids input".into(), data: serde_json::Value::Null }));
+        let input = graph.inputs.iter().copied().find(|&i| graph.value(i).name == POSITIONS);
+        let Some(pos) = input.or_else(|| counted_positions(&graph)) else {
+            let summary = "no position_ids input, no Range of the step's positions".into();
+            return Ok((graph, PassDetail { summary, data: serde_json::Value::Null }));
         };
         let mut tabulated = Vec::new();
         let mut declined = Vec::new();
@@ -55,6 +62,27 @@ impl Pass for PositionTables {
         let data = serde_json::json!({ "tabulated": tabulated, "declined": declined, "rows": self.rows });
         Ok((g, PassDetail { summary, data }))
     }
+}
+
+/// A `Range(start, limit, 1)` that is the step's positions `past..past + sequence`, checked by
+/// evaluating it with the sizes of the graph inputs at several (past, sequence) pairs.
+fn counted_positions(g: &Graph) -> Option<ValueId> {
+    let ids = g.inputs.iter().map(|&i| g.value(i)).find(|v| v.name == "input_ids")?;
+    let [batch, seq] = &ids.shape[..] else { return None };
+    let (batch, seq) = (batch.as_symbol()?, seq.as_symbol()?);
+    let mut others: Vec<&str> =
+        g.inputs.iter().flat_map(|&i| g.value(i).shape.iter()).flat_map(|d| d.symbols()).collect();
+    others.sort_unstable();
+    others.dedup();
+    others.retain(|s| *s != batch && *s != seq);
+    let [past] = others[..] else { return None };
+    g.nodes.iter().filter(|n| n.domain == Domain::Onnx && n.op == "Range").map(|n| n.outputs[0]).find(|&r| {
+        [(0i64, 3i64), (5, 1), (2, 4)].iter().all(|&(p, s)| {
+            let sizes = HashMap::from([(batch.to_string(), 1), (seq.to_string(), s), (past.to_string(), p)]);
+            let got = eval_rec(g, r, &sizes, &mut HashMap::new());
+            got.ok().and_then(|t| t.as_i64().map(<[i64]>::to_vec)) == Some((p..p + s).collect())
+        })
+    })
 }
 
 /// What a value depends on.
@@ -88,7 +116,7 @@ fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
         } else {
             n.inputs.iter().flatten().map(|i| dep[i.0 as usize]).max().unwrap_or(Dep::Fixed)
         };
-        for &o in &n.outputs {
+        for &o in n.outputs.iter().filter(|&&o| o != pos) {
             dep[o.0 as usize] = d;
         }
     }
@@ -111,11 +139,13 @@ fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
 fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, String> {
     let width = row_width(g, pos, v)?;
     let p = &g.value(pos).shape;
+    // position_ids is [batch, sequence]; a counted Range is [sequence].
+    let (all_shape, scattered_shape) = if p.len() == 2 { (vec![1, rows], vec![2, 3]) } else { (vec![rows], vec![6]) };
     let all: Vec<i64> = (0..rows as i64).collect();
-    let table = eval_value(g, pos, v, Tensor::from_i64(DType::I64, vec![1, rows], all), p)?;
+    let table = eval_value(g, pos, v, Tensor::from_i64(DType::I64, all_shape, all), p)?;
     let table = table.to_f32_vec();
     let scattered = [7i64, 3, 11, 0, 5, 2].map(|x| x.min(rows as i64 - 1)).to_vec();
-    let check = eval_value(g, pos, v, Tensor::from_i64(DType::I64, vec![2, 3], scattered.clone()), p)?;
+    let check = eval_value(g, pos, v, Tensor::from_i64(DType::I64, scattered_shape, scattered.clone()), p)?;
     for (k, &at) in scattered.iter().enumerate() {
         let want = &table[at as usize * width..(at as usize + 1) * width];
         let got = &check.to_f32_vec()[k * width..(k + 1) * width];
@@ -126,11 +156,14 @@ fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, 
     Ok(Tensor::from_f32(DType::F32, vec![rows, width], table))
 }
 
-/// The elements per token of `v`, when `v` is `[batch, 1.., seq, rest..]` with `rest` known.
+/// The elements per token of `v`, when `v` is `[batch, 1.., seq, rest..]` with `rest` known (for
+/// counted positions, `[1.., seq, rest..]`).
 fn row_width(g: &Graph, pos: ValueId, v: ValueId) -> Result<usize, String> {
     let (p, s) = (&g.value(pos).shape, &g.value(v).shape);
-    let seq_at = s.iter().position(|d| *d == p[1]).ok_or("it has no sequence axis")?;
-    let layout_ok = s.first() == Some(&p[0]) && s[1..seq_at].iter().all(|d| d.as_known() == Some(1));
+    let seq_at = s.iter().position(|d| Some(d) == p.last()).ok_or("it has no sequence axis")?;
+    let leading = if p.len() == 2 { s.first() == Some(&p[0]) && seq_at > 0 } else { true };
+    let ones_from = if p.len() == 2 { 1 } else { 0 };
+    let layout_ok = leading && s[ones_from.min(seq_at)..seq_at].iter().all(|d| d.as_known() == Some(1));
     let rest: Option<Vec<i64>> = s[seq_at + 1..].iter().map(Dim::as_known).collect();
     match rest {
         Some(rest) if layout_ok && g.value(v).dtype == DType::F32 => Ok(rest.iter().product::<i64>() as usize),
@@ -145,6 +178,14 @@ fn eval_value(g: &Graph, pos: ValueId, v: ValueId, positions: Tensor, p: &[Dim])
     for (d, &n) in p.iter().zip(&positions.shape) {
         let s = d.as_symbol().ok_or("position_ids' dims are not plain sizes")?;
         sizes.insert(s.to_string(), n as i64);
+    }
+    if p.len() == 1 {
+        // Counted positions belong to one sequence: the batch is 1.
+        if let Some(b) =
+            g.inputs.iter().map(|&i| g.value(i)).find(|v| v.name == "input_ids").and_then(|v| v.shape[0].as_symbol())
+        {
+            sizes.insert(b.to_string(), 1);
+        }
     }
     let mut values: HashMap<ValueId, Tensor> = HashMap::from([(pos, positions)]);
     eval_rec(g, v, &sizes, &mut values)
@@ -208,8 +249,8 @@ fn replace_with_gather(g: &mut Graph, pos: ValueId, v: ValueId, table: Tensor) {
     let name = g.value(v).name.clone();
     let width = table.shape[1];
     let tw = add_table(g, &name, table);
-    let p = g.value(pos).shape.clone();
-    let rows_shape = vec![p[0].clone(), p[1].clone(), Dim::known(width as i64)];
+    let mut rows_shape = g.value(pos).shape.clone();
+    rows_shape.push(Dim::known(width as i64));
     let gathered = add_value(g, format!("{name}.rows"), DType::F32, rows_shape, ValueDef::Input);
     // Batch copies the input's dim (0), the sequence is inferred (-1), the rest are numbers.
     let target: Vec<i64> =

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod causal_mask;
 pub mod cond;
 pub mod fp16_rescale;
+pub mod gelu_gate;
 pub mod qdq;
 pub mod rmsnorm;
 pub mod rope;
@@ -59,6 +60,11 @@ pub fn families() -> Vec<Family> {
         Family { name: "rope", summary: "rotate-half and interleaved rotary embeddings into Rope", rules: rope::rules },
         Family {
             name: "silu-gate", summary: "x·σ(x) into Silu, Silu(gate)·up into SwiGlu", rules: silu_gate::rules
+        },
+        Family {
+            name: "gelu-gate",
+            summary: "GELU's tanh form into GeluTanh, GeluTanh(gate)·up into GeluGate",
+            rules: gelu_gate::rules,
         },
         Family {
             name: "attention",

@@ -53,6 +53,14 @@ ARCHS = {
     # so keys leave the window within the greedy run.
     "mistral": Arch("mistral", "MistralForCausalLM", dict(COMMON, tie_word_embeddings=False, rms_norm_eps=1e-5,
                                                           rope_theta=10000.0, sliding_window=12), 15),
+    # Gemma 3 (text): GELU-tanh gate, norms before and after attention and MLP with (1 + w)
+    # weights, q/k norms, the embedding scaled by sqrt(hidden), a score scale from
+    # query_pre_attn_scalar (not head_dim), and a local layer (sliding window, its own RoPE base)
+    # before a global one.
+    "gemma3": Arch("gemma3", "Gemma3ForCausalLM", dict(
+        COMMON, head_dim=32, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, query_pre_attn_scalar=48, sliding_window=12,
+        layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh"), 16),
     # Qwen3: q/k RMSNorm per head, explicit head_dim, untied lm_head.
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", dict(COMMON, head_dim=64, tie_word_embeddings=False,
                                                     rms_norm_eps=1e-6, rope_theta=1000000.0), 12),

@@ -64,6 +64,7 @@ pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
 use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QGemmWeights, QOutput};
+use crate::kernels::swiglu::GateActivation;
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
 use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
@@ -617,8 +618,8 @@ impl<'b> Executor<'b> {
                 | Op::Transpose { out, .. }
                 | Op::RmsNorm { out, .. }
                 | Op::Rope { out, .. }
-                | Op::SwiGlu { out, .. }
-                | Op::AddF32 { out, .. }
+                | Op::Gate { out, .. }
+                | Op::BinaryF32 { out, .. }
                 | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
@@ -662,8 +663,8 @@ impl<'b> Executor<'b> {
             | Op::Transpose { out, .. }
             | Op::RmsNorm { out, .. }
             | Op::Rope { out, .. }
-            | Op::SwiGlu { out, .. }
-            | Op::AddF32 { out, .. }
+            | Op::Gate { out, .. }
+            | Op::BinaryF32 { out, .. }
             | Op::Attention { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
         };
@@ -860,26 +861,29 @@ impl<'b> Executor<'b> {
                 y[..n].copy_from_slice(input);
                 rope::rope_in_place(isa, &mut y[..n], d, c, s, rows_per_cos_row, *interleaved);
             }
-            Op::SwiGlu { gate, up, .. } => {
+            Op::Gate { gate, up, act, .. } => {
                 let (g, u) = (view.f32(*gate), view.f32(*up));
                 if g.len() != u.len() {
                     return Err(fail(format!("gate of {} values and up of {}", g.len(), u.len())));
                 }
-                swiglu::swiglu(isa, g, u, &mut y[..g.len()]);
+                match act {
+                    GateActivation::Silu => swiglu::swiglu(isa, g, u, &mut y[..g.len()]),
+                    GateActivation::GeluTanh => swiglu::gelu_gate(g, u, &mut y[..g.len()]),
+                }
             }
-            Op::AddF32 { a, b, .. } => {
+            Op::BinaryF32 { a, b, mul, .. } => {
                 let (x, z) = (view.f32(*a), view.f32(*b));
                 let (big, small) = if x.len() >= z.len() { (x, z) } else { (z, x) };
                 if small.is_empty() || big.len() % small.len() != 0 {
                     return Err(fail(format!(
-                        "adds {} values to {}: neither repeats over the other",
+                        "combines {} values with {}: neither repeats over the other",
                         small.len(),
                         big.len()
                     )));
                 }
                 for (row, out) in big.chunks(small.len()).zip(y[..big.len()].chunks_mut(small.len())) {
                     for ((o, p), q) in out.iter_mut().zip(row).zip(small) {
-                        *o = p + q;
+                        *o = if *mul { p * q } else { p + q };
                     }
                 }
             }

@@ -12,6 +12,7 @@ use std::num::NonZeroUsize;
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::{f32_panels_len, WeightLayout};
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QGemmWeights, QWeightCodes};
+use crate::kernels::swiglu::GateActivation;
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
 use crate::kvcache::Scoring;
 
@@ -111,16 +112,20 @@ pub enum Op {
         interleaved: bool,
         out: usize,
     },
-    SwiGlu {
+    /// A gated MLP product `act(gate) · up` (SwiGlu, GeluGate).
+    Gate {
         gate: usize,
         up: usize,
+        act: GateActivation,
         out: usize,
     },
-    /// Float `a + b` where one operand's values repeat over the other's rows (a bias `[N]` on a
-    /// projection's `[.., N]`, the q/k/v biases of Qwen2) or both have the same size.
-    AddF32 {
+    /// Float `a + b` (or `a · b` with `mul`) where one operand's values repeat over the other's
+    /// rows (a bias `[N]` on a projection's `[.., N]`, the q/k/v biases of Qwen2, Gemma's
+    /// embedding scale) or both have the same size.
+    BinaryF32 {
         a: usize,
         b: usize,
+        mul: bool,
         out: usize,
     },
     Attention {
@@ -348,7 +353,7 @@ impl NBitsTable<'_> {
 pub const MAX_TRANSPOSE_RANK: usize = 8;
 
 /// Ops that compute (every other supported op is an alias).
-const COMPUTED_OPS: [&str; 21] = [
+const COMPUTED_OPS: [&str; 22] = [
     "ai.onnx::QuantizeLinear",
     "npuc::QuantizeRows",
     "ai.onnx::DequantizeLinear",
@@ -369,6 +374,7 @@ const COMPUTED_OPS: [&str; 21] = [
     "npuc::SkipRmsNorm",
     "npuc::Rope",
     "npuc::SwiGlu",
+    "npuc::GeluGate",
     "npuc::Attention",
 ];
 
@@ -839,11 +845,12 @@ impl<'b> Plan<'b> {
                         Op::Rope { x, cos, sin, interleaved: node.attr_i64("interleaved").unwrap_or(0) != 0, out: o },
                     ));
                 }
-                "npuc::SwiGlu" => {
+                op @ ("npuc::SwiGlu" | "npuc::GeluGate") => {
                     let (gate, up) = (f32_input(0, &locs)?, f32_input(1, &locs)?);
+                    let act = if op == "npuc::SwiGlu" { GateActivation::Silu } else { GateActivation::GeluTanh };
                     let o = out(0)?;
                     fresh(&mut locs, o);
-                    ops.push((n, Op::SwiGlu { gate, up, out: o }));
+                    ops.push((n, Op::Gate { gate, up, act, out: o }));
                 }
                 "npuc::Attention" => {
                     let (q, k, v) = (f32_input(0, &locs)?, f32_input(1, &locs)?, f32_input(2, &locs)?);
@@ -866,7 +873,7 @@ impl<'b> Plan<'b> {
                     fresh_i64(&mut locs, o);
                     ops.push((n, Op::Int { kind: IntKind::Shape { start, end }, inputs: vec![x], out: o }));
                 }
-                "ai.onnx::Add" if values[out(0)?].elem == Some(ElemType::F32) => {
+                op @ ("ai.onnx::Add" | "ai.onnx::Mul") if values[out(0)?].elem == Some(ElemType::F32) => {
                     let (a, b) = (f32_input(0, &locs)?, f32_input(1, &locs)?);
                     let o = out(0)?;
                     // One operand is the output's shape; the other that shape or a suffix of it
@@ -879,12 +886,12 @@ impl<'b> Plan<'b> {
                     let full = |v: usize| values[v].shape == values[o].shape;
                     if !(full(a) && trailing(b) || full(b) && trailing(a)) {
                         return Err(fail(format!(
-                            "adds `{}` and `{}` with a broadcast other than a trailing one",
+                            "combines `{}` and `{}` with a broadcast other than a trailing one",
                             values[a].name, values[b].name
                         )));
                     }
                     fresh(&mut locs, o);
-                    ops.push((n, Op::AddF32 { a, b, out: o }));
+                    ops.push((n, Op::BinaryF32 { a, b, mul: op == "ai.onnx::Mul", out: o }));
                 }
                 "ai.onnx::Add" | "ai.onnx::Sub" | "ai.onnx::Mul" | "ai.onnx::Range" => {
                     let (kind, arity) = match node.op.as_str() {

@@ -1,3 +1,6 @@
+//! Gated MLP products. GeluGate: `y = GeluTanh(gate)·up` with GELU's tanh form
+//! `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))` in f32 (scalar: Gemma-family models only).
+//!
 //! SwiGlu: `y = Silu(gate)·up = (gate·σ(gate))·up`, with `σ(g) = 1/(1 + e^−g)` for g ≥ 0 and
 //! `e^g/(1 + e^g)` otherwise (so the exponential never overflows), the products in the order
 //! the reference evaluator takes them.
@@ -7,6 +10,30 @@
 //! allow 1e-6 relative plus two subnormal ulps of σ times |gate·up|).
 
 use super::Isa;
+
+/// The activation of a gated MLP product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateActivation {
+    /// SiLU: SwiGlu.
+    Silu,
+    /// GELU's tanh form: GeluGate.
+    GeluTanh,
+}
+
+/// `y[i] = GeluTanh(gate[i])·up[i]`. Panics on mismatched lengths.
+pub fn gelu_gate(gate: &[f32], up: &[f32], y: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && y.len() == gate.len(),
+        "gelu_gate: gate {}, up {}, y {}",
+        gate.len(),
+        up.len(),
+        y.len()
+    );
+    const C: f32 = 0.797_884_6;
+    for ((o, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+        *o = 0.5 * g * (1.0 + (C * (g + 0.044715 * g * g * g)).tanh()) * u;
+    }
+}
 
 /// `y[i] = Silu(gate[i])·up[i]`. Panics on mismatched lengths.
 pub fn swiglu(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f32]) {
