@@ -65,16 +65,18 @@ fixtures: tiny-fixtures smollm2 onnx-node-tests
 onnx-node-tests: $(STAMP_PY)
 	$(PY) tools/onnx_node_tests.py --out $(FIXTURES)/onnx-node-tests
 
-## exporters: the exporter venv, and the transformers 5 overlay the onnxruntime-genai builder
-## imports (tools/requirements-exporters.txt says why).
+## exporters: the exporter venv, the transformers 5 overlay the onnxruntime-genai builder
+## imports and the onnx 1.22 overlay AMD Quark needs (tools/requirements-*.txt say why).
 exporters: $(STAMP_XPY)
 
-$(STAMP_XPY): tools/requirements-exporters.txt tools/requirements-builder.txt | $(STAMP_PY)
+$(STAMP_XPY): tools/requirements-exporters.txt tools/requirements-builder.txt tools/requirements-quark.txt | $(STAMP_PY)
 	python3 -m venv $(XVENV)
 	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet --upgrade pip
 	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet -r tools/requirements-exporters.txt
 	rm -rf $(XVENV)/builder-overlay
 	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet --target $(XVENV)/builder-overlay -r tools/requirements-builder.txt
+	rm -rf $(XVENV)/quark-overlay
+	PIP_NO_CACHE_DIR=1 $(XPY) -m pip install --quiet --target $(XVENV)/quark-overlay -r tools/requirements-quark.txt
 	touch $@
 
 ## corpus: tiny models and SmolLM2-135M exported by the real exporters, with ONNX Runtime's

@@ -1,5 +1,5 @@
 //! The exporter corpus: tiny Llama and Qwen3 models exported by the real tools (optimum-onnx,
-//! the onnxruntime-genai builder in fp32 and int4, onnxruntime's quantize_static), and
+//! the onnxruntime-genai builder in fp32 and int4, onnxruntime's quantize_static, AMD Quark), and
 //! SmolLM2-135M through optimum and the builder's int4, into `fixtures/corpus` by
 //! `tools/export_corpus.py`, each with ONNX Runtime's prefill/decode cases and 16 greedy ids per
 //! prompt (one prompt for the tiny models, three for SmolLM2). For every model: it imports; the cpu pipeline fuses one Attention per
@@ -103,8 +103,10 @@ fn entries() -> Vec<Entry> {
         .collect()
 }
 
+/// QDQ graphs: onnxruntime's `quantize_static` and AMD Quark's A8W8 (both int8 activations per
+/// tensor, int8 weights per channel or per tensor, in ai.onnx Q/DQ).
 fn is_qdq(e: &Entry) -> bool {
-    e.exporter.starts_with("qdq")
+    e.exporter.starts_with("qdq") || e.exporter.starts_with("quark")
 }
 
 /// The builder's int4 graphs at its default `accuracy_level` 4: int8 activations per block.

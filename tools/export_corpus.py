@@ -55,12 +55,14 @@ EXPORTERS = {
         ctx["optimum"], out, ctx["calibration"], per_channel=True, symmetric_activations=False),
     "qdq-per-tensor-s8": lambda hf, out, ctx: exporters.quantize_qdq(
         ctx["optimum"], out, ctx["calibration"], per_channel=False, symmetric_activations=True),
+    "quark-a8w8": lambda hf, out, ctx: exporters.quark(ctx["optimum"], out, ctx["calibration"]),
 }
 
 
 def sources_digest() -> str:
     h = hashlib.sha256()
-    files = [TOOLS / "export_corpus.py", TOOLS / "requirements-exporters.txt", TOOLS / "requirements-builder.txt"]
+    files = [TOOLS / f for f in ("export_corpus.py", "requirements-exporters.txt", "requirements-builder.txt",
+                                 "requirements-quark.txt")]
     files += sorted((TOOLS / "corpus").glob("*.py"))
     for f in files:
         h.update(f.name.encode())
@@ -68,16 +70,24 @@ def sources_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def versions() -> dict:
+def versions(exporter: str) -> dict:
     v = {}
     for p in PACKAGES:
         try:
             v[p] = metadata.version(p)
         except metadata.PackageNotFoundError:
             v[p] = None
-    overlay = exporters.BUILDER_OVERLAY
-    v["transformers (builder)"] = next((d.name.split("-")[1] for d in overlay.glob("transformers-*.dist-info")), None)
+    v["transformers (builder)"] = overlay_version(exporters.BUILDER_OVERLAY, "transformers")
+    if exporter.startswith("quark"):
+        v["amd-quark"] = overlay_version(exporters.QUARK_OVERLAY, "amd_quark")
+        v["onnx (quark)"] = overlay_version(exporters.QUARK_OVERLAY, "onnx")
     return v
+
+
+def overlay_version(overlay: Path, dist: str) -> str | None:
+    """The version of `dist` installed in an overlay (--target folder), from its dist-info name."""
+    info = next(overlay.glob(f"{dist}-*.dist-info"), None)
+    return info.name[len(dist) + 1:-len(".dist-info")] if info else None
 
 
 def calibration_feeds(optimum_model: Path, config: dict) -> list[dict]:
@@ -108,7 +118,7 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
         prov_path.write_text(json.dumps(entry, indent=2) + "\n")
         return entry
     layers, kv_heads, head_dim = models.dims(ctx["config"])
-    entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions()})
+    entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions(exporter)})
     entry.update(reference.record(entry_dir / "model.onnx", kv_heads, head_dim, ctx["prompts"], DECODE_ID, GREEDY_STEPS))
     if exporter.startswith("builder-int4"):
         entry["matmulnbits_cases"] = reference.record_matmulnbits(entry_dir / "model.onnx", entry_dir / "matmulnbits")
@@ -128,7 +138,7 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
     ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
     ctx["prompts"] = prompts_of(hf)
     for exporter in exporters_wanted:
-        if exporter.startswith("qdq") and "calibration" not in ctx:
+        if exporter.startswith(("qdq", "quark")) and "calibration" not in ctx:
             ctx["optimum"] = out / f"{arch.name}-optimum" / "model.onnx"
             ctx["calibration"] = calibration_feeds(ctx["optimum"], ctx["config"])
         try:

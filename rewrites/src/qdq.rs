@@ -16,14 +16,16 @@
 //!   writes with `UseQDQContribOps` and Quark for types ai.onnx lacks at the model's opset).
 //! - `DequantizeLinear` without a zero point (symmetric exports), on the weight or on both sides:
 //!   QGemm gets an explicit zero of the codes' type.
-//! - the tied lm_head. Both quantisers treat the lm_head's `Transpose(embed_tokens.weight)` as an
-//!   activation: the logits MatMul reads `DequantizeLinear(QuantizeLinear(Transpose(E), s, z),
-//!   s, z)`. Those codes depend on compile-time data only (see `cond::is_compile_time_expr`), so
-//!   they are a constant weight: the QGemm's weight operand is the e-class of
-//!   `QuantizeLinear(Transpose(E), s, z)` itself, with scale s and zero point z. Nothing is
-//!   materialised in the e-graph; the [K, N] int8 codes are computed once by whichever later pass
-//!   folds compile-time subgraphs (the reference evaluator computes them when it runs the graph).
-//!   The embedding Gather keeps reading the float E.
+//! - the tied lm_head. onnxruntime's quantiser treats the lm_head's
+//!   `Transpose(embed_tokens.weight)` as an activation: the logits MatMul reads
+//!   `DequantizeLinear(QuantizeLinear(Transpose(E), s, z), s, z)`. Those codes depend on
+//!   compile-time data only (see `cond::is_compile_time_expr`), so they are a constant weight: the
+//!   QGemm's weight operand is the e-class of `QuantizeLinear(Transpose(E), s, z)` itself, with
+//!   scale s and zero point z. Nothing is materialised in the e-graph; the [K, N] int8 codes are
+//!   computed once by whichever later pass folds compile-time subgraphs (the reference evaluator
+//!   computes them when it runs the graph). The embedding Gather keeps reading the float E. Quark
+//!   0.13 instead writes the transposed codes as an initialiser of their own
+//!   (`<E>_transposed_quantized`, per channel like the other weights).
 //!
 //! Declined, with the reason recorded: right operands computed at run time (activation ×
 //! activation products, i.e. attention's QKᵀ and AV, which are the attention family's); weight

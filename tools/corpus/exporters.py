@@ -6,15 +6,17 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
 BUILDER_OVERLAY = Path(sys.prefix) / "builder-overlay"
+QUARK_OVERLAY = Path(sys.prefix) / "quark-overlay"
 
 
-def run(cmd: list[str], log: Path, env: dict | None = None):
+def run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = None):
     with open(log, "w") as f:
-        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     if p.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({p.returncode}):\n" + "\n".join(tail))
@@ -68,3 +70,26 @@ def quantize_qdq(src: Path, out: Path, feeds: list[dict], per_channel: bool, sym
                    extra_options={"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True})
     quantize_static(str(src), str(out / "model.onnx"), Reader(), **options)
     return ["onnxruntime.quantization.quantize_static", str(src), f"{options}"]
+
+
+def quark(src: Path, out: Path, feeds: list[dict]) -> list[str]:
+    """AMD Quark's `quark.onnx.ModelQuantizer` (A8W8, per-channel weights, MatMul only; see
+    quark_quantize.py), in its overlay. Quark JIT-compiles its custom-op library with ninja at
+    import (the build goes into the overlay, not the user's cache) and writes a summary CSV into
+    its working folder (a scratch folder here)."""
+    import numpy as np
+
+    if not (QUARK_OVERLAY / "quark").is_dir():
+        raise RuntimeError(f"{QUARK_OVERLAY} is missing: install tools/requirements-quark.txt there")
+    out.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
+    env = dict(os.environ, PYTHONPATH=str(QUARK_OVERLAY), PATH=f"{QUARK_OVERLAY / 'bin'}{os.pathsep}{os.environ['PATH']}",
+               TORCH_EXTENSIONS_DIR=str(QUARK_OVERLAY / "torch-extensions"))
+    with tempfile.TemporaryDirectory() as scratch:
+        calibration = Path(scratch) / "calibration.npz"
+        np.savez(calibration, **{f"{i}/{name}": a for i, feed in enumerate(feeds) for name, a in feed.items()})
+        cmd = [sys.executable, str(Path(__file__).with_name("quark_quantize.py")), str(src.resolve()),
+               str((out / "model.onnx").resolve()), str(calibration)]
+        run(cmd, log, env, cwd=Path(scratch))
+    config = next(line for line in log.read_text().splitlines() if line.startswith("QUARK-CONFIG "))
+    return ["quark.onnx.ModelQuantizer", str(src), config[len("QUARK-CONFIG "):]]
