@@ -45,11 +45,6 @@ struct Entry {
 /// keys by layer type for Gemma 3 (local and global RoPE). Any other refusal fails the test.
 const KNOWN_REFUSALS: [(&str, &str); 1] = [("gemma3-builder", "rope_type")];
 
-/// Targets known not to compile an architecture yet, by entry name prefix, target and a fragment
-/// of the error: the intel-npu IR carries one RoPE cos/sin table pair, and Gemma 3's local and
-/// global layers rotate with different bases. Any other compile failure fails the test.
-const KNOWN_TARGET_GAPS: [(&str, &str, &str); 1] = [("gemma3-", "intel-npu", "Rope ops read different cos tables")];
-
 /// One prompt and ONNX Runtime's greedy continuation of it.
 struct GreedyCase {
     prompt: Vec<u64>,
@@ -278,14 +273,8 @@ fn target_cell(e: &Entry, work: &Path, target: &str, row: &mut Row) -> Option<Pa
             Some(bundle)
         }
         Err(err) => {
-            let known =
-                KNOWN_TARGET_GAPS.iter().any(|(n, t, why)| e.name.starts_with(n) && *t == target && err.contains(why));
-            if known {
-                row.cells.push(format!("not yet: {}", err.lines().last().unwrap_or_default().trim()));
-            } else {
-                row.failures.push(format!("compile {target}: {err}"));
-                row.cells.push("fails".into());
-            }
+            row.failures.push(format!("compile {target}: {err}"));
+            row.cells.push("fails".into());
             None
         }
     }

@@ -56,9 +56,9 @@ fn ov_check(dir: &Path, extra: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Rows `0..t` of a RoPE table stored in the weights file.
-fn rope_rows(ir: &codegen_intel::IntelIr, which: &str, t: usize) -> Vec<f32> {
-    let at = &ir.plan["rope"][which];
+/// Rows `0..t` of the RoPE table `name` stored in the weights file.
+fn rope_rows(ir: &codegen_intel::IntelIr, name: &str, t: usize) -> Vec<f32> {
+    let at = &ir.plan["rope"]["tables"][name];
     let width = ir.plan["rope"]["width"].as_u64().unwrap() as usize;
     assert!(t <= ir.plan["rope"]["positions"].as_u64().unwrap() as usize, "{}", ir.plan["rope"]);
     let offset = at["offset"].as_u64().unwrap() as usize;
@@ -150,9 +150,8 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
                 let name = i["name"].as_str().unwrap();
                 let shape = &i["shape"][t.to_string()];
                 let tensor = match i["role"].as_str().unwrap() {
-                    "rope_cos" | "rope_sin" => {
-                        let which = if name == "rope_cos" { "cos" } else { "sin" };
-                        let rows = rope_rows(ir, which, t);
+                    "rope" => {
+                        let rows = rope_rows(ir, name, t);
                         Tensor::from_f32(DType::F32, vec![rows.len()], rows)
                     }
                     "input" => ids.clone(),

@@ -191,7 +191,7 @@ fn intel_openvino_binds_values_between_segments_without_copies() {
             let count: u64 = io["shape"]["1"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
             match (io["role"].as_str().unwrap(), last_row) {
                 ("input", _) => copied += 8 * count,
-                ("rope_cos" | "rope_sin", _) | ("value", true) => copied += 4 * count,
+                ("rope", _) | ("value", true) => copied += 4 * count,
                 ("value", false) => bound += 4 * count,
                 (role, _) => panic!("input role {role}"),
             }

@@ -11,9 +11,11 @@
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.
-//! - **RoPE tables.** cos/sin are segment inputs (`rope_cos`, `rope_sin`, `[1, 1, T, head_dim]` f32):
-//!   the program's own cos/sin computation is evaluated here for positions `0..rope_positions` and
-//!   stored in the weights file; the host gathers the rows of the block's positions.
+//! - **RoPE tables.** cos/sin are segment inputs of role `rope` (`rope_cos`, `rope_sin`, and
+//!   `rope_cos_1`, ... when layers rotate with different tables, as Gemma 3's local and global
+//!   layers do; `[1, 1, T, head_dim]` f32): the program's own cos/sin computation is evaluated
+//!   here for positions `0..rope_positions` and stored in the weights file (`rope.tables` of the
+//!   plan); the host gathers the rows of the block's positions.
 //! - **Public opset only.** RmsNorm, SkipRmsNorm, Rope, SwiGlu, GeluGate are decomposed (OpenVINO re-fuses
 //!   them; interleaved RoPE swaps its pairs through a `[.., d/2, 2]` view); the row-scaled forms
 //!   of the `fp16-rescale` family are decomposed with their rescaling (c = 2^⌊log₂ max|x|⌋ per
@@ -111,9 +113,13 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     requantized.extend(compressed);
     let parts = partition(&device)?;
     let mut bin = Bin::default();
-    let (cos, sin, width, rope_positions) = rope_tables(&device, &parts, o.rope_positions)?;
-    let cos_at = bin.keyed("rope_cos", || cos.iter().flat_map(|v| v.to_le_bytes()).collect());
-    let sin_at = bin.keyed("rope_sin", || sin.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let rope = rope_tables(&device, &parts, o.rope_positions)?;
+    let (width, rope_positions) = (rope.width, rope.positions);
+    let mut table_json = serde_json::Map::new();
+    for (name, values) in &rope.tables {
+        let at = bin.keyed(name, || values.iter().flat_map(|v| v.to_le_bytes()).collect());
+        table_json.insert(name.clone(), json!({"offset": at.0, "size": at.1}));
+    }
     let mut xml = Vec::new();
     let mut segments = Vec::new();
     let mut blocks = o.blocks.clone();
@@ -133,6 +139,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
                 vals: HashMap::new(),
                 t,
                 width,
+                rope_names: &rope.names,
                 f16_weights: &f16_weights,
                 quantized: HashMap::new(),
             };
@@ -193,8 +200,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         "weights_bytes": bin.bytes.len(),
         "blocks": blocks,
         "logits": device.value(device.outputs[0]).name,
-        "rope": {"positions": rope_positions, "width": width,
-                 "cos": {"offset": cos_at.0, "size": cos_at.1}, "sin": {"offset": sin_at.0, "size": sin_at.1}},
+        "rope": {"positions": rope_positions, "width": width, "tables": table_json},
         "segments": segments,
         "attention": attention,
         "schedule": schedule,
@@ -416,49 +422,55 @@ fn lm_head(g: &Graph, logits: ValueId) -> Vec<NodeId> {
     nodes
 }
 
+/// The RoPE tables the host feeds: each distinct cos or sin table (`rope_cos`, `rope_sin`, then
+/// `rope_cos_1`, ... for models whose layers rotate differently, as Gemma 3's local and global
+/// layers do), `[positions, width]` row-major, and the table each Rope input reads.
+struct RopeTables {
+    tables: Vec<(String, Vec<f32>)>,
+    names: HashMap<ValueId, String>,
+    width: usize,
+    positions: usize,
+}
+
 /// Evaluates the program's cos/sin computation for positions `0..positions` (batch 1, no past)
-/// with the reference evaluator; every Rope must read the same tables. Returns (cos, sin, width,
-/// positions covered),
-/// each `[positions, width]` row-major.
-fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<(Vec<f32>, Vec<f32>, usize, usize), IntelError> {
+/// with the reference evaluator (see [`RopeTables`]).
+fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<RopeTables, IntelError> {
+    let mut out = RopeTables { tables: vec![], names: HashMap::new(), width: 0, positions: 0 };
     if parts.cos.is_empty() {
-        return Ok((vec![], vec![], 0, 0));
+        return Ok(out);
     }
     // A table gathered from a cache covers at most the cache's rows: a first evaluation for one
     // position finds them.
     let (_, rows) = eval_tables(g, parts, 1)?;
-    let positions = positions.min(rows);
-    let (vals, _) = eval_tables(g, parts, positions)?;
-    let table = |set: &HashSet<ValueId>, what: &str| -> Result<(Vec<f32>, usize), IntelError> {
-        let mut first: Option<(Vec<f32>, usize)> = None;
+    out.positions = positions.min(rows);
+    let (vals, _) = eval_tables(g, parts, out.positions)?;
+    for (set, what) in [(&parts.cos, "cos"), (&parts.sin, "sin")] {
+        let mut set: Vec<ValueId> = set.iter().copied().collect();
+        set.sort_unstable();
+        let mut distinct: Vec<Vec<f32>> = Vec::new();
         for v in set {
             let t = vals
-                .get(v)
+                .get(&v)
                 .ok_or_else(|| IntelError::Structure(format!("a RoPE {what} table that is not computed")))?;
             let width = *t.shape.last().unwrap_or(&0);
             let data = t.to_f32_vec();
-            if width == 0 || data.len() != positions * width {
-                return Err(IntelError::Shape {
-                    value: g.value(*v).name.clone(),
-                    msg: format!("RoPE {what} of shape {:?}", t.shape),
-                });
+            if width == 0 || data.len() != out.positions * width || (out.width != 0 && width != out.width) {
+                let msg = format!("RoPE {what} of shape {:?}", t.shape);
+                return Err(IntelError::Shape { value: g.value(v).name.clone(), msg });
             }
-            match &first {
-                None => first = Some((data, width)),
-                Some((f, _)) if *f != data => {
-                    return Err(IntelError::Unsupported {
-                        node: g.value(*v).name.clone(),
-                        msg: format!("Rope ops read different {what} tables"),
-                    })
-                }
-                _ => {}
+            out.width = width;
+            let k = distinct.iter().position(|d| *d == data).unwrap_or_else(|| {
+                distinct.push(data);
+                distinct.len() - 1
+            });
+            let name = if k == 0 { format!("rope_{what}") } else { format!("rope_{what}_{k}") };
+            if k + 1 == distinct.len() && !out.tables.iter().any(|(n, _)| *n == name) {
+                out.tables.push((name.clone(), distinct[k].clone()));
             }
+            out.names.insert(v, name);
         }
-        Ok(first.unwrap_or_default())
-    };
-    let (c, w) = table(&parts.cos, "cos")?;
-    let (s, _) = table(&parts.sin, "sin")?;
-    Ok((c, s, w, positions))
+    }
+    Ok(out)
 }
 
 /// The table computation's values for `positions` positions, and the fewest rows a Gather in it
@@ -538,6 +550,8 @@ struct Lower<'a> {
     vals: HashMap<ValueId, Port>,
     t: usize,
     width: usize,
+    /// The host-fed RoPE table each Rope cos/sin input reads.
+    rope_names: &'a HashMap<ValueId, String>,
     /// f32 weights that hold f16 values, stored as f16.
     f16_weights: &'a HashSet<ir::WeightId>,
     /// Quantised values, represented by their dequantised ports (see [`qdq`]).
@@ -568,7 +582,7 @@ impl Lower<'_> {
         seg: &Segment,
     ) -> Result<(Vec<(String, String, Et, Vec<usize>)>, Vec<(String, Vec<usize>)>), IntelError> {
         let mut ins = Vec::new();
-        let mut rope: HashMap<&str, Port> = HashMap::new();
+        let mut rope: HashMap<String, Port> = HashMap::new();
         for &v in &seg.inputs {
             let val = self.g.value(v);
             let mut shape = self.shape(v)?;
@@ -577,9 +591,8 @@ impl Lower<'_> {
                     *s = 1;
                 }
             }
-            let (role, name) = if self.cos_sin(v).is_some() {
-                let which = self.cos_sin(v).unwrap();
-                (which.to_string(), which.to_string())
+            let (role, name) = if let Some(table) = self.rope_names.get(&v) {
+                ("rope".to_string(), table.clone())
             } else if matches!(val.def, ValueDef::Input) {
                 ("input".to_string(), val.name.clone())
             } else {
@@ -595,14 +608,14 @@ impl Lower<'_> {
                     })
                 }
             };
-            let port = if role.starts_with("rope") {
+            let port = if role == "rope" {
                 let canonical = [1, 1, self.t, self.width];
-                let p = match rope.get(name.as_str()) {
+                let p = match rope.get(&name) {
                     Some(p) => p.clone(),
                     None => {
                         let p = self.net.parameter(&name, Et::F32, &canonical);
                         ins.push((name.clone(), role.clone(), Et::F32, canonical.to_vec()));
-                        rope.insert(if name == "rope_cos" { "rope_cos" } else { "rope_sin" }, p.clone());
+                        rope.insert(name.clone(), p.clone());
                         p
                     }
                 };
@@ -629,18 +642,6 @@ impl Lower<'_> {
             outs.push((name, p.shape.clone()));
         }
         Ok((ins, outs))
-    }
-
-    fn cos_sin(&self, v: ValueId) -> Option<&'static str> {
-        for n in self.g.nodes.iter().filter(|n| is_op(n, "Rope")) {
-            if n.inputs.get(1).copied().flatten() == Some(v) {
-                return Some("rope_cos");
-            }
-            if n.inputs.get(2).copied().flatten() == Some(v) {
-                return Some("rope_sin");
-            }
-        }
-        None
     }
 
     /// The port of a value: lowered already, or a constant.

@@ -175,8 +175,8 @@ pub struct OvSession {
     schedule: Vec<Step>,
     blocks: Vec<usize>,
     requests: HashMap<(usize, usize), InferRequest>,
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
+    /// The host-fed RoPE tables by input name (`[positions, width]` each).
+    rope_tables: HashMap<String, Vec<f32>>,
     rope_width: usize,
     rope_positions: usize,
     logits_name: String,
@@ -312,15 +312,17 @@ impl OvSession {
         let (layers, q_heads, kv_heads, head_dim) = (attentions.len(), first.q_heads, first.kv_heads, first.head_dim);
         let weights =
             std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
-        let table = |k: &str| -> Result<Vec<f32>, OvError> {
-            let (off, size) =
-                (usize_of(&plan["rope"][k]["offset"], "rope")?, usize_of(&plan["rope"][k]["size"], "rope")?);
-            let bytes = weights
-                .get(off..off + size)
-                .ok_or_else(|| OvError::Plan(format!("rope {k} beyond the weights file")))?;
-            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
-        };
-        let (rope_cos, rope_sin) = (table("cos")?, table("sin")?);
+        let mut rope_tables = HashMap::new();
+        let tables = plan["rope"]["tables"].as_object().ok_or_else(|| OvError::Plan("no rope.tables".into()))?;
+        for (name, at) in tables {
+            let (off, size) = (usize_of(&at["offset"], "rope")?, usize_of(&at["size"], "rope")?);
+            let bytes = off
+                .checked_add(size)
+                .and_then(|end| weights.get(off..end))
+                .ok_or_else(|| OvError::Plan(format!("rope table {name} beyond the weights file")))?;
+            let values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            rope_tables.insert(name.clone(), values);
+        }
         let rope_positions = usize_of(&plan["rope"]["positions"], "rope.positions")?;
         let max_context = o.max_context.min(rope_positions).max(1);
         let page_rows = 16;
@@ -343,8 +345,7 @@ impl OvSession {
             schedule,
             blocks,
             requests: HashMap::new(),
-            rope_cos,
-            rope_sin,
+            rope_tables,
             rope_width: usize_of(&plan["rope"]["width"], "rope.width")?,
             rope_positions,
             logits_name: str_of(&plan["logits"], "logits")?,
@@ -484,8 +485,11 @@ impl OvSession {
                                 copied += 8 * count as u64;
                                 tensor
                             }
-                            role @ ("rope_cos" | "rope_sin") => {
-                                let table = if role == "rope_cos" { &self.rope_cos } else { &self.rope_sin };
+                            "rope" => {
+                                let table = self.rope_tables.get(&io.name).ok_or_else(|| OvError::Segment {
+                                    segment: seg.name.clone(),
+                                    msg: format!("no RoPE table {}", io.name),
+                                })?;
                                 let mut tensor = fresh(ElementType::F32)?;
                                 let dst = tensor.get_data_mut::<f32>().map_err(ov(&seg.name, "tensor"))?;
                                 let first = if last_row { rows - 1 } else { 0 };
