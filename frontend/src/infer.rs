@@ -1124,6 +1124,10 @@ fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, 
             .ok_or_else(|| n.shape_err("value width not divisible by kv_num_heads"))?;
         (Dim::known(kvh), hk, hv, k.shape[1].clone(), k.shape[0].clone())
     };
+    // Keys and values have one length (torch.export names the two caches' lengths apart).
+    if let Some(v_len) = v.shape.get(if v.shape.len() == 4 { 2 } else { 1 }) {
+        ctx.unify(&kv_len, v_len);
+    }
     let y = if q.shape.len() == 4 {
         vec![q.shape[0].clone(), q.shape[1].clone(), q.shape[2].clone(), head_v.clone()]
     } else {

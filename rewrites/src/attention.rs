@@ -918,11 +918,21 @@ impl FoldOnnx {
         let names = ["?q", "?k", "?v", "?mask", "?pk", "?pv"];
         let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
         let attrs = matched_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
-        let (q, k, v, mask) = (children[0], children[1], children[2], children[3]);
-        let past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
+        let (q, mut k, mut v, mask) = (children[0], children[1], children[2], children[3]);
+        let mut past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
             .then(|| (children[4], children[5]));
-        if attr_int(&attrs, "is_causal", 0)? != 1 {
-            return Err("not causal (is_causal=0): Attention is always causal".into());
+        // The cache concatenated outside the op and repeated over the query heads (torch's
+        // opset-23 export): K = repeat_kv(Concat(past, new)).
+        let mut presents = None;
+        if past.is_none() {
+            if let Some(((pk, kn, present_k), (pv, vn, present_v))) = outside_cache(egraph, k, v) {
+                presents = Some((present_k, present_v));
+                (past, k, v) = (Some((pk, pv)), kn, vn);
+            }
+        }
+        let causal = attr_int(&attrs, "is_causal", 0)? == 1;
+        if !causal && is_absent(egraph, mask) {
+            return Err("not causal (is_causal=0) and no mask to prove causal".into());
         }
         if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
             return Err("softcap has no Attention form".into());
@@ -985,8 +995,15 @@ impl FoldOnnx {
             None => Dim::known(0),
         };
         let total = past_len.add(&seq).ok_or_else(no_match)?;
-        let mask =
-            if is_absent(egraph, mask) { None } else { Some(bool_padding_source(egraph, mask, &batch, &seq, &total)?) };
+        let (mask, window) = if is_absent(egraph, mask) {
+            (None, None)
+        } else if causal {
+            (Some(bool_padding_source(egraph, mask, &batch, &seq, &total)?), None)
+        } else {
+            let proven = crate::causal_mask::padding_source(egraph, mask, &batch, &seq, &past_len)
+                .map_err(|why| format!("not causal (is_causal=0), and the mask is not proven causal: {why}"))?;
+            (Some(proven.padding), proven.window)
+        };
         let scale = match attr_float(&attrs, "scale")? {
             Some(s) => s,
             None => 1.0 / (head as f32).sqrt(),
@@ -1001,12 +1018,26 @@ impl FoldOnnx {
             q_heads,
             kv_heads,
             scale,
-            window: None,
+            window,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
         let out = if three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };
-        Ok(union_all(egraph, rule, &outputs_of(egraph, eclass, [out, yk, yv])))
+        let mut pairs = outputs_of(egraph, eclass, [out, yk, yv]);
+        pairs.extend(presents.map(|(pk, pv)| [(pk, yk), (pv, yv)]).into_iter().flatten());
+        Ok(union_all(egraph, rule, &pairs))
     }
+}
+
+/// Keys and values that are the KV cache appended outside the op, `repeat_kv(Concat(past, new))`
+/// with the same repetition for both and the past a graph input: (past, new, present) of each.
+#[allow(clippy::type_complexity)]
+fn outside_cache(egraph: &EGraph, k: Id, v: Id) -> Option<((Id, Id, Id), (Id, Id, Id))> {
+    let (present_k, k_rep) = repeated_kv(egraph, k)?;
+    let (present_v, v_rep) = repeated_kv(egraph, v)?;
+    let (pk, kn) = cache_append(egraph, present_k)?;
+    let (pv, vn) = cache_append(egraph, present_v)?;
+    let input = |c: Id| egraph[c].nodes.iter().any(|n| matches!(n.head, Head::Input(_)));
+    (k_rep == v_rep && input(pk) && input(pv)).then_some(((pk, kn, present_k), (pv, vn, present_v)))
 }
 
 /// The attention_mask a boolean padding mask is made from: `Cast{to=bool}(Unsqueeze(m, [1,2]))`,

@@ -10,7 +10,7 @@
 //! attention masks (all ones, left padding, a hole), and compares every visible row with the
 //! definition: key t is visible to query i of batch b when `t ≤ P + i` and `attention_mask[b, t]
 //! ≠ 0`, where the mask must be 0, and hidden where it must be at or below −1e30 (float32 min or
-//! −∞). Rows with no visible key (padding queries) are not compared: the fused op outputs zeros
+//! −∞); a boolean mask (ONNX Attention's, `true` = attend) must be true and false there. Rows with no visible key (padding queries) are not compared: the fused op outputs zeros
 //! there and nothing reads them.
 //!
 //! `Shape` is answered from the analysis' symbolic shapes under the sizes of the case, so the
@@ -124,7 +124,8 @@ impl Case<'_> {
             let Some(row) = row.get(row.len().saturating_sub(past + 1)..).filter(|r| r.len() == past + 1) else {
                 return Err(format!("a decode row at past {past} is shaped {:?}", value.shape));
             };
-            let shown = row.iter().filter(|&&m| m == 0.0).count();
+            let shows = |m: f64| if value.dtype == DType::Bool { m != 0.0 } else { m == 0.0 };
+            let shown = row.iter().filter(|&&m| shows(m)).count();
             if shown < past + 1 {
                 // The definition's check (compare) says whether these are the last `shown` keys.
                 return if shown == 0 {
@@ -217,6 +218,7 @@ fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Optio
         return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
     }
     let (m, a) = (mask.to_f64_vec(), am.as_i64().ok_or("attention_mask is not int64")?.to_vec());
+    let boolean = mask.dtype == DType::Bool;
     for b in 0..BATCH {
         for h in 0..dims[1] {
             for i in 0..s_len {
@@ -227,7 +229,11 @@ fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Optio
                 }
                 for t in 0..total {
                     let at = (((b % dims[0]) * dims[1] + h) * dims[2] + i % dims[2]) * total + t;
-                    let ok = if visible(t) { m[at] == 0.0 } else { m[at] <= -1e30 };
+                    let ok = match (boolean, visible(t)) {
+                        (true, shown) => (m[at] != 0.0) == shown,
+                        (false, true) => m[at] == 0.0,
+                        (false, false) => m[at] <= -1e30,
+                    };
                     if !ok {
                         let what = if visible(t) { "visible" } else { "hidden" };
                         return Err(format!("batch {b}, query {i}, key {t} is {what} but the mask holds {}", m[at]));

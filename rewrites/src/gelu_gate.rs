@@ -9,13 +9,14 @@
 //! - `torch.onnx.export(dynamo=True)` on Gemma 3: `Mul(x, Mul(0.5, Add(Tanh(Mul(c, Add(x,
 //!   Mul(k, Pow(x, 3))))), 1)))`;
 //! - onnxruntime's quantize_static on the optimum graph: the same, with `x` a DequantizeLinear
-//!   class (matched as any other `x`).
+//!   class (matched as any other `x`);
+//! - `torch.onnx.export(dynamo=True, opset_version=23)`: ONNX's `Gelu{approximate="tanh"}`.
 //!
 //! The cube is `x³` in any of the spellings [`is_cube`] accepts; `c` must be √(2/π) and `k`
 //! 0.044715 to within 1e-6. The fused ops compute the same formula in f32, in their own order:
 //! results differ from the decomposed graph's by rounding (a few ulp), not by formula.
 //!
-//! Not folded: the exact (erf) GELU and ONNX's `Gelu` op, which stay as they are.
+//! Not folded: the exact (erf) GELU (`Gelu` without `approximate`), which stays as it is.
 
 use crate::cond::{self, var};
 use crate::Rewrite;
@@ -39,6 +40,8 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("gelu-tanh-half-inside";  "(Mul ?x (Mul ?half (Add (Tanh (Mul ?c (Add ?x (Mul ?k ?cube)))) ?one)))" => "(npuc::GeluTanh ?x)"
             if cond::is_scalar_const("?half", 0.5) if cond::is_scalar_const("?one", 1.0)
             if cond::is_scalar_const("?c", SQRT_2_OVER_PI) if cond::is_scalar_const("?k", CUBIC) if is_cube("?cube", "?x")),
+        // ONNX's Gelu{approximate="tanh"} (opset 20; torch's opset-23 export) = GeluTanh(x)
+        rw!("gelu-tanh-onnx";         "(Gelu{approximate=\"tanh\"} ?x)"                                             => "(npuc::GeluTanh ?x)"),
         // GeluTanh(g) · u = GeluGate(g, u)
         rw!("gelu-gate-gelu-up";      "(Mul (npuc::GeluTanh ?g) ?u)"                                             => "(npuc::GeluGate ?g ?u)"),
         // u · GeluTanh(g) = GeluGate(g, u)

@@ -1,11 +1,15 @@
 """`torch.onnx.export(..., dynamo=True)` of a Hugging Face decoder with its KV cache.
 
-    python dynamo_export.py HF_FOLDER OUT_FOLDER
+    python dynamo_export.py HF_FOLDER OUT_FOLDER [--opset23]
 
 The model's forward takes a `DynamicCache`, which torch.export cannot take as an input; a thin
 module takes the caches as flat tensors (`past_key_values.<i>.key|value`), builds the cache, and
 returns the logits and the presents flat. Every batch, sequence and past size is `Dim.AUTO`, so
 the exporter names them itself (`s10`, `s70`, ...), as it does for its users.
+
+With --opset23 the export targets opset 23, where the exporter's own graph optimisation
+(onnxscript's) writes the standard fused ops: RMSNormalization, RotaryEmbedding and Attention
+(the causal mask an input, `is_causal` 0).
 """
 
 import sys
@@ -48,8 +52,9 @@ def main():
     names_out = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     auto = torch.export.Dim.AUTO
     shapes = ({0: auto, 1: auto}, {0: auto, 1: auto}, {0: auto, 1: auto}, tuple({0: auto, 2: auto} for _ in past))
+    opset = 23 if "--opset23" in sys.argv[3:] else 18
     program = torch.onnx.export(FlatCache(model, layers), args + past, dynamo=True, input_names=names_in,
-                                output_names=names_out, dynamic_shapes=shapes, opset_version=18)
+                                output_names=names_out, dynamic_shapes=shapes, opset_version=opset)
     program.save(str(out / "model.onnx"))
 
 

@@ -30,10 +30,12 @@ def optimum(hf: Path, out: Path) -> list[str]:
     return cmd
 
 
-def dynamo(hf: Path, out: Path) -> list[str]:
+def dynamo(hf: Path, out: Path, opset23: bool = False) -> list[str]:
     """`torch.onnx.export(..., dynamo=True)` (the torch.export-based exporter) with the KV cache
-    as flat inputs and outputs; see dynamo_export.py."""
+    as flat inputs and outputs, at opset 18 or 23 (fused RMSNormalization, RotaryEmbedding,
+    Attention); see dynamo_export.py."""
     cmd = [sys.executable, str(Path(__file__).with_name("dynamo_export.py")), str(hf), str(out)]
+    cmd += ["--opset23"] * opset23
     run(cmd, out.parent / f"{out.name}.log")
     return cmd
 
