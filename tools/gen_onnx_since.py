@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def vocabulary() -> list[str]:
     text = (ROOT / "ir" / "src" / "op.rs").read_text()
-    return sorted(set(re.findall(r'spec\(ON, "([A-Za-z]+)"', text)))
+    return sorted(set(re.findall(r'spec\(ON, "([A-Za-z][A-Za-z0-9]*)"', text)))
 
 
 def signature(s) -> tuple:

@@ -600,7 +600,7 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
     let x0 = || req(n, inputs, 0);
     let one = |dtype: DType, shape: Vec<Dim>| Ok(vec![Info::new(dtype, shape)]);
     match n.op {
-        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" => {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" | "Sum" | "Mean" => {
             let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
             let dt = same_dtype(n, &ins)?;
             let shapes: Vec<&[Dim]> = ins.iter().map(|i| i.shape.as_slice()).collect();
@@ -626,7 +626,8 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         "Not" => one(DType::Bool, x0()?.shape.clone()),
         "IsNaN" | "IsInf" => one(DType::Bool, x0()?.shape.clone()),
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
-        | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" | "Gelu" | "Softplus" => {
+        | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" | "Gelu" | "Softplus" | "LogSoftmax"
+        | "Hardmax" => {
             let x = x0()?;
             if matches!(
                 n.op,
@@ -642,6 +643,8 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
                     | "Softmax"
                     | "Gelu"
                     | "Softplus"
+                    | "LogSoftmax"
+                    | "Hardmax"
             ) && !x.dtype.is_float()
             {
                 return Err(n.dtype_err(format!("{} needs a float input, got {}", n.op, x.dtype)));
@@ -675,14 +678,15 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
             }
             one(dt, vec![m.clone(), nn.clone()])
         }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
             let x = x0()?;
             let keep = n.attr_int("keepdims", 1)? != 0;
             let noop = n.attr_int("noop_with_empty_axes", 0)? != 0;
             let axes = axes_of(n, inputs, 1)?;
             one(x.dtype, reduce_shape(n, x, axes, keep, noop)?)
         }
-        "ArgMax" => {
+        "ArgMax" | "ArgMin" => {
             let x = x0()?;
             let keep = n.attr_int("keepdims", 1)? != 0;
             let axis = n.attr_int("axis", 0)?;
@@ -907,7 +911,20 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
             out.extend(x.shape.get(b + last..).unwrap_or(&[]).iter().cloned());
             one(x.dtype, out)
         }
-        "ScatterND" => one(x0()?.dtype, x0()?.shape.clone()),
+        "ScatterND" | "ScatterElements" => one(x0()?.dtype, x0()?.shape.clone()),
+        "Pad" => infer_pad(n, ctx, inputs),
+        "TopK" => infer_top_k(n, ctx, inputs),
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => {
+            let (x, target) = (x0()?, req(n, inputs, 1)?);
+            let reduced = n.attrs.str("reduction").map_err(|e| n.bad(e.to_string()))? != Some("none");
+            let loss = if reduced { vec![] } else { target.shape.clone() };
+            let mut outs = vec![Info::new(x.dtype, loss)];
+            if n.num_outputs > 1 {
+                outs.push(Info::new(x.dtype, x.shape.clone()));
+            }
+            Ok(outs)
+        }
+        "Einsum" => infer_einsum(n, ctx, inputs),
         "Expand" => {
             let x = x0()?;
             let s = req(n, inputs, 1)?;
@@ -1105,6 +1122,97 @@ fn slice_len(ctx: &Ctx, d: &Dim, s: i64, e: i64, st: i64) -> Option<Dim> {
     end.sub(&start)
 }
 
+/// Pad: each padded dim grows by its begin and end pads (attributes before opset 11, an input
+/// from 11, on the `axes` input's dims from 18). Pads given at run time make the padded dims fresh
+/// sizes, as a Reshape target given at run time does.
+fn infer_pad(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let x = req(n, inputs, 0)?;
+    let rank = x.shape.len();
+    let attribute = |name: &str| -> Result<Option<Vec<Dim>>, ErrorKind> {
+        let pads = n.attr_ints(name)?.ok_or_else(|| n.bad(format!("attribute `{name}` is required")))?;
+        Ok(Some(pads.into_iter().map(Dim::known).collect()))
+    };
+    let pads = match n.opset {
+        ..=1 => attribute("paddings")?,
+        2..=10 => attribute("pads")?,
+        _ => req(n, inputs, 1)?.as_dims().map(|(d, _)| d),
+    };
+    let axes: Vec<usize> = match opt(inputs, 3).filter(|_| n.opset >= 18) {
+        Some(a) => known_ints(n, a, "axes")?.iter().map(|&a| norm_axis(n, a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    let mut out = x.shape.clone();
+    let Some(pads) = pads else {
+        axes.iter().for_each(|&a| out[a] = ctx.fresh("pad"));
+        return Ok(vec![Info::new(x.dtype, out)]);
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(n.bad(format!("{} pads for {} axes", pads.len(), axes.len())));
+    }
+    for (i, &a) in axes.iter().enumerate() {
+        let d = x.shape[a].add(&pads[i]).and_then(|d| d.add(&pads[axes.len() + i]));
+        out[a] = d.filter(|d| d.as_known().is_none_or(|k| k >= 0)).ok_or_else(|| {
+            n.shape_err(format!("pads {} and {} do not fit axis {a} of {}", pads[i], pads[axes.len() + i], x.shape[a]))
+        })?;
+    }
+    Ok(vec![Info::new(x.dtype, out)])
+}
+
+/// TopK: values and int64 indices, the axis cut to `k` (an attribute before opset 10, an input
+/// from 10; a `k` given at run time makes it a fresh size).
+fn infer_top_k(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let x = req(n, inputs, 0)?;
+    if x.shape.is_empty() {
+        return Err(n.shape_err("the input must have rank at least 1"));
+    }
+    let axis = norm_axis(n, n.attr_int("axis", -1)?, x.shape.len())?;
+    let k = if n.opset < 10 {
+        Some(Dim::known(n.attr_int("k", -1)?))
+    } else {
+        req(n, inputs, 1)?.as_dims().and_then(|(d, _)| (d.len() == 1).then(|| d[0].clone()))
+    };
+    let k = k.unwrap_or_else(|| ctx.fresh("topk"));
+    let dim = ctx.normalize(&x.shape[axis]);
+    if let (Some(kk), Some(d)) = (k.as_known(), dim.as_known()) {
+        if kk < 0 || kk > d {
+            return Err(n.shape_err(format!("k = {kk} is outside 0..={d}, the size of axis {axis}")));
+        }
+    }
+    let mut shape = x.shape.clone();
+    shape[axis] = k;
+    Ok(vec![Info::new(x.dtype, shape.clone()), Info::new(DType::I64, shape)])
+}
+
+/// Einsum: the output dims are the sizes of the output labels (see `ir::eval::parse_einsum`);
+/// a letter's sizes must agree, ellipsis dims broadcast.
+fn infer_einsum(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
+    let dt = same_dtype(n, &ins)?;
+    let equation = n.attrs.str("equation").map_err(|e| n.bad(e.to_string()))?;
+    let equation = equation.ok_or_else(|| n.bad("attribute `equation` is required"))?;
+    let ranks: Vec<usize> = ins.iter().map(|i| i.shape.len()).collect();
+    let spec = ir::eval::parse_einsum(equation, &ranks).map_err(|e| n.bad(e))?;
+    let mut sizes: Vec<Option<Dim>> = vec![None; spec.labels];
+    for (labels, info) in spec.operands.iter().zip(&ins) {
+        for (&l, d) in labels.iter().zip(&info.shape) {
+            let d = ctx.normalize(d);
+            let broadcast = l < spec.broadcast;
+            sizes[l] = Some(match sizes[l].take() {
+                None => d,
+                Some(m) if m == d => m,
+                Some(m) if broadcast && m.as_known() == Some(1) => d,
+                Some(m) if broadcast && d.as_known() == Some(1) => m,
+                Some(m) if m.is_known() && d.is_known() => {
+                    return Err(n.shape_err(format!("a label of `{equation}` has sizes {m} and {d}")))
+                }
+                Some(m) => ctx.unify(&m, &d),
+            });
+        }
+    }
+    let out = spec.output.iter().map(|&l| sizes[l].clone().unwrap_or(Dim::known(1))).collect();
+    Ok(vec![Info::new(dt, out)])
+}
+
 fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
     let (q, k, v) = (req(n, inputs, 0)?, req(n, inputs, 1)?, req(n, inputs, 2)?);
     let past_k = opt(inputs, 4);
@@ -1206,4 +1314,67 @@ fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
         outs.push(Info::new(DType::F32, vec![ctx.fresh("qk")]));
     }
     Ok(outs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ir::Attr;
+
+    fn node<'a>(op: &'static str, attrs: &'a Attrs, num_outputs: usize) -> NodeCtx<'a> {
+        NodeCtx { name: "n", domain: Domain::Onnx, op, opset: 23, attrs, num_outputs }
+    }
+
+    fn ints(values: &[i64]) -> Info {
+        Info::constant(Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
+    }
+
+    fn shape(info: &Info) -> String {
+        ir::dim::shape_to_string(&info.shape)
+    }
+
+    #[test]
+    fn top_k_cuts_its_axis_to_k_or_to_a_fresh_size_for_a_run_time_k() {
+        let (attrs, mut ctx) = (Attrs::default(), Ctx::default());
+        let x = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5)]);
+        let out = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&ints(&[2]))]).unwrap();
+        assert_eq!((shape(&out[0]), out[0].dtype, out[1].dtype), ("[n,2]".into(), DType::F32, DType::I64));
+        let k = Info::new(DType::I64, vec![Dim::known(1)]);
+        let out = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&k)]).unwrap();
+        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("topk")), "{}", shape(&out[0]));
+        let err = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&ints(&[6]))]).unwrap_err();
+        assert!(err.to_string().contains("k = 6 is outside 0..=5"), "{err}");
+    }
+
+    #[test]
+    fn pad_grows_the_padded_axes_and_refuses_axes_given_at_run_time() {
+        let (attrs, mut ctx) = (Attrs::default(), Ctx::default());
+        let x = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5)]);
+        let pads = ints(&[1, 0, 1, -2]);
+        let out = infer_node(&node("Pad", &attrs, 1), &mut ctx, &[Some(&x), Some(&pads)]).unwrap();
+        assert_eq!(shape(&out[0]), "[n + 2,3]");
+        // Pads given at run time: only the dims of `axes` become fresh sizes.
+        let run_time = Info::new(DType::I64, vec![Dim::known(2)]);
+        let ins = [Some(&x), Some(&run_time), None, Some(&ints(&[-1]))];
+        let out = infer_node(&node("Pad", &attrs, 1), &mut ctx, &ins).unwrap();
+        assert_eq!(out[0].shape[0], Dim::sym("n"));
+        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("pad")));
+        let ins = [Some(&x), Some(&pads), None, Some(&run_time)];
+        let err = infer_node(&node("Pad", &attrs, 1), &mut ctx, &ins).unwrap_err();
+        assert!(err.to_string().contains("axes must be a constant"), "{err}");
+    }
+
+    #[test]
+    fn einsum_output_dims_come_from_the_labels() {
+        let mut attrs = Attrs::default();
+        attrs.set("equation", Attr::Str("bij,bjk->bik".into()));
+        let mut ctx = Ctx::default();
+        let a = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(2), Dim::known(3)]);
+        let b = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(3), Dim::known(4)]);
+        let out = infer_node(&node("Einsum", &attrs, 1), &mut ctx, &[Some(&a), Some(&b)]).unwrap();
+        assert_eq!(shape(&out[0]), "[n,2,4]");
+        let c = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5), Dim::known(4)]);
+        let err = infer_node(&node("Einsum", &attrs, 1), &mut ctx, &[Some(&a), Some(&c)]).unwrap_err();
+        assert!(err.to_string().contains("sizes 3 and 5"), "{err}");
+    }
 }

@@ -225,6 +225,14 @@ fn typed_fields_to_bytes(t: &TensorProto, dtype: DType, numel: u64) -> Result<Ve
             }
             out.extend(t.int32_data.iter().map(|&v| v as u8));
         }
+        I2 | U2 => {
+            // Four 2-bit values per int32_data element, element 4k in the lowest bits.
+            let want = numel.div_ceil(4);
+            if t.int32_data.len() as u64 != want {
+                return Err(count_err("int32_data", t.int32_data.len(), want));
+            }
+            out.extend(t.int32_data.iter().map(|&v| v as u8));
+        }
         _ => return Err(format!("{dtype} tensors cannot be read from typed fields")),
     }
     if out.is_empty() && numel > 0 {
@@ -272,4 +280,22 @@ pub fn read_test_case(dir: &Path) -> Result<TestCase, crate::Error> {
         outputs.push(read_tensor_file(&p)?);
     }
     Ok((inputs, outputs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_bit_typed_fields_pack_four_values_per_int32() {
+        // 180 = 0b10_11_01_00: from the lowest bits up the codes are 0, 1, 3 and 2, which int2
+        // reads as 0, 1, -1 and -2.
+        let t = TensorProto { data_type: Some(26), dims: vec![4], int32_data: vec![180], ..Default::default() };
+        let raw = decode_tensor(&t, &mut ExternalFiles::new(Path::new("."))).unwrap();
+        let tensor = ir::Tensor::from_le_bytes(raw.dtype, raw.shape, &raw.bytes).unwrap();
+        assert_eq!(tensor.as_i64().unwrap(), &[0, 1, -1, -2]);
+        let short = TensorProto { data_type: Some(25), dims: vec![5], int32_data: vec![1], ..Default::default() };
+        let err = decode_tensor(&short, &mut ExternalFiles::new(Path::new("."))).err().unwrap();
+        assert!(err.to_string().contains("needs 2"), "{err}");
+    }
 }

@@ -1,6 +1,10 @@
 //! The op vocabulary npuc imports: every op a Llama/Qwen3 decoder exported by torch/optimum,
-//! onnxruntime-genai, onnxruntime's quantize_static or AMD Quark contains, and nothing else.
-//! An op outside this table is an import error, never a silent skip.
+//! onnxruntime-genai, onnxruntime's quantize_static or AMD Quark contains, and the small ops that
+//! sampling, scoring and adapter graphs put around a decoder (TopK, LogSoftmax, Hardmax, Pad,
+//! Einsum, ScatterElements, the variadic Sum/Mean, the remaining reductions and the
+//! classification losses), each checked
+//! against ONNX's backend node tests. An op outside this table is an import error, never a silent
+//! skip.
 
 use crate::attr::Attrs;
 use std::fmt;
@@ -70,6 +74,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "Mod",            (2, 2), (1, 1)),
     spec(ON, "Max",            (1, MANY), (1, 1)),
     spec(ON, "Min",            (1, MANY), (1, 1)),
+    spec(ON, "Sum",            (1, MANY), (1, 1)),
+    spec(ON, "Mean",           (1, MANY), (1, 1)),
     spec(ON, "Equal",          (2, 2), (1, 1)),
     spec(ON, "Less",           (2, 2), (1, 1)),
     spec(ON, "LessOrEqual",    (2, 2), (1, 1)),
@@ -108,13 +114,26 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "MatMul",         (2, 2), (1, 1)),
     spec(ON, "Gemm",           (2, 3), (1, 1)),
     spec(ON, "MatMulInteger",  (2, 4), (1, 1)),
+    spec(ON, "Einsum",         (1, MANY), (1, 1)),
     // Reductions and normalisations.
     spec(ON, "Softmax",        (1, 1), (1, 1)),
+    spec(ON, "LogSoftmax",     (1, 1), (1, 1)),
+    spec(ON, "Hardmax",        (1, 1), (1, 1)),
     spec(ON, "ReduceMean",     (1, 2), (1, 1)),
     spec(ON, "ReduceSum",      (1, 2), (1, 1)),
     spec(ON, "ReduceMax",      (1, 2), (1, 1)),
     spec(ON, "ReduceMin",      (1, 2), (1, 1)),
+    spec(ON, "ReduceProd",     (1, 2), (1, 1)),
+    spec(ON, "ReduceL1",       (1, 2), (1, 1)),
+    spec(ON, "ReduceL2",       (1, 2), (1, 1)),
+    spec(ON, "ReduceSumSquare", (1, 2), (1, 1)),
+    spec(ON, "ReduceLogSum",   (1, 2), (1, 1)),
+    spec(ON, "ReduceLogSumExp", (1, 2), (1, 1)),
     spec(ON, "ArgMax",         (1, 1), (1, 1)),
+    spec(ON, "ArgMin",         (1, 1), (1, 1)),
+    spec(ON, "TopK",           (1, 2), (2, 2)),
+    spec(ON, "NegativeLogLikelihoodLoss", (2, 3), (1, 1)),
+    spec(ON, "SoftmaxCrossEntropyLoss",   (2, 3), (1, 2)),
     spec(ON, "CumSum",         (2, 2), (1, 1)),
     spec(ON, "LayerNormalization",          (2, 3), (1, 3)),
     spec(ON, "SimplifiedLayerNormalization", (2, 2), (1, 2)),
@@ -134,6 +153,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "GatherElements", (2, 2), (1, 1)),
     spec(ON, "GatherND",       (2, 2), (1, 1)),
     spec(ON, "ScatterND",      (3, 3), (1, 1)),
+    spec(ON, "ScatterElements", (3, 3), (1, 1)),
+    spec(ON, "Pad",            (1, 4), (1, 1)),
     spec(ON, "Expand",         (2, 2), (1, 1)),
     spec(ON, "Tile",           (2, 2), (1, 1)),
     spec(ON, "Range",          (3, 3), (1, 1)),
@@ -146,7 +167,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "DynamicQuantizeLinear", (1, 1), (3, 3)),
     // Fused transformer ops of opset 23.
     spec(ON, "RotaryEmbedding", (3, 4), (1, 1)),
-    spec(ON, "Attention",       (3, 6), (1, 4)),
+    spec(ON, "Attention",       (3, 7), (1, 4)),
     // onnxruntime contrib ops.
     spec(MS, "MatMulNBits",                      (3, 6), (1, 1)),
     spec(MS, "GroupQueryAttention",              (7, 12), (1, 4)),

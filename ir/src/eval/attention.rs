@@ -261,11 +261,12 @@ fn concat_seq(
     out
 }
 
-/// ai.onnx Attention (opset 23). Q/K/V are 4-D `[B, N, S, H]` or 3-D `[B, S, N*H]` (with
+/// ai.onnx Attention (opsets 23 and 24). Q/K/V are 4-D `[B, N, S, H]` or 3-D `[B, S, N*H]` (with
 /// `q_num_heads`/`kv_num_heads`); query head h reads kv head `h / (q_heads / kv_heads)`. The
 /// cache is `concat(past, new)`. The bias is the causal mask (key j visible to query i iff
-/// `j <= i + past_len`, bottom-right aligned) plus the mask (bool: false masks; float: added;
-/// shorter than the total length it is padded with masked entries), added after the softcap.
+/// `j <= i + past_len`, bottom-right aligned; see [`key_limits`] for `nonpad_kv_seqlen`) plus
+/// the mask (bool: false masks; float: added; shorter than the total length it is padded with
+/// masked entries), added after the softcap.
 /// A row with every key masked outputs zeros. `qk_matmul_output_mode` 0..3 returns the scaled
 /// QK, the softcapped QK, the biased QK or the probabilities.
 pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
@@ -338,54 +339,9 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
     let values =
         concat_seq(past_v.map(Tensor::to_f64_vec).as_deref(), past_len, &vl.gather_bnsh(&v.to_f64_vec()), skv, dims_v);
 
-    // The mask, padded to `total` keys and broadcast to [B, Hq, Sq, total].
     let full = [batch, q_heads, sq, total];
-    let mask_bias: Option<Vec<f64>> = match mask {
-        None => None,
-        Some(m) => {
-            let width = m.shape.last().copied().unwrap_or(1);
-            if m.rank() > 4 || width > total {
-                bail!("attn_mask {:?} does not fit [{batch}, {q_heads}, {sq}, {total}]", m.shape);
-            }
-            let is_bool = m.dtype == DType::Bool;
-            if !is_bool && !m.dtype.is_float() {
-                bail!("attn_mask must be bool or float, got {}", m.dtype);
-            }
-            let mv = m.to_f64_vec();
-            let as_bias = |x: f64| {
-                if is_bool {
-                    if x != 0.0 {
-                        0.0
-                    } else {
-                        f64::NEG_INFINITY
-                    }
-                } else {
-                    x
-                }
-            };
-            // Like the ONNX reference, a last dimension shorter than the total is padded, never
-            // broadcast, even when it is 1; only a scalar mask broadcasts.
-            let mut padded_shape = if m.rank() == 0 { vec![1] } else { m.shape.clone() };
-            let padded: Vec<f64> = if m.rank() == 0 || width == total {
-                mv.iter().map(|&x| as_bias(x)).collect()
-            } else {
-                let last = padded_shape.len() - 1;
-                padded_shape[last] = total;
-                let rows: usize = m.shape[..last].iter().product();
-                (0..rows)
-                    .flat_map(|r| {
-                        let row = &mv[r * width..(r + 1) * width];
-                        row.iter().map(|&x| as_bias(x)).chain(std::iter::repeat_n(f64::NEG_INFINITY, total - width))
-                    })
-                    .collect()
-            };
-            if !broadcasts_to(&padded_shape, &full) {
-                bail!("attn_mask {:?} does not broadcast to {full:?}", m.shape);
-            }
-            let map = broadcast_index_map(&padded_shape, &full);
-            Some(map.into_iter().map(|i| padded[i]).collect())
-        }
-    };
+    let mask_bias = mask.map(|m| padded_mask_bias(m, full)).transpose()?;
+    let (offsets, valid) = key_limits(cx, batch, sq, total, past_len)?;
     let scale = match attrs.float("scale")? {
         Some(s) => s as f64,
         None => 1.0 / (head as f64).sqrt(),
@@ -400,8 +356,9 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             for i in 0..sq {
                 let row = ((b * q_heads + h) * sq + i) * total;
                 let bias = |j: usize| {
-                    let causal_bias = if causal && j > i + past_len { f64::NEG_INFINITY } else { 0.0 };
-                    causal_bias + mask_bias.as_ref().map_or(0.0, |m| m[row + j])
+                    let hidden = (causal && j as i64 > i as i64 + offsets[b]) || j >= valid[b];
+                    let limit_bias = if hidden { f64::NEG_INFINITY } else { 0.0 };
+                    limit_bias + mask_bias.as_ref().map_or(0.0, |m| m[row + j])
                 };
                 let qv = &qb[((b * q_heads + h) * sq + i) * head..][..head];
                 let scores = score_row(qv, &keys[kv_rows * head..][..total * head], scale, softcap, bias, None);
@@ -429,6 +386,68 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         float_tensor(v.dtype, vec![batch, kv_heads, total, v_head], values),
         float_tensor(q.dtype, full.to_vec(), qk),
     ])
+}
+
+/// The mask as an additive bias broadcast to `full` = `[B, Hq, Sq, total]`: bool false masks,
+/// float is added; a last dim shorter than the total is padded with masked entries.
+fn padded_mask_bias(m: &Tensor, full: [usize; 4]) -> Res<Vec<f64>> {
+    let total = full[3];
+    let width = m.shape.last().copied().unwrap_or(1);
+    if m.rank() > 4 || width > total {
+        bail!("attn_mask {:?} does not fit {full:?}", m.shape);
+    }
+    let is_bool = m.dtype == DType::Bool;
+    if !is_bool && !m.dtype.is_float() {
+        bail!("attn_mask must be bool or float, got {}", m.dtype);
+    }
+    let as_bias = |x: f64| match (is_bool, x != 0.0) {
+        (true, true) => 0.0,
+        (true, false) => f64::NEG_INFINITY,
+        (false, _) => x,
+    };
+    let mv = m.to_f64_vec();
+    // Like the ONNX reference, a last dimension shorter than the total is padded, never
+    // broadcast, even when it is 1; only a scalar mask broadcasts.
+    let mut padded_shape = if m.rank() == 0 { vec![1] } else { m.shape.clone() };
+    let padded: Vec<f64> = if m.rank() == 0 || width == total {
+        mv.iter().map(|&x| as_bias(x)).collect()
+    } else {
+        let last = padded_shape.len() - 1;
+        padded_shape[last] = total;
+        let rows: usize = m.shape[..last].iter().product();
+        (0..rows)
+            .flat_map(|r| {
+                let row = &mv[r * width..(r + 1) * width];
+                row.iter().map(|&x| as_bias(x)).chain(std::iter::repeat_n(f64::NEG_INFINITY, total - width))
+            })
+            .collect()
+    };
+    if !broadcasts_to(&padded_shape, &full) {
+        bail!("attn_mask {:?} does not broadcast to {full:?}", m.shape);
+    }
+    Ok(broadcast_index_map(&padded_shape, &full).into_iter().map(|i| padded[i]).collect())
+}
+
+/// Per batch row, the causal offset (query i sees keys `j <= i + offset`) and how many keys are
+/// valid (keys from there on are padding). Without `nonpad_kv_seqlen` (opset 24) the offset is
+/// the past length and every key is valid; with it (an external cache: no past) the offset is
+/// `nonpad_kv_seqlen[b] - Sq`, bottom-right aligned as the opset 24 definition has it, and only
+/// the first `nonpad_kv_seqlen[b]` keys are valid.
+fn key_limits(cx: &Ctx, batch: usize, sq: usize, total: usize, past_len: usize) -> Res<(Vec<i64>, Vec<usize>)> {
+    let Some(nonpad) = cx.opt(6) else {
+        return Ok((vec![past_len as i64; batch], vec![total; batch]));
+    };
+    if cx.opset() < 24 {
+        bail!("nonpad_kv_seqlen needs opset 24, the model imports {}", cx.opset());
+    }
+    if past_len > 0 || cx.opt(4).is_some() {
+        bail!("nonpad_kv_seqlen cannot be combined with past_key and past_value");
+    }
+    let lengths = int_values(nonpad, "nonpad_kv_seqlen")?;
+    if lengths.len() != batch || lengths.iter().any(|&n| n < 0 || n as usize > total) {
+        bail!("nonpad_kv_seqlen {lengths:?} must hold {batch} lengths within 0..={total}");
+    }
+    Ok((lengths.iter().map(|&n| n - sq as i64).collect(), lengths.iter().map(|&n| n as usize).collect()))
 }
 
 /// onnxruntime's GroupQueryAttention. Query `[B, S, N*H]` (or packed QKV `[B, S, (N+2K)*H]`
@@ -1309,5 +1328,26 @@ mod tests {
         assert_eq!(f32s(&y[0]), pattern(4, 5).repeat(4));
         let e = err_msg(run("Attention", &[], &[Some(&q), Some(&k), Some(&v), None, Some(&pk)], 1));
         assert!(e.contains("together"), "{e}");
+    }
+
+    #[test]
+    fn nonpad_kv_seqlen_hides_padding_keys_and_moves_the_causal_frontier() {
+        // One query against three keys that all score 0: the output is the mean of the values
+        // the query may see.
+        let (q, k) = (f32t(&[1, 1, 1, 1], &[1.0]), f32t(&[1, 1, 3, 1], &[0.0; 3]));
+        let v = f32t(&[1, 1, 3, 1], &[1.0, 2.0, 30.0]);
+        let attend = |nonpad: i64, causal: i64, opset: i64| {
+            let lengths = i64t(&[1], &[nonpad]);
+            let inputs = [Some(&q), Some(&k), Some(&v), None, None, None, Some(&lengths)];
+            run_at("Attention", opset, &[("is_causal", Attr::Int(causal))], &inputs, 1)
+        };
+        // Two valid keys: values 1 and 2.
+        assert_eq!(f32s(&attend(2, 0, 24).unwrap()[0]), vec![1.5]);
+        // Causal with an external cache: offset 2 - 1, so the query sees keys 0 and 1.
+        assert_eq!(f32s(&attend(2, 1, 24).unwrap()[0]), vec![1.5]);
+        // One valid key: offset 0, key 0 only.
+        assert_eq!(f32s(&attend(1, 1, 24).unwrap()[0]), vec![1.0]);
+        assert!(err_msg(attend(2, 0, 23)).contains("opset 24"));
+        assert!(err_msg(attend(4, 0, 24)).contains("within 0..=3"));
     }
 }

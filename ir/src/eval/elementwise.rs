@@ -1,5 +1,5 @@
 //! Elementwise ops: arithmetic, comparison and logic with numpy broadcasting, unary math, Where,
-//! variadic Max/Min, Cast/CastLike and Clip.
+//! variadic Max/Min/Sum/Mean, Cast/CastLike and Clip.
 
 use super::layout::{broadcast_shapes, BroadcastMap};
 use super::{dtype_from_code, numeric_values, round_f64, Ctx, Res};
@@ -314,6 +314,30 @@ pub(super) fn min_max(cx: &Ctx, is_max: bool) -> Res<Vec<Tensor>> {
     Ok(vec![acc])
 }
 
+/// Variadic Sum (or Mean, `mean == true`) of float tensors with broadcasting, accumulated in f64
+/// and rounded once.
+pub(super) fn sum_mean(cx: &Ctx, mean: bool) -> Res<Vec<Tensor>> {
+    let operands: Vec<&Tensor> = cx.present_inputs().collect();
+    let Some(first) = operands.first() else {
+        bail!("needs at least one input");
+    };
+    for t in &operands {
+        super::require_float(t, "every input")?;
+        same_dtype(first, t)?;
+    }
+    let shapes: Vec<&[usize]> = operands.iter().map(|t| &t.shape[..]).collect();
+    let shape = broadcast_shapes(&shapes)?;
+    let mut acc = vec![0.0; numel(&shape).unwrap_or(0)];
+    for t in &operands {
+        let (values, map) = (t.to_f64_vec(), BroadcastMap::new(&t.shape, &shape));
+        acc.iter_mut().enumerate().for_each(|(i, a)| *a += values[map.at(i)]);
+    }
+    if mean {
+        acc.iter_mut().for_each(|a| *a /= operands.len() as f64);
+    }
+    Ok(vec![super::float_tensor(first.dtype, shape, acc)])
+}
+
 /// Float methods the unary ops need beyond `std`.
 trait FloatExt: Copy {
     fn gauss_erf(self) -> Self;
@@ -492,14 +516,33 @@ pub(super) fn cast(cx: &Ctx) -> Res<Vec<Tensor>> {
     };
     let to = dtype_from_code(code, "attribute `to`")?;
     let saturate = cx.attrs().int_or("saturate", 1)? != 0;
-    Ok(vec![cast_tensor(x, to, saturate)?])
+    Ok(vec![cast_tensor_rounding(x, to, saturate, e8m0_rounding(cx)?)?])
 }
 
 /// Cast to the dtype of the second input.
 pub(super) fn cast_like(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (x, like) = (cx.input(0, "input")?, cx.input(1, "target_type")?);
     let saturate = cx.attrs().int_or("saturate", 1)? != 0;
-    Ok(vec![cast_tensor(x, like.dtype, saturate)?])
+    Ok(vec![cast_tensor_rounding(x, like.dtype, saturate, e8m0_rounding(cx)?)?])
+}
+
+/// How a cast to float8e8m0 rounds a value between two powers of two (the `round_mode`
+/// attribute of opset 24): to the larger (the default), the smaller, or the nearer (measured
+/// linearly, the midpoint `1.5·2^e` going up).
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum E8m0Rounding {
+    Up,
+    Down,
+    Nearest,
+}
+
+fn e8m0_rounding(cx: &Ctx) -> Res<E8m0Rounding> {
+    Ok(match cx.attrs().str("round_mode")?.unwrap_or("up") {
+        "up" => E8m0Rounding::Up,
+        "down" => E8m0Rounding::Down,
+        "nearest" => E8m0Rounding::Nearest,
+        other => bail!("unknown round_mode `{other}`"),
+    })
 }
 
 fn is_minifloat(d: DType) -> bool {
@@ -511,9 +554,15 @@ fn is_minifloat(d: DType) -> bool {
 /// outside the target range, undefined in ONNX, saturate to i64 and then wrap to the target as
 /// a C cast through a wide integer does; NaN becomes 0); anything to bool is "non-zero"; integers
 /// wrap; float targets round to nearest even. `saturate` governs float8 overflow: with it,
-/// out-of-range values clamp to the largest finite value (infinities too, except on the `fnuz`
-/// types, which map them to NaN); without it they become infinity or NaN.
+/// out-of-range values and infinities clamp to the largest finite value of their sign; without
+/// it they become infinity (E5M2) or NaN. Casts to float8e8m0 round up (see
+/// [`cast_tensor_rounding`]).
 pub(crate) fn cast_tensor(x: &Tensor, to: DType, saturate: bool) -> Res<Tensor> {
+    cast_tensor_rounding(x, to, saturate, E8m0Rounding::Up)
+}
+
+/// [`cast_tensor`] with the rounding of casts to float8e8m0 chosen.
+pub(crate) fn cast_tensor_rounding(x: &Tensor, to: DType, saturate: bool, e8m0: E8m0Rounding) -> Res<Tensor> {
     use DType::*;
     if x.dtype == to {
         return Ok(x.clone());
@@ -530,7 +579,9 @@ pub(crate) fn cast_tensor(x: &Tensor, to: DType, saturate: bool) -> Res<Tensor> 
         if to == F64 {
             return Ok(Tensor::from_f64(shape, values));
         }
-        let rounded: Vec<f32> = if is_minifloat(to) {
+        let rounded: Vec<f32> = if to == F8E8M0 {
+            values.iter().map(|&v| cast_to_e8m0(v as f32, saturate, e8m0)).collect()
+        } else if is_minifloat(to) {
             values.iter().map(|&v| cast_to_minifloat(to, v as f32, saturate)).collect()
         } else {
             values.iter().map(|&v| round_f64(to, v)).collect()
@@ -559,10 +610,36 @@ fn float_to_int(f: f64, to: DType) -> i64 {
 }
 
 fn cast_to_minifloat(to: DType, v: f32, saturate: bool) -> f32 {
-    if v.is_infinite() && saturate && matches!(to, DType::F8E4M3FNUZ | DType::F8E5M2FNUZ) {
-        return f32::NAN;
-    }
     decode_minifloat(to, encode_minifloat(to, v, saturate))
+}
+
+/// Float8e8m0 holds `2^(code - 127)` for codes 0..=254 and NaN at 255. A value takes the f32
+/// exponent of its magnitude (negative values are undefined in ONNX; zero and f32 subnormals
+/// have exponent 0, so they become `2^-127`), moved up one when the rounding says so; with
+/// `saturate`, never past `2^127`, which infinities also become; otherwise beyond it is NaN.
+fn cast_to_e8m0(v: f32, saturate: bool, rounding: E8m0Rounding) -> f32 {
+    const MAX_CODE: u32 = 254;
+    let bits = v.to_bits();
+    let (exponent, fraction) = ((bits >> 23) & 0xff, bits & 0x7f_ffff);
+    let code = if v.is_nan() {
+        0xff
+    } else if v.is_infinite() {
+        if saturate {
+            MAX_CODE
+        } else {
+            0xff
+        }
+    } else {
+        let half = 0x40_0000;
+        let up = match rounding {
+            E8m0Rounding::Up => fraction != 0,
+            E8m0Rounding::Down => false,
+            // At exactly the midpoint the tie goes up, except below the normal range.
+            E8m0Rounding::Nearest => fraction & half != 0 && (exponent > 0 || fraction != half),
+        };
+        (exponent + up as u32).min(if saturate { MAX_CODE } else { 0xff })
+    };
+    decode_minifloat(DType::F8E8M0, code)
 }
 
 /// Clip to optional `min`/`max` inputs (attributes before opset 11), computed as
@@ -756,7 +833,41 @@ mod tests {
         assert_eq!(to(&huge, DType::F8E5M2, &[("saturate", Attr::Int(0))]), vec![f32::INFINITY]);
         assert_eq!(to(&huge, DType::F8E5M2, &[]), vec![57344.0]);
         assert_eq!(to(&big, DType::F8E5M2, &[])[2], 57344.0);
-        assert!(to(&big, DType::F8E4M3FNUZ, &[])[2].is_nan());
+        // Saturation clamps infinities on every float8 type, fnuz included (240 is E4M3FNUZ's
+        // largest value), and without it they are NaN where the type has no infinity.
+        assert_eq!(to(&big, DType::F8E4M3FNUZ, &[])[2], 240.0);
+        assert!(to(&big, DType::F8E4M3FNUZ, &[("saturate", Attr::Int(0))])[2].is_nan());
+    }
+
+    #[test]
+    fn cast_to_e8m0_rounds_between_powers_of_two_by_round_mode() {
+        let e8m0 = |mode: &str, saturate: i64, v: f32| {
+            let a = [
+                ("to", Attr::Int(DType::F8E8M0.onnx_code() as i64)),
+                ("round_mode", Attr::Str(mode.into())),
+                ("saturate", Attr::Int(saturate)),
+            ];
+            f32s(&run1("Cast", &a, &[&f32t(&[1], &[v])]))[0]
+        };
+        // 1.1 lies between 1 and 2; 3 is the midpoint of 2 and 4 (1.5·2), which `nearest` sends up.
+        assert_eq!([e8m0("up", 1, 1.1), e8m0("down", 1, 1.1), e8m0("nearest", 1, 1.1)], [2.0, 1.0, 1.0]);
+        assert_eq!([e8m0("nearest", 1, 3.0), e8m0("nearest", 1, 2.9), e8m0("up", 1, 4.0)], [4.0, 2.0, 4.0]);
+        // Zero has exponent field 0: the smallest code, 2^-127.
+        assert_eq!(e8m0("up", 1, 0.0), 2f32.powi(-127));
+        // Above 2^127 rounding up saturates to 2^127, or overflows to NaN without saturate.
+        assert_eq!(e8m0("up", 1, 1.5 * 2f32.powi(127)), 2f32.powi(127));
+        assert!(e8m0("up", 0, 1.5 * 2f32.powi(127)).is_nan());
+        assert_eq!(e8m0("up", 1, f32::INFINITY), 2f32.powi(127));
+    }
+
+    #[test]
+    fn sum_and_mean_broadcast_every_input() {
+        let (a, b) = (f32t(&[2], &[1.0, 2.0]), f32t(&[2, 1], &[10.0, 20.0]));
+        let y = run1("Sum", &[], &[&a, &b]);
+        assert_eq!((y.shape.clone(), f32s(&y)), (vec![2, 2], vec![11.0, 12.0, 21.0, 22.0]));
+        let ones = [f32t(&[1], &[1.0]), f32t(&[1], &[2.0]), f32t(&[1], &[6.0])];
+        assert_eq!(f32s(&run1("Mean", &[], &[&ones[0], &ones[1], &ones[2]])), vec![3.0]);
+        assert!(err_msg(run("Sum", &[], &[Some(&i64t(&[1], &[1]))], 1)).contains("float"));
     }
 
     #[test]

@@ -51,10 +51,13 @@ macro_rules! bail {
 }
 
 mod attention;
+mod einsum;
 mod elementwise;
 mod layout;
 mod linalg;
+mod loss;
 mod norm;
+mod pad;
 mod quant;
 mod reduce;
 mod shape_ops;
@@ -96,6 +99,7 @@ fn dispatch_contrib(cx: &Ctx) -> Res<Vec<Tensor>> {
 
 fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
     use elementwise::{Arith, Compare, Logic};
+    use reduce::Normalizer;
     let op = cx.op.op;
     match op {
         "Add" => elementwise::arith(cx, Arith::Add),
@@ -106,6 +110,8 @@ fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         "Pow" => elementwise::pow(cx),
         "Max" => elementwise::min_max(cx, true),
         "Min" => elementwise::min_max(cx, false),
+        "Sum" => elementwise::sum_mean(cx, false),
+        "Mean" => elementwise::sum_mean(cx, true),
         "Equal" => elementwise::compare(cx, Compare::Equal),
         "Less" => elementwise::compare(cx, Compare::Less),
         "LessOrEqual" => elementwise::compare(cx, Compare::LessOrEqual),
@@ -124,9 +130,17 @@ fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         "MatMul" => linalg::matmul(cx),
         "Gemm" => linalg::gemm(cx),
         "MatMulInteger" => linalg::matmul_integer(cx),
-        "Softmax" => reduce::softmax(cx),
-        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" => reduce::reduce(cx),
-        "ArgMax" => reduce::arg_max(cx),
+        "Einsum" => einsum::einsum(cx),
+        "Softmax" => reduce::normalize(cx, Normalizer::Softmax),
+        "LogSoftmax" => reduce::normalize(cx, Normalizer::LogSoftmax),
+        "Hardmax" => reduce::normalize(cx, Normalizer::Hardmax),
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce(cx),
+        "ArgMax" => reduce::arg_extreme(cx, true),
+        "ArgMin" => reduce::arg_extreme(cx, false),
+        "TopK" => reduce::top_k(cx),
+        "NegativeLogLikelihoodLoss" => loss::negative_log_likelihood(cx),
+        "SoftmaxCrossEntropyLoss" => loss::softmax_cross_entropy(cx),
         "CumSum" => reduce::cum_sum(cx),
         "LayerNormalization" => norm::layer_norm(cx),
         "SimplifiedLayerNormalization" => norm::rms_norm(cx),
@@ -145,6 +159,8 @@ fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         "GatherElements" => shape_ops::gather_elements(cx),
         "GatherND" => shape_ops::gather_nd(cx),
         "ScatterND" => shape_ops::scatter_nd(cx),
+        "ScatterElements" => shape_ops::scatter_elements(cx),
+        "Pad" => pad::pad(cx),
         "Expand" => shape_ops::expand(cx),
         "Tile" => shape_ops::tile(cx),
         "Range" => shape_ops::range(cx),
@@ -320,6 +336,8 @@ pub(crate) fn require_float(t: &Tensor, what: &str) -> Res<()> {
     Ok(())
 }
 
+pub use einsum::{parse_einsum, EinsumSpec};
+
 #[cfg(test)]
 mod test_util;
 
@@ -363,6 +381,10 @@ mod tests {
             ("perm", Attr::Ints(vec![1, 0])),
             ("is_causal", Attr::Int(1)),
             ("do_rotary", Attr::Int(1)),
+            ("equation", Attr::Str("i...j".into())),
+            ("mode", Attr::Str("reflect".into())),
+            ("reduction", Attr::Str("add".into())),
+            ("k", Attr::Int(2)),
         ]);
         let empty = Attrs::default();
         let samples = samples();

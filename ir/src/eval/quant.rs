@@ -85,6 +85,14 @@ fn check_zero_point(zp: Option<&Tensor>, scale: &Tensor) -> Res<()> {
     Ok(())
 }
 
+/// Before opset 13 the ai.onnx ops quantize per tensor only: the scale is one value.
+fn check_per_tensor_before_13(cx: &Ctx, scale: &Tensor) -> Res<()> {
+    if cx.op.domain == crate::op::Domain::Onnx && cx.opset() < 13 && scale.numel() != 1 {
+        bail!("the scale has shape {:?}; before opset 13 it is one value (per-tensor)", scale.shape);
+    }
+    Ok(())
+}
+
 fn is_small_float(d: DType) -> bool {
     d.is_float() && !matches!(d, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
@@ -97,6 +105,7 @@ pub(super) fn quantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (x, scale, zp) = (cx.input(0, "x")?, cx.input(1, "y_scale")?, cx.opt(2));
     require_float(scale, "y_scale")?;
     check_zero_point(zp, scale)?;
+    check_per_tensor_before_13(cx, scale)?;
     let requested = cx.attrs().int_or("output_dtype", 0)?;
     let out_dtype = match (requested, zp) {
         (0, Some(z)) => z.dtype,
@@ -152,6 +161,7 @@ pub(super) fn dequantize_linear(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (x, scale, zp) = (cx.input(0, "x")?, cx.input(1, "x_scale")?, cx.opt(2));
     require_float(scale, "x_scale")?;
     check_zero_point(zp, scale)?;
+    check_per_tensor_before_13(cx, scale)?;
     if zp.is_some_and(|z| z.dtype != x.dtype) {
         bail!("zero point dtype differs from x's {}", x.dtype);
     }

@@ -1,6 +1,6 @@
 //! Shape and data-movement ops: Shape, Size, Reshape, Flatten, Transpose, Unsqueeze, Squeeze,
-//! Concat, Split, Slice, Gather, GatherElements, GatherND, ScatterND, Expand, Tile, Range,
-//! ConstantOfShape, Constant and Trilu. None of them does arithmetic on float values, so they
+//! Concat, Split, Slice, Gather, GatherElements, GatherND, ScatterND, ScatterElements, Expand,
+//! Tile, Range, ConstantOfShape, Constant and Trilu. None of them does arithmetic on float values, so they
 //! work on any storage by moving elements.
 
 use super::layout::{
@@ -404,7 +404,7 @@ pub(super) fn gather_nd(cx: &Ctx) -> Res<Vec<Tensor>> {
 pub(super) fn scatter_nd(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (data, idx, updates) = (cx.input(0, "data")?, cx.input(1, "indices")?, cx.input(2, "updates")?);
     let indices = int_values(idx, "indices")?;
-    let reduction = cx.attrs().str("reduction")?.unwrap_or("none");
+    let reduction = scatter_reduction(cx)?;
     let (r, q) = (data.rank(), idx.rank());
     if r == 0 || q == 0 {
         bail!("data and indices must have rank at least 1");
@@ -439,13 +439,73 @@ pub(super) fn scatter_nd(cx: &Ctx) -> Res<Vec<Tensor>> {
             _ => bail!("reduction {reduction} is not defined for {} tensors", data.dtype),
         }
     }
-    // Sums and products of f16/bf16 values need rounding back to the dtype; integers wrap.
-    let out = match out {
+    Ok(vec![rounded_to(data, out)])
+}
+
+/// ScatterElements: `out = data` with `out[idx with idx[axis] = indices[idx]] = updates[idx]`
+/// (or combined with `reduction` add/mul, max/min); with "none" and repeated indices the last
+/// update in row-major order wins.
+pub(super) fn scatter_elements(cx: &Ctx) -> Res<Vec<Tensor>> {
+    let (data, idx, updates) = (cx.input(0, "data")?, cx.input(1, "indices")?, cx.input(2, "updates")?);
+    let indices = int_values(idx, "indices")?;
+    let reduction = scatter_reduction(cx)?;
+    let rank = data.rank();
+    if rank == 0 || idx.rank() != rank || updates.shape != idx.shape || updates.dtype != data.dtype {
+        bail!(
+            "data {} {:?}, indices {:?} and updates {} {:?} must have one rank, indices and updates one shape",
+            data.dtype,
+            data.shape,
+            idx.shape,
+            updates.dtype,
+            updates.shape
+        );
+    }
+    let axis = norm_axis(cx.attrs().int_or("axis", 0)?, rank, "axis")?;
+    if (0..rank).any(|d| d != axis && idx.shape[d] > data.shape[d]) {
+        bail!("indices {:?} exceed data {:?} off the scatter axis", idx.shape, data.shape);
+    }
+    let src = strides(&data.shape);
+    let mut steps: Vec<isize> = src.iter().map(|&s| s as isize).collect();
+    steps[axis] = 0;
+    let bases = strided_offsets(&idx.shape, &steps, 0);
+    let mut out = data.data.clone();
+    for (u, (&b, &i)) in bases.iter().zip(indices).enumerate() {
+        let at = b + resolve_index(i, data.shape[axis], "index")? * src[axis];
+        match (&mut out, &updates.data) {
+            (Data::F32(o), Data::F32(v)) => combine(&mut o[at..=at], &v[u..=u], float_reduction(reduction)?),
+            (Data::F64(o), Data::F64(v)) => combine(&mut o[at..=at], &v[u..=u], float_reduction(reduction)?),
+            (Data::I64(o), Data::I64(v)) => combine(&mut o[at..=at], &v[u..=u], int_reduction(reduction)?),
+            (Data::Str(o), Data::Str(v)) if reduction == "none" => o[at] = v[u].clone(),
+            _ => bail!("reduction {reduction} is not defined for {} tensors", data.dtype),
+        }
+    }
+    Ok(vec![rounded_to(data, out)])
+}
+
+/// The `reduction` attribute of a scatter op, refused before the opset that defines its value
+/// (16 for add and mul, 18 for max and min).
+fn scatter_reduction<'a>(cx: &Ctx<'a>) -> Res<&'a str> {
+    let reduction = cx.attrs().str("reduction")?.unwrap_or("none");
+    let since = match reduction {
+        "none" => 1,
+        "add" | "mul" => 16,
+        "max" | "min" => 18,
+        other => bail!("unknown reduction {other}"),
+    };
+    if cx.opset() < since {
+        bail!("reduction {reduction} needs opset {since}, the model imports {}", cx.opset());
+    }
+    Ok(reduction)
+}
+
+/// A scatter result in `data`'s dtype: sums and products of f16/bf16 values rounded back to the
+/// dtype, integers wrapped.
+fn rounded_to(data: &Tensor, out: Data) -> Tensor {
+    match out {
         Data::F32(v) => Tensor::from_f32(data.dtype, data.shape.clone(), v),
         Data::I64(v) => Tensor::from_i64(data.dtype, data.shape.clone(), v),
         other => Tensor { dtype: data.dtype, shape: data.shape.clone(), data: other },
-    };
-    Ok(vec![out])
+    }
 }
 
 fn combine<T: Copy>(out: &mut [T], updates: &[T], f: fn(T, T) -> T) {
@@ -867,5 +927,24 @@ mod tests {
         assert_eq!(f32s(&y), vec![12.0, 2.0]);
         let rows = run1("ScatterND", &[], &[&iota(&[2, 2]), &i64t(&[1, 1], &[-1]), &f32t(&[1, 2], &[9.0, 9.0])]);
         assert_eq!(f32s(&rows), vec![0.0, 1.0, 9.0, 9.0]);
+    }
+
+    #[test]
+    fn scatter_elements_writes_along_the_axis_and_reduces_from_the_opsets_that_allow_it() {
+        let data = f32t(&[1, 5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+        let (updates, axis) = (f32t(&[1, 2], &[1.5, 2.5]), ("axis", Attr::Int(1)));
+        let scatter = |reduction: &str, opset: i64, idx: &[i64]| {
+            let a = [axis.clone(), ("reduction", Attr::Str(reduction.into()))];
+            let indices = i64t(&[1, 2], idx);
+            run_at("ScatterElements", opset, &a, &[Some(&data), Some(&indices), Some(&updates)], 1)
+        };
+        assert_eq!(f32s(&scatter("none", 18, &[1, -2]).unwrap()[0]), vec![1.0, 1.5, 3.0, 2.5, 5.0]);
+        // Both updates land on element 1: the last wins, or they add, or the larger stays.
+        assert_eq!(f32s(&scatter("none", 18, &[1, 1]).unwrap()[0])[1], 2.5);
+        assert_eq!(f32s(&scatter("add", 16, &[1, 1]).unwrap()[0])[1], 6.0);
+        assert_eq!(f32s(&scatter("min", 18, &[1, 1]).unwrap()[0])[1], 1.5);
+        assert!(err_msg(scatter("max", 16, &[1, 1])).contains("opset 18"));
+        assert!(err_msg(scatter("add", 13, &[1, 1])).contains("opset 16"));
+        assert!(err_msg(scatter("none", 18, &[5, 0])).contains("index"));
     }
 }
