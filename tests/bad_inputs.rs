@@ -362,6 +362,27 @@ fn external_data_resolves_inside_the_folder() {
     assert_eq!(&w.bytes[..], &(4u8..20).collect::<Vec<_>>()[..]);
 }
 
+/// The checksum entry (SHA-1 of the whole file, as onnx.proto defines it) is verified when present.
+#[test]
+fn external_data_checksum_is_verified() {
+    let bytes: Vec<u8> = (0u8..20).collect();
+    // SHA-1 of the bytes 0..20, from Python's hashlib.
+    let digest = "602c63d2f3d13ca3206cdf204cde24e7d8f4266c";
+    for (checksum, ok) in [(digest.to_string(), true), (digest.to_uppercase(), true), ("0".repeat(40), false)] {
+        let mut t = external("w", &[4], "w.bin", Some(4), Some(16));
+        t.external_data.push(StringStringEntryProto { key: Some("checksum".into()), value: Some(checksum) });
+        let c = write_model(&with_external(t));
+        std::fs::write(c.path.parent().unwrap().join("w.bin"), &bytes).unwrap();
+        match frontend::import_file(&c.path) {
+            Ok(_) => assert!(ok),
+            Err(e) => {
+                assert!(!ok, "{e}");
+                assert!(matches!(&e.kind, ErrorKind::ExternalData { detail, .. } if detail.contains(digest)), "{e}");
+            }
+        }
+    }
+}
+
 #[test]
 fn external_data_with_dotdot_is_refused() {
     let c = write_model(&with_external(external("w", &[4], "../secret.bin", None, Some(16))));

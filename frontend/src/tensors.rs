@@ -21,6 +21,8 @@ pub struct ExternalFiles {
     dir: PathBuf,
     canonical_dir: Option<PathBuf>,
     maps: HashMap<PathBuf, Bytes>,
+    /// SHA-1 digests (lowercase hex) of the files a `checksum` entry named, computed once each.
+    digests: HashMap<String, String>,
 }
 
 /// A decoded tensor: type, concrete shape and little-endian bytes in `raw_data` layout.
@@ -32,7 +34,12 @@ pub struct RawTensor {
 
 impl ExternalFiles {
     pub fn new(model_dir: &Path) -> ExternalFiles {
-        ExternalFiles { dir: model_dir.to_path_buf(), canonical_dir: None, maps: HashMap::new() }
+        ExternalFiles {
+            dir: model_dir.to_path_buf(),
+            canonical_dir: None,
+            maps: HashMap::new(),
+            digests: HashMap::new(),
+        }
     }
 
     fn open(&mut self, tensor: &str, location: &str) -> Result<Bytes, ErrorKind> {
@@ -124,6 +131,7 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
         let mut location = None;
         let mut offset: u64 = 0;
         let mut length: Option<u64> = None;
+        let mut checksum: Option<String> = None;
         for e in &t.external_data {
             let value = e.value.clone().unwrap_or_default();
             let parse = |what: &str| {
@@ -137,12 +145,19 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
                 Some("location") => location = Some(value.clone()),
                 Some("offset") => offset = parse("offset")?,
                 Some("length") => length = Some(parse("length")?),
+                Some("checksum") => checksum = Some(value.trim().to_ascii_lowercase()),
                 _ => {}
             }
         }
         let location = location.ok_or_else(|| terr("external data without a location".into()))?;
         let file = files.open(&name, &location)?;
         let ext = |detail: String| ErrorKind::ExternalData { tensor: name.clone(), file: location.clone(), detail };
+        if let Some(want) = checksum {
+            let got = files.digests.entry(location.clone()).or_insert_with(|| sha1_hex(&file));
+            if *got != want {
+                return Err(ext(format!("the file's SHA-1 is {got}, its checksum entry says {want}")));
+            }
+        }
         let file_len = file.len() as u64;
         let length = length.unwrap_or(file_len.saturating_sub(offset));
         let end = offset.checked_add(length).ok_or_else(|| ext("offset + length overflows".into()))?;
@@ -164,6 +179,13 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
     }
     let bytes = typed_fields_to_bytes(t, dtype, numel).map_err(terr)?;
     Ok(RawTensor { dtype, shape, bytes: Bytes::from(bytes) })
+}
+
+/// The SHA-1 digest of `bytes` as lowercase hex: what ONNX's external-data `checksum` entry holds
+/// for the whole file its `location` names.
+fn sha1_hex(bytes: &[u8]) -> String {
+    use sha1::Digest;
+    sha1::Sha1::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn location_name(entries: &[crate::proto::StringStringEntryProto]) -> String {
