@@ -3,25 +3,28 @@
 Runtime's references.
 
     .venv-export/bin/python tools/export_corpus.py [--out fixtures/corpus] [--only NAME ...] [--force]
-        [--smollm2-gguf fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf]
+        [--smollm2-gguf fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf] [--jobs 2]
 
 For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
 with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
 file the exporter wrote, untouched, `prefill/` and `decode/` cases (input_<i>.pb, output_<j>.pb as
 in fixtures/README), and `provenance.json` (exporter, versions, command). With --smollm2-gguf,
 SmolLM2-135M too, its real weights loaded by transformers' GGUF loader, through optimum and the
-builder's int4, greedy over three prompts. <out>/index.json lists every entry with its greedy
-ids, or the reason the exporter could not make it. An entry whose provenance digest matches the
-tools' sources is kept as it is.
+builder's fp32 and int4, greedy over three prompts. <out>/index.json lists every entry with its
+greedy ids, or the reason the exporter could not make it. An entry whose provenance digest
+matches the tools' sources is kept as it is. --jobs architectures are exported at once (each
+architecture's exporters in order: the QDQ entries read its optimum export).
 """
 
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import json
 import shutil
 import sys
+import threading
 import time
 import traceback
 from importlib import metadata
@@ -129,14 +132,20 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
     return entry
 
 
+BUILD_LOCK = threading.Lock()
+
+
 def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force: bool, digest: str,
-                index: dict, make_hf, prompts_of):
+                make_hf, prompts_of) -> dict:
+    """One architecture's entries, exported in order (the QDQ ones read the optimum export)."""
+    index = {}
     if not exporters_wanted:
-        return
+        return index
     hf = out / f"{arch.name}-hf"
     if not (hf / "config.json").exists() or force:
         shutil.rmtree(hf, ignore_errors=True)
-        make_hf(hf)
+        with BUILD_LOCK:  # torch's global RNG draws the weights: one model at a time
+            make_hf(hf)
     ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
     ctx["prompts"] = prompts_of(hf)
     for exporter in exporters_wanted:
@@ -145,12 +154,13 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
             ctx["calibration"] = calibration_feeds(ctx["optimum"], ctx["config"])
         try:
             entry = make_entry(arch, exporter, out, ctx, digest)
-        except Exception:
+        except Exception as e:
             traceback.print_exc()
-            sys.exit(f"export_corpus: {arch.name}-{exporter} failed")
+            raise RuntimeError(f"export_corpus: {arch.name}-{exporter} failed") from e
         index[entry["name"]] = entry
         status = f"refused: {entry['refused']}" if "refused" in entry else f"greedy {entry['cases'][0]['greedy_ids'][:6]}..."
         print(f"{entry['name']:<36} {status}", flush=True)
+    return index
 
 
 def note_disagreements(index: dict):
@@ -184,19 +194,29 @@ def main():
     ap.add_argument("--only", nargs="*", help="entries (arch-exporter) or architectures to (re)make")
     ap.add_argument("--force", action="store_true", help="remake even when the stamp matches")
     ap.add_argument("--smollm2-gguf", type=Path, help="SmolLM2-135M's GGUF: add it to the corpus")
+    ap.add_argument("--jobs", type=int, default=2, help="architectures exported at once (default 2)")
     args = ap.parse_args()
     digest = sources_digest() + ("-forced" + str(time.time()) if args.force else "")
     args.out.mkdir(parents=True, exist_ok=True)
     index_path = args.out / "index.json"
     index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
     wanted = lambda arch, names: [x for x in names if not args.only or arch in args.only or f"{arch}-{x}" in args.only]
-    for arch in models.ARCHS.values():
-        export_arch(arch, wanted(arch.name, EXPORTERS), args.out, args.force, digest, index,
-                    lambda hf, a=arch: models.build(a, hf), lambda hf: [PROMPT])
+    jobs = []  # (arch, exporters, make_hf, prompts_of); SmolLM2, the longest, first
     if args.smollm2_gguf:
         smol = models.Arch("smollm2", "LlamaForCausalLM", {}, 0)
-        export_arch(smol, wanted("smollm2", SMOLLM2_EXPORTERS), args.out, args.force, digest, index,
-                    lambda hf: models.build_from_gguf(args.smollm2_gguf.resolve(), hf), smollm2_prompts)
+        jobs.append((smol, wanted("smollm2", SMOLLM2_EXPORTERS),
+                     lambda hf: models.build_from_gguf(args.smollm2_gguf.resolve(), hf), smollm2_prompts))
+    for arch in models.ARCHS.values():
+        jobs.append((arch, wanted(arch.name, EXPORTERS), lambda hf, a=arch: models.build(a, hf), lambda hf: [PROMPT]))
+    # The exporters run as subprocesses and ONNX Runtime releases the GIL: threads overlap them.
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(export_arch, a, names, args.out, args.force, digest, make_hf, prompts_of)
+                   for a, names, make_hf, prompts_of in jobs]
+        for f in futures:
+            try:
+                index.update(f.result())
+            except RuntimeError as e:
+                sys.exit(str(e))
     note_disagreements(index)
     entries = sorted(index.values(), key=lambda e: e["name"])
     index_path.write_text(json.dumps({"entries": entries}, indent=2) + "\n")
