@@ -58,16 +58,16 @@ def attention_cores(g: Graph) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
     """(QK, PV) per layer, in graph order: the MatMuls of two run-time operands, QK being the one
     whose result reaches the other's left operand with no MatMul in between."""
     live = runtime_values(g)
-    cores = [n for n in g.graph.node if n.op_type == "MatMul" and all(i in live for i in n.input)]
+    cores = {n.name: n for n in g.graph.node if n.op_type == "MatMul" and all(i in live for i in n.input)}
     couples = []
-    for qk in cores:
+    for qk in cores.values():
         reached = matmuls_reached(g, qk.output[0])
-        pv = [n for n in reached if n in cores and reachable(g, qk.output[0], n.input[0])]
+        pv = [n for n in reached if n.name in cores and reachable(g, qk.output[0], n.input[0])]
         if pv:
             assert len(pv) == 1, f"{qk.name}: scores reach {len(pv)} attention products"
             couples.append((qk, pv[0]))
-    paired = [n.name for c in couples for n in c]
-    assert sorted(paired) == sorted(n.name for n in cores), f"unpaired products of run-time values in {paired}"
+    paired = sorted(n.name for c in couples for n in c)
+    assert paired == sorted(cores), f"products of run-time values {sorted(cores)}, paired {paired}"
     return couples
 
 
