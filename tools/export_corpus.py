@@ -8,7 +8,9 @@ Runtime's references.
 For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
 with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
 file the exporter wrote, untouched, `prefill/` and `decode/` cases (input_<i>.pb, output_<j>.pb as
-in fixtures/README), and `provenance.json` (exporter, versions, command). With --smollm2-gguf,
+in fixtures/README), and `provenance.json` (exporter, versions, command). QDQ entries also get
+`prefill_bypassed/`, `decode_bypassed/` and `cases_bypassed`: ONNX Runtime on the same file with
+the attention-internal Q/DQ pairs bypassed (corpus/qdq_bypass.py). With --smollm2-gguf,
 SmolLM2-135M too, its real weights loaded by transformers' GGUF loader, through optimum and the
 builder's fp32 and int4, greedy over three prompts. <out>/index.json lists every entry with its
 greedy ids, or the reason the exporter could not make it. An entry whose provenance digest
@@ -33,7 +35,7 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS))
 
-from corpus import exporters, models, reference  # noqa: E402
+from corpus import exporters, models, qdq_bypass, reference  # noqa: E402
 
 PROMPT = [1, 17, 250, 33, 402, 98, 5, 311]
 SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, there was a little robot who",
@@ -124,12 +126,32 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
         return entry
     layers, kv_heads, head_dim = models.dims(ctx["config"])
     entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions(exporter)})
-    entry.update(reference.record(entry_dir / "model.onnx", kv_heads, head_dim, ctx["prompts"], DECODE_ID, GREEDY_STEPS))
+    entry.update(reference.record(entry_dir / "model.onnx", entry_dir, kv_heads, head_dim, ctx["prompts"], DECODE_ID,
+                                  GREEDY_STEPS))
+    if exporter.startswith(("qdq", "quark")):
+        entry.update(bypassed_references(entry_dir, layers, kv_heads, head_dim, ctx["prompts"]))
     if exporter.startswith("builder-int4"):
         entry["matmulnbits_cases"] = reference.record_matmulnbits(entry_dir / "model.onnx", entry_dir / "matmulnbits")
     entry["seconds"] = round(time.time() - t0, 1)
     prov_path.write_text(json.dumps(entry, indent=2) + "\n")
     return entry
+
+
+def bypassed_references(entry_dir: Path, layers: int, kv_heads: int, head_dim: int, prompts: list[list[int]]) -> dict:
+    """ONNX Runtime's references on the QDQ file with its attention-internal Q/DQ pairs bypassed
+    (corpus/qdq_bypass.py): what npuc's fused float Attention computes, so npuc must give these to
+    f32 rounding. The copy lives in memory only; its cases go to `prefill_bypassed/` and
+    `decode_bypassed/`."""
+    t0 = time.time()
+    model, quantised = qdq_bypass.bypass_attention_pairs(entry_dir / "model.onnx", layers)
+    ref = reference.record(model.SerializeToString(), entry_dir, kv_heads, head_dim, prompts, DECODE_ID,
+                           GREEDY_STEPS, suffix="_bypassed")
+    return {
+        "attention_qdq_bypassed": {"pairs_per_layer": len(quantised[0]), "quantised_values": quantised},
+        "cases_bypassed": ref["cases"],
+        "max_abs_logit_bypassed": ref["max_abs_logit"],
+        "seconds_bypassed": round(time.time() - t0, 1),
+    }
 
 
 BUILD_LOCK = threading.Lock()

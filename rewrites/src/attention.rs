@@ -64,7 +64,9 @@
 //! max/255) are the coarsest values of the whole QDQ graph. Each pair costs a round-half-even, a
 //! clamp and a rescale of a [B, H, S, T] tensor on the host. Dropping one changes each value by at
 //! most half its quantisation step (values calibration clamps excepted), so the fused result
-//! differs from ONNX Runtime's QDQ run by about the quantisation noise the pairs added.
+//! differs from ONNX Runtime's QDQ run by about the quantisation noise the pairs added, and is
+//! ONNX Runtime's on the same file with exactly those pairs bypassed (the corpus's contract for
+//! QDQ files, `tests/corpus.rs`).
 
 use crate::cond::{int_values, scalar_value, union_all, var};
 use crate::rope::{

@@ -15,19 +15,21 @@ from onnx import numpy_helper
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
-def session(path: Path) -> ort.InferenceSession:
+def session(model: Path | bytes) -> ort.InferenceSession:
+    """A one-thread CPU session on a model file, or on a serialized model (weights inline)."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 class Decoder:
     """One exported graph run step by step in ONNX Runtime with its KV cache."""
 
-    def __init__(self, path: Path, kv_heads: int, head_dim: int):
-        self.sess = session(path)
+    def __init__(self, model: Path | bytes, kv_heads: int, head_dim: int):
+        self.sess = session(model)
         self.inputs = [i.name for i in self.sess.get_inputs()]
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.kv_heads, self.head_dim = kv_heads, head_dim
@@ -86,18 +88,19 @@ def write_tensor(path: Path, arr: np.ndarray, name: str):
     path.write_bytes(numpy_helper.from_array(np.ascontiguousarray(arr), name).SerializeToString())
 
 
-def record(model: Path, kv_heads: int, head_dim: int, prompts: list[list[int]], decode_id: int,
-           greedy_steps: int) -> dict:
-    """Writes the prefill and decode cases (of the first prompt) beside `model`; returns what the
-    index keeps: per prompt, its ids and ONNX Runtime's greedy ids with their top-2 gaps."""
+def record(model: Path | bytes, out: Path, kv_heads: int, head_dim: int, prompts: list[list[int]],
+           decode_id: int, greedy_steps: int, suffix: str = "") -> dict:
+    """Writes the prefill and decode cases (of the first prompt) into `out/prefill<suffix>` and
+    `out/decode<suffix>`; returns what the index keeps: per prompt, its ids and ONNX Runtime's
+    greedy ids with their top-2 gaps. `model` is a file or a serialized model."""
     dec = Decoder(model, kv_heads, head_dim)
     pre_feeds, pre_outs = dec.step(prompts[0], None, 0)
-    write_case(model.parent / "prefill", dec, pre_feeds, pre_outs)
+    write_case(out / f"prefill{suffix}", dec, pre_feeds, pre_outs)
     dec_feeds, dec_outs = dec.step([decode_id], pre_outs, len(prompts[0]))
-    write_case(model.parent / "decode", dec, dec_feeds, dec_outs)
+    write_case(out / f"decode{suffix}", dec, dec_feeds, dec_outs)
     logits = pre_outs["logits"]
     if not np.isfinite(logits).all() or float(logits.std(axis=-1).min()) < 1e-3:
-        raise AssertionError(f"{model}: degenerate logits")
+        raise AssertionError(f"{out}{suffix}: degenerate logits")
     cases = []
     for prompt in prompts:
         greedy_ids, margins = dec.greedy(prompt, greedy_steps)
