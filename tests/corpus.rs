@@ -299,6 +299,9 @@ fn greedy_run(bundle: &Path, c: &GreedyCase, row: &mut Row) -> Option<Vec<u64>> 
         &steps,
         "--ignore-eos",
         "--json",
+        // Two threads: a prompt's attention is split over the KV heads.
+        "--threads",
+        "2",
     ];
     match npuc(&args) {
         Ok(out) => {

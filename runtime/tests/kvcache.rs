@@ -664,6 +664,33 @@ fn workers_attend_in_parallel_with_their_own_scratch() {
     assert_eq!(parallel, serial);
 }
 
+/// Attending KV heads in parts (as workers do for a prefill block) writes exactly what one call
+/// over every head writes, bit for bit.
+#[test]
+fn attending_heads_in_parts_equals_one_call() {
+    let case =
+        Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 3, d: 64, page_rows: 7, window: NonZeroUsize::new(9) };
+    let mut cache = KvCache::new(case.config(1, 64)).unwrap();
+    let s = cache.create_sequence();
+    let mut rng = Rng(91);
+    let tokens = 13;
+    let (k, v) = (rng.values(case.kv_heads * tokens * case.d), rng.values(case.kv_heads * tokens * case.d));
+    cache.append(s, 0, &k, &v).unwrap();
+    let q = rng.values(case.q_heads * tokens * case.d);
+    let mut whole = vec![0f32; q.len()];
+    cache.attend(s, 0, &q, case.scoring(), &mut whole).unwrap();
+    let mut parts = vec![0f32; q.len()];
+    let per_head = q.len() / case.kv_heads;
+    let mut scratch = cache.new_scratch();
+    for heads in [0..1, 1..3] {
+        let out = &mut parts[heads.start * per_head..heads.end * per_head];
+        cache.attend_heads(s, 0, &q, case.scoring(), heads, out, &mut scratch).unwrap();
+    }
+    assert_eq!(whole, parts);
+    let err = cache.attend_heads(s, 0, &q, case.scoring(), 1..3, &mut parts[..per_head], &mut scratch);
+    assert!(matches!(err, Err(KvError::BadShape { tensor: "out", .. })), "{err:?}");
+}
+
 #[test]
 fn block_queries_see_keys_up_to_their_own_position() {
     // One head, D = 1, pages of 2 rows; zero queries give uniform weights over what each sees.

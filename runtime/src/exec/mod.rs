@@ -67,11 +67,13 @@ use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QGemmWeigh
 use crate::kernels::swiglu::GateActivation;
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
 use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
-use crate::kvcache::{KvCache, KvCacheConfig, KvStorage, SeqId};
+use crate::kernels::{split_range, SyncPtr};
+use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvError, KvStorage, SeqId};
 use crate::sample::Sampler;
 use error::node_err;
 use plan::{IntKind, Loc, NBitsTable, Op, Plan, WGemmStore};
 use program::{Program, StepDims};
+use std::sync::Mutex;
 
 /// Context the executor reserves KV pages for unless told otherwise.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
@@ -154,6 +156,8 @@ pub struct Executor<'b> {
     /// Where QGemm products are computed when not here (see [`GemmOffload`]).
     offload: Option<Box<dyn GemmOffload>>,
     offloaded_calls: u64,
+    /// One attention scratch per worker of a prefill block's attention (grown once).
+    attend_scratches: Vec<Mutex<AttendScratch>>,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -253,6 +257,7 @@ impl<'b> Executor<'b> {
             qgemm_scratch: QGemmScratch::default(),
             offload: None,
             offloaded_calls: 0,
+            attend_scratches: Vec::new(),
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),
@@ -890,7 +895,21 @@ impl<'b> Executor<'b> {
             Op::Attention { q, k, v, layer, scoring, .. } => {
                 let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));
                 self.cache.append(self.current, *layer, keys, values)?;
-                self.cache.attend(self.current, *layer, queries, *scoring, &mut y[..queries.len()])?;
+                let a = self.plan.attention;
+                let tokens = queries.len() / (a.q_heads * a.head_dim).max(1);
+                let workers = self.pool.threads().min(a.kv_heads);
+                if tokens < PARALLEL_ATTENTION_ROWS || workers < 2 {
+                    self.cache.attend(self.current, *layer, queries, *scoring, &mut y[..queries.len()])?;
+                } else {
+                    while self.attend_scratches.len() < workers {
+                        self.attend_scratches.push(Mutex::new(self.cache.new_scratch()));
+                    }
+                    let (cache, seq, scratches) = (&self.cache, self.current, &self.attend_scratches);
+                    attend_in_parallel(&self.pool, workers, a.kv_heads, &mut y[..queries.len()], &|heads, out, t| {
+                        let mut scratch = scratches[t].lock().unwrap_or_else(|e| e.into_inner());
+                        cache.attend_heads(seq, *layer, queries, *scoring, heads, out, &mut scratch)
+                    })?;
+                }
             }
         }
         Ok(())
@@ -1211,6 +1230,42 @@ impl<'a> View<'a, '_> {
             Loc::I64Buf(i) => &self.ibufs[i],
             other => unreachable!("value {v} at {other:?} is not i64 (checked at load)"),
         }
+    }
+}
+
+/// Query rows from which a block's attention is split over the pool's threads by KV head
+/// (decoding attends one row, serially and without allocating).
+const PARALLEL_ATTENTION_ROWS: usize = 8;
+
+/// Attention for some KV heads into their part of the output, by one worker (its index).
+type AttendHeads<'a> = dyn Fn(std::ops::Range<usize>, &mut [f32], usize) -> Result<(), KvError> + Sync + 'a;
+
+/// Runs `attend(heads, out_of_those_heads, worker)` for `workers` disjoint ranges of the
+/// `kv_heads` KV heads on the pool; `out` is `[q_heads, S, D]`, each range's query heads a
+/// contiguous part of it. The first error is returned.
+fn attend_in_parallel(
+    pool: &ThreadPool,
+    workers: usize,
+    kv_heads: usize,
+    out: &mut [f32],
+    attend: &AttendHeads,
+) -> Result<(), ExecError> {
+    let per_head = out.len() / kv_heads;
+    let base = SyncPtr(out.as_mut_ptr());
+    let error: Mutex<Option<KvError>> = Mutex::new(None);
+    pool.run(workers, &|t| {
+        let heads = split_range(kv_heads, workers, t);
+        // SAFETY: the ranges of KV heads are disjoint, so are their parts of `out`; `run` returns
+        // after every task has finished.
+        let part =
+            unsafe { std::slice::from_raw_parts_mut(base.get().add(heads.start * per_head), heads.len() * per_head) };
+        if let Err(e) = attend(heads, part, t) {
+            error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
     }
 }
 

@@ -270,12 +270,13 @@ fn merge_partial(state: &mut (f64, f64), acc: &mut [f32], page_max: f32, page_su
     }
 }
 
-/// Writes `acc / sum` of every query row of the group into `out` (`[q_heads, S, D]`).
-pub(crate) fn finish(scratch: &AttendScratch, queries: &GroupQueries, out: &mut [f32]) {
+/// Writes `acc / sum` of every query row of the group into `out` (`[q_heads, S, D]`, or the part of
+/// it from query head `out_first_head`).
+pub(crate) fn finish(scratch: &AttendScratch, queries: &GroupQueries, out_first_head: usize, out: &mut [f32]) {
     let d = queries.head_dim;
     for r in 0..queries.rows() {
         let (j, i) = (r / queries.tokens, r % queries.tokens);
-        let start = ((queries.first_q_head + j) * queries.tokens + i) * d;
+        let start = ((queries.first_q_head - out_first_head + j) * queries.tokens + i) * d;
         let sum = scratch.states[r].1;
         for (o, &a) in out[start..start + d].iter_mut().zip(&scratch.acc[r * d..(r + 1) * d]) {
             *o = (a as f64 / sum) as f32;

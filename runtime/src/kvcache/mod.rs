@@ -251,6 +251,23 @@ impl KvCache {
         out: &mut [f32],
         scratch: &mut AttendScratch,
     ) -> Result<(), KvError> {
+        self.attend_heads(seq, layer, q, scoring, 0..self.config.kv_heads, out, scratch)
+    }
+
+    /// [`KvCache::attend_with`] for the KV heads `heads` only: `out` holds the query heads those
+    /// KV heads serve, `[group·heads.len(), S, head_dim]` (a contiguous part of the whole output),
+    /// so workers can each take some heads of one call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_heads(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        q: &[f32],
+        scoring: impl Into<Scoring>,
+        heads: std::ops::Range<usize>,
+        out: &mut [f32],
+        scratch: &mut AttendScratch,
+    ) -> Result<(), KvError> {
         let Scoring { scale, window } = scoring.into();
         let sequence = lookup(&self.slots, seq)?;
         self.check_layer(seq, layer)?;
@@ -261,8 +278,9 @@ impl KvCache {
             let expected = format!("[q_heads={}, S, head_dim={d}] with S ≥ 1", config.q_heads);
             return Err(KvError::BadShape { seq, layer, tensor: "q", len: q.len(), expected });
         }
-        if out.len() != q.len() {
-            let expected = format!("{} like q", q.len());
+        if heads.start > heads.end || heads.end > kv_heads || out.len() * kv_heads != q.len() * heads.len() {
+            let expected =
+                format!("{} like q's rows of KV heads {heads:?} of {kv_heads}", q.len() / kv_heads * heads.len());
             return Err(KvError::BadShape { seq, layer, tensor: "out", len: out.len(), expected });
         }
         let tokens = q.len() / row_values;
@@ -271,7 +289,7 @@ impl KvCache {
             return Err(KvError::QueryBeyondHeld { seq, layer, query_rows: tokens, held_rows: table.rows });
         }
         let group = config.group();
-        for h in 0..kv_heads {
+        for h in heads.clone() {
             let queries = GroupQueries {
                 q,
                 head_dim: d,
@@ -291,13 +309,13 @@ impl KvCache {
                 let page = self.pool.view(table.pages[block * kv_heads + h]);
                 attend::merge_page(scratch, &queries, page, page_start, valid_rows);
             }
-            attend::finish(scratch, &queries, out);
+            attend::finish(scratch, &queries, heads.start * group, out);
         }
         // The last query sees every row held (within its window), so each row read is read
         // once per KV head.
         let first_read =
             window.map_or(0, |w| ((table.rows - tokens + 1).saturating_sub(w.get()) / page_rows) * page_rows);
-        let read = (table.rows - first_read) * kv_heads * 2 * config.storage.row_bytes(d);
+        let read = (table.rows - first_read) * heads.len() * 2 * config.storage.row_bytes(d);
         sequence.traffic.add_read(read);
         self.traffic.add_read(read);
         Ok(())
