@@ -447,7 +447,8 @@ fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<RopeTables,
     for (set, what) in [(&parts.cos, "cos"), (&parts.sin, "sin")] {
         let mut set: Vec<ValueId> = set.iter().copied().collect();
         set.sort_unstable();
-        let mut distinct: Vec<Vec<f32>> = Vec::new();
+        // This set's tables, as indices into `out.tables`.
+        let mut distinct: Vec<usize> = Vec::new();
         for v in set {
             let t = vals
                 .get(&v)
@@ -459,13 +460,11 @@ fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<RopeTables,
                 return Err(IntelError::Shape { value: g.value(v).name.clone(), msg });
             }
             out.width = width;
-            let k = distinct.iter().position(|d| *d == data).unwrap_or_else(|| {
-                distinct.push(data);
-                distinct.len() - 1
-            });
+            let k = distinct.iter().position(|&i| out.tables[i].1 == data).unwrap_or(distinct.len());
             let name = if k == 0 { format!("rope_{what}") } else { format!("rope_{what}_{k}") };
-            if k + 1 == distinct.len() && !out.tables.iter().any(|(n, _)| *n == name) {
-                out.tables.push((name.clone(), distinct[k].clone()));
+            if k == distinct.len() {
+                distinct.push(out.tables.len());
+                out.tables.push((name.clone(), data));
             }
             out.names.insert(v, name);
         }

@@ -732,12 +732,7 @@ impl<'b> Executor<'b> {
             Op::GatherNBits { table, ids, out } => {
                 let table = &self.plan.nbits_tables[*table];
                 let (rows, width) = (table.rows(), table.width());
-                self.gather_ids.clear();
-                for &i in view.i64(*ids) {
-                    let row = if i < 0 { i + rows as i64 } else { i };
-                    self.gather_ids
-                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {rows} rows")))?);
-                }
+                row_ids(view.i64(*ids), rows, &mut self.gather_ids).map_err(&fail)?;
                 let n = numel(&self.shapes[*out]);
                 if n != self.gather_ids.len() * width {
                     return Err(fail(format!("{} ids of {width} values do not fill {n}", self.gather_ids.len())));
@@ -785,22 +780,12 @@ impl<'b> Executor<'b> {
                 let table = view.f32(*data);
                 let rows = self.shapes[*data].first().copied().unwrap_or(0);
                 let width = table.len().checked_div(rows).unwrap_or(0);
-                self.gather_ids.clear();
-                for &i in view.i64(*ids) {
-                    let row = if i < 0 { i + rows as i64 } else { i };
-                    self.gather_ids
-                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {rows} rows")))?);
-                }
+                row_ids(view.i64(*ids), rows, &mut self.gather_ids).map_err(&fail)?;
                 let n = numel(&self.shapes[*out]);
                 embed::embed_f32(table, width, &self.gather_ids, &mut y[..n])?;
             }
             Op::GatherColumns { table, layout, k, n, ids, out } => {
-                self.gather_ids.clear();
-                for &i in view.i64(*ids) {
-                    let row = if i < 0 { i + *n as i64 } else { i };
-                    self.gather_ids
-                        .push(u32::try_from(row).map_err(|_| fail(format!("index {i} is outside {n} rows")))?);
-                }
+                row_ids(view.i64(*ids), *n, &mut self.gather_ids).map_err(&fail)?;
                 let len = numel(&self.shapes[*out]);
                 let w = self.plan.weights[*table];
                 embed::embed_columns(w, *layout, *k, *n, &self.gather_ids, &mut y[..len])?;
@@ -1231,6 +1216,16 @@ impl<'a> View<'a, '_> {
             other => unreachable!("value {v} at {other:?} is not i64 (checked at load)"),
         }
     }
+}
+
+/// `ids` as table rows of `rows` (negative ids count from the end), into `out`.
+fn row_ids(ids: &[i64], rows: usize, out: &mut Vec<u32>) -> Result<(), String> {
+    out.clear();
+    for &i in ids {
+        let row = if i < 0 { i + rows as i64 } else { i };
+        out.push(u32::try_from(row).map_err(|_| format!("index {i} is outside {rows} rows"))?);
+    }
+    Ok(())
 }
 
 /// Query rows from which a block's attention is split over the pool's threads by KV head
