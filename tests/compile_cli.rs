@@ -5,7 +5,6 @@
 mod common;
 
 use runtime::bundle::Bundle;
-use serde_json::Value;
 use std::process::Command;
 
 fn npuc(args: &[&str]) -> (bool, String, String) {
@@ -15,10 +14,6 @@ fn npuc(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn meta(name: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(common::fixture(name).join("meta.json")).unwrap()).unwrap()
 }
 
 fn compile(name: &str, dir: &std::path::Path) -> Bundle {
@@ -32,26 +27,18 @@ fn compile(name: &str, dir: &std::path::Path) -> Bundle {
 #[test]
 fn bundles_carry_config_program_and_weights() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["llama_f1", "qwen3_f2", "smollm2_f2"] {
+    for name in ["llama-optimum", "qwen3-builder-int4", "phi3-optimum", "smollm2-builder-int4"] {
         let b = compile(name, tmp.path());
-        let m = meta(name);
+        // What the bundle says of the model is what the checkpoint's config.json says.
+        let m = common::config(name);
         let cfg = b.model();
-        let want = |k: &str| m[k].as_u64().unwrap() as usize;
         assert_eq!(
             (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab),
-            (
-                want("layers"),
-                want("hidden"),
-                want("heads"),
-                want("kv_heads"),
-                want("head_dim"),
-                want("intermediate"),
-                want("vocab")
-            ),
+            (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab),
             "{name}"
         );
-        assert_eq!(cfg.tied_embeddings, m["tied_embeddings"].as_bool().unwrap(), "{name}");
-        assert!((cfg.rms_eps - m["rms_eps"].as_f64().unwrap()).abs() < 1e-9, "{name}");
+        assert_eq!(cfg.tied_embeddings, m.tied_embeddings, "{name}");
+        assert!((cfg.rms_eps - m.rms_eps).abs() < 1e-9 * m.rms_eps.max(1.0), "{name}: {} vs {}", cfg.rms_eps, m.rms_eps);
 
         // The program is the pipeline's output.
         let g = frontend::import_file(&common::fixture(name).join("model.onnx")).unwrap().graph;
@@ -91,7 +78,7 @@ fn bundles_carry_config_program_and_weights() {
             let got: Vec<f32> = t.bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             assert!(got == want, "{name}: panels of {source}");
         }
-        if name == "llama_f1" {
+        if name == "llama-optimum" {
             // 2 layers × q, k, v, o, gate, up, down; the tied lm_head reads the embedding transposed.
             assert_eq!(b.tensors().filter(|t| t.name.ends_with(".gemm.panels")).count(), 14, "{name}");
         }
@@ -111,7 +98,7 @@ fn bundles_carry_config_program_and_weights() {
 #[test]
 fn smollm2_bundle_has_its_tokenizer_and_stop_token() {
     let tmp = tempfile::tempdir().unwrap();
-    let b = compile("smollm2_f2", tmp.path());
+    let b = compile("smollm2-builder-int4", tmp.path());
     assert!(b.read_file("tokenizer.json").unwrap().len() > 1000);
     assert!(b.read_file("chat_template.jinja").is_ok());
     // <|im_end|> ends a chat turn in SmolLM2's tokenizer.
@@ -122,7 +109,7 @@ fn smollm2_bundle_has_its_tokenizer_and_stop_token() {
 fn compile_refuses_to_overwrite_unless_asked() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("m.npub");
-    let model = common::fixture("llama_f1").join("model.onnx");
+    let model = common::model("llama-optimum");
     let args = ["compile", model.to_str().unwrap(), "-o", out.to_str().unwrap()];
     assert!(npuc(&args).0);
     let (ok, _, err) = npuc(&args);
@@ -148,8 +135,8 @@ fn compile_refuses_to_overwrite_unless_asked() {
 fn compile_works_from_inside_the_models_folder() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("here.npub");
-    let dir = common::fixture("smollm2_f1");
-    assert!(dir.join("model.onnx.data").is_file(), "smollm2_f1 keeps its tensors in external data");
+    let dir = common::fixture("smollm2-builder-int4");
+    assert!(dir.join("model.onnx.data").is_file(), "the builder keeps SmolLM2's tensors in external data");
     let run = Command::new(env!("CARGO_BIN_EXE_npuc"))
         .current_dir(&dir)
         .args(["compile", "model.onnx", "--target", "cpu", "-o", out.to_str().unwrap()])

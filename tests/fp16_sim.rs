@@ -1,4 +1,5 @@
-//! fp16 numerics on adversarial activations: the tiny fixtures, with a few weights scaled so that
+//! fp16 numerics on adversarial activations: tiny corpus models as optimum and the builder wrote
+//! them (`FIXTURES`), with a few weights scaled so that
 //! activations leave fp16's range, run by the fp16 simulation (`ir::fp16sim`: fp16 storage and
 //! arithmetic, denormals flushed) as the `cpu` pipeline compiles them (no rescale rules) and as the
 //! `intel-npu` pipeline does (the `fp16-rescale` family). Without the rules the logits are
@@ -158,7 +159,10 @@ fn worst(v: &[f64]) -> f64 {
     v.iter().cloned().fold(0.0, f64::max)
 }
 
-const FIXTURES: [&str; 4] = ["llama_f1", "qwen3_f1", "llama_f2", "qwen3_f2"];
+/// optimum's float graphs and the builder's int4 graphs at `accuracy_level` 1 (float
+/// activations: at level 4 the products' activations are int8 codes, which fp16 cannot overflow).
+const FIXTURES: [&str; 4] = ["llama-optimum", "qwen3-optimum", "llama-builder-int4-acc1", "qwen3-builder-int4-acc1"];
+const INT4: [&str; 2] = ["llama-builder-int4-acc1", "qwen3-builder-int4-acc1"];
 
 #[test]
 fn unmodified_fixtures_need_no_rescaling_in_fp16() {
@@ -191,7 +195,8 @@ fn a_big_residual_overflows_fp16_norms_unless_rescaled() {
     }
 }
 
-/// The embedding gather's float table (f1) or scales (f2), and whether the lm_head reads it too.
+/// The embedding gather's float table (optimum) or scales (the builder's GatherBlockQuantized),
+/// and whether the lm_head reads it too.
 fn embedding_weight(g: &Graph) -> (String, bool) {
     let gather = g
         .nodes
@@ -209,6 +214,18 @@ fn embedding_weight(g: &Graph) -> (String, bool) {
     (g.weights.get(id).name.clone(), tied)
 }
 
+/// The γ of the norm whose output the lm_head reads: the 1-D weight among the inputs of the node
+/// computing the lm_head's activation (optimum's decomposed norm ends in `Mul(γ, x)`, the
+/// builder writes `SkipSimplifiedLayerNormalization(x, skip, γ)`).
+fn final_norm_weight(g: &Graph) -> String {
+    let logits = g.outputs.iter().find(|&&o| g.value(o).name == "logits").unwrap();
+    let ValueDef::Node { node, .. } = g.value(*logits).def else { panic!("logits are computed") };
+    let activation = g.node(node).inputs[0].unwrap();
+    let ValueDef::Node { node: norm, .. } = g.value(activation).def else { panic!("the lm_head reads a norm") };
+    let gamma = g.node(norm).inputs.iter().flatten().filter_map(|&i| weight_of(g, i)).find(|&w| g.weights.get(w).shape.len() == 1);
+    g.weights.get(gamma.expect("the final norm's γ")).name.clone()
+}
+
 #[test]
 fn tiny_rows_flush_fp16_norms_to_a_division_by_zero_unless_rescaled() {
     for f in FIXTURES {
@@ -216,7 +233,7 @@ fn tiny_rows_flush_fp16_norms_to_a_division_by_zero_unless_rescaled() {
         let (embedding, tied) = embedding_weight(&g);
         let mut factors = HashMap::from([(embedding, 1.0 / 256.0)]);
         if tied {
-            factors.insert("model.norm.weight".to_string(), 256.0);
+            factors.insert(final_norm_weight(&g), 256.0);
         }
         let o = run(f, &scaled(&g, &factors));
         eprintln!("{f} (tied {tied}): plain {:.2e} rescaled {:.2e}", worst(&o.plain), worst(&o.rescaled));
@@ -227,7 +244,7 @@ fn tiny_rows_flush_fp16_norms_to_a_division_by_zero_unless_rescaled() {
 
 #[test]
 fn large_activations_overflow_fp16_four_bit_block_sums_unless_rescaled() {
-    for f in ["llama_f2", "qwen3_f2"] {
+    for f in INT4 {
         let g = import(f);
         let m = common_meta(f);
         // Layer 0's v projection ×2¹¹: attention averages v, so o_proj's activations grow 2048×.
@@ -276,10 +293,8 @@ struct Meta {
 }
 
 fn common_meta(f: &str) -> Meta {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(common::fixture(f).join("meta.json")).unwrap()).unwrap();
-    let get = |k: &str| v[k].as_u64().unwrap() as usize;
-    Meta { heads: get("heads"), kv_rows: get("kv_heads") * get("head_dim"), head_dim: get("head_dim") }
+    let c = common::config(f);
+    Meta { heads: c.heads, kv_rows: c.kv_heads * c.head_dim, head_dim: c.head_dim }
 }
 
 /// Rows of a packed q|k|v projection.

@@ -19,18 +19,22 @@ fn python() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"))
 }
 
-fn program(fixture: &str) -> ir::Graph {
-    let model = common::fixture(fixture).join("model.onnx");
-    let imported = frontend::import_file(&model).unwrap();
+fn program(entry: &str) -> ir::Graph {
+    program_of(&common::model(entry))
+}
+
+fn program_of(model: &Path) -> ir::Graph {
+    let imported = frontend::import_file(model).unwrap();
     let target = passes::targets::target("intel-npu").unwrap();
     passes::driver::run(&target.pipeline(), imported.graph, None, |_, _| {}).unwrap().graph
 }
 
-/// SmolLM2 form 2 compiled once for the tests that read it.
+/// SmolLM2 as the builder writes it in int4 (symmetric, block 32, tied embedding), compiled once
+/// for the tests that read it.
 fn smollm2() -> &'static (ir::Graph, codegen_intel::IntelIr) {
     static IR: std::sync::OnceLock<(ir::Graph, codegen_intel::IntelIr)> = std::sync::OnceLock::new();
     IR.get_or_init(|| {
-        let g = program("smollm2_f2");
+        let g = program("smollm2-builder-int4");
         let ir = codegen_intel::compile(&g, &codegen_intel::Options::default()).unwrap();
         (g, ir)
     })
@@ -184,7 +188,8 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
 
 #[test]
 fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
-    let g = program("llama_f2");
+    // Accuracy level 1: the products' activations stay float on both sides.
+    let g = program("llama-builder-int4-acc1");
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
 }
@@ -245,14 +250,16 @@ fn intel_ir_is_weightless_and_every_block_size_views_the_same_weights() {
 
 #[test]
 fn intel_asymmetric_weights_are_requantised_with_the_error_reported_or_rejected() {
-    let (g, ir) = smollm2();
+    // The builder's asymmetric int4 (block 128, zero points; it writes the embedding in float).
+    let g = program("llama-builder-int4-b128-asym");
     let err =
-        codegen_intel::compile(g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
+        codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
             .err()
-            .expect("SmolLM2 form 2 has asymmetric 4-bit weights");
-    assert!(err.to_string().contains("asymmetric zero points") && err.to_string().contains("weight_Q4G32"), "{err}");
+            .expect("the asymmetric graph has zero points");
+    assert!(err.to_string().contains("asymmetric zero points") && err.to_string().contains("weight_Q4"), "{err}");
+    let ir = codegen_intel::compile(&g, &codegen_intel::Options::default()).unwrap();
     let requantized: Vec<_> = ir.requantized.iter().filter(|r| r.requantized).collect();
-    assert_eq!(requantized.len(), 30 * 5, "q/k/v, o, gate, up, down of 30 layers");
+    assert_eq!(requantized.len(), 2 * 5 + 1, "q|k|v, o, gate, up, down of 2 layers and the lm_head");
     for r in &requantized {
         // Each group's scale is chosen between max|w|/7 and 0.725·max|w|/7 for the least squared
         // error: a weight moves by at most what clipping to 0.725·max|w| costs.
@@ -292,7 +299,7 @@ fn assert_no_float_projections(ir: &codegen_intel::IntelIr) {
 
 #[test]
 fn intel_float_smollm2_is_stored_as_int4_and_every_segment_matches_openvino() {
-    let g = program("smollm2_f1");
+    let g = program("smollm2-optimum");
     let f32_bytes = float_weight_bytes(&g);
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     let ir = codegen_intel::compile(&g, &options).unwrap();
@@ -328,7 +335,11 @@ fn intel_float_smollm2_is_stored_as_int4_and_every_segment_matches_openvino() {
 
 #[test]
 fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_openvino() {
-    let g = program("llama_f1");
+    let g = program("llama-optimum");
+    // The embedding table: the weight the id Gather reads (its tied lm_head reads a transposed
+    // copy, a projection like the others).
+    let gather = g.nodes.iter().find(|n| n.op == "Gather").expect("the embedding Gather");
+    let table = g.value(gather.inputs[0].unwrap()).name.clone();
     let mut sizes = Vec::new();
     for format in [FloatWeights::Int4, FloatWeights::Int8, FloatWeights::F16] {
         let options = codegen_intel::Options { blocks: vec![1, 4], weights: format, ..Default::default() };
@@ -337,7 +348,7 @@ fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_op
         assert!(!compressed.is_empty());
         for e in &compressed {
             // The integer formats store the embedding as int8.
-            let embedding = e.weight.contains("embed_tokens");
+            let embedding = e.weight == table;
             let want = if embedding && format == FloatWeights::Int4 { FloatWeights::Int8 } else { format };
             assert_eq!(e.from_float, Some(want), "{e:?}");
             match want {
@@ -365,7 +376,10 @@ fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_op
 
 #[test]
 fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and_matches_openvino() {
-    let g = program("qwen3_f2");
+    // Hand-built: the builder writes a quantised embedding (GatherBlockQuantized over the lm_head's
+    // codes) only for symmetric weights; asymmetric, it writes the embedding in float (a tied
+    // asymmetric graph it can write is refused by ONNX Runtime). The path stays for such files.
+    let g = program_of(&common::hand_built("qwen3_f2").join("model.onnx"));
     let err =
         codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
             .err()
@@ -392,9 +406,9 @@ fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and
 
 #[test]
 fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
-    // llama_f2 with every Rope made interleaved: the reference evaluator rotates pairs (2i, 2i+1),
-    // so the IR only matches if it does too.
-    let mut g = program("llama_f2");
+    // llama-builder-int4-acc1 with every Rope made interleaved: the reference evaluator rotates
+    // pairs (2i, 2i+1), so the IR only matches if it does too.
+    let mut g = program("llama-builder-int4-acc1");
     let mut ropes = 0;
     for n in g.nodes.iter_mut().filter(|n| n.op == "Rope") {
         n.attrs.set("interleaved", ir::Attr::Int(1));
@@ -407,10 +421,10 @@ fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
 
 #[test]
 fn intel_an_embedding_of_its_own_with_zero_points_is_requantised_like_a_gemm() {
-    // qwen3_f2 with the embedding untied: its own copies of the lm_head's codes (already [rows,
-    // K/2]), scales and zero points. Re-quantised on its own, it must come out exactly as the
-    // lm_head's symmetric weights do.
-    let mut g = program("qwen3_f2");
+    // The hand-built qwen3_f2 (see the test above for why) with the embedding untied: its own
+    // copies of the lm_head's codes (already [rows, K/2]), scales and zero points. Re-quantised
+    // on its own, it must come out exactly as the lm_head's symmetric weights do.
+    let mut g = program_of(&common::hand_built("qwen3_f2").join("model.onnx"));
     let embed = g.nodes.iter().position(|n| n.op == "GatherBlockQuantized").unwrap();
     let mut store = ir::WeightStore::default();
     for (_, w) in g.weights.iter() {

@@ -16,10 +16,68 @@ pub fn fixtures_dir() -> PathBuf {
     dir
 }
 
+/// The exporter corpus `make corpus` writes: models exported by the real tools, each with ONNX
+/// Runtime's cases (`tools/export_corpus.py`).
+pub fn corpus_dir() -> PathBuf {
+    fixtures_dir().join("corpus")
+}
+
+/// A corpus entry's folder (`fixtures/corpus/<name>`), which holds its `model.onnx`.
 pub fn fixture(name: &str) -> PathBuf {
-    let d = fixtures_dir().join(name);
-    assert!(d.join("model.onnx").is_file(), "fixture {} is missing: run `make fixtures`", d.display());
+    let d = corpus_dir().join(name);
+    assert!(d.join("model.onnx").is_file(), "corpus entry {} is missing: run `make corpus`", d.display());
     d
+}
+
+/// A corpus entry's `model.onnx`.
+pub fn model(name: &str) -> PathBuf {
+    fixture(name).join("model.onnx")
+}
+
+/// What `fixtures/corpus/index.json` records about one entry.
+pub struct Entry {
+    pub name: String,
+    /// `llama`, `qwen2`, `qwen3`, `phi3`, `mistral`, `gemma3` or `smollm2`.
+    pub arch: String,
+    /// `optimum`, `torch-dynamo`, `builder-int4`, `qdq-per-tensor-s8`, ...
+    pub exporter: String,
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// The token the decode case feeds after the prefill case's prompt.
+    pub decode_id: u64,
+    /// The first greedy case: the prompt (also the prefill case's ids) and ONNX Runtime's 16
+    /// greedy ids after it.
+    pub prompt_ids: Vec<u64>,
+    pub greedy_ids: Vec<u64>,
+}
+
+/// Reads entry `name` of the corpus index; panics naming it when the exporter made no file.
+pub fn entry(name: &str) -> Entry {
+    let path = corpus_dir().join("index.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
+    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let e = index["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{}: no entry `{name}`", path.display()));
+    assert!(e["refused"].is_null(), "corpus entry {name}: the exporter refused: {}", e["refused"]);
+    let uint = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{name}: index has no `{k}`"));
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    Entry {
+        name: name.to_string(),
+        arch: e["arch"].as_str().unwrap().to_string(),
+        exporter: e["exporter"].as_str().unwrap().to_string(),
+        layers: uint("layers") as usize,
+        kv_heads: uint("kv_heads") as usize,
+        head_dim: uint("head_dim") as usize,
+        decode_id: uint("decode_id"),
+        prompt_ids: ids(&e["cases"][0]["prompt_ids"]),
+        greedy_ids: ids(&e["cases"][0]["greedy_ids"]),
+    }
 }
 
 pub struct Case {
@@ -28,9 +86,9 @@ pub struct Case {
     pub outputs: Vec<(String, Tensor)>,
 }
 
-/// Reads `input_<i>.pb` / `output_<j>.pb` of one case folder.
-pub fn read_case(fixture: &str, case: &str) -> Case {
-    let dir = fixtures_dir().join(fixture).join(case);
+/// Reads `input_<i>.pb` / `output_<j>.pb` of one case folder of a corpus entry.
+pub fn read_case(entry: &str, case: &str) -> Case {
+    let dir = fixture(entry).join(case);
     let (inputs, outputs) = frontend::read_test_case(&dir).unwrap_or_else(|e| panic!("{e}"));
     assert!(!inputs.is_empty() && !outputs.is_empty(), "case {} has no tensors", dir.display());
     Case { inputs, outputs }
@@ -100,4 +158,67 @@ fn writer_like(bundle: &runtime::bundle::Bundle, dir: &std::path::Path) -> runti
         program: bundle.program().clone(),
     };
     runtime::bundle::BundleWriter::create(dir, header).unwrap()
+}
+
+/// The tiny random-weight entries one exporter made (every architecture but SmolLM2, which is
+/// 135M parameters), in index order; the corpus test holds each refusal to a known reason.
+pub fn tiny_entries(exporter: &str) -> Vec<String> {
+    let path = corpus_dir().join("index.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
+    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let names: Vec<String> = index["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["exporter"] == exporter && e["arch"] != "smollm2" && e["refused"].is_null())
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!names.is_empty(), "{}: no entry exported by `{exporter}`", path.display());
+    names
+}
+
+/// The checkpoint's configuration, from the transformers `config.json` the corpus exported
+/// (`fixtures/corpus/<arch>-hf`): the facts the exporters started from.
+pub struct Config {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub tied_embeddings: bool,
+    pub rms_eps: f64,
+}
+
+/// The configuration of the checkpoint entry `name` was exported from.
+pub fn config(name: &str) -> Config {
+    let arch = entry(name).arch;
+    let path = corpus_dir().join(format!("{arch}-hf")).join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let c = if v["text_config"].is_object() { &v["text_config"] } else { &v };
+    let uint = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{}: no `{k}`", path.display())) as usize;
+    let (hidden, heads) = (uint("hidden_size"), uint("num_attention_heads"));
+    Config {
+        layers: uint("num_hidden_layers"),
+        hidden,
+        heads,
+        kv_heads: uint("num_key_value_heads"),
+        head_dim: c["head_dim"].as_u64().map_or(hidden / heads, |d| d as usize),
+        intermediate: uint("intermediate_size"),
+        vocab: uint("vocab_size"),
+        // transformers' default when the config leaves it out.
+        tied_embeddings: c["tie_word_embeddings"].as_bool().unwrap_or(true),
+        rms_eps: c["rms_norm_eps"].as_f64().unwrap(),
+    }
+}
+
+/// A hand-built fixture (`tools/gen_fixtures.py`, `fixtures/<name>`), for the few tests whose
+/// subject is a graph no exporter writes; each caller says why.
+pub fn hand_built(name: &str) -> PathBuf {
+    let d = fixtures_dir().join(name);
+    assert!(d.join("model.onnx").is_file(), "fixture {} is missing: run `make fixtures`", d.display());
+    d
 }
