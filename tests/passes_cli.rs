@@ -15,14 +15,14 @@ fn npuc(args: &[&str]) -> (bool, String, String) {
 }
 
 fn model(name: &str) -> String {
-    common::fixture(name).join("model.onnx").display().to_string()
+    common::model(name).display().to_string()
 }
 
 #[test]
 fn passes_dumps_one_file_per_pass_and_reports_json() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, _, err) =
-        npuc(&["passes", &model("llama_f1"), "--target", "cpu", "--dump-dir", dir.path().to_str().unwrap()]);
+        npuc(&["passes", &model("llama-optimum"), "--target", "cpu", "--dump-dir", dir.path().to_str().unwrap()]);
     assert!(ok, "{err}");
     let mut files: Vec<String> =
         std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -36,46 +36,53 @@ fn passes_dumps_one_file_per_pass_and_reports_json() {
     // The summary lines go to stderr, one per pass.
     assert!(err.contains("canonicalize") && err.contains("saturate"), "{err}");
 
-    let (ok, out, err) = npuc(&["passes", &model("llama_f1"), "--json", "--stop-after", "canonicalize"]);
+    let (ok, out, err) = npuc(&["passes", &model("llama-optimum"), "--json", "--stop-after", "canonicalize"]);
     assert!(ok, "{err}");
     let r: Value = serde_json::from_str(&out).unwrap();
     let names: Vec<&str> = r["passes"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["canonicalize"]);
     assert!(r["weight_bytes"].as_u64().unwrap() > 0);
 
-    // The final program's step cost: a decode step reads every projection weight once (all but
-    // the embedding table, of which it gathers one row); a 64-row prefill block reads the same
-    // weights, 63 more gathered rows, and does 64× the GEMM work (plus attention).
-    let (ok, out, err) = npuc(&["passes", &model("llama_f1"), "--json"]);
+    // The final program's step cost: a decode step reads every weight once (the tied lm_head
+    // reads the whole embedding table) and gathers one row of it and a cos and a sin row; a
+    // 64-row prefill block reads the same weights, 63 more gathered rows of each, and does 64×
+    // the GEMM work (plus attention).
+    let (ok, out, err) = npuc(&["passes", &model("llama-optimum"), "--json"]);
     assert!(ok, "{err}");
     let r: Value = serde_json::from_str(&out).unwrap();
     let cost = |i: usize, k: &str| r["step_cost"][i]["cost"][k].as_u64().unwrap();
     assert_eq!(r["step_cost"][0]["step"], "decode");
+    let c = common::config("llama-optimum");
+    let (hidden, head_dim) = (c.hidden as u64, c.head_dim as u64);
     let total = r["weight_bytes"].as_u64().unwrap();
-    let table = 512 * 256 * 4;
-    assert!(cost(0, "weight_bytes") > total - table && cost(0, "weight_bytes") < total, "{}", r["step_cost"]);
-    // 63 more rows gathered: an embedding row (256 f32) and a cos and a sin row (64 f32 each).
-    assert_eq!(cost(1, "weight_bytes"), cost(0, "weight_bytes") + 63 * (256 + 2 * 64) * 4);
-    assert!(cost(1, "macs") >= 64 * (cost(0, "macs") - 2 * 4 * 513 * 64 * 2));
+    assert!(c.tied_embeddings);
+    // An embedding row and a cos and a sin row (head_dim f32 each) per token.
+    let rows = (hidden + 2 * head_dim) * 4;
+    assert_eq!(cost(0, "weight_bytes"), total + rows, "{}", r["step_cost"]);
+    assert_eq!(cost(1, "weight_bytes"), cost(0, "weight_bytes") + 63 * rows);
+    // The decode step's attention at its 513 keys: q·k and p·v per head and layer.
+    let attention = (c.layers * c.heads) as u64 * 513 * head_dim * 2;
+    assert!(cost(1, "macs") >= 64 * (cost(0, "macs") - attention));
 }
 
 #[test]
 fn passes_refuses_unknown_targets_and_passes() {
-    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--target", "gpu"]);
+    let (ok, _, err) = npuc(&["passes", &model("llama-optimum"), "--target", "gpu"]);
     assert!(!ok);
     assert!(err.contains("unknown target `gpu`") && err.contains("intel-npu"), "{err}");
-    let (ok, _, err) = npuc(&["passes", &model("llama_f1"), "--stop-after", "fold"]);
+    let (ok, _, err) = npuc(&["passes", &model("llama-optimum"), "--stop-after", "fold"]);
     assert!(!ok);
     assert!(err.contains("no pass named `fold`") && err.contains("canonicalize, saturate"), "{err}");
 }
 
 /// `--check` evaluates the final program on a case and reports its error against ONNX Runtime's
-/// outputs; `--fp16-sim` does it as an fp16 device would. On the unmodified fixture both stay close
+/// outputs; `--fp16-sim` does it as an fp16 device would. On the builder's unmodified int4 graph
+/// (accuracy level 1) both stay close
 /// (fp16 rounds every tensor: errors of a few 10⁻³, logits KL far below 0.01).
 #[test]
 fn passes_checks_the_program_against_a_test_case() {
-    let case = common::fixture("llama_f2").join("prefill").display().to_string();
-    let m = model("llama_f2");
+    let case = common::fixture("llama-builder-int4-acc1").join("prefill").display().to_string();
+    let m = model("llama-builder-int4-acc1");
     for (target, fp16, bound) in [("cpu", false, 1e-4), ("intel-npu", true, 2e-2)] {
         let mut args = vec!["passes", &m, "--target", target, "--json", "--check", &case];
         if fp16 {
@@ -111,7 +118,7 @@ fn explore_runs_user_rules_on_one_layer() {
         .unwrap();
     let (ok, out, err) = npuc(&[
         "explore",
-        &model("llama_f1"),
+        &model("llama-optimum"),
         "--layer",
         "0",
         "--family",
@@ -139,13 +146,13 @@ fn explore_reports_bad_rules_and_families_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("bad.rules");
     std::fs::write(&rules, "ok: (Neg ?x) => (Neg ?x)\nbad: (Frobnicate ?x) => ?x\n").unwrap();
-    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--rules", rules.to_str().unwrap()]);
+    let (ok, _, err) = npuc(&["explore", &model("llama-optimum"), "--rules", rules.to_str().unwrap()]);
     assert!(!ok);
     assert!(err.contains("bad.rules: line 2"), "{err}");
-    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--family", "nope"]);
+    let (ok, _, err) = npuc(&["explore", &model("llama-optimum"), "--family", "nope"]);
     assert!(!ok);
     assert!(err.contains("unknown rule family `nope`") && err.contains("rmsnorm"), "{err}");
-    let (ok, _, err) = npuc(&["explore", &model("llama_f1"), "--layer", "7"]);
+    let (ok, _, err) = npuc(&["explore", &model("llama-optimum"), "--layer", "7"]);
     assert!(!ok);
     assert!(err.contains("layer 7"), "{err}");
 }
@@ -158,7 +165,7 @@ fn explore_explains_a_fused_value() {
     let value = "/model/layers.0/mlp/act_fn/Mul_output_0";
     let (ok, out, err) = npuc(&[
         "explore",
-        &model("llama_f1"),
+        &model("llama-optimum"),
         "--layer",
         "0",
         "--family",
