@@ -267,9 +267,11 @@ impl Text {
         }
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+    /// `text` as ids, with the special tokens the tokenizer adds (a BOS, for some) unless the
+    /// text is a rendered chat template, which spells its own.
+    fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let t = self.tokenizer.as_ref().ok_or_else(|| anyhow!("the bundle has no tokenizer"))?;
-        Ok(t.encode(text, true).map_err(|e| anyhow!("{e}"))?.get_ids().to_vec())
+        Ok(t.encode(text, add_special).map_err(|e| anyhow!("{e}"))?.get_ids().to_vec())
     }
 }
 
@@ -288,7 +290,7 @@ fn prompt_token_ids(o: &Options, bundle: &Bundle, text: &Text) -> Result<Vec<Vec
     let mut out = Vec::with_capacity(prompts.len() + o.prompt_ids.len());
     for (i, prompt) in prompts.iter().enumerate() {
         let text_in = if o.chat { render_chat(bundle, prompt)? } else { prompt.clone() };
-        let ids = text.encode(&text_in).with_context(|| format!("tokenising prompt {}", i + 1))?;
+        let ids = text.encode(&text_in, !o.chat).with_context(|| format!("tokenising prompt {}", i + 1))?;
         anyhow::ensure!(!ids.is_empty(), "prompt {} is empty after tokenisation", i + 1);
         out.push(ids);
     }

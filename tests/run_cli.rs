@@ -1,11 +1,14 @@
-//! The host executor and `npuc run` on SmolLM2 form 1 (fp32), against ONNX Runtime: the logits
-//! of the recorded prefill and decode cases, and greedy decoding of the three prompts of
-//! greedy.json token for token. Form 2 (4-bit WGemm, 8-bit GatherBlockQuantized embedding, the
+//! The host executor and `npuc run` on SmolLM2-135M as optimum exports it (fp32), against ONNX
+//! Runtime on that file: the logits of the recorded prefill and decode cases, and greedy decoding
+//! of the corpus's three prompts (two plain texts and a chat turn through the tokenizer's
+//! template) token for token. SmolLM2 as the onnxruntime-genai builder writes it in int4 at
+//! `accuracy_level` 1 (4-bit WGemm, GatherBlockQuantized embedding over the lm_head's codes, the
 //! GroupQueryAttention lowering's position ops) with the Exact WGemm precision: the last prefill
-//! position's and the decode step's logits, and the first prompt's greedy tokens. Form 2's WGemm
+//! position's and the decode step's logits, and the first prompt's greedy tokens. Its WGemm
 //! weights are stored packed by `pack_wgemm` and read in place (nothing packed at load); a bundle
 //! holding them in the MatMulNBits layout is packed at load to the same logits; a changed byte or
-//! an unknown packing of a packed tensor is refused.
+//! an unknown packing of a packed tensor is refused. The builder's asymmetric int4 (zero points)
+//! is packed the same way.
 
 mod common;
 
@@ -55,7 +58,7 @@ unsafe impl GlobalAlloc for CountingOnThisThread {
 #[global_allocator]
 static GLOBAL: CountingOnThisThread = CountingOnThisThread;
 
-const FIXTURE: &str = "smollm2_f1";
+const FIXTURE: &str = "smollm2-optimum";
 /// Logits may differ from ONNX Runtime's by this fraction of the largest logit.
 const LOGIT_TOLERANCE: f64 = 1e-4;
 
@@ -64,8 +67,8 @@ fn bundle_dir() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("smollm2_f1.npub");
-        let model = common::fixture(FIXTURE).join("model.onnx");
+        let out = tmp.path().join("smollm2-optimum.npub");
+        let model = common::model(FIXTURE);
         let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
         assert!(ok, "{err}");
         (tmp, out)
@@ -73,13 +76,14 @@ fn bundle_dir() -> &'static Path {
     .1
 }
 
-/// SmolLM2 form 2 (4-bit MatMulNBits, 8-bit tied embedding/lm_head), compiled once.
-fn f2_bundle_dir() -> &'static Path {
+/// SmolLM2 from the builder in int4 (4-bit MatMulNBits, the tied embedding a
+/// GatherBlockQuantized over the lm_head's codes), compiled once.
+fn builder_int4_bundle_dir() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("smollm2_f2.npub");
-        let model = common::fixture(F2).join("model.onnx");
+        let out = tmp.path().join("smollm2-builder-int4-acc1.npub");
+        let model = common::model(INT4);
         let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
         assert!(ok, "{err}");
         (tmp, out)
@@ -87,7 +91,9 @@ fn f2_bundle_dir() -> &'static Path {
     .1
 }
 
-const F2: &str = "smollm2_f2";
+/// At `accuracy_level` 1, so ONNX Runtime's products take float activations as the Exact WGemm
+/// precision does (level 4 is the corpus test's).
+const INT4: &str = "smollm2-builder-int4-acc1";
 
 fn npuc(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
@@ -126,16 +132,32 @@ fn greedy_prompts() -> Vec<(Vec<u32>, Vec<u32>, String)> {
     fixture_greedy_prompts(FIXTURE)
 }
 
+/// The entry's greedy cases in the corpus index: prompt ids, ONNX Runtime's 16 greedy ids, and
+/// the text (a plain prompt, or the chat turn's message) the ids were made from.
 fn fixture_greedy_prompts(fixture: &str) -> Vec<(Vec<u32>, Vec<u32>, String)> {
-    let path = common::fixture(fixture).join("greedy.json");
-    let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let list = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
-    greedy["prompts"]
-        .as_array()
-        .unwrap()
+    index_cases(fixture)
         .iter()
-        .map(|p| (list(&p["prompt_ids"]), list(&p["generated_ids"]), p["prompt"].as_str().unwrap_or("").to_string()))
+        .map(|c| {
+            let list = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+            let text = c["text"].as_str().or(c["messages"][0]["content"].as_str()).expect("a prompt's text");
+            (list(&c["prompt_ids"]), list(&c["greedy_ids"]), text.to_string())
+        })
         .collect()
+}
+
+/// The `cases` list of the entry in `fixtures/corpus/index.json`.
+fn index_cases(fixture: &str) -> Vec<Value> {
+    let path = common::corpus_dir().join("index.json");
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let entry = index["entries"].as_array().unwrap().iter().find(|e| e["name"] == fixture).unwrap();
+    entry["cases"].as_array().unwrap().clone()
+}
+
+/// Greedy ids against ONNX Runtime's: equal, up to where a stop token ended ours.
+fn assert_greedy(got: &[u32], want: &[u32], stop: &[u32], what: &str) {
+    let n = got.len();
+    assert!(n == want.len() || (n > 0 && n < want.len() && stop.contains(&got[n - 1])), "{what}: {got:?} vs {want:?}");
+    assert_eq!(got, &want[..n], "{what}");
 }
 
 #[test]
@@ -173,10 +195,10 @@ fn greedy_tokens_equal_onnx_runtime_for_every_prompt() {
     let stop = bundle.model().stop_token_ids.clone();
     for (threads, (prompt, want, _)) in [1, 2, 1].into_iter().zip(greedy_prompts()) {
         let mut exec = Executor::new(&bundle, ExecOptions { threads, ..ExecOptions::default() }).unwrap();
-        let (got, stats) = exec.generate_greedy(&prompt, 64, &stop, |_| {}).unwrap();
-        assert_eq!(got, want, "prompt {prompt:?} with {threads} threads");
-        assert_eq!(stats.generated_tokens, want.len());
-        assert_eq!(exec.position(), prompt.len() + want.len() - 1, "the last token is generated, not run");
+        let (got, stats) = exec.generate_greedy(&prompt, want.len(), &stop, |_| {}).unwrap();
+        assert_greedy(&got, &want, &stop, &format!("prompt {prompt:?} with {threads} threads"));
+        assert_eq!(stats.generated_tokens, got.len());
+        assert_eq!(exec.position(), prompt.len() + got.len() - 1, "the last token is generated, not run");
     }
 }
 
@@ -228,11 +250,12 @@ fn a_step_past_the_context_is_refused() {
 #[test]
 fn npuc_run_streams_the_greedy_text_and_reports_rates() {
     let (prompt_ids, want, prompt) = greedy_prompts().swap_remove(0);
-    assert_eq!(prompt_ids.len(), 5, "the first prompt is the plain-text one");
     let dir = bundle_dir().to_str().unwrap();
-    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "64", "--json"]);
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "16", "--json"]);
     assert!(ok, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
+    // The tokenizer's own special tokens (a BOS) included, as transformers tokenises by default.
+    assert_eq!(report["prompt_tokens"].as_u64().unwrap() as usize, prompt_ids.len());
     let tokens: Vec<u32> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
     assert_eq!(tokens, want);
     assert!(report["text"].as_str().unwrap().starts_with(" Paris"), "{}", report["text"]);
@@ -243,83 +266,84 @@ fn npuc_run_streams_the_greedy_text_and_reports_rates() {
     let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "3", "--threads", "2"]);
     assert!(ok, "{err}");
     assert!(out.starts_with(" Paris"), "{out}");
-    assert!(err.contains("prefill 5 tokens") && err.contains("decode 2 tokens") && err.contains("tok/s"), "{err}");
+    let prefill = format!("prefill {} tokens", prompt_ids.len());
+    assert!(err.contains(&prefill) && err.contains("decode 2 tokens") && err.contains("tok/s"), "{err}");
 }
 
 #[test]
 fn npuc_run_chat_applies_the_template_and_counts_the_kv_traffic() {
-    let path = common::fixture(FIXTURE).join("greedy.json");
-    let greedy: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let chat = greedy["prompts"].as_array().unwrap().iter().find(|p| p["kind"] == "chat").expect("a chat prompt");
+    let cases = index_cases(FIXTURE);
+    let chat = cases.iter().find(|c| c["messages"].is_array()).expect("a chat prompt");
     let message = chat["messages"][0]["content"].as_str().unwrap();
     let want_prompt = chat["prompt_ids"].as_array().unwrap().len();
-    let want: Vec<u64> = chat["generated_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let want: Vec<u32> = chat["greedy_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
     let dir = bundle_dir().to_str().unwrap();
-    let (ok, out, err) = npuc(&["run", dir, "--prompt", message, "--chat", "--stats", "--max-tokens", "64", "--json"]);
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", message, "--chat", "--stats", "--max-tokens", "16", "--json"]);
     assert!(ok, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
-    // The template renders to the same ids ONNX Runtime's reference was given, and the greedy
-    // answer is the same.
+    // The template renders to the ids transformers' apply_chat_template gave ONNX Runtime's
+    // reference, and the greedy answer is the same up to the end of the turn.
     assert_eq!(report["prompt_tokens"].as_u64().unwrap() as usize, want_prompt);
-    let tokens: Vec<u64> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
-    assert_eq!(tokens, want);
+    let tokens = json_tokens(&report["tokens"]);
+    let stop = Bundle::open(bundle_dir(), Some("cpu")).unwrap().model().stop_token_ids.clone();
+    assert_greedy(&tokens, &want, &stop, "chat");
     // Every step appends only its own rows and copies nothing: K and V, 4 bytes each, per layer
     // and KV head, for the prompt and every generated token but the last (never fed back).
     let kv = &report["kv"];
     assert_eq!(kv["copied_bytes"].as_u64(), Some(0));
-    let rows = (want_prompt + want.len() - 1) as u64;
+    let rows = (want_prompt + tokens.len() - 1) as u64;
     let (layers, kv_heads, head_dim) = (30u64, 3u64, 64u64);
     assert_eq!(kv["appended_bytes"].as_u64(), Some(rows * layers * kv_heads * head_dim * 2 * 4));
 }
 
 #[test]
-fn f2_greedy_tokens_equal_onnx_runtime_for_the_first_prompt() {
-    // WGemm (4-bit, float zero points; 8-bit tied lm_head), GatherBlockQuantized and the
+fn builder_int4_greedy_tokens_equal_onnx_runtime_for_the_first_prompt() {
+    // WGemm (4-bit, symmetric), GatherBlockQuantized over the lm_head's codes and the
     // GroupQueryAttention lowering's position arithmetic, with the Exact WGemm precision.
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
     let stop = bundle.model().stop_token_ids.clone();
-    let (prompt, want, _) = fixture_greedy_prompts(F2).swap_remove(0);
+    let (prompt, want, _) = fixture_greedy_prompts(INT4).swap_remove(0);
     for threads in [1, 2] {
         let mut exec = Executor::new(&bundle, ExecOptions { threads, ..ExecOptions::default() }).unwrap();
         assert_eq!(exec.wgemm_precision(), WGemmPrecision::Exact);
-        let (got, _) = exec.generate_greedy(&prompt, 64, &stop, |_| {}).unwrap();
-        assert_eq!(got, want, "prompt {prompt:?} with {threads} threads");
+        let (got, _) = exec.generate_greedy(&prompt, want.len(), &stop, |_| {}).unwrap();
+        assert_greedy(&got, &want, &stop, &format!("prompt {prompt:?} with {threads} threads"));
     }
 }
 
 #[test]
-fn f2_prefill_last_logits_match_onnx_runtime() {
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+fn builder_int4_prefill_last_logits_match_onnx_runtime() {
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
     let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
     exec.set_wgemm_precision(WGemmPrecision::Exact);
-    let prompt = ids(&fixture_tensor(F2, "prefill", "input_0.pb"));
-    let want = fixture_tensor(F2, "prefill", "output_0.pb");
+    let prompt = ids(&fixture_tensor(INT4, "prefill", "input_0.pb"));
+    let want = fixture_tensor(INT4, "prefill", "output_0.pb");
     let vocab = *want.shape.last().unwrap();
     assert_eq!(exec.vocab(), vocab);
     let want = want.to_f32_vec();
     let got = exec.step(&prompt).unwrap().to_vec();
     let last = &want[(prompt.len() - 1) * vocab..prompt.len() * vocab];
-    assert_close(&got, last, "f2 prefill, last position");
+    assert_close(&got, last, "int4 prefill, last position");
     // The decode case continues the prefill with one token.
-    let token = ids(&fixture_tensor(F2, "decode", "input_0.pb"));
+    let token = ids(&fixture_tensor(INT4, "decode", "input_0.pb"));
     let got = exec.step(&token).unwrap().to_vec();
-    assert_close(&got, &fixture_tensor(F2, "decode", "output_0.pb").to_f32_vec(), "f2 decode step");
+    assert_close(&got, &fixture_tensor(INT4, "decode", "output_0.pb").to_f32_vec(), "int4 decode step");
 }
 
 #[test]
-fn f2_npuc_run_streams_the_greedy_text() {
-    let (_, want, prompt) = fixture_greedy_prompts(F2).swap_remove(0);
-    let dir = f2_bundle_dir().to_str().unwrap();
-    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "20", "--json"]);
+fn builder_int4_npuc_run_streams_the_greedy_text() {
+    let (_, want, prompt) = fixture_greedy_prompts(INT4).swap_remove(0);
+    let dir = int4_bundle_dir().to_str().unwrap();
+    let (ok, out, err) = npuc(&["run", dir, "--prompt", &prompt, "--max-tokens", "16", "--json"]);
     assert!(ok, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     let tokens: Vec<u32> = report["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
-    assert_eq!(tokens, want[..20]);
+    assert_eq!(tokens, want);
 }
 
-/// The weights of the SmolLM2 form-2 model as the ONNX file holds them, by name.
-fn f2_model_weights() -> std::collections::HashMap<String, ir::Weight> {
-    let model = common::fixture(F2).join("model.onnx");
+/// The weights of a corpus model as the ONNX file holds them, by name.
+fn model_weights(entry: &str) -> std::collections::HashMap<String, ir::Weight> {
+    let model = common::model(entry);
     let imported = frontend::import_file(&model).unwrap();
     imported
         .graph
@@ -334,39 +358,54 @@ fn f32_values(bytes: &[u8]) -> Vec<f32> {
 }
 
 #[test]
-fn f2_bundle_holds_wgemm_weights_packed_by_the_kernels_and_the_executor_copies_none() {
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+fn builder_int4_bundle_holds_wgemm_weights_packed_by_the_kernels_and_the_executor_copies_none() {
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
     let exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
     assert_eq!(exec.wgemm_bytes_packed_at_load(), 0);
-    // Every MatMulNBits weight is stored only packed; the tied 8-bit embedding/lm_head once.
-    let unpacked: Vec<&str> =
-        bundle.tensors().map(|t| t.name).filter(|n| n.ends_with("_Q4G32") || n.ends_with("_Q8G32")).collect();
+    // Every MatMulNBits weight is stored only packed, the lm_head's once for the embedding too.
+    let unpacked: Vec<&str> = bundle.tensors().map(|t| t.name).filter(|n| n.ends_with("_Q4")).collect();
     assert!(unpacked.is_empty(), "MatMulNBits tensors stored as well: {unpacked:?}");
     let packed_codes = bundle.tensors().filter(|t| t.name.ends_with(".wgemm.codes")).count();
-    assert_eq!(packed_codes, 30 * 5 + 1, "q/k/v, o, gate, up, down per layer and the lm_head");
-    assert!(bundle.tensor("lm_head.MatMul.weight_scale").is_none());
-
+    assert_eq!(packed_codes, 30 * 5 + 1, "q|k|v, o, gate, up, down per layer and the lm_head");
     // The stored bytes are pack_wgemm's output for the model's own weights.
-    let weights = f2_model_weights();
-    for (source, zero_points) in [
-        ("model.layers.0.attn.qkv_proj.MatMul.weight_Q4G32", Some("model.layers.0.attn.qkv_proj.MatMul.weight_zp")),
-        ("lm_head.MatMul.weight_Q8G32", None),
-    ] {
+    let sources = ["model.layers.0.attn.qkv_proj.MatMul.weight_Q4", "lm_head.MatMul.weight_Q4"];
+    assert_packed_as_the_kernels_pack(&bundle, INT4, &sources);
+}
+
+/// The builder's asymmetric int4 (block 128, uint8 zero points): packed the same way.
+#[test]
+fn asymmetric_int4_bundle_holds_its_zero_points_packed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let entry = "llama-builder-int4-b128-asym";
+    let out = tmp.path().join("asym.npub");
+    let model = common::model(entry);
+    let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let bundle = Bundle::open(&out, Some("cpu")).unwrap();
+    assert_packed_as_the_kernels_pack(&bundle, entry, &["model.layers.1.mlp.down_proj.MatMul.weight_Q4"]);
+}
+
+/// Each MatMulNBits weight `sources` names (`<name>_Q4`, with `<name>_scales` and, when the file
+/// has them, `<name>_zero_points`) is stored as `pack_wgemm` packs it.
+fn assert_packed_as_the_kernels_pack(bundle: &Bundle, entry: &str, sources: &[&str]) {
+    let weights = model_weights(entry);
+    for &source in sources {
         let b = &weights[source];
-        let scales_name = source.rsplit_once('_').unwrap().0.to_string() + "_scale";
+        let stem = source.strip_suffix("_Q4").unwrap();
+        let scales_name = format!("{stem}_scales");
         let scales = f32_values(&weights[&scales_name].bytes);
-        let zp = zero_points.map(|z| f32_values(&weights[z].bytes));
+        let zp = weights.get(&format!("{stem}_zero_points")).map(|z| z.bytes.to_vec());
         let (n, blocks, blob) = (b.shape[0], b.shape[1], b.shape[2]);
-        let bits = blob * 8 / 32;
+        let (bits, block_size) = (4, blob * 2);
         let src = MatMulNBits {
-            k: blocks * 32,
+            k: blocks * block_size,
             n,
             bits,
-            block_size: 32,
+            block_size,
             b: &b.bytes,
             scales: &scales,
             zero_points: match &zp {
-                Some(z) => NBitsZeroPoints::Float(z),
+                Some(z) => NBitsZeroPoints::Packed(z),
                 None => NBitsZeroPoints::Default,
             },
         };
@@ -386,13 +425,13 @@ fn f2_bundle_holds_wgemm_weights_packed_by_the_kernels_and_the_executor_copies_n
 }
 
 #[test]
-fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_logits() {
+fn builder_int4_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_logits() {
     // A bundle as the compiler wrote it before packing: the MatMulNBits weights as the model holds
     // them, no packed tensors.
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
-    let weights = f2_model_weights();
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
+    let weights = model_weights(INT4);
     let tmp = tempfile::tempdir().unwrap();
-    let old_dir = tmp.path().join("f2_matmulnbits.npub");
+    let old_dir = tmp.path().join("int4_matmulnbits.npub");
     let packed_bytes: usize = bundle.tensors().filter(|t| t.name.contains(".wgemm.")).map(|t| t.bytes.len()).sum();
     let mut missing: Vec<&str> = bundle.program()["values"]
         .as_array()
@@ -410,14 +449,14 @@ fn f2_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_the_same_l
     let mut old_exec = Executor::new(&old, ExecOptions::default()).unwrap();
     assert_eq!(old_exec.wgemm_bytes_packed_at_load(), packed_bytes);
     let mut new_exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
-    let prompt = ids(&fixture_tensor(F2, "prefill", "input_0.pb"));
+    let prompt = ids(&fixture_tensor(INT4, "prefill", "input_0.pb"));
     let (got_old, got_new) = (old_exec.step(&prompt).unwrap().to_vec(), new_exec.step(&prompt).unwrap().to_vec());
     assert!(got_old == got_new, "logits of weights packed at load and at compile time differ");
 }
 
 #[test]
 fn a_packed_tensor_of_another_packing_is_refused_naming_it() {
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("other_packing.npub");
     let header = ManifestHeader {
@@ -427,7 +466,7 @@ fn a_packed_tensor_of_another_packing_is_refused_naming_it() {
         program: bundle.program().clone(),
     };
     let mut writer = BundleWriter::create(&dir, header).unwrap();
-    let changed = packed_names("model.layers.3.attn.o_proj.MatMul.weight_Q4G32").codes;
+    let changed = packed_names("model.layers.3.attn.o_proj.MatMul.weight_Q4").codes;
     for t in bundle.tensors() {
         let mut metadata = t.metadata.cloned();
         if t.name == changed {
@@ -447,7 +486,7 @@ fn a_packed_tensor_of_another_packing_is_refused_naming_it() {
 
 #[test]
 fn a_flipped_byte_in_a_packed_tensor_is_refused_by_the_bundle_loader() {
-    let src = f2_bundle_dir();
+    let src = int4_bundle_dir();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("flipped.npub");
     std::fs::create_dir(&dir).unwrap();
@@ -459,7 +498,7 @@ fn a_flipped_byte_in_a_packed_tensor_is_refused_by_the_bundle_loader() {
     let mut bytes = std::fs::read(&path).unwrap();
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
-    let name = packed_names("model.layers.7.mlp.down_proj.MatMul.weight_Q4G32").codes;
+    let name = packed_names("model.layers.7.mlp.down_proj.MatMul.weight_Q4").codes;
     let begin = header[&name]["data_offsets"][0].as_u64().unwrap() as usize;
     bytes[8 + header_len + begin + 1000] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
@@ -470,14 +509,14 @@ fn a_flipped_byte_in_a_packed_tensor_is_refused_by_the_bundle_loader() {
 }
 
 #[test]
-fn f2_decode_steps_allocate_nothing_after_the_prefill() {
-    let bundle = Bundle::open(f2_bundle_dir(), Some("cpu")).unwrap();
+fn builder_int4_decode_steps_allocate_nothing_after_the_prefill() {
+    let bundle = Bundle::open(int4_bundle_dir(), Some("cpu")).unwrap();
     for precision in [WGemmPrecision::Exact, WGemmPrecision::Int8Activations] {
         // One thread: every kernel runs on this thread, where allocations are counted.
         let mut exec =
             Executor::new(&bundle, ExecOptions { threads: 1, max_context: 64, ..ExecOptions::default() }).unwrap();
         exec.set_wgemm_precision(precision);
-        let (prompt, _, _) = fixture_greedy_prompts(F2).swap_remove(1);
+        let (prompt, _, _) = fixture_greedy_prompts(INT4).swap_remove(1);
         let mut next = argmax(exec.step(&prompt).unwrap());
         next = argmax(exec.step(&[next]).unwrap());
         ALLOCATIONS.with(|n| n.set(0));

@@ -1,5 +1,6 @@
 //! The host executor's KV storage types, sampling, concurrent sequences and A8W8 (QDQ) programs
-//! on the tiny fixtures, against a contiguous reference: the `cpu` pipeline's graph run by the
+//! on tiny corpus models (as optimum, quantize_static, Quark and the builder wrote them), against a
+//! contiguous reference: the `cpu` pipeline's graph run by the
 //! reference evaluator (`ir::run`) with the past K and V passed as whole tensors, step after step.
 
 mod common;
@@ -11,28 +12,30 @@ use runtime::exec::{argmax, ExecError, ExecOptions, Executor};
 use runtime::kernels::Isa;
 use runtime::kvcache::{KvError, KvStorage};
 use runtime::sample::{Sampler, SamplingParams};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-const FIXTURES: [&str; 2] = ["llama_f1", "qwen3_f1"];
-/// The A8W8 QDQ forms: per-tensor u8 activations (f3a), per-channel weights and i8 activations
-/// (f3b).
-const A8W8: [&str; 4] = ["llama_f3a", "llama_f3b", "qwen3_f3a", "qwen3_f3b"];
+/// Float models: Llama, Qwen3 (q/k norms), Mistral (a sliding window of 12, shorter than the
+/// 48 positions the comparison runs) and Gemma 3 (a local and a global layer, GELU gate).
+const FIXTURES: [&str; 4] = ["llama-optimum", "qwen3-optimum", "mistral-optimum", "gemma3-optimum"];
+/// The A8W8 QDQ models: quantize_static per tensor (s8 activations) and per channel (u8
+/// activations), and AMD Quark's A8W8.
+const A8W8: [&str; 4] = ["llama-qdq-per-tensor-s8", "llama-qdq-per-channel-u8", "qwen3-qdq-per-tensor-s8", "qwen3-quark-a8w8"];
 /// f32 pages: logits within this fraction of the largest reference logit (measured: 9.3e-7).
 const F32_TOLERANCE: f64 = 1e-4;
 /// int8 pages (one scale per token row and KV head), over 28 steps up to 48 positions: measured
-/// 8.3e-3 (llama_f1) and 8.6e-3 (qwen3_f1) of the largest logit; the bound leaves room.
-const INT8_TOLERANCE: f64 = 2e-2;
-/// f16 pages: measured 3.2e-4 and 2.9e-4.
-const F16_TOLERANCE: f64 = 1e-3;
+/// 1.8e-2 (Llama, Mistral), 2.0e-2 (Qwen3) and 4.0e-2 (Gemma 3, whose attention is the sharpest)
+/// of the largest logit; the bound leaves room.
+const INT8_TOLERANCE: f64 = 6e-2;
+/// f16 pages: measured 6.9e-4 to 1.1e-3 (Gemma 3).
+const F16_TOLERANCE: f64 = 2e-3;
 /// A8W8 programs against the reference evaluator (see the test for what differs and why).
 const A8W8_TOLERANCE: f64 = 4e-2;
-/// Forms compiled for `xdna`, whose programs are the array's int8 (`QuantizeRows` + `QGemm` with
+/// Models compiled for `xdna`, whose programs are the array's int8 (`QuantizeRows` + `QGemm` with
 /// per-row activation scales): a float and a 4-bit one. Keys of [`models`] are `xdna:<name>`.
-const XDNA: [&str; 2] = ["xdna:llama_f1", "xdna:qwen3_f2"];
+const XDNA: [&str; 2] = ["xdna:llama-optimum", "xdna:qwen3-builder-int4"];
 
 struct Model {
     graph: Graph,
@@ -61,8 +64,7 @@ fn models() -> &'static HashMap<&'static str, Model> {
 fn load(key: &str, tmp: &tempfile::TempDir) -> Model {
     let (target_name, name) = key.split_once(':').unwrap_or(("cpu", key));
     let dir = common::fixture(name);
-    let meta: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
-    let n = |k: &str| meta[k].as_u64().unwrap() as usize;
+    let (entry, config) = (common::entry(name), common::config(name));
     let g = frontend::import_file(&dir.join("model.onnx")).unwrap_or_else(|e| panic!("{e}")).graph;
     let target = passes::targets::target(target_name).unwrap();
     let graph = passes::driver::run(&target.pipeline(), g, None, |_, _| {}).unwrap_or_else(|e| panic!("{e}")).graph;
@@ -81,11 +83,11 @@ fn load(key: &str, tmp: &tempfile::TempDir) -> Model {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     Model {
         graph,
-        layers: n("layers"),
-        kv_heads: n("kv_heads"),
-        head_dim: n("head_dim"),
-        vocab: n("vocab"),
-        inputs: meta["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect(),
+        layers: entry.layers,
+        kv_heads: entry.kv_heads,
+        head_dim: entry.head_dim,
+        vocab: config.vocab,
+        inputs: common::entry_inputs(name),
         bundle,
     }
 }
@@ -187,8 +189,10 @@ fn f32_pages_give_the_contiguous_reference_tokens() {
 fn f16_and_int8_pages_stay_within_their_logit_tolerance() {
     for name in FIXTURES {
         let (worst, _) = compare_with_reference(&models()[name], KvStorage::F16);
+        eprintln!("{name}: f16 pages {worst:.2e}");
         assert!(worst <= F16_TOLERANCE, "{name}: f16 pages: logits differ by {worst:e} of the largest");
         let (worst, _) = compare_with_reference(&models()[name], KvStorage::Int8);
+        eprintln!("{name}: int8 pages {worst:.2e}");
         assert!(worst <= INT8_TOLERANCE, "{name}: int8 pages: logits differ by {worst:e} of the largest");
         // The storage matters: int8 pages are not exact.
         assert!(worst > F32_TOLERANCE / 10.0, "{name}: int8 pages agree suspiciously well ({worst:e})");
@@ -203,7 +207,7 @@ fn greedy_alone(model: &Model, prompt: &[u32], max_new: usize) -> Vec<u32> {
 
 #[test]
 fn sequences_with_a_shared_prefix_share_its_pages_and_diverge_correctly() {
-    let model = &models()["llama_f1"];
+    let model = &models()["llama-optimum"];
     let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
     let a = prompt(40, 1, model.vocab);
     let mut b = a[..35].to_vec();
@@ -246,7 +250,7 @@ fn sequences_with_a_shared_prefix_share_its_pages_and_diverge_correctly() {
 
 #[test]
 fn pool_exhaustion_fails_only_the_sequence_that_needs_the_page() {
-    let model = &models()["llama_f1"];
+    let model = &models()["llama-optimum"];
     let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
     let per_block = model.layers * model.kv_heads;
     // A (5 + 10 rows) needs one block; B (14-token prompt) needs a second block at row 16,
@@ -272,7 +276,7 @@ fn pool_exhaustion_fails_only_the_sequence_that_needs_the_page() {
 
 #[test]
 fn sampling_is_reproducible_and_top_k_one_is_greedy() {
-    let model = &models()["qwen3_f1"];
+    let model = &models()["qwen3-optimum"];
     let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
     let mut exec = Executor::new(&bundle, ExecOptions { max_context: 64, ..ExecOptions::default() }).unwrap();
     let p = prompt(6, 6, model.vocab);
@@ -295,10 +299,10 @@ fn sampling_is_reproducible_and_top_k_one_is_greedy() {
 /// reference evaluator: 21 prompt tokens, then 19 decode steps fed the reference's tokens. The
 /// QGemm kernels, QuantizeLinear and DequantizeLinear are exact; the float ops between them
 /// (norms, RoPE, attention, SwiGLU) round differently from the evaluator's f64, which can move
-/// an activation code by one. Measured here: every step of every form bit-exact on the AVX2,
-/// AVX-512 and VNNI paths, and on the scalar path all but llama_f3a's last 9 steps (one code
-/// moved at step 11; logits then within 2.7e-2 of the largest). Greedy tokens are identical on
-/// every path.
+/// an activation code by one. Measured here: every step of every model bit-exact on the scalar,
+/// AVX2, AVX-512 and VNNI paths (the tolerance is for a code moved by one, as the hand-built
+/// forms once showed on the scalar path: 2.7e-2 of the largest logit). Greedy tokens are
+/// identical on every path.
 #[test]
 fn a8w8_programs_match_the_reference_evaluator() {
     for name in A8W8 {
@@ -323,6 +327,7 @@ fn a8w8_programs_match_the_reference_evaluator() {
                 worst = worst.max(relative_diff(got, want));
                 same &= argmax(got) == tokens[21 + step];
             }
+            eprintln!("{name} on {isa:?}: {exact} of 20 steps exact, worst {worst:.2e}");
             assert!(same, "{name} on {isa:?}: greedy tokens differ from the reference");
             assert!(
                 worst <= A8W8_TOLERANCE,
@@ -363,7 +368,7 @@ fn xdna_programs_run_on_the_host_and_match_the_reference_evaluator() {
 
 #[test]
 fn sequence_misuse_is_an_error_naming_the_sequence() {
-    let model = &models()["llama_f1"];
+    let model = &models()["llama-optimum"];
     let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
     let mut exec =
         Executor::new(&bundle, ExecOptions { max_context: 32, sequences: 2, ..ExecOptions::default() }).unwrap();

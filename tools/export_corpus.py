@@ -38,8 +38,11 @@ sys.path.insert(0, str(TOOLS))
 from corpus import exporters, models, qdq_bypass, reference  # noqa: E402
 
 PROMPT = [1, 17, 250, 33, 402, 98, 5, 311]
-SMOLLM2_PROMPTS = ["The capital of France is", "Once upon a time, there was a little robot who",
-                   "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"]
+# Plain text, tokenised as transformers does by default (with the special tokens the tokenizer
+# adds: SmolLM2's GGUF tokenizer prepends <|im_start|>), and a chat turn rendered by the
+# tokenizer's own template (with the system prompt it adds), as `npuc run [--chat]` does.
+SMOLLM2_PROMPTS = [{"text": "The capital of France is"}, {"text": "Once upon a time, there was a little robot who"},
+                   {"messages": [{"role": "user", "content": "What is the capital of France?"}]}]
 SMOLLM2_EXPORTERS = ["optimum", "builder-fp32", "builder-int4", "builder-int4-acc1"]
 DECODE_ID = 77
 GREEDY_STEPS = 16
@@ -128,6 +131,9 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
     entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions(exporter)})
     entry.update(reference.record(entry_dir / "model.onnx", entry_dir, kv_heads, head_dim, ctx["prompts"], DECODE_ID,
                                   GREEDY_STEPS))
+    for case, source in zip(entry["cases"], ctx.get("prompt_sources", [])):
+        case.update(source)
+    entry["op_histogram"] = op_histogram(entry_dir / "model.onnx")
     if exporter.startswith(("qdq", "quark")):
         entry.update(bypassed_references(entry_dir, layers, kv_heads, head_dim, ctx["prompts"]))
     if exporter.startswith("builder-int4"):
@@ -135,6 +141,18 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
     entry["seconds"] = round(time.time() - t0, 1)
     prov_path.write_text(json.dumps(entry, indent=2) + "\n")
     return entry
+
+
+def op_histogram(model: Path) -> dict:
+    """Node count per `domain::op` of the file as the exporter wrote it (`ai.onnx` for the default
+    domain), for the tests to compare what npuc reads with what onnx reads."""
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(model), load_external_data=False).graph.node:
+        key = f"{node.domain or 'ai.onnx'}::{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def bypassed_references(entry_dir: Path, layers: int, kv_heads: int, head_dim: int, prompts: list[list[int]]) -> dict:
@@ -170,6 +188,8 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
             make_hf(hf)
     ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
     ctx["prompts"] = prompts_of(hf)
+    if arch.name == "smollm2":
+        ctx["prompt_sources"] = SMOLLM2_PROMPTS
     for exporter in exporters_wanted:
         if exporter.startswith(("qdq", "quark")) and "calibration" not in ctx:
             ctx["optimum"] = out / f"{arch.name}-optimum" / "model.onnx"
@@ -207,7 +227,9 @@ def smollm2_prompts(hf: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(hf))
-    return [tok.encode(p, add_special_tokens=False) for p in SMOLLM2_PROMPTS]
+    return [tok.encode(p["text"]) if "text" in p
+            else list(tok.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=True))
+            for p in SMOLLM2_PROMPTS]
 
 
 def main():

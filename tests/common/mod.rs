@@ -222,3 +222,11 @@ pub fn hand_built(name: &str) -> PathBuf {
     assert!(d.join("model.onnx").is_file(), "fixture {} is missing: run `make fixtures`", d.display());
     d
 }
+
+/// The graph input names of a corpus entry, as the index records them.
+pub fn entry_inputs(name: &str) -> Vec<String> {
+    let path = corpus_dir().join("index.json");
+    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let e = index["entries"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap();
+    e["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+}
