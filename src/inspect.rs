@@ -40,7 +40,8 @@ struct Gemm {
     m: String,
     k: String,
     n: String,
-    /// Where the right-hand operand comes from: `weight`, `weight (transposed)`, `activation`.
+    /// Where the right-hand operand comes from: `weight`, `weight (transposed)`, `quantized
+    /// weight`, `quantized weight (transposed)`, `activation`.
     rhs: String,
     count: usize,
 }
@@ -122,14 +123,28 @@ fn io(g: &Graph, v: ValueId) -> Io {
     Io { name: v.name.clone(), dtype: v.dtype.to_string(), shape: ir::dim::shape_to_string(&v.shape) }
 }
 
-/// Where an operand comes from, looking through one Transpose.
+/// Where an operand comes from, looking through one Transpose (a tied lm_head reads the
+/// embedding table, float or dequantised, transposed).
 fn operand_kind(g: &Graph, v: ValueId) -> &'static str {
+    let ValueDef::Node { node, .. } = g.value(v).def else { return direct_kind(g, v) };
+    let n = g.node(node);
+    match (n.op, n.inputs.first().copied().flatten()) {
+        ("Transpose", Some(src)) => match direct_kind(g, src) {
+            "weight" => "weight (transposed)",
+            "quantized weight" => "quantized weight (transposed)",
+            _ => "activation",
+        },
+        _ => direct_kind(g, v),
+    }
+}
+
+/// A weight, a dequantised weight, or an activation.
+fn direct_kind(g: &Graph, v: ValueId) -> &'static str {
     match &g.value(v).def {
         ValueDef::Weight(_) | ValueDef::Const(_) => "weight",
         ValueDef::Node { node, .. } => {
             let n = g.node(*node);
             match (n.op, n.inputs.first().copied().flatten()) {
-                ("Transpose", Some(src)) if matches!(g.value(src).def, ValueDef::Weight(_)) => "weight (transposed)",
                 ("DequantizeLinear", Some(src)) if matches!(g.value(src).def, ValueDef::Weight(_)) => {
                     "quantized weight"
                 }

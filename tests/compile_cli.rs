@@ -38,7 +38,12 @@ fn bundles_carry_config_program_and_weights() {
             "{name}"
         );
         assert_eq!(cfg.tied_embeddings, m.tied_embeddings, "{name}");
-        assert!((cfg.rms_eps - m.rms_eps).abs() < 1e-9 * m.rms_eps.max(1.0), "{name}: {} vs {}", cfg.rms_eps, m.rms_eps);
+        assert!(
+            (cfg.rms_eps - m.rms_eps).abs() < 1e-9 * m.rms_eps.max(1.0),
+            "{name}: {} vs {}",
+            cfg.rms_eps,
+            m.rms_eps
+        );
 
         // The program is the pipeline's output.
         let g = frontend::import_file(&common::fixture(name).join("model.onnx")).unwrap().graph;

@@ -40,18 +40,24 @@ fn check(name: &str, rel_tol: f64, max_lsb: f64) -> Result<String, String> {
                 worst_lsb = worst_lsb.max(lsb);
                 // (x - z) * s in f32 is a multiple of s only up to f32 rounding, hence the slack.
                 if lsb > max_lsb + 1e-3 {
-                    return Err(format!("{name}/{case}: {out}: max|Δ| = {d:e} is {lsb} steps of its scale {scale:e}, above {max_lsb}"));
+                    return Err(format!(
+                        "{name}/{case}: {out}: max|Δ| = {d:e} is {lsb} steps of its scale {scale:e}, above {max_lsb}"
+                    ));
                 }
                 continue;
             }
             let rel = if m > 0.0 { d / m } else { d };
             worst = worst.max(rel);
             if rel.is_nan() || rel > rel_tol {
-                return Err(format!("{name}/{case}: {out}: max|Δ| = {d:e} is {rel:e} of max|ref| = {m:e}, above {rel_tol:e}"));
+                return Err(format!(
+                    "{name}/{case}: {out}: max|Δ| = {d:e} is {rel:e} of max|ref| = {m:e}, above {rel_tol:e}"
+                ));
             }
         }
     }
-    Ok(format!("{name}: float outputs worst max|Δ|/max|ref| = {worst:.3e}; dequantized outputs worst = {worst_lsb} steps"))
+    Ok(format!(
+        "{name}: float outputs worst max|Δ|/max|ref| = {worst:.3e}; dequantized outputs worst = {worst_lsb} steps"
+    ))
 }
 
 /// Checks every named entry and fails once, listing each entry that exceeded its bound.

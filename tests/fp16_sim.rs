@@ -222,7 +222,13 @@ fn final_norm_weight(g: &Graph) -> String {
     let ValueDef::Node { node, .. } = g.value(*logits).def else { panic!("logits are computed") };
     let activation = g.node(node).inputs[0].unwrap();
     let ValueDef::Node { node: norm, .. } = g.value(activation).def else { panic!("the lm_head reads a norm") };
-    let gamma = g.node(norm).inputs.iter().flatten().filter_map(|&i| weight_of(g, i)).find(|&w| g.weights.get(w).shape.len() == 1);
+    let gamma = g
+        .node(norm)
+        .inputs
+        .iter()
+        .flatten()
+        .filter_map(|&i| weight_of(g, i))
+        .find(|&w| g.weights.get(w).shape.len() == 1);
     g.weights.get(gamma.expect("the final norm's γ")).name.clone()
 }
 

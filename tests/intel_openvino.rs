@@ -288,7 +288,9 @@ fn intel_weights_flag_chooses_the_float_format_and_the_summary_reports_its_error
 fn intel_openvino_cpu_runs_qdq_models_as_the_host_does() {
     let tmp = tempfile::tempdir().unwrap();
     let prompts: [&[u32]; 5] = [&[3], &[100], &[3, 17], &[3, 17, 101, 250, 9, 44], &[5, 6, 7, 8, 9, 10, 11, 12]];
-    for fixture in ["llama-qdq-per-tensor-s8", "llama-qdq-per-channel-u8", "qwen3-qdq-per-tensor-s8", "qwen3-quark-a8w8"] {
+    for fixture in
+        ["llama-qdq-per-tensor-s8", "llama-qdq-per-channel-u8", "qwen3-qdq-per-tensor-s8", "qwen3-quark-a8w8"]
+    {
         let path = tmp.path().join(format!("{fixture}.npub"));
         compile(&path, fixture);
         let model = frontend::import_file(&common::model(fixture)).unwrap().graph;
@@ -332,7 +334,11 @@ fn greedy_up_to_flips(host: &mut Executor, ov: &mut OvSession, prompt: &[u32], s
         let want = host.step(&ids).unwrap().to_vec();
         let got = ov.step(&ids).unwrap();
         let (h, o) = (argmax(&want), argmax(&got));
-        assert!(want[h] - want[o] <= 2.0 * step + 1e-6, "OpenVINO chose {o}, {} below the host's {h}", want[h] - want[o]);
+        assert!(
+            want[h] - want[o] <= 2.0 * step + 1e-6,
+            "OpenVINO chose {o}, {} below the host's {h}",
+            want[h] - want[o]
+        );
         agree += usize::from(h == o);
         ids = vec![h as u32];
     }

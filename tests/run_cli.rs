@@ -78,7 +78,7 @@ fn bundle_dir() -> &'static Path {
 
 /// SmolLM2 from the builder in int4 (4-bit MatMulNBits, the tied embedding a
 /// GatherBlockQuantized over the lm_head's codes), compiled once.
-fn builder_int4_bundle_dir() -> &'static Path {
+fn int4_bundle_dir() -> &'static Path {
     static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
     &DIR.get_or_init(|| {
         let tmp = tempfile::tempdir().unwrap();
@@ -418,6 +418,7 @@ fn assert_packed_as_the_kernels_pack(bundle: &Bundle, entry: &str, sources: &[&s
         assert_eq!(f32_values(bundle.tensor(&names.scales).unwrap().bytes), want.scales, "{source}: scales");
         match (&want.zero_points, bundle.tensor(&names.zero_points)) {
             (PackedZeroPoints::F32(z), Some(t)) => assert_eq!(&f32_values(t.bytes), z, "{source}: zero points"),
+            (PackedZeroPoints::U8(z), Some(t)) => assert_eq!(t.bytes, &z[..], "{source}: zero points"),
             (PackedZeroPoints::Default, None) => {}
             (other, stored) => panic!("{source}: zero points {other:?} stored as {stored:?}"),
         }

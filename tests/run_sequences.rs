@@ -22,7 +22,8 @@ use std::sync::OnceLock;
 const FIXTURES: [&str; 4] = ["llama-optimum", "qwen3-optimum", "mistral-optimum", "gemma3-optimum"];
 /// The A8W8 QDQ models: quantize_static per tensor (s8 activations) and per channel (u8
 /// activations), and AMD Quark's A8W8.
-const A8W8: [&str; 4] = ["llama-qdq-per-tensor-s8", "llama-qdq-per-channel-u8", "qwen3-qdq-per-tensor-s8", "qwen3-quark-a8w8"];
+const A8W8: [&str; 4] =
+    ["llama-qdq-per-tensor-s8", "llama-qdq-per-channel-u8", "qwen3-qdq-per-tensor-s8", "qwen3-quark-a8w8"];
 /// f32 pages: logits within this fraction of the largest reference logit (measured: 9.3e-7).
 const F32_TOLERANCE: f64 = 1e-4;
 /// int8 pages (one scale per token row and KV head), over 28 steps up to 48 positions: measured

@@ -29,7 +29,7 @@ mkdir -p "$D.prj" && printf 'pdi of %s' "$D" > "$D.prj/design.pdi"
 "#;
 
 fn compile(tools: &Path, kernels: Option<&Path>, out: &Path) -> (Bundle, Value) {
-    let model = common::fixture("llama_f1").join("model.onnx");
+    let model = common::model("llama-optimum");
     let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_npuc"));
     cmd.args(["compile", model.to_str().unwrap(), "--target", "xdna", "-o", out.to_str().unwrap()]).env("PATH", path);

@@ -21,7 +21,7 @@ fn npuc(args: &[&str]) -> (bool, String, String) {
 
 fn compile(name: &str, device: &str, dir: &std::path::Path) -> (Bundle, Value) {
     let out = dir.join(format!("{name}_{device}.npub"));
-    let model = common::fixture(name).join("model.onnx");
+    let model = common::model(name);
     let args = [
         "compile",
         model.to_str().unwrap(),
@@ -218,17 +218,17 @@ fn check_bundle(name: &str, device: &str) -> bool {
 
 #[test]
 fn smollm2_compiles_for_npu1_with_designs_for_every_projection_and_its_qgemm_equals_the_reference() {
-    assert!(check_bundle("smollm2_f1", "npu1"));
+    assert!(check_bundle("smollm2-optimum", "npu1"));
 }
 
 #[test]
 fn int4_qwen3_compiles_for_npu2_with_designs_for_every_projection_and_its_qgemm_equals_the_reference() {
-    assert!(check_bundle("qwen3_f2", "npu2"));
+    assert!(check_bundle("qwen3-builder-int4", "npu2"));
 }
 
 #[test]
 fn qdq_llama_compiles_for_npu1_with_designs_for_every_qgemm_including_lm_head() {
-    check_bundle("llama_f3a", "npu1");
+    check_bundle("llama-qdq-per-tensor-s8", "npu1");
 }
 
 /// A design MLIR rejects is a compiler bug: the compile fails naming the design and MLIR's words.
@@ -244,7 +244,7 @@ fn a_design_mlir_rejects_fails_the_compile_naming_it() {
     )
     .unwrap();
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let model = common::fixture("llama_f1").join("model.onnx");
+    let model = common::model("llama-optimum");
     let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
         .args([
             "compile",
@@ -266,7 +266,7 @@ fn a_design_mlir_rejects_fails_the_compile_naming_it() {
 #[test]
 fn device_applies_to_xdna_only_and_must_be_known() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = common::fixture("llama_f1").join("model.onnx");
+    let model = common::model("llama-optimum");
     let out = tmp.path().join("x.npub");
     let (ok, _, err) =
         npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "--device", "npu1", "-o", out.to_str().unwrap()]);
@@ -287,7 +287,7 @@ fn device_applies_to_xdna_only_and_must_be_known() {
 #[test]
 fn a_tied_lm_head_reading_the_embedding_transposed_is_a_projection() {
     // Before array-int8 (the cpu pipeline), the tied lm_head is MatMul(x, Transpose(embedding)).
-    let g = frontend::import_file(&common::fixture("llama_f1").join("model.onnx")).unwrap().graph;
+    let g = frontend::import_file(&common::model("llama-optimum")).unwrap().graph;
     let t = passes::targets::target("cpu").unwrap();
     let g = passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap().graph;
     let sites = codegen_aie::gemm::collect(&g);
@@ -304,14 +304,14 @@ fn a_tied_lm_head_reading_the_embedding_transposed_is_a_projection() {
 #[test]
 fn the_xrt_backend_says_what_is_missing() {
     let tmp = tempfile::tempdir().unwrap();
-    let (_, _) = compile("llama_f1", "npu1", tmp.path());
-    let bundle = tmp.path().join("llama_f1_npu1.npub");
+    let (_, _) = compile("llama-optimum", "npu1", tmp.path());
+    let bundle = tmp.path().join("llama-optimum_npu1.npub");
     let (ok, _, err) = npuc(&["run", bundle.to_str().unwrap(), "--prompt", "hi", "--backend", "xrt"]);
     assert!(!ok, "{err}");
     let missing =
         err.contains("XRT not found") || err.contains("no XDNA NPU") || err.contains("without the `xrt` feature");
     assert!(missing && err.contains("--backend host"), "{err}");
-    let model = common::fixture("llama_f1").join("model.onnx");
+    let model = common::model("llama-optimum");
     let cpu = tmp.path().join("cpu.npub");
     let (ok, _, err) = npuc(&["compile", model.to_str().unwrap(), "--target", "cpu", "-o", cpu.to_str().unwrap()]);
     assert!(ok, "{err}");
@@ -333,7 +333,7 @@ fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_hos
     use codegen_aie::amdxdna::{sim::Sim, Npu};
     use runtime::exec::{ExecOptions, Executor};
     let tmp = tempfile::tempdir().unwrap();
-    let (bundle, _) = compile("llama_f1", "npu1", tmp.path());
+    let (bundle, _) = compile("llama-optimum", "npu1", tmp.path());
     let plan: Value = serde_json::from_slice(&bundle.read_file("xdna/plan.json").unwrap()).unwrap();
     let mut add = Vec::new();
     for d in plan["designs"].as_array().unwrap() {

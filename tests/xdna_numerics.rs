@@ -1,5 +1,5 @@
 //! The `xdna` program has the array's numerics: after `array-int8`, every projection of every
-//! fixture form is an int8 × int8 → int32 `QGemm` (per-channel int8 weights, activations
+//! corpus model below is an int8 × int8 → int32 `QGemm` (per-channel int8 weights, activations
 //! quantised per row), nothing float or 4-bit is left on a projection, and the logits stay close
 //! to the float program's — the error the array's int8 costs, measured here with the reference
 //! evaluator on the recorded prefill and decode cases (`cargo test --release --test xdna_numerics
@@ -10,7 +10,7 @@ mod common;
 use ir::graph::{Graph, ValueDef};
 
 fn compile(name: &str, target: &str) -> Graph {
-    let g = frontend::import_file(&common::fixture(name).join("model.onnx")).unwrap_or_else(|e| panic!("{e}")).graph;
+    let g = frontend::import_file(&common::model(name)).unwrap_or_else(|e| panic!("{e}")).graph;
     let t = passes::targets::target(target).unwrap();
     passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}")).graph
 }
@@ -50,7 +50,16 @@ fn argmax(row: &[f64]) -> usize {
 
 #[test]
 fn every_projection_runs_in_int8_and_the_logits_stay_close() {
-    for f in ["llama_f1", "qwen3_f1", "llama_f2", "qwen3_f2", "llama_f3a", "qwen3_f3b", "llama_f4"] {
+    for f in [
+        "llama-optimum",
+        "qwen3-optimum",
+        "gemma3-optimum",
+        "llama-builder-int4",
+        "qwen3-builder-int4",
+        "llama-qdq-per-tensor-s8",
+        "qwen3-qdq-per-channel-u8",
+        "llama-torch-dynamo-opset23",
+    ] {
         let (cpu, xdna) = (compile(f, "cpu"), compile(f, "xdna"));
         let expected = projections(&cpu);
         let qgemm = xdna.nodes.iter().filter(|n| n.op == "QGemm").count();

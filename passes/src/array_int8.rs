@@ -156,11 +156,12 @@ fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, String> {
                 let weights = Weights::F32 { bytes, nk: false };
                 return Ok(Some(Projection { a, k: shape[0], n: shape[1], source, weights, bias: None }));
             }
-            // The tied lm_head: MatMul(x, Transpose(table [N, K])).
+            // The tied lm_head: MatMul(x, Transpose(table [N, K])), the permutation [1, 0] written
+            // out or left to its default (the reverse), as torch's exporter leaves it.
             let ValueDef::Node { node, .. } = g.value(b).def else { return Ok(None) };
             let t = g.node(node);
             let perm = t.attrs.ints("perm").ok().flatten();
-            if t.op != "Transpose" || perm != Some(&[1, 0][..]) {
+            if t.op != "Transpose" || perm.is_some_and(|p| p != [1, 0]) {
                 return Ok(None);
             }
             let Some((source, shape, bytes)) = t.inputs[0].and_then(|v| f32_weight(g, v)) else { return Ok(None) };

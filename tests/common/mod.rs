@@ -55,8 +55,7 @@ pub struct Entry {
 /// Reads entry `name` of the corpus index; panics naming it when the exporter made no file.
 pub fn entry(name: &str) -> Entry {
     let path = corpus_dir().join("index.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
     let index: serde_json::Value = serde_json::from_str(&text).unwrap();
     let e = index["entries"]
         .as_array()
@@ -164,8 +163,7 @@ fn writer_like(bundle: &runtime::bundle::Bundle, dir: &std::path::Path) -> runti
 /// 135M parameters), in index order; the corpus test holds each refusal to a known reason.
 pub fn tiny_entries(exporter: &str) -> Vec<String> {
     let path = corpus_dir().join("index.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
     let index: serde_json::Value = serde_json::from_str(&text).unwrap();
     let names: Vec<String> = index["entries"]
         .as_array()
