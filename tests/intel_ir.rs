@@ -24,7 +24,7 @@ fn program(entry: &str) -> ir::Graph {
 }
 
 fn program_of(model: &Path) -> ir::Graph {
-    let imported = frontend::import_file(model).unwrap();
+    let imported = frontend::import_file(model).unwrap_or_else(|e| panic!("{e}"));
     let target = passes::targets::target("intel-npu").unwrap();
     passes::driver::run(&target.pipeline(), imported.graph, None, |_, _| {}).unwrap().graph
 }
@@ -188,8 +188,9 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
 
 #[test]
 fn intel_segments_load_in_openvino_and_match_the_reference_evaluator_per_block() {
-    // Accuracy level 1: the products' activations stay float on both sides.
-    let g = program("llama-builder-int4-acc1");
+    // The builder's default int4 (accuracy level 4): the IR and the program it is checked against
+    // both take float activations into the 4-bit products (`symmetric::float_activations`).
+    let g = program("llama-builder-int4");
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     check_segments_against_openvino(&codegen_intel::compile(&g, &options).unwrap());
 }
@@ -374,16 +375,109 @@ fn intel_float_weights_int8_and_f16_are_as_accurate_as_their_format_and_match_op
     assert!(sizes[0] < sizes[1] && sizes[1] < sizes[2], "weights bytes int4, int8, f16: {sizes:?}");
 }
 
+/// The builder's asymmetric int4 Qwen3 (block 128, zero points) with its float embedding replaced
+/// by a GatherBlockQuantized over the lm_head's 4-bit codes, scales and zero points — tied
+/// (`tied`: the codes through a Reshape to [N, K/2], as the builder spells a tied embedding) or
+/// copies of its own. The builder writes a quantised embedding only for symmetric weights: with
+/// zero points it keeps the embedding float, and the tied asymmetric graph it can write is refused
+/// by ONNX Runtime, so this input is made here from its real file.
+fn quantised_embedding(tied: bool) -> ir::Graph {
+    let mut g = program("qwen3-builder-int4-b128-asym");
+    let ids = g.inputs[0];
+    let gather = g.nodes.iter().position(|n| n.op == "Gather" && n.inputs[1] == Some(ids)).expect("the embedding");
+    let head = g.nodes.iter().rev().find(|n| n.op.starts_with("WGemm")).expect("the lm_head").clone();
+    let (codes, scales, zero_points) = (head.inputs[1].unwrap(), head.inputs[2].unwrap(), head.inputs[3].unwrap());
+    let dims =
+        |v: ir::ValueId| -> Vec<usize> { g.value(v).shape.iter().map(|d| d.as_known().unwrap() as usize).collect() };
+    let (n, blocks, half) = (dims(codes)[0], dims(codes)[1], dims(codes)[2]);
+    let flat = vec![ir::Dim::known(n as i64), ir::Dim::known((blocks * half) as i64)];
+    let data = if tied {
+        let shape = push_value(
+            &mut g,
+            "embed.shape",
+            ir::DType::I64,
+            vec![ir::Dim::known(2)],
+            ir::ValueDef::Const(Tensor::from_i64(DType::I64, vec![2], vec![n as i64, (blocks * half) as i64])),
+        );
+        insert_node(&mut g, gather, "embed.reshape", ir::Domain::Onnx, "Reshape", &[codes, shape], flat)
+    } else {
+        let mut store = (*g.weights).clone();
+        let mut own = |g: &mut ir::Graph, v: ir::ValueId, shape: Vec<ir::Dim>| {
+            let ir::ValueDef::Weight(w) = g.value(v).def else { panic!("{} is not a weight", g.value(v).name) };
+            let w = g.weights.get(w);
+            let known = shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
+            let id = store.add(ir::Weight::new(format!("embed_own.{}", w.name), w.dtype, known, w.bytes.clone()));
+            push_value(g, &format!("embed_own.{}", w.name), w.dtype, shape, ir::ValueDef::Weight(id))
+        };
+        let (scales_shape, zp_shape) = (g.value(scales).shape.clone(), g.value(zero_points).shape.clone());
+        let copies = [own(&mut g, codes, flat), own(&mut g, scales, scales_shape), own(&mut g, zero_points, zp_shape)];
+        g.weights = std::sync::Arc::new(store);
+        return gather_block_quantized(g, gather, copies, half);
+    };
+    gather_block_quantized(g, gather + 1, [data, scales, zero_points], half)
+}
+
+/// `g` with node `at` (the float Gather) turned into a com.microsoft GatherBlockQuantized of the
+/// ids over `[data, scales, zero_points]`, 4-bit blocks of `2·half` along axis 1.
+fn gather_block_quantized(mut g: ir::Graph, at: usize, [data, scales, zp]: [ir::ValueId; 3], half: usize) -> ir::Graph {
+    let node = &mut g.nodes[at];
+    let ids = node.inputs[1];
+    node.domain = ir::Domain::Microsoft;
+    node.op = "GatherBlockQuantized";
+    node.opset = 1;
+    node.inputs = vec![Some(data), ids, Some(scales), Some(zp)];
+    for (k, v) in [("bits", 4), ("block_size", 2 * half as i64), ("gather_axis", 0), ("quantize_axis", 1)] {
+        node.attrs.set(k, ir::Attr::Int(v));
+    }
+    g.pruned()
+}
+
+/// Appends a value.
+fn push_value(g: &mut ir::Graph, name: &str, dtype: DType, shape: Vec<ir::Dim>, def: ir::ValueDef) -> ir::ValueId {
+    g.values.push(ir::Value { name: name.to_string(), dtype, shape, def });
+    ir::ValueId(g.values.len() as u32 - 1)
+}
+
+/// Inserts a one-output node before node `at` (renumbering the nodes after it); returns its output.
+fn insert_node(
+    g: &mut ir::Graph,
+    at: usize,
+    name: &str,
+    domain: ir::Domain,
+    op: &'static str,
+    inputs: &[ir::ValueId],
+    shape: Vec<ir::Dim>,
+) -> ir::ValueId {
+    for v in &mut g.values {
+        if let ir::ValueDef::Node { node, .. } = &mut v.def {
+            if node.0 as usize >= at {
+                node.0 += 1;
+            }
+        }
+    }
+    let dtype = g.value(inputs[0]).dtype;
+    let def = ir::ValueDef::Node { node: ir::NodeId(at as u32), output: 0 };
+    let out = push_value(g, &format!("{name}.out"), dtype, shape, def);
+    let node = ir::Node {
+        name: name.to_string(),
+        domain,
+        op,
+        opset: 21,
+        attrs: Default::default(),
+        inputs: inputs.iter().map(|&v| Some(v)).collect(),
+        outputs: vec![out],
+    };
+    g.nodes.insert(at, node);
+    out
+}
+
 #[test]
 fn intel_qwen3_tied_embedding_with_zero_points_reads_the_requantised_lm_head_and_matches_openvino() {
-    // Hand-built: the builder writes a quantised embedding (GatherBlockQuantized over the lm_head's
-    // codes) only for symmetric weights; asymmetric, it writes the embedding in float (a tied
-    // asymmetric graph it can write is refused by ONNX Runtime). The path stays for such files.
-    let g = program_of(&common::hand_built("qwen3_f2").join("model.onnx"));
+    let g = quantised_embedding(true);
     let err =
         codegen_intel::compile(&g, &codegen_intel::Options { asymmetric: Asymmetric::Reject, ..Default::default() })
             .err()
-            .expect("Qwen3 form 2 has asymmetric weights");
+            .expect("the graph has asymmetric weights");
     assert!(err.to_string().contains("asymmetric zero points"), "{err}");
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     let ir = codegen_intel::compile(&g, &options).unwrap();
@@ -421,42 +515,9 @@ fn intel_interleaved_rope_matches_the_reference_evaluator_in_openvino() {
 
 #[test]
 fn intel_an_embedding_of_its_own_with_zero_points_is_requantised_like_a_gemm() {
-    // The hand-built qwen3_f2 (see the test above for why) with the embedding untied: its own
-    // copies of the lm_head's codes (already [rows, K/2]), scales and zero points. Re-quantised
+    // Its own copies of the lm_head's codes ([rows, K/2]), scales and zero points. Re-quantised
     // on its own, it must come out exactly as the lm_head's symmetric weights do.
-    let mut g = program_of(&common::hand_built("qwen3_f2").join("model.onnx"));
-    let embed = g.nodes.iter().position(|n| n.op == "GatherBlockQuantized").unwrap();
-    let mut store = ir::WeightStore::default();
-    for (_, w) in g.weights.iter() {
-        store.add(ir::Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-    }
-    let data = g.nodes[embed].inputs[0].unwrap();
-    let codes = match g.value(data).def {
-        ir::ValueDef::Node { node, .. } => g.node(node).inputs[0].unwrap(),
-        _ => panic!("the fixture's embedding is a Reshape of the lm_head codes"),
-    };
-    let weight = |v: ir::ValueId| match g.value(v).def {
-        ir::ValueDef::Weight(w) => g.weights.get(w),
-        _ => panic!("{} is not a weight", g.value(v).name),
-    };
-    let mut copies = Vec::new();
-    for (slot, src, shape) in [
-        (0, codes, Some(g.value(data).shape.clone())),
-        (2, g.nodes[embed].inputs[2].unwrap(), None),
-        (3, g.nodes[embed].inputs[3].unwrap(), None),
-    ] {
-        let w = weight(src);
-        let shape = shape.unwrap_or_else(|| g.value(src).shape.clone());
-        let dims: Vec<usize> = shape.iter().map(|d| d.as_known().unwrap() as usize).collect();
-        let name = format!("embed_own.{}", w.name);
-        let id = store.add(ir::Weight::new(name.clone(), w.dtype, dims, w.bytes.clone()));
-        copies.push((slot, ir::Value { name, dtype: w.dtype, shape, def: ir::ValueDef::Weight(id) }));
-    }
-    for (slot, value) in copies {
-        g.values.push(value);
-        g.nodes[embed].inputs[slot] = Some(ir::ValueId(g.values.len() as u32 - 1));
-    }
-    g.weights = std::sync::Arc::new(store);
+    let g = quantised_embedding(false);
     let options = codegen_intel::Options { blocks: vec![1, 4], ..Default::default() };
     let ir = codegen_intel::compile(&g.pruned(), &options).unwrap();
     let requantized: Vec<_> = ir.requantized.iter().filter(|e| e.requantized).collect();

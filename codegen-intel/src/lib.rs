@@ -96,7 +96,8 @@ pub struct IntelIr {
     pub requantized: Vec<WeightError>,
     /// The program the host executor runs: symmetric weights, plain (not row-scaled) forms.
     pub host_program: Graph,
-    /// The program the IR was written from (symmetric weights, row-scaled forms).
+    /// The program the IR was written from (symmetric weights, row-scaled forms, float
+    /// activations into every WGemm).
     pub device_program: Graph,
 }
 
@@ -110,6 +111,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     }
     let (device, mut requantized) = symmetric::symmetrize(program, o.asymmetric)?;
     let (device, f16_weights, compressed) = float::compress(&device, o.weights)?;
+    let device = symmetric::float_activations(device);
     requantized.extend(compressed);
     let parts = partition(&device)?;
     let mut bin = Bin::default();

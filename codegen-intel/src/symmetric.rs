@@ -500,14 +500,23 @@ fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usiz
     Ok(out)
 }
 
+/// The program the IR computes: it multiplies float activations by the decompressed weights, so a
+/// MatMulNBits' `accuracy_level` 4 (int8 activations per block on onnxruntime's CPU) is dropped
+/// from every WGemm, and the program the IR is checked against and the host's form of it compute
+/// what the IR does.
+pub fn float_activations(mut g: Graph) -> Graph {
+    for node in g.nodes.iter_mut().filter(|n| n.domain == Domain::Npuc && n.op.starts_with("WGemm")) {
+        node.attrs.remove("accuracy_level");
+    }
+    g
+}
+
 /// The host executor's form of an intel-npu program: the row-scaled ops replaced by the plain ones
 /// they equal in f32 (RmsNormRowScaled → RmsNorm, SkipRmsNormRowScaled → SkipRmsNorm,
 /// WGemmRowScaled → WGemm; same inputs and attributes). The rescalings matter on an fp16 device,
-/// where the IR keeps them. The IR multiplies float activations by the decompressed weights, so
-/// the host's WGemms do too: a MatMulNBits' `accuracy_level` 4 (int8 activations on
-/// onnxruntime's CPU) is dropped, or the host would compute something the IR does not.
+/// where the IR keeps them.
 pub fn host_forms(g: &Graph) -> Graph {
-    let mut out = g.clone();
+    let mut out = float_activations(g.clone());
     for node in out.nodes.iter_mut().filter(|n| n.domain == Domain::Npuc) {
         node.op = match node.op {
             "RmsNormRowScaled" => "RmsNorm",
@@ -515,9 +524,6 @@ pub fn host_forms(g: &Graph) -> Graph {
             "WGemmRowScaled" => "WGemm",
             other => other,
         };
-        if node.op == "WGemm" {
-            node.attrs.remove("accuracy_level");
-        }
     }
     out
 }

@@ -213,14 +213,6 @@ pub fn config(name: &str) -> Config {
     }
 }
 
-/// A hand-built fixture (`tools/gen_fixtures.py`, `fixtures/<name>`), for the few tests whose
-/// subject is a graph no exporter writes; each caller says why.
-pub fn hand_built(name: &str) -> PathBuf {
-    let d = fixtures_dir().join(name);
-    assert!(d.join("model.onnx").is_file(), "fixture {} is missing: run `make fixtures`", d.display());
-    d
-}
-
 /// The graph input names of a corpus entry, as the index records them.
 pub fn entry_inputs(name: &str) -> Vec<String> {
     let path = corpus_dir().join("index.json");
