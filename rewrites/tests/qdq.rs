@@ -1,7 +1,8 @@
-//! Family `qdq`: every int8 projection of the QDQ fixtures, the tied lm_head included, becomes one
-//! requantising QGemm whose outputs match ONNX Runtime within the QDQ bound; each exporter
-//! spelling folds in a hand-built graph; each refusal is recorded with its reason; and QGemm
-//! equals an exact integer reference, ties of the output rounding included.
+//! Family `qdq`: every int8 projection of the QDQ files (onnxruntime's quantize_static, AMD
+//! Quark), the tied lm_head included, becomes one requantising QGemm whose outputs match ONNX
+//! Runtime's on that file within the QDQ bound; each exporter spelling folds in a hand-built
+//! graph; each refusal is recorded with its reason; and QGemm equals an exact integer reference,
+//! ties of the output rounding included.
 
 mod common;
 
@@ -30,12 +31,8 @@ fn value_tensor(g: &Graph, v: ValueId) -> Option<Tensor> {
     }
 }
 
-/// The node defining `v`, if a node does.
 fn producer(g: &Graph, v: ValueId) -> Option<&Node> {
-    match g.value(v).def {
-        ValueDef::Node { node, .. } => Some(g.node(node)),
-        _ => None,
-    }
+    common::producer(g, v)
 }
 
 /// MatMuls whose right operand is a DequantizeLinear of compile-time codes (a weight, or a
@@ -119,10 +116,10 @@ struct Ties {
     worst: i64,
 }
 
-fn qgemm_ties(g: &Graph, fixture: &str) -> Ties {
+fn qgemm_ties(g: &Graph, name: &str) -> Ties {
     let mut t = Ties::default();
     for c in ["prefill", "decode"] {
-        let (inputs, _) = common::case(fixture, c);
+        let (inputs, _) = common::case(name, c);
         let slots = run_keeping_values(g, &inputs);
         for n in g.nodes.iter().filter(|n| n.op == "QGemm") {
             let args: Vec<&Tensor> = n.inputs.iter().map(|i| slots[i.unwrap().0 as usize].as_ref().unwrap()).collect();
@@ -151,118 +148,160 @@ fn qgemm_ties(g: &Graph, fixture: &str) -> Ties {
     t
 }
 
-/// Runs `g` on both recorded cases of `fixture` and returns the worst relative error of the float
-/// outputs and the worst error, in steps of their scale, of the dequantised outputs.
-fn error_vs_ort(g: &Graph, fixture: &str) -> (f64, f64) {
+/// Runs `g` on both recorded cases of entry `name` and returns the worst relative error of the
+/// float outputs and the worst error, in steps of their scale, of the dequantised outputs.
+fn error_vs_ort(g: &Graph, name: &str) -> (f64, f64) {
     let (mut rel, mut steps) = (0.0f64, 0.0f64);
     let names = g.value_by_name();
     for c in ["prefill", "decode"] {
-        let (inputs, outputs) = common::case(fixture, c);
-        let got = ir::run::run_graph(g, &inputs).unwrap_or_else(|e| panic!("{fixture}/{c}: {e}"));
-        for (name, want) in outputs {
-            let t = &got[&name];
-            assert_eq!(t.shape, want.shape, "{fixture}/{c}: {name}");
+        let (inputs, outputs) = common::case(name, c);
+        let got = ir::run::run_graph(g, &inputs).unwrap_or_else(|e| panic!("{name}/{c}: {e}"));
+        for (output, want) in outputs {
+            let t = &got[&output];
+            assert_eq!(t.shape, want.shape, "{name}/{c}: {output}");
             let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
             let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
-            match g.dequantize_step(names[name.as_str()]) {
+            match g.dequantize_step(names[output.as_str()]) {
                 Some(scale) => steps = steps.max(d / scale),
-                None => {
-                    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-                    rel = rel.max(if m > 0.0 { d / m } else { d });
-                }
+                None => rel = rel.max(common::relative_difference(t, &want)),
             }
         }
     }
     (rel, steps)
 }
 
-/// The fixture accounting: 7 projections per layer plus the lm_head, each one requantising QGemm;
-/// no weight product left; the attention products untouched and declined as run-time operands.
-fn check_fixture(fixture: &str) {
-    let layers = common::meta(fixture).layers;
-    let g = common::import(fixture);
-    let (r, report) = rewrite_with(&g, &[qdq()]);
-    r.verify().unwrap();
-    assert!(report.type_conflicts.is_empty(), "{fixture}: {:?}", report.type_conflicts);
-    assert_eq!(common::count(&r, "QGemm"), 7 * layers + 1, "{fixture}: QGemms");
+/// The accounting: 7 projections per layer plus the lm_head, each one requantising QGemm; no
+/// weight product left; the products of two run-time operands untouched and declined.
+fn assert_every_projection_folded(name: &str, g: &Graph, r: &Graph, report: &SaturationReport) {
+    let layers = common::meta(name).layers;
+    assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
+    assert_eq!(common::count(r, "QGemm"), 7 * layers + 1, "{name}: QGemms");
     assert!(
         r.nodes.iter().filter(|n| n.op == "QGemm").all(|n| n.inputs.len() == 8),
-        "{fixture}: a QGemm without its epilogue"
+        "{name}: a QGemm without its epilogue"
     );
-    assert_eq!(weight_matmuls_left(&r), 0, "{fixture}: DequantizeLinear→MatMul on weights left");
-    assert_eq!(weight_matmuls_left(&g), 7 * layers + 1, "{fixture}: the count above can fail");
-    // What is left are attention's QKᵀ and AV per layer: activation × activation, declined.
-    assert_eq!(common::count(&r, "MatMul"), 2 * layers, "{fixture}: MatMuls left");
+    assert_eq!(weight_matmuls_left(r), 0, "{name}: DequantizeLinear→MatMul on weights left");
+    assert_eq!(weight_matmuls_left(g), 7 * layers + 1, "{name}: the count above can fail");
+    // What is left are the products of two quantised activations: attention's QKᵀ and AV per
+    // layer, and the rotary embedding's inv_freq × positions, which both tools quantise too.
+    assert_eq!(common::count(r, "MatMul"), 2 * layers + 1, "{name}: MatMuls left");
     let declined: Vec<_> = report.declined.iter().filter(|d| d.rule == "qdq-matmul").collect();
-    assert_eq!(declined.len(), 2 * layers, "{fixture}: {declined:?}");
-    assert!(declined.iter().all(|d| d.reason.contains("computed at run time")), "{fixture}: {declined:?}");
+    assert_eq!(declined.len(), 2 * layers + 1, "{name}: {declined:?}");
+    assert!(declined.iter().all(|d| d.reason.contains("computed at run time")), "{name}: {declined:?}");
+}
 
-    // The lm_head QGemm reads the codes QuantizeLinear(Transpose(E)) of the embedding table E
-    // the token Gather reads.
-    let lm_head = producer(&r, r.outputs[0]).and_then(|dq| producer(&r, dq.inputs[0].unwrap())).unwrap();
-    assert_eq!(lm_head.op, "QGemm", "{fixture}: logits");
-    let codes = producer(&r, lm_head.inputs[3].unwrap()).unwrap();
-    assert_eq!(codes.op, "QuantizeLinear", "{fixture}: lm_head weight");
-    let transpose = producer(&r, codes.inputs[0].unwrap()).unwrap();
-    assert_eq!(transpose.op, "Transpose");
-    let table = transpose.inputs[0].unwrap();
-    assert!(matches!(r.value(table).def, ValueDef::Weight(_)));
-    assert!(
-        r.nodes.iter().any(|n| n.op == "Gather" && n.inputs[0] == Some(table)),
-        "{fixture}: embedding and lm_head share E"
-    );
+/// The embedding table the token Gather reads, when the lm_head's weight is that table
+/// transposed and quantised at run time (tied embeddings): QuantizeLinear(Transpose(E)).
+fn tied_table(g: &Graph, lm_head_codes: ValueId) -> Option<ValueId> {
+    let codes = producer(g, lm_head_codes).filter(|n| n.op == "QuantizeLinear")?;
+    let transpose = producer(g, codes.inputs[0]?).filter(|n| n.op == "Transpose")?;
+    transpose.inputs[0].filter(|&e| matches!(g.value(e).def, ValueDef::Weight(_)))
+}
 
-    let (rel, steps) = error_vs_ort(&r, fixture);
-    let ties = qgemm_ties(&r, fixture);
+/// The lm_head QGemm computes the logits. `tied`: the file ties the embedding, and quantises the
+/// lm_head's weight at run time as QuantizeLinear(Transpose(E)) of the table E the token Gather
+/// reads (quantize_static on optimum's export); the QGemm must read those codes and the Gather E.
+/// Else (Quark folds the transpose; untied models) the QGemm reads a weight of codes.
+fn assert_lm_head(name: &str, g: &Graph, r: &Graph, tied: bool) {
+    let lm_head = producer(r, r.outputs[0]).and_then(|dq| producer(r, dq.inputs[0].unwrap())).unwrap();
+    assert_eq!(lm_head.op, "QGemm", "{name}: logits");
+    // logits = DequantizeLinear(QuantizeLinear(MatMul(x, DequantizeLinear(codes)))) in the file.
+    let q = producer(g, g.outputs[0]).and_then(|dq| producer(g, dq.inputs[0].unwrap())).unwrap();
+    let matmul = producer(g, q.inputs[0].unwrap()).unwrap();
+    let codes = producer(g, matmul.inputs[1].unwrap()).unwrap().inputs[0].unwrap();
+    assert_eq!(tied_table(g, codes).is_some(), tied, "{name}: the file's lm_head");
+    if tied {
+        let table = tied_table(r, lm_head.inputs[3].unwrap()).expect("the tied lm_head lost its table");
+        let gathered = r.nodes.iter().any(|n| n.op == "Gather" && n.inputs[0] == Some(table));
+        assert!(gathered, "{name}: embedding and lm_head share E");
+    } else {
+        assert!(matches!(r.value(lm_head.inputs[3].unwrap()).def, ValueDef::Weight(_)), "{name}: lm_head codes");
+    }
+}
+
+/// The rewritten file against ONNX Runtime: float outputs within `FLOAT_TOL`, dequantised
+/// outputs within `QDQ_MAX_STEPS`; the QGemms' output codes equal the unfused product's but for
+/// near-ties of the rounding, by one step.
+fn assert_numerics(name: &str, r: &Graph) {
+    let (rel, steps) = error_vs_ort(r, name);
+    let ties = qgemm_ties(r, name);
     eprintln!(
-        "{fixture}: {} QGemm; float outputs {rel:.3e} of max|ref|; dequantised outputs {steps:.3} steps; of {} QGemm \
+        "{name}: {} QGemm; float outputs {rel:.3e} of max|ref|; dequantised outputs {steps:.3} steps; of {} QGemm \
          output codes, {} lie within 1e-3 step of a rounding tie, {} within 1e-5, and {} differ from the unfused order \
          (by at most {})",
-        7 * layers + 1,
+        common::count(r, "QGemm"),
         ties.codes,
         ties.near,
         ties.nearest,
         ties.flipped,
         ties.worst
     );
-    assert!(rel <= FLOAT_TOL, "{fixture}: float outputs {rel:e}");
-    assert!(steps <= QDQ_MAX_STEPS + 1e-3, "{fixture}: dequantised outputs {steps} steps");
+    assert!(rel <= FLOAT_TOL, "{name}: float outputs {rel:e}");
+    assert!(steps <= QDQ_MAX_STEPS + 1e-3, "{name}: dequantised outputs {steps} steps");
     assert!(
         ties.worst <= 1 && ties.flipped <= ties.nearest,
-        "{fixture}: {} codes moved, by up to {}",
+        "{name}: {} codes moved, by up to {}",
         ties.flipped,
         ties.worst
     );
 }
 
-#[test]
-fn llama_f3a_per_tensor_u8_asymmetric() {
-    check_fixture("llama_f3a");
+fn check_entry(name: &str, tied: bool) {
+    let g = common::import(name);
+    let (r, report) = rewrite_with(&g, &[qdq()]);
+    r.verify().unwrap();
+    assert_every_projection_folded(name, &g, &r, &report);
+    assert_lm_head(name, &g, &r, tied);
+    assert_numerics(name, &r);
 }
 
 #[test]
-fn llama_f3b_per_channel_s8_symmetric() {
-    check_fixture("llama_f3b");
+fn llama_qdq_per_tensor_s8_with_tied_lm_head() {
+    check_entry("llama-qdq-per-tensor-s8", true);
 }
 
 #[test]
-fn qwen3_f3a_per_tensor_u8_asymmetric() {
-    check_fixture("qwen3_f3a");
+fn llama_qdq_per_channel_u8_with_tied_lm_head() {
+    check_entry("llama-qdq-per-channel-u8", true);
 }
 
 #[test]
-fn qwen3_f3b_per_channel_s8_symmetric() {
-    check_fixture("qwen3_f3b");
+fn qwen3_qdq_per_tensor_s8() {
+    check_entry("qwen3-qdq-per-tensor-s8", false);
 }
 
 #[test]
-fn float_and_weight_only_forms_have_nothing_to_fold() {
-    for fixture in ["llama_f1", "qwen3_f2", "smollm2_f1", "smollm2_f2"] {
-        let g = common::import(fixture);
+fn qwen3_qdq_per_channel_u8() {
+    check_entry("qwen3-qdq-per-channel-u8", false);
+}
+
+#[test]
+fn qwen2_qdq_per_channel_u8_with_biased_q_k_v_and_tied_lm_head() {
+    check_entry("qwen2-qdq-per-channel-u8", true);
+}
+
+#[test]
+fn llama_and_qwen3_quark_a8w8_with_the_lm_head_transposed_at_export() {
+    check_entry("llama-quark-a8w8", false);
+    check_entry("qwen3-quark-a8w8", false);
+}
+
+#[test]
+fn float_and_weight_only_files_have_nothing_to_fold() {
+    let names = [
+        "llama-optimum",
+        "llama-torch-dynamo-opset23",
+        "qwen3-builder-int4",
+        "mistral-builder-int4-b128-asym",
+        "smollm2-optimum",
+        "smollm2-builder-int4",
+    ];
+    for name in names {
+        let g = common::import(name);
         let (r, report) = rewrite_with(&g, &[qdq()]);
-        assert_eq!(common::count(&r, "QGemm"), 0, "{fixture}");
-        assert!(report.declined.is_empty(), "{fixture}: {:?}", report.declined);
-        assert!(r.nodes.len() <= g.nodes.len(), "{fixture}");
+        assert_eq!(common::count(&r, "QGemm"), 0, "{name}");
+        assert!(report.declined.is_empty(), "{name}: {:?}", report.declined);
+        assert!(r.nodes.len() <= g.nodes.len(), "{name}");
     }
 }
 

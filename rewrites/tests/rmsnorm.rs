@@ -1,6 +1,6 @@
-//! Rule family `rmsnorm`: every fixture form folds its norms into RmsNorm / SkipRmsNorm with the
-//! count the model implies and stays within tolerance of ONNX Runtime; each exporter spelling and
-//! each refusal is checked on a small hand-built graph.
+//! Rule family `rmsnorm`: every exporter's file folds its norms into RmsNorm / SkipRmsNorm with
+//! the count the model implies and stays within tolerance of ONNX Runtime's outputs on that file;
+//! each exporter spelling and each refusal is checked on a small hand-built graph.
 //!
 //! Counts, for a decoder of L layers: 2L + 1 decoder norms (an input and a post-attention norm per
 //! layer, and the final norm), plus 2L per-head q/k norms for Qwen3. Only layer 0's input norm
@@ -22,9 +22,9 @@ fn rmsnorm(g: &Graph) -> (Graph, SaturationReport) {
     rewrite_with(g, &[rewrites::family("rmsnorm").unwrap()])
 }
 
-// ---- fixtures ----
+// ---- exporters' files ----
 
-/// (RmsNorm, SkipRmsNorm) counts the fixture's config implies.
+/// (RmsNorm, SkipRmsNorm) counts the entry's architecture implies.
 fn expected_norms(name: &str) -> (usize, usize) {
     let meta = common::meta(name);
     let qk_norms = if meta.arch == "qwen3" { 2 * meta.layers } else { 0 };
@@ -38,9 +38,10 @@ fn skip_sums_used(g: &Graph) -> usize {
     g.nodes.iter().filter(|n| n.op == "SkipRmsNorm" && n.outputs.get(1).is_some_and(|s| read.contains(s))).count()
 }
 
-/// Rewrites a fixture and checks what every form shares: the counts, nothing of any spelling
-/// left, no Add left feeding an RmsNorm, the residual stream through proj1, no type conflicts.
-fn fold_fixture(name: &str) -> Graph {
+/// Rewrites an entry and checks what every exporter's file shares: the counts, nothing of any
+/// spelling left, no Add left feeding an RmsNorm, the residual stream through proj1, no type
+/// conflicts.
+fn fold_entry(name: &str) -> Graph {
     let g = common::import(name);
     let (out, report) = rmsnorm(&g);
     assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
@@ -71,17 +72,17 @@ fn fold_fixture(name: &str) -> Graph {
 }
 
 fn check_float(name: &str) {
-    let out = fold_fixture(name);
+    let out = fold_entry(name);
     let err = common::worst_relative_error(&out, name);
     eprintln!("{name}: worst relative error against ONNX Runtime {err:.3e}");
     assert!(err <= 1e-4, "{name}: {err:e}");
 }
 
-/// QDQ forms: the logits (a DequantizeLinear result) within 2 steps of their scale of ONNX
+/// QDQ files: the logits (a DequantizeLinear result) within 2 steps of their scale of ONNX
 /// Runtime's, as the unrewritten graph is (an activation on a rounding tie of QuantizeLinear may
 /// round the other way); the float outputs (the KV cache) within `float_tol` relative.
 fn check_qdq(name: &str, float_tol: f64) {
-    let out = fold_fixture(name);
+    let out = fold_entry(name);
     let (mut worst_steps, mut worst_rel) = (0.0f64, 0.0f64);
     for case in ["prefill", "decode"] {
         let (inputs, outputs) = common::case(name, case);
@@ -91,7 +92,7 @@ fn check_qdq(name: &str, float_tol: f64) {
             let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
             match out.value_by_name().get(o.as_str()).and_then(|&v| out.dequantize_step(v)) {
                 Some(scale) => worst_steps = worst_steps.max(d / scale),
-                None => worst_rel = worst_rel.max(d / b.iter().fold(0.0f64, |m, x| m.max(x.abs()))),
+                None => worst_rel = worst_rel.max(common::relative_difference(&got[&o], &want)),
             }
         }
     }
@@ -103,69 +104,85 @@ fn check_qdq(name: &str, float_tol: f64) {
 }
 
 #[test]
-fn llama_f1_torch_pow_div_one() {
-    check_float("llama_f1");
+fn llama_optimum_pow_sqrt_div_one() {
+    check_float("llama-optimum");
 }
 
 #[test]
-fn qwen3_f1_torch_square_reciprocal_and_qk_norms() {
-    check_float("qwen3_f1");
+fn qwen3_optimum_pow_sqrt_div_one_and_qk_norms() {
+    check_float("qwen3-optimum");
 }
 
 #[test]
-fn llama_f2_genai_simplified_and_skip() {
-    check_float("llama_f2");
+fn llama_torch_dynamo_pow_sqrt_reciprocal() {
+    check_float("llama-torch-dynamo");
+}
+
+// The builder's llama graph at its default accuracy_level 4 (int8 activations) is 2.8e-3 from
+// ONNX Runtime before any rewrite (measured; see the attention tests): the same graph at level 1.
+#[test]
+fn llama_builder_int4_acc1_simplified_and_skip() {
+    check_float("llama-builder-int4-acc1");
 }
 
 #[test]
-fn qwen3_f2_genai_simplified_skip_and_qk_norms() {
-    check_float("qwen3_f2");
+fn qwen3_builder_int4_simplified_skip_and_qk_norms() {
+    check_float("qwen3-builder-int4");
 }
 
 #[test]
-fn llama_f4_rms_normalization() {
-    check_float("llama_f4");
+fn llama_torch_dynamo_opset23_rms_normalization() {
+    check_float("llama-torch-dynamo-opset23");
 }
 
 #[test]
-fn qwen3_f4_rms_normalization_and_qk_norms() {
-    check_float("qwen3_f4");
+fn qwen3_torch_dynamo_opset23_rms_normalization_and_qk_norms() {
+    check_float("qwen3-torch-dynamo-opset23");
 }
 
 #[test]
-fn llama_f3a_qdq_norms_between_qdq_pairs() {
-    check_qdq("llama_f3a", 1e-4);
+fn llama_qdq_per_tensor_s8_norms_between_qdq_pairs() {
+    check_qdq("llama-qdq-per-tensor-s8", 1e-4);
 }
 
 #[test]
-fn llama_f3b_qdq_norms_between_qdq_pairs() {
-    check_qdq("llama_f3b", 1e-4);
+fn llama_qdq_per_channel_u8_norms_between_qdq_pairs() {
+    check_qdq("llama-qdq-per-channel-u8", 1e-4);
 }
 
 #[test]
-fn qwen3_f3a_qdq_norms_between_qdq_pairs() {
-    check_qdq("qwen3_f3a", 1e-4);
+fn qwen3_qdq_per_tensor_s8_norms_between_qdq_pairs() {
+    check_qdq("qwen3-qdq-per-tensor-s8", 1e-4);
 }
 
 #[test]
-fn qwen3_f3b_qdq_norms_between_qdq_pairs() {
-    check_qdq("qwen3_f3b", 1e-4);
+fn qwen3_qdq_per_channel_u8_norms_between_qdq_pairs() {
+    check_qdq("qwen3-qdq-per-channel-u8", 1e-4);
+}
+
+#[test]
+fn llama_quark_a8w8_norms_between_qdq_pairs() {
+    check_qdq("llama-quark-a8w8", 1e-4);
 }
 
 /// SmolLM2 (30 layers): 61 norms = 1 RmsNorm (layer 0's input norm, on the token embedding) +
 /// 60 SkipRmsNorm (30 post-attention norms, 29 input norms of layers 1–29, the final norm).
 #[test]
-fn smollm2_f1_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
-    assert_eq!(expected_norms("smollm2_f1"), (1, 60));
-    check_float("smollm2_f1");
+fn smollm2_optimum_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
+    assert_eq!(expected_norms("smollm2-optimum"), (1, 60));
+    check_float("smollm2-optimum");
 }
 
-/// SmolLM2 in onnxruntime-genai's form: the one SimplifiedLayerNormalization becomes the
-/// RmsNorm, the 60 SkipSimplifiedLayerNormalizations the SkipRmsNorms.
+/// SmolLM2 in the builder's form: the one SimplifiedLayerNormalization becomes the RmsNorm, the
+/// 60 SkipSimplifiedLayerNormalizations the SkipRmsNorms. The builder's default (accuracy_level
+/// 4) file is 6.2e-2 from ONNX Runtime before any rewrite (measured): the same graph at level 1.
 #[test]
-fn smollm2_f2_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
-    assert_eq!(expected_norms("smollm2_f2"), (1, 60));
-    check_float("smollm2_f2");
+fn smollm2_builder_int4_acc1_61_norms_are_1_rms_norm_and_60_skip_rms_norms() {
+    let g = common::import("smollm2-builder-int4-acc1");
+    let ops =
+        (common::count(&g, "SimplifiedLayerNormalization"), common::count(&g, "SkipSimplifiedLayerNormalization"));
+    assert_eq!(ops, expected_norms("smollm2-builder-int4-acc1"));
+    check_float("smollm2-builder-int4-acc1");
 }
 
 // ---- hand-built graphs ----

@@ -1,11 +1,11 @@
-//! Rule family `silu-gate`: every fixture form ends with exactly one SwiGlu per layer and no
+//! Rule family `silu-gate`: every exporter's file ends with exactly one SwiGlu per layer and no
 //! Sigmoid or lone Silu left, computes bit for bit what the unrewritten graph computes under the
-//! reference evaluator, and stays within tolerance of ONNX Runtime; each spelling and the refusal
-//! are checked on small hand-built graphs.
+//! reference evaluator, and stays within tolerance of ONNX Runtime's outputs on that file; each
+//! spelling and the refusal are checked on small hand-built graphs.
 //!
-//! QDQ forms (f3): quantize_static quantizes only MatMul inputs and outputs, so the gate reaches
-//! Sigmoid and Mul through one DequantizeLinear class and there is no Q/DQ pair between Sigmoid
-//! and Mul; the fold is the same as in float forms.
+//! QDQ files: quantize_static and Quark quantize only MatMul inputs and outputs, so the gate
+//! reaches Sigmoid and Mul through one DequantizeLinear class and there is no Q/DQ pair between
+//! Sigmoid and Mul; the fold is the same as in float files.
 
 mod common;
 
@@ -19,11 +19,11 @@ fn silu_gate(g: &Graph) -> (Graph, SaturationReport) {
     rewrite_with(g, &[rewrites::family("silu-gate").unwrap()])
 }
 
-// ---- fixtures ----
+// ---- exporters' files ----
 
-/// Rewrites a fixture and checks the counts, that nothing decomposed is left, and that the
+/// Rewrites an entry and checks the counts, that nothing decomposed is left, and that the
 /// reference evaluator gives exactly the unrewritten graph's outputs on the prefill case.
-fn fold_fixture(name: &str) -> Graph {
+fn fold_entry(name: &str) -> Graph {
     let g = common::import(name);
     let (out, report) = silu_gate(&g);
     assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
@@ -44,18 +44,21 @@ fn assert_bit_exact(name: &str, before: &Graph, after: &Graph) {
     }
 }
 
-fn check_float(name: &str) {
-    let out = fold_fixture(name);
+/// Folds an entry, checks it bit for bit against the unrewritten graph and within 1e-4 of ONNX
+/// Runtime; returns it.
+fn check_float(name: &str) -> Graph {
+    let out = fold_entry(name);
     assert_bit_exact(name, &common::import(name), &out);
     let err = common::worst_relative_error(&out, name);
     eprintln!("{name}: worst relative error against ONNX Runtime {err:.3e}");
     assert!(err <= 1e-4, "{name}: {err:e}");
+    out
 }
 
-/// QDQ forms: the logits within 2 steps of their DequantizeLinear scale of ONNX Runtime's, the
+/// QDQ files: the logits within 2 steps of their DequantizeLinear scale of ONNX Runtime's, the
 /// KV cache within 1e-4 relative, as for the unrewritten graph.
 fn check_qdq(name: &str) {
-    let out = fold_fixture(name);
+    let out = fold_entry(name);
     assert_bit_exact(name, &common::import(name), &out);
     let (mut worst_steps, mut worst_rel) = (0.0f64, 0.0f64);
     for case in ["prefill", "decode"] {
@@ -66,7 +69,7 @@ fn check_qdq(name: &str) {
             let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
             match out.value_by_name().get(o.as_str()).and_then(|&v| out.dequantize_step(v)) {
                 Some(scale) => worst_steps = worst_steps.max(d / scale),
-                None => worst_rel = worst_rel.max(d / b.iter().fold(0.0f64, |m, x| m.max(x.abs()))),
+                None => worst_rel = worst_rel.max(common::relative_difference(&got[&o], &want)),
             }
         }
     }
@@ -77,82 +80,106 @@ fn check_qdq(name: &str) {
     assert!(worst_rel <= 1e-4, "{name}: KV cache {worst_rel:e} from ONNX Runtime");
 }
 
-#[test]
-fn llama_f1_torch_silu() {
-    check_float("llama_f1");
+/// (op, output index) of the nodes computing each SwiGlu's gate and up, and the value they cut.
+fn gate_and_up_producers(g: &Graph) -> Vec<Vec<(&str, usize, Option<ir::ValueId>)>> {
+    let producer = |v: Option<ir::ValueId>| match g.value(v.unwrap()).def {
+        ValueDef::Node { node, output } => (g.node(node).op, output, g.node(node).inputs[0]),
+        _ => ("", 0, None),
+    };
+    g.nodes.iter().filter(|n| n.op == "SwiGlu").map(|n| n.inputs.iter().map(|&i| producer(i)).collect()).collect()
 }
 
 #[test]
-fn qwen3_f1_torch_silu() {
-    check_float("qwen3_f1");
+fn llama_optimum_torch_silu() {
+    check_float("llama-optimum");
 }
 
 #[test]
-fn llama_f2_genai_separate_gate_and_up() {
-    check_float("llama_f2");
+fn qwen3_optimum_torch_silu() {
+    check_float("qwen3-optimum");
 }
 
-/// qwen3 f2 packs gate and up into one MatMulNBits and splits it: SwiGlu reads the two Split
-/// outputs; repacking is the weight-only family's decision.
+// The builder's llama graph at its default accuracy_level 4 (int8 activations) is 2.8e-3 from
+// ONNX Runtime before any rewrite (measured; see the attention tests): the same graph at level 1.
 #[test]
-fn qwen3_f2_genai_packed_gate_up_split() {
-    let out = fold_fixture("qwen3_f2");
-    for n in out.nodes.iter().filter(|n| n.op == "SwiGlu") {
-        let producers: Vec<(&str, usize)> = n
-            .inputs
-            .iter()
-            .map(|i| match out.value(i.unwrap()).def {
-                ValueDef::Node { node, output } => (out.node(node).op, output),
-                _ => ("", 0),
-            })
-            .collect();
-        assert_eq!(producers, [("Split", 0), ("Split", 1)], "{}", n.name);
+fn llama_builder_int4_acc1_separate_gate_and_up() {
+    check_float("llama-builder-int4-acc1");
+}
+
+#[test]
+fn qwen3_builder_int4_separate_gate_and_up() {
+    check_float("qwen3-builder-int4");
+}
+
+/// Phi-3 packs gate and up into one `gate_up_proj`; torch's export splits its product with one
+/// Split: SwiGlu reads the two Split outputs (repacking is the weight-only family's decision).
+#[test]
+fn phi3_torch_dynamo_packed_gate_up_split() {
+    let out = check_float("phi3-torch-dynamo");
+    for parts in gate_and_up_producers(&out) {
+        assert_eq!(parts.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(), [("Split", 0), ("Split", 1)]);
     }
-    check_float("qwen3_f2");
+}
+
+/// Optimum's export of the same model cuts the packed product with two Slices of it.
+#[test]
+fn phi3_optimum_packed_gate_up_sliced() {
+    let out = check_float("phi3-optimum");
+    for parts in gate_and_up_producers(&out) {
+        assert_eq!(parts.iter().map(|p| p.0).collect::<Vec<_>>(), ["Slice", "Slice"]);
+        assert_eq!(parts[0].2, parts[1].2, "gate and up are slices of one product");
+    }
 }
 
 #[test]
-fn llama_f4_opset23() {
-    check_float("llama_f4");
+fn llama_torch_dynamo_opset23() {
+    check_float("llama-torch-dynamo-opset23");
 }
 
 #[test]
-fn qwen3_f4_opset23() {
-    check_float("qwen3_f4");
+fn qwen3_torch_dynamo_opset23() {
+    check_float("qwen3-torch-dynamo-opset23");
 }
 
 #[test]
-fn llama_f3a_qdq_gate_through_one_dequantize() {
-    check_qdq("llama_f3a");
+fn llama_qdq_per_tensor_s8_gate_through_one_dequantize() {
+    check_qdq("llama-qdq-per-tensor-s8");
 }
 
 #[test]
-fn llama_f3b_qdq_gate_through_one_dequantize() {
-    check_qdq("llama_f3b");
+fn llama_qdq_per_channel_u8_gate_through_one_dequantize() {
+    check_qdq("llama-qdq-per-channel-u8");
 }
 
 #[test]
-fn qwen3_f3a_qdq_gate_through_one_dequantize() {
-    check_qdq("qwen3_f3a");
+fn qwen3_qdq_per_tensor_s8_gate_through_one_dequantize() {
+    check_qdq("qwen3-qdq-per-tensor-s8");
 }
 
 #[test]
-fn qwen3_f3b_qdq_gate_through_one_dequantize() {
-    check_qdq("qwen3_f3b");
+fn qwen3_qdq_per_channel_u8_gate_through_one_dequantize() {
+    check_qdq("qwen3-qdq-per-channel-u8");
 }
 
 #[test]
-fn smollm2_f1_30_swiglus() {
-    let out = fold_fixture("smollm2_f1");
-    let err = common::worst_relative_error(&out, "smollm2_f1");
-    assert!(err <= 1e-4, "smollm2_f1: {err:e}");
+fn qwen2_quark_a8w8_gate_through_one_dequantize() {
+    check_qdq("qwen2-quark-a8w8");
 }
 
 #[test]
-fn smollm2_f2_30_swiglus() {
-    let out = fold_fixture("smollm2_f2");
-    let err = common::worst_relative_error(&out, "smollm2_f2");
-    assert!(err <= 1e-4, "smollm2_f2: {err:e}");
+fn smollm2_optimum_30_swiglus() {
+    let out = fold_entry("smollm2-optimum");
+    let err = common::worst_relative_error(&out, "smollm2-optimum");
+    assert!(err <= 1e-4, "smollm2-optimum: {err:e}");
+}
+
+// The builder's default (accuracy_level 4) SmolLM2 file is 6.2e-2 from ONNX Runtime before any
+// rewrite (measured): the same graph at level 1.
+#[test]
+fn smollm2_builder_int4_acc1_30_swiglus() {
+    let out = fold_entry("smollm2-builder-int4-acc1");
+    let err = common::worst_relative_error(&out, "smollm2-builder-int4-acc1");
+    assert!(err <= 1e-4, "smollm2-builder-int4-acc1: {err:e}");
 }
 
 // ---- hand-built graphs ----

@@ -1,15 +1,19 @@
-//! Fixture access for the rule-family tests: import a fixture, read what its `meta.json` says,
-//! rewrite it, and check the rewritten program against ONNX Runtime's recorded outputs with the
-//! reference evaluator. For the small graphs the tests write by hand: the two builder set-ups they
-//! use (`net`, `hand_built`), deterministic inputs, and the comparison of a rewritten graph with
-//! its original.
+//! Corpus access for the rule-family tests: import an entry of `fixtures/corpus` (a model a real
+//! exporter wrote: optimum-onnx, torch dynamo, the onnxruntime-genai builder, onnxruntime's
+//! quantize_static, AMD Quark), read what `fixtures/corpus/index.json` says of it, rewrite it, and
+//! check the rewritten program against ONNX Runtime's recorded outputs on that file with the
+//! reference evaluator. Facts about an entry's graph (which products are packed) are read from the
+//! graph itself. For the small graphs the tests write by hand: the two builder set-ups they use
+//! (`net`, `hand_built`), deterministic inputs, and the comparison of a rewritten graph with its
+//! original.
 
 #![allow(dead_code)]
 
 use ir::build::{GraphBuilder, NodeBuilder, ValueType};
-use ir::{DType, Dim, Domain, Graph, Tensor, ValueId};
+use ir::{DType, Dim, Domain, Graph, Node, Tensor, ValueDef, ValueId};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 pub fn fixtures_dir() -> PathBuf {
     let dir = std::env::var_os("NPUC_FIXTURES")
@@ -19,61 +23,147 @@ pub fn fixtures_dir() -> PathBuf {
     dir
 }
 
-/// Imports `fixtures/<name>/model.onnx`.
-pub fn import(name: &str) -> Graph {
-    let path = fixtures_dir().join(name).join("model.onnx");
-    frontend::import_file(&path).unwrap_or_else(|e| panic!("{e}")).graph
+/// The folder of corpus entry `name`, after checking that the index lists it with a file.
+pub fn entry_dir(name: &str) -> PathBuf {
+    let _ = meta(name);
+    let dir = fixtures_dir().join("corpus").join(name);
+    assert!(dir.join("model.onnx").is_file(), "corpus entry {name}: {} is missing: run `make corpus`", dir.display());
+    dir
 }
 
-/// What the rule-family tests read from a fixture's `meta.json`.
+/// Imports `fixtures/corpus/<name>/model.onnx`.
+pub fn import(name: &str) -> Graph {
+    let path = entry_dir(name).join("model.onnx");
+    frontend::import_file(&path).unwrap_or_else(|e| panic!("corpus entry {name}: {e}")).graph
+}
+
+/// One entry of `fixtures/corpus/index.json`, as written by `tools/export_corpus.py`.
 #[derive(serde::Deserialize)]
+struct IndexEntry {
+    name: String,
+    arch: String,
+    layers: Option<usize>,
+    refused: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct Index {
+    entries: Vec<IndexEntry>,
+}
+
+fn index() -> &'static Index {
+    static INDEX: OnceLock<Index> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let path = fixtures_dir().join("corpus/index.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    })
+}
+
+/// What the rule-family tests read from an entry of the corpus index.
 pub struct Meta {
-    /// `llama` or `qwen3`.
+    /// `llama`, `qwen2`, `qwen3`, `phi3`, `mistral`, `gemma3` or `smollm2`.
     pub arch: String,
     /// Decoder layers.
     pub layers: usize,
-    /// The weight-only quantisation of onnxruntime-genai's forms (f2); absent in the others.
-    pub quant: Option<Quant>,
 }
 
-/// How onnxruntime-genai packed a form's projections.
-#[derive(serde::Deserialize)]
-pub struct Quant {
-    /// q, k and v are one MatMulNBits over a `qkv_proj` weight.
-    pub packed_qkv: bool,
-    /// gate and up are one MatMulNBits over a `gate_up_proj` weight.
-    pub packed_gate_up: bool,
-}
-
-/// Reads `fixtures/<name>/meta.json`.
+/// Reads entry `name` of `fixtures/corpus/index.json`; panics naming the entry when the index has
+/// no such entry or the exporter refused it.
 pub fn meta(name: &str) -> Meta {
-    let path = fixtures_dir().join(name).join("meta.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let e = index()
+        .entries
+        .iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("corpus entry {name} is not in fixtures/corpus/index.json"));
+    if let Some(why) = &e.refused {
+        panic!("corpus entry {name}: the exporter refused it ({why}), so it has no model");
+    }
+    let layers = e.layers.unwrap_or_else(|| panic!("corpus entry {name}: no layers in the index"));
+    Meta { arch: e.arch.clone(), layers }
 }
 
-/// Reads the inputs and expected outputs of one recorded case.
+/// Reads the inputs and expected outputs (ONNX Runtime's, on the entry's file) of one recorded
+/// case, `prefill` or `decode`.
 pub fn case(name: &str, case: &str) -> (HashMap<String, Tensor>, Vec<(String, Tensor)>) {
-    frontend::read_test_case(&fixtures_dir().join(name).join(case)).unwrap_or_else(|e| panic!("{e}"))
+    frontend::read_test_case(&entry_dir(name).join(case)).unwrap_or_else(|e| panic!("corpus entry {name}/{case}: {e}"))
 }
 
-/// Runs `g` on both recorded cases of `fixture` and returns the worst max|Δ|/max|ref| over all
+/// Runs `g` on both recorded cases of entry `name` and returns the worst max|Δ|/max|ref| over all
 /// float outputs.
-pub fn worst_relative_error(g: &Graph, fixture: &str) -> f64 {
+pub fn worst_relative_error(g: &Graph, name: &str) -> f64 {
     let mut worst = 0.0f64;
     for c in ["prefill", "decode"] {
-        let (inputs, outputs) = case(fixture, c);
-        let got = ir::run::run_graph(g, &inputs).unwrap_or_else(|e| panic!("{fixture}/{c}: {e}"));
-        for (name, want) in outputs {
-            let t = &got[&name];
-            assert_eq!(t.shape, want.shape, "{fixture}/{c}: {name}");
-            let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
-            let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-            let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
-            worst = worst.max(if m > 0.0 { d / m } else { d });
+        let (inputs, outputs) = case(name, c);
+        let got = ir::run::run_graph(g, &inputs).unwrap_or_else(|e| panic!("{name}/{c}: {e}"));
+        for (output, want) in outputs {
+            let t = &got[&output];
+            assert_eq!(t.shape, want.shape, "{name}/{c}: {output}");
+            worst = worst.max(relative_difference(t, &want));
         }
     }
     worst
+}
+
+/// max|a − b| / max|b| (max|a − b| where b is all zeros).
+pub fn relative_difference(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    let m = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let d = a.iter().zip(&b).fold(0.0f64, |d, (x, y)| d.max((x - y).abs()));
+    if m > 0.0 {
+        d / m
+    } else {
+        d
+    }
+}
+
+// ---- what an entry's graph says of itself ----
+
+/// The node defining `v`, if a node does.
+pub fn producer(g: &Graph, v: ValueId) -> Option<&Node> {
+    match g.value(v).def {
+        ValueDef::Node { node, .. } => Some(g.node(node)),
+        _ => None,
+    }
+}
+
+/// The nodes reading `v`.
+pub fn readers(g: &Graph, v: ValueId) -> Vec<&Node> {
+    g.nodes.iter().filter(|n| n.inputs.contains(&Some(v))).collect()
+}
+
+/// How many projections one weight product of an exporter's graph computes: 3 where a
+/// GroupQueryAttention reads its output as packed q|k|v (no separate key input), the number of
+/// parts where a Split cuts its output, else 1.
+pub fn projections_of(g: &Graph, product: &Node) -> usize {
+    let out = product.outputs[0];
+    let users = readers(g, out);
+    if users.iter().any(|n| reads_packed_qkv(n) && n.inputs[0] == Some(out)) {
+        return 3;
+    }
+    match users.as_slice() {
+        [split] if split.op == "Split" => split.outputs.len(),
+        _ => 1,
+    }
+}
+
+/// The WGemms the host cost model makes of a builder graph's MatMulNBits, as the `weight-only`
+/// family's contract says: a packed product GroupQueryAttention reads whole stays one WGemm, one a
+/// Split cuts becomes a WGemm per part.
+pub fn host_wgemms(g: &Graph) -> usize {
+    let split = |n: &Node| readers(g, n.outputs[0]).iter().any(|r| r.op == "Split");
+    g.nodes.iter().filter(|n| n.op == "MatMulNBits").map(|n| if split(n) { projections_of(g, n) } else { 1 }).sum()
+}
+
+/// Whether `n` is a GroupQueryAttention reading q|k|v packed in its query input (no key input).
+fn reads_packed_qkv(n: &Node) -> bool {
+    n.op == "GroupQueryAttention" && n.inputs.get(1).copied().flatten().is_none()
+}
+
+/// Number of GroupQueryAttention nodes that read q|k|v packed in one input.
+pub fn packed_qkv_attentions(g: &Graph) -> usize {
+    g.nodes.iter().filter(|n| reads_packed_qkv(n)).count()
 }
 
 /// Number of nodes with op `op` in `g`.
@@ -146,11 +236,8 @@ pub fn worst_difference(before: &Graph, after: &Graph, ints: &HashMap<ValueId, V
     let mut worst = 0.0f64;
     for &o in &before.outputs {
         let name = &before.value(o).name;
-        let (x, y) = (got[name].to_f64_vec(), want[name].to_f64_vec());
         assert_eq!(got[name].shape, want[name].shape, "{name}");
-        let m = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let d = x.iter().zip(&y).fold(0.0f64, |d, (p, q)| d.max((p - q).abs()));
-        worst = worst.max(d / m);
+        worst = worst.max(relative_difference(&got[name], &want[name]));
     }
     worst
 }
