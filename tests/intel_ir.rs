@@ -1,7 +1,7 @@
 //! The intel-npu IR against the real OpenVINO (its Python API, `tools/ov_check.py`): every segment
 //! loads with `read_model`, and each one run on CPU (f32) matches the reference evaluator on the
-//! same inputs (Llama and Qwen3 form 2, float SmolLM2 and Llama with compressed weights,
-//! interleaved RoPE); the IR is weightless and every block size views the same weight bytes.
+//! same inputs (the builder's Llama and Qwen3 int4, symmetric and asymmetric, optimum's float
+//! SmolLM2 and Llama with compressed weights, interleaved RoPE); the IR is weightless and every block size views the same weight bytes.
 
 mod common;
 

@@ -10,7 +10,7 @@
 //! presents of the folded op), so the cache append disappears into the op.
 //!
 //! Exporter spellings recognised:
-//! - torch / optimum eager attention (form 1; Llama, Qwen3, SmolLM2): `present = Concat{axis=2}
+//! - torch / optimum eager attention (optimum-onnx's export; Llama, Qwen3, SmolLM2): `present = Concat{axis=2}
 //!   (past, new)`; kv heads repeated by `Reshape(Expand(Unsqueeze(present, [2])))` (absent when
 //!   Hq = Hkv); `MatMul(Softmax{axis=-1}(Add(Div or Mul(MatMul(q, Transpose{perm=[0,1,3,2]}
 //!   (k_rep)), s), mask)), v_rep)`. The mask must be the one transformers builds from
@@ -31,8 +31,9 @@
 //! - torch.export (`torch.onnx.export(dynamo=True)`): as transformers' SDPA export above, with
 //!   `kᵀ` spelled `Reshape(Transpose{[0,2,1]}(Reshape(k, [B·H, T, D])), [B, H, D, T])`, which
 //!   `attention-kt-through-3d` proves a 4-D transpose from the shapes.
-//! - onnxruntime-genai `com.microsoft::GroupQueryAttention` (form 2): query/key/value
-//!   `[B, S, H·D]` (Llama and SmolLM2 pack Q, K and V into `query` with key/value absent), BNSH
+//! - onnxruntime-genai `com.microsoft::GroupQueryAttention` (the model builder): query/key/value
+//!   `[B, S, H·D]` (the builder packs Q, K and V into `query` with key/value absent, except where
+//!   it splits them itself, as for Qwen3's q/k norms), BNSH
 //!   caches, `seqlens_k`, `total_sequence_length`, rotary caches `[max_pos, D/2]` with
 //!   `do_rotary=1`. Lowered to `Reshape`/`Transpose` into BNSH (one `Slice` per part when packed),
 //!   `Rope` on q and k with tables `Gather(cache, Range(P, P+S))` widened to D (the positions the
@@ -43,15 +44,17 @@
 //!   fold is declined when the present length is not `past + S` (a shared-buffer cache is written
 //!   in place, not appended). Declined also: local windows, softcap, smooth softmax, quantised
 //!   caches, position_ids, attention bias and head sink inputs, partial rotary.
-//! - ai.onnx `Attention` (opset 23, form 4): 3-D `[B, S, H·D]` Q/K/V with
+//! - ai.onnx `Attention` (opset 23; torch dynamo's export after onnxscript's fusion): 3-D `[B, S, H·D]` Q/K/V with
 //!   `q_num_heads`/`kv_num_heads` (viewed as heads through the Reshape they came from, if any) or
-//!   4-D BNSH, BNSH past, `is_causal=1` (bottom-right aligned with the past, as the fused op), and
+//!   4-D BNSH, BNSH past, `is_causal=1` (bottom-right aligned with the past, as the fused op) or
+//!   `is_causal=0` with a mask proven causal (and windowed, when it is) by probing it, and
 //!   a boolean mask `Expand(Cast{to=bool}(Unsqueeze(attention_mask, [1,2])))` or none. A mask
 //!   width named by a size of its own (`total_sequence_length`, which the exporter declares as
 //!   past + S without the graph saying so) is taken as past + S; the fused op checks it at run
-//!   time. Declined: `is_causal=0`, float masks, softcap, a used scores output.
+//!   time. Declined: `is_causal=0` with a mask the probe cannot prove causal, softcap, a used
+//!   scores output.
 //!
-//! QDQ forms (`quantize_static` on form 1, and on optimum's SDPA export where the pairs sit on
+//! QDQ graphs (`quantize_static` and AMD Quark on optimum's export, eager or SDPA where the pairs sit on
 //! q·√s and kᵀ·√s and the probabilities follow the NaN guard): Q/DQ pairs sit on both
 //! activation×activation matmuls: on q and kᵀ into QKᵀ, on the scores after it, on the
 //! probabilities and on v into AV.
@@ -260,7 +263,7 @@ enum ScaleBy {
     Split,
 }
 
-/// Folds eager attention (form 1 and its QDQ forms) into `Attention`.
+/// Folds eager attention (optimum's export and its QDQ graphs) into `Attention`.
 struct FoldSdpa {
     rule: &'static str,
     scale: ScaleBy,

@@ -20,10 +20,10 @@
 //! 2 · block_size · max|code − z| in magnitude (2¹³ for 8-bit codes in blocks of 32).
 //!
 //! What the family sees: no exporter spelling, only the fused ops the default families fold every
-//! exporter's spelling into — `RmsNorm` / `SkipRmsNorm` from the decomposed chains of torch.onnx
-//! (f1, f3), onnxruntime-genai's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization
-//! (f2) and opset 23's RMSNormalization (f4), including Qwen3's per-head q/k norms; `WGemm` from
-//! genai's MatMulNBits (f2) and blocked 4-bit DequantizeLinear → MatMul.
+//! exporter's spelling into — `RmsNorm` / `SkipRmsNorm` from the decomposed chains of torch's
+//! exporters (and the QDQ graphs made from them), onnxruntime-genai's SimplifiedLayerNormalization /
+//! SkipSimplifiedLayerNormalization and opset 23's RMSNormalization, including Qwen3's per-head
+//! q/k norms; `WGemm` from the builder's MatMulNBits and blocked 4-bit DequantizeLinear → MatMul.
 //!
 //! Qwen3's q/k norms (an RmsNorm over head_dim of each head's projection) need no rule of their
 //! own. A scale-invariant prescale `RmsNorm{ε·2²⁰}(x·2¹⁰, γ)` would lift rows of tiny head outputs
@@ -34,7 +34,7 @@
 //! norm (and the prescaled RmsNorm would itself be an RmsNorm that rule rescales again).
 //!
 //! Left alone, by design: `QGemm` (its activations are integer codes and its products accumulate
-//! exactly in integers; there are no float activations to scale); float `MatMul` (f1, f4: fp16
+//! exactly in integers; there are no float activations to scale); float `MatMul` (float exports: fp16
 //! weights are dequantised values of the output's scale, so the partial sums are those of the
 //! output itself, which overflow only if the output does).
 //!

@@ -8,7 +8,7 @@
 //! requantising epilogue. The weight operand must be known at compile time.
 //!
 //! Exporter spellings recognised:
-//! - onnxruntime `quantize_static` in QDQ format (fixtures f3a, f3b) and AMD Quark: ai.onnx
+//! - onnxruntime `quantize_static` in QDQ format (per tensor and per channel) and AMD Quark: ai.onnx
 //!   `QuantizeLinear → DequantizeLinear` on every activation, int8 weight initialisers read
 //!   through a `DequantizeLinear` per tensor or per output column (`axis=1` or `axis=-1` on the
 //!   [K, N] weight), zero points always written, and a `QuantizeLinear` after each product.

@@ -4,20 +4,21 @@
 //! `proj1 = s`.
 //!
 //! Exporter patterns recognised:
-//! - torch.onnx TorchScript exporter on Hugging Face `LlamaRMSNorm` (the llama f1 fixtures,
-//!   SmolLM2 f1): `Pow(x, 2)` → `ReduceMean(·, [-1])` (axes as an input, keepdims=1) →
+//! - torch.onnx's TorchScript exporter (optimum-onnx) on Hugging Face `LlamaRMSNorm` (Llama,
+//!   SmolLM2): `Pow(x, 2)` → `ReduceMean(·, [-1])` (axes as an input, keepdims=1) →
 //!   `Add(·, ε)` → `Sqrt` → `Div(1, ·)` (torch.rsqrt) → `Mul(x, ·)` → `Mul(γ, ·)`.
-//! - Qwen3's modelling code (the qwen3 f1 fixtures): `Mul(x, x)` for the square,
+//! - Qwen3's modelling code as exported: `Mul(x, x)` for the square,
 //!   `Reciprocal(Sqrt(·))`, `Mul(x, ·)`, `Mul(·, γ)`. Its per-head q/k norms are the same chain on
 //!   the 4-D `[batch, seq, heads, head_dim]` tensor after the Reshape to heads.
 //! - Models written `x / sqrt(mean(x²) + ε)`: `Div(x, Sqrt(·))`.
 //! - Exporters targeting opsets below 18 give ReduceMean's axes as an attribute.
-//! - onnxruntime-genai (f2): `SimplifiedLayerNormalization` (in ai.onnx, as its builder writes it,
+//! - onnxruntime-genai's builder: `SimplifiedLayerNormalization` (in ai.onnx, as its builder writes it,
 //!   or com.microsoft) and `com.microsoft::SkipSimplifiedLayerNormalization` (outputs: 0 = y,
 //!   1 = mean, 2 = inv_std_var, 3 = the sum).
-//! - opset 23 (f4): `RMSNormalization`, any `stash_type` (it only sets the precision of the
+//! - opset 23 (torch dynamo's fused export): `RMSNormalization`, any `stash_type` (it only sets the precision of the
 //!   statistics, and RmsNorm keeps them in f64).
-//! - onnxruntime's quantize_static (f3) leaves the f1 chain as it is between its Q/DQ pairs.
+//! - onnxruntime's quantize_static and Quark leave the decomposed chain as it is between their
+//!   Q/DQ pairs.
 //!
 //! The decomposed chain is folded in two steps: the normalisation becomes `RmsNorm(x, 1)` (a unit
 //! scale of shape `[D]`), then a product with a per-channel scale `γ` of shape `[D]` on either side

@@ -11,13 +11,13 @@
 //! over its full width. A candidate whose tables do not is declined with the shapes.
 //!
 //! Exporter spellings recognised:
-//! - torch / optimum `rotate_half` (Llama, Qwen3, SmolLM2 in form 1, and the QDQ forms made from
-//!   it, where the rotation stays float): `Add(Mul(x, cos), Mul(Concat{axis=-1}(Neg(Slice(x, D/2,
+//! - torch / optimum `rotate_half` (Llama, Qwen3, SmolLM2 as optimum and torch dynamo export
+//!   them, and the QDQ graphs made from those, where the rotation stays float): `Add(Mul(x, cos), Mul(Concat{axis=-1}(Neg(Slice(x, D/2,
 //!   ≥D)), Slice(x, 0, D/2)), sin))` with explicit axes and unit steps; both Add operand orders.
 //! - torch GPT-J style `rotate_every_two` (`stack((−x[1::2], x[::2]), −1).flatten(−2)`): the two
 //!   step-2 Slices, each Unsqueezed on a new last axis, Concat{axis=-1}, Reshape back to x's
 //!   shape; both Add operand orders.
-//! - ai.onnx RotaryEmbedding (opset 23, form 4: 3-D `[B, S, H·D]` input with `num_heads`, or 4-D
+//! - ai.onnx RotaryEmbedding (opset 23, torch dynamo's fused export: 3-D `[B, S, H·D]` input with `num_heads`, or 4-D
 //!   `[B, H, S, D]`; caches `[max_pos, D/2]` indexed by position_ids, or `[B, S, D/2]` without
 //!   them) and com.microsoft RotaryEmbedding (position_ids `[B, S]` or one start offset).
 //!

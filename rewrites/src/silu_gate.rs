@@ -2,16 +2,16 @@
 //! MLP product `Silu(gate) · up` into `npuc::SwiGlu(gate, up)`.
 //!
 //! Exporter patterns recognised:
-//! - torch.onnx on `nn.SiLU` / `F.silu` (the f1 fixtures, SmolLM2 f1) and onnxruntime-genai's
-//!   builder (f2): `Mul(x, Sigmoid(x))`; the other order `Mul(Sigmoid(x), x)` from models that
+//! - torch's exporters on `nn.SiLU` / `F.silu` and onnxruntime-genai's builder: `Mul(x,
+//!   Sigmoid(x))`; the other order `Mul(Sigmoid(x), x)` from models that
 //!   write `torch.sigmoid(x) * x`.
 //! - Llama/Qwen3 MLPs: `Mul(act(gate), up)`; `Mul(up, act(gate))` from models written the other
 //!   way round.
-//! - onnxruntime's quantize_static (f3) quantizes only MatMul inputs and outputs: the gate reaches
+//! - onnxruntime's quantize_static and Quark's A8W8 quantize only MatMul inputs and outputs: the gate reaches
 //!   `Sigmoid` and `Mul` through the same DequantizeLinear class, which the patterns match as any
 //!   other `x`.
-//! - onnxruntime-genai's qwen3 (f2) packs gate and up into one MatMulNBits and splits it with
-//!   `Split`: the SwiGlu reads the two Split outputs. Repacking the projections around the SwiGlu
+//! - a packed gate|up product (Phi-3's checkpoint fuses them; torch dynamo splits the product
+//!   with one `Split`, optimum with two `Slice`s): the SwiGlu reads the two parts. Repacking the projections around the SwiGlu
 //!   is the weight-only family's decision, not this one's.
 //!
 //! Both rewrites are exact: `Silu` and `SwiGlu` compute the same f32 Sigmoid and products, in the

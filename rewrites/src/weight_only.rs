@@ -3,15 +3,16 @@
 //!
 //! Identity: `WGemm{K,N,bits,block_size}(a, w, scales[, zero_points])` is MatMulNBits over the
 //! same operands (see `ir::fused`). Spellings recognised:
-//! - com.microsoft `MatMulNBits(a, B, scales[, zero_points])`, written by onnxruntime-genai
-//!   (fixtures f2: 4-bit projections; SmolLM2's tied lm_head is 8-bit). K, N, bits and block_size
+//! - com.microsoft `MatMulNBits(a, B, scales[, zero_points])`, written by onnxruntime-genai's
+//!   builder (4-bit projections and lm_head; block 32 symmetric by default, block 128 with zero
+//!   points on request). K, N, bits and block_size
 //!   carry over, and `accuracy_level` when it is 4: onnxruntime then quantises the activations to
 //!   int8 per block before the product (see `ir::eval` MatMulNBits), which is what the file asks
 //!   to compute; other levels only pick a float kernel and are dropped.
 //! - packed projections. Output column n of MatMulNBits reads only row n of B, scales and zero
 //!   points, so a product over N = n₀ + n₁ + … rows equals the products over row slices, side by
-//!   side. genai packs gate/up (qwen3 f2, followed by a `Split` along the last axis) and Q/K/V
-//!   (llama f2 and SmolLM2 f2, whose packed product is GroupQueryAttention's packed query). For
+//!   side. The builder packs Q/K/V: for most models the packed product is GroupQueryAttention's
+//!   packed query; for Qwen3 a `Split` along the last axis cuts it before the q/k norms. For
 //!   both the e-graph also gets the per-projection form: one WGemm per part over `Slice` views of
 //!   B, scales and zero points (a Slice of a weight with constant bounds: the bounds describe the
 //!   view, no bytes are copied). For a Split, output i of the Split is WGemm i; for packed QKV the
@@ -23,11 +24,11 @@
 //!   keeps packed Q/K/V packed. Per-projection WGemms over weight Slices put 1 on the activation's
 //!   path (the Slices hang off weights, beside it) against 3 for WGemm + Split, and the Split, a
 //!   copy of the activations, disappears; one packed WGemm (1) beats a Concat of three (3), whose
-//!   Concat would be such a copy. So qwen3 f2's gate/up become two WGemms over views of the packed
-//!   weight, and llama f2's and SmolLM2's q|k|v stay one WGemm feeding GroupQueryAttention.
+//!   Concat would be such a copy. So Qwen3's split q|k|v becomes three WGemms over views of the
+//!   packed weight, and the other builders' q|k|v stays one WGemm feeding GroupQueryAttention.
 //! - blocked DequantizeLinear of 4-bit (or 8-bit) codes (ai.onnx opset 21: [K, N] int4/uint4
 //!   codes, `axis=0`, `block_size=b`, scales and zero points [K/b, N]) feeding a MatMul's weight
-//!   side, as Quark and onnxruntime's 4-bit quantiser in QDQ mode write it (no fixture does):
+//!   side, as Quark and onnxruntime's 4-bit quantiser in QDQ mode write it (no corpus entry does):
 //!   WGemm{bits, block_size=b} over the codes in MatMulNBits' layout, built lazily from the codes by
 //!   compile-time ops (Transpose to [N, K], Cast to int32, offset signed codes by 2^(bits−1),
 //!   Reshape to [N, K/b, b/2, 2], weigh the pair (1, 16), ReduceSum the pair, Cast to uint8), the

@@ -198,13 +198,14 @@ fn main() {
         parallelism_probe(&pools);
     }
 
-    // SmolLM2-135M (30 layers; the f2 export: Q4_1 → float zero points, tied 8-bit lm_head).
+    // SmolLM2-135M (30 layers) as the builder writes it in int4: symmetric blocks of 32, q|k|v
+    // packed, a 4-bit lm_head.
     let smollm2 = [
-        Shape { name: "smollm2 q/o", k: 576, n: 576, bits: 4, zp: Zp::Float, per_token: 60 },
-        Shape { name: "smollm2 k/v", k: 576, n: 192, bits: 4, zp: Zp::Float, per_token: 60 },
-        Shape { name: "smollm2 gate/up", k: 576, n: 1536, bits: 4, zp: Zp::Float, per_token: 60 },
-        Shape { name: "smollm2 down", k: 1536, n: 576, bits: 4, zp: Zp::Float, per_token: 30 },
-        Shape { name: "smollm2 lm_head q8", k: 576, n: 49152, bits: 8, zp: Zp::Default, per_token: 1 },
+        Shape { name: "smollm2 q|k|v", k: 576, n: 960, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 o", k: 576, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 gate/up", k: 576, n: 1536, bits: 4, zp: Zp::Default, per_token: 60 },
+        Shape { name: "smollm2 down", k: 1536, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 lm_head", k: 576, n: 49152, bits: 4, zp: Zp::Default, per_token: 1 },
     ];
     // Qwen3-0.6B (28 layers; int4 with uint8 zero points; tied lm_head at 4 bits).
     let qwen3 = [

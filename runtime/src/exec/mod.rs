@@ -10,7 +10,7 @@
 //! in the `[N, K]` layout. Buffers are shared by values whose lifetimes do not overlap and grow to
 //! the largest step seen; decoding one token after another allocates nothing.
 //!
-//! Quantised programs (form 2): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm.
+//! Weight-only programs (the builder's int4): `npuc::WGemm` (MatMulNBits semantics) runs the kernels' WGemm.
 //! The compiler stores its weights packed ([`packed`]); the executor reads them in place from the
 //! map — no copy, nothing packed at load. A WGemm whose weights the bundle holds only in the
 //! MatMulNBits layout (bundles written before packing) is packed with `pack_wgemm` at load, a
@@ -21,7 +21,7 @@
 //! packed lm_head (SmolLM2's 8-bit storage), with `embed_packed` from the packed form, so the table
 //! is held once.
 //!
-//! A8W8 programs (QDQ form 3): `QuantizeLinear` of activations (per-tensor scale and zero point)
+//! A8W8 programs (QDQ graphs): `QuantizeLinear` of activations (per-tensor scale and zero point)
 //! writes u8 or i8 codes into code buffers, `npuc::QGemm` multiplies them by weights the compiler
 //! packed ([`packed`]; read in place, with per-tensor or per-column weight scales; the output
 //! requantised or f32 — weights the bundle holds as `[K, N]` codes, or codes the program computes,
