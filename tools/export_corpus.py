@@ -4,6 +4,8 @@ Runtime's references.
 
     .venv-export/bin/python tools/export_corpus.py [--out fixtures/corpus] [--only NAME ...] [--force]
         [--smollm2-gguf fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf] [--jobs 2]
+    .venv-export/bin/python tools/export_corpus.py --bench [--out fixtures/bench] [--only NAME ...]
+        [--no-reference]
 
 For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
 with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
@@ -16,6 +18,12 @@ builder's fp32 and int4, greedy over three prompts. <out>/index.json lists every
 greedy ids, or the reason the exporter could not make it. An entry whose provenance digest
 matches the tools' sources is kept as it is. --jobs architectures are exported at once (each
 architecture's exporters in order: the QDQ entries read its optimum export).
+
+--bench exports the bench-only architectures instead (corpus/models.py BENCH_ARCHS: a
+Qwen3-0.6B-shaped model with random weights) with BENCH_EXPORTERS, into fixtures/bench/ with an
+index of its own, so the corpus the tests read never holds them. Their references are ONNX
+Runtime's greedy ids for one prompt and the prefill/decode cases (no MatMulNBits cases: the 0.6B
+model's matrices would be copied once more); --no-reference skips even those.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ SMOLLM2_PROMPTS = [{"text": "The capital of France is"}, {"text": "Once upon a t
                    {"messages": [{"role": "user", "content": "What is the capital of France?"}]}]
 SMOLLM2_EXPORTERS = ["optimum", "builder-fp32", "builder-int4", "builder-int4-acc1"]
 DECODE_ID = 77
+# Bench entries: one prompt, the ids `npuc run --prompt-ids 1,2,3` takes.
+BENCH_PROMPT = [1, 2, 3]
+BENCH_EXPORTERS = ["builder-int4", "builder-fp32"]
 GREEDY_STEPS = 16
 PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai", "onnx"]
 
@@ -129,14 +140,15 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
         return entry
     layers, kv_heads, head_dim = models.dims(ctx["config"])
     entry.update({"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "versions": versions(exporter)})
-    entry.update(reference.record(entry_dir / "model.onnx", entry_dir, kv_heads, head_dim, ctx["prompts"], DECODE_ID,
-                                  GREEDY_STEPS))
-    for case, source in zip(entry["cases"], ctx.get("prompt_sources", [])):
-        case.update(source)
+    if ctx.get("references", True):
+        entry.update(reference.record(entry_dir / "model.onnx", entry_dir, kv_heads, head_dim, ctx["prompts"],
+                                      DECODE_ID, GREEDY_STEPS))
+        for case, source in zip(entry["cases"], ctx.get("prompt_sources", [])):
+            case.update(source)
     entry["op_histogram"] = op_histogram(entry_dir / "model.onnx")
     if exporter.startswith(("qdq", "quark")):
         entry.update(bypassed_references(entry_dir, layers, kv_heads, head_dim, ctx["prompts"]))
-    if exporter.startswith("builder-int4"):
+    if exporter.startswith("builder-int4") and not ctx.get("bench"):
         entry["matmulnbits_cases"] = reference.record_matmulnbits(entry_dir / "model.onnx", entry_dir / "matmulnbits")
     entry["seconds"] = round(time.time() - t0, 1)
     prov_path.write_text(json.dumps(entry, indent=2) + "\n")
@@ -176,8 +188,9 @@ BUILD_LOCK = threading.Lock()
 
 
 def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force: bool, digest: str,
-                make_hf, prompts_of) -> dict:
-    """One architecture's entries, exported in order (the QDQ ones read the optimum export)."""
+                make_hf, prompts_of, options: dict | None = None) -> dict:
+    """One architecture's entries, exported in order (the QDQ ones read the optimum export).
+    `options` go into every entry's context (`bench`, `references`)."""
     index = {}
     if not exporters_wanted:
         return index
@@ -186,7 +199,7 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
         shutil.rmtree(hf, ignore_errors=True)
         with BUILD_LOCK:  # torch's global RNG draws the weights: one model at a time
             make_hf(hf)
-    ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text())}
+    ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text()), **(options or {})}
     ctx["prompts"] = prompts_of(hf)
     if arch.name == "smollm2":
         ctx["prompt_sources"] = SMOLLM2_PROMPTS
@@ -200,7 +213,8 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
             traceback.print_exc()
             raise RuntimeError(f"export_corpus: {arch.name}-{exporter} failed") from e
         index[entry["name"]] = entry
-        status = f"refused: {entry['refused']}" if "refused" in entry else f"greedy {entry['cases'][0]['greedy_ids'][:6]}..."
+        status = (f"refused: {entry['refused']}" if "refused" in entry
+                  else f"greedy {entry['cases'][0]['greedy_ids'][:6]}..." if "cases" in entry else "exported")
         print(f"{entry['name']:<36} {status}", flush=True)
     return index
 
@@ -232,14 +246,41 @@ def smollm2_prompts(hf: Path) -> list[list[int]]:
             for p in SMOLLM2_PROMPTS]
 
 
+def bench_jobs(args) -> list[tuple]:
+    """The bench-only architectures' jobs (`--bench`), as main's corpus jobs."""
+    jobs = []
+    for arch in models.BENCH_ARCHS.values():
+        names = [x for x in BENCH_EXPORTERS
+                 if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
+        jobs.append((arch, names, lambda hf, a=arch: models.build(a, hf), lambda hf: [BENCH_PROMPT]))
+    return jobs
+
+
+def check_bench_names(args):
+    """A bench-only architecture named without --bench would land in the corpus index the tests
+    read: refuse it."""
+    for name in args.only or []:
+        for arch in models.BENCH_ARCHS:
+            if name == arch or name.startswith(arch + "-"):
+                sys.exit(f"{name} is bench-only: export it with --bench (into fixtures/bench)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=TOOLS.parent / "fixtures" / "corpus")
+    ap.add_argument("--out", type=Path, help="default fixtures/corpus, with --bench fixtures/bench")
     ap.add_argument("--only", nargs="*", help="entries (arch-exporter) or architectures to (re)make")
     ap.add_argument("--force", action="store_true", help="remake even when the stamp matches")
     ap.add_argument("--smollm2-gguf", type=Path, help="SmolLM2-135M's GGUF: add it to the corpus")
     ap.add_argument("--jobs", type=int, default=2, help="architectures exported at once (default 2)")
+    ap.add_argument("--bench", action="store_true", help="export the bench-only architectures (not the corpus)")
+    ap.add_argument("--no-reference", action="store_true", help="with --bench: skip ONNX Runtime's references")
     args = ap.parse_args()
+    if args.bench:
+        return main_bench(args)
+    if args.no_reference:
+        sys.exit("--no-reference is for --bench: the corpus's references are what the tests compare with")
+    check_bench_names(args)
+    args.out = args.out or TOOLS.parent / "fixtures" / "corpus"
     digest = sources_digest() + ("-forced" + str(time.time()) if args.force else "")
     args.out.mkdir(parents=True, exist_ok=True)
     index_path = args.out / "index.json"
@@ -262,6 +303,31 @@ def main():
             except RuntimeError as e:
                 sys.exit(str(e))
     note_disagreements(index)
+    write_index(index_path, index)
+
+
+def main_bench(args):
+    """`--bench`: the bench-only architectures into their own folder and index."""
+    if args.smollm2_gguf:
+        sys.exit("--bench exports the bench-only architectures; SmolLM2 belongs to the corpus")
+    args.out = args.out or TOOLS.parent / "fixtures" / "bench"
+    # An entry made without references is remade when they are asked for.
+    digest = sources_digest() + ("-noref" if args.no_reference else "")
+    digest += "-forced" + str(time.time()) if args.force else ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    index_path = args.out / "index.json"
+    index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
+    options = {"bench": True, "references": not args.no_reference}
+    # One architecture at a time: each is a real model's size.
+    for arch, names, make_hf, prompts_of in bench_jobs(args):
+        try:
+            index.update(export_arch(arch, names, args.out, args.force, digest, make_hf, prompts_of, options))
+        except RuntimeError as e:
+            sys.exit(str(e))
+    write_index(index_path, index)
+
+
+def write_index(index_path: Path, index: dict):
     entries = sorted(index.values(), key=lambda e: e["name"])
     index_path.write_text(json.dumps({"entries": entries}, indent=2) + "\n")
 

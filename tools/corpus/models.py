@@ -4,6 +4,9 @@ Every structural feature of the architecture is there (q/k norms, biases, tied o
 embeddings); only the sizes are small. Weights are drawn with a larger spread than transformers'
 default init (std 0.02 gives near-uniform attention, which hides RoPE and mask bugs) and the norm
 weights are random too, so a kernel that ignores them is caught.
+
+BENCH_ARCHS are made the same way at a real model's sizes, for `make bench` only: the corpus (and
+so `make test`) never builds them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ ARCHS = {
 }
 
 
+# Bench only: real sizes, random weights (what a decode step reads and computes depends on the
+# shapes, not the values), exported by `tools/export_corpus.py --bench` into fixtures/bench/.
+BENCH_ARCHS = {
+    # Qwen3-0.6B's shapes: 28 layers, hidden 1024, 16 query and 8 KV heads of 128, q/k norms,
+    # tied embeddings over a 151936 vocabulary (the embedding is a quarter of the weights).
+    "qwen3-0.6b": Arch("qwen3-0.6b", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, bos_token_id=1, eos_token_id=2, pad_token_id=0), 17),
+}
+
+
 def build(arch: Arch, out: Path) -> dict:
     """Writes a Hugging Face model folder (weights, config, tokenizer); returns the config dict."""
     import torch
@@ -83,18 +98,18 @@ def build(arch: Arch, out: Path) -> dict:
                 p.uniform_(*NORM_RANGE)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    write_tokenizer(out)
+    write_tokenizer(out, arch.config["vocab_size"])
     return json.loads((out / "config.json").read_text())
 
 
-def write_tokenizer(out: Path):
-    """A word-level tokenizer over the model's vocabulary: the builder needs one to write its
-    genai_config, and tests feed token ids directly."""
+def write_tokenizer(out: Path, vocab_size: int = VOCAB):
+    """A word-level tokenizer over the model's vocabulary (`vocab_size` ids, one word each): the
+    builder needs one to write its genai_config, and tests feed token ids directly."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, VOCAB)})
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
