@@ -121,9 +121,10 @@ bench-models: $(STAMP_XPY)
 	$(XPY) tools/export_corpus.py --bench --out $(BENCH_DIR)
 
 ## bench-passes: pipeline wall time, peak memory and e-graph sizes on SmolLM2 as optimum and
-## the builder (int4) export it.
-bench-passes: deps corpus build
-	$(PY) tools/bench_passes.py $(FIXTURES)/corpus/smollm2-optimum/model.onnx $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx
+## the builder (int4) export it, and on the Qwen3-0.6B-shaped builder int4 file.
+bench-passes: deps corpus build bench-models
+	$(PY) tools/bench_passes.py $(FIXTURES)/corpus/smollm2-optimum/model.onnx \
+	  $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx $(BENCH_DIR)/qwen3-0.6b-builder-int4/model.onnx
 
 clean-fixtures:
 	rm -rf $(FIXTURES)
