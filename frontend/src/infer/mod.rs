@@ -7,248 +7,21 @@
 //! (a concrete 256 against a concrete 384) are errors naming the node; agreements the frontend has
 //! to assume (`total_sequence_length` = `past_sequence_length + sequence_length`) are recorded.
 
+mod node;
+mod value;
+
+pub use node::NodeCtx;
+pub use value::{Ctx, Info, Known};
+
 use crate::error::ErrorKind;
 use ir::op::OpRef;
-use ir::{Attrs, DType, Dim, Domain, Tensor};
+use ir::{DType, Dim, Tensor};
+use node::{attr_dtype, axes_of, broadcast, known_ints, norm_axis, opt, req, same_dtype, In};
+use value::renamed_symbol;
 
 /// Folded results with more elements than this stay nodes (a constant causal mask of 2048² would
 /// otherwise land in the graph by value).
 pub const FOLD_LIMIT_ELEMENTS: usize = 1 << 16;
-
-#[derive(Clone, Debug)]
-pub enum Known {
-    Nothing,
-    /// A concrete tensor.
-    Const(Tensor),
-    /// An integer scalar (`scalar == true`) or vector of symbolic dims.
-    Dims {
-        dims: Vec<Dim>,
-        scalar: bool,
-    },
-}
-
-#[derive(Clone, Debug)]
-pub struct Info {
-    pub dtype: DType,
-    pub shape: Vec<Dim>,
-    pub known: Known,
-}
-
-impl Info {
-    pub fn new(dtype: DType, shape: Vec<Dim>) -> Info {
-        Info { dtype, shape, known: Known::Nothing }
-    }
-
-    pub fn constant(t: Tensor) -> Info {
-        Info { dtype: t.dtype, shape: t.shape.iter().map(|&d| Dim::known(d as i64)).collect(), known: Known::Const(t) }
-    }
-
-    fn from_dims(dtype: DType, dims: Vec<Dim>, scalar: bool) -> Info {
-        if dims.iter().all(|d| d.is_known()) {
-            let vals: Vec<i64> = dims.iter().map(|d| d.as_known().unwrap()).collect();
-            let shape = if scalar { vec![] } else { vec![vals.len()] };
-            return Info::constant(Tensor::from_i64(dtype, shape, vals));
-        }
-        let shape = if scalar { vec![] } else { vec![Dim::known(dims.len() as i64)] };
-        Info { dtype, shape, known: Known::Dims { dims, scalar } }
-    }
-
-    pub fn as_const(&self) -> Option<&Tensor> {
-        match &self.known {
-            Known::Const(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    /// Contents as symbolic dims when this is an integer scalar or vector whose values are known.
-    pub fn as_dims(&self) -> Option<(Vec<Dim>, bool)> {
-        match &self.known {
-            Known::Dims { dims, scalar } => Some((dims.clone(), *scalar)),
-            Known::Const(t) if t.rank() <= 1 => {
-                let v = t.as_i64()?;
-                Some((v.iter().map(|&x| Dim::known(x)).collect(), t.rank() == 0))
-            }
-            _ => None,
-        }
-    }
-
-    fn is_concrete(&self) -> bool {
-        matches!(self.known, Known::Const(_))
-    }
-}
-
-/// Per-import state: fresh symbols for dims nothing determines, and the equalities assumed.
-#[derive(Default)]
-pub struct Ctx {
-    fresh: usize,
-    /// `symbol → expression` substitutions assumed so far, in order.
-    pub substitutions: Vec<(String, Dim)>,
-    /// Equalities assumed between two compound dims (no substitution possible).
-    pub assumptions: Vec<String>,
-}
-
-impl Ctx {
-    fn fresh(&mut self, hint: &str) -> Dim {
-        self.fresh += 1;
-        Dim::sym(&format!("{hint}_{}", self.fresh))
-    }
-
-    /// Rewrites a dim with every substitution assumed so far.
-    pub fn normalize(&self, d: &Dim) -> Dim {
-        let mut d = d.clone();
-        for (s, v) in &self.substitutions {
-            if d.symbols().any(|x| x == s) {
-                d = d.substitute(s, v).unwrap_or(d);
-            }
-        }
-        d
-    }
-
-    /// Makes `a` and `b` equal: substitutes a bare symbol by the other side when possible.
-    pub(crate) fn unify(&mut self, a: &Dim, b: &Dim) -> Dim {
-        let (a, b) = (self.normalize(a), self.normalize(b));
-        if a == b {
-            return a;
-        }
-        let renamed = renamed_symbol(&a, &b);
-        let (sym, other) = match (a.as_symbol(), b.as_symbol()) {
-            (Some(s), _) if !b.symbols().any(|x| x == s) => (s.to_string(), b.clone()),
-            (_, Some(s)) if !a.symbols().any(|x| x == s) => (s.to_string(), a.clone()),
-            _ if renamed.is_some() => {
-                let (x, y) = renamed.unwrap();
-                (x, Dim::sym(&y))
-            }
-            _ => {
-                let fact = format!("{a} = {b}");
-                if !self.assumptions.contains(&fact) {
-                    self.assumptions.push(fact);
-                }
-                return a;
-            }
-        };
-        self.substitutions.push((sym, other.clone()));
-        other
-    }
-}
-
-/// `(x, y)` when `a` and `b` differ only in that one has symbol `x` where the other has `y`
-/// (`a − b = x − y`): the same size under two names, as torch.export names each input's sizes
-/// apart (`s15 + s70` against `s69 + s70`).
-fn renamed_symbol(a: &Dim, b: &Dim) -> Option<(String, String)> {
-    let d = a.sub(b)?;
-    let syms: Vec<String> = d.symbols().map(str::to_string).collect();
-    let [x, y] = &syms[..] else { return None };
-    [(x.clone(), y.clone()), (y.clone(), x.clone())]
-        .into_iter()
-        .find(|(p, q)| Dim::sym(p).sub(&Dim::sym(q)).as_ref() == Some(&d))
-}
-
-/// Everything inference needs about one node.
-pub struct NodeCtx<'a> {
-    pub name: &'a str,
-    pub domain: Domain,
-    pub op: &'static str,
-    pub opset: i64,
-    pub attrs: &'a Attrs,
-    pub num_outputs: usize,
-}
-
-impl NodeCtx<'_> {
-    fn bad(&self, detail: impl Into<String>) -> ErrorKind {
-        ErrorKind::BadNode { node: self.name.into(), op: self.op.into(), detail: detail.into() }
-    }
-    fn shape_err(&self, detail: impl Into<String>) -> ErrorKind {
-        ErrorKind::Shape { node: self.name.into(), op: self.op.into(), detail: detail.into() }
-    }
-    fn dtype_err(&self, detail: impl Into<String>) -> ErrorKind {
-        ErrorKind::Dtype { node: self.name.into(), op: self.op.into(), detail: detail.into() }
-    }
-    fn attr_int(&self, name: &str, default: i64) -> Result<i64, ErrorKind> {
-        self.attrs.int_or(name, default).map_err(|e| self.bad(e.to_string()))
-    }
-    fn attr_ints(&self, name: &str) -> Result<Option<Vec<i64>>, ErrorKind> {
-        self.attrs.ints(name).map(|o| o.map(|v| v.to_vec())).map_err(|e| self.bad(e.to_string()))
-    }
-}
-
-type In<'a> = &'a [Option<&'a Info>];
-
-fn req<'a>(n: &NodeCtx, inputs: In<'a>, i: usize) -> Result<&'a Info, ErrorKind> {
-    inputs.get(i).copied().flatten().ok_or_else(|| n.bad(format!("required input {i} is missing")))
-}
-
-fn opt<'a>(inputs: In<'a>, i: usize) -> Option<&'a Info> {
-    inputs.get(i).copied().flatten()
-}
-
-fn norm_axis(n: &NodeCtx, axis: i64, rank: usize) -> Result<usize, ErrorKind> {
-    let r = rank as i64;
-    let a = if axis < 0 { axis + r } else { axis };
-    if a < 0 || a >= r.max(1) && !(r == 0 && a == 0) {
-        return Err(n.shape_err(format!("axis {axis} is out of range for rank {rank}")));
-    }
-    Ok(a as usize)
-}
-
-/// Numpy broadcasting of symbolic shapes.
-fn broadcast(n: &NodeCtx, ctx: &mut Ctx, shapes: &[&[Dim]]) -> Result<Vec<Dim>, ErrorKind> {
-    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut out = Vec::with_capacity(rank);
-    for i in 0..rank {
-        let mut acc: Option<Dim> = None;
-        for s in shapes {
-            let Some(d) = (i + s.len()).checked_sub(rank).map(|j| ctx.normalize(&s[j])) else { continue };
-            acc = Some(match acc {
-                None => d,
-                Some(a) if a == d => a,
-                Some(a) if a.as_known() == Some(1) => d,
-                Some(a) if d.as_known() == Some(1) => a,
-                Some(a) if a.is_known() && d.is_known() => {
-                    let shapes: Vec<String> = shapes.iter().map(|s| ir::dim::shape_to_string(s)).collect();
-                    return Err(n.shape_err(format!("cannot broadcast {} (dim {a} vs {d})", shapes.join(" with "))));
-                }
-                Some(a) => ctx.unify(&a, &d),
-            });
-        }
-        out.push(acc.unwrap_or_else(|| Dim::known(1)));
-    }
-    Ok(out)
-}
-
-fn same_dtype(n: &NodeCtx, infos: &[&Info]) -> Result<DType, ErrorKind> {
-    let first = infos[0].dtype;
-    for i in &infos[1..] {
-        if i.dtype != first {
-            return Err(n.dtype_err(format!("inputs are {first} and {}", i.dtype)));
-        }
-    }
-    Ok(first)
-}
-
-fn attr_dtype(n: &NodeCtx, name: &str) -> Result<Option<DType>, ErrorKind> {
-    match n.attrs.int(name).map_err(|e| n.bad(e.to_string()))? {
-        None => Ok(None),
-        Some(code) => DType::from_onnx_code(code as i32)
-            .map(Some)
-            .ok_or_else(|| n.bad(format!("attribute `{name}` is unknown dtype code {code}"))),
-    }
-}
-
-fn known_ints(n: &NodeCtx, info: &Info, what: &str) -> Result<Vec<i64>, ErrorKind> {
-    let (dims, _) = info.as_dims().ok_or_else(|| n.bad(format!("{what} must be a constant integer tensor")))?;
-    dims.iter()
-        .map(|d| d.as_known())
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| n.bad(format!("{what} must be constant, it depends on symbolic sizes")))
-}
-
-/// Axes for Reduce*/Squeeze/Unsqueeze: the input (opset ≥ 13/18) or the attribute.
-fn axes_of(n: &NodeCtx, inputs: In, input_index: usize) -> Result<Option<Vec<i64>>, ErrorKind> {
-    if let Some(a) = opt(inputs, input_index) {
-        return known_ints(n, a, "axes").map(Some);
-    }
-    n.attr_ints("axes")
-}
 
 /// Infers the outputs of one node.
 pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
@@ -1319,7 +1092,7 @@ fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir::Attr;
+    use ir::{Attr, Attrs, Domain};
 
     fn node<'a>(op: &'static str, attrs: &'a Attrs, num_outputs: usize) -> NodeCtx<'a> {
         NodeCtx { name: "n", domain: Domain::Onnx, op, opset: 23, attrs, num_outputs }
