@@ -7,6 +7,7 @@
 //! (a concrete 256 against a concrete 384) are errors naming the node; agreements the frontend has
 //! to assume (`total_sequence_length` = `past_sequence_length + sequence_length`) are recorded.
 
+mod dims;
 mod node;
 mod value;
 
@@ -26,7 +27,7 @@ pub const FOLD_LIMIT_ELEMENTS: usize = 1 << 16;
 /// Infers the outputs of one node.
 pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
     // Shape arithmetic on symbolic dims folds before general inference.
-    if let Some(folded) = fold_dims(n, ctx, inputs)? {
+    if let Some(folded) = dims::fold(n, ctx, inputs)? {
         return Ok(vec![folded]);
     }
     let mut outs = infer_shapes(n, ctx, inputs)?;
@@ -68,198 +69,6 @@ pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
         return Ok(results.into_iter().map(Info::constant).collect());
     }
     Ok(outs)
-}
-
-/// Folds integer shape arithmetic whose inputs are symbolic dims. `None` when the node is not
-/// shape arithmetic on symbolic values (including when everything is concrete: the evaluator
-/// folds those).
-fn fold_dims(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Option<Info>, ErrorKind> {
-    let any_symbolic = inputs.iter().flatten().any(|i| matches!(i.known, Known::Dims { .. }));
-    match n.op {
-        "Shape" => {
-            let x = req(n, inputs, 0)?;
-            let r = x.shape.len() as i64;
-            let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) };
-            let start = clamp(n.attr_int("start", 0)?) as usize;
-            let end = clamp(n.attr_int("end", r)?) as usize;
-            let dims: Vec<Dim> = x.shape[start..end.max(start)].iter().map(|d| ctx.normalize(d)).collect();
-            return Ok(Some(Info::from_dims(DType::I64, dims, false)));
-        }
-        "Size" => {
-            let x = req(n, inputs, 0)?;
-            let mut p = Dim::known(1);
-            for d in &x.shape {
-                p = p.mul(d).ok_or_else(|| n.shape_err("element count overflows"))?;
-            }
-            return Ok(Some(Info::from_dims(DType::I64, vec![p], true)));
-        }
-        _ => {}
-    }
-    if !any_symbolic {
-        return Ok(None);
-    }
-    let dims = |i: usize| opt(inputs, i).and_then(|x| x.as_dims());
-    let out_dtype = req(n, inputs, 0)?.dtype;
-    let result: Option<(Vec<Dim>, bool)> = match n.op {
-        "Identity" => dims(0),
-        "Cast" => {
-            let to = attr_dtype(n, "to")?.ok_or_else(|| n.bad("Cast needs `to`"))?;
-            if !to.is_int() {
-                return Ok(None);
-            }
-            return Ok(dims(0).map(|(d, s)| Info::from_dims(to, d, s)));
-        }
-        "Gather" => {
-            let (data, _) = dims(0).filter(|(_, s)| !*s).ok_or_else(|| n.bad("gathering from a symbolic scalar"))?;
-            if n.attr_int("axis", 0)? != 0 {
-                return Ok(None);
-            }
-            match dims(1) {
-                Some((idx, scalar)) => {
-                    let mut out = Vec::new();
-                    for i in &idx {
-                        let Some(i) = i.as_known() else { return Ok(None) };
-                        let j = if i < 0 { i + data.len() as i64 } else { i };
-                        let d = data.get(j as usize).filter(|_| j >= 0).ok_or_else(|| {
-                            n.shape_err(format!("index {i} is out of range for a shape vector of {} dims", data.len()))
-                        })?;
-                        out.push(d.clone());
-                    }
-                    Some((out, scalar))
-                }
-                None => None,
-            }
-        }
-        "Unsqueeze" => match (dims(0), axes_of(n, inputs, 1)?) {
-            (Some((d, true)), Some(axes)) if axes == [0] || axes == [-1] => Some((d, false)),
-            _ => None,
-        },
-        "Squeeze" => match dims(0) {
-            Some((d, false)) if d.len() == 1 => Some((d, true)),
-            _ => None,
-        },
-        "Concat" => {
-            let mut out = Vec::new();
-            for i in 0..inputs.len() {
-                match dims(i) {
-                    Some((d, false)) => out.extend(d),
-                    _ => return Ok(None),
-                }
-            }
-            Some((out, false))
-        }
-        "Reshape" => match (dims(0), opt(inputs, 1).and_then(|s| known_ints(n, s, "shape").ok())) {
-            (Some((d, _)), Some(shape)) if shape.is_empty() && d.len() == 1 => Some((d, true)),
-            (Some((d, _)), Some(shape)) if shape.len() == 1 && (shape[0] == -1 || shape[0] == d.len() as i64) => {
-                Some((d, false))
-            }
-            _ => None,
-        },
-        "Slice" => {
-            let Some((d, false)) = dims(0) else { return Ok(None) };
-            let starts = known_ints(n, req(n, inputs, 1)?, "starts")?;
-            let ends = known_ints(n, req(n, inputs, 2)?, "ends")?;
-            let steps = match opt(inputs, 4) {
-                Some(s) => known_ints(n, s, "steps")?,
-                None => vec![1],
-            };
-            if starts.len() != 1 || ends.len() != 1 || steps != [1] {
-                return Ok(None);
-            }
-            let len = d.len() as i64;
-            let clamp = |v: i64| if v < 0 { (v + len).max(0) } else { v.min(len) };
-            let (s, e) = (clamp(starts[0]) as usize, clamp(ends[0]) as usize);
-            Some((d[s..e.max(s)].to_vec(), false))
-        }
-        "Add" | "Sub" | "Mul" | "Div" => {
-            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
-            if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
-                return Ok(None);
-            }
-            let len = a.len().max(b.len());
-            let mut out = Vec::with_capacity(len);
-            for i in 0..len {
-                let x = &a[if a.len() == 1 { 0 } else { i }];
-                let y = &b[if b.len() == 1 { 0 } else { i }];
-                let r = match n.op {
-                    "Add" => x.add(y),
-                    "Sub" => x.sub(y),
-                    "Mul" => x.mul(y),
-                    _ => x.div_exact(y),
-                };
-                match r {
-                    Some(r) => out.push(r),
-                    None => return Ok(None),
-                }
-            }
-            Some((out, sa && sb))
-        }
-        "Equal" => {
-            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
-            if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
-                return Ok(None);
-            }
-            let len = a.len().max(b.len());
-            let mut out = Vec::with_capacity(len);
-            for i in 0..len {
-                let x = ctx.normalize(&a[if a.len() == 1 { 0 } else { i }]);
-                let y = ctx.normalize(&b[if b.len() == 1 { 0 } else { i }]);
-                if x == y {
-                    out.push(1);
-                } else if let (Some(p), Some(q)) = (x.as_known(), y.as_known()) {
-                    out.push((p == q) as i64);
-                } else if x.symbols().chain(y.symbols()).count() > 0
-                    && x.sub(&y).and_then(|d| d.as_known()).is_some_and(|k| k != 0)
-                {
-                    out.push(0);
-                } else if y.as_known().is_some_and(|k| k <= 0) || x.as_known().is_some_and(|k| k <= 0) {
-                    // Exporters compare shape entries with -1 or 0 sentinels; sizes are positive.
-                    out.push(0);
-                } else {
-                    return Ok(None);
-                }
-            }
-            let shape = if sa && sb { vec![] } else { vec![len] };
-            return Ok(Some(Info::constant(Tensor::from_i64(DType::Bool, shape, out))));
-        }
-        "Where" => {
-            let cond = req(n, inputs, 0)?.as_const().and_then(|t| t.as_i64().map(|v| v.to_vec()));
-            let (Some(c), Some((a, _)), Some((b, _))) = (cond, dims(1), dims(2)) else { return Ok(None) };
-            let len = c.len().max(a.len()).max(b.len());
-            let pick = |v: &Vec<Dim>, i: usize| v[if v.len() == 1 { 0 } else { i }].clone();
-            let mut out = Vec::new();
-            for i in 0..len {
-                let ci = c[if c.len() == 1 { 0 } else { i }];
-                out.push(if ci != 0 { pick(&a, i) } else { pick(&b, i) });
-            }
-            let dt = req(n, inputs, 1)?.dtype;
-            return Ok(Some(Info::from_dims(dt, out, false)));
-        }
-        "Max" | "Min" => {
-            let (Some((a, sa)), Some((b, sb))) = (dims(0), dims(1)) else { return Ok(None) };
-            if inputs.len() != 2 || a.len() != b.len() {
-                return Ok(None);
-            }
-            let mut out = Vec::new();
-            for (x, y) in a.iter().zip(&b) {
-                // Sizes are at least 1: max(d, 1) = d and max(d, 0) = d for a symbolic size d.
-                let pick = match (x.as_known(), y.as_known()) {
-                    (None, Some(k)) if k <= 1 => Some(if n.op == "Max" { x.clone() } else { y.clone() }),
-                    (Some(k), None) if k <= 1 => Some(if n.op == "Max" { y.clone() } else { x.clone() }),
-                    _ if x == y => Some(x.clone()),
-                    _ => None,
-                };
-                match pick {
-                    Some(p) => out.push(p),
-                    None => return Ok(None),
-                }
-            }
-            Some((out, sa && sb))
-        }
-        _ => None,
-    };
-    let _ = ctx;
-    Ok(result.map(|(d, s)| Info::from_dims(out_dtype, d, s)))
 }
 
 fn reduce_shape(
@@ -488,7 +297,7 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
             }
             Ok(outs)
         }
-        "Shape" | "Size" => unreachable!("folded in fold_dims"),
+        "Shape" | "Size" => unreachable!("folded in dims::fold"),
         "Reshape" => {
             let x = x0()?;
             let s = req(n, inputs, 1)?;
