@@ -8,7 +8,11 @@
 //! to assume (`total_sequence_length` = `past_sequence_length + sequence_length`) are recorded.
 
 mod dims;
+mod elementwise;
+mod matmul;
 mod node;
+mod normalization;
+mod reduce;
 mod value;
 
 pub use node::NodeCtx;
@@ -71,61 +75,6 @@ pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
     Ok(outs)
 }
 
-fn reduce_shape(
-    n: &NodeCtx,
-    x: &Info,
-    axes: Option<Vec<i64>>,
-    keepdims: bool,
-    noop_empty: bool,
-) -> Result<Vec<Dim>, ErrorKind> {
-    let rank = x.shape.len();
-    let axes: Vec<usize> = match axes {
-        Some(a) if !a.is_empty() => a.iter().map(|&a| norm_axis(n, a, rank)).collect::<Result<_, _>>()?,
-        _ if noop_empty => return Ok(x.shape.clone()),
-        _ => (0..rank).collect(),
-    };
-    let mut out = Vec::new();
-    for (i, d) in x.shape.iter().enumerate() {
-        if axes.contains(&i) {
-            if keepdims {
-                out.push(Dim::known(1));
-            }
-        } else {
-            out.push(d.clone());
-        }
-    }
-    Ok(out)
-}
-
-fn matmul_shape(n: &NodeCtx, ctx: &mut Ctx, a: &[Dim], b: &[Dim]) -> Result<Vec<Dim>, ErrorKind> {
-    if a.is_empty() || b.is_empty() {
-        return Err(n.shape_err("MatMul operands must have rank ≥ 1"));
-    }
-    let (a2, a_vec) = if a.len() == 1 { (vec![Dim::known(1), a[0].clone()], true) } else { (a.to_vec(), false) };
-    let (b2, b_vec) = if b.len() == 1 { (vec![b[0].clone(), Dim::known(1)], true) } else { (b.to_vec(), false) };
-    let ka = ctx.normalize(&a2[a2.len() - 1]);
-    let kb = ctx.normalize(&b2[b2.len() - 2]);
-    if ka != kb {
-        if ka.is_known() && kb.is_known() {
-            return Err(n.shape_err(format!(
-                "inner dimensions differ: {} × {}",
-                ir::dim::shape_to_string(a),
-                ir::dim::shape_to_string(b)
-            )));
-        }
-        ctx.unify(&ka, &kb);
-    }
-    let batch = broadcast(n, ctx, &[&a2[..a2.len() - 2], &b2[..b2.len() - 2]])?;
-    let mut out = batch;
-    if !a_vec {
-        out.push(a2[a2.len() - 2].clone());
-    }
-    if !b_vec {
-        out.push(b2[b2.len() - 1].clone());
-    }
-    Ok(out)
-}
-
 /// Output shape of a Reshape whose target may hold symbolic dims, 0 (copy) and -1 (infer).
 pub fn reshape_shape(
     n: &NodeCtx,
@@ -183,120 +132,30 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
     let one = |dtype: DType, shape: Vec<Dim>| Ok(vec![Info::new(dtype, shape)]);
     match n.op {
         "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" | "Sum" | "Mean" => {
-            let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
-            let dt = same_dtype(n, &ins)?;
-            let shapes: Vec<&[Dim]> = ins.iter().map(|i| i.shape.as_slice()).collect();
-            one(dt, broadcast(n, ctx, &shapes)?)
+            elementwise::arithmetic(n, ctx, inputs)
         }
-        "Pow" => {
-            let (a, b) = (x0()?, req(n, inputs, 1)?);
-            one(a.dtype, broadcast(n, ctx, &[&a.shape, &b.shape])?)
-        }
+        "Pow" => elementwise::pow(n, ctx, inputs),
         "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
-            let (a, b) = (x0()?, req(n, inputs, 1)?);
-            same_dtype(n, &[a, b])?;
-            one(DType::Bool, broadcast(n, ctx, &[&a.shape, &b.shape])?)
+            elementwise::compare(n, ctx, inputs)
         }
-        "Where" => {
-            let (c, a, b) = (x0()?, req(n, inputs, 1)?, req(n, inputs, 2)?);
-            if c.dtype != DType::Bool {
-                return Err(n.dtype_err(format!("condition is {}, not bool", c.dtype)));
-            }
-            let dt = same_dtype(n, &[a, b])?;
-            one(dt, broadcast(n, ctx, &[&c.shape, &a.shape, &b.shape])?)
-        }
-        "Not" => one(DType::Bool, x0()?.shape.clone()),
-        "IsNaN" | "IsInf" => one(DType::Bool, x0()?.shape.clone()),
+        "Where" => elementwise::where_(n, ctx, inputs),
+        "Not" | "IsNaN" | "IsInf" => elementwise::predicate(n, ctx, inputs),
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
         | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" | "Gelu" | "Softplus" | "LogSoftmax"
-        | "Hardmax" => {
-            let x = x0()?;
-            if matches!(
-                n.op,
-                "Sqrt"
-                    | "Reciprocal"
-                    | "Exp"
-                    | "Log"
-                    | "Sin"
-                    | "Cos"
-                    | "Tanh"
-                    | "Erf"
-                    | "Sigmoid"
-                    | "Softmax"
-                    | "Gelu"
-                    | "Softplus"
-                    | "LogSoftmax"
-                    | "Hardmax"
-            ) && !x.dtype.is_float()
-            {
-                return Err(n.dtype_err(format!("{} needs a float input, got {}", n.op, x.dtype)));
-            }
-            one(x.dtype, x.shape.clone())
-        }
+        | "Hardmax" => elementwise::unary(n, ctx, inputs),
         "Clip" => one(x0()?.dtype, x0()?.shape.clone()),
-        "Cast" => one(attr_dtype(n, "to")?.ok_or_else(|| n.bad("Cast needs `to`"))?, x0()?.shape.clone()),
-        "CastLike" => one(req(n, inputs, 1)?.dtype, x0()?.shape.clone()),
-        "MatMul" => {
-            let (a, b) = (x0()?, req(n, inputs, 1)?);
-            let dt = same_dtype(n, &[a, b])?;
-            one(dt, matmul_shape(n, ctx, &a.shape, &b.shape)?)
-        }
-        "MatMulInteger" => {
-            let (a, b) = (x0()?, req(n, inputs, 1)?);
-            one(DType::I32, matmul_shape(n, ctx, &a.shape, &b.shape)?)
-        }
-        "Gemm" => {
-            let (a, b) = (x0()?, req(n, inputs, 1)?);
-            let dt = same_dtype(n, &[a, b])?;
-            if a.shape.len() != 2 || b.shape.len() != 2 {
-                return Err(n.shape_err("Gemm operands must be 2-D"));
-            }
-            let ta = n.attr_int("transA", 0)? != 0;
-            let tb = n.attr_int("transB", 0)? != 0;
-            let (m, k1) = if ta { (&a.shape[1], &a.shape[0]) } else { (&a.shape[0], &a.shape[1]) };
-            let (k2, nn) = if tb { (&b.shape[1], &b.shape[0]) } else { (&b.shape[0], &b.shape[1]) };
-            if k1 != k2 && k1.is_known() && k2.is_known() {
-                return Err(n.shape_err(format!("inner dimensions differ: {k1} vs {k2}")));
-            }
-            one(dt, vec![m.clone(), nn.clone()])
-        }
+        "Cast" => elementwise::cast(n, ctx, inputs),
+        "CastLike" => elementwise::cast_like(n, ctx, inputs),
+        "MatMul" => matmul::matmul(n, ctx, inputs),
+        "MatMulInteger" => matmul::matmul_integer(n, ctx, inputs),
+        "Gemm" => matmul::gemm(n, ctx, inputs),
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
-        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
-            let x = x0()?;
-            let keep = n.attr_int("keepdims", 1)? != 0;
-            let noop = n.attr_int("noop_with_empty_axes", 0)? != 0;
-            let axes = axes_of(n, inputs, 1)?;
-            one(x.dtype, reduce_shape(n, x, axes, keep, noop)?)
-        }
-        "ArgMax" | "ArgMin" => {
-            let x = x0()?;
-            let keep = n.attr_int("keepdims", 1)? != 0;
-            let axis = n.attr_int("axis", 0)?;
-            one(DType::I64, reduce_shape(n, x, Some(vec![axis]), keep, false)?)
-        }
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce(n, ctx, inputs),
+        "ArgMax" | "ArgMin" => reduce::arg_reduce(n, ctx, inputs),
         "LayerNormalization" | "SimplifiedLayerNormalization" | "RMSNormalization" => {
-            let x = x0()?;
-            let axis = norm_axis(n, n.attr_int("axis", -1)?, x.shape.len())?;
-            let mut stat = x.shape[..axis].to_vec();
-            stat.extend(std::iter::repeat_n(Dim::known(1), x.shape.len() - axis));
-            let mut outs = vec![Info::new(x.dtype, x.shape.clone())];
-            for _ in 1..n.num_outputs {
-                outs.push(Info::new(DType::F32, stat.clone()));
-            }
-            Ok(outs)
+            normalization::layer_norm(n, ctx, inputs)
         }
-        "SkipSimplifiedLayerNormalization" => {
-            let (x, skip) = (x0()?, req(n, inputs, 1)?);
-            same_dtype(n, &[x, skip])?;
-            let shape = broadcast(n, ctx, &[&x.shape, &skip.shape])?;
-            let mut stat = shape[..shape.len() - 1].to_vec();
-            stat.push(Dim::known(1));
-            let mut outs = vec![Info::new(x.dtype, shape.clone())];
-            for i in 1..n.num_outputs {
-                outs.push(if i == 3 { Info::new(x.dtype, shape.clone()) } else { Info::new(DType::F32, stat.clone()) });
-            }
-            Ok(outs)
-        }
+        "SkipSimplifiedLayerNormalization" => normalization::skip_simplified(n, ctx, inputs),
         "Shape" | "Size" => unreachable!("folded in dims::fold"),
         "Reshape" => {
             let x = x0()?;
@@ -495,18 +354,9 @@ fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, Err
         }
         "ScatterND" | "ScatterElements" => one(x0()?.dtype, x0()?.shape.clone()),
         "Pad" => infer_pad(n, ctx, inputs),
-        "TopK" => infer_top_k(n, ctx, inputs),
-        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => {
-            let (x, target) = (x0()?, req(n, inputs, 1)?);
-            let reduced = n.attrs.str("reduction").map_err(|e| n.bad(e.to_string()))? != Some("none");
-            let loss = if reduced { vec![] } else { target.shape.clone() };
-            let mut outs = vec![Info::new(x.dtype, loss)];
-            if n.num_outputs > 1 {
-                outs.push(Info::new(x.dtype, x.shape.clone()));
-            }
-            Ok(outs)
-        }
-        "Einsum" => infer_einsum(n, ctx, inputs),
+        "TopK" => reduce::top_k(n, ctx, inputs),
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => reduce::loss(n, ctx, inputs),
+        "Einsum" => matmul::einsum(n, ctx, inputs),
         "Expand" => {
             let x = x0()?;
             let s = req(n, inputs, 1)?;
@@ -738,61 +588,6 @@ fn infer_pad(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorK
         })?;
     }
     Ok(vec![Info::new(x.dtype, out)])
-}
-
-/// TopK: values and int64 indices, the axis cut to `k` (an attribute before opset 10, an input
-/// from 10; a `k` given at run time makes it a fresh size).
-fn infer_top_k(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
-    let x = req(n, inputs, 0)?;
-    if x.shape.is_empty() {
-        return Err(n.shape_err("the input must have rank at least 1"));
-    }
-    let axis = norm_axis(n, n.attr_int("axis", -1)?, x.shape.len())?;
-    let k = if n.opset < 10 {
-        Some(Dim::known(n.attr_int("k", -1)?))
-    } else {
-        req(n, inputs, 1)?.as_dims().and_then(|(d, _)| (d.len() == 1).then(|| d[0].clone()))
-    };
-    let k = k.unwrap_or_else(|| ctx.fresh("topk"));
-    let dim = ctx.normalize(&x.shape[axis]);
-    if let (Some(kk), Some(d)) = (k.as_known(), dim.as_known()) {
-        if kk < 0 || kk > d {
-            return Err(n.shape_err(format!("k = {kk} is outside 0..={d}, the size of axis {axis}")));
-        }
-    }
-    let mut shape = x.shape.clone();
-    shape[axis] = k;
-    Ok(vec![Info::new(x.dtype, shape.clone()), Info::new(DType::I64, shape)])
-}
-
-/// Einsum: the output dims are the sizes of the output labels (see `ir::eval::parse_einsum`);
-/// a letter's sizes must agree, ellipsis dims broadcast.
-fn infer_einsum(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
-    let ins: Vec<&Info> = inputs.iter().flatten().copied().collect();
-    let dt = same_dtype(n, &ins)?;
-    let equation = n.attrs.str("equation").map_err(|e| n.bad(e.to_string()))?;
-    let equation = equation.ok_or_else(|| n.bad("attribute `equation` is required"))?;
-    let ranks: Vec<usize> = ins.iter().map(|i| i.shape.len()).collect();
-    let spec = ir::eval::parse_einsum(equation, &ranks).map_err(|e| n.bad(e))?;
-    let mut sizes: Vec<Option<Dim>> = vec![None; spec.labels];
-    for (labels, info) in spec.operands.iter().zip(&ins) {
-        for (&l, d) in labels.iter().zip(&info.shape) {
-            let d = ctx.normalize(d);
-            let broadcast = l < spec.broadcast;
-            sizes[l] = Some(match sizes[l].take() {
-                None => d,
-                Some(m) if m == d => m,
-                Some(m) if broadcast && m.as_known() == Some(1) => d,
-                Some(m) if broadcast && d.as_known() == Some(1) => m,
-                Some(m) if m.is_known() && d.is_known() => {
-                    return Err(n.shape_err(format!("a label of `{equation}` has sizes {m} and {d}")))
-                }
-                Some(m) => ctx.unify(&m, &d),
-            });
-        }
-    }
-    let out = spec.output.iter().map(|&l| sizes[l].clone().unwrap_or(Dim::known(1))).collect();
-    Ok(vec![Info::new(dt, out)])
 }
 
 fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {

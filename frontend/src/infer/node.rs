@@ -111,3 +111,8 @@ pub(super) fn axes_of(n: &NodeCtx, inputs: In, input_index: usize) -> Result<Opt
     }
     n.attr_ints("axes")
 }
+
+/// One output of this dtype and shape.
+pub(super) fn one(dtype: DType, shape: Vec<Dim>) -> Result<Vec<Info>, ErrorKind> {
+    Ok(vec![Info::new(dtype, shape)])
+}
