@@ -6,7 +6,19 @@
 //! shape arithmetic on symbolic dims is folded exactly on [`Dim`] polynomials. Provable mismatches
 //! (a concrete 256 against a concrete 384) are errors naming the node; agreements the frontend has
 //! to assume (`total_sequence_length` = `past_sequence_length + sequence_length`) are recorded.
+//!
+//! [`infer_node`] folds shape arithmetic on symbolic dims (`dims.rs`), or else dispatches the op
+//! to the function of its family that infers it (`inference_of`), then evaluates nodes whose
+//! inputs are all constants. The families, one file each: `elementwise`, `matmul` (MatMul, Gemm,
+//! Einsum), `reduce` (Reduce*, Arg*, TopK, losses), `normalization`, `shape_ops` (Reshape,
+//! Transpose, (Un)Squeeze, Expand, Tile, ...), `slicing` (Concat, Split, Slice, Pad), `gather`,
+//! `creation` (Range, ConstantOfShape), `quant` and `attention`. `value.rs` holds what is known
+//! of values ([`Info`]) and the assumed equalities ([`Ctx`]); `node.rs` the node's view
+//! ([`NodeCtx`]) and the checks the families share.
+//!
+//! [`Dim`]: ir::Dim
 
+mod attention;
 mod creation;
 mod dims;
 mod elementwise;
@@ -14,6 +26,7 @@ mod gather;
 mod matmul;
 mod node;
 mod normalization;
+mod quant;
 mod reduce;
 mod shape_ops;
 mod slicing;
@@ -26,8 +39,8 @@ pub use value::{Ctx, Info, Known};
 
 use crate::error::ErrorKind;
 use ir::op::OpRef;
-use ir::{DType, Dim, Tensor};
-use node::{attr_dtype, norm_axis, opt, req, In};
+use ir::Tensor;
+use node::{like_first_input, In};
 
 /// Folded results with more elements than this stay nodes (a constant causal mask of 2048² would
 /// otherwise land in the graph by value).
@@ -39,7 +52,8 @@ pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
     if let Some(folded) = dims::fold(n, ctx, inputs)? {
         return Ok(vec![folded]);
     }
-    let mut outs = infer_shapes(n, ctx, inputs)?;
+    let infer = inference_of(n.op).ok_or_else(|| n.bad(format!("no shape inference for {}", n.op)))?;
+    let mut outs = infer(n, ctx, inputs)?;
     for o in outs.iter_mut() {
         o.shape = o.shape.iter().map(|d| ctx.normalize(d)).collect();
     }
@@ -51,253 +65,97 @@ pub fn infer_node(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
             .is_some_and(|numel| numel <= FOLD_LIMIT_ELEMENTS)
     });
     if all_concrete && small && n.op != "Constant" {
-        let tensors: Vec<Option<&Tensor>> = inputs.iter().map(|i| i.and_then(|i| i.as_const())).collect();
-        let op = OpRef { node: n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: n.attrs };
-        let results = ir::eval::eval_op(&op, &tensors, n.num_outputs).map_err(|e| ErrorKind::Fold {
-            node: n.name.into(),
-            op: n.op.into(),
-            detail: e.msg,
-        })?;
-        for (i, (t, o)) in results.iter().zip(outs.iter()).enumerate() {
-            let inferred: Vec<Option<i64>> = o.shape.iter().map(|d| d.as_known()).collect();
-            let got: Vec<Option<i64>> = t.shape.iter().map(|&d| Some(d as i64)).collect();
-            if inferred != got || t.dtype != o.dtype {
-                return Err(ErrorKind::Fold {
-                    node: n.name.into(),
-                    op: n.op.into(),
-                    detail: format!(
-                        "output {i} evaluated to {}{:?} but inference said {}{}",
-                        t.dtype,
-                        t.shape,
-                        o.dtype,
-                        ir::dim::shape_to_string(&o.shape)
-                    ),
-                });
-            }
-        }
-        return Ok(results.into_iter().map(Info::constant).collect());
+        return evaluate(n, inputs, &outs);
     }
     Ok(outs)
 }
 
-fn infer_shapes(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
-    let x0 = || req(n, inputs, 0);
-    let one = |dtype: DType, shape: Vec<Dim>| Ok(vec![Info::new(dtype, shape)]);
-    match n.op {
-        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" | "Sum" | "Mean" => {
-            elementwise::arithmetic(n, ctx, inputs)
+/// Evaluates a node whose inputs are all constants with the reference evaluator; what it computes
+/// must have the dtypes and shapes inference gave (`inferred`).
+fn evaluate(n: &NodeCtx, inputs: In, inferred: &[Info]) -> Result<Vec<Info>, ErrorKind> {
+    let fold_err = |detail: String| ErrorKind::Fold { node: n.name.into(), op: n.op.into(), detail };
+    let tensors: Vec<Option<&Tensor>> = inputs.iter().map(|i| i.and_then(|i| i.as_const())).collect();
+    let op = OpRef { node: n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: n.attrs };
+    let results = ir::eval::eval_op(&op, &tensors, n.num_outputs).map_err(|e| fold_err(e.msg))?;
+    for (i, (t, o)) in results.iter().zip(inferred).enumerate() {
+        let shape: Vec<Option<i64>> = o.shape.iter().map(|d| d.as_known()).collect();
+        let got: Vec<Option<i64>> = t.shape.iter().map(|&d| Some(d as i64)).collect();
+        if shape != got || t.dtype != o.dtype {
+            return Err(fold_err(format!(
+                "output {i} evaluated to {}{:?} but inference said {}{}",
+                t.dtype,
+                t.shape,
+                o.dtype,
+                ir::dim::shape_to_string(&o.shape)
+            )));
         }
-        "Pow" => elementwise::pow(n, ctx, inputs),
-        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
-            elementwise::compare(n, ctx, inputs)
-        }
-        "Where" => elementwise::where_(n, ctx, inputs),
-        "Not" | "IsNaN" | "IsInf" => elementwise::predicate(n, ctx, inputs),
+    }
+    Ok(results.into_iter().map(Info::constant).collect())
+}
+
+/// How one family infers the outputs of a node from its inputs.
+type InferFn = fn(&NodeCtx, &mut Ctx, In) -> Result<Vec<Info>, ErrorKind>;
+
+/// The function that infers `op`'s outputs, by family; `None` for an op inference does not know.
+fn inference_of(op: &str) -> Option<InferFn> {
+    Some(match op {
+        "Add" | "Sub" | "Mul" | "Div" | "Mod" | "Max" | "Min" | "Sum" | "Mean" => elementwise::arithmetic,
+        "Pow" => elementwise::pow,
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => elementwise::compare,
+        "Where" => elementwise::where_,
+        "Not" | "IsNaN" | "IsInf" => elementwise::predicate,
         "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Sin" | "Cos" | "Tanh" | "Erf" | "Sigmoid" | "Relu"
         | "Floor" | "Ceil" | "Round" | "Identity" | "Softmax" | "CumSum" | "Gelu" | "Softplus" | "LogSoftmax"
-        | "Hardmax" => elementwise::unary(n, ctx, inputs),
-        "Clip" => one(x0()?.dtype, x0()?.shape.clone()),
-        "Cast" => elementwise::cast(n, ctx, inputs),
-        "CastLike" => elementwise::cast_like(n, ctx, inputs),
-        "MatMul" => matmul::matmul(n, ctx, inputs),
-        "MatMulInteger" => matmul::matmul_integer(n, ctx, inputs),
-        "Gemm" => matmul::gemm(n, ctx, inputs),
+        | "Hardmax" => elementwise::unary,
+        "Cast" => elementwise::cast,
+        "CastLike" => elementwise::cast_like,
+        "Clip" | "Trilu" => like_first_input,
+        "MatMul" => matmul::matmul,
+        "MatMulInteger" => matmul::matmul_integer,
+        "Gemm" => matmul::gemm,
+        "Einsum" => matmul::einsum,
         "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
-        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce(n, ctx, inputs),
-        "ArgMax" | "ArgMin" => reduce::arg_reduce(n, ctx, inputs),
-        "LayerNormalization" | "SimplifiedLayerNormalization" | "RMSNormalization" => {
-            normalization::layer_norm(n, ctx, inputs)
-        }
-        "SkipSimplifiedLayerNormalization" => normalization::skip_simplified(n, ctx, inputs),
+        | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce,
+        "ArgMax" | "ArgMin" => reduce::arg_reduce,
+        "TopK" => reduce::top_k,
+        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => reduce::loss,
+        "LayerNormalization" | "SimplifiedLayerNormalization" | "RMSNormalization" => normalization::layer_norm,
+        "SkipSimplifiedLayerNormalization" => normalization::skip_simplified,
+        "Reshape" => shape_ops::reshape,
+        "Flatten" => shape_ops::flatten,
+        "Transpose" => shape_ops::transpose,
+        "Unsqueeze" => shape_ops::unsqueeze,
+        "Squeeze" => shape_ops::squeeze,
+        "Expand" => shape_ops::expand,
+        "Tile" => shape_ops::tile,
+        "Concat" => slicing::concat,
+        "Split" => slicing::split,
+        "Slice" => slicing::slice,
+        "Pad" => slicing::pad,
+        "Gather" => gather::gather,
+        "GatherElements" => gather::gather_elements,
+        "GatherND" => gather::gather_nd,
+        "ScatterND" | "ScatterElements" => like_first_input,
+        "Range" => creation::range,
+        "ConstantOfShape" => creation::constant_of_shape,
+        "QuantizeLinear" => quant::quantize,
+        "DequantizeLinear" => quant::dequantize,
+        "DynamicQuantizeLinear" => quant::dynamic_quantize,
+        "MatMulNBits" => quant::matmul_nbits,
+        "GatherBlockQuantized" => quant::gather_block_quantized,
+        "Attention" => attention::attention,
+        "GroupQueryAttention" => attention::group_query_attention,
+        "RotaryEmbedding" => like_first_input,
         "Shape" | "Size" => unreachable!("folded in dims::fold"),
-        "Reshape" => shape_ops::reshape(n, ctx, inputs),
-        "Flatten" => shape_ops::flatten(n, ctx, inputs),
-        "Transpose" => shape_ops::transpose(n, ctx, inputs),
-        "Unsqueeze" => shape_ops::unsqueeze(n, ctx, inputs),
-        "Squeeze" => shape_ops::squeeze(n, ctx, inputs),
-        "Concat" => slicing::concat(n, ctx, inputs),
-        "Split" => slicing::split(n, ctx, inputs),
-        "Slice" => slicing::slice(n, ctx, inputs),
-        "Gather" => gather::gather(n, ctx, inputs),
-        "GatherElements" => gather::gather_elements(n, ctx, inputs),
-        "GatherND" => gather::gather_nd(n, ctx, inputs),
-        "ScatterND" | "ScatterElements" => one(x0()?.dtype, x0()?.shape.clone()),
-        "Pad" => slicing::pad(n, ctx, inputs),
-        "TopK" => reduce::top_k(n, ctx, inputs),
-        "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => reduce::loss(n, ctx, inputs),
-        "Einsum" => matmul::einsum(n, ctx, inputs),
-        "Expand" => shape_ops::expand(n, ctx, inputs),
-        "Tile" => shape_ops::tile(n, ctx, inputs),
-        "Range" => creation::range(n, ctx, inputs),
-        "ConstantOfShape" => creation::constant_of_shape(n, ctx, inputs),
         "Constant" => unreachable!("Constant nodes are read by the importer"),
-        "Trilu" => one(x0()?.dtype, x0()?.shape.clone()),
-        "QuantizeLinear" => {
-            let x = x0()?;
-            let dt = match (opt(inputs, 2), attr_dtype(n, "output_dtype")?) {
-                (Some(zp), _) => zp.dtype,
-                (None, Some(d)) => d,
-                (None, None) => DType::U8,
-            };
-            one(dt, x.shape.clone())
-        }
-        "DequantizeLinear" => {
-            let (x, scale) = (x0()?, req(n, inputs, 1)?);
-            if let Some(zp) = opt(inputs, 2) {
-                if zp.dtype != x.dtype {
-                    return Err(n.dtype_err(format!("input is {} but zero point is {}", x.dtype, zp.dtype)));
-                }
-            }
-            one(scale.dtype, x.shape.clone())
-        }
-        "DynamicQuantizeLinear" => {
-            let x = x0()?;
-            Ok(vec![Info::new(DType::U8, x.shape.clone()), Info::new(DType::F32, vec![]), Info::new(DType::U8, vec![])])
-        }
-        "RotaryEmbedding" => one(x0()?.dtype, x0()?.shape.clone()),
-        "Attention" => infer_attention(n, ctx, inputs),
-        "MatMulNBits" => {
-            let a = x0()?;
-            let k = n.attr_int("K", -1)?;
-            let nn = n.attr_int("N", -1)?;
-            if k <= 0 || nn <= 0 {
-                return Err(n.bad("MatMulNBits needs positive K and N attributes"));
-            }
-            let last = a.shape.last().ok_or_else(|| n.shape_err("input A is a scalar"))?;
-            if last.as_known().is_some_and(|d| d != k) {
-                return Err(n.shape_err(format!("A's last dim is {last} but K = {k}")));
-            }
-            let mut out = a.shape.clone();
-            *out.last_mut().unwrap() = Dim::known(nn);
-            one(a.dtype, out)
-        }
-        "GatherBlockQuantized" => {
-            let (data, idx, scales) = (x0()?, req(n, inputs, 1)?, req(n, inputs, 2)?);
-            let axis = norm_axis(n, n.attr_int("gather_axis", 0)?, data.shape.len())?;
-            let mut logical = data.shape.clone();
-            if data.dtype == DType::U8 {
-                let bits = n.attr_int("bits", 4)?;
-                let per_byte = 8 / bits.clamp(1, 8);
-                let last = logical.len() - 1;
-                logical[last] = logical[last].mul(&Dim::known(per_byte)).ok_or_else(|| n.shape_err("overflow"))?;
-            }
-            let mut out = logical[..axis].to_vec();
-            out.extend(idx.shape.iter().cloned());
-            out.extend(logical[axis + 1..].iter().cloned());
-            one(scales.dtype, out)
-        }
-        "GroupQueryAttention" => infer_gqa(n, ctx, inputs),
-        other => Err(n.bad(format!("no shape inference for {other}"))),
-    }
-}
-
-fn infer_attention(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
-    let (q, k, v) = (req(n, inputs, 0)?, req(n, inputs, 1)?, req(n, inputs, 2)?);
-    let past_k = opt(inputs, 4);
-    let mut outs = vec![];
-    let (kv_heads, head_k, head_v, kv_len, batch) = if k.shape.len() == 4 {
-        (k.shape[1].clone(), k.shape[3].clone(), v.shape[3].clone(), k.shape[2].clone(), k.shape[0].clone())
-    } else {
-        let kvh = n.attr_int("kv_num_heads", 0)?;
-        if kvh <= 0 {
-            return Err(n.bad("3-D Attention inputs need kv_num_heads"));
-        }
-        let hk = k.shape[2]
-            .div_exact(&Dim::known(kvh))
-            .ok_or_else(|| n.shape_err("key width not divisible by kv_num_heads"))?;
-        let hv = v.shape[2]
-            .div_exact(&Dim::known(kvh))
-            .ok_or_else(|| n.shape_err("value width not divisible by kv_num_heads"))?;
-        (Dim::known(kvh), hk, hv, k.shape[1].clone(), k.shape[0].clone())
-    };
-    // Keys and values have one length (torch.export names the two caches' lengths apart).
-    if let Some(v_len) = v.shape.get(if v.shape.len() == 4 { 2 } else { 1 }) {
-        ctx.unify(&kv_len, v_len);
-    }
-    let y = if q.shape.len() == 4 {
-        vec![q.shape[0].clone(), q.shape[1].clone(), q.shape[2].clone(), head_v.clone()]
-    } else {
-        let qh = n.attr_int("q_num_heads", 0)?;
-        let w = head_v.mul(&Dim::known(qh)).ok_or_else(|| n.shape_err("overflow"))?;
-        vec![q.shape[0].clone(), q.shape[1].clone(), w]
-    };
-    outs.push(Info::new(q.dtype, y));
-    let total = match past_k {
-        Some(p) if p.shape.len() == 4 => p.shape[2].add(&kv_len).ok_or_else(|| n.shape_err("overflow"))?,
-        _ => kv_len,
-    };
-    let total = ctx.normalize(&total);
-    if n.num_outputs > 1 {
-        outs.push(Info::new(k.dtype, vec![batch.clone(), kv_heads.clone(), total.clone(), head_k]));
-    }
-    if n.num_outputs > 2 {
-        outs.push(Info::new(v.dtype, vec![batch, kv_heads, total, head_v]));
-    }
-    if n.num_outputs > 3 {
-        outs.push(Info::new(q.dtype, vec![ctx.fresh("qk")]));
-    }
-    Ok(outs)
-}
-
-fn infer_gqa(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
-    let q = req(n, inputs, 0)?;
-    if q.shape.len() != 3 {
-        return Err(n.shape_err("query must be [batch, sequence, hidden]"));
-    }
-    let heads = n.attr_int("num_heads", 0)?;
-    let kv_heads = n.attr_int("kv_num_heads", 0)?;
-    if heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 {
-        return Err(n.bad(format!(
-            "num_heads {heads} and kv_num_heads {kv_heads} must be positive, heads a multiple of kv heads"
-        )));
-    }
-    let width = if opt(inputs, 1).is_some() { heads } else { heads + 2 * kv_heads };
-    let head = q.shape[2]
-        .div_exact(&Dim::known(width))
-        .ok_or_else(|| n.shape_err(format!("query width {} is not a multiple of {width} heads", q.shape[2])))?;
-    let past = opt(inputs, 3);
-    // The caches hold kv_num_heads heads of the query's head size; the builder declares the
-    // last dim as a size of its own (`kv_cache_dim`), which this makes the head size.
-    for cache in [past, opt(inputs, 4)].into_iter().flatten().filter(|c| c.shape.len() == 4) {
-        for (dim, want) in [(&cache.shape[1], Dim::known(kv_heads)), (&cache.shape[3], head.clone())] {
-            let dim = ctx.normalize(dim);
-            if dim.is_known() && want.is_known() && dim != want {
-                return Err(n.shape_err(format!(
-                    "a past cache is {} where {want} is expected",
-                    ir::dim::shape_to_string(&cache.shape)
-                )));
-            }
-            ctx.unify(&dim, &want);
-        }
-    }
-    // Without a shared KV buffer the present cache is the past plus this step's tokens, which is
-    // what total_sequence_length must then be.
-    let appended = match past {
-        Some(p) if p.shape.len() == 4 => Some(p.shape[2].add(&q.shape[1]).ok_or_else(|| n.shape_err("overflow"))?),
-        _ => None,
-    };
-    let total = match (opt(inputs, 6).and_then(|t| t.as_dims()), appended) {
-        (Some((d, _)), Some(a)) if d.len() == 1 => ctx.unify(&d[0], &a),
-        (Some((d, _)), None) if d.len() == 1 => d[0].clone(),
-        (_, Some(a)) => a,
-        _ => ctx.fresh("total"),
-    };
-    let total = ctx.normalize(&total);
-    let hidden = head.mul(&Dim::known(heads)).ok_or_else(|| n.shape_err("overflow"))?;
-    let mut outs = vec![Info::new(q.dtype, vec![q.shape[0].clone(), q.shape[1].clone(), hidden])];
-    for _ in 1..n.num_outputs.min(3) {
-        outs.push(Info::new(q.dtype, vec![q.shape[0].clone(), Dim::known(kv_heads), total.clone(), head.clone()]));
-    }
-    if n.num_outputs > 3 {
-        outs.push(Info::new(DType::F32, vec![ctx.fresh("qk")]));
-    }
-    Ok(outs)
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ir::{Attr, Attrs, Domain};
+    use ir::{Attr, Attrs, DType, Dim, Domain};
 
     fn node<'a>(op: &'static str, attrs: &'a Attrs, num_outputs: usize) -> NodeCtx<'a> {
         NodeCtx { name: "n", domain: Domain::Onnx, op, opset: 23, attrs, num_outputs }

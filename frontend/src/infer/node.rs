@@ -116,3 +116,9 @@ pub(super) fn axes_of(n: &NodeCtx, inputs: In, input_index: usize) -> Result<Opt
 pub(super) fn one(dtype: DType, shape: Vec<Dim>) -> Result<Vec<Info>, ErrorKind> {
     Ok(vec![Info::new(dtype, shape)])
 }
+
+/// One output with the first input's dtype and shape (Clip, Trilu, the scatters, RotaryEmbedding).
+pub(super) fn like_first_input(n: &NodeCtx, _ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, ErrorKind> {
+    let x = req(n, inputs, 0)?;
+    one(x.dtype, x.shape.clone())
+}
