@@ -96,3 +96,71 @@ fn matmul_shape(n: &NodeCtx, ctx: &mut Ctx, a: &[Dim], b: &[Dim]) -> Result<Vec<
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use crate::infer::Ctx;
+    use ir::DType::*;
+
+    #[test]
+    fn matmul_broadcasts_batch_dims() {
+        let (q, k) = (value(F32, &["batch", "1", "seq", "64"]), value(F32, &["heads", "64", "total"]));
+        assert_eq!(TestNode::new("qk", "MatMul").types(&[&q, &k]), ["f32[batch,heads,seq,total]"]);
+    }
+
+    #[test]
+    fn matmul_drops_the_dims_of_vector_operands() {
+        // A 1-D first operand is a row (1 prepended), a 1-D second a column (1 appended); both
+        // added dims are removed from the product.
+        let mm = TestNode::new("mv", "MatMul");
+        assert_eq!(mm.types(&[&value(F32, &["3"]), &value(F32, &["n", "3", "4"])]), ["f32[n,4]"]);
+        assert_eq!(mm.types(&[&value(F32, &["n", "2", "3"]), &value(F32, &["3"])]), ["f32[n,2]"]);
+        assert_eq!(mm.types(&[&value(F32, &["3"]), &value(F32, &["3"])]), ["f32[]"]);
+    }
+
+    #[test]
+    fn matmul_unifies_symbolic_inner_dims_and_refuses_known_ones_that_differ() {
+        let mut ctx = Ctx::default();
+        let (a, b) = (value(F32, &["n", "hidden"]), value(F32, &["d_model", "5"]));
+        let out = TestNode::new("proj", "MatMul").infer(&mut ctx, &[Some(&a), Some(&b)]).unwrap();
+        assert_eq!(typed(&out[0]), "f32[n,5]");
+        assert_eq!(ctx.substitutions, [("hidden".to_string(), sym("d_model"))]);
+        let mm = TestNode::new("proj", "MatMul");
+        let err = mm.refusal(&[&value(F32, &["2", "3"]), &value(F32, &["4", "5"])]);
+        assert_eq!(err, "node `proj` (MatMul): shape mismatch: inner dimensions differ: [2,3] × [4,5]");
+        let err = mm.refusal(&[&value(F32, &["2", "3"]), &value(F16, &["3", "5"])]);
+        assert_eq!(err, "node `proj` (MatMul): dtype mismatch: inputs are f32 and f16");
+    }
+
+    #[test]
+    fn matmul_integer_products_are_int32() {
+        let (a, b) = (value(U8, &["n", "3"]), value(I8, &["3", "4"]));
+        assert_eq!(TestNode::new("qmm", "MatMulInteger").types(&[&a, &b]), ["i32[n,4]"]);
+    }
+
+    #[test]
+    fn gemm_reads_its_operands_through_trans_a_and_trans_b() {
+        // With transA, A is [K, M]; with transB, B is [N, K]; Y is [M, N].
+        let (a, b) = (value(F32, &["3", "m"]), value(F32, &["n", "3"]));
+        let gemm = TestNode::new("fc", "Gemm").int("transA", 1).int("transB", 1);
+        assert_eq!(gemm.types(&[&a, &b, &value(F32, &["n"])]), ["f32[m,n]"]);
+        let fc = TestNode::new("fc", "Gemm");
+        let err = fc.refusal(&[&value(F32, &["2", "3"]), &value(F32, &["4", "5"])]);
+        assert_eq!(err, "node `fc` (Gemm): shape mismatch: inner dimensions differ: 3 vs 4");
+        let err = fc.refusal(&[&value(F32, &["1", "2", "3"]), &value(F32, &["3", "5"])]);
+        assert_eq!(err, "node `fc` (Gemm): shape mismatch: Gemm operands must be 2-D");
+    }
+
+    #[test]
+    fn einsum_output_dims_come_from_the_labels() {
+        let (a, b) = (value(F32, &["n", "2", "3"]), value(F32, &["n", "3", "4"]));
+        let bmm = TestNode::new("bmm", "Einsum").attr("equation", ir::Attr::Str("bij,bjk->bik".into()));
+        assert_eq!(bmm.types(&[&a, &b]), ["f32[n,2,4]"]);
+        let err = bmm.refusal(&[&a, &value(F32, &["n", "5", "4"])]);
+        assert_eq!(err, "node `bmm` (Einsum): shape mismatch: a label of `bij,bjk->bik` has sizes 3 and 5");
+        // Ellipsis dims broadcast: n against 1.
+        let ell = TestNode::new("ell", "Einsum").attr("equation", ir::Attr::Str("...ij,...jk->...ik".into()));
+        assert_eq!(ell.types(&[&a, &value(F32, &["1", "3", "4"])]), ["f32[n,2,4]"]);
+    }
+}

@@ -32,6 +32,9 @@ mod shape_ops;
 mod slicing;
 mod value;
 
+#[cfg(test)]
+mod testing;
+
 pub use node::NodeCtx;
 pub use shape_ops::reshape_shape;
 pub use slicing::constant_slice_bounds;
@@ -154,63 +157,41 @@ fn inference_of(op: &str) -> Option<InferFn> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use ir::{Attr, Attrs, DType, Dim, Domain};
+    use super::testing::*;
+    use super::FOLD_LIMIT_ELEMENTS;
+    use ir::DType::*;
 
-    fn node<'a>(op: &'static str, attrs: &'a Attrs, num_outputs: usize) -> NodeCtx<'a> {
-        NodeCtx { name: "n", domain: Domain::Onnx, op, opset: 23, attrs, num_outputs }
-    }
-
-    fn ints(values: &[i64]) -> Info {
-        Info::constant(Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
-    }
-
-    fn shape(info: &Info) -> String {
-        ir::dim::shape_to_string(&info.shape)
+    #[test]
+    fn a_node_of_constants_is_evaluated() {
+        // Add broadcasts [1, 2, 3] with [10].
+        let out = TestNode::new("add", "Add").run(&[&ints(&[1, 2, 3]), &ints(&[10])]).unwrap();
+        assert_eq!(typed(&out[0]), "i64[3]");
+        assert_eq!(out[0].as_const().and_then(|t| t.as_i64()), Some(&[11, 12, 13][..]));
     }
 
     #[test]
-    fn top_k_cuts_its_axis_to_k_or_to_a_fresh_size_for_a_run_time_k() {
-        let (attrs, mut ctx) = (Attrs::default(), Ctx::default());
-        let x = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5)]);
-        let out = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&ints(&[2]))]).unwrap();
-        assert_eq!((shape(&out[0]), out[0].dtype, out[1].dtype), ("[n,2]".into(), DType::F32, DType::I64));
-        let k = Info::new(DType::I64, vec![Dim::known(1)]);
-        let out = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&k)]).unwrap();
-        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("topk")), "{}", shape(&out[0]));
-        let err = infer_node(&node("TopK", &attrs, 2), &mut ctx, &[Some(&x), Some(&ints(&[6]))]).unwrap_err();
-        assert!(err.to_string().contains("k = 6 is outside 0..=5"), "{err}");
+    fn a_result_over_the_fold_limit_stays_a_node() {
+        assert_eq!(FOLD_LIMIT_ELEMENTS, 256 * 256);
+        let zeros = TestNode::new("zeros", "ConstantOfShape");
+        let out = zeros.run(&[&ints(&[256, 256])]).unwrap();
+        assert_eq!(out[0].as_const().map(|t| t.numel()), Some(256 * 256));
+        let out = zeros.run(&[&ints(&[256, 257])]).unwrap();
+        assert_eq!((typed(&out[0]), out[0].as_const().is_none()), ("f32[256,257]".into(), true));
     }
 
     #[test]
-    fn pad_grows_the_padded_axes_and_refuses_axes_given_at_run_time() {
-        let (attrs, mut ctx) = (Attrs::default(), Ctx::default());
-        let x = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5)]);
-        let pads = ints(&[1, 0, 1, -2]);
-        let out = infer_node(&node("Pad", &attrs, 1), &mut ctx, &[Some(&x), Some(&pads)]).unwrap();
-        assert_eq!(shape(&out[0]), "[n + 2,3]");
-        // Pads given at run time: only the dims of `axes` become fresh sizes.
-        let run_time = Info::new(DType::I64, vec![Dim::known(2)]);
-        let ins = [Some(&x), Some(&run_time), None, Some(&ints(&[-1]))];
-        let out = infer_node(&node("Pad", &attrs, 1), &mut ctx, &ins).unwrap();
-        assert_eq!(out[0].shape[0], Dim::sym("n"));
-        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("pad")));
-        let ins = [Some(&x), Some(&pads), None, Some(&run_time)];
-        let err = infer_node(&node("Pad", &attrs, 1), &mut ctx, &ins).unwrap_err();
-        assert!(err.to_string().contains("axes must be a constant"), "{err}");
+    fn an_op_inference_does_not_know_is_refused_by_name() {
+        let err = TestNode::new("mystery", "Mystery").refusal(&[&value(F32, &["2"])]);
+        assert_eq!(err, "node `mystery` (Mystery): no shape inference for Mystery");
     }
 
     #[test]
-    fn einsum_output_dims_come_from_the_labels() {
-        let mut attrs = Attrs::default();
-        attrs.set("equation", Attr::Str("bij,bjk->bik".into()));
-        let mut ctx = Ctx::default();
-        let a = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(2), Dim::known(3)]);
-        let b = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(3), Dim::known(4)]);
-        let out = infer_node(&node("Einsum", &attrs, 1), &mut ctx, &[Some(&a), Some(&b)]).unwrap();
-        assert_eq!(shape(&out[0]), "[n,2,4]");
-        let c = Info::new(DType::F32, vec![Dim::sym("n"), Dim::known(5), Dim::known(4)]);
-        let err = infer_node(&node("Einsum", &attrs, 1), &mut ctx, &[Some(&a), Some(&c)]).unwrap_err();
-        assert!(err.to_string().contains("sizes 3 and 5"), "{err}");
+    fn ops_that_keep_their_first_input_keep_its_dtype_and_shape() {
+        let x = value(F16, &["batch", "seq", "576"]);
+        let (lo, hi) = (value(F16, &[]), value(F16, &[]));
+        assert_eq!(TestNode::new("clip", "Clip").types(&[&x, &lo, &hi]), ["f16[batch,seq,576]"]);
+        assert_eq!(TestNode::new("causal", "Trilu").types(&[&x]), ["f16[batch,seq,576]"]);
+        let (idx, upd) = (value(I64, &["k", "1"]), value(F16, &["k", "seq", "576"]));
+        assert_eq!(TestNode::new("scatter", "ScatterND").types(&[&x, &idx, &upd]), ["f16[batch,seq,576]"]);
     }
 }

@@ -90,3 +90,73 @@ fn reduce_shape(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    #[test]
+    fn reductions_drop_or_keep_their_axes() {
+        let x = value(F32, &["batch", "seq", "64"]);
+        // ReduceMean-18: the axes are an input; keepdims defaults to 1.
+        assert_eq!(TestNode::new("mean", "ReduceMean").types(&[&x, &ints(&[-1])]), ["f32[batch,seq,1]"]);
+        let drop = TestNode::new("mean", "ReduceMean").int("keepdims", 0);
+        assert_eq!(drop.types(&[&x, &ints(&[-1])]), ["f32[batch,seq]"]);
+        // ReduceMean-13: the axes are an attribute.
+        let old = TestNode::new("mean", "ReduceMean").opset(13).ints("axes", &[0, 2]);
+        assert_eq!(old.types(&[&x]), ["f32[1,seq,1]"]);
+    }
+
+    #[test]
+    fn reductions_without_axes_reduce_every_axis_unless_told_to_do_nothing() {
+        let x = value(F32, &["batch", "seq", "64"]);
+        assert_eq!(TestNode::new("sum", "ReduceSum").types(&[&x]), ["f32[1,1,1]"]);
+        assert_eq!(TestNode::new("sum", "ReduceSum").int("keepdims", 0).types(&[&x]), ["f32[]"]);
+        let noop = TestNode::new("sum", "ReduceSum").int("noop_with_empty_axes", 1);
+        assert_eq!(noop.types(&[&x, &ints(&[])]), ["f32[batch,seq,64]"]);
+    }
+
+    #[test]
+    fn reductions_refuse_axes_out_of_range_or_given_at_run_time() {
+        let x = value(F32, &["batch", "seq", "64"]);
+        let err = TestNode::new("max", "ReduceMax").refusal(&[&x, &ints(&[3])]);
+        assert_eq!(err, "node `max` (ReduceMax): shape mismatch: axis 3 is out of range for rank 3");
+        let err = TestNode::new("max", "ReduceMax").refusal(&[&x, &value(I64, &["1"])]);
+        assert_eq!(err, "node `max` (ReduceMax): axes must be a constant integer tensor");
+    }
+
+    #[test]
+    fn arg_max_and_arg_min_give_int64_indices() {
+        let x = value(F16, &["batch", "seq", "vocab"]);
+        let last = TestNode::new("argmax", "ArgMax").int("axis", -1).int("keepdims", 0);
+        assert_eq!(last.types(&[&x]), ["i64[batch,seq]"]);
+        // The defaults: axis 0, keepdims 1.
+        assert_eq!(TestNode::new("argmin", "ArgMin").types(&[&x]), ["i64[1,seq,vocab]"]);
+    }
+
+    #[test]
+    fn top_k_cuts_its_axis_to_k_or_to_a_fresh_size_for_a_run_time_k() {
+        let x = value(F32, &["n", "5"]);
+        let top = TestNode::new("top", "TopK").outputs(2);
+        assert_eq!(top.types(&[&x, &ints(&[2])]), ["f32[n,2]", "i64[n,2]"]);
+        let out = top.run(&[&x, &value(I64, &["1"])]).unwrap();
+        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("topk")), "{}", typed(&out[0]));
+        // TopK-1: k is an attribute.
+        let old = TestNode::new("top", "TopK").opset(1).int("k", 3).outputs(2);
+        assert_eq!(old.types(&[&x]), ["f32[n,3]", "i64[n,3]"]);
+        let err = top.refusal(&[&x, &ints(&[6])]);
+        assert_eq!(err, "node `top` (TopK): shape mismatch: k = 6 is outside 0..=5, the size of axis 1");
+    }
+
+    #[test]
+    fn losses_are_scalars_unless_reduction_is_none() {
+        let (scores, labels) = (value(F32, &["n", "10"]), value(I64, &["n"]));
+        // SoftmaxCrossEntropyLoss: reduction `mean` by default; log_prob has the scores' shape.
+        let sce = TestNode::new("sce", "SoftmaxCrossEntropyLoss").outputs(2);
+        assert_eq!(sce.types(&[&scores, &labels]), ["f32[]", "f32[n,10]"]);
+        let none = ir::Attr::Str("none".into());
+        let nll = TestNode::new("nll", "NegativeLogLikelihoodLoss").attr("reduction", none);
+        assert_eq!(nll.types(&[&scores, &labels]), ["f32[n]"]);
+    }
+}

@@ -218,3 +218,25 @@ pub(super) fn pad(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
     }
     Ok(vec![Info::new(x.dtype, out)])
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    #[test]
+    fn pad_grows_the_padded_axes_and_refuses_axes_given_at_run_time() {
+        let x = value(F32, &["n", "5"]);
+        let pad = TestNode::new("pad", "Pad");
+        // Pads are [begin of each axis, end of each axis]: axis 0 grows by 1 + 1, axis 1 by 0 − 2.
+        let pads = ints(&[1, 0, 1, -2]);
+        assert_eq!(pad.types(&[&x, &pads]), ["f32[n + 2,3]"]);
+        // Pads given at run time: only the dims of `axes` become fresh sizes.
+        let run_time = value(I64, &["2"]);
+        let out = pad.infer(&mut Default::default(), &[Some(&x), Some(&run_time), None, Some(&ints(&[-1]))]).unwrap();
+        assert_eq!(out[0].shape[0], sym("n"));
+        assert!(out[0].shape[1].as_symbol().is_some_and(|s| s.starts_with("pad")));
+        let err = refusal(pad.infer(&mut Default::default(), &[Some(&x), Some(&pads), None, Some(&run_time)]));
+        assert_eq!(err, "node `pad` (Pad): axes must be a constant integer tensor");
+    }
+}
