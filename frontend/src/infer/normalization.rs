@@ -35,3 +35,40 @@ pub(super) fn skip_simplified(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<
     }
     Ok(outs)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    #[test]
+    fn layer_norm_statistics_are_f32_with_the_normalised_axes_kept_as_1() {
+        let x = value(F16, &["batch", "seq", "64"]);
+        let ln = TestNode::new("ln", "LayerNormalization").outputs(3);
+        let (scale, bias) = (value(F16, &["64"]), value(F16, &["64"]));
+        assert_eq!(ln.types(&[&x, &scale, &bias]), ["f16[batch,seq,64]", "f32[batch,seq,1]", "f32[batch,seq,1]"]);
+        let from_1 = TestNode::new("ln", "LayerNormalization").int("axis", 1).outputs(2);
+        assert_eq!(from_1.types(&[&x, &value(F16, &["seq", "64"])]), ["f16[batch,seq,64]", "f32[batch,1,1]"]);
+        let err = TestNode::new("ln", "LayerNormalization").int("axis", -4).refusal(&[&x, &scale]);
+        assert_eq!(err, "node `ln` (LayerNormalization): shape mismatch: axis -4 is out of range for rank 3");
+    }
+
+    #[test]
+    fn rms_norms_keep_the_input_type() {
+        let (x, scale) = (value(F16, &["batch", "seq", "64"]), value(F16, &["64"]));
+        assert_eq!(TestNode::new("rms", "RMSNormalization").types(&[&x, &scale]), ["f16[batch,seq,64]"]);
+        let simplified = TestNode::new("rms", "SimplifiedLayerNormalization").outputs(2);
+        assert_eq!(simplified.types(&[&x, &scale]), ["f16[batch,seq,64]", "f32[batch,seq,1]"]);
+    }
+
+    #[test]
+    fn skip_simplified_layer_norm_adds_the_skip_and_returns_the_sum_as_output_3() {
+        // Outputs: output, mean, inv_std_var (float, [batch, sequence, 1]), input_skip_bias_sum.
+        let (x, gamma) = (value(F16, &["batch", "seq", "64"]), value(F16, &["64"]));
+        let node = TestNode::contrib("skip_ln", "SkipSimplifiedLayerNormalization").outputs(4);
+        let want = ["f16[batch,seq,64]", "f32[batch,seq,1]", "f32[batch,seq,1]", "f16[batch,seq,64]"];
+        assert_eq!(node.types(&[&x, &x, &gamma]), want);
+        let err = node.refusal(&[&x, &value(F32, &["batch", "seq", "64"]), &gamma]);
+        assert_eq!(err, "node `skip_ln` (SkipSimplifiedLayerNormalization): dtype mismatch: inputs are f16 and f32");
+    }
+}

@@ -174,3 +174,90 @@ pub(super) fn tile(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, 
     };
     one(x.dtype, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+    use ir::Dim;
+
+    #[test]
+    fn reshape_copies_zeros_and_infers_minus_one() {
+        let x = value(F32, &["batch", "seq", "576"]);
+        let r = TestNode::new("heads", "Reshape");
+        assert_eq!(r.types(&[&x, &ints(&[0, 0, 9, 64])]), ["f32[batch,seq,9,64]"]);
+        // −1 is batch·seq·576 elements over batch·64: 9·seq.
+        assert_eq!(r.types(&[&x, &ints(&[0, -1, 64])]), ["f32[batch,9*seq,64]"]);
+        // A target computed from Shape holds symbolic sizes.
+        let target = sizes(&[sym("batch"), sym("seq"), Dim::known(9), Dim::known(64)]);
+        assert_eq!(r.types(&[&x, &target]), ["f32[batch,seq,9,64]"]);
+    }
+
+    #[test]
+    fn reshape_refuses_element_counts_that_differ_and_two_minus_ones() {
+        let (r, x) = (TestNode::new("r", "Reshape"), value(F32, &["2", "3"]));
+        let err = r.refusal(&[&x, &ints(&[4])]);
+        assert_eq!(err, "node `r` (Reshape): shape mismatch: cannot reshape [2,3] (6 elements) to [4] (4 elements)");
+        let err = r.refusal(&[&x, &ints(&[-1, -1])]);
+        assert_eq!(err, "node `r` (Reshape): shape mismatch: more than one -1 in the target shape");
+    }
+
+    #[test]
+    fn a_reshape_target_given_at_run_time_gives_fresh_sizes() {
+        let out = TestNode::new("r", "Reshape").run(&[&value(F32, &["n"]), &value(I64, &["2"])]).unwrap();
+        let fresh = |d: &Dim| d.as_symbol().is_some_and(|s| s.starts_with("reshape"));
+        assert!(out[0].shape.len() == 2 && out[0].shape.iter().all(fresh), "{}", typed(&out[0]));
+        assert_ne!(out[0].shape[0], out[0].shape[1]);
+    }
+
+    #[test]
+    fn flatten_multiplies_the_dims_on_either_side_of_its_axis() {
+        let x = value(F32, &["batch", "seq", "4", "8"]);
+        assert_eq!(TestNode::new("f", "Flatten").types(&[&x]), ["f32[batch,32*seq]"]);
+        assert_eq!(TestNode::new("f", "Flatten").int("axis", 0).types(&[&x]), ["f32[1,32*batch*seq]"]);
+        assert_eq!(TestNode::new("f", "Flatten").int("axis", -1).types(&[&x]), ["f32[4*batch*seq,8]"]);
+        let err = TestNode::new("f", "Flatten").int("axis", 5).refusal(&[&x]);
+        assert_eq!(err, "node `f` (Flatten): shape mismatch: axis 5 out of range for rank 4");
+    }
+
+    #[test]
+    fn transpose_permutes_the_dims_and_reverses_them_by_default() {
+        let x = value(F32, &["batch", "seq", "heads", "64"]);
+        let swap = TestNode::new("t", "Transpose").ints("perm", &[0, 2, 1, 3]);
+        assert_eq!(swap.types(&[&x]), ["f32[batch,heads,seq,64]"]);
+        assert_eq!(TestNode::new("t", "Transpose").types(&[&x]), ["f32[64,heads,seq,batch]"]);
+        let err = TestNode::new("t", "Transpose").ints("perm", &[0, 0, 1, 2]).refusal(&[&x]);
+        assert_eq!(err, "node `t` (Transpose): shape mismatch: perm [0, 0, 1, 2] repeats an axis");
+    }
+
+    #[test]
+    fn unsqueeze_counts_its_axes_in_the_output_rank() {
+        // Axes 0 and −1 of the rank-4 output are axes 0 and 3.
+        let x = value(I64, &["seq", "4"]);
+        assert_eq!(TestNode::new("u", "Unsqueeze").types(&[&x, &ints(&[0, -1])]), ["i64[1,seq,4,1]"]);
+        // Unsqueeze-11: the axes are an attribute.
+        assert_eq!(TestNode::new("u", "Unsqueeze").opset(11).ints("axes", &[1]).types(&[&x]), ["i64[seq,1,4]"]);
+        // One axis makes a rank-3 output, whose axes are −3 to 2.
+        let err = TestNode::new("u", "Unsqueeze").refusal(&[&x, &ints(&[3])]);
+        assert_eq!(err, "node `u` (Unsqueeze): shape mismatch: axis 3 is out of range for rank 3");
+    }
+
+    #[test]
+    fn squeeze_removes_the_given_axes_or_every_dim_known_to_be_1() {
+        let x = value(F32, &["1", "n", "1"]);
+        assert_eq!(TestNode::new("s", "Squeeze").types(&[&x, &ints(&[-1])]), ["f32[1,n]"]);
+        assert_eq!(TestNode::new("s", "Squeeze").types(&[&x]), ["f32[n]"]);
+        let err = TestNode::new("s", "Squeeze").refusal(&[&value(F32, &["1", "4"]), &ints(&[1])]);
+        assert_eq!(err, "node `s` (Squeeze): shape mismatch: cannot squeeze axis 1 of size 4");
+    }
+
+    #[test]
+    fn expand_broadcasts_with_its_target_and_tile_multiplies_by_the_repeats() {
+        let x = value(F32, &["n", "1"]);
+        assert_eq!(TestNode::new("e", "Expand").types(&[&x, &ints(&[2, 1, 4])]), ["f32[2,n,4]"]);
+        let err = TestNode::new("e", "Expand").refusal(&[&value(F32, &["3"]), &ints(&[4])]);
+        assert_eq!(err, "node `e` (Expand): shape mismatch: cannot broadcast [3] with [4] (dim 3 vs 4)");
+        let tile = TestNode::new("tile", "Tile");
+        assert_eq!(tile.types(&[&value(F32, &["n", "4"]), &ints(&[2, 3])]), ["f32[2*n,12]"]);
+    }
+}

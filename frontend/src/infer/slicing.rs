@@ -222,7 +222,95 @@ pub(super) fn pad(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>, E
 #[cfg(test)]
 mod tests {
     use crate::infer::testing::*;
+    use crate::infer::{Ctx, Info};
     use ir::DType::*;
+    use ir::Dim;
+
+    #[test]
+    fn concat_adds_up_its_axis_and_unifies_the_other_dims() {
+        let past = value(F16, &["batch", "kv_heads", "past", "64"]);
+        let new = value(F16, &["batch", "kv_heads", "seq", "64"]);
+        let out = TestNode::new("cat", "Concat").int("axis", -2).run(&[&past, &new]).unwrap();
+        assert_eq!(out[0].shape, [sym("batch"), sym("kv_heads"), sum("past", "seq"), Dim::known(64)]);
+        let mut ctx = Ctx::default();
+        let (a, b) = (value(F32, &["n", "4"]), value(F32, &["m", "4"]));
+        let out = TestNode::new("cat", "Concat").int("axis", 1).infer(&mut ctx, &[Some(&a), Some(&b)]).unwrap();
+        assert_eq!(typed(&out[0]), "f32[m,8]");
+        assert_eq!(ctx.substitutions, [("n".to_string(), sym("m"))]);
+    }
+
+    #[test]
+    fn concat_refuses_known_dims_that_differ_and_ranks_that_differ() {
+        let cat = TestNode::new("cat", "Concat");
+        let err = cat.refusal(&[&value(F32, &["2", "3"]), &value(F32, &["2", "4"])]);
+        assert_eq!(err, "node `cat` (Concat): shape mismatch: inputs differ on axis 1: 3 vs 4");
+        let err = cat.refusal(&[&value(F32, &["2", "3"]), &value(F32, &["2"])]);
+        assert_eq!(err, "node `cat` (Concat): shape mismatch: inputs have ranks 2 and 1");
+    }
+
+    #[test]
+    fn split_cuts_its_axis_by_the_sizes_or_into_equal_parts() {
+        let x = value(F32, &["n", "10"]);
+        let two = TestNode::new("sp", "Split").int("axis", -1).outputs(2);
+        assert_eq!(two.types(&[&x, &ints(&[4, 6])]), ["f32[n,4]", "f32[n,6]"]);
+        // Split-18 without sizes: parts of ⌈10 / 3⌉ = 4, the last one smaller.
+        let three = TestNode::new("sp", "Split").int("axis", 1).outputs(3);
+        assert_eq!(three.types(&[&x]), ["f32[n,4]", "f32[n,4]", "f32[n,2]"]);
+        // A symbolic size 2·h splits into two parts of h.
+        let qk = Info::new(F32, vec![sym("h").mul(&Dim::known(2)).unwrap()]);
+        assert_eq!(TestNode::new("sp", "Split").outputs(2).types(&[&qk]), ["f32[h]", "f32[h]"]);
+        let err = two.refusal(&[&x, &ints(&[3, 3, 4])]);
+        assert_eq!(err, "node `sp` (Split): shape mismatch: 3 split sizes for 2 outputs");
+        let err = TestNode::new("sp", "Split").outputs(2).refusal(&[&value(F32, &["n"])]);
+        assert_eq!(err, "node `sp` (Split): shape mismatch: cannot split a symbolic dim evenly");
+    }
+
+    #[test]
+    fn slice_lengths_follow_negative_clamped_and_strided_bounds() {
+        let x = value(F32, &["batch", "seq", "64"]);
+        let s = TestNode::new("sl", "Slice");
+        // x[..., :32]
+        assert_eq!(s.types(&[&x, &ints(&[0]), &ints(&[32]), &ints(&[-1])]), ["f32[batch,seq,32]"]);
+        // x[:, -1:]: the last position of a symbolic length.
+        assert_eq!(s.types(&[&x, &ints(&[-1]), &ints(&[i64::MAX]), &ints(&[1])]), ["f32[batch,1,64]"]);
+        // x[..., 1:100:3]: the end clamps to 64, so 1, 4, …, 61.
+        let strided = [&x, &ints(&[1]), &ints(&[100]), &ints(&[2]), &ints(&[3])];
+        assert_eq!(s.types(&strided), ["f32[batch,seq,21]"]);
+        // x[..., ::-1]: start −1 is 63, end INT64_MIN clamps to −1.
+        let reversed = [&x, &ints(&[-1]), &ints(&[i64::MIN]), &ints(&[2]), &ints(&[-1])];
+        assert_eq!(s.types(&reversed), ["f32[batch,seq,64]"]);
+        let err = s.refusal(&[&x, &ints(&[0]), &ints(&[4]), &ints(&[2]), &ints(&[0])]);
+        assert_eq!(err, "node `sl` (Slice): slice step 0");
+    }
+
+    #[test]
+    fn a_bound_that_is_the_sliced_dims_size_slices_to_the_end() {
+        // transformers: mask[:, :, :, :key_length], the key length read with Shape.
+        let mask = value(F32, &["1", "1", "seq", "total"]);
+        let s = TestNode::new("sl", "Slice");
+        let to_key_length = [&mask, &ints(&[0]), &sizes(&[sym("total")]), &ints(&[3])];
+        assert_eq!(s.types(&to_key_length), ["f32[1,1,seq,total]"]);
+        // The same size under another name (torch.export) is assumed equal.
+        let mut ctx = Ctx::default();
+        let renamed = sizes(&[sym("kv")]);
+        let inputs = [Some(&mask), Some(&ints(&[0])), Some(&renamed), Some(&ints(&[3]))];
+        assert_eq!(typed(&s.infer(&mut ctx, &inputs).unwrap()[0]), "f32[1,1,seq,total]");
+        assert_eq!(ctx.substitutions, [("kv".to_string(), sym("total"))]);
+        // Any other symbolic bound is refused, naming it.
+        let other = sizes(&[sym("seq").add(&Dim::known(1)).unwrap()]);
+        let err = s.refusal(&[&mask, &ints(&[0]), &other, &ints(&[3])]);
+        let want = "ends must be constant or the size of the dim it slices; it is seq + 1, the dim is total";
+        assert_eq!(err, format!("node `sl` (Slice): {want}"));
+    }
+
+    #[test]
+    fn pad_before_opset_11_reads_its_pads_attribute_and_refuses_negative_sizes() {
+        let x = value(F32, &["n", "3"]);
+        let pad = TestNode::new("pad", "Pad").opset(10).ints("pads", &[0, 1, 0, 2]);
+        assert_eq!(pad.types(&[&x]), ["f32[n,6]"]);
+        let err = TestNode::new("pad", "Pad").refusal(&[&x, &ints(&[0, -2, 0, -2])]);
+        assert_eq!(err, "node `pad` (Pad): shape mismatch: pads -2 and -2 do not fit axis 1 of 3");
+    }
 
     #[test]
     fn pad_grows_the_padded_axes_and_refuses_axes_given_at_run_time() {

@@ -20,6 +20,11 @@ impl TestNode {
         TestNode { name, op, domain: Domain::Onnx, opset: 23, attrs: Attrs::default(), outputs: 1 }
     }
 
+    /// A com.microsoft op (onnxruntime's contrib ops, opset 1).
+    pub fn contrib(name: &'static str, op: &'static str) -> TestNode {
+        TestNode { domain: Domain::Microsoft, opset: 1, ..TestNode::new(name, op) }
+    }
+
     pub fn opset(mut self, opset: i64) -> TestNode {
         self.opset = opset;
         self
@@ -94,8 +99,18 @@ pub(super) fn ints(values: &[i64]) -> Info {
     Info::constant(Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
 }
 
+/// An int64 vector whose values are these sizes (what `Shape` gives).
+pub(super) fn sizes(dims: &[Dim]) -> Info {
+    Info::from_dims(DType::I64, dims.to_vec(), false)
+}
+
 pub(super) fn sym(name: &str) -> Dim {
     Dim::sym(name)
+}
+
+/// `a + b`.
+pub(super) fn sum(a: &str, b: &str) -> Dim {
+    Dim::sym(a).add(&Dim::sym(b)).unwrap()
 }
 
 /// `dtype[shape]`, as the printer writes a value's type.
