@@ -52,3 +52,43 @@ pub(super) fn constant_of_shape(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Resul
     };
     one(dt, dims)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use crate::infer::Info;
+    use ir::DType::*;
+    use ir::{Attr, Tensor};
+
+    #[test]
+    fn range_over_sizes_with_a_unit_step_has_limit_minus_start_elements() {
+        // Position ids: Range(past, past + seq, 1) has seq elements.
+        let pos = TestNode::new("pos", "Range");
+        assert_eq!(pos.types(&[&size(sym("past")), &size(sum("past", "seq")), &int(1)]), ["i64[seq]"]);
+        // Another step on a symbolic bound: a size of its own.
+        let out = pos.run(&[&int(0), &size(sym("seq")), &int(2)]).unwrap();
+        assert!(out[0].shape[0].as_symbol().is_some_and(|s| s.starts_with("range")), "{}", typed(&out[0]));
+    }
+
+    #[test]
+    fn range_over_constants_has_ceil_of_the_span_over_the_step_elements() {
+        // ⌈(10 − 1) / 3⌉ = 3: 1, 4, 7.
+        let out = TestNode::new("r", "Range").run(&[&int(1), &int(10), &int(3)]).unwrap();
+        assert_eq!(out[0].as_const().and_then(|t| t.as_i64()), Some(&[1, 4, 7][..]));
+        // ⌈(1 − 0) / 0.25⌉ = 4.
+        let f = |v: f32| Info::constant(Tensor::scalar_f32(v));
+        assert_eq!(TestNode::new("r", "Range").types(&[&f(0.0), &f(1.0), &f(0.25)]), ["f32[4]"]);
+        let err = TestNode::new("r", "Range").refusal(&[&int(0), &value(I32, &[]), &int(1)]);
+        assert_eq!(err, "node `r` (Range): dtype mismatch: inputs are i64 and i32");
+    }
+
+    #[test]
+    fn constant_of_shape_has_the_shape_inputs_values_and_the_value_attributes_dtype() {
+        let shape = sizes(&[sym("batch"), sym("seq")]);
+        let one = Attr::Tensor(Tensor::from_i64(I64, vec![1], vec![1]));
+        assert_eq!(TestNode::new("ones", "ConstantOfShape").attr("value", one).types(&[&shape]), ["i64[batch,seq]"]);
+        assert_eq!(TestNode::new("zeros", "ConstantOfShape").types(&[&shape]), ["f32[batch,seq]"]);
+        let out = TestNode::new("zeros", "ConstantOfShape").run(&[&value(I64, &["2"])]).unwrap();
+        assert!(out[0].shape.iter().all(|d| d.as_symbol().is_some()) && out[0].shape.len() == 2);
+    }
+}

@@ -37,3 +37,39 @@ pub(super) fn gather_nd(n: &NodeCtx, _ctx: &mut Ctx, inputs: In) -> Result<Vec<I
     out.extend(x.shape.get(b + last..).unwrap_or(&[]).iter().cloned());
     one(x.dtype, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    #[test]
+    fn gather_puts_the_indices_shape_in_place_of_its_axis() {
+        // Output rank q + r − 1: data[:axis] + indices + data[axis + 1:].
+        let (table, ids) = (value(F16, &["49152", "576"]), value(I64, &["batch", "seq"]));
+        assert_eq!(TestNode::new("embed", "Gather").types(&[&table, &ids]), ["f16[batch,seq,576]"]);
+        let last = TestNode::new("last", "Gather").int("axis", -1);
+        assert_eq!(last.types(&[&value(F32, &["batch", "seq", "8"]), &value(I64, &[])]), ["f32[batch,seq]"]);
+        let err = TestNode::new("embed", "Gather").refusal(&[&table, &value(F32, &["batch", "seq"])]);
+        assert_eq!(err, "node `embed` (Gather): dtype mismatch: indices are f32");
+        let err = TestNode::new("embed", "Gather").int("axis", 2).refusal(&[&table, &ids]);
+        assert_eq!(err, "node `embed` (Gather): shape mismatch: axis 2 is out of range for rank 2");
+    }
+
+    #[test]
+    fn gather_elements_has_the_indices_shape() {
+        let (data, idx) = (value(F32, &["n", "4"]), value(I64, &["n", "2"]));
+        assert_eq!(TestNode::new("ge", "GatherElements").int("axis", 1).types(&[&data, &idx]), ["f32[n,2]"]);
+    }
+
+    #[test]
+    fn gather_nd_gives_the_indices_batch_of_slices() {
+        // indices[:-1] + data[batch_dims + indices[-1]:]
+        let nd = TestNode::new("gnd", "GatherND");
+        assert_eq!(nd.types(&[&value(F32, &["2", "3", "4"]), &value(I64, &["5", "2"])]), ["f32[5,4]"]);
+        let batched = TestNode::new("gnd", "GatherND").int("batch_dims", 1);
+        assert_eq!(batched.types(&[&value(F32, &["b", "3", "4"]), &value(I64, &["b", "2", "1"])]), ["f32[b,2,4]"]);
+        let err = nd.refusal(&[&value(F32, &["2", "3"]), &value(I64, &["5", "depth"])]);
+        assert_eq!(err, "node `gnd` (GatherND): shape mismatch: GatherND needs a known index depth");
+    }
+}

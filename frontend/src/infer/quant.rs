@@ -70,3 +70,57 @@ pub(super) fn gather_block_quantized(n: &NodeCtx, _ctx: &mut Ctx, inputs: In) ->
     out.extend(logical[axis + 1..].iter().cloned());
     one(scales.dtype, out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    #[test]
+    fn quantize_has_the_zero_points_dtype_else_output_dtype_else_u8() {
+        let (x, scale) = (value(F32, &["n", "64"]), value(F32, &[]));
+        let q = TestNode::new("q", "QuantizeLinear");
+        assert_eq!(q.types(&[&x, &scale, &value(I8, &[])]), ["i8[n,64]"]);
+        assert_eq!(q.types(&[&x, &scale]), ["u8[n,64]"]);
+        // output_dtype is a TensorProto.DataType code: 3 is INT8.
+        assert_eq!(TestNode::new("q", "QuantizeLinear").int("output_dtype", 3).types(&[&x, &scale]), ["i8[n,64]"]);
+    }
+
+    #[test]
+    fn dequantize_has_the_scales_dtype_and_a_zero_point_of_the_inputs_dtype() {
+        let (x, scale) = (value(I8, &["64", "32"]), value(F16, &["32"]));
+        let dq = TestNode::new("dq", "DequantizeLinear").int("axis", 1);
+        assert_eq!(dq.types(&[&x, &scale, &value(I8, &["32"])]), ["f16[64,32]"]);
+        let err = dq.refusal(&[&value(U8, &["64", "32"]), &scale, &value(I8, &["32"])]);
+        assert_eq!(err, "node `dq` (DequantizeLinear): dtype mismatch: input is u8 but zero point is i8");
+    }
+
+    #[test]
+    fn dynamic_quantize_gives_u8_codes_and_scalar_parameters() {
+        let dq = TestNode::new("dyn", "DynamicQuantizeLinear").outputs(3);
+        assert_eq!(dq.types(&[&value(F32, &["n", "8"])]), ["u8[n,8]", "f32[]", "u8[]"]);
+    }
+
+    #[test]
+    fn matmul_nbits_replaces_the_last_dim_k_by_n() {
+        let a = value(F16, &["batch", "seq", "576"]);
+        let (b, scales) = (value(U8, &["1536", "18", "16"]), value(F16, &["1536", "18"]));
+        let proj = TestNode::contrib("q_proj", "MatMulNBits").int("K", 576).int("N", 1536).int("block_size", 32);
+        assert_eq!(proj.types(&[&a, &b, &scales]), ["f16[batch,seq,1536]"]);
+        let err = proj.refusal(&[&value(F16, &["batch", "seq", "512"]), &b, &scales]);
+        assert_eq!(err, "node `q_proj` (MatMulNBits): shape mismatch: A's last dim is 512 but K = 576");
+        let err = TestNode::contrib("q_proj", "MatMulNBits").refusal(&[&a, &b, &scales]);
+        assert_eq!(err, "node `q_proj` (MatMulNBits): MatMulNBits needs positive K and N attributes");
+    }
+
+    #[test]
+    fn gather_block_quantized_gathers_the_unpacked_rows_in_the_scales_dtype() {
+        // uint8 data holds two 4-bit values a byte: 288 bytes are 576 values.
+        let (data, ids) = (value(U8, &["49152", "288"]), value(I64, &["batch", "seq"]));
+        let scales = value(F16, &["49152", "18"]);
+        let embed = TestNode::contrib("embed", "GatherBlockQuantized").int("block_size", 32);
+        assert_eq!(embed.types(&[&data, &ids, &scales]), ["f16[batch,seq,576]"]);
+        let int4 = value(I4, &["49152", "576"]);
+        assert_eq!(embed.types(&[&int4, &ids, &scales]), ["f16[batch,seq,576]"]);
+    }
+}

@@ -99,9 +99,19 @@ pub(super) fn ints(values: &[i64]) -> Info {
     Info::constant(Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
 }
 
+/// A constant int64 scalar.
+pub(super) fn int(value: i64) -> Info {
+    Info::constant(Tensor::scalar_i64(value))
+}
+
 /// An int64 vector whose values are these sizes (what `Shape` gives).
 pub(super) fn sizes(dims: &[Dim]) -> Info {
     Info::from_dims(DType::I64, dims.to_vec(), false)
+}
+
+/// An int64 scalar whose value is this size (what `Gather(Shape(x), i)` gives).
+pub(super) fn size(dim: Dim) -> Info {
+    Info::from_dims(DType::I64, vec![dim], true)
 }
 
 pub(super) fn sym(name: &str) -> Dim {
