@@ -151,3 +151,108 @@ fn gqa_total_length(n: &NodeCtx, ctx: &mut Ctx, inputs: In, q: &Info) -> Result<
     };
     Ok(ctx.normalize(&total))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use crate::infer::Ctx;
+    use ir::DType::*;
+    use ir::Dim;
+
+    /// GroupQueryAttention with SmolLM2's 9 query and 3 KV heads.
+    fn gqa() -> TestNode {
+        TestNode::contrib("gqa", "GroupQueryAttention").int("num_heads", 9).int("kv_num_heads", 3).outputs(3)
+    }
+
+    #[test]
+    fn gqa_presents_the_past_plus_this_steps_tokens() {
+        // Head size 576 / 9 = 64; present caches [batch, kv_num_heads, past + seq, 64].
+        let q = value(F16, &["batch", "seq", "576"]);
+        let kv = value(F16, &["batch", "seq", "192"]);
+        let past = value(F16, &["batch", "3", "past", "64"]);
+        let (seqlens, total) = (value(I32, &["batch"]), value(I32, &[]));
+        let present = "f16[batch,3,past + seq,64]";
+        let out = gqa().types(&[&q, &kv, &kv, &past, &past, &seqlens, &total]);
+        assert_eq!(out, ["f16[batch,seq,576]", present, present]);
+        // Packed QKV (no key input): the query holds 9 + 2·3 heads of 64.
+        let packed = value(F16, &["batch", "seq", "960"]);
+        let inputs = [Some(&packed), None, None, Some(&past), Some(&past), Some(&seqlens), Some(&total)];
+        let out = gqa().infer(&mut Ctx::default(), &inputs).unwrap();
+        assert_eq!(out.iter().map(typed).collect::<Vec<_>>(), ["f16[batch,seq,576]", present, present]);
+    }
+
+    #[test]
+    fn gqa_makes_total_sequence_length_and_the_cache_head_size_what_they_must_be() {
+        // The builder names the cache's last dim kv_cache_dim and passes total_sequence_length.
+        let q = value(F16, &["batch", "seq", "576"]);
+        let kv = value(F16, &["batch", "seq", "192"]);
+        let past = value(F16, &["batch", "3", "past", "kv_cache_dim"]);
+        let (seqlens, total) = (value(I32, &["batch"]), size(sym("total")));
+        let mut ctx = Ctx::default();
+        let inputs = [&q, &kv, &kv, &past, &past, &seqlens, &total].map(Some);
+        let out = gqa().infer(&mut ctx, &inputs).unwrap();
+        assert_eq!(typed(&out[1]), "f16[batch,3,past + seq,64]");
+        let want = [("kv_cache_dim".to_string(), Dim::known(64)), ("total".to_string(), sum("past", "seq"))];
+        assert_eq!(ctx.substitutions, want);
+    }
+
+    #[test]
+    fn gqa_refuses_head_counts_and_caches_that_do_not_fit() {
+        let q = value(F16, &["batch", "seq", "576"]);
+        let kv = value(F16, &["batch", "seq", "192"]);
+        let gqa_9_4 = TestNode::contrib("gqa", "GroupQueryAttention").int("num_heads", 9).int("kv_num_heads", 4);
+        let err = gqa_9_4.refusal(&[&q, &kv, &kv]);
+        let want = "num_heads 9 and kv_num_heads 4 must be positive, heads a multiple of kv heads";
+        assert_eq!(err, format!("node `gqa` (GroupQueryAttention): {want}"));
+        let past = value(F16, &["batch", "4", "past", "64"]);
+        let err = gqa().refusal(&[&q, &kv, &kv, &past, &past]);
+        let want = "shape mismatch: a past cache is [batch,4,past,64] where 3 is expected";
+        assert_eq!(err, format!("node `gqa` (GroupQueryAttention): {want}"));
+        let err = gqa().refusal(&[&value(F16, &["batch", "seq", "500"]), &kv, &kv]);
+        let want = "shape mismatch: query width 500 is not a multiple of 9 heads";
+        assert_eq!(err, format!("node `gqa` (GroupQueryAttention): {want}"));
+    }
+
+    #[test]
+    fn attention_4d_presents_past_plus_new_keys_with_each_head_size() {
+        // Y: [batch, q_heads, q_length, v_head]; present_key/value: [batch, kv_heads, past + kv, head].
+        let q = value(F32, &["b", "8", "s", "64"]);
+        let (k, v) = (value(F32, &["b", "2", "kv", "64"]), value(F32, &["b", "2", "kv", "32"]));
+        let (past_k, past_v) = (value(F32, &["b", "2", "past", "64"]), value(F32, &["b", "2", "past", "32"]));
+        let attn = TestNode::new("attn", "Attention").outputs(3);
+        let inputs = [Some(&q), Some(&k), Some(&v), None, Some(&past_k), Some(&past_v)];
+        let out = attn.infer(&mut Ctx::default(), &inputs).unwrap();
+        // The printer orders a sum's terms by name: kv + past.
+        let want = ["f32[b,8,s,32]", "f32[b,2,kv + past,64]", "f32[b,2,kv + past,32]"];
+        assert_eq!(out.iter().map(typed).collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn attention_3d_splits_widths_into_heads_and_needs_kv_num_heads() {
+        // Q [b, s, 8·64], K and V [b, kv, 2·64]: Y is [b, s, 8·64].
+        let q = value(F32, &["b", "s", "512"]);
+        let kv = value(F32, &["b", "kv", "128"]);
+        let attn = TestNode::new("attn", "Attention").int("q_num_heads", 8).int("kv_num_heads", 2);
+        assert_eq!(attn.types(&[&q, &kv, &kv]), ["f32[b,s,512]"]);
+        let err = TestNode::new("attn", "Attention").int("q_num_heads", 8).refusal(&[&q, &kv, &kv]);
+        assert_eq!(err, "node `attn` (Attention): 3-D Attention inputs need kv_num_heads");
+    }
+
+    #[test]
+    fn attention_keys_and_values_have_one_length() {
+        let q = value(F32, &["b", "8", "s", "64"]);
+        let (k, v) = (value(F32, &["b", "2", "k_len", "64"]), value(F32, &["b", "2", "v_len", "64"]));
+        let mut ctx = Ctx::default();
+        let out = TestNode::new("attn", "Attention").outputs(2).infer(&mut ctx, &[Some(&q), Some(&k), Some(&v)]);
+        assert_eq!(typed(&out.unwrap()[1]), "f32[b,2,v_len,64]");
+        assert_eq!(ctx.substitutions, [("k_len".to_string(), sym("v_len"))]);
+    }
+
+    #[test]
+    fn rotary_embedding_keeps_its_input_type() {
+        let x = value(F16, &["batch", "seq", "576"]);
+        let (cos, sin, pos) = (value(F16, &["2048", "32"]), value(F16, &["2048", "32"]), value(I64, &["batch", "seq"]));
+        let rope = TestNode::new("rope", "RotaryEmbedding").int("num_heads", 9);
+        assert_eq!(rope.types(&[&x, &cos, &sin, &pos]), ["f16[batch,seq,576]"]);
+    }
+}

@@ -239,3 +239,103 @@ fn max_min(n: &NodeCtx, inputs: In) -> Folded {
     }
     Some((out, sa && sb))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use crate::infer::{Ctx, Info};
+    use ir::DType::*;
+    use ir::{Dim, Tensor};
+
+    /// The output of a node that must infer, in `ctx`.
+    fn step(ctx: &mut Ctx, node: TestNode, inputs: &[&Info]) -> Info {
+        let inputs: Vec<Option<&Info>> = inputs.iter().map(|&i| Some(i)).collect();
+        node.infer(ctx, &inputs).unwrap().remove(0)
+    }
+
+    #[test]
+    fn shape_gives_the_dims_as_values() {
+        let x = value(F32, &["batch", "seq", "576"]);
+        let out = TestNode::new("shape", "Shape").run(&[&x]).unwrap();
+        assert_eq!(typed(&out[0]), "i64[3]");
+        assert_eq!(out[0].as_dims(), Some((vec![sym("batch"), sym("seq"), Dim::known(576)], false)));
+        // Shape-15's start and end slice the dims: [1:-1].
+        let out = TestNode::new("shape", "Shape").int("start", 1).int("end", -1).run(&[&x]).unwrap();
+        assert_eq!(out[0].as_dims(), Some((vec![sym("seq")], false)));
+        // A shape of known dims is a constant.
+        let out = TestNode::new("shape", "Shape").run(&[&value(F32, &["2", "3"])]).unwrap();
+        assert_eq!(out[0].as_const().and_then(|t| t.as_i64()), Some(&[2, 3][..]));
+    }
+
+    #[test]
+    fn size_is_the_product_of_the_dims() {
+        let out = TestNode::new("size", "Size").run(&[&value(F32, &["batch", "seq", "4"])]).unwrap();
+        let product = sym("batch").mul(&sym("seq")).and_then(|d| d.mul(&Dim::known(4))).unwrap();
+        assert_eq!((typed(&out[0]), out[0].as_dims()), ("i64[]".into(), Some((vec![product], true))));
+    }
+
+    #[test]
+    fn shape_arithmetic_folds_into_a_reshape_target() {
+        // Exporters compute [batch, past + seq, -1] with Shape → Gather → Add → Unsqueeze → Concat.
+        let mut ctx = Ctx::default();
+        let x_shape = step(&mut ctx, TestNode::new("shape", "Shape"), &[&value(F32, &["batch", "seq", "576"])]);
+        let cache_shape =
+            step(&mut ctx, TestNode::new("shape", "Shape"), &[&value(F32, &["batch", "3", "past", "64"])]);
+        let seq = step(&mut ctx, TestNode::new("seq", "Gather"), &[&x_shape, &int(1)]);
+        assert_eq!(seq.as_dims(), Some((vec![sym("seq")], true)));
+        let past = step(&mut ctx, TestNode::new("past", "Gather"), &[&cache_shape, &int(-2)]);
+        let total = step(&mut ctx, TestNode::new("total", "Add"), &[&past, &seq]);
+        assert_eq!((typed(&total), total.as_dims()), ("i64[]".into(), Some((vec![sum("past", "seq")], true))));
+        let total = step(&mut ctx, TestNode::new("total_1d", "Unsqueeze"), &[&total, &ints(&[0])]);
+        let batch = step(&mut ctx, TestNode::new("batch", "Gather"), &[&x_shape, &ints(&[0])]);
+        let target = step(&mut ctx, TestNode::new("target", "Concat"), &[&batch, &total, &ints(&[-1])]);
+        assert_eq!(target.as_dims(), Some((vec![sym("batch"), sum("past", "seq"), Dim::known(-1)], false)));
+        assert_eq!(typed(&target), "i64[3]");
+    }
+
+    #[test]
+    fn gather_from_a_shape_refuses_indices_out_of_range_and_scalar_data() {
+        let shape = sizes(&[sym("batch"), sym("seq")]);
+        let err = TestNode::new("g", "Gather").refusal(&[&shape, &int(2)]);
+        assert_eq!(err, "node `g` (Gather): shape mismatch: index 2 is out of range for a shape vector of 2 dims");
+        let err = TestNode::new("g", "Gather").refusal(&[&size(sym("seq")), &int(0)]);
+        assert_eq!(err, "node `g` (Gather): gathering from a symbolic scalar");
+    }
+
+    #[test]
+    fn equal_on_sizes_is_decided_where_the_sizes_decide_it() {
+        let shape = sizes(&[sym("batch"), sym("seq")]);
+        let eq = TestNode::new("eq", "Equal");
+        // Sizes are positive, so never equal to the −1 sentinel exporters compare with.
+        let out = eq.run(&[&shape, &ints(&[-1, -1])]).unwrap();
+        assert_eq!(out[0].as_const().and_then(|t| t.as_i64()), Some(&[0, 0][..]));
+        // The same polynomial is equal; seq and seq + 1 differ by a constant.
+        let other = sizes(&[sym("batch"), sym("seq").add(&Dim::known(1)).unwrap()]);
+        let out = eq.run(&[&shape, &other]).unwrap();
+        assert_eq!((typed(&out[0]), out[0].as_const().and_then(|t| t.as_i64())), ("bool[2]".into(), Some(&[1, 0][..])));
+        // Two unrelated sizes: not decided, the comparison stays a node.
+        let out = eq.run(&[&sizes(&[sym("seq")]), &sizes(&[sym("total")])]).unwrap();
+        assert_eq!((typed(&out[0]), out[0].as_const().is_none()), ("bool[1]".into(), true));
+    }
+
+    #[test]
+    fn casts_where_max_and_slice_keep_sizes_symbolic() {
+        let shape = sizes(&[sym("batch"), sym("seq")]);
+        // Cast to an integer type keeps the values; `to` 6 is INT32.
+        let out = TestNode::new("c", "Cast").int("to", 6).run(&[&shape]).unwrap();
+        assert_eq!(
+            (typed(&out[0]), out[0].as_dims()),
+            ("i32[2]".into(), Some((vec![sym("batch"), sym("seq")], false)))
+        );
+        // Where with a constant condition picks per element.
+        let cond = Info::constant(Tensor::from_i64(Bool, vec![2], vec![1, 0]));
+        let out = TestNode::new("w", "Where").run(&[&cond, &shape, &ints(&[7, 8])]).unwrap();
+        assert_eq!(out[0].as_dims(), Some((vec![sym("batch"), Dim::known(8)], false)));
+        // A size is at least 1: Max(seq, 1) = seq.
+        let out = TestNode::new("m", "Max").run(&[&sizes(&[sym("seq")]), &ints(&[1])]).unwrap();
+        assert_eq!(out[0].as_dims(), Some((vec![sym("seq")], false)));
+        // shape[1:] clamps its end to the length.
+        let out = TestNode::new("s", "Slice").run(&[&shape, &ints(&[1]), &ints(&[i64::MAX])]).unwrap();
+        assert_eq!(out[0].as_dims(), Some((vec![sym("seq")], false)));
+    }
+}

@@ -130,3 +130,43 @@ pub(super) fn renamed_symbol(a: &Dim, b: &Dim) -> Option<(String, String)> {
         .into_iter()
         .find(|(p, q)| Dim::sym(p).sub(&Dim::sym(q)).as_ref() == Some(&d))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Ctx;
+    use ir::Dim;
+
+    fn sum(a: &Dim, b: &Dim) -> Dim {
+        a.add(b).unwrap()
+    }
+
+    #[test]
+    fn a_bare_symbol_unified_with_a_size_is_substituted_by_it() {
+        let (total, past, seq) = (Dim::sym("total"), Dim::sym("past"), Dim::sym("seq"));
+        let mut ctx = Ctx::default();
+        assert_eq!(ctx.unify(&total, &sum(&past, &seq)), sum(&past, &seq));
+        assert_eq!(ctx.substitutions, [("total".to_string(), sum(&past, &seq))]);
+        assert_eq!(ctx.normalize(&sum(&total, &Dim::known(1))).to_string(), "past + seq + 1");
+        assert!(ctx.assumptions.is_empty());
+    }
+
+    #[test]
+    fn sizes_named_apart_by_one_symbol_are_one_size() {
+        // torch.export names each input's sizes apart: s15 + s70 against s69 + s70.
+        let (s15, s69, s70) = (Dim::sym("s15"), Dim::sym("s69"), Dim::sym("s70"));
+        let mut ctx = Ctx::default();
+        ctx.unify(&sum(&s15, &s70), &sum(&s69, &s70));
+        assert_eq!(ctx.substitutions, [("s15".to_string(), s69.clone())]);
+        assert_eq!(ctx.normalize(&sum(&s15, &s70)), sum(&s69, &s70));
+    }
+
+    #[test]
+    fn other_compound_sizes_are_recorded_as_an_assumption_once() {
+        let two_p = Dim::sym("p").mul(&Dim::known(2)).unwrap();
+        let q_r = sum(&Dim::sym("q"), &Dim::sym("r"));
+        let mut ctx = Ctx::default();
+        assert_eq!(ctx.unify(&two_p, &q_r), two_p);
+        ctx.unify(&two_p, &q_r);
+        assert_eq!((ctx.assumptions.as_slice(), ctx.substitutions.len()), (&["2*p = q + r".to_string()][..], 0));
+    }
+}
