@@ -114,8 +114,9 @@ impl Ctx {
                 return a;
             }
         };
-        self.substitutions.push((sym, other.clone()));
-        other
+        self.substitutions.push((sym, other));
+        // The size itself under the substitution (`s69 + s70`, not the renamed symbol alone).
+        self.normalize(&a)
     }
 }
 
@@ -155,7 +156,8 @@ mod tests {
         // torch.export names each input's sizes apart: s15 + s70 against s69 + s70.
         let (s15, s69, s70) = (Dim::sym("s15"), Dim::sym("s69"), Dim::sym("s70"));
         let mut ctx = Ctx::default();
-        ctx.unify(&sum(&s15, &s70), &sum(&s69, &s70));
+        // The unified size is the whole sum under its one name, not the renamed symbol alone.
+        assert_eq!(ctx.unify(&sum(&s15, &s70), &sum(&s69, &s70)), sum(&s69, &s70));
         assert_eq!(ctx.substitutions, [("s15".to_string(), s69.clone())]);
         assert_eq!(ctx.normalize(&sum(&s15, &s70)), sum(&s69, &s70));
     }
