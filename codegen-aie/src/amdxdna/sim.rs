@@ -8,12 +8,12 @@
 //! own text and running it is the design interpreter, so a GEMM comes back int32-exact only if
 //! every buffer, address and sync on the way is right. What it cannot show is the NPU itself.
 
-use super::uapi::*;
-use super::{Driver, Ioctl};
 use crate::interp;
 use std::collections::HashMap;
 use std::io::{Error, ErrorKind};
 use std::sync::{Arc, Mutex, MutexGuard};
+use xdna_driver::uapi::*;
+use xdna_driver::{Driver, Ioctl};
 
 /// A buffer object of the simulated driver.
 pub struct SimBo {
