@@ -11,7 +11,8 @@
 //! - `openvino` (feature `openvino`): an intel-npu bundle's IR segments on an OpenVINO device.
 //! - `xdna` (feature `xrt`): the executor's prefill QGemms on an XDNA NPU, through `xdna-driver`.
 //!
-//! The crate depends on no compiler crate, under any feature: a bundle is the only thing that crosses from the compiler to the runtime.
+//! The crate depends on no compiler crate, under any feature (`tests/no_compiler_crate.rs` checks
+//! cargo's resolve): a bundle is the only thing that crosses from the compiler to the runtime.
 
 pub mod bundle;
 pub mod exec;
