@@ -58,15 +58,15 @@ mod program;
 
 use std::time::Instant;
 
+pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 pub use error::ExecError;
-pub use plan::MAX_TRANSPOSE_RANK;
 pub use program::PROGRAM_FORMAT;
 
 use crate::bundle::Bundle;
 use crate::kernels::qgemm::{self, AScale, QActivations, QGemmScratch, QGemmWeights, QOutput};
 use crate::kernels::swiglu::GateActivation;
 use crate::kernels::wgemm::{self, WGemmPrecision, WGemmScratch};
-use crate::kernels::{embed, gemm, norm, rope, swiglu, Isa, ThreadPool};
+use crate::kernels::{embed, gemm, layout, norm, quantize, rope, swiglu, Isa, ThreadPool};
 use crate::kernels::{split_range, SyncPtr};
 use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvError, KvStorage, SeqId};
 use crate::sample::Sampler;
@@ -748,33 +748,13 @@ impl<'b> Executor<'b> {
                 let ax = axes.map(|a| view.i64(a));
                 let sp = steps.map(|s| view.i64(s));
                 let n = numel(&self.shapes[*out]);
-                slice(input, &self.shapes[*x], st, en, ax, sp, &mut y[..n]).map_err(&fail)?;
+                layout::slice(input, &self.shapes[*x], st, en, ax, sp, &mut y[..n]).map_err(&fail)?;
             }
             Op::Concat { inputs, axis, out } => {
                 let out_shape = &self.shapes[*out];
-                let rank = out_shape.len();
-                let axis = if *axis < 0 { (*axis + rank as i64) as usize } else { *axis as usize };
-                let outer: usize = out_shape[..axis].iter().product();
                 let n = numel(out_shape);
-                let mut at = 0;
-                for o in 0..outer {
-                    for &i in inputs {
-                        let data = view.f32(i);
-                        let shape = &self.shapes[i];
-                        if shape.len() != rank || (0..rank).any(|d| d != axis && shape[d] != out_shape[d]) {
-                            return Err(fail(format!("input {shape:?} does not concatenate into {out_shape:?}")));
-                        }
-                        let chunk: usize = shape[axis..].iter().product();
-                        if at + chunk > n {
-                            return Err(fail(format!("inputs overflow the output {out_shape:?}")));
-                        }
-                        y[at..at + chunk].copy_from_slice(&data[o * chunk..(o + 1) * chunk]);
-                        at += chunk;
-                    }
-                }
-                if at != n {
-                    return Err(fail(format!("inputs fill {at} of {n} values of {out_shape:?}")));
-                }
+                let input = |i: usize| (view.f32(inputs[i]), &self.shapes[inputs[i]][..]);
+                layout::concat(inputs.len(), input, *axis, out_shape, &mut y[..n]).map_err(&fail)?;
             }
             Op::Gather { data, ids, out } => {
                 let table = view.f32(*data);
@@ -813,7 +793,7 @@ impl<'b> Executor<'b> {
             }
             Op::Transpose { x, perm, .. } => {
                 let input = view.f32(*x);
-                transpose(input, &self.shapes[*x], perm, &mut y[..input.len()]);
+                layout::transpose(input, &self.shapes[*x], perm, &mut y[..input.len()]);
             }
             Op::RmsNorm { x, gamma, eps, .. } => {
                 let (input, g) = (view.f32(*x), view.f32(*gamma));
@@ -918,9 +898,7 @@ impl Executor<'_> {
                 let mut y = std::mem::take(&mut self.qbufs[b]);
                 let view = view!(self);
                 let input = view.f32(*x);
-                for (d, &v) in y[..input.len()].iter_mut().zip(input) {
-                    *d = plan::quantize(v, *scale, *zero_point, *signed);
-                }
+                quantize::quantize_linear(input, *scale, *zero_point, *signed, &mut y[..input.len()]);
                 self.qbufs[b] = y;
             }
             Op::QuantizeRows { x, k, codes, scales } => {
@@ -930,25 +908,14 @@ impl Executor<'_> {
                 let mut row_scales = std::mem::take(&mut self.bufs[sb]);
                 let view = view!(self);
                 let input = view.f32(*x);
-                for ((row, out), s) in input.chunks(*k).zip(y.chunks_mut(*k)).zip(row_scales.iter_mut()) {
-                    // As `ir::fused::quantize_rows`: in f32, ties to even, within ±127.
-                    let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                    *s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
-                    for (o, &v) in out.iter_mut().zip(row) {
-                        *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
-                    }
-                }
+                quantize::quantize_rows(input, *k, &mut y, &mut row_scales);
                 self.bufs[sb] = row_scales;
                 self.qbufs[b] = y;
             }
             Op::Dequantize { x, scale, zero_point, signed, out } => {
                 let codes = &self.qbufs[qbuf(*x)][..numel(&self.shapes[*x])];
                 let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
-                let y = &mut self.bufs[b][..codes.len()];
-                for (d, &c) in y.iter_mut().zip(codes) {
-                    let q = if *signed { i32::from(c as i8) } else { i32::from(c) };
-                    *d = q.wrapping_sub(*zero_point) as f32 * *scale;
-                }
+                quantize::dequantize_linear(codes, *scale, *zero_point, *signed, &mut self.bufs[b][..codes.len()]);
             }
             Op::QGemm { a, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n, requant, out } => {
                 let (k, n) = (*k, *n);
@@ -1105,87 +1072,6 @@ fn op_out(op: &Op) -> usize {
     }
 }
 
-/// ONNX Slice of `x` (of `shape`) into `out`.
-fn slice(
-    x: &[f32],
-    shape: &[usize],
-    starts: &[i64],
-    ends: &[i64],
-    axes: Option<&[i64]>,
-    steps: Option<&[i64]>,
-    out: &mut [f32],
-) -> Result<(), String> {
-    let rank = shape.len();
-    if starts.len() != ends.len()
-        || axes.is_some_and(|a| a.len() != starts.len())
-        || steps.is_some_and(|s| s.len() != starts.len())
-    {
-        return Err("starts, ends, axes and steps differ in length".to_string());
-    }
-    let mut begin = [0i64; MAX_TRANSPOSE_RANK];
-    let mut step = [1i64; MAX_TRANSPOSE_RANK];
-    let mut count = [0usize; MAX_TRANSPOSE_RANK];
-    count[..rank].copy_from_slice(shape);
-    for i in 0..starts.len() {
-        let a = axes.map_or(i as i64, |a| a[i]);
-        let axis = if a < 0 { a + rank as i64 } else { a };
-        if axis < 0 || axis >= rank as i64 {
-            return Err(format!("axis {a} is outside rank {rank}"));
-        }
-        let axis = axis as usize;
-        let dim = shape[axis] as i64;
-        let s = steps.map_or(1, |s| s[i]);
-        if s == 0 {
-            return Err("a step is 0".to_string());
-        }
-        let norm = |v: i64| if v < 0 { v + dim } else { v };
-        let (b, e) = if s > 0 {
-            (norm(starts[i]).clamp(0, dim), norm(ends[i]).clamp(0, dim))
-        } else {
-            (norm(starts[i]).clamp(-1, dim - 1), norm(ends[i]).clamp(-1, dim - 1))
-        };
-        let (span, by) = if s > 0 { ((e - b).max(0), s) } else { ((b - e).max(0), -s) };
-        let n = (span + by - 1) / by;
-        begin[axis] = b;
-        step[axis] = s;
-        count[axis] = n as usize;
-    }
-    let total: usize = count[..rank].iter().product();
-    if total != out.len() {
-        return Err(format!("the slice holds {total} values; the program says {}", out.len()));
-    }
-    if total == 0 {
-        return Ok(());
-    }
-    let mut strides = [0i64; MAX_TRANSPOSE_RANK];
-    let mut stride = 1i64;
-    for i in (0..rank).rev() {
-        strides[i] = stride;
-        stride *= shape[i] as i64;
-    }
-    // Whole runs of the last axis when it is taken with step 1.
-    let (outer, run) = if rank > 0 && step[rank - 1] == 1 { (rank - 1, count[rank - 1]) } else { (rank, 1) };
-    let base: i64 = (0..rank).map(|i| begin[i] * strides[i]).sum();
-    let mut index = [0usize; MAX_TRANSPOSE_RANK];
-    let mut src = base;
-    for chunk in out.chunks_exact_mut(run) {
-        let s = src as usize;
-        chunk.copy_from_slice(&x[s..s + run]);
-        let mut axis = outer;
-        while axis > 0 {
-            axis -= 1;
-            index[axis] += 1;
-            src += step[axis] * strides[axis];
-            if index[axis] < count[axis] {
-                break;
-            }
-            src -= step[axis] * strides[axis] * count[axis] as i64;
-            index[axis] = 0;
-        }
-    }
-    Ok(())
-}
-
 /// Read access to the values of the current step.
 struct View<'a, 'b> {
     plan: &'a Plan<'b>,
@@ -1317,48 +1203,6 @@ fn rope_broadcast(x: &[usize], cos: &[usize], cos_len: usize) -> Result<(usize, 
     Ok((d, x[last + 1..r - 1].iter().product()))
 }
 
-/// Copies `x` of `shape` into `out` with its axes permuted (`out` axis i is `x` axis perm[i]).
-/// Runs of the last axis are copied whole when it stays last.
-fn transpose(x: &[f32], shape: &[usize], perm: &[usize], out: &mut [f32]) {
-    let rank = shape.len();
-    debug_assert!(rank <= MAX_TRANSPOSE_RANK && perm.len() == rank);
-    if rank == 0 || x.is_empty() {
-        out.copy_from_slice(x);
-        return;
-    }
-    let mut in_strides = [0usize; MAX_TRANSPOSE_RANK];
-    let mut stride = 1;
-    for i in (0..rank).rev() {
-        in_strides[i] = stride;
-        stride *= shape[i];
-    }
-    let mut out_shape = [0usize; MAX_TRANSPOSE_RANK];
-    let mut strides = [0usize; MAX_TRANSPOSE_RANK];
-    for i in 0..rank {
-        out_shape[i] = shape[perm[i]];
-        strides[i] = in_strides[perm[i]];
-    }
-    // With the last axis in place, whole rows move; otherwise single elements do.
-    let (outer, run) = if perm[rank - 1] == rank - 1 { (rank - 1, shape[rank - 1]) } else { (rank, 1) };
-    let mut index = [0usize; MAX_TRANSPOSE_RANK];
-    let mut src = 0usize;
-    for chunk in out.chunks_exact_mut(run) {
-        chunk.copy_from_slice(&x[src..src + run]);
-        // Odometer over the outer axes of the output.
-        let mut axis = outer;
-        while axis > 0 {
-            axis -= 1;
-            index[axis] += 1;
-            src += strides[axis];
-            if index[axis] < out_shape[axis] {
-                break;
-            }
-            src -= strides[axis] * out_shape[axis];
-            index[axis] = 0;
-        }
-    }
-}
-
 fn as_i8(bytes: &[u8]) -> &[i8] {
     // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }
@@ -1374,40 +1218,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transpose_moves_rows_and_elements() {
-        // [2, 3, 2] with perm [1, 0, 2]: rows of 2 move.
-        let x: Vec<f32> = (0..12).map(|v| v as f32).collect();
-        let mut y = vec![0.0; 12];
-        transpose(&x, &[2, 3, 2], &[1, 0, 2], &mut y);
-        assert_eq!(y, [0., 1., 6., 7., 2., 3., 8., 9., 4., 5., 10., 11.]);
-        // [2, 3] with perm [1, 0]: elements move.
-        let mut t = vec![0.0; 6];
-        transpose(&x[..6], &[2, 3], &[1, 0], &mut t);
-        assert_eq!(t, [0., 3., 1., 4., 2., 5.]);
-    }
-
-    #[test]
     fn rope_tables_broadcast_over_heads() {
         // x [1, 9, 5, 64] (BNSH) with cos [1, 1, 5, 64]: rows cycle through the 5 positions.
         assert_eq!(rope_broadcast(&[1, 9, 5, 64], &[1, 1, 5, 64], 5 * 64), Ok((64, 1)));
         // x [1, 5, 9, 64] (BSNH) with cos [1, 5, 1, 64]: 9 consecutive rows share one.
         assert_eq!(rope_broadcast(&[1, 5, 9, 64], &[1, 5, 1, 64], 5 * 64), Ok((64, 9)));
         assert!(rope_broadcast(&[1, 9, 5, 64], &[1, 1, 5, 32], 5 * 32).is_err());
-    }
-
-    #[test]
-    fn slice_takes_ranges_steps_and_negative_bounds() {
-        let x: Vec<f32> = (0..24).map(|v| v as f32).collect();
-        // [2, 3, 4]: axis 1 from 1 to the end.
-        let mut y = vec![0.0; 16];
-        slice(&x, &[2, 3, 4], &[1], &[i64::MAX], Some(&[1]), None, &mut y).unwrap();
-        assert_eq!(y, [4., 5., 6., 7., 8., 9., 10., 11., 16., 17., 18., 19., 20., 21., 22., 23.]);
-        // Last axis backwards by 2 from -1, first row only.
-        let mut y = vec![0.0; 6];
-        slice(&x, &[2, 3, 4], &[0, -1], &[1, -5], Some(&[0, -1]), Some(&[1, -2]), &mut y).unwrap();
-        assert_eq!(y, [3., 1., 7., 5., 11., 9.]);
-        // A size the program does not expect is an error.
-        assert!(slice(&x, &[2, 3, 4], &[0], &[1], None, None, &mut [0.0; 5]).is_err());
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::num::NonZeroUsize;
 
 use crate::bundle::{Dtype, TensorView};
 use crate::kernels::gemm::{f32_panels_len, WeightLayout};
+use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QGemmWeights, QWeightCodes};
+use crate::kernels::quantize::quantize;
 use crate::kernels::swiglu::GateActivation;
 use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmWeights};
 use crate::kvcache::Scoring;
@@ -348,9 +350,6 @@ impl NBitsTable<'_> {
         }
     }
 }
-
-/// The most axes a Transpose may have.
-pub const MAX_TRANSPOSE_RANK: usize = 8;
 
 /// Ops that compute (every other supported op is an alias).
 const COMPUTED_OPS: [&str; 22] = [
@@ -1594,16 +1593,6 @@ pub(crate) fn code_signedness(dtype: &str) -> Option<bool> {
         "i8" => Some(true),
         _ => None,
     }
-}
-
-/// QuantizeLinear of one value: `saturate(round_half_even(x / scale) + zero_point)`, the
-/// division in f32, as the reference evaluator does; the code's bits as a byte.
-pub(crate) fn quantize(x: f32, scale: f32, zero_point: i32, signed: bool) -> u8 {
-    let q = x / scale;
-    let r = if q.is_nan() { 0.0 } else { q.round_ties_even() };
-    let (lo, hi) = if signed { (-128.0, 127.0) } else { (0.0, 255.0) };
-    let v = (f64::from(r) + f64::from(zero_point)).clamp(lo, hi) as i32;
-    v as u8
 }
 
 fn as_i8(bytes: &[u8]) -> &[i8] {
