@@ -1332,6 +1332,12 @@ impl<'b> Plan<'b> {
             logits,
         })
     }
+
+    /// Op `index` and the node it runs.
+    pub fn node_op(&self, index: usize) -> (&NodeInfo, &Op) {
+        let (node, op) = &self.ops[index];
+        (&self.program.nodes[*node], op)
+    }
 }
 
 /// Checks an Attention node's q [batch, q_heads, seq, head_dim] and k, v [batch, kv_heads, seq,
