@@ -53,8 +53,9 @@
 //!
 //! # Layout
 //!
-//! - `plan`: loading a program into a plan — where every value lives, one op per node that
-//!   computes, the buffers shared by liveness.
+//! - `plan`: loading a program into a plan — where every value lives, the buffers shared by
+//!   liveness — with one lowering per op in a table (`plan::lower`: float, quantised and integer
+//!   ops in their own modules).
 //! - `session`: the sequence API and [`Executor::step`].
 //! - `generate`: the generation loops and their statistics.
 //! - `run`: one step's interpreters — shapes and buffers for the step, then each op by its group
