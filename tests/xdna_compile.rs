@@ -330,8 +330,9 @@ fn the_xrt_backend_says_what_is_missing() {
 #[cfg(feature = "xrt")]
 #[test]
 fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_host_logits() {
-    use codegen_aie::amdxdna::{sim::Sim, Npu};
+    use codegen_aie::amdxdna::sim::Sim;
     use runtime::exec::{ExecOptions, Executor};
+    use xdna_driver::Npu;
     let tmp = tempfile::tempdir().unwrap();
     let (bundle, _) = compile("llama-optimum", "npu1", tmp.path());
     let plan: Value = serde_json::from_slice(&bundle.read_file("xdna/plan.json").unwrap()).unwrap();

@@ -19,8 +19,8 @@ pub const DEFAULT_HOST_THRESHOLD_ROWS: usize = 16;
 pub const DEFAULT_PREFILL_ROWS: usize = 256;
 pub const DEFAULT_MAX_DESIGN_COLS: usize = 4096;
 pub const PLAN_FORMAT: &str = "npuc-xdna-plan/1";
-/// Where a bundle keeps the plan.
-pub const PLAN_FILE: &str = "xdna/plan.json";
+/// Where a bundle keeps the plan (the runtime's `xrt` backend reads it there).
+pub use xdna_driver::plan::PLAN_FILE;
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
@@ -125,31 +125,9 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
 }
 
 /// Where a call of `rows` rows runs: `None` on the host, else the M-blocks `(design rows, rows
-/// used)` it is cut into.
+/// used)` it is cut into — the routing the runtime applies to the numbers the plan records.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
-    route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
-}
-
-/// [`route`] from the numbers `xdna/plan.json` records.
-pub fn route_rows(
-    host_threshold_rows: usize,
-    decode_rows: usize,
-    prefill_rows: usize,
-    rows: usize,
-) -> Option<Vec<(usize, usize)>> {
-    if rows < host_threshold_rows || decode_rows == 0 {
-        return None;
-    }
-    let prefill = prefill_rows.max(decode_rows);
-    let mut blocks = vec![];
-    let mut left = rows;
-    while left > 0 {
-        let block = if left <= decode_rows { decode_rows } else { prefill };
-        let used = left.min(block);
-        blocks.push((block, used));
-        left -= used;
-    }
-    Some(blocks)
+    xdna_driver::plan::route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
 }
 
 /// Bundle path of a design's generic and pretty texts.

@@ -1,5 +1,5 @@
 //! The `xrt` backend's run path: an xdna bundle on the host executor with its array-sized GEMMs
-//! on the XDNA NPU, through the amdxdna driver's ioctls (`codegen_aie::amdxdna`).
+//! on the XDNA NPU, through the amdxdna driver's ioctls (`xdna_driver`).
 //!
 //! [`XdnaOffload`] is the executor's [`GemmOffload`]: for a QGemm the plan gives designs to, a
 //! call of at least `host_threshold_rows` rows is cut as the plan cuts it (M-blocks of the decode
@@ -11,10 +11,10 @@
 use crate::bundle::Bundle;
 use crate::exec::GemmOffload;
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
-use codegen_aie::amdxdna::{Driver, HwContext, Npu};
-use codegen_aie::plan::PLAN_FILE;
 use serde_json::Value;
 use std::collections::HashMap;
+use xdna_driver::plan::{route_rows, PLAN_FILE};
+use xdna_driver::{Driver, HwContext, Npu};
 
 struct DesignRun {
     /// Host shape (M, K, N) of the design's buffers.
@@ -163,8 +163,7 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         m: usize,
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, String> {
-        let Some(blocks) = codegen_aie::plan::route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m)
-        else {
+        let Some(blocks) = route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m) else {
             return Ok(None);
         };
         let Some(chunks) = self.gemms.get(node) else { return Ok(None) };

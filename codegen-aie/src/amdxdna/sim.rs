@@ -8,12 +8,12 @@
 //! own text and running it is the design interpreter, so a GEMM comes back int32-exact only if
 //! every buffer, address and sync on the way is right. What it cannot show is the NPU itself.
 
-use super::uapi::*;
-use super::{Driver, Ioctl};
 use crate::interp;
 use std::collections::HashMap;
 use std::io::{Error, ErrorKind};
 use std::sync::{Arc, Mutex, MutexGuard};
+use xdna_driver::uapi::*;
+use xdna_driver::{Driver, Ioctl};
 
 /// A buffer object of the simulated driver.
 pub struct SimBo {
@@ -176,6 +176,145 @@ impl State {
     }
 }
 
+impl State {
+    fn get_info(&mut self, a: &mut GetInfo) -> Result<(), Error> {
+        if a.param != QUERY_AIE_METADATA || (a.buffer_size as usize) < size_of::<AieMetadata>() {
+            return Err(inval("get_info"));
+        }
+        // SAFETY: the caller's buffer of `buffer_size` bytes.
+        unsafe { *(a.buffer as *mut AieMetadata) = self.meta };
+        Ok(())
+    }
+
+    fn create_bo(&mut self, a: &mut CreateBo) -> Result<(), Error> {
+        if a.flags != 0 || a.vaddr != 0 || a.size == 0 || !(BO_SHMEM..=BO_CMD).contains(&a.ty) {
+            return Err(inval("create_bo: MBZ fields, size or type"));
+        }
+        let size = a.size as usize;
+        let (host, own) = if a.ty == BO_DEV {
+            let heap = self.heap.ok_or_else(|| inval("create_bo: no dev heap"))?;
+            let at = self.heap_used;
+            if at + size > self.bos[&heap].size {
+                return Err(Error::new(ErrorKind::OutOfMemory, "dev heap full"));
+            }
+            self.heap_used += size.div_ceil(4096) * 4096;
+            // SAFETY: within the heap's host view.
+            (unsafe { self.bos[&heap].host.add(at) }, None)
+        } else {
+            if a.ty == BO_DEV_HEAP && self.heap.is_some() {
+                return Err(inval("create_bo: a second dev heap"));
+            }
+            let mut mem = vec![0u8; size].into_boxed_slice();
+            (mem.as_mut_ptr(), Some(mem))
+        };
+        self.next += 1;
+        let handle = self.next;
+        self.next_addr += 0x10_0000;
+        let (xdna_addr, map_offset) = (0x1_0000_0000 + self.next_addr, u64::from(handle) << 20);
+        let bo = SimBo { ty: a.ty, host, size, device: vec![0; size], xdna_addr, map_offset, _own: own };
+        self.bos.insert(handle, bo);
+        if a.ty == BO_DEV_HEAP {
+            self.heap = Some(handle);
+        }
+        a.handle = handle;
+        Ok(())
+    }
+
+    fn get_bo_info(&mut self, a: &mut GetBoInfo) -> Result<(), Error> {
+        if a.ext != 0 || a.ext_flags != 0 || a.pad != 0 {
+            return Err(inval("get_bo_info: MBZ"));
+        }
+        let bo = self.bos.get(&a.handle).ok_or_else(|| inval("get_bo_info: no such bo"))?;
+        a.map_offset = bo.map_offset;
+        a.vaddr = if bo.ty == BO_DEV { bo.host as u64 } else { 0 };
+        a.xdna_addr = bo.xdna_addr;
+        Ok(())
+    }
+
+    fn sync_bo(&mut self, a: &mut SyncBo) -> Result<(), Error> {
+        let bo = self.bos.get_mut(&a.handle).ok_or_else(|| inval("sync_bo: no such bo"))?;
+        let (off, len) = (a.offset as usize, a.size as usize);
+        if off + len > bo.size {
+            return Err(inval("sync_bo: range"));
+        }
+        // SAFETY: the buffer's host view, `size` bytes.
+        let host = unsafe { std::slice::from_raw_parts_mut(bo.host, bo.size) };
+        match a.direction {
+            SYNC_TO_DEVICE => bo.device[off..off + len].copy_from_slice(&host[off..off + len]),
+            SYNC_FROM_DEVICE => host[off..off + len].copy_from_slice(&bo.device[off..off + len]),
+            _ => return Err(inval("sync_bo: direction")),
+        }
+        Ok(())
+    }
+
+    fn create_hwctx(&mut self, a: &mut CreateHwctx) -> Result<(), Error> {
+        if a.ext != 0 || a.ext_flags != 0 || a.qos_p == 0 {
+            return Err(inval("create_hwctx: MBZ or no QoS"));
+        }
+        if self.heap.is_none() {
+            return Err(inval("The client dev heap object not exist"));
+        }
+        let rows = u32::from(self.meta.core.row_count);
+        if a.num_tiles == 0 || !a.num_tiles.is_multiple_of(rows) || a.num_tiles / rows > u32::from(self.meta.cols) {
+            return Err(inval("create_hwctx: num_tiles"));
+        }
+        self.next += 1;
+        a.handle = self.next;
+        a.syncobj_handle = 1000 + self.next;
+        let ctx = Ctx { cu_pdi: None, syncobj: a.syncobj_handle };
+        self.ctxs.insert(a.handle, ctx);
+        Ok(())
+    }
+
+    fn config_hwctx(&mut self, a: &mut ConfigHwctx) -> Result<(), Error> {
+        if a.pad != 0 || a.param_type != HWCTX_CONFIG_CU || a.param_val_size as usize > 4096 {
+            return Err(inval("config_hwctx"));
+        }
+        // SAFETY: the caller's parameter of `param_val_size` bytes.
+        let cu = unsafe { *(a.param_val as *const ConfigCu) };
+        if cu.num_cus == 0 || cu.pad != [0; 3] || cu.cu_configs[0].pad != [0; 3] {
+            return Err(inval("config_cu: count or MBZ"));
+        }
+        let pdi = cu.cu_configs[0].cu_bo;
+        if self.bos.get(&pdi).map(|b| b.ty) != Some(BO_DEV) {
+            return Err(inval("Invalid BO type"));
+        }
+        let ctx = self.ctxs.get_mut(&a.handle).ok_or_else(|| inval("config_hwctx: no such hwctx"))?;
+        if ctx.cu_pdi.is_some() {
+            return Err(inval("Not support re-config CU"));
+        }
+        ctx.cu_pdi = Some(pdi);
+        Ok(())
+    }
+
+    /// A wait on one context's syncobj at a point submitted to it, before the deadline.
+    fn timeline_wait(&mut self, a: &mut SyncobjTimelineWait, now: i64) -> Result<(), Error> {
+        // SAFETY: one handle and one point, as `count_handles` says.
+        let (h, p) = unsafe { (*(a.handles as *const u32), *(a.points as *const u64)) };
+        let ok = a.count_handles == 1
+            && a.timeout_nsec > now
+            && self
+                .ctxs
+                .iter()
+                .any(|(c, ctx)| ctx.syncobj == h && self.submitted.get(c).is_some_and(|v| v.contains(&p)));
+        if !ok {
+            return Err(Error::new(ErrorKind::TimedOut, "timeline wait: no such point"));
+        }
+        Ok(())
+    }
+
+    fn gem_close(&mut self, a: &mut GemClose) -> Result<(), Error> {
+        if self.heap == Some(a.handle) && self.bos.len() > 1 {
+            return Err(inval("closing the heap under live buffers"));
+        }
+        self.bos.remove(&a.handle).ok_or_else(|| inval("gem_close: no such bo"))?;
+        if self.heap == Some(a.handle) {
+            self.heap = None;
+        }
+        Ok(())
+    }
+}
+
 impl Driver for Sim {
     fn ioctl(&mut self, call: Ioctl<'_>) -> std::io::Result<()> {
         let now = self.now_ns();
@@ -186,131 +325,20 @@ impl Driver for Sim {
             return Err(inval("injected failure"));
         }
         match call {
-            Ioctl::GetInfo(a) => {
-                if a.param != QUERY_AIE_METADATA || (a.buffer_size as usize) < size_of::<AieMetadata>() {
-                    return Err(inval("get_info"));
-                }
-                // SAFETY: the caller's buffer of `buffer_size` bytes.
-                unsafe { *(a.buffer as *mut AieMetadata) = s.meta };
-            }
-            Ioctl::CreateBo(a) => {
-                if a.flags != 0 || a.vaddr != 0 || a.size == 0 || !(BO_SHMEM..=BO_CMD).contains(&a.ty) {
-                    return Err(inval("create_bo: MBZ fields, size or type"));
-                }
-                let size = a.size as usize;
-                let (host, own) = if a.ty == BO_DEV {
-                    let heap = s.heap.ok_or_else(|| inval("create_bo: no dev heap"))?;
-                    let at = s.heap_used;
-                    if at + size > s.bos[&heap].size {
-                        return Err(Error::new(ErrorKind::OutOfMemory, "dev heap full"));
-                    }
-                    s.heap_used += size.div_ceil(4096) * 4096;
-                    // SAFETY: within the heap's host view.
-                    (unsafe { s.bos[&heap].host.add(at) }, None)
-                } else {
-                    if a.ty == BO_DEV_HEAP && s.heap.is_some() {
-                        return Err(inval("create_bo: a second dev heap"));
-                    }
-                    let mut mem = vec![0u8; size].into_boxed_slice();
-                    (mem.as_mut_ptr(), Some(mem))
-                };
-                s.next += 1;
-                let handle = s.next;
-                s.next_addr += 0x10_0000;
-                let (xdna_addr, map_offset) = (0x1_0000_0000 + s.next_addr, u64::from(handle) << 20);
-                let bo = SimBo { ty: a.ty, host, size, device: vec![0; size], xdna_addr, map_offset, _own: own };
-                s.bos.insert(handle, bo);
-                if a.ty == BO_DEV_HEAP {
-                    s.heap = Some(handle);
-                }
-                a.handle = handle;
-            }
-            Ioctl::GetBoInfo(a) => {
-                if a.ext != 0 || a.ext_flags != 0 || a.pad != 0 {
-                    return Err(inval("get_bo_info: MBZ"));
-                }
-                let bo = s.bos.get(&a.handle).ok_or_else(|| inval("get_bo_info: no such bo"))?;
-                a.map_offset = bo.map_offset;
-                a.vaddr = if bo.ty == BO_DEV { bo.host as u64 } else { 0 };
-                a.xdna_addr = bo.xdna_addr;
-            }
-            Ioctl::SyncBo(a) => {
-                let bo = s.bos.get_mut(&a.handle).ok_or_else(|| inval("sync_bo: no such bo"))?;
-                let (off, len) = (a.offset as usize, a.size as usize);
-                if off + len > bo.size {
-                    return Err(inval("sync_bo: range"));
-                }
-                // SAFETY: the buffer's host view, `size` bytes.
-                let host = unsafe { std::slice::from_raw_parts_mut(bo.host, bo.size) };
-                match a.direction {
-                    SYNC_TO_DEVICE => bo.device[off..off + len].copy_from_slice(&host[off..off + len]),
-                    SYNC_FROM_DEVICE => host[off..off + len].copy_from_slice(&bo.device[off..off + len]),
-                    _ => return Err(inval("sync_bo: direction")),
-                }
-            }
-            Ioctl::CreateHwctx(a) => {
-                if a.ext != 0 || a.ext_flags != 0 || a.qos_p == 0 {
-                    return Err(inval("create_hwctx: MBZ or no QoS"));
-                }
-                if s.heap.is_none() {
-                    return Err(inval("The client dev heap object not exist"));
-                }
-                let rows = u32::from(s.meta.core.row_count);
-                if a.num_tiles == 0 || a.num_tiles % rows != 0 || a.num_tiles / rows > u32::from(s.meta.cols) {
-                    return Err(inval("create_hwctx: num_tiles"));
-                }
-                s.next += 1;
-                a.handle = s.next;
-                a.syncobj_handle = 1000 + s.next;
-                let ctx = Ctx { cu_pdi: None, syncobj: a.syncobj_handle };
-                s.ctxs.insert(a.handle, ctx);
-            }
-            Ioctl::ConfigHwctx(a) => {
-                if a.pad != 0 || a.param_type != HWCTX_CONFIG_CU || a.param_val_size as usize > 4096 {
-                    return Err(inval("config_hwctx"));
-                }
-                // SAFETY: the caller's parameter of `param_val_size` bytes.
-                let cu = unsafe { *(a.param_val as *const ConfigCu) };
-                if cu.num_cus == 0 || cu.pad != [0; 3] || cu.cu_configs[0].pad != [0; 3] {
-                    return Err(inval("config_cu: count or MBZ"));
-                }
-                let pdi = cu.cu_configs[0].cu_bo;
-                if s.bos.get(&pdi).map(|b| b.ty) != Some(BO_DEV) {
-                    return Err(inval("Invalid BO type"));
-                }
-                let ctx = s.ctxs.get_mut(&a.handle).ok_or_else(|| inval("config_hwctx: no such hwctx"))?;
-                if ctx.cu_pdi.is_some() {
-                    return Err(inval("Not support re-config CU"));
-                }
-                ctx.cu_pdi = Some(pdi);
-            }
+            Ioctl::GetInfo(a) => s.get_info(a),
+            Ioctl::CreateBo(a) => s.create_bo(a),
+            Ioctl::GetBoInfo(a) => s.get_bo_info(a),
+            Ioctl::SyncBo(a) => s.sync_bo(a),
+            Ioctl::CreateHwctx(a) => s.create_hwctx(a),
+            Ioctl::ConfigHwctx(a) => s.config_hwctx(a),
             Ioctl::DestroyHwctx(a) => {
                 s.ctxs.remove(&a.handle).ok_or_else(|| inval("destroy_hwctx: no such hwctx"))?;
+                Ok(())
             }
-            Ioctl::ExecCmd(a) => s.exec(a)?,
-            Ioctl::SyncobjTimelineWait(a) => {
-                // SAFETY: one handle and one point, as `count_handles` says.
-                let (h, p) = unsafe { (*(a.handles as *const u32), *(a.points as *const u64)) };
-                let ok = a.count_handles == 1
-                    && a.timeout_nsec > now
-                    && s.ctxs
-                        .iter()
-                        .any(|(c, ctx)| ctx.syncobj == h && s.submitted.get(c).is_some_and(|v| v.contains(&p)));
-                if !ok {
-                    return Err(Error::new(ErrorKind::TimedOut, "timeline wait: no such point"));
-                }
-            }
-            Ioctl::GemClose(a) => {
-                if s.heap == Some(a.handle) && s.bos.len() > 1 {
-                    return Err(inval("closing the heap under live buffers"));
-                }
-                s.bos.remove(&a.handle).ok_or_else(|| inval("gem_close: no such bo"))?;
-                if s.heap == Some(a.handle) {
-                    s.heap = None;
-                }
-            }
+            Ioctl::ExecCmd(a) => s.exec(a),
+            Ioctl::SyncobjTimelineWait(a) => s.timeline_wait(a, now),
+            Ioctl::GemClose(a) => s.gem_close(a),
         }
-        Ok(())
     }
 
     fn map(&mut self, offset: u64, len: usize) -> std::io::Result<*mut u8> {

@@ -1,5 +1,6 @@
 //! Errors of the host executor. Each names the node, value or weight it concerns.
 
+use super::program::NodeInfo;
 use crate::kernels::KernelError;
 use crate::kvcache::KvError;
 
@@ -32,6 +33,11 @@ pub enum ExecError {
 
 pub(crate) fn node_err(node: &str, op: &str, problem: impl Into<String>) -> ExecError {
     ExecError::Node { node: node.to_string(), op: op.to_string(), problem: problem.into() }
+}
+
+/// The errors of `node`: [`node_err`] with its name and op, for `map_err` and `?`.
+pub(crate) fn node_fail(node: &NodeInfo) -> impl Fn(String) -> ExecError + '_ {
+    move |problem| node_err(&node.name, &node.op, problem)
 }
 
 pub(crate) fn value_err(value: &str, problem: impl Into<String>) -> ExecError {

@@ -9,6 +9,8 @@
 //! | Rope | [`rope`] | rotary embedding, rotate-half and interleaved, full-width cos/sin |
 //! | SwiGlu | [`swiglu`] | Silu(gate) · up |
 //! | embedding | [`embed`] | row gather from f32 and block-quantised tables |
+//! | layout | [`layout`] | Slice, Transpose and Concat of f32 tensors (copies, at most 8 axes) |
+//! | quantisation | [`quantize`] | QuantizeLinear, DequantizeLinear and QuantizeRows of activations |
 //!
 //! Every kernel takes an [`Isa`]: the scalar fallback runs everywhere; the SIMD paths are chosen
 //! at run time from the CPU's features ([`Isa::detect`]) and can be forced (tests force each one).
@@ -18,9 +20,11 @@
 
 pub mod embed;
 pub mod gemm;
+pub mod layout;
 pub mod norm;
 pub mod pool;
 pub mod qgemm;
+pub mod quantize;
 pub mod rope;
 pub mod swiglu;
 pub mod wgemm;

@@ -1,0 +1,154 @@
+//! The values the cache and the step stand for: every Attention node's past and mask inputs and
+//! present outputs (the cache), `input_ids` and `position_ids` (the step), and the logits (the one
+//! graph output the executor returns); and who may read them.
+
+use super::{AttentionShape, Loc, Uses};
+use crate::exec::error::{node_err, value_err, ExecError};
+use crate::exec::program::{ElemType, NodeInfo, Program, ValueDef};
+
+/// Binds every Attention node's past and mask inputs and present outputs to the cache; the
+/// geometry the nodes share, with one layer per node (`None` when there is no Attention node).
+pub(super) fn attention(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<Option<AttentionShape>, ExecError> {
+    let mut attention: Option<AttentionShape> = None;
+    let mut layers = 0;
+    for node in program.nodes.iter().filter(|n| n.op == "npuc::Attention") {
+        let shape = attention_shape(program, node)?;
+        match attention {
+            None => attention = Some(shape),
+            Some(a) if (a.q_heads, a.kv_heads, a.head_dim) == (shape.q_heads, shape.kv_heads, shape.head_dim) => {}
+            Some(_) => {
+                return Err(node_err(&node.name, &node.op, "heads or head size differ from the first Attention node"))
+            }
+        }
+        layers += 1;
+        bind_to_cache(program, uses, node, locs)?;
+    }
+    Ok(attention.map(|a| AttentionShape { layers, ..a }))
+}
+
+/// An Attention node's past and mask inputs (graph inputs) and its present outputs (read by no
+/// node) as [`Loc::Cache`].
+fn bind_to_cache(program: &Program, uses: &Uses, node: &NodeInfo, locs: &mut [Loc]) -> Result<(), ExecError> {
+    let values = &program.values;
+    for slot in 3..6 {
+        if let Some(v) = node.input(slot) {
+            if !matches!(values[v].def, ValueDef::Input) {
+                return Err(node_err(
+                    &node.name,
+                    &node.op,
+                    format!(
+                        "input {slot} (`{}`) must be a graph input: the KV cache holds the past and the mask",
+                        values[v].name
+                    ),
+                ));
+            }
+            locs[v] = Loc::Cache;
+        }
+    }
+    for &v in node.outputs.iter().skip(1) {
+        if let Some(&(n, _)) = uses.consumers[v].first() {
+            let reader = &program.nodes[n];
+            return Err(node_err(
+                &reader.name,
+                &reader.op,
+                format!("reads `{}`, a present key/value the KV cache holds", values[v].name),
+            ));
+        }
+        locs[v] = Loc::Cache;
+    }
+    Ok(())
+}
+
+/// `input_ids` and `position_ids` as the step's; every other graph input must be the cache's or
+/// unread.
+pub(super) fn graph_inputs(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<(), ExecError> {
+    for &v in &program.inputs {
+        let info = &program.values[v];
+        match info.name.as_str() {
+            "input_ids" => locs[v] = Loc::Ids,
+            "position_ids" => locs[v] = Loc::Positions,
+            _ if locs[v] == Loc::Cache => {}
+            _ if uses.consumers[v].is_empty() => {}
+            _ => return Err(value_err(&info.name, "is a graph input the host executor cannot supply (it supplies input_ids, position_ids, and the past and mask of Attention nodes)")),
+        }
+        if matches!(locs[v], Loc::Ids | Loc::Positions) && info.elem != Some(ElemType::I64) {
+            return Err(value_err(&info.name, format!("has dtype {}, expected i64", info.dtype)));
+        }
+    }
+    Ok(())
+}
+
+/// A graph input bound to the cache may only be read by Attention nodes (and Shape, which reads
+/// its shape only).
+pub(super) fn check_cache_readers(program: &Program, uses: &Uses, locs: &[Loc]) -> Result<(), ExecError> {
+    for (v, loc) in locs.iter().enumerate() {
+        if *loc == Loc::Cache {
+            if let Some(&(n, _)) = uses.consumers[v]
+                .iter()
+                .find(|(n, _)| !matches!(program.nodes[*n].op.as_str(), "npuc::Attention" | "ai.onnx::Shape"))
+            {
+                let reader = &program.nodes[n];
+                return Err(node_err(
+                    &reader.name,
+                    &reader.op,
+                    format!("reads `{}`, which the KV cache stands for", program.values[v].name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Folded codes (a weight quantised by the program) are read by QGemm packing only.
+pub(super) fn check_folded_readers(program: &Program, uses: &Uses, locs: &[Loc]) -> Result<(), ExecError> {
+    for (v, loc) in locs.iter().enumerate() {
+        if let Loc::ConstQ(_) = loc {
+            if let Some(&(c, slot)) =
+                uses.consumers[v].iter().find(|&&(c, slot)| !(program.nodes[c].op == "npuc::QGemm" && slot == 3))
+            {
+                let reader = &program.nodes[c];
+                return Err(node_err(&reader.name, &reader.op, format!("input {slot} (`{}`) is a weight quantised by the program; the executor folds those for QGemm weights only", program.values[v].name)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks an Attention node's q [batch, q_heads, seq, head_dim] and k, v [batch, kv_heads, seq,
+/// head_dim] against its attributes.
+fn attention_shape(program: &Program, node: &NodeInfo) -> Result<AttentionShape, ExecError> {
+    let fail = |problem: String| node_err(&node.name, &node.op, problem);
+    let shape_of = |slot: usize| -> Result<Vec<Option<usize>>, ExecError> {
+        let v = node.input(slot).ok_or_else(|| fail(format!("input {slot} is missing")))?;
+        Ok(program.values[v].shape.iter().map(|d| d.as_const()).collect())
+    };
+    let (q, k, v) = (shape_of(0)?, shape_of(1)?, shape_of(2)?);
+    let q_heads = node.attr_i64("q_heads").map(|h| h as usize).or_else(|| q.get(1).copied().flatten());
+    let kv_heads = node.attr_i64("kv_heads").map(|h| h as usize).or_else(|| k.get(1).copied().flatten());
+    let fits = |s: &[Option<usize>], heads: Option<usize>| {
+        s.len() == 4 && s[1].is_some() && s[1] == heads && s[3].is_some() && s[3] == q[3]
+    };
+    match (q_heads, kv_heads) {
+        (Some(qh), Some(kh)) if kh > 0 && qh % kh == 0 && fits(&q, q_heads) && fits(&k, kv_heads) && fits(&v, kv_heads) => {
+            Ok(AttentionShape { layers: 0, q_heads: qh, kv_heads: kh, head_dim: q[3].unwrap_or(0) })
+        }
+        _ => Err(fail(format!("q {q:?}, k {k:?}, v {v:?} are not [batch, heads, seq, head_dim] with fixed heads ({q_heads:?} query, {kv_heads:?} KV) and head size"))),
+    }
+}
+
+pub(super) fn logits_value(program: &Program, locs: &[Loc]) -> Result<usize, ExecError> {
+    let mut candidates = program.outputs.iter().copied().filter(|&v| locs[v] != Loc::Cache);
+    let logits =
+        candidates.next().ok_or_else(|| value_err("logits", "the program has no output besides the KV cache"))?;
+    let info = &program.values[logits];
+    if info.elem != Some(ElemType::F32) || info.shape.last().and_then(|d| d.as_const()).is_none() {
+        return Err(value_err(&info.name, "the logits must be f32 with a fixed vocabulary axis"));
+    }
+    if let Some(extra) = candidates.next() {
+        return Err(value_err(
+            &program.values[extra].name,
+            "is a second graph output; the executor returns the logits only",
+        ));
+    }
+    Ok(logits)
+}

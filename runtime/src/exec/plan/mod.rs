@@ -1,0 +1,449 @@
+//! Loading a program into a plan: where every value lives (a buffer, a weight, a constant, the
+//! step's token ids or positions, a small i64 buffer, or the KV cache), one [`Op`] per node that
+//! computes something, and buffers shared by values whose lifetimes do not overlap. WGemm weights
+//! are read in place when the bundle holds them packed (see `packed.rs`), and packed here from the
+//! MatMulNBits layout otherwise; so are QGemm weight codes (packed here from their `[K, N]` codes
+//! otherwise); i64 weights (shape operands stored as raw bytes) become constants.
+//!
+//! [`Plan::load`] runs the stages in order, each refusing what it cannot place with an error that
+//! names the node or value:
+//!
+//! - `weights`: the packed layouts the bundle holds, then a place for every weight and constant;
+//! - `bind`: Attention nodes, the graph inputs and the logits bound to the cache and the step;
+//! - `lower`: one lowering per op, from a table, in program order (`lower::float`,
+//!   `lower::quantised`, `lower::integer`);
+//! - `buffers`: buffers shared by liveness.
+
+mod bind;
+mod buffers;
+mod lower;
+mod weights;
+
+use std::borrow::Cow;
+
+use crate::bundle::TensorView;
+use crate::kernels::gemm::WeightLayout;
+use crate::kernels::qgemm::QGemmWeights;
+use crate::kernels::swiglu::GateActivation;
+use crate::kernels::wgemm::{MatMulNBits, PackedWGemm, WGemmWeights};
+use crate::kvcache::Scoring;
+
+use super::error::{value_err, ExecError};
+use super::program::{NodeInfo, Program};
+
+/// Where a value's elements are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// A buffer of the executor (f32).
+    Buf(usize),
+    /// A weight of the bundle, as stored.
+    Weight(usize),
+    /// The transpose of a 2-D weight, read in place by MatMul and Gather (never materialised).
+    WeightT(usize),
+    /// The transpose of a 2-D weight the bundle holds only as f32 GEMM panels (index into
+    /// [`Plan::weights`]), read in place by Gather: a tied embedding that is the lm_head's `[K, N]`
+    /// weight transposed.
+    PanelsT(usize),
+    ConstF32(usize),
+    ConstI64(usize),
+    /// A small integer tensor computed at run time (shape and position arithmetic).
+    I64Buf(usize),
+    /// Quantised codes (u8, or i8 stored as their bytes) computed at run time: one buffer per
+    /// value, never shared.
+    QBuf(usize),
+    /// Quantised codes folded from weights at load (QuantizeLinear of a weight); read only by
+    /// the QGemm packing at load.
+    ConstQ(usize),
+    /// The step's token ids (`input_ids`).
+    Ids,
+    /// The step's positions (`position_ids`).
+    Positions,
+    /// Held by the KV cache: past and present keys and values, the attention mask.
+    Cache,
+    /// Computed by no op the executor runs and read by none (e.g. a shape operand).
+    Unused,
+}
+
+/// One node that computes something. Values are program value indices.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Gather {
+        data: usize,
+        ids: usize,
+        out: usize,
+    },
+    /// Rows of a transposed `[K, N]` weight (columns of W), read in place: `table` is the weight
+    /// (`KN`) or its panels (`Panels`) in [`Plan::weights`]; each id gives `k` values.
+    GatherColumns {
+        table: usize,
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        ids: usize,
+        out: usize,
+    },
+    MatMul {
+        a: usize,
+        w: usize,
+        /// The weight's panels in [`Plan::weights`] when the bundle holds it packed.
+        panels: Option<usize>,
+        layout: WeightLayout,
+        k: usize,
+        n: usize,
+        out: usize,
+        last_row_only: bool,
+    },
+    Transpose {
+        x: usize,
+        perm: Vec<usize>,
+        out: usize,
+    },
+    RmsNorm {
+        x: usize,
+        gamma: usize,
+        eps: f32,
+        out: usize,
+    },
+    SkipRmsNorm {
+        x: usize,
+        skip: usize,
+        gamma: usize,
+        bias: Option<usize>,
+        eps: f32,
+        y: usize,
+        sum: Option<usize>,
+    },
+    Rope {
+        x: usize,
+        cos: usize,
+        sin: usize,
+        interleaved: bool,
+        out: usize,
+    },
+    /// A gated MLP product `act(gate) · up` (SwiGlu, GeluGate).
+    Gate {
+        gate: usize,
+        up: usize,
+        act: GateActivation,
+        out: usize,
+    },
+    /// Float `a + b` (or `a · b` with `mul`) where one operand's values repeat over the other's
+    /// rows (a bias `[N]` on a projection's `[.., N]`, the q/k/v biases of Qwen2, Gemma's
+    /// embedding scale) or both have the same size.
+    BinaryF32 {
+        a: usize,
+        b: usize,
+        mul: bool,
+        out: usize,
+    },
+    Attention {
+        q: usize,
+        k: usize,
+        v: usize,
+        layer: usize,
+        scoring: Scoring,
+        out: usize,
+    },
+    /// MatMulNBits: `packed` indexes [`Plan::packed`].
+    WGemm {
+        a: usize,
+        packed: usize,
+        bias: Option<usize>,
+        k: usize,
+        n: usize,
+        out: usize,
+        last_row_only: bool,
+        /// The node asks for int8 activations (`accuracy_level` 4), whatever the executor's
+        /// precision otherwise.
+        int8_activations: bool,
+    },
+    /// GatherBlockQuantized along axis 0: `table` indexes [`Plan::nbits_tables`].
+    GatherNBits {
+        table: usize,
+        ids: usize,
+        out: usize,
+    },
+    /// Slice of an f32 tensor; starts, ends, axes and steps are i64 values.
+    Slice {
+        x: usize,
+        starts: usize,
+        ends: usize,
+        axes: Option<usize>,
+        steps: Option<usize>,
+        out: usize,
+    },
+    /// Concat of f32 tensors.
+    Concat {
+        inputs: Vec<usize>,
+        axis: i64,
+        out: usize,
+    },
+    /// QuantizeLinear of f32 activations with a per-tensor scale and zero point, into codes.
+    Quantize {
+        x: usize,
+        scale: f32,
+        zero_point: i32,
+        signed: bool,
+        out: usize,
+    },
+    /// DequantizeLinear of codes with a per-tensor scale and zero point.
+    Dequantize {
+        x: usize,
+        scale: f32,
+        zero_point: i32,
+        signed: bool,
+        out: usize,
+    },
+    /// `npuc::QuantizeRows`: f32 rows of `k` values into int8 codes (a [`Loc::QBuf`]) and one
+    /// f32 scale per row (max|row|/127, 1 for a row of zeros).
+    QuantizeRows {
+        x: usize,
+        k: usize,
+        codes: usize,
+        scales: usize,
+    },
+    /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
+    /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
+    /// With `a_row_scales`, the activations' scale is that value (one per row) and `a_scale` is
+    /// unused.
+    QGemm {
+        a: usize,
+        a_signed: bool,
+        a_row_scales: Option<usize>,
+        a_scale: f32,
+        a_zero_point: i32,
+        packed: usize,
+        k: usize,
+        n: usize,
+        requant: Option<(f32, i32, bool)>,
+        out: usize,
+    },
+    /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
+    Int {
+        kind: IntKind,
+        inputs: Vec<usize>,
+        out: usize,
+    },
+}
+
+/// The integer ops of shape and position arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntKind {
+    /// `start`/`end` attributes of Shape (end exclusive; `None` = the rank).
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
+    /// Gather along axis 0.
+    Gather,
+    Add,
+    Sub,
+    Mul,
+    Range,
+    /// Concat of rank-1 (or scalar) tensors.
+    Concat,
+}
+
+/// The attention geometry every Attention node of the program shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub layers: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+pub struct Plan<'b> {
+    pub program: Program,
+    pub locs: Vec<Loc>,
+    pub ops: Vec<(usize, Op)>,
+    /// f32 weights read in place (empty for weights of other dtypes; see `views`).
+    pub weights: Vec<&'b [f32]>,
+    /// WGemm weights: read in place, or packed at load from a MatMulNBits layout.
+    pub packed: Vec<WGemmStore<'b>>,
+    /// GatherBlockQuantized tables, read in place (MatMulNBits layout or packed).
+    pub nbits_tables: Vec<NBitsTable<'b>>,
+    /// Number of [`Loc::I64Buf`] buffers.
+    pub i64_buffers: usize,
+    /// QGemm weights: codes read in place, or packed at load.
+    pub qpacked: Vec<QGemmStore<'b>>,
+    /// Number of [`Loc::QBuf`] buffers.
+    pub q_buffers: usize,
+    pub consts_f32: Vec<Vec<f32>>,
+    pub consts_i64: Vec<Vec<i64>>,
+    pub buffers: usize,
+    pub attention: AttentionShape,
+    /// The logits value (the graph output the cache does not hold).
+    pub logits: usize,
+}
+
+/// Where a WGemm node's packed weights are.
+#[derive(Clone, Debug)]
+pub enum WGemmStore<'b> {
+    /// Packed at compile time, read in place from the bundle's map.
+    Mapped(WGemmWeights<'b>),
+    /// Packed at load from the MatMulNBits layout (a copy the executor holds).
+    PackedAtLoad(PackedWGemm),
+}
+
+impl WGemmStore<'_> {
+    pub fn weights(&self) -> WGemmWeights<'_> {
+        match self {
+            WGemmStore::Mapped(w) => *w,
+            WGemmStore::PackedAtLoad(p) => p.weights(),
+        }
+    }
+}
+
+/// A QGemm node's packed weights: codes and column sums read in place from the bundle's map
+/// (packed at compile time) or packed at load, and the per-column zero points and scales of the
+/// node.
+#[derive(Clone, Debug)]
+pub struct QGemmStore<'b> {
+    k: usize,
+    n: usize,
+    codes: Cow<'b, [i8]>,
+    col_sums: Cow<'b, [i32]>,
+    zero_points: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl<'b> QGemmStore<'b> {
+    /// Checks the parts' lengths once, so that [`QGemmStore::weights`] cannot fail.
+    fn new(
+        k: usize,
+        n: usize,
+        codes: Cow<'b, [i8]>,
+        col_sums: Cow<'b, [i32]>,
+        (zero_points, scales): (Vec<i32>, Vec<f32>),
+    ) -> Result<QGemmStore<'b>, String> {
+        QGemmWeights::from_parts(k, n, &codes, &col_sums, &zero_points, &scales).map_err(|e| e.to_string())?;
+        Ok(QGemmStore { k, n, codes, col_sums, zero_points, scales })
+    }
+    pub fn weights(&self) -> QGemmWeights<'_> {
+        QGemmWeights::from_parts(self.k, self.n, &self.codes, &self.col_sums, &self.zero_points, &self.scales)
+            .expect("lengths checked when the store was made")
+    }
+    /// Bytes of codes and column sums the executor packed at load (0 when read in place).
+    pub fn bytes_packed_at_load(&self) -> usize {
+        match (&self.codes, &self.col_sums) {
+            (Cow::Owned(c), Cow::Owned(s)) => c.len() + 4 * s.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// A GatherBlockQuantized table.
+#[derive(Clone, Copy, Debug)]
+pub enum NBitsTable<'b> {
+    /// MatMulNBits layout.
+    Source(MatMulNBits<'b>),
+    /// The packed form of a tied lm_head's weights (row t = output column t).
+    Packed(WGemmWeights<'b>),
+}
+
+impl NBitsTable<'_> {
+    pub fn rows(&self) -> usize {
+        match self {
+            NBitsTable::Source(t) => t.n,
+            NBitsTable::Packed(w) => w.n(),
+        }
+    }
+    pub fn width(&self) -> usize {
+        match self {
+            NBitsTable::Source(t) => t.k,
+            NBitsTable::Packed(w) => w.k(),
+        }
+    }
+}
+
+/// Ops whose output is their first input, unchanged (no copy).
+const ALIAS_OPS: [&str; 5] =
+    ["ai.onnx::Reshape", "ai.onnx::Unsqueeze", "ai.onnx::Squeeze", "ai.onnx::Flatten", "ai.onnx::Identity"];
+
+/// Who reads and who writes each value: the (node, input slot) pairs reading it and the node
+/// computing it.
+struct Uses {
+    consumers: Vec<Vec<(usize, usize)>>,
+    producer: Vec<Option<usize>>,
+}
+
+impl Uses {
+    fn of(program: &Program) -> Uses {
+        let mut consumers: Vec<Vec<(usize, usize)>> = vec![Vec::new(); program.values.len()];
+        let mut producer: Vec<Option<usize>> = vec![None; program.values.len()];
+        for (n, node) in program.nodes.iter().enumerate() {
+            for (slot, input) in node.inputs.iter().enumerate() {
+                if let Some(v) = input {
+                    consumers[*v].push((n, slot));
+                }
+            }
+            for &o in &node.outputs {
+                producer[o] = Some(n);
+            }
+        }
+        Uses { consumers, producer }
+    }
+}
+
+impl<'b> Plan<'b> {
+    /// Builds the plan of `program`, looking weights up with `weight`. Refuses, naming the node or
+    /// value: ops the executor does not run, MatMuls whose right operand is not a (transposed)
+    /// weight, Attention inputs the cache cannot stand for, graph inputs it cannot supply,
+    /// non-f32 weights.
+    pub fn load(program: Program, weight: impl Fn(&str) -> Option<TensorView<'b>>) -> Result<Plan<'b>, ExecError> {
+        // Ops first: an op the executor lacks is the first thing to say about a program.
+        if let Some(node) = program.nodes.iter().find(|n| lower::lowering(&n.op).is_none()) {
+            return Err(ExecError::UnsupportedOp { node: node.name.clone(), op: node.op.clone() });
+        }
+        let uses = Uses::of(&program);
+        let layouts = weights::Layouts::find(&program, &weight)?;
+        let mut stored = weights::place(&program, &uses, &weight, &layouts.sources)?;
+        let attention = bind::attention(&program, &uses, &mut stored.locs)?;
+        bind::graph_inputs(&program, &uses, &mut stored.locs)?;
+        bind::check_cache_readers(&program, &uses, &stored.locs)?;
+        let logits = bind::logits_value(&program, &stored.locs)?;
+        let context =
+            lower::Context { program: &program, weight: &weight, uses: &uses, layouts: &layouts, attention, logits };
+        let mut lowered = lower::lower_nodes(context, stored)?;
+        bind::check_folded_readers(&program, &uses, &lowered.locs)?;
+        let attention = attention.ok_or_else(|| {
+            value_err(
+                &program.values[logits].name,
+                "the program has no Attention node; the executor runs decoders over a KV cache",
+            )
+        })?;
+        let buffers = buffers::assign_buffers(&program, &mut lowered.locs, lowered.roots, logits);
+        Ok(Plan {
+            program,
+            locs: lowered.locs,
+            ops: lowered.ops,
+            weights: lowered.weights,
+            packed: lowered.packed,
+            nbits_tables: lowered.nbits_tables,
+            i64_buffers: lowered.i64_buffers,
+            qpacked: lowered.qpacked,
+            q_buffers: lowered.q_buffers,
+            consts_f32: lowered.consts_f32,
+            consts_i64: lowered.consts_i64,
+            buffers,
+            attention,
+            logits,
+        })
+    }
+
+    /// Op `index` and the node it runs.
+    pub fn node_op(&self, index: usize) -> (&NodeInfo, &Op) {
+        let (node, op) = &self.ops[index];
+        (&self.program.nodes[*node], op)
+    }
+}
+
+/// Whether codes of `dtype` are signed (`i8`) or not (`u8`); `None` for other types.
+fn code_signedness(dtype: &str) -> Option<bool> {
+    match dtype {
+        "u8" => Some(false),
+        "i8" => Some(true),
+        _ => None,
+    }
+}

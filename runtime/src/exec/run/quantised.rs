@@ -1,0 +1,198 @@
+//! The quantised ops of a step: the weight-only 4-bit ops (WGemm, GatherBlockQuantized), whose
+//! f32 output [`Executor::run_op`] has taken out of the buffer list, and the A8W8 ops
+//! (QuantizeLinear, QuantizeRows, DequantizeLinear, QGemm), which read and write code buffers
+//! themselves. A QGemm's products come from the [`GemmOffload`](crate::exec::GemmOffload) when it
+//! takes the call, and the kernels' own epilogue applies to them.
+
+use super::{as_i8, as_i8_mut, numel, row_ids, View};
+use crate::exec::error::{node_fail, ExecError};
+use crate::exec::plan::{Loc, NBitsTable, Op};
+use crate::exec::Executor;
+use crate::kernels::qgemm::{self, AScale, QActivations, QOutput};
+use crate::kernels::wgemm::{self, WGemmPrecision};
+use crate::kernels::{embed, quantize};
+
+/// The code buffer of value `v`.
+fn qbuf(locs: &[Loc], v: usize) -> usize {
+    match locs[v] {
+        Loc::QBuf(b) => b,
+        other => unreachable!("codes at {other:?} (checked at load)"),
+    }
+}
+
+/// Codes as the QGemm kernels take them.
+fn activations(codes: &[u8], signed: bool) -> QActivations<'_> {
+    if signed {
+        QActivations::I8(as_i8(codes))
+    } else {
+        QActivations::U8(codes)
+    }
+}
+
+impl Executor<'_> {
+    pub(super) fn run_wgemm(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let (node, op) = self.plan.node_op(index);
+        let Op::WGemm { a, packed, bias, k, n, last_row_only, int8_activations, .. } = op else {
+            unreachable!("a WGemm")
+        };
+        let fail = node_fail(node);
+        let view = view!(self);
+        let weights = self.plan.packed[*packed].weights();
+        let mut x = view.f32(*a);
+        if !x.len().is_multiple_of(*k) {
+            return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
+        }
+        let mut m = x.len() / k;
+        if *last_row_only && m > 1 {
+            x = &x[(m - 1) * k..];
+            m = 1;
+        }
+        let b = bias.map(|b| view.f32(b));
+        if b.is_some_and(|b| b.len() != *n) {
+            return Err(fail(format!("the bias is not {n} values")));
+        }
+        let precision = if *int8_activations { WGemmPrecision::Int8Activations } else { self.wgemm_precision };
+        wgemm::wgemm(self.isa, &self.pool, &weights, x, m, b, &mut y[..m * n], precision, &mut self.wgemm_scratch);
+        Ok(())
+    }
+
+    pub(super) fn run_gather_nbits(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let (node, op) = self.plan.node_op(index);
+        let Op::GatherNBits { table, ids, out } = op else { unreachable!("a GatherNBits") };
+        let fail = node_fail(node);
+        let view = view!(self);
+        let table = &self.plan.nbits_tables[*table];
+        let (rows, width) = (table.rows(), table.width());
+        row_ids(view.i64(*ids), rows, &mut self.gather_ids).map_err(&fail)?;
+        let n = numel(&self.shapes[*out]);
+        if n != self.gather_ids.len() * width {
+            return Err(fail(format!("{} ids of {width} values do not fill {n}", self.gather_ids.len())));
+        }
+        match table {
+            NBitsTable::Source(t) => embed::embed_nbits(t, &self.gather_ids, &mut y[..n])?,
+            NBitsTable::Packed(w) => embed::embed_packed(w, &self.gather_ids, &mut y[..n])?,
+        }
+        Ok(())
+    }
+
+    /// Runs QuantizeLinear, QuantizeRows, DequantizeLinear and QGemm: codes in
+    /// [`Executor::qbufs`].
+    pub(super) fn run_quantised(&mut self, index: usize) -> Result<(), ExecError> {
+        match &self.plan.ops[index].1 {
+            Op::Quantize { .. } => self.run_quantize(index),
+            Op::QuantizeRows { .. } => self.run_quantize_rows(index),
+            Op::Dequantize { .. } => self.run_dequantize(index),
+            Op::QGemm { .. } => self.run_qgemm(index),
+            _ => unreachable!("quantised ops only"),
+        }
+    }
+
+    fn run_quantize(&mut self, index: usize) -> Result<(), ExecError> {
+        let Op::Quantize { x, scale, zero_point, signed, out } = self.plan.node_op(index).1 else {
+            unreachable!("a Quantize")
+        };
+        let b = qbuf(&self.plan.locs, *out);
+        let mut y = std::mem::take(&mut self.qbufs[b]);
+        let input = view!(self).f32(*x);
+        quantize::quantize_linear(input, *scale, *zero_point, *signed, &mut y[..input.len()]);
+        self.qbufs[b] = y;
+        Ok(())
+    }
+
+    fn run_quantize_rows(&mut self, index: usize) -> Result<(), ExecError> {
+        let Op::QuantizeRows { x, k, codes, scales } = self.plan.node_op(index).1 else {
+            unreachable!("a QuantizeRows")
+        };
+        let b = qbuf(&self.plan.locs, *codes);
+        let mut y = std::mem::take(&mut self.qbufs[b]);
+        let Loc::Buf(sb) = self.plan.locs[*scales] else { unreachable!("scales live in buffers") };
+        let mut row_scales = std::mem::take(&mut self.bufs[sb]);
+        let input = view!(self).f32(*x);
+        quantize::quantize_rows(input, *k, &mut y, &mut row_scales);
+        self.bufs[sb] = row_scales;
+        self.qbufs[b] = y;
+        Ok(())
+    }
+
+    fn run_dequantize(&mut self, index: usize) -> Result<(), ExecError> {
+        let Op::Dequantize { x, scale, zero_point, signed, out } = self.plan.node_op(index).1 else {
+            unreachable!("a Dequantize")
+        };
+        let codes = &self.qbufs[qbuf(&self.plan.locs, *x)][..numel(&self.shapes[*x])];
+        let Loc::Buf(b) = self.plan.locs[*out] else { unreachable!("outputs live in buffers") };
+        quantize::dequantize_linear(codes, *scale, *zero_point, *signed, &mut self.bufs[b][..codes.len()]);
+        Ok(())
+    }
+
+    /// QGemm: the products from the offload when it takes the call, else the kernel; the
+    /// output requantised into codes or f32.
+    fn run_qgemm(&mut self, index: usize) -> Result<(), ExecError> {
+        let (node, op) = self.plan.node_op(index);
+        let Op::QGemm { a, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n, requant, out } = op else {
+            unreachable!("a QGemm")
+        };
+        let fail = node_fail(node);
+        let locs = &self.plan.locs;
+        let (k, n) = (*k, *n);
+        let codes_len = numel(&self.shapes[*a]);
+        if !codes_len.is_multiple_of(k) {
+            return Err(fail(format!("the activation holds {codes_len} codes, not rows of {k}")));
+        }
+        let m = codes_len / k;
+        let weights = self.plan.qpacked[*packed].weights();
+        // Per-row scales are read from their buffer, taken out while the output is written.
+        let rows = a_row_scales.map(|v| {
+            let Loc::Buf(b) = locs[v] else { unreachable!("scales live in buffers") };
+            (b, std::mem::take(&mut self.bufs[b]))
+        });
+        let a_sc = match &rows {
+            Some((_, r)) => AScale::Rows(&r[..m]),
+            None => AScale::Tensor(*a_scale),
+        };
+        let a_codes = qbuf(locs, *a);
+        let products = match self.offload.as_mut() {
+            Some(off) => {
+                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
+                off.products(&node.name, acts, m, weights).map_err(&fail)?
+            }
+            None => None,
+        };
+        self.offloaded_calls += u64::from(products.is_some());
+        // The kernel, or its epilogue on the offload's products.
+        let (isa, pool, scratch) = (self.isa, &self.pool, &mut self.qgemm_scratch);
+        let a_zero = *a_zero_point;
+        let mut gemm = |acts: QActivations, dst: QOutput| match &products {
+            Some(p) => qgemm::qgemm_from_products(weights, acts, m, a_sc, a_zero, p, dst),
+            None => {
+                qgemm::qgemm_scaled(isa, pool, weights, acts, m, a_sc, a_zero, dst, scratch);
+                Ok(())
+            }
+        };
+        let result = match requant {
+            Some((scale, zero_point, signed)) => {
+                let b = qbuf(locs, *out);
+                let mut y = std::mem::take(&mut self.qbufs[b]);
+                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
+                let (scale, zero_point) = (*scale, *zero_point);
+                let dst = if *signed {
+                    QOutput::I8 { y: as_i8_mut(&mut y[..m * n]), scale, zero_point }
+                } else {
+                    QOutput::U8 { y: &mut y[..m * n], scale, zero_point }
+                };
+                let r = gemm(acts, dst);
+                self.qbufs[b] = y;
+                r
+            }
+            None => {
+                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
+                let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
+                gemm(acts, QOutput::F32(&mut self.bufs[b][..m * n]))
+            }
+        };
+        if let Some((b, r)) = rows {
+            self.bufs[b] = r;
+        }
+        result.map_err(|e| fail(e.to_string()))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The sequence API: the sequences of the executor's KV pool (the default one, new ones, forks
+//! sharing a prefix's pages) and [`Executor::step`], which runs tokens of one sequence and
+//! returns the logits of the last.
+
+use super::error::ExecError;
+use super::plan::{Loc, Op};
+use super::program::StepDims;
+use super::run::numel;
+use super::Executor;
+use crate::kvcache::{KvError, SeqId};
+
+impl Executor<'_> {
+    /// Tokens the default sequence holds.
+    pub fn position(&self) -> usize {
+        self.held_by(self.seq).unwrap_or(0)
+    }
+
+    /// Tokens `seq` holds.
+    pub fn sequence_position(&self, seq: SeqId) -> Result<usize, ExecError> {
+        self.held_by(seq).ok_or(ExecError::Kv(KvError::UnknownSequence { seq }))
+    }
+
+    fn held_by(&self, seq: SeqId) -> Option<usize> {
+        self.held.iter().find(|(s, _)| *s == seq).map(|&(_, n)| n)
+    }
+
+    /// The sequence [`Executor::step`] runs.
+    pub fn default_sequence(&self) -> SeqId {
+        self.seq
+    }
+
+    /// A new empty sequence in the same KV pool.
+    pub fn new_sequence(&mut self) -> SeqId {
+        let seq = self.cache.create_sequence();
+        self.held.push((seq, 0));
+        seq
+    }
+
+    /// A new sequence holding the first `tokens` tokens of `parent` by sharing its pages (no
+    /// copy; a page written later while still shared is copied then, see [`KvCache`]).
+    pub fn fork_sequence(&mut self, parent: SeqId, tokens: usize) -> Result<SeqId, ExecError> {
+        let held = self.sequence_position(parent)?;
+        if tokens > held {
+            return Err(ExecError::Kv(KvError::PrefixBeyondHeld {
+                seq: parent,
+                layer: 0,
+                rows: tokens,
+                held_rows: held,
+            }));
+        }
+        let seq = self.cache.fork_prefix(parent, tokens)?;
+        self.held.push((seq, tokens));
+        Ok(seq)
+    }
+
+    /// Drops a sequence other than the default one, returning the pages only it held.
+    pub fn drop_sequence(&mut self, seq: SeqId) -> Result<(), ExecError> {
+        if seq == self.seq {
+            return self.reset();
+        }
+        self.cache.drop_sequence(seq)?;
+        self.held.retain(|(s, _)| *s != seq);
+        Ok(())
+    }
+
+    /// Forgets the sequence: the cache is emptied and the next step is at position 0. Also the
+    /// way to go on after a step that failed.
+    pub fn reset(&mut self) -> Result<(), ExecError> {
+        self.cache.drop_sequence(self.seq)?;
+        self.held.retain(|(s, _)| *s != self.seq);
+        self.seq = self.cache.create_sequence();
+        self.held.push((self.seq, 0));
+        Ok(())
+    }
+
+    /// Runs `tokens` at the next positions and returns the logits of the last one. A failed step
+    /// may leave part of the cache written: [`Executor::reset`] before going on.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.step_sequence(self.seq, tokens)
+    }
+
+    /// [`Executor::step`] for sequence `seq`. A failed step may leave part of that sequence's
+    /// cache written (drop it, or reset the default one); other sequences are untouched.
+    pub fn step_sequence(&mut self, seq: SeqId, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        let held_index =
+            self.held.iter().position(|(s, _)| *s == seq).ok_or(ExecError::Kv(KvError::UnknownSequence { seq }))?;
+        let position = self.held[held_index].1;
+        if tokens.is_empty() {
+            return Err(ExecError::EmptyStep);
+        }
+        if position + tokens.len() > self.max_context {
+            return Err(ExecError::ContextFull { tokens: tokens.len(), position, max_context: self.max_context });
+        }
+        let dims = StepDims { seq: tokens.len(), past: position };
+        self.current = seq;
+        self.ids.clear();
+        self.ids.extend(tokens.iter().map(|&t| i64::from(t)));
+        self.positions.clear();
+        self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
+        self.prepare(dims);
+        for i in 0..self.plan.ops.len() {
+            self.run_op(i)?;
+        }
+        self.held[held_index].1 += tokens.len();
+        let logits = self.plan.logits;
+        let width = self.vocab();
+        let Loc::Buf(b) = self.plan.locs[logits] else { unreachable!("the logits are computed into a buffer") };
+        let rows_held = if self.last_row_only(logits) { 1 } else { numel(&self.shapes[logits]) / width };
+        Ok(&self.bufs[b][(rows_held - 1) * width..rows_held * width])
+    }
+
+    fn last_row_only(&self, v: usize) -> bool {
+        self.plan.ops.iter().any(|(_, op)| {
+            matches!(op, Op::MatMul { out, last_row_only: true, .. } | Op::WGemm { out, last_row_only: true, .. } if *out == v)
+        })
+    }
+}

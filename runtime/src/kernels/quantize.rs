@@ -1,0 +1,43 @@
+//! Quantisation of f32 activations and back, exactly as the reference evaluator computes it:
+//! ONNX QuantizeLinear and DequantizeLinear with one scale and zero point per tensor, and
+//! `npuc::QuantizeRows` (int8 codes with one scale per row). Codes are bytes: u8 codes as they
+//! are, i8 codes as their bits.
+
+/// QuantizeLinear of one value: `saturate(round_half_even(x / scale) + zero_point)`, the
+/// division in f32, as the reference evaluator does; the code's bits as a byte.
+pub fn quantize(x: f32, scale: f32, zero_point: i32, signed: bool) -> u8 {
+    let q = x / scale;
+    let r = if q.is_nan() { 0.0 } else { q.round_ties_even() };
+    let (lo, hi) = if signed { (-128.0, 127.0) } else { (0.0, 255.0) };
+    let v = (f64::from(r) + f64::from(zero_point)).clamp(lo, hi) as i32;
+    v as u8
+}
+
+/// [`quantize`] of every value of `x` into `codes` (as many as both hold).
+pub fn quantize_linear(x: &[f32], scale: f32, zero_point: i32, signed: bool, codes: &mut [u8]) {
+    for (d, &v) in codes.iter_mut().zip(x) {
+        *d = quantize(v, scale, zero_point, signed);
+    }
+}
+
+/// DequantizeLinear: `(code − zero_point) · scale` for every code into `y` (as many as both hold).
+pub fn dequantize_linear(codes: &[u8], scale: f32, zero_point: i32, signed: bool, y: &mut [f32]) {
+    for (d, &c) in y.iter_mut().zip(codes) {
+        let q = if signed { i32::from(c as i8) } else { i32::from(c) };
+        *d = q.wrapping_sub(zero_point) as f32 * scale;
+    }
+}
+
+/// `npuc::QuantizeRows`: each row of `k` values of `x` into int8 codes (their bits in `codes`)
+/// and one scale in `scales`, max|row|/127 (1 when that maximum is 0 or infinite), as
+/// `ir::fused::quantize_rows` computes them: in f32, ties to even, within ±127. Rows are taken as
+/// long as `codes` and `scales` have room.
+pub fn quantize_rows(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32]) {
+    for ((row, out), s) in x.chunks(k).zip(codes.chunks_mut(k)).zip(scales.iter_mut()) {
+        let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        *s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+        }
+    }
+}
