@@ -71,10 +71,10 @@
 //! ONNX Runtime's on the same file with exactly those pairs bypassed (the corpus's contract for
 //! QDQ files, `tests/corpus.rs`).
 
-use crate::cond::{int_values, scalar_value, union_all, var};
-use crate::rope::{
-    add_typed, cache_rows, dim_value, full_width, heads_view, i64_scalar, i64s, matched_attrs, onnx, reshape, rope,
-    transpose, type_of,
+use crate::cond::var;
+use crate::egraph_ops::{
+    add_typed, attrs, cache_rows, dim_value, dims, full_width, heads_view, i64_scalar, i64s, int_attr, is_absent,
+    is_int, node_attrs, node_of, onnx, reshape, rope, scalar_value, transpose, type_of, union_all,
 };
 use crate::Rewrite;
 use egg::{rewrite as rw, Applier, ENodeOrVar, Id, Language, Pattern, PatternAst, Subst, Symbol};
@@ -198,12 +198,15 @@ struct AttentionInputs {
 fn add_attention(egraph: &mut EGraph, a: &AttentionInputs) -> [Id; 3] {
     let absent = egraph.add(ENode::leaf(Head::Absent));
     let opt = |x: Option<Id>| x.unwrap_or(absent);
-    let mut attrs =
+    let mut pairs =
         vec![("q_heads", Attr::Int(a.q_heads)), ("kv_heads", Attr::Int(a.kv_heads)), ("scale", Attr::Float(a.scale))];
-    attrs.extend(a.window.map(|w| ("window", Attr::Int(w as i64))));
-    let attrs = crate::rope::attrs(&attrs);
-    let node =
-        ENode::op(Domain::Npuc, "Attention", attrs, vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)]);
+    pairs.extend(a.window.map(|w| ("window", Attr::Int(w as i64))));
+    let node = ENode::op(
+        Domain::Npuc,
+        "Attention",
+        attrs(&pairs),
+        vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)],
+    );
     let tuple = egraph.add(node);
     [0, 1, 2].map(|i| egraph.add(ENode { head: Head::Proj(i), children: vec![tuple] }))
 }
@@ -220,32 +223,9 @@ fn outputs_of(egraph: &EGraph, tuple: Id, mine: [Id; 3]) -> Vec<(Id, Id)> {
         .collect()
 }
 
-/// The first node of `domain::op` in `class`.
-fn node_of<'a>(egraph: &'a EGraph, class: Id, domain: Domain, op: &str) -> Option<&'a ENode> {
-    egraph[class]
-        .nodes
-        .iter()
-        .find(|n| matches!(&n.head, Head::Op { domain: d, op: o, .. } if *d == domain && *o == op))
-}
-
-/// The attribute `name` of a node as an int.
-fn int_attr(node: &ENode, name: &str) -> Option<i64> {
-    node.head.attrs().and_then(|a| a.int(name).ok().flatten())
-}
-
-/// The dims of a class's type.
-fn dims(egraph: &EGraph, id: Id) -> Option<Vec<Dim>> {
-    type_of(egraph, id).map(|t| t.shape)
-}
-
 /// A known dim's value.
 fn known(d: &Dim) -> Option<i64> {
     d.as_known()
-}
-
-/// The int64 constant `[v]` or `v`.
-fn is_int(egraph: &EGraph, id: Id, want: &[i64]) -> bool {
-    int_values(egraph, id).as_deref() == Some(want)
 }
 
 /// True when the class is a one-element constant at or below −1e30: a masked score (float32 min
@@ -681,11 +661,6 @@ fn attr_float(attrs: &Attrs, name: &str) -> Fold<Option<f32>> {
     attrs.float(name).map_err(|e| e.to_string().into())
 }
 
-/// True when `id` is the absent-input leaf.
-fn is_absent(egraph: &EGraph, id: Id) -> bool {
-    egraph[id].nodes.iter().any(|n| matches!(n.head, Head::Absent))
-}
-
 /// `x` [B, S, H·D] as BNSH [B, H, S, D].
 fn to_bnsh(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Fold<Id> {
     let view = heads_view(egraph, x, heads, head).ok_or_else(no_match)?;
@@ -750,7 +725,7 @@ impl FoldGqa {
         ];
         let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
         let attrs =
-            matched_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
+            node_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
         let (q, k, v, pk, pv, seqlens) = (children[0], children[1], children[2], children[3], children[4], children[5]);
         let rotary = (children.len() >= 9).then(|| (children[7], children[8]));
         // position_ids only steer the rotation; a bias or sink changes the softmax.
@@ -922,7 +897,7 @@ impl FoldOnnx {
     fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
         let names = ["?q", "?k", "?v", "?mask", "?pk", "?pv"];
         let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
-        let attrs = matched_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
+        let attrs = node_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
         let (q, mut k, mut v, mask) = (children[0], children[1], children[2], children[3]);
         let mut past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
             .then(|| (children[4], children[5]));

@@ -41,7 +41,8 @@
 //! No rule declines: the row-scaled form is never worse than the one it replaces, and a rule
 //! whose activation is not a float tensor of rank ≥ 1 does not match.
 
-use crate::cond::{dtype, rank, var};
+use crate::cond::var;
+use crate::egraph_ops::{dtype, is_absent, nodes_with_children, rank, union};
 use crate::Rewrite;
 use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head, NpuAnalysis};
@@ -78,20 +79,10 @@ pub fn is_float_rows(x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
 
 // ---- queries ----
 
-fn is_absent(egraph: &EGraph, id: Id) -> bool {
-    egraph[id].nodes.iter().any(|n| n.head == Head::Absent)
-}
-
 /// The attributes of every npuc `op` node of `class` whose children are `children`.
 fn attrs_of(egraph: &EGraph, class: Id, op: &str, children: &[Id]) -> Vec<Attrs> {
-    egraph[class]
-        .nodes
-        .iter()
-        .filter(|n| {
-            matches!(&n.head, Head::Op { domain: Domain::Npuc, op: o, .. } if *o == op)
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(&c, &w)| egraph.find(c) == w)
-        })
+    nodes_with_children(egraph, class, op, children)
+        .filter(|n| matches!(n.head, Head::Op { domain: Domain::Npuc, .. }))
         .filter_map(|n| n.head.attrs().cloned())
         .collect()
 }
@@ -142,7 +133,7 @@ impl Applier<ENode, NpuAnalysis> for RowScaled {
             if let Some(bias) = bias {
                 scaled = egraph.add(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![scaled, bias]));
             }
-            changed.extend(crate::cond::union(egraph, eclass, scaled, rule));
+            changed.extend(union(egraph, eclass, scaled, rule));
         }
         changed
     }

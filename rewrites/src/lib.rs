@@ -14,6 +14,7 @@
 pub mod attention;
 pub mod causal_mask;
 pub mod cond;
+pub mod egraph_ops;
 pub mod fp16_rescale;
 pub mod gelu_gate;
 pub mod qdq;

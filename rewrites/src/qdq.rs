@@ -34,10 +34,11 @@
 //! activation scales; codes that are not 8-bit; scales that are not f32; output QuantizeLinear
 //! with a per-channel scale.
 
-use crate::cond::{dtype, is_compile_time_expr, union, var};
+use crate::cond::var;
+use crate::egraph_ops::{add_const, dtype, is_compile_time_expr, known_shape, node_attrs, union};
 use crate::Rewrite;
 use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head};
+use ir::egraph::{EGraph, ENode};
 use ir::{Attrs, DType, Domain, Tensor};
 
 /// The family's rules.
@@ -78,31 +79,10 @@ pub fn rules() -> Vec<Rewrite> {
     ]
 }
 
-/// Known shape of a class's value.
-pub(crate) fn known_shape(egraph: &EGraph, id: Id) -> Option<Vec<usize>> {
-    egraph[id].data.ty()?.shape.iter().map(|d| d.as_known().and_then(|k| usize::try_from(k).ok())).collect()
-}
-
-/// Attributes of a `domain::op` node of `class` whose children are `children`.
-pub(crate) fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
-    egraph[class].nodes.iter().find_map(|n| match &n.head {
-        Head::Op { domain: d, op: o, attrs }
-            if *d == domain
-                && *o == op
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(&x, &y)| egraph.find(x) == egraph.find(y)) =>
-        {
-            Some((*attrs.attrs).clone())
-        }
-        _ => None,
-    })
-}
-
 /// A zero constant of `dtype` and `shape`, added to the e-graph.
 fn zeros(egraph: &mut EGraph, dtype: DType, shape: Vec<usize>) -> Id {
     let n = shape.iter().product();
-    let c = egraph.analysis.intern(Tensor::from_i64(dtype, shape, vec![0; n]));
-    egraph.add(ENode::leaf(Head::Const(c)))
+    add_const(egraph, Tensor::from_i64(dtype, shape, vec![0; n]))
 }
 
 /// One matched QDQ product: the operands of both DequantizeLinear nodes and their attributes.

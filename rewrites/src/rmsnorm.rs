@@ -44,7 +44,10 @@
 //! inv_std_var output used; SkipSimplifiedLayerNormalization with output 1 or 2 used; a residual
 //! Add whose addends differ in type or are not 2-D/3-D (SkipRmsNorm's input ranks).
 
-use crate::cond::{self, union, var};
+use crate::cond::{self, var};
+use crate::egraph_ops::{
+    add_const, attrs, constant, int_values, is_op, nodes_with_children, rank, scalar_value, union,
+};
 use crate::Rewrite;
 use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head, TypeInfo};
@@ -104,19 +107,15 @@ pub fn is_square(sq: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
 
 /// The class is a constant whose elements are all 1.
 fn is_unit(egraph: &EGraph, id: Id) -> bool {
-    cond::constant(egraph, id).is_some_and(|t| t.numel() > 0 && t.to_f64_vec().iter().all(|&x| x == 1.0))
-}
-
-fn op_is(n: &ENode, domain: Domain, name: &str) -> bool {
-    matches!(&n.head, Head::Op { domain: d, op, .. } if *d == domain && *op == name)
+    constant(egraph, id).is_some_and(|t| t.numel() > 0 && t.to_f64_vec().iter().all(|&x| x == 1.0))
 }
 
 /// The y of a node `Mul(y, y)` or `Pow(y, 2)`.
 fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
     let base = *n.children.first()?;
     let second = *n.children.get(1)?;
-    let is_square = (op_is(n, Domain::Onnx, "Mul") && egraph.find(base) == egraph.find(second))
-        || (op_is(n, Domain::Onnx, "Pow") && cond::scalar_value(egraph, second) == Some(2.0));
+    let is_square = (is_op(n, Domain::Onnx, "Mul") && egraph.find(base) == egraph.find(second))
+        || (is_op(n, Domain::Onnx, "Pow") && scalar_value(egraph, second) == Some(2.0));
     is_square.then(|| egraph.find(base))
 }
 
@@ -124,14 +123,14 @@ fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
 /// does but not over the last axis alone with keepdims=1.
 fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(), String>> {
     let x = egraph.find(x);
-    let rank = cond::rank(egraph, x)? as i64;
+    let rank = rank(egraph, x)? as i64;
     let mean = egraph[ms].nodes.iter().find(|n| {
-        op_is(n, Domain::Onnx, "ReduceMean")
+        is_op(n, Domain::Onnx, "ReduceMean")
             && egraph[n.children[0]].nodes.iter().any(|s| square_base(egraph, s) == Some(x))
     })?;
     let attrs = mean.head.attrs()?;
     let axes: Option<Vec<i64>> = match mean.children.get(1) {
-        Some(&a) => cond::int_values(egraph, a),
+        Some(&a) => int_values(egraph, a),
         None => attrs.ints("axes").ok().flatten().map(<[i64]>::to_vec),
     };
     if attrs.int_or("keepdims", 1).ok() != Some(1) {
@@ -149,26 +148,16 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
     }
 }
 
-/// The first node of class `class` that is op `name` (any domain) with exactly these children.
-fn node_in<'a>(egraph: &'a EGraph, class: Id, name: &str, children: &[Id]) -> Option<&'a ENode> {
-    let want: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
-    egraph[class].nodes.iter().find(|n| {
-        n.head.op() == Some(name)
-            && n.children.len() == want.len()
-            && n.children.iter().zip(&want).all(|(&c, &w)| egraph.find(c) == w)
-    })
-}
-
 /// The epsilon of the `RmsNorm(x, g)` node of class `class`.
 fn rms_norm_epsilon(egraph: &EGraph, class: Id, x: Id, g: Id) -> Option<f32> {
-    node_in(egraph, class, "RmsNorm", &[x, g])?.head.attrs()?.float("epsilon").ok().flatten()
+    nodes_with_children(egraph, class, "RmsNorm", &[x, g]).next()?.head.attrs()?.float("epsilon").ok().flatten()
 }
 
 /// The epsilon of the `RmsNorm(x, unit)` that a `Mul` of class `product` multiplies by `g`, on
 /// either side.
 fn scaled_rms_norm_epsilon(egraph: &EGraph, product: Id, x: Id, unit: Id, g: Id) -> Option<f32> {
     let g = egraph.find(g);
-    egraph[product].nodes.iter().filter(|n| op_is(n, Domain::Onnx, "Mul") && n.children.len() == 2).find_map(|n| {
+    egraph[product].nodes.iter().filter(|n| is_op(n, Domain::Onnx, "Mul") && n.children.len() == 2).find_map(|n| {
         let (c0, c1) = (egraph.find(n.children[0]), egraph.find(n.children[1]));
         let right = (c1 == g).then(|| rms_norm_epsilon(egraph, c0, x, unit)).flatten();
         right.or_else(|| (c0 == g).then(|| rms_norm_epsilon(egraph, c1, x, unit)).flatten())
@@ -198,9 +187,7 @@ fn channel_scale_problem(egraph: &EGraph, g: Id, x: &TypeInfo) -> Option<String>
 }
 
 fn epsilon_attrs(eps: f32) -> Attrs {
-    let mut a = Attrs::default();
-    a.set("epsilon", Attr::Float(eps));
-    a
+    attrs(&[("epsilon", Attr::Float(eps))])
 }
 
 fn add_rms_norm(egraph: &mut EGraph, eps: f32, x: Id, g: Id) -> Id {
@@ -256,10 +243,9 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for UnitRmsNorm {
             Some(Err(reason)) => return decline(egraph, rule, eclass, reason),
             Some(Ok(())) => {}
         }
-        let Some(eps) = cond::scalar_value(egraph, subst[self.eps]) else { return vec![] };
+        let Some(eps) = scalar_value(egraph, subst[self.eps]) else { return vec![] };
         let d = ty.shape.last().and_then(|d| d.as_known()).and_then(|d| usize::try_from(d).ok()).unwrap_or(1);
-        let c = egraph.analysis.intern(Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
-        let unit = egraph.add(ENode::leaf(Head::Const(c)));
+        let unit = add_const(egraph, Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
         let norm = add_rms_norm(egraph, eps as f32, x, unit);
         union(egraph, eclass, norm, rule)
     }
@@ -323,7 +309,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
         let (x, g) = (subst[self.x], subst[self.g]);
         let Some(node) = ["SimplifiedLayerNormalization", "RMSNormalization"]
             .iter()
-            .find_map(|op| node_in(egraph, eclass, op, &[x, g]))
+            .find_map(|op| nodes_with_children(egraph, eclass, op, &[x, g]).next())
         else {
             return vec![];
         };
@@ -381,7 +367,9 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
         rule: Symbol,
     ) -> Vec<Id> {
         let inputs: Vec<Id> = self.inputs.iter().map(|&v| subst[v]).collect();
-        let Some(node) = node_in(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs) else { return vec![] };
+        let Some(node) = nodes_with_children(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs).next() else {
+            return vec![];
+        };
         let Some(Ok(eps)) = node.head.attrs().map(|a| a.float_or("epsilon", 1e-12)) else { return vec![] };
         let outputs = egraph[eclass].data.types.len();
         if let Some(i) = (1..outputs.min(3)).find(|&i| output_used(egraph, eclass, i)) {

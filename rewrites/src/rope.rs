@@ -33,13 +33,18 @@
 //! and inputs whose head size is not known at compile time.
 //!
 //! The RoPE inside com.microsoft GroupQueryAttention (`do_rotary=1`) is lowered by the
-//! `attention` family with the helpers below.
+//! `attention` family with the same table lookup ([`crate::egraph_ops::cache_rows`],
+//! [`crate::egraph_ops::full_width`]).
 
-use crate::cond::{int_values, var};
+use crate::cond::var;
+use crate::egraph_ops::{
+    add_typed, cache_rows, cast, dim_value, full_width, heads_view, i64_scalar, int_values, node_attrs, onnx, reshape,
+    rope, type_of, union, unsqueeze,
+};
 use crate::Rewrite;
 use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
-use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
+use ir::egraph::{EGraph, ENode, NpuAnalysis, TypeInfo};
+use ir::{Attrs, DType, Dim, Domain};
 
 /// The family's rules.
 pub fn rules() -> Vec<Rewrite> {
@@ -207,7 +212,7 @@ impl Applier<ENode, NpuAnalysis> for LowerRotaryEmbedding {
         rule: Symbol,
     ) -> Vec<Id> {
         match self.lower(egraph, eclass, subst) {
-            Ok(y) => crate::cond::union(egraph, eclass, y, rule),
+            Ok(y) => union(egraph, eclass, y, rule),
             Err(Some(reason)) => {
                 egraph.analysis.decline(self.rule, eclass, reason);
                 vec![]
@@ -228,7 +233,7 @@ impl LowerRotaryEmbedding {
             Spelling::OnnxRows => (Domain::Onnx, vec![x, cos, sin]),
             Spelling::Contrib => (Domain::Microsoft, vec![x, pos.ok_or(None)?, cos, sin]),
         };
-        let attrs = matched_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or(None)?;
+        let attrs = node_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or(None)?;
         let int = |name: &str| attrs.int_or(name, 0).map_err(|e| Some(e.to_string()));
         let interleaved = int("interleaved")? != 0;
         if int("is_packed_batching")? != 0 {
@@ -348,205 +353,5 @@ impl LowerRotaryEmbedding {
             None => rope(egraph, x, tc, ts, interleaved),
         };
         Ok(y)
-    }
-}
-
-/// The attributes of the `domain::op` node of `class` whose children are `children`.
-pub(crate) fn matched_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
-    egraph[class].nodes.iter().find_map(|n| match &n.head {
-        Head::Op { domain: d, op: o, attrs }
-            if *d == domain
-                && *o == op
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(a, b)| egraph.find(*a) == egraph.find(*b)) =>
-        {
-            Some((*attrs.attrs).clone())
-        }
-        _ => None,
-    })
-}
-
-/// Dtype and shape of a class.
-pub(crate) fn type_of(egraph: &EGraph, id: Id) -> Option<TypeInfo> {
-    egraph[id].data.ty().cloned()
-}
-
-/// An ai.onnx node.
-pub(crate) fn onnx(op: &'static str, attrs: Attrs, children: Vec<Id>) -> ENode {
-    ENode::op(Domain::Onnx, op, attrs, children)
-}
-
-/// Attributes from `(name, value)` pairs.
-pub(crate) fn attrs(pairs: &[(&str, Attr)]) -> Attrs {
-    let mut a = Attrs::default();
-    for (k, v) in pairs {
-        a.set(k, v.clone());
-    }
-    a
-}
-
-/// Adds `node` and gives its class `ty` when type inference had nothing to say about it (the
-/// layout ops a rewrite creates are typed by the rewrite, which knows their shapes).
-pub(crate) fn add_typed(egraph: &mut EGraph, node: ENode, ty: TypeInfo) -> Id {
-    let id = egraph.add(node);
-    if egraph[id].data.types.is_empty() {
-        egraph[id].data.types = vec![ty];
-    }
-    id
-}
-
-/// A constant leaf.
-pub(crate) fn add_const(egraph: &mut EGraph, t: Tensor) -> Id {
-    let c = egraph.analysis.intern(t);
-    egraph.add(ENode::leaf(Head::Const(c)))
-}
-
-/// A constant int64 vector.
-pub(crate) fn i64s(egraph: &mut EGraph, values: &[i64]) -> Id {
-    add_const(egraph, Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
-}
-
-/// A constant int64 scalar.
-pub(crate) fn i64_scalar(egraph: &mut EGraph, v: i64) -> Id {
-    add_const(egraph, Tensor::scalar_i64(v))
-}
-
-/// `Cast(x)` to `to`.
-pub(crate) fn cast(egraph: &mut EGraph, x: Id, to: DType) -> Id {
-    let shape = type_of(egraph, x).map(|t| t.shape).unwrap_or_default();
-    add_typed(
-        egraph,
-        onnx("Cast", attrs(&[("to", Attr::Int(to.onnx_code() as i64))]), vec![x]),
-        TypeInfo { dtype: to, shape },
-    )
-}
-
-/// The int64 scalar holding dim `axis` of `x`: `Gather(Shape(x), axis)`.
-pub(crate) fn dim_value(egraph: &mut EGraph, x: Id, axis: usize) -> Id {
-    let rank = type_of(egraph, x).map(|t| t.shape.len()).unwrap_or(0);
-    let shape = add_typed(
-        egraph,
-        onnx("Shape", Attrs::default(), vec![x]),
-        TypeInfo { dtype: DType::I64, shape: vec![Dim::known(rank as i64)] },
-    );
-    let index = i64_scalar(egraph, axis as i64);
-    add_typed(
-        egraph,
-        onnx("Gather", attrs(&[("axis", Attr::Int(0))]), vec![shape, index]),
-        TypeInfo { dtype: DType::I64, shape: vec![] },
-    )
-}
-
-/// `Reshape(x, target)` (0 copies the input's dim, as ONNX says); `None` when the output shape
-/// cannot be worked out from x's type.
-pub(crate) fn reshape(egraph: &mut EGraph, x: Id, target: &[i64]) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    let shape: Vec<Dim> = target
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| match d {
-            0 => t.shape.get(i).cloned(),
-            d if d > 0 => Some(Dim::known(d)),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
-    let c = i64s(egraph, target);
-    Some(add_typed(egraph, onnx("Reshape", Attrs::default(), vec![x, c]), TypeInfo { dtype: t.dtype, shape }))
-}
-
-/// `Transpose(x, perm)`.
-pub(crate) fn transpose(egraph: &mut EGraph, x: Id, perm: &[usize]) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if t.shape.len() != perm.len() {
-        return None;
-    }
-    let shape = perm.iter().map(|&p| t.shape[p].clone()).collect();
-    let perm: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
-    Some(add_typed(
-        egraph,
-        onnx("Transpose", attrs(&[("perm", Attr::Ints(perm))]), vec![x]),
-        TypeInfo { dtype: t.dtype, shape },
-    ))
-}
-
-/// `Unsqueeze(x, [axis])` with a non-negative axis.
-pub(crate) fn unsqueeze(egraph: &mut EGraph, x: Id, axis: usize) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if axis > t.shape.len() {
-        return None;
-    }
-    let mut shape = t.shape.clone();
-    shape.insert(axis, Dim::known(1));
-    let axes = i64s(egraph, &[axis as i64]);
-    Some(add_typed(egraph, onnx("Unsqueeze", Attrs::default(), vec![x, axes]), TypeInfo { dtype: t.dtype, shape }))
-}
-
-/// `Rope{interleaved}(x, cos, sin)`.
-pub(crate) fn rope(egraph: &mut EGraph, x: Id, cos: Id, sin: Id, interleaved: bool) -> Id {
-    let a = attrs(&[("interleaved", Attr::Int(interleaved as i64))]);
-    egraph.add(ENode::op(Domain::Npuc, "Rope", a, vec![x, cos, sin]))
-}
-
-/// Rows `positions` of a `[max_pos, D/2]` cache: `Gather(cache, positions)`, shape
-/// `positions.shape ++ [D/2]`.
-pub(crate) fn cache_rows(egraph: &mut EGraph, cache: Id, positions: Id) -> Option<Id> {
-    let (c, p) = (type_of(egraph, cache)?, type_of(egraph, positions)?);
-    if c.shape.len() != 2 {
-        return None;
-    }
-    let mut shape = p.shape.clone();
-    shape.push(c.shape[1].clone());
-    Some(add_typed(
-        egraph,
-        onnx("Gather", attrs(&[("axis", Attr::Int(0))]), vec![cache, positions]),
-        TypeInfo { dtype: c.dtype, shape },
-    ))
-}
-
-/// The full-width table `[.., D]` of half-width rows `[.., D/2]`: `Concat(rows, rows)` for
-/// rotate-half, every entry twice (`Reshape(Concat(Unsqueeze(rows), Unsqueeze(rows)))`) for
-/// interleaved pairs.
-pub(crate) fn full_width(egraph: &mut EGraph, rows: Id, interleaved: bool) -> Option<Id> {
-    let t = type_of(egraph, rows)?;
-    let half = t.shape.last()?.as_known()?;
-    let mut shape = t.shape.clone();
-    *shape.last_mut()? = Dim::known(2 * half);
-    let concat_last = attrs(&[("axis", Attr::Int(-1))]);
-    if !interleaved {
-        return Some(add_typed(
-            egraph,
-            onnx("Concat", concat_last, vec![rows, rows]),
-            TypeInfo { dtype: t.dtype, shape },
-        ));
-    }
-    let column = unsqueeze(egraph, rows, t.shape.len())?;
-    let mut pairs = t.shape.clone();
-    pairs.push(Dim::known(2));
-    let pairs =
-        add_typed(egraph, onnx("Concat", concat_last, vec![column, column]), TypeInfo { dtype: t.dtype, shape: pairs });
-    let mut target = vec![0i64; t.shape.len()];
-    *target.last_mut()? = 2 * half;
-    reshape(egraph, pairs, &target)
-}
-
-/// `x` `[B, S, heads·head]` viewed as `[B, S, heads, head]`: the value of that shape a Reshape in
-/// x's class was made from when there is one (a view of a view is the value itself), otherwise a
-/// new `Reshape(x, [0, 0, heads, head])`.
-pub(crate) fn heads_view(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if t.shape.len() != 3 {
-        return None;
-    }
-    let want = vec![t.shape[0].clone(), t.shape[1].clone(), Dim::known(heads), Dim::known(head)];
-    let found = egraph[x].nodes.iter().find_map(|n| match n.head.op() {
-        Some("Reshape") if matches!(n.head, Head::Op { domain: Domain::Onnx, .. }) => {
-            let src = n.children[0];
-            egraph[src].data.ty().filter(|s| s.shape == want && s.dtype == t.dtype).map(|_| src)
-        }
-        _ => None,
-    });
-    match found {
-        Some(src) => Some(src),
-        None => reshape(egraph, x, &[0, 0, heads, head]),
     }
 }
