@@ -47,22 +47,3 @@ pub fn is_float(x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
     let x = var(x);
     move |egraph, _, subst| dtype(egraph, subst[x]).is_some_and(|d| d.is_float())
 }
-
-/// An applier that records a fixed reason for the matched class and rewrites nothing: the right
-/// hand side of rules that exist to say why a look-alike group is not folded.
-pub struct Decline(pub &'static str);
-
-impl egg::Applier<ir::egraph::ENode, ir::egraph::NpuAnalysis> for Decline {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        _: &Subst,
-        _: Option<&egg::PatternAst<ir::egraph::ENode>>,
-        rule: egg::Symbol,
-    ) -> Vec<Id> {
-        let class = egraph.find(eclass);
-        egraph.analysis.decline(rule.as_str(), class, self.0);
-        vec![]
-    }
-}

@@ -41,11 +41,12 @@
 //! No rule declines: the row-scaled form is never worse than the one it replaces, and a rule
 //! whose activation is not a float tensor of rank ≥ 1 does not match.
 
+use crate::apply::{Computed, Fold, Folded};
 use crate::cond::var;
 use crate::egraph_ops::{dtype, is_absent, nodes_with_children, rank, union};
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis};
+use egg::{rewrite as rw, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head};
 use ir::{Attrs, Domain};
 
 /// The family's rules.
@@ -87,7 +88,7 @@ fn attrs_of(egraph: &EGraph, class: Id, op: &str, children: &[Id]) -> Vec<Attrs>
         .collect()
 }
 
-// ---- applier ----
+// ---- fold ----
 
 /// Adds the row-scaled form of the matched `from` node with its attributes and the same children,
 /// and unions it with the matched class: the op's class (RmsNorm, WGemm) or its tuple class
@@ -101,29 +102,22 @@ struct RowScaled {
 }
 
 impl RowScaled {
-    fn norm(from: &'static str, to: &'static str, children: &[&str]) -> Self {
-        RowScaled { from, to, children: children.iter().map(|c| var(c)).collect(), bias_after: false }
+    fn norm(from: &'static str, to: &'static str, children: &[&str]) -> Computed<Self> {
+        Computed::new(RowScaled { from, to, children: children.iter().map(|c| var(c)).collect(), bias_after: false })
     }
 
-    fn wgemm(children: &[&str]) -> Self {
-        RowScaled {
+    fn wgemm(children: &[&str]) -> Computed<Self> {
+        Computed::new(RowScaled {
             from: "WGemm",
             to: "WGemmRowScaled",
             children: children.iter().map(|c| var(c)).collect(),
             bias_after: children.len() == 5,
-        }
+        })
     }
 }
 
-impl Applier<ENode, NpuAnalysis> for RowScaled {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for RowScaled {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let children: Vec<Id> = self.children.iter().map(|&v| egraph.find(subst[v])).collect();
         let mut changed = Vec::new();
         for attrs in attrs_of(egraph, eclass, self.from, &children) {
@@ -135,6 +129,6 @@ impl Applier<ENode, NpuAnalysis> for RowScaled {
             }
             changed.extend(union(egraph, eclass, scaled, rule));
         }
-        changed
+        Ok(changed)
     }
 }

@@ -11,6 +11,7 @@
 //! per-iteration sizes, rule applications and the stop reason; [`saturate::extract_graph`] turns
 //! the result back into an `ir::Graph` under a cost model.
 
+pub mod apply;
 pub mod attention;
 pub mod causal_mask;
 pub mod cond;
