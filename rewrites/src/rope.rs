@@ -36,14 +36,15 @@
 //! `attention` family with the same table lookup ([`crate::egraph_ops::cache_rows`],
 //! [`crate::egraph_ops::full_width`]).
 
+use crate::apply::{no_match, Computed, Decline, Fold, Folded};
 use crate::cond::var;
 use crate::egraph_ops::{
     add_typed, cache_rows, cast, dim_value, full_width, heads_view, i64_scalar, int_values, node_attrs, onnx, reshape,
     rope, type_of, union, unsqueeze,
 };
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, NpuAnalysis, TypeInfo};
+use egg::{rewrite as rw, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, TypeInfo};
 use ir::{Attrs, DType, Dim, Domain};
 
 /// The family's rules.
@@ -53,39 +54,35 @@ pub fn rules() -> Vec<Rewrite> {
         // x·cos + concat(−x[D/2:], x[:D/2])·sin  →  Rope{interleaved=0}(x, cos, sin)
         rw!("rope-rotate-half";
             "(Add (Mul ?x ?cos) (Mul (Concat{axis=-1} (Neg (Slice ?x ?hs ?he ?ha ?hp)) (Slice ?x ?ls ?le ?la ?lp)) ?sin))"
-            => "(npuc::Rope{interleaved=0} ?x ?cos ?sin)"
-            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])
-            if tables_fit("rope-rotate-half", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=0} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])),
         // concat(−x[D/2:], x[:D/2])·sin + x·cos  →  Rope{interleaved=0}(x, cos, sin)
         rw!("rope-rotate-half-swapped";
             "(Add (Mul (Concat{axis=-1} (Neg (Slice ?x ?hs ?he ?ha ?hp)) (Slice ?x ?ls ?le ?la ?lp)) ?sin) (Mul ?x ?cos))"
-            => "(npuc::Rope{interleaved=0} ?x ?cos ?sin)"
-            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])
-            if tables_fit("rope-rotate-half-swapped", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=0} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])),
         // x·cos + interleave(−x[1::2], x[0::2])·sin  →  Rope{interleaved=1}(x, cos, sin)
         rw!("rope-interleaved";
             "(Add (Mul ?x ?cos) (Mul (Reshape (Concat{axis=-1} (Unsqueeze (Neg (Slice ?x ?os ?oe ?oa ?op)) ?ou) (Unsqueeze (Slice ?x ?es ?ee ?ea ?ep) ?eu)) ?shape) ?sin))"
-            => "(npuc::Rope{interleaved=1} ?x ?cos ?sin)"
-            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])
-            if tables_fit("rope-interleaved", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=1} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])),
         // interleave(−x[1::2], x[0::2])·sin + x·cos  →  Rope{interleaved=1}(x, cos, sin)
         rw!("rope-interleaved-swapped";
             "(Add (Mul (Reshape (Concat{axis=-1} (Unsqueeze (Neg (Slice ?x ?os ?oe ?oa ?op)) ?ou) (Unsqueeze (Slice ?x ?es ?ee ?ea ?ep) ?eu)) ?shape) ?sin) (Mul ?x ?cos))"
-            => "(npuc::Rope{interleaved=1} ?x ?cos ?sin)"
-            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])
-            if tables_fit("rope-interleaved-swapped", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=1} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])),
         // RotaryEmbedding(x, cos_cache, sin_cache, position_ids)  →  Rope(x, full(cos_cache[pos]), full(sin_cache[pos]))
         rw!("rope-onnx-rotary-embedding";
             "(RotaryEmbedding ?x ?cos ?sin ?pos)"
-            => { LowerRotaryEmbedding { rule: "rope-onnx-rotary-embedding", spelling: Spelling::Onnx } }),
+            => { LowerRotaryEmbedding::new(Spelling::Onnx) }),
         // RotaryEmbedding(x, cos_rows, sin_rows)  →  Rope(x, full(cos_rows), full(sin_rows))
         rw!("rope-onnx-rotary-embedding-rows";
             "(RotaryEmbedding ?x ?cos ?sin)"
-            => { LowerRotaryEmbedding { rule: "rope-onnx-rotary-embedding-rows", spelling: Spelling::OnnxRows } }),
+            => { LowerRotaryEmbedding::new(Spelling::OnnxRows) }),
         // com.microsoft::RotaryEmbedding(x, position_ids, cos_cache, sin_cache)  →  Rope(x, full(cos_cache[pos]), full(sin_cache[pos]))
         rw!("rope-contrib-rotary-embedding";
             "(com.microsoft::RotaryEmbedding ?x ?pos ?cos ?sin)"
-            => { LowerRotaryEmbedding { rule: "rope-contrib-rotary-embedding", spelling: Spelling::Contrib } }),
+            => { LowerRotaryEmbedding::new(Spelling::Contrib) }),
     ];
     rules
 }
@@ -169,18 +166,15 @@ fn tables_misfit(x: &TypeInfo, tables: [Option<&TypeInfo>; 2]) -> Option<String>
     None
 }
 
-/// `?cos` and `?sin` are full-width tables that broadcast to `?x` (Rope's contract); records why
-/// not under `rule` otherwise.
-fn tables_fit(rule: &'static str, x: &str, cos: &str, sin: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+/// `?cos` and `?sin` are full-width tables that broadcast to `?x` (Rope's contract); why not
+/// otherwise.
+fn tables_fit(x: &str, cos: &str, sin: &str) -> impl Fn(&EGraph, Id, &Subst) -> Result<(), Decline> {
     let (x, cos, sin) = (var(x), var(cos), var(sin));
-    move |egraph, class, subst| {
-        let Some(xt) = egraph[subst[x]].data.ty().cloned() else { return false };
-        match tables_misfit(&xt, [egraph[subst[cos]].data.ty(), egraph[subst[sin]].data.ty()]) {
-            None => true,
-            Some(reason) => {
-                egraph.analysis.decline(rule, class, reason);
-                false
-            }
+    move |egraph, _, subst| {
+        let xt = egraph[subst[x]].data.ty().ok_or_else(no_match)?;
+        match tables_misfit(xt, [egraph[subst[cos]].data.ty(), egraph[subst[sin]].data.ty()]) {
+            None => Ok(()),
+            Some(reason) => Err(reason.into()),
         }
     }
 }
@@ -198,160 +192,165 @@ enum Spelling {
 
 /// Lowers a RotaryEmbedding op to the row lookup plus `Rope` (see the module header).
 struct LowerRotaryEmbedding {
-    rule: &'static str,
     spelling: Spelling,
 }
 
-impl Applier<ENode, NpuAnalysis> for LowerRotaryEmbedding {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        match self.lower(egraph, eclass, subst) {
-            Ok(y) => union(egraph, eclass, y, rule),
-            Err(Some(reason)) => {
-                egraph.analysis.decline(self.rule, eclass, reason);
-                vec![]
-            }
-            Err(None) => vec![],
+/// A matched RotaryEmbedding Rope can take: its operands, the input's type and layout.
+struct Rotary {
+    x: Id,
+    cos: Id,
+    sin: Id,
+    pos: Option<Id>,
+    xt: TypeInfo,
+    /// Half the head size: the width of the tables' rows.
+    half: i64,
+    /// The heads of a 3-D `[B, S, H·D]` input; `None` for a 4-D `[B, H, S, D]` one.
+    heads: Option<i64>,
+    head: i64,
+    interleaved: bool,
+}
+
+impl Rotary {
+    /// The input's sequence axis.
+    fn seq_axis(&self) -> usize {
+        if self.heads.is_some() {
+            1
+        } else {
+            2
         }
     }
 }
 
-impl LowerRotaryEmbedding {
-    /// The Rope form of the matched op; `Err(Some(reason))` to decline, `Err(None)` when the
-    /// match is not this op after all.
-    fn lower(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst) -> Result<Id, Option<String>> {
-        let (x, cos, sin) = (subst[var("?x")], subst[var("?cos")], subst[var("?sin")]);
-        let pos = subst.get(var("?pos")).copied();
-        let (domain, children) = match self.spelling {
-            Spelling::Onnx => (Domain::Onnx, vec![x, cos, sin, pos.ok_or(None)?]),
-            Spelling::OnnxRows => (Domain::Onnx, vec![x, cos, sin]),
-            Spelling::Contrib => (Domain::Microsoft, vec![x, pos.ok_or(None)?, cos, sin]),
-        };
-        let attrs = node_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or(None)?;
-        let int = |name: &str| attrs.int_or(name, 0).map_err(|e| Some(e.to_string()));
-        let interleaved = int("interleaved")? != 0;
-        if int("is_packed_batching")? != 0 {
-            return Err(Some("packed batching has no Rope form".into()));
-        }
-        let xt = type_of(egraph, x).ok_or(None)?;
-        if !xt.dtype.is_float() {
-            return Err(None);
-        }
-        let cache = type_of(egraph, cos).ok_or(None)?;
-        let half = cache
-            .shape
-            .last()
-            .and_then(Dim::as_known)
-            .ok_or_else(|| Some("the cos cache width is not known".to_string()))?;
-        let num_heads = int("num_heads")?;
-        let (heads, head) = match xt.shape.len() {
-            3 => {
-                let width = xt.shape[2].as_known().ok_or_else(|| Some("the hidden size is not known".to_string()))?;
-                let heads = match num_heads {
-                    n if n > 0 => n,
-                    _ if self.spelling == Spelling::Contrib && half > 0 => width / (2 * half),
-                    _ => return Err(Some("a 3-D input needs num_heads".into())),
-                };
-                if heads <= 0 || width % heads != 0 {
-                    return Err(Some(format!("hidden size {width} does not split into {heads} heads")));
-                }
-                (Some(heads), width / heads)
-            }
-            4 => (None, xt.shape[3].as_known().ok_or_else(|| Some("the head size is not known".to_string()))?),
-            _ => return Err(Some(format!("input of rank {} is neither [B, S, H·D] nor [B, H, S, D]", xt.shape.len()))),
-        };
-        let rotary = int("rotary_embedding_dim")?;
-        if 2 * half != head || (rotary != 0 && rotary != head) {
-            return Err(Some(format!(
-                "rotates {} of the head's {head} features: Rope rotates the full width",
-                if rotary != 0 { rotary } else { 2 * half }
-            )));
-        }
-        // Token rows of the tables: [B, S, D/2], or [S, D/2] for a start offset.
-        let seq_axis = if heads.is_some() { 1 } else { 2 };
-        let rows = |egraph: &mut EGraph, table: Id| -> Result<Id, Option<String>> {
-            match self.spelling {
-                Spelling::OnnxRows => {
-                    let t = type_of(egraph, table).ok_or(None)?;
-                    let want = [xt.shape[0].clone(), xt.shape[seq_axis].clone(), Dim::known(half)];
-                    if t.shape != want {
-                        return Err(Some(format!(
-                            "without position_ids the tables must be [B, S, D/2], got {}",
-                            ir::dim::shape_to_string(&t.shape)
-                        )));
-                    }
-                    Ok(table)
-                }
-                _ => {
-                    let pos = pos.ok_or(None)?;
-                    let pt = type_of(egraph, pos).ok_or(None)?;
-                    if !pt.dtype.is_int() {
-                        return Err(Some(format!("position_ids are {}", pt.dtype)));
-                    }
-                    let positions = if pt.shape == [xt.shape[0].clone(), xt.shape[seq_axis].clone()] {
-                        pos
-                    } else if self.spelling == Spelling::Contrib
-                        && pt.shape.iter().all(|d| d.as_known() == Some(1))
-                        && pt.shape.len() <= 1
-                    {
-                        // One start offset: positions offset + 0 .. offset + S.
-                        let seq = dim_value(egraph, x, seq_axis);
-                        let zero = i64_scalar(egraph, 0);
-                        let one = i64_scalar(egraph, 1);
-                        let range = add_typed(
-                            egraph,
-                            onnx("Range", Attrs::default(), vec![zero, seq, one]),
-                            TypeInfo { dtype: DType::I64, shape: vec![xt.shape[seq_axis].clone()] },
-                        );
-                        let offset = if pt.dtype == DType::I64 { pos } else { cast(egraph, pos, DType::I64) };
-                        add_typed(
-                            egraph,
-                            onnx("Add", Attrs::default(), vec![range, offset]),
-                            TypeInfo { dtype: DType::I64, shape: vec![xt.shape[seq_axis].clone()] },
-                        )
-                    } else {
-                        return Err(Some(format!(
-                            "position_ids {} are neither [B, S] nor one offset",
-                            ir::dim::shape_to_string(&pt.shape)
-                        )));
-                    };
-                    Ok(cache_rows(egraph, table, positions).ok_or(None)?)
-                }
-            }
-        };
-        let (cos_rows, sin_rows) = (rows(egraph, cos)?, rows(egraph, sin)?);
+impl Fold for LowerRotaryEmbedding {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let op = self.matched(egraph, eclass, subst)?;
+        let (cos_rows, sin_rows) = (self.table_rows(egraph, &op, op.cos)?, self.table_rows(egraph, &op, op.sin)?);
         let (Some(mut tc), Some(mut ts)) =
-            (full_width(egraph, cos_rows, interleaved), full_width(egraph, sin_rows, interleaved))
+            (full_width(egraph, cos_rows, op.interleaved), full_width(egraph, sin_rows, op.interleaved))
         else {
-            return Err(None);
+            return Err(no_match());
         };
         // A unit heads axis: [B, S, D] → [B, S, 1, D] for the [B, S, H, D] view, [B, 1, S, D] for
         // BNSH; [S, D] → [S, 1, D] for the view and as is for BNSH.
-        let table_rank = type_of(egraph, tc).map(|t| t.shape.len()).ok_or(None)?;
-        let heads_axis = match (heads.is_some(), table_rank) {
+        let table_rank = type_of(egraph, tc).map(|t| t.shape.len()).ok_or_else(no_match)?;
+        let heads_axis = match (op.heads.is_some(), table_rank) {
             (true, 3) => Some(2),
             (true, _) | (false, 3) => Some(1),
             (false, _) => None,
         };
         if let Some(axis) = heads_axis {
-            tc = unsqueeze(egraph, tc, axis).ok_or(None)?;
-            ts = unsqueeze(egraph, ts, axis).ok_or(None)?;
+            tc = unsqueeze(egraph, tc, axis).ok_or_else(no_match)?;
+            ts = unsqueeze(egraph, ts, axis).ok_or_else(no_match)?;
         }
-        let y = match heads {
+        let y = match op.heads {
             Some(h) => {
-                let x4 = heads_view(egraph, x, h, head).ok_or(None)?;
-                let r = rope(egraph, x4, tc, ts, interleaved);
-                let width = xt.shape[2].as_known().unwrap_or(h * head);
-                reshape(egraph, r, &[0, 0, width]).ok_or(None)?
+                let x4 = heads_view(egraph, op.x, h, op.head).ok_or_else(no_match)?;
+                let r = rope(egraph, x4, tc, ts, op.interleaved);
+                let width = op.xt.shape[2].as_known().unwrap_or(h * op.head);
+                reshape(egraph, r, &[0, 0, width]).ok_or_else(no_match)?
             }
-            None => rope(egraph, x, tc, ts, interleaved),
+            None => rope(egraph, op.x, tc, ts, op.interleaved),
         };
-        Ok(y)
+        Ok(union(egraph, eclass, y, rule))
     }
+}
+
+impl LowerRotaryEmbedding {
+    fn new(spelling: Spelling) -> Computed<Self> {
+        Computed::new(LowerRotaryEmbedding { spelling })
+    }
+
+    /// The matched op, when Rope can take it.
+    fn matched(&self, egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Rotary, Decline> {
+        let (x, cos, sin) = (subst[var("?x")], subst[var("?cos")], subst[var("?sin")]);
+        let pos = subst.get(var("?pos")).copied();
+        let (domain, children) = match self.spelling {
+            Spelling::Onnx => (Domain::Onnx, vec![x, cos, sin, pos.ok_or_else(no_match)?]),
+            Spelling::OnnxRows => (Domain::Onnx, vec![x, cos, sin]),
+            Spelling::Contrib => (Domain::Microsoft, vec![x, pos.ok_or_else(no_match)?, cos, sin]),
+        };
+        let attrs = node_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or_else(no_match)?;
+        let int = |name: &str| attrs.int_or(name, 0).map_err(|e| Decline::from(e.to_string()));
+        let interleaved = int("interleaved")? != 0;
+        if int("is_packed_batching")? != 0 {
+            return Err("packed batching has no Rope form".into());
+        }
+        let xt = type_of(egraph, x).ok_or_else(no_match)?;
+        if !xt.dtype.is_float() {
+            return Err(no_match());
+        }
+        let cache = type_of(egraph, cos).ok_or_else(no_match)?;
+        let half = cache.shape.last().and_then(Dim::as_known).ok_or("the cos cache width is not known")?;
+        let num_heads = int("num_heads")?;
+        let (heads, head) = match xt.shape.len() {
+            3 => {
+                let width = xt.shape[2].as_known().ok_or("the hidden size is not known")?;
+                let heads = match num_heads {
+                    n if n > 0 => n,
+                    _ if self.spelling == Spelling::Contrib && half > 0 => width / (2 * half),
+                    _ => return Err("a 3-D input needs num_heads".into()),
+                };
+                if heads <= 0 || width % heads != 0 {
+                    return Err(format!("hidden size {width} does not split into {heads} heads").into());
+                }
+                (Some(heads), width / heads)
+            }
+            4 => (None, xt.shape[3].as_known().ok_or("the head size is not known")?),
+            n => return Err(format!("input of rank {n} is neither [B, S, H·D] nor [B, H, S, D]").into()),
+        };
+        let rotary = int("rotary_embedding_dim")?;
+        if 2 * half != head || (rotary != 0 && rotary != head) {
+            let rotated = if rotary != 0 { rotary } else { 2 * half };
+            return Err(format!("rotates {rotated} of the head's {head} features: Rope rotates the full width").into());
+        }
+        Ok(Rotary { x, cos, sin, pos, xt, half, heads, head, interleaved })
+    }
+
+    /// The token rows of `table`: `[B, S, D/2]`, or `[S, D/2]` for a start offset.
+    fn table_rows(&self, egraph: &mut EGraph, op: &Rotary, table: Id) -> Result<Id, Decline> {
+        let (batch, seq) = (op.xt.shape[0].clone(), op.xt.shape[op.seq_axis()].clone());
+        if self.spelling == Spelling::OnnxRows {
+            let t = type_of(egraph, table).ok_or_else(no_match)?;
+            if t.shape != [batch, seq, Dim::known(op.half)] {
+                let got = ir::dim::shape_to_string(&t.shape);
+                return Err(format!("without position_ids the tables must be [B, S, D/2], got {got}").into());
+            }
+            return Ok(table);
+        }
+        let pos = op.pos.ok_or_else(no_match)?;
+        let pt = type_of(egraph, pos).ok_or_else(no_match)?;
+        if !pt.dtype.is_int() {
+            return Err(format!("position_ids are {}", pt.dtype).into());
+        }
+        let positions = if pt.shape == [batch, seq.clone()] {
+            pos
+        } else if self.spelling == Spelling::Contrib
+            && pt.shape.iter().all(|d| d.as_known() == Some(1))
+            && pt.shape.len() <= 1
+        {
+            offset_positions(egraph, op, pos, pt.dtype, seq)
+        } else {
+            let shape = ir::dim::shape_to_string(&pt.shape);
+            return Err(format!("position_ids {shape} are neither [B, S] nor one offset").into());
+        };
+        cache_rows(egraph, table, positions).ok_or_else(no_match)
+    }
+}
+
+/// The positions `offset + 0 .. offset + S` of one start offset `pos` (of integer type `dtype`).
+fn offset_positions(egraph: &mut EGraph, op: &Rotary, pos: Id, dtype: DType, seq: Dim) -> Id {
+    let len = dim_value(egraph, op.x, op.seq_axis());
+    let zero = i64_scalar(egraph, 0);
+    let one = i64_scalar(egraph, 1);
+    let range = add_typed(
+        egraph,
+        onnx("Range", Attrs::default(), vec![zero, len, one]),
+        TypeInfo { dtype: DType::I64, shape: vec![seq.clone()] },
+    );
+    let offset = if dtype == DType::I64 { pos } else { cast(egraph, pos, DType::I64) };
+    add_typed(
+        egraph,
+        onnx("Add", Attrs::default(), vec![range, offset]),
+        TypeInfo { dtype: DType::I64, shape: vec![seq] },
+    )
 }

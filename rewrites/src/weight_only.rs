@@ -46,14 +46,15 @@
 //! and 8; blocked DequantizeLinear whose codes are computed at run time, whose blocks run along N,
 //! or whose K is not a whole number of blocks; 4-bit codes quantised per tensor or per column.
 
+use crate::apply::{no_match, Computed, Fold, Folded};
 use crate::cond::var;
 use crate::egraph_ops::{
     add_const, add_typed, attrs, dtype, i64s, is_absent, is_compile_time_expr, known_shape, node_attrs,
     nodes_with_children, onnx, rank, union,
 };
 use crate::Rewrite;
-use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
+use egg::{rewrite, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head, TypeInfo};
 use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
 
 /// The family's rules.
@@ -74,22 +75,22 @@ pub fn rules() -> Vec<Rewrite> {
             "(com.microsoft::MatMulNBits ?a ?w ?s ?z ?g ?bias)" => { ToWGemm::new(&["?z", "?g", "?bias"]) }),
         // Split(MatMulNBits(a, B, …), sizes) along N: output i = WGemm(a, B[rows i], s[rows i], z[rows i])
         rewrite!("weight-only-split-packed";
-            "(Split ?packed ?sizes)" => { SplitPacked { sizes: Some(var("?sizes")) } }),
+            "(Split ?packed ?sizes)" => { Computed::new(SplitPacked { sizes: Some(var("?sizes")) }) }),
         // the same for a Split into equal parts
         rewrite!("weight-only-split-packed-equal";
-            "(Split ?packed)" => { SplitPacked { sizes: None } }),
+            "(Split ?packed)" => { Computed::new(SplitPacked { sizes: None }) }),
         // GroupQueryAttention(MatMulNBits(a, B, …) packed q|k|v, …): the packed product = Concat(q, k, v WGemms)
         rewrite!("weight-only-split-packed-qkv";
-            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total ?cos ?sin)" => { SplitPackedQkv }),
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total ?cos ?sin)" => { Computed::new(SplitPackedQkv) }),
         // the same without GroupQueryAttention's rotary caches
         rewrite!("weight-only-split-packed-qkv-no-rotary";
-            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total)" => { SplitPackedQkv }),
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total)" => { Computed::new(SplitPackedQkv) }),
         // MatMul(a, DQ(w, s, z){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ, zᵀ)
         rewrite!("weight-only-blocked-dequantize";
-            "(MatMul ?a (DequantizeLinear ?w ?s ?z))" => { FromBlockedDequantize { zero_point: true } }),
+            "(MatMul ?a (DequantizeLinear ?w ?s ?z))" => { Computed::new(FromBlockedDequantize { zero_point: true }) }),
         // MatMul(a, DQ(w, s){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ[, 0])
         rewrite!("weight-only-blocked-dequantize-symmetric";
-            "(MatMul ?a (DequantizeLinear ?w ?s))" => { FromBlockedDequantize { zero_point: false } }),
+            "(MatMul ?a (DequantizeLinear ?w ?s))" => { Computed::new(FromBlockedDequantize { zero_point: false }) }),
     ]
 }
 
@@ -164,34 +165,18 @@ struct ToWGemm {
 }
 
 impl ToWGemm {
-    fn new(rest: &[&str]) -> ToWGemm {
-        ToWGemm { vars: ["?a", "?w", "?s"].iter().chain(rest).map(|v| var(v)).collect() }
+    fn new(rest: &[&str]) -> Computed<ToWGemm> {
+        Computed::new(ToWGemm { vars: ["?a", "?w", "?s"].iter().chain(rest).map(|v| var(v)).collect() })
     }
 }
 
-impl Applier<ENode, NpuAnalysis> for ToWGemm {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for ToWGemm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let children: Vec<Id> = self.vars.iter().map(|&v| egraph.find(subst[v])).collect();
-        let Some(mnb) = nodes_with_children(egraph, eclass, "MatMulNBits", &children).next().cloned() else {
-            return vec![];
-        };
-        match wgemm_operands(egraph, &mnb) {
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                vec![]
-            }
-            Ok(p) => {
-                let id = wgemm(egraph, &p);
-                union(egraph, eclass, id, rule)
-            }
-        }
+        let mnb = nodes_with_children(egraph, eclass, "MatMulNBits", &children).next().ok_or_else(no_match)?;
+        let p = wgemm_operands(egraph, mnb)?;
+        let id = wgemm(egraph, &p);
+        Ok(union(egraph, eclass, id, rule))
     }
 }
 
@@ -267,75 +252,48 @@ struct SplitPacked {
     sizes: Option<Var>,
 }
 
-impl Applier<ENode, NpuAnalysis> for SplitPacked {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for SplitPacked {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let packed = subst[var("?packed")];
-        let Some(p) = packed_product(egraph, packed) else { return vec![] };
+        let p = packed_product(egraph, packed).ok_or_else(no_match)?;
         let children: Vec<Id> = std::iter::once(packed).chain(self.sizes.map(|v| subst[v])).collect();
-        let Some(attrs) = node_attrs(egraph, eclass, Domain::Onnx, "Split", &children) else { return vec![] };
-        let sizes = split_sizes(egraph, eclass, packed, &p, &attrs);
-        let wgemms = sizes.and_then(|sizes| {
-            parts(egraph, &p, &sizes).ok_or_else(|| "packed operands are not laid out one row per column".to_string())
-        });
-        let wgemms = match wgemms {
-            Ok(w) => w,
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                return vec![];
-            }
-        };
+        let attrs = node_attrs(egraph, eclass, Domain::Onnx, "Split", &children).ok_or_else(no_match)?;
+        let sizes = split_sizes(egraph, eclass, packed, &p, &attrs)?;
+        let wgemms = parts(egraph, &p, &sizes).ok_or("packed operands are not laid out one row per column")?;
         let mut changed = vec![];
         for (i, part) in wgemms.into_iter().enumerate() {
             let out = egraph.add(ENode { head: Head::Proj(i), children: vec![eclass] });
             changed.extend(union(egraph, out, part, rule));
         }
-        changed
+        Ok(changed)
     }
 }
 
 /// Writes the packed Q/K/V product GroupQueryAttention reads as a Concat of per-projection WGemms.
 struct SplitPackedQkv;
 
-impl Applier<ENode, NpuAnalysis> for SplitPackedQkv {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for SplitPackedQkv {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let qkv = subst[var("?qkv")];
-        let Some(p) = packed_product(egraph, qkv) else { return vec![] };
+        let p = packed_product(egraph, qkv).ok_or_else(no_match)?;
         let gqa = egraph[eclass]
             .nodes
             .iter()
             .find(|n| n.head.op() == Some("GroupQueryAttention") && egraph.find(n.children[0]) == egraph.find(qkv));
-        let Some(gqa_attrs) = gqa.and_then(|n| n.head.attrs()).cloned() else { return vec![] };
+        let gqa_attrs = gqa.and_then(|n| n.head.attrs()).ok_or_else(no_match)?;
         let (Ok(Some(q_heads)), Ok(Some(kv_heads))) = (gqa_attrs.int("num_heads"), gqa_attrs.int("kv_num_heads"))
         else {
-            return vec![];
+            return Err(no_match());
         };
         let heads = (q_heads + 2 * kv_heads) as usize;
         if heads == 0 || p.n % heads != 0 {
-            egraph.analysis.decline(rule.as_str(), eclass, format!("{} packed columns are not {heads} heads", p.n));
-            return vec![];
+            return Err(format!("{} packed columns are not {heads} heads", p.n).into());
         }
         let d = p.n / heads;
         let sizes = [q_heads as usize * d, kv_heads as usize * d, kv_heads as usize * d];
-        let Some(wgemms) = parts(egraph, &p, &sizes) else {
-            egraph.analysis.decline(rule.as_str(), eclass, "packed operands are not laid out one row per column");
-            return vec![];
-        };
+        let wgemms = parts(egraph, &p, &sizes).ok_or("packed operands are not laid out one row per column")?;
         let concat = egraph.add(onnx("Concat", attrs(&[("axis", Attr::Int(-1))]), wgemms));
-        union(egraph, qkv, concat, rule)
+        Ok(union(egraph, qkv, concat, rule))
     }
 }
 
@@ -475,15 +433,8 @@ fn repack(egraph: &mut EGraph, b: &Blocked, a: Id) -> Packed {
     Packed { a, w: packed, scales, zero_points, k, n, bits: b.bits, block: b.block as i64, accuracy_level: 0 }
 }
 
-impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for FromBlockedDequantize {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let (a, w, s) = (subst[var("?a")], subst[var("?w")], subst[var("?s")]);
         let z = self.zero_point.then(|| subst[var("?z")]);
         let dq_children: Vec<Id> = [w, s].into_iter().chain(z).collect();
@@ -492,18 +443,9 @@ impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {
                 .then(|| node_attrs(egraph, n.children[1], Domain::Onnx, "DequantizeLinear", &dq_children))
                 .flatten()
         });
-        let Some(attrs) = attrs else { return vec![] };
-        match blocked_weight(egraph, a, w, s, z, &attrs) {
-            Ok(None) => vec![],
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                vec![]
-            }
-            Ok(Some(b)) => {
-                let p = repack(egraph, &b, a);
-                let id = wgemm(egraph, &p);
-                union(egraph, eclass, id, rule)
-            }
-        }
+        let b = blocked_weight(egraph, a, w, s, z, &attrs.ok_or_else(no_match)?)?.ok_or_else(no_match)?;
+        let p = repack(egraph, &b, a);
+        let id = wgemm(egraph, &p);
+        Ok(union(egraph, eclass, id, rule))
     }
 }
