@@ -264,7 +264,10 @@ impl Fold for FoldSdpa {
         let c = eager_cache(egraph, krep, vrep)?;
         let EagerShapes { qd, q_heads, kv_heads, past_len, total } = eager_shapes(egraph, q, &c)?;
         let seq = qd[2].clone();
-        let (am, window) = match self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total) {
+        let mut caps = vec![];
+        let found = self.masks.attention_mask(egraph, mask, (&qd[0], &seq, &total), &mut caps);
+        record_caps(egraph, rule, &caps);
+        let (am, window) = match found {
             Ok(am) => (am, None),
             Err(_) => {
                 let proven = crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past_len)?;
@@ -403,50 +406,108 @@ const CLAMPED_PADDED: &str =
 const CLAMPED_CAUSAL: &str =
     "(Where (LessOrEqual (Unsqueeze ?key_pos ?key_axes) (Unsqueeze ?query_pos ?query_axes)) ?zero ?masked)";
 
-/// The parsed mask spellings.
-struct MaskPatterns {
-    eager_padded: Pattern<ENode>,
-    eager_causal: Pattern<ENode>,
-    clamped_padded: Pattern<ENode>,
-    clamped_causal: Pattern<ENode>,
+/// A mask spelling: its name in reports and its parsed pattern.
+struct MaskSpelling {
+    name: &'static str,
+    pattern: Pattern<ENode>,
 }
 
-/// The substitutions of `pattern` rooted at `class`. A direct backtracking match rather than
-/// egg's search machine: appliers run between rebuilds, on an e-graph egg will not search.
-fn matches_at(egraph: &EGraph, pattern: &Pattern<ENode>, class: Id) -> Vec<Subst> {
-    let ast = pattern.ast.as_ref();
+impl MaskSpelling {
+    fn new(name: &'static str, pattern: &str) -> MaskSpelling {
+        let pattern = pattern.parse().unwrap_or_else(|e| panic!("mask pattern `{pattern}`: {e}"));
+        MaskSpelling { name, pattern }
+    }
+}
+
+/// The parsed mask spellings.
+struct MaskPatterns {
+    eager_padded: MaskSpelling,
+    eager_causal: MaskSpelling,
+    clamped_padded: MaskSpelling,
+    clamped_causal: MaskSpelling,
+}
+
+/// The matcher's cap: partial matches it collects for one operand of a pattern node before it
+/// stops looking (a mask class holds a handful of candidates; a class with more is no mask any
+/// exporter writes, and the search would grow with their product).
+const MAX_MATCHES: usize = 64;
+
+/// A mask search [`MAX_MATCHES`] cut short: the spelling and the class it was matched at.
+#[derive(Debug)]
+struct CapHit {
+    spelling: &'static str,
+    class: Id,
+}
+
+impl CapHit {
+    fn reason(&self) -> String {
+        format!(
+            "matching the {} at this class stopped at the matcher's cap (MAX_MATCHES = {MAX_MATCHES} partial matches \
+             per operand): candidates past it were not examined",
+            self.spelling
+        )
+    }
+}
+
+/// Records each search the cap cut short as a decline of `rule` at the class it was matched at.
+fn record_caps(egraph: &mut EGraph, rule: Symbol, caps: &[CapHit]) {
+    for hit in caps {
+        let class = egraph.find(hit.class);
+        egraph.analysis.decline(rule.as_str(), class, hit.reason());
+    }
+}
+
+/// The substitutions of `spelling` rooted at `class`; a search the cap cut short is added to
+/// `caps`.
+fn search(egraph: &EGraph, spelling: &MaskSpelling, class: Id, caps: &mut Vec<CapHit>) -> Vec<Subst> {
+    let mut matcher = Matcher { egraph, ast: spelling.pattern.ast.as_ref(), capped: false };
     let mut out = Vec::new();
-    match_node(egraph, ast, ast.len() - 1, class, Subst::default(), &mut out);
+    matcher.match_node(matcher.ast.len() - 1, class, Subst::default(), &mut out);
+    if matcher.capped {
+        caps.push(CapHit { spelling: spelling.name, class });
+    }
     out
 }
 
-/// Matches pattern node `at` of `ast` against `class` under `subst`, pushing every completion.
-fn match_node(egraph: &EGraph, ast: &[ENodeOrVar<ENode>], at: usize, class: Id, subst: Subst, out: &mut Vec<Subst>) {
-    const MAX_MATCHES: usize = 64;
-    if out.len() >= MAX_MATCHES {
-        return;
-    }
-    match &ast[at] {
-        ENodeOrVar::Var(v) => match subst.get(*v) {
-            Some(&bound) if egraph.find(bound) != egraph.find(class) => {}
-            Some(_) => out.push(subst),
-            None => {
-                let mut s = subst;
-                s.insert(*v, egraph.find(class));
-                out.push(s);
-            }
-        },
-        ENodeOrVar::ENode(p) => {
-            for n in egraph[class].nodes.iter().filter(|n| p.matches(n)) {
-                let mut partial = vec![subst.clone()];
-                for (pc, &nc) in p.children.iter().zip(&n.children) {
-                    let mut next = Vec::new();
-                    for s in partial {
-                        match_node(egraph, ast, usize::from(*pc), nc, s, &mut next);
-                    }
-                    partial = next;
+/// A direct backtracking match of one pattern rather than egg's search machine: appliers run
+/// between rebuilds, on an e-graph egg will not search.
+struct Matcher<'a> {
+    egraph: &'a EGraph,
+    ast: &'a [ENodeOrVar<ENode>],
+    /// Whether [`MAX_MATCHES`] stopped the search somewhere.
+    capped: bool,
+}
+
+impl Matcher<'_> {
+    /// Matches pattern node `at` against `class` under `subst`, pushing every completion.
+    fn match_node(&mut self, at: usize, class: Id, subst: Subst, out: &mut Vec<Subst>) {
+        if out.len() >= MAX_MATCHES {
+            self.capped = true;
+            return;
+        }
+        let egraph = self.egraph;
+        match &self.ast[at] {
+            ENodeOrVar::Var(v) => match subst.get(*v) {
+                Some(&prior) if egraph.find(prior) != egraph.find(class) => {}
+                Some(_) => out.push(subst),
+                None => {
+                    let mut s = subst;
+                    s.insert(*v, egraph.find(class));
+                    out.push(s);
                 }
-                out.extend(partial);
+            },
+            ENodeOrVar::ENode(p) => {
+                for n in egraph[class].nodes.iter().filter(|n| p.matches(n)) {
+                    let mut partial = vec![subst.clone()];
+                    for (pc, &nc) in p.children.iter().zip(&n.children) {
+                        let mut next = Vec::new();
+                        for s in partial {
+                            self.match_node(usize::from(*pc), nc, s, &mut next);
+                        }
+                        partial = next;
+                    }
+                    out.extend(partial);
+                }
             }
         }
     }
@@ -454,20 +515,26 @@ fn match_node(egraph: &EGraph, ast: &[ENodeOrVar<ENode>], at: usize, class: Id, 
 
 impl MaskPatterns {
     fn new() -> MaskPatterns {
-        let p = |s: &str| s.parse().unwrap_or_else(|e| panic!("mask pattern `{s}`: {e}"));
         MaskPatterns {
-            eager_padded: p(EAGER_PADDED),
-            eager_causal: p(EAGER_CAUSAL),
-            clamped_padded: p(CLAMPED_PADDED),
-            clamped_causal: p(CLAMPED_CAUSAL),
+            eager_padded: MaskSpelling::new("eager padding mask", EAGER_PADDED),
+            eager_causal: MaskSpelling::new("eager causal part", EAGER_CAUSAL),
+            clamped_padded: MaskSpelling::new("masking_utils padding mask", CLAMPED_PADDED),
+            clamped_causal: MaskSpelling::new("masking_utils causal part", CLAMPED_CAUSAL),
         }
     }
 
     /// The attention_mask input `mask` is made from, when `mask` is "causal AND attention_mask"
     /// for queries of length `seq` over `total` keys (past = total − seq); why not otherwise.
-    fn attention_mask(&self, egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Result<Id, Decline> {
+    /// Searches the matcher's cap cut short are added to `caps`.
+    fn attention_mask(
+        &self,
+        egraph: &EGraph,
+        mask: Id,
+        (batch, seq, total): (&Dim, &Dim, &Dim),
+        caps: &mut Vec<CapHit>,
+    ) -> Result<Id, Decline> {
         let mut why = Vec::new();
-        for s in matches_at(egraph, &self.eager_padded, mask) {
+        for s in search(egraph, &self.eager_padded, mask, caps) {
             let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
                 && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
                 && is_masking_value(egraph, s[var("?masked")]);
@@ -475,12 +542,12 @@ impl MaskPatterns {
                 why.push("the padding mask is not Where(causal + mask == 0, min, causal)");
                 continue;
             }
-            match self.eager_causal_ok(egraph, s[var("?causal")], seq, total) {
+            match self.eager_causal_ok(egraph, s[var("?causal")], seq, total, caps) {
                 Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
                 Err(reason) => why.push(reason),
             }
         }
-        for s in matches_at(egraph, &self.clamped_padded, mask) {
+        for s in search(egraph, &self.clamped_padded, mask, caps) {
             let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
                 && is_int(egraph, s[var("?causal_axes")], &[0, 1])
                 && scalar_value(egraph, s[var("?one")]) == Some(1.0)
@@ -491,7 +558,7 @@ impl MaskPatterns {
                 why.push("the padding mask is not max(causal + (1 − mask)·min, min)");
                 continue;
             }
-            match self.clamped_causal_ok(egraph, s[var("?causal2d")], seq, total) {
+            match self.clamped_causal_ok(egraph, s[var("?causal2d")], seq, total, caps) {
                 Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
                 Err(reason) => why.push(reason),
             }
@@ -503,8 +570,15 @@ impl MaskPatterns {
     }
 
     /// `causal` is the eager spelling's causal part over `[seq, total]`.
-    fn eager_causal_ok(&self, egraph: &EGraph, causal: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
-        for s in matches_at(egraph, &self.eager_causal, causal) {
+    fn eager_causal_ok(
+        &self,
+        egraph: &EGraph,
+        causal: Id,
+        seq: &Dim,
+        total: &Dim,
+        caps: &mut Vec<CapHit>,
+    ) -> Result<(), &'static str> {
+        for s in search(egraph, &self.eager_causal, causal, caps) {
             let filled = node_of(egraph, s[var("?fill")], Domain::Onnx, "ConstantOfShape").is_some_and(|n| {
                 let value = n.head.attrs().and_then(|a| a.tensor("value").ok().flatten());
                 value.is_some_and(|t| t.numel() == 1 && t.to_f64_vec()[0] <= -1e30)
@@ -536,8 +610,15 @@ impl MaskPatterns {
     }
 
     /// `causal2d` is the `masking_utils` causal part over `[seq, total]`.
-    fn clamped_causal_ok(&self, egraph: &EGraph, causal2d: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
-        for s in matches_at(egraph, &self.clamped_causal, causal2d) {
+    fn clamped_causal_ok(
+        &self,
+        egraph: &EGraph,
+        causal2d: Id,
+        seq: &Dim,
+        total: &Dim,
+        caps: &mut Vec<CapHit>,
+    ) -> Result<(), &'static str> {
+        for s in search(egraph, &self.clamped_causal, causal2d, caps) {
             let ok = is_int(egraph, s[var("?key_axes")], &[0])
                 && (is_int(egraph, s[var("?query_axes")], &[1]) || is_int(egraph, s[var("?query_axes")], &[-1]))
                 && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
@@ -1080,4 +1161,71 @@ fn bool_padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total:
         return Err("the mask is not Unsqueeze(attention_mask, [1, 2])".into());
     }
     padding_source(egraph, unsq.children[0], batch, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph_ops::add_const;
+    use ir::egraph::NpuAnalysis;
+    use ir::Tensor;
+
+    fn input(egraph: &mut EGraph, name: &str) -> Id {
+        egraph.add(ENode::leaf(Head::Input(name.into())))
+    }
+
+    /// transformers' eager padding mask whose sum class holds `candidates` spellings of
+    /// `causal + padding`, each with a causal part of its own: the class and its e-graph.
+    fn eager_mask_with_candidates(candidates: usize) -> (EGraph, Id) {
+        let mut egraph = EGraph::new(NpuAnalysis::default());
+        let am = input(&mut egraph, "attention_mask");
+        let cast = egraph.add(onnx("Cast", attrs(&[("to", Attr::Int(1))]), vec![am]));
+        let axes = i64s(&mut egraph, &[1, 2]);
+        let padding = egraph.add(onnx("Unsqueeze", Attrs::default(), vec![cast, axes]));
+        let sums: Vec<Id> = (0..candidates)
+            .map(|i| {
+                let causal = input(&mut egraph, &format!("causal{i}"));
+                egraph.add(onnx("Add", Attrs::default(), vec![causal, padding]))
+            })
+            .collect();
+        for &sum in &sums[1..] {
+            egraph.union(sums[0], sum);
+        }
+        egraph.rebuild();
+        let zero = add_const(&mut egraph, Tensor::scalar_f32(0.0));
+        let equal = egraph.add(onnx("Equal", Attrs::default(), vec![sums[0], zero]));
+        let min = add_const(&mut egraph, Tensor::scalar_f32(f32::MIN));
+        let causal = input(&mut egraph, "causal0");
+        let mask = egraph.add(onnx("Where", Attrs::default(), vec![equal, min, causal]));
+        egraph.rebuild();
+        (egraph, mask)
+    }
+
+    /// Runs the mask search the eager-attention fold runs, recording its caps as the fold does.
+    fn search_mask(egraph: &mut EGraph, mask: Id) -> Result<Id, Decline> {
+        let one = Dim::known(1);
+        let mut caps = vec![];
+        let found = MaskPatterns::new().attention_mask(egraph, mask, (&one, &one, &one), &mut caps);
+        record_caps(egraph, Symbol::from("attention-sdpa-div"), &caps);
+        found
+    }
+
+    #[test]
+    fn a_mask_search_cut_short_by_the_matcher_cap_is_reported() {
+        let (mut egraph, mask) = eager_mask_with_candidates(MAX_MATCHES + 1);
+        assert!(search_mask(&mut egraph, mask).is_err());
+        let declined: Vec<_> = egraph.analysis.declined.iter().collect();
+        assert_eq!(declined.len(), 1, "{declined:?}");
+        assert_eq!(declined[0].rule, "attention-sdpa-div");
+        assert_eq!(declined[0].class, egraph.find(mask));
+        assert!(declined[0].reason.contains("eager padding mask"), "{}", declined[0].reason);
+        assert!(declined[0].reason.contains("MAX_MATCHES = 64"), "{}", declined[0].reason);
+    }
+
+    #[test]
+    fn a_mask_search_within_the_matcher_cap_reports_nothing() {
+        let (mut egraph, mask) = eager_mask_with_candidates(MAX_MATCHES);
+        assert!(search_mask(&mut egraph, mask).is_err());
+        assert!(egraph.analysis.declined.is_empty(), "{:?}", egraph.analysis.declined);
+    }
 }
