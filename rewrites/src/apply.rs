@@ -133,3 +133,57 @@ pub fn declines(reason: &'static str) -> Computed<Declines> {
 pub fn bound<const N: usize>(subst: &Subst, names: [&str; N]) -> [Id; N] {
     names.map(|n| subst[var(n)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rewrite;
+    use egg::{rewrite as rw, Runner};
+    use ir::egraph::Head;
+    use ir::{Attrs, Domain};
+
+    /// `Neg(x)` after `rules` ran: the e-graph, x's class and the Neg's.
+    fn run(rules: &[Rewrite]) -> (EGraph, Id, Id) {
+        let mut egraph = EGraph::new(NpuAnalysis::default());
+        let x = egraph.add(ENode::leaf(Head::Input("x".into())));
+        let neg = egraph.add(ENode::op(Domain::Onnx, "Neg", Attrs::default(), vec![x]));
+        let runner = Runner::default().with_egraph(egraph).with_iter_limit(3).run(rules);
+        (runner.egraph, x, neg)
+    }
+
+    fn abs_of(egraph: &EGraph, x: Id) -> Option<Id> {
+        egraph.lookup(ENode::op(Domain::Onnx, "Abs", Attrs::default(), vec![x]))
+    }
+
+    #[test]
+    fn a_decline_is_recorded_under_the_rule_name_egg_passes() {
+        let (egraph, _, neg) = run(&[rw!("test-declines"; "(Neg ?x)" => { declines("never folded") })]);
+        let declined: Vec<_> = egraph.analysis.declined.iter().collect();
+        assert_eq!(declined.len(), 1, "{declined:?}");
+        assert_eq!(declined[0].rule, "test-declines");
+        assert_eq!(declined[0].class, egraph.find(neg));
+        assert_eq!(declined[0].reason, "never folded");
+    }
+
+    #[test]
+    fn a_guarded_pattern_applies_when_its_check_passes() {
+        let pass = |_: &EGraph, _: Id, _: &Subst| Ok(());
+        let (egraph, x, neg) = run(&[rw!("test-pass"; "(Neg ?x)" => { Computed::guarded("(Abs ?x)", pass) })]);
+        assert_eq!(abs_of(&egraph, x).map(|a| egraph.find(a)), Some(egraph.find(neg)));
+        assert!(egraph.analysis.declined.is_empty());
+    }
+
+    #[test]
+    fn a_guarded_pattern_whose_check_refuses_declines_with_its_reason_or_silently() {
+        let refuse = |_: &EGraph, _: Id, _: &Subst| Err(Decline::from("x is not wanted"));
+        let (egraph, x, _) = run(&[rw!("test-refuse"; "(Neg ?x)" => { Computed::guarded("(Abs ?x)", refuse) })]);
+        assert_eq!(abs_of(&egraph, x), None);
+        let reasons: Vec<_> = egraph.analysis.declined.iter().map(|d| (d.rule.as_str(), d.reason.as_str())).collect();
+        assert_eq!(reasons, [("test-refuse", "x is not wanted")]);
+
+        let no_candidate = |_: &EGraph, _: Id, _: &Subst| Err(no_match());
+        let (egraph, x, _) = run(&[rw!("test-silent"; "(Neg ?x)" => { Computed::guarded("(Abs ?x)", no_candidate) })]);
+        assert_eq!(abs_of(&egraph, x), None);
+        assert!(egraph.analysis.declined.is_empty());
+    }
+}
