@@ -71,14 +71,15 @@
 //! ONNX Runtime's on the same file with exactly those pairs bypassed (the corpus's contract for
 //! QDQ files, `tests/corpus.rs`).
 
-use crate::cond::{int_values, scalar_value, union_all, var};
-use crate::rope::{
-    add_typed, cache_rows, dim_value, full_width, heads_view, i64_scalar, i64s, matched_attrs, onnx, reshape, rope,
-    transpose, type_of,
+use crate::apply::{bound, no_match, Computed, Decline, Fold, Folded};
+use crate::cond::var;
+use crate::egraph_ops::{
+    add_typed, attrs, cache_rows, dim_value, dims, full_width, heads_view, i64_scalar, i64s, int_attr, is_absent,
+    is_int, node_attrs, node_of, onnx, reshape, rope, scalar_value, transpose, type_of, union_all,
 };
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, ENodeOrVar, Id, Language, Pattern, PatternAst, Subst, Symbol};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
+use egg::{rewrite as rw, ENodeOrVar, Id, Language, Pattern, Subst, Symbol};
+use ir::egraph::{EGraph, ENode, Head, TypeInfo};
 use ir::{Attr, Attrs, DType, Dim, Domain};
 
 /// The family's rules.
@@ -88,95 +89,59 @@ pub fn rules() -> Vec<Rewrite> {
         // softmax(q·kᵀ / s + causal∧mask)·v over concat(past, new), kv heads repeated  →  Attention
         rw!("attention-sdpa-div";
             "(MatMul (Softmax{axis=-1} (Add (Div (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
-            => { FoldSdpa::new("attention-sdpa-div", ScaleBy::Divide) }),
+            => { FoldSdpa::new(ScaleBy::Divide) }),
         // softmax(q·kᵀ · s + causal∧mask)·v over concat(past, new), kv heads repeated  →  Attention
         rw!("attention-sdpa-mul";
             "(MatMul (Softmax{axis=-1} (Add (Mul (MatMul ?q (Transpose{perm=[0,1,3,2]} ?krep)) ?s) ?mask)) ?vrep)"
-            => { FoldSdpa::new("attention-sdpa-mul", ScaleBy::Multiply) }),
+            => { FoldSdpa::new(ScaleBy::Multiply) }),
         // k [B,H,T,D] reshaped to [B·H,T,D], transposed [0,2,1], reshaped to [B,H,D,T]  =  Transpose{[0,1,3,2]}(k)
         rw!("attention-kt-through-3d";
             "(Reshape (Transpose{perm=[0,2,1]} ?flat) ?shape)"
-            => { KtThrough3d }),
+            => { Computed::new(KtThrough3d) }),
         // softmax((q·√s)·(kᵀ·√s) + causal∧mask)·v, NaN rows zeroed, over concat(past, new)  →  Attention
         rw!("attention-sdpa-split-scale";
             "(MatMul (Where (IsNaN (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?zero (Softmax{axis=-1} (Add (MatMul (Mul ?q ?s) (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2)) ?mask))) ?vrep)"
-            => { FoldSdpa::new("attention-sdpa-split-scale", ScaleBy::Split) }),
+            => { FoldSdpa::new(ScaleBy::Split) }),
         // the split-scale form with Q/DQ pairs on q·√s, kᵀ·√s, the scores, the probabilities and v, dropped  →  Attention
         rw!("attention-sdpa-split-scale-qdq";
             "(MatMul (DequantizeLinear (QuantizeLinear (Where (IsNaN (Softmax{axis=-1} (Add (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear (Mul ?q ?s) ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?mask))) ?zero (Softmax{axis=-1} (Add (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear (Mul ?q ?s) ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Mul (Transpose{perm=[0,1,3,2]} ?krep) ?s2) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?mask))) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
-            => { FoldSdpa::new("attention-sdpa-split-scale-qdq", ScaleBy::Split) }),
+            => { FoldSdpa::new(ScaleBy::Split) }),
         // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
         rw!("attention-sdpa-div-qdq";
             "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Div (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
-            => { FoldSdpa::new("attention-sdpa-div-qdq", ScaleBy::Divide) }),
+            => { FoldSdpa::new(ScaleBy::Divide) }),
         // the same with Q/DQ pairs on q, kᵀ, the scores, the probabilities and v, dropped  →  Attention
         rw!("attention-sdpa-mul-qdq";
             "(MatMul (DequantizeLinear (QuantizeLinear (Softmax{axis=-1} (Add (Mul (DequantizeLinear (QuantizeLinear (MatMul (DequantizeLinear (QuantizeLinear ?q ?qs ?qz) ?qs ?qz) (DequantizeLinear (QuantizeLinear (Transpose{perm=[0,1,3,2]} ?krep) ?ks ?kz) ?ks ?kz)) ?ss ?sz) ?ss ?sz) ?s) ?mask)) ?ps ?pz) ?ps ?pz) (DequantizeLinear (QuantizeLinear ?vrep ?vs ?vz) ?vs ?vz))"
-            => { FoldSdpa::new("attention-sdpa-mul-qdq", ScaleBy::Multiply) }),
+            => { FoldSdpa::new(ScaleBy::Multiply) }),
         // GroupQueryAttention(q, k, v, cache, seqlens, total, rotary caches)  →  Rope, Rope, Attention in BNSH
         rw!("attention-gqa";
             "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin)"
-            => { FoldGqa { rule: "attention-gqa" } }),
+            => { Computed::new(FoldGqa) }),
         // GroupQueryAttention(q, k, v, cache, seqlens, total) without rotary  →  Attention in BNSH
         rw!("attention-gqa-no-rotary";
             "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total)"
-            => { FoldGqa { rule: "attention-gqa-no-rotary" } }),
+            => { Computed::new(FoldGqa) }),
         // the same with position_ids, attention_bias or head_sink inputs: folded only when absent
         rw!("attention-gqa-position-ids";
             "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids)"
-            => { FoldGqa { rule: "attention-gqa-position-ids" } }),
+            => { Computed::new(FoldGqa) }),
         rw!("attention-gqa-bias";
             "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids ?bias)"
-            => { FoldGqa { rule: "attention-gqa-bias" } }),
+            => { Computed::new(FoldGqa) }),
         rw!("attention-gqa-head-sink";
             "(com.microsoft::GroupQueryAttention ?q ?k ?v ?pk ?pv ?seqlens ?total ?cos ?sin ?position_ids ?bias ?head_sink)"
-            => { FoldGqa { rule: "attention-gqa-head-sink" } }),
+            => { Computed::new(FoldGqa) }),
         // Attention{is_causal=1}(q, k, v, padding mask, cache)  →  Attention in BNSH
         rw!("attention-onnx";
             "(Attention ?q ?k ?v ?mask ?pk ?pv)"
-            => { FoldOnnx { rule: "attention-onnx" } }),
+            => { Computed::new(FoldOnnx) }),
         // Attention{is_causal=1}(q, k, v, padding mask) without a cache  →  Attention in BNSH
         rw!("attention-onnx-no-cache";
             "(Attention ?q ?k ?v ?mask)"
-            => { FoldOnnx { rule: "attention-onnx-no-cache" } }),
+            => { Computed::new(FoldOnnx) }),
     ];
     rules
-}
-
-/// Why a candidate is declined, or `Ok` with what the fold needs.
-type Fold<T> = Result<T, Decline>;
-
-/// A declined candidate: `Some(reason)` to report, `None` when the match is not a candidate at
-/// all (nothing worth telling a user).
-struct Decline(Option<String>);
-
-impl From<String> for Decline {
-    fn from(s: String) -> Self {
-        Decline(Some(s))
-    }
-}
-
-impl From<&str> for Decline {
-    fn from(s: &str) -> Self {
-        Decline(Some(s.to_string()))
-    }
-}
-
-/// Not a candidate: no reason to report.
-fn no_match() -> Decline {
-    Decline(None)
-}
-
-/// Runs a fold and records its decline reason under `rule`.
-fn apply_fold(egraph: &mut EGraph, rule: &str, eclass: Id, fold: Fold<Vec<Id>>) -> Vec<Id> {
-    match fold {
-        Ok(changed) => changed,
-        Err(Decline(Some(reason))) => {
-            egraph.analysis.decline(rule, eclass, reason);
-            vec![]
-        }
-        Err(Decline(None)) => vec![],
-    }
 }
 
 /// The inputs and attributes of one `npuc::Attention`.
@@ -198,12 +163,15 @@ struct AttentionInputs {
 fn add_attention(egraph: &mut EGraph, a: &AttentionInputs) -> [Id; 3] {
     let absent = egraph.add(ENode::leaf(Head::Absent));
     let opt = |x: Option<Id>| x.unwrap_or(absent);
-    let mut attrs =
+    let mut pairs =
         vec![("q_heads", Attr::Int(a.q_heads)), ("kv_heads", Attr::Int(a.kv_heads)), ("scale", Attr::Float(a.scale))];
-    attrs.extend(a.window.map(|w| ("window", Attr::Int(w as i64))));
-    let attrs = crate::rope::attrs(&attrs);
-    let node =
-        ENode::op(Domain::Npuc, "Attention", attrs, vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)]);
+    pairs.extend(a.window.map(|w| ("window", Attr::Int(w as i64))));
+    let node = ENode::op(
+        Domain::Npuc,
+        "Attention",
+        attrs(&pairs),
+        vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)],
+    );
     let tuple = egraph.add(node);
     [0, 1, 2].map(|i| egraph.add(ENode { head: Head::Proj(i), children: vec![tuple] }))
 }
@@ -218,34 +186,6 @@ fn outputs_of(egraph: &EGraph, tuple: Id, mine: [Id; 3]) -> Vec<(Id, Id)> {
     (0..3)
         .filter_map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![tuple] }).map(|p| (p, mine[i])))
         .collect()
-}
-
-/// The first node of `domain::op` in `class`.
-fn node_of<'a>(egraph: &'a EGraph, class: Id, domain: Domain, op: &str) -> Option<&'a ENode> {
-    egraph[class]
-        .nodes
-        .iter()
-        .find(|n| matches!(&n.head, Head::Op { domain: d, op: o, .. } if *d == domain && *o == op))
-}
-
-/// The attribute `name` of a node as an int.
-fn int_attr(node: &ENode, name: &str) -> Option<i64> {
-    node.head.attrs().and_then(|a| a.int(name).ok().flatten())
-}
-
-/// The dims of a class's type.
-fn dims(egraph: &EGraph, id: Id) -> Option<Vec<Dim>> {
-    type_of(egraph, id).map(|t| t.shape)
-}
-
-/// A known dim's value.
-fn known(d: &Dim) -> Option<i64> {
-    d.as_known()
-}
-
-/// The int64 constant `[v]` or `v`.
-fn is_int(egraph: &EGraph, id: Id, want: &[i64]) -> bool {
-    int_values(egraph, id).as_deref() == Some(want)
 }
 
 /// True when the class is a one-element constant at or below −1e30: a masked score (float32 min
@@ -265,20 +205,41 @@ enum ScaleBy {
 
 /// Folds eager attention (optimum's export and its QDQ graphs) into `Attention`.
 struct FoldSdpa {
-    rule: &'static str,
     scale: ScaleBy,
     masks: MaskPatterns,
 }
 
+/// The KV cache an eager-attention match reads: each present, the past and new parts it
+/// concatenates, and how many query heads each of its heads serves.
+struct EagerCache {
+    present_k: Id,
+    present_v: Id,
+    past_k: Id,
+    past_v: Id,
+    k: Id,
+    v: Id,
+    k_rep: i64,
+    v_rep: i64,
+}
+
+/// The shapes of an eager-attention match, checked to agree: the query's dims, the head counts
+/// and the past and total lengths.
+struct EagerShapes {
+    qd: Vec<Dim>,
+    q_heads: i64,
+    kv_heads: i64,
+    past_len: Dim,
+    total: Dim,
+}
+
 impl FoldSdpa {
-    fn new(rule: &'static str, scale: ScaleBy) -> FoldSdpa {
-        FoldSdpa { rule, scale, masks: MaskPatterns::new() }
+    fn new(scale: ScaleBy) -> Computed<FoldSdpa> {
+        Computed::new(FoldSdpa { scale, masks: MaskPatterns::new() })
     }
 
-    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
-        let (q, krep, vrep, s, mask) =
-            (subst[var("?q")], subst[var("?krep")], subst[var("?vrep")], subst[var("?s")], subst[var("?mask")]);
-        let s = scalar_value(egraph, s).ok_or("the score scale is not a constant scalar")?;
+    /// The factor the scores are multiplied by.
+    fn score_scale(&self, egraph: &EGraph, subst: &Subst) -> Result<f32, Decline> {
+        let s = scalar_value(egraph, subst[var("?s")]).ok_or("the score scale is not a constant scalar")?;
         let scale = match self.scale {
             ScaleBy::Divide => 1.0 / s,
             ScaleBy::Multiply => s,
@@ -292,61 +253,33 @@ impl FoldSdpa {
         if !scale.is_finite() || scale == 0.0 {
             return Err(format!("score scale {s} is not usable").into());
         }
-        let (present_k, k_rep) =
-            repeated_kv(egraph, krep).ok_or("the keys are not the cache, repeated over the query heads")?;
-        let (present_v, v_rep) =
-            repeated_kv(egraph, vrep).ok_or("the values are not the cache, repeated over the query heads")?;
-        let (past_k, k) =
-            cache_append(egraph, present_k).ok_or("the keys are not concat(past, new) on the sequence axis")?;
-        let (past_v, v) =
-            cache_append(egraph, present_v).ok_or("the values are not concat(past, new) on the sequence axis")?;
-        let qd = dims(egraph, q).ok_or_else(no_match)?;
-        let kd = dims(egraph, k).ok_or_else(no_match)?;
-        let (vd, pkd, pvd) = (dims(egraph, v), dims(egraph, past_k), dims(egraph, past_v));
-        let td = dims(egraph, present_k).ok_or_else(no_match)?;
-        if qd.len() != 4 || kd.len() != 4 || td.len() != 4 {
-            return Err("q and the cache are not [batch, heads, sequence, head_dim]".into());
-        }
-        let (q_heads, kv_heads) = (known(&qd[1]), known(&kd[1]));
-        let (Some(q_heads), Some(kv_heads)) = (q_heads, kv_heads) else {
-            return Err("head counts are not known".into());
-        };
-        if k_rep != v_rep || kv_heads * k_rep != q_heads {
-            return Err(format!(
-                "{q_heads} query heads are not {kv_heads} kv heads repeated {k_rep} (keys) / {v_rep} (values) times"
-            )
-            .into());
-        }
-        let kv = [qd[0].clone(), kd[1].clone(), qd[2].clone(), qd[3].clone()];
-        let past = [
-            qd[0].clone(),
-            kd[1].clone(),
-            pkd.as_ref().and_then(|p| p.get(2).cloned()).unwrap_or_default(),
-            qd[3].clone(),
-        ];
-        if kd != kv
-            || vd.as_deref() != Some(&kv[..])
-            || pkd.as_deref() != Some(&past[..])
-            || pvd.as_deref() != Some(&past[..])
-        {
-            return Err(
-                "q, the new keys/values and the past do not agree on batch, heads, sequence and head_dim".into()
-            );
-        }
-        let (seq, total) = (qd[2].clone(), td[2].clone());
-        let (am, window) = match self.masks.attention_mask(egraph, mask, &qd[0], &seq, &total) {
+        Ok(scale)
+    }
+}
+
+impl Fold for FoldSdpa {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let [q, krep, vrep, mask] = bound(subst, ["?q", "?krep", "?vrep", "?mask"]);
+        let scale = self.score_scale(egraph, subst)?;
+        let c = eager_cache(egraph, krep, vrep)?;
+        let EagerShapes { qd, q_heads, kv_heads, past_len, total } = eager_shapes(egraph, q, &c)?;
+        let seq = qd[2].clone();
+        let mut caps = vec![];
+        let found = self.masks.attention_mask(egraph, mask, (&qd[0], &seq, &total), &mut caps);
+        record_caps(egraph, rule, &caps);
+        let (am, window) = match found {
             Ok(am) => (am, None),
             Err(_) => {
-                let proven = crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past[2])?;
+                let proven = crate::causal_mask::padding_source(egraph, mask, &qd[0], &seq, &past_len)?;
                 (proven.padding, proven.window)
             }
         };
         let inputs = AttentionInputs {
             q,
-            k,
-            v,
-            past_k: Some(past_k),
-            past_v: Some(past_v),
+            k: c.k,
+            v: c.v,
+            past_k: Some(c.past_k),
+            past_v: Some(c.past_v),
             mask: Some(am),
             q_heads,
             kv_heads,
@@ -354,22 +287,55 @@ impl FoldSdpa {
             window,
         };
         let [y, pk, pv] = add_attention(egraph, &inputs);
-        Ok(union_all(egraph, rule, &[(eclass, y), (present_k, pk), (present_v, pv)]))
+        Ok(union_all(egraph, rule, &[(eclass, y), (c.present_k, pk), (c.present_v, pv)]))
     }
 }
 
-impl Applier<ENode, NpuAnalysis> for FoldSdpa {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let fold = self.fold(egraph, eclass, subst, rule);
-        apply_fold(egraph, self.rule, eclass, fold)
+/// The KV cache behind the repeated keys `krep` and values `vrep` of an eager-attention match.
+fn eager_cache(egraph: &EGraph, krep: Id, vrep: Id) -> Result<EagerCache, Decline> {
+    let (present_k, k_rep) =
+        repeated_kv(egraph, krep).ok_or("the keys are not the cache, repeated over the query heads")?;
+    let (present_v, v_rep) =
+        repeated_kv(egraph, vrep).ok_or("the values are not the cache, repeated over the query heads")?;
+    let (past_k, k) =
+        cache_append(egraph, present_k).ok_or("the keys are not concat(past, new) on the sequence axis")?;
+    let (past_v, v) =
+        cache_append(egraph, present_v).ok_or("the values are not concat(past, new) on the sequence axis")?;
+    Ok(EagerCache { present_k, present_v, past_k, past_v, k, v, k_rep, v_rep })
+}
+
+/// The shapes of query `q` over cache `c`, when they agree on batch, heads, sequence and
+/// head_dim.
+fn eager_shapes(egraph: &EGraph, q: Id, c: &EagerCache) -> Result<EagerShapes, Decline> {
+    let qd = dims(egraph, q).ok_or_else(no_match)?;
+    let kd = dims(egraph, c.k).ok_or_else(no_match)?;
+    let (vd, pkd, pvd) = (dims(egraph, c.v), dims(egraph, c.past_k), dims(egraph, c.past_v));
+    let td = dims(egraph, c.present_k).ok_or_else(no_match)?;
+    if qd.len() != 4 || kd.len() != 4 || td.len() != 4 {
+        return Err("q and the cache are not [batch, heads, sequence, head_dim]".into());
     }
+    let (Some(q_heads), Some(kv_heads)) = (qd[1].as_known(), kd[1].as_known()) else {
+        return Err("head counts are not known".into());
+    };
+    let (k_rep, v_rep) = (c.k_rep, c.v_rep);
+    if k_rep != v_rep || kv_heads * k_rep != q_heads {
+        return Err(format!(
+            "{q_heads} query heads are not {kv_heads} kv heads repeated {k_rep} (keys) / {v_rep} (values) times"
+        )
+        .into());
+    }
+    let kv = [qd[0].clone(), kd[1].clone(), qd[2].clone(), qd[3].clone()];
+    let past =
+        [qd[0].clone(), kd[1].clone(), pkd.as_ref().and_then(|p| p.get(2).cloned()).unwrap_or_default(), qd[3].clone()];
+    if kd != kv
+        || vd.as_deref() != Some(&kv[..])
+        || pkd.as_deref() != Some(&past[..])
+        || pvd.as_deref() != Some(&past[..])
+    {
+        return Err("q, the new keys/values and the past do not agree on batch, heads, sequence and head_dim".into());
+    }
+    let [_, _, past_len, _] = past;
+    Ok(EagerShapes { qd, q_heads, kv_heads, past_len, total: td[2].clone() })
 }
 
 /// torch.export's `kᵀ`: a 4-D `[B, H, T, D]` value reshaped to `[B·H, T, D]`, transposed to
@@ -378,29 +344,18 @@ impl Applier<ENode, NpuAnalysis> for FoldSdpa {
 /// graph from `Shape`) are not read.
 struct KtThrough3d;
 
-impl Applier<ENode, NpuAnalysis> for KtThrough3d {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for KtThrough3d {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let flat = subst[var("?flat")];
-        let (Some(fd), Some(out)) = (dims(egraph, flat), dims(egraph, eclass)) else { return vec![] };
-        let source = egraph[flat].nodes.iter().find_map(|n| match &n.head {
-            Head::Op { domain: Domain::Onnx, op: "Reshape", .. } => Some(n.children[0]),
-            _ => None,
-        });
-        let Some(x) = source else { return vec![] };
-        let Some(xd) = dims(egraph, x) else { return vec![] };
+        let (Some(fd), Some(out)) = (dims(egraph, flat), dims(egraph, eclass)) else { return Err(no_match()) };
+        let x = node_of(egraph, flat, Domain::Onnx, "Reshape").map(|n| n.children[0]).ok_or_else(no_match)?;
+        let xd = dims(egraph, x).ok_or_else(no_match)?;
         let merged = xd.len() == 4 && xd[0].mul(&xd[1]).is_some_and(|bh| fd == [bh, xd[2].clone(), xd[3].clone()]);
         if !merged || out != [xd[0].clone(), xd[1].clone(), xd[3].clone(), xd[2].clone()] {
-            return vec![];
+            return Err(no_match());
         }
-        let Some(t) = transpose(egraph, x, &[0, 1, 3, 2]) else { return vec![] };
-        union_all(egraph, rule, &[(eclass, t)])
+        let t = transpose(egraph, x, &[0, 1, 3, 2]).ok_or_else(no_match)?;
+        Ok(union_all(egraph, rule, &[(eclass, t)]))
     }
 }
 
@@ -416,8 +371,8 @@ fn repeated_kv(egraph: &EGraph, class: Id) -> Option<(Id, i64)> {
             return None;
         }
         let (c, x, y) = (dims(egraph, cache)?, dims(egraph, r.children[0])?, dims(egraph, class)?);
-        let n = known(x.get(2)?)?;
-        let heads = known(c.get(1)?)?;
+        let n = x.get(2)?.as_known()?;
+        let heads = c.get(1)?.as_known()?;
         let ok = c.len() == 4
             && x == [c[0].clone(), c[1].clone(), Dim::known(n), c[2].clone(), c[3].clone()]
             && y == [c[0].clone(), Dim::known(heads * n), c[2].clone(), c[3].clone()];
@@ -451,50 +406,108 @@ const CLAMPED_PADDED: &str =
 const CLAMPED_CAUSAL: &str =
     "(Where (LessOrEqual (Unsqueeze ?key_pos ?key_axes) (Unsqueeze ?query_pos ?query_axes)) ?zero ?masked)";
 
-/// The parsed mask spellings.
-struct MaskPatterns {
-    eager_padded: Pattern<ENode>,
-    eager_causal: Pattern<ENode>,
-    clamped_padded: Pattern<ENode>,
-    clamped_causal: Pattern<ENode>,
+/// A mask spelling: its name in reports and its parsed pattern.
+struct MaskSpelling {
+    name: &'static str,
+    pattern: Pattern<ENode>,
 }
 
-/// The substitutions of `pattern` rooted at `class`. A direct backtracking match rather than
-/// egg's search machine: appliers run between rebuilds, on an e-graph egg will not search.
-fn matches_at(egraph: &EGraph, pattern: &Pattern<ENode>, class: Id) -> Vec<Subst> {
-    let ast = pattern.ast.as_ref();
+impl MaskSpelling {
+    fn new(name: &'static str, pattern: &str) -> MaskSpelling {
+        let pattern = pattern.parse().unwrap_or_else(|e| panic!("mask pattern `{pattern}`: {e}"));
+        MaskSpelling { name, pattern }
+    }
+}
+
+/// The parsed mask spellings.
+struct MaskPatterns {
+    eager_padded: MaskSpelling,
+    eager_causal: MaskSpelling,
+    clamped_padded: MaskSpelling,
+    clamped_causal: MaskSpelling,
+}
+
+/// The matcher's cap: partial matches it collects for one operand of a pattern node before it
+/// stops looking (a mask class holds a handful of candidates; a class with more is no mask any
+/// exporter writes, and the search would grow with their product).
+const MAX_MATCHES: usize = 64;
+
+/// A mask search [`MAX_MATCHES`] cut short: the spelling and the class it was matched at.
+#[derive(Debug)]
+struct CapHit {
+    spelling: &'static str,
+    class: Id,
+}
+
+impl CapHit {
+    fn reason(&self) -> String {
+        format!(
+            "matching the {} at this class stopped at the matcher's cap (MAX_MATCHES = {MAX_MATCHES} partial matches \
+             per operand): candidates past it were not examined",
+            self.spelling
+        )
+    }
+}
+
+/// Records each search the cap cut short as a decline of `rule` at the class it was matched at.
+fn record_caps(egraph: &mut EGraph, rule: Symbol, caps: &[CapHit]) {
+    for hit in caps {
+        let class = egraph.find(hit.class);
+        egraph.analysis.decline(rule.as_str(), class, hit.reason());
+    }
+}
+
+/// The substitutions of `spelling` rooted at `class`; a search the cap cut short is added to
+/// `caps`.
+fn search(egraph: &EGraph, spelling: &MaskSpelling, class: Id, caps: &mut Vec<CapHit>) -> Vec<Subst> {
+    let mut matcher = Matcher { egraph, ast: spelling.pattern.ast.as_ref(), capped: false };
     let mut out = Vec::new();
-    match_node(egraph, ast, ast.len() - 1, class, Subst::default(), &mut out);
+    matcher.match_node(matcher.ast.len() - 1, class, Subst::default(), &mut out);
+    if matcher.capped {
+        caps.push(CapHit { spelling: spelling.name, class });
+    }
     out
 }
 
-/// Matches pattern node `at` of `ast` against `class` under `subst`, pushing every completion.
-fn match_node(egraph: &EGraph, ast: &[ENodeOrVar<ENode>], at: usize, class: Id, subst: Subst, out: &mut Vec<Subst>) {
-    const MAX_MATCHES: usize = 64;
-    if out.len() >= MAX_MATCHES {
-        return;
-    }
-    match &ast[at] {
-        ENodeOrVar::Var(v) => match subst.get(*v) {
-            Some(&bound) if egraph.find(bound) != egraph.find(class) => {}
-            Some(_) => out.push(subst),
-            None => {
-                let mut s = subst;
-                s.insert(*v, egraph.find(class));
-                out.push(s);
-            }
-        },
-        ENodeOrVar::ENode(p) => {
-            for n in egraph[class].nodes.iter().filter(|n| p.matches(n)) {
-                let mut partial = vec![subst.clone()];
-                for (pc, &nc) in p.children.iter().zip(&n.children) {
-                    let mut next = Vec::new();
-                    for s in partial {
-                        match_node(egraph, ast, usize::from(*pc), nc, s, &mut next);
-                    }
-                    partial = next;
+/// A direct backtracking match of one pattern rather than egg's search machine: appliers run
+/// between rebuilds, on an e-graph egg will not search.
+struct Matcher<'a> {
+    egraph: &'a EGraph,
+    ast: &'a [ENodeOrVar<ENode>],
+    /// Whether [`MAX_MATCHES`] stopped the search somewhere.
+    capped: bool,
+}
+
+impl Matcher<'_> {
+    /// Matches pattern node `at` against `class` under `subst`, pushing every completion.
+    fn match_node(&mut self, at: usize, class: Id, subst: Subst, out: &mut Vec<Subst>) {
+        if out.len() >= MAX_MATCHES {
+            self.capped = true;
+            return;
+        }
+        let egraph = self.egraph;
+        match &self.ast[at] {
+            ENodeOrVar::Var(v) => match subst.get(*v) {
+                Some(&prior) if egraph.find(prior) != egraph.find(class) => {}
+                Some(_) => out.push(subst),
+                None => {
+                    let mut s = subst;
+                    s.insert(*v, egraph.find(class));
+                    out.push(s);
                 }
-                out.extend(partial);
+            },
+            ENodeOrVar::ENode(p) => {
+                for n in egraph[class].nodes.iter().filter(|n| p.matches(n)) {
+                    let mut partial = vec![subst.clone()];
+                    for (pc, &nc) in p.children.iter().zip(&n.children) {
+                        let mut next = Vec::new();
+                        for s in partial {
+                            self.match_node(usize::from(*pc), nc, s, &mut next);
+                        }
+                        partial = next;
+                    }
+                    out.extend(partial);
+                }
             }
         }
     }
@@ -502,20 +515,26 @@ fn match_node(egraph: &EGraph, ast: &[ENodeOrVar<ENode>], at: usize, class: Id, 
 
 impl MaskPatterns {
     fn new() -> MaskPatterns {
-        let p = |s: &str| s.parse().unwrap_or_else(|e| panic!("mask pattern `{s}`: {e}"));
         MaskPatterns {
-            eager_padded: p(EAGER_PADDED),
-            eager_causal: p(EAGER_CAUSAL),
-            clamped_padded: p(CLAMPED_PADDED),
-            clamped_causal: p(CLAMPED_CAUSAL),
+            eager_padded: MaskSpelling::new("eager padding mask", EAGER_PADDED),
+            eager_causal: MaskSpelling::new("eager causal part", EAGER_CAUSAL),
+            clamped_padded: MaskSpelling::new("masking_utils padding mask", CLAMPED_PADDED),
+            clamped_causal: MaskSpelling::new("masking_utils causal part", CLAMPED_CAUSAL),
         }
     }
 
     /// The attention_mask input `mask` is made from, when `mask` is "causal AND attention_mask"
     /// for queries of length `seq` over `total` keys (past = total − seq); why not otherwise.
-    fn attention_mask(&self, egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Fold<Id> {
+    /// Searches the matcher's cap cut short are added to `caps`.
+    fn attention_mask(
+        &self,
+        egraph: &EGraph,
+        mask: Id,
+        (batch, seq, total): (&Dim, &Dim, &Dim),
+        caps: &mut Vec<CapHit>,
+    ) -> Result<Id, Decline> {
         let mut why = Vec::new();
-        for s in matches_at(egraph, &self.eager_padded, mask) {
+        for s in search(egraph, &self.eager_padded, mask, caps) {
             let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
                 && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
                 && is_masking_value(egraph, s[var("?masked")]);
@@ -523,12 +542,12 @@ impl MaskPatterns {
                 why.push("the padding mask is not Where(causal + mask == 0, min, causal)");
                 continue;
             }
-            match self.eager_causal_ok(egraph, s[var("?causal")], seq, total) {
+            match self.eager_causal_ok(egraph, s[var("?causal")], seq, total, caps) {
                 Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
                 Err(reason) => why.push(reason),
             }
         }
-        for s in matches_at(egraph, &self.clamped_padded, mask) {
+        for s in search(egraph, &self.clamped_padded, mask, caps) {
             let ok = is_int(egraph, s[var("?pad_axes")], &[1, 2])
                 && is_int(egraph, s[var("?causal_axes")], &[0, 1])
                 && scalar_value(egraph, s[var("?one")]) == Some(1.0)
@@ -539,7 +558,7 @@ impl MaskPatterns {
                 why.push("the padding mask is not max(causal + (1 − mask)·min, min)");
                 continue;
             }
-            match self.clamped_causal_ok(egraph, s[var("?causal2d")], seq, total) {
+            match self.clamped_causal_ok(egraph, s[var("?causal2d")], seq, total, caps) {
                 Ok(()) => return padding_source(egraph, s[var("?am")], batch, total),
                 Err(reason) => why.push(reason),
             }
@@ -551,8 +570,15 @@ impl MaskPatterns {
     }
 
     /// `causal` is the eager spelling's causal part over `[seq, total]`.
-    fn eager_causal_ok(&self, egraph: &EGraph, causal: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
-        for s in matches_at(egraph, &self.eager_causal, causal) {
+    fn eager_causal_ok(
+        &self,
+        egraph: &EGraph,
+        causal: Id,
+        seq: &Dim,
+        total: &Dim,
+        caps: &mut Vec<CapHit>,
+    ) -> Result<(), &'static str> {
+        for s in search(egraph, &self.eager_causal, causal, caps) {
             let filled = node_of(egraph, s[var("?fill")], Domain::Onnx, "ConstantOfShape").is_some_and(|n| {
                 let value = n.head.attrs().and_then(|a| a.tensor("value").ok().flatten());
                 value.is_some_and(|t| t.numel() == 1 && t.to_f64_vec()[0] <= -1e30)
@@ -584,8 +610,15 @@ impl MaskPatterns {
     }
 
     /// `causal2d` is the `masking_utils` causal part over `[seq, total]`.
-    fn clamped_causal_ok(&self, egraph: &EGraph, causal2d: Id, seq: &Dim, total: &Dim) -> Result<(), &'static str> {
-        for s in matches_at(egraph, &self.clamped_causal, causal2d) {
+    fn clamped_causal_ok(
+        &self,
+        egraph: &EGraph,
+        causal2d: Id,
+        seq: &Dim,
+        total: &Dim,
+        caps: &mut Vec<CapHit>,
+    ) -> Result<(), &'static str> {
+        for s in search(egraph, &self.clamped_causal, causal2d, caps) {
             let ok = is_int(egraph, s[var("?key_axes")], &[0])
                 && (is_int(egraph, s[var("?query_axes")], &[1]) || is_int(egraph, s[var("?query_axes")], &[-1]))
                 && scalar_value(egraph, s[var("?zero")]) == Some(0.0)
@@ -654,7 +687,7 @@ fn same_length(width: &Dim, total: &Dim) -> bool {
 }
 
 /// The padding mask's source: an integer `[batch, total]` tensor (the attention_mask input).
-fn padding_source(egraph: &EGraph, am: Id, batch: &Dim, total: &Dim) -> Fold<Id> {
+fn padding_source(egraph: &EGraph, am: Id, batch: &Dim, total: &Dim) -> Result<Id, Decline> {
     match type_of(egraph, am) {
         Some(t)
             if t.dtype.is_int() && t.shape.len() == 2 && t.shape[0] == *batch && same_length(&t.shape[1], total) =>
@@ -672,28 +705,23 @@ fn padding_source(egraph: &EGraph, am: Id, batch: &Dim, total: &Dim) -> Fold<Id>
 }
 
 /// Reads the int attribute `name` (default `default`) of the matched op.
-fn attr_int(attrs: &Attrs, name: &str, default: i64) -> Fold<i64> {
+fn attr_int(attrs: &Attrs, name: &str, default: i64) -> Result<i64, Decline> {
     attrs.int_or(name, default).map_err(|e| e.to_string().into())
 }
 
 /// Reads the float attribute `name` of the matched op.
-fn attr_float(attrs: &Attrs, name: &str) -> Fold<Option<f32>> {
+fn attr_float(attrs: &Attrs, name: &str) -> Result<Option<f32>, Decline> {
     attrs.float(name).map_err(|e| e.to_string().into())
 }
 
-/// True when `id` is the absent-input leaf.
-fn is_absent(egraph: &EGraph, id: Id) -> bool {
-    egraph[id].nodes.iter().any(|n| matches!(n.head, Head::Absent))
-}
-
 /// `x` [B, S, H·D] as BNSH [B, H, S, D].
-fn to_bnsh(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Fold<Id> {
+fn to_bnsh(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Result<Id, Decline> {
     let view = heads_view(egraph, x, heads, head).ok_or_else(no_match)?;
     transpose(egraph, view, &[0, 2, 1, 3]).ok_or_else(no_match)
 }
 
 /// BNSH `y` [B, H, S, D] back to [B, S, H·D].
-fn from_bnsh(egraph: &mut EGraph, y: Id, width: i64) -> Fold<Id> {
+fn from_bnsh(egraph: &mut EGraph, y: Id, width: i64) -> Result<Id, Decline> {
     let t = transpose(egraph, y, &[0, 2, 1, 3]).ok_or_else(no_match)?;
     reshape(egraph, t, &[0, 0, width]).ok_or_else(no_match)
 }
@@ -714,311 +742,271 @@ fn seqlens_source(egraph: &EGraph, seqlens: Id, batch: &Dim, total: &Dim) -> Opt
 }
 
 /// Lowers com.microsoft GroupQueryAttention to Rope + Attention in BNSH.
-struct FoldGqa {
-    rule: &'static str,
+struct FoldGqa;
+
+/// A matched GroupQueryAttention with no input or attribute the lowering cannot carry.
+struct Gqa {
+    q: Id,
+    k: Id,
+    v: Id,
+    past_k: Id,
+    past_v: Id,
+    seqlens: Id,
+    /// The cos and sin caches, when given.
+    rotary: Option<(Id, Id)>,
+    do_rotary: bool,
+    attrs: Attrs,
+    q_heads: i64,
+    kv_heads: i64,
 }
 
-impl Applier<ENode, NpuAnalysis> for FoldGqa {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let fold = self.fold(egraph, eclass, subst, rule);
-        apply_fold(egraph, self.rule, eclass, fold)
+/// The layout of a [`Gqa`]'s operands.
+struct GqaLayout {
+    qt: TypeInfo,
+    /// Q, K and V packed into `q`, key and value absent.
+    packed: bool,
+    /// Heads in the query's width: `q_heads`, or `q_heads + 2·kv_heads` when packed.
+    parts: i64,
+    head: i64,
+    has_past: bool,
+    total: Dim,
+}
+
+impl GqaLayout {
+    fn batch(&self) -> &Dim {
+        &self.qt.shape[0]
+    }
+
+    fn seq(&self) -> &Dim {
+        &self.qt.shape[1]
     }
 }
 
-impl FoldGqa {
-    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
-        let names = [
-            "?q",
-            "?k",
-            "?v",
-            "?pk",
-            "?pv",
-            "?seqlens",
-            "?total",
-            "?cos",
-            "?sin",
-            "?position_ids",
-            "?bias",
-            "?head_sink",
-        ];
-        let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
-        let attrs =
-            matched_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
-        let (q, k, v, pk, pv, seqlens) = (children[0], children[1], children[2], children[3], children[4], children[5]);
-        let rotary = (children.len() >= 9).then(|| (children[7], children[8]));
-        // position_ids only steer the rotation; a bias or sink changes the softmax.
-        let do_rotary = attr_int(&attrs, "do_rotary", 0)? != 0;
-        for (i, what, matters) in
-            [(9, "position_ids", do_rotary), (10, "attention_bias", true), (11, "head_sink", true)]
-        {
-            if matters && children.get(i).is_some_and(|&c| !is_absent(egraph, c)) {
-                return Err(format!("a {what} input has no Attention form").into());
-            }
+impl Fold for FoldGqa {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let op = gqa_operands(egraph, eclass, subst)?;
+        let layout = gqa_layout(egraph, eclass, &op)?;
+        let (mut qb, mut kb, vb) = gqa_bnsh(egraph, &op, &layout)?;
+        if op.do_rotary {
+            (qb, kb) = gqa_rotary(egraph, &op, &layout, qb, kb)?;
         }
-        let q_heads = attr_int(&attrs, "num_heads", 0)?;
-        let kv_heads = attr_int(&attrs, "kv_num_heads", 0)?;
-        if q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0 {
-            return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
-        }
-        if attr_int(&attrs, "local_window_size", -1)? >= 0 {
-            return Err("a local attention window has no Attention form".into());
-        }
-        if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
-            return Err("softcap has no Attention form".into());
-        }
-        if attr_int(&attrs, "smooth_softmax", -1)? == 1 {
-            return Err("smooth softmax has no Attention form".into());
-        }
-        for name in ["k_quant_type", "v_quant_type"] {
-            if attrs.str(name).ok().flatten().is_some_and(|s| s != "NONE") {
-                return Err("quantised KV caches have no Attention form".into());
-            }
-        }
-        let qt = type_of(egraph, q).ok_or_else(no_match)?;
-        let [batch, seq, width] = &qt.shape[..] else { return Err("query is not [batch, sequence, hidden]".into()) };
-        let width = known(width).ok_or("the query width is not known")?;
-        let packed = is_absent(egraph, k) && is_absent(egraph, v);
-        let parts = if packed { q_heads + 2 * kv_heads } else { q_heads };
-        if width % parts != 0 {
-            return Err(format!("query width {width} does not split into {parts} heads").into());
-        }
-        let head = width / parts;
-        let new_kv = [batch.clone(), seq.clone(), Dim::known(kv_heads * head)];
-        if !packed
-            && (dims(egraph, k).as_deref() != Some(&new_kv[..]) || dims(egraph, v).as_deref() != Some(&new_kv[..]))
-        {
-            return Err("key/value are not [batch, sequence, kv_heads·head_size]".into());
-        }
-        let has_past = !is_absent(egraph, pk) && !is_absent(egraph, pv);
-        let past_len = if has_past {
-            let (a, b) = (dims(egraph, pk).ok_or_else(no_match)?, dims(egraph, pv).ok_or_else(no_match)?);
-            if a.len() != 4
-                || a != b
-                || a[0] != *batch
-                || a[1].as_known() != Some(kv_heads)
-                || a[3].as_known() != Some(head)
-            {
-                return Err("the past caches are not [batch, kv_heads, past, head_size]".into());
-            }
-            a[2].clone()
-        } else {
-            Dim::known(0)
-        };
-        // The op appends: its presents must be past + S long (a shared buffer is written in place).
-        let total = past_len.add(seq).ok_or_else(no_match)?;
-        let presents: Vec<Option<Id>> =
-            (1..3).map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![eclass] })).collect();
-        for p in presents.iter().flatten() {
-            let d = dims(egraph, *p).ok_or_else(no_match)?;
-            if d.len() != 4 || d[2] != total {
-                return Err(format!(
-                    "the present cache holds {} rows, not past + sequence = {}: a shared-buffer cache is written in place",
-                    d.get(2).map(|x| x.to_string()).unwrap_or_default(),
-                    total
-                )
-                .into());
-            }
-        }
-        let (mut qb, mut kb, vb) = if packed {
-            let all = to_bnsh(egraph, q, parts, head)?;
-            let part = |egraph: &mut EGraph, from: i64, n: i64| -> Fold<Id> {
-                let mut shape = dims(egraph, all).ok_or_else(no_match)?;
-                shape[1] = Dim::known(n);
-                let (starts, ends, axes) = (i64s(egraph, &[from]), i64s(egraph, &[from + n]), i64s(egraph, &[1]));
-                Ok(add_typed(
-                    egraph,
-                    onnx("Slice", Attrs::default(), vec![all, starts, ends, axes]),
-                    TypeInfo { dtype: qt.dtype, shape },
-                ))
-            };
-            (part(egraph, 0, q_heads)?, part(egraph, q_heads, kv_heads)?, part(egraph, q_heads + kv_heads, kv_heads)?)
-        } else {
-            (
-                to_bnsh(egraph, q, q_heads, head)?,
-                to_bnsh(egraph, k, kv_heads, head)?,
-                to_bnsh(egraph, v, kv_heads, head)?,
-            )
-        };
-        if do_rotary {
-            let (cos, sin) = rotary.ok_or("do_rotary without cos/sin caches")?;
-            let cache = dims(egraph, cos).ok_or_else(no_match)?;
-            if cache.len() != 2
-                || cache[1].as_known().map(|h| 2 * h) != Some(head)
-                || dims(egraph, sin) != Some(cache.clone())
-            {
-                return Err(format!(
-                    "rotary caches {} do not rotate the full head size {head}",
-                    ir::dim::shape_to_string(&cache)
-                )
-                .into());
-            }
-            let interleaved = attr_int(&attrs, "rotary_interleaved", 0)? != 0;
-            // Positions P .. P + S, the ones Attention assumes for its queries.
-            let start = if has_past { dim_value(egraph, pk, 2) } else { i64_scalar(egraph, 0) };
-            let len = dim_value(egraph, q, 1);
-            let end = egraph.add(onnx("Add", Attrs::default(), vec![start, len]));
-            let one = i64_scalar(egraph, 1);
-            let positions = add_typed(
-                egraph,
-                onnx("Range", Attrs::default(), vec![start, end, one]),
-                TypeInfo { dtype: DType::I64, shape: vec![seq.clone()] },
-            );
-            let tables =
-                [cos, sin].map(|c| cache_rows(egraph, c, positions).and_then(|r| full_width(egraph, r, interleaved)));
-            let [Some(tc), Some(ts)] = tables else { return Err(no_match()) };
-            qb = rope(egraph, qb, tc, ts, interleaved);
-            kb = rope(egraph, kb, tc, ts, interleaved);
-        }
-        let mask = seqlens_source(egraph, seqlens, batch, &total);
-        let scale = match attr_float(&attrs, "scale")? {
+        let mask = seqlens_source(egraph, op.seqlens, layout.batch(), &layout.total);
+        let scale = match attr_float(&op.attrs, "scale")? {
             Some(s) if s != 0.0 => s,
-            _ => 1.0 / (head as f32).sqrt(),
+            _ => 1.0 / (layout.head as f32).sqrt(),
         };
         let inputs = AttentionInputs {
             q: qb,
             k: kb,
             v: vb,
-            past_k: has_past.then_some(pk),
-            past_v: has_past.then_some(pv),
+            past_k: layout.has_past.then_some(op.past_k),
+            past_v: layout.has_past.then_some(op.past_v),
             mask,
-            q_heads,
-            kv_heads,
+            q_heads: op.q_heads,
+            kv_heads: op.kv_heads,
             scale,
             window: None,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
-        let out = from_bnsh(egraph, y, q_heads * head)?;
+        let out = from_bnsh(egraph, y, op.q_heads * layout.head)?;
         Ok(union_all(egraph, rule, &outputs_of(egraph, eclass, [out, yk, yv])))
     }
 }
 
-/// Lowers ai.onnx Attention (opset 23) with a causal flag to `Attention` in BNSH.
-struct FoldOnnx {
-    rule: &'static str,
-}
-
-impl Applier<ENode, NpuAnalysis> for FoldOnnx {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let fold = self.fold(egraph, eclass, subst, rule);
-        apply_fold(egraph, self.rule, eclass, fold)
+/// The matched GroupQueryAttention, or why it has no Attention form.
+fn gqa_operands(egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Gqa, Decline> {
+    let names =
+        ["?q", "?k", "?v", "?pk", "?pv", "?seqlens", "?total", "?cos", "?sin", "?position_ids", "?bias", "?head_sink"];
+    let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
+    let attrs = node_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
+    // position_ids only steer the rotation; a bias or sink changes the softmax.
+    let do_rotary = attr_int(&attrs, "do_rotary", 0)? != 0;
+    for (i, what, matters) in [(9, "position_ids", do_rotary), (10, "attention_bias", true), (11, "head_sink", true)] {
+        if matters && children.get(i).is_some_and(|&c| !is_absent(egraph, c)) {
+            return Err(format!("a {what} input has no Attention form").into());
+        }
     }
+    let q_heads = attr_int(&attrs, "num_heads", 0)?;
+    let kv_heads = attr_int(&attrs, "kv_num_heads", 0)?;
+    if q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0 {
+        return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
+    }
+    if attr_int(&attrs, "local_window_size", -1)? >= 0 {
+        return Err("a local attention window has no Attention form".into());
+    }
+    if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
+        return Err("softcap has no Attention form".into());
+    }
+    if attr_int(&attrs, "smooth_softmax", -1)? == 1 {
+        return Err("smooth softmax has no Attention form".into());
+    }
+    for name in ["k_quant_type", "v_quant_type"] {
+        if attrs.str(name).ok().flatten().is_some_and(|s| s != "NONE") {
+            return Err("quantised KV caches have no Attention form".into());
+        }
+    }
+    let [q, k, v, past_k, past_v, seqlens] = [0, 1, 2, 3, 4, 5].map(|i| children[i]);
+    let rotary = (children.len() >= 9).then(|| (children[7], children[8]));
+    Ok(Gqa { q, k, v, past_k, past_v, seqlens, rotary, do_rotary, attrs, q_heads, kv_heads })
 }
 
-impl FoldOnnx {
-    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Fold<Vec<Id>> {
-        let names = ["?q", "?k", "?v", "?mask", "?pk", "?pv"];
-        let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
-        let attrs = matched_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
-        let (q, mut k, mut v, mask) = (children[0], children[1], children[2], children[3]);
-        let mut past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
-            .then(|| (children[4], children[5]));
-        // The cache concatenated outside the op and repeated over the query heads (torch's
-        // opset-23 export): K = repeat_kv(Concat(past, new)).
-        let mut presents = None;
-        if past.is_none() {
-            if let Some(((pk, kn, present_k), (pv, vn, present_v))) = outside_cache(egraph, k, v) {
-                presents = Some((present_k, present_v));
-                (past, k, v) = (Some((pk, pv)), kn, vn);
-            }
+/// The layout of `op`'s operands, when the fused op can take them: its presents must be past + S
+/// long, since it appends (a shared buffer is written in place).
+fn gqa_layout(egraph: &EGraph, eclass: Id, op: &Gqa) -> Result<GqaLayout, Decline> {
+    let qt = type_of(egraph, op.q).ok_or_else(no_match)?;
+    let [batch, seq, width] = &qt.shape[..] else { return Err("query is not [batch, sequence, hidden]".into()) };
+    let width = width.as_known().ok_or("the query width is not known")?;
+    let packed = is_absent(egraph, op.k) && is_absent(egraph, op.v);
+    let parts = if packed { op.q_heads + 2 * op.kv_heads } else { op.q_heads };
+    if width % parts != 0 {
+        return Err(format!("query width {width} does not split into {parts} heads").into());
+    }
+    let head = width / parts;
+    let new_kv = [batch.clone(), seq.clone(), Dim::known(op.kv_heads * head)];
+    if !packed
+        && (dims(egraph, op.k).as_deref() != Some(&new_kv[..]) || dims(egraph, op.v).as_deref() != Some(&new_kv[..]))
+    {
+        return Err("key/value are not [batch, sequence, kv_heads·head_size]".into());
+    }
+    let has_past = !is_absent(egraph, op.past_k) && !is_absent(egraph, op.past_v);
+    let past_len =
+        if has_past { past_length(egraph, (op.past_k, op.past_v), batch, op.kv_heads, head)? } else { Dim::known(0) };
+    let total = past_len.add(seq).ok_or_else(no_match)?;
+    let presents: Vec<Option<Id>> =
+        (1..3).map(|i| egraph.lookup(ENode { head: Head::Proj(i), children: vec![eclass] })).collect();
+    for p in presents.iter().flatten() {
+        let d = dims(egraph, *p).ok_or_else(no_match)?;
+        if d.len() != 4 || d[2] != total {
+            return Err(format!(
+                "the present cache holds {} rows, not past + sequence = {}: a shared-buffer cache is written in place",
+                d.get(2).map(|x| x.to_string()).unwrap_or_default(),
+                total
+            )
+            .into());
         }
-        let causal = attr_int(&attrs, "is_causal", 0)? == 1;
-        if !causal && is_absent(egraph, mask) {
-            return Err("not causal (is_causal=0) and no mask to prove causal".into());
-        }
-        if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
-            return Err("softcap has no Attention form".into());
-        }
-        if egraph.lookup(ENode { head: Head::Proj(3), children: vec![eclass] }).is_some() {
-            return Err("the scores output is used".into());
-        }
-        let qt = type_of(egraph, q).ok_or_else(no_match)?;
-        let (kd, vd) = (dims(egraph, k).ok_or_else(no_match)?, dims(egraph, v).ok_or_else(no_match)?);
-        let (qb, kb, vb, q_heads, kv_heads, head, three_d) = match qt.shape.len() {
-            3 => {
-                let q_heads = attr_int(&attrs, "q_num_heads", 0)?;
-                let kv_heads = attr_int(&attrs, "kv_num_heads", 0)?;
-                let width = known(&qt.shape[2]).ok_or("the query width is not known")?;
-                if q_heads <= 0 || kv_heads <= 0 || width % q_heads != 0 {
-                    return Err(format!("query width {width} does not split into {q_heads} heads").into());
-                }
-                let head = width / q_heads;
-                let kv = [qt.shape[0].clone(), qt.shape[1].clone(), Dim::known(kv_heads * head)];
-                if kd != kv || vd != kv {
-                    return Err(
-                        "key/value are not [batch, sequence, kv_heads·head_size] with the query's head size".into()
-                    );
-                }
-                let qb = to_bnsh(egraph, q, q_heads, head)?;
-                let kb = to_bnsh(egraph, k, kv_heads, head)?;
-                let vb = to_bnsh(egraph, v, kv_heads, head)?;
-                (qb, kb, vb, q_heads, kv_heads, head, true)
-            }
-            4 => {
-                let (q_heads, kv_heads, head) = (known(&qt.shape[1]), known(&kd[1]), known(&qt.shape[3]));
-                let (Some(q_heads), Some(kv_heads), Some(head)) = (q_heads, kv_heads, head) else {
-                    return Err("head counts are not known".into());
-                };
-                let kv = [qt.shape[0].clone(), kd[1].clone(), qt.shape[2].clone(), qt.shape[3].clone()];
-                if kd != kv || vd != kv {
-                    return Err("key/value are not [batch, kv_heads, sequence, head_size] like the query".into());
-                }
-                (q, k, v, q_heads, kv_heads, head, false)
-            }
-            _ => return Err("Q/K/V are neither 3-D nor 4-D".into()),
-        };
+    }
+    Ok(GqaLayout { qt, packed, parts, head, has_past, total })
+}
+
+/// The length of the BNSH past caches `(past_k, past_v)`, when both are `[batch, kv_heads, past,
+/// head]`.
+fn past_length(
+    egraph: &EGraph,
+    (past_k, past_v): (Id, Id),
+    batch: &Dim,
+    kv_heads: i64,
+    head: i64,
+) -> Result<Dim, Decline> {
+    let (a, b) = (dims(egraph, past_k).ok_or_else(no_match)?, dims(egraph, past_v).ok_or_else(no_match)?);
+    if a.len() != 4 || a != b || a[0] != *batch || a[1].as_known() != Some(kv_heads) || a[3].as_known() != Some(head) {
+        return Err("the past caches are not [batch, kv_heads, past, head_size]".into());
+    }
+    Ok(a[2].clone())
+}
+
+/// Q, K and V of `op` in BNSH: one Slice of the packed query per part, or each reshaped.
+fn gqa_bnsh(egraph: &mut EGraph, op: &Gqa, layout: &GqaLayout) -> Result<(Id, Id, Id), Decline> {
+    let (q_heads, kv_heads, head) = (op.q_heads, op.kv_heads, layout.head);
+    if !layout.packed {
+        return Ok((
+            to_bnsh(egraph, op.q, q_heads, head)?,
+            to_bnsh(egraph, op.k, kv_heads, head)?,
+            to_bnsh(egraph, op.v, kv_heads, head)?,
+        ));
+    }
+    let all = to_bnsh(egraph, op.q, layout.parts, head)?;
+    let part = |egraph: &mut EGraph, from: i64, n: i64| -> Result<Id, Decline> {
+        let mut shape = dims(egraph, all).ok_or_else(no_match)?;
+        shape[1] = Dim::known(n);
+        let (starts, ends, axes) = (i64s(egraph, &[from]), i64s(egraph, &[from + n]), i64s(egraph, &[1]));
+        Ok(add_typed(
+            egraph,
+            onnx("Slice", Attrs::default(), vec![all, starts, ends, axes]),
+            TypeInfo { dtype: layout.qt.dtype, shape },
+        ))
+    };
+    Ok((part(egraph, 0, q_heads)?, part(egraph, q_heads, kv_heads)?, part(egraph, q_heads + kv_heads, kv_heads)?))
+}
+
+/// `qb` and `kb` rotated by `op`'s rotary caches at positions P .. P + S, the ones Attention
+/// assumes for its queries.
+fn gqa_rotary(egraph: &mut EGraph, op: &Gqa, layout: &GqaLayout, qb: Id, kb: Id) -> Result<(Id, Id), Decline> {
+    let head = layout.head;
+    let (cos, sin) = op.rotary.ok_or("do_rotary without cos/sin caches")?;
+    let cache = dims(egraph, cos).ok_or_else(no_match)?;
+    if cache.len() != 2 || cache[1].as_known().map(|h| 2 * h) != Some(head) || dims(egraph, sin) != Some(cache.clone())
+    {
+        let shape = ir::dim::shape_to_string(&cache);
+        return Err(format!("rotary caches {shape} do not rotate the full head size {head}").into());
+    }
+    let interleaved = attr_int(&op.attrs, "rotary_interleaved", 0)? != 0;
+    let start = if layout.has_past { dim_value(egraph, op.past_k, 2) } else { i64_scalar(egraph, 0) };
+    let len = dim_value(egraph, op.q, 1);
+    let end = egraph.add(onnx("Add", Attrs::default(), vec![start, len]));
+    let one = i64_scalar(egraph, 1);
+    let positions = add_typed(
+        egraph,
+        onnx("Range", Attrs::default(), vec![start, end, one]),
+        TypeInfo { dtype: DType::I64, shape: vec![layout.seq().clone()] },
+    );
+    let tables = [cos, sin].map(|c| cache_rows(egraph, c, positions).and_then(|r| full_width(egraph, r, interleaved)));
+    let [Some(tc), Some(ts)] = tables else { return Err(no_match()) };
+    Ok((rope(egraph, qb, tc, ts, interleaved), rope(egraph, kb, tc, ts, interleaved)))
+}
+
+/// Lowers ai.onnx Attention (opset 23) with a causal flag to `Attention` in BNSH.
+struct FoldOnnx;
+
+/// A matched ai.onnx Attention with nothing the lowering cannot carry.
+struct OnnxAttention {
+    q: Id,
+    k: Id,
+    v: Id,
+    mask: Id,
+    past: Option<(Id, Id)>,
+    /// The presents of a cache appended outside the op.
+    presents: Option<(Id, Id)>,
+    attrs: Attrs,
+    causal: bool,
+}
+
+/// Q, K and V in BNSH, with the head counts and whether they came 3-D.
+struct Bnsh {
+    q: Id,
+    k: Id,
+    v: Id,
+    q_heads: i64,
+    kv_heads: i64,
+    head: i64,
+    three_d: bool,
+}
+
+impl Fold for FoldOnnx {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let op = onnx_operands(egraph, eclass, subst)?;
+        let qt = type_of(egraph, op.q).ok_or_else(no_match)?;
+        let qkv = onnx_bnsh(egraph, &op, &qt)?;
+        let (q_heads, kv_heads, head) = (qkv.q_heads, qkv.kv_heads, qkv.head);
         if kv_heads <= 0 || q_heads % kv_heads != 0 {
             return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
         }
-        let (batch, seq) = (qt.shape[0].clone(), if three_d { qt.shape[1].clone() } else { qt.shape[2].clone() });
-        let past_len = match past {
-            Some((pk, pv)) => {
-                let (a, b) = (dims(egraph, pk).ok_or_else(no_match)?, dims(egraph, pv).ok_or_else(no_match)?);
-                if a.len() != 4
-                    || a != b
-                    || a[0] != batch
-                    || a[1].as_known() != Some(kv_heads)
-                    || a[3].as_known() != Some(head)
-                {
-                    return Err("the past caches are not [batch, kv_heads, past, head_size]".into());
-                }
-                a[2].clone()
-            }
+        let (batch, seq) = (qt.shape[0].clone(), if qkv.three_d { qt.shape[1].clone() } else { qt.shape[2].clone() });
+        let past_len = match op.past {
+            Some(past) => past_length(egraph, past, &batch, kv_heads, head)?,
             None => Dim::known(0),
         };
         let total = past_len.add(&seq).ok_or_else(no_match)?;
-        let (mask, window) = if is_absent(egraph, mask) {
-            (None, None)
-        } else if causal {
-            (Some(bool_padding_source(egraph, mask, &batch, &seq, &total)?), None)
-        } else {
-            let proven = crate::causal_mask::padding_source(egraph, mask, &batch, &seq, &past_len)
-                .map_err(|why| format!("not causal (is_causal=0), and the mask is not proven causal: {why}"))?;
-            (Some(proven.padding), proven.window)
-        };
-        let scale = match attr_float(&attrs, "scale")? {
+        let (mask, window) = onnx_mask(egraph, &op, &batch, &seq, &past_len, &total)?;
+        let scale = match attr_float(&op.attrs, "scale")? {
             Some(s) => s,
             None => 1.0 / (head as f32).sqrt(),
         };
         let inputs = AttentionInputs {
-            q: qb,
-            k: kb,
-            v: vb,
-            past_k: past.map(|p| p.0),
-            past_v: past.map(|p| p.1),
+            q: qkv.q,
+            k: qkv.k,
+            v: qkv.v,
+            past_k: op.past.map(|p| p.0),
+            past_v: op.past.map(|p| p.1),
             mask,
             q_heads,
             kv_heads,
@@ -1026,11 +1014,101 @@ impl FoldOnnx {
             window,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
-        let out = if three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };
+        let out = if qkv.three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };
         let mut pairs = outputs_of(egraph, eclass, [out, yk, yv]);
-        pairs.extend(presents.map(|(pk, pv)| [(pk, yk), (pv, yv)]).into_iter().flatten());
+        pairs.extend(op.presents.map(|(pk, pv)| [(pk, yk), (pv, yv)]).into_iter().flatten());
         Ok(union_all(egraph, rule, &pairs))
     }
+}
+
+/// The matched ai.onnx Attention, its cache found outside the op when it takes none, or why it
+/// has no Attention form.
+fn onnx_operands(egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<OnnxAttention, Decline> {
+    let names = ["?q", "?k", "?v", "?mask", "?pk", "?pv"];
+    let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
+    let attrs = node_attrs(egraph, eclass, Domain::Onnx, "Attention", &children).ok_or_else(no_match)?;
+    let (q, mut k, mut v, mask) = (children[0], children[1], children[2], children[3]);
+    let mut past = (children.len() == 6 && !is_absent(egraph, children[4]) && !is_absent(egraph, children[5]))
+        .then(|| (children[4], children[5]));
+    // The cache concatenated outside the op and repeated over the query heads (torch's
+    // opset-23 export): K = repeat_kv(Concat(past, new)).
+    let mut presents = None;
+    if past.is_none() {
+        if let Some(((pk, kn, present_k), (pv, vn, present_v))) = outside_cache(egraph, k, v) {
+            presents = Some((present_k, present_v));
+            (past, k, v) = (Some((pk, pv)), kn, vn);
+        }
+    }
+    let causal = attr_int(&attrs, "is_causal", 0)? == 1;
+    if !causal && is_absent(egraph, mask) {
+        return Err("not causal (is_causal=0) and no mask to prove causal".into());
+    }
+    if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
+        return Err("softcap has no Attention form".into());
+    }
+    if egraph.lookup(ENode { head: Head::Proj(3), children: vec![eclass] }).is_some() {
+        return Err("the scores output is used".into());
+    }
+    Ok(OnnxAttention { q, k, v, mask, past, presents, attrs, causal })
+}
+
+/// `op`'s Q, K and V (of query type `qt`) in BNSH: 3-D `[B, S, H·D]` ones viewed as heads by
+/// `q_num_heads`/`kv_num_heads`, 4-D ones as they are.
+fn onnx_bnsh(egraph: &mut EGraph, op: &OnnxAttention, qt: &TypeInfo) -> Result<Bnsh, Decline> {
+    let (kd, vd) = (dims(egraph, op.k).ok_or_else(no_match)?, dims(egraph, op.v).ok_or_else(no_match)?);
+    match qt.shape.len() {
+        3 => {
+            let q_heads = attr_int(&op.attrs, "q_num_heads", 0)?;
+            let kv_heads = attr_int(&op.attrs, "kv_num_heads", 0)?;
+            let width = qt.shape[2].as_known().ok_or("the query width is not known")?;
+            if q_heads <= 0 || kv_heads <= 0 || width % q_heads != 0 {
+                return Err(format!("query width {width} does not split into {q_heads} heads").into());
+            }
+            let head = width / q_heads;
+            let kv = [qt.shape[0].clone(), qt.shape[1].clone(), Dim::known(kv_heads * head)];
+            if kd != kv || vd != kv {
+                return Err("key/value are not [batch, sequence, kv_heads·head_size] with the query's head size".into());
+            }
+            let q = to_bnsh(egraph, op.q, q_heads, head)?;
+            let k = to_bnsh(egraph, op.k, kv_heads, head)?;
+            let v = to_bnsh(egraph, op.v, kv_heads, head)?;
+            Ok(Bnsh { q, k, v, q_heads, kv_heads, head, three_d: true })
+        }
+        4 => {
+            let (q_heads, kv_heads, head) = (qt.shape[1].as_known(), kd[1].as_known(), qt.shape[3].as_known());
+            let (Some(q_heads), Some(kv_heads), Some(head)) = (q_heads, kv_heads, head) else {
+                return Err("head counts are not known".into());
+            };
+            let kv = [qt.shape[0].clone(), kd[1].clone(), qt.shape[2].clone(), qt.shape[3].clone()];
+            if kd != kv || vd != kv {
+                return Err("key/value are not [batch, kv_heads, sequence, head_size] like the query".into());
+            }
+            Ok(Bnsh { q: op.q, k: op.k, v: op.v, q_heads, kv_heads, head, three_d: false })
+        }
+        _ => Err("Q/K/V are neither 3-D nor 4-D".into()),
+    }
+}
+
+/// The attention_mask `op`'s mask is made from and the sliding window it proves (none for an
+/// absent mask): a boolean padding mask when the op is causal, a mask the probe proves causal
+/// otherwise.
+fn onnx_mask(
+    egraph: &EGraph,
+    op: &OnnxAttention,
+    batch: &Dim,
+    seq: &Dim,
+    past_len: &Dim,
+    total: &Dim,
+) -> Result<(Option<Id>, Option<usize>), Decline> {
+    if is_absent(egraph, op.mask) {
+        return Ok((None, None));
+    }
+    if op.causal {
+        return Ok((Some(bool_padding_source(egraph, op.mask, batch, seq, total)?), None));
+    }
+    let proven = crate::causal_mask::padding_source(egraph, op.mask, batch, seq, past_len)
+        .map_err(|why| format!("not causal (is_causal=0), and the mask is not proven causal: {why}"))?;
+    Ok((Some(proven.padding), proven.window))
 }
 
 /// Keys and values that are the KV cache appended outside the op, `repeat_kv(Concat(past, new))`
@@ -1047,7 +1125,7 @@ fn outside_cache(egraph: &EGraph, k: Id, v: Id) -> Option<((Id, Id, Id), (Id, Id
 
 /// The attention_mask a boolean padding mask is made from: `Cast{to=bool}(Unsqueeze(m, [1,2]))`,
 /// possibly `Expand`ed over the query rows, with `m` an integer `[batch, total]` tensor.
-fn bool_padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Fold<Id> {
+fn bool_padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total: &Dim) -> Result<Id, Decline> {
     let md = dims(egraph, mask).ok_or_else(no_match)?;
     let broadcast_ok = md.len() == 4
         && (md[0] == *batch || md[0].as_known() == Some(1))
@@ -1083,4 +1161,71 @@ fn bool_padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, total:
         return Err("the mask is not Unsqueeze(attention_mask, [1, 2])".into());
     }
     padding_source(egraph, unsq.children[0], batch, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph_ops::add_const;
+    use ir::egraph::NpuAnalysis;
+    use ir::Tensor;
+
+    fn input(egraph: &mut EGraph, name: &str) -> Id {
+        egraph.add(ENode::leaf(Head::Input(name.into())))
+    }
+
+    /// transformers' eager padding mask whose sum class holds `candidates` spellings of
+    /// `causal + padding`, each with a causal part of its own: the class and its e-graph.
+    fn eager_mask_with_candidates(candidates: usize) -> (EGraph, Id) {
+        let mut egraph = EGraph::new(NpuAnalysis::default());
+        let am = input(&mut egraph, "attention_mask");
+        let cast = egraph.add(onnx("Cast", attrs(&[("to", Attr::Int(1))]), vec![am]));
+        let axes = i64s(&mut egraph, &[1, 2]);
+        let padding = egraph.add(onnx("Unsqueeze", Attrs::default(), vec![cast, axes]));
+        let sums: Vec<Id> = (0..candidates)
+            .map(|i| {
+                let causal = input(&mut egraph, &format!("causal{i}"));
+                egraph.add(onnx("Add", Attrs::default(), vec![causal, padding]))
+            })
+            .collect();
+        for &sum in &sums[1..] {
+            egraph.union(sums[0], sum);
+        }
+        egraph.rebuild();
+        let zero = add_const(&mut egraph, Tensor::scalar_f32(0.0));
+        let equal = egraph.add(onnx("Equal", Attrs::default(), vec![sums[0], zero]));
+        let min = add_const(&mut egraph, Tensor::scalar_f32(f32::MIN));
+        let causal = input(&mut egraph, "causal0");
+        let mask = egraph.add(onnx("Where", Attrs::default(), vec![equal, min, causal]));
+        egraph.rebuild();
+        (egraph, mask)
+    }
+
+    /// Runs the mask search the eager-attention fold runs, recording its caps as the fold does.
+    fn search_mask(egraph: &mut EGraph, mask: Id) -> Result<Id, Decline> {
+        let one = Dim::known(1);
+        let mut caps = vec![];
+        let found = MaskPatterns::new().attention_mask(egraph, mask, (&one, &one, &one), &mut caps);
+        record_caps(egraph, Symbol::from("attention-sdpa-div"), &caps);
+        found
+    }
+
+    #[test]
+    fn a_mask_search_cut_short_by_the_matcher_cap_is_reported() {
+        let (mut egraph, mask) = eager_mask_with_candidates(MAX_MATCHES + 1);
+        assert!(search_mask(&mut egraph, mask).is_err());
+        let declined: Vec<_> = egraph.analysis.declined.iter().collect();
+        assert_eq!(declined.len(), 1, "{declined:?}");
+        assert_eq!(declined[0].rule, "attention-sdpa-div");
+        assert_eq!(declined[0].class, egraph.find(mask));
+        assert!(declined[0].reason.contains("eager padding mask"), "{}", declined[0].reason);
+        assert!(declined[0].reason.contains("MAX_MATCHES = 64"), "{}", declined[0].reason);
+    }
+
+    #[test]
+    fn a_mask_search_within_the_matcher_cap_reports_nothing() {
+        let (mut egraph, mask) = eager_mask_with_candidates(MAX_MATCHES);
+        assert!(search_mask(&mut egraph, mask).is_err());
+        assert!(egraph.analysis.declined.is_empty(), "{:?}", egraph.analysis.declined);
+    }
 }

@@ -41,10 +41,12 @@
 //! No rule declines: the row-scaled form is never worse than the one it replaces, and a rule
 //! whose activation is not a float tensor of rank ≥ 1 does not match.
 
-use crate::cond::{dtype, rank, var};
+use crate::apply::{Computed, Fold, Folded};
+use crate::cond::var;
+use crate::egraph_ops::{dtype, is_absent, nodes_with_children, rank, union};
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis};
+use egg::{rewrite as rw, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head};
 use ir::{Attrs, Domain};
 
 /// The family's rules.
@@ -78,25 +80,15 @@ pub fn is_float_rows(x: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
 
 // ---- queries ----
 
-fn is_absent(egraph: &EGraph, id: Id) -> bool {
-    egraph[id].nodes.iter().any(|n| n.head == Head::Absent)
-}
-
 /// The attributes of every npuc `op` node of `class` whose children are `children`.
 fn attrs_of(egraph: &EGraph, class: Id, op: &str, children: &[Id]) -> Vec<Attrs> {
-    egraph[class]
-        .nodes
-        .iter()
-        .filter(|n| {
-            matches!(&n.head, Head::Op { domain: Domain::Npuc, op: o, .. } if *o == op)
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(&c, &w)| egraph.find(c) == w)
-        })
+    nodes_with_children(egraph, class, op, children)
+        .filter(|n| matches!(n.head, Head::Op { domain: Domain::Npuc, .. }))
         .filter_map(|n| n.head.attrs().cloned())
         .collect()
 }
 
-// ---- applier ----
+// ---- fold ----
 
 /// Adds the row-scaled form of the matched `from` node with its attributes and the same children,
 /// and unions it with the matched class: the op's class (RmsNorm, WGemm) or its tuple class
@@ -110,29 +102,22 @@ struct RowScaled {
 }
 
 impl RowScaled {
-    fn norm(from: &'static str, to: &'static str, children: &[&str]) -> Self {
-        RowScaled { from, to, children: children.iter().map(|c| var(c)).collect(), bias_after: false }
+    fn norm(from: &'static str, to: &'static str, children: &[&str]) -> Computed<Self> {
+        Computed::new(RowScaled { from, to, children: children.iter().map(|c| var(c)).collect(), bias_after: false })
     }
 
-    fn wgemm(children: &[&str]) -> Self {
-        RowScaled {
+    fn wgemm(children: &[&str]) -> Computed<Self> {
+        Computed::new(RowScaled {
             from: "WGemm",
             to: "WGemmRowScaled",
             children: children.iter().map(|c| var(c)).collect(),
             bias_after: children.len() == 5,
-        }
+        })
     }
 }
 
-impl Applier<ENode, NpuAnalysis> for RowScaled {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for RowScaled {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let children: Vec<Id> = self.children.iter().map(|&v| egraph.find(subst[v])).collect();
         let mut changed = Vec::new();
         for attrs in attrs_of(egraph, eclass, self.from, &children) {
@@ -142,8 +127,8 @@ impl Applier<ENode, NpuAnalysis> for RowScaled {
             if let Some(bias) = bias {
                 scaled = egraph.add(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![scaled, bias]));
             }
-            changed.extend(crate::cond::union(egraph, eclass, scaled, rule));
+            changed.extend(union(egraph, eclass, scaled, rule));
         }
-        changed
+        Ok(changed)
     }
 }

@@ -19,6 +19,7 @@
 //! Not folded: the exact (erf) GELU (`Gelu` without `approximate`), which stays as it is.
 
 use crate::cond::{self, var};
+use crate::egraph_ops::scalar_value;
 use crate::Rewrite;
 use egg::{rewrite as rw, Id, Subst};
 use ir::egraph::{EGraph, Head};
@@ -64,9 +65,7 @@ fn cube_of(egraph: &EGraph, id: Id) -> Option<Id> {
         })
     };
     egraph[id].nodes.iter().find_map(|n| match (&n.head, n.head.op(), &n.children[..]) {
-        (Head::Op { .. }, Some("Pow"), [base, e]) if cond::scalar_value(egraph, *e) == Some(3.0) => {
-            Some(egraph.find(*base))
-        }
+        (Head::Op { .. }, Some("Pow"), [base, e]) if scalar_value(egraph, *e) == Some(3.0) => Some(egraph.find(*base)),
         (_, Some("Mul"), [a, b]) if square_of(*b) == Some(egraph.find(*a)) => Some(egraph.find(*a)),
         (_, Some("Mul"), [a, b]) if square_of(*a) == Some(egraph.find(*b)) => Some(egraph.find(*b)),
         _ => None,

@@ -7,13 +7,30 @@
 //! cannot apply returns no match and never errors; a group it declines records why
 //! ([`ir::egraph::NpuAnalysis::decline`]).
 //!
+//! Plumbing: a right-hand side that is a pattern is written as egg writes it. One that needs
+//! computed data implements [`apply::Fold`] (one method: for a match, the classes it changed or an
+//! [`apply::Decline`] with the reason) and enters the table as [`apply::Computed`], the crate's one
+//! egg `Applier`, which records the decline under egg's own rule name, so the name is written once,
+//! in `rw!`. A pattern whose condition must say why it refuses is [`apply::Computed::guarded`]; a
+//! rule that only explains why a look-alike is not folded is [`apply::declines`]. Lookups and
+//! builders more than one family uses (the matched node's attributes, known shapes and constants,
+//! unions, layout ops, the RoPE table lookup) live in [`egraph_ops`]; families import from it and
+//! from [`cond`], never from each other. A new rule goes into its family's table in
+//! `rewrites/src/<family>.rs` at the place it should be tried, its conditions as named functions
+//! (in [`cond`] when another family can use them), its fold as a `Fold` type in the family file
+//! below the table, and anything a second family would need into [`egraph_ops`]. A new family is a
+//! new file, an entry in [`families`] (or [`fp16_families`]) and a test file
+//! `rewrites/tests/<family>.rs`.
+//!
 //! [`saturate`] runs a schedule of phases (families + limits) over a graph's e-graph and reports
 //! per-iteration sizes, rule applications and the stop reason; [`saturate::extract_graph`] turns
 //! the result back into an `ir::Graph` under a cost model.
 
+pub mod apply;
 pub mod attention;
 pub mod causal_mask;
 pub mod cond;
+pub mod egraph_ops;
 pub mod fp16_rescale;
 pub mod gelu_gate;
 pub mod qdq;

@@ -34,10 +34,12 @@
 //! activation scales; codes that are not 8-bit; scales that are not f32; output QuantizeLinear
 //! with a per-channel scale.
 
-use crate::cond::{dtype, is_compile_time_expr, union, var};
+use crate::apply::{bound, no_match, Computed, Decline, Fold, Folded};
+use crate::cond::var;
+use crate::egraph_ops::{add_const, dtype, is_compile_time_expr, known_shape, node_attrs, union};
 use crate::Rewrite;
-use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head};
+use egg::{rewrite, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode};
 use ir::{Attrs, DType, Domain, Tensor};
 
 /// The family's rules.
@@ -64,45 +66,22 @@ pub fn rules() -> Vec<Rewrite> {
         // QuantizeLinear(QGemm(…), s_y, z_y) = QGemm(…, s_y, z_y)
         rewrite!("qdq-requantize";
             "(QuantizeLinear (npuc::QGemm ?a ?sa ?za ?w ?sw ?zw) ?sy ?zy)"
-            => "(npuc::QGemm ?a ?sa ?za ?w ?sw ?zw ?sy ?zy)"
-            if requantizes_per_tensor("qdq-requantize", "?sy", "?zy")),
+            => { Computed::guarded("(npuc::QGemm ?a ?sa ?za ?w ?sw ?zw ?sy ?zy)", requantizes_per_tensor("?sy", "?zy")) }),
         // the same with a com.microsoft QuantizeLinear
         rewrite!("qdq-requantize-contrib";
             "(com.microsoft::QuantizeLinear (npuc::QGemm ?a ?sa ?za ?w ?sw ?zw) ?sy ?zy)"
-            => "(npuc::QGemm ?a ?sa ?za ?w ?sw ?zw ?sy ?zy)"
-            if requantizes_per_tensor("qdq-requantize-contrib", "?sy", "?zy")),
+            => { Computed::guarded("(npuc::QGemm ?a ?sa ?za ?w ?sw ?zw ?sy ?zy)", requantizes_per_tensor("?sy", "?zy")) }),
         // QuantizeLinear(QGemm(…), s_y) = QGemm(…, s_y, 0 of the output type)
         rewrite!("qdq-requantize-default-zero";
             "(QuantizeLinear (npuc::QGemm ?a ?sa ?za ?w ?sw ?zw) ?sy)"
-            => { RequantizeDefaultZero }),
+            => { Computed::new(RequantizeDefaultZero) }),
     ]
-}
-
-/// Known shape of a class's value.
-pub(crate) fn known_shape(egraph: &EGraph, id: Id) -> Option<Vec<usize>> {
-    egraph[id].data.ty()?.shape.iter().map(|d| d.as_known().and_then(|k| usize::try_from(k).ok())).collect()
-}
-
-/// Attributes of a `domain::op` node of `class` whose children are `children`.
-pub(crate) fn node_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
-    egraph[class].nodes.iter().find_map(|n| match &n.head {
-        Head::Op { domain: d, op: o, attrs }
-            if *d == domain
-                && *o == op
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(&x, &y)| egraph.find(x) == egraph.find(y)) =>
-        {
-            Some((*attrs.attrs).clone())
-        }
-        _ => None,
-    })
 }
 
 /// A zero constant of `dtype` and `shape`, added to the e-graph.
 fn zeros(egraph: &mut EGraph, dtype: DType, shape: Vec<usize>) -> Id {
     let n = shape.iter().product();
-    let c = egraph.analysis.intern(Tensor::from_i64(dtype, shape, vec![0; n]));
-    egraph.add(ENode::leaf(Head::Const(c)))
+    add_const(egraph, Tensor::from_i64(dtype, shape, vec![0; n]))
 }
 
 /// One matched QDQ product: the operands of both DequantizeLinear nodes and their attributes.
@@ -200,13 +179,13 @@ struct FoldMatMul {
 }
 
 impl FoldMatMul {
-    fn new(domain: Domain, activation_zero_point: bool, weight_zero_point: bool) -> FoldMatMul {
-        FoldMatMul {
+    fn new(domain: Domain, activation_zero_point: bool, weight_zero_point: bool) -> Computed<FoldMatMul> {
+        Computed::new(FoldMatMul {
             domain,
             vars: [var("?a"), var("?sa"), var("?w"), var("?sw")],
             za: activation_zero_point.then(|| var("?za")),
             zw: weight_zero_point.then(|| var("?zw")),
-        }
+        })
     }
 
     /// The matched group, with the attributes of the two DequantizeLinear nodes under a MatMul of
@@ -224,27 +203,12 @@ impl FoldMatMul {
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for FoldMatMul {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let Some(g) = self.group(egraph, eclass, subst) else { return vec![] };
-        match qgemm_zero_points(egraph, &g) {
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                vec![]
-            }
-            Ok((za, zw)) => {
-                let node = ENode::op(Domain::Npuc, "QGemm", Attrs::default(), vec![g.a, g.sa, za, g.w, g.sw, zw]);
-                let q = egraph.add(node);
-                union(egraph, eclass, q, rule)
-            }
-        }
+impl Fold for FoldMatMul {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let g = self.group(egraph, eclass, subst).ok_or_else(no_match)?;
+        let (za, zw) = qgemm_zero_points(egraph, &g)?;
+        let q = egraph.add(ENode::op(Domain::Npuc, "QGemm", Attrs::default(), vec![g.a, g.sa, za, g.w, g.sw, zw]));
+        Ok(union(egraph, eclass, q, rule))
     }
 }
 
@@ -266,42 +230,27 @@ fn epilogue_refusal(egraph: &EGraph, sy: Id, zy: Option<Id>) -> Option<String> {
     None
 }
 
-/// `?sy` and `?zy` are a per-tensor output scale and zero point; records why not under `rule`.
-fn requantizes_per_tensor(rule: &'static str, sy: &str, zy: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+/// `?sy` and `?zy` are a per-tensor output scale and zero point; why not otherwise.
+fn requantizes_per_tensor(sy: &str, zy: &str) -> impl Fn(&EGraph, Id, &Subst) -> Result<(), Decline> {
     let (sy, zy) = (var(sy), var(zy));
-    move |egraph, eclass, subst| match epilogue_refusal(egraph, subst[sy], Some(subst[zy])) {
-        None => true,
-        Some(reason) => {
-            egraph.analysis.decline(rule, eclass, reason);
-            false
-        }
-    }
+    move |egraph, _, subst| epilogue_refusal(egraph, subst[sy], Some(subst[zy])).map_or(Ok(()), |r| Err(r.into()))
 }
 
 /// `QuantizeLinear(QGemm(…), s_y)` without a zero point: the epilogue gets a zero of the
 /// QuantizeLinear's output type (uint8 unless `output_dtype` says otherwise).
 struct RequantizeDefaultZero;
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for RequantizeDefaultZero {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let [a, sa, za, w, sw, zw, sy] = ["?a", "?sa", "?za", "?w", "?sw", "?zw", "?sy"].map(|v| subst[var(v)]);
+impl Fold for RequantizeDefaultZero {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let [a, sa, za, w, sw, zw, sy] = bound(subst, ["?a", "?sa", "?za", "?w", "?sw", "?zw", "?sy"]);
         if let Some(reason) = epilogue_refusal(egraph, sy, None) {
-            egraph.analysis.decline(rule.as_str(), eclass, reason);
-            return vec![];
+            return Err(reason.into());
         }
-        let Some(out) = dtype(egraph, eclass).filter(|d| matches!(d, DType::I8 | DType::U8)) else {
-            egraph.analysis.decline(rule.as_str(), eclass, "the output QuantizeLinear does not produce 8-bit codes");
-            return vec![];
-        };
+        let out = dtype(egraph, eclass)
+            .filter(|d| matches!(d, DType::I8 | DType::U8))
+            .ok_or("the output QuantizeLinear does not produce 8-bit codes")?;
         let zy = zeros(egraph, out, known_shape(egraph, sy).unwrap_or_default());
         let q = egraph.add(ENode::op(Domain::Npuc, "QGemm", Attrs::default(), vec![a, sa, za, w, sw, zw, sy, zy]));
-        union(egraph, eclass, q, rule)
+        Ok(union(egraph, eclass, q, rule))
     }
 }

@@ -44,9 +44,13 @@
 //! inv_std_var output used; SkipSimplifiedLayerNormalization with output 1 or 2 used; a residual
 //! Add whose addends differ in type or are not 2-D/3-D (SkipRmsNorm's input ranks).
 
-use crate::cond::{self, union, var};
+use crate::apply::{declines, no_match, Computed, Fold, Folded};
+use crate::cond::{self, var};
+use crate::egraph_ops::{
+    add_const, attrs, constant, int_values, is_op, nodes_with_children, rank, scalar_value, union,
+};
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
+use egg::{rewrite as rw, Id, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head, TypeInfo};
 use ir::{Attr, Attrs, Domain, Tensor};
 
@@ -77,9 +81,9 @@ pub fn rules() -> Vec<Rewrite> {
         // RmsNorm(a + b, γ) = proj0 SkipRmsNorm(a, b, γ), and a + b = proj1 SkipRmsNorm(a, b, γ)
         rw!("rmsnorm-residual";             "(npuc::RmsNorm (Add ?a ?b) ?g)"                                => { ResidualRmsNorm::new() } if cond::is_float("?a")),
         // √(mean(x² + ε)): ε inside the mean, declined
-        rw!("rmsnorm-eps-inside-mean";      "(Sqrt (ReduceMean (Add ?sq ?eps) ?axes))"                      => { cond::Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+        rw!("rmsnorm-eps-inside-mean";      "(Sqrt (ReduceMean (Add ?sq ?eps) ?axes))"                      => { declines(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
         // √(mean(x² + ε)) with the axes as an attribute: ε inside the mean, declined
-        rw!("rmsnorm-eps-inside-mean-attr"; "(Sqrt (ReduceMean (Add ?sq ?eps)))"                            => { cond::Decline(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
+        rw!("rmsnorm-eps-inside-mean-attr"; "(Sqrt (ReduceMean (Add ?sq ?eps)))"                            => { declines(EPS_INSIDE_MEAN) } if cond::is_scalar("?eps") if is_square("?sq")),
     ]
 }
 
@@ -104,19 +108,15 @@ pub fn is_square(sq: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
 
 /// The class is a constant whose elements are all 1.
 fn is_unit(egraph: &EGraph, id: Id) -> bool {
-    cond::constant(egraph, id).is_some_and(|t| t.numel() > 0 && t.to_f64_vec().iter().all(|&x| x == 1.0))
-}
-
-fn op_is(n: &ENode, domain: Domain, name: &str) -> bool {
-    matches!(&n.head, Head::Op { domain: d, op, .. } if *d == domain && *op == name)
+    constant(egraph, id).is_some_and(|t| t.numel() > 0 && t.to_f64_vec().iter().all(|&x| x == 1.0))
 }
 
 /// The y of a node `Mul(y, y)` or `Pow(y, 2)`.
 fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
     let base = *n.children.first()?;
     let second = *n.children.get(1)?;
-    let is_square = (op_is(n, Domain::Onnx, "Mul") && egraph.find(base) == egraph.find(second))
-        || (op_is(n, Domain::Onnx, "Pow") && cond::scalar_value(egraph, second) == Some(2.0));
+    let is_square = (is_op(n, Domain::Onnx, "Mul") && egraph.find(base) == egraph.find(second))
+        || (is_op(n, Domain::Onnx, "Pow") && scalar_value(egraph, second) == Some(2.0));
     is_square.then(|| egraph.find(base))
 }
 
@@ -124,14 +124,14 @@ fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
 /// does but not over the last axis alone with keepdims=1.
 fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(), String>> {
     let x = egraph.find(x);
-    let rank = cond::rank(egraph, x)? as i64;
+    let rank = rank(egraph, x)? as i64;
     let mean = egraph[ms].nodes.iter().find(|n| {
-        op_is(n, Domain::Onnx, "ReduceMean")
+        is_op(n, Domain::Onnx, "ReduceMean")
             && egraph[n.children[0]].nodes.iter().any(|s| square_base(egraph, s) == Some(x))
     })?;
     let attrs = mean.head.attrs()?;
     let axes: Option<Vec<i64>> = match mean.children.get(1) {
-        Some(&a) => cond::int_values(egraph, a),
+        Some(&a) => int_values(egraph, a),
         None => attrs.ints("axes").ok().flatten().map(<[i64]>::to_vec),
     };
     if attrs.int_or("keepdims", 1).ok() != Some(1) {
@@ -149,26 +149,16 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
     }
 }
 
-/// The first node of class `class` that is op `name` (any domain) with exactly these children.
-fn node_in<'a>(egraph: &'a EGraph, class: Id, name: &str, children: &[Id]) -> Option<&'a ENode> {
-    let want: Vec<Id> = children.iter().map(|&c| egraph.find(c)).collect();
-    egraph[class].nodes.iter().find(|n| {
-        n.head.op() == Some(name)
-            && n.children.len() == want.len()
-            && n.children.iter().zip(&want).all(|(&c, &w)| egraph.find(c) == w)
-    })
-}
-
 /// The epsilon of the `RmsNorm(x, g)` node of class `class`.
 fn rms_norm_epsilon(egraph: &EGraph, class: Id, x: Id, g: Id) -> Option<f32> {
-    node_in(egraph, class, "RmsNorm", &[x, g])?.head.attrs()?.float("epsilon").ok().flatten()
+    nodes_with_children(egraph, class, "RmsNorm", &[x, g]).next()?.head.attrs()?.float("epsilon").ok().flatten()
 }
 
 /// The epsilon of the `RmsNorm(x, unit)` that a `Mul` of class `product` multiplies by `g`, on
 /// either side.
 fn scaled_rms_norm_epsilon(egraph: &EGraph, product: Id, x: Id, unit: Id, g: Id) -> Option<f32> {
     let g = egraph.find(g);
-    egraph[product].nodes.iter().filter(|n| op_is(n, Domain::Onnx, "Mul") && n.children.len() == 2).find_map(|n| {
+    egraph[product].nodes.iter().filter(|n| is_op(n, Domain::Onnx, "Mul") && n.children.len() == 2).find_map(|n| {
         let (c0, c1) = (egraph.find(n.children[0]), egraph.find(n.children[1]));
         let right = (c1 == g).then(|| rms_norm_epsilon(egraph, c0, x, unit)).flatten();
         right.or_else(|| (c0 == g).then(|| rms_norm_epsilon(egraph, c1, x, unit)).flatten())
@@ -198,9 +188,7 @@ fn channel_scale_problem(egraph: &EGraph, g: Id, x: &TypeInfo) -> Option<String>
 }
 
 fn epsilon_attrs(eps: f32) -> Attrs {
-    let mut a = Attrs::default();
-    a.set("epsilon", Attr::Float(eps));
-    a
+    attrs(&[("epsilon", Attr::Float(eps))])
 }
 
 fn add_rms_norm(egraph: &mut EGraph, eps: f32, x: Id, g: Id) -> Id {
@@ -215,13 +203,7 @@ fn add_skip_rms_norm(egraph: &mut EGraph, eps: f32, inputs: Vec<Id>) -> (Id, Id)
     (y, s)
 }
 
-fn decline(egraph: &mut EGraph, rule: Symbol, class: Id, reason: impl Into<String>) -> Vec<Id> {
-    let class = egraph.find(class);
-    egraph.analysis.decline(rule.as_str(), class, reason);
-    vec![]
-}
-
-// ---- appliers ----
+// ---- folds ----
 
 /// `?x` normalised by `√(?ms + ?eps)` with `?ms = mean(?x²)`: `RmsNorm{ε}(x, 1)` with a unit
 /// scale of shape `[D]` (`[1]` when the last axis has a symbolic size).
@@ -232,36 +214,27 @@ struct UnitRmsNorm {
 }
 
 impl UnitRmsNorm {
-    fn new() -> Self {
-        UnitRmsNorm { x: var("?x"), ms: var("?ms"), eps: var("?eps") }
+    fn new() -> Computed<Self> {
+        Computed::new(UnitRmsNorm { x: var("?x"), ms: var("?ms"), eps: var("?eps") })
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for UnitRmsNorm {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for UnitRmsNorm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let x = subst[self.x];
-        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        let ty = egraph[x].data.ty().cloned().ok_or_else(no_match)?;
         if !ty.dtype.is_float() || ty.shape.is_empty() {
-            return vec![];
+            return Err(no_match());
         }
         match mean_square_over_last_axis(egraph, subst[self.ms], x) {
-            None => return vec![],
-            Some(Err(reason)) => return decline(egraph, rule, eclass, reason),
-            Some(Ok(())) => {}
+            None => return Err(no_match()),
+            Some(over_last_axis) => over_last_axis?,
         }
-        let Some(eps) = cond::scalar_value(egraph, subst[self.eps]) else { return vec![] };
+        let eps = scalar_value(egraph, subst[self.eps]).ok_or_else(no_match)?;
         let d = ty.shape.last().and_then(|d| d.as_known()).and_then(|d| usize::try_from(d).ok()).unwrap_or(1);
-        let c = egraph.analysis.intern(Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
-        let unit = egraph.add(ENode::leaf(Head::Const(c)));
+        let unit = add_const(egraph, Tensor::from_f32(ty.dtype, vec![d], vec![1.0; d]));
         let norm = add_rms_norm(egraph, eps as f32, x, unit);
-        union(egraph, eclass, norm, rule)
+        Ok(union(egraph, eclass, norm, rule))
     }
 }
 
@@ -273,28 +246,21 @@ struct ScaledRmsNorm {
 }
 
 impl ScaledRmsNorm {
-    fn new() -> Self {
-        ScaledRmsNorm { x: var("?x"), unit: var("?unit"), g: var("?g") }
+    fn new() -> Computed<Self> {
+        Computed::new(ScaledRmsNorm { x: var("?x"), unit: var("?unit"), g: var("?g") })
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for ScaledRmsNorm {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for ScaledRmsNorm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let (x, g) = (subst[self.x], subst[self.g]);
-        let Some(eps) = scaled_rms_norm_epsilon(egraph, eclass, x, subst[self.unit], g) else { return vec![] };
-        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        let eps = scaled_rms_norm_epsilon(egraph, eclass, x, subst[self.unit], g).ok_or_else(no_match)?;
+        let ty = egraph[x].data.ty().cloned().ok_or_else(no_match)?;
         if let Some(problem) = channel_scale_problem(egraph, g, &ty) {
-            return decline(egraph, rule, eclass, format!("RmsNorm(x) · scale not folded: {problem}"));
+            return Err(format!("RmsNorm(x) · scale not folded: {problem}").into());
         }
         let norm = add_rms_norm(egraph, eps, x, g);
-        union(egraph, eclass, norm, rule)
+        Ok(union(egraph, eclass, norm, rule))
     }
 }
 
@@ -306,54 +272,45 @@ struct NormOp {
 }
 
 impl NormOp {
-    fn new() -> Self {
-        NormOp { x: var("?x"), g: var("?g") }
+    fn new() -> Computed<Self> {
+        Computed::new(NormOp { x: var("?x"), g: var("?g") })
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for NormOp {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for NormOp {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let (x, g) = (subst[self.x], subst[self.g]);
-        let Some(node) = ["SimplifiedLayerNormalization", "RMSNormalization"]
+        let node = ["SimplifiedLayerNormalization", "RMSNormalization"]
             .iter()
-            .find_map(|op| node_in(egraph, eclass, op, &[x, g]))
-        else {
-            return vec![];
-        };
+            .find_map(|op| nodes_with_children(egraph, eclass, op, &[x, g]).next())
+            .ok_or_else(no_match)?;
         let op = node.head.op().unwrap_or_default();
         let attrs = node.head.attrs().cloned().unwrap_or_default();
-        let Some(ty) = egraph[x].data.ty().cloned() else { return vec![] };
+        let ty = egraph[x].data.ty().cloned().ok_or_else(no_match)?;
         let rank = ty.shape.len() as i64;
-        let (Ok(axis), Ok(eps)) = (attrs.int_or("axis", -1), attrs.float_or("epsilon", 1e-5)) else { return vec![] };
+        let (Ok(axis), Ok(eps)) = (attrs.int_or("axis", -1), attrs.float_or("epsilon", 1e-5)) else {
+            return Err(no_match());
+        };
         if axis != -1 && axis != rank - 1 {
-            return decline(
-                egraph,
-                rule,
-                eclass,
-                format!("{op} normalises axes {axis}.. of a rank-{rank} tensor; RmsNorm normalises the last axis only"),
-            );
+            return Err(format!(
+                "{op} normalises axes {axis}.. of a rank-{rank} tensor; RmsNorm normalises the last axis only"
+            )
+            .into());
         }
         if egraph[g].data.ty().is_some_and(|gt| gt.dtype != ty.dtype) {
-            return decline(egraph, rule, eclass, format!("{op}'s scale and input differ in dtype"));
+            return Err(format!("{op}'s scale and input differ in dtype").into());
         }
         let outputs = egraph[eclass].data.types.len();
         let y = if outputs > 1 {
             if output_used(egraph, eclass, 1) {
-                return decline(egraph, rule, eclass, format!("{op}'s inv_std_var output is used; RmsNorm has only y"));
+                return Err(format!("{op}'s inv_std_var output is used; RmsNorm has only y").into());
             }
             egraph.add(ENode { head: Head::Proj(0), children: vec![eclass] })
         } else {
             eclass
         };
         let norm = add_rms_norm(egraph, eps, x, g);
-        union(egraph, y, norm, rule)
+        Ok(union(egraph, y, norm, rule))
     }
 }
 
@@ -365,32 +322,30 @@ struct SkipNormOp {
 }
 
 impl SkipNormOp {
-    fn new(bias: bool) -> Self {
+    fn new(bias: bool) -> Computed<Self> {
         let names: &[&str] = if bias { &["?x", "?skip", "?g", "?bias"] } else { &["?x", "?skip", "?g"] };
-        SkipNormOp { inputs: names.iter().map(|n| var(n)).collect() }
+        Computed::new(SkipNormOp { inputs: names.iter().map(|n| var(n)).collect() })
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for SkipNormOp {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let inputs: Vec<Id> = self.inputs.iter().map(|&v| subst[v]).collect();
-        let Some(node) = node_in(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs) else { return vec![] };
-        let Some(Ok(eps)) = node.head.attrs().map(|a| a.float_or("epsilon", 1e-12)) else { return vec![] };
+        let node = nodes_with_children(egraph, eclass, "SkipSimplifiedLayerNormalization", &inputs)
+            .next()
+            .ok_or_else(no_match)?;
+        let Some(Ok(eps)) = node.head.attrs().map(|a| a.float_or("epsilon", 1e-12)) else { return Err(no_match()) };
         let outputs = egraph[eclass].data.types.len();
         if let Some(i) = (1..outputs.min(3)).find(|&i| output_used(egraph, eclass, i)) {
             let what = if i == 1 { "mean" } else { "inv_std_var" };
-            return decline(egraph, rule, eclass, format!("SkipSimplifiedLayerNormalization's {what} output ({i}) is used; SkipRmsNorm has only y and the sum"));
+            return Err(format!(
+                "SkipSimplifiedLayerNormalization's {what} output ({i}) is used; SkipRmsNorm has only y and the sum"
+            )
+            .into());
         }
         let (y, s) = add_skip_rms_norm(egraph, eps, inputs);
         if outputs <= 1 {
-            return union(egraph, eclass, y, rule);
+            return Ok(union(egraph, eclass, y, rule));
         }
         let old_y = egraph.add(ENode { head: Head::Proj(0), children: vec![eclass] });
         let mut changed = union(egraph, old_y, y, rule);
@@ -398,7 +353,7 @@ impl Applier<ENode, ir::egraph::NpuAnalysis> for SkipNormOp {
             let old_s = egraph.add(ENode { head: Head::Proj(3), children: vec![eclass] });
             changed.extend(union(egraph, old_s, s, rule));
         }
-        changed
+        Ok(changed)
     }
 }
 
@@ -411,57 +366,41 @@ struct ResidualRmsNorm {
 }
 
 impl ResidualRmsNorm {
-    fn new() -> Self {
-        ResidualRmsNorm { a: var("?a"), b: var("?b"), g: var("?g") }
+    fn new() -> Computed<Self> {
+        Computed::new(ResidualRmsNorm { a: var("?a"), b: var("?b"), g: var("?g") })
     }
 }
 
-impl Applier<ENode, ir::egraph::NpuAnalysis> for ResidualRmsNorm {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for ResidualRmsNorm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let (a, b, g) = (subst[self.a], subst[self.b], subst[self.g]);
         // A unit scale is the intermediate of a decomposed norm whose γ folds next; fusing the sum
         // into it as well would leave two SkipRmsNorms of equal cost competing for the sum.
         if is_unit(egraph, g) {
-            return vec![];
+            return Err(no_match());
         }
-        let Some(sum) = egraph.lookup(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![a, b])) else {
-            return vec![];
+        let sum = egraph.lookup(ENode::op(Domain::Onnx, "Add", Attrs::default(), vec![a, b])).ok_or_else(no_match)?;
+        let eps = rms_norm_epsilon(egraph, eclass, sum, g).ok_or_else(no_match)?;
+        let (Some(ta), Some(tb)) = (egraph[a].data.ty().cloned(), egraph[b].data.ty().cloned()) else {
+            return Err(no_match());
         };
-        let Some(eps) = rms_norm_epsilon(egraph, eclass, sum, g) else { return vec![] };
-        let (Some(ta), Some(tb)) = (egraph[a].data.ty().cloned(), egraph[b].data.ty().cloned()) else { return vec![] };
         if ta != tb {
             let (sa, sb) = (ir::dim::shape_to_string(&ta.shape), ir::dim::shape_to_string(&tb.shape));
-            return decline(
-                egraph,
-                rule,
-                eclass,
-                format!(
-                    "the residual addends differ ({} {sa} and {} {sb}); SkipRmsNorm adds equal types",
-                    ta.dtype, tb.dtype
-                ),
-            );
+            return Err(format!(
+                "the residual addends differ ({} {sa} and {} {sb}); SkipRmsNorm adds equal types",
+                ta.dtype, tb.dtype
+            )
+            .into());
         }
         if !matches!(ta.shape.len(), 2 | 3) {
-            return decline(
-                egraph,
-                rule,
-                eclass,
-                format!("the residual sum is {}-D; SkipRmsNorm takes 2-D or 3-D input", ta.shape.len()),
-            );
+            return Err(format!("the residual sum is {}-D; SkipRmsNorm takes 2-D or 3-D input", ta.shape.len()).into());
         }
         if let Some(problem) = channel_scale_problem(egraph, g, &ta) {
-            return decline(egraph, rule, eclass, format!("residual sum not fused into SkipRmsNorm: {problem}"));
+            return Err(format!("residual sum not fused into SkipRmsNorm: {problem}").into());
         }
         let (y, s) = add_skip_rms_norm(egraph, eps, vec![a, b, g]);
         let mut changed = union(egraph, eclass, y, rule);
         changed.extend(union(egraph, sum, s, rule));
-        changed
+        Ok(changed)
     }
 }

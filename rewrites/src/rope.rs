@@ -33,13 +33,19 @@
 //! and inputs whose head size is not known at compile time.
 //!
 //! The RoPE inside com.microsoft GroupQueryAttention (`do_rotary=1`) is lowered by the
-//! `attention` family with the helpers below.
+//! `attention` family with the same table lookup ([`crate::egraph_ops::cache_rows`],
+//! [`crate::egraph_ops::full_width`]).
 
-use crate::cond::{int_values, var};
+use crate::apply::{no_match, Computed, Decline, Fold, Folded};
+use crate::cond::var;
+use crate::egraph_ops::{
+    add_typed, cache_rows, cast, dim_value, full_width, heads_view, i64_scalar, int_values, node_attrs, onnx, reshape,
+    rope, type_of, union, unsqueeze,
+};
 use crate::Rewrite;
-use egg::{rewrite as rw, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
-use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
+use egg::{rewrite as rw, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, TypeInfo};
+use ir::{Attrs, DType, Dim, Domain};
 
 /// The family's rules.
 pub fn rules() -> Vec<Rewrite> {
@@ -48,39 +54,35 @@ pub fn rules() -> Vec<Rewrite> {
         // x·cos + concat(−x[D/2:], x[:D/2])·sin  →  Rope{interleaved=0}(x, cos, sin)
         rw!("rope-rotate-half";
             "(Add (Mul ?x ?cos) (Mul (Concat{axis=-1} (Neg (Slice ?x ?hs ?he ?ha ?hp)) (Slice ?x ?ls ?le ?la ?lp)) ?sin))"
-            => "(npuc::Rope{interleaved=0} ?x ?cos ?sin)"
-            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])
-            if tables_fit("rope-rotate-half", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=0} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])),
         // concat(−x[D/2:], x[:D/2])·sin + x·cos  →  Rope{interleaved=0}(x, cos, sin)
         rw!("rope-rotate-half-swapped";
             "(Add (Mul (Concat{axis=-1} (Neg (Slice ?x ?hs ?he ?ha ?hp)) (Slice ?x ?ls ?le ?la ?lp)) ?sin) (Mul ?x ?cos))"
-            => "(npuc::Rope{interleaved=0} ?x ?cos ?sin)"
-            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])
-            if tables_fit("rope-rotate-half-swapped", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=0} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if halves_of_last_axis("?x", ["?ls", "?le", "?la", "?lp"], ["?hs", "?he", "?ha", "?hp"])),
         // x·cos + interleave(−x[1::2], x[0::2])·sin  →  Rope{interleaved=1}(x, cos, sin)
         rw!("rope-interleaved";
             "(Add (Mul ?x ?cos) (Mul (Reshape (Concat{axis=-1} (Unsqueeze (Neg (Slice ?x ?os ?oe ?oa ?op)) ?ou) (Unsqueeze (Slice ?x ?es ?ee ?ea ?ep) ?eu)) ?shape) ?sin))"
-            => "(npuc::Rope{interleaved=1} ?x ?cos ?sin)"
-            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])
-            if tables_fit("rope-interleaved", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=1} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])),
         // interleave(−x[1::2], x[0::2])·sin + x·cos  →  Rope{interleaved=1}(x, cos, sin)
         rw!("rope-interleaved-swapped";
             "(Add (Mul (Reshape (Concat{axis=-1} (Unsqueeze (Neg (Slice ?x ?os ?oe ?oa ?op)) ?ou) (Unsqueeze (Slice ?x ?es ?ee ?ea ?ep) ?eu)) ?shape) ?sin) (Mul ?x ?cos))"
-            => "(npuc::Rope{interleaved=1} ?x ?cos ?sin)"
-            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])
-            if tables_fit("rope-interleaved-swapped", "?x", "?cos", "?sin")),
+            => { Computed::guarded("(npuc::Rope{interleaved=1} ?x ?cos ?sin)", tables_fit("?x", "?cos", "?sin")) }
+            if strided_pairs_of_last_axis("?x", ["?es", "?ee", "?ea", "?ep", "?eu"], ["?os", "?oe", "?oa", "?op", "?ou"])),
         // RotaryEmbedding(x, cos_cache, sin_cache, position_ids)  →  Rope(x, full(cos_cache[pos]), full(sin_cache[pos]))
         rw!("rope-onnx-rotary-embedding";
             "(RotaryEmbedding ?x ?cos ?sin ?pos)"
-            => { LowerRotaryEmbedding { rule: "rope-onnx-rotary-embedding", spelling: Spelling::Onnx } }),
+            => { LowerRotaryEmbedding::new(Spelling::Onnx) }),
         // RotaryEmbedding(x, cos_rows, sin_rows)  →  Rope(x, full(cos_rows), full(sin_rows))
         rw!("rope-onnx-rotary-embedding-rows";
             "(RotaryEmbedding ?x ?cos ?sin)"
-            => { LowerRotaryEmbedding { rule: "rope-onnx-rotary-embedding-rows", spelling: Spelling::OnnxRows } }),
+            => { LowerRotaryEmbedding::new(Spelling::OnnxRows) }),
         // com.microsoft::RotaryEmbedding(x, position_ids, cos_cache, sin_cache)  →  Rope(x, full(cos_cache[pos]), full(sin_cache[pos]))
         rw!("rope-contrib-rotary-embedding";
             "(com.microsoft::RotaryEmbedding ?x ?pos ?cos ?sin)"
-            => { LowerRotaryEmbedding { rule: "rope-contrib-rotary-embedding", spelling: Spelling::Contrib } }),
+            => { LowerRotaryEmbedding::new(Spelling::Contrib) }),
     ];
     rules
 }
@@ -164,18 +166,15 @@ fn tables_misfit(x: &TypeInfo, tables: [Option<&TypeInfo>; 2]) -> Option<String>
     None
 }
 
-/// `?cos` and `?sin` are full-width tables that broadcast to `?x` (Rope's contract); records why
-/// not under `rule` otherwise.
-fn tables_fit(rule: &'static str, x: &str, cos: &str, sin: &str) -> impl Fn(&mut EGraph, Id, &Subst) -> bool {
+/// `?cos` and `?sin` are full-width tables that broadcast to `?x` (Rope's contract); why not
+/// otherwise.
+fn tables_fit(x: &str, cos: &str, sin: &str) -> impl Fn(&EGraph, Id, &Subst) -> Result<(), Decline> {
     let (x, cos, sin) = (var(x), var(cos), var(sin));
-    move |egraph, class, subst| {
-        let Some(xt) = egraph[subst[x]].data.ty().cloned() else { return false };
-        match tables_misfit(&xt, [egraph[subst[cos]].data.ty(), egraph[subst[sin]].data.ty()]) {
-            None => true,
-            Some(reason) => {
-                egraph.analysis.decline(rule, class, reason);
-                false
-            }
+    move |egraph, _, subst| {
+        let xt = egraph[subst[x]].data.ty().ok_or_else(no_match)?;
+        match tables_misfit(xt, [egraph[subst[cos]].data.ty(), egraph[subst[sin]].data.ty()]) {
+            None => Ok(()),
+            Some(reason) => Err(reason.into()),
         }
     }
 }
@@ -193,360 +192,165 @@ enum Spelling {
 
 /// Lowers a RotaryEmbedding op to the row lookup plus `Rope` (see the module header).
 struct LowerRotaryEmbedding {
-    rule: &'static str,
     spelling: Spelling,
 }
 
-impl Applier<ENode, NpuAnalysis> for LowerRotaryEmbedding {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        match self.lower(egraph, eclass, subst) {
-            Ok(y) => crate::cond::union(egraph, eclass, y, rule),
-            Err(Some(reason)) => {
-                egraph.analysis.decline(self.rule, eclass, reason);
-                vec![]
-            }
-            Err(None) => vec![],
+/// A matched RotaryEmbedding Rope can take: its operands, the input's type and layout.
+struct Rotary {
+    x: Id,
+    cos: Id,
+    sin: Id,
+    pos: Option<Id>,
+    xt: TypeInfo,
+    /// Half the head size: the width of the tables' rows.
+    half: i64,
+    /// The heads of a 3-D `[B, S, H·D]` input; `None` for a 4-D `[B, H, S, D]` one.
+    heads: Option<i64>,
+    head: i64,
+    interleaved: bool,
+}
+
+impl Rotary {
+    /// The input's sequence axis.
+    fn seq_axis(&self) -> usize {
+        if self.heads.is_some() {
+            1
+        } else {
+            2
         }
     }
 }
 
-impl LowerRotaryEmbedding {
-    /// The Rope form of the matched op; `Err(Some(reason))` to decline, `Err(None)` when the
-    /// match is not this op after all.
-    fn lower(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst) -> Result<Id, Option<String>> {
-        let (x, cos, sin) = (subst[var("?x")], subst[var("?cos")], subst[var("?sin")]);
-        let pos = subst.get(var("?pos")).copied();
-        let (domain, children) = match self.spelling {
-            Spelling::Onnx => (Domain::Onnx, vec![x, cos, sin, pos.ok_or(None)?]),
-            Spelling::OnnxRows => (Domain::Onnx, vec![x, cos, sin]),
-            Spelling::Contrib => (Domain::Microsoft, vec![x, pos.ok_or(None)?, cos, sin]),
-        };
-        let attrs = matched_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or(None)?;
-        let int = |name: &str| attrs.int_or(name, 0).map_err(|e| Some(e.to_string()));
-        let interleaved = int("interleaved")? != 0;
-        if int("is_packed_batching")? != 0 {
-            return Err(Some("packed batching has no Rope form".into()));
-        }
-        let xt = type_of(egraph, x).ok_or(None)?;
-        if !xt.dtype.is_float() {
-            return Err(None);
-        }
-        let cache = type_of(egraph, cos).ok_or(None)?;
-        let half = cache
-            .shape
-            .last()
-            .and_then(Dim::as_known)
-            .ok_or_else(|| Some("the cos cache width is not known".to_string()))?;
-        let num_heads = int("num_heads")?;
-        let (heads, head) = match xt.shape.len() {
-            3 => {
-                let width = xt.shape[2].as_known().ok_or_else(|| Some("the hidden size is not known".to_string()))?;
-                let heads = match num_heads {
-                    n if n > 0 => n,
-                    _ if self.spelling == Spelling::Contrib && half > 0 => width / (2 * half),
-                    _ => return Err(Some("a 3-D input needs num_heads".into())),
-                };
-                if heads <= 0 || width % heads != 0 {
-                    return Err(Some(format!("hidden size {width} does not split into {heads} heads")));
-                }
-                (Some(heads), width / heads)
-            }
-            4 => (None, xt.shape[3].as_known().ok_or_else(|| Some("the head size is not known".to_string()))?),
-            _ => return Err(Some(format!("input of rank {} is neither [B, S, H·D] nor [B, H, S, D]", xt.shape.len()))),
-        };
-        let rotary = int("rotary_embedding_dim")?;
-        if 2 * half != head || (rotary != 0 && rotary != head) {
-            return Err(Some(format!(
-                "rotates {} of the head's {head} features: Rope rotates the full width",
-                if rotary != 0 { rotary } else { 2 * half }
-            )));
-        }
-        // Token rows of the tables: [B, S, D/2], or [S, D/2] for a start offset.
-        let seq_axis = if heads.is_some() { 1 } else { 2 };
-        let rows = |egraph: &mut EGraph, table: Id| -> Result<Id, Option<String>> {
-            match self.spelling {
-                Spelling::OnnxRows => {
-                    let t = type_of(egraph, table).ok_or(None)?;
-                    let want = [xt.shape[0].clone(), xt.shape[seq_axis].clone(), Dim::known(half)];
-                    if t.shape != want {
-                        return Err(Some(format!(
-                            "without position_ids the tables must be [B, S, D/2], got {}",
-                            ir::dim::shape_to_string(&t.shape)
-                        )));
-                    }
-                    Ok(table)
-                }
-                _ => {
-                    let pos = pos.ok_or(None)?;
-                    let pt = type_of(egraph, pos).ok_or(None)?;
-                    if !pt.dtype.is_int() {
-                        return Err(Some(format!("position_ids are {}", pt.dtype)));
-                    }
-                    let positions = if pt.shape == [xt.shape[0].clone(), xt.shape[seq_axis].clone()] {
-                        pos
-                    } else if self.spelling == Spelling::Contrib
-                        && pt.shape.iter().all(|d| d.as_known() == Some(1))
-                        && pt.shape.len() <= 1
-                    {
-                        // One start offset: positions offset + 0 .. offset + S.
-                        let seq = dim_value(egraph, x, seq_axis);
-                        let zero = i64_scalar(egraph, 0);
-                        let one = i64_scalar(egraph, 1);
-                        let range = add_typed(
-                            egraph,
-                            onnx("Range", Attrs::default(), vec![zero, seq, one]),
-                            TypeInfo { dtype: DType::I64, shape: vec![xt.shape[seq_axis].clone()] },
-                        );
-                        let offset = if pt.dtype == DType::I64 { pos } else { cast(egraph, pos, DType::I64) };
-                        add_typed(
-                            egraph,
-                            onnx("Add", Attrs::default(), vec![range, offset]),
-                            TypeInfo { dtype: DType::I64, shape: vec![xt.shape[seq_axis].clone()] },
-                        )
-                    } else {
-                        return Err(Some(format!(
-                            "position_ids {} are neither [B, S] nor one offset",
-                            ir::dim::shape_to_string(&pt.shape)
-                        )));
-                    };
-                    Ok(cache_rows(egraph, table, positions).ok_or(None)?)
-                }
-            }
-        };
-        let (cos_rows, sin_rows) = (rows(egraph, cos)?, rows(egraph, sin)?);
+impl Fold for LowerRotaryEmbedding {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let op = self.matched(egraph, eclass, subst)?;
+        let (cos_rows, sin_rows) = (self.table_rows(egraph, &op, op.cos)?, self.table_rows(egraph, &op, op.sin)?);
         let (Some(mut tc), Some(mut ts)) =
-            (full_width(egraph, cos_rows, interleaved), full_width(egraph, sin_rows, interleaved))
+            (full_width(egraph, cos_rows, op.interleaved), full_width(egraph, sin_rows, op.interleaved))
         else {
-            return Err(None);
+            return Err(no_match());
         };
         // A unit heads axis: [B, S, D] → [B, S, 1, D] for the [B, S, H, D] view, [B, 1, S, D] for
         // BNSH; [S, D] → [S, 1, D] for the view and as is for BNSH.
-        let table_rank = type_of(egraph, tc).map(|t| t.shape.len()).ok_or(None)?;
-        let heads_axis = match (heads.is_some(), table_rank) {
+        let table_rank = type_of(egraph, tc).map(|t| t.shape.len()).ok_or_else(no_match)?;
+        let heads_axis = match (op.heads.is_some(), table_rank) {
             (true, 3) => Some(2),
             (true, _) | (false, 3) => Some(1),
             (false, _) => None,
         };
         if let Some(axis) = heads_axis {
-            tc = unsqueeze(egraph, tc, axis).ok_or(None)?;
-            ts = unsqueeze(egraph, ts, axis).ok_or(None)?;
+            tc = unsqueeze(egraph, tc, axis).ok_or_else(no_match)?;
+            ts = unsqueeze(egraph, ts, axis).ok_or_else(no_match)?;
         }
-        let y = match heads {
+        let y = match op.heads {
             Some(h) => {
-                let x4 = heads_view(egraph, x, h, head).ok_or(None)?;
-                let r = rope(egraph, x4, tc, ts, interleaved);
-                let width = xt.shape[2].as_known().unwrap_or(h * head);
-                reshape(egraph, r, &[0, 0, width]).ok_or(None)?
+                let x4 = heads_view(egraph, op.x, h, op.head).ok_or_else(no_match)?;
+                let r = rope(egraph, x4, tc, ts, op.interleaved);
+                let width = op.xt.shape[2].as_known().unwrap_or(h * op.head);
+                reshape(egraph, r, &[0, 0, width]).ok_or_else(no_match)?
             }
-            None => rope(egraph, x, tc, ts, interleaved),
+            None => rope(egraph, op.x, tc, ts, op.interleaved),
         };
-        Ok(y)
+        Ok(union(egraph, eclass, y, rule))
     }
 }
 
-/// The attributes of the `domain::op` node of `class` whose children are `children`.
-pub(crate) fn matched_attrs(egraph: &EGraph, class: Id, domain: Domain, op: &str, children: &[Id]) -> Option<Attrs> {
-    egraph[class].nodes.iter().find_map(|n| match &n.head {
-        Head::Op { domain: d, op: o, attrs }
-            if *d == domain
-                && *o == op
-                && n.children.len() == children.len()
-                && n.children.iter().zip(children).all(|(a, b)| egraph.find(*a) == egraph.find(*b)) =>
+impl LowerRotaryEmbedding {
+    fn new(spelling: Spelling) -> Computed<Self> {
+        Computed::new(LowerRotaryEmbedding { spelling })
+    }
+
+    /// The matched op, when Rope can take it.
+    fn matched(&self, egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Rotary, Decline> {
+        let (x, cos, sin) = (subst[var("?x")], subst[var("?cos")], subst[var("?sin")]);
+        let pos = subst.get(var("?pos")).copied();
+        let (domain, children) = match self.spelling {
+            Spelling::Onnx => (Domain::Onnx, vec![x, cos, sin, pos.ok_or_else(no_match)?]),
+            Spelling::OnnxRows => (Domain::Onnx, vec![x, cos, sin]),
+            Spelling::Contrib => (Domain::Microsoft, vec![x, pos.ok_or_else(no_match)?, cos, sin]),
+        };
+        let attrs = node_attrs(egraph, eclass, domain, "RotaryEmbedding", &children).ok_or_else(no_match)?;
+        let int = |name: &str| attrs.int_or(name, 0).map_err(|e| Decline::from(e.to_string()));
+        let interleaved = int("interleaved")? != 0;
+        if int("is_packed_batching")? != 0 {
+            return Err("packed batching has no Rope form".into());
+        }
+        let xt = type_of(egraph, x).ok_or_else(no_match)?;
+        if !xt.dtype.is_float() {
+            return Err(no_match());
+        }
+        let cache = type_of(egraph, cos).ok_or_else(no_match)?;
+        let half = cache.shape.last().and_then(Dim::as_known).ok_or("the cos cache width is not known")?;
+        let num_heads = int("num_heads")?;
+        let (heads, head) = match xt.shape.len() {
+            3 => {
+                let width = xt.shape[2].as_known().ok_or("the hidden size is not known")?;
+                let heads = match num_heads {
+                    n if n > 0 => n,
+                    _ if self.spelling == Spelling::Contrib && half > 0 => width / (2 * half),
+                    _ => return Err("a 3-D input needs num_heads".into()),
+                };
+                if heads <= 0 || width % heads != 0 {
+                    return Err(format!("hidden size {width} does not split into {heads} heads").into());
+                }
+                (Some(heads), width / heads)
+            }
+            4 => (None, xt.shape[3].as_known().ok_or("the head size is not known")?),
+            n => return Err(format!("input of rank {n} is neither [B, S, H·D] nor [B, H, S, D]").into()),
+        };
+        let rotary = int("rotary_embedding_dim")?;
+        if 2 * half != head || (rotary != 0 && rotary != head) {
+            let rotated = if rotary != 0 { rotary } else { 2 * half };
+            return Err(format!("rotates {rotated} of the head's {head} features: Rope rotates the full width").into());
+        }
+        Ok(Rotary { x, cos, sin, pos, xt, half, heads, head, interleaved })
+    }
+
+    /// The token rows of `table`: `[B, S, D/2]`, or `[S, D/2]` for a start offset.
+    fn table_rows(&self, egraph: &mut EGraph, op: &Rotary, table: Id) -> Result<Id, Decline> {
+        let (batch, seq) = (op.xt.shape[0].clone(), op.xt.shape[op.seq_axis()].clone());
+        if self.spelling == Spelling::OnnxRows {
+            let t = type_of(egraph, table).ok_or_else(no_match)?;
+            if t.shape != [batch, seq, Dim::known(op.half)] {
+                let got = ir::dim::shape_to_string(&t.shape);
+                return Err(format!("without position_ids the tables must be [B, S, D/2], got {got}").into());
+            }
+            return Ok(table);
+        }
+        let pos = op.pos.ok_or_else(no_match)?;
+        let pt = type_of(egraph, pos).ok_or_else(no_match)?;
+        if !pt.dtype.is_int() {
+            return Err(format!("position_ids are {}", pt.dtype).into());
+        }
+        let positions = if pt.shape == [batch, seq.clone()] {
+            pos
+        } else if self.spelling == Spelling::Contrib
+            && pt.shape.iter().all(|d| d.as_known() == Some(1))
+            && pt.shape.len() <= 1
         {
-            Some((*attrs.attrs).clone())
-        }
-        _ => None,
-    })
-}
-
-/// Dtype and shape of a class.
-pub(crate) fn type_of(egraph: &EGraph, id: Id) -> Option<TypeInfo> {
-    egraph[id].data.ty().cloned()
-}
-
-/// An ai.onnx node.
-pub(crate) fn onnx(op: &'static str, attrs: Attrs, children: Vec<Id>) -> ENode {
-    ENode::op(Domain::Onnx, op, attrs, children)
-}
-
-/// Attributes from `(name, value)` pairs.
-pub(crate) fn attrs(pairs: &[(&str, Attr)]) -> Attrs {
-    let mut a = Attrs::default();
-    for (k, v) in pairs {
-        a.set(k, v.clone());
+            offset_positions(egraph, op, pos, pt.dtype, seq)
+        } else {
+            let shape = ir::dim::shape_to_string(&pt.shape);
+            return Err(format!("position_ids {shape} are neither [B, S] nor one offset").into());
+        };
+        cache_rows(egraph, table, positions).ok_or_else(no_match)
     }
-    a
 }
 
-/// Adds `node` and gives its class `ty` when type inference had nothing to say about it (the
-/// layout ops a rewrite creates are typed by the rewrite, which knows their shapes).
-pub(crate) fn add_typed(egraph: &mut EGraph, node: ENode, ty: TypeInfo) -> Id {
-    let id = egraph.add(node);
-    if egraph[id].data.types.is_empty() {
-        egraph[id].data.types = vec![ty];
-    }
-    id
-}
-
-/// A constant leaf.
-pub(crate) fn add_const(egraph: &mut EGraph, t: Tensor) -> Id {
-    let c = egraph.analysis.intern(t);
-    egraph.add(ENode::leaf(Head::Const(c)))
-}
-
-/// A constant int64 vector.
-pub(crate) fn i64s(egraph: &mut EGraph, values: &[i64]) -> Id {
-    add_const(egraph, Tensor::from_i64(DType::I64, vec![values.len()], values.to_vec()))
-}
-
-/// A constant int64 scalar.
-pub(crate) fn i64_scalar(egraph: &mut EGraph, v: i64) -> Id {
-    add_const(egraph, Tensor::scalar_i64(v))
-}
-
-/// `Cast(x)` to `to`.
-pub(crate) fn cast(egraph: &mut EGraph, x: Id, to: DType) -> Id {
-    let shape = type_of(egraph, x).map(|t| t.shape).unwrap_or_default();
-    add_typed(
+/// The positions `offset + 0 .. offset + S` of one start offset `pos` (of integer type `dtype`).
+fn offset_positions(egraph: &mut EGraph, op: &Rotary, pos: Id, dtype: DType, seq: Dim) -> Id {
+    let len = dim_value(egraph, op.x, op.seq_axis());
+    let zero = i64_scalar(egraph, 0);
+    let one = i64_scalar(egraph, 1);
+    let range = add_typed(
         egraph,
-        onnx("Cast", attrs(&[("to", Attr::Int(to.onnx_code() as i64))]), vec![x]),
-        TypeInfo { dtype: to, shape },
-    )
-}
-
-/// The int64 scalar holding dim `axis` of `x`: `Gather(Shape(x), axis)`.
-pub(crate) fn dim_value(egraph: &mut EGraph, x: Id, axis: usize) -> Id {
-    let rank = type_of(egraph, x).map(|t| t.shape.len()).unwrap_or(0);
-    let shape = add_typed(
-        egraph,
-        onnx("Shape", Attrs::default(), vec![x]),
-        TypeInfo { dtype: DType::I64, shape: vec![Dim::known(rank as i64)] },
+        onnx("Range", Attrs::default(), vec![zero, len, one]),
+        TypeInfo { dtype: DType::I64, shape: vec![seq.clone()] },
     );
-    let index = i64_scalar(egraph, axis as i64);
+    let offset = if dtype == DType::I64 { pos } else { cast(egraph, pos, DType::I64) };
     add_typed(
         egraph,
-        onnx("Gather", attrs(&[("axis", Attr::Int(0))]), vec![shape, index]),
-        TypeInfo { dtype: DType::I64, shape: vec![] },
+        onnx("Add", Attrs::default(), vec![range, offset]),
+        TypeInfo { dtype: DType::I64, shape: vec![seq] },
     )
-}
-
-/// `Reshape(x, target)` (0 copies the input's dim, as ONNX says); `None` when the output shape
-/// cannot be worked out from x's type.
-pub(crate) fn reshape(egraph: &mut EGraph, x: Id, target: &[i64]) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    let shape: Vec<Dim> = target
-        .iter()
-        .enumerate()
-        .map(|(i, &d)| match d {
-            0 => t.shape.get(i).cloned(),
-            d if d > 0 => Some(Dim::known(d)),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
-    let c = i64s(egraph, target);
-    Some(add_typed(egraph, onnx("Reshape", Attrs::default(), vec![x, c]), TypeInfo { dtype: t.dtype, shape }))
-}
-
-/// `Transpose(x, perm)`.
-pub(crate) fn transpose(egraph: &mut EGraph, x: Id, perm: &[usize]) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if t.shape.len() != perm.len() {
-        return None;
-    }
-    let shape = perm.iter().map(|&p| t.shape[p].clone()).collect();
-    let perm: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
-    Some(add_typed(
-        egraph,
-        onnx("Transpose", attrs(&[("perm", Attr::Ints(perm))]), vec![x]),
-        TypeInfo { dtype: t.dtype, shape },
-    ))
-}
-
-/// `Unsqueeze(x, [axis])` with a non-negative axis.
-pub(crate) fn unsqueeze(egraph: &mut EGraph, x: Id, axis: usize) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if axis > t.shape.len() {
-        return None;
-    }
-    let mut shape = t.shape.clone();
-    shape.insert(axis, Dim::known(1));
-    let axes = i64s(egraph, &[axis as i64]);
-    Some(add_typed(egraph, onnx("Unsqueeze", Attrs::default(), vec![x, axes]), TypeInfo { dtype: t.dtype, shape }))
-}
-
-/// `Rope{interleaved}(x, cos, sin)`.
-pub(crate) fn rope(egraph: &mut EGraph, x: Id, cos: Id, sin: Id, interleaved: bool) -> Id {
-    let a = attrs(&[("interleaved", Attr::Int(interleaved as i64))]);
-    egraph.add(ENode::op(Domain::Npuc, "Rope", a, vec![x, cos, sin]))
-}
-
-/// Rows `positions` of a `[max_pos, D/2]` cache: `Gather(cache, positions)`, shape
-/// `positions.shape ++ [D/2]`.
-pub(crate) fn cache_rows(egraph: &mut EGraph, cache: Id, positions: Id) -> Option<Id> {
-    let (c, p) = (type_of(egraph, cache)?, type_of(egraph, positions)?);
-    if c.shape.len() != 2 {
-        return None;
-    }
-    let mut shape = p.shape.clone();
-    shape.push(c.shape[1].clone());
-    Some(add_typed(
-        egraph,
-        onnx("Gather", attrs(&[("axis", Attr::Int(0))]), vec![cache, positions]),
-        TypeInfo { dtype: c.dtype, shape },
-    ))
-}
-
-/// The full-width table `[.., D]` of half-width rows `[.., D/2]`: `Concat(rows, rows)` for
-/// rotate-half, every entry twice (`Reshape(Concat(Unsqueeze(rows), Unsqueeze(rows)))`) for
-/// interleaved pairs.
-pub(crate) fn full_width(egraph: &mut EGraph, rows: Id, interleaved: bool) -> Option<Id> {
-    let t = type_of(egraph, rows)?;
-    let half = t.shape.last()?.as_known()?;
-    let mut shape = t.shape.clone();
-    *shape.last_mut()? = Dim::known(2 * half);
-    let concat_last = attrs(&[("axis", Attr::Int(-1))]);
-    if !interleaved {
-        return Some(add_typed(
-            egraph,
-            onnx("Concat", concat_last, vec![rows, rows]),
-            TypeInfo { dtype: t.dtype, shape },
-        ));
-    }
-    let column = unsqueeze(egraph, rows, t.shape.len())?;
-    let mut pairs = t.shape.clone();
-    pairs.push(Dim::known(2));
-    let pairs =
-        add_typed(egraph, onnx("Concat", concat_last, vec![column, column]), TypeInfo { dtype: t.dtype, shape: pairs });
-    let mut target = vec![0i64; t.shape.len()];
-    *target.last_mut()? = 2 * half;
-    reshape(egraph, pairs, &target)
-}
-
-/// `x` `[B, S, heads·head]` viewed as `[B, S, heads, head]`: the value of that shape a Reshape in
-/// x's class was made from when there is one (a view of a view is the value itself), otherwise a
-/// new `Reshape(x, [0, 0, heads, head])`.
-pub(crate) fn heads_view(egraph: &mut EGraph, x: Id, heads: i64, head: i64) -> Option<Id> {
-    let t = type_of(egraph, x)?;
-    if t.shape.len() != 3 {
-        return None;
-    }
-    let want = vec![t.shape[0].clone(), t.shape[1].clone(), Dim::known(heads), Dim::known(head)];
-    let found = egraph[x].nodes.iter().find_map(|n| match n.head.op() {
-        Some("Reshape") if matches!(n.head, Head::Op { domain: Domain::Onnx, .. }) => {
-            let src = n.children[0];
-            egraph[src].data.ty().filter(|s| s.shape == want && s.dtype == t.dtype).map(|_| src)
-        }
-        _ => None,
-    });
-    match found {
-        Some(src) => Some(src),
-        None => reshape(egraph, x, &[0, 0, heads, head]),
-    }
 }

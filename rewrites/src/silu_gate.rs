@@ -21,7 +21,7 @@
 //! product (what a quantizer that also quantizes Sigmoid outputs writes): `Silu` would skip that
 //! rounding.
 
-use crate::cond;
+use crate::apply::declines;
 use crate::Rewrite;
 use egg::rewrite as rw;
 
@@ -38,7 +38,7 @@ pub fn rules() -> Vec<Rewrite> {
         // u · Silu(g) = SwiGlu(g, u)
         rw!("silu-gate-up-silu";             "(Mul ?u (npuc::Silu ?g))"                                        => "(npuc::SwiGlu ?g ?u)"),
         // x · DQ(Q(σ(x))): the sigmoid is requantized, declined
-        rw!("silu-gate-requantized-sigmoid"; "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { cond::Decline(REQUANTIZED) }),
+        rw!("silu-gate-requantized-sigmoid"; "(Mul ?x (DequantizeLinear (QuantizeLinear (Sigmoid ?x) ?s ?z) ?s ?z))" => { declines(REQUANTIZED) }),
     ]
 }
 

@@ -46,11 +46,15 @@
 //! and 8; blocked DequantizeLinear whose codes are computed at run time, whose blocks run along N,
 //! or whose K is not a whole number of blocks; 4-bit codes quantised per tensor or per column.
 
-use crate::cond::{dtype, is_compile_time_expr, union, var};
-use crate::qdq::{known_shape, node_attrs};
+use crate::apply::{no_match, Computed, Fold, Folded};
+use crate::cond::var;
+use crate::egraph_ops::{
+    add_const, add_typed, attrs, dtype, i64s, is_absent, is_compile_time_expr, known_shape, node_attrs,
+    nodes_with_children, onnx, rank, union,
+};
 use crate::Rewrite;
-use egg::{rewrite, Applier, Id, PatternAst, Subst, Symbol, Var};
-use ir::egraph::{EGraph, ENode, Head, NpuAnalysis, TypeInfo};
+use egg::{rewrite, Id, Subst, Symbol, Var};
+use ir::egraph::{EGraph, ENode, Head, TypeInfo};
 use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
 
 /// The family's rules.
@@ -71,53 +75,28 @@ pub fn rules() -> Vec<Rewrite> {
             "(com.microsoft::MatMulNBits ?a ?w ?s ?z ?g ?bias)" => { ToWGemm::new(&["?z", "?g", "?bias"]) }),
         // Split(MatMulNBits(a, B, …), sizes) along N: output i = WGemm(a, B[rows i], s[rows i], z[rows i])
         rewrite!("weight-only-split-packed";
-            "(Split ?packed ?sizes)" => { SplitPacked { sizes: Some(var("?sizes")) } }),
+            "(Split ?packed ?sizes)" => { Computed::new(SplitPacked { sizes: Some(var("?sizes")) }) }),
         // the same for a Split into equal parts
         rewrite!("weight-only-split-packed-equal";
-            "(Split ?packed)" => { SplitPacked { sizes: None } }),
+            "(Split ?packed)" => { Computed::new(SplitPacked { sizes: None }) }),
         // GroupQueryAttention(MatMulNBits(a, B, …) packed q|k|v, …): the packed product = Concat(q, k, v WGemms)
         rewrite!("weight-only-split-packed-qkv";
-            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total ?cos ?sin)" => { SplitPackedQkv }),
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total ?cos ?sin)" => { Computed::new(SplitPackedQkv) }),
         // the same without GroupQueryAttention's rotary caches
         rewrite!("weight-only-split-packed-qkv-no-rotary";
-            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total)" => { SplitPackedQkv }),
+            "(com.microsoft::GroupQueryAttention ?qkv _ _ ?pk ?pv ?seqlens ?total)" => { Computed::new(SplitPackedQkv) }),
         // MatMul(a, DQ(w, s, z){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ, zᵀ)
         rewrite!("weight-only-blocked-dequantize";
-            "(MatMul ?a (DequantizeLinear ?w ?s ?z))" => { FromBlockedDequantize { zero_point: true } }),
+            "(MatMul ?a (DequantizeLinear ?w ?s ?z))" => { Computed::new(FromBlockedDequantize { zero_point: true }) }),
         // MatMul(a, DQ(w, s){axis=0, block_size=b}) = WGemm{bits, block_size=b}(a, pack(wᵀ), sᵀ[, 0])
         rewrite!("weight-only-blocked-dequantize-symmetric";
-            "(MatMul ?a (DequantizeLinear ?w ?s))" => { FromBlockedDequantize { zero_point: false } }),
+            "(MatMul ?a (DequantizeLinear ?w ?s))" => { Computed::new(FromBlockedDequantize { zero_point: false }) }),
     ]
 }
 
-fn is_absent(egraph: &EGraph, id: Id) -> bool {
-    egraph[id].nodes.iter().any(|n| n.head == Head::Absent)
-}
-
-fn node(domain: Domain, op: &'static str, attrs: &[(&str, Attr)], children: Vec<Id>) -> ENode {
-    let mut a = Attrs::default();
-    for (k, v) in attrs {
-        a.set(k, v.clone());
-    }
-    ENode::op(domain, op, a, children)
-}
-
 /// Adds `n`, giving its class the type `dtype[shape]` when inference has none for it.
-fn add_typed(egraph: &mut EGraph, n: ENode, dtype: DType, shape: &[usize]) -> Id {
-    let id = egraph.add(n);
-    if egraph[id].data.types.is_empty() {
-        egraph[id].data.types = vec![TypeInfo { dtype, shape: shape.iter().map(|&d| Dim::known(d as i64)).collect() }];
-    }
-    id
-}
-
-fn constant(egraph: &mut EGraph, t: Tensor) -> Id {
-    let c = egraph.analysis.intern(t);
-    egraph.add(ENode::leaf(Head::Const(c)))
-}
-
-fn ints(egraph: &mut EGraph, v: &[i64]) -> Id {
-    constant(egraph, Tensor::from_i64(DType::I64, vec![v.len()], v.to_vec()))
+fn add_shaped(egraph: &mut EGraph, n: ENode, dtype: DType, shape: &[usize]) -> Id {
+    add_typed(egraph, n, TypeInfo { dtype, shape: shape.iter().map(|&d| Dim::known(d as i64)).collect() })
 }
 
 /// A weight-only product WGemm can take: MatMulNBits' operands and attributes.
@@ -165,7 +144,7 @@ fn wgemm_operands(egraph: &EGraph, mnb: &ENode) -> Result<Packed, String> {
 
 /// The WGemm over `p`.
 fn wgemm(egraph: &mut EGraph, p: &Packed) -> Id {
-    let attrs = [
+    let pairs = [
         ("K", Attr::Int(p.k as i64)),
         ("N", Attr::Int(p.n as i64)),
         ("bits", Attr::Int(p.bits)),
@@ -173,11 +152,11 @@ fn wgemm(egraph: &mut EGraph, p: &Packed) -> Id {
     ];
     let children = [p.a, p.w, p.scales].into_iter().chain(p.zero_points).collect();
     if p.accuracy_level == 4 {
-        let mut with_level = attrs.to_vec();
+        let mut with_level = pairs.to_vec();
         with_level.push(("accuracy_level", Attr::Int(4)));
-        return egraph.add(node(Domain::Npuc, "WGemm", &with_level, children));
+        return egraph.add(ENode::op(Domain::Npuc, "WGemm", attrs(&with_level), children));
     }
-    egraph.add(node(Domain::Npuc, "WGemm", &attrs, children))
+    egraph.add(ENode::op(Domain::Npuc, "WGemm", attrs(&pairs), children))
 }
 
 /// Folds a MatMulNBits node into a WGemm; `rest` names the pattern variables after `?s`.
@@ -186,36 +165,18 @@ struct ToWGemm {
 }
 
 impl ToWGemm {
-    fn new(rest: &[&str]) -> ToWGemm {
-        ToWGemm { vars: ["?a", "?w", "?s"].iter().chain(rest).map(|v| var(v)).collect() }
+    fn new(rest: &[&str]) -> Computed<ToWGemm> {
+        Computed::new(ToWGemm { vars: ["?a", "?w", "?s"].iter().chain(rest).map(|v| var(v)).collect() })
     }
 }
 
-impl Applier<ENode, NpuAnalysis> for ToWGemm {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for ToWGemm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let children: Vec<Id> = self.vars.iter().map(|&v| egraph.find(subst[v])).collect();
-        let mnb = egraph[eclass].nodes.iter().find(|n| {
-            n.head.op() == Some("MatMulNBits")
-                && n.children.iter().map(|&c| egraph.find(c)).eq(children.iter().copied())
-        });
-        let Some(mnb) = mnb.cloned() else { return vec![] };
-        match wgemm_operands(egraph, &mnb) {
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                vec![]
-            }
-            Ok(p) => {
-                let id = wgemm(egraph, &p);
-                union(egraph, eclass, id, rule)
-            }
-        }
+        let mnb = nodes_with_children(egraph, eclass, "MatMulNBits", &children).next().ok_or_else(no_match)?;
+        let p = wgemm_operands(egraph, mnb)?;
+        let id = wgemm(egraph, &p);
+        Ok(union(egraph, eclass, id, rule))
     }
 }
 
@@ -243,8 +204,8 @@ fn row_view(egraph: &mut EGraph, t: Id, n: usize, lo: usize, hi: usize) -> Optio
         }
         _ => return None,
     };
-    let (s, e, axes) = (ints(egraph, &[start as i64]), ints(egraph, &[end as i64]), ints(egraph, &[0]));
-    Some(add_typed(egraph, node(Domain::Onnx, "Slice", &[], vec![t, s, e, axes]), dtype, &out))
+    let (s, e, axes) = (i64s(egraph, &[start as i64]), i64s(egraph, &[end as i64]), i64s(egraph, &[0]));
+    Some(add_shaped(egraph, onnx("Slice", Attrs::default(), vec![t, s, e, axes]), dtype, &out))
 }
 
 /// WGemms over consecutive row ranges of `p` of the given sizes.
@@ -269,7 +230,7 @@ fn parts(egraph: &mut EGraph, p: &Packed, sizes: &[usize]) -> Option<Vec<Id>> {
 /// product `p` of class `packed` into, read from the outputs' types (the sizes input is often an
 /// initializer, whose value the e-graph does not hold), or why it cannot be cut.
 fn split_sizes(egraph: &EGraph, split: Id, packed: Id, p: &Packed, attrs: &Attrs) -> Result<Vec<usize>, String> {
-    let rank = crate::cond::rank(egraph, packed).unwrap_or(0);
+    let rank = rank(egraph, packed).unwrap_or(0);
     let axis = attrs.int_or("axis", 0).unwrap_or(0);
     if rank == 0 || (axis != -1 && axis != rank as i64 - 1) {
         return Err(format!("Split of a packed product along axis {axis}, not along its N axis"));
@@ -291,74 +252,48 @@ struct SplitPacked {
     sizes: Option<Var>,
 }
 
-impl Applier<ENode, NpuAnalysis> for SplitPacked {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for SplitPacked {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let packed = subst[var("?packed")];
-        let Some(p) = packed_product(egraph, packed) else { return vec![] };
+        let p = packed_product(egraph, packed).ok_or_else(no_match)?;
         let children: Vec<Id> = std::iter::once(packed).chain(self.sizes.map(|v| subst[v])).collect();
-        let Some(attrs) = node_attrs(egraph, eclass, Domain::Onnx, "Split", &children) else { return vec![] };
-        let sizes = split_sizes(egraph, eclass, packed, &p, &attrs);
-        let wgemms = sizes.and_then(|sizes| {
-            parts(egraph, &p, &sizes).ok_or_else(|| "packed operands are not laid out one row per column".to_string())
-        });
-        let wgemms = match wgemms {
-            Ok(w) => w,
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                return vec![];
-            }
-        };
+        let attrs = node_attrs(egraph, eclass, Domain::Onnx, "Split", &children).ok_or_else(no_match)?;
+        let sizes = split_sizes(egraph, eclass, packed, &p, &attrs)?;
+        let wgemms = parts(egraph, &p, &sizes).ok_or("packed operands are not laid out one row per column")?;
         let mut changed = vec![];
         for (i, part) in wgemms.into_iter().enumerate() {
             let out = egraph.add(ENode { head: Head::Proj(i), children: vec![eclass] });
             changed.extend(union(egraph, out, part, rule));
         }
-        changed
+        Ok(changed)
     }
 }
 
 /// Writes the packed Q/K/V product GroupQueryAttention reads as a Concat of per-projection WGemms.
 struct SplitPackedQkv;
 
-impl Applier<ENode, NpuAnalysis> for SplitPackedQkv {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for SplitPackedQkv {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let qkv = subst[var("?qkv")];
-        let Some(p) = packed_product(egraph, qkv) else { return vec![] };
+        let p = packed_product(egraph, qkv).ok_or_else(no_match)?;
         let gqa = egraph[eclass]
             .nodes
             .iter()
             .find(|n| n.head.op() == Some("GroupQueryAttention") && egraph.find(n.children[0]) == egraph.find(qkv));
-        let Some(attrs) = gqa.and_then(|n| n.head.attrs()).cloned() else { return vec![] };
-        let (Ok(Some(q_heads)), Ok(Some(kv_heads))) = (attrs.int("num_heads"), attrs.int("kv_num_heads")) else {
-            return vec![];
+        let gqa_attrs = gqa.and_then(|n| n.head.attrs()).ok_or_else(no_match)?;
+        let (Ok(Some(q_heads)), Ok(Some(kv_heads))) = (gqa_attrs.int("num_heads"), gqa_attrs.int("kv_num_heads"))
+        else {
+            return Err(no_match());
         };
         let heads = (q_heads + 2 * kv_heads) as usize;
         if heads == 0 || p.n % heads != 0 {
-            egraph.analysis.decline(rule.as_str(), eclass, format!("{} packed columns are not {heads} heads", p.n));
-            return vec![];
+            return Err(format!("{} packed columns are not {heads} heads", p.n).into());
         }
         let d = p.n / heads;
         let sizes = [q_heads as usize * d, kv_heads as usize * d, kv_heads as usize * d];
-        let Some(wgemms) = parts(egraph, &p, &sizes) else {
-            egraph.analysis.decline(rule.as_str(), eclass, "packed operands are not laid out one row per column");
-            return vec![];
-        };
-        let concat = egraph.add(node(Domain::Onnx, "Concat", &[("axis", Attr::Int(-1))], wgemms));
-        union(egraph, qkv, concat, rule)
+        let wgemms = parts(egraph, &p, &sizes).ok_or("packed operands are not laid out one row per column")?;
+        let concat = egraph.add(onnx("Concat", attrs(&[("axis", Attr::Int(-1))]), wgemms));
+        Ok(union(egraph, qkv, concat, rule))
     }
 }
 
@@ -447,43 +382,42 @@ fn repack(egraph: &mut EGraph, b: &Blocked, a: Id) -> Packed {
     let transpose = [("perm", Attr::Ints(vec![1, 0]))];
     let cast = |to: DType| [("to", Attr::Int(to.onnx_code() as i64))];
     let offset = 1i64 << (b.bits - 1);
-    let t = add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![b.codes]), codes_type, &[n, k]);
-    let mut c = add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::I32), vec![t]), DType::I32, &[n, k]);
+    let t = add_shaped(egraph, onnx("Transpose", attrs(&transpose), vec![b.codes]), codes_type, &[n, k]);
+    let mut c = add_shaped(egraph, onnx("Cast", attrs(&cast(DType::I32)), vec![t]), DType::I32, &[n, k]);
     if b.signed {
-        let o = constant(egraph, Tensor::from_i64(DType::I32, vec![], vec![offset]));
-        c = add_typed(egraph, node(Domain::Onnx, "Add", &[], vec![c, o]), DType::I32, &[n, k]);
+        let o = add_const(egraph, Tensor::from_i64(DType::I32, vec![], vec![offset]));
+        c = add_shaped(egraph, onnx("Add", Attrs::default(), vec![c, o]), DType::I32, &[n, k]);
     }
     let packed = if b.bits == 4 {
         // Element 2i of a block in the low nibble, 2i+1 in the high one: q₂ᵢ + 16·q₂ᵢ₊₁.
         let pairs = [n, blocks, b.block / 2, 2];
-        let shape = ints(egraph, &pairs.map(|d| d as i64));
-        let r = add_typed(egraph, node(Domain::Onnx, "Reshape", &[], vec![c, shape]), DType::I32, &pairs);
-        let weights = constant(egraph, Tensor::from_i64(DType::I32, vec![2], vec![1, 16]));
-        let m = add_typed(egraph, node(Domain::Onnx, "Mul", &[], vec![r, weights]), DType::I32, &pairs);
-        let last = ints(egraph, &[-1]);
+        let shape = i64s(egraph, &pairs.map(|d| d as i64));
+        let r = add_shaped(egraph, onnx("Reshape", Attrs::default(), vec![c, shape]), DType::I32, &pairs);
+        let weights = add_const(egraph, Tensor::from_i64(DType::I32, vec![2], vec![1, 16]));
+        let m = add_shaped(egraph, onnx("Mul", Attrs::default(), vec![r, weights]), DType::I32, &pairs);
+        let last = i64s(egraph, &[-1]);
         let bytes = [n, blocks, b.block / 2];
-        let s = add_typed(
+        let s = add_shaped(
             egraph,
-            node(Domain::Onnx, "ReduceSum", &[("keepdims", Attr::Int(0))], vec![m, last]),
+            onnx("ReduceSum", attrs(&[("keepdims", Attr::Int(0))]), vec![m, last]),
             DType::I32,
             &bytes,
         );
-        add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::U8), vec![s]), DType::U8, &bytes)
+        add_shaped(egraph, onnx("Cast", attrs(&cast(DType::U8)), vec![s]), DType::U8, &bytes)
     } else {
         let bytes = [n, blocks, b.block];
-        let shape = ints(egraph, &bytes.map(|d| d as i64));
-        let r = add_typed(egraph, node(Domain::Onnx, "Reshape", &[], vec![c, shape]), DType::I32, &bytes);
-        add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::U8), vec![r]), DType::U8, &bytes)
+        let shape = i64s(egraph, &bytes.map(|d| d as i64));
+        let r = add_shaped(egraph, onnx("Reshape", Attrs::default(), vec![c, shape]), DType::I32, &bytes);
+        add_shaped(egraph, onnx("Cast", attrs(&cast(DType::U8)), vec![r]), DType::U8, &bytes)
     };
-    let scales =
-        add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![b.scales]), DType::F32, &[n, blocks]);
+    let scales = add_shaped(egraph, onnx("Transpose", attrs(&transpose), vec![b.scales]), DType::F32, &[n, blocks]);
     let zero_points = match b.zero_points {
         Some(z) => {
-            let t = add_typed(egraph, node(Domain::Onnx, "Transpose", &transpose, vec![z]), codes_type, &[n, blocks]);
-            let f = add_typed(egraph, node(Domain::Onnx, "Cast", &cast(DType::F32), vec![t]), DType::F32, &[n, blocks]);
+            let t = add_shaped(egraph, onnx("Transpose", attrs(&transpose), vec![z]), codes_type, &[n, blocks]);
+            let f = add_shaped(egraph, onnx("Cast", attrs(&cast(DType::F32)), vec![t]), DType::F32, &[n, blocks]);
             if b.signed {
-                let o = constant(egraph, Tensor::scalar_f32(offset as f32));
-                Some(add_typed(egraph, node(Domain::Onnx, "Add", &[], vec![f, o]), DType::F32, &[n, blocks]))
+                let o = add_const(egraph, Tensor::scalar_f32(offset as f32));
+                Some(add_shaped(egraph, onnx("Add", Attrs::default(), vec![f, o]), DType::F32, &[n, blocks]))
             } else {
                 Some(f)
             }
@@ -491,23 +425,16 @@ fn repack(egraph: &mut EGraph, b: &Blocked, a: Id) -> Packed {
         // MatMulNBits' default zero point 2^(bits−1) is exactly the offset given to signed codes.
         None if b.signed => None,
         None => {
-            let shape = ints(egraph, &[n as i64, blocks as i64]);
+            let shape = i64s(egraph, &[n as i64, blocks as i64]);
             let zero = [("value", Attr::Tensor(Tensor::from_f32(DType::F32, vec![1], vec![0.0])))];
-            Some(add_typed(egraph, node(Domain::Onnx, "ConstantOfShape", &zero, vec![shape]), DType::F32, &[n, blocks]))
+            Some(add_shaped(egraph, onnx("ConstantOfShape", attrs(&zero), vec![shape]), DType::F32, &[n, blocks]))
         }
     };
     Packed { a, w: packed, scales, zero_points, k, n, bits: b.bits, block: b.block as i64, accuracy_level: 0 }
 }
 
-impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {
-    fn apply_one(
-        &self,
-        egraph: &mut EGraph,
-        eclass: Id,
-        subst: &Subst,
-        _: Option<&PatternAst<ENode>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
+impl Fold for FromBlockedDequantize {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let (a, w, s) = (subst[var("?a")], subst[var("?w")], subst[var("?s")]);
         let z = self.zero_point.then(|| subst[var("?z")]);
         let dq_children: Vec<Id> = [w, s].into_iter().chain(z).collect();
@@ -516,18 +443,9 @@ impl Applier<ENode, NpuAnalysis> for FromBlockedDequantize {
                 .then(|| node_attrs(egraph, n.children[1], Domain::Onnx, "DequantizeLinear", &dq_children))
                 .flatten()
         });
-        let Some(attrs) = attrs else { return vec![] };
-        match blocked_weight(egraph, a, w, s, z, &attrs) {
-            Ok(None) => vec![],
-            Err(reason) => {
-                egraph.analysis.decline(rule.as_str(), eclass, reason);
-                vec![]
-            }
-            Ok(Some(b)) => {
-                let p = repack(egraph, &b, a);
-                let id = wgemm(egraph, &p);
-                union(egraph, eclass, id, rule)
-            }
-        }
+        let b = blocked_weight(egraph, a, w, s, z, &attrs.ok_or_else(no_match)?)?.ok_or_else(no_match)?;
+        let p = repack(egraph, &b, a);
+        let id = wgemm(egraph, &p);
+        Ok(union(egraph, eclass, id, rule))
     }
 }
