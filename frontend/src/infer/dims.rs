@@ -52,6 +52,17 @@ fn at<T>(v: &[T], i: usize) -> &T {
     &v[if v.len() == 1 { 0 } else { i }]
 }
 
+/// The dims of inputs 0 and 1 side by side, a vector of one broadcast against the other, and
+/// whether both were scalars; `None` when either is not dims or their lengths do not broadcast.
+fn paired_dims(inputs: In) -> Option<(Vec<(Dim, Dim)>, bool)> {
+    let (Some((a, sa)), Some((b, sb))) = (dims(inputs, 0), dims(inputs, 1)) else { return None };
+    if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
+        return None;
+    }
+    let pairs = (0..a.len().max(b.len())).map(|i| (at(&a, i).clone(), at(&b, i).clone())).collect();
+    Some((pairs, sa && sb))
+}
+
 /// `Shape(x)[start:end]`, the dims of x (clamped as Slice clamps).
 fn shape(n: &NodeCtx, ctx: &Ctx, inputs: In) -> Result<Info, ErrorKind> {
     let x = req(n, inputs, 0)?;
@@ -160,14 +171,9 @@ fn slice(n: &NodeCtx, inputs: In) -> Result<Folded, ErrorKind> {
 
 /// Add, Sub, Mul and exact Div of two dims vectors of one length (or one of length 1).
 fn arithmetic(n: &NodeCtx, inputs: In) -> Folded {
-    let (Some((a, sa)), Some((b, sb))) = (dims(inputs, 0), dims(inputs, 1)) else { return None };
-    if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
-        return None;
-    }
-    let len = a.len().max(b.len());
-    let mut out = Vec::with_capacity(len);
-    for i in 0..len {
-        let (x, y) = (at(&a, i), at(&b, i));
+    let (pairs, scalar) = paired_dims(inputs)?;
+    let mut out = Vec::with_capacity(pairs.len());
+    for (x, y) in &pairs {
         let r = match n.op {
             "Add" => x.add(y),
             "Sub" => x.sub(y),
@@ -176,21 +182,17 @@ fn arithmetic(n: &NodeCtx, inputs: In) -> Folded {
         };
         out.push(r?);
     }
-    Some((out, sa && sb))
+    Some((out, scalar))
 }
 
 /// Equal on dims, decided where the sizes decide it: the same polynomial, two known values,
 /// polynomials a nonzero constant apart, or a size against a sentinel ≤ 0.
 fn equal(ctx: &Ctx, inputs: In) -> Option<Info> {
-    let (Some((a, sa)), Some((b, sb))) = (dims(inputs, 0), dims(inputs, 1)) else { return None };
-    if a.len() != b.len() && a.len() != 1 && b.len() != 1 {
-        return None;
-    }
-    let len = a.len().max(b.len());
+    let (pairs, scalar) = paired_dims(inputs)?;
+    let len = pairs.len();
     let mut out = Vec::with_capacity(len);
-    for i in 0..len {
-        let x = ctx.normalize(at(&a, i));
-        let y = ctx.normalize(at(&b, i));
+    for (x, y) in &pairs {
+        let (x, y) = (ctx.normalize(x), ctx.normalize(y));
         if x == y {
             out.push(1);
         } else if let (Some(p), Some(q)) = (x.as_known(), y.as_known()) {
@@ -206,7 +208,7 @@ fn equal(ctx: &Ctx, inputs: In) -> Option<Info> {
             return None;
         }
     }
-    let shape = if sa && sb { vec![] } else { vec![len] };
+    let shape = if scalar { vec![] } else { vec![len] };
     Some(Info::constant(Tensor::from_i64(DType::Bool, shape, out)))
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use super::{check_rows, numel, row_ids, View};
+use super::{check_rows, numel, product_rows, row_ids, View};
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{Loc, Op};
 use crate::exec::Executor;
@@ -55,15 +55,7 @@ impl Executor<'_> {
                 self.plan.weights[i]
             }
         };
-        let mut x = view.f32(*a);
-        if !x.len().is_multiple_of(*k) {
-            return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
-        }
-        let mut m = x.len() / k;
-        if *last_row_only && m > 1 {
-            x = &x[(m - 1) * k..];
-            m = 1;
-        }
+        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only)?;
         gemm::gemm_f32(self.isa, &self.pool, x, m, *k, weights, *n, *layout, None, &mut y[..m * n]);
         Ok(())
     }

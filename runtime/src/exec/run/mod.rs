@@ -233,6 +233,21 @@ fn check_rows(fail: &impl Fn(String) -> ExecError, len: usize, width: usize, wha
     Ok(())
 }
 
+/// The rows of `k` values a product reads from activation `x` — only the last when
+/// `last_row_only` — and how many there are.
+fn product_rows<'x>(
+    fail: &impl Fn(String) -> ExecError,
+    x: &'x [f32],
+    k: usize,
+    last_row_only: bool,
+) -> Result<(&'x [f32], usize), ExecError> {
+    if !x.len().is_multiple_of(k) {
+        return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
+    }
+    let m = x.len() / k;
+    Ok(if last_row_only && m > 1 { (&x[(m - 1) * k..], 1) } else { (x, m) })
+}
+
 fn as_i8(bytes: &[u8]) -> &[i8] {
     // SAFETY: u8 and i8 have the same size and alignment, and every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<i8>(), bytes.len()) }

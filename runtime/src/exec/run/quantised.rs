@@ -4,7 +4,7 @@
 //! themselves. A QGemm's products come from the [`GemmOffload`](crate::exec::GemmOffload) when it
 //! takes the call, and the kernels' own epilogue applies to them.
 
-use super::{as_i8, as_i8_mut, numel, row_ids, View};
+use super::{as_i8, as_i8_mut, numel, product_rows, row_ids, View};
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{Loc, NBitsTable, Op};
 use crate::exec::Executor;
@@ -38,15 +38,7 @@ impl Executor<'_> {
         let fail = node_fail(node);
         let view = view!(self);
         let weights = self.plan.packed[*packed].weights();
-        let mut x = view.f32(*a);
-        if !x.len().is_multiple_of(*k) {
-            return Err(fail(format!("the activation holds {} values, not rows of {k}", x.len())));
-        }
-        let mut m = x.len() / k;
-        if *last_row_only && m > 1 {
-            x = &x[(m - 1) * k..];
-            m = 1;
-        }
+        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only)?;
         let b = bias.map(|b| view.f32(b));
         if b.is_some_and(|b| b.len() != *n) {
             return Err(fail(format!("the bias is not {n} values")));
