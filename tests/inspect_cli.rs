@@ -15,9 +15,7 @@ fn inspect(name: &str) -> (Value, BTreeMap<String, i64>) {
         Command::new(env!("CARGO_BIN_EXE_npuc")).args(["inspect", "--json"]).arg(common::model(name)).output().unwrap();
     assert!(out.status.success(), "npuc inspect failed: {}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let path = common::corpus_dir().join("index.json");
-    let index: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let entry = index["entries"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap();
+    let entry = common::index_entry(name);
     let mut hist = BTreeMap::new();
     let recorded =
         entry["op_histogram"].as_object().unwrap_or_else(|| panic!("{name}: no op_histogram: run `make corpus`"));

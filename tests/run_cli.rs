@@ -147,10 +147,7 @@ fn fixture_greedy_prompts(fixture: &str) -> Vec<(Vec<u32>, Vec<u32>, String)> {
 
 /// The `cases` list of the entry in `fixtures/corpus/index.json`.
 fn index_cases(fixture: &str) -> Vec<Value> {
-    let path = common::corpus_dir().join("index.json");
-    let index: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let entry = index["entries"].as_array().unwrap().iter().find(|e| e["name"] == fixture).unwrap();
-    entry["cases"].as_array().unwrap().clone()
+    common::index_entry(fixture)["cases"].as_array().unwrap().clone()
 }
 
 /// Greedy ids against ONNX Runtime's: equal, up to where a stop token ended ours.

@@ -52,17 +52,23 @@ pub struct Entry {
     pub greedy_ids: Vec<u64>,
 }
 
-/// Reads entry `name` of the corpus index; panics naming it when the exporter made no file.
-pub fn entry(name: &str) -> Entry {
+/// Every entry of `fixtures/corpus/index.json`, as the exporter tool wrote them.
+pub fn index_entries() -> Vec<serde_json::Value> {
     let path = corpus_dir().join("index.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let e = index["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == name)
-        .unwrap_or_else(|| panic!("{}: no entry `{name}`", path.display()));
+    let mut index: serde_json::Value = serde_json::from_str(&text).unwrap();
+    std::mem::take(index["entries"].as_array_mut().unwrap())
+}
+
+/// Entry `name` of the corpus index, as written; panics naming it when absent.
+pub fn index_entry(name: &str) -> serde_json::Value {
+    let e = index_entries().into_iter().find(|e| e["name"] == name);
+    e.unwrap_or_else(|| panic!("corpus index: no entry `{name}`: run `make corpus`"))
+}
+
+/// Reads entry `name` of the corpus index; panics naming it when the exporter made no file.
+pub fn entry(name: &str) -> Entry {
+    let e = index_entry(name);
     assert!(e["refused"].is_null(), "corpus entry {name}: the exporter refused: {}", e["refused"]);
     let uint = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{name}: index has no `{k}`"));
     let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
@@ -162,17 +168,12 @@ fn writer_like(bundle: &runtime::bundle::Bundle, dir: &std::path::Path) -> runti
 /// The tiny random-weight entries one exporter made (every architecture but SmolLM2, which is
 /// 135M parameters), in index order; the corpus test holds each refusal to a known reason.
 pub fn tiny_entries(exporter: &str) -> Vec<String> {
-    let path = corpus_dir().join("index.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}: run `make corpus`", path.display()));
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let names: Vec<String> = index["entries"]
-        .as_array()
-        .unwrap()
+    let names: Vec<String> = index_entries()
         .iter()
         .filter(|e| e["exporter"] == exporter && e["arch"] != "smollm2" && e["refused"].is_null())
         .map(|e| e["name"].as_str().unwrap().to_string())
         .collect();
-    assert!(!names.is_empty(), "{}: no entry exported by `{exporter}`", path.display());
+    assert!(!names.is_empty(), "corpus index: no entry exported by `{exporter}`");
     names
 }
 
@@ -215,8 +216,6 @@ pub fn config(name: &str) -> Config {
 
 /// The graph input names of a corpus entry, as the index records them.
 pub fn entry_inputs(name: &str) -> Vec<String> {
-    let path = corpus_dir().join("index.json");
-    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let e = index["entries"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap();
+    let e = index_entry(name);
     e["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
 }
