@@ -14,7 +14,7 @@
 //! The crate depends on no compiler crate, under any feature (`tests/no_compiler_crate.rs` checks
 //! cargo's resolve): a bundle is the only thing that crosses from the compiler to the runtime.
 
-pub mod bundle;
+pub use ::bundle;
 pub mod exec;
 pub mod kernels;
 pub mod kvcache;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use runtime::bundle::{
+use bundle::{
     Bundle, BundleError, BundleWriter, Dtype, FileEntry, Manifest, ManifestHeader, ModelConfig, Target, WriteOptions,
     ALIGNMENT_BYTES, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
