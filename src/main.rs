@@ -9,6 +9,7 @@ mod intel;
 mod passes_cmd;
 mod run_cmd;
 mod run_openvino;
+mod targets;
 mod xdna;
 mod xdna_run;
 
@@ -62,8 +63,8 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
     Compile {
         /// The model file (`.onnx`).
         model: PathBuf,
-        /// Target: cpu, xdna or intel-npu.
-        #[arg(long, default_value = "cpu")]
+        /// The target the bundle runs on.
+        #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(targets::possible_values()))]
         target: String,
         /// The bundle directory to write.
         #[arg(short, long)]
@@ -93,8 +94,8 @@ npuc passes model.onnx --json | jq '.passes[] | {name, nodes_after}'")]
     Passes {
         /// The model file (`.onnx`).
         model: PathBuf,
-        /// Target whose pipeline runs: cpu, xdna or intel-npu.
-        #[arg(long, default_value = "cpu")]
+        /// The target whose pipeline runs.
+        #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(targets::possible_values()))]
         target: String,
         /// Stop after this pass.
         #[arg(long)]
@@ -256,7 +257,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
         Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device } => {
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, intel, device })
+            let args = targets::TargetArgs { intel: Some(intel), device };
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, args })
         }
         Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => {
             passes_cmd::run(passes_cmd::Options {

@@ -35,8 +35,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         }
         None => None,
     };
-    let t = passes::targets::target(target)
-        .ok_or_else(|| anyhow!("unknown target `{target}` (targets: {})", passes::targets::TARGET_NAMES.join(", ")))?;
+    let t = crate::targets::target(target)?;
     let start = std::time::Instant::now();
     let imported = frontend::import_file(model).with_context(|| format!("importing {}", model.display()))?;
     let import_ms = start.elapsed().as_secs_f64() * 1e3;

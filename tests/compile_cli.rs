@@ -50,16 +50,12 @@ fn bundles_carry_config_program_and_weights() {
         let t = passes::targets::target("cpu").unwrap();
         let compiled = passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap().graph;
         let program = b.program();
-        assert_eq!(program["format"], "npuc-program/1");
-        assert_eq!(program["nodes"].as_array().unwrap().len(), compiled.nodes.len(), "{name}");
+        assert_eq!(program.format, "npuc-program/1");
+        assert_eq!(program.nodes.len(), compiled.nodes.len(), "{name}");
 
         // Every weight the program reads is stored once, with the model's bytes.
-        let mut names = std::collections::BTreeSet::new();
-        for v in program["values"].as_array().unwrap() {
-            if let Some(w) = v["def"]["weight"].as_str() {
-                names.insert(w.to_string());
-            }
-        }
+        let names: std::collections::BTreeSet<String> =
+            program.weight_names().into_iter().map(str::to_string).collect();
         // WGemm and float MatMul weights are stored packed (runtime::exec::packed); the weights they
         // were packed from are named in the packed tensors' layout and not stored again.
         let mut packed_from = std::collections::BTreeSet::new();

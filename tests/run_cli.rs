@@ -13,7 +13,7 @@
 mod common;
 
 use runtime::bundle::{Bundle, BundleError, BundleWriter, ManifestHeader, WEIGHTS_FILE};
-use runtime::exec::packed::{packed_names, parse_layout};
+use runtime::exec::packed::{wgemm_names, Packing, WGemmLayout};
 use runtime::exec::{argmax, ExecOptions, Executor};
 use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedZeroPoints, WGemmPrecision};
 use runtime::kvcache::KvStorage;
@@ -407,10 +407,10 @@ fn assert_packed_as_the_kernels_pack(bundle: &Bundle, entry: &str, sources: &[&s
             },
         };
         let want = pack_wgemm(&src).unwrap();
-        let names = packed_names(source);
+        let names = wgemm_names(source);
         let codes = bundle.tensor(&names.codes).unwrap();
         assert!(codes.bytes == want.codes.as_slice(), "{source}: packed codes differ from pack_wgemm's");
-        let layout = parse_layout(codes.metadata).unwrap();
+        let layout = WGemmLayout::from_metadata(codes.metadata).unwrap();
         assert_eq!((layout.k, layout.n, layout.bits, layout.scales), (src.k, n, bits, scales_name.clone()));
         assert_eq!(f32_values(bundle.tensor(&names.scales).unwrap().bytes), want.scales, "{source}: scales");
         match (&want.zero_points, bundle.tensor(&names.zero_points)) {
@@ -431,13 +431,8 @@ fn builder_int4_bundle_in_the_matmulnbits_layout_is_packed_at_load_and_computes_
     let tmp = tempfile::tempdir().unwrap();
     let old_dir = tmp.path().join("int4_matmulnbits.npub");
     let packed_bytes: usize = bundle.tensors().filter(|t| t.name.contains(".wgemm.")).map(|t| t.bytes.len()).sum();
-    let mut missing: Vec<&str> = bundle.program()["values"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| v["def"]["weight"].as_str())
-        .filter(|name| bundle.tensor(name).is_none())
-        .collect();
+    let mut missing: Vec<&str> =
+        bundle.program().weight_names().into_iter().filter(|name| bundle.tensor(name).is_none()).collect();
     missing.sort();
     missing.dedup();
     let add: Vec<&ir::Weight> = missing.iter().map(|name| &weights[*name]).collect();
@@ -464,7 +459,7 @@ fn a_packed_tensor_of_another_packing_is_refused_naming_it() {
         program: bundle.program().clone(),
     };
     let mut writer = BundleWriter::create(&dir, header).unwrap();
-    let changed = packed_names("model.layers.3.attn.o_proj.MatMul.weight_Q4").codes;
+    let changed = wgemm_names("model.layers.3.attn.o_proj.MatMul.weight_Q4").codes;
     for t in bundle.tensors() {
         let mut metadata = t.metadata.cloned();
         if t.name == changed {
@@ -496,7 +491,7 @@ fn a_flipped_byte_in_a_packed_tensor_is_refused_by_the_bundle_loader() {
     let mut bytes = std::fs::read(&path).unwrap();
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
-    let name = packed_names("model.layers.7.mlp.down_proj.MatMul.weight_Q4").codes;
+    let name = wgemm_names("model.layers.7.mlp.down_proj.MatMul.weight_Q4").codes;
     let begin = header[&name]["data_offsets"][0].as_u64().unwrap() as usize;
     bytes[8 + header_len + begin + 1000] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();

@@ -397,7 +397,7 @@ fn sequence_misuse_is_an_error_naming_the_sequence() {
 /// codes its designs stream, and the executor packs them at load.
 #[test]
 fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
-    use runtime::exec::packed::{parse_qgemm_layout, qgemm_packed_names};
+    use runtime::exec::packed::{qgemm_names, Packing, QGemmLayout};
     use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
     for name in XDNA {
         let bundle = Bundle::open(&models()[name].bundle, None).unwrap();
@@ -435,9 +435,9 @@ fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
                 other => panic!("{name}: {source} is {other:?}"),
             };
             let (want_codes, want_sums) = pack_qgemm_codes(w.shape[0], w.shape[1], codes).unwrap();
-            let (codes_name, sums_name) = qgemm_packed_names(source);
+            let (codes_name, sums_name) = qgemm_names(source);
             let stored = bundle.tensor(&codes_name).unwrap_or_else(|| panic!("{name}: {codes_name} missing"));
-            let layout = parse_qgemm_layout(stored.metadata).unwrap();
+            let layout = QGemmLayout::from_metadata(stored.metadata).unwrap();
             assert_eq!((layout.k, layout.n, layout.unsigned), (w.shape[0], w.shape[1], w.dtype == DType::U8));
             assert!(stored.bytes.iter().map(|&b| b as i8).eq(want_codes.iter().copied()), "{name}: {source} codes");
             let sums: Vec<i32> = bundle

@@ -21,13 +21,16 @@
 mod digest;
 mod error;
 mod manifest;
+pub mod packing;
 mod paths;
+pub mod program;
 mod reader;
 mod safetensors;
 mod writer;
 
 pub use error::BundleError;
 pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};
+pub use program::{Program, PROGRAM_FORMAT};
 pub use reader::{Bundle, TensorView};
 pub use safetensors::{Dtype, ALIGNMENT_BYTES};
 pub use writer::{BundleSummary, BundleWriter, TensorSink, WriteOptions};

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::digest::{is_sha256_hex, sha256_hex};
 use super::paths::check_relative_path;
+use super::program::Program;
 use super::{BundleError, MANIFEST_FILE, WEIGHTS_FILE};
 
 /// The bundle format this runtime writes and reads. Bundles of a newer format are refused.
@@ -104,8 +105,8 @@ pub struct ManifestHeader {
     pub compiler_version: String,
     pub target: Target,
     pub model: ModelConfig,
-    /// The executor's program, stored and checksummed as it is.
-    pub program: serde_json::Value,
+    /// The executor's program, stored and checksummed with the rest.
+    pub program: Program,
 }
 
 /// The decoded `manifest.json` (without its checksum, which [`Manifest::decode`] has verified).
@@ -116,7 +117,7 @@ pub struct Manifest {
     pub compiler_version: String,
     pub target: Target,
     pub model: ModelConfig,
-    pub program: serde_json::Value,
+    pub program: Program,
     /// Every file of the bundle except `manifest.json`, sorted by path.
     pub files: Vec<FileEntry>,
 }
@@ -177,6 +178,7 @@ impl Manifest {
                 format!("format {} is not one this runtime reads (it reads {FORMAT_VERSION})", manifest.format_version),
             ));
         }
+        manifest.program.check().map_err(|e| malformed(&format!("program.{}", e.path), e.problem))?;
         manifest.check_files()?;
         Ok(manifest)
     }

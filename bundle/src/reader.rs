@@ -11,6 +11,7 @@ use memmap2::Mmap;
 use super::digest::{sha256_hex, sha256_of_reader};
 use super::manifest::{FileEntry, Manifest, ModelConfig, Target};
 use super::paths::resolve_inside;
+use super::program::Program;
 use super::safetensors::{self, TensorRecord};
 use super::{BundleError, Dtype, MANIFEST_FILE, WEIGHTS_FILE};
 
@@ -136,7 +137,7 @@ impl Bundle {
     }
 
     /// The executor's program as the compiler stored it.
-    pub fn program(&self) -> &serde_json::Value {
+    pub fn program(&self) -> &Program {
         &self.manifest.program
     }
 

@@ -10,8 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use bundle::{
-    Bundle, BundleError, BundleWriter, Dtype, FileEntry, Manifest, ManifestHeader, ModelConfig, Target, WriteOptions,
-    ALIGNMENT_BYTES, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
+    Bundle, BundleError, BundleWriter, Dtype, FileEntry, Manifest, ManifestHeader, ModelConfig, Program, Target,
+    WriteOptions, ALIGNMENT_BYTES, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -36,12 +36,23 @@ fn model_config() -> ModelConfig {
 }
 
 fn header(target: Target) -> ManifestHeader {
-    ManifestHeader {
-        compiler_version: "0.1.0-test".to_string(),
-        target,
-        model: model_config(),
-        program: json!({"steps": [{"op": "Embed", "weight": "embed"}, {"op": "RmsNorm", "eps": 1e-5}], "blocks": [1, 16]}),
-    }
+    ManifestHeader { compiler_version: "0.1.0-test".to_string(), target, model: model_config(), program: program() }
+}
+
+/// input_ids → Gather(embed) → hidden, in the program format.
+fn program() -> Program {
+    serde_json::from_value(json!({
+        "format": "npuc-program/1",
+        "values": [
+            {"name": "input_ids", "dtype": "i64", "shape": ["batch_size", "sequence_length"], "def": "input"},
+            {"name": "embed", "dtype": "f32", "shape": [300, 64], "def": {"weight": "embed"}},
+            {"name": "hidden", "dtype": "f32", "shape": ["batch_size", "sequence_length", 64], "def": "node"}
+        ],
+        "nodes": [{"name": "gather", "op": "ai.onnx::Gather", "attrs": {"axis": 0}, "inputs": [1, 0], "outputs": [2]}],
+        "inputs": [0],
+        "outputs": [2]
+    }))
+    .expect("the documented program format")
 }
 
 struct ExpectedTensor {
@@ -535,6 +546,17 @@ fn manifest_errors_name_the_field() {
     twice.files.push(twice.files[0].clone());
     write_manifest(&dir, &twice);
     assert!(matches!(Bundle::open(&dir, None), Err(BundleError::MalformedManifest { .. })));
+
+    // The program is typed with the rest: a value index past the values is refused where it is.
+    let mut dangling = manifest.clone();
+    dangling.program.nodes[0].inputs[1] = Some(7);
+    write_manifest(&dir, &dangling);
+    let error = Bundle::open(&dir, None).err().unwrap();
+    assert!(
+        matches!(&error, BundleError::MalformedManifest { path, message, .. }
+            if path == "program.nodes[0].inputs[1]" && message.contains("below 3")),
+        "{error:?}"
+    );
 
     let mut no_weights = manifest.clone();
     no_weights.files.retain(|entry| entry.path != WEIGHTS_FILE);

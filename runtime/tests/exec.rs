@@ -11,7 +11,7 @@ fn bundle_with(dir: &std::path::Path, program: Value) -> Bundle {
         compiler_version: "test".to_string(),
         target: Target::Cpu,
         model: ModelConfig::default(),
-        program,
+        program: serde_json::from_value(program).expect("a program in the documented format"),
     };
     let mut writer = BundleWriter::create(&path, header).unwrap();
     let table: Vec<u8> = (0..8).flat_map(|i| (i as f32).to_le_bytes()).collect();

@@ -174,7 +174,7 @@ impl<'b> Executor<'b> {
     /// Loads `bundle`'s program (see the module documentation for what is refused) and creates
     /// a KV cache for `options.max_context` tokens.
     pub fn new(bundle: &'b Bundle, options: ExecOptions) -> Result<Executor<'b>, ExecError> {
-        let program = Program::from_json(bundle.program())?;
+        let program = Program::from_format(bundle.program())?;
         let plan = Plan::load(program, |name| bundle.tensor(name))?;
         let a = plan.attention;
         let max_context = options.max_context.max(1);

@@ -1,12 +1,14 @@
-//! The bundle's program (`npuc-program/1`, written by `npuc compile`) decoded into typed values
-//! and nodes, with symbolic dims parsed into polynomials the executor evaluates once the step's
-//! sequence length is known.
+//! The bundle's program (`bundle::program`, written by `npuc compile`) as the executor holds it:
+//! dtypes it computes in, constants decoded, symbolic dims parsed into polynomials it evaluates
+//! once the step's sequence length is known.
 
-use serde_json::Value as Json;
+use std::collections::BTreeMap;
+
+use crate::bundle::program::{self as format, Attr, Dim, Tensor};
 
 use super::error::ExecError;
 
-pub const PROGRAM_FORMAT: &str = "npuc-program/1";
+pub use crate::bundle::program::PROGRAM_FORMAT;
 
 /// Element types the executor holds in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,22 +140,32 @@ pub struct NodeInfo {
     pub name: String,
     /// `domain::op`.
     pub op: String,
-    pub attrs: serde_json::Map<String, Json>,
+    pub attrs: BTreeMap<String, Attr>,
     pub inputs: Vec<Option<usize>>,
     pub outputs: Vec<usize>,
 }
 
 impl NodeInfo {
     pub fn attr_f32(&self, name: &str) -> Option<f32> {
-        self.attrs.get(name).and_then(Json::as_f64).map(|v| v as f32)
+        match self.attrs.get(name)? {
+            Attr::Float(v) => Some(*v),
+            Attr::Int(v) => Some(*v as f32),
+            _ => None,
+        }
     }
 
     pub fn attr_i64(&self, name: &str) -> Option<i64> {
-        self.attrs.get(name).and_then(Json::as_i64)
+        match self.attrs.get(name)? {
+            Attr::Int(v) => Some(*v),
+            _ => None,
+        }
     }
 
     pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
-        self.attrs.get(name)?.as_array()?.iter().map(Json::as_i64).collect()
+        match self.attrs.get(name)? {
+            Attr::Ints(v) => Some(v.clone()),
+            _ => None,
+        }
     }
 
     pub fn input(&self, i: usize) -> Option<usize> {
@@ -173,107 +185,57 @@ fn bad(path: impl Into<String>, problem: impl Into<String>) -> ExecError {
     ExecError::Program { path: path.into(), problem: problem.into() }
 }
 
-fn index_list(json: &Json, path: &str, values: usize) -> Result<Vec<Option<usize>>, ExecError> {
-    let list = json.as_array().ok_or_else(|| bad(path, "is not a list"))?;
-    list.iter()
-        .enumerate()
-        .map(|(i, v)| match v {
-            Json::Null => Ok(None),
-            _ => match v.as_u64().map(|n| n as usize) {
-                Some(n) if n < values => Ok(Some(n)),
-                _ => Err(bad(format!("{path}[{i}]"), format!("`{v}` is not a value index below {values}"))),
-            },
-        })
-        .collect()
-}
-
-fn required(list: Vec<Option<usize>>, path: &str) -> Result<Vec<usize>, ExecError> {
-    list.into_iter().map(|v| v.ok_or_else(|| bad(path, "holds null where a value is required"))).collect()
-}
-
 impl Program {
-    /// Decodes a program, refusing another format, malformed fields, out-of-range value
+    /// The executor's form of a bundle's program, refusing another format, out-of-range value
     /// indices and symbolic sizes other than batch, sequence, past and total lengths.
-    pub fn from_json(program: &Json) -> Result<Program, ExecError> {
-        let format = program.get("format").and_then(Json::as_str).unwrap_or("");
-        if format != PROGRAM_FORMAT {
-            return Err(bad("format", format!("`{format}` is not {PROGRAM_FORMAT}")));
-        }
-        let raw_values = program.get("values").and_then(Json::as_array).ok_or_else(|| bad("values", "missing"))?;
-        let mut values = Vec::with_capacity(raw_values.len());
-        for (i, v) in raw_values.iter().enumerate() {
-            values.push(decode_value(v, &format!("values[{i}]"))?);
-        }
-        let n = values.len();
-        let raw_nodes = program.get("nodes").and_then(Json::as_array).ok_or_else(|| bad("nodes", "missing"))?;
-        let mut nodes = Vec::with_capacity(raw_nodes.len());
-        for (i, node) in raw_nodes.iter().enumerate() {
-            let path = format!("nodes[{i}]");
-            let field = |name: &str| node.get(name).ok_or_else(|| bad(format!("{path}.{name}"), "missing"));
-            let name = field("name")?.as_str().ok_or_else(|| bad(format!("{path}.name"), "not text"))?.to_string();
-            let op = field("op")?.as_str().ok_or_else(|| bad(format!("{path}.op"), "not text"))?.to_string();
-            let attrs = match node.get("attrs") {
-                None | Some(Json::Null) => serde_json::Map::new(),
-                Some(Json::Object(m)) => m.clone(),
-                Some(_) => return Err(bad(format!("{path}.attrs"), "not an object")),
-            };
-            let inputs = index_list(field("inputs")?, &format!("{path}.inputs"), n)?;
-            let outputs = required(index_list(field("outputs")?, &format!("{path}.outputs"), n)?, &path)?;
-            nodes.push(NodeInfo { name, op, attrs, inputs, outputs });
-        }
-        let list = |name: &str| -> Result<Vec<usize>, ExecError> {
-            let json = program.get(name).ok_or_else(|| bad(name, "missing"))?;
-            required(index_list(json, name, n)?, name)
-        };
-        Ok(Program { inputs: list("inputs")?, outputs: list("outputs")?, values, nodes })
+    pub fn from_format(program: &format::Program) -> Result<Program, ExecError> {
+        program.check().map_err(|e| bad(e.path, e.problem))?;
+        let values = program.values.iter().enumerate().map(|(i, v)| decode_value(v, i)).collect::<Result<_, _>>()?;
+        let nodes = program
+            .nodes
+            .iter()
+            .map(|n| NodeInfo {
+                name: n.name.clone(),
+                op: n.op.clone(),
+                attrs: n.attrs.clone(),
+                inputs: n.inputs.clone(),
+                outputs: n.outputs.clone(),
+            })
+            .collect();
+        Ok(Program { values, nodes, inputs: program.inputs.clone(), outputs: program.outputs.clone() })
     }
 }
 
-fn decode_value(v: &Json, path: &str) -> Result<ValueInfo, ExecError> {
-    let name = v.get("name").and_then(Json::as_str).ok_or_else(|| bad(format!("{path}.name"), "missing"))?;
-    let dtype = v.get("dtype").and_then(Json::as_str).ok_or_else(|| bad(format!("{path}.dtype"), "missing"))?;
-    let elem = match dtype {
+fn decode_value(v: &format::Value, index: usize) -> Result<ValueInfo, ExecError> {
+    let path = format!("values[{index}]");
+    let elem = match v.dtype.as_str() {
         "f32" => Some(ElemType::F32),
         "i64" => Some(ElemType::I64),
         _ => None,
     };
-    let raw_shape = v.get("shape").and_then(Json::as_array).ok_or_else(|| bad(format!("{path}.shape"), "missing"))?;
-    let mut shape = Vec::with_capacity(raw_shape.len());
-    for (i, d) in raw_shape.iter().enumerate() {
+    let mut shape = Vec::with_capacity(v.shape.len());
+    for (i, d) in v.shape.iter().enumerate() {
         let dim = match d {
-            Json::Number(n) => n.as_i64().map(DimExpr::constant).ok_or_else(|| format!("`{n}` is not an integer")),
-            Json::String(text) => DimExpr::parse(text),
-            _ => Err(format!("`{d}` is neither a number nor a dim expression")),
+            Dim::Known(n) => Ok(DimExpr::constant(*n)),
+            Dim::Symbolic(text) => DimExpr::parse(text),
         };
-        shape.push(dim.map_err(|problem| bad(format!("{path}.shape[{i}] of `{name}`"), problem))?);
+        shape.push(dim.map_err(|problem| bad(format!("{path}.shape[{i}] of `{}`", v.name), problem))?);
     }
-    let def = match v.get("def") {
-        Some(Json::String(s)) if s == "input" => ValueDef::Input,
-        Some(Json::String(s)) if s == "node" => ValueDef::Node,
-        Some(Json::Object(m)) if m.contains_key("weight") => {
-            let weight = m["weight"].as_str().ok_or_else(|| bad(format!("{path}.def.weight"), "not text"))?;
-            ValueDef::Weight(weight.to_string())
-        }
-        Some(Json::Object(m)) if m.contains_key("const") => decode_const(&m["const"], &format!("{path}.def.const"))?,
-        _ => return Err(bad(format!("{path}.def"), "is not input, node, {weight} or {const}")),
+    let def = match &v.def {
+        format::ValueDef::Input => ValueDef::Input,
+        format::ValueDef::Node => ValueDef::Node,
+        format::ValueDef::Weight(w) => ValueDef::Weight(w.clone()),
+        format::ValueDef::Const(t) => decode_const(t, &format!("{path}.def.const"))?,
     };
-    Ok(ValueInfo { name: name.to_string(), elem, dtype: dtype.to_string(), shape, def })
+    Ok(ValueInfo { name: v.name.clone(), elem, dtype: v.dtype.clone(), shape, def })
 }
 
-fn decode_const(c: &Json, path: &str) -> Result<ValueDef, ExecError> {
-    let dtype = c.get("dtype").and_then(Json::as_str).unwrap_or("");
-    let data = c.get("data").and_then(Json::as_array).ok_or_else(|| bad(format!("{path}.data"), "missing"))?;
-    let not_numbers = || bad(format!("{path}.data"), format!("holds something other than {dtype} numbers"));
-    match dtype {
-        "f32" | "f64" | "f16" | "bf16" => {
-            let v: Option<Vec<f32>> = data.iter().map(|x| x.as_f64().map(|f| f as f32)).collect();
-            v.map(ValueDef::ConstF32).ok_or_else(not_numbers)
-        }
+fn decode_const(t: &Tensor, path: &str) -> Result<ValueDef, ExecError> {
+    let not_numbers = || bad(format!("{path}.data"), format!("holds something other than {} numbers", t.dtype));
+    match t.dtype.as_str() {
+        "f32" | "f64" | "f16" | "bf16" => t.floats().map(ValueDef::ConstF32).ok_or_else(not_numbers),
         "str" => Ok(ValueDef::ConstI64(Vec::new())),
-        _ => {
-            let v: Option<Vec<i64>> = data.iter().map(|x| x.as_i64().or_else(|| x.as_bool().map(i64::from))).collect();
-            v.map(ValueDef::ConstI64).ok_or_else(not_numbers)
-        }
+        _ => t.ints().map(|v| ValueDef::ConstI64(v.to_vec())).ok_or_else(not_numbers),
     }
 }
 

@@ -9,8 +9,7 @@ use super::{Loc, Uses, ALIAS_OPS};
 use crate::bundle::{Dtype, TensorView};
 use crate::exec::error::{node_err, value_err, ExecError};
 use crate::exec::packed::{
-    gemm_panels_name, mapped_weights, packed_names, parse_gemm_layout, parse_layout, parse_qgemm_layout,
-    qgemm_packed_names, GemmLayout, PackedLayout, QGemmLayout,
+    gemm_panels_name, mapped_weights, qgemm_names, wgemm_names, GemmLayout, Packing, QGemmLayout, WGemmLayout,
 };
 use crate::exec::program::{ElemType, NodeInfo, Program, ValueDef, ValueInfo};
 use crate::kernels::gemm::f32_panels_len;
@@ -22,7 +21,7 @@ pub(super) type WeightLookup<'w, 'b> = dyn Fn(&str) -> Option<TensorView<'b>> + 
 /// The packed forms the bundle holds, each by the name of the weight it was packed from, and the
 /// names of the weights read only through them (which the bundle may lack).
 pub(super) struct Layouts {
-    pub wgemm: HashMap<String, PackedLayout>,
+    pub wgemm: HashMap<String, WGemmLayout>,
     pub qgemm: HashMap<String, QGemmLayout>,
     pub gemm: HashMap<String, GemmLayout>,
     pub sources: HashSet<String>,
@@ -46,8 +45,9 @@ impl Layouts {
             if self.wgemm.contains_key(source) {
                 continue;
             }
-            let Some(codes) = weight(&packed_names(source).codes) else { continue };
-            let layout = parse_layout(codes.metadata).map_err(|p| value_err(codes.name, p))?;
+            let Some(codes) = weight(&wgemm_names(source).codes) else { continue };
+            let layout =
+                WGemmLayout::from_metadata(codes.metadata).map_err(|e| value_err(codes.name, e.to_string()))?;
             if layout.source != source {
                 return Err(value_err(codes.name, format!("is packed from `{}`, not `{source}`", layout.source)));
             }
@@ -62,8 +62,9 @@ impl Layouts {
     fn find_qgemm(&mut self, program: &Program, weight: &WeightLookup<'_, '_>) -> Result<(), ExecError> {
         for node in program.nodes.iter().filter(|n| n.op == "npuc::QGemm") {
             let Some(source) = weight_name(program, node, 3) else { continue };
-            let Some(codes) = weight(&qgemm_packed_names(source).0) else { continue };
-            let layout = parse_qgemm_layout(codes.metadata).map_err(|p| value_err(codes.name, p))?;
+            let Some(codes) = weight(&qgemm_names(source).0) else { continue };
+            let layout =
+                QGemmLayout::from_metadata(codes.metadata).map_err(|e| value_err(codes.name, e.to_string()))?;
             if layout.source != source {
                 return Err(value_err(codes.name, format!("is packed from `{}`, not `{source}`", layout.source)));
             }
@@ -78,7 +79,8 @@ impl Layouts {
         for node in program.nodes.iter().filter(|n| n.op == "ai.onnx::MatMul") {
             let Some(source) = weight_name(program, node, 1) else { continue };
             let Some(panels) = weight(&gemm_panels_name(source)) else { continue };
-            let layout = parse_gemm_layout(panels.metadata).map_err(|p| value_err(panels.name, p))?;
+            let layout =
+                GemmLayout::from_metadata(panels.metadata).map_err(|e| value_err(panels.name, e.to_string()))?;
             if layout.source != source {
                 return Err(value_err(panels.name, format!("is packed from `{}`, not `{source}`", layout.source)));
             }
@@ -92,9 +94,9 @@ impl Layouts {
 /// The packed WGemm weights of `layout`, read in place.
 pub(super) fn load_packed<'b>(
     weight: &WeightLookup<'_, 'b>,
-    layout: &PackedLayout,
+    layout: &WGemmLayout,
 ) -> Result<WGemmWeights<'b>, ExecError> {
-    let names = packed_names(&layout.source);
+    let names = wgemm_names(&layout.source);
     let get = |name: &str| {
         weight(name).ok_or_else(|| value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle")))
     };
@@ -103,7 +105,7 @@ pub(super) fn load_packed<'b>(
         None => None,
     };
     mapped_weights(layout, get(&names.codes)?, get(&names.scales)?, zero_points)
-        .map_err(|p| value_err(&layout.source, p))
+        .map_err(|e| value_err(&layout.source, e.to_string()))
 }
 
 /// Where the weights and constants a program reads are, before any node is lowered.

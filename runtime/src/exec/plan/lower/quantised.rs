@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use super::{input, output, Builder};
 use crate::bundle::Dtype;
 use crate::exec::error::{node_err, node_fail, value_err, ExecError};
-use crate::exec::packed::{mapped_qgemm, qgemm_packed_names, PackedLayout, QGemmLayout};
+use crate::exec::packed::{mapped_qgemm, qgemm_names, QGemmLayout, WGemmLayout};
 use crate::exec::plan::weights::{f32_weight_input, load_packed, u8_weight, weight_name, weight_root};
 use crate::exec::plan::{code_signedness, Loc, NBitsTable, Op, QGemmStore, WGemmStore};
 use crate::exec::program::{ElemType, NodeInfo, Program};
@@ -86,7 +86,7 @@ fn wgemm_store(
 fn check_packed_layout(
     program: &Program,
     node: &NodeInfo,
-    layout: &PackedLayout,
+    layout: &WGemmLayout,
     (k, n, bits, block_size): (usize, usize, usize, usize),
 ) -> Result<(), String> {
     if (layout.k, layout.n, layout.bits, layout.block_size) != (k, n, bits, block_size) {
@@ -371,12 +371,13 @@ fn qgemm_mapped<'b>(
             values[w].dtype
         )));
     }
-    let (codes_name, sums_name) = qgemm_packed_names(&layout.source);
+    let (codes_name, sums_name) = qgemm_names(&layout.source);
     let get = |name: &str| {
         (b.cx.weight)(name)
             .ok_or_else(|| value_err(&layout.source, format!("packed tensor `{name}` is not in the bundle")))
     };
-    let (codes, sums) = mapped_qgemm(get(&codes_name)?, get(&sums_name)?).map_err(|p| value_err(&layout.source, p))?;
+    let (codes, sums) =
+        mapped_qgemm(get(&codes_name)?, get(&sums_name)?).map_err(|e| value_err(&layout.source, e.to_string()))?;
     let columns = qgemm_columns(n, unsigned, &w_scale, &w_zero_point).map_err(|e| fail(e.to_string()))?;
     QGemmStore::new(k, n, Cow::Borrowed(codes), Cow::Borrowed(sums), columns).map_err(fail)
 }
