@@ -182,3 +182,103 @@ impl Lowered for codegen_intel::IntelIr {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{compile, Options};
+    use std::collections::BTreeMap;
+
+    /// A target made here: the cpu pipeline, QGemm codes kept `[K, N]` as a device would stream
+    /// them, and one file of its own — everything a new target brings, in one impl.
+    struct Toy;
+
+    struct ToyProgram(Graph);
+
+    impl Target for Toy {
+        fn id(&self) -> bundle::Target {
+            bundle::Target::Cpu
+        }
+
+        fn about(&self) -> &'static str {
+            "a target that lists its program's ops"
+        }
+
+        fn lower(&self, program: Graph, _: &TargetArgs) -> Result<Box<dyn Lowered>> {
+            Ok(Box::new(ToyProgram(program)))
+        }
+    }
+
+    impl Lowered for ToyProgram {
+        fn program(&self) -> &Graph {
+            &self.0
+        }
+
+        fn host_packing(&self) -> HostPacking {
+            HostPacking::WGemmOnly
+        }
+
+        fn emit(&self, w: &mut BundleWriter) -> Result<Emitted> {
+            let census = census(self.0.nodes.iter().map(|n| format!("{}::{}", n.domain, n.op)));
+            w.add_file("toy/ops.json", serde_json::to_string(&census)?.as_bytes())?;
+            Ok(Emitted { json: Some(("toy", serde_json::json!({ "ops": census.len() }))), lines: vec![] })
+        }
+    }
+
+    fn census(ops: impl Iterator<Item = String>) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for op in ops {
+            *counts.entry(op).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    fn corpus_model(name: &str) -> std::path::PathBuf {
+        let fixtures = std::env::var_os("NPUC_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"));
+        let model = fixtures.join("corpus").join(name).join("model.onnx");
+        assert!(model.is_file(), "{} is missing: run `make corpus`", model.display());
+        model
+    }
+
+    #[test]
+    fn a_target_is_one_impl_and_compile_needs_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let output = tmp.path().join("toy.npub");
+        let o = Options {
+            model: corpus_model("llama-qdq-per-tensor-s8"),
+            target: "toy".to_string(),
+            output: output.clone(),
+            tokenizer: None,
+            overwrite: false,
+            json: true,
+            args: TargetArgs::default(),
+        };
+        let written = compile(&Toy, &o).unwrap();
+        let b = bundle::Bundle::open(&output, Some("cpu")).unwrap();
+        // Its file is in the bundle and lists the program the bundle holds.
+        let listed: BTreeMap<String, usize> = serde_json::from_slice(&b.read_file("toy/ops.json").unwrap()).unwrap();
+        assert_eq!(listed, census(b.program().nodes.iter().map(|n| n.op.clone())));
+        assert!(listed.contains_key("npuc::QGemm"), "{listed:?}");
+        // Its packing choice was followed: QGemm codes stored as they are, none packed.
+        assert_eq!(written.stored.qgemm, 0);
+        assert!(b.tensors().all(|t| !t.name.contains(".qgemm.")));
+        assert_eq!(
+            written.emitted.json.as_ref().map(|(k, v)| (*k, v["ops"].as_u64())),
+            Some(("toy", Some(listed.len() as u64)))
+        );
+        // The same model for `cpu` packs them: the difference is the target's doing.
+        let cpu = Options { output: tmp.path().join("cpu.npub"), target: "cpu".to_string(), ..o };
+        assert!(compile(target("cpu").unwrap(), &cpu).unwrap().stored.qgemm > 0);
+    }
+
+    #[test]
+    fn the_registry_names_every_manifest_target_once() {
+        let names: Vec<&str> = TARGETS.iter().map(|t| t.id().as_str()).collect();
+        let manifest: Vec<&str> = bundle::Target::ALL.iter().map(|t| t.as_str()).collect();
+        assert_eq!(names, manifest);
+        let error = target("gpu").err().unwrap().to_string();
+        assert!(error.contains("gpu") && manifest.iter().all(|n| error.contains(n)), "{error}");
+    }
+}

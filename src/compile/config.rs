@@ -18,32 +18,44 @@ pub fn model_config(g: &Graph) -> Result<ModelConfig> {
         bail!("the compiled program has no fused Attention: npuc compiles decoder models whose attention the rewrites recognise (see `npuc explore --why`)");
     };
     let int = |n: &ir::Node, k: &str| n.attrs.int(k).ok().flatten().unwrap_or(0).max(0) as usize;
-    let heads = int(first, "q_heads");
-    let kv_heads = int(first, "kv_heads");
     let q = g.value(first.inputs[0].ok_or_else(|| anyhow!("Attention without q"))?);
-    let head_dim = q.shape.last().and_then(|d| d.as_known()).unwrap_or(0) as usize;
-    let known = |v: &ir::Value, i: usize| v.shape.get(i).and_then(|d| d.as_known()).unwrap_or(0) as usize;
-    let logits = g.value(g.outputs[0]);
-    let vocab = logits.shape.last().and_then(|d| d.as_known()).unwrap_or(0) as usize;
-    let hidden = g
-        .nodes
-        .iter()
-        .find(|n| n.op.starts_with("RmsNorm") || n.op.starts_with("SkipRmsNorm"))
-        .map(|n| known(g.value(n.outputs[0]), g.value(n.outputs[0]).shape.len().saturating_sub(1)))
-        .unwrap_or(0);
-    let intermediate = g
-        .nodes
-        .iter()
-        .find(|n| n.op == "SwiGlu" || n.op == "GeluGate")
-        .map(|n| known(g.value(n.outputs[0]), g.value(n.outputs[0]).shape.len().saturating_sub(1)))
-        .unwrap_or(0);
+    let head_dim = last_dim(q);
     let rms_eps = g
         .nodes
         .iter()
         .find(|n| n.op.contains("RmsNorm"))
         .and_then(|n| n.attrs.float("epsilon").ok().flatten())
         .unwrap_or(0.0) as f64;
-    // Tied: the embedding gather and the last GEMM read the same weight.
+    Ok(ModelConfig {
+        layers: attentions.len(),
+        hidden: output_width(g, |op| op.starts_with("RmsNorm") || op.starts_with("SkipRmsNorm")),
+        heads: int(first, "q_heads"),
+        kv_heads: int(first, "kv_heads"),
+        head_dim,
+        intermediate: output_width(g, |op| op == "SwiGlu" || op == "GeluGate"),
+        vocab: last_dim(g.value(g.outputs[0])),
+        rms_eps,
+        rope_theta: 0.0,
+        tied_embeddings: tied(g),
+        max_positions: max_positions(g, head_dim),
+        bos_token_id: None,
+        eos_token_id: None,
+        stop_token_ids: vec![],
+    })
+}
+
+/// The known size of a value's last dim (0 when symbolic).
+fn last_dim(v: &ir::Value) -> usize {
+    v.shape.last().and_then(|d| d.as_known()).unwrap_or(0) as usize
+}
+
+/// The width of the first output of the first node whose op `is`.
+fn output_width(g: &Graph, is: impl Fn(&str) -> bool) -> usize {
+    g.nodes.iter().find(|n| is(n.op)).map(|n| last_dim(g.value(n.outputs[0]))).unwrap_or(0)
+}
+
+/// Whether the embedding gather and the last GEMM read the same weight.
+fn tied(g: &Graph) -> bool {
     let weights_of = |n: &ir::Node| -> Vec<ir::WeightId> {
         n.inputs
             .iter()
@@ -62,15 +74,18 @@ pub fn model_config(g: &Graph) -> Result<ModelConfig> {
     };
     let embed = g.nodes.iter().find(|n| n.op == "Gather" || n.op == "GatherBlockQuantized");
     let head = g.nodes.iter().rev().find(|n| matches!(n.op, "MatMul" | "WGemm" | "QGemm"));
-    let tied = match (embed, head) {
+    match (embed, head) {
         (Some(e), Some(h)) => {
             let ew = weights_of(e);
             weights_of(h).iter().any(|w| ew.contains(w))
         }
         _ => false,
-    };
-    let max_positions = g
-        .nodes
+    }
+}
+
+/// The rows of the position tables (a gathered weight whose rows are `head_dim` wide).
+fn max_positions(g: &Graph, head_dim: usize) -> usize {
+    g.nodes
         .iter()
         .filter(|n| n.op == "Gather")
         .filter_map(|n| n.inputs[0])
@@ -78,25 +93,9 @@ pub fn model_config(g: &Graph) -> Result<ModelConfig> {
         .filter(|v| {
             matches!(v.def, ValueDef::Weight(_)) && v.shape.last().and_then(|d| d.as_known()) == Some(head_dim as i64)
         })
-        .map(|v| known(v, 0))
+        .map(|v| v.shape.first().and_then(|d| d.as_known()).unwrap_or(0) as usize)
         .next()
-        .unwrap_or(0);
-    Ok(ModelConfig {
-        layers: attentions.len(),
-        hidden,
-        heads,
-        kv_heads,
-        head_dim,
-        intermediate,
-        vocab,
-        rms_eps,
-        rope_theta: 0.0,
-        tied_embeddings: tied,
-        max_positions,
-        bos_token_id: None,
-        eos_token_id: None,
-        stop_token_ids: vec![],
-    })
+        .unwrap_or(0)
 }
 
 /// Beginning- and end-of-sequence ids from a tokenizer.json's special added tokens.

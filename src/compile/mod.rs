@@ -30,12 +30,12 @@ pub struct Options {
 }
 
 /// What one compile wrote, for the summary.
-struct Written {
-    program_nodes: usize,
-    stored: weights::Stored,
-    bundle: BundleSummary,
-    emitted: Emitted,
-    tokenizer: bool,
+pub(crate) struct Written {
+    pub program_nodes: usize,
+    pub stored: weights::Stored,
+    pub bundle: BundleSummary,
+    pub emitted: Emitted,
+    pub tokenizer: bool,
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
@@ -46,7 +46,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
 }
 
 /// Compiles `o.model` for `target` into the bundle `o.output`.
-fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
+pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     target.check(&o.args)?;
     let progress = Progress::new(o.json);
     progress.step(format!("importing {}", o.model.display()));

@@ -284,13 +284,7 @@ fn pack_wgemm_weights(g: &Graph) -> Result<PackedWeights> {
     let mut entries: Vec<PackedEntry> = Vec::new();
     let mut by_codes: HashMap<WeightId, usize> = HashMap::new();
     for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Npuc && n.op == "WGemm") {
-        let (Some(codes), Some(scales)) = (weight_of(g, input(node, 1)), weight_of(g, input(node, 2))) else {
-            continue;
-        };
-        let zero_points = weight_of(g, input(node, 3));
-        if (input(node, 3).is_some() && zero_points.is_none()) || input(node, 4).is_some() {
-            continue;
-        }
+        let Some((codes, scales, zero_points)) = wgemm_sources(g, node) else { continue };
         if let Some(&i) = by_codes.get(&codes) {
             if (entries[i].scales, entries[i].zero_points) != (scales, zero_points) {
                 bail!(
@@ -301,43 +295,72 @@ fn pack_wgemm_weights(g: &Graph) -> Result<PackedWeights> {
             }
             continue;
         }
-        let (b, s) = (g.weights.get(codes), g.weights.get(scales));
-        if b.dtype != DType::U8 || s.dtype != DType::F32 {
-            continue;
-        }
-        let attr = |key: &str| -> Result<usize> {
-            node.attrs
-                .int(key)
-                .ok()
-                .flatten()
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| anyhow!("WGemm node `{}`: attribute {key} is missing or negative", node.name))
-        };
-        let scale_values = f32_values(&s.bytes);
-        let float_zero_points;
-        let zp = match zero_points.map(|z| g.weights.get(z)) {
-            None => NBitsZeroPoints::Default,
-            Some(z) if z.dtype == DType::U8 => NBitsZeroPoints::Packed(&z.bytes),
-            Some(z) if z.dtype == DType::F32 => {
-                float_zero_points = f32_values(&z.bytes);
-                NBitsZeroPoints::Float(&float_zero_points)
-            }
-            Some(_) => continue,
-        };
-        let src = MatMulNBits {
-            k: attr("K")?,
-            n: attr("N")?,
-            bits: attr("bits")?,
-            block_size: attr("block_size")?,
-            b: &b.bytes,
-            scales: &scale_values,
-            zero_points: zp,
-        };
-        let packed = pack_wgemm(&src).with_context(|| format!("packing the weights of WGemm node `{}`", node.name))?;
+        let Some(packed) = pack_wgemm_node(g, node, codes, scales, zero_points)? else { continue };
         by_codes.insert(codes, entries.len());
         entries.push(PackedEntry { codes, scales, zero_points, packed });
     }
+    let omitted = only_packed_sources(g, &entries, &by_codes);
+    Ok(PackedWeights { entries, omitted })
+}
 
+/// A WGemm node's codes, scales and zero-point weights, when each operand it has is a weight
+/// and it reads no `g_idx`.
+fn wgemm_sources(g: &Graph, node: &ir::Node) -> Option<(WeightId, WeightId, Option<WeightId>)> {
+    let (codes, scales) = (weight_of(g, input(node, 1))?, weight_of(g, input(node, 2))?);
+    let zero_points = weight_of(g, input(node, 3));
+    if (input(node, 3).is_some() && zero_points.is_none()) || input(node, 4).is_some() {
+        return None;
+    }
+    Some((codes, scales, zero_points))
+}
+
+/// One WGemm node's weights packed by the kernels' `pack_wgemm`, or `None` for dtypes the
+/// kernels do not take.
+fn pack_wgemm_node(
+    g: &Graph,
+    node: &ir::Node,
+    codes: WeightId,
+    scales: WeightId,
+    zero_points: Option<WeightId>,
+) -> Result<Option<PackedWGemm>> {
+    let (b, s) = (g.weights.get(codes), g.weights.get(scales));
+    if b.dtype != DType::U8 || s.dtype != DType::F32 {
+        return Ok(None);
+    }
+    let attr = |key: &str| -> Result<usize> {
+        node.attrs
+            .int(key)
+            .ok()
+            .flatten()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| anyhow!("WGemm node `{}`: attribute {key} is missing or negative", node.name))
+    };
+    let scale_values = f32_values(&s.bytes);
+    let float_zero_points;
+    let zp = match zero_points.map(|z| g.weights.get(z)) {
+        None => NBitsZeroPoints::Default,
+        Some(z) if z.dtype == DType::U8 => NBitsZeroPoints::Packed(&z.bytes),
+        Some(z) if z.dtype == DType::F32 => {
+            float_zero_points = f32_values(&z.bytes);
+            NBitsZeroPoints::Float(&float_zero_points)
+        }
+        Some(_) => return Ok(None),
+    };
+    let src = MatMulNBits {
+        k: attr("K")?,
+        n: attr("N")?,
+        bits: attr("bits")?,
+        block_size: attr("block_size")?,
+        b: &b.bytes,
+        scales: &scale_values,
+        zero_points: zp,
+    };
+    let packed = pack_wgemm(&src).with_context(|| format!("packing the weights of WGemm node `{}`", node.name))?;
+    Ok(Some(packed))
+}
+
+/// The weights of packed entries that nothing reads but through their packed form.
+fn only_packed_sources(g: &Graph, entries: &[PackedEntry], by_codes: &HashMap<WeightId, usize>) -> BTreeSet<WeightId> {
     let mut consumers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();
     for (n, node) in g.nodes.iter().enumerate() {
         for (slot, v) in node.inputs.iter().enumerate() {
@@ -346,49 +369,57 @@ fn pack_wgemm_weights(g: &Graph) -> Result<PackedWeights> {
             }
         }
     }
-    // Whether every reader of `v` reads it through a packed entry: the entry's own WGemm, or a
-    // GatherBlockQuantized of the entry's very table.
-    fn read_only_packed(
-        g: &Graph,
-        consumers: &HashMap<ValueId, Vec<(usize, usize)>>,
-        entries: &[PackedEntry],
-        by_codes: &HashMap<WeightId, usize>,
-        v: ValueId,
-    ) -> bool {
-        if g.outputs.contains(&v) {
-            return false;
-        }
-        consumers.get(&v).into_iter().flatten().all(|&(n, slot)| {
-            let node = &g.nodes[n];
-            match (node.domain, node.op) {
-                (ir::Domain::Onnx, op) if ALIAS_OPS.contains(&op) && slot == 0 => {
-                    node.outputs.iter().all(|&o| read_only_packed(g, consumers, entries, by_codes, o))
-                }
-                (ir::Domain::Npuc, "WGemm") => {
-                    (1..=3).contains(&slot) && weight_of(g, input(node, 1)).is_some_and(|c| by_codes.contains_key(&c))
-                }
-                (ir::Domain::Microsoft, "GatherBlockQuantized") => {
-                    [0, 2, 3].contains(&slot) && tied_gather(g, node, entries, by_codes)
-                }
-                _ => false,
-            }
-        })
-    }
+    let readers = Readers { g, consumers, entries, by_codes };
     let mut omitted = BTreeSet::new();
-    for e in &entries {
+    for e in entries {
         let sources: Vec<WeightId> = [Some(e.codes), Some(e.scales), e.zero_points].into_iter().flatten().collect();
         let only_packed = sources.iter().all(|&w| {
             g.values
                 .iter()
                 .enumerate()
                 .filter(|(_, v)| matches!(v.def, ValueDef::Weight(id) if id == w))
-                .all(|(i, _)| read_only_packed(g, &consumers, &entries, &by_codes, ValueId(i as u32)))
+                .all(|(i, _)| readers.only_packed(ValueId(i as u32)))
         });
         if only_packed {
             omitted.extend(sources);
         }
     }
-    Ok(PackedWeights { entries, omitted })
+    omitted
+}
+
+/// Who reads each value, to tell whether a weight is read only through its packed form.
+struct Readers<'a> {
+    g: &'a Graph,
+    consumers: HashMap<ValueId, Vec<(usize, usize)>>,
+    entries: &'a [PackedEntry],
+    by_codes: &'a HashMap<WeightId, usize>,
+}
+
+impl Readers<'_> {
+    /// Whether every reader of `v` reads it through a packed entry: the entry's own WGemm, or a
+    /// GatherBlockQuantized of the entry's very table (through aliases).
+    fn only_packed(&self, v: ValueId) -> bool {
+        let g = self.g;
+        if g.outputs.contains(&v) {
+            return false;
+        }
+        self.consumers.get(&v).into_iter().flatten().all(|&(n, slot)| {
+            let node = &g.nodes[n];
+            match (node.domain, node.op) {
+                (ir::Domain::Onnx, op) if ALIAS_OPS.contains(&op) && slot == 0 => {
+                    node.outputs.iter().all(|&o| self.only_packed(o))
+                }
+                (ir::Domain::Npuc, "WGemm") => {
+                    (1..=3).contains(&slot)
+                        && weight_of(g, input(node, 1)).is_some_and(|c| self.by_codes.contains_key(&c))
+                }
+                (ir::Domain::Microsoft, "GatherBlockQuantized") => {
+                    [0, 2, 3].contains(&slot) && tied_gather(g, node, self.entries, self.by_codes)
+                }
+                _ => false,
+            }
+        })
+    }
 }
 
 /// Whether a GatherBlockQuantized node gathers rows of a packed entry's table: its data is the
