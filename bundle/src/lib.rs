@@ -20,6 +20,7 @@
 
 mod digest;
 mod error;
+pub mod intel;
 mod manifest;
 mod paths;
 mod reader;
