@@ -22,9 +22,9 @@
 //! its transformations) and rounds in FakeQuantize, so an output code can differ by one step where
 //! the exact value lies within f32 rounding of a tie.
 
+use crate::lower::Lower;
 use crate::symmetric::evaluate_constant;
 use crate::xml::{Et, Port};
-use crate::Lower;
 use ir::graph::{ValueDef, ValueId};
 use ir::{DType, Node};
 
