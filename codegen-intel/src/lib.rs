@@ -33,7 +33,7 @@
 //!   per weight; the same transformed program, with the row-scaled ops in their plain f32 forms
 //!   ([`symmetric::host_forms`]), is the bundle's host program, so the host executor and OpenVINO
 //!   run the very same weight values.
-//! - **Plan.** [`IntelIr::plan`] (`npuc-intel/1` JSON) lists the segments with their files,
+//! - **Plan.** [`IntelIr::plan`] (`npuc-intel/1`, [`bundle::intel::Plan`]) lists the segments with their files,
 //!   inputs and outputs per block size, the attentions between them, the schedule, and the RoPE
 //!   tables' location in the weights file.
 
@@ -41,17 +41,16 @@ pub mod float;
 mod lower;
 mod ops;
 mod partition;
+mod plan;
 mod qdq;
 mod rope;
 pub mod symmetric;
 pub mod xml;
 
+use bundle::intel::{self, Plan};
 use ir::graph::Graph;
-use lower::Lower;
-use serde_json::{json, Value as Json};
-use std::collections::{BTreeMap, HashMap};
 use symmetric::{Asymmetric, WeightError};
-use xml::{Bin, Net};
+use xml::Bin;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntelError {
@@ -95,7 +94,7 @@ pub struct IntelIr {
     /// The shared weights file.
     pub weights: Vec<u8>,
     /// The `npuc-intel/1` plan.
-    pub plan: Json,
+    pub plan: Plan,
     /// The cost of making the weights symmetric, per weight.
     pub requantized: Vec<WeightError>,
     /// The program the host executor runs: symmetric weights, plain (not row-scaled) forms.
@@ -105,8 +104,7 @@ pub struct IntelIr {
     pub device_program: Graph,
 }
 
-pub const WEIGHTS_FILE: &str = "weights.bin";
-pub const PLAN_FILE: &str = "plan.json";
+pub use bundle::intel::{PLAN_FILE, WEIGHTS_FILE};
 
 /// Symmetrises the weights and writes the IR segments of `program` (see the crate doc).
 pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
@@ -118,99 +116,31 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     let device = symmetric::float_activations(device);
     requantized.extend(compressed);
     let parts = partition::partition(&device)?;
+    let tables = rope::rope_tables(&device, &parts, o.rope_positions)?;
     let mut bin = Bin::default();
-    let rope = rope::rope_tables(&device, &parts, o.rope_positions)?;
-    let (width, rope_positions) = (rope.width, rope.positions);
-    let mut table_json = serde_json::Map::new();
-    for (name, values) in &rope.tables {
-        let at = bin.keyed(name, || values.iter().flat_map(|v| v.to_le_bytes()).collect());
-        table_json.insert(name.clone(), json!({"offset": at.0, "size": at.1}));
-    }
-    let mut xml = Vec::new();
-    let mut segments = Vec::new();
+    let rope = plan::rope(&tables, &mut bin);
     let mut blocks = o.blocks.clone();
     blocks.sort_unstable();
     blocks.dedup();
-    for (si, seg) in parts.segments.iter().enumerate() {
-        let seg_blocks: Vec<usize> = if seg.last_row_only { vec![1] } else { blocks.clone() };
-        let mut files = BTreeMap::new();
-        let mut inputs: Vec<Json> = Vec::new();
-        let mut outputs: Vec<Json> = Vec::new();
-        for &t in &seg_blocks {
-            let name = format!("{}_t{t}", seg.name);
-            let mut lower = Lower {
-                g: &device,
-                bin: &mut bin,
-                net: Net::new(&name),
-                vals: HashMap::new(),
-                t,
-                width,
-                rope_names: &rope.names,
-                f16_weights: &f16_weights,
-                quantized: HashMap::new(),
-            };
-            let (ins, outs) = lower.segment(seg)?;
-            let file = format!("{name}.xml");
-            xml.push((file.clone(), lower.net.to_xml()));
-            files.insert(t.to_string(), json!(file));
-            if inputs.is_empty() {
-                inputs = ins
-                    .iter()
-                    .map(|(n, role, et, _)| json!({"name": n, "role": role, "dtype": et.name(), "shape": {}}))
-                    .collect();
-                outputs = outs.iter().map(|(n, _)| json!({"name": n, "shape": {}})).collect();
-            }
-            for (i, (_, _, _, shape)) in ins.iter().enumerate() {
-                inputs[i]["shape"][t.to_string()] = json!(shape);
-            }
-            for (i, (_, shape)) in outs.iter().enumerate() {
-                outputs[i]["shape"][t.to_string()] = json!(shape);
-            }
-        }
-        segments.push(json!({
-            "name": seg.name, "index": si, "files": files, "last_row_only": seg.last_row_only,
-            "inputs": inputs, "outputs": outputs,
-        }));
+    let mut lowering = plan::Lowering { g: &device, bin: &mut bin, rope: &tables, f16_weights: &f16_weights };
+    let (mut xml, mut segments) = (Vec::new(), Vec::new());
+    for (index, seg) in parts.segments.iter().enumerate() {
+        let (entry, networks) = lowering.segment(index, seg, &blocks)?;
+        segments.push(entry);
+        xml.extend(networks);
     }
-    let attention: Vec<Json> = parts
-        .attentions
-        .iter()
-        .enumerate()
-        .map(|(layer, &a)| {
-            let n = device.node(a);
-            let name = |i: usize| n.inputs[i].map(|v| device.value(v).name.clone());
-            let head_dim =
-                n.inputs[0].and_then(|v| device.value(v).shape.last().and_then(|d| d.as_known())).unwrap_or(0);
-            let scale = n.attrs.float("scale").ok().flatten().unwrap_or(1.0 / (head_dim as f32).sqrt());
-            json!({
-                "layer": layer, "node": n.name, "q": name(0), "k": name(1), "v": name(2),
-                "y": device.value(n.outputs[0]).name,
-                "q_heads": n.attrs.int("q_heads").ok().flatten(), "kv_heads": n.attrs.int("kv_heads").ok().flatten(),
-                "head_dim": head_dim, "scale": scale,
-                "window": n.attrs.int("window").ok().flatten().filter(|&w| w > 0),
-            })
-        })
-        .collect();
-    let mut schedule = Vec::new();
-    for (si, seg) in parts.segments.iter().enumerate() {
-        schedule.push(json!({"segment": si}));
-        for (ai, &stage) in parts.attention_stage.iter().enumerate() {
-            if Some(stage) == seg.stage {
-                schedule.push(json!({"attention": ai}));
-            }
-        }
-    }
-    let plan = json!({
-        "format": "npuc-intel/1",
-        "weights_file": WEIGHTS_FILE,
-        "weights_bytes": bin.bytes.len(),
-        "blocks": blocks,
-        "logits": device.value(device.outputs[0]).name,
-        "rope": {"positions": rope_positions, "width": width, "tables": table_json},
-        "segments": segments,
-        "attention": attention,
-        "schedule": schedule,
-    });
+    let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a));
+    let plan = Plan {
+        format: intel::Format,
+        weights_file: WEIGHTS_FILE.to_string(),
+        weights_bytes: bin.bytes.len() as u64,
+        blocks,
+        logits: device.value(device.outputs[0]).name.clone(),
+        rope,
+        segments,
+        attention: attention.collect::<Result<_, _>>()?,
+        schedule: plan::schedule(&parts),
+    };
     let host_program = symmetric::host_forms(&device);
     Ok(IntelIr { xml, weights: bin.bytes, plan, requantized, host_program, device_program: device })
 }

@@ -1,11 +1,13 @@
 //! Lowering one segment of the program into an OpenVINO network for one token block size.
 
 use crate::partition::Segment;
+use crate::rope::RopeTables;
 use crate::xml::{Bin, Et, Net, Port};
 use crate::{qdq, IntelError};
+use bundle::intel::{InputType, Role, SegmentInput, SegmentOutput};
 use ir::graph::{Graph, ValueDef, ValueId};
 use ir::{DType, Domain, Node};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub(crate) struct Lower<'a> {
     pub g: &'a Graph,
@@ -22,7 +24,29 @@ pub(crate) struct Lower<'a> {
     pub quantized: HashMap<ValueId, qdq::QParams>,
 }
 
-impl Lower<'_> {
+impl<'a> Lower<'a> {
+    /// A lowering into the network `name` for blocks of `t` tokens.
+    pub(crate) fn new(
+        g: &'a Graph,
+        bin: &'a mut Bin,
+        rope: &'a RopeTables,
+        f16_weights: &'a HashSet<ir::WeightId>,
+        name: &str,
+        t: usize,
+    ) -> Lower<'a> {
+        Lower {
+            g,
+            bin,
+            net: Net::new(name),
+            vals: HashMap::new(),
+            t,
+            width: rope.width,
+            rope_names: &rope.names,
+            f16_weights,
+            quantized: HashMap::new(),
+        }
+    }
+
     pub(crate) fn shape(&self, v: ValueId) -> Result<Vec<usize>, IntelError> {
         let t = self.t as i64;
         let dims = |name: &str| match name {
@@ -39,13 +63,27 @@ impl Lower<'_> {
         })
     }
 
-    /// Lowers one segment: returns its inputs (name, role, type, shape) and outputs (name, shape).
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn segment(
-        &mut self,
-        seg: &Segment,
-    ) -> Result<(Vec<(String, String, Et, Vec<usize>)>, Vec<(String, Vec<usize>)>), IntelError> {
-        let mut ins = Vec::new();
+    /// Lowers one segment: returns its inputs and outputs in the network's order, each with its
+    /// shape for this block size.
+    pub(crate) fn segment(&mut self, seg: &Segment) -> Result<(Vec<SegmentInput>, Vec<SegmentOutput>), IntelError> {
+        let inputs = self.parameters(seg)?;
+        for &ni in &seg.nodes {
+            self.node(self.g.node(ni))?;
+        }
+        let mut outputs = Vec::new();
+        for &o in &seg.outputs {
+            let p = self.vals[&o].clone();
+            let name = self.g.value(o).name.clone();
+            self.net.result(&p, &name);
+            outputs.push(SegmentOutput { name, shape: BTreeMap::from([(self.t, p.shape.clone())]) });
+        }
+        Ok((inputs, outputs))
+    }
+
+    /// The network's parameters for the segment's inputs: one per input, except that the inputs
+    /// reading one RoPE table share its parameter (`[1, 1, T, width]`, reshaped as each reads it).
+    fn parameters(&mut self, seg: &Segment) -> Result<Vec<SegmentInput>, IntelError> {
+        let mut inputs = Vec::new();
         let mut rope: HashMap<String, Port> = HashMap::new();
         for &v in &seg.inputs {
             let val = self.g.value(v);
@@ -56,15 +94,15 @@ impl Lower<'_> {
                 }
             }
             let (role, name) = if let Some(table) = self.rope_names.get(&v) {
-                ("rope".to_string(), table.clone())
+                (Role::Rope, table.clone())
             } else if matches!(val.def, ValueDef::Input) {
-                ("input".to_string(), val.name.clone())
+                (Role::Input, val.name.clone())
             } else {
-                ("value".to_string(), val.name.clone())
+                (Role::Value, val.name.clone())
             };
-            let et = match val.dtype {
-                DType::F32 => Et::F32,
-                DType::I64 => Et::I64,
+            let (et, dtype) = match val.dtype {
+                DType::F32 => (Et::F32, InputType::F32),
+                DType::I64 => (Et::I64, InputType::I64),
                 other => {
                     return Err(IntelError::Shape {
                         value: val.name.clone(),
@@ -72,14 +110,15 @@ impl Lower<'_> {
                     })
                 }
             };
-            let port = if role == "rope" {
-                let canonical = [1, 1, self.t, self.width];
+            let port = if role == Role::Rope {
                 let p = match rope.get(&name) {
                     Some(p) => p.clone(),
                     None => {
+                        let canonical = vec![1, 1, self.t, self.width];
                         let p = self.net.parameter(&name, Et::F32, &canonical);
-                        ins.push((name.clone(), role.clone(), Et::F32, canonical.to_vec()));
-                        rope.insert(name.clone(), p.clone());
+                        let shape = BTreeMap::from([(self.t, canonical)]);
+                        inputs.push(SegmentInput { name: name.clone(), role, dtype: InputType::F32, shape });
+                        rope.insert(name, p.clone());
                         p
                     }
                 };
@@ -90,22 +129,12 @@ impl Lower<'_> {
                 }
             } else {
                 let p = self.net.parameter(&name, et, &shape);
-                ins.push((name, role, et, shape));
+                inputs.push(SegmentInput { name, role, dtype, shape: BTreeMap::from([(self.t, shape)]) });
                 p
             };
             self.vals.insert(v, port);
         }
-        for &ni in &seg.nodes {
-            self.node(self.g.node(ni))?;
-        }
-        let mut outs = Vec::new();
-        for &o in &seg.outputs {
-            let p = self.vals[&o].clone();
-            let name = self.g.value(o).name.clone();
-            self.net.result(&p, &name);
-            outs.push((name, p.shape.clone()));
-        }
-        Ok((ins, outs))
+        Ok(inputs)
     }
 
     /// The port of a value: lowered already, or a constant.
