@@ -37,6 +37,7 @@
 //!   inputs and outputs per block size, the attentions between them, the schedule, and the RoPE
 //!   tables' location in the weights file.
 
+mod error;
 pub mod float;
 mod lower;
 mod ops;
@@ -47,22 +48,12 @@ mod rope;
 pub mod symmetric;
 pub mod xml;
 
+pub use error::{ConstantError, IntelError, LowerError};
+
 use bundle::intel::{self, Plan};
 use ir::graph::Graph;
 use symmetric::{Asymmetric, WeightError};
 use xml::Bin;
-
-#[derive(Debug, thiserror::Error)]
-pub enum IntelError {
-    #[error("node `{node}`: {msg}")]
-    Unsupported { node: String, msg: String },
-    #[error("node `{node}` reads weight `{weight}` with asymmetric zero points, which the NPU does not support (re-quantise symmetrically instead of rejecting to compile it)")]
-    Asymmetric { node: String, weight: String },
-    #[error("value `{value}`: {msg}")]
-    Shape { value: String, msg: String },
-    #[error("the program has {0}")]
-    Structure(String),
-}
 
 /// Compile options.
 #[derive(Clone, Debug)]

@@ -3,7 +3,7 @@
 use crate::partition::Segment;
 use crate::rope::RopeTables;
 use crate::xml::{Bin, Et, Net, Port};
-use crate::{qdq, IntelError};
+use crate::{qdq, IntelError, LowerError};
 use bundle::intel::{InputType, Role, SegmentInput, SegmentOutput};
 use ir::graph::{Graph, ValueDef, ValueId};
 use ir::{DType, Domain, Node};
@@ -219,7 +219,7 @@ impl<'a> Lower<'a> {
                 )));
             }
         }
-        let r = self.node_inner(n).map_err(fail)?;
+        let r = self.lower_op(n).map_err(|e| IntelError::Lowering { node: n.name.clone(), error: Box::new(e) })?;
         if passes_codes {
             let q = self.quantized[&n.inputs[0].unwrap()];
             for &o in &n.outputs {
@@ -241,189 +241,55 @@ impl<'a> Lower<'a> {
         Ok(())
     }
 
-    fn node_inner(&mut self, n: &Node) -> Result<Vec<Port>, String> {
-        let input = |i: usize| n.inputs.get(i).copied().flatten().ok_or_else(|| format!("input {i} is missing"));
-        let eps = n.attrs.float_or("epsilon", 1e-5).map_err(|e| e.to_string())?;
-        let out_shape = |s: &Self, i: usize| s.shape(n.outputs[i]).map_err(|e| e.to_string());
-        let one = |p: Port| Ok(vec![p]);
-        match (n.domain, n.op) {
-            (Domain::Onnx, "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" | "Identity") => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let mut shape = out_shape(self, 0)?;
-                if shape.iter().product::<usize>() != x.shape.iter().product::<usize>() {
-                    // Only in the one-row lm_head segment: keep the row count of the input.
-                    let rows = x.shape.iter().rev().skip(1).product::<usize>();
-                    let l = shape.len();
-                    shape[..l - 1].iter_mut().for_each(|d| *d = 1);
-                    if l >= 2 {
-                        shape[l - 2] = rows;
-                    }
-                }
-                one(self.net.reshape(self.bin, &x, &shape))
-            }
-            (Domain::Onnx, "Transpose") => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let perm: Vec<usize> = match n.attrs.ints("perm").map_err(|e| e.to_string())? {
-                    Some(p) => p.iter().map(|&d| d as usize).collect(),
-                    None => (0..x.shape.len()).rev().collect(),
-                };
-                one(self.net.transpose(self.bin, &x, &perm))
-            }
-            (Domain::Onnx, "Slice") => {
-                let mut x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let starts = self.const_ints(n.inputs.get(1).copied().flatten()).ok_or("non-constant starts")?;
-                let ends = self.const_ints(n.inputs.get(2).copied().flatten()).ok_or("non-constant ends")?;
-                let rank = x.shape.len() as i64;
-                let axes = match n.inputs.get(3).copied().flatten() {
-                    Some(a) => self.const_ints(Some(a)).ok_or("non-constant axes")?,
-                    None => (0..starts.len() as i64).collect(),
-                };
-                if let Some(st) = n.inputs.get(4).copied().flatten() {
-                    if self.const_ints(Some(st)).ok_or("non-constant steps")?.iter().any(|&s| s != 1) {
-                        return Err("Slice with a step other than 1".into());
-                    }
-                }
-                for ((&s, &e), &a) in starts.iter().zip(&ends).zip(&axes) {
-                    let axis = if a < 0 { a + rank } else { a } as usize;
-                    let dim = x.shape[axis] as i64;
-                    let norm = |v: i64| (if v < 0 { v + dim } else { v }).clamp(0, dim) as usize;
-                    let (b, e) = (norm(s), norm(e).max(norm(s)));
-                    x = self.net.slice(self.bin, &x, axis, b, e);
-                }
-                one(x)
-            }
-            (Domain::Onnx, "Concat") => {
-                let mut ports = Vec::new();
-                for v in n.inputs.iter().flatten() {
-                    ports.push(self.port(*v).map_err(|e| e.to_string())?);
-                }
-                let rank = ports[0].shape.len() as i64;
-                let a = n.attrs.int_or("axis", 0).map_err(|e| e.to_string())?;
-                let refs: Vec<&Port> = ports.iter().collect();
-                one(self.net.concat(&refs, if a < 0 { a + rank } else { a } as usize))
-            }
-            (Domain::Onnx, "Gather") => {
-                if n.attrs.int_or("axis", 0).map_err(|e| e.to_string())? != 0 {
-                    return Err("Gather on an axis other than 0".into());
-                }
-                let data = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let idx = self.port(input(1)?).map_err(|e| e.to_string())?;
-                one(self.net.gather0(self.bin, &data, &idx))
-            }
-            (Domain::Microsoft, "GatherBlockQuantized") => self.gather_block_quantized(n).map(|p| vec![p]),
-            (Domain::Onnx, op @ ("Add" | "Sub" | "Mul" | "Div" | "Pow")) => {
-                let a = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let b = self.port(input(1)?).map_err(|e| e.to_string())?;
-                let ty = match op {
-                    "Add" => "Add",
-                    "Sub" => "Subtract",
-                    "Mul" => "Multiply",
-                    "Div" => "Divide",
-                    _ => "Power",
-                };
-                one(self.net.binary(ty, &a, &b)?)
-            }
-            (Domain::Onnx, op @ ("Sqrt" | "Neg" | "Sigmoid" | "Exp" | "Tanh" | "Abs")) => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                one(self.net.unary(if op == "Neg" { "Negative" } else { op }, &x))
-            }
+    /// The ports of `n`'s outputs, by the lowering of its op.
+    fn lower_op(&mut self, n: &Node) -> Result<Vec<Port>, LowerError> {
+        let one = |p: Port| vec![p];
+        Ok(match (n.domain, n.op) {
+            (Domain::Onnx, "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" | "Identity") => one(self.reshape(n)?),
+            (Domain::Onnx, "Transpose") => one(self.transpose(n)?),
+            (Domain::Onnx, "Slice") => one(self.slice(n)?),
+            (Domain::Onnx, "Concat") => one(self.concat(n)?),
+            (Domain::Onnx, "Gather") => one(self.gather(n)?),
+            (Domain::Microsoft, "GatherBlockQuantized") => one(self.gather_block_quantized(n)?),
+            (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(self.elementwise(n)?),
+            (Domain::Onnx, "Sqrt" | "Neg" | "Sigmoid" | "Exp" | "Tanh" | "Abs") => one(self.unary(n)?),
             (Domain::Onnx, "MatMul") => {
-                let a = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let b = self.port(input(1)?).map_err(|e| e.to_string())?;
+                let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
                 one(self.net.matmul(&a, &b, false)?)
             }
             (Domain::Npuc, op @ ("RmsNorm" | "RmsNormRowScaled")) => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let g = self.port(input(1)?).map_err(|e| e.to_string())?;
+                let eps = n.attrs.float_or("epsilon", 1e-5)?;
+                let (x, g) = (self.input(n, 0)?, self.input(n, 1)?);
                 one(self.rms_norm(&x, &g, eps, op == "RmsNormRowScaled")?)
             }
-            (Domain::Npuc, op @ ("SkipRmsNorm" | "SkipRmsNormRowScaled")) => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let skip = self.port(input(1)?).map_err(|e| e.to_string())?;
-                let g = self.port(input(2)?).map_err(|e| e.to_string())?;
-                let mut s = self.net.binary("Add", &x, &skip)?;
-                if let Some(b) = n.inputs.get(3).copied().flatten() {
-                    let b = self.port(b).map_err(|e| e.to_string())?;
-                    s = self.net.binary("Add", &s, &b)?;
-                }
-                let y = self.rms_norm(&s, &g, eps, op == "SkipRmsNormRowScaled")?;
-                Ok(vec![y, s])
-            }
-            (Domain::Npuc, "Rope") => {
-                let interleaved = n.attrs.int_or("interleaved", 0).map_err(|e| e.to_string())? != 0;
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let c = self.port(input(1)?).map_err(|e| e.to_string())?;
-                let s = self.port(input(2)?).map_err(|e| e.to_string())?;
-                let axis = x.shape.len() - 1;
-                let d = x.shape[axis];
-                if d % 2 != 0 {
-                    return Err(format!("rotary width {d} is odd"));
-                }
-                let rot = if interleaved {
-                    // Pairs (2i, 2i+1) → (−x[2i+1], x[2i]): view [.., d/2, 2], swap and negate, back.
-                    let mut pairs = x.shape.clone();
-                    pairs[axis] = d / 2;
-                    pairs.push(2);
-                    let xp = self.net.reshape(self.bin, &x, &pairs);
-                    let even = self.net.slice(self.bin, &xp, axis + 1, 0, 1);
-                    let odd = self.net.slice(self.bin, &xp, axis + 1, 1, 2);
-                    let nodd = self.net.unary("Negative", &odd);
-                    let swapped = self.net.concat(&[&nodd, &even], axis + 1);
-                    self.net.reshape(self.bin, &swapped, &x.shape)
-                } else {
-                    let x1 = self.net.slice(self.bin, &x, axis, 0, d / 2);
-                    let x2 = self.net.slice(self.bin, &x, axis, d / 2, d);
-                    let nx2 = self.net.unary("Negative", &x2);
-                    self.net.concat(&[&nx2, &x1], axis)
-                };
-                let xc = self.net.binary("Multiply", &x, &c)?;
-                let rs = self.net.binary("Multiply", &rot, &s)?;
-                one(self.net.binary("Add", &xc, &rs)?)
-            }
+            (Domain::Npuc, "SkipRmsNorm" | "SkipRmsNormRowScaled") => self.skip_rms_norm(n)?,
+            (Domain::Npuc, "Rope") => one(self.rope(n)?),
             (Domain::Npuc, "Silu") => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
+                let x = self.input(n, 0)?;
                 let sg = self.net.unary("Sigmoid", &x);
                 one(self.net.binary("Multiply", &x, &sg)?)
             }
-            (Domain::Npuc, "SwiGlu") => {
-                let g = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let u = self.port(input(1)?).map_err(|e| e.to_string())?;
-                let sg = self.net.unary("Sigmoid", &g);
-                let silu = self.net.binary("Multiply", &g, &sg)?;
-                one(self.net.binary("Multiply", &silu, &u)?)
-            }
+            (Domain::Npuc, "SwiGlu") => one(self.swiglu(n)?),
             (Domain::Npuc, "GeluTanh") => {
-                let x = self.port(input(0)?).map_err(|e| e.to_string())?;
+                let x = self.input(n, 0)?;
                 one(self.gelu_tanh(&x)?)
             }
             (Domain::Npuc, "GeluGate") => {
-                let g = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let u = self.port(input(1)?).map_err(|e| e.to_string())?;
+                let (g, u) = (self.input(n, 0)?, self.input(n, 1)?);
                 let gelu = self.gelu_tanh(&g)?;
                 one(self.net.binary("Multiply", &gelu, &u)?)
             }
-            (Domain::Npuc, op @ ("WGemm" | "WGemmRowScaled")) => {
-                let a = self.port(input(0)?).map_err(|e| e.to_string())?;
-                let w = self.wgemm_weight(n)?;
-                let y = if op == "WGemmRowScaled" {
-                    let c = self.row_scale(&a)?;
-                    let u = self.net.binary("Divide", &a, &c)?;
-                    let y = self.net.matmul(&u, &w, true)?;
-                    self.net.binary("Multiply", &y, &c)?
-                } else {
-                    let mut y = self.net.matmul(&a, &w, true)?;
-                    if let Some(b) = n.inputs.get(4).copied().flatten() {
-                        let b = self.port(b).map_err(|e| e.to_string())?;
-                        y = self.net.binary("Add", &y, &b)?;
-                    }
-                    y
-                };
-                one(y)
-            }
+            (Domain::Npuc, "WGemm" | "WGemmRowScaled") => one(self.wgemm(n)?),
             (Domain::Onnx, "QuantizeLinear") => one(self.quantize_linear(n)?),
             (Domain::Onnx, "DequantizeLinear") => one(self.dequantize_linear(n)?),
             (Domain::Npuc, "QGemm") => one(self.qgemm(n)?),
-            (d, op) => Err(format!("{d}::{op} has no OpenVINO lowering")),
-        }
+            (d, op) => return Err(LowerError::Form(format!("{d}::{op} has no OpenVINO lowering"))),
+        })
+    }
+
+    /// The port of `n`'s input `i`, which must be present.
+    pub(crate) fn input(&mut self, n: &Node, i: usize) -> Result<Port, LowerError> {
+        let v = n.inputs.get(i).copied().flatten().ok_or(LowerError::MissingInput(i))?;
+        Ok(self.port(v)?)
     }
 }
