@@ -28,7 +28,7 @@ pub struct IntelArgs {
 }
 
 /// The bundle folder of the IR.
-pub const DIR: &str = "intel";
+pub const DIR: &str = runtime::bundle::intel::DIR;
 
 pub fn compile(program: &ir::Graph, a: &IntelArgs) -> Result<codegen_intel::IntelIr> {
     if a.blocks.is_empty() || a.blocks.contains(&0) {
@@ -49,7 +49,7 @@ pub fn write(w: &mut BundleWriter, ir: &codegen_intel::IntelIr) -> Result<()> {
         w.add_file(&format!("{DIR}/{name}"), text.as_bytes()).with_context(|| format!("storing {DIR}/{name}"))?;
     }
     w.add_file(&format!("{DIR}/{}", codegen_intel::WEIGHTS_FILE), &ir.weights)?;
-    w.add_file(&format!("{DIR}/{}", codegen_intel::PLAN_FILE), serde_json::to_string_pretty(&ir.plan)?.as_bytes())?;
+    w.add_file(&format!("{DIR}/{}", codegen_intel::PLAN_FILE), &ir.plan.encode())?;
     Ok(())
 }
 
@@ -63,11 +63,11 @@ pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
     let mean = |v: &Errors| if v.is_empty() { 0.0 } else { v.iter().map(|e| e.mean_rel).sum::<f64>() / v.len() as f64 };
     let format = compressed.first().and_then(|e| e.from_float).map(|f| f.name());
     json!({
-        "segments": ir.plan["segments"].as_array().map_or(0, |s| s.len()),
+        "segments": ir.plan.segments.len(),
         "xml_files": ir.xml.len(),
         "xml_bytes": xml_bytes,
         "weights_bin_bytes": ir.weights.len(),
-        "blocks": ir.plan["blocks"],
+        "blocks": ir.plan.blocks,
         "requantized_weights": requantized.len(),
         "requantized_max_rel_error": worst(&requantized),
         "requantized_mean_rel_error": mean(&requantized),

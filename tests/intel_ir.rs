@@ -8,6 +8,7 @@ mod common;
 use codegen_intel::float::FloatWeights;
 use codegen_intel::symmetric::Asymmetric;
 use ir::{DType, Tensor};
+use runtime::bundle::intel::Role;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -46,7 +47,7 @@ fn write_ir(dir: &Path, ir: &codegen_intel::IntelIr) {
         std::fs::write(dir.join(name), text).unwrap();
     }
     std::fs::write(dir.join(codegen_intel::WEIGHTS_FILE), &ir.weights).unwrap();
-    std::fs::write(dir.join(codegen_intel::PLAN_FILE), serde_json::to_vec(&ir.plan).unwrap()).unwrap();
+    std::fs::write(dir.join(codegen_intel::PLAN_FILE), ir.plan.encode()).unwrap();
 }
 
 fn ov_check(dir: &Path, extra: &[&str]) -> Value {
@@ -62,10 +63,10 @@ fn ov_check(dir: &Path, extra: &[&str]) -> Value {
 
 /// Rows `0..t` of the RoPE table `name` stored in the weights file.
 fn rope_rows(ir: &codegen_intel::IntelIr, name: &str, t: usize) -> Vec<f32> {
-    let at = &ir.plan["rope"]["tables"][name];
-    let width = ir.plan["rope"]["width"].as_u64().unwrap() as usize;
-    assert!(t <= ir.plan["rope"]["positions"].as_u64().unwrap() as usize, "{}", ir.plan["rope"]);
-    let offset = at["offset"].as_u64().unwrap() as usize;
+    let rope = &ir.plan.rope;
+    let width = rope.width;
+    assert!(t <= rope.positions, "{rope:?}");
+    let offset = rope.tables[name].offset as usize;
     ir.weights[offset..offset + t * width * 4].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
@@ -73,12 +74,11 @@ fn rope_rows(ir: &codegen_intel::IntelIr, name: &str, t: usize) -> Vec<f32> {
 /// any segment reads or writes kept.
 fn reference(ir: &codegen_intel::IntelIr, t: usize) -> HashMap<String, Tensor> {
     let mut g = ir.device_program.clone();
-    let names: BTreeSet<String> = ir.plan["segments"]
-        .as_array()
-        .unwrap()
+    let names: BTreeSet<String> = ir
+        .plan
+        .segments
         .iter()
-        .flat_map(|s| s["inputs"].as_array().unwrap().iter().chain(s["outputs"].as_array().unwrap()))
-        .map(|v| v["name"].as_str().unwrap().to_string())
+        .flat_map(|s| s.inputs.iter().map(|i| i.name.clone()).chain(s.outputs.iter().map(|o| o.name.clone())))
         .collect();
     let by_name = g.value_by_name().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<HashMap<_, _>>();
     for n in &names {
@@ -132,13 +132,13 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
     for t in [1usize, 4] {
         let reference = reference(ir, t);
         let ids = Tensor::from_i64(DType::I64, vec![1, t], (0..t as i64).map(|k| (k * 7 + 3) % 200).collect());
-        for seg in ir.plan["segments"].as_array().unwrap() {
-            let Some(file) = seg["files"][t.to_string()].as_str() else { continue };
-            let last_row = seg["last_row_only"].as_bool().unwrap();
-            let mut put = |name: &str, tensor: &Tensor, shape: &Value| -> Value {
+        for seg in &ir.plan.segments {
+            let Some(file) = seg.files.get(&t) else { continue };
+            let last_row = seg.last_row_only;
+            let mut put = |name: &str, tensor: &Tensor, shape: &[usize]| -> Value {
                 let (bytes, dtype) = raw(tensor);
                 let mut bytes = bytes;
-                let want: usize = shape.as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).product();
+                let want: usize = shape.iter().product();
                 let elem = if dtype == "int64" { 8 } else { 4 };
                 if last_row {
                     bytes = bytes[bytes.len() - want * elem..].to_vec();
@@ -150,28 +150,27 @@ fn check_segments_against_openvino(ir: &codegen_intel::IntelIr) {
                 json!({"path": path, "shape": shape, "dtype": dtype})
             };
             let mut inputs = serde_json::Map::new();
-            for i in seg["inputs"].as_array().unwrap() {
-                let name = i["name"].as_str().unwrap();
-                let shape = &i["shape"][t.to_string()];
-                let tensor = match i["role"].as_str().unwrap() {
-                    "rope" => {
+            for i in &seg.inputs {
+                let name = i.name.as_str();
+                let tensor = match i.role {
+                    Role::Rope => {
                         let rows = rope_rows(ir, name, t);
                         Tensor::from_f32(DType::F32, vec![rows.len()], rows)
                     }
-                    "input" => ids.clone(),
-                    _ => reference[name].clone(),
+                    Role::Input => ids.clone(),
+                    Role::Value => reference[name].clone(),
                 };
-                inputs.insert(name.to_string(), put(name, &tensor, shape));
+                inputs.insert(name.to_string(), put(name, &tensor, &i.shape[&t]));
             }
             let mut outputs = serde_json::Map::new();
-            for o in seg["outputs"].as_array().unwrap() {
-                let name = o["name"].as_str().unwrap();
-                outputs.insert(name.to_string(), put(name, &reference[name], &o["shape"][t.to_string()]));
+            for o in &seg.outputs {
+                let name = o.name.as_str();
+                outputs.insert(name.to_string(), put(name, &reference[name], &o.shape[&t]));
             }
             cases.push(json!({"file": file, "inputs": inputs, "outputs": outputs}));
         }
     }
-    let segments = ir.plan["segments"].as_array().unwrap().len();
+    let segments = ir.plan.segments.len();
     assert!(segments >= 3, "a two-layer model cuts into at least 3 segments, got {segments}");
     std::fs::write(cases_dir.join("cases.json"), serde_json::to_vec(&cases).unwrap()).unwrap();
     let report = ov_check(&dir, &["--cases", cases_dir.to_str().unwrap()]);

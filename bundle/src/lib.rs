@@ -20,6 +20,7 @@
 
 mod digest;
 mod error;
+pub mod intel;
 mod manifest;
 pub mod packing;
 mod paths;

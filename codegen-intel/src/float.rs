@@ -20,7 +20,7 @@
 //! weight costs is measured and reported. A per-channel group covers all of K, padded with zero
 //! codes up to a multiple of 16 (what the host kernels take).
 
-use crate::symmetric::{best_scale, evaluate_constant, WeightError};
+use crate::symmetric::{best_scale, copy_store, evaluate_constant, WeightError};
 use crate::IntelError;
 use bytes::Bytes;
 use ir::attr::Attr;
@@ -48,13 +48,13 @@ impl FloatWeights {
 }
 
 impl std::str::FromStr for FloatWeights {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = IntelError;
+    fn from_str(s: &str) -> Result<Self, IntelError> {
         match s {
             "int4" => Ok(FloatWeights::Int4),
             "int8" => Ok(FloatWeights::Int8),
             "f16" => Ok(FloatWeights::F16),
-            other => Err(format!("unknown weight format `{other}` (int4, int8, f16)")),
+            other => Err(IntelError::UnknownWeightFormat(other.to_string())),
         }
     }
 }
@@ -62,45 +62,98 @@ impl std::str::FromStr for FloatWeights {
 /// The program with its float projections compressed, the weights stored as f16 (for
 /// [`FloatWeights::F16`]; the IR writes them as f16 constants), and the error per weight.
 pub fn compress(g: &Graph, format: FloatWeights) -> Result<(Graph, HashSet<WeightId>, Vec<WeightError>), IntelError> {
-    let mut store = WeightStore::default();
-    for (_, w) in g.weights.iter() {
-        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-    }
     let compile_time = g.compile_time_nodes();
-    let mut ct_value = vec![false; g.values.len()];
-    for (i, v) in g.values.iter().enumerate() {
-        ct_value[i] = matches!(v.def, ValueDef::Weight(_) | ValueDef::Const(_));
-    }
+    let mut ct_value: Vec<bool> =
+        g.values.iter().map(|v| matches!(v.def, ValueDef::Weight(_) | ValueDef::Const(_))).collect();
     for (n, &ct) in g.nodes.iter().zip(&compile_time) {
         for &o in &n.outputs {
             ct_value[o.0 as usize] = ct;
         }
     }
-    let mut out = g.clone();
-    let mut reports = Vec::new();
-    let mut f16_weights = HashSet::new();
-    // The same weight read by several MatMuls is compressed once.
-    let mut done: HashMap<ValueId, Vec<Option<ValueId>>> = HashMap::new();
+    let mut c = Compress {
+        g,
+        format,
+        store: copy_store(g),
+        out: g.clone(),
+        reports: Vec::new(),
+        f16_weights: HashSet::new(),
+        done: HashMap::new(),
+        ct_value,
+    };
     for (ni, node) in g.nodes.iter().enumerate() {
-        if node.domain != Domain::Onnx || node.op != "MatMul" || compile_time[ni] {
-            continue;
+        if node.domain == Domain::Onnx && node.op == "MatMul" && !compile_time[ni] {
+            c.projection(ni)?;
         }
+    }
+    // The embedding: int8 codes in blocks along the row (GatherBlockQuantized) for the integer
+    // formats, f16 for f16. A row that is no whole number of 16-wide blocks stays f32.
+    // (Not the RoPE caches the cos/sin tables gather from: those stay exact.)
+    let rope_tables = rope_table_nodes(g);
+    for (ni, node) in g.nodes.iter().enumerate() {
+        if node.domain == Domain::Onnx && node.op == "Gather" && !compile_time[ni] && !rope_tables[ni] {
+            c.embedding(ni)?;
+        }
+    }
+    let Compress { mut out, store, reports, f16_weights, .. } = c;
+    out.weights = Arc::new(store);
+    Ok((out.pruned(), f16_weights, reports))
+}
+
+/// The nodes that compute the inputs of a Rope other than the rotated one (its cos/sin tables).
+fn rope_table_nodes(g: &Graph) -> Vec<bool> {
+    let mut tables = vec![false; g.nodes.len()];
+    let mut stack: Vec<ValueId> = g
+        .nodes
+        .iter()
+        .filter(|n| n.domain == Domain::Npuc && n.op == "Rope")
+        .flat_map(|n| n.inputs.iter().skip(1).flatten().copied())
+        .collect();
+    while let Some(v) = stack.pop() {
+        if let ValueDef::Node { node, .. } = g.value(v).def {
+            if !std::mem::replace(&mut tables[node.0 as usize], true) {
+                stack.extend(g.node(node).inputs.iter().flatten().copied());
+            }
+        }
+    }
+    tables
+}
+
+/// [`compress`] under way: the new weights and program, and what is already done.
+struct Compress<'a> {
+    g: &'a Graph,
+    format: FloatWeights,
+    store: WeightStore,
+    out: Graph,
+    reports: Vec<WeightError>,
+    f16_weights: HashSet<WeightId>,
+    /// The same weight read by several MatMuls is compressed once: its new inputs.
+    done: HashMap<ValueId, Vec<Option<ValueId>>>,
+    /// Values known at compile time.
+    ct_value: Vec<bool>,
+}
+
+impl Compress<'_> {
+    /// MatMul node `ni`, when it multiplies an activation by a constant `[K, N]` float weight, over
+    /// the compressed weight.
+    fn projection(&mut self, ni: usize) -> Result<(), IntelError> {
+        let (g, format) = (self.g, self.format);
+        let node = &g.nodes[ni];
         let (Some(a), Some(b)) = (node.inputs.first().copied().flatten(), node.inputs.get(1).copied().flatten()) else {
-            continue;
+            return Ok(());
         };
-        if !ct_value[b.0 as usize]
-            || ct_value[a.0 as usize]
+        if !self.ct_value[b.0 as usize]
+            || self.ct_value[a.0 as usize]
             || !g.value(b).dtype.is_float()
             || g.value(b).shape.len() != 2
         {
-            continue;
+            return Ok(());
         }
         let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
-        if let Some(inputs) = done.get(&b) {
+        if let Some(inputs) = self.done.get(&b) {
             let mut inputs = inputs.clone();
             inputs[0] = Some(a);
-            replace(&mut out, ni, format, inputs, g.value(b));
-            continue;
+            replace(&mut self.out, ni, format, inputs, g.value(b));
+            return Ok(());
         }
         let w = evaluate_constant(g, b).map_err(|e| bad(format!("weight `{}`: {e}", g.value(b).name)))?;
         let (k, n) = match w.shape[..] {
@@ -110,118 +163,107 @@ pub fn compress(g: &Graph, format: FloatWeights) -> Result<(Graph, HashSet<Weigh
         let data = w.to_f32_vec();
         let name = g.value(b).name.clone();
         let inputs = match format {
-            FloatWeights::F16 => {
-                let rounded: Vec<f32> = data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
-                reports.push(error_of(&name, &data, &rounded, format));
-                let bytes: Vec<u8> = rounded.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let id = store.add(Weight::new(format!("{name}.f16"), DType::F32, vec![k, n], Bytes::from(bytes)));
-                f16_weights.insert(id);
-                let v = push(&mut out, format!("{name}.f16"), DType::F32, vec![k, n], id);
-                vec![Some(a), Some(v)]
-            }
+            FloatWeights::F16 => vec![Some(a), Some(self.f16_weight(&name, &data, vec![k, n]))],
             FloatWeights::Int4 | FloatWeights::Int8 => {
-                let bits = if format == FloatWeights::Int4 { 4 } else { 8 };
-                let block = if bits == 4 && k % 128 == 0 { 128 } else { k.div_ceil(16) * 16 };
-                let groups = k.div_ceil(block);
-                let (codes, scales, dequantised) = quantize(&data, k, n, bits, block);
-                reports.push(error_of(&name, &data, &dequantised, format));
-                let per_group = block * bits / 8;
-                let cid = store.add(Weight::new(
-                    format!("{name}.q{bits}"),
-                    DType::U8,
-                    vec![n, groups, per_group],
-                    Bytes::from(codes),
-                ));
-                let sbytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let sid =
-                    store.add(Weight::new(format!("{name}.scales"), DType::F32, vec![n * groups], Bytes::from(sbytes)));
-                let cv = push(&mut out, format!("{name}.q{bits}"), DType::U8, vec![n, groups, per_group], cid);
-                let sv = push(&mut out, format!("{name}.scales"), DType::F32, vec![n * groups], sid);
+                let (cv, sv) = self.quantized_projection(&name, &data, k, n);
                 vec![Some(a), Some(cv), Some(sv)]
             }
         };
-        done.insert(b, inputs.clone());
-        replace(&mut out, ni, format, inputs, g.value(b));
+        self.done.insert(b, inputs.clone());
+        replace(&mut self.out, ni, format, inputs, g.value(b));
+        Ok(())
     }
-    // The embedding: int8 codes in blocks along the row (GatherBlockQuantized) for the integer
-    // formats, f16 for f16. A row that is no whole number of 16-wide blocks stays f32.
-    // (Not the RoPE caches the cos/sin tables gather from: those stay exact.)
-    let mut rope_tables = vec![false; g.nodes.len()];
-    let mut stack: Vec<ValueId> = g
-        .nodes
-        .iter()
-        .filter(|n| n.domain == Domain::Npuc && n.op == "Rope")
-        .flat_map(|n| n.inputs.iter().skip(1).flatten().copied())
-        .collect();
-    while let Some(v) = stack.pop() {
-        if let ValueDef::Node { node, .. } = g.value(v).def {
-            if !std::mem::replace(&mut rope_tables[node.0 as usize], true) {
-                stack.extend(g.node(node).inputs.iter().flatten().copied());
-            }
-        }
+
+    /// The weight `name` rounded to f16 (stored as f32), reported; the value holding it.
+    fn f16_weight(&mut self, name: &str, data: &[f32], shape: Vec<usize>) -> ValueId {
+        let rounded: Vec<f32> = data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        self.reports.push(error_of(name, data, &rounded, self.format));
+        let bytes: Vec<u8> = rounded.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let id = self.store.add(Weight::new(format!("{name}.f16"), DType::F32, shape.clone(), Bytes::from(bytes)));
+        self.f16_weights.insert(id);
+        push(&mut self.out, format!("{name}.f16"), DType::F32, shape, id)
     }
-    for (ni, node) in g.nodes.iter().enumerate() {
-        if node.domain != Domain::Onnx || node.op != "Gather" || compile_time[ni] || rope_tables[ni] {
-            continue;
-        }
+
+    /// The `[k, n]` weight `name` as symmetric codes and scales in the format's layout (see
+    /// [`compress`]), reported; the values holding the codes and the scales.
+    fn quantized_projection(&mut self, name: &str, data: &[f32], k: usize, n: usize) -> (ValueId, ValueId) {
+        let bits = if self.format == FloatWeights::Int4 { 4 } else { 8 };
+        let block = if bits == 4 && k.is_multiple_of(128) { 128 } else { k.div_ceil(16) * 16 };
+        let groups = k.div_ceil(block);
+        let (codes, scales, dequantised) = quantize(data, k, n, bits, block);
+        self.reports.push(error_of(name, data, &dequantised, self.format));
+        let per_group = block * bits / 8;
+        let codes_shape = vec![n, groups, per_group];
+        let cid =
+            self.store.add(Weight::new(format!("{name}.q{bits}"), DType::U8, codes_shape.clone(), Bytes::from(codes)));
+        let sbytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let sid =
+            self.store.add(Weight::new(format!("{name}.scales"), DType::F32, vec![n * groups], Bytes::from(sbytes)));
+        let cv = push(&mut self.out, format!("{name}.q{bits}"), DType::U8, codes_shape, cid);
+        let sv = push(&mut self.out, format!("{name}.scales"), DType::F32, vec![n * groups], sid);
+        (cv, sv)
+    }
+
+    /// Gather node `ni`, when it reads rows of a float `[rows, width]` weight by token ids, over the
+    /// table stored as f16 or as int8 blocks along the row.
+    fn embedding(&mut self, ni: usize) -> Result<(), IntelError> {
+        let g = self.g;
+        let node = &g.nodes[ni];
         let (Some(dv), Some(idx)) = (node.inputs.first().copied().flatten(), node.inputs.get(1).copied().flatten())
         else {
-            continue;
+            return Ok(());
         };
         let axis = node.attrs.int_or("axis", 0).unwrap_or(-1);
-        let ValueDef::Weight(wid) = g.value(dv).def else { continue };
+        let ValueDef::Weight(wid) = g.value(dv).def else { return Ok(()) };
         let w = g.weights.get(wid);
-        if axis != 0 || w.dtype != DType::F32 || w.shape.len() != 2 || ct_value[idx.0 as usize] {
-            continue;
+        if axis != 0 || w.dtype != DType::F32 || w.shape.len() != 2 || self.ct_value[idx.0 as usize] {
+            return Ok(());
         }
         let (rows, width) = (w.shape[0], w.shape[1]);
         let data =
             w.to_tensor().map_err(|e| IntelError::Unsupported { node: node.name.clone(), msg: e.to_string() })?;
         let data = data.to_f32_vec();
-        if format == FloatWeights::F16 {
-            let rounded: Vec<f32> = data.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
-            reports.push(error_of(&w.name, &data, &rounded, format));
-            let bytes: Vec<u8> = rounded.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let name = format!("{}.f16", w.name);
-            let id = store.add(Weight::new(name.clone(), DType::F32, w.shape.clone(), Bytes::from(bytes)));
-            f16_weights.insert(id);
-            let v = push(&mut out, name, DType::F32, w.shape.clone(), id);
-            out.nodes[ni].inputs[0] = Some(v);
-            continue;
+        if self.format == FloatWeights::F16 {
+            let v = self.f16_weight(&w.name, &data, w.shape.clone());
+            self.out.nodes[ni].inputs[0] = Some(v);
+            return Ok(());
         }
-        let Some(block) = [128, 64, 32, 16].into_iter().find(|b| width % b == 0) else { continue };
+        let Some(block) = [128, 64, 32, 16].into_iter().find(|b| width % b == 0) else { return Ok(()) };
         // Row r of the table is output channel r of a [width, rows] weight.
         let transposed: Vec<f32> = (0..width * rows).map(|i| data[(i % rows) * width + i / rows]).collect();
         let (codes, scales, deq) = quantize(&transposed, width, rows, 8, block);
         let deq_rows: Vec<f32> = (0..rows * width).map(|i| deq[(i % width) * rows + i / width]).collect();
-        let mut report = error_of(&w.name, &data, &deq_rows, format);
+        let mut report = error_of(&w.name, &data, &deq_rows, self.format);
         report.from_float = Some(FloatWeights::Int8);
-        reports.push(report);
+        self.reports.push(report);
         let cname = format!("{}.q8", w.name);
-        let cid = store.add(Weight::new(cname.clone(), DType::U8, vec![rows, width], Bytes::from(codes)));
+        let cid = self.store.add(Weight::new(cname.clone(), DType::U8, vec![rows, width], Bytes::from(codes)));
         let sbytes: Vec<u8> = scales.iter().flat_map(|v| v.to_le_bytes()).collect();
         let groups = width / block;
         let sname = format!("{}.scales", w.name);
-        let sid = store.add(Weight::new(sname.clone(), DType::F32, vec![rows, groups], Bytes::from(sbytes)));
-        let cv = push(&mut out, cname, DType::U8, vec![rows, width], cid);
-        let sv = push(&mut out, sname, DType::F32, vec![rows, groups], sid);
-        let mut attrs = ir::Attrs::default();
-        for (key, v) in [("bits", 8), ("block_size", block as i64), ("gather_axis", 0), ("quantize_axis", 1)] {
-            attrs.set(key, Attr::Int(v));
-        }
-        let old = &out.nodes[ni];
-        out.nodes[ni] = Node {
-            name: old.name.clone(),
-            domain: Domain::Microsoft,
-            op: "GatherBlockQuantized",
-            opset: 1,
-            attrs,
-            inputs: vec![Some(cv), Some(idx), Some(sv)],
-            outputs: old.outputs.clone(),
-        };
+        let sid = self.store.add(Weight::new(sname.clone(), DType::F32, vec![rows, groups], Bytes::from(sbytes)));
+        let cv = push(&mut self.out, cname, DType::U8, vec![rows, width], cid);
+        let sv = push(&mut self.out, sname, DType::F32, vec![rows, groups], sid);
+        self.out.nodes[ni] = gather_block_quantized(&self.out.nodes[ni], block, [cv, idx, sv]);
+        Ok(())
     }
-    out.weights = Arc::new(store);
-    Ok((out.pruned(), f16_weights, reports))
+}
+
+/// `old` (a Gather by `idx`) as a GatherBlockQuantized of int8 blocks of `block` along the row.
+fn gather_block_quantized(old: &Node, block: usize, [cv, idx, sv]: [ValueId; 3]) -> Node {
+    let mut attrs = ir::Attrs::default();
+    for (key, v) in [("bits", 8), ("block_size", block as i64), ("gather_axis", 0), ("quantize_axis", 1)] {
+        attrs.set(key, Attr::Int(v));
+    }
+    Node {
+        name: old.name.clone(),
+        domain: Domain::Microsoft,
+        op: "GatherBlockQuantized",
+        opset: 1,
+        attrs,
+        inputs: vec![Some(cv), Some(idx), Some(sv)],
+        outputs: old.outputs.clone(),
+    }
 }
 
 fn push(out: &mut Graph, name: String, dtype: DType, shape: Vec<usize>, id: WeightId) -> ValueId {

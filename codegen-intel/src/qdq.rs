@@ -22,9 +22,11 @@
 //! its transformations) and rounds in FakeQuantize, so an output code can differ by one step where
 //! the exact value lies within f32 rounding of a tie.
 
+use crate::lower::Lower;
+use crate::ops::form;
 use crate::symmetric::evaluate_constant;
 use crate::xml::{Et, Port};
-use crate::Lower;
+use crate::LowerError;
 use ir::graph::{ValueDef, ValueId};
 use ir::{DType, Node};
 
@@ -47,52 +49,52 @@ pub(crate) fn moves_elements(n: &Node) -> bool {
 }
 
 /// The code range of an 8-bit type.
-fn code_range(dtype: DType) -> Result<(i64, i64), String> {
+fn code_range(dtype: DType) -> Result<(i64, i64), LowerError> {
     match dtype {
         DType::U8 => Ok((0, 255)),
         DType::I8 => Ok((-128, 127)),
-        other => Err(format!("quantisation to {other} (only u8 and i8 have an OpenVINO lowering)")),
+        other => Err(LowerError::Form(format!("quantisation to {other} (only u8 and i8 have an OpenVINO lowering)"))),
     }
 }
 
 impl Lower<'_> {
     /// Per-tensor parameters from a scale and an optional zero point known at compile time.
-    fn qparams(&self, scale: Option<ValueId>, zero: Option<ValueId>, dtype: DType) -> Result<QParams, String> {
+    fn qparams(&self, scale: Option<ValueId>, zero: Option<ValueId>, dtype: DType) -> Result<QParams, LowerError> {
         let (lo, hi) = code_range(dtype)?;
-        let s = evaluate_constant(self.g, scale.ok_or("no scale")?)?.to_f32_vec();
+        let s = evaluate_constant(self.g, scale.ok_or_else(|| form("no scale"))?)?.to_f32_vec();
         let z = match zero {
-            Some(z) => {
-                evaluate_constant(self.g, z)?.as_i64().map(|z| z.to_vec()).ok_or("a zero point that is not integer")?
-            }
+            Some(z) => evaluate_constant(self.g, z)?
+                .as_i64()
+                .map(|z| z.to_vec())
+                .ok_or_else(|| form("a zero point that is not integer"))?,
             None => vec![0],
         };
         if s.len() != 1 || z.len() != 1 {
-            return Err(format!(
+            return Err(LowerError::Form(format!(
                 "activation quantisation with {} scales and {} zero points (only per-tensor has an OpenVINO lowering)",
                 s.len(),
                 z.len()
-            ));
+            )));
         }
         if !(s[0].is_finite() && s[0] > 0.0) {
-            return Err(format!("quantisation scale {}", s[0]));
+            return Err(LowerError::Form(format!("quantisation scale {}", s[0])));
         }
         Ok(QParams { scale: s[0], zero: z[0], lo, hi })
     }
 
     /// Checks that `codes` are read with the scale and zero point they were made with (`verb` says
     /// how the reader reads them, for the error).
-    fn read_codes(&self, codes: ValueId, s: Option<ValueId>, z: Option<ValueId>, verb: &str) -> Result<(), String> {
+    fn read_codes(&self, codes: ValueId, s: Option<ValueId>, z: Option<ValueId>, verb: &str) -> Result<(), LowerError> {
         let name = &self.g.value(codes).name;
-        let have =
-            self.quantized.get(&codes).copied().ok_or_else(|| {
-                format!("{verb} codes `{name}` that no per-tensor QuantizeLinear of the segment made")
-            })?;
+        let have = self.quantized.get(&codes).copied().ok_or_else(|| {
+            LowerError::Form(format!("{verb} codes `{name}` that no per-tensor QuantizeLinear of the segment made"))
+        })?;
         let want = self.qparams(s, z, self.g.value(codes).dtype)?;
         if want != have {
-            return Err(format!(
+            return Err(LowerError::Form(format!(
                 "{verb} `{name}` with scale {} and zero point {}, but its codes were made with scale {} and zero point {}",
                 want.scale, want.zero, have.scale, have.zero
-            ));
+            )));
         }
         Ok(())
     }
@@ -104,8 +106,8 @@ impl Lower<'_> {
     }
 
     /// `QuantizeLinear` of an activation: its FakeQuantize, which stands for the codes.
-    pub(crate) fn quantize_linear(&mut self, n: &Node) -> Result<Port, String> {
-        let x = self.port(n.inputs[0].ok_or("no input")?).map_err(|e| e.to_string())?;
+    pub(crate) fn quantize_linear(&mut self, n: &Node) -> Result<Port, LowerError> {
+        let x = self.port(n.inputs[0].ok_or_else(|| form("no input"))?)?;
         let out = n.outputs[0];
         let q = self.qparams(
             n.inputs.get(1).copied().flatten(),
@@ -119,47 +121,48 @@ impl Lower<'_> {
 
     /// `DequantizeLinear`: the identity on codes this lowering represents dequantised, or the
     /// decompression of weight codes.
-    pub(crate) fn dequantize_linear(&mut self, n: &Node) -> Result<Port, String> {
-        let codes = n.inputs[0].ok_or("no input")?;
+    pub(crate) fn dequantize_linear(&mut self, n: &Node) -> Result<Port, LowerError> {
+        let codes = n.inputs[0].ok_or_else(|| form("no input"))?;
         let (s, z) = (n.inputs.get(1).copied().flatten(), n.inputs.get(2).copied().flatten());
         if self.quantized.contains_key(&codes) {
             self.read_codes(codes, s, z, "dequantises")?;
-            return self.port(codes).map_err(|e| e.to_string());
+            return Ok(self.port(codes)?);
         }
         if !matches!(self.g.value(codes).def, ValueDef::Weight(_) | ValueDef::Const(_))
             && !matches!(self.g.value(codes).def, ValueDef::Node { node, .. } if self.g.compile_time_nodes()[node.0 as usize])
         {
-            return Err(format!(
+            return Err(LowerError::Form(format!(
                 "dequantises `{}`, codes that no QuantizeLinear of the segment made",
                 self.g.value(codes).name
-            ));
+            )));
         }
         // Weight codes: Convert, Subtract, Multiply, with per-axis parameters broadcast on `axis`.
         let t = evaluate_constant(self.g, codes)?;
         let shape = t.shape.clone();
         let rank = shape.len() as i64;
-        let axis = n.attrs.int_or("axis", 1).map_err(|e| e.to_string())?;
+        let axis = n.attrs.int_or("axis", 1)?;
         let axis = if axis < 0 { axis + rank } else { axis };
-        let sv = evaluate_constant(self.g, s.ok_or("no scale")?)?.to_f32_vec();
+        let sv = evaluate_constant(self.g, s.ok_or_else(|| form("no scale"))?)?.to_f32_vec();
         let zv = match z {
             Some(z) => evaluate_constant(self.g, z)?.to_f32_vec(),
             None => vec![0.0],
         };
-        let param_shape = |len: usize| -> Result<Vec<usize>, String> {
+        let param_shape = |len: usize| -> Result<Vec<usize>, LowerError> {
             if len == 1 {
                 return Ok(vec![]);
             }
             if axis < 0 || axis >= rank || shape[axis as usize] != len {
-                return Err(format!("{len} per-axis parameters on axis {axis} of {shape:?}"));
+                return Err(LowerError::Form(format!("{len} per-axis parameters on axis {axis} of {shape:?}")));
             }
             Ok((0..rank as usize).map(|d| if d == axis as usize { len } else { 1 }).collect())
         };
         let et = match t.dtype {
             DType::U8 => Et::U8,
             DType::I8 => Et::I8,
-            other => return Err(format!("dequantising {other} codes")),
+            other => return Err(LowerError::Form(format!("dequantising {other} codes"))),
         };
-        let bytes: Vec<u8> = t.as_i64().ok_or("codes that are not integers")?.iter().map(|&v| v as u8).collect();
+        let bytes: Vec<u8> =
+            t.as_i64().ok_or_else(|| form("codes that are not integers"))?.iter().map(|&v| v as u8).collect();
         let r = self.bin.content(bytes);
         let c = self.net.constant(et, &shape, r);
         let mut y = self.net.convert(&c, Et::F32);
@@ -170,16 +173,16 @@ impl Lower<'_> {
         }
         let ss = param_shape(sv.len())?;
         let sc = self.net.const_f32(self.bin, &sv, &ss);
-        self.net.binary("Multiply", &y, &sc)
+        Ok(self.net.binary("Multiply", &y, &sc)?)
     }
 
     /// `npuc::QGemm(a, sa, za, w, sw, zw[, sy, zy])` with `a` quantised in the segment and `w`
     /// int8 codes `[K, N]` known at compile time.
-    pub(crate) fn qgemm(&mut self, n: &Node) -> Result<Port, String> {
+    pub(crate) fn qgemm(&mut self, n: &Node) -> Result<Port, LowerError> {
         let input = |i: usize| n.inputs.get(i).copied().flatten();
-        let a = input(0).ok_or("no activation")?;
+        let a = input(0).ok_or_else(|| form("no activation"))?;
         self.read_codes(a, input(1), input(2), "reads")?;
-        let x = self.port(a).map_err(|e| e.to_string())?;
+        let x = self.port(a)?;
         let w = self.qgemm_weight(n)?;
         let y = self.net.matmul(&x, &w, true)?;
         match input(6) {
@@ -195,9 +198,9 @@ impl Lower<'_> {
     }
 
     /// The QGemm's weight `[N, K]` in f32: codes, zero points subtracted, scales multiplied.
-    fn qgemm_weight(&mut self, n: &Node) -> Result<Port, String> {
+    fn qgemm_weight(&mut self, n: &Node) -> Result<Port, LowerError> {
         let g = self.g;
-        let wv = n.inputs[3].ok_or("no weight")?;
+        let wv = n.inputs[3].ok_or_else(|| form("no weight"))?;
         let wval = g.value(wv);
         let [k, nn] = wval
             .shape
@@ -205,12 +208,14 @@ impl Lower<'_> {
             .map(|d| d.as_known())
             .collect::<Option<Vec<_>>>()
             .and_then(|s| s.try_into().ok())
-            .ok_or_else(|| format!("weight `{}` of shape {:?} (a QGemm weight is [K, N])", wval.name, wval.shape))?;
+            .ok_or_else(|| {
+                LowerError::Form(format!("weight `{}` of shape {:?} (a QGemm weight is [K, N])", wval.name, wval.shape))
+            })?;
         let (k, nn) = (k as usize, nn as usize);
         let et = match wval.dtype {
             DType::U8 => Et::U8,
             DType::I8 => Et::I8,
-            other => return Err(format!("weight `{}` of type {other}", wval.name)),
+            other => return Err(LowerError::Form(format!("weight `{}` of type {other}", wval.name))),
         };
         let key = format!("qgemm-nk:{}", wval.name);
         let r = match self.bin.get(&key) {
@@ -221,13 +226,17 @@ impl Lower<'_> {
                     ValueDef::Weight(id) => g.weights.get(*id).bytes.to_vec(),
                     _ => evaluate_constant(g, wv)?
                         .as_i64()
-                        .ok_or("weight codes that are not integers")?
+                        .ok_or_else(|| form("weight codes that are not integers"))?
                         .iter()
                         .map(|&v| v as u8)
                         .collect(),
                 };
                 if kn.len() != k * nn {
-                    return Err(format!("weight `{}` holds {} codes, not {k}×{nn}", wval.name, kn.len()));
+                    return Err(LowerError::Form(format!(
+                        "weight `{}` holds {} codes, not {k}×{nn}",
+                        wval.name,
+                        kn.len()
+                    )));
                 }
                 let mut nk = vec![0u8; k * nn];
                 for (kk, row) in kn.chunks_exact(nn).enumerate() {
@@ -240,11 +249,11 @@ impl Lower<'_> {
         };
         let codes = self.net.constant(et, &[nn, k], r);
         let mut w = self.net.convert(&codes, Et::F32);
-        let per = |len: usize, what: &str| -> Result<Vec<usize>, String> {
+        let per = |len: usize, what: &str| -> Result<Vec<usize>, LowerError> {
             match len {
                 1 => Ok(vec![]),
                 l if l == nn => Ok(vec![nn, 1]),
-                l => Err(format!("{l} weight {what}s for {nn} output channels")),
+                l => Err(LowerError::Form(format!("{l} weight {what}s for {nn} output channels"))),
             }
         };
         if let Some(z) = n.inputs.get(5).copied().flatten() {
@@ -255,9 +264,9 @@ impl Lower<'_> {
                 w = self.net.binary("Subtract", &w, &zc)?;
             }
         }
-        let sv = evaluate_constant(g, n.inputs[4].ok_or("no weight scale")?)?.to_f32_vec();
+        let sv = evaluate_constant(g, n.inputs[4].ok_or_else(|| form("no weight scale"))?)?.to_f32_vec();
         let shape = per(sv.len(), "scale")?;
         let sc = self.net.const_f32(self.bin, &sv, &shape);
-        self.net.binary("Multiply", &w, &sc)
+        Ok(self.net.binary("Multiply", &w, &sc)?)
     }
 }

@@ -10,7 +10,7 @@
 //! weight values. Re-quantising an asymmetric weight costs accuracy: the error is measured per
 //! weight and reported, or the model is refused when the options ask for that.
 
-use crate::IntelError;
+use crate::{ConstantError, IntelError};
 use bytes::Bytes;
 use ir::graph::{Graph, Value, ValueDef, ValueId};
 use ir::{DType, Domain, Weight, WeightId, WeightStore};
@@ -105,20 +105,65 @@ pub(crate) fn weight_of(g: &Graph, v: ValueId) -> Option<WeightId> {
 pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightError>), IntelError> {
     let promoted = promote_constants(g)?;
     let g = &promoted;
+    let mut s = Symmetrize {
+        g,
+        policy,
+        store: copy_store(g),
+        out: g.clone(),
+        reports: Vec::new(),
+        done: HashMap::new(),
+        rescaled: HashMap::new(),
+    };
+    for (ni, node) in g.nodes.iter().enumerate() {
+        if node.domain == Domain::Npuc && matches!(node.op, "WGemm" | "WGemmRowScaled") {
+            s.gemm(ni)?;
+        }
+    }
+    // A tied embedding reads the GEMM's weights: it must read the symmetric ones too. An embedding
+    // of its own with zero points is re-quantised the same way.
+    for (ni, node) in g.nodes.iter().enumerate() {
+        if node.op == "GatherBlockQuantized" {
+            s.embedding(ni)?;
+        }
+    }
+    let Symmetrize { mut out, store, reports, .. } = s;
+    // Trailing optional inputs that became absent are dropped, as the importer writes them.
+    for node in out.nodes.iter_mut() {
+        while node.inputs.last().is_some_and(|i| i.is_none()) {
+            node.inputs.pop();
+        }
+    }
+    out.weights = Arc::new(store);
+    Ok((out.pruned(), reports))
+}
+
+/// A store holding `g`'s weights, with the same ids.
+pub(crate) fn copy_store(g: &Graph) -> WeightStore {
     let mut store = WeightStore::default();
     for (_, w) in g.weights.iter() {
         store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
     }
-    let mut out = g.clone();
-    let mut reports = Vec::new();
-    // (codes, scales) → (new codes value, new scales value); scales → new scales value.
-    let mut done: HashMap<(WeightId, WeightId, Option<ValueId>), (ValueId, ValueId)> = HashMap::new();
-    let mut rescaled: HashMap<WeightId, ValueId> = HashMap::new();
-    for ni in 0..g.nodes.len() {
+    store
+}
+
+/// [`symmetrize`] under way: the new weights and program, and what is already done.
+struct Symmetrize<'a> {
+    g: &'a Graph,
+    policy: Asymmetric,
+    store: WeightStore,
+    out: Graph,
+    reports: Vec<WeightError>,
+    /// (codes, scales, zero points) → (new codes value, new scales value).
+    done: HashMap<(WeightId, WeightId, Option<ValueId>), (ValueId, ValueId)>,
+    /// Scales rounded to f16 whose codes stayed → the new scales value.
+    rescaled: HashMap<WeightId, ValueId>,
+}
+
+impl Symmetrize<'_> {
+    /// Node `ni`, a weight-only GEMM, over symmetric codes and f16-exact scales.
+    fn gemm(&mut self, ni: usize) -> Result<(), IntelError> {
+        let g = self.g;
         let node = &g.nodes[ni];
-        if node.domain != Domain::Npuc || !matches!(node.op, "WGemm" | "WGemmRowScaled") {
-            continue;
-        }
         let attr = |k: &str| node.attrs.int(k).ok().flatten().unwrap_or(0).max(0) as usize;
         let (k, n, bits, block) = (attr("K"), attr("N"), attr("bits"), attr("block_size"));
         let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
@@ -136,16 +181,10 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
             };
             return Err(bad(format!("weights {} and scales {} must be model weights", kind(wv), kind(sv))));
         };
-        let zp_value = input(3);
-        let key = (wid, sid, zp_value);
-        if let Some(&(nw, ns)) = done.get(&key) {
-            let inputs = &mut out.nodes[ni].inputs;
-            inputs[1] = Some(nw);
-            inputs[2] = Some(ns);
-            if inputs.len() > 3 {
-                inputs[3] = None;
-            }
-            continue;
+        let key = (wid, sid, input(3));
+        if let Some(&(nw, ns)) = self.done.get(&key) {
+            self.rewire(ni, nw, ns);
+            return Ok(());
         }
         let groups = k.div_ceil(block);
         let d = Decoded { groups, block, bits, bytes_per_group: block * bits / 8 };
@@ -162,57 +201,39 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
             return Err(bad(format!("scales `{}` hold {} values, expected {n}×{groups}", s.name, scales.len())));
         }
         let offset = 1i32 << (bits - 1);
-        let zero_points: Option<Vec<f32>> = match zp_value {
+        let zero_points = match key.2 {
             None => None,
-            Some(z) => Some(decode_zero_points(g, z, n, groups, bits).map_err(bad)?),
+            Some(z) => Some(decode_zero_points(g, &node.name, z, n, groups, bits)?),
         };
         let asymmetric = zero_points.as_ref().is_some_and(|z| z.iter().any(|&v| v != offset as f32));
-        if asymmetric && policy == Asymmetric::Reject {
+        if asymmetric && self.policy == Asymmetric::Reject {
             return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
         }
         let (codes, new_scales, max_rel, mean_rel) =
             requantize(&w.bytes, &scales, zero_points.as_deref(), n, k, &d, asymmetric);
-        let changed_codes = asymmetric;
-        let new_w = if changed_codes {
-            store.add(Weight::new(format!("{}.sym", w.name), DType::U8, w.shape.clone(), Bytes::from(codes)))
-        } else {
-            wid
-        };
-        let scale_bytes: Vec<u8> = new_scales.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let new_s =
-            store.add(Weight::new(format!("{}.f16", s.name), DType::F32, s.shape.clone(), Bytes::from(scale_bytes)));
-        let push = |out: &mut Graph, like: ValueId, id: WeightId, name: String| -> ValueId {
-            let old = g.value(like);
-            out.values.push(Value { name, dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Weight(id) });
-            ValueId(out.values.len() as u32 - 1)
-        };
-        let nw = if changed_codes { push(&mut out, wv, new_w, format!("{}.sym", w.name)) } else { wv };
-        let ns = push(&mut out, sv, new_s, format!("{}.f16", s.name));
-        if !changed_codes {
-            rescaled.insert(sid, ns);
+        let nw =
+            if asymmetric { self.add_weight(wv, format!("{}.sym", w.name), DType::U8, &w.shape, codes) } else { wv };
+        let ns = self.add_weight(sv, format!("{}.f16", s.name), DType::F32, &s.shape, f32_bytes(&new_scales));
+        if !asymmetric {
+            self.rescaled.insert(sid, ns);
         }
-        done.insert(key, (nw, ns));
-        let inputs = &mut out.nodes[ni].inputs;
-        inputs[1] = Some(nw);
-        inputs[2] = Some(ns);
-        if inputs.len() > 3 {
-            inputs[3] = None;
-        }
-        reports.push(WeightError {
+        self.done.insert(key, (nw, ns));
+        self.rewire(ni, nw, ns);
+        self.reports.push(WeightError {
             weight: w.name.clone(),
-            requantized: changed_codes,
+            requantized: asymmetric,
             from_float: None,
             max_rel,
             mean_rel,
         });
+        Ok(())
     }
-    // A tied embedding reads the GEMM's weights: it must read the symmetric ones too. An embedding
-    // of its own with zero points is re-quantised the same way.
-    for ni in 0..g.nodes.len() {
+
+    /// Node `ni`, a quantised embedding, over the symmetric codes and scales of the GEMM whose
+    /// weights it shares, or over its own re-quantised ones when it has zero points of its own.
+    fn embedding(&mut self, ni: usize) -> Result<(), IntelError> {
+        let g = self.g;
         let node = &g.nodes[ni];
-        if node.op != "GatherBlockQuantized" {
-            continue;
-        }
         let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
         let input = |i: usize| node.inputs.get(i).copied().flatten();
         let (Some(dv), Some(sv)) = (input(0), input(2)) else {
@@ -231,97 +252,97 @@ pub fn symmetrize(g: &Graph, policy: Asymmetric) -> Result<(Graph, Vec<WeightErr
             return Err(bad("a quantised embedding whose codes and scales are not model weights".into()));
         };
         let zp = input(3);
-        let replacement = match (zp, done.get(&(wid, sid, zp))) {
-            (None, _) => rescaled.get(&sid).map(|&ns| (codes_v, ns)),
+        let replacement = match (zp, self.done.get(&(wid, sid, zp))) {
+            (None, _) => self.rescaled.get(&sid).map(|&ns| (codes_v, ns)),
             (Some(_), Some(&pair)) => Some(pair),
-            (Some(z), None) => {
-                let bits = node.attrs.int_or("bits", 4).map_err(|e| bad(e.to_string()))?.max(0) as usize;
-                let block = node.attrs.int_or("block_size", 128).map_err(|e| bad(e.to_string()))?.max(0) as usize;
-                let w = g.weights.get(wid);
-                let rows = w.shape.first().copied().unwrap_or(0);
-                let bytes_per_row = w.bytes.len().checked_div(rows).unwrap_or(0);
-                let width = bytes_per_row * 8 / bits.max(1);
-                if !(bits == 4 || bits == 8)
-                    || block == 0
-                    || width == 0
-                    || !width.is_multiple_of(block)
-                    || w.dtype != DType::U8
-                {
-                    return Err(bad(format!(
-                        "embedding `{}` of {} {:?} with {bits}-bit blocks of {block}",
-                        w.name, w.dtype, w.shape
-                    )));
-                }
-                let groups = width / block;
-                let d = Decoded { groups, block, bits, bytes_per_group: block * bits / 8 };
-                let s = g.weights.get(sid);
-                let scales = s.to_tensor().map_err(|e| bad(format!("scales `{}`: {e}", s.name)))?.to_f32_vec();
-                if scales.len() != rows * groups {
-                    return Err(bad(format!(
-                        "scales `{}` hold {} values, expected {rows}×{groups}",
-                        s.name,
-                        scales.len()
-                    )));
-                }
-                let zero_points = decode_zero_points(g, z, rows, groups, bits).map_err(bad)?;
-                let offset = (1u32 << (bits - 1)) as f32;
-                let asymmetric = zero_points.iter().any(|&v| v != offset);
-                if asymmetric && policy == Asymmetric::Reject {
-                    return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
-                }
-                let (codes, new_scales, max_rel, mean_rel) =
-                    requantize(&w.bytes, &scales, Some(&zero_points), rows, width, &d, asymmetric);
-                let new_w =
-                    store.add(Weight::new(format!("{}.sym", w.name), DType::U8, w.shape.clone(), Bytes::from(codes)));
-                let scale_bytes: Vec<u8> = new_scales.iter().flat_map(|v| v.to_le_bytes()).collect();
-                let new_s = store.add(Weight::new(
-                    format!("{}.f16", s.name),
-                    DType::F32,
-                    s.shape.clone(),
-                    Bytes::from(scale_bytes),
-                ));
-                let push = |out: &mut Graph, like: ValueId, id: WeightId, name: String| -> ValueId {
-                    let old = g.value(like);
-                    out.values.push(Value {
-                        name,
-                        dtype: old.dtype,
-                        shape: old.shape.clone(),
-                        def: ValueDef::Weight(id),
-                    });
-                    ValueId(out.values.len() as u32 - 1)
-                };
-                let nw = push(&mut out, codes_v, new_w, format!("{}.sym", w.name));
-                let ns = push(&mut out, sv, new_s, format!("{}.f16", s.name));
-                done.insert((wid, sid, zp), (nw, ns));
-                reports.push(WeightError {
-                    weight: w.name.clone(),
-                    requantized: asymmetric,
-                    from_float: None,
-                    max_rel,
-                    mean_rel,
-                });
-                Some((nw, ns))
-            }
+            (Some(z), None) => Some(self.own_embedding(node, (codes_v, wid), (sv, sid), z)?),
         };
         if let Some((nw, ns)) = replacement {
             match reshape {
-                Some(r) => out.nodes[r.0 as usize].inputs[0] = Some(nw),
-                None => out.nodes[ni].inputs[0] = Some(nw),
+                Some(r) => self.out.nodes[r.0 as usize].inputs[0] = Some(nw),
+                None => self.out.nodes[ni].inputs[0] = Some(nw),
             }
-            out.nodes[ni].inputs[2] = Some(ns);
+            self.out.nodes[ni].inputs[2] = Some(ns);
         }
-        if let Some(slot) = out.nodes[ni].inputs.get_mut(3) {
+        if let Some(slot) = self.out.nodes[ni].inputs.get_mut(3) {
             *slot = None;
         }
+        Ok(())
     }
-    // Trailing optional inputs that became absent are dropped, as the importer writes them.
-    for node in out.nodes.iter_mut() {
-        while node.inputs.last().is_some_and(|i| i.is_none()) {
-            node.inputs.pop();
+
+    /// An embedding's own codes and scales with zero points `z`, re-quantised as a GEMM's are:
+    /// the new codes and scales values.
+    fn own_embedding(
+        &mut self,
+        node: &ir::Node,
+        (codes_v, wid): (ValueId, WeightId),
+        (sv, sid): (ValueId, WeightId),
+        z: ValueId,
+    ) -> Result<(ValueId, ValueId), IntelError> {
+        let g = self.g;
+        let bad = |msg: String| IntelError::Unsupported { node: node.name.clone(), msg };
+        let bits = node.attrs.int_or("bits", 4).map_err(|e| bad(e.to_string()))?.max(0) as usize;
+        let block = node.attrs.int_or("block_size", 128).map_err(|e| bad(e.to_string()))?.max(0) as usize;
+        let w = g.weights.get(wid);
+        let rows = w.shape.first().copied().unwrap_or(0);
+        let bytes_per_row = w.bytes.len().checked_div(rows).unwrap_or(0);
+        let width = bytes_per_row * 8 / bits.max(1);
+        if !(bits == 4 || bits == 8) || block == 0 || width == 0 || !width.is_multiple_of(block) || w.dtype != DType::U8
+        {
+            return Err(bad(format!(
+                "embedding `{}` of {} {:?} with {bits}-bit blocks of {block}",
+                w.name, w.dtype, w.shape
+            )));
+        }
+        let groups = width / block;
+        let d = Decoded { groups, block, bits, bytes_per_group: block * bits / 8 };
+        let s = g.weights.get(sid);
+        let scales = s.to_tensor().map_err(|e| bad(format!("scales `{}`: {e}", s.name)))?.to_f32_vec();
+        if scales.len() != rows * groups {
+            return Err(bad(format!("scales `{}` hold {} values, expected {rows}×{groups}", s.name, scales.len())));
+        }
+        let zero_points = decode_zero_points(g, &node.name, z, rows, groups, bits)?;
+        let offset = (1u32 << (bits - 1)) as f32;
+        let asymmetric = zero_points.iter().any(|&v| v != offset);
+        if asymmetric && self.policy == Asymmetric::Reject {
+            return Err(IntelError::Asymmetric { node: node.name.clone(), weight: w.name.clone() });
+        }
+        let (codes, new_scales, max_rel, mean_rel) =
+            requantize(&w.bytes, &scales, Some(&zero_points), rows, width, &d, asymmetric);
+        let nw = self.add_weight(codes_v, format!("{}.sym", w.name), DType::U8, &w.shape, codes);
+        let ns = self.add_weight(sv, format!("{}.f16", s.name), DType::F32, &s.shape, f32_bytes(&new_scales));
+        self.done.insert((wid, sid, Some(z)), (nw, ns));
+        self.reports.push(WeightError {
+            weight: w.name.clone(),
+            requantized: asymmetric,
+            from_float: None,
+            max_rel,
+            mean_rel,
+        });
+        Ok((nw, ns))
+    }
+
+    /// A new weight of `bytes` and the value holding it, typed as `like` is.
+    fn add_weight(&mut self, like: ValueId, name: String, dtype: DType, shape: &[usize], bytes: Vec<u8>) -> ValueId {
+        let id = self.store.add(Weight::new(name.clone(), dtype, shape.to_vec(), Bytes::from(bytes)));
+        let old = self.g.value(like);
+        self.out.values.push(Value { name, dtype: old.dtype, shape: old.shape.clone(), def: ValueDef::Weight(id) });
+        ValueId(self.out.values.len() as u32 - 1)
+    }
+
+    /// GEMM node `ni` reads codes `nw` and scales `ns`, and no zero points.
+    fn rewire(&mut self, ni: usize, nw: ValueId, ns: ValueId) {
+        let inputs = &mut self.out.nodes[ni].inputs;
+        inputs[1] = Some(nw);
+        inputs[2] = Some(ns);
+        if inputs.len() > 3 {
+            inputs[3] = None;
         }
     }
-    out.weights = Arc::new(store);
-    Ok((out.pruned(), reports))
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Symmetric codes (MatMulNBits layout, default zero point) and f16-exact scales for the `[n, k]`
@@ -390,10 +411,7 @@ fn requantize(
 /// The graph with the constants that hold quantised weights (small models keep them by value)
 /// turned into weights, so that every weight-only GEMM and quantised gather reads model weights.
 fn promote_constants(g: &Graph) -> Result<Graph, IntelError> {
-    let mut store = WeightStore::default();
-    for (_, w) in g.weights.iter() {
-        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-    }
+    let mut store = copy_store(g);
     let mut out = g.clone();
     let mut compile_time = vec![false; g.values.len()];
     for (n, ct) in g.nodes.iter().zip(g.compile_time_nodes()) {
@@ -420,9 +438,9 @@ fn promote_constants(g: &Graph) -> Result<Graph, IntelError> {
             }
             let computed = match &g.value(v).def {
                 ValueDef::Const(t) => Some(t.clone()),
-                ValueDef::Node { .. } if compile_time[v.0 as usize] => {
-                    Some(evaluate_constant(g, v).map_err(|msg| IntelError::Unsupported { node: n.name.clone(), msg })?)
-                }
+                ValueDef::Node { .. } if compile_time[v.0 as usize] => Some(
+                    evaluate_constant(g, v).map_err(|error| IntelError::Constant { node: n.name.clone(), error })?,
+                ),
                 _ => None,
             };
             if let Some(t) = &computed {
@@ -440,11 +458,11 @@ fn promote_constants(g: &Graph) -> Result<Graph, IntelError> {
 }
 
 /// The value of `v`, computed from weights and constants only (a slice of a fused weight).
-pub(crate) fn evaluate_constant(g: &Graph, v: ValueId) -> Result<ir::Tensor, String> {
+pub(crate) fn evaluate_constant(g: &Graph, v: ValueId) -> Result<ir::Tensor, ConstantError> {
     match &g.value(v).def {
         ValueDef::Const(t) => Ok(t.clone()),
-        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string()),
-        ValueDef::Input => Err(format!("`{}` is not a constant", g.value(v).name)),
+        ValueDef::Weight(w) => Ok(g.weights.get(*w).to_tensor()?),
+        ValueDef::Input => Err(ConstantError::NotConstant { value: g.value(v).name.clone() }),
         ValueDef::Node { node, output } => {
             let n = g.node(*node);
             let mut inputs = Vec::new();
@@ -456,30 +474,40 @@ pub(crate) fn evaluate_constant(g: &Graph, v: ValueId) -> Result<ir::Tensor, Str
             }
             let refs: Vec<Option<&ir::Tensor>> = inputs.iter().map(|t| t.as_ref()).collect();
             let op = ir::OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
-            let mut out = ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| e.to_string())?;
+            let mut out = ir::eval::eval_op(&op, &refs, n.outputs.len())?;
             Ok(out.swap_remove(*output))
         }
     }
 }
 
-fn decode_zero_points(g: &Graph, z: ValueId, n: usize, groups: usize, bits: usize) -> Result<Vec<f32>, String> {
+/// The zero points `z` of node `node`, one per group of each of `n` rows: float, or packed
+/// `bits`-bit codes.
+fn decode_zero_points(
+    g: &Graph,
+    node: &str,
+    z: ValueId,
+    n: usize,
+    groups: usize,
+    bits: usize,
+) -> Result<Vec<f32>, IntelError> {
+    let bad = |msg: String| IntelError::Unsupported { node: node.to_string(), msg };
     let t = match &g.value(z).def {
-        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string())?,
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| bad(e.to_string()))?,
         ValueDef::Const(t) => t.clone(),
-        _ => return Err("zero points must be constant".into()),
+        _ => return Err(bad("zero points must be constant".into())),
     };
     if t.dtype.is_float() {
         let v = t.to_f32_vec();
         if v.len() != n * groups {
-            return Err(format!("float zero points hold {} values, expected {n}×{groups}", v.len()));
+            return Err(bad(format!("float zero points hold {} values, expected {n}×{groups}", v.len())));
         }
         return Ok(v);
     }
-    let bytes: Vec<u8> =
-        t.as_i64().ok_or("zero points are neither float nor uint8")?.iter().map(|&b| b as u8).collect();
+    let codes = t.as_i64().ok_or_else(|| bad("zero points are neither float nor uint8".into()))?;
+    let bytes: Vec<u8> = codes.iter().map(|&b| b as u8).collect();
     let row_bytes = (groups * bits).div_ceil(8);
     if bytes.len() != n * row_bytes {
-        return Err(format!("packed zero points hold {} bytes, expected {n}×{row_bytes}", bytes.len()));
+        return Err(bad(format!("packed zero points hold {} bytes, expected {n}×{row_bytes}", bytes.len())));
     }
     let mut out = Vec::with_capacity(n * groups);
     for r in 0..n {

@@ -4,6 +4,17 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
+/// A layer whose inputs' shapes do not fit it.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{op}: {a:?} and {b:?} do not broadcast")]
+    Broadcast { op: &'static str, a: Vec<usize>, b: Vec<usize> },
+    #[error("MatMul of a scalar")]
+    MatMulOfScalar,
+    #[error("MatMul {a:?} × {b:?} (transpose_b={transpose_b})")]
+    MatMul { a: Vec<usize>, b: Vec<usize>, transpose_b: bool },
+}
+
 /// Element types the IR uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Et {
@@ -238,9 +249,12 @@ impl Net {
         self.one(ty, "opset1", vec![], &[x], x.et, x.shape.clone())
     }
 
-    pub fn binary(&mut self, ty: &'static str, a: &Port, b: &Port) -> Result<Port, String> {
-        let shape = broadcast(&a.shape, &b.shape)
-            .ok_or_else(|| format!("{ty}: {:?} and {:?} do not broadcast", a.shape, b.shape))?;
+    pub fn binary(&mut self, ty: &'static str, a: &Port, b: &Port) -> Result<Port, NetError> {
+        let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| NetError::Broadcast {
+            op: ty,
+            a: a.shape.clone(),
+            b: b.shape.clone(),
+        })?;
         Ok(self.one(ty, "opset1", vec![("auto_broadcast", "numpy".into())], &[a, b], a.et, shape))
     }
 
@@ -296,11 +310,11 @@ impl Net {
         self.one("Gather", "opset8", vec![("batch_dims", "0".into())], &[data, idx, &axis], data.et, shape)
     }
 
-    pub fn matmul(&mut self, a: &Port, b: &Port, transpose_b: bool) -> Result<Port, String> {
-        let k = *a.shape.last().ok_or("MatMul of a scalar")?;
+    pub fn matmul(&mut self, a: &Port, b: &Port, transpose_b: bool) -> Result<Port, NetError> {
+        let k = *a.shape.last().ok_or(NetError::MatMulOfScalar)?;
         let (bk, n) = if transpose_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
         if b.shape.len() != 2 || bk != k {
-            return Err(format!("MatMul {:?} × {:?} (transpose_b={transpose_b})", a.shape, b.shape));
+            return Err(NetError::MatMul { a: a.shape.clone(), b: b.shape.clone(), transpose_b });
         }
         let mut shape = a.shape.clone();
         *shape.last_mut().unwrap() = n;

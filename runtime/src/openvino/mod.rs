@@ -21,12 +21,11 @@
 //! ids, RoPE rows and the last row a last-row segment (the lm_head) reads are written into fresh
 //! tensors; [`OvSession::input_traffic`] counts both.
 
+use crate::bundle::intel::{self, Plan, PlanError, Role, Step};
 use crate::bundle::Bundle;
 use crate::kvcache::{KvCache, KvCacheConfig, Scoring, SeqId};
 use openvino::{Core, DeviceType, ElementType, InferRequest, RwPropertyKey, Shape, Tensor};
-use serde_json::Value;
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +38,8 @@ pub enum OvError {
     NoDevice { device: String, available: Vec<String> },
     #[error("the bundle has no OpenVINO IR ({0}): compile it with --target intel-npu")]
     NoIr(String),
-    #[error("intel/plan.json: {0}")]
-    Plan(String),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     #[error("segment {segment}: {msg}")]
     Segment { segment: String, msg: String },
     #[error("{0}")]
@@ -119,40 +118,6 @@ pub struct OvOptions {
     pub threads: usize,
 }
 
-struct Io {
-    name: String,
-    role: String,
-    /// Shape per block size.
-    shapes: HashMap<usize, Vec<usize>>,
-}
-
-struct SegmentPlan {
-    name: String,
-    files: HashMap<usize, String>,
-    last_row_only: bool,
-    inputs: Vec<Io>,
-    outputs: Vec<Io>,
-}
-
-struct AttentionPlan {
-    layer: usize,
-    q: String,
-    k: String,
-    v: String,
-    y: String,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    scale: f32,
-    /// A sliding window (keys a query sees, its own included); none when absent.
-    window: Option<NonZeroUsize>,
-}
-
-enum Step {
-    Segment(usize),
-    Attention(usize),
-}
-
 /// What binding the segments' inputs moved (see [`OvSession::input_traffic`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InputTraffic {
@@ -170,8 +135,8 @@ pub struct OvSession {
     device: String,
     dir: PathBuf,
     weights: String,
-    segments: Vec<SegmentPlan>,
-    attentions: Vec<AttentionPlan>,
+    segments: Vec<intel::Segment>,
+    attentions: Vec<intel::Attention>,
     schedule: Vec<Step>,
     blocks: Vec<usize>,
     requests: HashMap<(usize, usize), InferRequest>,
@@ -187,168 +152,120 @@ pub struct OvSession {
     traffic: InputTraffic,
 }
 
-fn usize_of(v: &Value, what: &str) -> Result<usize, OvError> {
-    v.as_u64().map(|x| x as usize).ok_or_else(|| OvError::Plan(format!("{what} is not a count: {v}")))
-}
-
-fn str_of(v: &Value, what: &str) -> Result<String, OvError> {
-    v.as_str().map(str::to_string).ok_or_else(|| OvError::Plan(format!("{what} is not a string: {v}")))
-}
-
-fn io_list(v: &Value, what: &str) -> Result<Vec<Io>, OvError> {
-    let mut out = Vec::new();
-    for (i, x) in v.as_array().ok_or_else(|| OvError::Plan(format!("{what} is not a list")))?.iter().enumerate() {
-        let mut shapes = HashMap::new();
-        for (t, s) in x["shape"].as_object().ok_or_else(|| OvError::Plan(format!("{what}[{i}].shape")))? {
-            let t: usize = t.parse().map_err(|_| OvError::Plan(format!("{what}[{i}]: block `{t}`")))?;
-            let dims = s.as_array().ok_or_else(|| OvError::Plan(format!("{what}[{i}].shape.{t}")))?;
-            shapes.insert(t, dims.iter().map(|d| usize_of(d, what)).collect::<Result<_, _>>()?);
-        }
-        out.push(Io {
-            name: str_of(&x["name"], what)?,
-            role: x["role"].as_str().unwrap_or("value").to_string(),
-            shapes,
-        });
+/// Loads OpenVINO's C library, checks that `o.device` is available and sets the device's
+/// properties (see the module documentation).
+fn open_core(o: &OvOptions) -> Result<Core, OvError> {
+    let lib = find_library()?;
+    openvino_sys::library::load_from(&lib).map_err(|msg| OvError::Library { path: lib.display().to_string(), msg })?;
+    let mut core = Core::new().map_err(|e| OvError::Library { path: lib.display().to_string(), msg: e.to_string() })?;
+    let available: Vec<String> = core
+        .available_devices()
+        .map_err(|e| OvError::Run(format!("listing devices: {e}")))?
+        .iter()
+        .map(|d| d.as_ref().to_string())
+        .collect();
+    if !available.iter().any(|d| d == &o.device || d.starts_with(&format!("{}.", o.device))) {
+        return Err(OvError::NoDevice { device: o.device.clone(), available });
     }
-    Ok(out)
+    let device = DeviceType::Other(o.device.clone().into());
+    let cache_dir = o.cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("npuc-openvino-cache"));
+    let mut set = |k: RwPropertyKey, v: &str| {
+        core.set_property(&device, &k, v)
+            .map_err(|e| OvError::Run(format!("setting {} on {}: {e}", k.as_ref(), o.device)))
+    };
+    set(RwPropertyKey::CacheDir, &cache_dir.display().to_string())?;
+    if o.device == "CPU" {
+        // The CPU device defaults to bf16 where the CPU has it, quantises activations to
+        // int8 for GEMMs with compressed weights, and runs a QDQ program's FakeQuantize →
+        // MatMul in int8, whose u8×i8 kernel on AVX2 without VNNI adds pairs of products in
+        // saturating 16 bits (off by 30 of 94 on extreme codes, tools/ov_int8_saturation.py):
+        // all off, so CPU computes what the host does — the NPU's int8 sums are exact.
+        set(RwPropertyKey::HintInferencePrecision, "f32")?;
+        set(RwPropertyKey::Other("DYNAMIC_QUANTIZATION_GROUP_SIZE".into()), "0")?;
+        set(RwPropertyKey::Other("LP_TRANSFORMS_MODE".into()), "NO")?;
+        if o.threads > 0 {
+            set(RwPropertyKey::InferenceNumThreads, &o.threads.to_string())?;
+        }
+    } else if o.device.starts_with("NPU") {
+        // Weightless cache blobs: the NPU plugin keeps the compiled network and reads the
+        // weights from the bundle's weights.bin again at import. (The CPU plugin keeps them in
+        // its blobs whatever the mode — 190 MB of blobs for SmolLM2's 99.5 MB — and loads an
+        // OPTIMIZE_SIZE cache about 2x slower: tools/ov_cache_modes.py; CPU keeps the default.)
+        set(RwPropertyKey::Other("CACHE_MODE".into()), "OPTIMIZE_SIZE")?;
+    }
+    Ok(core)
+}
+
+/// The RoPE tables the plan places in the weights file, by input name.
+fn read_rope_tables(rope: &intel::Rope, weights: &[u8]) -> Result<HashMap<String, Vec<f32>>, OvError> {
+    let mut tables = HashMap::new();
+    for (name, at) in &rope.tables {
+        let range = usize::try_from(at.offset).ok().zip(usize::try_from(at.size).ok());
+        let bytes =
+            range.and_then(|(offset, size)| weights.get(offset..offset.checked_add(size)?)).ok_or_else(|| {
+                let message =
+                    format!("bytes {}..+{} are beyond the {}-byte weights file", at.offset, at.size, weights.len());
+                PlanError::at(format!("rope.tables.{name}"), message)
+            })?;
+        let values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        tables.insert(name.clone(), values);
+    }
+    Ok(tables)
+}
+
+/// The paged KV cache for `max_context` tokens of the plan's attentions (every layer has the first
+/// one's heads), and its one sequence.
+fn new_cache(attentions: &[intel::Attention], max_context: usize) -> Result<(KvCache, SeqId), OvError> {
+    let first = attentions.first().ok_or_else(|| PlanError::at("attention", "no attention (one per layer)"))?;
+    let (layers, q_heads, kv_heads, head_dim) = (attentions.len(), first.q_heads, first.kv_heads, first.head_dim);
+    let page_rows = 16;
+    let pages = layers * kv_heads * max_context.div_ceil(page_rows) + layers * kv_heads;
+    let config = KvCacheConfig::new(layers, q_heads, kv_heads, head_dim, pages).with_page_rows(page_rows);
+    let mut cache = KvCache::new(config).map_err(|e| OvError::Run(e.to_string()))?;
+    let seq = cache.create_sequence();
+    Ok((cache, seq))
+}
+
+/// A fresh tensor of `shape` for an input of `segment`.
+fn fresh_tensor(segment: &str, element: ElementType, shape: &[usize]) -> Result<Tensor, OvError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let shape = Shape::new(&dims).map_err(ov(segment, "shape"))?;
+    Tensor::new(element, &shape).map_err(ov(segment, "tensor"))
 }
 
 impl OvSession {
     /// Loads OpenVINO, checks the device and reads the bundle's plan; segments compile on first use.
     pub fn open(bundle: &Bundle, o: &OvOptions) -> Result<OvSession, OvError> {
         let plan_path =
-            bundle.file_path("intel/plan.json").ok_or_else(|| OvError::NoIr("no intel/plan.json".into()))?;
-        let plan: Value = serde_json::from_slice(&std::fs::read(&plan_path).map_err(|e| OvError::NoIr(e.to_string()))?)
-            .map_err(|e| OvError::Plan(e.to_string()))?;
-        if plan["format"] != "npuc-intel/1" {
-            return Err(OvError::Plan(format!("format {} is not npuc-intel/1", plan["format"])));
-        }
+            bundle.file_path(intel::PLAN_PATH).ok_or_else(|| OvError::NoIr(format!("no {}", intel::PLAN_PATH)))?;
+        let bytes = std::fs::read(&plan_path).map_err(|e| OvError::NoIr(e.to_string()))?;
+        let plan = Plan::decode(&bytes)?;
         let dir = plan_path.parent().unwrap().to_path_buf();
-        let weights_name = str_of(&plan["weights_file"], "weights_file")?;
-        let weights_path = bundle
-            .file_path(&format!("intel/{weights_name}"))
-            .ok_or_else(|| OvError::NoIr(format!("no intel/{weights_name}")))?;
-        let lib = find_library()?;
-        openvino_sys::library::load_from(&lib)
-            .map_err(|msg| OvError::Library { path: lib.display().to_string(), msg })?;
-        let mut core =
-            Core::new().map_err(|e| OvError::Library { path: lib.display().to_string(), msg: e.to_string() })?;
-        let available: Vec<String> = core
-            .available_devices()
-            .map_err(|e| OvError::Run(format!("listing devices: {e}")))?
-            .iter()
-            .map(|d| d.as_ref().to_string())
-            .collect();
-        if !available.iter().any(|d| d == &o.device || d.starts_with(&format!("{}.", o.device))) {
-            return Err(OvError::NoDevice { device: o.device.clone(), available });
-        }
-        let device = DeviceType::Other(o.device.clone().into());
-        let cache_dir = o.cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("npuc-openvino-cache"));
-        let set = |core: &mut Core, k: RwPropertyKey, v: &str| {
-            core.set_property(&device, &k, v)
-                .map_err(|e| OvError::Run(format!("setting {} on {}: {e}", k.as_ref(), o.device)))
-        };
-        set(&mut core, RwPropertyKey::CacheDir, &cache_dir.display().to_string())?;
-        if o.device == "CPU" {
-            // The CPU device defaults to bf16 where the CPU has it, quantises activations to
-            // int8 for GEMMs with compressed weights, and runs a QDQ program's FakeQuantize →
-            // MatMul in int8, whose u8×i8 kernel on AVX2 without VNNI adds pairs of products in
-            // saturating 16 bits (off by 30 of 94 on extreme codes, tools/ov_int8_saturation.py):
-            // all off, so CPU computes what the host does — the NPU's int8 sums are exact.
-            set(&mut core, RwPropertyKey::HintInferencePrecision, "f32")?;
-            set(&mut core, RwPropertyKey::Other("DYNAMIC_QUANTIZATION_GROUP_SIZE".into()), "0")?;
-            set(&mut core, RwPropertyKey::Other("LP_TRANSFORMS_MODE".into()), "NO")?;
-            if o.threads > 0 {
-                set(&mut core, RwPropertyKey::InferenceNumThreads, &o.threads.to_string())?;
-            }
-        } else if o.device.starts_with("NPU") {
-            // Weightless cache blobs: the NPU plugin keeps the compiled network and reads the
-            // weights from the bundle's weights.bin again at import. (The CPU plugin keeps them in
-            // its blobs whatever the mode — 190 MB of blobs for SmolLM2's 99.5 MB — and loads an
-            // OPTIMIZE_SIZE cache about 2x slower: tools/ov_cache_modes.py; CPU keeps the default.)
-            set(&mut core, RwPropertyKey::Other("CACHE_MODE".into()), "OPTIMIZE_SIZE")?;
-        }
-        let mut segments = Vec::new();
-        for (i, s) in plan["segments"].as_array().ok_or_else(|| OvError::Plan("no segments".into()))?.iter().enumerate()
-        {
-            let mut files = HashMap::new();
-            for (t, f) in s["files"].as_object().ok_or_else(|| OvError::Plan(format!("segments[{i}].files")))? {
-                files.insert(t.parse().map_err(|_| OvError::Plan(format!("block `{t}`")))?, str_of(f, "file")?);
-            }
-            segments.push(SegmentPlan {
-                name: str_of(&s["name"], "name")?,
-                files,
-                last_row_only: s["last_row_only"].as_bool().unwrap_or(false),
-                inputs: io_list(&s["inputs"], "inputs")?,
-                outputs: io_list(&s["outputs"], "outputs")?,
-            });
-        }
-        let mut attentions = Vec::new();
-        for a in plan["attention"].as_array().ok_or_else(|| OvError::Plan("no attention list".into()))? {
-            attentions.push(AttentionPlan {
-                layer: usize_of(&a["layer"], "layer")?,
-                q: str_of(&a["q"], "q")?,
-                k: str_of(&a["k"], "k")?,
-                v: str_of(&a["v"], "v")?,
-                y: str_of(&a["y"], "y")?,
-                q_heads: usize_of(&a["q_heads"], "q_heads")?,
-                kv_heads: usize_of(&a["kv_heads"], "kv_heads")?,
-                head_dim: usize_of(&a["head_dim"], "head_dim")?,
-                scale: a["scale"].as_f64().unwrap_or(0.0) as f32,
-                window: a["window"].as_u64().and_then(|w| NonZeroUsize::new(w as usize)),
-            });
-        }
-        let schedule = plan["schedule"]
-            .as_array()
-            .ok_or_else(|| OvError::Plan("no schedule".into()))?
-            .iter()
-            .map(|s| match (s.get("segment"), s.get("attention")) {
-                (Some(i), _) => usize_of(i, "segment").map(Step::Segment),
-                (_, Some(i)) => usize_of(i, "attention").map(Step::Attention),
-                _ => Err(OvError::Plan(format!("schedule entry {s}"))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let first = attentions.first().ok_or_else(|| OvError::Plan("no attention".into()))?;
-        let (layers, q_heads, kv_heads, head_dim) = (attentions.len(), first.q_heads, first.kv_heads, first.head_dim);
+        let weights_name = format!("{}/{}", intel::DIR, plan.weights_file);
+        let weights_path =
+            bundle.file_path(&weights_name).ok_or_else(|| OvError::NoIr(format!("no {weights_name}")))?;
+        let core = open_core(o)?;
         let weights =
             std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
-        let mut rope_tables = HashMap::new();
-        let tables = plan["rope"]["tables"].as_object().ok_or_else(|| OvError::Plan("no rope.tables".into()))?;
-        for (name, at) in tables {
-            let (off, size) = (usize_of(&at["offset"], "rope")?, usize_of(&at["size"], "rope")?);
-            let bytes = off
-                .checked_add(size)
-                .and_then(|end| weights.get(off..end))
-                .ok_or_else(|| OvError::Plan(format!("rope table {name} beyond the weights file")))?;
-            let values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-            rope_tables.insert(name.clone(), values);
-        }
-        let rope_positions = usize_of(&plan["rope"]["positions"], "rope.positions")?;
-        let max_context = o.max_context.min(rope_positions).max(1);
-        let page_rows = 16;
-        let pages = layers * kv_heads * max_context.div_ceil(page_rows) + layers * kv_heads;
-        let config = KvCacheConfig::new(layers, q_heads, kv_heads, head_dim, pages).with_page_rows(page_rows);
-        let mut cache = KvCache::new(config).map_err(|e| OvError::Run(e.to_string()))?;
-        let seq = cache.create_sequence();
-        let mut blocks: Vec<usize> = plan["blocks"]
-            .as_array()
-            .map(|b| b.iter().filter_map(|x| x.as_u64()).map(|x| x as usize).collect())
-            .unwrap_or_default();
+        let rope_tables = read_rope_tables(&plan.rope, &weights)?;
+        let max_context = o.max_context.min(plan.rope.positions).max(1);
+        let (cache, seq) = new_cache(&plan.attention, max_context)?;
+        let mut blocks = plan.blocks;
         blocks.sort_unstable();
         Ok(OvSession {
             core,
             device: o.device.clone(),
             dir,
             weights: weights_path.display().to_string(),
-            segments,
-            attentions,
-            schedule,
+            segments: plan.segments,
+            attentions: plan.attention,
+            schedule: plan.schedule,
             blocks,
             requests: HashMap::new(),
             rope_tables,
-            rope_width: usize_of(&plan["rope"]["width"], "rope.width")?,
-            rope_positions,
-            logits_name: str_of(&plan["logits"], "logits")?,
+            rope_width: plan.rope.width,
+            rope_positions: plan.rope.positions,
+            logits_name: plan.logits,
             cache,
             seq,
             position: 0,
@@ -453,129 +370,12 @@ impl OvSession {
         // Every value between segments is an OpenVINO tensor: a segment's output as the request
         // holds it, or attention's output written by the host straight into one.
         let mut values: HashMap<String, Tensor> = HashMap::new();
-        let w = self.rope_width;
         let mut logits = Vec::new();
         for si in 0..self.schedule.len() {
             match self.schedule[si] {
                 Step::Segment(i) => {
-                    let last_row = self.segments[i].last_row_only;
-                    let t = if last_row { 1 } else { block };
-                    let mut made: Vec<(usize, Tensor)> = Vec::new();
-                    let (mut copied, mut bound) = (0u64, 0u64);
-                    let seg = &self.segments[i];
-                    for (slot, io) in seg.inputs.iter().enumerate() {
-                        let shape = io.shapes.get(&t).ok_or_else(|| OvError::Segment {
-                            segment: seg.name.clone(),
-                            msg: format!("input {} has no shape for block {t}", io.name),
-                        })?;
-                        let count: usize = shape.iter().product();
-                        let fresh = |element: ElementType| -> Result<Tensor, OvError> {
-                            let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-                            let shape_ov = Shape::new(&dims).map_err(ov(&seg.name, "shape"))?;
-                            Tensor::new(element, &shape_ov).map_err(ov(&seg.name, "tensor"))
-                        };
-                        let tensor = match io.role.as_str() {
-                            "input" => {
-                                let mut tensor = fresh(ElementType::I64)?;
-                                let ids = tensor.get_data_mut::<i64>().map_err(ov(&seg.name, "tensor"))?;
-                                let tokens = if last_row { &tokens[rows - 1..] } else { tokens };
-                                for (d, &tok) in ids.iter_mut().zip(tokens) {
-                                    *d = i64::from(tok);
-                                }
-                                copied += 8 * count as u64;
-                                tensor
-                            }
-                            "rope" => {
-                                let table = self.rope_tables.get(&io.name).ok_or_else(|| OvError::Segment {
-                                    segment: seg.name.clone(),
-                                    msg: format!("no RoPE table {}", io.name),
-                                })?;
-                                let mut tensor = fresh(ElementType::F32)?;
-                                let dst = tensor.get_data_mut::<f32>().map_err(ov(&seg.name, "tensor"))?;
-                                let first = if last_row { rows - 1 } else { 0 };
-                                for (r, row) in (first..rows).enumerate() {
-                                    let p = (self.position + row) * w;
-                                    dst[r * w..(r + 1) * w].copy_from_slice(&table[p..p + w]);
-                                }
-                                copied += 4 * count as u64;
-                                tensor
-                            }
-                            _ => {
-                                let value = values.get(&io.name).ok_or_else(|| OvError::Segment {
-                                    segment: seg.name.clone(),
-                                    msg: format!("input {} is computed by nothing before it", io.name),
-                                })?;
-                                let data = value.get_data::<f32>().map_err(ov(&seg.name, "tensor"))?;
-                                if !last_row {
-                                    if data.len() != count {
-                                        return Err(OvError::Segment {
-                                            segment: seg.name.clone(),
-                                            msg: format!(
-                                                "input {} holds {} values, the network wants {shape:?}",
-                                                io.name,
-                                                data.len()
-                                            ),
-                                        });
-                                    }
-                                    // Bound as it is: the tensor the previous step wrote.
-                                    bound += 4 * count as u64;
-                                    continue;
-                                }
-                                // The last row of a block-sized value: the one copy a last-row
-                                // segment (the lm_head) needs.
-                                if data.len() != count * block {
-                                    return Err(OvError::Segment {
-                                        segment: seg.name.clone(),
-                                        msg: format!(
-                                            "input {} holds {} values, not {block} rows of {count}",
-                                            io.name,
-                                            data.len()
-                                        ),
-                                    });
-                                }
-                                let mut tensor = fresh(ElementType::F32)?;
-                                tensor
-                                    .get_data_mut::<f32>()
-                                    .map_err(ov(&seg.name, "tensor"))?
-                                    .copy_from_slice(&data[(rows - 1) * count..rows * count]);
-                                copied += 4 * count as u64;
-                                tensor
-                            }
-                        };
-                        made.push((slot, tensor));
-                    }
-                    let name = seg.name.clone();
-                    let inputs: Vec<String> = seg.inputs.iter().map(|io| io.name.clone()).collect();
-                    let outputs: Vec<(String, usize)> = seg
-                        .outputs
-                        .iter()
-                        .map(|o| (o.name.clone(), o.shapes.get(&t).and_then(|s| s.last().copied()).unwrap_or(0)))
-                        .collect();
-                    self.traffic.copied_bytes += copied;
-                    self.traffic.bound_bytes += bound;
-                    let logits_name = self.logits_name.clone();
-                    let request = self.request(i, t)?;
-                    let mut made = made.into_iter().peekable();
-                    for (slot, input) in inputs.iter().enumerate() {
-                        let bound = match made.peek() {
-                            Some((s, _)) if *s == slot => {
-                                let (_, tensor) = made.next().expect("peeked");
-                                request.set_tensor(input, &tensor).map_err(ov(&name, &format!("binding {input}")))?;
-                                continue;
-                            }
-                            _ => &values[input],
-                        };
-                        request.set_tensor(input, bound).map_err(ov(&name, &format!("binding {input}")))?;
-                    }
-                    request.infer().map_err(ov(&name, "infer"))?;
-                    for (n, width) in outputs {
-                        let tensor = request.get_tensor(&n).map_err(ov(&name, &format!("reading {n}")))?;
-                        if n == logits_name {
-                            let data = tensor.get_data::<f32>().map_err(ov(&name, &format!("reading {n}")))?;
-                            let width = if width == 0 { data.len() } else { width };
-                            logits = data[data.len() - width..].to_vec();
-                        }
-                        values.insert(n, tensor);
+                    if let Some(l) = self.run_segment(i, tokens, block, &mut values)? {
+                        logits = l;
                     }
                 }
                 Step::Attention(a) => self.attend(a, rows, block, &mut values)?,
@@ -586,6 +386,113 @@ impl OvSession {
             return Err(OvError::Run(format!("no segment produced the logits `{}`", self.logits_name)));
         }
         Ok(logits)
+    }
+
+    /// Runs segment `i` on the block: binds its inputs, infers, and keeps its outputs in `values`.
+    /// Returns the logits' last row when the segment produces them.
+    fn run_segment(
+        &mut self,
+        i: usize,
+        tokens: &[u32],
+        block: usize,
+        values: &mut HashMap<String, Tensor>,
+    ) -> Result<Option<Vec<f32>>, OvError> {
+        let seg = &self.segments[i];
+        let t = if seg.last_row_only { 1 } else { block };
+        let made = self.fresh_inputs(i, tokens, block, values)?;
+        let seg = &self.segments[i];
+        let name = seg.name.clone();
+        let inputs: Vec<String> = seg.inputs.iter().map(|io| io.name.clone()).collect();
+        let outputs: Vec<(String, usize)> = seg
+            .outputs
+            .iter()
+            .map(|o| (o.name.clone(), o.shape.get(&t).and_then(|s| s.last().copied()).unwrap_or(0)))
+            .collect();
+        let logits_name = self.logits_name.clone();
+        let request = self.request(i, t)?;
+        let mut made = made.into_iter().peekable();
+        for (slot, input) in inputs.iter().enumerate() {
+            let bound = match made.peek() {
+                Some((s, _)) if *s == slot => {
+                    let (_, tensor) = made.next().expect("peeked");
+                    request.set_tensor(input, &tensor).map_err(ov(&name, &format!("binding {input}")))?;
+                    continue;
+                }
+                _ => &values[input],
+            };
+            request.set_tensor(input, bound).map_err(ov(&name, &format!("binding {input}")))?;
+        }
+        request.infer().map_err(ov(&name, "infer"))?;
+        let mut logits = None;
+        for (n, width) in outputs {
+            let tensor = request.get_tensor(&n).map_err(ov(&name, &format!("reading {n}")))?;
+            if n == logits_name {
+                let data = tensor.get_data::<f32>().map_err(ov(&name, &format!("reading {n}")))?;
+                let width = if width == 0 { data.len() } else { width };
+                logits = Some(data[data.len() - width..].to_vec());
+            }
+            values.insert(n, tensor);
+        }
+        Ok(logits)
+    }
+
+    /// The tensors written for segment `i`'s inputs, by input slot: token ids, RoPE rows, and for a
+    /// last-row segment the last row of each value. A value of a block-sized segment is bound as
+    /// the tensor that holds it and has no entry. Counts what it copies and binds.
+    fn fresh_inputs(
+        &mut self,
+        i: usize,
+        tokens: &[u32],
+        block: usize,
+        values: &HashMap<String, Tensor>,
+    ) -> Result<Vec<(usize, Tensor)>, OvError> {
+        let seg = &self.segments[i];
+        let last_row = seg.last_row_only;
+        let t = if last_row { 1 } else { block };
+        let rows = tokens.len();
+        let mut made = Vec::new();
+        let (mut copied, mut bound) = (0u64, 0u64);
+        for (slot, io) in seg.inputs.iter().enumerate() {
+            let shape = io.shape.get(&t).ok_or_else(|| OvError::Segment {
+                segment: seg.name.clone(),
+                msg: format!("input {} has no shape for block {t}", io.name),
+            })?;
+            let count: usize = shape.iter().product();
+            let tensor = match io.role {
+                Role::Input => {
+                    let tokens = if last_row { &tokens[rows - 1..] } else { tokens };
+                    copied += 8 * count as u64;
+                    token_tensor(&seg.name, shape, tokens)?
+                }
+                Role::Rope => {
+                    let table = self.rope_tables.get(&io.name).ok_or_else(|| OvError::Segment {
+                        segment: seg.name.clone(),
+                        msg: format!("no RoPE table {}", io.name),
+                    })?;
+                    let first = if last_row { rows - 1 } else { 0 };
+                    let positions = self.position + first..self.position + rows;
+                    copied += 4 * count as u64;
+                    rope_tensor(&seg.name, shape, table, self.rope_width, positions)?
+                }
+                Role::Value => {
+                    let value = values.get(&io.name).ok_or_else(|| OvError::Segment {
+                        segment: seg.name.clone(),
+                        msg: format!("input {} is computed by nothing before it", io.name),
+                    })?;
+                    if !last_row {
+                        check_bound(&seg.name, &io.name, value, shape)?;
+                        bound += 4 * count as u64;
+                        continue;
+                    }
+                    copied += 4 * count as u64;
+                    last_row_tensor(&seg.name, &io.name, value, shape, block, rows)?
+                }
+            };
+            made.push((slot, tensor));
+        }
+        self.traffic.copied_bytes += copied;
+        self.traffic.bound_bytes += bound;
+        Ok(made)
     }
 
     /// Appends the block's real rows of k/v to the cache and attends with its q; the output takes
@@ -655,4 +562,70 @@ impl OvSession {
             logits = self.step(&[next])?;
         }
     }
+}
+
+/// The token ids of a segment input of `shape`.
+fn token_tensor(segment: &str, shape: &[usize], tokens: &[u32]) -> Result<Tensor, OvError> {
+    let mut tensor = fresh_tensor(segment, ElementType::I64, shape)?;
+    let ids = tensor.get_data_mut::<i64>().map_err(ov(segment, "tensor"))?;
+    for (d, &tok) in ids.iter_mut().zip(tokens) {
+        *d = i64::from(tok);
+    }
+    Ok(tensor)
+}
+
+/// The rows of `table` (`width` values each) at `positions`, in a segment input of `shape`.
+fn rope_tensor(
+    segment: &str,
+    shape: &[usize],
+    table: &[f32],
+    width: usize,
+    positions: std::ops::Range<usize>,
+) -> Result<Tensor, OvError> {
+    let mut tensor = fresh_tensor(segment, ElementType::F32, shape)?;
+    let dst = tensor.get_data_mut::<f32>().map_err(ov(segment, "tensor"))?;
+    for (r, p) in positions.enumerate() {
+        dst[r * width..(r + 1) * width].copy_from_slice(&table[p * width..(p + 1) * width]);
+    }
+    Ok(tensor)
+}
+
+/// Checks that `value` fits the segment input of `shape` it is bound to as it is (the tensor the
+/// previous step wrote).
+fn check_bound(segment: &str, input: &str, value: &Tensor, shape: &[usize]) -> Result<(), OvError> {
+    let data = value.get_data::<f32>().map_err(ov(segment, "tensor"))?;
+    let count: usize = shape.iter().product();
+    if data.len() != count {
+        return Err(OvError::Segment {
+            segment: segment.to_string(),
+            msg: format!("input {input} holds {} values, the network wants {shape:?}", data.len()),
+        });
+    }
+    Ok(())
+}
+
+/// The last real row (of `rows`) of a block-sized `value`: the one copy a last-row segment (the
+/// lm_head) needs.
+fn last_row_tensor(
+    segment: &str,
+    input: &str,
+    value: &Tensor,
+    shape: &[usize],
+    block: usize,
+    rows: usize,
+) -> Result<Tensor, OvError> {
+    let data = value.get_data::<f32>().map_err(ov(segment, "tensor"))?;
+    let count: usize = shape.iter().product();
+    if data.len() != count * block {
+        return Err(OvError::Segment {
+            segment: segment.to_string(),
+            msg: format!("input {input} holds {} values, not {block} rows of {count}", data.len()),
+        });
+    }
+    let mut tensor = fresh_tensor(segment, ElementType::F32, shape)?;
+    tensor
+        .get_data_mut::<f32>()
+        .map_err(ov(segment, "tensor"))?
+        .copy_from_slice(&data[(rows - 1) * count..rows * count]);
+    Ok(tensor)
 }

@@ -1,0 +1,376 @@
+//! `intel/plan.json`: the `npuc-intel/1` plan of an intel-npu bundle, written by `codegen-intel`
+//! and read by the runtime's `openvino` backend.
+//!
+//! The plan lists the IR segments (one `.xml` network per token block size, all viewing one
+//! weights file), the inputs and outputs of each with their shapes per block size, the attentions
+//! the host computes between segments, the order they run in, and where the RoPE tables are in
+//! the weights file. [`Plan::encode`] writes pretty JSON with every object's keys sorted (the
+//! layout format 1 has always had); [`Plan::decode`] refuses another format before anything else,
+//! then any missing, misspelled or ill-typed member, naming its JSON path.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The folder of the bundle that holds the intel-npu files.
+pub const DIR: &str = "intel";
+/// The plan, in [`DIR`].
+pub const PLAN_FILE: &str = "plan.json";
+/// The weights every segment's constants view, in [`DIR`].
+pub const WEIGHTS_FILE: &str = "weights.bin";
+/// The plan's path in the bundle (`DIR/PLAN_FILE`).
+pub const PLAN_PATH: &str = "intel/plan.json";
+/// The value of the plan's `format` member.
+pub const FORMAT: &str = "npuc-intel/1";
+
+/// The plan of an intel-npu bundle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub format: Format,
+    /// The weights file's name in [`DIR`].
+    pub weights_file: String,
+    pub weights_bytes: u64,
+    /// Token block sizes, ascending: one network per segment each (the last-row segment has 1).
+    pub blocks: Vec<usize>,
+    /// The value that holds the logits (an output of the last segment).
+    pub logits: String,
+    pub rope: Rope,
+    /// The segments, in program order.
+    pub segments: Vec<Segment>,
+    /// The attentions the host computes between segments, by layer.
+    pub attention: Vec<Attention>,
+    /// What one step runs, in order.
+    pub schedule: Vec<Step>,
+}
+
+/// The `format` member: always [`FORMAT`]; decoding refuses any other value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Format;
+
+impl Serialize for Format {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(FORMAT)
+    }
+}
+
+impl<'de> Deserialize<'de> for Format {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let found = String::deserialize(deserializer)?;
+        if found == FORMAT {
+            Ok(Format)
+        } else {
+            Err(serde::de::Error::custom(format!("format `{found}` is not {FORMAT}, the one this runtime reads")))
+        }
+    }
+}
+
+/// The RoPE tables the host feeds: `[positions, width]` f32 rows in the weights file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rope {
+    /// Positions the tables cover (the longest context the bundle runs).
+    pub positions: usize,
+    /// Values per row.
+    pub width: usize,
+    /// Each table by its input name (`rope_cos`, `rope_sin`, `rope_cos_1`, ...).
+    pub tables: BTreeMap<String, ByteRange>,
+}
+
+/// Bytes `offset..offset + size` of the weights file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByteRange {
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// One segment: the networks (one per block size) and what they read and write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Segment {
+    pub name: String,
+    /// Its place in [`Plan::segments`].
+    pub index: usize,
+    /// The network file in [`DIR`] per block size.
+    pub files: BTreeMap<usize, String>,
+    /// Whether the segment runs on the block's last row only (the lm_head).
+    pub last_row_only: bool,
+    pub inputs: Vec<SegmentInput>,
+    pub outputs: Vec<SegmentOutput>,
+}
+
+/// An input of a segment: its tensor name, where it comes from, its element type, and its shape
+/// per block size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentInput {
+    pub name: String,
+    pub role: Role,
+    pub dtype: InputType,
+    pub shape: BTreeMap<usize, Vec<usize>>,
+}
+
+/// An output of a segment: its tensor name and its shape per block size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentOutput {
+    pub name: String,
+    pub shape: BTreeMap<usize, Vec<usize>>,
+}
+
+/// Where a segment input's data comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A model input (the token ids).
+    Input,
+    /// Rows of a RoPE table (the input's name is the table's).
+    Rope,
+    /// A value an earlier segment or attention computed.
+    Value,
+}
+
+/// The element type of a segment input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputType {
+    F32,
+    I64,
+}
+
+/// One attention, computed by the host over its paged KV cache: q, k and v are segment outputs
+/// `[1, heads, block, head_dim]` (after RoPE), y the input of the next segment in the same layout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attention {
+    pub layer: usize,
+    /// The attention node of the program.
+    pub node: String,
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub y: String,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// A sliding window (keys a query sees, its own included); `null` for none.
+    pub window: Option<NonZeroUsize>,
+}
+
+/// One entry of the schedule: `{"segment": i}` or `{"attention": i}`, indices into
+/// [`Plan::segments`] and [`Plan::attention`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Step {
+    Segment(usize),
+    Attention(usize),
+}
+
+/// A plan that cannot be read: `path` is where in the document (`.` for the whole document).
+#[derive(Debug, thiserror::Error)]
+#[error("`{file}` is malformed at `{path}`: {message}")]
+pub struct PlanError {
+    pub file: String,
+    pub path: String,
+    pub message: String,
+}
+
+impl PlanError {
+    /// An error at `path` of the bundle's plan.
+    pub fn at(path: impl Into<String>, message: impl Into<String>) -> PlanError {
+        PlanError { file: PLAN_PATH.to_string(), path: path.into(), message: message.into() }
+    }
+}
+
+impl Plan {
+    /// The bytes of `plan.json`: pretty JSON, every object's keys sorted.
+    pub fn encode(&self) -> Vec<u8> {
+        // Through a `Value`, whose objects keep their keys sorted: the layout does not depend on
+        // the order the structs declare their fields in.
+        let document = serde_json::to_value(self).expect("a plan always serialises");
+        serde_json::to_vec_pretty(&document).expect("a JSON value always serialises")
+    }
+
+    /// Decodes `plan.json`: another format is refused first (its layout may differ), then the
+    /// members, and then the schedule's indices.
+    pub fn decode(bytes: &[u8]) -> Result<Plan, PlanError> {
+        let document: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| PlanError::at(".", e.to_string()))?;
+        let format = document.get("format").ok_or_else(|| PlanError::at("format", "missing"))?;
+        Format::deserialize(format).map_err(|e| PlanError::at("format", e.to_string()))?;
+        let plan: Plan = serde_path_to_error::deserialize(document)
+            .map_err(|e| PlanError::at(e.path().to_string(), e.inner().to_string()))?;
+        plan.check_schedule()?;
+        Ok(plan)
+    }
+
+    fn check_schedule(&self) -> Result<(), PlanError> {
+        for (i, step) in self.schedule.iter().enumerate() {
+            let (what, index, count) = match *step {
+                Step::Segment(s) => ("segment", s, self.segments.len()),
+                Step::Attention(a) => ("attention", a, self.attention.len()),
+            };
+            if index >= count {
+                let message = format!("{what} {index} of a plan with {count}");
+                return Err(PlanError::at(format!("schedule[{i}].{what}"), message));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> Plan {
+        let shape = |rows: &[(usize, Vec<usize>)]| rows.iter().cloned().collect::<BTreeMap<_, _>>();
+        let input = |name: &str, role, dtype, dims: fn(usize) -> Vec<usize>| SegmentInput {
+            name: name.to_string(),
+            role,
+            dtype,
+            shape: shape(&[(1, dims(1)), (64, dims(64))]),
+        };
+        let segment = Segment {
+            name: "seg00".into(),
+            index: 0,
+            files: BTreeMap::from([(1, "seg00_t1.xml".into()), (64, "seg00_t64.xml".into())]),
+            last_row_only: false,
+            inputs: vec![
+                input("input_ids", Role::Input, InputType::I64, |t| vec![1, t]),
+                input("rope_cos", Role::Rope, InputType::F32, |t| vec![1, 1, t, 64]),
+            ],
+            outputs: vec![SegmentOutput { name: "q".into(), shape: shape(&[(1, vec![1, 9, 1, 64])]) }],
+        };
+        let attention = Attention {
+            layer: 0,
+            node: "attn0".into(),
+            q: "q".into(),
+            k: "k".into(),
+            v: "v".into(),
+            y: "y".into(),
+            q_heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: NonZeroUsize::new(4096),
+        };
+        Plan {
+            format: Format,
+            weights_file: WEIGHTS_FILE.into(),
+            weights_bytes: 1 << 20,
+            blocks: vec![1, 64],
+            logits: "logits".into(),
+            rope: Rope {
+                positions: 4096,
+                width: 64,
+                tables: BTreeMap::from([("rope_cos".into(), ByteRange { offset: 0, size: 4096 * 64 * 4 })]),
+            },
+            segments: vec![segment],
+            attention: vec![attention],
+            schedule: vec![Step::Segment(0), Step::Attention(0)],
+        }
+    }
+
+    /// The plan as JSON, edited by `edit`, then decoded.
+    fn decode_edited(edit: impl FnOnce(&mut serde_json::Value)) -> Result<Plan, PlanError> {
+        let mut document: serde_json::Value = serde_json::from_slice(&plan().encode()).unwrap();
+        edit(&mut document);
+        Plan::decode(&serde_json::to_vec(&document).unwrap())
+    }
+
+    #[test]
+    fn a_plan_encodes_and_decodes_to_an_equal_plan() {
+        let bytes = plan().encode();
+        assert_eq!(Plan::decode(&bytes).unwrap(), plan());
+        let text = String::from_utf8(bytes).unwrap();
+        for member in [r#""format": "npuc-intel/1""#, r#""segment": 0"#, r#""role": "rope""#, r#""window": 4096"#] {
+            assert!(text.contains(member), "{member} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_plan_is_written_with_its_keys_sorted() {
+        let text = String::from_utf8(plan().encode()).unwrap();
+        let top: Vec<usize> = [
+            "attention",
+            "blocks",
+            "format",
+            "logits",
+            "rope",
+            "schedule",
+            "segments",
+            "weights_bytes",
+            "weights_file",
+        ]
+        .iter()
+        .map(|k| text.find(&format!("\n  \"{k}\": ")).unwrap_or_else(|| panic!("{k} in {text}")))
+        .collect();
+        assert!(top.windows(2).all(|w| w[0] < w[1]), "{text}");
+    }
+
+    #[test]
+    fn an_attention_without_a_window_is_written_as_null_and_read_back() {
+        let mut p = plan();
+        p.attention[0].window = None;
+        let text = String::from_utf8(p.encode()).unwrap();
+        assert!(text.contains(r#""window": null"#), "{text}");
+        assert_eq!(Plan::decode(text.as_bytes()).unwrap(), p);
+    }
+
+    #[test]
+    fn a_misspelled_member_is_refused_naming_it() {
+        let err = decode_edited(|d| {
+            let input = d["segments"][0]["inputs"][1].as_object_mut().unwrap();
+            let role = input.remove("role").unwrap();
+            input.insert("rol".into(), role);
+        })
+        .unwrap_err();
+        assert_eq!(err.file, PLAN_PATH);
+        assert_eq!(err.path, "segments[0].inputs[1].rol");
+        assert!(err.message.contains("unknown field `rol`"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_member_is_refused_naming_it() {
+        let err = decode_edited(|d| {
+            d["attention"][0].as_object_mut().unwrap().remove("kv_heads");
+        })
+        .unwrap_err();
+        assert_eq!(err.path, "attention[0]");
+        assert!(err.message.contains("missing field `kv_heads`"), "{err}");
+    }
+
+    #[test]
+    fn an_ill_typed_member_is_refused_at_its_path() {
+        let err = decode_edited(|d| d["segments"][0]["inputs"][0]["role"] = "weights".into()).unwrap_err();
+        assert_eq!(err.path, "segments[0].inputs[0].role");
+        assert!(err.to_string().starts_with("`intel/plan.json` is malformed at `segments[0].inputs[0].role`"), "{err}");
+    }
+
+    #[test]
+    fn another_format_is_refused_before_its_members() {
+        let err = decode_edited(|d| {
+            d["format"] = "npuc-intel/2".into();
+            d["attention"] = serde_json::json!("a layout of another format");
+        })
+        .unwrap_err();
+        assert_eq!(err.path, "format");
+        assert!(err.message.contains("`npuc-intel/2` is not npuc-intel/1"), "{err}");
+    }
+
+    #[test]
+    fn a_schedule_step_beyond_the_segments_is_refused() {
+        let err = decode_edited(|d| d["schedule"][1] = serde_json::json!({"segment": 3})).unwrap_err();
+        assert_eq!(err.path, "schedule[1].segment");
+        assert!(err.message.contains("segment 3 of a plan with 1"), "{err}");
+    }
+
+    #[test]
+    fn the_plan_path_is_the_plan_file_in_its_folder() {
+        assert_eq!(PLAN_PATH, format!("{DIR}/{PLAN_FILE}"));
+    }
+}
