@@ -236,7 +236,7 @@ impl egg::FromOp for ENode {
         let spec =
             resolve_op(name).ok_or_else(|| err("not an op of the vocabulary (prefix the domain if ambiguous)"))?;
         let attrs = match attr_text {
-            Some(t) => parse_attrs(t).map_err(|m| err(&m))?,
+            Some(t) => parse_attrs(t).map_err(|e| err(&e.to_string()))?,
             None => Attrs::default(),
         };
         Ok(ENode::op(spec.domain, spec.name, attrs, children))
@@ -255,19 +255,34 @@ pub fn resolve_op(name: &str) -> Option<&'static OpSpec> {
     lookup(Domain::Onnx, name).or_else(|| VOCABULARY.iter().find(|s| s.name == name))
 }
 
+/// Why attribute text in a pattern does not parse.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AttrTextError {
+    #[error("`{0}` has no `=`")]
+    NoEquals(String),
+    #[error("unclosed list")]
+    UnclosedList,
+    #[error("unclosed string")]
+    UnclosedString,
+    #[error("bad list `{0}`")]
+    BadList(String),
+    #[error("bad value `{0}`")]
+    BadValue(String),
+}
+
 /// Parses `k=v,k=v` attribute text: ints, floats, "strings", [lists of ints or floats].
-pub fn parse_attrs(text: &str) -> Result<Attrs, String> {
+pub fn parse_attrs(text: &str) -> Result<Attrs, AttrTextError> {
     let mut attrs = Attrs::default();
     let mut rest = text.trim();
     while !rest.is_empty() {
-        let eq = rest.find('=').ok_or_else(|| format!("`{rest}` has no `=`"))?;
+        let eq = rest.find('=').ok_or_else(|| AttrTextError::NoEquals(rest.to_string()))?;
         let key = rest[..eq].trim().to_string();
         rest = rest[eq + 1..].trim_start();
         let (value, tail) = if rest.starts_with('[') {
-            let close = rest.find(']').ok_or("unclosed list")?;
+            let close = rest.find(']').ok_or(AttrTextError::UnclosedList)?;
             (&rest[..=close], &rest[close + 1..])
         } else if let Some(body) = rest.strip_prefix('"') {
-            let close = body.find('"').ok_or("unclosed string")? + 1;
+            let close = body.find('"').ok_or(AttrTextError::UnclosedString)? + 1;
             (&rest[..=close], &rest[close + 1..])
         } else {
             let end = rest.find(',').unwrap_or(rest.len());
@@ -279,7 +294,7 @@ pub fn parse_attrs(text: &str) -> Result<Attrs, String> {
     Ok(attrs)
 }
 
-fn parse_attr_value(v: &str) -> Result<Attr, String> {
+fn parse_attr_value(v: &str) -> Result<Attr, AttrTextError> {
     if let Some(inner) = v.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
         let items: Vec<&str> = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         if let Ok(ints) = items.iter().map(|s| s.parse::<i64>()).collect::<Result<Vec<_>, _>>() {
@@ -289,7 +304,7 @@ fn parse_attr_value(v: &str) -> Result<Attr, String> {
             .iter()
             .map(|s| s.parse::<f32>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| format!("bad list `{v}`"))?;
+            .map_err(|_| AttrTextError::BadList(v.to_string()))?;
         return Ok(Attr::Floats(floats));
     }
     if let Some(s) = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
@@ -298,7 +313,7 @@ fn parse_attr_value(v: &str) -> Result<Attr, String> {
     if let Ok(i) = v.parse::<i64>() {
         return Ok(Attr::Int(i));
     }
-    v.parse::<f32>().map(Attr::Float).map_err(|_| format!("bad value `{v}`"))
+    v.parse::<f32>().map(Attr::Float).map_err(|_| AttrTextError::BadValue(v.to_string()))
 }
 
 /// Dtype and symbolic shape of one value.

@@ -18,7 +18,7 @@
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
 
-use crate::attr::{Attr, Attrs};
+use crate::attr::{Attr, AttrError, Attrs};
 use crate::dim::Dim;
 use crate::dtype::DType;
 use crate::egraph::TypeInfo;
@@ -412,6 +412,27 @@ pub struct NBitsWeights {
     zeros: Zeros,
 }
 
+/// Why a WGemm's attributes and weights are not a MatMulNBits layout.
+#[derive(Debug, thiserror::Error)]
+pub enum NBitsError {
+    #[error(transparent)]
+    Attr(#[from] AttrError),
+    #[error("attribute {0} must be a positive integer")]
+    NotPositive(&'static str),
+    #[error("bits {bits} with block_size {block} is not a MatMulNBits layout")]
+    Layout { bits: usize, block: usize },
+    #[error("weights must be uint8 codes, got {0}")]
+    CodesDtype(DType),
+    #[error("weights must hold N·blocks·{blob} = {bytes} bytes, got {shape:?}")]
+    CodesShape { blob: usize, bytes: usize, shape: Vec<usize> },
+    #[error("scales must hold N·blocks = {expected} values, got {got}")]
+    ScalesLen { expected: usize, got: usize },
+    #[error("zero points must be uint8 or float, got {0}")]
+    ZeroPointsDtype(DType),
+    #[error("zero points of shape {0:?} fit neither layout")]
+    ZeroPointsShape(Vec<usize>),
+}
+
 enum Zeros {
     Default,
     Packed(Vec<i64>, usize),
@@ -425,36 +446,35 @@ impl NBitsWeights {
         w: &Tensor,
         scales: &Tensor,
         zero_points: Option<&Tensor>,
-    ) -> Result<NBitsWeights, String> {
-        let attr = |name: &str| -> Result<usize, String> {
-            match attrs.int(name).map_err(|e| e.to_string())? {
+    ) -> Result<NBitsWeights, NBitsError> {
+        let attr = |name: &'static str| -> Result<usize, NBitsError> {
+            match attrs.int(name)? {
                 Some(v) if v > 0 => Ok(v as usize),
-                _ => Err(format!("attribute {name} must be a positive integer")),
+                _ => Err(NBitsError::NotPositive(name)),
             }
         };
         let (k, n, bits, block) = (attr("K")?, attr("N")?, attr("bits")?, attr("block_size")?);
         if !matches!(bits, 2 | 4 | 8) || (block * bits) % 8 != 0 {
-            return Err(format!("bits {bits} with block_size {block} is not a MatMulNBits layout"));
+            return Err(NBitsError::Layout { bits, block });
         }
         let blocks = k.div_ceil(block);
         let blob = block * bits / 8;
-        let codes = w.as_i64().ok_or_else(|| format!("weights must be uint8 codes, got {}", w.dtype))?.to_vec();
+        let codes = w.as_i64().ok_or(NBitsError::CodesDtype(w.dtype))?.to_vec();
         if codes.len() != n * blocks * blob {
-            return Err(format!("weights must hold N·blocks·{blob} = {} bytes, got {:?}", n * blocks * blob, w.shape));
+            return Err(NBitsError::CodesShape { blob, bytes: n * blocks * blob, shape: w.shape.clone() });
         }
         let scales = scales.to_f64_vec();
         if scales.len() != n * blocks {
-            return Err(format!("scales must hold N·blocks = {} values, got {}", n * blocks, scales.len()));
+            return Err(NBitsError::ScalesLen { expected: n * blocks, got: scales.len() });
         }
         let row_bytes = (blocks * bits).div_ceil(8);
         let zeros = match zero_points {
             None => Zeros::Default,
             Some(z) if z.dtype.is_float() && z.numel() == n * blocks => Zeros::Float(z.to_f64_vec()),
-            Some(z) if z.numel() == n * row_bytes => Zeros::Packed(
-                z.as_i64().ok_or_else(|| format!("zero points must be uint8 or float, got {}", z.dtype))?.to_vec(),
-                row_bytes,
-            ),
-            Some(z) => return Err(format!("zero points of shape {:?} fit neither layout", z.shape)),
+            Some(z) if z.numel() == n * row_bytes => {
+                Zeros::Packed(z.as_i64().ok_or(NBitsError::ZeroPointsDtype(z.dtype))?.to_vec(), row_bytes)
+            }
+            Some(z) => return Err(NBitsError::ZeroPointsShape(z.shape.clone())),
         };
         Ok(NBitsWeights { k, n, bits, block, blocks, codes, scales, zeros })
     }
