@@ -563,11 +563,7 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let total = pk.shape[2];
     let past = total - s;
     let scale = op.attrs.float_or("scale", 1.0 / (d as f32).sqrt()).map_err(|e| err(op, e.to_string()))? as f64;
-    let window = match op.attrs.int("window").map_err(|e| err(op, e.to_string()))? {
-        Some(w) if w < 0 => return Err(err(op, format!("window {w} is negative"))),
-        Some(w) if w > 0 => w as usize,
-        _ => usize::MAX,
-    };
+    let window = attention_window(op)?;
     let mask = get(5).map(|m| m.to_f64_vec());
     if let Some(m) = &mask {
         if m.len() != b * total {
@@ -580,40 +576,14 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let mut scores = vec![0f64; total];
     for bi in 0..b {
         for h in 0..hq {
-            let kh = h / group;
+            let kv_rows = (bi * hkv + h / group) * total * d;
+            let (keys, values) = (&kv[kv_rows..][..total * d], &vv[kv_rows..][..total * d]);
             for i in 0..s {
-                let qrow = &qv[((bi * hq + h) * s + i) * d..][..d];
-                let mut max = f64::NEG_INFINITY;
-                let mut any = false;
-                for (t, sc) in scores.iter_mut().enumerate() {
-                    let allowed = t <= past + i
-                        && past + i - t < window
-                        && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0);
-                    if !allowed {
-                        *sc = f64::NEG_INFINITY;
-                        continue;
-                    }
-                    let krow = &kv[((bi * hkv + kh) * total + t) * d..][..d];
-                    let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    *sc = dot * scale;
-                    max = max.max(*sc);
-                    any = true;
-                }
-                if !any {
-                    continue;
-                }
-                let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
-                let orow = &mut out[((bi * hq + h) * s + i) * d..][..d];
-                for (t, &sc) in scores.iter().enumerate() {
-                    if !sc.is_finite() {
-                        continue;
-                    }
-                    let p = (sc - max).exp() / denom;
-                    let vrow = &vv[((bi * hkv + kh) * total + t) * d..][..d];
-                    for (o, &x) in orow.iter_mut().zip(vrow) {
-                        *o += (p * x as f64) as f32;
-                    }
-                }
+                let visible = |t: usize| {
+                    t <= past + i && past + i - t < window && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0)
+                };
+                let at = ((bi * hq + h) * s + i) * d;
+                attend_row(&qv[at..][..d], keys, values, scale, visible, &mut scores, &mut out[at..][..d]);
             }
         }
     }
@@ -621,6 +591,58 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let mut r = vec![y, pk, pv];
     r.truncate(num_outputs.max(1));
     Ok(r)
+}
+
+/// Attention's `window` attribute: the positions a query sees, its own included (`usize::MAX`
+/// when absent or 0).
+fn attention_window(op: &OpRef) -> Result<usize, EvalError> {
+    match op.attrs.int("window").map_err(|e| err(op, e.to_string()))? {
+        Some(w) if w < 0 => Err(err(op, format!("window {w} is negative"))),
+        Some(w) if w > 0 => Ok(w as usize),
+        _ => Ok(usize::MAX),
+    }
+}
+
+/// Adds to `orow` one query row's attention: softmax(q·k_t · scale) over the `visible` keys t
+/// (f64 accumulation) weighting the values' rows. A row with no visible key stays zero. `scores`
+/// is scratch space, one entry per key.
+fn attend_row(
+    qrow: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f64,
+    visible: impl Fn(usize) -> bool,
+    scores: &mut [f64],
+    orow: &mut [f32],
+) {
+    let d = qrow.len();
+    let mut max = f64::NEG_INFINITY;
+    let mut any = false;
+    for (t, sc) in scores.iter_mut().enumerate() {
+        if !visible(t) {
+            *sc = f64::NEG_INFINITY;
+            continue;
+        }
+        let krow = &keys[t * d..][..d];
+        let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
+        *sc = dot * scale;
+        max = max.max(*sc);
+        any = true;
+    }
+    if !any {
+        return;
+    }
+    let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
+    for (t, &sc) in scores.iter().enumerate() {
+        if !sc.is_finite() {
+            continue;
+        }
+        let p = (sc - max).exp() / denom;
+        let vrow = &values[t * d..][..d];
+        for (o, &x) in orow.iter_mut().zip(vrow) {
+            *o += (p * x as f64) as f32;
+        }
+    }
 }
 
 /// Output types of an op from its input types (`None` for absent inputs); empty when the op's
