@@ -177,7 +177,7 @@ pub fn decode_tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<RawTe
         }
         return Ok(RawTensor { dtype, shape, bytes: raw.clone() });
     }
-    let bytes = typed_fields_to_bytes(t, dtype, numel).map_err(terr)?;
+    let bytes = typed_fields_to_bytes(t, dtype, numel).map_err(|e| terr(e.to_string()))?;
     Ok(RawTensor { dtype, shape, bytes: Bytes::from(bytes) })
 }
 
@@ -192,11 +192,26 @@ fn location_name(entries: &[crate::proto::StringStringEntryProto]) -> String {
     entries.iter().find(|e| e.key.as_deref() == Some("location")).and_then(|e| e.value.clone()).unwrap_or_default()
 }
 
+/// Why a tensor's typed `*_data` fields do not hold its value.
+#[derive(Debug, thiserror::Error)]
+enum TypedFieldsError {
+    #[error("{field} holds {found} values but {dtype}{dims:?} needs {want}")]
+    Count { field: &'static str, found: usize, dtype: DType, dims: Vec<i64>, want: u64 },
+    #[error("{0} tensors cannot be read from typed fields")]
+    Unsupported(DType),
+    #[error("the tensor has no data")]
+    NoData,
+}
+
 /// Converts the typed `*_data` fields to `raw_data` layout, checking the element count.
-fn typed_fields_to_bytes(t: &TensorProto, dtype: DType, numel: u64) -> Result<Vec<u8>, String> {
+fn typed_fields_to_bytes(t: &TensorProto, dtype: DType, numel: u64) -> Result<Vec<u8>, TypedFieldsError> {
     use DType::*;
-    let count_err = |field: &str, found: usize, want: u64| {
-        format!("{field} holds {found} values but {dtype}{:?} needs {want}", t.dims)
+    let count_err = |field: &'static str, found: usize, want: u64| TypedFieldsError::Count {
+        field,
+        found,
+        dtype,
+        dims: t.dims.clone(),
+        want,
     };
     let mut out = Vec::new();
     match dtype {
@@ -255,10 +270,10 @@ fn typed_fields_to_bytes(t: &TensorProto, dtype: DType, numel: u64) -> Result<Ve
             }
             out.extend(t.int32_data.iter().map(|&v| v as u8));
         }
-        _ => return Err(format!("{dtype} tensors cannot be read from typed fields")),
+        _ => return Err(TypedFieldsError::Unsupported(dtype)),
     }
     if out.is_empty() && numel > 0 {
-        return Err("the tensor has no data".into());
+        return Err(TypedFieldsError::NoData);
     }
     Ok(out)
 }

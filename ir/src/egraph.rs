@@ -236,7 +236,7 @@ impl egg::FromOp for ENode {
         let spec =
             resolve_op(name).ok_or_else(|| err("not an op of the vocabulary (prefix the domain if ambiguous)"))?;
         let attrs = match attr_text {
-            Some(t) => parse_attrs(t).map_err(|m| err(&m))?,
+            Some(t) => parse_attrs(t).map_err(|e| err(&e.to_string()))?,
             None => Attrs::default(),
         };
         Ok(ENode::op(spec.domain, spec.name, attrs, children))
@@ -255,19 +255,34 @@ pub fn resolve_op(name: &str) -> Option<&'static OpSpec> {
     lookup(Domain::Onnx, name).or_else(|| VOCABULARY.iter().find(|s| s.name == name))
 }
 
+/// Why attribute text in a pattern does not parse.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AttrTextError {
+    #[error("`{0}` has no `=`")]
+    NoEquals(String),
+    #[error("unclosed list")]
+    UnclosedList,
+    #[error("unclosed string")]
+    UnclosedString,
+    #[error("bad list `{0}`")]
+    BadList(String),
+    #[error("bad value `{0}`")]
+    BadValue(String),
+}
+
 /// Parses `k=v,k=v` attribute text: ints, floats, "strings", [lists of ints or floats].
-pub fn parse_attrs(text: &str) -> Result<Attrs, String> {
+pub fn parse_attrs(text: &str) -> Result<Attrs, AttrTextError> {
     let mut attrs = Attrs::default();
     let mut rest = text.trim();
     while !rest.is_empty() {
-        let eq = rest.find('=').ok_or_else(|| format!("`{rest}` has no `=`"))?;
+        let eq = rest.find('=').ok_or_else(|| AttrTextError::NoEquals(rest.to_string()))?;
         let key = rest[..eq].trim().to_string();
         rest = rest[eq + 1..].trim_start();
         let (value, tail) = if rest.starts_with('[') {
-            let close = rest.find(']').ok_or("unclosed list")?;
+            let close = rest.find(']').ok_or(AttrTextError::UnclosedList)?;
             (&rest[..=close], &rest[close + 1..])
         } else if let Some(body) = rest.strip_prefix('"') {
-            let close = body.find('"').ok_or("unclosed string")? + 1;
+            let close = body.find('"').ok_or(AttrTextError::UnclosedString)? + 1;
             (&rest[..=close], &rest[close + 1..])
         } else {
             let end = rest.find(',').unwrap_or(rest.len());
@@ -279,7 +294,7 @@ pub fn parse_attrs(text: &str) -> Result<Attrs, String> {
     Ok(attrs)
 }
 
-fn parse_attr_value(v: &str) -> Result<Attr, String> {
+fn parse_attr_value(v: &str) -> Result<Attr, AttrTextError> {
     if let Some(inner) = v.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
         let items: Vec<&str> = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
         if let Ok(ints) = items.iter().map(|s| s.parse::<i64>()).collect::<Result<Vec<_>, _>>() {
@@ -289,7 +304,7 @@ fn parse_attr_value(v: &str) -> Result<Attr, String> {
             .iter()
             .map(|s| s.parse::<f32>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| format!("bad list `{v}`"))?;
+            .map_err(|_| AttrTextError::BadList(v.to_string()))?;
         return Ok(Attr::Floats(floats));
     }
     if let Some(s) = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
@@ -298,7 +313,7 @@ fn parse_attr_value(v: &str) -> Result<Attr, String> {
     if let Ok(i) = v.parse::<i64>() {
         return Ok(Attr::Int(i));
     }
-    v.parse::<f32>().map(Attr::Float).map_err(|_| format!("bad value `{v}`"))
+    v.parse::<f32>().map(Attr::Float).map_err(|_| AttrTextError::BadValue(v.to_string()))
 }
 
 /// Dtype and symbolic shape of one value.
@@ -599,137 +614,176 @@ fn shared_projection<CF: egg::CostFunction<ENode>>(
 /// the e-class analysis; values keep the name of an original graph value of their class where
 /// there is one (`names`), new values are named after their op.
 pub fn to_graph(template: &Graph, egraph: &EGraph, program: &Extracted, names: &HashMap<Id, String>) -> Graph {
-    let mut g = Graph {
-        name: template.name.clone(),
-        values: Vec::new(),
-        nodes: Vec::new(),
-        inputs: Vec::new(),
-        outputs: Vec::new(),
-        weights: template.weights.clone(),
-        assumptions: template.assumptions.clone(),
+    let mut r = Rebuild {
+        template,
+        g: Graph {
+            name: template.name.clone(),
+            values: Vec::new(),
+            nodes: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            weights: template.weights.clone(),
+            assumptions: template.assumptions.clone(),
+        },
+        used: std::collections::HashSet::new(),
+        input_ids: HashMap::new(),
+        vals: Vec::with_capacity(program.nodes.len()),
     };
-    let mut used: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let fresh = |base: String, used: &mut std::collections::HashSet<String>| {
+    // Output names are reserved: only the outputs themselves may carry them.
+    for &o in &template.outputs {
+        r.used.insert(template.value(o).name.clone());
+    }
+    r.add_inputs();
+    for (idx, (node, class)) in program.nodes.iter().enumerate() {
+        let data = &egraph[*class].data;
+        let hint = names.get(&egraph.find(*class)).cloned();
+        let out: Vec<ValueId> = match &node.head {
+            Head::Input(n) => vec![r.input_ids[n.as_ref()]],
+            Head::Weight(w) => r.leaf(data, template.weights.get(*w).name.clone(), ValueDef::Weight(*w)),
+            Head::Const(c) => {
+                let t = egraph.analysis.consts[*c as usize].clone();
+                r.leaf(data, hint.unwrap_or_else(|| format!("const{c}")), ValueDef::Const(t))
+            }
+            Head::Absent => vec![],
+            Head::Proj(i) => vec![r.vals[usize::from(node.children[0])][*i]],
+            Head::Outputs => {
+                r.add_outputs(&node.children);
+                vec![]
+            }
+            Head::Op { domain, op, attrs } => r.add_op(idx, node, (*domain, *op, &*attrs.attrs), data, hint),
+        };
+        r.vals.push(out);
+    }
+    r.g
+}
+
+/// The graph [`to_graph`] is building and what it needs to name and wire its values.
+struct Rebuild<'t> {
+    template: &'t Graph,
+    g: Graph,
+    /// Value names taken so far (the outputs' reserved up front).
+    used: std::collections::HashSet<String>,
+    /// The new graph's inputs by name.
+    input_ids: HashMap<String, ValueId>,
+    /// The values of each program node so far, by its index in the program.
+    vals: Vec<Vec<ValueId>>,
+}
+
+impl Rebuild<'_> {
+    /// `base`, or `base.k` for the first `k` that makes it unused; the name is then taken.
+    fn fresh(&mut self, base: String) -> String {
         let mut k = 0;
         loop {
             let candidate = if k == 0 { base.clone() } else { format!("{base}.{k}") };
-            if used.insert(candidate.clone()) {
+            if self.used.insert(candidate.clone()) {
                 return candidate;
             }
             k += 1;
         }
-    };
-    // Output names are reserved: only the outputs themselves may carry them.
-    for &o in &template.outputs {
-        used.insert(template.value(o).name.clone());
     }
-    // Graph inputs come first and keep their order even if the program no longer reads them.
-    let mut input_ids: HashMap<String, ValueId> = HashMap::new();
-    for &i in &template.inputs {
-        let v = template.value(i);
-        g.values.push(Value {
-            name: fresh(v.name.clone(), &mut used),
-            dtype: v.dtype,
-            shape: v.shape.clone(),
-            def: ValueDef::Input,
-        });
-        let id = ValueId(g.values.len() as u32 - 1);
-        g.inputs.push(id);
-        input_ids.insert(v.name.clone(), id);
+
+    fn push_value(&mut self, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
+        self.g.values.push(Value { name, dtype, shape, def });
+        ValueId(self.g.values.len() as u32 - 1)
     }
-    let opset_of = |d: Domain| template.nodes.iter().find(|n| n.domain == d).map(|n| n.opset).unwrap_or(1);
-    let mut vals: Vec<Vec<ValueId>> = Vec::with_capacity(program.nodes.len());
-    for (idx, (node, class)) in program.nodes.iter().enumerate() {
-        let data = &egraph[*class].data;
-        let hint = names.get(&egraph.find(*class)).cloned();
-        let mut leaf = |g: &mut Graph, name: String, def: ValueDef| {
-            let ty = data.ty().cloned().unwrap_or(TypeInfo { dtype: DType::F32, shape: vec![] });
-            g.values.push(Value { name: fresh(name, &mut used), dtype: ty.dtype, shape: ty.shape, def });
-            vec![ValueId(g.values.len() as u32 - 1)]
-        };
-        let out: Vec<ValueId> = match &node.head {
-            Head::Input(n) => vec![input_ids[n.as_ref()]],
-            Head::Weight(w) => leaf(&mut g, template.weights.get(*w).name.clone(), ValueDef::Weight(*w)),
-            Head::Const(c) => {
-                let t = egraph.analysis.consts[*c as usize].clone();
-                leaf(&mut g, hint.unwrap_or_else(|| format!("const{c}")), ValueDef::Const(t))
-            }
-            Head::Absent => vec![],
-            Head::Proj(i) => vec![vals[usize::from(node.children[0])][*i]],
-            Head::Outputs => {
-                for (c, &want) in node.children.iter().zip(&template.outputs) {
-                    let v = vals[usize::from(*c)][0];
-                    let name = template.value(want).name.clone();
-                    let claimed = g.outputs.contains(&v);
-                    if !claimed && matches!(g.values[v.0 as usize].def, ValueDef::Node { .. }) {
-                        g.values[v.0 as usize].name = name;
-                        g.outputs.push(v);
-                    } else {
-                        // An input, a leaf, or a value already returned under another name: the
-                        // output gets its own Identity so every output keeps its name.
-                        let node_id = NodeId(g.nodes.len() as u32);
-                        let src = g.values[v.0 as usize].clone();
-                        g.values.push(Value {
-                            name,
-                            dtype: src.dtype,
-                            shape: src.shape,
-                            def: ValueDef::Node { node: node_id, output: 0 },
-                        });
-                        let out = ValueId(g.values.len() as u32 - 1);
-                        g.nodes.push(Node {
-                            name: format!("output_{}", g.outputs.len()),
-                            domain: Domain::Onnx,
-                            op: "Identity",
-                            opset: opset_of(Domain::Onnx),
-                            attrs: Attrs::default(),
-                            inputs: vec![Some(v)],
-                            outputs: vec![out],
-                        });
-                        g.outputs.push(out);
-                    }
-                }
-                vec![]
-            }
-            Head::Op { domain, op, attrs } => {
-                let inputs: Vec<Option<ValueId>> =
-                    node.children.iter().map(|c| vals[usize::from(*c)].first().copied()).collect();
-                let node_id = NodeId(g.nodes.len() as u32);
-                let types = if data.types.is_empty() {
-                    vec![TypeInfo { dtype: DType::F32, shape: vec![] }]
-                } else {
-                    data.types.clone()
-                };
-                let mut outputs = Vec::with_capacity(types.len());
-                for (k, ty) in types.iter().enumerate() {
-                    let base = match (&hint, types.len()) {
-                        (Some(h), 1) => h.clone(),
-                        (Some(h), _) => format!("{h}.{k}"),
-                        (None, 1) => format!("{}_{idx}", op.to_lowercase()),
-                        (None, _) => format!("{}_{idx}.{k}", op.to_lowercase()),
-                    };
-                    g.values.push(Value {
-                        name: fresh(base, &mut used),
-                        dtype: ty.dtype,
-                        shape: ty.shape.clone(),
-                        def: ValueDef::Node { node: node_id, output: k },
-                    });
-                    outputs.push(ValueId(g.values.len() as u32 - 1));
-                }
-                g.nodes.push(Node {
-                    name: format!("{op}_{idx}"),
-                    domain: *domain,
-                    op,
-                    opset: opset_of(*domain),
-                    attrs: (*attrs.attrs).clone(),
-                    inputs,
-                    outputs: outputs.clone(),
+
+    /// Graph inputs come first and keep their order even if the program no longer reads them.
+    fn add_inputs(&mut self) {
+        for &i in &self.template.inputs {
+            let v = self.template.value(i);
+            let name = self.fresh(v.name.clone());
+            let id = self.push_value(name, v.dtype, v.shape.clone(), ValueDef::Input);
+            self.g.inputs.push(id);
+            self.input_ids.insert(v.name.clone(), id);
+        }
+    }
+
+    /// The opset the template imports `domain` at (1 when no node of it is left).
+    fn opset_of(&self, domain: Domain) -> i64 {
+        self.template.nodes.iter().find(|n| n.domain == domain).map(|n| n.opset).unwrap_or(1)
+    }
+
+    /// A weight or constant value typed by its class' analysis.
+    fn leaf(&mut self, data: &ClassData, name: String, def: ValueDef) -> Vec<ValueId> {
+        let ty = data.ty().cloned().unwrap_or(TypeInfo { dtype: DType::F32, shape: vec![] });
+        let name = self.fresh(name);
+        vec![self.push_value(name, ty.dtype, ty.shape, def)]
+    }
+
+    /// The graph outputs, in the template's order and under its names.
+    fn add_outputs(&mut self, children: &[Id]) {
+        for (c, &want) in children.iter().zip(&self.template.outputs) {
+            let v = self.vals[usize::from(*c)][0];
+            let name = self.template.value(want).name.clone();
+            let claimed = self.g.outputs.contains(&v);
+            if !claimed && matches!(self.g.values[v.0 as usize].def, ValueDef::Node { .. }) {
+                self.g.values[v.0 as usize].name = name;
+                self.g.outputs.push(v);
+            } else {
+                // An input, a leaf, or a value already returned under another name: the output
+                // gets its own Identity so every output keeps its name.
+                let node_id = NodeId(self.g.nodes.len() as u32);
+                let src = self.g.values[v.0 as usize].clone();
+                let out = self.push_value(name, src.dtype, src.shape, ValueDef::Node { node: node_id, output: 0 });
+                self.g.nodes.push(Node {
+                    name: format!("output_{}", self.g.outputs.len()),
+                    domain: Domain::Onnx,
+                    op: "Identity",
+                    opset: self.opset_of(Domain::Onnx),
+                    attrs: Attrs::default(),
+                    inputs: vec![Some(v)],
+                    outputs: vec![out],
                 });
-                outputs
+                self.g.outputs.push(out);
             }
-        };
-        vals.push(out);
+        }
     }
-    g
+
+    /// The node of program node `idx`, an op of its class, with its output values named after
+    /// `hint` (the class' original value) or after the op.
+    fn add_op(
+        &mut self,
+        idx: usize,
+        node: &ENode,
+        (domain, op, attrs): (Domain, &'static str, &Attrs),
+        data: &ClassData,
+        hint: Option<String>,
+    ) -> Vec<ValueId> {
+        let inputs: Vec<Option<ValueId>> =
+            node.children.iter().map(|c| self.vals[usize::from(*c)].first().copied()).collect();
+        let node_id = NodeId(self.g.nodes.len() as u32);
+        let types = if data.types.is_empty() {
+            vec![TypeInfo { dtype: DType::F32, shape: vec![] }]
+        } else {
+            data.types.clone()
+        };
+        let mut outputs = Vec::with_capacity(types.len());
+        for (k, ty) in types.iter().enumerate() {
+            let base = match (&hint, types.len()) {
+                (Some(h), 1) => h.clone(),
+                (Some(h), _) => format!("{h}.{k}"),
+                (None, 1) => format!("{}_{idx}", op.to_lowercase()),
+                (None, _) => format!("{}_{idx}.{k}", op.to_lowercase()),
+            };
+            let name = self.fresh(base);
+            outputs.push(self.push_value(
+                name,
+                ty.dtype,
+                ty.shape.clone(),
+                ValueDef::Node { node: node_id, output: k },
+            ));
+        }
+        self.g.nodes.push(Node {
+            name: format!("{op}_{idx}"),
+            domain,
+            op,
+            opset: self.opset_of(domain),
+            attrs: attrs.clone(),
+            inputs,
+            outputs: outputs.clone(),
+        });
+        outputs
+    }
 }
 
 /// Names of the original graph values by (canonical) e-class, for [`to_graph`].

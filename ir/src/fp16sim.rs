@@ -120,7 +120,7 @@ fn skip_norm(op: &OpRef, args: &[Option<&Tensor>], num_outputs: usize) -> Result
 fn wgemm(op: &OpRef, args: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
     let (a, w, scales) = (input(op, args, 0)?, input(op, args, 1)?, input(op, args, 2)?);
     let (zp, bias) = (args.get(3).copied().flatten(), args.get(4).copied().flatten());
-    let nb = NBitsWeights::new(op.attrs, w, scales, zp).map_err(|m| err(op, m))?;
+    let nb = NBitsWeights::new(op.attrs, w, scales, zp).map_err(|e| err(op, e.to_string()))?;
     let (k, n) = (nb.k, nb.n);
     if a.shape.last() != Some(&k) || !a.dtype.is_float() {
         return Err(err(op, format!("a must be float [.., K={k}], got {} {:?}", a.dtype, a.shape)));

@@ -18,7 +18,7 @@
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
 
-use crate::attr::{Attr, Attrs};
+use crate::attr::{Attr, AttrError, Attrs};
 use crate::dim::Dim;
 use crate::dtype::DType;
 use crate::egraph::TypeInfo;
@@ -412,6 +412,27 @@ pub struct NBitsWeights {
     zeros: Zeros,
 }
 
+/// Why a WGemm's attributes and weights are not a MatMulNBits layout.
+#[derive(Debug, thiserror::Error)]
+pub enum NBitsError {
+    #[error(transparent)]
+    Attr(#[from] AttrError),
+    #[error("attribute {0} must be a positive integer")]
+    NotPositive(&'static str),
+    #[error("bits {bits} with block_size {block} is not a MatMulNBits layout")]
+    Layout { bits: usize, block: usize },
+    #[error("weights must be uint8 codes, got {0}")]
+    CodesDtype(DType),
+    #[error("weights must hold N·blocks·{blob} = {bytes} bytes, got {shape:?}")]
+    CodesShape { blob: usize, bytes: usize, shape: Vec<usize> },
+    #[error("scales must hold N·blocks = {expected} values, got {got}")]
+    ScalesLen { expected: usize, got: usize },
+    #[error("zero points must be uint8 or float, got {0}")]
+    ZeroPointsDtype(DType),
+    #[error("zero points of shape {0:?} fit neither layout")]
+    ZeroPointsShape(Vec<usize>),
+}
+
 enum Zeros {
     Default,
     Packed(Vec<i64>, usize),
@@ -425,36 +446,35 @@ impl NBitsWeights {
         w: &Tensor,
         scales: &Tensor,
         zero_points: Option<&Tensor>,
-    ) -> Result<NBitsWeights, String> {
-        let attr = |name: &str| -> Result<usize, String> {
-            match attrs.int(name).map_err(|e| e.to_string())? {
+    ) -> Result<NBitsWeights, NBitsError> {
+        let attr = |name: &'static str| -> Result<usize, NBitsError> {
+            match attrs.int(name)? {
                 Some(v) if v > 0 => Ok(v as usize),
-                _ => Err(format!("attribute {name} must be a positive integer")),
+                _ => Err(NBitsError::NotPositive(name)),
             }
         };
         let (k, n, bits, block) = (attr("K")?, attr("N")?, attr("bits")?, attr("block_size")?);
         if !matches!(bits, 2 | 4 | 8) || (block * bits) % 8 != 0 {
-            return Err(format!("bits {bits} with block_size {block} is not a MatMulNBits layout"));
+            return Err(NBitsError::Layout { bits, block });
         }
         let blocks = k.div_ceil(block);
         let blob = block * bits / 8;
-        let codes = w.as_i64().ok_or_else(|| format!("weights must be uint8 codes, got {}", w.dtype))?.to_vec();
+        let codes = w.as_i64().ok_or(NBitsError::CodesDtype(w.dtype))?.to_vec();
         if codes.len() != n * blocks * blob {
-            return Err(format!("weights must hold N·blocks·{blob} = {} bytes, got {:?}", n * blocks * blob, w.shape));
+            return Err(NBitsError::CodesShape { blob, bytes: n * blocks * blob, shape: w.shape.clone() });
         }
         let scales = scales.to_f64_vec();
         if scales.len() != n * blocks {
-            return Err(format!("scales must hold N·blocks = {} values, got {}", n * blocks, scales.len()));
+            return Err(NBitsError::ScalesLen { expected: n * blocks, got: scales.len() });
         }
         let row_bytes = (blocks * bits).div_ceil(8);
         let zeros = match zero_points {
             None => Zeros::Default,
             Some(z) if z.dtype.is_float() && z.numel() == n * blocks => Zeros::Float(z.to_f64_vec()),
-            Some(z) if z.numel() == n * row_bytes => Zeros::Packed(
-                z.as_i64().ok_or_else(|| format!("zero points must be uint8 or float, got {}", z.dtype))?.to_vec(),
-                row_bytes,
-            ),
-            Some(z) => return Err(format!("zero points of shape {:?} fit neither layout", z.shape)),
+            Some(z) if z.numel() == n * row_bytes => {
+                Zeros::Packed(z.as_i64().ok_or(NBitsError::ZeroPointsDtype(z.dtype))?.to_vec(), row_bytes)
+            }
+            Some(z) => return Err(NBitsError::ZeroPointsShape(z.shape.clone())),
         };
         Ok(NBitsWeights { k, n, bits, block, blocks, codes, scales, zeros })
     }
@@ -543,11 +563,7 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let total = pk.shape[2];
     let past = total - s;
     let scale = op.attrs.float_or("scale", 1.0 / (d as f32).sqrt()).map_err(|e| err(op, e.to_string()))? as f64;
-    let window = match op.attrs.int("window").map_err(|e| err(op, e.to_string()))? {
-        Some(w) if w < 0 => return Err(err(op, format!("window {w} is negative"))),
-        Some(w) if w > 0 => w as usize,
-        _ => usize::MAX,
-    };
+    let window = attention_window(op)?;
     let mask = get(5).map(|m| m.to_f64_vec());
     if let Some(m) = &mask {
         if m.len() != b * total {
@@ -560,40 +576,14 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let mut scores = vec![0f64; total];
     for bi in 0..b {
         for h in 0..hq {
-            let kh = h / group;
+            let kv_rows = (bi * hkv + h / group) * total * d;
+            let (keys, values) = (&kv[kv_rows..][..total * d], &vv[kv_rows..][..total * d]);
             for i in 0..s {
-                let qrow = &qv[((bi * hq + h) * s + i) * d..][..d];
-                let mut max = f64::NEG_INFINITY;
-                let mut any = false;
-                for (t, sc) in scores.iter_mut().enumerate() {
-                    let allowed = t <= past + i
-                        && past + i - t < window
-                        && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0);
-                    if !allowed {
-                        *sc = f64::NEG_INFINITY;
-                        continue;
-                    }
-                    let krow = &kv[((bi * hkv + kh) * total + t) * d..][..d];
-                    let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    *sc = dot * scale;
-                    max = max.max(*sc);
-                    any = true;
-                }
-                if !any {
-                    continue;
-                }
-                let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
-                let orow = &mut out[((bi * hq + h) * s + i) * d..][..d];
-                for (t, &sc) in scores.iter().enumerate() {
-                    if !sc.is_finite() {
-                        continue;
-                    }
-                    let p = (sc - max).exp() / denom;
-                    let vrow = &vv[((bi * hkv + kh) * total + t) * d..][..d];
-                    for (o, &x) in orow.iter_mut().zip(vrow) {
-                        *o += (p * x as f64) as f32;
-                    }
-                }
+                let visible = |t: usize| {
+                    t <= past + i && past + i - t < window && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0)
+                };
+                let at = ((bi * hq + h) * s + i) * d;
+                attend_row(&qv[at..][..d], keys, values, scale, visible, &mut scores, &mut out[at..][..d]);
             }
         }
     }
@@ -601,6 +591,58 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let mut r = vec![y, pk, pv];
     r.truncate(num_outputs.max(1));
     Ok(r)
+}
+
+/// Attention's `window` attribute: the positions a query sees, its own included (`usize::MAX`
+/// when absent or 0).
+fn attention_window(op: &OpRef) -> Result<usize, EvalError> {
+    match op.attrs.int("window").map_err(|e| err(op, e.to_string()))? {
+        Some(w) if w < 0 => Err(err(op, format!("window {w} is negative"))),
+        Some(w) if w > 0 => Ok(w as usize),
+        _ => Ok(usize::MAX),
+    }
+}
+
+/// Adds to `orow` one query row's attention: softmax(q·k_t · scale) over the `visible` keys t
+/// (f64 accumulation) weighting the values' rows. A row with no visible key stays zero. `scores`
+/// is scratch space, one entry per key.
+fn attend_row(
+    qrow: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scale: f64,
+    visible: impl Fn(usize) -> bool,
+    scores: &mut [f64],
+    orow: &mut [f32],
+) {
+    let d = qrow.len();
+    let mut max = f64::NEG_INFINITY;
+    let mut any = false;
+    for (t, sc) in scores.iter_mut().enumerate() {
+        if !visible(t) {
+            *sc = f64::NEG_INFINITY;
+            continue;
+        }
+        let krow = &keys[t * d..][..d];
+        let dot: f64 = qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum();
+        *sc = dot * scale;
+        max = max.max(*sc);
+        any = true;
+    }
+    if !any {
+        return;
+    }
+    let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
+    for (t, &sc) in scores.iter().enumerate() {
+        if !sc.is_finite() {
+            continue;
+        }
+        let p = (sc - max).exp() / denom;
+        let vrow = &values[t * d..][..d];
+        for (o, &x) in orow.iter_mut().zip(vrow) {
+            *o += (p * x as f64) as f32;
+        }
+    }
 }
 
 /// Output types of an op from its input types (`None` for absent inputs); empty when the op's

@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::op::Domain;
 use crate::tensor::Tensor;
 use crate::weights::{WeightId, WeightStore};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -140,91 +140,113 @@ impl Graph {
     /// The graph without nodes no output depends on and without values nothing uses (graph
     /// inputs are kept, in order). Identity nodes whose output is not a graph output are bypassed.
     pub fn pruned(&self) -> Graph {
-        // Resolve Identity chains first.
+        let is_output: HashSet<ValueId> = self.outputs.iter().copied().collect();
+        let alias = self.identity_aliases(&is_output);
+        let resolve = |v: ValueId| alias[v.0 as usize];
+        let live_node = self.live_nodes(&alias, &is_output);
+        let mut copy = ValueCopier { from: self, g: self.empty_like(self.name.clone()), map: HashMap::new() };
+        for &i in &self.inputs {
+            let id = copy.keep(i, ValueDef::Input);
+            copy.g.inputs.push(id);
+        }
+        for (ni, n) in self.nodes.iter().enumerate() {
+            if !live_node[ni] {
+                continue;
+            }
+            let inputs = n.inputs.iter().map(|i| i.map(|v| copy.keep(resolve(v), self.value(resolve(v)).def.clone())));
+            let inputs = inputs.collect();
+            let node_id = NodeId(copy.g.nodes.len() as u32);
+            let outputs = n
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(k, &o)| copy.keep(o, ValueDef::Node { node: node_id, output: k }))
+                .collect();
+            copy.g.nodes.push(Node { outputs, inputs, ..n.clone() });
+        }
+        for &o in &self.outputs {
+            let id = copy.keep(o, self.value(o).def.clone());
+            copy.g.outputs.push(id);
+        }
+        copy.g
+    }
+
+    /// Each value's representative once Identity nodes are bypassed (except those that name a
+    /// graph output): the start of its Identity chain.
+    fn identity_aliases(&self, is_output: &HashSet<ValueId>) -> Vec<ValueId> {
         let mut alias: Vec<ValueId> = (0..self.values.len() as u32).map(ValueId).collect();
-        let is_output: std::collections::HashSet<ValueId> = self.outputs.iter().copied().collect();
         for n in &self.nodes {
-            if n.op == "Identity" && n.domain == Domain::Onnx && !is_output.contains(&n.outputs[0]) {
+            if is_bypassed_identity(n, is_output) {
                 if let Some(src) = n.inputs[0] {
                     alias[n.outputs[0].0 as usize] = alias[src.0 as usize];
                 }
             }
         }
-        let resolve = |v: ValueId| alias[v.0 as usize];
+        alias
+    }
+
+    /// Which nodes a graph output depends on, reading through the aliases.
+    fn live_nodes(&self, alias: &[ValueId], is_output: &HashSet<ValueId>) -> Vec<bool> {
         let mut live_value = vec![false; self.values.len()];
         let mut live_node = vec![false; self.nodes.len()];
         for &o in &self.outputs {
-            live_value[resolve(o).0 as usize] = true;
+            live_value[alias[o.0 as usize].0 as usize] = true;
             live_value[o.0 as usize] = true;
         }
         for (ni, n) in self.nodes.iter().enumerate().rev() {
-            let bypassed = n.op == "Identity" && n.domain == Domain::Onnx && !is_output.contains(&n.outputs[0]);
-            if bypassed || !n.outputs.iter().any(|o| live_value[o.0 as usize]) {
+            if is_bypassed_identity(n, is_output) || !n.outputs.iter().any(|o| live_value[o.0 as usize]) {
                 continue;
             }
             live_node[ni] = true;
             for &i in n.inputs.iter().flatten() {
-                live_value[resolve(i).0 as usize] = true;
+                live_value[alias[i.0 as usize].0 as usize] = true;
             }
         }
-        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-        let mut g = Graph {
-            name: self.name.clone(),
+        live_node
+    }
+
+    /// A graph named `name` with this graph's weights and assumptions and nothing else.
+    fn empty_like(&self, name: String) -> Graph {
+        Graph {
+            name,
             values: Vec::new(),
             nodes: Vec::new(),
             inputs: Vec::new(),
             outputs: Vec::new(),
             weights: self.weights.clone(),
             assumptions: self.assumptions.clone(),
-        };
-        let keep = |g: &mut Graph, map: &mut HashMap<ValueId, ValueId>, v: ValueId, def: ValueDef| -> ValueId {
-            if let Some(&m) = map.get(&v) {
-                return m;
-            }
-            let old = self.value(v);
-            g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def });
-            let id = ValueId(g.values.len() as u32 - 1);
-            map.insert(v, id);
-            id
-        };
-        for &i in &self.inputs {
-            let id = keep(&mut g, &mut map, i, ValueDef::Input);
-            g.inputs.push(id);
         }
-        for (ni, n) in self.nodes.iter().enumerate() {
-            if !live_node[ni] {
-                continue;
-            }
-            let mut inputs = Vec::with_capacity(n.inputs.len());
-            for i in &n.inputs {
-                inputs.push(match i {
-                    None => None,
-                    Some(v) => {
-                        let v = resolve(*v);
-                        Some(match map.get(&v) {
-                            Some(&m) => m,
-                            None => keep(&mut g, &mut map, v, self.value(v).def.clone()),
-                        })
-                    }
-                });
-            }
-            let node_id = NodeId(g.nodes.len() as u32);
-            let outputs = n
-                .outputs
-                .iter()
-                .enumerate()
-                .map(|(k, &o)| keep(&mut g, &mut map, o, ValueDef::Node { node: node_id, output: k }))
-                .collect();
-            g.nodes.push(Node { outputs, inputs, ..n.clone() });
+    }
+}
+
+/// An Identity node [`Graph::pruned`] bypasses: one whose output is not a graph output.
+fn is_bypassed_identity(n: &Node, is_output: &HashSet<ValueId>) -> bool {
+    n.op == "Identity" && n.domain == Domain::Onnx && !is_output.contains(&n.outputs[0])
+}
+
+/// Values of `from` copied into `g`, each once.
+struct ValueCopier<'a> {
+    from: &'a Graph,
+    g: Graph,
+    map: HashMap<ValueId, ValueId>,
+}
+
+impl ValueCopier<'_> {
+    /// The copy of `v`, made with definition `def` if there is none yet.
+    fn keep(&mut self, v: ValueId, def: ValueDef) -> ValueId {
+        if let Some(&m) = self.map.get(&v) {
+            return m;
         }
-        for &o in &self.outputs {
-            let id = match map.get(&o) {
-                Some(&m) => m,
-                None => keep(&mut g, &mut map, o, self.value(o).def.clone()),
-            };
-            g.outputs.push(id);
-        }
-        g
+        let old = self.from.value(v);
+        let id = self.push(old, def);
+        self.map.insert(v, id);
+        id
+    }
+
+    /// A new value like `old` with definition `def`.
+    fn push(&mut self, old: &Value, def: ValueDef) -> ValueId {
+        self.g.values.push(Value { name: old.name.clone(), dtype: old.dtype, shape: old.shape.clone(), def });
+        ValueId(self.g.values.len() as u32 - 1)
     }
 }
 
@@ -234,6 +256,33 @@ impl Graph {
     /// become inputs; values the rest of the graph reads (or graph outputs) become outputs.
     /// `None` when no node belongs to the layer.
     pub fn layer(&self, n: usize) -> Option<Graph> {
+        let inside = self.layer_nodes(n)?;
+        let read_outside = self.read_outside(&inside);
+        let mut copy =
+            ValueCopier { from: self, g: self.empty_like(format!("{} layer {n}", self.name)), map: HashMap::new() };
+        for (ni, node) in self.nodes.iter().enumerate() {
+            if !inside[ni] {
+                continue;
+            }
+            let inputs = node.inputs.iter().map(|i| i.map(|v| copy.layer_input(v))).collect();
+            let node_id = NodeId(copy.g.nodes.len() as u32);
+            let mut outputs = Vec::new();
+            for (k, &o) in node.outputs.iter().enumerate() {
+                let id = copy.push(self.value(o), ValueDef::Node { node: node_id, output: k });
+                copy.map.insert(o, id);
+                outputs.push(id);
+                if read_outside[o.0 as usize] {
+                    copy.g.outputs.push(id);
+                }
+            }
+            copy.g.nodes.push(Node { inputs, outputs, ..node.clone() });
+        }
+        Some(copy.g)
+    }
+
+    /// Which nodes belong to layer `n`: those named after it, and the nodes computed from weights
+    /// and constants only that they read. `None` when no node is named after it.
+    fn layer_nodes(&self, n: usize) -> Option<Vec<bool>> {
         let tags = [format!("layers.{n}/"), format!("layers.{n}."), format!("layers.{n}_")];
         let mut inside: Vec<bool> =
             self.nodes.iter().map(|node| tags.iter().any(|t| node.name.contains(t.as_str()))).collect();
@@ -261,9 +310,13 @@ impl Graph {
                 }
             }
             if !grew {
-                break;
+                return Some(inside);
             }
         }
+    }
+
+    /// Values read by a node outside `inside`, or graph outputs.
+    fn read_outside(&self, inside: &[bool]) -> Vec<bool> {
         let mut read_outside = vec![false; self.values.len()];
         for (ni, node) in self.nodes.iter().enumerate() {
             if !inside[ni] {
@@ -275,64 +328,29 @@ impl Graph {
         for &o in &self.outputs {
             read_outside[o.0 as usize] = true;
         }
-        let mut g = Graph {
-            name: format!("{} layer {n}", self.name),
-            values: Vec::new(),
-            nodes: Vec::new(),
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            weights: self.weights.clone(),
-            assumptions: self.assumptions.clone(),
-        };
-        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-        for (ni, node) in self.nodes.iter().enumerate() {
-            if !inside[ni] {
-                continue;
-            }
-            let mut inputs = Vec::new();
-            for i in &node.inputs {
-                inputs.push(i.map(|v| {
-                    *map.entry(v).or_insert_with(|| {
-                        let old = self.value(v);
-                        let def = match &old.def {
-                            ValueDef::Node { .. } | ValueDef::Input => ValueDef::Input,
-                            other => other.clone(),
-                        };
-                        let is_input = matches!(def, ValueDef::Input);
-                        g.values.push(Value {
-                            name: old.name.clone(),
-                            dtype: old.dtype,
-                            shape: old.shape.clone(),
-                            def,
-                        });
-                        let id = ValueId(g.values.len() as u32 - 1);
-                        if is_input {
-                            g.inputs.push(id);
-                        }
-                        id
-                    })
-                }));
-            }
-            let node_id = NodeId(g.nodes.len() as u32);
-            let mut outputs = Vec::new();
-            for (k, &o) in node.outputs.iter().enumerate() {
-                let old = self.value(o);
-                g.values.push(Value {
-                    name: old.name.clone(),
-                    dtype: old.dtype,
-                    shape: old.shape.clone(),
-                    def: ValueDef::Node { node: node_id, output: k },
-                });
-                let id = ValueId(g.values.len() as u32 - 1);
-                map.insert(o, id);
-                outputs.push(id);
-                if read_outside[o.0 as usize] {
-                    g.outputs.push(id);
-                }
-            }
-            g.nodes.push(Node { inputs, outputs, ..node.clone() });
+        read_outside
+    }
+}
+
+impl ValueCopier<'_> {
+    /// The copy of `v` read by a layer's node: a value computed outside the layer (or a graph
+    /// input) becomes an input of the layer; weights and constants stay what they are.
+    fn layer_input(&mut self, v: ValueId) -> ValueId {
+        if let Some(&m) = self.map.get(&v) {
+            return m;
         }
-        Some(g)
+        let old = self.from.value(v);
+        let def = match &old.def {
+            ValueDef::Node { .. } | ValueDef::Input => ValueDef::Input,
+            other => other.clone(),
+        };
+        let is_input = matches!(def, ValueDef::Input);
+        let id = self.push(old, def);
+        self.map.insert(v, id);
+        if is_input {
+            self.g.inputs.push(id);
+        }
+        id
     }
 }
 

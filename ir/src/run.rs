@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::eval::{eval_op, EvalError};
-use crate::graph::{Graph, ValueDef, ValueId};
+use crate::graph::{Graph, Node, ValueDef, ValueId};
 use crate::op::OpRef;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -47,40 +47,11 @@ pub fn run_graph_with(
 ) -> Result<HashMap<String, Tensor>, RunError> {
     let mut bindings: HashMap<String, i64> = HashMap::new();
     let mut slots: Vec<Option<Tensor>> = vec![None; graph.values.len()];
-    for &id in &graph.inputs {
-        let v = graph.value(id);
-        let t = inputs.get(&v.name).ok_or_else(|| RunError::MissingInput(v.name.clone()))?;
-        if t.dtype != v.dtype {
-            return Err(RunError::InputDtype { name: v.name.clone(), given: t.dtype, declared: v.dtype });
-        }
-        bind_shape(&v.name, &v.shape, &t.shape, &mut bindings)?;
-        slots[id.0 as usize] = Some(t.clone());
-    }
-    // Remaining uses per value, so intermediates can be freed as soon as possible.
-    let mut uses = vec![0usize; graph.values.len()];
-    for n in &graph.nodes {
-        for &i in n.inputs.iter().flatten() {
-            uses[i.0 as usize] += 1;
-        }
-    }
-    for &o in &graph.outputs {
-        uses[o.0 as usize] += 1;
-    }
+    bind_inputs(graph, inputs, &mut slots, &mut bindings)?;
+    let mut uses = count_uses(graph);
     let mut weight_cache: HashMap<ValueId, Tensor> = HashMap::new();
     for n in &graph.nodes {
-        for &i in n.inputs.iter().flatten() {
-            if slots[i.0 as usize].is_none() && !weight_cache.contains_key(&i) {
-                let t = match &graph.value(i).def {
-                    ValueDef::Weight(w) => {
-                        let w = graph.weights.get(*w);
-                        w.to_tensor().map_err(|e| RunError::Weight { name: w.name.clone(), msg: e.to_string() })?
-                    }
-                    ValueDef::Const(t) => t.clone(),
-                    _ => continue,
-                };
-                weight_cache.insert(i, t);
-            }
-        }
+        load_constant_inputs(graph, n, &slots, &mut weight_cache)?;
         let args: Vec<Option<&Tensor>> = n
             .inputs
             .iter()
@@ -89,19 +60,7 @@ pub fn run_graph_with(
         let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
         let results = eval(&op, &args, n.outputs.len())?;
         for (&out, t) in n.outputs.iter().zip(results) {
-            let v = graph.value(out);
-            let expected: Option<Vec<i64>> = v.shape.iter().map(|d| d.eval(&|s| bindings.get(s).copied())).collect();
-            if let Some(expected) = expected {
-                let got: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
-                if got != expected {
-                    return Err(RunError::ShapeDisagrees {
-                        node: n.name.clone(),
-                        value: v.name.clone(),
-                        got: t.shape.clone(),
-                        inferred: crate::dim::shape_to_string(&v.shape),
-                    });
-                }
-            }
+            check_inferred_shape(graph, n, out, &t, &bindings)?;
             slots[out.0 as usize] = Some(t);
         }
         for &i in n.inputs.iter().flatten() {
@@ -113,6 +72,94 @@ pub fn run_graph_with(
             }
         }
     }
+    graph_outputs(graph, &slots)
+}
+
+/// Checks every graph input against its declared dtype and shape, binding the shape's symbols,
+/// and puts it in its slot.
+fn bind_inputs(
+    graph: &Graph,
+    inputs: &HashMap<String, Tensor>,
+    slots: &mut [Option<Tensor>],
+    bindings: &mut HashMap<String, i64>,
+) -> Result<(), RunError> {
+    for &id in &graph.inputs {
+        let v = graph.value(id);
+        let t = inputs.get(&v.name).ok_or_else(|| RunError::MissingInput(v.name.clone()))?;
+        if t.dtype != v.dtype {
+            return Err(RunError::InputDtype { name: v.name.clone(), given: t.dtype, declared: v.dtype });
+        }
+        bind_shape(&v.name, &v.shape, &t.shape, bindings)?;
+        slots[id.0 as usize] = Some(t.clone());
+    }
+    Ok(())
+}
+
+/// Remaining uses per value (node inputs and graph outputs), so intermediates can be freed as
+/// soon as possible.
+fn count_uses(graph: &Graph) -> Vec<usize> {
+    let mut uses = vec![0usize; graph.values.len()];
+    for n in &graph.nodes {
+        for &i in n.inputs.iter().flatten() {
+            uses[i.0 as usize] += 1;
+        }
+    }
+    for &o in &graph.outputs {
+        uses[o.0 as usize] += 1;
+    }
+    uses
+}
+
+/// Decodes the weights and constants `n` reads that are not decoded yet into `cache`.
+fn load_constant_inputs(
+    graph: &Graph,
+    n: &Node,
+    slots: &[Option<Tensor>],
+    cache: &mut HashMap<ValueId, Tensor>,
+) -> Result<(), RunError> {
+    for &i in n.inputs.iter().flatten() {
+        if slots[i.0 as usize].is_none() && !cache.contains_key(&i) {
+            let t = match &graph.value(i).def {
+                ValueDef::Weight(w) => {
+                    let w = graph.weights.get(*w);
+                    w.to_tensor().map_err(|e| RunError::Weight { name: w.name.clone(), msg: e.to_string() })?
+                }
+                ValueDef::Const(t) => t.clone(),
+                _ => continue,
+            };
+            cache.insert(i, t);
+        }
+    }
+    Ok(())
+}
+
+/// Checks a result of node `n` against the shape inference gave its value `out`, where the
+/// bound sizes determine it.
+fn check_inferred_shape(
+    graph: &Graph,
+    n: &Node,
+    out: ValueId,
+    t: &Tensor,
+    bindings: &HashMap<String, i64>,
+) -> Result<(), RunError> {
+    let v = graph.value(out);
+    let expected: Option<Vec<i64>> = v.shape.iter().map(|d| d.eval(&|s| bindings.get(s).copied())).collect();
+    if let Some(expected) = expected {
+        let got: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+        if got != expected {
+            return Err(RunError::ShapeDisagrees {
+                node: n.name.clone(),
+                value: v.name.clone(),
+                got: t.shape.clone(),
+                inferred: crate::dim::shape_to_string(&v.shape),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every graph output by name: computed, constant or weight.
+fn graph_outputs(graph: &Graph, slots: &[Option<Tensor>]) -> Result<HashMap<String, Tensor>, RunError> {
     let mut out = HashMap::new();
     for &o in &graph.outputs {
         let v = graph.value(o);

@@ -23,7 +23,7 @@
 //! float program in `tests/xdna_numerics.rs`.
 
 use crate::{Pass, PassDetail, PassError};
-use ir::fused::NBitsWeights;
+use ir::fused::{NBitsError, NBitsWeights};
 use ir::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 use ir::weights::{Weight, WeightId, WeightStore};
 use ir::{Attrs, DType, Dim, Domain, Tensor};
@@ -131,7 +131,7 @@ fn f32_weight(g: &Graph, v: ValueId) -> Option<(Source, Vec<usize>, bytes::Bytes
 }
 
 /// The projection `n` computes, if it is one the array takes and not yet int8.
-fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, String> {
+fn projection(g: &Graph, n: &Node) -> Result<Option<Projection>, NBitsError> {
     let input = |i: usize| n.inputs.get(i).copied().flatten();
     match (n.domain, n.op) {
         (Domain::Npuc, "WGemm" | "WGemmRowScaled") => {
@@ -305,128 +305,33 @@ fn quantize_columns(w: &Weights, k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64)
 }
 
 fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
-    let mut store = WeightStore::default();
-    for (_, w) in g.weights.iter() {
-        store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
-    }
-    let mut values = g.values.clone();
-    let mut nodes: Vec<Node> = Vec::with_capacity(g.nodes.len());
-    let add_value = |values: &mut Vec<Value>, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef| {
-        values.push(Value { name, dtype, shape, def });
-        ValueId(values.len() as u32 - 1)
-    };
-    let zero_a = add_value(
-        &mut values,
-        "array_int8.zero".into(),
-        DType::I8,
-        vec![],
-        ValueDef::Const(Tensor::from_i64(DType::I8, vec![], vec![0])),
-    );
-    // Source weight → (W8, s_cols, zeros) values, so a shared weight is quantised once.
-    let mut quantised: HashMap<Source, (ValueId, ValueId, ValueId)> = HashMap::new();
-    let (mut rewritten, mut kept_qgemm, mut activation_matmuls) = (0usize, 0usize, 0usize);
-    let mut worst_error = 0.0f64;
-    let mut per_weight = Vec::new();
-    // Nodes the array does not take, with the reason: they stay on the host, as they are.
-    let mut host = Vec::new();
+    let mut program = Int8Program::new(&g);
     for n in &g.nodes {
-        let p = projection(&g, n).map_err(|m| PassError(format!("node `{}` ({}): {m}", n.name, n.op)))?;
-        let Some(p) = p else {
-            match (n.domain, n.op) {
-                (Domain::Npuc, "QGemm") => kept_qgemm += 1,
-                (Domain::Onnx, "MatMul") => {
-                    activation_matmuls += 1;
-                    host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": "a product of two activations: the array's designs stream a constant weight"}));
-                }
-                _ => {}
-            }
-            nodes.push(n.clone());
-            continue;
-        };
-        if p.k > MAX_ARRAY_K {
-            let reason = format!(
-                "K = {}: the array accumulates int8 × int8 products in int32, which can overflow past K = {MAX_ARRAY_K}",
-                p.k
-            );
-            host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": reason}));
-            nodes.push(n.clone());
-            continue;
-        }
-        rewritten += 1;
-        let (w8, s_cols, z_cols) = match quantised.get(&p.source) {
-            Some(&v) => v,
-            None => {
-                let (codes, scales, error) = quantize_columns(&p.weights, p.k, p.n);
-                worst_error = worst_error.max(error);
-                let base = p.source.name(&g);
-                per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
-                // A new weight and the program value that names it.
-                let mut weight = |name: String, dtype: DType, shape: Vec<usize>, data: Vec<u8>| {
-                    let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-                    let id = store.add(Weight::new(name.clone(), dtype, shape, bytes::Bytes::from(data)));
-                    add_value(&mut values, name, dtype, dims, ValueDef::Weight(id))
-                };
-                let v = (
-                    weight(format!("{base}.int8"), DType::I8, vec![p.k, p.n], codes.iter().map(|&c| c as u8).collect()),
-                    weight(
-                        format!("{base}.int8_scale"),
-                        DType::F32,
-                        vec![p.n],
-                        scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
-                    ),
-                    weight(format!("{base}.int8_zero"), DType::I8, vec![p.n], vec![0; p.n]),
+        let p = projection(&g, n).map_err(|source| PassError::ProjectionWeights {
+            node: n.name.clone(),
+            op: n.op.to_string(),
+            source,
+        })?;
+        match p {
+            None => program.keep(n),
+            Some(p) if p.k > MAX_ARRAY_K => {
+                let reason = format!(
+                    "K = {}: the array accumulates int8 × int8 products in int32, which can overflow past K = {MAX_ARRAY_K}",
+                    p.k
                 );
-                quantised.insert(p.source, v);
-                v
+                program.host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": reason}));
+                program.nodes.push(n.clone());
             }
-        };
-        let a = g.value(p.a);
-        let mut row_shape = a.shape.clone();
-        if let Some(last) = row_shape.last_mut() {
-            *last = Dim::known(1);
-        }
-        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let codes =
-            add_value(&mut values, format!("{}/codes", n.name), DType::I8, a.shape.clone(), placeholder.clone());
-        let rows = add_value(&mut values, format!("{}/row_scales", n.name), DType::F32, row_shape, placeholder.clone());
-        nodes.push(Node {
-            name: format!("{}/quantize_rows", n.name),
-            domain: Domain::Npuc,
-            op: "QuantizeRows",
-            opset: 1,
-            attrs: Attrs::default(),
-            inputs: vec![Some(p.a)],
-            outputs: vec![codes, rows],
-        });
-        let y = n.outputs[0];
-        let product = match p.bias {
-            None => y,
-            Some(_) => {
-                let v = g.value(y);
-                add_value(&mut values, format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder.clone())
+            Some(p) => {
+                program.rewritten += 1;
+                let weights = program.int8_weights(&g, &p);
+                program.push_int8_projection(&g, n, &p, weights);
             }
-        };
-        nodes.push(Node {
-            name: n.name.clone(),
-            domain: Domain::Npuc,
-            op: "QGemm",
-            opset: 1,
-            attrs: Attrs::default(),
-            inputs: vec![Some(codes), Some(rows), Some(zero_a), Some(w8), Some(s_cols), Some(z_cols)],
-            outputs: vec![product],
-        });
-        if let Some(bias) = p.bias {
-            nodes.push(Node {
-                name: format!("{}/bias", n.name),
-                domain: Domain::Onnx,
-                op: "Add",
-                opset: 14,
-                attrs: Attrs::default(),
-                inputs: vec![Some(product), Some(bias)],
-                outputs: vec![y],
-            });
         }
     }
+    let data = program.report();
+    let summary = program.summary();
+    let Int8Program { mut values, nodes, store, .. } = program;
     // Node outputs point at their (renumbered) nodes; pruning drops what the old projections read.
     for (i, node) in nodes.iter().enumerate() {
         for (k, &o) in node.outputs.iter().enumerate() {
@@ -434,26 +339,189 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
         }
     }
     let out = Graph { values, nodes, weights: Arc::new(store), ..g }.pruned();
-    let mut summary = format!(
-        "{rewritten} projections → int8 QGemm (worst weight error {worst_error:.2e} of max|W|), {kept_qgemm} A8W8 QGemm kept, {} activation MatMuls left float",
-        activation_matmuls
-    );
-    for h in &host {
-        summary.push_str(&format!(
-            "; host: `{}` ({})",
-            h["node"].as_str().unwrap_or(""),
-            h["reason"].as_str().unwrap_or("")
-        ));
-    }
-    let data = serde_json::json!({
-        "rewritten": rewritten,
-        "kept_qgemm": kept_qgemm,
-        "activation_matmuls": activation_matmuls,
-        "worst_weight_error": worst_error,
-        "weights": per_weight,
-        "host": host,
-    });
     Ok((out, PassDetail { summary, data }))
+}
+
+/// The rewritten program as it is built, and what the pass reports about it.
+struct Int8Program {
+    store: WeightStore,
+    values: Vec<Value>,
+    nodes: Vec<Node>,
+    /// The int8 scalar zero point every QGemm's activation codes take.
+    zero_a: ValueId,
+    /// Source weight → (W8, s_cols, zeros) values, so a shared weight is quantised once.
+    quantised: HashMap<Source, (ValueId, ValueId, ValueId)>,
+    rewritten: usize,
+    kept_qgemm: usize,
+    activation_matmuls: usize,
+    worst_error: f64,
+    per_weight: Vec<serde_json::Value>,
+    /// Nodes the array does not take, with the reason: they stay on the host, as they are.
+    host: Vec<serde_json::Value>,
+}
+
+impl Int8Program {
+    fn new(g: &Graph) -> Int8Program {
+        let mut store = WeightStore::default();
+        for (_, w) in g.weights.iter() {
+            store.add(Weight::new(w.name.clone(), w.dtype, w.shape.clone(), w.bytes.clone()));
+        }
+        let mut program = Int8Program {
+            store,
+            values: g.values.clone(),
+            nodes: Vec::with_capacity(g.nodes.len()),
+            zero_a: ValueId(0),
+            quantised: HashMap::new(),
+            rewritten: 0,
+            kept_qgemm: 0,
+            activation_matmuls: 0,
+            worst_error: 0.0,
+            per_weight: Vec::new(),
+            host: Vec::new(),
+        };
+        let zero = ValueDef::Const(Tensor::from_i64(DType::I8, vec![], vec![0]));
+        program.zero_a = program.add_value("array_int8.zero".into(), DType::I8, vec![], zero);
+        program
+    }
+
+    fn add_value(&mut self, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
+        self.values.push(Value { name, dtype, shape, def });
+        ValueId(self.values.len() as u32 - 1)
+    }
+
+    /// A new weight and the program value that names it.
+    fn add_weight(&mut self, name: String, dtype: DType, shape: Vec<usize>, data: Vec<u8>) -> ValueId {
+        let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
+        let id = self.store.add(Weight::new(name.clone(), dtype, shape, bytes::Bytes::from(data)));
+        self.add_value(name, dtype, dims, ValueDef::Weight(id))
+    }
+
+    /// Keeps a node that is no projection the array takes, counting the products it leaves as
+    /// they are.
+    fn keep(&mut self, n: &Node) {
+        match (n.domain, n.op) {
+            (Domain::Npuc, "QGemm") => self.kept_qgemm += 1,
+            (Domain::Onnx, "MatMul") => {
+                self.activation_matmuls += 1;
+                self.host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": "a product of two activations: the array's designs stream a constant weight"}));
+            }
+            _ => {}
+        }
+        self.nodes.push(n.clone());
+    }
+
+    /// The (W8, s_cols, zeros) values of `p`'s weight, quantised on first use.
+    fn int8_weights(&mut self, g: &Graph, p: &Projection) -> (ValueId, ValueId, ValueId) {
+        if let Some(&v) = self.quantised.get(&p.source) {
+            return v;
+        }
+        let (codes, scales, error) = quantize_columns(&p.weights, p.k, p.n);
+        self.worst_error = self.worst_error.max(error);
+        let base = p.source.name(g);
+        self.per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
+        let v = (
+            self.add_weight(
+                format!("{base}.int8"),
+                DType::I8,
+                vec![p.k, p.n],
+                codes.iter().map(|&c| c as u8).collect(),
+            ),
+            self.add_weight(
+                format!("{base}.int8_scale"),
+                DType::F32,
+                vec![p.n],
+                scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+            ),
+            self.add_weight(format!("{base}.int8_zero"), DType::I8, vec![p.n], vec![0; p.n]),
+        );
+        self.quantised.insert(p.source, v);
+        v
+    }
+
+    /// `QuantizeRows(a)` → `QGemm` with the int8 weights (→ `Add` of the bias), computing `n`'s
+    /// output.
+    fn push_int8_projection(
+        &mut self,
+        g: &Graph,
+        n: &Node,
+        p: &Projection,
+        (w8, s_cols, z_cols): (ValueId, ValueId, ValueId),
+    ) {
+        let a = g.value(p.a);
+        let mut row_shape = a.shape.clone();
+        if let Some(last) = row_shape.last_mut() {
+            *last = Dim::known(1);
+        }
+        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
+        let codes = self.add_value(format!("{}/codes", n.name), DType::I8, a.shape.clone(), placeholder.clone());
+        let rows = self.add_value(format!("{}/row_scales", n.name), DType::F32, row_shape, placeholder.clone());
+        self.push_node(
+            format!("{}/quantize_rows", n.name),
+            Domain::Npuc,
+            "QuantizeRows",
+            1,
+            vec![Some(p.a)],
+            vec![codes, rows],
+        );
+        let y = n.outputs[0];
+        let product = match p.bias {
+            None => y,
+            Some(_) => {
+                let v = g.value(y);
+                self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder)
+            }
+        };
+        let inputs = vec![Some(codes), Some(rows), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
+        self.push_node(n.name.clone(), Domain::Npuc, "QGemm", 1, inputs, vec![product]);
+        if let Some(bias) = p.bias {
+            self.push_node(
+                format!("{}/bias", n.name),
+                Domain::Onnx,
+                "Add",
+                14,
+                vec![Some(product), Some(bias)],
+                vec![y],
+            );
+        }
+    }
+
+    fn push_node(
+        &mut self,
+        name: String,
+        domain: Domain,
+        op: &'static str,
+        opset: i64,
+        inputs: Vec<Option<ValueId>>,
+        outputs: Vec<ValueId>,
+    ) {
+        self.nodes.push(Node { name, domain, op, opset, attrs: Attrs::default(), inputs, outputs });
+    }
+
+    fn summary(&self) -> String {
+        let mut summary = format!(
+            "{} projections → int8 QGemm (worst weight error {:.2e} of max|W|), {} A8W8 QGemm kept, {} activation MatMuls left float",
+            self.rewritten, self.worst_error, self.kept_qgemm, self.activation_matmuls
+        );
+        for h in &self.host {
+            summary.push_str(&format!(
+                "; host: `{}` ({})",
+                h["node"].as_str().unwrap_or(""),
+                h["reason"].as_str().unwrap_or("")
+            ));
+        }
+        summary
+    }
+
+    fn report(&self) -> serde_json::Value {
+        serde_json::json!({
+            "rewritten": self.rewritten,
+            "kept_qgemm": self.kept_qgemm,
+            "activation_matmuls": self.activation_matmuls,
+            "worst_weight_error": self.worst_error,
+            "weights": self.per_weight,
+            "host": self.host,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ pub fn run(
         };
         let (next, detail) = match pass.run(graph) {
             Ok(r) => r,
-            Err(e) => return Err(fail(e.0, reports, last_good)),
+            Err(e) => return Err(fail(with_causes(&e), reports, last_good)),
         };
         if let Err(e) = next.verify() {
             return Err(fail(format!("the graph it produced is broken: {e}"), reports, last_good));
@@ -86,6 +86,17 @@ pub fn run(
         }
     }
     Ok(Outcome { graph, reports })
+}
+
+/// `e` followed by its causes, each after `: `, as `{:#}` prints an error chain.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]

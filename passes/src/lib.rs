@@ -22,9 +22,22 @@ pub struct PassDetail {
     pub data: serde_json::Value,
 }
 
+/// Why a pass failed; the driver adds the pass's name.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PassError(pub String);
+pub enum PassError {
+    /// `saturate`: a rule merged two e-classes whose dtypes or shapes disagree.
+    #[error("a rule merged values of different types ({count} conflicts; first: {first})")]
+    TypeConflicts { count: usize, first: String },
+    /// `array-int8`: a projection's 4-bit weights are not a MatMulNBits layout (the layout error
+    /// is the source).
+    #[error("node `{node}` ({op})")]
+    ProjectionWeights {
+        node: String,
+        op: String,
+        #[source]
+        source: ir::fused::NBitsError,
+    },
+}
 
 pub trait Pass {
     /// Kebab-case name, as `--stop-after` takes it.

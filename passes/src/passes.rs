@@ -98,11 +98,10 @@ impl Pass for Saturate {
     fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError> {
         let sat = saturate(&graph, &self.phases, false);
         if !sat.report.type_conflicts.is_empty() {
-            return Err(PassError(format!(
-                "a rule merged values of different types ({} conflicts; first: {})",
-                sat.report.type_conflicts.len(),
-                sat.report.type_conflicts[0]
-            )));
+            return Err(PassError::TypeConflicts {
+                count: sat.report.type_conflicts.len(),
+                first: sat.report.type_conflicts[0].clone(),
+            });
         }
         let g = match self.cost {
             CostModel::Host => extract_graph(&graph, &sat, HostCost),

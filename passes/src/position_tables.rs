@@ -85,6 +85,29 @@ fn counted_positions(g: &Graph) -> Option<ValueId> {
     })
 }
 
+/// Why a value computed from the positions is not tabulated.
+#[derive(Debug, thiserror::Error)]
+enum Decline {
+    #[error("token {token} (position {position}) does not read its own row")]
+    NotOwnRow { token: usize, position: i64 },
+    #[error("it has no sequence axis")]
+    NoSequenceAxis,
+    #[error("it is {shape}, not f32 [batch, 1.., sequence, known..]")]
+    Layout { shape: String },
+    #[error("position_ids' dims are not plain sizes")]
+    PositionsNotSizes,
+    #[error("it reads the input `{0}`")]
+    ReadsInput(String),
+    #[error("Shape without input")]
+    ShapeWithoutInput,
+    #[error("size {dim} of `{value}` is not known")]
+    UnknownSize { dim: Dim, value: String },
+    #[error(transparent)]
+    Weight(#[from] ir::tensor::TensorError),
+    #[error(transparent)]
+    Eval(#[from] ir::eval::EvalError),
+}
+
 /// What a value depends on.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Dep {
@@ -136,7 +159,7 @@ fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
 }
 
 /// The `[rows, width]` table of `v`, checked to be a function of each token's position alone.
-fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, String> {
+fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, Decline> {
     let width = row_width(g, pos, v)?;
     let p = &g.value(pos).shape;
     // position_ids is [batch, sequence]; a counted Range is [sequence].
@@ -150,7 +173,7 @@ fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, 
         let want = &table[at as usize * width..(at as usize + 1) * width];
         let got = &check.to_f32_vec()[k * width..(k + 1) * width];
         if want.iter().zip(got).any(|(a, b)| a.to_bits() != b.to_bits()) {
-            return Err(format!("token {k} (position {at}) does not read its own row"));
+            return Err(Decline::NotOwnRow { token: k, position: at });
         }
     }
     Ok(Tensor::from_f32(DType::F32, vec![rows, width], table))
@@ -158,25 +181,25 @@ fn tabulate(g: &Graph, pos: ValueId, v: ValueId, rows: usize) -> Result<Tensor, 
 
 /// The elements per token of `v`, when `v` is `[batch, 1.., seq, rest..]` with `rest` known (for
 /// counted positions, `[1.., seq, rest..]`).
-fn row_width(g: &Graph, pos: ValueId, v: ValueId) -> Result<usize, String> {
+fn row_width(g: &Graph, pos: ValueId, v: ValueId) -> Result<usize, Decline> {
     let (p, s) = (&g.value(pos).shape, &g.value(v).shape);
-    let seq_at = s.iter().position(|d| Some(d) == p.last()).ok_or("it has no sequence axis")?;
+    let seq_at = s.iter().position(|d| Some(d) == p.last()).ok_or(Decline::NoSequenceAxis)?;
     let leading = if p.len() == 2 { s.first() == Some(&p[0]) && seq_at > 0 } else { true };
     let ones_from = if p.len() == 2 { 1 } else { 0 };
     let layout_ok = leading && s[ones_from.min(seq_at)..seq_at].iter().all(|d| d.as_known() == Some(1));
     let rest: Option<Vec<i64>> = s[seq_at + 1..].iter().map(Dim::as_known).collect();
     match rest {
         Some(rest) if layout_ok && g.value(v).dtype == DType::F32 => Ok(rest.iter().product::<i64>() as usize),
-        _ => Err(format!("it is {}, not f32 [batch, 1.., sequence, known..]", ir::dim::shape_to_string(s))),
+        _ => Err(Decline::Layout { shape: ir::dim::shape_to_string(s) }),
     }
 }
 
 /// Evaluates `v` with `position_ids` = `positions`; `Shape` is answered from symbolic shapes with
 /// the positions' batch and sequence sizes.
-fn eval_value(g: &Graph, pos: ValueId, v: ValueId, positions: Tensor, p: &[Dim]) -> Result<Tensor, String> {
+fn eval_value(g: &Graph, pos: ValueId, v: ValueId, positions: Tensor, p: &[Dim]) -> Result<Tensor, Decline> {
     let mut sizes = HashMap::new();
     for (d, &n) in p.iter().zip(&positions.shape) {
-        let s = d.as_symbol().ok_or("position_ids' dims are not plain sizes")?;
+        let s = d.as_symbol().ok_or(Decline::PositionsNotSizes)?;
         sizes.insert(s.to_string(), n as i64);
     }
     if p.len() == 1 {
@@ -196,15 +219,15 @@ fn eval_rec(
     v: ValueId,
     sizes: &HashMap<String, i64>,
     values: &mut HashMap<ValueId, Tensor>,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, Decline> {
     if let Some(t) = values.get(&v) {
         return Ok(t.clone());
     }
     let value = g.value(v);
     let t = match &value.def {
         ValueDef::Const(t) => t.clone(),
-        ValueDef::Weight(w) => g.weights.get(*w).to_tensor().map_err(|e| e.to_string())?,
-        ValueDef::Input => return Err(format!("it reads the input `{}`", value.name)),
+        ValueDef::Weight(w) => g.weights.get(*w).to_tensor()?,
+        ValueDef::Input => return Err(Decline::ReadsInput(value.name.clone())),
         ValueDef::Node { node, output } => {
             let n = g.node(*node);
             let mut results = if n.op == "Shape" {
@@ -219,7 +242,7 @@ fn eval_rec(
                 }
                 let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
                 let op = OpRef { node: &n.name, domain: n.domain, op: n.op, opset: n.opset, attrs: &n.attrs };
-                ir::eval::eval_op(&op, &refs, n.outputs.len()).map_err(|e| e.to_string())?
+                ir::eval::eval_op(&op, &refs, n.outputs.len())?
             };
             results.swap_remove(*output)
         }
@@ -229,8 +252,8 @@ fn eval_rec(
 }
 
 /// `Shape(x)` from x's symbolic shape under `sizes`.
-fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tensor, String> {
-    let x = g.value(n.inputs[0].ok_or("Shape without input")?);
+fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tensor, Decline> {
+    let x = g.value(n.inputs[0].ok_or(Decline::ShapeWithoutInput)?);
     let r = x.shape.len() as i64;
     let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
     let start = clamp(n.attrs.int("start").ok().flatten().unwrap_or(0));
@@ -238,7 +261,10 @@ fn shape_value(g: &Graph, n: &Node, sizes: &HashMap<String, i64>) -> Result<Tens
     // Only the sizes the Shape reads need to be known.
     let dims: Vec<i64> = x.shape[start..end]
         .iter()
-        .map(|d| d.eval(&|s| sizes.get(s).copied()).ok_or_else(|| format!("size {d} of `{}` is not known", x.name)))
+        .map(|d| {
+            d.eval(&|s| sizes.get(s).copied())
+                .ok_or_else(|| Decline::UnknownSize { dim: d.clone(), value: x.name.clone() })
+        })
         .collect::<Result<_, _>>()?;
     Ok(Tensor::from_i64(DType::I64, vec![end - start], dims))
 }

@@ -27,8 +27,10 @@
 //! added that straddle the window. A window longer than [`LONGEST_PAST`] is not seen: the
 //! programs npuc compiles hold position tables of that many rows, so no longer context runs.
 
+use crate::apply::Decline;
 use egg::Id;
 use ir::egraph::{EGraph, ENode, Head};
+use ir::eval::EvalError;
 use ir::op::OpRef;
 use ir::{Attrs, DType, Dim, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -43,6 +45,77 @@ pub const LONGEST_PAST: usize = 8192;
 /// Windows up to this long are also checked inside one prefill block (a block of w + 2 rows).
 const BLOCK_CHECKED_WINDOW: usize = 256;
 
+/// Why a mask is not proven "causal AND attention_mask": the decline reason a rule records.
+#[derive(Debug, thiserror::Error)]
+pub enum NotCausal {
+    #[error("batch, query and past lengths ({batch}, {seq}, {past}) are not plain sizes")]
+    SymbolicSizes { batch: Dim, seq: Dim, past: Dim },
+    #[error("the key length overflows")]
+    KeyLengthOverflow,
+    #[error("{count} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear")]
+    AmbiguousPadding { count: usize, batch: Dim, total: Dim },
+    #[error("no integer graph input is shaped [{batch}, {total}] to read the padding from")]
+    NoPaddingInput { batch: Dim, total: Dim },
+    #[error("evaluating the mask: {0}")]
+    Eval(ProbeError),
+    #[error("a decode row at past {past} is shaped {shape:?}")]
+    DecodeRowShape { past: usize, shape: Vec<usize> },
+    #[error("a decode row at past {past} shows no key")]
+    DecodeRowEmpty { past: usize },
+    #[error("the mask is not causal{} AND attention_mask (S={s_len}, past={p_len}): {mismatch}", in_window(.window))]
+    Differs { window: Option<usize>, s_len: usize, p_len: usize, mismatch: Mismatch },
+}
+
+fn in_window(window: &Option<usize>) -> String {
+    window.map_or(String::new(), |w| format!(" in a window of {w}"))
+}
+
+impl From<NotCausal> for Decline {
+    fn from(e: NotCausal) -> Decline {
+        Decline(Some(e.to_string()))
+    }
+}
+
+/// Where an evaluated mask parts from the definition.
+#[derive(Debug, thiserror::Error)]
+pub enum Mismatch {
+    #[error("it is shaped {shape:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]")]
+    Shape { shape: Vec<usize>, s_len: usize, total: usize },
+    #[error("attention_mask is not int64")]
+    MaskNotInt64,
+    #[error("batch {batch}, query {query}, key {key} is {} but the mask holds {value}", if *.visible { "visible" } else { "hidden" })]
+    Entry { batch: usize, query: usize, key: usize, visible: bool, value: f64 },
+}
+
+/// Why a class does not evaluate under a case's sizes.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("more than {CLASS_BUDGET} e-classes")]
+    Budget,
+    #[error("a cycle")]
+    Cycle,
+    #[error("no node")]
+    NoNode,
+    #[error("{}", .0.msg)]
+    Eval(EvalError),
+    #[error("it reads a weight")]
+    ReadsWeight,
+    #[error("not a value")]
+    NotAValue,
+    #[error("a value of unknown type")]
+    UnknownType,
+    #[error("size {0} is not one of the case's")]
+    UnknownSize(Dim),
+    #[error("size {0} is negative")]
+    NegativeSize(Dim),
+    #[error("an input of unknown type")]
+    UnknownInputType,
+    #[error("input `{name}` would hold {elements} elements")]
+    InputTooLarge { name: String, elements: usize },
+    #[error("input `{name}` is {dtype}")]
+    InputDtype { name: String, dtype: DType },
+}
+
 /// What an additive mask was proven to be: causal AND the padding read from a graph input
 /// (its class), within a sliding window of `window` positions when there is one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,12 +126,12 @@ pub struct CausalMask {
 
 /// What `mask` (broadcastable to `[B, 1, S, T]`) is, when it equals "causal AND attention_mask"
 /// (in a sliding window) on every case; why not otherwise.
-pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &Dim) -> Result<CausalMask, String> {
+pub fn padding_source(egraph: &EGraph, mask: Id, batch: &Dim, seq: &Dim, past: &Dim) -> Result<CausalMask, NotCausal> {
     let syms = [batch, seq, past].map(|d| d.as_symbol().map(str::to_string));
     let [Some(b), Some(s), Some(p)] = syms else {
-        return Err(format!("batch, query and past lengths ({batch}, {seq}, {past}) are not plain sizes"));
+        return Err(NotCausal::SymbolicSizes { batch: batch.clone(), seq: seq.clone(), past: past.clone() });
     };
-    let total = past.add(seq).ok_or("the key length overflows")?;
+    let total = past.add(seq).ok_or(NotCausal::KeyLengthOverflow)?;
     let input = attention_mask_input(egraph, batch, &total)?;
     let case = Case { egraph, mask, syms: [b, s, p], input: &input };
     let window = match case.window() {
@@ -87,7 +160,7 @@ struct Case<'a> {
 }
 
 impl Case<'_> {
-    fn eval(&self, s_len: usize, p_len: usize, am_value: &Tensor) -> Result<Tensor, String> {
+    fn eval(&self, s_len: usize, p_len: usize, am_value: &Tensor) -> Result<Tensor, NotCausal> {
         let [b, s, p] = &self.syms;
         let mut sizes =
             HashMap::from([(b.clone(), BATCH as i64), (s.clone(), s_len as i64), (p.clone(), p_len as i64)]);
@@ -96,19 +169,21 @@ impl Case<'_> {
             sizes.insert(mask_total.clone(), (s_len + p_len) as i64);
         }
         let mut probe = Probe::new(self.egraph, sizes, (self.input.1.clone(), am_value.clone()), p_len as i64);
-        probe.eval(self.mask).map_err(|e| format!("evaluating the mask: {e}"))
+        probe.eval(self.mask).map_err(NotCausal::Eval)
     }
 
     /// Compares the mask with the definition for every (query length, past) of `sizes` and
     /// every padding pattern.
-    fn check(&self, sizes: &[(usize, usize)], window: Option<usize>) -> Result<(), String> {
+    fn check(&self, sizes: &[(usize, usize)], window: Option<usize>) -> Result<(), NotCausal> {
         for &(s_len, p_len) in sizes {
             for pattern in 0..3 {
                 let am_value = attention_mask_value(pattern, s_len + p_len);
                 let value = self.eval(s_len, p_len, &am_value)?;
-                compare(&value, &am_value, s_len, p_len, window).map_err(|e| {
-                    let what = window.map_or(String::new(), |w| format!(" in a window of {w}"));
-                    format!("the mask is not causal{what} AND attention_mask (S={s_len}, past={p_len}): {e}")
+                compare(&value, &am_value, s_len, p_len, window).map_err(|mismatch| NotCausal::Differs {
+                    window,
+                    s_len,
+                    p_len,
+                    mismatch,
                 })?;
             }
         }
@@ -116,23 +191,19 @@ impl Case<'_> {
     }
 
     /// The sliding window a decode row shows (see the module doc), if any.
-    fn window(&self) -> Result<Option<usize>, String> {
+    fn window(&self) -> Result<Option<usize>, NotCausal> {
         for past in [16, 128, 1024, LONGEST_PAST] {
             let am = attention_mask_value(0, past + 1);
             let value = self.eval(1, past, &am)?;
             let row = value.to_f64_vec();
             let Some(row) = row.get(row.len().saturating_sub(past + 1)..).filter(|r| r.len() == past + 1) else {
-                return Err(format!("a decode row at past {past} is shaped {:?}", value.shape));
+                return Err(NotCausal::DecodeRowShape { past, shape: value.shape.clone() });
             };
             let shows = |m: f64| if value.dtype == DType::Bool { m != 0.0 } else { m == 0.0 };
             let shown = row.iter().filter(|&&m| shows(m)).count();
             if shown < past + 1 {
                 // The definition's check (compare) says whether these are the last `shown` keys.
-                return if shown == 0 {
-                    Err(format!("a decode row at past {past} shows no key"))
-                } else {
-                    Ok(Some(shown))
-                };
+                return if shown == 0 { Err(NotCausal::DecodeRowEmpty { past }) } else { Ok(Some(shown)) };
             }
         }
         Ok(None)
@@ -143,7 +214,7 @@ impl Case<'_> {
 /// rank-2 input whose two sizes are names no other input uses (torch.export names the mask's
 /// sizes apart when the graph reads it only through index arithmetic): then also those names,
 /// which the probe binds to the batch and the key length.
-fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<MaskInput, String> {
+fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<MaskInput, NotCausal> {
     let inputs: Vec<(Id, String, Vec<Dim>)> = egraph
         .classes()
         .flat_map(|c| c.nodes.iter().map(move |n| (c.id, n)))
@@ -161,10 +232,7 @@ fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<Mas
         [(id, name, _)] => return Ok((*id, name.clone(), None)),
         [] => {}
         _ => {
-            return Err(format!(
-                "{} graph inputs are shaped [{batch}, {total}]; which is the padding mask is unclear",
-                exact.len()
-            ))
+            return Err(NotCausal::AmbiguousPadding { count: exact.len(), batch: batch.clone(), total: total.clone() })
         }
     }
     let free: Vec<MaskInput> = inputs
@@ -178,7 +246,7 @@ fn attention_mask_input(egraph: &EGraph, batch: &Dim, total: &Dim) -> Result<Mas
         .collect();
     match <[MaskInput; 1]>::try_from(free) {
         Ok([one]) => Ok(one),
-        Err(_) => Err(format!("no integer graph input is shaped [{batch}, {total}] to read the padding from")),
+        Err(_) => Err(NotCausal::NoPaddingInput { batch: batch.clone(), total: total.clone() }),
     }
 }
 
@@ -207,17 +275,18 @@ fn attention_mask_value(pattern: usize, total: usize) -> Tensor {
 
 /// Compares an evaluated mask with the definition on every row that sees at least one key.
 /// `window` bounds how far back a query sees (its own position included).
-fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Option<usize>) -> Result<(), String> {
+fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Option<usize>) -> Result<(), Mismatch> {
     let total = s_len + p_len;
+    let not_broadcastable = || Mismatch::Shape { shape: mask.shape.clone(), s_len, total };
     if mask.rank() > 4 || mask.shape.last() != Some(&total) {
-        return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
+        return Err(not_broadcastable());
     }
     let mut dims = vec![1usize; 4 - mask.rank()];
     dims.extend(&mask.shape);
     if dims[0] != 1 && dims[0] != BATCH || dims[2] != 1 && dims[2] != s_len {
-        return Err(format!("it is shaped {:?}, not broadcastable to [{BATCH}, 1, {s_len}, {total}]", mask.shape));
+        return Err(not_broadcastable());
     }
-    let (m, a) = (mask.to_f64_vec(), am.as_i64().ok_or("attention_mask is not int64")?.to_vec());
+    let (m, a) = (mask.to_f64_vec(), am.as_i64().ok_or(Mismatch::MaskNotInt64)?.to_vec());
     let boolean = mask.dtype == DType::Bool;
     for b in 0..BATCH {
         for h in 0..dims[1] {
@@ -235,8 +304,8 @@ fn compare(mask: &Tensor, am: &Tensor, s_len: usize, p_len: usize, window: Optio
                         (false, false) => m[at] <= -1e30,
                     };
                     if !ok {
-                        let what = if visible(t) { "visible" } else { "hidden" };
-                        return Err(format!("batch {b}, query {i}, key {t} is {what} but the mask holds {}", m[at]));
+                        let (batch, query, key, visible, value) = (b, i, t, visible(t), m[at]);
+                        return Err(Mismatch::Entry { batch, query, key, visible, value });
                     }
                 }
             }
@@ -262,12 +331,12 @@ impl<'a> Probe<'a> {
         Probe { egraph, sizes, mask_input, past, memo: HashMap::new(), visiting: HashSet::new(), visited: 0 }
     }
 
-    fn eval(&mut self, class: Id) -> Result<Tensor, String> {
+    fn eval(&mut self, class: Id) -> Result<Tensor, ProbeError> {
         Ok(self.eval_outputs(class, 1)?.swap_remove(0))
     }
 
     /// The class's value(s): the first of its nodes that evaluates, constants first.
-    fn eval_outputs(&mut self, class: Id, outputs: usize) -> Result<Vec<Tensor>, String> {
+    fn eval_outputs(&mut self, class: Id, outputs: usize) -> Result<Vec<Tensor>, ProbeError> {
         let class = self.egraph.find(class);
         if let Some(t) = self.memo.get(&class).filter(|t| t.len() >= outputs) {
             return Ok(t.clone());
@@ -277,12 +346,12 @@ impl<'a> Probe<'a> {
         }
         self.visited += 1;
         if self.visited > CLASS_BUDGET {
-            return Err(format!("more than {CLASS_BUDGET} e-classes"));
+            return Err(ProbeError::Budget);
         }
         if !self.visiting.insert(class) {
-            return Err("a cycle".into());
+            return Err(ProbeError::Cycle);
         }
-        let mut why = String::from("no node");
+        let mut why = ProbeError::NoNode;
         for node in &self.egraph[class].nodes {
             match self.eval_node(class, node, outputs) {
                 Ok(v) => {
@@ -297,7 +366,7 @@ impl<'a> Probe<'a> {
         Err(why)
     }
 
-    fn eval_node(&mut self, class: Id, node: &ENode, outputs: usize) -> Result<Vec<Tensor>, String> {
+    fn eval_node(&mut self, class: Id, node: &ENode, outputs: usize) -> Result<Vec<Tensor>, ProbeError> {
         match &node.head {
             Head::Input(name) => Ok(vec![self.input(class, name)?]),
             Head::Proj(i) => Ok(vec![self.eval_outputs(node.children[0], i + 1)?.swap_remove(*i)]),
@@ -310,16 +379,16 @@ impl<'a> Probe<'a> {
                 }
                 let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
                 let op_ref = OpRef { node: "mask", domain: *domain, op, opset: 21, attrs: &attrs.attrs };
-                ir::eval::eval_op(&op_ref, &refs, outputs).map_err(|e| e.msg)
+                ir::eval::eval_op(&op_ref, &refs, outputs).map_err(ProbeError::Eval)
             }
-            Head::Weight(_) => Err("it reads a weight".into()),
-            Head::Const(_) | Head::Absent | Head::Outputs => Err("not a value".into()),
+            Head::Weight(_) => Err(ProbeError::ReadsWeight),
+            Head::Const(_) | Head::Absent | Head::Outputs => Err(ProbeError::NotAValue),
         }
     }
 
     /// `Shape(x)` from x's symbolic shape under the case's sizes.
-    fn shape_of(&self, x: Id, attrs: &Attrs) -> Result<Tensor, String> {
-        let ty = self.egraph[x].data.ty().ok_or("a value of unknown type")?;
+    fn shape_of(&self, x: Id, attrs: &Attrs) -> Result<Tensor, ProbeError> {
+        let ty = self.egraph[x].data.ty().ok_or(ProbeError::UnknownType)?;
         let r = ty.shape.len() as i64;
         let clamp = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
         let start = clamp(attrs.int("start").ok().flatten().unwrap_or(0));
@@ -327,37 +396,33 @@ impl<'a> Probe<'a> {
         // Only the sizes the Shape reads need to be known.
         let v: Vec<i64> = ty.shape[start..end]
             .iter()
-            .map(|d| {
-                d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| format!("size {d} is not one of the case's"))
-            })
+            .map(|d| d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| ProbeError::UnknownSize(d.clone())))
             .collect::<Result<_, _>>()?;
         Ok(Tensor::from_i64(DType::I64, vec![v.len()], v))
     }
 
-    fn concrete_shape(&self, x: Id) -> Result<Vec<usize>, String> {
-        let ty = self.egraph[x].data.ty().ok_or("a value of unknown type")?;
+    fn concrete_shape(&self, x: Id) -> Result<Vec<usize>, ProbeError> {
+        let ty = self.egraph[x].data.ty().ok_or(ProbeError::UnknownType)?;
         ty.shape
             .iter()
             .map(|d| {
-                let v = d
-                    .eval(&|s| self.sizes.get(s).copied())
-                    .ok_or_else(|| format!("size {d} is not one of the case's"))?;
-                usize::try_from(v).map_err(|_| format!("size {d} is negative"))
+                let v = d.eval(&|s| self.sizes.get(s).copied()).ok_or_else(|| ProbeError::UnknownSize(d.clone()))?;
+                usize::try_from(v).map_err(|_| ProbeError::NegativeSize(d.clone()))
             })
             .collect()
     }
 
     /// A graph input's value: the case's attention mask, positions for `[batch, S]` integers,
     /// zeros otherwise.
-    fn input(&self, class: Id, name: &str) -> Result<Tensor, String> {
+    fn input(&self, class: Id, name: &str) -> Result<Tensor, ProbeError> {
         if name == self.mask_input.0 {
             return Ok(self.mask_input.1.clone());
         }
-        let ty = self.egraph[class].data.ty().ok_or("an input of unknown type")?;
+        let ty = self.egraph[class].data.ty().ok_or(ProbeError::UnknownInputType)?;
         let shape = self.concrete_shape(class)?;
         let n: usize = shape.iter().product();
         if n > 1 << 20 {
-            return Err(format!("input `{name}` would hold {n} elements"));
+            return Err(ProbeError::InputTooLarge { name: name.to_string(), elements: n });
         }
         if ty.dtype.is_int() {
             let cols = *shape.last().unwrap_or(&1);
@@ -367,6 +432,6 @@ impl<'a> Probe<'a> {
         if ty.dtype.is_float() {
             return Ok(Tensor::from_f32(ty.dtype, shape, vec![0.0; n]));
         }
-        Err(format!("input `{name}` is {}", ty.dtype))
+        Err(ProbeError::InputDtype { name: name.to_string(), dtype: ty.dtype })
     }
 }

@@ -96,71 +96,105 @@ struct Group {
     weight: Attrs,
 }
 
+/// Why a DequantizeLinear → MatMul product does not fold into a QGemm: the decline reason its
+/// rule records.
+#[derive(Debug, thiserror::Error)]
+enum NotQGemm {
+    #[error(
+        "the right operand's codes are computed at run time (an activation × activation product such as \
+         attention's QKᵀ or AV): QGemm needs compile-time weight codes"
+    )]
+    RunTimeCodes,
+    #[error("operand types are unknown")]
+    UnknownTypes,
+    #[error("{which} codes are {dtype}: QGemm takes 8-bit codes")]
+    Codes { which: &'static str, dtype: DType },
+    #[error("the {0} scale is not f32: QGemm scales in f32")]
+    ScaleDtype(&'static str),
+    #[error("a DequantizeLinear has a non-f32 output_dtype")]
+    OutputDtype,
+    #[error("operand shapes are not all known")]
+    UnknownShapes,
+    #[error("the activation scale has shape {0:?}: QGemm scales activations per tensor")]
+    ActivationScale(Vec<usize>),
+    #[error("weight of shape {0:?}: QGemm takes a [K, N] weight")]
+    WeightRank(Vec<usize>),
+    #[error(
+        "blocked weight quantisation (block_size={0}): the scales vary along K, multiply inside the K sum and \
+         cannot move into QGemm's per-column epilogue"
+    )]
+    Blocked(i64),
+    #[error(
+        "weight scale along K (axis 0 of the [{k}, {n}] weight, {scales} scales): it multiplies inside the K sum \
+         and cannot move into QGemm's per-column epilogue"
+    )]
+    ScaleAlongK { k: usize, n: usize, scales: usize },
+    #[error("weight scale of shape {shape:?} on axis {axis} does not fit the [{k}, {n}] weight")]
+    ScaleShape { shape: Vec<usize>, axis: i64, k: usize, n: usize },
+    #[error("a zero point differs from its scale's shape or its codes' type")]
+    ZeroPoint,
+}
+
+impl From<NotQGemm> for Decline {
+    fn from(e: NotQGemm) -> Decline {
+        Decline(Some(e.to_string()))
+    }
+}
+
 /// The zero points a QGemm of `g` takes (zeros where the DequantizeLinear omitted them), or why the
 /// product cannot be one.
-fn qgemm_zero_points(egraph: &mut EGraph, g: &Group) -> Result<(Id, Id), String> {
+fn qgemm_zero_points(egraph: &mut EGraph, g: &Group) -> Result<(Id, Id), NotQGemm> {
     if !is_compile_time_expr(egraph, g.w) {
-        return Err("the right operand's codes are computed at run time (an activation × activation product such as \
-                    attention's QKᵀ or AV): QGemm needs compile-time weight codes"
-            .into());
+        return Err(NotQGemm::RunTimeCodes);
     }
     let (Some(a_type), Some(w_type)) = (dtype(egraph, g.a), dtype(egraph, g.w)) else {
-        return Err("operand types are unknown".into());
+        return Err(NotQGemm::UnknownTypes);
     };
-    if !matches!(a_type, DType::I8 | DType::U8) {
-        return Err(format!("activation codes are {a_type}: QGemm takes 8-bit codes"));
-    }
-    if !matches!(w_type, DType::I8 | DType::U8) {
-        return Err(format!("weight codes are {w_type}: QGemm takes 8-bit codes"));
+    for (dtype, which) in [(a_type, "activation"), (w_type, "weight")] {
+        if !matches!(dtype, DType::I8 | DType::U8) {
+            return Err(NotQGemm::Codes { which, dtype });
+        }
     }
     for (s, which) in [(g.sa, "activation"), (g.sw, "weight")] {
         if dtype(egraph, s) != Some(DType::F32) {
-            return Err(format!("the {which} scale is not f32: QGemm scales in f32"));
+            return Err(NotQGemm::ScaleDtype(which));
         }
     }
     for attrs in [&g.act, &g.weight] {
         if !matches!(attrs.int("output_dtype"), Ok(None | Some(0 | 1))) {
-            return Err("a DequantizeLinear has a non-f32 output_dtype".into());
+            return Err(NotQGemm::OutputDtype);
         }
     }
     let (Some(sa_shape), Some(w_shape), Some(sw_shape)) =
         (known_shape(egraph, g.sa), known_shape(egraph, g.w), known_shape(egraph, g.sw))
     else {
-        return Err("operand shapes are not all known".into());
+        return Err(NotQGemm::UnknownShapes);
     };
     if sa_shape.iter().product::<usize>() != 1 {
-        return Err(format!("the activation scale has shape {sa_shape:?}: QGemm scales activations per tensor"));
+        return Err(NotQGemm::ActivationScale(sa_shape));
     }
     let [k, n] = w_shape[..] else {
-        return Err(format!("weight of shape {w_shape:?}: QGemm takes a [K, N] weight"));
+        return Err(NotQGemm::WeightRank(w_shape));
     };
     let block = g.weight.int_or("block_size", 0).unwrap_or(0);
     if block > 0 {
-        return Err(format!(
-            "blocked weight quantisation (block_size={block}): the scales vary along K, multiply inside the K sum \
-             and cannot move into QGemm's per-column epilogue"
-        ));
+        return Err(NotQGemm::Blocked(block));
     }
     let scales: usize = sw_shape.iter().product();
     if scales != 1 {
         let axis = g.weight.int_or("axis", 1).unwrap_or(1);
         let axis = if axis < 0 { axis + 2 } else { axis };
         if axis == 0 {
-            return Err(format!(
-                "weight scale along K (axis 0 of the [{k}, {n}] weight, {scales} scales): it multiplies inside the K \
-                 sum and cannot move into QGemm's per-column epilogue"
-            ));
+            return Err(NotQGemm::ScaleAlongK { k, n, scales });
         }
         if axis != 1 || sw_shape != [n] {
-            return Err(format!(
-                "weight scale of shape {sw_shape:?} on axis {axis} does not fit the [{k}, {n}] weight"
-            ));
+            return Err(NotQGemm::ScaleShape { shape: sw_shape, axis, k, n });
         }
     }
     for (z, s, codes) in [(g.za, g.sa, a_type), (g.zw, g.sw, w_type)] {
         if let Some(z) = z {
             if known_shape(egraph, z) != known_shape(egraph, s) || dtype(egraph, z) != Some(codes) {
-                return Err("a zero point differs from its scale's shape or its codes' type".into());
+                return Err(NotQGemm::ZeroPoint);
             }
         }
     }

@@ -44,7 +44,7 @@
 //! inv_std_var output used; SkipSimplifiedLayerNormalization with output 1 or 2 used; a residual
 //! Add whose addends differ in type or are not 2-D/3-D (SkipRmsNorm's input ranks).
 
-use crate::apply::{declines, no_match, Computed, Fold, Folded};
+use crate::apply::{declines, no_match, Computed, Decline, Fold, Folded};
 use crate::cond::{self, var};
 use crate::egraph_ops::{
     add_const, attrs, constant, int_values, is_op, nodes_with_children, rank, scalar_value, union,
@@ -120,9 +120,28 @@ fn square_base(egraph: &EGraph, n: &ENode) -> Option<Id> {
     is_square.then(|| egraph.find(base))
 }
 
+/// Why a mean of squares is not the one RmsNorm takes: the decline reason its rule records.
+#[derive(Debug, thiserror::Error)]
+enum NotLastAxisMean {
+    #[error("the mean of x² drops the reduced axis (keepdims=0)")]
+    DropsAxis,
+    #[error("the mean of x² is over axes {axes:?} of a rank-{rank} tensor; RmsNorm normalises the last axis only")]
+    OtherAxes { axes: Vec<i64>, rank: i64 },
+    #[error(
+        "the mean of x² is over all axes or over axes computed at run time; RmsNorm normalises the last axis only"
+    )]
+    UnknownAxes,
+}
+
+impl From<NotLastAxisMean> for Decline {
+    fn from(e: NotLastAxisMean) -> Decline {
+        Decline(Some(e.to_string()))
+    }
+}
+
 /// Whether class `ms` holds `ReduceMean(x²)`: `None` when it does not, `Some(Err(reason))` when it
 /// does but not over the last axis alone with keepdims=1.
-fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(), String>> {
+fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(), NotLastAxisMean>> {
     let x = egraph.find(x);
     let rank = rank(egraph, x)? as i64;
     let mean = egraph[ms].nodes.iter().find(|n| {
@@ -135,17 +154,12 @@ fn mean_square_over_last_axis(egraph: &EGraph, ms: Id, x: Id) -> Option<Result<(
         None => attrs.ints("axes").ok().flatten().map(<[i64]>::to_vec),
     };
     if attrs.int_or("keepdims", 1).ok() != Some(1) {
-        return Some(Err("the mean of x² drops the reduced axis (keepdims=0)".into()));
+        return Some(Err(NotLastAxisMean::DropsAxis));
     }
     match axes.as_deref() {
         Some([a]) if *a == -1 || *a == rank - 1 => Some(Ok(())),
-        Some(axes) => Some(Err(format!(
-            "the mean of x² is over axes {axes:?} of a rank-{rank} tensor; RmsNorm normalises the last axis only"
-        ))),
-        None => Some(Err(
-            "the mean of x² is over all axes or over axes computed at run time; RmsNorm normalises the last axis only"
-                .into(),
-        )),
+        Some(axes) => Some(Err(NotLastAxisMean::OtherAxes { axes: axes.to_vec(), rank })),
+        None => Some(Err(NotLastAxisMean::UnknownAxes)),
     }
 }
 

@@ -46,7 +46,7 @@
 //! and 8; blocked DequantizeLinear whose codes are computed at run time, whose blocks run along N,
 //! or whose K is not a whole number of blocks; 4-bit codes quantised per tensor or per column.
 
-use crate::apply::{no_match, Computed, Fold, Folded};
+use crate::apply::{no_match, Computed, Decline, Fold, Folded};
 use crate::cond::var;
 use crate::egraph_ops::{
     add_const, add_typed, attrs, dtype, i64s, is_absent, is_compile_time_expr, known_shape, node_attrs,
@@ -114,29 +114,72 @@ struct Packed {
     accuracy_level: i64,
 }
 
+/// Why a weight-only product does not fold into a WGemm: the decline reason its rule records.
+#[derive(Debug, thiserror::Error)]
+enum NotWGemm {
+    #[error("MatMulNBits with g_idx (act-order): WGemm's blocks are contiguous along K")]
+    ActOrder,
+    #[error("MatMulNBits with a bias input: not folded into WGemm")]
+    Bias,
+    #[error("{0}-bit MatMulNBits: WGemm takes 4- and 8-bit codes")]
+    Bits(i64),
+    #[error("MatMulNBits without K, N and block_size")]
+    MissingSizes,
+    #[error("MatMulNBits over a non-float activation")]
+    NonFloatActivation,
+    #[error("MatMulNBits with K={k}, N={n}")]
+    BadSizes { k: i64, n: i64 },
+    #[error("Split of a packed product along axis {0}, not along its N axis")]
+    SplitAxis(i64),
+    #[error("the Split's outputs do not partition the {0} packed columns")]
+    SplitParts(usize),
+    #[error("4-bit weight codes quantised per tensor or per column: WGemm folds DequantizeLinear blocked along K")]
+    NotBlocked,
+    #[error("the weight codes are computed at run time: WGemm needs compile-time codes")]
+    RunTimeCodes,
+    #[error("the blocked weight is not a [K, N] matrix of known shape")]
+    NotAMatrix,
+    #[error("blocks of {block} run along N (axis {axis}); MatMulNBits blocks run along K")]
+    BlocksAlongN { block: usize, axis: i64 },
+    #[error("K = {k} is not a whole number of {block}-wide blocks of {bits}-bit codes")]
+    PartialBlock { k: usize, block: usize, bits: i64 },
+    #[error("the scales or the activations are not f32")]
+    NotF32,
+    #[error("the DequantizeLinear has a non-f32 output_dtype")]
+    OutputDtype,
+    #[error("scales or zero points are not [{blocks}, {n}]")]
+    GridShape { blocks: usize, n: usize },
+}
+
+impl From<NotWGemm> for Decline {
+    fn from(e: NotWGemm) -> Decline {
+        Decline(Some(e.to_string()))
+    }
+}
+
 /// The WGemm operands of a MatMulNBits node, or why it cannot be one.
-fn wgemm_operands(egraph: &EGraph, mnb: &ENode) -> Result<Packed, String> {
+fn wgemm_operands(egraph: &EGraph, mnb: &ENode) -> Result<Packed, NotWGemm> {
     let attrs = mnb.head.attrs().cloned().unwrap_or_default();
     let c = &mnb.children;
     let present = |i: usize| c.get(i).copied().filter(|&id| !is_absent(egraph, id));
     if present(4).is_some() {
-        return Err("MatMulNBits with g_idx (act-order): WGemm's blocks are contiguous along K".into());
+        return Err(NotWGemm::ActOrder);
     }
     if present(5).is_some() {
-        return Err("MatMulNBits with a bias input: not folded into WGemm".into());
+        return Err(NotWGemm::Bias);
     }
     let bits = attrs.int_or("bits", 4).unwrap_or(0);
     if !matches!(bits, 4 | 8) {
-        return Err(format!("{bits}-bit MatMulNBits: WGemm takes 4- and 8-bit codes"));
+        return Err(NotWGemm::Bits(bits));
     }
     let (Ok(Some(k)), Ok(Some(n)), Ok(Some(block))) = (attrs.int("K"), attrs.int("N"), attrs.int("block_size")) else {
-        return Err("MatMulNBits without K, N and block_size".into());
+        return Err(NotWGemm::MissingSizes);
     };
     if !dtype(egraph, c[0]).is_some_and(|d| d.is_float()) {
-        return Err("MatMulNBits over a non-float activation".into());
+        return Err(NotWGemm::NonFloatActivation);
     }
     let (Ok(k), Ok(n)) = (usize::try_from(k), usize::try_from(n)) else {
-        return Err(format!("MatMulNBits with K={k}, N={n}"));
+        return Err(NotWGemm::BadSizes { k, n });
     };
     let accuracy_level = attrs.int_or("accuracy_level", 0).unwrap_or(0);
     Ok(Packed { a: c[0], w: c[1], scales: c[2], zero_points: present(3), k, n, bits, block, accuracy_level })
@@ -229,11 +272,11 @@ fn parts(egraph: &mut EGraph, p: &Packed, sizes: &[usize]) -> Option<Vec<Id>> {
 /// The column counts a Split (attributes `attrs`, outputs typed in class `split`) cuts packed
 /// product `p` of class `packed` into, read from the outputs' types (the sizes input is often an
 /// initializer, whose value the e-graph does not hold), or why it cannot be cut.
-fn split_sizes(egraph: &EGraph, split: Id, packed: Id, p: &Packed, attrs: &Attrs) -> Result<Vec<usize>, String> {
+fn split_sizes(egraph: &EGraph, split: Id, packed: Id, p: &Packed, attrs: &Attrs) -> Result<Vec<usize>, NotWGemm> {
     let rank = rank(egraph, packed).unwrap_or(0);
     let axis = attrs.int_or("axis", 0).unwrap_or(0);
     if rank == 0 || (axis != -1 && axis != rank as i64 - 1) {
-        return Err(format!("Split of a packed product along axis {axis}, not along its N axis"));
+        return Err(NotWGemm::SplitAxis(axis));
     }
     let sizes: Option<Vec<usize>> = egraph[split]
         .data
@@ -243,7 +286,7 @@ fn split_sizes(egraph: &EGraph, split: Id, packed: Id, p: &Packed, attrs: &Attrs
         .collect();
     match sizes {
         Some(sizes) if !sizes.is_empty() && sizes.iter().sum::<usize>() == p.n && !sizes.contains(&0) => Ok(sizes),
-        _ => Err(format!("the Split's outputs do not partition the {} packed columns", p.n)),
+        _ => Err(NotWGemm::SplitParts(p.n)),
     }
 }
 
@@ -325,7 +368,7 @@ fn blocked_weight(
     s: Id,
     z: Option<Id>,
     attrs: &Attrs,
-) -> Result<Option<Blocked>, String> {
+) -> Result<Option<Blocked>, NotWGemm> {
     let Some(codes) = dtype(egraph, w) else { return Ok(None) };
     let (bits, signed) = match codes {
         DType::I4 => (4, true),
@@ -337,39 +380,36 @@ fn blocked_weight(
     let block = attrs.int_or("block_size", 0).unwrap_or(0);
     if block <= 0 {
         return match bits {
-            4 => Err(
-                "4-bit weight codes quantised per tensor or per column: WGemm folds DequantizeLinear blocked along K"
-                    .into(),
-            ),
+            4 => Err(NotWGemm::NotBlocked),
             _ => Ok(None),
         };
     }
     if !is_compile_time_expr(egraph, w) {
-        return Err("the weight codes are computed at run time: WGemm needs compile-time codes".into());
+        return Err(NotWGemm::RunTimeCodes);
     }
     let Some([k, n]) = known_shape(egraph, w).and_then(|s| <[usize; 2]>::try_from(s).ok()) else {
-        return Err("the blocked weight is not a [K, N] matrix of known shape".into());
+        return Err(NotWGemm::NotAMatrix);
     };
     let axis = attrs.int_or("axis", 1).unwrap_or(1);
     let axis = if axis < 0 { axis + 2 } else { axis };
     let block = block as usize;
     if axis != 0 {
-        return Err(format!("blocks of {block} run along N (axis {axis}); MatMulNBits blocks run along K"));
+        return Err(NotWGemm::BlocksAlongN { block, axis });
     }
     if !k.is_multiple_of(block) || !(block * bits as usize).is_multiple_of(8) {
-        return Err(format!("K = {k} is not a whole number of {block}-wide blocks of {bits}-bit codes"));
+        return Err(NotWGemm::PartialBlock { k, block, bits });
     }
     if dtype(egraph, s) != Some(DType::F32) || dtype(egraph, a) != Some(DType::F32) {
-        return Err("the scales or the activations are not f32".into());
+        return Err(NotWGemm::NotF32);
     }
     if !matches!(attrs.int("output_dtype"), Ok(None | Some(0 | 1))) {
-        return Err("the DequantizeLinear has a non-f32 output_dtype".into());
+        return Err(NotWGemm::OutputDtype);
     }
     let grid = [k / block, n];
     if known_shape(egraph, s).as_deref() != Some(&grid[..])
         || z.is_some_and(|z| known_shape(egraph, z).as_deref() != Some(&grid[..]))
     {
-        return Err(format!("scales or zero points are not [{}, {n}]", k / block));
+        return Err(NotWGemm::GridShape { blocks: k / block, n });
     }
     Ok(Some(Blocked { codes: w, scales: s, zero_points: z, k, n, bits, block, signed }))
 }

@@ -44,7 +44,7 @@ pub(super) fn einsum(n: &NodeCtx, ctx: &mut Ctx, inputs: In) -> Result<Vec<Info>
     let equation = n.attrs.str("equation").map_err(|e| n.bad(e.to_string()))?;
     let equation = equation.ok_or_else(|| n.bad("attribute `equation` is required"))?;
     let ranks: Vec<usize> = ins.iter().map(|i| i.shape.len()).collect();
-    let spec = ir::eval::parse_einsum(equation, &ranks).map_err(|e| n.bad(e))?;
+    let spec = ir::eval::parse_einsum(equation, &ranks).map_err(|e| n.bad(e.to_string()))?;
     let mut sizes: Vec<Option<Dim>> = vec![None; spec.labels];
     for (labels, info) in spec.operands.iter().zip(&ins) {
         for (&l, d) in labels.iter().zip(&info.shape) {

@@ -6,6 +6,7 @@ use super::layout::{broadcast_index_map, broadcasts_to, checked_numel};
 use super::linalg::dot;
 use super::reduce::softmax_row;
 use super::{float_tensor, int_values, require_float, Ctx, Res};
+use crate::attr::Attrs;
 use crate::dtype::DType;
 use crate::tensor::Tensor;
 
@@ -286,26 +287,7 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         bail!("Q, K, V must all be 3-D or all 4-D, got {:?}, {:?}, {:?}", q.shape, k.shape, v.shape);
     }
     let three_d = q.rank() == 3;
-    let (ql, kl, vl) = if three_d {
-        let heads = |name: &str| -> Res<usize> {
-            match attrs.int(name)? {
-                Some(n) if n > 0 => Ok(n as usize),
-                _ => bail!("3-D inputs need a positive {name}"),
-            }
-        };
-        let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
-        let split = |t: &Tensor, n: usize, what: &str| -> Res<Heads> {
-            if !t.shape[2].is_multiple_of(n) {
-                bail!("{what} hidden size {} does not split into {n} heads", t.shape[2]);
-            }
-            Ok(Heads { batch: t.shape[0], seq: t.shape[1], heads: n, head: t.shape[2] / n, bnsh: false })
-        };
-        (split(q, qh, "Q")?, split(k, kvh, "K")?, split(v, kvh, "V")?)
-    } else {
-        let four =
-            |t: &Tensor| Heads { batch: t.shape[0], heads: t.shape[1], seq: t.shape[2], head: t.shape[3], bnsh: true };
-        (four(q), four(k), four(v))
-    };
+    let (ql, kl, vl) = attention_layouts(attrs, q, k, v)?;
     let (batch, q_heads, kv_heads, head, v_head) = (ql.batch, ql.heads, kl.heads, ql.head, vl.head);
     if kl.batch != batch || vl.batch != batch || vl.heads != kv_heads || kl.head != head || kl.seq != vl.seq {
         bail!("Q {:?}, K {:?} and V {:?} do not agree", q.shape, k.shape, v.shape);
@@ -314,21 +296,7 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         bail!("{q_heads} query heads do not group over {kv_heads} kv heads");
     }
     let (sq, skv) = (ql.seq, kl.seq);
-    let past_len = match (past_k, past_v) {
-        (None, None) => 0,
-        (Some(pk), Some(pv)) => {
-            let p = pk.shape.get(2).copied().unwrap_or(0);
-            if pk.shape != [batch, kv_heads, p, head] || pv.shape != [batch, kv_heads, p, v_head] {
-                bail!(
-                    "past_key {:?} / past_value {:?} do not fit [{batch}, {kv_heads}, past, {head}/{v_head}]",
-                    pk.shape,
-                    pv.shape
-                );
-            }
-            p
-        }
-        _ => bail!("past_key and past_value must be given together"),
-    };
+    let past_len = past_length(past_k, past_v, [batch, kv_heads, head, v_head])?;
     let total = past_len + skv;
     checked_numel(&[batch, q_heads, sq, total])?;
     let qb = ql.gather_bnsh(&q.to_f64_vec());
@@ -369,13 +337,7 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
                     &values[kv_rows * v_head..][..total * v_head],
                     &mut y[out_at..out_at + v_head],
                 );
-                let recorded = match mode {
-                    0 => scores.raw,
-                    1 => scores.capped,
-                    2 => scores.logits,
-                    _ => scores.probs,
-                };
-                qk[row..row + total].copy_from_slice(&recorded);
+                qk[row..row + total].copy_from_slice(scores.recorded(mode));
             }
         }
     }
@@ -386,6 +348,64 @@ pub(super) fn attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         float_tensor(v.dtype, vec![batch, kv_heads, total, v_head], values),
         float_tensor(q.dtype, full.to_vec(), qk),
     ])
+}
+
+impl RowScores {
+    /// The scores `qk_matmul_output_mode` returns: 0 scaled, 1 softcapped, 2 biased, 3 the
+    /// probabilities.
+    fn recorded(&self, mode: i64) -> &[f64] {
+        match mode {
+            0 => &self.raw,
+            1 => &self.capped,
+            2 => &self.logits,
+            _ => &self.probs,
+        }
+    }
+}
+
+/// The head layouts of Attention's Q, K and V: 4-D `[B, N, S, H]`, or 3-D `[B, S, N*H]` split by
+/// `q_num_heads` / `kv_num_heads`.
+fn attention_layouts(attrs: &Attrs, q: &Tensor, k: &Tensor, v: &Tensor) -> Res<(Heads, Heads, Heads)> {
+    if q.rank() == 4 {
+        let four =
+            |t: &Tensor| Heads { batch: t.shape[0], heads: t.shape[1], seq: t.shape[2], head: t.shape[3], bnsh: true };
+        return Ok((four(q), four(k), four(v)));
+    }
+    let heads = |name: &str| -> Res<usize> {
+        match attrs.int(name)? {
+            Some(n) if n > 0 => Ok(n as usize),
+            _ => bail!("3-D inputs need a positive {name}"),
+        }
+    };
+    let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+    let split = |t: &Tensor, n: usize, what: &str| -> Res<Heads> {
+        if !t.shape[2].is_multiple_of(n) {
+            bail!("{what} hidden size {} does not split into {n} heads", t.shape[2]);
+        }
+        Ok(Heads { batch: t.shape[0], seq: t.shape[1], heads: n, head: t.shape[2] / n, bnsh: false })
+    };
+    Ok((split(q, qh, "Q")?, split(k, kvh, "K")?, split(v, kvh, "V")?))
+}
+
+/// The past length of Attention's `past_key` / `past_value` (0 without them), checked against
+/// `[batch, kv_heads, head, v_head]`.
+fn past_length(past_k: Option<&Tensor>, past_v: Option<&Tensor>, dims: [usize; 4]) -> Res<usize> {
+    let [batch, kv_heads, head, v_head] = dims;
+    match (past_k, past_v) {
+        (None, None) => Ok(0),
+        (Some(pk), Some(pv)) => {
+            let p = pk.shape.get(2).copied().unwrap_or(0);
+            if pk.shape != [batch, kv_heads, p, head] || pv.shape != [batch, kv_heads, p, v_head] {
+                bail!(
+                    "past_key {:?} / past_value {:?} do not fit [{batch}, {kv_heads}, past, {head}/{v_head}]",
+                    pk.shape,
+                    pv.shape
+                );
+            }
+            Ok(p)
+        }
+        _ => bail!("past_key and past_value must be given together"),
+    }
 }
 
 /// The mask as an additive bias broadcast to `full` = `[B, Hq, Sq, total]`: bool false masks,
@@ -750,158 +770,160 @@ mod tests {
         typed(DType::I32, shape, v)
     }
 
+    // onnxruntime 1.32's outputs: 2 query heads over 1 kv head of size 16, 3 tokens, an empty
+    // past, half-split rotary from 4x8 caches.
+    const GQA_PROMPT_OUT: [f32; 96] = [
+        0.25,
+        0.6875,
+        -0.3125,
+        0.125,
+        0.5625,
+        -0.4375,
+        0.0,
+        0.4375,
+        -0.5625,
+        -0.125,
+        0.3125,
+        -0.6875,
+        -0.25,
+        0.1875,
+        0.625,
+        -0.375,
+        0.25,
+        0.6875,
+        -0.3125,
+        0.125,
+        0.5625,
+        -0.4375,
+        0.0,
+        0.4375,
+        -0.5625,
+        -0.125,
+        0.3125,
+        -0.6875,
+        -0.25,
+        0.1875,
+        0.625,
+        -0.375,
+        0.15940326,
+        0.59690326,
+        -0.40309674,
+        0.03440326,
+        0.47190326,
+        -0.52809674,
+        -0.09059673,
+        0.34690326,
+        0.04147822,
+        -0.21559672,
+        0.22190326,
+        -0.08352177,
+        -0.34059674,
+        0.096903265,
+        0.53440326,
+        -0.4655967,
+        0.1617287,
+        0.59922874,
+        -0.40077132,
+        0.036728688,
+        0.4742287,
+        -0.5257713,
+        -0.088271305,
+        0.3492287,
+        0.025975397,
+        -0.2132713,
+        0.2242287,
+        -0.0990246,
+        -0.33827132,
+        0.099228695,
+        0.53672874,
+        -0.46327132,
+        0.06757613,
+        0.50507617,
+        -0.49492386,
+        -0.057423864,
+        0.38007614,
+        -0.1799563,
+        -0.18242387,
+        0.25507614,
+        0.21369152,
+        -0.30742386,
+        0.13007614,
+        0.08869151,
+        -0.43242386,
+        0.0050761406,
+        0.4425761,
+        -0.117456295,
+        0.06924321,
+        0.5067432,
+        -0.4932568,
+        -0.055756796,
+        0.38174325,
+        -0.16933198,
+        -0.1807568,
+        0.2567432,
+        0.1936205,
+        -0.3057568,
+        0.13174321,
+        0.06862049,
+        -0.4307568,
+        0.0067432052,
+        0.44424325,
+        -0.106832,
+    ];
+
+    const GQA_PROMPT_KEY: [f32; 48] = [
+        0.28125,
+        -0.21875,
+        -0.0,
+        0.21875,
+        -0.28125,
+        -0.0625,
+        -0.29296875,
+        -0.34375,
+        0.3515625,
+        0.14453125,
+        -0.1953125,
+        0.3203125,
+        0.25390625,
+        0.14453125,
+        -0.09765625,
+        0.42578125,
+        0.0390625,
+        0.34765625,
+        0.296875,
+        0.15625,
+        -0.25390625,
+        0.0546875,
+        0.2734375,
+        -0.13671875,
+        -0.109375,
+        -0.0234375,
+        -0.4296875,
+        -0.0703125,
+        0.06640625,
+        -0.46875,
+        0.03125,
+        -0.05078125,
+        -0.29296875,
+        0.1953125,
+        -0.03515625,
+        -0.17578125,
+        0.1328125,
+        -0.09765625,
+        -0.05859375,
+        0.0703125,
+        -0.23046875,
+        -0.390625,
+        0.125,
+        -0.30078125,
+        0.3984375,
+        0.15625,
+        -0.30859375,
+        0.3515625,
+    ];
+
     #[test]
     fn gqa_first_prompt_with_rotary_matches_onnxruntime() {
-        // onnxruntime 1.32's outputs: 2 query heads over 1 kv head of size 16, 3 tokens, an empty
-        // past, half-split rotary from 4x8 caches.
-        const GQA_PROMPT_OUT: [f32; 96] = [
-            0.25,
-            0.6875,
-            -0.3125,
-            0.125,
-            0.5625,
-            -0.4375,
-            0.0,
-            0.4375,
-            -0.5625,
-            -0.125,
-            0.3125,
-            -0.6875,
-            -0.25,
-            0.1875,
-            0.625,
-            -0.375,
-            0.25,
-            0.6875,
-            -0.3125,
-            0.125,
-            0.5625,
-            -0.4375,
-            0.0,
-            0.4375,
-            -0.5625,
-            -0.125,
-            0.3125,
-            -0.6875,
-            -0.25,
-            0.1875,
-            0.625,
-            -0.375,
-            0.15940326,
-            0.59690326,
-            -0.40309674,
-            0.03440326,
-            0.47190326,
-            -0.52809674,
-            -0.09059673,
-            0.34690326,
-            0.04147822,
-            -0.21559672,
-            0.22190326,
-            -0.08352177,
-            -0.34059674,
-            0.096903265,
-            0.53440326,
-            -0.4655967,
-            0.1617287,
-            0.59922874,
-            -0.40077132,
-            0.036728688,
-            0.4742287,
-            -0.5257713,
-            -0.088271305,
-            0.3492287,
-            0.025975397,
-            -0.2132713,
-            0.2242287,
-            -0.0990246,
-            -0.33827132,
-            0.099228695,
-            0.53672874,
-            -0.46327132,
-            0.06757613,
-            0.50507617,
-            -0.49492386,
-            -0.057423864,
-            0.38007614,
-            -0.1799563,
-            -0.18242387,
-            0.25507614,
-            0.21369152,
-            -0.30742386,
-            0.13007614,
-            0.08869151,
-            -0.43242386,
-            0.0050761406,
-            0.4425761,
-            -0.117456295,
-            0.06924321,
-            0.5067432,
-            -0.4932568,
-            -0.055756796,
-            0.38174325,
-            -0.16933198,
-            -0.1807568,
-            0.2567432,
-            0.1936205,
-            -0.3057568,
-            0.13174321,
-            0.06862049,
-            -0.4307568,
-            0.0067432052,
-            0.44424325,
-            -0.106832,
-        ];
-        const GQA_PROMPT_KEY: [f32; 48] = [
-            0.28125,
-            -0.21875,
-            -0.0,
-            0.21875,
-            -0.28125,
-            -0.0625,
-            -0.29296875,
-            -0.34375,
-            0.3515625,
-            0.14453125,
-            -0.1953125,
-            0.3203125,
-            0.25390625,
-            0.14453125,
-            -0.09765625,
-            0.42578125,
-            0.0390625,
-            0.34765625,
-            0.296875,
-            0.15625,
-            -0.25390625,
-            0.0546875,
-            0.2734375,
-            -0.13671875,
-            -0.109375,
-            -0.0234375,
-            -0.4296875,
-            -0.0703125,
-            0.06640625,
-            -0.46875,
-            0.03125,
-            -0.05078125,
-            -0.29296875,
-            0.1953125,
-            -0.03515625,
-            -0.17578125,
-            0.1328125,
-            -0.09765625,
-            -0.05859375,
-            0.0703125,
-            -0.23046875,
-            -0.390625,
-            0.125,
-            -0.30078125,
-            0.3984375,
-            0.15625,
-            -0.30859375,
-            0.3515625,
-        ];
         let q = f32t(&[1, 3, 32], &pattern(96, 1));
         let (k, v) = (f32t(&[1, 3, 16], &pattern(48, 2)), f32t(&[1, 3, 16], &pattern(48, 3)));
         let past = f32t(&[1, 1, 0, 16], &[]);
@@ -926,109 +948,111 @@ mod tests {
         assert_eq!(f32s(&y[2]), pattern(48, 3), "values are cached unrotated");
     }
 
+    // onnxruntime 1.32's outputs: one new token after 3 cached ones, so it sits at position 3.
+    const GQA_DECODE_OUT: [f32; 32] = [
+        -0.012825079,
+        -0.28967562,
+        0.14782439,
+        0.21596058,
+        -0.085905895,
+        0.022824394,
+        0.09096059,
+        -0.21090592,
+        -0.10217561,
+        0.33532438,
+        0.049674913,
+        -0.22717561,
+        0.21032438,
+        -0.07532508,
+        -0.35217562,
+        0.0853244,
+        -0.02390919,
+        -0.2858987,
+        0.15160133,
+        0.22575998,
+        -0.09721734,
+        0.02660131,
+        0.10075998,
+        -0.22221734,
+        -0.09839869,
+        0.3391013,
+        0.03859081,
+        -0.2233987,
+        0.21410131,
+        -0.0864092,
+        -0.3483987,
+        0.08910132,
+    ];
+
+    const GQA_DECODE_KEY: [f32; 64] = [
+        0.6875,
+        -0.3125,
+        0.125,
+        0.5625,
+        -0.4375,
+        0.0,
+        0.4375,
+        -0.5625,
+        -0.125,
+        0.3125,
+        -0.6875,
+        -0.25,
+        0.1875,
+        0.625,
+        -0.375,
+        0.0625,
+        0.5,
+        -0.5,
+        -0.0625,
+        0.375,
+        -0.625,
+        -0.1875,
+        0.25,
+        0.6875,
+        -0.3125,
+        0.125,
+        0.5625,
+        -0.4375,
+        0.0,
+        0.4375,
+        -0.5625,
+        -0.125,
+        0.3125,
+        -0.6875,
+        -0.25,
+        0.1875,
+        0.625,
+        -0.375,
+        0.0625,
+        0.5,
+        -0.5,
+        -0.0625,
+        0.375,
+        -0.625,
+        -0.1875,
+        0.25,
+        0.6875,
+        -0.3125,
+        0.03515625,
+        -0.2265625,
+        0.01953125,
+        -0.15625,
+        -0.265625,
+        -0.53125,
+        0.16796875,
+        -0.09375,
+        -0.02734375,
+        0.16796875,
+        -0.3125,
+        0.25390625,
+        0.30078125,
+        0.1640625,
+        -0.07421875,
+        0.16796875,
+    ];
+
     #[test]
     fn gqa_decode_with_past_and_interleaved_rotary_matches_onnxruntime() {
-        // onnxruntime 1.32's outputs: one new token after 3 cached ones, so it sits at position 3.
-        const GQA_DECODE_OUT: [f32; 32] = [
-            -0.012825079,
-            -0.28967562,
-            0.14782439,
-            0.21596058,
-            -0.085905895,
-            0.022824394,
-            0.09096059,
-            -0.21090592,
-            -0.10217561,
-            0.33532438,
-            0.049674913,
-            -0.22717561,
-            0.21032438,
-            -0.07532508,
-            -0.35217562,
-            0.0853244,
-            -0.02390919,
-            -0.2858987,
-            0.15160133,
-            0.22575998,
-            -0.09721734,
-            0.02660131,
-            0.10075998,
-            -0.22221734,
-            -0.09839869,
-            0.3391013,
-            0.03859081,
-            -0.2233987,
-            0.21410131,
-            -0.0864092,
-            -0.3483987,
-            0.08910132,
-        ];
-        const GQA_DECODE_KEY: [f32; 64] = [
-            0.6875,
-            -0.3125,
-            0.125,
-            0.5625,
-            -0.4375,
-            0.0,
-            0.4375,
-            -0.5625,
-            -0.125,
-            0.3125,
-            -0.6875,
-            -0.25,
-            0.1875,
-            0.625,
-            -0.375,
-            0.0625,
-            0.5,
-            -0.5,
-            -0.0625,
-            0.375,
-            -0.625,
-            -0.1875,
-            0.25,
-            0.6875,
-            -0.3125,
-            0.125,
-            0.5625,
-            -0.4375,
-            0.0,
-            0.4375,
-            -0.5625,
-            -0.125,
-            0.3125,
-            -0.6875,
-            -0.25,
-            0.1875,
-            0.625,
-            -0.375,
-            0.0625,
-            0.5,
-            -0.5,
-            -0.0625,
-            0.375,
-            -0.625,
-            -0.1875,
-            0.25,
-            0.6875,
-            -0.3125,
-            0.03515625,
-            -0.2265625,
-            0.01953125,
-            -0.15625,
-            -0.265625,
-            -0.53125,
-            0.16796875,
-            -0.09375,
-            -0.02734375,
-            0.16796875,
-            -0.3125,
-            0.25390625,
-            0.30078125,
-            0.1640625,
-            -0.07421875,
-            0.16796875,
-        ];
         let q = f32t(&[1, 1, 32], &pattern(32, 6));
         let (k, v) = (f32t(&[1, 1, 16], &pattern(16, 7)), f32t(&[1, 1, 16], &pattern(16, 8)));
         let (pk, pv) = (f32t(&[1, 1, 3, 16], &pattern(48, 9)), f32t(&[1, 1, 3, 16], &pattern(48, 10)));

@@ -16,6 +16,21 @@ use crate::tensor::{Data, Tensor};
 /// Label ids: `0..broadcast` are ellipsis dims (right-aligned), then one id per letter.
 const LETTERS: usize = 52;
 
+/// Why an equation does not fit its operands.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EinsumError {
+    #[error("term `{term}` has more than one `...`")]
+    RepeatedEllipsis { term: String },
+    #[error("term `{term}` holds `{found}`, not a letter")]
+    NotALetter { term: String, found: char },
+    #[error("equation `{equation}` has {terms} input terms for {inputs} inputs")]
+    TermCount { equation: String, terms: usize, inputs: usize },
+    #[error("term `{term}` does not label the {rank} dims of its input")]
+    Unlabelled { term: String, rank: usize },
+    #[error("output `{output}` repeats a letter or names one no input has")]
+    BadOutput { output: String },
+}
+
 /// A parsed equation for operands of given ranks.
 #[derive(Debug, PartialEq)]
 pub struct EinsumSpec {
@@ -38,18 +53,18 @@ fn letter_id(c: char) -> Option<usize> {
 }
 
 /// One term: its letter ids in order, with the position of `...` among them.
-fn parse_term(term: &str) -> Result<(Vec<usize>, Option<usize>), String> {
+fn parse_term(term: &str) -> Result<(Vec<usize>, Option<usize>), EinsumError> {
     let mut letters = Vec::new();
     let mut ellipsis = None;
     let mut rest = term;
     while let Some(c) = rest.chars().next() {
         if let Some(tail) = rest.strip_prefix("...") {
             if ellipsis.replace(letters.len()).is_some() {
-                return Err(format!("term `{term}` has more than one `...`"));
+                return Err(EinsumError::RepeatedEllipsis { term: term.to_string() });
             }
             rest = tail;
         } else {
-            letters.push(letter_id(c).ok_or_else(|| format!("term `{term}` holds `{c}`, not a letter"))?);
+            letters.push(letter_id(c).ok_or_else(|| EinsumError::NotALetter { term: term.to_string(), found: c })?);
             rest = &rest[c.len_utf8()..];
         }
     }
@@ -57,7 +72,7 @@ fn parse_term(term: &str) -> Result<(Vec<usize>, Option<usize>), String> {
 }
 
 /// Parses `equation` for operands of the given ranks, checking that every term fits its operand.
-pub fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, String> {
+pub fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, EinsumError> {
     let compact: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
     let (lhs, rhs) = match compact.split_once("->") {
         Some((l, r)) => (l, Some(r)),
@@ -65,14 +80,14 @@ pub fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, Strin
     };
     let terms: Vec<&str> = lhs.split(',').collect();
     if terms.len() != ranks.len() {
-        return Err(format!("equation `{equation}` has {} input terms for {} inputs", terms.len(), ranks.len()));
+        return Err(EinsumError::TermCount { equation: equation.to_string(), terms: terms.len(), inputs: ranks.len() });
     }
     let parsed: Vec<(Vec<usize>, Option<usize>)> = terms.iter().map(|t| parse_term(t)).collect::<Result<_, _>>()?;
     let mut widths = Vec::with_capacity(ranks.len());
     for ((term, (letters, ellipsis)), &rank) in terms.iter().zip(&parsed).zip(ranks) {
         match rank.checked_sub(letters.len()) {
             Some(w) if w == 0 || ellipsis.is_some() => widths.push(w),
-            _ => return Err(format!("term `{term}` does not label the {rank} dims of its input")),
+            _ => return Err(EinsumError::Unlabelled { term: term.to_string(), rank }),
         }
     }
     let broadcast = widths.iter().copied().max().unwrap_or(0);
@@ -94,7 +109,11 @@ pub fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, Strin
     Ok(EinsumSpec { operands, output, labels: broadcast + LETTERS, broadcast })
 }
 
-fn explicit_output(rhs: &str, inputs: &[(Vec<usize>, Option<usize>)], broadcast: usize) -> Result<Vec<usize>, String> {
+fn explicit_output(
+    rhs: &str,
+    inputs: &[(Vec<usize>, Option<usize>)],
+    broadcast: usize,
+) -> Result<Vec<usize>, EinsumError> {
     let (letters, ellipsis) = parse_term(rhs)?;
     let mut output = Vec::new();
     for (k, &l) in letters.iter().enumerate() {
@@ -102,7 +121,7 @@ fn explicit_output(rhs: &str, inputs: &[(Vec<usize>, Option<usize>)], broadcast:
             output.extend(0..broadcast);
         }
         if letters[..k].contains(&l) || !inputs.iter().any(|(ls, _)| ls.contains(&l)) {
-            return Err(format!("output `{rhs}` repeats a letter or names one no input has"));
+            return Err(EinsumError::BadOutput { output: rhs.to_string() });
         }
         output.push(broadcast + l);
     }
@@ -150,7 +169,7 @@ pub(super) fn einsum(cx: &Ctx) -> Res<Vec<Tensor>> {
     }
     let Some(equation) = cx.attrs().str("equation")? else { bail!("attribute `equation` is required") };
     let ranks: Vec<usize> = operands.iter().map(|t| t.rank()).collect();
-    let spec = parse_einsum(equation, &ranks).map_err(super::Fail)?;
+    let spec = parse_einsum(equation, &ranks).map_err(|e| super::Fail(e.to_string()))?;
     let shapes: Vec<&[usize]> = operands.iter().map(|t| &t.shape[..]).collect();
     let sizes = label_sizes(&spec, &shapes)?;
     let shape: Vec<usize> = spec.output.iter().map(|&l| sizes[l]).collect();
@@ -269,9 +288,9 @@ mod tests {
         // One ellipsis dim (id 0); letters i=9, j=10, B=27 shifted by one.
         assert_eq!(spec.operands, vec![vec![0, 9, 10], vec![10, 28]]);
         assert_eq!(spec.output, vec![0, 28, 9]);
-        assert!(parse_einsum("ij->ik", &[2]).unwrap_err().contains("no input has"));
-        assert!(parse_einsum("ij", &[3]).unwrap_err().contains("does not label"));
-        assert!(parse_einsum("i,j", &[1]).unwrap_err().contains("2 input terms"));
+        assert!(parse_einsum("ij->ik", &[2]).unwrap_err().to_string().contains("no input has"));
+        assert!(parse_einsum("ij", &[3]).unwrap_err().to_string().contains("does not label"));
+        assert!(parse_einsum("i,j", &[1]).unwrap_err().to_string().contains("2 input terms"));
     }
 
     #[test]

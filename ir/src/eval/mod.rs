@@ -336,7 +336,7 @@ pub(crate) fn require_float(t: &Tensor, what: &str) -> Res<()> {
     Ok(())
 }
 
-pub use einsum::{parse_einsum, EinsumSpec};
+pub use einsum::{parse_einsum, EinsumError, EinsumSpec};
 
 #[cfg(test)]
 mod test_util;

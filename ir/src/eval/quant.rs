@@ -251,63 +251,10 @@ fn unpack(bytes: &[i64], bits: usize, index: usize) -> i64 {
 pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (a, b, scales) = (cx.input(0, "A")?, cx.input(1, "B")?, cx.input(2, "scales")?);
     let (zp, g_idx, bias) = (cx.opt(3), cx.opt(4), cx.opt(5));
-    let attr = |name: &str| -> Res<usize> {
-        match cx.attrs().int(name)? {
-            Some(v) if v > 0 => Ok(v as usize),
-            Some(v) => bail!("attribute {name} must be positive, got {v}"),
-            None => bail!("attribute {name} is required"),
-        }
-    };
-    let (k, n, block) = (attr("K")?, attr("N")?, attr("block_size")?);
-    let bits = cx.attrs().int_or("bits", 4)?;
-    if ![2, 4, 8].contains(&bits) {
-        bail!("bits must be 2, 4 or 8, got {bits}");
-    }
-    let bits = bits as usize;
-    require_float(a, "A")?;
-    require_float(scales, "scales")?;
-    if a.rank() == 0 || a.shape[a.rank() - 1] != k {
-        bail!("A of shape {:?} does not end in K={k}", a.shape);
-    }
-    let block_bits = block.checked_mul(bits).filter(|b| b.is_multiple_of(8));
-    let Some(block_bits) = block_bits else {
-        bail!("block_size {block} does not pack into whole bytes at {bits} bits");
-    };
-    let blocks = k.div_ceil(block);
-    let blob = block_bits / 8;
-    if b.dtype != DType::U8 || Some(b.numel()) != numel(&[n, blocks, blob]) {
-        bail!("B must be uint8 [N={n}, {blocks}, {blob}], got {} {:?}", b.dtype, b.shape);
-    }
-    if Some(scales.numel()) != numel(&[n, blocks]) {
-        bail!("scales must hold N*blocks = {} values, got shape {:?}", n * blocks, scales.shape);
-    }
-    enum ZeroPoints<'t> {
-        Default,
-        Packed { bytes: &'t [i64], row_bytes: usize },
-        Float(Vec<f32>),
-    }
-    let zero_points = match zp {
-        None => ZeroPoints::Default,
-        Some(z) if z.dtype == DType::U8 => {
-            let row_bytes = (blocks * bits).div_ceil(8);
-            if z.numel() != n * row_bytes {
-                bail!("packed zero_points must hold N*{row_bytes} bytes, got shape {:?}", z.shape);
-            }
-            ZeroPoints::Packed { bytes: int_values(z, "zero_points")?, row_bytes }
-        }
-        Some(z) if z.dtype.is_float() && z.numel() == n * blocks => ZeroPoints::Float(z.to_f32_vec()),
-        Some(z) => bail!("zero_points must be uint8 packed or float [N*blocks], got {} {:?}", z.dtype, z.shape),
-    };
-    let groups: Option<Vec<usize>> = match g_idx {
-        None => None,
-        Some(g) => {
-            let v = int_values(g, "g_idx")?;
-            if v.len() != k || v.iter().any(|&x| x < 0 || x as usize >= blocks) {
-                bail!("g_idx must hold {k} block indices below {blocks}");
-            }
-            Some(v.iter().map(|&x| x as usize).collect())
-        }
-    };
+    let layout = NBitsLayout::of(cx, a, b, scales)?;
+    let NBitsLayout { k, n, block, bits, blocks, blob } = layout;
+    let zero_points = NBitsZeroPoints::of(zp, &layout)?;
+    let groups = block_groups(g_idx, k, blocks)?;
     if let Some(bias) = bias {
         require_float(bias, "bias")?;
         if bias.numel() != n {
@@ -323,26 +270,19 @@ pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
     let int8 = cx.attrs().int_or("accuracy_level", 0)? == 4
         && bits == 4
         && g_idx.is_none()
-        && !matches!(zero_points, ZeroPoints::Float(_))
+        && !matches!(zero_points, NBitsZeroPoints::Float(_))
         && a.dtype == DType::F32
         && [16, 32, 64, 128, 256].contains(&block);
     let av = if int8 { int8_blocks(&a.to_f32_vec(), k, block) } else { a.to_f64_vec() };
     let rows = av.len() / k;
     let mut y = vec![0.0; rows * n];
     let mut w = vec![0.0f64; k];
-    let default_zp = (1i64 << (bits - 1)) as f32;
     for col in 0..n {
         for (kk, wk) in w.iter_mut().enumerate() {
             let (blk_of_code, within) = (kk / block, kk % block);
             let q = unpack(&codes[(col * blocks + blk_of_code) * blob..][..blob], bits, within) as f32;
             let blk = groups.as_ref().map_or(blk_of_code, |g| g[kk]);
-            let z = match &zero_points {
-                ZeroPoints::Default => default_zp,
-                ZeroPoints::Packed { bytes, row_bytes } => {
-                    unpack(&bytes[col * row_bytes..][..*row_bytes], bits, blk) as f32
-                }
-                ZeroPoints::Float(v) => v[col * blocks + blk],
-            };
+            let z = zero_points.at(col, blk, &layout);
             *wk = super::round_f64(a.dtype, ((q - z) * s[col * blocks + blk]) as f64) as f64;
         }
         let shift = bias_v.as_ref().map_or(0.0, |b| b[col]);
@@ -351,6 +291,100 @@ pub(super) fn matmul_nbits(cx: &Ctx) -> Res<Vec<Tensor>> {
         }
     }
     Ok(vec![float_tensor(a.dtype, out_shape, y)])
+}
+
+/// A MatMulNBits node's sizes, checked against its A, B and scales.
+#[derive(Clone, Copy)]
+struct NBitsLayout {
+    k: usize,
+    n: usize,
+    block: usize,
+    bits: usize,
+    /// Blocks per column: ⌈K / block⌉.
+    blocks: usize,
+    /// Bytes per block of codes.
+    blob: usize,
+}
+
+impl NBitsLayout {
+    fn of(cx: &Ctx, a: &Tensor, b: &Tensor, scales: &Tensor) -> Res<NBitsLayout> {
+        let attr = |name: &str| -> Res<usize> {
+            match cx.attrs().int(name)? {
+                Some(v) if v > 0 => Ok(v as usize),
+                Some(v) => bail!("attribute {name} must be positive, got {v}"),
+                None => bail!("attribute {name} is required"),
+            }
+        };
+        let (k, n, block) = (attr("K")?, attr("N")?, attr("block_size")?);
+        let bits = cx.attrs().int_or("bits", 4)?;
+        if ![2, 4, 8].contains(&bits) {
+            bail!("bits must be 2, 4 or 8, got {bits}");
+        }
+        let bits = bits as usize;
+        require_float(a, "A")?;
+        require_float(scales, "scales")?;
+        if a.rank() == 0 || a.shape[a.rank() - 1] != k {
+            bail!("A of shape {:?} does not end in K={k}", a.shape);
+        }
+        let block_bits = block.checked_mul(bits).filter(|b| b.is_multiple_of(8));
+        let Some(block_bits) = block_bits else {
+            bail!("block_size {block} does not pack into whole bytes at {bits} bits");
+        };
+        let blocks = k.div_ceil(block);
+        let blob = block_bits / 8;
+        if b.dtype != DType::U8 || Some(b.numel()) != numel(&[n, blocks, blob]) {
+            bail!("B must be uint8 [N={n}, {blocks}, {blob}], got {} {:?}", b.dtype, b.shape);
+        }
+        if Some(scales.numel()) != numel(&[n, blocks]) {
+            bail!("scales must hold N*blocks = {} values, got shape {:?}", n * blocks, scales.shape);
+        }
+        Ok(NBitsLayout { k, n, block, bits, blocks, blob })
+    }
+}
+
+/// MatMulNBits' zero points: by default 2^(bits-1), packed uint8 rows, or floats.
+enum NBitsZeroPoints<'t> {
+    Default,
+    Packed { bytes: &'t [i64], row_bytes: usize },
+    Float(Vec<f32>),
+}
+
+impl<'t> NBitsZeroPoints<'t> {
+    fn of(zp: Option<&'t Tensor>, l: &NBitsLayout) -> Res<NBitsZeroPoints<'t>> {
+        Ok(match zp {
+            None => NBitsZeroPoints::Default,
+            Some(z) if z.dtype == DType::U8 => {
+                let row_bytes = (l.blocks * l.bits).div_ceil(8);
+                if z.numel() != l.n * row_bytes {
+                    bail!("packed zero_points must hold N*{row_bytes} bytes, got shape {:?}", z.shape);
+                }
+                NBitsZeroPoints::Packed { bytes: int_values(z, "zero_points")?, row_bytes }
+            }
+            Some(z) if z.dtype.is_float() && z.numel() == l.n * l.blocks => NBitsZeroPoints::Float(z.to_f32_vec()),
+            Some(z) => bail!("zero_points must be uint8 packed or float [N*blocks], got {} {:?}", z.dtype, z.shape),
+        })
+    }
+
+    /// The zero point of block `blk` of column `col`.
+    fn at(&self, col: usize, blk: usize, l: &NBitsLayout) -> f32 {
+        match self {
+            NBitsZeroPoints::Default => (1i64 << (l.bits - 1)) as f32,
+            NBitsZeroPoints::Packed { bytes, row_bytes } => {
+                unpack(&bytes[col * row_bytes..][..*row_bytes], l.bits, blk) as f32
+            }
+            NBitsZeroPoints::Float(v) => v[col * l.blocks + blk],
+        }
+    }
+}
+
+/// MatMulNBits' `g_idx`: the block each of the K rows reads its scale and zero point from.
+fn block_groups(g_idx: Option<&Tensor>, k: usize, blocks: usize) -> Res<Option<Vec<usize>>> {
+    let Some(g) = g_idx else { return Ok(None) };
+    let v = int_values(g, "g_idx")?;
+    if v.len() != k || v.iter().any(|&x| x < 0 || x as usize >= blocks) {
+        bail!("g_idx must hold {k} block indices below {blocks}");
+    }
+    Ok(Some(v.iter().map(|&x| x as usize).collect()))
 }
 
 /// GatherBlockQuantized: Gather over a block-quantised table, dequantising what it gathers as
@@ -363,107 +397,18 @@ pub(super) fn gather_block_quantized(cx: &Ctx) -> Res<Vec<Tensor>> {
     let (data, idx, scales, zp) = (cx.input(0, "data")?, cx.input(1, "indices")?, cx.input(2, "scales")?, cx.opt(3));
     let indices = int_values(idx, "indices")?;
     require_float(scales, "scales")?;
-    let bits = cx.attrs().int_or("bits", 4)?;
-    let block = cx.attrs().int_or("block_size", 128)?;
-    let packed = data.dtype == DType::U8;
-    if packed && ![2, 4, 8].contains(&bits) {
-        bail!("bits must be 2, 4 or 8 for uint8 data, got {bits}");
-    }
-    if !(packed || matches!(data.dtype, DType::I4 | DType::U4) || is_small_float(data.dtype)) {
-        bail!("data must be uint8, int4, uint4 or an 8/4-bit float type, got {}", data.dtype);
-    }
-    if data.rank() == 0 {
-        bail!("data must have rank at least 1");
-    }
-    let per_byte = if packed { 8 / bits as usize } else { 1 };
-    let mut logical = data.shape.clone();
-    let last = data.rank() - 1;
-    logical[last] *= per_byte;
-    let rank = logical.len();
-    let gather_axis = norm_axis(cx.attrs().int_or("gather_axis", 0)?, rank, "gather_axis")?;
-    let quantize_axis = norm_axis(cx.attrs().int_or("quantize_axis", 1)?, rank, "quantize_axis")?;
-    let block = match block {
-        0 if is_small_float(data.dtype) => logical[quantize_axis].max(1),
-        b if b > 0 => b as usize,
-        b => bail!("block_size must be positive, got {b}"),
-    };
-    let blocks = logical[quantize_axis].div_ceil(block);
-    let scale_fits = scales.rank() == rank
-        && (0..rank).all(|d| {
-            let s = scales.shape[d];
-            if d == quantize_axis {
-                s == blocks
-            } else {
-                s == logical[d] || s == 1
-            }
-        });
-    if !scale_fits {
-        bail!(
-            "scales of shape {:?} do not fit data {:?} quantised in blocks of {block} on axis {quantize_axis}",
-            scales.shape,
-            logical
-        );
-    }
-    if let Some(z) = zp {
-        if is_small_float(data.dtype) || z.dtype != data.dtype {
-            bail!("zero_points of {} do not fit {} data", z.dtype, data.dtype);
-        }
-        let mut stored = scales.shape.clone();
-        stored[last] = stored[last].div_ceil(per_byte);
-        if z.shape != stored {
-            bail!("zero_points must have shape {stored:?}, got {:?}", z.shape);
-        }
-    }
+    let q = BlockQuantized::of(cx, data, scales, zp)?;
+    let (logical, gather_axis) = (&q.logical, q.gather_axis);
     let mut out_shape: Vec<usize> = logical[..gather_axis].to_vec();
     out_shape.extend(&idx.shape);
     out_shape.extend(&logical[gather_axis + 1..]);
     let total = checked_numel(&out_shape)?;
-
-    let code_at = |li: usize| -> f32 {
-        match &data.data {
-            Data::I64(v) if packed => {
-                let (row, j) = (li / logical[last], li % logical[last]);
-                unpack(&v[row * data.shape[last]..][..data.shape[last]], bits as usize, j) as f32
-            }
-            Data::I64(v) => v[li] as f32,
-            Data::F32(v) => v[li],
-            _ => f32::NAN,
-        }
-    };
-    let scale_strides = strides(&scales.shape);
-    let zp_last = scales.shape[last];
-    let zp_at = |si: usize| -> f32 {
-        match zp.map(|z| &z.data) {
-            Some(Data::I64(v)) if packed => {
-                let (row, j) = (si / zp_last, si % zp_last);
-                let row_bytes = zp_last.div_ceil(per_byte);
-                unpack(&v[row * row_bytes..][..row_bytes], bits as usize, j) as f32
-            }
-            Some(Data::I64(v)) => v[si] as f32,
-            _ if packed => (1i64 << (bits - 1)) as f32,
-            _ => 0.0,
-        }
-    };
-    let s = scales.to_f32_vec();
-    let logical_strides = strides(&logical);
-    let dequant = |li: usize| -> f64 {
-        let mut si = 0;
-        for d in 0..rank {
-            let c = (li / logical_strides[d]) % logical[d];
-            let c = if d == quantize_axis {
-                c / block
-            } else if scales.shape[d] == 1 {
-                0
-            } else {
-                c
-            };
-            si += c * scale_strides[d];
-        }
-        ((code_at(li) - zp_at(si)) * s[si]) as f64
-    };
     let dim = logical[gather_axis];
     let outer: usize = logical[..gather_axis].iter().product();
     let inner: usize = logical[gather_axis + 1..].iter().product();
+    let s = scales.to_f32_vec();
+    let scale_strides = strides(&scales.shape);
+    let logical_strides = strides(logical);
     let mut out = Vec::with_capacity(total);
     for o in 0..outer {
         for &i in indices {
@@ -474,10 +419,160 @@ pub(super) fn gather_block_quantized(cx: &Ctx) -> Res<Vec<Tensor>> {
                 continue;
             }
             let base = (o * dim + row as usize) * inner;
-            out.extend((0..inner).map(|e| dequant(base + e)));
+            out.extend((0..inner).map(|e| {
+                let li = base + e;
+                let si = q.scale_index(li, &logical_strides, &scale_strides);
+                ((q.code_at(li) - q.zero_point_at(si)) * s[si]) as f64
+            }));
         }
     }
     Ok(vec![float_tensor(scales.dtype, out_shape, out)])
+}
+
+/// A GatherBlockQuantized table: its codes, scales and zero points with the layout they were
+/// checked to have.
+struct BlockQuantized<'t> {
+    data: &'t Tensor,
+    scales: &'t Tensor,
+    zero_points: Option<&'t Tensor>,
+    /// Codes packed into uint8 (`8 / bits` per byte along the last axis).
+    packed: bool,
+    bits: i64,
+    per_byte: usize,
+    /// The shape of the codes once unpacked.
+    logical: Vec<usize>,
+    gather_axis: usize,
+    quantize_axis: usize,
+    block: usize,
+}
+
+impl<'t> BlockQuantized<'t> {
+    fn of(cx: &Ctx, data: &'t Tensor, scales: &'t Tensor, zp: Option<&'t Tensor>) -> Res<BlockQuantized<'t>> {
+        let bits = cx.attrs().int_or("bits", 4)?;
+        let block = cx.attrs().int_or("block_size", 128)?;
+        let packed = data.dtype == DType::U8;
+        if packed && ![2, 4, 8].contains(&bits) {
+            bail!("bits must be 2, 4 or 8 for uint8 data, got {bits}");
+        }
+        if !(packed || matches!(data.dtype, DType::I4 | DType::U4) || is_small_float(data.dtype)) {
+            bail!("data must be uint8, int4, uint4 or an 8/4-bit float type, got {}", data.dtype);
+        }
+        if data.rank() == 0 {
+            bail!("data must have rank at least 1");
+        }
+        let per_byte = if packed { 8 / bits as usize } else { 1 };
+        let mut logical = data.shape.clone();
+        let last = data.rank() - 1;
+        logical[last] *= per_byte;
+        let rank = logical.len();
+        let gather_axis = norm_axis(cx.attrs().int_or("gather_axis", 0)?, rank, "gather_axis")?;
+        let quantize_axis = norm_axis(cx.attrs().int_or("quantize_axis", 1)?, rank, "quantize_axis")?;
+        let block = match block {
+            0 if is_small_float(data.dtype) => logical[quantize_axis].max(1),
+            b if b > 0 => b as usize,
+            b => bail!("block_size must be positive, got {b}"),
+        };
+        let q = BlockQuantized {
+            data,
+            scales,
+            zero_points: zp,
+            packed,
+            bits,
+            per_byte,
+            logical,
+            gather_axis,
+            quantize_axis,
+            block,
+        };
+        q.check_scales()?;
+        q.check_zero_points()?;
+        Ok(q)
+    }
+
+    fn check_scales(&self) -> Res<()> {
+        let (logical, scales, quantize_axis, block) = (&self.logical, self.scales, self.quantize_axis, self.block);
+        let rank = logical.len();
+        let blocks = logical[quantize_axis].div_ceil(block);
+        let scale_fits = scales.rank() == rank
+            && (0..rank).all(|d| {
+                let s = scales.shape[d];
+                if d == quantize_axis {
+                    s == blocks
+                } else {
+                    s == logical[d] || s == 1
+                }
+            });
+        if !scale_fits {
+            bail!(
+                "scales of shape {:?} do not fit data {:?} quantised in blocks of {block} on axis {quantize_axis}",
+                scales.shape,
+                logical
+            );
+        }
+        Ok(())
+    }
+
+    fn check_zero_points(&self) -> Res<()> {
+        let Some(z) = self.zero_points else { return Ok(()) };
+        let data = self.data;
+        if is_small_float(data.dtype) || z.dtype != data.dtype {
+            bail!("zero_points of {} do not fit {} data", z.dtype, data.dtype);
+        }
+        let last = data.rank() - 1;
+        let mut stored = self.scales.shape.clone();
+        stored[last] = stored[last].div_ceil(self.per_byte);
+        if z.shape != stored {
+            bail!("zero_points must have shape {stored:?}, got {:?}", z.shape);
+        }
+        Ok(())
+    }
+
+    /// The code at logical (unpacked) flat index `li`.
+    fn code_at(&self, li: usize) -> f32 {
+        let data = self.data;
+        let last = data.rank() - 1;
+        match &data.data {
+            Data::I64(v) if self.packed => {
+                let (row, j) = (li / self.logical[last], li % self.logical[last]);
+                unpack(&v[row * data.shape[last]..][..data.shape[last]], self.bits as usize, j) as f32
+            }
+            Data::I64(v) => v[li] as f32,
+            Data::F32(v) => v[li],
+            _ => f32::NAN,
+        }
+    }
+
+    /// The zero point at flat scale index `si`.
+    fn zero_point_at(&self, si: usize) -> f32 {
+        let zp_last = self.scales.shape[self.data.rank() - 1];
+        match self.zero_points.map(|z| &z.data) {
+            Some(Data::I64(v)) if self.packed => {
+                let (row, j) = (si / zp_last, si % zp_last);
+                let row_bytes = zp_last.div_ceil(self.per_byte);
+                unpack(&v[row * row_bytes..][..row_bytes], self.bits as usize, j) as f32
+            }
+            Some(Data::I64(v)) => v[si] as f32,
+            _ if self.packed => (1i64 << (self.bits - 1)) as f32,
+            _ => 0.0,
+        }
+    }
+
+    /// The flat scale index of logical flat index `li`.
+    fn scale_index(&self, li: usize, logical_strides: &[usize], scale_strides: &[usize]) -> usize {
+        let mut si = 0;
+        for d in 0..self.logical.len() {
+            let c = (li / logical_strides[d]) % self.logical[d];
+            let c = if d == self.quantize_axis {
+                c / self.block
+            } else if self.scales.shape[d] == 1 {
+                0
+            } else {
+                c
+            };
+            si += c * scale_strides[d];
+        }
+        si
+    }
 }
 
 /// A's rows with each `block`-long run along K replaced by its int8 quantisation `q · s`
