@@ -19,116 +19,124 @@ pub struct Options<'a> {
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
-    let Options { model, target, stop_after, dump_dir, json, check, fp16_sim } = o;
     // Read the case first: a wrong folder should fail before the pipeline runs.
-    let case = match check {
-        Some(dir) => {
-            if !dir.is_dir() {
-                bail!("test case folder {} does not exist", dir.display());
-            }
-            let case =
-                frontend::read_test_case(dir).with_context(|| format!("reading the test case {}", dir.display()))?;
-            if case.0.is_empty() || case.1.is_empty() {
-                bail!("{} holds no input_N.pb and output_N.pb files (ONNX test data)", dir.display());
-            }
-            Some(case)
-        }
-        None => None,
-    };
-    let t = crate::targets::target(target)?;
+    let case = o.check.map(read_case).transpose()?;
+    let t = crate::targets::target(o.target)?;
     let start = std::time::Instant::now();
-    let imported = frontend::import_file(model).with_context(|| format!("importing {}", model.display()))?;
+    let imported = frontend::import_file(o.model).with_context(|| format!("importing {}", o.model.display()))?;
     let import_ms = start.elapsed().as_secs_f64() * 1e3;
     let weight_bytes: u64 = imported.graph.weights.iter().map(|(_, w)| w.bytes.len() as u64).sum();
-    if let Some(dir) = dump_dir {
+    if let Some(dir) = o.dump_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::write(dir.join("00-import.ir"), ir::print::print_graph(&imported.graph))?;
     }
-    if !json && dump_dir.is_none() {
+    if !o.json && o.dump_dir.is_none() {
         println!("== 00 import ({} nodes)", imported.graph.nodes.len());
         print!("{}", ir::print::print_graph(&imported.graph));
     }
-    let pipeline = t.pipeline();
     let mut io_error = None;
-    let result = driver::run(&pipeline, imported.graph, stop_after, |report, graph| {
-        let file = format!("{:02}-{}.ir", report.index + 1, report.name);
-        if let Some(dir) = dump_dir {
-            if let Err(e) = std::fs::write(dir.join(&file), ir::print::print_graph(graph)) {
-                io_error.get_or_insert(e);
-            }
-        }
-        if !json {
-            eprintln!(
-                "{:02} {:<14} {:>6} → {:<6} nodes {:>9.1} ms  {}",
-                report.index + 1,
-                report.name,
-                report.nodes_before,
-                report.nodes_after,
-                report.time_ms,
-                report.detail.summary
-            );
-            if dump_dir.is_none() {
-                println!("== {:02} {} ({} nodes)", report.index + 1, report.name, report.nodes_after);
-                print!("{}", ir::print::print_graph(graph));
-            }
+    let result = driver::run(&t.pipeline(), imported.graph, o.stop_after, |report, graph| {
+        if let Err(e) = show_pass(&o, report, graph) {
+            io_error.get_or_insert(e);
         }
     });
     if let Some(e) = io_error {
         bail!("writing the pass dumps: {e}");
     }
-    match result {
-        Ok(outcome) => {
-            let check = match &case {
-                Some((inputs, expected)) => Some(check_program(&outcome.graph, inputs, expected, fp16_sim)?),
-                None => None,
-            };
-            if let (Some(c), false) = (&check, json) {
-                print_check(c, fp16_sim);
-            }
-            let decode = StepSizes { rows: 1, past: 512 };
-            let prefill = StepSizes { rows: 64, past: 0 };
-            let costs = [
-                ("decode", decode, cost::step_cost(&outcome.graph, decode)),
-                ("prefill", prefill, cost::step_cost(&outcome.graph, prefill)),
-            ];
-            if !json {
-                for (what, s, c) in &costs {
-                    eprintln!(
-                        "{what} step ({} rows, {} past): {:.1} MMAC, {:.2} MB of weights read, {:.2} MB of KV read",
-                        s.rows,
-                        s.past,
-                        c.macs as f64 / 1e6,
-                        c.weight_bytes as f64 / 1e6,
-                        c.kv_bytes as f64 / 1e6
-                    );
-                }
-            }
-            if json {
-                let out = serde_json::json!({
-                    "model": model.display().to_string(),
-                    "target": target,
-                    "import_ms": import_ms,
-                    "total_ms": start.elapsed().as_secs_f64() * 1e3,
-                    "weight_bytes": weight_bytes,
-                    "peak_rss_bytes": peak_rss_bytes(),
-                    "passes": outcome.reports,
-                    "check": check,
-                    "step_cost": costs.iter().map(|(what, s, c)| serde_json::json!({"step": what, "sizes": s, "cost": c})).collect::<Vec<_>>(),
-                });
-                println!("{}", serde_json::to_string_pretty(&out)?);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+    let outcome = match result {
+        Ok(outcome) => outcome,
         Err(DriverError::PassFailed { pass, message, last_good, reports }) => {
-            if let Some(dir) = dump_dir {
-                std::fs::write(
-                    dir.join(format!("{:02}-last-good.ir", reports.len())),
-                    ir::print::print_graph(&last_good),
-                )?;
+            if let Some(dir) = o.dump_dir {
+                let file = dir.join(format!("{:02}-last-good.ir", reports.len()));
+                std::fs::write(file, ir::print::print_graph(&last_good))?;
             }
             bail!("pass `{pass}` failed: {message}")
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
+    };
+    let check = match &case {
+        Some((inputs, expected)) => Some(check_program(&outcome.graph, inputs, expected, o.fp16_sim)?),
+        None => None,
+    };
+    let costs = step_costs(&outcome.graph);
+    if !o.json {
+        if let Some(c) = &check {
+            print_check(c, o.fp16_sim);
+        }
+        print_costs(&costs);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = serde_json::json!({
+        "model": o.model.display().to_string(),
+        "target": o.target,
+        "import_ms": import_ms,
+        "total_ms": start.elapsed().as_secs_f64() * 1e3,
+        "weight_bytes": weight_bytes,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "passes": outcome.reports,
+        "check": check,
+        "step_cost": costs.iter().map(|(what, s, c)| serde_json::json!({"step": what, "sizes": s, "cost": c})).collect::<Vec<_>>(),
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+type TestCase = (std::collections::HashMap<String, ir::Tensor>, Vec<(String, ir::Tensor)>);
+
+/// The inputs and expected outputs of an ONNX test case folder.
+fn read_case(dir: &Path) -> Result<TestCase> {
+    if !dir.is_dir() {
+        bail!("test case folder {} does not exist", dir.display());
+    }
+    let case = frontend::read_test_case(dir).with_context(|| format!("reading the test case {}", dir.display()))?;
+    if case.0.is_empty() || case.1.is_empty() {
+        bail!("{} holds no input_N.pb and output_N.pb files (ONNX test data)", dir.display());
+    }
+    Ok(case)
+}
+
+/// One pass's line on stderr, and its graph printed or dumped.
+fn show_pass(o: &Options, report: &driver::PassReport, graph: &ir::Graph) -> std::io::Result<()> {
+    if let Some(dir) = o.dump_dir {
+        let file = format!("{:02}-{}.ir", report.index + 1, report.name);
+        std::fs::write(dir.join(&file), ir::print::print_graph(graph))?;
+    }
+    if o.json {
+        return Ok(());
+    }
+    eprintln!(
+        "{:02} {:<14} {:>6} → {:<6} nodes {:>9.1} ms  {}",
+        report.index + 1,
+        report.name,
+        report.nodes_before,
+        report.nodes_after,
+        report.time_ms,
+        report.detail.summary
+    );
+    if o.dump_dir.is_none() {
+        println!("== {:02} {} ({} nodes)", report.index + 1, report.name, report.nodes_after);
+        print!("{}", ir::print::print_graph(graph));
+    }
+    Ok(())
+}
+
+/// The cost of a decode step at past 512 and of a 64-row prefill block.
+fn step_costs(g: &ir::Graph) -> [(&'static str, StepSizes, cost::StepCost); 2] {
+    let decode = StepSizes { rows: 1, past: 512 };
+    let prefill = StepSizes { rows: 64, past: 0 };
+    [("decode", decode, cost::step_cost(g, decode)), ("prefill", prefill, cost::step_cost(g, prefill))]
+}
+
+fn print_costs(costs: &[(&'static str, StepSizes, cost::StepCost)]) {
+    for (what, s, c) in costs {
+        eprintln!(
+            "{what} step ({} rows, {} past): {:.1} MMAC, {:.2} MB of weights read, {:.2} MB of KV read",
+            s.rows,
+            s.past,
+            c.macs as f64 / 1e6,
+            c.weight_bytes as f64 / 1e6,
+            c.kv_bytes as f64 / 1e6
+        );
     }
 }
 
