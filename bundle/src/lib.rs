@@ -25,6 +25,7 @@ mod paths;
 mod reader;
 mod safetensors;
 mod writer;
+pub mod xdna;
 
 pub use error::BundleError;
 pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};
