@@ -331,40 +331,59 @@ pub struct ResourceError {
     pub what: String,
 }
 
+/// A limit of a DMA buffer descriptor that an access pattern breaks.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PatternError {
+    #[error("{dims} dimensions, the descriptor walks at most {max_dims}")]
+    Dimensions { dims: usize, max_dims: usize },
+    #[error("innermost stride {stride}, must be 1")]
+    InnerStride { stride: usize },
+    #[error("innermost size {size} × {elem_bytes} bytes is not a whole number of 32-bit words")]
+    InnerSizeNotWords { size: usize, elem_bytes: usize },
+    #[error("repeat {repeat} exceeds {max_repeat}")]
+    Repeat { repeat: usize, max_repeat: usize },
+    #[error("size {size} exceeds {max_size}")]
+    Size { size: usize, max_size: usize },
+    #[error("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words")]
+    StrideNotWords { stride: usize, elem_bytes: usize },
+    #[error("stride {stride} exceeds {max_stride_words} words")]
+    Stride { stride: usize, max_stride_words: usize },
+}
+
 /// Checks one access pattern (outermost first) against a descriptor's limits.
 pub fn check_pattern(
     limits: DmaLimits,
     elem_bytes: usize,
     dims: &[(usize, usize)],
     repeat: bool,
-) -> Result<(), String> {
+) -> Result<(), PatternError> {
     if dims.len() > limits.dims {
-        return Err(format!("{} dimensions, the descriptor walks at most {}", dims.len(), limits.dims));
+        return Err(PatternError::Dimensions { dims: dims.len(), max_dims: limits.dims });
     }
     let Some(&(inner_size, inner_stride)) = dims.last() else { return Ok(()) };
     if inner_stride != 1 {
-        return Err(format!("innermost stride {inner_stride}, must be 1"));
+        return Err(PatternError::InnerStride { stride: inner_stride });
     }
     if !(inner_size * elem_bytes).is_multiple_of(4) {
-        return Err(format!("innermost size {inner_size} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+        return Err(PatternError::InnerSizeNotWords { size: inner_size, elem_bytes });
     }
     for (i, &(size, stride)) in dims.iter().enumerate() {
         let is_repeat = repeat && i == 0 && dims.len() == limits.dims;
         if is_repeat {
             if size > limits.max_repeat {
-                return Err(format!("repeat {size} exceeds {}", limits.max_repeat));
+                return Err(PatternError::Repeat { repeat: size, max_repeat: limits.max_repeat });
             }
             continue;
         }
         if size > limits.max_size {
-            return Err(format!("size {size} exceeds {}", limits.max_size));
+            return Err(PatternError::Size { size, max_size: limits.max_size });
         }
         if size > 1 && i + 1 < dims.len() {
             if !(stride * elem_bytes).is_multiple_of(4) {
-                return Err(format!("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+                return Err(PatternError::StrideNotWords { stride, elem_bytes });
             }
             if stride * elem_bytes / 4 > limits.max_stride_words {
-                return Err(format!("stride {stride} exceeds {} words", limits.max_stride_words));
+                return Err(PatternError::Stride { stride, max_stride_words: limits.max_stride_words });
             }
         }
     }
