@@ -98,7 +98,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         w.add_file(&generic, d.generic().as_bytes()).with_context(|| format!("storing {generic}"))?;
         w.add_file(&pretty, d.pretty().as_bytes()).with_context(|| format!("storing {pretty}"))?;
     }
-    let mut plan_json = plan.to_json();
+    let mut plan_file = plan.to_plan_file();
     // MLIR 22's verifier over every design when mlir-opt is installed; a design it rejects is a
     // compiler bug, so the compile fails naming it.
     let verified = match codegen_aie::mlir::version() {
@@ -111,12 +111,12 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
             format!("{} designs verified by MLIR ({version})", plan.designs.len())
         }
     };
-    plan_json["mlir"] = json!(verified);
+    plan_file.mlir = Some(verified.clone());
     let artifacts = match aiecc() {
         None => "aiecc is not on PATH: the bundle carries the designs, not device artifacts".to_string(),
         Some(tool) => {
             let mut built = 0;
-            for (d, entry) in plan.designs.values().zip(plan_json["designs"].as_array_mut().into_iter().flatten()) {
+            for (d, entry) in plan.designs.values().zip(plan_file.designs.iter_mut()) {
                 match build_artifacts(&tool, &d.name, &d.pretty()) {
                     Ok(Artifacts { insts, xclbin, pdi }) => {
                         let (i, x) = (format!("xdna/{}.insts.bin", d.name), format!("xdna/{}.xclbin", d.name));
@@ -124,19 +124,19 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
                         w.add_file(&i, &insts).with_context(|| format!("storing {i}"))?;
                         w.add_file(&x, &xclbin).with_context(|| format!("storing {x}"))?;
                         w.add_file(&p, &pdi).with_context(|| format!("storing {p}"))?;
-                        entry["insts"] = json!(i);
-                        entry["xclbin"] = json!(x);
-                        entry["pdi"] = json!(p);
+                        entry.insts = Some(i);
+                        entry.xclbin = Some(x);
+                        entry.pdi = Some(p);
                         built += 1;
                     }
-                    Err(e) => entry["aiecc_error"] = json!(e),
+                    Err(e) => entry.aiecc_error = Some(e),
                 }
             }
             format!("aiecc ({}) built device artifacts for {built} of {} designs", tool.display(), plan.designs.len())
         }
     };
-    plan_json["artifacts"] = json!(artifacts);
-    w.add_file(PLAN_FILE, serde_json::to_string_pretty(&plan_json)?.as_bytes()).context("storing the XDNA plan")?;
+    plan_file.artifacts = Some(artifacts.clone());
+    w.add_file(PLAN_FILE, &plan_file.encode()).context("storing the XDNA plan")?;
     let designs: Vec<Value> = plan
         .designs
         .values()

@@ -18,7 +18,7 @@ pub fn xrt_offload(bundle: &Bundle) -> Result<Box<dyn GemmOffload>> {
         use xdna_driver::{Npu, ACCEL_DIR};
         let npu = Npu::open(std::path::Path::new(ACCEL_DIR))
             .map_err(|e| anyhow!("{e}; run the bundle with --backend host"))?;
-        Ok(Box::new(runtime::xdna::XdnaOffload::new(npu, bundle).map_err(|e| anyhow!(e))?))
+        Ok(Box::new(runtime::xdna::XdnaOffload::new(npu, bundle)?))
     }
     #[cfg(not(feature = "xrt"))]
     {

@@ -28,6 +28,7 @@ pub mod program;
 mod reader;
 mod safetensors;
 mod writer;
+pub mod xdna;
 
 pub use error::BundleError;
 pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};

@@ -138,22 +138,46 @@ fn blocks_per_wait(device: Device) -> usize {
 
 /// The design of a tiling.
 pub fn build(t: &Tiling) -> Design {
-    let (r, s, tt) = t.device.micro_tile();
-    let (rows, cols) = (t.rows, t.cols);
-    let (m, k, n) = (t.m, t.k, t.n);
-    let row0 = Device::FIRST_COMPUTE_ROW;
+    let mut fifos = vec![];
+    let mut links = vec![];
+    a_fifos(t, &mut fifos, &mut links);
+    b_fifos(t, &mut fifos, &mut links);
+    c_fifos(t, &mut fifos, &mut links);
+    let p = t.padded;
+    Design {
+        name: design_name(t),
+        tiling: t.clone(),
+        tiles: tiles(t),
+        fifos,
+        links,
+        cores: cores(t),
+        args: vec![(p.m * p.k, Elem::I8), (p.k * p.n, Elem::I8), (p.m * p.n, Elem::I32)],
+        seq: runtime_sequence(t),
+    }
+}
+
+/// Every tile the design uses: each column's shim and mem tile, then the compute tiles column by
+/// column.
+fn tiles(t: &Tiling) -> Vec<Tile> {
     let mut tiles = vec![];
-    for c in 0..cols {
+    for c in 0..t.cols {
         tiles.push((c, Device::SHIM_ROW));
         tiles.push((c, Device::MEM_TILE_ROW));
     }
-    for c in 0..cols {
-        for rr in 0..rows {
-            tiles.push((c, row0 + rr));
+    for c in 0..t.cols {
+        for rr in 0..t.rows {
+            tiles.push((c, Device::FIRST_COMPUTE_ROW + rr));
         }
     }
-    let mut fifos = vec![];
-    let mut links = vec![];
+    tiles
+}
+
+/// A's FIFOs: the shim's `rows·m × k` slab into column 0's mem tile, distributed to one FIFO per
+/// row of cores (broadcast across the columns, pre-tiled into r×s micro-blocks).
+fn a_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
+    let (r, s, _) = t.device.micro_tile();
+    let (rows, cols, m, k) = (t.rows, t.cols, t.m, t.k);
+    let row0 = Device::FIRST_COMPUTE_ROW;
     fifos.push(Fifo {
         name: "A_L3L2".into(),
         producer: (0, 0),
@@ -180,7 +204,15 @@ pub fn build(t: &Tiling) -> Design {
         src_offsets: vec![],
         dst_offsets: (0..rows).map(|rr| rr * m * k).collect(),
     });
-    for c in 0..cols {
+}
+
+/// B's FIFOs, per column: the shim's `k × n` tiles into the column's mem tile, broadcast down the
+/// column pre-tiled into s×t micro-blocks.
+fn b_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
+    let (_, s, tt) = t.device.micro_tile();
+    let (k, n) = (t.k, t.n);
+    let row0 = Device::FIRST_COMPUTE_ROW;
+    for c in 0..t.cols {
         fifos.push(Fifo {
             name: format!("B_L3L2_{c}"),
             producer: (c, 0),
@@ -193,7 +225,7 @@ pub fn build(t: &Tiling) -> Design {
         fifos.push(Fifo {
             name: format!("B_L2L1_{c}"),
             producer: (c, 1),
-            consumers: (0..rows).map(|rr| (c, row0 + rr)).collect(),
+            consumers: (0..t.rows).map(|rr| (c, row0 + rr)).collect(),
             depth: 2,
             shape: vec![k, n],
             elem: Elem::I8,
@@ -206,7 +238,15 @@ pub fn build(t: &Tiling) -> Design {
             dst_offsets: vec![],
         });
     }
-    for c in 0..cols {
+}
+
+/// C's FIFOs, per column: each core's `m × n` int32 tile into the column's mem tile, joined by
+/// row and streamed back to the shim in row-major order.
+fn c_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
+    let (r, _, tt) = t.device.micro_tile();
+    let (rows, m, n) = (t.rows, t.m, t.n);
+    let row0 = Device::FIRST_COMPUTE_ROW;
+    for c in 0..t.cols {
         for rr in 0..rows {
             fifos.push(Fifo {
                 name: format!("C_L1L2_{c}_{rr}"),
@@ -234,11 +274,15 @@ pub fn build(t: &Tiling) -> Design {
             dst_offsets: vec![],
         });
     }
+}
+
+/// One core per compute tile, column by column.
+fn cores(t: &Tiling) -> Vec<Core> {
     let mut cores = vec![];
-    for c in 0..cols {
-        for rr in 0..rows {
+    for c in 0..t.cols {
+        for rr in 0..t.rows {
             cores.push(Core {
-                tile: (c, row0 + rr),
+                tile: (c, Device::FIRST_COMPUTE_ROW + rr),
                 a: format!("A_L2L1_{rr}"),
                 b: format!("B_L2L1_{c}"),
                 c: format!("C_L1L2_{c}_{rr}"),
@@ -247,79 +291,82 @@ pub fn build(t: &Tiling) -> Design {
             });
         }
     }
-    let p = t.padded;
+    cores
+}
+
+/// The runtime sequence: for every row block, the column blocks in batches of
+/// [`blocks_per_wait`], each batch's DMAs followed by a wait on every FIFO they used.
+fn runtime_sequence(t: &Tiling) -> Vec<SeqOp> {
     let (mb, nb) = t.blocks();
-    let mut seq = vec![];
     let per_wait = blocks_per_wait(t.device);
+    let mut seq = vec![];
     for i in 0..mb {
         let mut j = 0;
         while j < nb {
             let batch = per_wait.min(nb - j);
-            let mut next_id = vec![0usize; cols];
-            let mut used: Vec<String> = vec![];
-            for jj in j..j + batch {
-                for (c, next) in next_id.iter_mut().enumerate() {
-                    let col = (jj * cols + c) * n;
-                    let id = *next;
-                    *next += 1;
-                    seq.push(SeqOp::Dma {
-                        arg: 2,
-                        offset: i * rows * m * p.n + col,
-                        sizes: [1, 1, rows * m, n],
-                        strides: [0, 0, p.n, 1],
-                        id,
-                        fifo: format!("C_L2L3_{c}"),
-                        issue_token: false,
-                    });
-                }
-                let id = next_id[0];
-                next_id[0] += 1;
-                seq.push(SeqOp::Dma {
-                    arg: 0,
-                    offset: i * rows * m * p.k,
-                    sizes: [1, p.k / k, rows * m, k],
-                    strides: [0, k, p.k, 1],
-                    id,
-                    fifo: "A_L3L2".into(),
-                    issue_token: true,
-                });
-                for (c, next) in next_id.iter_mut().enumerate() {
-                    let col = (jj * cols + c) * n;
-                    let id = *next;
-                    *next += 1;
-                    seq.push(SeqOp::Dma {
-                        arg: 1,
-                        offset: col,
-                        sizes: [1, p.k / k, k, n],
-                        strides: [0, k * p.n, p.n, 1],
-                        id,
-                        fifo: format!("B_L3L2_{c}"),
-                        issue_token: true,
-                    });
-                }
-            }
-            for c in 0..cols {
-                used.push(format!("C_L2L3_{c}"));
-            }
-            used.push("A_L3L2".into());
-            for c in 0..cols {
-                used.push(format!("B_L3L2_{c}"));
-            }
-            for f in used {
-                seq.push(SeqOp::Wait { fifo: f });
-            }
+            batch_dmas(t, i, j..j + batch, &mut seq);
+            batch_waits(t.cols, &mut seq);
             j += batch;
         }
     }
-    Design {
-        name: design_name(t),
-        tiling: t.clone(),
-        tiles,
-        fifos,
-        links,
-        cores,
-        args: vec![(p.m * p.k, Elem::I8), (p.k * p.n, Elem::I8), (p.m * p.n, Elem::I32)],
-        seq,
+    seq
+}
+
+/// The DMAs of the column blocks `blocks` of row block `i`: per block, every column's C
+/// readback, A's slab, then every column's B tiles, with shim BD ids counted per column from 0.
+fn batch_dmas(t: &Tiling, i: usize, blocks: std::ops::Range<usize>, seq: &mut Vec<SeqOp>) {
+    let (rows, cols, m, k, n) = (t.rows, t.cols, t.m, t.k, t.n);
+    let p = t.padded;
+    let mut next_id = vec![0usize; cols];
+    for jj in blocks {
+        for (c, next) in next_id.iter_mut().enumerate() {
+            let col = (jj * cols + c) * n;
+            let id = *next;
+            *next += 1;
+            seq.push(SeqOp::Dma {
+                arg: 2,
+                offset: i * rows * m * p.n + col,
+                sizes: [1, 1, rows * m, n],
+                strides: [0, 0, p.n, 1],
+                id,
+                fifo: format!("C_L2L3_{c}"),
+                issue_token: false,
+            });
+        }
+        let id = next_id[0];
+        next_id[0] += 1;
+        seq.push(SeqOp::Dma {
+            arg: 0,
+            offset: i * rows * m * p.k,
+            sizes: [1, p.k / k, rows * m, k],
+            strides: [0, k, p.k, 1],
+            id,
+            fifo: "A_L3L2".into(),
+            issue_token: true,
+        });
+        for (c, next) in next_id.iter_mut().enumerate() {
+            let col = (jj * cols + c) * n;
+            let id = *next;
+            *next += 1;
+            seq.push(SeqOp::Dma {
+                arg: 1,
+                offset: col,
+                sizes: [1, p.k / k, k, n],
+                strides: [0, k * p.n, p.n, 1],
+                id,
+                fifo: format!("B_L3L2_{c}"),
+                issue_token: true,
+            });
+        }
+    }
+}
+
+/// A wait on every shim FIFO of a batch: each column's C, A, then each column's B.
+fn batch_waits(cols: usize, seq: &mut Vec<SeqOp>) {
+    let c_fifos = (0..cols).map(|c| format!("C_L2L3_{c}"));
+    let b_fifos = (0..cols).map(|c| format!("B_L3L2_{c}"));
+    for fifo in c_fifos.chain(["A_L3L2".to_string()]).chain(b_fifos) {
+        seq.push(SeqOp::Wait { fifo });
     }
 }
 
@@ -331,40 +378,59 @@ pub struct ResourceError {
     pub what: String,
 }
 
+/// A limit of a DMA buffer descriptor that an access pattern breaks.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PatternError {
+    #[error("{dims} dimensions, the descriptor walks at most {max_dims}")]
+    Dimensions { dims: usize, max_dims: usize },
+    #[error("innermost stride {stride}, must be 1")]
+    InnerStride { stride: usize },
+    #[error("innermost size {size} × {elem_bytes} bytes is not a whole number of 32-bit words")]
+    InnerSizeNotWords { size: usize, elem_bytes: usize },
+    #[error("repeat {repeat} exceeds {max_repeat}")]
+    Repeat { repeat: usize, max_repeat: usize },
+    #[error("size {size} exceeds {max_size}")]
+    Size { size: usize, max_size: usize },
+    #[error("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words")]
+    StrideNotWords { stride: usize, elem_bytes: usize },
+    #[error("stride {stride} exceeds {max_stride_words} words")]
+    Stride { stride: usize, max_stride_words: usize },
+}
+
 /// Checks one access pattern (outermost first) against a descriptor's limits.
 pub fn check_pattern(
     limits: DmaLimits,
     elem_bytes: usize,
     dims: &[(usize, usize)],
     repeat: bool,
-) -> Result<(), String> {
+) -> Result<(), PatternError> {
     if dims.len() > limits.dims {
-        return Err(format!("{} dimensions, the descriptor walks at most {}", dims.len(), limits.dims));
+        return Err(PatternError::Dimensions { dims: dims.len(), max_dims: limits.dims });
     }
     let Some(&(inner_size, inner_stride)) = dims.last() else { return Ok(()) };
     if inner_stride != 1 {
-        return Err(format!("innermost stride {inner_stride}, must be 1"));
+        return Err(PatternError::InnerStride { stride: inner_stride });
     }
     if !(inner_size * elem_bytes).is_multiple_of(4) {
-        return Err(format!("innermost size {inner_size} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+        return Err(PatternError::InnerSizeNotWords { size: inner_size, elem_bytes });
     }
     for (i, &(size, stride)) in dims.iter().enumerate() {
         let is_repeat = repeat && i == 0 && dims.len() == limits.dims;
         if is_repeat {
             if size > limits.max_repeat {
-                return Err(format!("repeat {size} exceeds {}", limits.max_repeat));
+                return Err(PatternError::Repeat { repeat: size, max_repeat: limits.max_repeat });
             }
             continue;
         }
         if size > limits.max_size {
-            return Err(format!("size {size} exceeds {}", limits.max_size));
+            return Err(PatternError::Size { size, max_size: limits.max_size });
         }
         if size > 1 && i + 1 < dims.len() {
             if !(stride * elem_bytes).is_multiple_of(4) {
-                return Err(format!("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words"));
+                return Err(PatternError::StrideNotWords { stride, elem_bytes });
             }
             if stride * elem_bytes / 4 > limits.max_stride_words {
-                return Err(format!("stride {stride} exceeds {} words", limits.max_stride_words));
+                return Err(PatternError::Stride { stride, max_stride_words: limits.max_stride_words });
             }
         }
     }
@@ -374,9 +440,26 @@ pub fn check_pattern(
 /// Checks every budget and limit of a design: L1 and L2 bytes, locks and BDs per tile, DMA
 /// channels per mem and shim tile, access patterns, shim BD ids in flight.
 pub fn check(d: &Design) -> Result<(), ResourceError> {
+    check_cores(d)?;
+    for col in 0..d.tiling.cols {
+        check_mem_tile(d, col)?;
+        check_shim_tile(d, col)?;
+    }
+    check_fifo_patterns(d)?;
+    check_shim_bds(d)
+}
+
+fn fail<T>(d: &Design, what: String) -> Result<T, ResourceError> {
+    Err(ResourceError { design: d.name.clone(), what })
+}
+
+fn fifo<'d>(d: &'d Design, name: &str) -> Option<&'d Fifo> {
+    d.fifos.iter().find(|f| f.name == name)
+}
+
+/// Each compute tile's data memory (its FIFOs' buffers and the stack), locks and BDs.
+fn check_cores(d: &Design) -> Result<(), ResourceError> {
     let dev = d.tiling.device;
-    let fail = |what: String| Err(ResourceError { design: d.name.clone(), what });
-    let fifo = |name: &str| d.fifos.iter().find(|f| f.name == name);
     for core in &d.cores {
         let mut bytes = dev.core_stack_bytes();
         let (mut locks, mut bds) = (0, 0);
@@ -387,97 +470,147 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
         }
         let (c, r) = core.tile;
         if bytes > dev.core_data_bytes() {
-            return fail(format!(
-                "compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}",
-                dev.core_data_bytes()
-            ));
+            return fail(
+                d,
+                format!(
+                    "compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}",
+                    dev.core_data_bytes()
+                ),
+            );
         }
         if locks > dev.core_locks() || bds > dev.core_bds() {
-            return fail(format!(
-                "compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}",
-                dev.core_locks(),
-                dev.core_bds()
-            ));
+            return fail(
+                d,
+                format!(
+                    "compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}",
+                    dev.core_locks(),
+                    dev.core_bds()
+                ),
+            );
         }
     }
-    for col in 0..d.tiling.cols {
-        let mt = (col, Device::MEM_TILE_ROW);
-        let mut bytes = 0;
-        for l in &d.links {
-            let ins: Vec<&Fifo> = l.inputs.iter().filter_map(|n| fifo(n)).collect();
-            let outs: Vec<&Fifo> = l.outputs.iter().filter_map(|n| fifo(n)).collect();
-            if ins.iter().any(|f| f.consumers.contains(&mt)) {
-                // The link's buffers live on the mem tile: the bigger side's elements.
-                let inb: usize = ins.iter().map(|f| f.elems() * f.elem.bytes()).sum();
-                let outb: usize = outs.iter().map(|f| f.elems() * f.elem.bytes()).sum();
-                bytes += 2 * inb.max(outb);
-            }
+    Ok(())
+}
+
+/// Bytes of column `col`'s mem tile in use: both buffers of every link that lives there, each the
+/// bigger side's elements.
+fn mem_tile_bytes(d: &Design, col: usize) -> usize {
+    let mt = (col, Device::MEM_TILE_ROW);
+    let mut bytes = 0;
+    for l in &d.links {
+        let ins: Vec<&Fifo> = l.inputs.iter().filter_map(|n| fifo(d, n)).collect();
+        let outs: Vec<&Fifo> = l.outputs.iter().filter_map(|n| fifo(d, n)).collect();
+        if ins.iter().any(|f| f.consumers.contains(&mt)) {
+            let inb: usize = ins.iter().map(|f| f.elems() * f.elem.bytes()).sum();
+            let outb: usize = outs.iter().map(|f| f.elems() * f.elem.bytes()).sum();
+            bytes += 2 * inb.max(outb);
         }
-        if bytes > dev.mem_tile_bytes() {
-            return fail(format!("mem tile ({col}, 1) needs {bytes} bytes; the budget is {}", dev.mem_tile_bytes()));
-        }
-        let out_ch = d.fifos.iter().filter(|f| f.producer == mt).count();
-        let in_ch = d.fifos.iter().filter(|f| f.consumers.contains(&mt)).count();
-        if out_ch > dev.mem_tile_channels() || in_ch > dev.mem_tile_channels() {
-            return fail(format!(
+    }
+    bytes
+}
+
+/// Column `col`'s mem tile: memory, DMA channels, BDs and locks.
+fn check_mem_tile(d: &Design, col: usize) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
+    let mt = (col, Device::MEM_TILE_ROW);
+    let bytes = mem_tile_bytes(d, col);
+    if bytes > dev.mem_tile_bytes() {
+        return fail(d, format!("mem tile ({col}, 1) needs {bytes} bytes; the budget is {}", dev.mem_tile_bytes()));
+    }
+    let out_ch = d.fifos.iter().filter(|f| f.producer == mt).count();
+    let in_ch = d.fifos.iter().filter(|f| f.consumers.contains(&mt)).count();
+    if out_ch > dev.mem_tile_channels() || in_ch > dev.mem_tile_channels() {
+        return fail(
+            d,
+            format!(
                 "mem tile ({col}, 1) needs {out_ch} outgoing and {in_ch} incoming DMA channels; it has {}",
                 dev.mem_tile_channels()
-            ));
-        }
-        let endpoints: Vec<&Fifo> = d.fifos.iter().filter(|f| f.producer == mt || f.consumers.contains(&mt)).collect();
-        let bds: usize = endpoints.iter().map(|f| f.depth).sum();
-        let locks = 2 * endpoints.len();
-        if bds > dev.mem_tile_bds() || locks > dev.mem_tile_locks() {
-            return fail(format!(
+            ),
+        );
+    }
+    let endpoints: Vec<&Fifo> = d.fifos.iter().filter(|f| f.producer == mt || f.consumers.contains(&mt)).collect();
+    let bds: usize = endpoints.iter().map(|f| f.depth).sum();
+    let locks = 2 * endpoints.len();
+    if bds > dev.mem_tile_bds() || locks > dev.mem_tile_locks() {
+        return fail(
+            d,
+            format!(
                 "mem tile ({col}, 1) needs {bds} BDs and {locks} locks; it has {} and {}",
                 dev.mem_tile_bds(),
                 dev.mem_tile_locks()
-            ));
-        }
-        let shim = (col, Device::SHIM_ROW);
-        let shim_out = d.fifos.iter().filter(|f| f.producer == shim).count();
-        let shim_in = d.fifos.iter().filter(|f| f.consumers.contains(&shim)).count();
-        if shim_out > dev.shim_channels() || shim_in > dev.shim_channels() {
-            return fail(format!(
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Column `col`'s shim tile: DMA channels.
+fn check_shim_tile(d: &Design, col: usize) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
+    let shim = (col, Device::SHIM_ROW);
+    let shim_out = d.fifos.iter().filter(|f| f.producer == shim).count();
+    let shim_in = d.fifos.iter().filter(|f| f.consumers.contains(&shim)).count();
+    if shim_out > dev.shim_channels() || shim_in > dev.shim_channels() {
+        return fail(
+            d,
+            format!(
                 "shim tile ({col}, 0) needs {shim_out} outgoing and {shim_in} incoming channels; it has {}",
                 dev.shim_channels()
-            ));
-        }
+            ),
+        );
     }
+    Ok(())
+}
+
+/// Every FIFO producer's access pattern: within its descriptor's limits, covering the element.
+fn check_fifo_patterns(d: &Design) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
     for f in &d.fifos {
         if f.to_stream.is_empty() {
             continue;
         }
         let limits = if f.producer.1 == Device::MEM_TILE_ROW { dev.mem_tile_dma() } else { dev.core_dma() };
         check_pattern(limits, f.elem.bytes(), &f.to_stream, false)
-            .or_else(|e| fail(format!("object FIFO {} access pattern: {e}", f.name)))?;
+            .or_else(|e| fail(d, format!("object FIFO {} access pattern: {e}", f.name)))?;
         let covered: usize = f.to_stream.iter().map(|&(s, _)| s).product();
         if covered != f.elems() {
-            return fail(format!("object FIFO {} access pattern covers {covered} of {} elements", f.name, f.elems()));
+            return fail(
+                d,
+                format!("object FIFO {} access pattern covers {covered} of {} elements", f.name, f.elems()),
+            );
         }
     }
-    // Shim BDs: ids below the shim's count, none reused before the wait that frees it.
+    Ok(())
+}
+
+/// Shim BDs: ids below the shim's count, none reused before the wait that frees it, and every
+/// runtime DMA's pattern within the shim descriptor's limits.
+fn check_shim_bds(d: &Design) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
     let mut in_flight: Vec<(usize, usize, String)> = vec![];
     for op in &d.seq {
         match op {
             SeqOp::Dma { arg, sizes, strides, id, fifo: name, .. } => {
-                let Some(f) = fifo(name) else { return fail(format!("runtime sequence uses unknown FIFO {name}")) };
+                let Some(f) = fifo(d, name) else {
+                    return fail(d, format!("runtime sequence uses unknown FIFO {name}"));
+                };
                 let shim_col = if f.producer.1 == Device::SHIM_ROW { f.producer.0 } else { f.consumers[0].0 };
                 if *id >= dev.shim_bds() {
-                    return fail(format!(
-                        "runtime sequence BD id {id} on shim column {shim_col}; it has {}",
-                        dev.shim_bds()
-                    ));
+                    return fail(
+                        d,
+                        format!("runtime sequence BD id {id} on shim column {shim_col}; it has {}", dev.shim_bds()),
+                    );
                 }
                 if in_flight.iter().any(|(c, i, _)| *c == shim_col && i == id) {
-                    return fail(format!(
-                        "runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"
-                    ));
+                    return fail(
+                        d,
+                        format!("runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"),
+                    );
                 }
                 in_flight.push((shim_col, *id, name.clone()));
                 let dims: Vec<(usize, usize)> = sizes.iter().zip(strides).map(|(&s, &t)| (s, t)).collect();
                 check_pattern(dev.shim_dma(), d.args[*arg].1.bytes(), &dims, true)
-                    .or_else(|e| fail(format!("runtime DMA on {name}: {e}")))?;
+                    .or_else(|e| fail(d, format!("runtime DMA on {name}: {e}")))?;
             }
             SeqOp::Wait { fifo: name } => in_flight.retain(|(_, _, f)| f != name),
         }
@@ -488,6 +621,11 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
 fn dims_attr(dims: &[(usize, usize)]) -> String {
     let parts: Vec<String> = dims.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect();
     parts.join(", ")
+}
+
+/// `a, b, c`.
+fn usize_list(v: &[usize]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 fn tile_var(t: Tile) -> String {
@@ -530,11 +668,26 @@ impl Design {
     /// : type`, parseable by MLIR without the AIE dialects.
     pub fn generic(&self) -> String {
         let t = &self.tiling;
-        let (ta, tb, tc) = self.kernel_types();
-        let obj = kernel_object(t);
         let mut o = String::new();
         let _ = writeln!(o, "\"builtin.module\"() ({{");
         let _ = writeln!(o, "  \"aie.device\"() ({{");
+        self.generic_kernels_and_tiles(&mut o);
+        self.generic_fifos(&mut o);
+        for core in &self.cores {
+            self.generic_core(&mut o, core);
+        }
+        self.generic_sequence(&mut o);
+        let _ = writeln!(o, "    \"aie.end\"() : () -> ()");
+        let _ =
+            writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
+        let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
+        o
+    }
+
+    /// The kernels' declarations and the tiles, in generic form.
+    fn generic_kernels_and_tiles(&self, o: &mut String) {
+        let (ta, tb, tc) = self.kernel_types();
+        let obj = kernel_object(&self.tiling);
         let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), link_with = \"{obj}\", sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
         let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), link_with = \"{obj}\", sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
         for &tile in &self.tiles {
@@ -546,6 +699,10 @@ impl Design {
                 tile.1
             );
         }
+    }
+
+    /// The object FIFOs and their links, in generic form.
+    fn generic_fifos(&self, o: &mut String) {
         for f in &self.fifos {
             let mut operands = vec![tile_var(f.producer)];
             operands.extend(f.consumers.iter().map(|&c| tile_var(c)));
@@ -572,53 +729,69 @@ impl Design {
                 i64_array(&l.src_offsets)
             );
         }
-        for core in &self.cores {
-            let (c, r) = core.tile;
-            let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
-            let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
-            let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
-            let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
-            let _ =
-                writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
-            let _ =
-                writeln!(o, "      %ksteps = \"arith.constant\"() {{value = {} : index}} : () -> index", core.k_steps);
-            let _ = writeln!(o, "      \"scf.for\"(%c0, %ctiles, %c1) ({{");
-            let _ = writeln!(o, "      ^bb0(%tile: index):");
-            let _ = writeln!(o, "        %0 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> {}", core.c, sub(&tc));
-            let _ = writeln!(
-                o,
-                "        %1 = \"aie.objectfifo.subview.access\"(%0) {{index = 0 : i32}} : ({}) -> {tc}",
-                sub(&tc)
-            );
-            let _ = writeln!(o, "        \"func.call\"(%1) {{callee = @{ZERO_KERNEL}}} : ({tc}) -> ()");
-            let _ = writeln!(o, "        \"scf.for\"(%c0, %ksteps, %c1) ({{");
-            let _ = writeln!(o, "        ^bb0(%kstep: index):");
-            let _ = writeln!(o, "          %2 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.a, sub(&ta));
-            let _ = writeln!(
-                o,
-                "          %3 = \"aie.objectfifo.subview.access\"(%2) {{index = 0 : i32}} : ({}) -> {ta}",
-                sub(&ta)
-            );
-            let _ = writeln!(o, "          %4 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.b, sub(&tb));
-            let _ = writeln!(
-                o,
-                "          %5 = \"aie.objectfifo.subview.access\"(%4) {{index = 0 : i32}} : ({}) -> {tb}",
-                sub(&tb)
-            );
-            let _ = writeln!(
-                o,
-                "          \"func.call\"(%3, %5, %1) {{callee = @{MATMUL_KERNEL}}} : ({ta}, {tb}, {tc}) -> ()"
-            );
-            let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.a);
-            let _ = writeln!(o, "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()", core.b);
-            let _ = writeln!(o, "          \"scf.yield\"() : () -> ()");
-            let _ = writeln!(o, "        }}) : (index, index, index) -> ()");
-            let _ = writeln!(o, "        \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> ()", core.c);
-            let _ = writeln!(o, "        \"scf.yield\"() : () -> ()");
-            let _ = writeln!(o, "      }}) : (index, index, index) -> ()");
-            let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
-            let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", t.device.core_stack_bytes());
-        }
+    }
+
+    /// One core's body in generic form: per output tile, zero C, then `k_steps` kernel calls.
+    fn generic_core(&self, o: &mut String, core: &Core) {
+        let (ta, tb, tc) = self.kernel_types();
+        let (c, r) = core.tile;
+        let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+        let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
+        let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
+        let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
+        let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
+        let _ = writeln!(o, "      %ksteps = \"arith.constant\"() {{value = {} : index}} : () -> index", core.k_steps);
+        let _ = writeln!(o, "      \"scf.for\"(%c0, %ctiles, %c1) ({{");
+        let _ = writeln!(o, "      ^bb0(%tile: index):");
+        let _ = writeln!(o, "        %0 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> {}", core.c, sub(&tc));
+        let _ = writeln!(
+            o,
+            "        %1 = \"aie.objectfifo.subview.access\"(%0) {{index = 0 : i32}} : ({}) -> {tc}",
+            sub(&tc)
+        );
+        let _ = writeln!(o, "        \"func.call\"(%1) {{callee = @{ZERO_KERNEL}}} : ({tc}) -> ()");
+        let _ = writeln!(o, "        \"scf.for\"(%c0, %ksteps, %c1) ({{");
+        let _ = writeln!(o, "        ^bb0(%kstep: index):");
+        let _ = writeln!(o, "          %2 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.a, sub(&ta));
+        let _ = writeln!(
+            o,
+            "          %3 = \"aie.objectfifo.subview.access\"(%2) {{index = 0 : i32}} : ({}) -> {ta}",
+            sub(&ta)
+        );
+        let _ = writeln!(o, "          %4 = \"aie.objectfifo.acquire\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> {}", core.b, sub(&tb));
+        let _ = writeln!(
+            o,
+            "          %5 = \"aie.objectfifo.subview.access\"(%4) {{index = 0 : i32}} : ({}) -> {tb}",
+            sub(&tb)
+        );
+        let _ =
+            writeln!(o, "          \"func.call\"(%3, %5, %1) {{callee = @{MATMUL_KERNEL}}} : ({ta}, {tb}, {tc}) -> ()");
+        let _ = writeln!(
+            o,
+            "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()",
+            core.a
+        );
+        let _ = writeln!(
+            o,
+            "          \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 1 : i32, size = 1 : i32}} : () -> ()",
+            core.b
+        );
+        let _ = writeln!(o, "          \"scf.yield\"() : () -> ()");
+        let _ = writeln!(o, "        }}) : (index, index, index) -> ()");
+        let _ = writeln!(
+            o,
+            "        \"aie.objectfifo.release\"() {{objFifo_name = @{}, port = 0 : i32, size = 1 : i32}} : () -> ()",
+            core.c
+        );
+        let _ = writeln!(o, "        \"scf.yield\"() : () -> ()");
+        let _ = writeln!(o, "      }}) : (index, index, index) -> ()");
+        let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
+        let _ =
+            writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", self.tiling.device.core_stack_bytes());
+    }
+
+    /// The runtime sequence in generic form.
+    fn generic_sequence(&self, o: &mut String) {
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let _ = writeln!(o, "    \"aie.runtime_sequence\"() ({{");
         let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();
@@ -641,21 +814,28 @@ impl Design {
             }
         }
         let _ = writeln!(o, "    }}) {{sym_name = \"sequence\"}} : () -> ()");
-        let _ = writeln!(o, "    \"aie.end\"() : () -> ()");
-        let _ =
-            writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
-        let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
-        o
     }
 
     /// The custom (pretty) form mlir-aie's `aie-opt` and `aiecc` take.
     pub fn pretty(&self) -> String {
         let t = &self.tiling;
-        let (ta, tb, tc) = self.kernel_types();
         let mut o = String::new();
         let _ = writeln!(o, "module attributes {{{}}} {{", self.module_attrs());
         let _ = writeln!(o, "  aie.device({}) @{} {{", t.device, self.name);
-        let obj = kernel_object(t);
+        self.pretty_kernels_and_tiles(&mut o);
+        self.pretty_fifos(&mut o);
+        for core in &self.cores {
+            self.pretty_core(&mut o, core);
+        }
+        self.pretty_sequence(&mut o);
+        let _ = writeln!(o, "    }}\n  }}\n}}");
+        o
+    }
+
+    /// The kernels' declarations and the tiles, in custom form.
+    fn pretty_kernels_and_tiles(&self, o: &mut String) {
+        let (ta, tb, tc) = self.kernel_types();
+        let obj = kernel_object(&self.tiling);
         let _ = writeln!(o, "    func.func private @{ZERO_KERNEL}({tc}) attributes {{link_with = \"{obj}\"}}");
         let _ = writeln!(
             o,
@@ -664,6 +844,10 @@ impl Design {
         for &tile in &self.tiles {
             let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
         }
+    }
+
+    /// The object FIFOs and their links, in custom form.
+    fn pretty_fifos(&self, o: &mut String) {
         for f in &self.fifos {
             let dims = if f.to_stream.is_empty() {
                 String::new()
@@ -683,48 +867,53 @@ impl Design {
         }
         for l in &self.links {
             let syms = |v: &[String]| v.iter().map(|s| format!("@{s}")).collect::<Vec<_>>().join(", ");
-            let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
             let _ = writeln!(
                 o,
                 "    aie.objectfifo.link [{}] -> [{}]([{}] [{}])",
                 syms(&l.inputs),
                 syms(&l.outputs),
-                list(&l.src_offsets),
-                list(&l.dst_offsets)
+                usize_list(&l.src_offsets),
+                usize_list(&l.dst_offsets)
             );
         }
-        for core in &self.cores {
-            let (c, r) = core.tile;
-            let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
-            let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
-            let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
-            let _ = writeln!(
-                o,
-                "      %ctiles = arith.constant {} : index\n      %ksteps = arith.constant {} : index",
-                core.tiles, core.k_steps
-            );
-            let _ = writeln!(o, "      scf.for %tile = %c0 to %ctiles step %c1 {{");
-            let _ = writeln!(o, "        %0 = aie.objectfifo.acquire @{}(Produce, 1) : {}", core.c, sub(&tc));
-            let _ = writeln!(o, "        %1 = aie.objectfifo.subview.access %0[0] : {} -> {tc}", sub(&tc));
-            let _ = writeln!(o, "        func.call @{ZERO_KERNEL}(%1) : ({tc}) -> ()");
-            let _ = writeln!(o, "        scf.for %kstep = %c0 to %ksteps step %c1 {{");
-            let _ = writeln!(o, "          %2 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.a, sub(&ta));
-            let _ = writeln!(o, "          %3 = aie.objectfifo.subview.access %2[0] : {} -> {ta}", sub(&ta));
-            let _ = writeln!(o, "          %4 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.b, sub(&tb));
-            let _ = writeln!(o, "          %5 = aie.objectfifo.subview.access %4[0] : {} -> {tb}", sub(&tb));
-            let _ = writeln!(o, "          func.call @{MATMUL_KERNEL}(%3, %5, %1) : ({ta}, {tb}, {tc}) -> ()");
-            let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.a);
-            let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.b);
-            let _ = writeln!(o, "        }}");
-            let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
-            let _ = writeln!(o, "      }}");
-            let _ = writeln!(o, "      aie.end");
-            let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", t.device.core_stack_bytes());
-        }
+    }
+
+    /// One core's body in custom form.
+    fn pretty_core(&self, o: &mut String, core: &Core) {
+        let (ta, tb, tc) = self.kernel_types();
+        let (c, r) = core.tile;
+        let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+        let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
+        let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
+        let _ = writeln!(
+            o,
+            "      %ctiles = arith.constant {} : index\n      %ksteps = arith.constant {} : index",
+            core.tiles, core.k_steps
+        );
+        let _ = writeln!(o, "      scf.for %tile = %c0 to %ctiles step %c1 {{");
+        let _ = writeln!(o, "        %0 = aie.objectfifo.acquire @{}(Produce, 1) : {}", core.c, sub(&tc));
+        let _ = writeln!(o, "        %1 = aie.objectfifo.subview.access %0[0] : {} -> {tc}", sub(&tc));
+        let _ = writeln!(o, "        func.call @{ZERO_KERNEL}(%1) : ({tc}) -> ()");
+        let _ = writeln!(o, "        scf.for %kstep = %c0 to %ksteps step %c1 {{");
+        let _ = writeln!(o, "          %2 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.a, sub(&ta));
+        let _ = writeln!(o, "          %3 = aie.objectfifo.subview.access %2[0] : {} -> {ta}", sub(&ta));
+        let _ = writeln!(o, "          %4 = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.b, sub(&tb));
+        let _ = writeln!(o, "          %5 = aie.objectfifo.subview.access %4[0] : {} -> {tb}", sub(&tb));
+        let _ = writeln!(o, "          func.call @{MATMUL_KERNEL}(%3, %5, %1) : ({ta}, {tb}, {tc}) -> ()");
+        let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.a);
+        let _ = writeln!(o, "          aie.objectfifo.release @{}(Consume, 1)", core.b);
+        let _ = writeln!(o, "        }}");
+        let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
+        let _ = writeln!(o, "      }}");
+        let _ = writeln!(o, "      aie.end");
+        let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", self.tiling.device.core_stack_bytes());
+    }
+
+    /// The runtime sequence in custom form.
+    fn pretty_sequence(&self, o: &mut String) {
         let arg_types: Vec<String> = self.args.iter().map(|&(len, e)| memref(&[len], e)).collect();
         let params: Vec<String> = arg_types.iter().enumerate().map(|(i, ty)| format!("%arg{i}: {ty}")).collect();
         let _ = writeln!(o, "    aie.runtime_sequence @sequence({}) {{", params.join(", "));
-        let list = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ");
         for op in &self.seq {
             match op {
                 SeqOp::Dma { arg, offset, sizes, strides, id, fifo, issue_token } => {
@@ -732,8 +921,8 @@ impl Design {
                     let _ = writeln!(
                         o,
                         "      aiex.npu.dma_memcpy_nd(%arg{arg}[0, 0, 0, {offset}][{}][{}]) {{id = {id} : i64{token}, metadata = @{fifo}}} : {}",
-                        list(sizes),
-                        list(strides),
+                        usize_list(sizes),
+                        usize_list(strides),
                         arg_types[*arg]
                     );
                 }
@@ -742,7 +931,5 @@ impl Design {
                 }
             }
         }
-        let _ = writeln!(o, "    }}\n  }}\n}}");
-        o
     }
 }

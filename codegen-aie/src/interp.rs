@@ -558,123 +558,23 @@ impl Machine {
         env: &mut HashMap<String, Val>,
     ) -> Result<(), InterpError> {
         for op in &block.ops {
-            let get = |env: &HashMap<String, Val>, name: &str| {
-                env.get(name)
-                    .copied()
-                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{name} is not defined") })
-            };
             match op.name.as_str() {
                 "arith.constant" => {
                     let v = op.int("value")?;
                     env.insert(op.results[0].clone(), Val::Index(v));
                 }
-                "scf.for" => {
-                    let idx = |v: Val| match v {
-                        Val::Index(i) => Ok(i),
-                        _ => Err(InterpError::Parse { line: op.line, msg: "scf.for bound is not an index".into() }),
-                    };
-                    let (lb, ub, step) = (
-                        idx(get(env, &op.operands[0])?)?,
-                        idx(get(env, &op.operands[1])?)?,
-                        idx(get(env, &op.operands[2])?)?,
-                    );
-                    if step <= 0 {
-                        return Err(InterpError::Parse { line: op.line, msg: "scf.for step must be positive".into() });
-                    }
-                    let body = &op.regions[0];
-                    let mut i = lb;
-                    while i < ub {
-                        if let Some((name, _)) = body.args.first() {
-                            env.insert(name.clone(), Val::Index(i));
-                        }
-                        self.exec_block(st, body, env)?;
-                        i += step;
-                    }
-                }
+                "scf.for" => self.exec_for(st, op, env)?,
                 "scf.yield" | "aie.end" => {}
-                "aie.objectfifo.acquire" => {
-                    let name = op.symbol("objFifo_name")?;
-                    let port = op.int("port")?;
-                    let size = op.int("size")? as u64;
-                    let f = self.fifo(&name)?.clone();
-                    let id = self.fifo_id(st, &name);
-                    let first = st.next_seq;
-                    for _ in 0..size {
-                        let data = if port == 1 {
-                            if !f.consumers.contains(&st.tile) {
-                                return run_err(format!("core {:?} consumes @{name}, which does not feed it", st.tile));
-                            }
-                            self.pop(&name, st.tile, &format!("core ({}, {})", st.tile.0, st.tile.1))?
-                        } else {
-                            if f.producer != st.tile {
-                                return run_err(format!(
-                                    "core {:?} produces into @{name}, which it does not own",
-                                    st.tile
-                                ));
-                            }
-                            // Uninitialised memory: a kernel that forgets to zero shows.
-                            vec![0x5a5a_5a5a; f.elems]
-                        };
-                        st.held[id].push_back((st.next_seq, data, port == 0));
-                        st.next_seq += 1;
-                    }
-                    env.insert(op.results[0].clone(), Val::Sub(id, first));
-                }
+                "aie.objectfifo.acquire" => self.exec_acquire(st, op, env)?,
                 "aie.objectfifo.subview.access" => {
-                    let Val::Sub(f, first) = get(env, &op.operands[0])? else {
+                    let Val::Sub(f, first) = lookup(env, op, &op.operands[0])? else {
                         return run_err("subview.access of a non-subview");
                     };
                     let index = op.int("index")? as u64;
                     env.insert(op.results[0].clone(), Val::Buf(f, first + index));
                 }
-                "aie.objectfifo.release" => {
-                    let name = op.symbol("objFifo_name")?;
-                    let size = op.int("size")?;
-                    let id = self.fifo_id(st, &name);
-                    for _ in 0..size {
-                        let Some((_, data, produced)) = st.held[id].pop_front() else {
-                            return run_err(format!("core {:?} releases @{name} it does not hold", st.tile));
-                        };
-                        if produced {
-                            self.push_stream(&name, &data)?;
-                        }
-                    }
-                }
-                "func.call" => {
-                    let callee = op.symbol("callee")?;
-                    let args: Vec<Val> = op.operands.iter().map(|o| get(env, o)).collect::<Result<_, _>>()?;
-                    match callee.as_str() {
-                        "zero_i32" => Self::buffer(st, args[0])?.iter_mut().for_each(|x| *x = 0),
-                        "matmul_i8_i32" => {
-                            let (a_shape, _) = parse_memref(&op.ty).ok_or_else(|| InterpError::Parse {
-                                line: op.line,
-                                msg: "matmul operand types".into(),
-                            })?;
-                            let types = split_top(op.ty.trim_start_matches('(').split(')').next().unwrap_or(""));
-                            let b_shape = types.get(1).and_then(|t| parse_memref(t)).map(|x| x.0).unwrap_or_default();
-                            if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[1] != b_shape[0] {
-                                return Err(InterpError::Parse {
-                                    line: op.line,
-                                    msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}"),
-                                });
-                            }
-                            let (m, k, n) = (a_shape[0], a_shape[1], b_shape[1]);
-                            let a = Self::buffer(st, args[0])?.clone();
-                            let b = Self::buffer(st, args[1])?.clone();
-                            if a.len() != m * k || b.len() != k * n {
-                                return run_err("matmul_i8_i32 operand sizes do not match their types");
-                            }
-                            let device = self.device;
-                            let c = Self::buffer(st, args[2])?;
-                            if c.len() != m * n {
-                                return run_err("matmul_i8_i32 output size does not match its type");
-                            }
-                            matmul_i8_i32(device, (m, k, n), &a, &b, c);
-                            st.kernel_calls += 1;
-                        }
-                        other => return run_err(format!("call to unknown kernel @{other}")),
-                    }
-                }
+                "aie.objectfifo.release" => self.exec_release(st, op)?,
+                "func.call" => self.exec_call(st, op, env)?,
                 other => {
                     return Err(InterpError::Parse {
                         line: op.line,
@@ -685,6 +585,121 @@ impl Machine {
         }
         Ok(())
     }
+
+    /// `scf.for`: the body once per index from the lower bound below the upper, by a positive step.
+    fn exec_for(&mut self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
+        let idx = |v: Val| match v {
+            Val::Index(i) => Ok(i),
+            _ => Err(InterpError::Parse { line: op.line, msg: "scf.for bound is not an index".into() }),
+        };
+        let (lb, ub, step) = (
+            idx(lookup(env, op, &op.operands[0])?)?,
+            idx(lookup(env, op, &op.operands[1])?)?,
+            idx(lookup(env, op, &op.operands[2])?)?,
+        );
+        if step <= 0 {
+            return Err(InterpError::Parse { line: op.line, msg: "scf.for step must be positive".into() });
+        }
+        let body = &op.regions[0];
+        let mut i = lb;
+        while i < ub {
+            if let Some((name, _)) = body.args.first() {
+                env.insert(name.clone(), Val::Index(i));
+            }
+            self.exec_block(st, body, env)?;
+            i += step;
+        }
+        Ok(())
+    }
+
+    /// `aie.objectfifo.acquire`: port 1 takes elements a producer made for this core; port 0 takes
+    /// fresh (garbage) elements for the core to produce.
+    fn exec_acquire(&mut self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
+        let name = op.symbol("objFifo_name")?;
+        let port = op.int("port")?;
+        let size = op.int("size")? as u64;
+        let f = self.fifo(&name)?.clone();
+        let id = self.fifo_id(st, &name);
+        let first = st.next_seq;
+        for _ in 0..size {
+            let data = if port == 1 {
+                if !f.consumers.contains(&st.tile) {
+                    return run_err(format!("core {:?} consumes @{name}, which does not feed it", st.tile));
+                }
+                self.pop(&name, st.tile, &format!("core ({}, {})", st.tile.0, st.tile.1))?
+            } else {
+                if f.producer != st.tile {
+                    return run_err(format!("core {:?} produces into @{name}, which it does not own", st.tile));
+                }
+                // Uninitialised memory: a kernel that forgets to zero shows.
+                vec![0x5a5a_5a5a; f.elems]
+            };
+            st.held[id].push_back((st.next_seq, data, port == 0));
+            st.next_seq += 1;
+        }
+        env.insert(op.results[0].clone(), Val::Sub(id, first));
+        Ok(())
+    }
+
+    /// `aie.objectfifo.release`: the oldest held elements go; produced ones stream on.
+    fn exec_release(&mut self, st: &mut CoreState, op: &Op) -> Result<(), InterpError> {
+        let name = op.symbol("objFifo_name")?;
+        let size = op.int("size")?;
+        let id = self.fifo_id(st, &name);
+        for _ in 0..size {
+            let Some((_, data, produced)) = st.held[id].pop_front() else {
+                return run_err(format!("core {:?} releases @{name} it does not hold", st.tile));
+            };
+            if produced {
+                self.push_stream(&name, &data)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `func.call` of one of the two kernels.
+    fn exec_call(&mut self, st: &mut CoreState, op: &Op, env: &HashMap<String, Val>) -> Result<(), InterpError> {
+        let callee = op.symbol("callee")?;
+        let args: Vec<Val> = op.operands.iter().map(|o| lookup(env, op, o)).collect::<Result<_, _>>()?;
+        match callee.as_str() {
+            "zero_i32" => Self::buffer(st, args[0])?.iter_mut().for_each(|x| *x = 0),
+            "matmul_i8_i32" => self.call_matmul(st, op, &args)?,
+            other => return run_err(format!("call to unknown kernel @{other}")),
+        }
+        Ok(())
+    }
+
+    /// `matmul_i8_i32(A, B, C)` with the shapes of the call's operand types.
+    fn call_matmul(&self, st: &mut CoreState, op: &Op, args: &[Val]) -> Result<(), InterpError> {
+        let (a_shape, _) = parse_memref(&op.ty)
+            .ok_or_else(|| InterpError::Parse { line: op.line, msg: "matmul operand types".into() })?;
+        let types = split_top(op.ty.trim_start_matches('(').split(')').next().unwrap_or(""));
+        let b_shape = types.get(1).and_then(|t| parse_memref(t)).map(|x| x.0).unwrap_or_default();
+        if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[1] != b_shape[0] {
+            return Err(InterpError::Parse {
+                line: op.line,
+                msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}"),
+            });
+        }
+        let (m, k, n) = (a_shape[0], a_shape[1], b_shape[1]);
+        let a = Self::buffer(st, args[0])?.clone();
+        let b = Self::buffer(st, args[1])?.clone();
+        if a.len() != m * k || b.len() != k * n {
+            return run_err("matmul_i8_i32 operand sizes do not match their types");
+        }
+        let c = Self::buffer(st, args[2])?;
+        if c.len() != m * n {
+            return run_err("matmul_i8_i32 output size does not match its type");
+        }
+        matmul_i8_i32(self.device, (m, k, n), &a, &b, c);
+        st.kernel_calls += 1;
+        Ok(())
+    }
+}
+
+/// The value an operand names in a core body.
+fn lookup(env: &HashMap<String, Val>, op: &Op, name: &str) -> Result<Val, InterpError> {
+    env.get(name).copied().ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{name} is not defined") })
 }
 
 /// The limits the text itself must respect: each compute tile's FIFO buffers within its data
@@ -729,6 +744,38 @@ pub struct RunStats {
 /// (A then B, flat, as int values), the last argument (int32) is returned.
 pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpError> {
     let module = parse(text)?;
+    let body = device_body(&module)?;
+    check_limits(body.device, &body.fifos, &body.cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
+    let seq = &body.sequence.regions[0];
+    let mut host = host_buffers(seq, inputs)?;
+    let mut m = Machine {
+        device: body.device,
+        fifos: body.fifos,
+        queues: HashMap::new(),
+        partial: HashMap::new(),
+        pending: HashMap::new(),
+    };
+    let mut stats = RunStats { cores: body.cores.len(), ..Default::default() };
+    let outputs = m.run_input_dmas(seq, &host, &mut stats)?;
+    m.run_processes(&body.links, &body.cores, &mut stats)?;
+    m.run_output_dmas(&outputs, &mut host)?;
+    m.check_drained()?;
+    let out = host.pop().unwrap_or_default();
+    Ok((out, stats))
+}
+
+/// What an `aie.device` declares: its FIFOs, links, cores and runtime sequence.
+struct DeviceBody<'o> {
+    device: Device,
+    fifos: HashMap<String, FifoInfo>,
+    links: Vec<LinkInfo>,
+    cores: Vec<((usize, usize), &'o Op)>,
+    sequence: &'o Op,
+}
+
+/// The module's `aie.device`: the device it names and every declaration in it, with both kernels
+/// declared and a runtime sequence.
+fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
     let device_op = module.regions.first().and_then(|b| b.ops.iter().find(|o| o.name == "aie.device"));
     let Some(device_op) = device_op else { return run_err("no aie.device") };
     let device = match device_op.int("device")? {
@@ -736,70 +783,21 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
         8 => Device::Npu2,
         d => return run_err(format!("unsupported device enum {d}")),
     };
-    let body = &device_op.regions[0];
     let mut tiles: HashMap<String, (usize, usize)> = HashMap::new();
-    let mut fifos = HashMap::new();
-    let mut links = vec![];
-    let mut cores = vec![];
+    let (mut fifos, mut links, mut cores) = (HashMap::new(), vec![], vec![]);
     let mut sequence = None;
     let mut kernels = vec![];
-    for op in &body.ops {
+    for op in &device_op.regions[0].ops {
         match op.name.as_str() {
             "aie.tile" => {
                 tiles.insert(op.results[0].clone(), (op.int("col")? as usize, op.int("row")? as usize));
             }
-            "func.func" => {
-                let name = op.need("sym_name")?.trim_matches('"').to_string();
-                // A private declaration is an external kernel: its object file must be named.
-                if op.need("link_with")?.trim_matches('"').is_empty() {
-                    return Err(InterpError::Parse { line: op.line, msg: format!("kernel @{name} links no object") });
-                }
-                kernels.push(name);
-            }
+            "func.func" => kernels.push(declared_kernel(op)?),
             "aie.objectfifo" => {
-                let t: Vec<(usize, usize)> = op
-                    .operands
-                    .iter()
-                    .map(|o| {
-                        tiles
-                            .get(o)
-                            .copied()
-                            .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") })
-                    })
-                    .collect::<Result<_, _>>()?;
-                let (shape, elem) = parse_memref(op.need("elemType")?)
-                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
-                let elem_bytes = match elem.as_str() {
-                    "i8" => 1,
-                    "i32" => 4,
-                    other => return Err(InterpError::Parse { line: op.line, msg: format!("element type {other}") }),
-                };
-                let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
-                let name = op.need("sym_name")?.trim_matches('"').to_string();
-                fifos.insert(
-                    name,
-                    FifoInfo {
-                        producer: t[0],
-                        consumers: t[1..].to_vec(),
-                        elems: shape.iter().product(),
-                        elem_bytes,
-                        depth: op.int("elemNumber")? as usize,
-                        to_stream: dims,
-                    },
-                );
+                let (name, fifo) = declared_fifo(op, &tiles)?;
+                fifos.insert(name, fifo);
             }
-            "aie.objectfifo.link" => {
-                let syms = |k: &str| {
-                    parse_symbols(op.need(k)?)
-                        .ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("link `{k}`") })
-                };
-                links.push(LinkInfo {
-                    ins: syms("fifoIns")?,
-                    outs: syms("fifoOuts")?,
-                    src: op.ints("src_offsets")?,
-                    dst: op.ints("dst_offsets")?,
-                });
-            }
+            "aie.objectfifo.link" => links.push(declared_link(op)?),
             "aie.core" => {
                 let tile = tiles
                     .get(&op.operands[0])
@@ -823,8 +821,63 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
         }
     }
     let Some(sequence) = sequence else { return run_err("no aie.runtime_sequence") };
-    check_limits(device, &fifos, &cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
-    let seq = &sequence.regions[0];
+    Ok(DeviceBody { device, fifos, links, cores, sequence })
+}
+
+/// A kernel declaration's name; a private declaration is an external kernel, so its object file
+/// must be named.
+fn declared_kernel(op: &Op) -> Result<String, InterpError> {
+    let name = op.need("sym_name")?.trim_matches('"').to_string();
+    if op.need("link_with")?.trim_matches('"').is_empty() {
+        return Err(InterpError::Parse { line: op.line, msg: format!("kernel @{name} links no object") });
+    }
+    Ok(name)
+}
+
+/// An object FIFO's name, tiles, element and producer access pattern.
+fn declared_fifo(op: &Op, tiles: &HashMap<String, (usize, usize)>) -> Result<(String, FifoInfo), InterpError> {
+    let t: Vec<(usize, usize)> = op
+        .operands
+        .iter()
+        .map(|o| {
+            tiles.get(o).copied().ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("{o} is not a tile") })
+        })
+        .collect::<Result<_, _>>()?;
+    let (shape, elem) = parse_memref(op.need("elemType")?)
+        .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
+    let elem_bytes = match elem.as_str() {
+        "i8" => 1,
+        "i32" => 4,
+        other => return Err(InterpError::Parse { line: op.line, msg: format!("element type {other}") }),
+    };
+    let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
+    let name = op.need("sym_name")?.trim_matches('"').to_string();
+    let fifo = FifoInfo {
+        producer: t[0],
+        consumers: t[1..].to_vec(),
+        elems: shape.iter().product(),
+        elem_bytes,
+        depth: op.int("elemNumber")? as usize,
+        to_stream: dims,
+    };
+    Ok((name, fifo))
+}
+
+fn declared_link(op: &Op) -> Result<LinkInfo, InterpError> {
+    let syms = |k: &str| {
+        parse_symbols(op.need(k)?).ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("link `{k}`") })
+    };
+    Ok(LinkInfo {
+        ins: syms("fifoIns")?,
+        outs: syms("fifoOuts")?,
+        src: op.ints("src_offsets")?,
+        dst: op.ints("dst_offsets")?,
+    })
+}
+
+/// The runtime sequence's arguments as host buffers: the given int8 inputs, then outputs filled
+/// with `i32::MIN` so a missed store shows.
+fn host_buffers(seq: &Block, inputs: &[&[i8]]) -> Result<Vec<Vec<i32>>, InterpError> {
     let mut host: Vec<Vec<i32>> = vec![];
     for (i, (_, ty)) in seq.args.iter().enumerate() {
         let (shape, elem) = parse_memref(ty).ok_or_else(|| InterpError::Run(format!("sequence argument {i}: {ty}")))?;
@@ -838,150 +891,213 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
             host.push(vec![i32::MIN; len]);
         }
     }
-    let arg_index: HashMap<String, usize> = seq.args.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
-    let mut m = Machine { device, fifos, queues: HashMap::new(), partial: HashMap::new(), pending: HashMap::new() };
-    let mut stats = RunStats { cores: cores.len(), ..Default::default() };
+    Ok(host)
+}
 
-    // Shim BD bookkeeping and the input streams, in sequence order.
-    struct Dma {
-        arg: usize,
-        fifo: String,
-        base: usize,
-        dims: Vec<(usize, usize)>,
-    }
-    let mut outputs = vec![];
-    let mut in_flight: Vec<((usize, usize), i64, String)> = vec![];
-    for op in &seq.ops {
-        match op.name.as_str() {
-            "aiex.npu.dma_memcpy_nd" => {
-                let fifo = op.symbol("metadata")?;
-                let f = m.fifo(&fifo)?.clone();
-                let id = op.int("id")?;
-                let shim = if f.producer.1 == Device::SHIM_ROW { f.producer } else { f.consumers[0] };
-                if shim.1 != Device::SHIM_ROW {
-                    return run_err(format!("runtime DMA on @{fifo}, which does not touch a shim tile"));
+/// A runtime-sequence DMA between a host buffer and a FIFO.
+struct Dma {
+    arg: usize,
+    fifo: String,
+    base: usize,
+    dims: Vec<(usize, usize)>,
+}
+
+/// Shim buffer descriptors in flight: (shim tile, BD id, FIFO).
+type InFlight = Vec<((usize, usize), i64, String)>;
+
+/// A process of the network: a mem-tile link or a core.
+enum Proc<'o> {
+    Link(LinkInfo),
+    Core((usize, usize), &'o Op),
+}
+
+impl Machine {
+    /// The runtime sequence in order: input DMAs stream their host data into the FIFOs, waits free
+    /// shim BDs; returns the output DMAs, to run once the array has produced their data.
+    fn run_input_dmas(
+        &mut self,
+        seq: &Block,
+        host: &[Vec<i32>],
+        stats: &mut RunStats,
+    ) -> Result<Vec<Dma>, InterpError> {
+        let arg_index: HashMap<String, usize> = seq.args.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
+        let mut outputs = vec![];
+        let mut in_flight: InFlight = vec![];
+        for op in &seq.ops {
+            match op.name.as_str() {
+                "aiex.npu.dma_memcpy_nd" => {
+                    let (dma, into_array) = self.sequence_dma(op, seq, &arg_index, &mut in_flight)?;
+                    stats.dmas += 1;
+                    if into_array {
+                        let mut data = vec![];
+                        gather(&host[dma.arg], dma.base, &dma.dims, &mut data)?;
+                        self.push_stream(&dma.fifo, &data)?;
+                    } else {
+                        outputs.push(dma);
+                    }
                 }
-                if id < 0 || id as usize >= device.shim_bds() {
-                    return run_err(format!("BD id {id} on shim {shim:?}: it has {}", device.shim_bds()));
+                "aiex.npu.dma_wait" => {
+                    let fifo = op.symbol("symbol")?;
+                    in_flight.retain(|(_, _, f)| *f != fifo);
                 }
-                if in_flight.iter().any(|(t, i, _)| *t == shim && *i == id) {
-                    return run_err(format!("BD {id} of shim {shim:?} reused before a wait freed it"));
-                }
-                in_flight.push((shim, id, fifo.clone()));
-                let arg = *arg_index
-                    .get(&op.operands[0])
-                    .ok_or_else(|| InterpError::Parse { line: op.line, msg: "DMA on a non-argument".into() })?;
-                let (offs, sizes, strides) =
-                    (op.ints("static_offsets")?, op.ints("static_sizes")?, op.ints("static_strides")?);
-                if offs.len() != 4 || sizes.len() != 4 || strides.len() != 4 {
+                other => {
                     return Err(InterpError::Parse {
                         line: op.line,
-                        msg: "dma_memcpy_nd wants 4 offsets, sizes, strides".into(),
-                    });
-                }
-                let base: usize =
-                    offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
-                let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
-                let elem_bytes = if parse_memref(&seq.args[arg].1).is_some_and(|(_, e)| e == "i32") { 4 } else { 1 };
-                crate::design::check_pattern(device.shim_dma(), elem_bytes, &dims, true)
-                    .or_else(|e| run_err(format!("runtime DMA on @{fifo} (line {}): {e}", op.line)))?;
-                stats.dmas += 1;
-                let dma = Dma { arg, fifo: fifo.clone(), base, dims };
-                if f.producer.1 == Device::SHIM_ROW {
-                    let mut data = vec![];
-                    gather(&host[dma.arg], dma.base, &dma.dims, &mut data)?;
-                    m.push_stream(&dma.fifo, &data)?;
-                } else {
-                    outputs.push(dma);
+                        msg: format!("unsupported runtime-sequence operation {other}"),
+                    })
                 }
             }
-            "aiex.npu.dma_wait" => {
-                let fifo = op.symbol("symbol")?;
-                in_flight.retain(|(_, _, f)| *f != fifo);
-            }
-            other => {
-                return Err(InterpError::Parse {
-                    line: op.line,
-                    msg: format!("unsupported runtime-sequence operation {other}"),
-                })
+        }
+        for (name, p) in &self.partial {
+            if !p.is_empty() {
+                return run_err(format!(
+                    "the runtime sequence leaves a partial element of @{name} ({} values)",
+                    p.len()
+                ));
             }
         }
+        Ok(outputs)
     }
-    for (name, p) in &m.partial {
-        if !p.is_empty() {
-            return run_err(format!("the runtime sequence leaves a partial element of @{name} ({} values)", p.len()));
+
+    /// One `dma_memcpy_nd`, checked (a shim FIFO, a free BD id below the shim's count, an access
+    /// pattern within the shim descriptor's limits), and whether it streams into the array.
+    fn sequence_dma(
+        &self,
+        op: &Op,
+        seq: &Block,
+        arg_index: &HashMap<String, usize>,
+        in_flight: &mut InFlight,
+    ) -> Result<(Dma, bool), InterpError> {
+        let device = self.device;
+        let fifo = op.symbol("metadata")?;
+        let f = self.fifo(&fifo)?;
+        let id = op.int("id")?;
+        let shim = if f.producer.1 == Device::SHIM_ROW { f.producer } else { f.consumers[0] };
+        if shim.1 != Device::SHIM_ROW {
+            return run_err(format!("runtime DMA on @{fifo}, which does not touch a shim tile"));
         }
+        if id < 0 || id as usize >= device.shim_bds() {
+            return run_err(format!("BD id {id} on shim {shim:?}: it has {}", device.shim_bds()));
+        }
+        if in_flight.iter().any(|(t, i, _)| *t == shim && *i == id) {
+            return run_err(format!("BD {id} of shim {shim:?} reused before a wait freed it"));
+        }
+        in_flight.push((shim, id, fifo.clone()));
+        let arg = *arg_index
+            .get(&op.operands[0])
+            .ok_or_else(|| InterpError::Parse { line: op.line, msg: "DMA on a non-argument".into() })?;
+        let (offs, sizes, strides) = (op.ints("static_offsets")?, op.ints("static_sizes")?, op.ints("static_strides")?);
+        if offs.len() != 4 || sizes.len() != 4 || strides.len() != 4 {
+            return Err(InterpError::Parse {
+                line: op.line,
+                msg: "dma_memcpy_nd wants 4 offsets, sizes, strides".into(),
+            });
+        }
+        let base: usize =
+            offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
+        let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
+        let elem_bytes = if parse_memref(&seq.args[arg].1).is_some_and(|(_, e)| e == "i32") { 4 } else { 1 };
+        crate::design::check_pattern(device.shim_dma(), elem_bytes, &dims, true)
+            .or_else(|e| run_err(format!("runtime DMA on @{fifo} (line {}): {e}", op.line)))?;
+        let into_array = f.producer.1 == Device::SHIM_ROW;
+        Ok((Dma { arg, fifo, base, dims }, into_array))
     }
-    // Processes in data-flow order: a link or core runs once every FIFO feeding it is complete.
-    enum Proc<'o> {
-        Link(LinkInfo),
-        Core((usize, usize), &'o Op),
-    }
-    let mut procs: Vec<(Proc, Vec<String>, Vec<String>)> = vec![];
-    for l in &links {
-        procs.push((Proc::Link(l.clone()), l.ins.clone(), l.outs.clone()));
-    }
-    for (tile, op) in &cores {
-        let ins: Vec<String> =
-            m.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
-        let outs: Vec<String> = m.fifos.iter().filter(|(_, f)| f.producer == *tile).map(|(n, _)| n.clone()).collect();
-        procs.push((Proc::Core(*tile, op), ins, outs));
-    }
-    let mut done = vec![false; procs.len()];
-    loop {
-        let produced_by_pending =
-            |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
-        let Some(next) =
-            (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done)))
-        else {
-            if done.iter().all(|&d| d) {
-                break;
-            }
-            return run_err("the links and cores form a cycle");
-        };
-        done[next] = true;
-        match &procs[next].0 {
-            Proc::Link(l) => m.run_link(l)?,
-            Proc::Core(tile, op) => {
-                let mut st = CoreState { tile: *tile, fifo_names: vec![], held: vec![], next_seq: 0, kernel_calls: 0 };
-                let mut env = HashMap::new();
-                m.exec_block(&mut st, &op.regions[0], &mut env)?;
-                if st.held.iter().any(|h| !h.is_empty()) {
-                    return run_err(format!("core {tile:?} ends holding FIFO elements"));
+
+    /// Links and cores in data-flow order: each runs to completion once every FIFO feeding it is
+    /// complete.
+    fn run_processes(
+        &mut self,
+        links: &[LinkInfo],
+        cores: &[((usize, usize), &Op)],
+        stats: &mut RunStats,
+    ) -> Result<(), InterpError> {
+        let procs = self.processes(links, cores);
+        let mut done = vec![false; procs.len()];
+        loop {
+            let produced_by_pending =
+                |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
+            let Some(next) =
+                (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done)))
+            else {
+                if done.iter().all(|&d| d) {
+                    return Ok(());
                 }
-                stats.kernel_calls += st.kernel_calls;
+                return run_err("the links and cores form a cycle");
+            };
+            done[next] = true;
+            match &procs[next].0 {
+                Proc::Link(l) => self.run_link(l)?,
+                Proc::Core(tile, op) => stats.kernel_calls += self.run_core(*tile, op)?,
             }
         }
     }
-    // Output DMAs, in sequence order, drain their FIFOs' streams.
-    for dma in &outputs {
-        let want: usize = dma.dims.iter().map(|d| d.0).product();
-        let shim = m.fifo(&dma.fifo)?.consumers[0];
-        let mut data = Vec::with_capacity(want);
-        while data.len() < want {
-            let pend = m.pending.entry(dma.fifo.clone()).or_default();
-            if pend.is_empty() {
-                let e = m.pop(&dma.fifo, shim, "runtime DMA")?;
-                if let Some(p) = m.pending.get_mut(&dma.fifo) {
-                    p.extend(e);
+
+    /// Every process with the FIFOs it reads and the FIFOs it writes.
+    fn processes<'o>(
+        &self,
+        links: &[LinkInfo],
+        cores: &[((usize, usize), &'o Op)],
+    ) -> Vec<(Proc<'o>, Vec<String>, Vec<String>)> {
+        let mut procs: Vec<(Proc, Vec<String>, Vec<String>)> = vec![];
+        for l in links {
+            procs.push((Proc::Link(l.clone()), l.ins.clone(), l.outs.clone()));
+        }
+        for (tile, op) in cores {
+            let ins: Vec<String> =
+                self.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
+            let outs: Vec<String> =
+                self.fifos.iter().filter(|(_, f)| f.producer == *tile).map(|(n, _)| n.clone()).collect();
+            procs.push((Proc::Core(*tile, op), ins, outs));
+        }
+        procs
+    }
+
+    /// Runs one core's body; returns its kernel calls.
+    fn run_core(&mut self, tile: (usize, usize), op: &Op) -> Result<u64, InterpError> {
+        let mut st = CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, kernel_calls: 0 };
+        let mut env = HashMap::new();
+        self.exec_block(&mut st, &op.regions[0], &mut env)?;
+        if st.held.iter().any(|h| !h.is_empty()) {
+            return run_err(format!("core {tile:?} ends holding FIFO elements"));
+        }
+        Ok(st.kernel_calls)
+    }
+
+    /// Output DMAs, in sequence order, drain their FIFOs' streams into the host buffers.
+    fn run_output_dmas(&mut self, outputs: &[Dma], host: &mut [Vec<i32>]) -> Result<(), InterpError> {
+        for dma in outputs {
+            let want: usize = dma.dims.iter().map(|d| d.0).product();
+            let shim = self.fifo(&dma.fifo)?.consumers[0];
+            let mut data = Vec::with_capacity(want);
+            while data.len() < want {
+                let pend = self.pending.entry(dma.fifo.clone()).or_default();
+                if pend.is_empty() {
+                    let e = self.pop(&dma.fifo, shim, "runtime DMA")?;
+                    if let Some(p) = self.pending.get_mut(&dma.fifo) {
+                        p.extend(e);
+                    }
+                    continue;
                 }
-                continue;
+                let take = (want - data.len()).min(pend.len());
+                data.extend(pend.drain(..take));
             }
-            let take = (want - data.len()).min(pend.len());
-            data.extend(pend.drain(..take));
+            scatter(&mut host[dma.arg], dma.base, &dma.dims, &data)?;
         }
-        scatter(&mut host[dma.arg], dma.base, &dma.dims, &data)?;
+        Ok(())
     }
-    for ((name, tile), q) in &m.queues {
-        if !q.is_empty() {
-            return run_err(format!("{} element(s) of @{name} never consumed at tile {tile:?}", q.len()));
+
+    /// Every element produced was consumed, and every value streamed out written back.
+    fn check_drained(&self) -> Result<(), InterpError> {
+        for ((name, tile), q) in &self.queues {
+            if !q.is_empty() {
+                return run_err(format!("{} element(s) of @{name} never consumed at tile {tile:?}", q.len()));
+            }
         }
-    }
-    for (name, p) in &m.pending {
-        if !p.is_empty() {
-            return run_err(format!("{} value(s) of @{name} never written back", p.len()));
+        for (name, p) in &self.pending {
+            if !p.is_empty() {
+                return run_err(format!("{} value(s) of @{name} never written back", p.len()));
+            }
         }
+        Ok(())
     }
-    let out = host.pop().unwrap_or_default();
-    Ok((out, stats))
 }

@@ -6,21 +6,25 @@
 //! chunks of at most `max_design_cols`, so one design serves every chunk; the last chunk, like the
 //! last M-block and any K or N the tiling does not divide, is zero-padded by the host, and the
 //! design's padded host shape is part of its text.
+//!
+//! The bundle stores the plan as `bundle::xdna` defines it ([`Plan::to_plan_file`]); the routing
+//! is that module's `route_rows`, which the runtime applies to the numbers the file records.
 
 use crate::design::{self, Design};
 use crate::device::Device;
 use crate::gemm::{self, GemmSite};
 use crate::tiling::{self, GemmShape, Tiling};
-use serde::Serialize;
-use serde_json::{json, Value};
+use bundle::xdna::{self, PlanDesign, PlanGemm, PlanShape, PlanSite, PlanTiling, XdnaPlan};
 use std::collections::BTreeMap;
+
+/// A column chunk of one projection, as the plan file records it.
+pub use bundle::xdna::PlanChunk as Chunk;
+/// Where a bundle keeps the plan, and the format it is in.
+pub use bundle::xdna::{PLAN_FILE, PLAN_FORMAT};
 
 pub const DEFAULT_HOST_THRESHOLD_ROWS: usize = 16;
 pub const DEFAULT_PREFILL_ROWS: usize = 256;
 pub const DEFAULT_MAX_DESIGN_COLS: usize = 4096;
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/1";
-/// Where a bundle keeps the plan (the runtime's `xrt` backend reads it there).
-pub use xdna_driver::plan::PLAN_FILE;
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
@@ -46,17 +50,7 @@ pub fn decode_rows(device: Device) -> usize {
     device.compute_rows() * 4 * device.micro_tile().0
 }
 
-/// A column chunk of one projection.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Chunk {
-    pub col_offset: usize,
-    pub cols: usize,
-    /// Design for the small M-block and for the prefill M-block.
-    pub decode_design: String,
-    pub prefill_design: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PlannedGemm {
     pub site: GemmSite,
     pub chunks: Vec<Chunk>,
@@ -127,7 +121,7 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
 /// Where a call of `rows` rows runs: `None` on the host, else the M-blocks `(design rows, rows
 /// used)` it is cut into — the routing the runtime applies to the numbers the plan records.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
-    xdna_driver::plan::route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
+    xdna::route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
 }
 
 /// Bundle path of a design's generic and pretty texts.
@@ -136,25 +130,73 @@ pub fn design_files(name: &str) -> (String, String) {
 }
 
 impl Plan {
-    /// The plan as the bundle stores it (`xdna/plan.json`).
-    pub fn to_json(&self) -> Value {
-        let designs: Vec<Value> = self
-            .designs
-            .values()
-            .map(|d| {
-                let (generic, pretty) = design_files(&d.name);
-                json!({ "name": d.name, "file": generic, "pretty": pretty, "kernel_object": design::kernel_object(&d.tiling), "tiling": d.tiling })
-            })
-            .collect();
-        json!({
-            "format": PLAN_FORMAT,
-            "device": self.options.device.name(),
-            "host_threshold_rows": self.options.host_threshold_rows,
-            "decode_rows": self.decode_rows,
-            "prefill_rows": self.options.prefill_rows.max(self.decode_rows),
-            "max_design_cols": self.options.max_design_cols,
-            "designs": designs,
-            "gemms": self.gemms,
-        })
+    /// The plan as the bundle stores it (`xdna/plan.json`), without what only the build knows:
+    /// MLIR's verdict, and the device artifacts aiecc built.
+    pub fn to_plan_file(&self) -> XdnaPlan {
+        XdnaPlan {
+            format: PLAN_FORMAT.to_string(),
+            device: self.options.device.name().to_string(),
+            host_threshold_rows: self.options.host_threshold_rows,
+            decode_rows: self.decode_rows,
+            prefill_rows: self.options.prefill_rows.max(self.decode_rows),
+            max_design_cols: self.options.max_design_cols,
+            designs: self.designs.values().map(design_entry).collect(),
+            gemms: self.gemms.iter().map(gemm_entry).collect(),
+            mlir: None,
+            artifacts: None,
+        }
+    }
+}
+
+fn design_entry(d: &Design) -> PlanDesign {
+    let (file, pretty) = design_files(&d.name);
+    PlanDesign {
+        name: d.name.clone(),
+        file,
+        pretty,
+        kernel_object: design::kernel_object(&d.tiling),
+        tiling: tiling_entry(&d.tiling),
+        insts: None,
+        xclbin: None,
+        pdi: None,
+        aiecc_error: None,
+    }
+}
+
+fn shape_entry(s: GemmShape) -> PlanShape {
+    PlanShape { m: s.m, k: s.k, n: s.n }
+}
+
+fn tiling_entry(t: &Tiling) -> PlanTiling {
+    PlanTiling {
+        device: t.device.name().to_string(),
+        shape: shape_entry(t.shape),
+        padded: shape_entry(t.padded),
+        m: t.m,
+        k: t.k,
+        n: t.n,
+        rows: t.rows,
+        cols: t.cols,
+        l1_bytes: t.l1_bytes,
+        l2_bytes: t.l2_bytes,
+        compute_cycles: t.compute_cycles,
+        dma_cycles: t.dma_cycles,
+        total_cycles: t.total_cycles,
+        utilisation: t.utilisation,
+    }
+}
+
+fn gemm_entry(g: &PlannedGemm) -> PlanGemm {
+    let s = &g.site;
+    PlanGemm {
+        site: PlanSite {
+            node: s.node.clone(),
+            op: s.op.clone(),
+            k: s.k,
+            n: s.n,
+            weight: s.weight.clone(),
+            transposed: s.transposed,
+        },
+        chunks: g.chunks.clone(),
     }
 }

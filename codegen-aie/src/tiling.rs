@@ -83,35 +83,55 @@ fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
+/// A memory budget one candidate tile breaks.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error(
+        "tile {m}x{k}x{n} needs {bytes} bytes of compute-tile memory (double-buffered A {m}x{k} i8, B {k}x{n} i8, C {m}x{n} i32, {stack_bytes} bytes of stack); the budget is {budget_bytes} bytes"
+    )]
+    ComputeTile { m: usize, k: usize, n: usize, bytes: usize, stack_bytes: usize, budget_bytes: usize },
+    #[error(
+        "tile {m}x{k}x{n} needs {bytes} bytes of mem-tile memory (double-buffered A {a_rows}x{k}, B {k}x{n}, C {a_rows}x{n} i32); the budget is {budget_bytes} bytes"
+    )]
+    MemTile { m: usize, k: usize, n: usize, a_rows: usize, bytes: usize, budget_bytes: usize },
+    #[error("empty")]
+    Empty,
+}
+
 /// Checks one candidate's memories and returns its L1 and L2 bytes, or the first budget it breaks.
-fn budgets(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<(usize, usize), String> {
+fn budgets(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<(usize, usize), BudgetError> {
     let rows = device.compute_rows();
     let l1 = 2 * m * k + 2 * k * n + 2 * m * n * 4 + device.core_stack_bytes();
     if l1 > device.core_data_bytes() {
-        return Err(format!(
-            "tile {m}x{k}x{n} needs {l1} bytes of compute-tile memory (double-buffered A {m}x{k} i8, B {k}x{n} i8, C {m}x{n} i32, {} bytes of stack); the budget is {} bytes",
-            device.core_stack_bytes(),
-            device.core_data_bytes()
-        ));
+        return Err(BudgetError::ComputeTile {
+            m,
+            k,
+            n,
+            bytes: l1,
+            stack_bytes: device.core_stack_bytes(),
+            budget_bytes: device.core_data_bytes(),
+        });
     }
     // Mem tile of column 0 holds A (all rows), its column's B and its column's C join.
     let l2 = 2 * rows * m * k + 2 * k * n + 2 * rows * m * n * 4;
     if l2 > device.mem_tile_bytes() {
-        return Err(format!(
-            "tile {m}x{k}x{n} needs {l2} bytes of mem-tile memory (double-buffered A {}x{k}, B {k}x{n}, C {}x{n} i32); the budget is {} bytes",
-            rows * m,
-            rows * m,
-            device.mem_tile_bytes()
-        ));
+        return Err(BudgetError::MemTile {
+            m,
+            k,
+            n,
+            a_rows: rows * m,
+            bytes: l2,
+            budget_bytes: device.mem_tile_bytes(),
+        });
     }
     if shape.m == 0 {
-        return Err("empty".into());
+        return Err(BudgetError::Empty);
     }
     Ok((l1, l2))
 }
 
 /// The cost of one candidate, if it fits.
-fn evaluate(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<Tiling, String> {
+fn evaluate(device: Device, shape: GemmShape, m: usize, k: usize, n: usize) -> Result<Tiling, BudgetError> {
     let (l1_bytes, l2_bytes) = budgets(device, shape, m, k, n)?;
     let (rows, cols) = (device.compute_rows(), device.columns());
     let padded = GemmShape { m: round_up(shape.m, rows * m), k: round_up(shape.k, k), n: round_up(shape.n, cols * n) };
@@ -180,7 +200,7 @@ pub fn choose(device: Device, shape: GemmShape) -> Result<Tiling, TilingError> {
         match evaluate(device, shape, m, k, n) {
             Ok(t) => fits.push(t),
             Err(e) => {
-                first_reason.get_or_insert(e);
+                first_reason.get_or_insert(e.to_string());
             }
         }
     }
@@ -213,7 +233,7 @@ pub fn with_tile(device: Device, shape: GemmShape, m: usize, k: usize, n: usize)
             2 * t
         )));
     }
-    let tiling = evaluate(device, shape, m, k, n).map_err(nothing)?;
+    let tiling = evaluate(device, shape, m, k, n).map_err(|e| nothing(e.to_string()))?;
     crate::design::check(&crate::design::build(&tiling)).map_err(|e| nothing(e.to_string()))?;
     Ok(tiling)
 }

@@ -5,7 +5,8 @@
 #[allow(dead_code)]
 mod common;
 
-use codegen_aie::amdxdna::sim::{npu1_metadata, Sim};
+use codegen_aie::amdxdna::sim::{npu1_metadata, FirmwareError, Sim};
+use codegen_aie::interp::InterpError;
 use codegen_aie::{design, tiling, Device, GemmShape};
 use xdna_driver::{Npu, NpuError};
 
@@ -46,13 +47,19 @@ fn the_ioctl_path_reports_what_went_wrong() {
     let d = gemm_design(64, 64, 64);
     let (a, b) = (vec![1i8; 64 * 64], vec![1i8; 64 * 64]);
     // More columns than the array has.
-    let mut npu = Npu::with_driver(Sim::interpreting()).unwrap();
+    let sim = Sim::interpreting();
+    let mut npu = Npu::with_driver(sim.clone()).unwrap();
     let err = npu.context(d.generic().as_bytes(), 9).err().unwrap();
     assert!(matches!(err, NpuError::Columns { need: 9, have: 4 }), "{err}");
     // A PDI the firmware cannot load makes the command fail, with its state named.
     let ctx = npu.context(b"not a design", 1).unwrap();
     let err = npu.run_gemm(&ctx, &[0; 16], &a, &b, 64 * 64).unwrap_err();
     assert!(err.to_string().contains("ERROR"), "{err}");
+    let firmware_error = sim.state().firmware_error.take();
+    assert!(
+        matches!(firmware_error, Some(FirmwareError::Design(InterpError::Parse { line: 1, .. }))),
+        "{firmware_error:?}"
+    );
     // An instruction stream that is not whole words is refused before any ioctl.
     let err = npu.run_gemm(&ctx, &[0; 6], &a, &b, 64 * 64).unwrap_err();
     assert!(err.to_string().contains("6 bytes"), "{err}");

@@ -7,14 +7,49 @@
 //! on the NPU with that design's PDI and instruction stream (one hardware context per design,
 //! made on first use); the int32 products come back to the executor, which applies the same
 //! epilogue as its own kernels. Smaller calls, and nodes without designs, stay on the host.
+//!
+//! The plan is `bundle::xdna`'s typed `xdna/plan.json`, routed with its `route_rows`, the function
+//! the compiler plans with; a plan that does not decode is refused naming the field's JSON path.
 
-use crate::bundle::Bundle;
+use crate::bundle::xdna::{route_rows, PlanChunk, PlanDesign, PlanError, XdnaPlan, PLAN_FILE};
+use crate::bundle::{Bundle, BundleError};
 use crate::exec::GemmOffload;
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
-use serde_json::Value;
 use std::collections::HashMap;
-use xdna_driver::plan::{route_rows, PLAN_FILE};
-use xdna_driver::{Driver, HwContext, Npu};
+use xdna_driver::{Driver, HwContext, Npu, NpuError};
+
+/// Why an xdna bundle cannot run on the NPU, or a call on it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum XdnaError {
+    /// The plan file is missing from the bundle, or fails its check against the manifest.
+    #[error(transparent)]
+    PlanFile(#[from] BundleError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(
+        "design {design}: the bundle has no {path} (device artifacts come from mlir-aie's aiecc on PATH at compile \
+         time); run the bundle with --backend host"
+    )]
+    MissingArtifact { design: String, path: String },
+    #[error("design {design}: {error}")]
+    Npu { design: String, error: NpuError },
+    #[error("{codes} activation codes for {m}×{k}")]
+    Activations { codes: usize, m: usize, k: usize },
+    #[error(
+        "design {design} ({}×{}×{}) cannot take a {rows}×{k}×{cols} block at column {col_offset}",
+        padded.0,
+        padded.1,
+        padded.2
+    )]
+    BlockTooLarge {
+        design: String,
+        padded: (usize, usize, usize),
+        rows: usize,
+        k: usize,
+        cols: usize,
+        col_offset: usize,
+    },
+}
 
 struct DesignRun {
     /// Host shape (M, K, N) of the design's buffers.
@@ -24,18 +59,11 @@ struct DesignRun {
     insts: Vec<u8>,
 }
 
-struct Chunk {
-    col_offset: usize,
-    cols: usize,
-    decode: String,
-    prefill: String,
-}
-
 /// The executor's offload onto an XDNA NPU (see the module doc).
 pub struct XdnaOffload<D: Driver> {
     npu: Npu<D>,
     designs: HashMap<String, DesignRun>,
-    gemms: HashMap<String, Vec<Chunk>>,
+    gemms: HashMap<String, Vec<PlanChunk>>,
     contexts: HashMap<String, HwContext>,
     /// Per node, each column chunk's weight codes as the design's B operand (`[K, N]` zero-padded
     /// to its host shape), made on first use.
@@ -47,72 +75,39 @@ pub struct XdnaOffload<D: Driver> {
     pub runs: u64,
 }
 
-fn usize_of(v: &Value, what: &str) -> Result<usize, String> {
-    v.as_u64().map(|x| x as usize).ok_or_else(|| format!("{PLAN_FILE}: `{what}` is not a number"))
+/// A design's device artifacts, read from the bundle.
+fn design_run(bundle: &Bundle, d: &PlanDesign) -> Result<DesignRun, XdnaError> {
+    let artifact =
+        |path: String| bundle.read_file(&path).map_err(|_| XdnaError::MissingArtifact { design: d.name.clone(), path });
+    let padded = &d.tiling.padded;
+    Ok(DesignRun {
+        padded: (padded.m, padded.k, padded.n),
+        cols: d.tiling.cols as u32,
+        pdi: artifact(d.pdi_file())?,
+        insts: artifact(d.insts_file())?,
+    })
 }
 
 impl<D: Driver + Send> XdnaOffload<D> {
     /// Reads the bundle's plan and every design's device artifacts (`xdna/<name>.pdi` and
     /// `xdna/<name>.insts.bin`, which aiecc writes at compile time).
-    pub fn new(npu: Npu<D>, bundle: &Bundle) -> Result<XdnaOffload<D>, String> {
-        let bytes = bundle.read_file(PLAN_FILE).map_err(|e| e.to_string())?;
-        let plan: Value = serde_json::from_slice(&bytes).map_err(|e| format!("{PLAN_FILE}: {e}"))?;
+    pub fn new(npu: Npu<D>, bundle: &Bundle) -> Result<XdnaOffload<D>, XdnaError> {
+        let bytes = bundle.read_file(PLAN_FILE)?;
+        let plan = XdnaPlan::decode(&bytes)?;
         let mut designs = HashMap::new();
-        for d in plan["designs"].as_array().into_iter().flatten() {
-            let name = d["name"].as_str().ok_or_else(|| format!("{PLAN_FILE}: a design without a name"))?;
-            let t = &d["tiling"];
-            let padded = (
-                usize_of(&t["padded"]["m"], "padded.m")?,
-                usize_of(&t["padded"]["k"], "padded.k")?,
-                usize_of(&t["padded"]["n"], "padded.n")?,
-            );
-            let artifact = |key: &str, ext: &str| -> Result<Vec<u8>, String> {
-                let path = d[key].as_str().map(str::to_string).unwrap_or_else(|| format!("xdna/{name}.{ext}"));
-                bundle.read_file(&path).map_err(|_| {
-                    format!(
-                        "design {name}: the bundle has no {path} (device artifacts come from mlir-aie's aiecc on \
-                         PATH at compile time); run the bundle with --backend host"
-                    )
-                })
-            };
-            let run = DesignRun {
-                padded,
-                cols: usize_of(&t["cols"], "cols")? as u32,
-                pdi: artifact("pdi", "pdi")?,
-                insts: artifact("insts", "insts.bin")?,
-            };
-            designs.insert(name.to_string(), run);
+        for d in &plan.designs {
+            designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
-        let mut gemms = HashMap::new();
-        for g in plan["gemms"].as_array().into_iter().flatten() {
-            let node = g["site"]["node"].as_str().ok_or_else(|| format!("{PLAN_FILE}: a GEMM without a node"))?;
-            let mut chunks = Vec::new();
-            for c in g["chunks"].as_array().into_iter().flatten() {
-                let name = |k: &str| -> Result<String, String> {
-                    let n = c[k].as_str().ok_or_else(|| format!("{PLAN_FILE}: {node}: no {k}"))?;
-                    if !designs.contains_key(n) {
-                        return Err(format!("{PLAN_FILE}: {node} calls unknown design {n}"));
-                    }
-                    Ok(n.to_string())
-                };
-                chunks.push(Chunk {
-                    col_offset: usize_of(&c["col_offset"], "col_offset")?,
-                    cols: usize_of(&c["cols"], "cols")?,
-                    decode: name("decode_design")?,
-                    prefill: name("prefill_design")?,
-                });
-            }
-            gemms.insert(node.to_string(), chunks);
-        }
+        let gemms = plan.gemms.into_iter().map(|g| (g.site.node, g.chunks)).collect();
         Ok(XdnaOffload {
             npu,
             designs,
             gemms,
             contexts: HashMap::new(),
             operands: HashMap::new(),
-            host_threshold: usize_of(&plan["host_threshold_rows"], "host_threshold_rows")?,
-            decode_rows: usize_of(&plan["decode_rows"], "decode_rows")?,
-            prefill_rows: usize_of(&plan["prefill_rows"], "prefill_rows")?,
+            host_threshold: plan.host_threshold_rows,
+            decode_rows: plan.decode_rows,
+            prefill_rows: plan.prefill_rows,
             runs: 0,
         })
     }
@@ -126,24 +121,25 @@ fn run_block<D: Driver>(
     design: &str,
     a: &[i8],
     b: &[i8],
-) -> Result<Vec<i32>, String> {
+) -> Result<Vec<i32>, XdnaError> {
+    let failed = |error| XdnaError::Npu { design: design.to_string(), error };
     if !contexts.contains_key(design) {
-        let ctx = npu.context(&d.pdi, d.cols).map_err(|e| format!("design {design}: {e}"))?;
+        let ctx = npu.context(&d.pdi, d.cols).map_err(failed)?;
         contexts.insert(design.to_string(), ctx);
     }
     let (pm, _, pn) = d.padded;
-    npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(|e| format!("design {design}: {e}"))
+    npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(failed)
 }
 
 /// Each column chunk's weight codes as its design's B operand: `[K, N]` zero-padded to the host
 /// shape.
-fn operands(chunks: &[Chunk], designs: &HashMap<String, DesignRun>, w: QGemmWeights<'_>) -> Vec<Vec<i8>> {
+fn operands(chunks: &[PlanChunk], designs: &HashMap<String, DesignRun>, w: QGemmWeights<'_>) -> Vec<Vec<i8>> {
     let (k, n) = (w.k(), w.n());
     let wk = w.codes_kn();
     chunks
         .iter()
         .map(|c| {
-            let (_, pk, pn) = designs[&c.prefill].padded;
+            let (_, pk, pn) = designs[&c.prefill_design].padded;
             let mut b = vec![0i8; pk * pn];
             if k <= pk && c.cols <= pn && c.col_offset + c.cols <= n {
                 for kk in 0..k {
@@ -163,6 +159,20 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         m: usize,
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, String> {
+        self.offload(node, a, m, w).map_err(|e| e.to_string())
+    }
+}
+
+impl<D: Driver + Send> XdnaOffload<D> {
+    /// The products of one QGemm call computed on the NPU, or `None` when the call stays on the
+    /// host (too few rows, or a node without designs).
+    fn offload(
+        &mut self,
+        node: &str,
+        a: QActivations<'_>,
+        m: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Option<Vec<i32>>, XdnaError> {
         let Some(blocks) = route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m) else {
             return Ok(None);
         };
@@ -170,21 +180,25 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         let a = qgemm::signed_codes(a);
         let (k, n) = (w.k(), w.n());
         if a.len() != m * k {
-            return Err(format!("{} activation codes for {m}×{k}", a.len()));
+            return Err(XdnaError::Activations { codes: a.len(), m, k });
         }
         let operands = self.operands.entry(node.to_string()).or_insert_with(|| operands(chunks, &self.designs, w));
         let mut p = vec![0i32; m * n];
         let mut r0 = 0;
         for (block, used) in blocks {
             for (c, b) in chunks.iter().zip(operands.iter()) {
-                let design = if block == self.decode_rows { &c.decode } else { &c.prefill };
+                let design = if block == self.decode_rows { &c.decode_design } else { &c.prefill_design };
                 let d = &self.designs[design];
                 let (pm, pk, pn) = d.padded;
                 if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
-                    return Err(format!(
-                        "design {design} ({pm}×{pk}×{pn}) cannot take a {used}×{k}×{} block at column {}",
-                        c.cols, c.col_offset
-                    ));
+                    return Err(XdnaError::BlockTooLarge {
+                        design: design.clone(),
+                        padded: d.padded,
+                        rows: used,
+                        k,
+                        cols: c.cols,
+                        col_offset: c.col_offset,
+                    });
                 }
                 let mut ab = vec![0i8; pm * pk];
                 for i in 0..used {

@@ -1,8 +1,8 @@
 //! The run-time side of XDNA NPUs: running a design on an XDNA NPU through the amdxdna driver's
-//! ioctls (Linux ≥ 6.14, device nodes `/dev/accel/accel*`), with no XRT in between, and what
-//! the runtime reads of the host plan the compiler writes ([`plan`]). The crate depends on no
-//! compiler crate: the runtime's `xrt` backend uses it, and so does the compiler (`codegen-aie`
-//! routes rows with [`plan::route_rows`] and tests its driver model against [`Driver`]).
+//! ioctls (Linux ≥ 6.14, device nodes `/dev/accel/accel*`), with no XRT in between. The crate
+//! depends on no workspace crate: the runtime's `xrt` backend uses it, and so does the compiler
+//! (`codegen-aie` tests its driver model against [`Driver`]). The host plan that says which calls
+//! run on the array is a bundle file, and the `bundle` crate owns it (`bundle::xdna`).
 //!
 //! The sequence, as the driver's UAPI (`include/uapi/drm/amdxdna_accel.h`) and its command
 //! handling define it:
@@ -32,11 +32,9 @@
 //! - [`uapi`]: the driver's UAPI structures, constants and ioctl numbers.
 //! - [`Driver`], [`Ioctl`], [`AccelFile`]: the ioctl boundary.
 //! - [`Npu`]: heap, buffer objects, hardware contexts, commands ([`command_words`]).
-//! - [`plan`]: where a bundle keeps the XDNA plan, and which rows of a call run on the array.
 
 mod driver;
 mod npu;
-pub mod plan;
 pub mod uapi;
 
 pub use driver::{AccelFile, Driver, Ioctl, ACCEL_DIR};

@@ -37,7 +37,18 @@ pub struct Ctx {
 
 /// What the device does with a loaded PDI, an instruction stream and the buffers' contents: the
 /// output (the last buffer's new contents) or a failure.
-pub type Firmware = Box<dyn FnMut(&[u8], &[u8], &[Vec<u8>]) -> Result<Vec<u8>, String> + Send>;
+pub type Firmware = Box<dyn FnMut(&[u8], &[u8], &[Vec<u8>]) -> Result<Vec<u8>, FirmwareError> + Send>;
+
+/// Why the simulated device failed a command (the driver reports it as the command's state).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FirmwareError {
+    #[error("the command has no instructions")]
+    NoInstructions,
+    #[error("the PDI is not a design's text: {0}")]
+    PdiNotText(#[from] std::str::Utf8Error),
+    #[error(transparent)]
+    Design(#[from] interp::InterpError),
+}
 
 /// The simulated driver's state, open for tests to inspect.
 #[derive(Default)]
@@ -54,6 +65,8 @@ pub struct State {
     /// Every ioctl made, by name.
     pub calls: Vec<&'static str>,
     firmware: Option<Firmware>,
+    /// Why the firmware failed the last command it failed.
+    pub firmware_error: Option<FirmwareError>,
     /// Fail this ioctl (by name) with EINVAL.
     pub fail: Option<&'static str>,
 }
@@ -76,13 +89,13 @@ impl Sim {
     pub fn interpreting() -> Sim {
         let firmware: Firmware = Box::new(|pdi, insts, buffers| {
             if insts.is_empty() {
-                return Err("no instructions".into());
+                return Err(FirmwareError::NoInstructions);
             }
-            let text = std::str::from_utf8(pdi).map_err(|e| e.to_string())?;
+            let text = std::str::from_utf8(pdi)?;
             let ins: Vec<Vec<i8>> =
                 buffers[..buffers.len() - 1].iter().map(|b| b.iter().map(|&x| x as i8).collect()).collect();
             let refs: Vec<&[i8]> = ins.iter().map(|v| v.as_slice()).collect();
-            let (c, _) = interp::run(text, &refs).map_err(|e| e.to_string())?;
+            let (c, _) = interp::run(text, &refs)?;
             Ok(c.iter().flat_map(|v| v.to_le_bytes()).collect())
         });
         Sim::new(npu1_metadata(), firmware)
@@ -164,7 +177,10 @@ impl State {
                 last.device[..n].copy_from_slice(&out[..n]);
                 ERT_STATE_COMPLETED
             }
-            Err(_) => 5,
+            Err(e) => {
+                self.firmware_error = Some(e);
+                5
+            }
         };
         let cmd = &self.bos[&(a.cmd_handles as u32)];
         // SAFETY: the header word of a live CMD buffer.

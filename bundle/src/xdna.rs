@@ -1,0 +1,246 @@
+//! `xdna/plan.json`: an xdna bundle's host plan — which design every projection call uses, cut
+//! how, and which calls stay on the host. `codegen-aie` builds an [`XdnaPlan`] and stores
+//! [`XdnaPlan::encode`]; the runtime's `xrt` backend reads it back with [`XdnaPlan::decode`] and
+//! routes each call with [`route_rows`] on the numbers the plan records, the same function the
+//! compiler plans with, so the two cannot disagree.
+//!
+//! A call with fewer rows than the threshold (decode) runs on the host. Larger calls are cut into
+//! M-blocks: the prefill block while more than the smallest block is left, then the smallest
+//! block the array takes (the design for `decode_rows`) for the rest. A projection wider than one
+//! design is cut into column chunks, each naming the two designs (small and prefill M-block) that
+//! compute it.
+//!
+//! The file is pretty-printed JSON whose objects have their keys in sorted order; the first key
+//! read is `format` ([`PLAN_FORMAT`]), and a plan of another format is refused before its fields.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a bundle keeps the plan.
+pub const PLAN_FILE: &str = "xdna/plan.json";
+/// The plan format this crate writes and reads.
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/1";
+
+/// The decoded `xdna/plan.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XdnaPlan {
+    /// [`PLAN_FORMAT`].
+    pub format: String,
+    /// The XDNA device the designs are for (`npu1`, `npu2`).
+    pub device: String,
+    /// Calls with fewer rows run on the host.
+    pub host_threshold_rows: usize,
+    /// Rows of the smallest M-block (the decode designs).
+    pub decode_rows: usize,
+    /// Rows of the prefill M-block (the prefill designs), at least `decode_rows`.
+    pub prefill_rows: usize,
+    /// The widest column chunk one design computes.
+    pub max_design_cols: usize,
+    pub designs: Vec<PlanDesign>,
+    pub gemms: Vec<PlanGemm>,
+    /// Whether MLIR verified the designs, and which MLIR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlir: Option<String>,
+    /// Whether the bundle carries device artifacts (aiecc's outputs), and how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<String>,
+}
+
+/// One design: its texts in the bundle, the kernel object it links, its tiling, and the device
+/// artifacts aiecc built for it (or why it could not).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanDesign {
+    pub name: String,
+    /// Bundle path of the generic form.
+    pub file: String,
+    /// Bundle path of the custom (pretty) form.
+    pub pretty: String,
+    pub kernel_object: String,
+    pub tiling: PlanTiling,
+    /// Bundle path of the instruction stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insts: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xclbin: Option<String>,
+    /// Bundle path of the PDI the driver loads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdi: Option<String>,
+    /// What aiecc said when it failed on the design.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aiecc_error: Option<String>,
+}
+
+impl PlanDesign {
+    /// Bundle path of the PDI: the recorded one, else `xdna/<name>.pdi`.
+    pub fn pdi_file(&self) -> String {
+        self.pdi.clone().unwrap_or_else(|| format!("xdna/{}.pdi", self.name))
+    }
+
+    /// Bundle path of the instruction stream: the recorded one, else `xdna/<name>.insts.bin`.
+    pub fn insts_file(&self) -> String {
+        self.insts.clone().unwrap_or_else(|| format!("xdna/{}.insts.bin", self.name))
+    }
+}
+
+/// A GEMM shape `[m, k] × [k, n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanShape {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+/// A design's tiling and what the cost model predicts for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanTiling {
+    pub device: String,
+    /// The logical shape the design computes.
+    pub shape: PlanShape,
+    /// The host buffers' shape (each dimension rounded up to what the tiling divides).
+    pub padded: PlanShape,
+    /// Per-core tile.
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    /// Compute rows and columns the design uses.
+    pub rows: usize,
+    pub cols: usize,
+    pub l1_bytes: usize,
+    pub l2_bytes: usize,
+    pub compute_cycles: u64,
+    pub dma_cycles: u64,
+    pub total_cycles: u64,
+    pub utilisation: f64,
+}
+
+/// One projection and the column chunks it is cut into.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanGemm {
+    pub site: PlanSite,
+    pub chunks: Vec<PlanChunk>,
+}
+
+/// The program node a projection is, and the weight it streams.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSite {
+    pub node: String,
+    /// `domain::op` of the node.
+    pub op: String,
+    pub k: usize,
+    pub n: usize,
+    pub weight: String,
+    /// The weight is read transposed (a tied lm_head reading the `[n, k]` embedding).
+    pub transposed: bool,
+}
+
+/// A column chunk of one projection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanChunk {
+    pub col_offset: usize,
+    pub cols: usize,
+    /// Design for the small M-block and for the prefill M-block.
+    pub decode_design: String,
+    pub prefill_design: String,
+}
+
+/// A plan the runtime cannot use. Each names the file and where in it the problem is.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("`{file}`: plan format `{found}` is not `{expected}`, the one this runtime reads; recompile the bundle")]
+    Format { file: &'static str, found: String, expected: &'static str },
+    /// Not JSON, or a field missing, misspelled or of the wrong type, or a reference that does not
+    /// resolve. `path` is the JSON path (`.` for the whole document).
+    #[error("`{file}` is malformed at `{path}`: {message}")]
+    Malformed { file: &'static str, path: String, message: String },
+}
+
+impl PlanError {
+    fn malformed(path: impl Into<String>, message: impl Into<String>) -> PlanError {
+        PlanError::Malformed { file: PLAN_FILE, path: path.into(), message: message.into() }
+    }
+}
+
+impl XdnaPlan {
+    /// The bytes of `xdna/plan.json`: pretty JSON, keys sorted.
+    pub fn encode(&self) -> Vec<u8> {
+        // Through a `Value`, whose maps keep keys sorted: the bytes do not depend on field order.
+        let value = serde_json::to_value(self).expect("a plan always serialises");
+        serde_json::to_vec_pretty(&value).expect("a JSON value always serialises")
+    }
+
+    /// Decodes and checks the bytes of `xdna/plan.json`: the format first (another format's layout
+    /// may differ), then every field, then that each chunk names a design the plan lists.
+    pub fn decode(bytes: &[u8]) -> Result<XdnaPlan, PlanError> {
+        let document: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| PlanError::malformed(".", e.to_string()))?;
+        match document.get("format") {
+            None => return Err(PlanError::malformed("format", "missing field `format`")),
+            Some(serde_json::Value::String(found)) if found == PLAN_FORMAT => {}
+            Some(found) => {
+                let found = found.as_str().map_or_else(|| found.to_string(), str::to_string);
+                return Err(PlanError::Format { file: PLAN_FILE, found, expected: PLAN_FORMAT });
+            }
+        }
+        let plan: XdnaPlan = serde_path_to_error::deserialize(document)
+            .map_err(|e| PlanError::malformed(e.path().to_string(), e.inner().to_string()))?;
+        plan.check_designs()?;
+        Ok(plan)
+    }
+
+    /// The design named `name`, if the plan lists it.
+    pub fn design(&self, name: &str) -> Option<&PlanDesign> {
+        self.designs.iter().find(|d| d.name == name)
+    }
+
+    /// Where a call of `rows` rows runs (see [`route_rows`]).
+    pub fn route(&self, rows: usize) -> Option<Vec<(usize, usize)>> {
+        route_rows(self.host_threshold_rows, self.decode_rows, self.prefill_rows, rows)
+    }
+
+    fn check_designs(&self) -> Result<(), PlanError> {
+        for (g, gemm) in self.gemms.iter().enumerate() {
+            for (c, chunk) in gemm.chunks.iter().enumerate() {
+                for (field, name) in
+                    [("decode_design", &chunk.decode_design), ("prefill_design", &chunk.prefill_design)]
+                {
+                    if self.design(name).is_none() {
+                        return Err(PlanError::malformed(
+                            format!("gemms[{g}].chunks[{c}].{field}"),
+                            format!("`{}` calls design `{name}`, which the plan does not list", gemm.site.node),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a call of `rows` rows runs, from the numbers the plan records: `None` on the host, else
+/// the M-blocks `(design rows, rows used)` it is cut into.
+pub fn route_rows(
+    host_threshold_rows: usize,
+    decode_rows: usize,
+    prefill_rows: usize,
+    rows: usize,
+) -> Option<Vec<(usize, usize)>> {
+    if rows < host_threshold_rows || decode_rows == 0 {
+        return None;
+    }
+    let prefill = prefill_rows.max(decode_rows);
+    let mut blocks = vec![];
+    let mut left = rows;
+    while left > 0 {
+        let block = if left <= decode_rows { decode_rows } else { prefill };
+        let used = left.min(block);
+        blocks.push((block, used));
+        left -= used;
+    }
+    Some(blocks)
+}

@@ -1,0 +1,175 @@
+//! `xdna/plan.json` as `bundle::xdna` writes and reads it: a plan decodes to what was encoded; a
+//! plan with a field missing, misspelled, of the wrong type, of another format, or calling a design
+//! it does not list is refused naming the file and the JSON path; and the rows routing.
+
+use bundle::xdna::{
+    route_rows, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanShape, PlanSite, PlanTiling, XdnaPlan, PLAN_FILE,
+    PLAN_FORMAT,
+};
+use serde_json::Value;
+
+fn tiling(m: usize) -> PlanTiling {
+    PlanTiling {
+        device: "npu1".into(),
+        shape: PlanShape { m, k: 64, n: 96 },
+        padded: PlanShape { m, k: 64, n: 128 },
+        m: 16,
+        k: 64,
+        n: 32,
+        rows: 4,
+        cols: 4,
+        l1_bytes: 12_288,
+        l2_bytes: 65_536,
+        compute_cycles: 1_000,
+        dma_cycles: 800,
+        total_cycles: 1_200,
+        utilisation: 0.375,
+    }
+}
+
+fn design(name: &str, m: usize, built: bool) -> PlanDesign {
+    PlanDesign {
+        name: name.into(),
+        file: format!("xdna/{name}.mlir"),
+        pretty: format!("xdna/{name}.pretty.mlir"),
+        kernel_object: "mm_i8_i32_16x64x32.o".into(),
+        tiling: tiling(m),
+        insts: built.then(|| format!("xdna/{name}.insts.bin")),
+        xclbin: built.then(|| format!("xdna/{name}.xclbin")),
+        pdi: built.then(|| format!("xdna/{name}.pdi")),
+        aiecc_error: (!built).then(|| "aiecc failed (exit status: 1): cannot open mm.o".into()),
+    }
+}
+
+fn plan() -> XdnaPlan {
+    XdnaPlan {
+        format: PLAN_FORMAT.into(),
+        device: "npu1".into(),
+        host_threshold_rows: 16,
+        decode_rows: 64,
+        prefill_rows: 256,
+        max_design_cols: 4096,
+        designs: vec![design("gemm_64x64x96_npu1", 64, true), design("gemm_256x64x96_npu1", 256, false)],
+        gemms: vec![PlanGemm {
+            site: PlanSite {
+                node: "/q_proj/MatMul".into(),
+                op: "npuc::QGemm".into(),
+                k: 64,
+                n: 96,
+                weight: "q.weight".into(),
+                transposed: false,
+            },
+            chunks: vec![PlanChunk {
+                col_offset: 0,
+                cols: 96,
+                decode_design: "gemm_64x64x96_npu1".into(),
+                prefill_design: "gemm_256x64x96_npu1".into(),
+            }],
+        }],
+        mlir: Some("2 designs verified by MLIR (22.1.0)".into()),
+        artifacts: None,
+    }
+}
+
+/// The plan's JSON after `edit`, decoded.
+fn decode_edited(edit: impl FnOnce(&mut Value)) -> Result<XdnaPlan, PlanError> {
+    let mut json: Value = serde_json::from_slice(&plan().encode()).unwrap();
+    edit(&mut json);
+    XdnaPlan::decode(&serde_json::to_vec(&json).unwrap())
+}
+
+fn malformed_at(result: Result<XdnaPlan, PlanError>) -> (String, String) {
+    match result {
+        Err(PlanError::Malformed { file, path, message }) => {
+            assert_eq!(file, PLAN_FILE);
+            (path, message)
+        }
+        other => panic!("expected a malformed plan, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_plan_decodes_to_what_was_encoded() {
+    let p = plan();
+    let bytes = p.encode();
+    assert_eq!(XdnaPlan::decode(&bytes).unwrap(), p);
+    // Absent optional members are left out, not written as null.
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(!text.contains("null") && !text.contains("\"artifacts\""), "{text}");
+}
+
+#[test]
+fn the_plan_is_written_with_sorted_keys() {
+    let text = String::from_utf8(plan().encode()).unwrap();
+    let top: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("  \"") && !l.starts_with("   "))
+        .map(|l| l.trim().split('"').nth(1).unwrap())
+        .collect();
+    let mut sorted = top.clone();
+    sorted.sort_unstable();
+    assert_eq!(top, sorted);
+}
+
+#[test]
+fn a_missing_field_is_refused_naming_its_path() {
+    let (path, message) = malformed_at(decode_edited(|j| {
+        j["designs"][1]["tiling"]["padded"].as_object_mut().unwrap().remove("n");
+    }));
+    assert_eq!(path, "designs[1].tiling.padded");
+    assert!(message.contains("missing field `n`"), "{message}");
+    let (path, message) = malformed_at(decode_edited(|j| {
+        j.as_object_mut().unwrap().remove("host_threshold_rows");
+    }));
+    assert_eq!(path, ".");
+    assert!(message.contains("missing field `host_threshold_rows`"), "{message}");
+}
+
+#[test]
+fn a_misspelled_field_is_refused_naming_it() {
+    let (path, message) = malformed_at(decode_edited(|j| {
+        let chunk = j["gemms"][0]["chunks"][0].as_object_mut().unwrap();
+        let v = chunk.remove("col_offset").unwrap();
+        chunk.insert("col_ofset".into(), v);
+    }));
+    assert!(path.starts_with("gemms[0].chunks[0]"), "{path}");
+    assert!(message.contains("unknown field `col_ofset`"), "{message}");
+}
+
+#[test]
+fn a_field_of_the_wrong_type_is_refused_naming_it() {
+    let (path, message) = malformed_at(decode_edited(|j| j["designs"][0]["tiling"]["cols"] = "four".into()));
+    assert_eq!(path, "designs[0].tiling.cols");
+    assert!(message.contains("invalid type"), "{message}");
+}
+
+#[test]
+fn a_chunk_calling_an_unlisted_design_is_refused() {
+    let (path, message) =
+        malformed_at(decode_edited(|j| j["gemms"][0]["chunks"][0]["prefill_design"] = "gemm_nope".into()));
+    assert_eq!(path, "gemms[0].chunks[0].prefill_design");
+    assert!(message.contains("/q_proj/MatMul") && message.contains("gemm_nope"), "{message}");
+}
+
+#[test]
+fn another_format_is_refused_before_its_fields() {
+    let err = decode_edited(|j| {
+        j["format"] = "npuc-xdna-plan/2".into();
+        j.as_object_mut().unwrap().remove("designs");
+    })
+    .unwrap_err();
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/2".into(), expected: PLAN_FORMAT });
+    assert!(err.to_string().contains(PLAN_FILE), "{err}");
+    let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));
+    assert_eq!(path, ".");
+}
+
+#[test]
+fn rows_below_the_threshold_stay_on_the_host_and_the_rest_is_cut_into_blocks() {
+    assert_eq!(route_rows(16, 64, 256, 15), None);
+    assert_eq!(route_rows(16, 0, 256, 100), None);
+    assert_eq!(route_rows(16, 64, 256, 16), Some(vec![(64, 16)]));
+    assert_eq!(route_rows(16, 64, 256, 300), Some(vec![(256, 256), (64, 44)]));
+    assert_eq!(route_rows(16, 64, 32, 100), Some(vec![(64, 64), (64, 36)]));
+    assert_eq!(plan().route(400), Some(vec![(256, 256), (256, 144)]));
+}
