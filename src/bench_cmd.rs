@@ -37,6 +37,21 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// Prefill and decode rates of `o.repetitions` greedy runs after one untimed run (which warms
+/// caches and page tables), and the tokens of the last.
+fn measure(exec: &mut Executor, prompt: &[u32], o: &Options) -> Result<(Vec<f64>, Vec<f64>, Vec<u32>)> {
+    exec.generate_greedy(prompt, 2, &[], |_| {})?;
+    let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..o.repetitions {
+        exec.reset()?;
+        let (generated, stats) = exec.generate_greedy(prompt, o.gen_len, &[], |_| {})?;
+        prefill.push(stats.prefill_tok_s());
+        decode.push(stats.decode_tok_s());
+        tokens = generated;
+    }
+    Ok((prefill, decode, tokens))
+}
+
 pub fn run(o: Options) -> Result<ExitCode> {
     anyhow::ensure!(
         o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0,
@@ -66,16 +81,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let prompt = synthetic_prompt(o.prompt_len, exec.vocab());
-    // One untimed run warms caches and page tables.
-    exec.generate_greedy(&prompt, 2, &[], |_| {})?;
-    let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..o.repetitions {
-        exec.reset()?;
-        let (generated, stats) = exec.generate_greedy(&prompt, o.gen_len, &[], |_| {})?;
-        prefill.push(stats.prefill_tok_s());
-        decode.push(stats.decode_tok_s());
-        tokens = generated;
-    }
+    let (prefill, decode, tokens) = measure(&mut exec, &prompt, &o)?;
     let (pm, pmin, pmax) = spread(prefill);
     let (dm, dmin, dmax) = spread(decode);
     let weight_bytes = exec.gemm_weight_bytes_per_token();

@@ -28,94 +28,116 @@ pub fn run(o: Options) -> Result<ExitCode> {
             .layer(n)
             .ok_or_else(|| anyhow!("no node of {} is named after layer {n} (`layers.{n}/`)", o.model.display()))?;
     }
-    let families = if o.families.is_empty() {
-        rewrites::families()
-    } else {
-        o.families
-            .iter()
-            .map(|name| {
-                rewrites::family(name).ok_or_else(|| {
-                    let known: Vec<&str> =
-                        rewrites::families().iter().chain(&rewrites::fp16_families()).map(|f| f.name).collect();
-                    anyhow!("unknown rule family `{name}` (families: {})", known.join(", "))
-                })
-            })
-            .collect::<Result<_>>()?
+    let phase = Phase {
+        name: "explore".into(),
+        families: families(&o)?,
+        extra_rules: user_rules(&o)?,
+        limits: Limits::default(),
     };
-    let extra_rules = match &o.rules {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            rewrites::user::parse_rules(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?
-        }
-        None => vec![],
-    };
-    let phase = Phase { name: "explore".into(), families, extra_rules, limits: Limits::default() };
     let sat = saturate(&graph, &[phase], o.explain.is_some());
     let extracted = extract_graph(&graph, &sat, HostCost);
-    let report = &sat.report;
 
     // Names for classes: original values first, so reports speak the model's names.
     let mut class_names: HashMap<usize, String> = HashMap::new();
     for (c, n) in &sat.names {
         class_names.insert(usize::from(sat.egraph.find(*c)), n.clone());
     }
-
     if o.json {
         let out = serde_json::json!({
             "model": o.model.display().to_string(),
             "layer": o.layer,
-            "report": report,
+            "report": sat.report,
             "nodes_before": graph.nodes.len(),
             "nodes_after": extracted.nodes.len(),
             "ops_after": extracted.op_census(),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        for p in &report.phases {
-            println!("families: {}", p.families.join(", "));
-            println!("{:>4} {:>10} {:>10}  rules applied", "iter", "e-nodes", "e-classes");
-            for (i, it) in p.iterations.iter().enumerate() {
-                let applied: Vec<String> = it.applied.iter().map(|(r, n)| format!("{r}×{n}")).collect();
-                println!("{:>4} {:>10} {:>10}  {}", i, it.egraph_nodes, it.egraph_classes, applied.join(" "));
-            }
-            println!(
-                "stop: {}; {} e-nodes, {} e-classes, {:.1} ms",
-                p.stop_reason, p.egraph_nodes, p.egraph_classes, p.time_ms
-            );
-        }
-        println!("program: {} nodes → {} nodes", graph.nodes.len(), extracted.nodes.len());
-        for (op, n) in extracted.op_census().iter().filter(|(op, _)| op.starts_with("npuc::")) {
-            println!("  {op} ×{n}");
-        }
+        print_report(&sat.report, &graph, &extracted);
     }
     if o.why {
-        if report.declined.is_empty() {
-            println!("no rule declined a candidate group");
-        }
-        for d in &report.declined {
-            let at = class_names.get(&d.class).cloned().unwrap_or_else(|| format!("class {}", d.class));
-            println!("declined  {:<28} at {at}: {}", d.rule, d.reason);
-        }
+        print_declines(&sat.report, &class_names);
     }
     if let Some(name) = &o.explain {
         explain(&graph, &sat, name)?;
     }
     if let Some(path) = &o.dot {
-        sat.egraph.dot().to_dot(path).with_context(|| format!("writing {}", path.display()))?;
-        let svg = path.with_extension("svg");
-        match std::process::Command::new("dot").arg("-Tsvg").arg(path).arg("-o").arg(&svg).status() {
-            Ok(s) if s.success() => eprintln!("wrote {} and {}", path.display(), svg.display()),
-            Ok(s) => eprintln!("wrote {}; graphviz `dot` failed ({s}) to render SVG", path.display()),
-            Err(_) => {
-                eprintln!("wrote {}; install graphviz (`apt-get install graphviz`) to render it as SVG", path.display())
-            }
-        }
+        write_dot(&sat, path)?;
     }
     if let Some(path) = &o.html {
         write_html(path, &o, &sat, &extracted, &class_names)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The families `--families` names, or every default family.
+fn families(o: &Options) -> Result<Vec<rewrites::Family>> {
+    if o.families.is_empty() {
+        return Ok(rewrites::families());
+    }
+    o.families
+        .iter()
+        .map(|name| {
+            rewrites::family(name).ok_or_else(|| {
+                let known: Vec<&str> =
+                    rewrites::families().iter().chain(&rewrites::fp16_families()).map(|f| f.name).collect();
+                anyhow!("unknown rule family `{name}` (families: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// The rules of the `--rules` file, if one is given.
+fn user_rules(o: &Options) -> Result<Vec<rewrites::Rewrite>> {
+    let Some(path) = &o.rules else { return Ok(vec![]) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    rewrites::user::parse_rules(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+/// Each phase's iterations (e-graph sizes, rules applied), its stop, and the fused ops extracted.
+fn print_report(report: &rewrites::saturate::SaturationReport, graph: &ir::Graph, extracted: &ir::Graph) {
+    for p in &report.phases {
+        println!("families: {}", p.families.join(", "));
+        println!("{:>4} {:>10} {:>10}  rules applied", "iter", "e-nodes", "e-classes");
+        for (i, it) in p.iterations.iter().enumerate() {
+            let applied: Vec<String> = it.applied.iter().map(|(r, n)| format!("{r}×{n}")).collect();
+            println!("{:>4} {:>10} {:>10}  {}", i, it.egraph_nodes, it.egraph_classes, applied.join(" "));
+        }
+        println!(
+            "stop: {}; {} e-nodes, {} e-classes, {:.1} ms",
+            p.stop_reason, p.egraph_nodes, p.egraph_classes, p.time_ms
+        );
+    }
+    println!("program: {} nodes → {} nodes", graph.nodes.len(), extracted.nodes.len());
+    for (op, n) in extracted.op_census().iter().filter(|(op, _)| op.starts_with("npuc::")) {
+        println!("  {op} ×{n}");
+    }
+}
+
+/// Every candidate group a rule declined, where, and why.
+fn print_declines(report: &rewrites::saturate::SaturationReport, class_names: &HashMap<usize, String>) {
+    if report.declined.is_empty() {
+        println!("no rule declined a candidate group");
+    }
+    for d in &report.declined {
+        let at = class_names.get(&d.class).cloned().unwrap_or_else(|| format!("class {}", d.class));
+        println!("declined  {:<28} at {at}: {}", d.rule, d.reason);
+    }
+}
+
+/// The e-graph as Graphviz text, and as SVG when graphviz is installed.
+fn write_dot(sat: &rewrites::saturate::Saturated, path: &std::path::Path) -> Result<()> {
+    sat.egraph.dot().to_dot(path).with_context(|| format!("writing {}", path.display()))?;
+    let svg = path.with_extension("svg");
+    match std::process::Command::new("dot").arg("-Tsvg").arg(path).arg("-o").arg(&svg).status() {
+        Ok(s) if s.success() => eprintln!("wrote {} and {}", path.display(), svg.display()),
+        Ok(s) => eprintln!("wrote {}; graphviz `dot` failed ({s}) to render SVG", path.display()),
+        Err(_) => {
+            eprintln!("wrote {}; install graphviz (`apt-get install graphviz`) to render it as SVG", path.display())
+        }
+    }
+    Ok(())
 }
 
 fn escape(s: &str) -> String {

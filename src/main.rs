@@ -253,8 +253,19 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    exit_code(dispatch(Cli::parse().command))
+}
+
+/// The exit code of a command, its error printed with its causes.
+fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
         Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device } => {
             let args = targets::TargetArgs { intel: Some(intel), device };
@@ -327,12 +338,5 @@ fn main() -> ExitCode {
             json,
             backend,
         }),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -75,20 +75,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if o.ignore_eos {
         stop.clear();
     }
-
     if o.backend.backend == "openvino" {
-        anyhow::ensure!(prompt_ids.len() == 1, "--backend openvino runs one prompt at a time");
-        anyhow::ensure!(o.sampling.temperature == 0.0, "--backend openvino decodes greedily (--temperature 0)");
-        let request = crate::run_openvino::Request {
-            bundle: &bundle,
-            text: &text,
-            prompt_ids: &prompt_ids[0],
-            stop: &stop,
-            max_tokens: o.max_tokens,
-            threads: o.threads,
-            json: o.json,
-        };
-        return crate::run_openvino::run(&o.backend, request);
+        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop);
     }
     let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
     let options = ExecOptions {
@@ -113,12 +101,42 @@ pub fn run(o: Options) -> Result<ExitCode> {
         return run_many(&o, &text, &mut executor, &prompt_ids, &stop, &mut samplers);
     }
     let prompt_ids = &prompt_ids[0];
+    let (tokens, stats) = generate_streaming(&o, &text, &mut executor, prompt_ids, &stop, &mut samplers[0])?;
+    let timings = Timings { open_ms, load_ms };
+    report_one(&o, &text.decode(&tokens)?, prompt_ids.len(), &tokens, &stats, &executor, timings)?;
+    Ok(ExitCode::SUCCESS)
+}
 
+/// One prompt on an intel-npu bundle's IR through OpenVINO.
+fn run_openvino(o: &Options, bundle: &Bundle, text: &Text, prompt_ids: &[Vec<u32>], stop: &[u32]) -> Result<ExitCode> {
+    anyhow::ensure!(prompt_ids.len() == 1, "--backend openvino runs one prompt at a time");
+    anyhow::ensure!(o.sampling.temperature == 0.0, "--backend openvino decodes greedily (--temperature 0)");
+    let request = crate::run_openvino::Request {
+        bundle,
+        text,
+        prompt_ids: &prompt_ids[0],
+        stop,
+        max_tokens: o.max_tokens,
+        threads: o.threads,
+        json: o.json,
+    };
+    crate::run_openvino::run(&o.backend, request)
+}
+
+/// Generates for one prompt, printing the text as it grows (unless `--json`).
+fn generate_streaming(
+    o: &Options,
+    text: &Text,
+    executor: &mut Executor,
+    prompt_ids: &[u32],
+    stop: &[u32],
+    sampler: &mut Sampler,
+) -> Result<(Vec<u32>, runtime::exec::GenerateStats)> {
     let mut generated: Vec<u32> = Vec::new();
     let mut shown_chars = 0usize;
     let mut stdout = std::io::stdout().lock();
     let mut stream_error: Option<anyhow::Error> = None;
-    let (tokens, stats) = executor.generate(prompt_ids, o.max_tokens, &stop, &mut samplers[0], |token| {
+    let (tokens, stats) = executor.generate(prompt_ids, o.max_tokens, stop, sampler, |token| {
         generated.push(token);
         if o.json || stream_error.is_some() {
             return;
@@ -135,14 +153,36 @@ pub fn run(o: Options) -> Result<ExitCode> {
             Err(e) => stream_error = Some(e),
         }
     })?;
-    if let Some(e) = stream_error {
-        return Err(e);
+    if !o.json {
+        let _ = writeln!(stdout);
     }
-    let text = text.decode(&tokens)?;
+    match stream_error {
+        Some(e) => Err(e),
+        None => Ok((tokens, stats)),
+    }
+}
+
+/// How long opening the bundle and loading its program took.
+#[derive(Clone, Copy)]
+struct Timings {
+    open_ms: f64,
+    load_ms: f64,
+}
+
+/// The summary of one prompt's generation: JSON, or rates (and `--stats`) on stderr.
+fn report_one(
+    o: &Options,
+    text: &str,
+    prompt_tokens: usize,
+    tokens: &[u32],
+    stats: &runtime::exec::GenerateStats,
+    executor: &Executor,
+    Timings { open_ms, load_ms }: Timings,
+) -> Result<()> {
     let pool = executor.cache().pool_stats();
     if o.json {
         let mut summary = json!({
-            "prompt_tokens": prompt_ids.len(),
+            "prompt_tokens": prompt_tokens,
             "tokens": tokens,
             "text": text,
             "ttft_ms": stats.prefill_ms,
@@ -157,19 +197,18 @@ pub fn run(o: Options) -> Result<ExitCode> {
             summary["qgemm_bytes_packed_at_load"] = json!(executor.qgemm_bytes_packed_at_load());
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        let _ = writeln!(stdout);
-        eprintln!("{}", rates_line(&stats));
-        if o.stats {
-            eprintln!("kv cache: {pool}");
-            eprintln!(
-                "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
-                executor.wgemm_bytes_packed_at_load() as f64 / 1e6,
-                executor.qgemm_bytes_packed_at_load() as f64 / 1e6
-            );
-        }
+        return Ok(());
     }
-    Ok(ExitCode::SUCCESS)
+    eprintln!("{}", rates_line(stats));
+    if o.stats {
+        eprintln!("kv cache: {pool}");
+        eprintln!(
+            "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
+            executor.wgemm_bytes_packed_at_load() as f64 / 1e6,
+            executor.qgemm_bytes_packed_at_load() as f64 / 1e6
+        );
+    }
+    Ok(())
 }
 
 /// Several prompts as concurrent sequences: each one's text once all are done, or

@@ -198,89 +198,17 @@ fn main() {
         parallelism_probe(&pools);
     }
 
-    // SmolLM2-135M (30 layers) as the builder writes it in int4: symmetric blocks of 32, q|k|v
-    // packed, a 4-bit lm_head.
-    let smollm2 = [
-        Shape { name: "smollm2 q|k|v", k: 576, n: 960, bits: 4, zp: Zp::Default, per_token: 30 },
-        Shape { name: "smollm2 o", k: 576, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
-        Shape { name: "smollm2 gate/up", k: 576, n: 1536, bits: 4, zp: Zp::Default, per_token: 60 },
-        Shape { name: "smollm2 down", k: 1536, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
-        Shape { name: "smollm2 lm_head", k: 576, n: 49152, bits: 4, zp: Zp::Default, per_token: 1 },
-    ];
-    // Qwen3-0.6B (28 layers; int4 with uint8 zero points; tied lm_head at 4 bits).
-    let qwen3 = [
-        Shape { name: "qwen3 q", k: 1024, n: 2048, bits: 4, zp: Zp::Packed, per_token: 28 },
-        Shape { name: "qwen3 k/v", k: 1024, n: 1024, bits: 4, zp: Zp::Packed, per_token: 56 },
-        Shape { name: "qwen3 o", k: 2048, n: 1024, bits: 4, zp: Zp::Packed, per_token: 28 },
-        Shape { name: "qwen3 gate/up", k: 1024, n: 3072, bits: 4, zp: Zp::Packed, per_token: 56 },
-        Shape { name: "qwen3 down", k: 3072, n: 1024, bits: 4, zp: Zp::Packed, per_token: 28 },
-        Shape { name: "qwen3 lm_head q4", k: 1024, n: 151936, bits: 4, zp: Zp::Packed, per_token: 1 },
-    ];
     let runs = [
         (WGemmPrecision::Int8Activations, 0usize),
         (WGemmPrecision::Int8Activations, 1),
         (WGemmPrecision::Exact, 0),
         (WGemmPrecision::Exact, 1),
     ];
-    for (model, shapes) in [("SmolLM2-135M", &smollm2[..]), ("Qwen3-0.6B", &qwen3[..])] {
+    for (model, shapes) in [("SmolLM2-135M", &smollm2_shapes()[..]), ("Qwen3-0.6B", &qwen3_shapes()[..])] {
         let shapes: Vec<&Shape> =
             shapes.iter().filter(|s| filter.as_ref().is_none_or(|f| s.name.contains(f.as_str()))).collect();
-        if shapes.is_empty() {
-            continue;
-        }
-        // stream seconds and bytes per token, per run.
-        let mut totals = [(0.0f64, 0usize); 4];
-        let mut lines = vec![String::new(); 4];
-        for s in &shapes {
-            let first = pack(s, 42);
-            let bytes = first.weights().bytes();
-            let mut mats = vec![first];
-            for i in 1..copies_for(bytes, quick) {
-                let mut m = mats[0].clone();
-                m.codes[0] = i as u8;
-                mats.push(m);
-            }
-            let weights: Vec<_> = mats.iter().map(|m| m.weights()).collect();
-            let mut rng = Rng(7);
-            let a: Vec<f32> = (0..s.k).map(|_| rng.f32()).collect();
-            let mut y = vec![0f32; s.n];
-            let mut scratch = WGemmScratch::default();
-            for (i, &(precision, pool)) in runs.iter().enumerate() {
-                let pool = &pools[pool];
-                let (hot, stream) = hot_and_stream(weights.len(), quick, |c| {
-                    wgemm(isa, pool, &weights[c], &a, 1, None, &mut y, precision, &mut scratch)
-                });
-                black_box(&y);
-                totals[i].0 += stream * s.per_token as f64;
-                totals[i].1 += bytes * s.per_token;
-                lines[i].push_str(&format!(
-                    "  {:<20} {:>5}x{:<6} {}-bit {:>8.1} KiB | hot {:>7.1} us {:>5.1} GB/s | stream {:>7.1} us {:>5.1} GB/s {:>8.0} tok/s-eq\n",
-                    s.name,
-                    s.k,
-                    s.n,
-                    s.bits,
-                    bytes as f64 / 1024.0,
-                    hot * 1e6,
-                    bytes as f64 / hot / 1e9,
-                    stream * 1e6,
-                    bytes as f64 / stream / 1e9,
-                    1.0 / stream
-                ));
-            }
-        }
-        for (i, &(precision, pool)) in runs.iter().enumerate() {
-            println!("\n{model} WGemm decode GEMV (M = 1), {precision:?}, threads {}", pools[pool].threads());
-            print!("{}", lines[i]);
-            let (secs, bytes) = totals[i];
-            if shapes.len() > 1 {
-                println!(
-                    "  => per token: {:.1} MB of weights, {:.2} ms in GEMVs, {:.1} GB/s, {:.0} tok/s (GEMVs only)",
-                    bytes as f64 / 1e6,
-                    secs * 1e3,
-                    bytes as f64 / secs / 1e9,
-                    1.0 / secs
-                );
-            }
+        if !shapes.is_empty() {
+            decode_gemvs(isa, &pools, quick, model, &shapes, &runs);
         }
     }
 
@@ -362,6 +290,96 @@ fn other_kernels(isa: Isa, pools: &[ThreadPool], quick: bool) {
                 gemm_f32(isa, pool, &a, 1, k, &copies[c], n, layout, None, &mut y)
             });
             line(&format!("{name} t{}", pool.threads()), format!("{k}x{n} f32"), bytes, hot, stream);
+        }
+    }
+}
+
+/// SmolLM2-135M (30 layers) as the builder writes it in int4: symmetric blocks of 32, q|k|v
+/// packed, a 4-bit lm_head.
+fn smollm2_shapes() -> [Shape; 5] {
+    [
+        Shape { name: "smollm2 q|k|v", k: 576, n: 960, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 o", k: 576, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 gate/up", k: 576, n: 1536, bits: 4, zp: Zp::Default, per_token: 60 },
+        Shape { name: "smollm2 down", k: 1536, n: 576, bits: 4, zp: Zp::Default, per_token: 30 },
+        Shape { name: "smollm2 lm_head", k: 576, n: 49152, bits: 4, zp: Zp::Default, per_token: 1 },
+    ]
+}
+
+/// Qwen3-0.6B (28 layers; int4 with uint8 zero points; tied lm_head at 4 bits).
+fn qwen3_shapes() -> [Shape; 6] {
+    [
+        Shape { name: "qwen3 q", k: 1024, n: 2048, bits: 4, zp: Zp::Packed, per_token: 28 },
+        Shape { name: "qwen3 k/v", k: 1024, n: 1024, bits: 4, zp: Zp::Packed, per_token: 56 },
+        Shape { name: "qwen3 o", k: 2048, n: 1024, bits: 4, zp: Zp::Packed, per_token: 28 },
+        Shape { name: "qwen3 gate/up", k: 1024, n: 3072, bits: 4, zp: Zp::Packed, per_token: 56 },
+        Shape { name: "qwen3 down", k: 3072, n: 1024, bits: 4, zp: Zp::Packed, per_token: 28 },
+        Shape { name: "qwen3 lm_head q4", k: 1024, n: 151936, bits: 4, zp: Zp::Packed, per_token: 1 },
+    ]
+}
+
+/// One model's decode GEMVs (M = 1) under every (precision, pool) of `runs`: each shape hot and
+/// streamed from memory, and the per-token total.
+fn decode_gemvs(
+    isa: Isa,
+    pools: &[ThreadPool; 2],
+    quick: bool,
+    model: &str,
+    shapes: &[&Shape],
+    runs: &[(WGemmPrecision, usize); 4],
+) {
+    // stream seconds and bytes per token, per run.
+    let mut totals = [(0.0f64, 0usize); 4];
+    let mut lines = vec![String::new(); 4];
+    for s in shapes {
+        let first = pack(s, 42);
+        let bytes = first.weights().bytes();
+        let mut mats = vec![first];
+        for i in 1..copies_for(bytes, quick) {
+            let mut m = mats[0].clone();
+            m.codes[0] = i as u8;
+            mats.push(m);
+        }
+        let weights: Vec<_> = mats.iter().map(|m| m.weights()).collect();
+        let mut rng = Rng(7);
+        let a: Vec<f32> = (0..s.k).map(|_| rng.f32()).collect();
+        let mut y = vec![0f32; s.n];
+        let mut scratch = WGemmScratch::default();
+        for (i, &(precision, pool)) in runs.iter().enumerate() {
+            let pool = &pools[pool];
+            let (hot, stream) = hot_and_stream(weights.len(), quick, |c| {
+                wgemm(isa, pool, &weights[c], &a, 1, None, &mut y, precision, &mut scratch)
+            });
+            black_box(&y);
+            totals[i].0 += stream * s.per_token as f64;
+            totals[i].1 += bytes * s.per_token;
+            lines[i].push_str(&format!(
+                "  {:<20} {:>5}x{:<6} {}-bit {:>8.1} KiB | hot {:>7.1} us {:>5.1} GB/s | stream {:>7.1} us {:>5.1} GB/s {:>8.0} tok/s-eq\n",
+                s.name,
+                s.k,
+                s.n,
+                s.bits,
+                bytes as f64 / 1024.0,
+                hot * 1e6,
+                bytes as f64 / hot / 1e9,
+                stream * 1e6,
+                bytes as f64 / stream / 1e9,
+                1.0 / stream
+            ));
+        }
+    }
+    for (i, &(precision, pool)) in runs.iter().enumerate() {
+        println!("\n{model} WGemm decode GEMV (M = 1), {precision:?}, threads {}", pools[pool].threads());
+        print!("{}", lines[i]);
+        let (secs, bytes) = totals[i];
+        if shapes.len() > 1 {
+            println!(
+                "  => per token: {:.1} MB of weights, {:.2} ms in GEMVs, {:.1} GB/s, {:.0} tok/s (GEMVs only)",
+                bytes as f64 / 1e6,
+                secs * 1e3,
+                bytes as f64 / secs / 1e9,
+                1.0 / secs
+            );
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use crate::bundle::xdna::{route_rows, PlanChunk, PlanDesign, PlanError, XdnaPlan, PLAN_FILE};
 use crate::bundle::{Bundle, BundleError};
-use crate::exec::GemmOffload;
+use crate::exec::{GemmOffload, OffloadError};
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
 use std::collections::HashMap;
 use xdna_driver::{Driver, HwContext, Npu, NpuError};
@@ -158,8 +158,8 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         a: QActivations<'_>,
         m: usize,
         w: QGemmWeights<'_>,
-    ) -> Result<Option<Vec<i32>>, String> {
-        self.offload(node, a, m, w).map_err(|e| e.to_string())
+    ) -> Result<Option<Vec<i32>>, OffloadError> {
+        Ok(self.offload(node, a, m, w)?)
     }
 }
 

@@ -22,6 +22,9 @@ pub enum ExecError {
     /// A step that would run past the context the executor was created for.
     #[error("{tokens} new tokens at position {position} exceed the context of {max_context} tokens")]
     ContextFull { tokens: usize, position: usize, max_context: usize },
+    /// The device a GEMM was offloaded to failed.
+    #[error("node `{node}`: the offloaded GEMM failed: {source}")]
+    Offload { node: String, source: super::OffloadError },
     /// A step with no token.
     #[error("a step needs at least one token")]
     EmptyStep,
@@ -36,8 +39,8 @@ pub(crate) fn node_err(node: &str, op: &str, problem: impl Into<String>) -> Exec
 }
 
 /// The errors of `node`: [`node_err`] with its name and op, for `map_err` and `?`.
-pub(crate) fn node_fail(node: &NodeInfo) -> impl Fn(String) -> ExecError + '_ {
-    move |problem| node_err(&node.name, &node.op, problem)
+pub(crate) fn node_fail<E: std::fmt::Display>(node: &NodeInfo) -> impl Fn(E) -> ExecError + '_ {
+    move |problem| node_err(&node.name, &node.op, problem.to_string())
 }
 
 pub(crate) fn value_err(value: &str, problem: impl Into<String>) -> ExecError {

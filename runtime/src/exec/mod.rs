@@ -167,8 +167,11 @@ pub trait GemmOffload: Send {
         a: QActivations<'_>,
         m: usize,
         w: QGemmWeights<'_>,
-    ) -> Result<Option<Vec<i32>>, String>;
+    ) -> Result<Option<Vec<i32>>, OffloadError>;
 }
+
+/// Why an offload failed (the device's own error type, kept whole for `source()`).
+pub type OffloadError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<'b> Executor<'b> {
     /// Loads `bundle`'s program (see the module documentation for what is refused) and creates

@@ -2,6 +2,8 @@
 //! [`MAX_TRANSPOSE_RANK`] axes, as index arithmetic over row-major shapes. Runs of the last axis
 //! are copied whole whenever it is taken in order.
 
+use super::{shape_err, KernelError};
+
 /// The most axes a Transpose (or a Slice or Concat) may have.
 pub const MAX_TRANSPOSE_RANK: usize = 8;
 
@@ -14,13 +16,13 @@ pub fn slice(
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
     out: &mut [f32],
-) -> Result<(), String> {
+) -> Result<(), KernelError> {
     let rank = shape.len();
     if starts.len() != ends.len()
         || axes.is_some_and(|a| a.len() != starts.len())
         || steps.is_some_and(|s| s.len() != starts.len())
     {
-        return Err("starts, ends, axes and steps differ in length".to_string());
+        return Err(shape_err("slice", "starts, ends, axes and steps differ in length"));
     }
     let mut begin = [0i64; MAX_TRANSPOSE_RANK];
     let mut step = [1i64; MAX_TRANSPOSE_RANK];
@@ -30,19 +32,19 @@ pub fn slice(
         let a = axes.map_or(i as i64, |a| a[i]);
         let axis = if a < 0 { a + rank as i64 } else { a };
         if axis < 0 || axis >= rank as i64 {
-            return Err(format!("axis {a} is outside rank {rank}"));
+            return Err(shape_err("slice", format!("axis {a} is outside rank {rank}")));
         }
         let axis = axis as usize;
         let s = steps.map_or(1, |s| s[i]);
         if s == 0 {
-            return Err("a step is 0".to_string());
+            return Err(shape_err("slice", "a step is 0"));
         }
         (begin[axis], count[axis]) = slice_axis(shape[axis] as i64, starts[i], ends[i], s);
         step[axis] = s;
     }
     let total: usize = count[..rank].iter().product();
     if total != out.len() {
-        return Err(format!("the slice holds {total} values; the program says {}", out.len()));
+        return Err(shape_err("slice", format!("the slice holds {total} values; the program says {}", out.len())));
     }
     if total == 0 {
         return Ok(());
@@ -146,7 +148,7 @@ pub fn concat<'a>(
     axis: i64,
     out_shape: &[usize],
     out: &mut [f32],
-) -> Result<(), String> {
+) -> Result<(), KernelError> {
     let rank = out_shape.len();
     let axis = if axis < 0 { (axis + rank as i64) as usize } else { axis as usize };
     let outer: usize = out_shape[..axis].iter().product();
@@ -156,18 +158,18 @@ pub fn concat<'a>(
         for i in 0..count {
             let (data, shape) = input(i);
             if shape.len() != rank || (0..rank).any(|d| d != axis && shape[d] != out_shape[d]) {
-                return Err(format!("input {shape:?} does not concatenate into {out_shape:?}"));
+                return Err(shape_err("concat", format!("input {shape:?} does not concatenate into {out_shape:?}")));
             }
             let chunk: usize = shape[axis..].iter().product();
             if at + chunk > n {
-                return Err(format!("inputs overflow the output {out_shape:?}"));
+                return Err(shape_err("concat", format!("inputs overflow the output {out_shape:?}")));
             }
             out[at..at + chunk].copy_from_slice(&data[o * chunk..(o + 1) * chunk]);
             at += chunk;
         }
     }
     if at != n {
-        return Err(format!("inputs fill {at} of {n} values of {out_shape:?}"));
+        return Err(shape_err("concat", format!("inputs fill {at} of {n} values of {out_shape:?}")));
     }
     Ok(())
 }
@@ -215,6 +217,6 @@ mod tests {
         }
         let mut y = vec![0.0; 6];
         let err = concat(2, |_| inputs[0], 1, &[2, 3], &mut y).unwrap_err();
-        assert!(err.contains("fill 4 of 6"), "{err}");
+        assert!(err.to_string().contains("fill 4 of 6"), "{err}");
     }
 }

@@ -145,7 +145,8 @@ impl Executor<'_> {
         let products = match self.offload.as_mut() {
             Some(off) => {
                 let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
-                off.products(&node.name, acts, m, weights).map_err(&fail)?
+                off.products(&node.name, acts, m, weights)
+                    .map_err(|source| ExecError::Offload { node: node.name.clone(), source })?
             }
             None => None,
         };
