@@ -1,7 +1,9 @@
 //! Pass-by-pass snapshots: the printed graph after each pass of the `cpu` pipeline, for a corpus
 //! entry of each exporter (and of the architectures with their own structure: Qwen3's q/k norms,
 //! Gemma 3's four norms and GELU gate, Phi-3's packed projections), under
-//! `snapshots/<pass>/<entry>.snap`. Weight digests are left out of the text: the corpus is
+//! `snapshots/<pass>/<entry>.snap`; and the passes by which the other targets' programs differ —
+//! `xdna`'s array-int8 and `intel-npu`'s fp16 saturate and final program — under
+//! `snapshots/<target>/<pass>/<entry>.snap`. Weight digests are left out of the text: the corpus is
 //! exported afresh on each machine, and a calibration or a quantiser's float rounding may differ
 //! in the last bit there while the program is the same. One module per pass; each runs the
 //! pipeline up to and including its pass (the passes before it are deterministic, so the input is
@@ -39,27 +41,35 @@ fn without_digests(text: String) -> String {
         .join("\n")
 }
 
-/// The printed graph after `pass` (or after import for `import`).
-fn graph_after(fixture: &str, pass: &str) -> String {
+/// The printed graph after `pass` of `target`'s pipeline (or after import for `import`).
+fn graph_after(fixture: &str, target: &str, pass: &str) -> String {
     let path = common::model(fixture);
     let g = frontend::import_file(&path).unwrap_or_else(|e| panic!("{e}")).graph;
     if pass == "import" {
         return without_digests(ir::print::print_graph(&g));
     }
-    let target = passes::targets::target("cpu").unwrap();
+    let target = passes::targets::target(target).unwrap();
     let pipeline = target.pipeline();
     let out = passes::driver::run(&pipeline, g, Some(pass), |_, _| {}).unwrap_or_else(|e| panic!("{fixture}: {e}"));
     without_digests(ir::print::print_graph(&out.graph))
 }
 
 fn snapshot_pass(pass: &str) {
+    snapshot_target_pass("cpu", pass);
+}
+
+fn snapshot_target_pass(target: &str, pass: &str) {
+    let folder = match target {
+        "cpu" => pass.to_string(),
+        _ => format!("{target}/{pass}"),
+    };
     let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path(format!("{}/snapshots/{pass}", env!("CARGO_MANIFEST_DIR")));
+    settings.set_snapshot_path(format!("{}/snapshots/{folder}", env!("CARGO_MANIFEST_DIR")));
     settings.set_prepend_module_to_snapshot(false);
     settings.set_omit_expression(true);
     settings.bind(|| {
         for f in FIXTURES {
-            insta::assert_snapshot!(*f, graph_after(f, pass));
+            insta::assert_snapshot!(*f, graph_after(f, target, pass));
         }
     });
 }
@@ -77,4 +87,29 @@ fn canonicalize() {
 #[test]
 fn saturate() {
     snapshot_pass("saturate");
+}
+
+#[test]
+fn position_tables() {
+    snapshot_pass("position-tables");
+}
+
+#[test]
+fn lower_slices() {
+    snapshot_pass("lower-slices");
+}
+
+#[test]
+fn xdna_array_int8() {
+    snapshot_target_pass("xdna", "array-int8");
+}
+
+#[test]
+fn intel_npu_saturate() {
+    snapshot_target_pass("intel-npu", "saturate");
+}
+
+#[test]
+fn intel_npu_lower_slices() {
+    snapshot_target_pass("intel-npu", "lower-slices");
 }
