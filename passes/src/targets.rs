@@ -78,8 +78,6 @@ pub fn target(name: &str) -> Option<Box<dyn Target>> {
     }
 }
 
-pub const TARGET_NAMES: &[&str] = &["cpu", "xdna", "intel-npu"];
-
 #[cfg(test)]
 mod tests {
     use super::*;
