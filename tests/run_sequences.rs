@@ -479,3 +479,32 @@ fn qgemm_weights_are_packed_at_compile_time_and_unpacked_bundles_still_load() {
         }
     }
 }
+
+/// Speculative rollback on a real bundle: a step over 5 drafted tokens of which the first 2 are
+/// kept, truncated back, then decoding on — the logits equal those of a sequence that only ever
+/// saw the kept tokens, bit for bit, and the rejected rows were dropped, not copied.
+#[test]
+fn truncating_rejected_tokens_leaves_the_logits_of_a_run_that_never_saw_them() {
+    let model = &models()["llama-optimum"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let options = ExecOptions { max_context: 64, sequences: 2, ..ExecOptions::default() };
+    let mut exec = Executor::new(&bundle, options).unwrap();
+    let (spec, plain) = (exec.new_sequence(), exec.new_sequence());
+    let p = prompt(14, 7, model.vocab);
+    let drafts = prompt(5, 8, model.vocab);
+    exec.step_sequence(spec, &p).unwrap();
+    exec.step_sequence(spec, &drafts).unwrap();
+    exec.truncate_sequence(spec, p.len() + 2).unwrap();
+    assert_eq!(exec.sequence_position(spec).unwrap(), 16);
+    exec.step_sequence(plain, &p).unwrap();
+    exec.step_sequence(plain, &drafts[..2]).unwrap();
+    for token in prompt(4, 9, model.vocab) {
+        let a = exec.step_sequence(spec, &[token]).unwrap().to_vec();
+        let b = exec.step_sequence(plain, &[token]).unwrap().to_vec();
+        assert!(a == b, "logits after the rollback differ from a run without the drafts");
+    }
+    let stats = exec.cache().sequence_stats(spec).unwrap();
+    assert_eq!(stats.traffic.copied_bytes, 0);
+    assert!(stats.traffic.truncated_bytes > 0);
+    assert!(exec.truncate_sequence(spec, 21).is_err(), "past what the sequence holds");
+}

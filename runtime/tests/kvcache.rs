@@ -703,3 +703,69 @@ fn block_queries_see_keys_up_to_their_own_position() {
     cache.attend(s, 0, &[0.0; 3], 1.0, &mut out).unwrap();
     assert_eq!(out, [1.5, 3.0, 4.5]);
 }
+
+/// Appends the same rows to `seq` in every layer: `rows` rows from `data` starting at row `from`.
+fn append_rows(cache: &mut KvCache, seq: SeqId, case: Case, data: &[(Vec<f32>, Vec<f32>)], from: usize, rows: usize) {
+    let width = case.kv_heads * case.d;
+    for (layer, (k, v)) in data.iter().enumerate() {
+        // `data` is [rows, kv_heads, d]; append wants [kv_heads, rows, d].
+        let pick = |src: &[f32]| -> Vec<f32> {
+            let mut out = Vec::with_capacity(rows * width);
+            for h in 0..case.kv_heads {
+                for r in from..from + rows {
+                    out.extend_from_slice(&src[r * width + h * case.d..][..case.d]);
+                }
+            }
+            out
+        };
+        cache.append(seq, layer, &pick(k), &pick(v)).unwrap();
+    }
+}
+
+#[test]
+fn truncated_rows_free_their_pages_copy_nothing_and_leave_what_a_cache_without_them_holds() {
+    let case = Case { storage: KvStorage::Int8, q_heads: 4, kv_heads: 2, d: 64, page_rows: 7, window: None };
+    let layers = 2;
+    let mut rng = Rng(21);
+    let data: Vec<(Vec<f32>, Vec<f32>)> = (0..layers)
+        .map(|_| (rng.values(20 * case.kv_heads * case.d), rng.values(20 * case.kv_heads * case.d)))
+        .collect();
+    let mut cache = KvCache::new(case.config(layers, 64)).unwrap();
+    // `a` verifies 6 drafted rows after 10 and accepts 2; `b` only ever sees the accepted 12.
+    let (a, b) = (cache.create_sequence(), cache.create_sequence());
+    append_rows(&mut cache, a, case, &data, 0, 10);
+    let rejected = vec![(rng.values(6 * 2 * 64), rng.values(6 * 2 * 64)); layers];
+    let drafts: Vec<(Vec<f32>, Vec<f32>)> = data
+        .iter()
+        .zip(&rejected)
+        .map(|((k, v), (rk, rv))| {
+            let w = case.kv_heads * case.d;
+            let mix = |good: &[f32], bad: &[f32]| [&good[10 * w..12 * w], &bad[2 * w..6 * w]].concat();
+            (mix(k, rk), mix(v, rv))
+        })
+        .collect();
+    append_rows(&mut cache, a, case, &drafts, 0, 6);
+    assert_eq!(cache.sequence_stats(a).unwrap().pages_in_use, layers * 3 * case.kv_heads);
+    cache.truncate(a, 12).unwrap();
+    append_rows(&mut cache, b, case, &data, 0, 12);
+
+    // The rejected rows' block is released and nothing was copied; the counters say how much was
+    // given up: 4 rows of K and V per KV head and layer.
+    let stats = cache.sequence_stats(a).unwrap();
+    assert_eq!(stats.pages_in_use, layers * 2 * case.kv_heads);
+    assert_eq!(stats.traffic.copied_bytes, 0);
+    let int8_row_bytes = (case.d + 4) as u64;
+    assert_eq!(stats.traffic.truncated_bytes, layers as u64 * 4 * case.kv_heads as u64 * 2 * int8_row_bytes);
+    assert_eq!(cache.pool_stats().pages_in_use, 2 * layers * 2 * case.kv_heads);
+
+    // Both go on with the same rows and attend identically, bit for bit.
+    append_rows(&mut cache, a, case, &data, 12, 8);
+    append_rows(&mut cache, b, case, &data, 12, 8);
+    assert_eq!(cache.rows(a, 1).unwrap(), 20);
+    assert!(outputs(&mut cache, a, case, layers) == outputs(&mut cache, b, case, layers));
+
+    // Truncating past what is held is refused and changes nothing.
+    let error = cache.truncate(a, 21).unwrap_err();
+    assert_eq!(error, KvError::TruncateBeyondHeld { seq: a, layer: 0, rows: 21, held_rows: 20 });
+    assert_eq!(cache.rows(a, 0).unwrap(), 20);
+}

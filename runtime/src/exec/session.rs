@@ -53,6 +53,21 @@ impl Executor<'_> {
         Ok(seq)
     }
 
+    /// Keeps the first `tokens` tokens of `seq` and forgets the rest: the cache truncates the
+    /// sequence's page tables (no copy) and the next step runs at position `tokens`. Rejected
+    /// speculative tokens leave this way.
+    pub fn truncate_sequence(&mut self, seq: SeqId, tokens: usize) -> Result<(), ExecError> {
+        let held = self.sequence_position(seq)?;
+        if tokens > held {
+            return Err(ExecError::Kv(KvError::TruncateBeyondHeld { seq, layer: 0, rows: tokens, held_rows: held }));
+        }
+        self.cache.truncate(seq, tokens)?;
+        if let Some(entry) = self.held.iter_mut().find(|(s, _)| *s == seq) {
+            entry.1 = tokens;
+        }
+        Ok(())
+    }
+
     /// Drops a sequence other than the default one, returning the pages only it held.
     pub fn drop_sequence(&mut self, seq: SeqId) -> Result<(), ExecError> {
         if seq == self.seq {

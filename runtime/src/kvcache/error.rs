@@ -25,4 +25,6 @@ pub enum KvError {
     QueryBeyondHeld { seq: SeqId, layer: usize, query_rows: usize, held_rows: usize },
     #[error("{seq}: cannot share a prefix of {rows} rows, layer {layer} holds only {held_rows}")]
     PrefixBeyondHeld { seq: SeqId, layer: usize, rows: usize, held_rows: usize },
+    #[error("{seq}: cannot truncate to {rows} rows, layer {layer} holds only {held_rows}")]
+    TruncateBeyondHeld { seq: SeqId, layer: usize, rows: usize, held_rows: usize },
 }

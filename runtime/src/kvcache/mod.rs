@@ -149,6 +149,30 @@ impl KvCache {
         Ok(())
     }
 
+    /// Keeps the first `rows` rows of every layer of `seq` and gives up the rest: pages past the
+    /// last kept block are released (to the pool when no other sequence holds them) and nothing is
+    /// copied; the next append writes after row `rows`. This is how rejected speculative rows
+    /// leave the cache. Refused, changing nothing, when a layer holds fewer than `rows` rows.
+    pub fn truncate(&mut self, seq: SeqId, rows: usize) -> Result<(), KvError> {
+        let (kv_heads, page_rows) = (self.config.kv_heads, self.config.page_rows);
+        let row_bytes = self.config.storage.row_bytes(self.config.head_dim);
+        let sequence = lookup_mut(&mut self.slots, seq)?;
+        if let Some((layer, t)) = sequence.layers.iter().enumerate().find(|(_, t)| t.rows < rows) {
+            return Err(KvError::TruncateBeyondHeld { seq, layer, rows, held_rows: t.rows });
+        }
+        for table in &mut sequence.layers {
+            let dropped = table.rows - rows;
+            for page in table.pages.drain(rows.div_ceil(page_rows) * kv_heads..) {
+                self.pool.release(page);
+            }
+            table.rows = rows;
+            let bytes = dropped * kv_heads * 2 * row_bytes;
+            sequence.traffic.add_truncated(bytes);
+            self.traffic.add_truncated(bytes);
+        }
+        Ok(())
+    }
+
     /// Rows (tokens) layer `layer` of `seq` holds.
     pub fn rows(&self, seq: SeqId, layer: usize) -> Result<usize, KvError> {
         let sequence = lookup(&self.slots, seq)?;

@@ -15,6 +15,8 @@ pub struct KvTraffic {
     /// K and V rows read by `attend` (each page once per KV head and call, whatever the number of
     /// query heads and new tokens reading it).
     pub attention_read_bytes: u64,
+    /// K and V rows dropped by `truncate` (rejected speculative rows): given up, never copied.
+    pub truncated_bytes: u64,
 }
 
 /// Counters of one sequence.
@@ -42,8 +44,8 @@ impl fmt::Display for KvTraffic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "appended {} B, copied {} B, attention read {} B",
-            self.appended_bytes, self.copied_bytes, self.attention_read_bytes
+            "appended {} B, copied {} B, attention read {} B, truncated {} B",
+            self.appended_bytes, self.copied_bytes, self.attention_read_bytes, self.truncated_bytes
         )
     }
 }
@@ -71,6 +73,7 @@ pub(crate) struct TrafficCounters {
     appended: AtomicU64,
     copied: AtomicU64,
     read: AtomicU64,
+    truncated: AtomicU64,
 }
 
 impl TrafficCounters {
@@ -86,11 +89,16 @@ impl TrafficCounters {
         self.read.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    pub(crate) fn add_truncated(&self, bytes: usize) {
+        self.truncated.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> KvTraffic {
         KvTraffic {
             appended_bytes: self.appended.load(Ordering::Relaxed),
             copied_bytes: self.copied.load(Ordering::Relaxed),
             attention_read_bytes: self.read.load(Ordering::Relaxed),
+            truncated_bytes: self.truncated.load(Ordering::Relaxed),
         }
     }
 }
