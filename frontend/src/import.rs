@@ -1,15 +1,20 @@
 //! ONNX model → [`ir::Graph`]: decode, check, order, infer, fold, and keep only the live
 //! computation.
 
+mod build;
+mod checks;
+mod shape_inputs;
+
 use crate::error::{Error, ErrorKind};
-use crate::infer::{infer_node, reshape_shape, Ctx, Info, Known, NodeCtx};
+use crate::infer::{infer_node, Ctx, Info, Known, NodeCtx};
 use crate::proto::{self, attribute_proto::AttributeType, ModelProto};
 use crate::tensors::{decode_tensor, ExternalFiles, MAX_TENSOR_ELEMENTS};
 use bytes::Bytes;
-use ir::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
-use ir::{Attr, Attrs, DType, Dim, Domain, Tensor, Weight, WeightStore};
+use ir::graph::Graph;
+use ir::op::OpSpec;
+use ir::{Attr, Attrs, DType, Dim, Domain, Tensor, Weight, WeightId, WeightStore};
 use prost::Message;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -128,185 +133,139 @@ enum Source {
     Node(usize),
 }
 
+/// A node's checked op: its definition, the opset it is read at, and how many inputs and
+/// outputs it uses (up to the last named one).
+#[derive(Clone, Copy)]
+struct NodeSpec {
+    spec: &'static OpSpec,
+    opset: i64,
+    n_in: usize,
+    n_out: usize,
+}
+
+/// The checked, ordered and inferred model, by ONNX value name and node index.
+struct Analysis<'g> {
+    g: &'g proto::GraphProto,
+    sources: HashMap<&'g str, Source>,
+    specs: Vec<NodeSpec>,
+    /// Node indices in topological order.
+    order: Vec<usize>,
+    infos: HashMap<&'g str, Info>,
+    weight_ids: HashMap<&'g str, WeightId>,
+    /// Outputs a node has but the model leaves unnamed (e.g. SkipSimplifiedLayerNormalization's
+    /// mean), by (node, output index).
+    unnamed_outputs: HashMap<(usize, usize), Info>,
+}
+
+/// Import in its order: the model's checks, inference and folding node by node, the sizes
+/// named and unified, the shape inputs made constant, then the live nodes as the IR graph.
 fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
     let m = &model.proto;
     let g = m.graph.as_ref().ok_or(ErrorKind::NoGraph)?;
-    match m.ir_version {
-        None | Some(0) => return Err(ErrorKind::IrVersion("no ir_version".into())),
-        Some(v) if !(1..=IR_VERSION).contains(&v) => return Err(ErrorKind::IrVersion(format!("IR version {v}"))),
-        Some(_) => {}
+    checks::check_header(m)?;
+    let mut report = ImportReport::of_header(m);
+    let opsets = checks::read_opsets(m, &mut report)?;
+    let mut files = ExternalFiles::new(&model_dir(&model.path));
+    let sources = checks::define_names(g)?;
+    let specs = checks::check_nodes(g, &opsets)?;
+    let order = checks::topological_order(g, &sources)?;
+    checks::check_outputs_defined(g, &sources)?;
+
+    let mut ctx = Ctx::default();
+    let Initializers { store, weight_ids, mut infos } = read_initializers(g, &mut files)?;
+    read_inputs(g, &mut infos, &mut ctx)?;
+    let NodeFacts { attrs: mut node_attrs, unnamed_outputs } =
+        infer_in_order(g, &order, &specs, &mut infos, &mut files, &mut ctx)?;
+    name_sizes_by_role(g, &infos, &mut ctx);
+    normalize_shapes(&mut infos, &ctx);
+    checks::check_declared_outputs(g, &infos)?;
+    let a = Analysis { g, sources, specs, order, infos, weight_ids, unnamed_outputs };
+
+    let overrides = shape_inputs::overrides(&a, &mut node_attrs, &mut ctx);
+    let live_nodes = build::live_nodes(&a, &overrides);
+    report.count_onnx_nodes(g, &a.infos);
+    let mut graph = build::ir_graph(&a, &live_nodes, &overrides, node_attrs);
+    graph.weights = Arc::new(store);
+    for (s, v) in &ctx.substitutions {
+        graph.assumptions.push(format!("{s} = {v}"));
     }
-    if !m.functions.is_empty() {
-        let names: Vec<String> = m.functions.iter().map(|f| f.name.clone().unwrap_or_default()).collect();
-        return Err(ErrorKind::LocalFunctions(names.join(", ")));
-    }
-    let mut opsets: BTreeMap<Domain, i64> = BTreeMap::new();
-    let mut report = ImportReport {
-        ir_version: m.ir_version.unwrap_or(0),
-        producer: format!(
-            "{} {}",
-            m.producer_name.clone().unwrap_or_default(),
-            m.producer_version.clone().unwrap_or_default()
-        )
-        .trim()
-        .to_string(),
-        ..Default::default()
-    };
-    for o in &m.opset_import {
-        let name = o.domain.clone().unwrap_or_default();
-        let version = o.version.unwrap_or(0);
-        report.opsets.push((if name.is_empty() { "ai.onnx".into() } else { name.clone() }, version));
-        if let Some(d) = Domain::parse(&name) {
-            if d == Domain::Onnx && !ONNX_OPSETS.contains(&version) {
-                return Err(ErrorKind::Opset { domain: "ai.onnx".into(), version, supported: ONNX_OPSETS_TEXT });
-            }
-            opsets.insert(d, version);
+    graph.assumptions.extend(ctx.assumptions.iter().cloned());
+    graph.verify().map_err(|e| ErrorKind::BadNode { node: "(graph)".into(), op: "-".into(), detail: e.to_string() })?;
+    report.count_ir_nodes(&graph, live_nodes.iter().filter(|&&l| l).count());
+    Ok(Imported { graph, report })
+}
+
+impl ImportReport {
+    /// The report's IR version and producer; the rest is filled in as import goes.
+    fn of_header(m: &ModelProto) -> ImportReport {
+        ImportReport {
+            ir_version: m.ir_version.unwrap_or(0),
+            producer: format!(
+                "{} {}",
+                m.producer_name.clone().unwrap_or_default(),
+                m.producer_version.clone().unwrap_or_default()
+            )
+            .trim()
+            .to_string(),
+            ..Default::default()
         }
     }
-    // A bare file name's parent is the empty path: the model's folder is then the current one.
-    let dir = match model.path.parent() {
+
+    /// The ONNX node counts: all, by op, and those whose every output became a constant.
+    fn count_onnx_nodes(&mut self, g: &proto::GraphProto, infos: &HashMap<&str, Info>) {
+        self.onnx_nodes = g.node.len();
+        self.onnx_census = census(g.node.iter().map(|n| {
+            let d = n.domain.as_deref().unwrap_or("");
+            format!("{}::{}", if d.is_empty() { "ai.onnx" } else { d }, n.op_type.as_deref().unwrap_or(""))
+        }));
+        self.folded_nodes = g
+            .node
+            .iter()
+            .filter(|n| n.output.iter().filter(|o| !o.is_empty()).all(|o| infos[o.as_str()].as_const().is_some()))
+            .count();
+    }
+
+    /// The dead ONNX nodes (neither folded nor among the `live_nodes`) and the IR graph's counts
+    /// and assumptions.
+    fn count_ir_nodes(&mut self, graph: &Graph, live_nodes: usize) {
+        self.dead_nodes = self.onnx_nodes - self.folded_nodes - live_nodes;
+        self.ir_nodes = graph.nodes.len();
+        self.ir_census = graph.op_census();
+        self.assumptions = graph.assumptions.clone();
+    }
+}
+
+/// The folder external data is read from: the model's. A bare file name's parent is the empty
+/// path: the model's folder is then the current one.
+fn model_dir(path: &Path) -> PathBuf {
+    match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
-    };
-    let mut files = ExternalFiles::new(&dir);
+    }
+}
 
-    // Names: every value is defined once.
-    let mut sources: HashMap<&str, Source> = HashMap::new();
-    fn define<'a>(sources: &mut HashMap<&'a str, Source>, name: &'a str, s: Source) -> Result<(), ErrorKind> {
-        if sources.insert(name, s).is_some() {
-            return Err(ErrorKind::DuplicateName(name.to_string()));
-        }
-        Ok(())
-    }
-    for t in &g.initializer {
-        define(&mut sources, t.name.as_deref().unwrap_or(""), Source::Initializer)?;
-    }
-    if !g.sparse_initializer.is_empty() {
-        return Err(ErrorKind::Tensor {
-            tensor: "(sparse initializer)".into(),
-            detail: "sparse initializers are not supported".into(),
-        });
-    }
-    let initializer_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_deref().unwrap_or("")).collect();
-    for v in &g.input {
-        let name = v.name.as_deref().unwrap_or("");
-        if !initializer_names.contains(name) {
-            define(&mut sources, name, Source::Input)?;
-        }
-    }
-    for (ni, n) in g.node.iter().enumerate() {
-        for o in n.output.iter().filter(|o| !o.is_empty()) {
-            define(&mut sources, o, Source::Node(ni))?;
-        }
-    }
+/// Names of the graph's initializers (a graph input with one of these names is not an input).
+fn initializer_names(g: &proto::GraphProto) -> HashSet<&str> {
+    g.initializer.iter().map(|t| t.name.as_deref().unwrap_or("")).collect()
+}
 
-    // Vocabulary and arity.
-    let node_name = |i: usize| {
-        let n = &g.node[i];
-        match n.name.as_deref() {
-            Some(s) if !s.is_empty() => s.to_string(),
-            _ => format!("{}#{i}", n.op_type.as_deref().unwrap_or("?")),
-        }
-    };
-    let mut specs = Vec::with_capacity(g.node.len());
-    for (i, n) in g.node.iter().enumerate() {
-        let op = n.op_type.clone().unwrap_or_default();
-        let dom_s = n.domain.clone().unwrap_or_default();
-        let unknown = |opset: i64| ErrorKind::UnknownOp {
-            node: node_name(i),
-            op: op.clone(),
-            domain: if dom_s.is_empty() { "ai.onnx".into() } else { dom_s.clone() },
-            opset,
-        };
-        let domain = Domain::parse(&dom_s).ok_or_else(|| unknown(0))?;
-        let opset = *opsets.get(&domain).ok_or_else(|| unknown(0))?;
-        let spec = ir::op::lookup(domain, &op).ok_or_else(|| unknown(opset))?;
-        if domain == Domain::Onnx {
-            crate::versions::check(&op, opset).map_err(|(since, implemented)| ErrorKind::OpVersion {
-                node: node_name(i),
-                op: op.clone(),
-                since,
-                opset,
-                implemented,
-            })?;
-        }
-        let n_in = n.input.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
-        let n_out = n.output.iter().rposition(|s| !s.is_empty()).map_or(0, |p| p + 1);
-        let range = |lo: usize, hi: usize| {
-            if hi == ir::op::MANY {
-                format!("at least {lo}")
-            } else if lo == hi {
-                format!("{lo}")
-            } else {
-                format!("{lo} to {hi}")
-            }
-        };
-        if n_in < spec.min_inputs || n_in > spec.max_inputs {
-            return Err(ErrorKind::Arity {
-                node: node_name(i),
-                op,
-                what: "inputs",
-                given: n_in,
-                expected: range(spec.min_inputs, spec.max_inputs),
-            });
-        }
-        if n_out < spec.min_outputs || n_out > spec.max_outputs {
-            return Err(ErrorKind::Arity {
-                node: node_name(i),
-                op,
-                what: "outputs",
-                given: n_out,
-                expected: range(spec.min_outputs, spec.max_outputs),
-            });
-        }
-        specs.push((spec, opset, n_in, n_out));
-    }
+/// The initializers as weights, and what the folder knows of each.
+struct Initializers<'g> {
+    store: WeightStore,
+    weight_ids: HashMap<&'g str, WeightId>,
+    /// Dtype, shape, and the value of small ones.
+    infos: HashMap<&'g str, Info>,
+}
 
-    // Undefined inputs, then a topological order (Kahn); leftovers are a cycle.
-    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); g.node.len()];
-    let mut pending = vec![0usize; g.node.len()];
-    for (i, n) in g.node.iter().enumerate() {
-        for input in n.input.iter().filter(|s| !s.is_empty()) {
-            match sources.get(input.as_str()) {
-                None => return Err(ErrorKind::UndefinedInput { node: node_name(i), input: input.clone() }),
-                Some(Source::Node(p)) => {
-                    consumers[*p].push(i);
-                    pending[i] += 1;
-                }
-                Some(_) => {}
-            }
-        }
-    }
-    let mut ready: VecDeque<usize> = (0..g.node.len()).filter(|&i| pending[i] == 0).collect();
-    let mut order = Vec::with_capacity(g.node.len());
-    while let Some(i) = ready.pop_front() {
-        order.push(i);
-        for &c in &consumers[i] {
-            pending[c] -= 1;
-            if pending[c] == 0 {
-                ready.push_back(c);
-            }
-        }
-    }
-    if order.len() != g.node.len() {
-        let stuck: Vec<String> =
-            (0..g.node.len()).filter(|&i| pending[i] > 0).take(5).map(|i| format!("`{}`", node_name(i))).collect();
-        return Err(ErrorKind::Cycle(stuck.join(", ")));
-    }
-    for o in &g.output {
-        let name = o.name.as_deref().unwrap_or("");
-        if !sources.contains_key(name) {
-            return Err(ErrorKind::OutputNotProduced(name.to_string()));
-        }
-    }
-
-    // Weights (slices of the mapping) and inputs.
+/// The initializers as weights (slices of the mapping) with their ids by name, and what the
+/// folder knows of each: dtype, shape, and the value of small ones.
+fn read_initializers<'g>(g: &'g proto::GraphProto, files: &mut ExternalFiles) -> Result<Initializers<'g>, ErrorKind> {
     let mut store = WeightStore::default();
     let mut infos: HashMap<&str, Info> = HashMap::new();
     let mut weight_ids = HashMap::new();
     for t in &g.initializer {
         let name = t.name.as_deref().unwrap_or("");
-        let raw = decode_tensor(t, &mut files)?;
+        let raw = decode_tensor(t, files)?;
         let shape: Vec<Dim> = raw.shape.iter().map(|&d| Dim::known(d as i64)).collect();
         let numel: usize = raw.shape.iter().product();
         let known = if numel <= SMALL_WEIGHT_ELEMENTS && raw.dtype != DType::Str {
@@ -321,35 +280,52 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         let id = store.add(Weight::new(name.to_string(), raw.dtype, raw.shape, raw.bytes));
         weight_ids.insert(name, id);
     }
-    let mut ctx = Ctx::default();
+    Ok(Initializers { store, weight_ids, infos })
+}
+
+/// The graph inputs' dtypes and shapes (initializers listed as inputs are weights, not inputs).
+fn read_inputs<'g>(
+    g: &'g proto::GraphProto,
+    infos: &mut HashMap<&'g str, Info>,
+    ctx: &mut Ctx,
+) -> Result<(), ErrorKind> {
+    let initializer_names = initializer_names(g);
     for v in &g.input {
         let name = v.name.as_deref().unwrap_or("");
         if initializer_names.contains(name) {
             continue;
         }
-        let (dtype, shape) = value_type(v, &mut ctx)?;
+        let (dtype, shape) = value_type(v, ctx)?;
         infos.insert(name, Info::new(dtype, shape));
     }
+    Ok(())
+}
 
-    // Inference and folding in topological order.
+/// What inference keeps of each node besides its named outputs' infos.
+struct NodeFacts {
+    /// Each node's attributes, as imported (taken by the graph builder).
+    attrs: Vec<Option<Attrs>>,
+    /// Outputs a node has but the model leaves unnamed, by (node, output index).
+    unnamed_outputs: HashMap<(usize, usize), Info>,
+}
+
+/// Infers every node's outputs in topological order, folding what is constant; returns each
+/// node's attributes and the infos of outputs the model leaves unnamed.
+fn infer_in_order<'g>(
+    g: &'g proto::GraphProto,
+    order: &[usize],
+    specs: &[NodeSpec],
+    infos: &mut HashMap<&'g str, Info>,
+    files: &mut ExternalFiles,
+    ctx: &mut Ctx,
+) -> Result<NodeFacts, ErrorKind> {
     let mut node_attrs: Vec<Option<Attrs>> = vec![None; g.node.len()];
-    // Outputs a node has but the model leaves unnamed (e.g. SkipSimplifiedLayerNormalization's
-    // mean), by (node, output index).
     let mut unnamed_outputs: HashMap<(usize, usize), Info> = HashMap::new();
-    for &i in &order {
+    for &i in order {
         let n = &g.node[i];
-        let (spec, opset, n_in, n_out) = specs[i];
-        let name = node_name(i);
-        let attrs = convert_attrs(n, &name, &mut files)?;
-        let outs = if spec.name == "Constant" {
-            vec![Info::constant(constant_value(&attrs, &name)?)]
-        } else {
-            let ins: Vec<Option<&Info>> =
-                n.input[..n_in].iter().map(|s| if s.is_empty() { None } else { infos.get(s.as_str()) }).collect();
-            let nc =
-                NodeCtx { name: &name, domain: spec.domain, op: spec.name, opset, attrs: &attrs, num_outputs: n_out };
-            infer_node(&nc, &mut ctx, &ins)?
-        };
+        let name = name_of(n, i);
+        let attrs = convert_attrs(n, &name, files)?;
+        let outs = infer_outputs(n, &name, specs[i], &attrs, infos, ctx)?;
         for (k, (o, info)) in n.output.iter().zip(outs).enumerate() {
             if o.is_empty() {
                 unnamed_outputs.insert((i, k), info);
@@ -359,222 +335,35 @@ fn import_inner(model: &OnnxModel) -> Result<Imported, ErrorKind> {
         }
         node_attrs[i] = Some(attrs);
     }
-    name_sizes_by_role(g, &infos, &mut ctx);
-    let normalize_info = |info: &mut Info, ctx: &Ctx| {
+    Ok(NodeFacts { attrs: node_attrs, unnamed_outputs })
+}
+
+/// One node's output infos: a Constant's value, or what inference (and folding) gives.
+fn infer_outputs(
+    n: &proto::NodeProto,
+    name: &str,
+    NodeSpec { spec, opset, n_in, n_out }: NodeSpec,
+    attrs: &Attrs,
+    infos: &HashMap<&str, Info>,
+    ctx: &mut Ctx,
+) -> Result<Vec<Info>, ErrorKind> {
+    if spec.name == "Constant" {
+        return Ok(vec![Info::constant(constant_value(attrs, name)?)]);
+    }
+    let ins: Vec<Option<&Info>> =
+        n.input[..n_in].iter().map(|s| if s.is_empty() { None } else { infos.get(s.as_str()) }).collect();
+    let nc = NodeCtx { name, domain: spec.domain, op: spec.name, opset, attrs, num_outputs: n_out };
+    infer_node(&nc, ctx, &ins)
+}
+
+/// Applies every substitution assumed so far to the shapes and shape values.
+fn normalize_shapes(infos: &mut HashMap<&str, Info>, ctx: &Ctx) {
+    for info in infos.values_mut() {
         info.shape = info.shape.iter().map(|d| ctx.normalize(d)).collect();
         if let Known::Dims { dims, .. } = &mut info.known {
             *dims = dims.iter().map(|d| ctx.normalize(d)).collect();
         }
-    };
-    for info in infos.values_mut() {
-        normalize_info(info, &ctx);
     }
-    for o in &g.output {
-        let name = o.name.as_deref().unwrap_or("");
-        let info = &infos[name];
-        if let Some(proto::type_proto::Value::TensorType(tt)) = o.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-            if let Some(declared) = tt.elem_type.and_then(DType::from_onnx_code) {
-                if declared != info.dtype {
-                    return Err(ErrorKind::Type {
-                        value: name.into(),
-                        detail: format!("declared as {declared} but computed as {}", info.dtype),
-                    });
-                }
-            }
-        }
-    }
-
-    // Shape inputs of Reshape/Expand that are symbolic become constants (0 = copy, -1 = infer,
-    // 1 = keep) where that is exact, so the shape arithmetic feeding them can die.
-    let mut shape_overrides: HashMap<(usize, usize), Tensor> = HashMap::new();
-    for &i in &order {
-        let n = &g.node[i];
-        let op = specs[i].0.name;
-        if !(op == "Reshape" || op == "Expand") || infos[n.output[0].as_str()].as_const().is_some() {
-            continue;
-        }
-        let Some(target) = infos.get(n.input[1].as_str()) else { continue };
-        if !matches!(target.known, Known::Dims { .. }) {
-            continue;
-        }
-        let x = &infos[n.input[0].as_str()];
-        let y = &infos[n.output[0].as_str()];
-        let replacement = if op == "Reshape" {
-            let allowzero = node_attrs[i].as_ref().and_then(|a| a.int("allowzero").ok().flatten()).unwrap_or(0) != 0;
-            let t = reshape_constant(&x.shape, &y.shape, allowzero, &mut ctx, &name_of(n, i));
-            // allowzero=1 (torch.export) with a target holding no literal 0: the constant target
-            // copies dims with 0, which allowzero=0 reads as the copy it is.
-            if t.is_some() && allowzero {
-                if let Some(a) = node_attrs[i].as_mut() {
-                    a.set("allowzero", Attr::Int(0));
-                }
-            }
-            t
-        } else {
-            expand_constant(&x.shape, &y.shape, &target.as_dims().unwrap().0)
-        };
-        if let Some(t) = replacement {
-            shape_overrides.insert((i, 1), t);
-        }
-    }
-
-    // Slice bounds that are symbolic sizes equal to the dim they slice become `i64::MAX`.
-    for &i in &order {
-        let n = &g.node[i];
-        if specs[i].0.name != "Slice" || infos[n.output[0].as_str()].as_const().is_some() {
-            continue;
-        }
-        for (k, t) in slice_overrides(n, &infos, &ctx) {
-            shape_overrides.insert((i, k), t);
-        }
-    }
-
-    // Liveness from the graph outputs.
-    let mut live_nodes = vec![false; g.node.len()];
-    let mut stack: Vec<&str> = g.output.iter().map(|o| o.name.as_deref().unwrap_or("")).collect();
-    let mut seen: HashSet<&str> = HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) || infos[v].as_const().is_some() && !matches!(sources[v], Source::Input) {
-            continue;
-        }
-        if let Source::Node(ni) = sources[v] {
-            if !live_nodes[ni] {
-                live_nodes[ni] = true;
-                for (k, input) in g.node[ni].input.iter().enumerate() {
-                    if !input.is_empty() && !shape_overrides.contains_key(&(ni, k)) {
-                        stack.push(input.as_str());
-                    }
-                }
-            }
-        }
-    }
-    let node_count = g.node.len();
-    report.onnx_nodes = node_count;
-    report.onnx_census = census(g.node.iter().map(|n| {
-        let d = n.domain.as_deref().unwrap_or("");
-        format!("{}::{}", if d.is_empty() { "ai.onnx" } else { d }, n.op_type.as_deref().unwrap_or(""))
-    }));
-    report.folded_nodes = g
-        .node
-        .iter()
-        .filter(|n| n.output.iter().filter(|o| !o.is_empty()).all(|o| infos[o.as_str()].as_const().is_some()))
-        .count();
-
-    // Build the IR graph.
-    let mut graph = Graph {
-        name: g.name.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "main".into()),
-        values: Vec::new(),
-        nodes: Vec::new(),
-        inputs: Vec::new(),
-        outputs: Vec::new(),
-        weights: Arc::new(WeightStore::default()),
-        assumptions: Vec::new(),
-    };
-    let mut ids: HashMap<String, ValueId> = HashMap::new();
-    let mut aliases: HashMap<&str, &str> = HashMap::new();
-    let output_names: HashSet<&str> = g.output.iter().map(|o| o.name.as_deref().unwrap_or("")).collect();
-    let leaf =
-        |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, name: &str, info: &Info, def: ValueDef| -> ValueId {
-            if let Some(&id) = ids.get(name) {
-                return id;
-            }
-            graph.values.push(Value { name: name.to_string(), dtype: info.dtype, shape: info.shape.clone(), def });
-            let id = ValueId(graph.values.len() as u32 - 1);
-            ids.insert(name.to_string(), id);
-            id
-        };
-    for v in &g.input {
-        let name = v.name.as_deref().unwrap_or("");
-        if !initializer_names.contains(name) {
-            let id = leaf(&mut graph, &mut ids, name, &infos[name], ValueDef::Input);
-            graph.inputs.push(id);
-        }
-    }
-    let resolve =
-        |graph: &mut Graph, ids: &mut HashMap<String, ValueId>, aliases: &HashMap<&str, &str>, name: &str| -> ValueId {
-            let mut name = name;
-            while let Some(a) = aliases.get(name) {
-                name = a;
-            }
-            if let Some(&id) = ids.get(name) {
-                return id;
-            }
-            let info = &infos[name];
-            let def = match (sources[name], &info.known) {
-                (Source::Initializer, _) => ValueDef::Weight(weight_ids[name]),
-                (_, Known::Const(t)) => ValueDef::Const(t.clone()),
-                _ => unreachable!("non-constant value `{name}` used before its node was built"),
-            };
-            leaf(graph, ids, name, info, def)
-        };
-    for &i in &order {
-        if !live_nodes[i] {
-            continue;
-        }
-        let n = &g.node[i];
-        let (spec, opset, n_in, n_out) = specs[i];
-        // Identity, and a Cast to the dtype the value already has, are aliases, not computation.
-        let same_dtype_cast = spec.name == "Cast"
-            && infos.get(n.input[0].as_str()).map(|i| i.dtype) == infos.get(n.output[0].as_str()).map(|o| o.dtype);
-        if (spec.name == "Identity" || same_dtype_cast) && !output_names.contains(n.output[0].as_str()) {
-            aliases.insert(n.output[0].as_str(), n.input[0].as_str());
-            continue;
-        }
-        let mut inputs = Vec::with_capacity(n_in);
-        for (k, s) in n.input[..n_in].iter().enumerate() {
-            if s.is_empty() {
-                inputs.push(None);
-            } else if let Some(t) = shape_overrides.get(&(i, k)) {
-                let cname = format!("{}.shape", name_of(n, i));
-                let info = Info::constant(t.clone());
-                inputs.push(Some(leaf(&mut graph, &mut ids, &cname, &info, ValueDef::Const(t.clone()))));
-            } else {
-                inputs.push(Some(resolve(&mut graph, &mut ids, &aliases, s)));
-            }
-        }
-        let node_id = NodeId(graph.nodes.len() as u32);
-        let mut outputs = Vec::with_capacity(n_out);
-        for (k, o) in n.output[..n_out].iter().enumerate() {
-            let name = if o.is_empty() { format!("{}.unused{k}", name_of(n, i)) } else { o.clone() };
-            let info = if o.is_empty() { unnamed_outputs.get(&(i, k)) } else { infos.get(o.as_str()) };
-            let (dtype, shape) = info.map(|i| (i.dtype, i.shape.clone())).unwrap_or((DType::F32, vec![]));
-            graph.values.push(Value {
-                name: name.clone(),
-                dtype,
-                shape,
-                def: ValueDef::Node { node: node_id, output: k },
-            });
-            let id = ValueId(graph.values.len() as u32 - 1);
-            ids.insert(name, id);
-            outputs.push(id);
-        }
-        graph.nodes.push(Node {
-            name: name_of(n, i),
-            domain: spec.domain,
-            op: spec.name,
-            opset,
-            attrs: node_attrs[i].take().unwrap_or_default(),
-            inputs,
-            outputs,
-        });
-    }
-    for o in &g.output {
-        let name = o.name.as_deref().unwrap_or("");
-        let id = resolve(&mut graph, &mut ids, &aliases, name);
-        graph.outputs.push(id);
-    }
-    graph.weights = Arc::new(store);
-    for (s, v) in &ctx.substitutions {
-        graph.assumptions.push(format!("{s} = {v}"));
-    }
-    graph.assumptions.extend(ctx.assumptions.iter().cloned());
-    graph.verify().map_err(|e| ErrorKind::BadNode { node: "(graph)".into(), op: "-".into(), detail: e.to_string() })?;
-
-    report.dead_nodes = node_count - report.folded_nodes - live_nodes.iter().filter(|&&l| l).count();
-    report.ir_nodes = graph.nodes.len();
-    report.ir_census = graph.op_census();
-    report.assumptions = graph.assumptions.clone();
-    Ok(Imported { graph, report })
 }
 
 fn name_of(n: &proto::NodeProto, i: usize) -> String {
@@ -757,81 +546,6 @@ fn constant_value(attrs: &Attrs, node: &str) -> Result<Tensor, ErrorKind> {
         ("value_ints", Attr::Ints(i)) => Tensor::from_i64(DType::I64, vec![i.len()], i.clone()),
         _ => return Err(bad(&format!("unsupported value attribute `{key}`"))),
     })
-}
-
-/// A constant Reshape target equivalent to the symbolic one: known dims as numbers, dims equal
-/// to the input's at the same position as 0, at most one other as -1.
-fn reshape_constant(x: &[Dim], y: &[Dim], allowzero: bool, ctx: &mut Ctx, node: &str) -> Option<Tensor> {
-    // With allowzero=1 a literal 0 in the target is a zero-sized dim, which no constant target
-    // read with allowzero=0 (as the caller rewrites it) can say.
-    if allowzero && y.iter().any(|d| d.as_known() == Some(0)) {
-        return None;
-    }
-    let mut out = Vec::with_capacity(y.len());
-    let mut inferred = false;
-    for (i, d) in y.iter().enumerate() {
-        match d.as_known() {
-            Some(0) => return None,
-            Some(k) => out.push(k),
-            None if x.get(i) == Some(d) => out.push(0),
-            None if !inferred => {
-                inferred = true;
-                out.push(-1);
-            }
-            None => return None,
-        }
-    }
-    // Check the replacement reproduces the inferred shape exactly.
-    let target: Vec<Dim> = out.iter().map(|&k| Dim::known(k)).collect();
-    let nc_attrs = Attrs::default();
-    let nc = NodeCtx { name: node, domain: Domain::Onnx, op: "Reshape", opset: 21, attrs: &nc_attrs, num_outputs: 1 };
-    let check = reshape_shape(&nc, ctx, x, &target, false).ok()?;
-    (check == y).then(|| Tensor::from_i64(DType::I64, vec![out.len()], out))
-}
-
-/// Constant `starts`/`ends` (inputs 1 and 2) for a Slice whose bounds are symbolic sizes that
-/// inference resolved (see `infer::constant_slice_bounds`).
-fn slice_overrides(n: &proto::NodeProto, infos: &HashMap<&str, Info>, ctx: &Ctx) -> Vec<(usize, Tensor)> {
-    let x = &infos[n.input[0].as_str()];
-    let bounds = |k: usize| n.input.get(k).filter(|s| !s.is_empty()).and_then(|s| infos.get(s.as_str()));
-    let rank = x.shape.len() as i64;
-    let count = bounds(1).and_then(|b| b.as_dims()).map_or(0, |(d, _)| d.len());
-    let axes: Vec<usize> = match bounds(3) {
-        Some(a) => match a.as_const().and_then(|t| t.as_i64()) {
-            Some(v) => v.iter().map(|&a| if a < 0 { (a + rank) as usize } else { a as usize }).collect(),
-            None => return vec![],
-        },
-        None => (0..count).collect(),
-    };
-    let mut out = vec![];
-    for k in [1, 2] {
-        let Some(Known::Dims { dims, .. }) = bounds(k).map(|b| &b.known) else { continue };
-        if let Ok(v) = crate::infer::constant_slice_bounds(ctx, dims, &x.shape, &axes) {
-            out.push((k, Tensor::from_i64(DType::I64, vec![v.len()], v)));
-        }
-    }
-    out
-}
-
-/// A constant Expand target equivalent to the symbolic one: symbolic dims the input already has
-/// become 1.
-fn expand_constant(x: &[Dim], y: &[Dim], target: &[Dim]) -> Option<Tensor> {
-    let mut out = Vec::with_capacity(target.len());
-    for (i, t) in target.iter().enumerate() {
-        match t.as_known() {
-            Some(k) => out.push(k),
-            None => {
-                let yi = y.len() - target.len() + i;
-                let xi = (yi + x.len()).checked_sub(y.len())?;
-                if x.get(xi) == Some(&y[yi]) {
-                    out.push(1);
-                } else {
-                    return None;
-                }
-            }
-        }
-    }
-    Some(Tensor::from_i64(DType::I64, vec![out.len()], out))
 }
 
 #[cfg(test)]

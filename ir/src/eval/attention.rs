@@ -482,12 +482,52 @@ fn key_limits(cx: &Ctx, batch: usize, sq: usize, total: usize, past_len: usize) 
 /// smooth_softmax, or head_sink[h]). output_qk (qk_output 1/2) returns the biased scores or
 /// the probabilities, zero where masked.
 pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
-    let attrs = cx.attrs();
     let query = cx.input(0, "query")?;
-    let (key, value, past_k, past_v) = (cx.opt(1), cx.opt(2), cx.opt(3), cx.opt(4));
     let seqlens = cx.input(5, "seqlens_k")?;
-    let total_t = cx.input(6, "total_sequence_length")?;
-    let (cos, sin, position_ids, attn_bias, head_sink) = (cx.opt(7), cx.opt(8), cx.opt(9), cx.opt(10), cx.opt(11));
+    let total = cx.input(6, "total_sequence_length")?;
+    let (heads, kv_heads) = gqa_heads(cx.attrs())?;
+    let [batch, seq, width] = gqa_query_dims(cx, query)?;
+    let qkv = split_qkv(query, (cx.opt(1), cx.opt(2)), [batch, seq, width], (heads, kv_heads))?;
+    let d = GqaDims { batch, seq, heads, kv_heads, head: qkv.head };
+    let rows = gqa_rows(d, seqlens, total, (cx.opt(3), cx.opt(4)))?;
+    let (q_vals, k_vals) = gqa_rotary(cx, d, &rows.past_lens, qkv.q, qkv.k)?;
+    let [keys, values] = present_caches(d, &rows, [cx.opt(3), cx.opt(4)], [&k_vals, &qkv.v]);
+    let scoring = GqaScoring::read(cx, d, &rows.totals)?;
+    let (out, qk) = gqa_attend(d, &rows, &scoring, &q_vals, [&keys, &values]);
+
+    let cache_shape = vec![batch, kv_heads, rows.present_len, d.head];
+    let mut outputs = vec![
+        float_tensor(query.dtype, vec![batch, seq, heads * d.head], out),
+        float_tensor(query.dtype, cache_shape.clone(), keys),
+        float_tensor(query.dtype, cache_shape, values),
+    ];
+    if scoring.qk_mode == 1 || scoring.qk_mode == 2 {
+        outputs.push(float_tensor(query.dtype, vec![batch, heads, seq, rows.present_len], qk));
+    }
+    Ok(outputs)
+}
+
+/// GroupQueryAttention's sizes: batch rows, new tokens per row, query heads, kv heads and the
+/// head size.
+#[derive(Clone, Copy)]
+struct GqaDims {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head: usize,
+}
+
+impl GqaDims {
+    /// The `[B, S, N*H]` layouts of the query heads and of the new key/value heads.
+    fn layouts(self) -> (Heads, Heads) {
+        let Self { batch, seq, heads, kv_heads, head } = self;
+        (Heads { batch, seq, heads, head, bnsh: false }, Heads { batch, seq, heads: kv_heads, head, bnsh: false })
+    }
+}
+
+/// `num_heads` and `kv_num_heads`, positive and grouping evenly; quantised caches are refused.
+fn gqa_heads(attrs: &Attrs) -> Res<(usize, usize)> {
     let positive = |name: &str| -> Res<usize> {
         match attrs.int(name)? {
             Some(n) if n > 0 => Ok(n as usize),
@@ -503,6 +543,12 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             bail!("quantised KV caches ({name}) are not supported");
         }
     }
+    Ok((heads, kv_heads))
+}
+
+/// The query's `[B, S, width]`, checked to be a float with features; key, value, the past
+/// caches, attention_bias and head_sink must have its dtype.
+fn gqa_query_dims(cx: &Ctx, query: &Tensor) -> Res<[usize; 3]> {
     require_float(query, "query")?;
     let [batch, seq, width] = query.shape[..] else {
         bail!("query must be 3-D, got {:?}", query.shape);
@@ -510,26 +556,34 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
     if width == 0 {
         bail!("query has no features");
     }
-    let same_dtype = |t: Option<&Tensor>, what: &str| -> Res<()> {
-        match t {
-            Some(t) if t.dtype != query.dtype => bail!("{what} has dtype {}, query {}", t.dtype, query.dtype),
-            _ => Ok(()),
+    for (index, what) in
+        [(1, "key"), (2, "value"), (3, "past_key"), (4, "past_value"), (10, "attention_bias"), (11, "head_sink")]
+    {
+        if let Some(t) = cx.opt(index).filter(|t| t.dtype != query.dtype) {
+            bail!("{what} has dtype {}, query {}", t.dtype, query.dtype);
         }
-    };
-    for (t, what) in [
-        (key, "key"),
-        (value, "value"),
-        (past_k, "past_key"),
-        (past_v, "past_value"),
-        (attn_bias, "attention_bias"),
-        (head_sink, "head_sink"),
-    ] {
-        same_dtype(t, what)?;
     }
+    Ok([batch, seq, width])
+}
 
-    // Split query/key/value into [B, S, heads*H] blocks.
+/// Query, key and value as `[B, S, heads*H]` f64 blocks, with the head size H.
+struct Qkv {
+    head: usize,
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+}
+
+/// Splits a packed QKV query when key and value are absent; otherwise checks key and value
+/// against the query's batch, sequence and head size.
+fn split_qkv(
+    query: &Tensor,
+    (key, value): (Option<&Tensor>, Option<&Tensor>),
+    [batch, seq, width]: [usize; 3],
+    (heads, kv_heads): (usize, usize),
+) -> Res<Qkv> {
     let qv_all = query.to_f64_vec();
-    let (head, q_vals, k_vals, v_vals) = match (key, value) {
+    match (key, value) {
         (None, None) => {
             let parts = heads + 2 * kv_heads;
             if width % parts != 0 {
@@ -539,7 +593,7 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             let take = |from: usize, len: usize| -> Vec<f64> {
                 qv_all.chunks(width).flat_map(|row| row[from * head..(from + len) * head].to_vec()).collect()
             };
-            (head, take(0, heads), take(heads, kv_heads), take(heads + kv_heads, kv_heads))
+            Ok(Qkv { head, q: take(0, heads), k: take(heads, kv_heads), v: take(heads + kv_heads, kv_heads) })
         }
         (Some(k), Some(v)) => {
             if width % heads != 0 {
@@ -550,31 +604,34 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             if k.shape != expected || v.shape != expected {
                 bail!("key {:?} and value {:?} must be {expected:?}", k.shape, v.shape);
             }
-            (head, qv_all, k.to_f64_vec(), v.to_f64_vec())
+            Ok(Qkv { head, q: qv_all, k: k.to_f64_vec(), v: v.to_f64_vec() })
         }
         _ => bail!("key and value must be given together"),
-    };
+    }
+}
 
+/// Where each batch row's step sits in the present caches.
+struct GqaRows {
+    /// Rows of the past caches (0 without them).
+    capacity: usize,
+    /// Rows of the present caches: `max(total_sequence_length, capacity)`.
+    present_len: usize,
+    /// Per batch row, the tokens before this step.
+    past_lens: Vec<usize>,
+    /// Per batch row, the tokens up to and including this step (`seqlens_k[b] + 1`).
+    totals: Vec<usize>,
+}
+
+/// Each batch row's past and total lengths from `seqlens_k`, checked against
+/// total_sequence_length and the past caches' capacity.
+fn gqa_rows(d: GqaDims, seqlens: &Tensor, total_t: &Tensor, past: (Option<&Tensor>, Option<&Tensor>)) -> Res<GqaRows> {
+    let GqaDims { batch, seq, heads, kv_heads, head } = d;
     let seqlens_v = int_values(seqlens, "seqlens_k")?;
     if seqlens_v.len() != batch {
         bail!("seqlens_k must hold {batch} values, got {:?}", seqlens.shape);
     }
     let total = super::int_scalar(total_t, "total_sequence_length")?;
-    let capacity = match (past_k, past_v) {
-        (None, None) => 0,
-        (Some(pk), Some(pv)) => {
-            let cap = pk.shape.get(2).copied().unwrap_or(0);
-            if pk.shape != [batch, kv_heads, cap, head] || pv.shape != pk.shape {
-                bail!(
-                    "past_key {:?} / past_value {:?} must be [{batch}, {kv_heads}, past, {head}]",
-                    pk.shape,
-                    pv.shape
-                );
-            }
-            cap
-        }
-        _ => bail!("past_key and past_value must be given together"),
-    };
+    let capacity = past_capacity(d, past)?;
     if total < seq as i64 {
         bail!("total_sequence_length {total} is below the sequence length {seq}");
     }
@@ -593,43 +650,81 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         past_lens.push(past as usize);
         totals.push(t as usize);
     }
+    Ok(GqaRows { capacity, present_len, past_lens, totals })
+}
 
-    let q_layout = Heads { batch, seq, heads, head, bnsh: false };
-    let kv_layout = Heads { batch, seq, heads: kv_heads, head, bnsh: false };
-    let (q_vals, k_vals) = if attrs.int_or("do_rotary", 0)? != 0 {
-        let (Some(cos), Some(sin)) = (cos, sin) else {
-            bail!("do_rotary needs cos_cache and sin_cache");
-        };
-        if cos.rank() != 2 {
-            bail!("cos_cache must be 2-D, got {:?}", cos.shape);
-        }
-        let interleaved = attrs.int_or("rotary_interleaved", 0)? != 0;
-        let ids = position_ids.map(|t| int_values(t, "position_ids")).transpose()?;
-        if ids.is_some_and(|v| v.len() != batch * seq) {
-            bail!("position_ids must be [{batch}, {seq}]");
-        }
-        let row = |b: usize, s: usize| -> Res<usize> {
-            let p = ids.map_or((past_lens[b] + s) as i64, |v| v[b * seq + s]);
-            if p < 0 {
-                bail!("negative position {p}");
+/// The rows of GroupQueryAttention's past caches, checked to be `[B, K, past, H]` (0 without
+/// them).
+fn past_capacity(d: GqaDims, past: (Option<&Tensor>, Option<&Tensor>)) -> Res<usize> {
+    let GqaDims { batch, kv_heads, head, .. } = d;
+    match past {
+        (None, None) => Ok(0),
+        (Some(pk), Some(pv)) => {
+            let cap = pk.shape.get(2).copied().unwrap_or(0);
+            if pk.shape != [batch, kv_heads, cap, head] || pv.shape != pk.shape {
+                bail!(
+                    "past_key {:?} / past_value {:?} must be [{batch}, {kv_heads}, past, {head}]",
+                    pk.shape,
+                    pv.shape
+                );
             }
-            Ok(p as usize)
-        };
-        let rotate_all = |vals: Vec<f64>, layout: Heads| -> Res<Vec<f64>> {
-            let t = Tensor::from_f64(vec![batch, seq, layout.heads * head], vals);
-            let rotated = apply_rotary(&t, layout, (cos, sin), interleaved, row)?;
-            Ok(rotated.to_f64_vec())
-        };
-        (rotate_all(q_vals, q_layout)?, rotate_all(k_vals, kv_layout)?)
-    } else {
-        (q_vals, k_vals)
-    };
+            Ok(cap)
+        }
+        _ => bail!("past_key and past_value must be given together"),
+    }
+}
 
-    // Present caches: the past's first rows, then the new rows, zeros beyond.
-    let past_kv = [past_k.map(Tensor::to_f64_vec), past_v.map(Tensor::to_f64_vec)];
+/// Query and new key heads turned by rotary embedding when `do_rotary` is set: token s of row
+/// b by `position_ids[b, s]`, or by its position `past + s`; unchanged otherwise.
+fn gqa_rotary(
+    cx: &Ctx,
+    d: GqaDims,
+    past_lens: &[usize],
+    q_vals: Vec<f64>,
+    k_vals: Vec<f64>,
+) -> Res<(Vec<f64>, Vec<f64>)> {
+    let attrs = cx.attrs();
+    if attrs.int_or("do_rotary", 0)? == 0 {
+        return Ok((q_vals, k_vals));
+    }
+    let GqaDims { batch, seq, head, .. } = d;
+    let (Some(cos), Some(sin)) = (cx.opt(7), cx.opt(8)) else {
+        bail!("do_rotary needs cos_cache and sin_cache");
+    };
+    if cos.rank() != 2 {
+        bail!("cos_cache must be 2-D, got {:?}", cos.shape);
+    }
+    let interleaved = attrs.int_or("rotary_interleaved", 0)? != 0;
+    let ids = cx.opt(9).map(|t| int_values(t, "position_ids")).transpose()?;
+    if ids.is_some_and(|v| v.len() != batch * seq) {
+        bail!("position_ids must be [{batch}, {seq}]");
+    }
+    let row = |b: usize, s: usize| -> Res<usize> {
+        let p = ids.map_or((past_lens[b] + s) as i64, |v| v[b * seq + s]);
+        if p < 0 {
+            bail!("negative position {p}");
+        }
+        Ok(p as usize)
+    };
+    let rotate_all = |vals: Vec<f64>, layout: Heads| -> Res<Vec<f64>> {
+        let t = Tensor::from_f64(vec![batch, seq, layout.heads * head], vals);
+        let rotated = apply_rotary(&t, layout, (cos, sin), interleaved, row)?;
+        Ok(rotated.to_f64_vec())
+    };
+    let (q_layout, kv_layout) = d.layouts();
+    Ok((rotate_all(q_vals, q_layout)?, rotate_all(k_vals, kv_layout)?))
+}
+
+/// The present key and value caches `[B, K, present_len, H]`: each row's past rows from the
+/// past caches, then its new rows, zeros beyond.
+fn present_caches(d: GqaDims, rows: &GqaRows, past: [Option<&Tensor>; 2], new: [&[f64]; 2]) -> [Vec<f64>; 2] {
+    let GqaDims { batch, seq, kv_heads, head, .. } = d;
+    let (_, kv_layout) = d.layouts();
+    let (present_len, capacity, past_lens) = (rows.present_len, rows.capacity, &rows.past_lens);
+    let past_kv = past.map(|t| t.map(Tensor::to_f64_vec));
     let mut present =
         [vec![0.0; batch * kv_heads * present_len * head], vec![0.0; batch * kv_heads * present_len * head]];
-    for (which, new_vals) in [&k_vals, &v_vals].into_iter().enumerate() {
+    for (which, new_vals) in new.into_iter().enumerate() {
         for b in 0..batch {
             for n in 0..kv_heads {
                 let dst = (b * kv_heads + n) * present_len * head;
@@ -645,63 +740,114 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             }
         }
     }
-    let [keys, values] = present;
+    present
+}
 
-    let scale = match attrs.float("scale")? {
-        Some(s) if s != 0.0 => s as f64,
-        _ => 1.0 / (head as f64).sqrt(),
-    };
-    let softcap = attrs.float_or("softcap", 0.0)? as f64;
-    let window = attrs.int_or("local_window_size", -1)?;
-    let smooth = attrs.int_or("smooth_softmax", -1)? == 1;
-    let sinks = head_sink.map(Tensor::to_f64_vec);
-    if sinks.as_ref().is_some_and(|s| s.len() != heads) {
-        bail!("head_sink must hold {heads} values");
+/// How GroupQueryAttention scores a query row, from its attributes, attention_bias and
+/// head_sink.
+struct GqaScoring {
+    scale: f64,
+    softcap: f64,
+    /// `local_window_size`: a query sees keys fewer than this many positions back (all when
+    /// not positive).
+    window: i64,
+    smooth: bool,
+    /// Per query head, a logit that joins the softmax denominator only.
+    sinks: Option<Vec<f64>>,
+    /// attention_bias's values and its `[1 or B, 1 or N, S, total]` shape.
+    bias: Option<(Vec<f64>, Vec<usize>)>,
+    /// `qk_output`: 1 returns the biased scores, 2 the probabilities, 0 neither.
+    qk_mode: i64,
+}
+
+impl GqaScoring {
+    fn read(cx: &Ctx, d: GqaDims, totals: &[usize]) -> Res<Self> {
+        let GqaDims { batch, seq, heads, head, .. } = d;
+        let attrs = cx.attrs();
+        let scale = match attrs.float("scale")? {
+            Some(s) if s != 0.0 => s as f64,
+            _ => 1.0 / (head as f64).sqrt(),
+        };
+        let softcap = attrs.float_or("softcap", 0.0)? as f64;
+        let window = attrs.int_or("local_window_size", -1)?;
+        let smooth = attrs.int_or("smooth_softmax", -1)? == 1;
+        let sinks = cx.opt(11).map(Tensor::to_f64_vec);
+        if sinks.as_ref().is_some_and(|s| s.len() != heads) {
+            bail!("head_sink must hold {heads} values");
+        }
+        let bias = cx.opt(10).map(|t| (t.to_f64_vec(), t.shape.clone()));
+        if let Some((_, shape)) = &bias {
+            let ok = shape.len() == 4
+                && (shape[0] == 1 || shape[0] == batch)
+                && (shape[1] == 1 || shape[1] == heads)
+                && shape[2] == seq
+                && shape[3] >= totals.iter().copied().max().unwrap_or(0);
+            if !ok {
+                bail!("attention_bias {shape:?} must be [1 or {batch}, 1 or {heads}, {seq}, total]");
+            }
+        }
+        let qk_mode = attrs.int_or("qk_output", 0)?;
+        Ok(Self { scale, softcap, window, smooth, sinks, bias, qk_mode })
     }
-    let bias_values = attn_bias.map(Tensor::to_f64_vec);
-    let bias_shape = attn_bias.map(|t| t.shape.clone());
-    if let Some(shape) = &bias_shape {
-        let ok = shape.len() == 4
-            && (shape[0] == 1 || shape[0] == batch)
-            && (shape[1] == 1 || shape[1] == heads)
-            && shape[2] == seq
-            && shape[3] >= totals.iter().copied().max().unwrap_or(0);
-        if !ok {
-            bail!("attention_bias {shape:?} must be [1 or {batch}, 1 or {heads}, {seq}, total]");
+
+    /// The sink logit of query head h: head_sink[h], or 0 with smooth_softmax.
+    fn sink(&self, h: usize) -> Option<f64> {
+        match &self.sinks {
+            Some(s) => Some(s[h]),
+            None if self.smooth => Some(0.0),
+            None => None,
         }
     }
-    let qk_mode = attrs.int_or("qk_output", 0)?;
+
+    /// attention_bias for query s of row b, head h, against key j (0 without one).
+    fn bias_at(&self, seq: usize, (b, h, s): (usize, usize, usize), j: usize) -> f64 {
+        match &self.bias {
+            Some((v, sh)) => {
+                let (bb, hh) = (if sh[0] == 1 { 0 } else { b }, if sh[1] == 1 { 0 } else { h });
+                v[((bb * sh[1] + hh) * seq + s) * sh[3] + j]
+            }
+            None => 0.0,
+        }
+    }
+}
+
+/// The attention output `[B, S, N*H]` and the scores `[B, N, S, present_len]` output_qk
+/// returns (zero where masked). Query head h reads kv head `h / (N / K)`; query s of row b sees
+/// the keys [`GqaScoring`] and the row's lengths leave visible.
+fn gqa_attend(
+    d: GqaDims,
+    rows: &GqaRows,
+    scoring: &GqaScoring,
+    q_vals: &[f64],
+    [keys, values]: [&[f64]; 2],
+) -> (Vec<f64>, Vec<f64>) {
+    let GqaDims { batch, seq, heads, kv_heads, head } = d;
+    let (q_layout, _) = d.layouts();
+    let present_len = rows.present_len;
+    let window = scoring.window;
     let group = heads / kv_heads;
     let mut out = vec![0.0; batch * seq * heads * head];
     let mut qk = vec![0.0; batch * heads * seq * present_len];
     for b in 0..batch {
         for h in 0..heads {
             let kv_rows = (b * kv_heads + h / group) * present_len;
-            let sink = match &sinks {
-                Some(s) => Some(s[h]),
-                None if smooth => Some(0.0),
-                None => None,
-            };
+            let sink = scoring.sink(h);
             for s in 0..seq {
-                let pos = past_lens[b] + s;
-                let visible = |j: usize| j < totals[b] && j <= pos && (window <= 0 || pos - j < window as usize);
-                let bias = |j: usize| {
-                    if !visible(j) {
-                        return f64::NEG_INFINITY;
-                    }
-                    match (&bias_values, &bias_shape) {
-                        (Some(v), Some(sh)) => {
-                            let (bb, hh) = (if sh[0] == 1 { 0 } else { b }, if sh[1] == 1 { 0 } else { h });
-                            v[((bb * sh[1] + hh) * seq + s) * sh[3] + j]
-                        }
-                        _ => 0.0,
-                    }
-                };
+                let pos = rows.past_lens[b] + s;
+                let visible = |j: usize| j < rows.totals[b] && j <= pos && (window <= 0 || pos - j < window as usize);
+                let bias = |j: usize| if visible(j) { scoring.bias_at(seq, (b, h, s), j) } else { f64::NEG_INFINITY };
                 let qv = &q_vals[q_layout.offset(b, h, s)..][..head];
-                let scores = score_row(qv, &keys[kv_rows * head..][..present_len * head], scale, softcap, bias, sink);
+                let scores = score_row(
+                    qv,
+                    &keys[kv_rows * head..][..present_len * head],
+                    scoring.scale,
+                    scoring.softcap,
+                    bias,
+                    sink,
+                );
                 let at = q_layout.offset(b, h, s);
                 weighted_sum(&scores.probs, &values[kv_rows * head..][..present_len * head], &mut out[at..at + head]);
-                let recorded = if qk_mode == 2 { &scores.probs } else { &scores.logits };
+                let recorded = if scoring.qk_mode == 2 { &scores.probs } else { &scores.logits };
                 let row = ((b * heads + h) * seq + s) * present_len;
                 for (j, &x) in recorded.iter().enumerate() {
                     qk[row + j] = if visible(j) { x } else { 0.0 };
@@ -709,16 +855,7 @@ pub(super) fn group_query_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
             }
         }
     }
-    let cache_shape = vec![batch, kv_heads, present_len, head];
-    let mut outputs = vec![
-        float_tensor(query.dtype, vec![batch, seq, heads * head], out),
-        float_tensor(query.dtype, cache_shape.clone(), keys),
-        float_tensor(query.dtype, cache_shape, values),
-    ];
-    if qk_mode == 1 || qk_mode == 2 {
-        outputs.push(float_tensor(query.dtype, vec![batch, heads, seq, present_len], qk));
-    }
-    Ok(outputs)
+    (out, qk)
 }
 
 #[cfg(test)]
