@@ -508,3 +508,27 @@ fn truncating_rejected_tokens_leaves_the_logits_of_a_run_that_never_saw_them() {
     assert!(stats.traffic.truncated_bytes > 0);
     assert!(exec.truncate_sequence(spec, 21).is_err(), "past what the sequence holds");
 }
+
+/// A verify step scores every drafted token: row `i` of one step over `drafts` equals the logits
+/// a single-token step gives at that position, bit for bit, on float, A8W8 and xdna int8 bundles.
+#[test]
+fn a_verify_step_gives_every_rows_logits_as_single_steps_do() {
+    for name in ["llama-optimum", "qwen3-optimum", "llama-qdq-per-tensor-s8", "xdna:qwen3-builder-int4"] {
+        let model = &models()[name];
+        let bundle = Bundle::open(&model.bundle, None).unwrap();
+        let options = ExecOptions { max_context: 64, sequences: 2, ..ExecOptions::default() };
+        let mut exec = Executor::new(&bundle, options).unwrap();
+        let (block, single) = (exec.new_sequence(), exec.new_sequence());
+        let p = prompt(12, 10, model.vocab);
+        let drafts = prompt(5, 11, model.vocab);
+        exec.step_sequence(block, &p).unwrap();
+        exec.step_sequence(single, &p).unwrap();
+        let rows = exec.step_sequence_rows(block, &drafts).unwrap().to_vec();
+        assert_eq!(rows.len(), drafts.len() * model.vocab);
+        // Bit for bit: each row's products and attention run as a single step's would.
+        for (i, &t) in drafts.iter().enumerate() {
+            let one = exec.step_sequence(single, &[t]).unwrap();
+            assert!(&rows[i * model.vocab..(i + 1) * model.vocab] == one, "{name}: row {i} differs");
+        }
+    }
+}

@@ -152,6 +152,8 @@ pub struct Executor<'b> {
     offloaded_calls: u64,
     /// One attention scratch per worker of a prefill block's attention (grown once).
     attend_scratches: Vec<Mutex<AttendScratch>>,
+    /// The step computes the logits of every row, not only the last (a verify step).
+    every_row_logits: bool,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -200,6 +202,7 @@ impl<'b> Executor<'b> {
             offload: None,
             offloaded_calls: 0,
             attend_scratches: Vec::new(),
+            every_row_logits: false,
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),

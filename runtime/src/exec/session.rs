@@ -97,6 +97,22 @@ impl Executor<'_> {
     /// [`Executor::step`] for sequence `seq`. A failed step may leave part of that sequence's
     /// cache written (drop it, or reset the default one); other sequences are untouched.
     pub fn step_sequence(&mut self, seq: SeqId, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.run_step(seq, tokens)?;
+        Ok(self.logits(false))
+    }
+
+    /// Runs `tokens` of `seq` and returns the logits of every one of them, `[tokens, vocab]`
+    /// (row `i` scores the token after `tokens[..=i]`): the verify step of speculative decoding.
+    /// The rows equal what single steps give, the lm_head computing each.
+    pub fn step_sequence_rows(&mut self, seq: SeqId, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.every_row_logits = true;
+        let ran = self.run_step(seq, tokens);
+        self.every_row_logits = false;
+        ran?;
+        Ok(self.logits(true))
+    }
+
+    fn run_step(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), ExecError> {
         let held_index =
             self.held.iter().position(|(s, _)| *s == seq).ok_or(ExecError::Kv(KvError::UnknownSequence { seq }))?;
         let position = self.held[held_index].1;
@@ -117,11 +133,19 @@ impl Executor<'_> {
             self.run_op(i)?;
         }
         self.held[held_index].1 += tokens.len();
+        Ok(())
+    }
+
+    /// The step's logits: the last row's, or every row's (when the step computed them all).
+    fn logits(&self, every_row: bool) -> &[f32] {
         let logits = self.plan.logits;
         let width = self.vocab();
         let Loc::Buf(b) = self.plan.locs[logits] else { unreachable!("the logits are computed into a buffer") };
-        let rows_held = if self.last_row_only(logits) { 1 } else { numel(&self.shapes[logits]) / width };
-        Ok(&self.bufs[b][(rows_held - 1) * width..rows_held * width])
+        let rows_held = if self.last_row_only(logits) && !every_row { 1 } else { numel(&self.shapes[logits]) / width };
+        match every_row {
+            true => &self.bufs[b][..rows_held * width],
+            false => &self.bufs[b][(rows_held - 1) * width..rows_held * width],
+        }
     }
 
     fn last_row_only(&self, v: usize) -> bool {

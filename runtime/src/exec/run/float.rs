@@ -55,7 +55,7 @@ impl Executor<'_> {
                 self.plan.weights[i]
             }
         };
-        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only)?;
+        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only && !self.every_row_logits)?;
         gemm::gemm_f32(self.isa, &self.pool, x, m, *k, weights, *n, *layout, None, &mut y[..m * n]);
         Ok(())
     }

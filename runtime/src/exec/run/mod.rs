@@ -72,7 +72,7 @@ impl Executor<'_> {
         for (_, op) in &self.plan.ops {
             let (outputs, rows_one): (&[usize], bool) = match op {
                 Op::MatMul { out, last_row_only, .. } | Op::WGemm { out, last_row_only, .. } => {
-                    (std::slice::from_ref(out), *last_row_only)
+                    (std::slice::from_ref(out), *last_row_only && !self.every_row_logits)
                 }
                 Op::Int { .. } => continue,
                 Op::QuantizeRows { x, k, codes, scales } => {

@@ -38,7 +38,7 @@ impl Executor<'_> {
         let fail = node_fail(node);
         let view = view!(self);
         let weights = self.plan.packed[*packed].weights();
-        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only)?;
+        let (x, m) = product_rows(&fail, view.f32(*a), *k, *last_row_only && !self.every_row_logits)?;
         let b = bias.map(|b| view.f32(b));
         if b.is_some_and(|b| b.len() != *n) {
             return Err(fail(format!("the bias is not {n} values")));
