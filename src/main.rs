@@ -249,6 +249,8 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         json: bool,
         #[command(flatten)]
         backend: run_openvino::BackendArgs,
+        #[command(flatten)]
+        speculate: run_cmd::SpeculateArgs,
     },
 }
 
@@ -323,6 +325,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             kv_dtype,
             json,
             backend,
+            speculate,
         } => run_cmd::run(run_cmd::Options {
             bundle,
             prompts: prompt,
@@ -337,6 +340,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             kv_storage: kv_dtype,
             json,
             backend,
+            speculate,
         }),
     }
 }

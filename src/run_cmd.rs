@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use runtime::bundle::{Bundle, CHAT_TEMPLATE_FILE, TOKENIZER_FILE};
-use runtime::exec::{ExecOptions, Executor, GenerateStats};
+use runtime::exec::{ExecOptions, Executor, GenerateStats, PromptLookup, SpeculationStats};
 use runtime::kvcache::{KvStorage, PoolStats};
 use runtime::sample::{Sampler, SamplingParams};
 use serde_json::json;
@@ -27,6 +27,37 @@ pub struct Options {
     pub kv_storage: KvStorage,
     pub json: bool,
     pub backend: crate::run_openvino::BackendArgs,
+    pub speculate: SpeculateArgs,
+}
+
+/// The speculative decoding options of `npuc run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpeculateArgs {
+    /// Draft tokens and verify several in one step (one pass over the weights): `lookup` drafts
+    /// what followed the text's last n-gram earlier in the prompt or the output. Greedy decoding
+    /// only; the tokens are exactly those of decoding without it.
+    #[arg(long, value_parser = ["lookup"])]
+    pub speculate: Option<String>,
+    /// With --speculate: tokens drafted per verify step at most.
+    #[arg(long, default_value_t = 4)]
+    pub draft_len: usize,
+    /// With --speculate lookup: the longest n-gram matched (shorter ones are tried down to 1).
+    #[arg(long, default_value_t = 3)]
+    pub ngram: usize,
+}
+
+impl SpeculateArgs {
+    /// The drafter, when speculation is asked for and possible with `o`'s other options.
+    fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<PromptLookup>> {
+        if self.speculate.is_none() {
+            return Ok(None);
+        }
+        anyhow::ensure!(self.draft_len > 0 && self.ngram > 0, "--draft-len and --ngram must be positive");
+        anyhow::ensure!(o.sampling.temperature == 0.0, "--speculate verifies greedy decoding (--temperature 0)");
+        anyhow::ensure!(prompts == 1, "--speculate runs one prompt at a time");
+        anyhow::ensure!(o.backend.backend == "host", "--speculate runs on the host backend");
+        Ok(Some(PromptLookup { ngram: self.ngram, draft_len: self.draft_len }))
+    }
 }
 
 /// `--kv-dtype`: f32, f16 or int8.
@@ -44,6 +75,7 @@ fn kv_json(pool: &PoolStats) -> serde_json::Value {
         "appended_bytes": pool.traffic.appended_bytes,
         "copied_bytes": pool.traffic.copied_bytes,
         "attention_read_bytes": pool.traffic.attention_read_bytes,
+        "truncated_bytes": pool.traffic.truncated_bytes,
         "pages_in_use": pool.pages_in_use,
         "pages_total": pool.pages_total,
         "page_bytes": pool.page_bytes,
@@ -75,6 +107,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if o.ignore_eos {
         stop.clear();
     }
+    let drafter = o.speculate.drafter(&o, prompt_ids.len())?;
     if o.backend.backend == "openvino" {
         return run_openvino(&o, &bundle, &text, &prompt_ids, &stop);
     }
@@ -101,9 +134,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         return run_many(&o, &text, &mut executor, &prompt_ids, &stop, &mut samplers);
     }
     let prompt_ids = &prompt_ids[0];
-    let (tokens, stats) = generate_streaming(&o, &text, &mut executor, prompt_ids, &stop, &mut samplers[0])?;
-    let timings = Timings { open_ms, load_ms };
-    report_one(&o, &text.decode(&tokens)?, prompt_ids.len(), &tokens, &stats, &executor, timings)?;
+    let decoding = Decoding { sampler: &mut samplers[0], drafter };
+    let (tokens, stats, spec) = generate_streaming(&o, &text, &mut executor, prompt_ids, &stop, decoding)?;
+    let generation = Generation { prompt_tokens: prompt_ids.len(), tokens: &tokens, stats: &stats, spec };
+    report_one(&o, &text.decode(&tokens)?, generation, &executor, Timings { open_ms, load_ms })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -123,6 +157,12 @@ fn run_openvino(o: &Options, bundle: &Bundle, text: &Text, prompt_ids: &[Vec<u32
     crate::run_openvino::run(&o.backend, request)
 }
 
+/// How one prompt is decoded: sampled, or greedy with drafts verified several at a time.
+struct Decoding<'s> {
+    sampler: &'s mut Sampler,
+    drafter: Option<PromptLookup>,
+}
+
 /// Generates for one prompt, printing the text as it grows (unless `--json`).
 fn generate_streaming(
     o: &Options,
@@ -130,13 +170,13 @@ fn generate_streaming(
     executor: &mut Executor,
     prompt_ids: &[u32],
     stop: &[u32],
-    sampler: &mut Sampler,
-) -> Result<(Vec<u32>, runtime::exec::GenerateStats)> {
+    decoding: Decoding,
+) -> Result<(Vec<u32>, GenerateStats, Option<SpeculationStats>)> {
     let mut generated: Vec<u32> = Vec::new();
     let mut shown_chars = 0usize;
     let mut stdout = std::io::stdout().lock();
     let mut stream_error: Option<anyhow::Error> = None;
-    let (tokens, stats) = executor.generate(prompt_ids, o.max_tokens, stop, sampler, |token| {
+    let on_token = |token| {
         generated.push(token);
         if o.json || stream_error.is_some() {
             return;
@@ -152,14 +192,49 @@ fn generate_streaming(
             }
             Err(e) => stream_error = Some(e),
         }
-    })?;
+    };
+    let (tokens, stats, spec) = match &decoding.drafter {
+        Some(d) => {
+            let (tokens, stats, spec) = executor.generate_speculative(prompt_ids, o.max_tokens, stop, d, on_token)?;
+            (tokens, stats, Some(spec))
+        }
+        None => {
+            let (tokens, stats) = executor.generate(prompt_ids, o.max_tokens, stop, decoding.sampler, on_token)?;
+            (tokens, stats, None)
+        }
+    };
     if !o.json {
-        let _ = writeln!(stdout);
+        let _ = writeln!(std::io::stdout());
     }
     match stream_error {
         Some(e) => Err(e),
-        None => Ok((tokens, stats)),
+        None => Ok((tokens, stats, spec)),
     }
+}
+
+/// What one prompt's generation gave.
+struct Generation<'g> {
+    prompt_tokens: usize,
+    tokens: &'g [u32],
+    stats: &'g GenerateStats,
+    spec: Option<SpeculationStats>,
+}
+
+/// Speculation's counters: verify steps, drafts, acceptance, and tokens per pass over the
+/// weights (each decode step and each verify step reads every weight once).
+fn speculation_json(spec: &SpeculationStats, generated: usize) -> serde_json::Value {
+    json!({
+        "verify_steps": spec.verify_steps,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "acceptance": spec.acceptance(),
+        "tokens_per_weight_pass": tokens_per_pass(spec, generated),
+    })
+}
+
+/// Decoded tokens (those after the prefill's) per verify step.
+fn tokens_per_pass(spec: &SpeculationStats, generated: usize) -> f64 {
+    generated.saturating_sub(1) as f64 / spec.verify_steps.max(1) as f64
 }
 
 /// How long opening the bundle and loading its program took.
@@ -173,22 +248,23 @@ struct Timings {
 fn report_one(
     o: &Options,
     text: &str,
-    prompt_tokens: usize,
-    tokens: &[u32],
-    stats: &runtime::exec::GenerateStats,
+    g: Generation,
     executor: &Executor,
     Timings { open_ms, load_ms }: Timings,
 ) -> Result<()> {
     let pool = executor.cache().pool_stats();
     if o.json {
         let mut summary = json!({
-            "prompt_tokens": prompt_tokens,
-            "tokens": tokens,
+            "prompt_tokens": g.prompt_tokens,
+            "tokens": g.tokens,
             "text": text,
-            "ttft_ms": stats.prefill_ms,
-            "prefill_tok_s": stats.prefill_tok_s(),
-            "decode_tok_s": stats.decode_tok_s(),
+            "ttft_ms": g.stats.prefill_ms,
+            "prefill_tok_s": g.stats.prefill_tok_s(),
+            "decode_tok_s": g.stats.decode_tok_s(),
         });
+        if let Some(spec) = &g.spec {
+            summary["speculation"] = speculation_json(spec, g.tokens.len());
+        }
         if o.stats {
             summary["kv"] = kv_json(&pool);
             summary["open_ms"] = json!(open_ms);
@@ -199,7 +275,17 @@ fn report_one(
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
     }
-    eprintln!("{}", rates_line(stats));
+    eprintln!("{}", rates_line(g.stats));
+    if let Some(spec) = &g.spec {
+        eprintln!(
+            "speculation: {} verify steps, {} of {} drafts accepted ({:.0} %), {:.2} tokens per pass over the weights",
+            spec.verify_steps,
+            spec.accepted,
+            spec.drafted,
+            100.0 * spec.acceptance(),
+            tokens_per_pass(spec, g.tokens.len())
+        );
+    }
     if o.stats {
         eprintln!("kv cache: {pool}");
         eprintln!(

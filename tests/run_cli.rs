@@ -650,3 +650,30 @@ fn relative(got: &[f32], want: &[f32]) -> f64 {
     let max = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
     got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((f64::from(a) - f64::from(b)).abs())) / max
 }
+
+/// `--speculate lookup` on SmolLM2 (float and the builder's int4) asked to repeat a sentence:
+/// the tokens of plain greedy decoding, drafts accepted, more than one token per pass over the
+/// weights; and speculation is refused where it does not apply.
+#[test]
+fn speculative_run_repeats_greedys_tokens_in_fewer_weight_passes() {
+    let message =
+        "Repeat this sentence word for word: the little red fox ran across the green field to find its way home.";
+    for dir in [bundle_dir(), int4_bundle_dir()] {
+        let dir = dir.to_str().unwrap();
+        let base = ["run", dir, "--prompt", message, "--chat", "--max-tokens", "32", "--json"];
+        let (ok, plain, err) = npuc(&base);
+        assert!(ok, "{err}");
+        let (ok, spec, err) = npuc(&[&base[..], &["--speculate", "lookup", "--draft-len", "4"]].concat());
+        assert!(ok, "{err}");
+        let (plain, spec): (serde_json::Value, serde_json::Value) =
+            (serde_json::from_str(&plain).unwrap(), serde_json::from_str(&spec).unwrap());
+        assert_eq!(spec["tokens"], plain["tokens"], "{dir}");
+        let s = &spec["speculation"];
+        assert!(s["accepted"].as_u64().unwrap() > 0, "{dir}: {s}");
+        assert!(s["tokens_per_weight_pass"].as_f64().unwrap() > 1.0, "{dir}: {s}");
+        assert!(plain.get("speculation").is_none());
+    }
+    let dir = bundle_dir().to_str().unwrap();
+    let (ok, _, err) = npuc(&["run", dir, "--prompt", "Hi", "--speculate", "lookup", "--temperature", "0.7"]);
+    assert!(!ok && err.contains("--speculate verifies greedy decoding"), "{err}");
+}

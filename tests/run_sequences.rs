@@ -532,3 +532,34 @@ fn a_verify_step_gives_every_rows_logits_as_single_steps_do() {
         }
     }
 }
+
+/// Speculative greedy decoding gives plain greedy's tokens on every loaded bundle (float, A8W8,
+/// xdna int8), for a prompt that repeats itself (drafts found and some accepted) and one that
+/// does not; across them drafts are both accepted and rejected.
+#[test]
+fn speculative_greedy_gives_the_tokens_of_greedy() {
+    let drafter = runtime::exec::PromptLookup { ngram: 3, draft_len: 4 };
+    let (mut accepted, mut rejected) = (0, 0);
+    let mut names: Vec<&&str> = models().keys().collect();
+    names.sort();
+    for name in names {
+        let model = &models()[*name];
+        let bundle = Bundle::open(&model.bundle, None).unwrap();
+        let mut exec = Executor::new(&bundle, ExecOptions { max_context: 96, ..ExecOptions::default() }).unwrap();
+        let phrase = prompt(6, 12, model.vocab);
+        for p in [[&phrase[..], &phrase[..], &phrase[..3]].concat(), prompt(17, 13, model.vocab)] {
+            exec.reset().unwrap();
+            let (plain, _) = exec.generate_greedy(&p, 24, &[], |_| {}).unwrap();
+            exec.reset().unwrap();
+            let (spec, _, s) = exec.generate_speculative(&p, 24, &[], &drafter, |_| {}).unwrap();
+            assert_eq!(spec, plain, "{name}: a prompt of {} tokens", p.len());
+            // Every verify step emits its accepted drafts and one more token (the last may be cut
+            // at the 24th).
+            let emitted = 1 + s.verify_steps + s.accepted;
+            assert!(emitted == plain.len() || emitted == plain.len() + 1, "{name}: {s:?} for {} tokens", plain.len());
+            accepted += s.accepted;
+            rejected += s.drafted - s.accepted;
+        }
+    }
+    assert!(accepted > 0 && rejected > 0, "accepted {accepted}, rejected {rejected}");
+}

@@ -69,11 +69,13 @@ mod plan;
 mod program;
 mod run;
 mod session;
+mod speculate;
 
 pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 pub use error::ExecError;
 pub use generate::{argmax, GenerateStats, SequenceOutput};
 pub use program::PROGRAM_FORMAT;
+pub use speculate::{PromptLookup, SpeculationStats};
 
 use crate::bundle::Bundle;
 use crate::kernels::qgemm::{QActivations, QGemmScratch, QGemmWeights};

@@ -1,0 +1,153 @@
+//! Speculative greedy decoding with prompt-lookup drafts.
+//!
+//! Decoding reads every weight once per step; a step over several rows reads them once too. A
+//! drafter guesses the next tokens, one verify step scores the pending token and every draft
+//! ([`Executor::step_sequence_rows`]), and the longest prefix of drafts that equals the argmax
+//! of the row before it is kept, plus the argmax after it. Rejected rows leave the cache by
+//! truncating the sequence's page tables ([`Executor::truncate_sequence`]: no copy). The verify
+//! rows equal single steps bit for bit, so the tokens are the ones plain greedy decoding gives.
+//!
+//! [`PromptLookup`] drafts the tokens that followed the latest earlier occurrence of the text's
+//! last n-gram (the prompt and what was generated): free, and right where output repeats input
+//! (summaries, edits, code).
+
+use std::time::Instant;
+
+use super::error::ExecError;
+use super::generate::{argmax, GenerateStats};
+use super::Executor;
+
+/// Drafts by n-gram lookup in the text so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptLookup {
+    /// The longest n-gram matched; shorter ones are tried down to 1.
+    pub ngram: usize,
+    /// Tokens drafted per verify step at most.
+    pub draft_len: usize,
+}
+
+impl Default for PromptLookup {
+    fn default() -> PromptLookup {
+        PromptLookup { ngram: 3, draft_len: 4 }
+    }
+}
+
+impl PromptLookup {
+    /// The tokens that followed the latest earlier occurrence of `history`'s last n-gram, for the
+    /// longest n that occurs; empty when none does.
+    pub fn draft(&self, history: &[u32]) -> Vec<u32> {
+        for n in (1..=self.ngram.min(history.len().saturating_sub(1))).rev() {
+            let tail = &history[history.len() - n..];
+            let found = (0..history.len() - n).rev().find(|&s| &history[s..s + n] == tail);
+            if let Some(start) = found {
+                let from = start + n;
+                return history[from..(from + self.draft_len).min(history.len())].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// What speculation did over one generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpeculationStats {
+    /// Verify steps after the prefill: weight passes of decoding.
+    pub verify_steps: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl SpeculationStats {
+    /// Drafts kept, of those verified.
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+impl Executor<'_> {
+    /// Greedy decoding of the default sequence as [`Executor::generate_greedy`] does it — the
+    /// same tokens — but verifying `drafter`'s drafts several at a time.
+    pub fn generate_speculative(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        stop: &[u32],
+        drafter: &PromptLookup,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<(Vec<u32>, GenerateStats, SpeculationStats), ExecError> {
+        let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
+        let mut spec = SpeculationStats::default();
+        let mut generated: Vec<u32> = Vec::with_capacity(max_new);
+        if max_new == 0 {
+            return Ok((generated, stats, spec));
+        }
+        let start = Instant::now();
+        let mut history = prompt.to_vec();
+        let mut pending = argmax(self.step(prompt)?);
+        stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let decode_start = Instant::now();
+        let mut emit = |token: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>| {
+            generated.push(token);
+            history.push(token);
+            on_token(token);
+            generated.len() >= max_new || stop.contains(&token)
+        };
+        while !emit(pending, &mut generated, &mut history) {
+            // The block (pending and drafts) must fit the context; drafts past `max_new` are waste.
+            let room = (max_new - generated.len()).min(self.max_context.saturating_sub(self.position() + 1));
+            let mut drafts = drafter.draft(&history);
+            drafts.truncate(room.min(drafter.draft_len));
+            let (accepted, next) = self.verify(pending, &drafts)?;
+            spec.verify_steps += 1;
+            spec.drafted += drafts.len();
+            spec.accepted += accepted;
+            pending = next;
+            if drafts[..accepted].iter().any(|&t| emit(t, &mut generated, &mut history)) {
+                break;
+            }
+        }
+        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
+        stats.generated_tokens = generated.len();
+        Ok((generated, stats, spec))
+    }
+
+    /// One verify step of the default sequence over `pending` and `drafts`: how many drafts
+    /// equal the argmax of the row before them, and the argmax after the last one kept. The
+    /// sequence keeps `pending` and the accepted drafts.
+    fn verify(&mut self, pending: u32, drafts: &[u32]) -> Result<(usize, u32), ExecError> {
+        let seq = self.default_sequence();
+        let kept_before = self.position();
+        let mut block = Vec::with_capacity(drafts.len() + 1);
+        block.push(pending);
+        block.extend_from_slice(drafts);
+        let vocab = self.vocab();
+        let rows = self.step_sequence_rows(seq, &block)?;
+        let best: Vec<u32> = rows.chunks_exact(vocab).map(argmax).collect();
+        let accepted = drafts.iter().zip(&best).take_while(|(d, b)| d == b).count();
+        let next = best[accepted];
+        self.truncate_sequence(seq, kept_before + 1 + accepted)?;
+        Ok((accepted, next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_drafts_what_followed_the_latest_longest_match() {
+        let d = PromptLookup { ngram: 3, draft_len: 3 };
+        // "5 6" last occurred followed by 9 1 2; the 3-gram "4 5 6" never occurred before.
+        assert_eq!(d.draft(&[5, 6, 7, 8, 5, 6, 9, 1, 2, 4, 5, 6]), [9, 1, 2]);
+        // A 3-gram match wins over a later 1-gram match.
+        assert_eq!(d.draft(&[1, 2, 3, 7, 7, 3, 8, 1, 2, 3]), [7, 7, 3]);
+        // The continuation stops at the end of the text.
+        assert_eq!(d.draft(&[4, 2, 4]), [2, 4]);
+        assert_eq!(d.draft(&[1, 2, 3]), Vec::<u32>::new());
+        assert_eq!(d.draft(&[]), Vec::<u32>::new());
+    }
+}
