@@ -632,6 +632,14 @@ fn tile_var(t: Tile) -> String {
     format!("%tile_{}_{}", t.0, t.1)
 }
 
+/// An `I64ArrayAttr` (`[0 : i64, 512 : i64]`), the type `aie.objectfifo.link`'s offsets have;
+/// not the dense `array<i64: ...>` form, which its verifier refuses.
+fn i64_array_attr(v: &[usize]) -> String {
+    format!("[{}]", v.iter().map(|x| format!("{x} : i64")).collect::<Vec<_>>().join(", "))
+}
+
+/// A `DenseI64ArrayAttr` (`array<i64: 0, 512>`), the type of the runtime DMAs' static offsets,
+/// sizes and strides.
 fn i64_array(v: &[usize]) -> String {
     if v.is_empty() {
         "array<i64>".into()
@@ -723,10 +731,10 @@ impl Design {
             let _ = writeln!(
                 o,
                 "    \"aie.objectfifo.link\"() {{dst_offsets = {}, fifoIns = [{}], fifoOuts = [{}], src_offsets = {}}} : () -> ()",
-                i64_array(&l.dst_offsets),
+                i64_array_attr(&l.dst_offsets),
                 syms(&l.inputs),
                 syms(&l.outputs),
-                i64_array(&l.src_offsets)
+                i64_array_attr(&l.src_offsets)
             );
         }
     }

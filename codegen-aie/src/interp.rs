@@ -73,6 +73,13 @@ impl Op {
             msg: format!("{}: `{key}` = {v} is not an i64 array", self.name),
         })
     }
+    fn int_list(&self, key: &str) -> Result<Vec<usize>, InterpError> {
+        let v = self.need(key)?;
+        parse_i64_array_attr(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an i64 array attribute `[0 : i64, ...]`", self.name),
+        })
+    }
     fn symbol(&self, key: &str) -> Result<String, InterpError> {
         let v = self.need(key)?;
         v.strip_prefix('@').map(str::to_string).ok_or_else(|| InterpError::Parse {
@@ -98,6 +105,16 @@ fn parse_i64_array(v: &str) -> Option<Vec<usize>> {
         return Some(vec![]);
     }
     inner.split(',').map(|x| x.trim().parse().ok()).collect()
+}
+
+/// The integers of an `I64ArrayAttr`, `[0 : i64, 512 : i64]`; the dense `array<i64: ...>` form
+/// is refused, as mlir-aie's verifier refuses it where this form is the declared type.
+fn parse_i64_array_attr(v: &str) -> Option<Vec<usize>> {
+    let inner = v.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+    if inner.is_empty() {
+        return Some(vec![]);
+    }
+    inner.split(',').map(|x| x.trim().strip_suffix("i64")?.trim().strip_suffix(':')?.trim().parse().ok()).collect()
 }
 
 fn parse_symbols(v: &str) -> Option<Vec<String>> {
@@ -870,8 +887,8 @@ fn declared_link(op: &Op) -> Result<LinkInfo, InterpError> {
     Ok(LinkInfo {
         ins: syms("fifoIns")?,
         outs: syms("fifoOuts")?,
-        src: op.ints("src_offsets")?,
-        dst: op.ints("dst_offsets")?,
+        src: op.int_list("src_offsets")?,
+        dst: op.int_list("dst_offsets")?,
     })
 }
 

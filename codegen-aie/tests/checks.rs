@@ -190,3 +190,18 @@ fn the_interpreter_enforces_memory_and_dma_limits_on_the_text() {
     let err = run_text(&d, &repeat, 1).unwrap_err();
     assert!(err.to_string().contains("repeat 65"), "{err}");
 }
+
+#[test]
+fn link_offsets_are_i64_array_attributes_and_the_dense_spelling_is_refused() {
+    // mlir-aie declares `aie.objectfifo.link`'s offsets as I64ArrayAttr: `[0 : i64, 512 : i64]`.
+    // The dense `array<i64: ...>` spelling fails its verifier, so the interpreter refuses it too.
+    let d = design(Device::Npu1, 64, 128, 128);
+    let (t, text) = (&d.tiling, d.generic());
+    let slice = t.m * t.k;
+    let attr = format!("dst_offsets = [0 : i64, {slice} : i64, {} : i64, {} : i64]", 2 * slice, 3 * slice);
+    assert!(text.contains(&attr), "{text}");
+    assert!(!text.lines().any(|l| l.contains("aie.objectfifo.link") && l.contains("array<")), "{text}");
+    let dense = text.replacen(&attr, &format!("dst_offsets = array<i64: 0, {slice}, {}, {}>", 2 * slice, 3 * slice), 1);
+    let err = run_text(&d, &dense, 1).unwrap_err();
+    assert!(matches!(&err, InterpError::Parse { .. }) && err.to_string().contains("dst_offsets"), "{err}");
+}
