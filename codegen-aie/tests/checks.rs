@@ -205,3 +205,36 @@ fn link_offsets_are_i64_array_attributes_and_the_dense_spelling_is_refused() {
     let err = run_text(&d, &dense, 1).unwrap_err();
     assert!(matches!(&err, InterpError::Parse { .. }) && err.to_string().contains("dst_offsets"), "{err}");
 }
+
+#[test]
+fn a_join_output_pattern_walking_the_whole_buffer_is_refused_by_the_interpreter() {
+    // mlir-aie lowers a join's output pattern once per input transfer: a pattern over the whole
+    // joined buffer reads past each transfer ("out of bounds access in join input").
+    let d = design(Device::Npu1, 64, 128, 128);
+    let t = &d.tiling;
+    let c = d.fifos.iter().find(|f| f.name == "C_L2L3_0").unwrap();
+    assert_eq!(c.to_stream.iter().map(|&(s, _)| s).product::<usize>(), t.m * t.n);
+    let dims = |v: &[(usize, usize)]| {
+        v.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect::<Vec<_>>().join(", ")
+    };
+    let mut whole = c.to_stream.clone();
+    whole[0].0 *= t.rows;
+    let line = |v: &[(usize, usize)]| format!("dimensionsToStream = #aie<bd_dim_layout_array[{}]>", dims(v));
+    assert!(d.generic().contains(&line(&c.to_stream)));
+    let text: String =
+        d.generic()
+            .lines()
+            .map(|l| {
+                if l.contains("sym_name = \"C_L2L3_") {
+                    l.replace(&line(&c.to_stream), &line(&whole))
+                } else {
+                    l.into()
+                }
+            })
+            .map(|l| l + "\n")
+            .collect();
+    assert_ne!(text, d.generic());
+    let err = run_text(&d, &text, 2).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("@C_L2L3_") && msg.contains(&format!("transfer of {}", t.m * t.n)), "{msg}");
+}
