@@ -519,17 +519,7 @@ fn transfers(
     if offsets.len() != fifos.len() {
         return run_err(format!("{what} of {} FIFOs with {} offsets", fifos.len(), offsets.len()));
     }
-    let ends = offsets.iter().skip(1).copied().chain([elems]);
-    offsets
-        .iter()
-        .zip(ends)
-        .map(|(&off, end)| {
-            if end <= off {
-                return run_err(format!("{what} offsets {offsets:?} do not rise inside a buffer of {elems}"));
-            }
-            Ok((off, end - off))
-        })
-        .collect()
+    crate::rules::transfers(offsets, elems).or_else(|e| run_err(format!("{what}: {e}")))
 }
 
 /// int8 GEMM on the micro-block layout: `a` [m/r][k/s][r][s], `b` [k/s][n/t][s][t], `c`
