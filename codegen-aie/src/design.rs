@@ -1,7 +1,7 @@
-//! One MLIR-AIE design per tiling: its structure ([`Design`]), the resource checks on it
-//! ([`check`]), and its two texts: the generic operation form ([`Design::generic`], parseable by
-//! MLIR with unregistered dialects; this is what the interpreter reads) and the readable custom
-//! form mlir-aie's tools take ([`Design::pretty`]).
+//! One MLIR-AIE design per tiling: its structure ([`Design`]), mlir-aie's rules and the
+//! resource checks on it ([`check`], from [`crate::rules`]), and its two texts: the generic
+//! operation form ([`Design::generic`], parseable by MLIR with unregistered dialects; this is what
+//! the interpreter reads) and the readable custom form mlir-aie's tools take ([`Design::pretty`]).
 //!
 //! Layout of a design on `rows × cols` compute tiles:
 //! - `A_L3L2` (shim of column 0 → mem tile of column 0) carries, per K step, the `rows·m × k` slab
@@ -11,13 +11,15 @@
 //!   broadcast down the column and pre-tiled into s×t micro-blocks.
 //! - `C_L1L2_<c>_<r>` takes each core's `m × n` int32 tile (r×t micro-blocks) to its column's mem
 //!   tile; the link joins the rows, and `C_L2L3_<c>` streams the `rows·m × n` block back to the
-//!   shim in row-major order.
+//!   shim in row-major order. mlir-aie lowers a join's output pattern once per input transfer, so
+//!   the pattern re-lays one core's `m × n` tile row-major inside its own transfer, and the
+//!   joined stream is the tiles one after the other: the block, row-major.
 //! - Each core zeroes its C tile, accumulates `k_steps` kernel calls into it, and releases it,
 //!   once per output tile it owns. The runtime sequence moves, for every (row block, column
 //!   block), C's readback, A's slab and B's tiles, and waits every few blocks so no shim tile ever
 //!   has more buffer descriptors in flight than it holds.
 
-use crate::device::{Device, DmaLimits};
+use crate::device::Device;
 use crate::tiling::Tiling;
 use std::fmt::Write;
 
@@ -241,7 +243,8 @@ fn b_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
 }
 
 /// C's FIFOs, per column: each core's `m × n` int32 tile into the column's mem tile, joined by
-/// row and streamed back to the shim in row-major order.
+/// row and streamed back to the shim in row-major order. The output's access pattern addresses
+/// one core's tile (one join input's transfer), which is all mlir-aie lets it address.
 fn c_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
     let (r, _, tt) = t.device.micro_tile();
     let (rows, m, n) = (t.rows, t.m, t.n);
@@ -265,7 +268,7 @@ fn c_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
             depth: 2,
             shape: vec![rows * m * n],
             elem: Elem::I32,
-            to_stream: vec![(rows * m / r, r * n), (r, tt), (n / tt, r * tt), (tt, 1)],
+            to_stream: vec![(m / r, r * n), (r, tt), (n / tt, r * tt), (tt, 1)],
         });
         links.push(Link {
             inputs: (0..rows).map(|rr| format!("C_L1L2_{c}_{rr}")).collect(),
@@ -370,253 +373,7 @@ fn batch_waits(cols: usize, seq: &mut Vec<SeqOp>) {
     }
 }
 
-/// A resource or DMA limit a design breaks.
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error("design {design}: {what}")]
-pub struct ResourceError {
-    pub design: String,
-    pub what: String,
-}
-
-/// A limit of a DMA buffer descriptor that an access pattern breaks.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PatternError {
-    #[error("{dims} dimensions, the descriptor walks at most {max_dims}")]
-    Dimensions { dims: usize, max_dims: usize },
-    #[error("innermost stride {stride}, must be 1")]
-    InnerStride { stride: usize },
-    #[error("innermost size {size} × {elem_bytes} bytes is not a whole number of 32-bit words")]
-    InnerSizeNotWords { size: usize, elem_bytes: usize },
-    #[error("repeat {repeat} exceeds {max_repeat}")]
-    Repeat { repeat: usize, max_repeat: usize },
-    #[error("size {size} exceeds {max_size}")]
-    Size { size: usize, max_size: usize },
-    #[error("stride {stride} × {elem_bytes} bytes is not a whole number of 32-bit words")]
-    StrideNotWords { stride: usize, elem_bytes: usize },
-    #[error("stride {stride} exceeds {max_stride_words} words")]
-    Stride { stride: usize, max_stride_words: usize },
-}
-
-/// Checks one access pattern (outermost first) against a descriptor's limits.
-pub fn check_pattern(
-    limits: DmaLimits,
-    elem_bytes: usize,
-    dims: &[(usize, usize)],
-    repeat: bool,
-) -> Result<(), PatternError> {
-    if dims.len() > limits.dims {
-        return Err(PatternError::Dimensions { dims: dims.len(), max_dims: limits.dims });
-    }
-    let Some(&(inner_size, inner_stride)) = dims.last() else { return Ok(()) };
-    if inner_stride != 1 {
-        return Err(PatternError::InnerStride { stride: inner_stride });
-    }
-    if !(inner_size * elem_bytes).is_multiple_of(4) {
-        return Err(PatternError::InnerSizeNotWords { size: inner_size, elem_bytes });
-    }
-    for (i, &(size, stride)) in dims.iter().enumerate() {
-        let is_repeat = repeat && i == 0 && dims.len() == limits.dims;
-        if is_repeat {
-            if size > limits.max_repeat {
-                return Err(PatternError::Repeat { repeat: size, max_repeat: limits.max_repeat });
-            }
-            continue;
-        }
-        if size > limits.max_size {
-            return Err(PatternError::Size { size, max_size: limits.max_size });
-        }
-        if size > 1 && i + 1 < dims.len() {
-            if !(stride * elem_bytes).is_multiple_of(4) {
-                return Err(PatternError::StrideNotWords { stride, elem_bytes });
-            }
-            if stride * elem_bytes / 4 > limits.max_stride_words {
-                return Err(PatternError::Stride { stride, max_stride_words: limits.max_stride_words });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks every budget and limit of a design: L1 and L2 bytes, locks and BDs per tile, DMA
-/// channels per mem and shim tile, access patterns, shim BD ids in flight.
-pub fn check(d: &Design) -> Result<(), ResourceError> {
-    check_cores(d)?;
-    for col in 0..d.tiling.cols {
-        check_mem_tile(d, col)?;
-        check_shim_tile(d, col)?;
-    }
-    check_fifo_patterns(d)?;
-    check_shim_bds(d)
-}
-
-fn fail<T>(d: &Design, what: String) -> Result<T, ResourceError> {
-    Err(ResourceError { design: d.name.clone(), what })
-}
-
-fn fifo<'d>(d: &'d Design, name: &str) -> Option<&'d Fifo> {
-    d.fifos.iter().find(|f| f.name == name)
-}
-
-/// Each compute tile's data memory (its FIFOs' buffers and the stack), locks and BDs.
-fn check_cores(d: &Design) -> Result<(), ResourceError> {
-    let dev = d.tiling.device;
-    for core in &d.cores {
-        let mut bytes = dev.core_stack_bytes();
-        let (mut locks, mut bds) = (0, 0);
-        for f in d.fifos.iter().filter(|f| f.producer == core.tile || f.consumers.contains(&core.tile)) {
-            bytes += f.depth * f.elems() * f.elem.bytes();
-            locks += 2;
-            bds += f.depth;
-        }
-        let (c, r) = core.tile;
-        if bytes > dev.core_data_bytes() {
-            return fail(
-                d,
-                format!(
-                    "compute tile ({c}, {r}) needs {bytes} bytes of data memory; the budget is {}",
-                    dev.core_data_bytes()
-                ),
-            );
-        }
-        if locks > dev.core_locks() || bds > dev.core_bds() {
-            return fail(
-                d,
-                format!(
-                    "compute tile ({c}, {r}) needs {locks} locks and {bds} BDs; it has {} and {}",
-                    dev.core_locks(),
-                    dev.core_bds()
-                ),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Bytes of column `col`'s mem tile in use: both buffers of every link that lives there, each the
-/// bigger side's elements.
-fn mem_tile_bytes(d: &Design, col: usize) -> usize {
-    let mt = (col, Device::MEM_TILE_ROW);
-    let mut bytes = 0;
-    for l in &d.links {
-        let ins: Vec<&Fifo> = l.inputs.iter().filter_map(|n| fifo(d, n)).collect();
-        let outs: Vec<&Fifo> = l.outputs.iter().filter_map(|n| fifo(d, n)).collect();
-        if ins.iter().any(|f| f.consumers.contains(&mt)) {
-            let inb: usize = ins.iter().map(|f| f.elems() * f.elem.bytes()).sum();
-            let outb: usize = outs.iter().map(|f| f.elems() * f.elem.bytes()).sum();
-            bytes += 2 * inb.max(outb);
-        }
-    }
-    bytes
-}
-
-/// Column `col`'s mem tile: memory, DMA channels, BDs and locks.
-fn check_mem_tile(d: &Design, col: usize) -> Result<(), ResourceError> {
-    let dev = d.tiling.device;
-    let mt = (col, Device::MEM_TILE_ROW);
-    let bytes = mem_tile_bytes(d, col);
-    if bytes > dev.mem_tile_bytes() {
-        return fail(d, format!("mem tile ({col}, 1) needs {bytes} bytes; the budget is {}", dev.mem_tile_bytes()));
-    }
-    let out_ch = d.fifos.iter().filter(|f| f.producer == mt).count();
-    let in_ch = d.fifos.iter().filter(|f| f.consumers.contains(&mt)).count();
-    if out_ch > dev.mem_tile_channels() || in_ch > dev.mem_tile_channels() {
-        return fail(
-            d,
-            format!(
-                "mem tile ({col}, 1) needs {out_ch} outgoing and {in_ch} incoming DMA channels; it has {}",
-                dev.mem_tile_channels()
-            ),
-        );
-    }
-    let endpoints: Vec<&Fifo> = d.fifos.iter().filter(|f| f.producer == mt || f.consumers.contains(&mt)).collect();
-    let bds: usize = endpoints.iter().map(|f| f.depth).sum();
-    let locks = 2 * endpoints.len();
-    if bds > dev.mem_tile_bds() || locks > dev.mem_tile_locks() {
-        return fail(
-            d,
-            format!(
-                "mem tile ({col}, 1) needs {bds} BDs and {locks} locks; it has {} and {}",
-                dev.mem_tile_bds(),
-                dev.mem_tile_locks()
-            ),
-        );
-    }
-    Ok(())
-}
-
-/// Column `col`'s shim tile: DMA channels.
-fn check_shim_tile(d: &Design, col: usize) -> Result<(), ResourceError> {
-    let dev = d.tiling.device;
-    let shim = (col, Device::SHIM_ROW);
-    let shim_out = d.fifos.iter().filter(|f| f.producer == shim).count();
-    let shim_in = d.fifos.iter().filter(|f| f.consumers.contains(&shim)).count();
-    if shim_out > dev.shim_channels() || shim_in > dev.shim_channels() {
-        return fail(
-            d,
-            format!(
-                "shim tile ({col}, 0) needs {shim_out} outgoing and {shim_in} incoming channels; it has {}",
-                dev.shim_channels()
-            ),
-        );
-    }
-    Ok(())
-}
-
-/// Every FIFO producer's access pattern: within its descriptor's limits, covering the element.
-fn check_fifo_patterns(d: &Design) -> Result<(), ResourceError> {
-    let dev = d.tiling.device;
-    for f in &d.fifos {
-        if f.to_stream.is_empty() {
-            continue;
-        }
-        let limits = if f.producer.1 == Device::MEM_TILE_ROW { dev.mem_tile_dma() } else { dev.core_dma() };
-        check_pattern(limits, f.elem.bytes(), &f.to_stream, false)
-            .or_else(|e| fail(d, format!("object FIFO {} access pattern: {e}", f.name)))?;
-        let covered: usize = f.to_stream.iter().map(|&(s, _)| s).product();
-        if covered != f.elems() {
-            return fail(
-                d,
-                format!("object FIFO {} access pattern covers {covered} of {} elements", f.name, f.elems()),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Shim BDs: ids below the shim's count, none reused before the wait that frees it, and every
-/// runtime DMA's pattern within the shim descriptor's limits.
-fn check_shim_bds(d: &Design) -> Result<(), ResourceError> {
-    let dev = d.tiling.device;
-    let mut in_flight: Vec<(usize, usize, String)> = vec![];
-    for op in &d.seq {
-        match op {
-            SeqOp::Dma { arg, sizes, strides, id, fifo: name, .. } => {
-                let Some(f) = fifo(d, name) else {
-                    return fail(d, format!("runtime sequence uses unknown FIFO {name}"));
-                };
-                let shim_col = if f.producer.1 == Device::SHIM_ROW { f.producer.0 } else { f.consumers[0].0 };
-                if *id >= dev.shim_bds() {
-                    return fail(
-                        d,
-                        format!("runtime sequence BD id {id} on shim column {shim_col}; it has {}", dev.shim_bds()),
-                    );
-                }
-                if in_flight.iter().any(|(c, i, _)| *c == shim_col && i == id) {
-                    return fail(
-                        d,
-                        format!("runtime sequence reuses BD {id} of shim column {shim_col} before waiting on it"),
-                    );
-                }
-                in_flight.push((shim_col, *id, name.clone()));
-                let dims: Vec<(usize, usize)> = sizes.iter().zip(strides).map(|(&s, &t)| (s, t)).collect();
-                check_pattern(dev.shim_dma(), d.args[*arg].1.bytes(), &dims, true)
-                    .or_else(|e| fail(d, format!("runtime DMA on {name}: {e}")))?;
-            }
-            SeqOp::Wait { fifo: name } => in_flight.retain(|(_, _, f)| f != name),
-        }
-    }
-    Ok(())
-}
+pub use crate::rules::{check, check_pattern, PatternError, ResourceError, Rule};
 
 fn dims_attr(dims: &[(usize, usize)]) -> String {
     let parts: Vec<String> = dims.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect();
@@ -632,6 +389,14 @@ fn tile_var(t: Tile) -> String {
     format!("%tile_{}_{}", t.0, t.1)
 }
 
+/// An `I64ArrayAttr` (`[0 : i64, 512 : i64]`), the type `aie.objectfifo.link`'s offsets have;
+/// not the dense `array<i64: ...>` form, which its verifier refuses.
+fn i64_array_attr(v: &[usize]) -> String {
+    format!("[{}]", v.iter().map(|x| format!("{x} : i64")).collect::<Vec<_>>().join(", "))
+}
+
+/// A `DenseI64ArrayAttr` (`array<i64: 0, 512>`), the type of the runtime DMAs' static offsets,
+/// sizes and strides.
 fn i64_array(v: &[usize]) -> String {
     if v.is_empty() {
         "array<i64>".into()
@@ -723,10 +488,10 @@ impl Design {
             let _ = writeln!(
                 o,
                 "    \"aie.objectfifo.link\"() {{dst_offsets = {}, fifoIns = [{}], fifoOuts = [{}], src_offsets = {}}} : () -> ()",
-                i64_array(&l.dst_offsets),
+                i64_array_attr(&l.dst_offsets),
                 syms(&l.inputs),
                 syms(&l.outputs),
-                i64_array(&l.src_offsets)
+                i64_array_attr(&l.src_offsets)
             );
         }
     }

@@ -13,17 +13,21 @@ pub enum Device {
     Npu2,
 }
 
-/// Limits of one DMA buffer-descriptor access pattern (sizes and strides in elements of 32 bits
-/// for strides; sizes counted in the transfer's own elements, innermost first in hardware order).
+/// Limits of one DMA buffer descriptor of a tile kind, as mlir-aie's target model gives them for
+/// AIE2 (npu1) and AIE2P (npu2) alike (`AIETargetModel`: `getBDMaxDims`, `getDmaBdWrapBits`,
+/// `getDmaBdStepBits`, `getDmaBdMaxLen`, `getDmaBdIterBits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct DmaLimits {
-    /// Dimensions a descriptor walks (including the repeat dimension of shim descriptors).
+    /// Address dimensions one descriptor walks (the shim's iteration dimension not counted).
     pub dims: usize,
-    /// Largest wrap (size) of every non-repeat dimension.
+    /// Largest size of a dimension: the wrap field's `2^bits - 1`.
     pub max_size: usize,
-    /// Largest stride, in 32-bit words.
+    /// Largest stride: the step field stores `stride - 1` in 32-bit words, so `2^bits`.
     pub max_stride_words: usize,
-    /// Largest repeat count of the outermost dimension (shim descriptors only; 1 elsewhere).
+    /// Largest transfer, in 32-bit words.
+    pub max_len_words: usize,
+    /// Largest count of the iteration dimension a runtime sequence puts in front of a shim
+    /// descriptor's address dimensions (6-bit wrap of `count - 1`).
     pub max_repeat: usize,
 }
 
@@ -122,17 +126,34 @@ impl Device {
         4
     }
 
-    /// Shim descriptors: three wrapped dimensions plus the repeat.
+    /// Shim descriptors: three address dimensions (10-bit wraps, 20-bit steps), a 32-bit length,
+    /// and the runtime sequence's iteration dimension in front.
     pub fn shim_dma(self) -> DmaLimits {
-        DmaLimits { dims: 4, max_size: 1023, max_stride_words: 1 << 20, max_repeat: 64 }
+        DmaLimits {
+            dims: 3,
+            max_size: 1023,
+            max_stride_words: 1 << 20,
+            max_len_words: u32::MAX as usize,
+            max_repeat: 64,
+        }
     }
-    /// Mem-tile descriptors: four wrapped dimensions.
+    /// Mem-tile descriptors: four address dimensions (10-bit wraps, 17-bit steps, 17-bit length).
     pub fn mem_tile_dma(self) -> DmaLimits {
-        DmaLimits { dims: 4, max_size: 1023, max_stride_words: 1 << 17, max_repeat: 1 }
+        DmaLimits { dims: 4, max_size: 1023, max_stride_words: 1 << 17, max_len_words: (1 << 17) - 1, max_repeat: 1 }
     }
-    /// Compute-tile descriptors: three wrapped dimensions.
+    /// Compute-tile descriptors: three address dimensions (8-bit wraps, 13-bit steps, 14-bit
+    /// length).
     pub fn core_dma(self) -> DmaLimits {
-        DmaLimits { dims: 3, max_size: 255, max_stride_words: 1 << 13, max_repeat: 1 }
+        DmaLimits { dims: 3, max_size: 255, max_stride_words: 1 << 13, max_len_words: (1 << 14) - 1, max_repeat: 1 }
+    }
+    /// Memory-to-stream (and stream-to-memory) channels of one compute tile.
+    pub fn core_channels(self) -> usize {
+        2
+    }
+    /// Buffer descriptors one mem-tile channel reaches: even channels use 0..24, odd ones 24..48
+    /// (mlir-aie's `isBdChannelAccessible`).
+    pub fn mem_tile_channel_bds(self) -> usize {
+        24
     }
 }
 

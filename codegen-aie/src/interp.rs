@@ -1,7 +1,8 @@
 //! The design interpreter: parses a design's generic-form text (never the compiler's structures)
 //! and executes it: the runtime sequence's shim DMAs (offsets, sizes, strides), object FIFOs with
 //! their producers' access patterns (`dimensionsToStream`), mem-tile links (distribute by
-//! destination offsets, join by source offsets, broadcast to every consumer), and every core's
+//! destination offsets, join by source offsets, broadcast to every consumer; as mlir-aie lowers
+//! them, one descriptor per transfer, a pattern addressing only its own transfer), and every core's
 //! loops, FIFO acquires/releases and kernel calls, with the kernels' semantics on the micro-block
 //! layout of the device (`matmul_i8_i32`: A in r×s blocks, B in s×t blocks, C in r×t blocks,
 //! accumulated in int32; `zero_i32`).
@@ -73,6 +74,13 @@ impl Op {
             msg: format!("{}: `{key}` = {v} is not an i64 array", self.name),
         })
     }
+    fn int_list(&self, key: &str) -> Result<Vec<usize>, InterpError> {
+        let v = self.need(key)?;
+        parse_i64_array_attr(v).ok_or_else(|| InterpError::Parse {
+            line: self.line,
+            msg: format!("{}: `{key}` = {v} is not an i64 array attribute `[0 : i64, ...]`", self.name),
+        })
+    }
     fn symbol(&self, key: &str) -> Result<String, InterpError> {
         let v = self.need(key)?;
         v.strip_prefix('@').map(str::to_string).ok_or_else(|| InterpError::Parse {
@@ -98,6 +106,16 @@ fn parse_i64_array(v: &str) -> Option<Vec<usize>> {
         return Some(vec![]);
     }
     inner.split(',').map(|x| x.trim().parse().ok()).collect()
+}
+
+/// The integers of an `I64ArrayAttr`, `[0 : i64, 512 : i64]`; the dense `array<i64: ...>` form
+/// is refused, as mlir-aie's verifier refuses it where this form is the declared type.
+fn parse_i64_array_attr(v: &str) -> Option<Vec<usize>> {
+    let inner = v.trim().strip_prefix('[')?.strip_suffix(']')?.trim();
+    if inner.is_empty() {
+        return Some(vec![]);
+    }
+    inner.split(',').map(|x| x.trim().strip_suffix("i64")?.trim().strip_suffix(':')?.trim().parse().ok()).collect()
 }
 
 fn parse_symbols(v: &str) -> Option<Vec<String>> {
@@ -418,18 +436,26 @@ impl Machine {
         }
     }
 
-    /// Produces one element of `name` from a consumer's stream view: applies the producer's access
-    /// pattern to `buf` at `base`.
-    fn emit_from(&mut self, name: &str, buf: &[i32], base: usize) -> Result<(), InterpError> {
+    /// Produces one element of `name` from the link buffer `buf` as mlir-aie lowers it: one
+    /// descriptor per transfer `(offset, length)`, each applying the producer's access pattern
+    /// (`dimensionsToStream`) to its own transfer only, their streams in order.
+    fn emit_from(&mut self, name: &str, buf: &[i32], transfers: &[(usize, usize)]) -> Result<(), InterpError> {
         let f = self.fifo(name)?.clone();
         let mut out = Vec::with_capacity(f.elems);
-        if f.to_stream.is_empty() {
-            let Some(s) = buf.get(base..base + f.elems) else {
-                return run_err(format!("@{name}: element outside the link buffer"));
+        for &(off, len) in transfers {
+            let Some(transfer) = buf.get(off..off + len) else {
+                return run_err(format!(
+                    "@{name}: transfer {off}..{} outside the link buffer of {}",
+                    off + len,
+                    buf.len()
+                ));
             };
-            out.extend_from_slice(s);
-        } else {
-            gather(buf, base, &f.to_stream, &mut out)?;
+            if f.to_stream.is_empty() {
+                out.extend_from_slice(transfer);
+            } else {
+                gather(transfer, 0, &f.to_stream, &mut out)
+                    .or_else(|e| run_err(format!("@{name}: access pattern in a transfer of {len}: {e}")))?;
+            }
         }
         if out.len() != f.elems {
             return run_err(format!("@{name}: access pattern yields {} of {} elements", out.len(), f.elems));
@@ -440,40 +466,60 @@ impl Machine {
         Ok(())
     }
 
+    /// A mem-tile link, element by element: the inputs' elements fill the link buffer (a join
+    /// puts input `j` at `src_offsets[j]`), and the outputs are produced from it (a distribute
+    /// sends output `j` the transfer at `dst_offsets[j]`; a join's output descriptor walks each
+    /// input's transfer in turn).
     fn run_link(&mut self, l: &LinkInfo) -> Result<(), InterpError> {
         let first = self.fifo(&l.ins[0])?.clone();
         let mt = first.consumers[0];
-        loop {
-            let ready = self.queues.get(&(l.ins[0].clone(), mt)).map_or(0, |q| q.len());
-            if ready == 0 {
-                break;
-            }
+        let buf_elems = if l.ins.len() > 1 { self.fifo(&l.outs[0])?.elems } else { first.elems };
+        let join = transfers(&l.src, buf_elems, "join", &l.ins)?;
+        let distribute = transfers(&l.dst, buf_elems, "distribute", &l.outs)?;
+        while self.queues.get(&(l.ins[0].clone(), mt)).is_some_and(|q| !q.is_empty()) {
             let buf: Vec<i32> = if l.ins.len() == 1 {
                 self.pop(&l.ins[0], mt, "mem-tile link")?
             } else {
-                let out_elems = self.fifo(&l.outs[0])?.elems;
-                let mut buf = vec![0i32; out_elems];
-                for (j, name) in l.ins.iter().enumerate() {
+                let mut buf = vec![0i32; buf_elems];
+                for (name, &(off, len)) in l.ins.iter().zip(&join) {
                     let e = self.pop(name, mt, "mem-tile join")?;
-                    let off = *l.src.get(j).ok_or_else(|| InterpError::Run("join without source offsets".into()))?;
-                    let Some(dst) = buf.get_mut(off..off + e.len()) else {
-                        return run_err(format!("join input @{name} at {off} overflows @{}", l.outs[0]));
-                    };
-                    dst.copy_from_slice(&e);
+                    if e.len() != len {
+                        return run_err(format!("join input @{name} of {} elements into a transfer of {len}", e.len()));
+                    }
+                    buf[off..off + len].copy_from_slice(&e);
                 }
                 buf
             };
-            for (j, name) in l.outs.iter().enumerate() {
-                let base = if l.outs.len() > 1 {
-                    *l.dst.get(j).ok_or_else(|| InterpError::Run("distribute without destination offsets".into()))?
-                } else {
-                    0
-                };
-                self.emit_from(name, &buf, base)?;
+            if l.outs.len() > 1 {
+                for (name, &t) in l.outs.iter().zip(&distribute) {
+                    self.emit_from(name, &buf, &[t])?;
+                }
+            } else if l.ins.len() > 1 {
+                self.emit_from(&l.outs[0], &buf, &join)?;
+            } else {
+                self.emit_from(&l.outs[0], &buf, &[(0, buf.len())])?;
             }
         }
         Ok(())
     }
+}
+
+/// The transfers `(offset, length)` a join's or a distribute's offsets cut a buffer of `elems`
+/// into, as mlir-aie computes them: each runs to the next offset, the last to the buffer's end.
+/// Offsets must rise, start inside the buffer and number one per FIFO; a single FIFO has none.
+fn transfers(
+    offsets: &[usize],
+    elems: usize,
+    what: &str,
+    fifos: &[String],
+) -> Result<Vec<(usize, usize)>, InterpError> {
+    if fifos.len() == 1 {
+        return Ok(vec![]);
+    }
+    if offsets.len() != fifos.len() {
+        return run_err(format!("{what} of {} FIFOs with {} offsets", fifos.len(), offsets.len()));
+    }
+    crate::rules::transfers(offsets, elems).or_else(|e| run_err(format!("{what}: {e}")))
 }
 
 /// int8 GEMM on the micro-block layout: `a` [m/r][k/s][r][s], `b` [k/s][n/t][s][t], `c`
@@ -870,8 +916,8 @@ fn declared_link(op: &Op) -> Result<LinkInfo, InterpError> {
     Ok(LinkInfo {
         ins: syms("fifoIns")?,
         outs: syms("fifoOuts")?,
-        src: op.ints("src_offsets")?,
-        dst: op.ints("dst_offsets")?,
+        src: op.int_list("src_offsets")?,
+        dst: op.int_list("dst_offsets")?,
     })
 }
 

@@ -7,7 +7,9 @@
 //! - [`device`]: the device model.
 //! - [`gemm`]: the projection GEMMs of a compiled program.
 //! - [`tiling`]: per-shape tiling by cost model; compile-time errors naming shape and budget.
-//! - [`design`]: the design of a tiling, its resource checks and its generic and pretty texts.
+//! - [`design`]: the design of a tiling and its generic and pretty texts.
+//! - [`rules`]: mlir-aie's object FIFO, link and DMA descriptor rules and the tiles' resources,
+//!   checked on a design ([`design::check`]) so what mlir-aie would refuse fails without it.
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
 //! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
 //! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
@@ -24,6 +26,7 @@ pub mod interp;
 pub mod mlir;
 pub mod plan;
 pub mod quant;
+pub mod rules;
 pub mod tiling;
 
 pub use device::Device;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use codegen_aie::design::{self, check_pattern};
+use codegen_aie::design::{self, check_pattern, Rule};
 use codegen_aie::interp::{self, InterpError};
 use codegen_aie::tiling::{self, GemmShape, TilingError};
 use codegen_aie::Device;
@@ -189,4 +189,242 @@ fn the_interpreter_enforces_memory_and_dma_limits_on_the_text() {
         d.generic().replacen(&from, &format!("static_sizes = array<i64: 65, 1, {}, {}>", t.rows * t.m, t.n), 1);
     let err = run_text(&d, &repeat, 1).unwrap_err();
     assert!(err.to_string().contains("repeat 65"), "{err}");
+}
+
+#[test]
+fn link_offsets_are_i64_array_attributes_and_the_dense_spelling_is_refused() {
+    // mlir-aie declares `aie.objectfifo.link`'s offsets as I64ArrayAttr: `[0 : i64, 512 : i64]`.
+    // The dense `array<i64: ...>` spelling fails its verifier, so the interpreter refuses it too.
+    let d = design(Device::Npu1, 64, 128, 128);
+    let (t, text) = (&d.tiling, d.generic());
+    let slice = t.m * t.k;
+    let attr = format!("dst_offsets = [0 : i64, {slice} : i64, {} : i64, {} : i64]", 2 * slice, 3 * slice);
+    assert!(text.contains(&attr), "{text}");
+    assert!(!text.lines().any(|l| l.contains("aie.objectfifo.link") && l.contains("array<")), "{text}");
+    let dense = text.replacen(&attr, &format!("dst_offsets = array<i64: 0, {slice}, {}, {}>", 2 * slice, 3 * slice), 1);
+    let err = run_text(&d, &dense, 1).unwrap_err();
+    assert!(matches!(&err, InterpError::Parse { .. }) && err.to_string().contains("dst_offsets"), "{err}");
+}
+
+#[test]
+fn a_join_output_pattern_walking_the_whole_buffer_is_refused_by_the_interpreter() {
+    // mlir-aie lowers a join's output pattern once per input transfer: a pattern over the whole
+    // joined buffer reads past each transfer ("out of bounds access in join input").
+    let d = design(Device::Npu1, 64, 128, 128);
+    let t = &d.tiling;
+    let c = d.fifos.iter().find(|f| f.name == "C_L2L3_0").unwrap();
+    assert_eq!(c.to_stream.iter().map(|&(s, _)| s).product::<usize>(), t.m * t.n);
+    let dims = |v: &[(usize, usize)]| {
+        v.iter().map(|(s, t)| format!("<size = {s}, stride = {t}>")).collect::<Vec<_>>().join(", ")
+    };
+    let mut whole = c.to_stream.clone();
+    whole[0].0 *= t.rows;
+    let line = |v: &[(usize, usize)]| format!("dimensionsToStream = #aie<bd_dim_layout_array[{}]>", dims(v));
+    assert!(d.generic().contains(&line(&c.to_stream)));
+    let text: String =
+        d.generic()
+            .lines()
+            .map(|l| {
+                if l.contains("sym_name = \"C_L2L3_") {
+                    l.replace(&line(&c.to_stream), &line(&whole))
+                } else {
+                    l.into()
+                }
+            })
+            .map(|l| l + "\n")
+            .collect();
+    assert_ne!(text, d.generic());
+    let err = run_text(&d, &text, 2).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("@C_L2L3_") && msg.contains(&format!("transfer of {}", t.m * t.n)), "{msg}");
+}
+
+/// The rule a changed design breaks, with what breaks it.
+fn refused(change: impl FnOnce(&mut design::Design)) -> design::ResourceError {
+    let mut d = design(Device::Npu1, 64, 128, 128);
+    design::check(&d).unwrap();
+    change(&mut d);
+    design::check(&d).unwrap_err()
+}
+
+fn assert_rule(err: &design::ResourceError, rule: Rule, subject: &str) {
+    assert_eq!(err.rule, rule, "{err}");
+    assert!(err.subject.contains(subject), "{err}");
+    assert!(err.to_string().contains(rule.name()), "{err}");
+}
+
+fn fifo_mut<'d>(d: &'d mut design::Design, name: &str) -> &'d mut design::Fifo {
+    d.fifos.iter_mut().find(|f| f.name == name).unwrap()
+}
+
+fn link_of<'d>(d: &'d mut design::Design, fifo: &str) -> &'d mut design::Link {
+    d.links.iter_mut().find(|l| l.inputs.iter().chain(&l.outputs).any(|n| n == fifo)).unwrap()
+}
+
+#[test]
+fn every_planned_design_keeps_mlir_aies_rules() {
+    use codegen_aie::gemm::GemmSite;
+    use codegen_aie::plan::{self, PlanOptions};
+    let shapes = [(576, 576), (576, 192), (1536, 576), (576, 1536), (576, 49152), (1024, 2048), (1024, 1024)];
+    let shapes = shapes.into_iter().chain([(2048, 1024), (1024, 3072), (3072, 1024), (1024, 151936), (64, 64)]);
+    let sites: Vec<GemmSite> = shapes
+        .enumerate()
+        .map(|(i, (k, n))| GemmSite {
+            node: format!("p{i}"),
+            op: "ai.onnx::MatMul".into(),
+            k,
+            n,
+            weight: format!("p{i}"),
+            transposed: false,
+        })
+        .collect();
+    for device in [Device::Npu1, Device::Npu2] {
+        let p = plan::plan_sites(sites.clone(), PlanOptions::new(device)).unwrap();
+        for d in p.designs.values() {
+            design::check(d).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[test]
+fn fifos_need_a_depth_and_shim_producers_no_layout() {
+    assert_rule(&refused(|d| fifo_mut(d, "C_L1L2_0_0").depth = 0), Rule::FifoEnds, "C_L1L2_0_0");
+    let err = refused(|d| fifo_mut(d, "A_L3L2").to_stream = vec![(16, 32), (32, 1)]);
+    assert_rule(&err, Rule::ShimProducerLayout, "A_L3L2");
+}
+
+#[test]
+fn a_link_is_one_kind_names_fifos_and_holds_each_fifo_once() {
+    let err = refused(|d| link_of(d, "A_L3L2").inputs[0] = "A_missing".into());
+    assert_rule(&err, Rule::LinkKind, "A_missing");
+    let err = refused(|d| {
+        d.links.retain(|l| !l.outputs.contains(&"B_L2L1_0".to_string()));
+        link_of(d, "C_L2L3_0").outputs.push("B_L2L1_0".into());
+    });
+    assert_rule(&err, Rule::LinkKind, "C_L2L3_0");
+    let err = refused(|d| {
+        let b = link_of(d, "B_L3L2_0").clone();
+        d.links.push(b);
+    });
+    assert_rule(&err, Rule::LinkOnce, "B_L3L2_0");
+}
+
+#[test]
+fn a_link_meets_at_one_tile_off_the_shim() {
+    let err = refused(|d| fifo_mut(d, "C_L2L3_0").producer = (1, 1));
+    assert_rule(&err, Rule::LinkTile, "C_L2L3_0");
+    let err = refused(|d| {
+        for f in d.fifos.iter_mut().filter(|f| f.name.starts_with("C_L1L2_0_")) {
+            f.consumers = vec![(0, 0)];
+        }
+        let c = fifo_mut(d, "C_L2L3_0");
+        c.producer = (0, 0);
+        c.to_stream.clear();
+    });
+    assert_rule(&err, Rule::LinkTile, "C_L2L3_0");
+    assert!(err.what.contains("shim"), "{err}");
+}
+
+#[test]
+fn link_offsets_number_one_per_split_fifo_and_cut_one_element_each() {
+    let err = refused(|d| {
+        link_of(d, "C_L2L3_0").src_offsets.pop();
+    });
+    assert_rule(&err, Rule::LinkOffsets, "C_L2L3_0");
+    let err = refused(|d| link_of(d, "B_L3L2_0").dst_offsets = vec![0]);
+    assert_rule(&err, Rule::LinkOffsets, "B_L2L1_0");
+    let err = refused(|d| link_of(d, "A_L3L2").dst_offsets.swap(1, 2));
+    assert_rule(&err, Rule::LinkTransfers, "A_L2L1_3");
+    assert!(err.what.contains("do not rise"), "{err}");
+    let err = refused(|d| link_of(d, "C_L2L3_0").src_offsets[1] /= 2);
+    assert_rule(&err, Rule::LinkTransfers, "C_L2L3_0");
+    assert!(err.what.contains("C_L1L2_0_0 is 512 i32 elements; its transfer at 0 of C_L2L3_0 is 256"), "{err}");
+}
+
+#[test]
+fn a_join_output_pattern_must_stay_inside_each_input_transfer() {
+    // The pattern the designs had before: the whole joined block, which mlir-aie refuses with
+    // "out of bounds access in join input, for index 2047 in transfer of length 512".
+    let err = refused(|d| {
+        let rows = d.tiling.rows;
+        fifo_mut(d, "C_L2L3_0").to_stream[0].0 *= rows;
+    });
+    assert_rule(&err, Rule::JoinPattern, "C_L2L3_0");
+    assert!(err.what.contains("index 2047") && err.what.contains("transfer of 512"), "{err}");
+}
+
+#[test]
+fn distribute_and_plain_producer_patterns_stay_inside_their_transfer() {
+    let err = refused(|d| fifo_mut(d, "A_L2L1_1").to_stream[0].0 *= 2);
+    assert_rule(&err, Rule::DistributePattern, "A_L2L1_1");
+    let err = refused(|d| fifo_mut(d, "B_L2L1_0").to_stream[0].1 += 4);
+    assert_rule(&err, Rule::FifoPattern, "B_L2L1_0");
+    let err = refused(|d| fifo_mut(d, "B_L2L1_0").to_stream[1].0 -= 1);
+    assert_rule(&err, Rule::FifoPattern, "B_L2L1_0");
+}
+
+#[test]
+fn descriptor_limits_are_the_tile_kinds() {
+    // A compute tile's descriptor walks three dimensions of at most 255 each.
+    let err = refused(|d| fifo_mut(d, "C_L1L2_0_0").to_stream = vec![(2, 256), (2, 128), (4, 32), (32, 1)]);
+    assert_rule(&err, Rule::BdLimits, "C_L1L2_0_0");
+    assert!(err.what.contains("4 dimensions"), "{err}");
+    let err = refused(|d| fifo_mut(d, "C_L1L2_0_0").to_stream = vec![(512, 1)]);
+    assert_rule(&err, Rule::BdLimits, "C_L1L2_0_0");
+    assert!(err.what.contains("size 512"), "{err}");
+    let core = Device::Npu2.core_dma();
+    assert_eq!(
+        check_pattern(core, 4, &[(128, 128), (128, 1)], false).unwrap_err().to_string(),
+        "16384 words in one transfer, the descriptor moves at most 16383"
+    );
+    assert_eq!(check_pattern(core, 4, &[(4, 0), (8, 1)], false), Err(design::PatternError::ZeroStride));
+    assert!(check_pattern(core, 1, &[(4, 8192 + 4), (8, 1)], false).unwrap_err().to_string().contains("exceeds 8192"));
+    assert_eq!(check_pattern(core, 4, &[(4, 8192), (8, 1)], false), Ok(()));
+}
+
+#[test]
+fn tiles_keep_their_memory_channels_and_descriptors() {
+    let err = refused(|d| fifo_mut(d, "C_L1L2_0_0").depth = 31);
+    assert_rule(&err, Rule::Memory, "compute tile (0, 2)");
+    let err = refused(|d| {
+        let extra = design::Fifo {
+            name: "X".into(),
+            producer: (0, 3),
+            consumers: vec![(0, 2)],
+            depth: 1,
+            shape: vec![64],
+            elem: design::Elem::I32,
+            to_stream: vec![],
+        };
+        d.fifos.push(extra);
+    });
+    assert_rule(&err, Rule::Channels, "compute tile (0, 2)");
+    let err = refused(|d| {
+        fifo_mut(d, "A_L2L1_0").depth = 9;
+        fifo_mut(d, "B_L2L1_0").depth = 9;
+    });
+    assert_rule(&err, Rule::Bds, "compute tile (0, 2)");
+    // The distribute's owner takes a descriptor per buffer and output: 7 × 4 is past the 24 one
+    // mem-tile channel reaches.
+    let err = refused(|d| fifo_mut(d, "A_L3L2").depth = 7);
+    assert_rule(&err, Rule::Bds, "mem tile (0, 1)");
+    assert!(err.what.contains("A_L3L2's channel needs 28 BDs"), "{err}");
+}
+
+#[test]
+fn runtime_dmas_keep_the_shim_descriptor_and_its_ids() {
+    let err = refused(|d| {
+        if let Some(design::SeqOp::Dma { offset, .. }) =
+            d.seq.iter_mut().find(|op| matches!(op, design::SeqOp::Dma { arg: 0, .. }))
+        {
+            *offset += 1;
+        }
+    });
+    assert_rule(&err, Rule::RuntimeDma, "A_L3L2");
+    let err = refused(|d| {
+        if let Some(design::SeqOp::Dma { id, .. }) = d.seq.first_mut() {
+            *id = 16;
+        }
+    });
+    assert_rule(&err, Rule::ShimBdIds, "C_L2L3_0");
 }
