@@ -143,7 +143,13 @@ impl<'a, 'g> GraphBuilder<'a, 'g> {
             if s.is_empty() {
                 inputs.push(None);
             } else if let Some(t) = overrides.get(&(i, k)) {
-                let cname = format!("{}.shape", name_of(n, i));
+                // One name per replaced input: a Slice may have both its starts and its ends
+                // replaced, and a second leaf of the same name would be the first.
+                let first = (0..k).all(|j| !overrides.contains_key(&(i, j)));
+                let cname = match first {
+                    true => format!("{}.shape", name_of(n, i)),
+                    false => format!("{}.input{k}", name_of(n, i)),
+                };
                 let info = Info::constant(t.clone());
                 inputs.push(Some(self.leaf(&cname, &info, ValueDef::Const(t.clone()))));
             } else {
