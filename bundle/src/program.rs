@@ -157,6 +157,11 @@ impl Node {
             _ => None,
         }
     }
+
+    /// The value index of input `i`, when the node has it.
+    pub fn input(&self, i: usize) -> Option<usize> {
+        self.inputs.get(i).copied().flatten()
+    }
 }
 
 /// What [`Program::check`] refuses: `path` is where in the program (`nodes[3].inputs[1]`).

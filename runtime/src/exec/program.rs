@@ -2,9 +2,7 @@
 //! dtypes it computes in, constants decoded, symbolic dims parsed into polynomials it evaluates
 //! once the step's sequence length is known.
 
-use std::collections::BTreeMap;
-
-use crate::bundle::program::{self as format, Attr, Dim, Tensor};
+use crate::bundle::program::{self as format, Dim, Tensor};
 
 use super::error::ExecError;
 
@@ -135,43 +133,8 @@ pub struct ValueInfo {
     pub def: ValueDef,
 }
 
-#[derive(Clone, Debug)]
-pub struct NodeInfo {
-    pub name: String,
-    /// `domain::op`.
-    pub op: String,
-    pub attrs: BTreeMap<String, Attr>,
-    pub inputs: Vec<Option<usize>>,
-    pub outputs: Vec<usize>,
-}
-
-impl NodeInfo {
-    pub fn attr_f32(&self, name: &str) -> Option<f32> {
-        match self.attrs.get(name)? {
-            Attr::Float(v) => Some(*v),
-            Attr::Int(v) => Some(*v as f32),
-            _ => None,
-        }
-    }
-
-    pub fn attr_i64(&self, name: &str) -> Option<i64> {
-        match self.attrs.get(name)? {
-            Attr::Int(v) => Some(*v),
-            _ => None,
-        }
-    }
-
-    pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
-        match self.attrs.get(name)? {
-            Attr::Ints(v) => Some(v.clone()),
-            _ => None,
-        }
-    }
-
-    pub fn input(&self, i: usize) -> Option<usize> {
-        self.inputs.get(i).copied().flatten()
-    }
-}
+/// A node as the bundle's program holds it (its attribute readers are the format's).
+pub type NodeInfo = format::Node;
 
 #[derive(Clone, Debug)]
 pub struct Program {
@@ -191,17 +154,7 @@ impl Program {
     pub fn from_format(program: &format::Program) -> Result<Program, ExecError> {
         program.check().map_err(|e| bad(e.path, e.problem))?;
         let values = program.values.iter().enumerate().map(|(i, v)| decode_value(v, i)).collect::<Result<_, _>>()?;
-        let nodes = program
-            .nodes
-            .iter()
-            .map(|n| NodeInfo {
-                name: n.name.clone(),
-                op: n.op.clone(),
-                attrs: n.attrs.clone(),
-                inputs: n.inputs.clone(),
-                outputs: n.outputs.clone(),
-            })
-            .collect();
+        let nodes = program.nodes.clone();
         Ok(Program { values, nodes, inputs: program.inputs.clone(), outputs: program.outputs.clone() })
     }
 }

@@ -150,7 +150,7 @@ fn permutation(node: &NodeInfo, rank: usize) -> Result<Vec<usize>, ExecError> {
         return Err(fail(format!("rank {rank} is above the {MAX_TRANSPOSE_RANK} axes the executor transposes")));
     }
     let perm: Vec<usize> = match node.attr_ints("perm") {
-        Some(p) => p.into_iter().map(|d| d as usize).collect(),
+        Some(p) => p.iter().map(|&d| d as usize).collect(),
         None => (0..rank).rev().collect(),
     };
     let mut sorted = perm.clone();
