@@ -34,8 +34,10 @@ pub struct Options {
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpeculateArgs {
     /// Draft tokens and verify several in one step (one pass over the weights): `lookup` drafts
-    /// what followed the text's last n-gram earlier in the prompt or the output. Greedy decoding
-    /// only; the tokens are exactly those of decoding without it.
+    /// what followed the text's last n-gram earlier in the prompt or the output. Greedy output is
+    /// token for token that of decoding without it; sampled output (--temperature > 0) has the
+    /// same distribution (a draft is kept with the probability sampling gives it, else replaced
+    /// by a draw without it), though not the same tokens for a seed.
     #[arg(long, value_parser = ["lookup"])]
     pub speculate: Option<String>,
     /// With --speculate: tokens drafted per verify step at most.
@@ -53,7 +55,6 @@ impl SpeculateArgs {
             return Ok(None);
         }
         anyhow::ensure!(self.draft_len > 0 && self.ngram > 0, "--draft-len and --ngram must be positive");
-        anyhow::ensure!(o.sampling.temperature == 0.0, "--speculate verifies greedy decoding (--temperature 0)");
         anyhow::ensure!(prompts == 1, "--speculate runs one prompt at a time");
         anyhow::ensure!(o.backend.backend == "host", "--speculate runs on the host backend");
         Ok(Some(PromptLookup { ngram: self.ngram, draft_len: self.draft_len }))
@@ -157,7 +158,7 @@ fn run_openvino(o: &Options, bundle: &Bundle, text: &Text, prompt_ids: &[Vec<u32
     crate::run_openvino::run(&o.backend, request)
 }
 
-/// How one prompt is decoded: sampled, or greedy with drafts verified several at a time.
+/// How one prompt is decoded: token by token, or with drafts verified several at a time.
 struct Decoding<'s> {
     sampler: &'s mut Sampler,
     drafter: Option<PromptLookup>,
@@ -193,9 +194,10 @@ fn generate_streaming(
             Err(e) => stream_error = Some(e),
         }
     };
-    let (tokens, stats, spec) = match &decoding.drafter {
-        Some(d) => {
-            let (tokens, stats, spec) = executor.generate_speculative(prompt_ids, o.max_tokens, stop, d, on_token)?;
+    let (tokens, stats, spec) = match decoding.drafter {
+        Some(mut d) => {
+            let (tokens, stats, spec) =
+                executor.generate_speculative(prompt_ids, o.max_tokens, stop, &mut d, decoding.sampler, on_token)?;
             (tokens, stats, Some(spec))
         }
         None => {

@@ -653,7 +653,8 @@ fn relative(got: &[f32], want: &[f32]) -> f64 {
 
 /// `--speculate lookup` on SmolLM2 (float and the builder's int4) asked to repeat a sentence:
 /// the tokens of plain greedy decoding, drafts accepted, more than one token per pass over the
-/// weights; and speculation is refused where it does not apply.
+/// weights; sampled speculation reproducible for a seed; and speculation refused where it does not
+/// apply.
 #[test]
 fn speculative_run_repeats_greedys_tokens_in_fewer_weight_passes() {
     let message =
@@ -674,6 +675,15 @@ fn speculative_run_repeats_greedys_tokens_in_fewer_weight_passes() {
         assert!(plain.get("speculation").is_none());
     }
     let dir = bundle_dir().to_str().unwrap();
-    let (ok, _, err) = npuc(&["run", dir, "--prompt", "Hi", "--speculate", "lookup", "--temperature", "0.7"]);
-    assert!(!ok && err.contains("--speculate verifies greedy decoding"), "{err}");
+    // Sampled: the same seed gives the same tokens, drafts are verified and some kept.
+    let sampled = ["run", dir, "--prompt", message, "--chat", "--max-tokens", "24", "--json", "--temperature", "0.3"];
+    let spec_args = [&sampled[..], &["--seed", "5", "--speculate", "lookup"]].concat();
+    let (first, second) = (npuc(&spec_args), npuc(&spec_args));
+    assert!(first.0, "{}", first.2);
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&first.1).unwrap(), serde_json::from_str(&second.1).unwrap());
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert!(a["speculation"]["accepted"].as_u64().unwrap() > 0, "{}", a["speculation"]);
+    let (ok, _, err) = npuc(&["run", dir, "--prompt", "Hi", "--prompt", "Bye", "--speculate", "lookup"]);
+    assert!(!ok && err.contains("--speculate runs one prompt at a time"), "{err}");
 }

@@ -538,7 +538,7 @@ fn a_verify_step_gives_every_rows_logits_as_single_steps_do() {
 /// does not; across them drafts are both accepted and rejected.
 #[test]
 fn speculative_greedy_gives_the_tokens_of_greedy() {
-    let drafter = runtime::exec::PromptLookup { ngram: 3, draft_len: 4 };
+    let mut drafter = runtime::exec::PromptLookup { ngram: 3, draft_len: 4 };
     let (mut accepted, mut rejected) = (0, 0);
     let mut names: Vec<&&str> = models().keys().collect();
     names.sort();
@@ -551,7 +551,8 @@ fn speculative_greedy_gives_the_tokens_of_greedy() {
             exec.reset().unwrap();
             let (plain, _) = exec.generate_greedy(&p, 24, &[], |_| {}).unwrap();
             exec.reset().unwrap();
-            let (spec, _, s) = exec.generate_speculative(&p, 24, &[], &drafter, |_| {}).unwrap();
+            let (spec, _, s) =
+                exec.generate_speculative(&p, 24, &[], &mut drafter, &mut Sampler::greedy(), |_| {}).unwrap();
             assert_eq!(spec, plain, "{name}: a prompt of {} tokens", p.len());
             // Every verify step emits its accepted drafts and one more token (the last may be cut
             // at the 24th).
@@ -562,4 +563,100 @@ fn speculative_greedy_gives_the_tokens_of_greedy() {
         }
     }
     assert!(accepted > 0 && rejected > 0, "accepted {accepted}, rejected {rejected}");
+}
+
+/// Drafts the same tokens whatever the text: the statistical test wants drafts that are kept
+/// often and rejected often, at known positions.
+struct Fixed(Vec<u32>);
+
+impl runtime::exec::Drafter for Fixed {
+    fn draft(&mut self, _: &[u32]) -> Vec<u32> {
+        self.0.clone()
+    }
+    fn max_draft(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The exact distribution of the first three sampled tokens after `p` (top-k 3 at `params`):
+/// `(tokens, probability)` for every path, from the executor's own logits step by step.
+fn three_token_paths(exec: &mut Executor, p: &[u32], params: &SamplingParams) -> Vec<([u32; 3], f64)> {
+    let mut dist = |prefix: &[u32]| {
+        exec.reset().unwrap();
+        let mut logits = exec.step(p).unwrap().to_vec();
+        for &t in prefix {
+            logits = exec.step(&[t]).unwrap().to_vec();
+        }
+        let mut out = Vec::new();
+        runtime::sample::distribution(&logits, params, &mut out);
+        out
+    };
+    let mut paths = Vec::new();
+    for (a, pa) in dist(&[]) {
+        for (b, pb) in dist(&[a]) {
+            for (c, pc) in dist(&[a, b]) {
+                paths.push(([a, b, c], f64::from(pa) * f64::from(pb) * f64::from(pc)));
+            }
+        }
+    }
+    paths
+}
+
+/// Sampled speculative decoding has plain sampling's distribution, on a real bundle: the first
+/// three tokens (the first sampled after the prefill, the next two from one verify step over two
+/// fixed drafts) over 4,000 seeds, against the exact path probabilities from the executor's
+/// logits. Cells expected below 5 draws are pooled; the statistic must stay under χ²'s 0.999
+/// quantile for its degrees of freedom. Drafts are both kept and replaced across the draws.
+#[test]
+fn sampled_speculation_has_the_distribution_of_sampling() {
+    let model = &models()["qwen3-optimum"];
+    let bundle = Bundle::open(&model.bundle, Some("cpu")).unwrap();
+    let mut exec = Executor::new(&bundle, ExecOptions { max_context: 32, ..ExecOptions::default() }).unwrap();
+    let p = prompt(6, 14, model.vocab);
+    let params = SamplingParams { temperature: 2.0, top_k: 3, top_p: 1.0, seed: 0 };
+    let paths = three_token_paths(&mut exec, &p, &params);
+    // Drafts: the likeliest second and third tokens after the likeliest path's first.
+    let likeliest = paths.iter().max_by(|x, y| x.1.total_cmp(&y.1)).unwrap().0;
+    let mut drafter = Fixed(likeliest[1..].to_vec());
+    let draws = 4000;
+    let (mut counts, mut kept, mut replaced) = (vec![0usize; paths.len()], 0, 0);
+    for seed in 0..draws as u64 {
+        exec.reset().unwrap();
+        let mut sampler = Sampler::new(SamplingParams { seed, ..params }).unwrap();
+        let (tokens, _, s) = exec.generate_speculative(&p, 3, &[], &mut drafter, &mut sampler, |_| {}).unwrap();
+        let cell = paths.iter().position(|(path, _)| path[..] == tokens[..]).expect("a path top-k allows");
+        counts[cell] += 1;
+        kept += s.accepted;
+        replaced += s.drafted - s.accepted;
+    }
+    assert!(kept > 0 && replaced > 0, "kept {kept}, replaced {replaced}");
+    let (chi2, dof) = pooled_chi_squared(&counts, &paths.iter().map(|p| p.1).collect::<Vec<_>>(), draws);
+    assert!(chi2 < chi_squared_999(dof), "χ² = {chi2} with {dof} degrees of freedom; counts {counts:?}");
+}
+
+/// χ² of `counts` against `probs` over `draws`, cells expected below 5 pooled into one; and the
+/// degrees of freedom.
+fn pooled_chi_squared(counts: &[usize], probs: &[f64], draws: usize) -> (f64, usize) {
+    let (mut chi2, mut cells, mut pool_count, mut pool_expected) = (0.0, 0, 0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probs) {
+        let e = p * draws as f64;
+        if e < 5.0 {
+            (pool_count, pool_expected) = (pool_count + c as f64, pool_expected + e);
+        } else {
+            chi2 += (c as f64 - e).powi(2) / e;
+            cells += 1;
+        }
+    }
+    if pool_expected > 0.0 {
+        chi2 += (pool_count - pool_expected).powi(2) / pool_expected.max(1.0);
+        cells += 1;
+    }
+    (chi2, cells - 1)
+}
+
+/// χ²'s 0.999 quantile for `dof` degrees of freedom (Wilson–Hilferty; within 1% from 5 up).
+fn chi_squared_999(dof: usize) -> f64 {
+    let k = dof.max(1) as f64;
+    let z = 3.090_232;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
 }

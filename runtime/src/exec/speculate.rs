@@ -1,11 +1,15 @@
-//! Speculative greedy decoding with prompt-lookup drafts.
+//! Speculative decoding: drafted tokens verified several at a time, with exact rollback.
 //!
 //! Decoding reads every weight once per step; a step over several rows reads them once too. A
-//! drafter guesses the next tokens, one verify step scores the pending token and every draft
-//! ([`Executor::step_sequence_rows`]), and the longest prefix of drafts that equals the argmax
-//! of the row before it is kept, plus the argmax after it. Rejected rows leave the cache by
-//! truncating the sequence's page tables ([`Executor::truncate_sequence`]: no copy). The verify
-//! rows equal single steps bit for bit, so the tokens are the ones plain greedy decoding gives.
+//! [`Drafter`] guesses the next tokens, one verify step scores the pending token and every draft
+//! ([`Executor::step_sequence_rows`]), and drafts are tested in order against the row before
+//! each ([`Sampler::verify_draft`]): greedy keeps a draft equal to the row's argmax; sampling
+//! keeps draft `d` with probability p(d) and otherwise draws from p without `d`, the
+//! speculative-sampling rule for a drafter that proposes one token, so every position has plain
+//! sampling's distribution. The first rejection gives the replacement; when every draft is kept,
+//! the last row gives the next token. Rejected rows leave the cache by truncating the
+//! sequence's page tables ([`Executor::truncate_sequence`]: no copy). The verify rows equal
+//! single steps bit for bit, so greedy speculation gives plain greedy's tokens.
 //!
 //! [`PromptLookup`] drafts the tokens that followed the latest earlier occurrence of the text's
 //! last n-gram (the prompt and what was generated): free, and right where output repeats input
@@ -14,8 +18,17 @@
 use std::time::Instant;
 
 use super::error::ExecError;
-use super::generate::{argmax, GenerateStats};
+use super::generate::GenerateStats;
 use super::Executor;
+use crate::sample::Sampler;
+
+/// Proposes the tokens that may come next, from the text so far (prompt and generated tokens).
+pub trait Drafter {
+    /// Up to [`Drafter::max_draft`] tokens guessed to follow `history`; empty for no guess.
+    fn draft(&mut self, history: &[u32]) -> Vec<u32>;
+    /// The most tokens one draft holds.
+    fn max_draft(&self) -> usize;
+}
 
 /// Drafts by n-gram lookup in the text so far.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,10 +45,20 @@ impl Default for PromptLookup {
     }
 }
 
+impl Drafter for PromptLookup {
+    fn draft(&mut self, history: &[u32]) -> Vec<u32> {
+        self.lookup(history)
+    }
+
+    fn max_draft(&self) -> usize {
+        self.draft_len
+    }
+}
+
 impl PromptLookup {
     /// The tokens that followed the latest earlier occurrence of `history`'s last n-gram, for the
     /// longest n that occurs; empty when none does.
-    pub fn draft(&self, history: &[u32]) -> Vec<u32> {
+    pub fn lookup(&self, history: &[u32]) -> Vec<u32> {
         for n in (1..=self.ngram.min(history.len().saturating_sub(1))).rev() {
             let tail = &history[history.len() - n..];
             let found = (0..history.len() - n).rev().find(|&s| &history[s..s + n] == tail);
@@ -69,14 +92,16 @@ impl SpeculationStats {
 }
 
 impl Executor<'_> {
-    /// Greedy decoding of the default sequence as [`Executor::generate_greedy`] does it — the
-    /// same tokens — but verifying `drafter`'s drafts several at a time.
+    /// Decoding of the default sequence as [`Executor::generate`] does it with `sampler` — the
+    /// same tokens when greedy, the same distribution when sampled — verifying `drafter`'s
+    /// drafts several at a time.
     pub fn generate_speculative(
         &mut self,
         prompt: &[u32],
         max_new: usize,
         stop: &[u32],
-        drafter: &PromptLookup,
+        drafter: &mut dyn Drafter,
+        sampler: &mut Sampler,
         mut on_token: impl FnMut(u32),
     ) -> Result<(Vec<u32>, GenerateStats, SpeculationStats), ExecError> {
         let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
@@ -87,7 +112,7 @@ impl Executor<'_> {
         }
         let start = Instant::now();
         let mut history = prompt.to_vec();
-        let mut pending = argmax(self.step(prompt)?);
+        let mut pending = sampler.sample(self.step(prompt)?);
         stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
         let decode_start = Instant::now();
         let mut emit = |token: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>| {
@@ -100,8 +125,8 @@ impl Executor<'_> {
             // The block (pending and drafts) must fit the context; drafts past `max_new` are waste.
             let room = (max_new - generated.len()).min(self.max_context.saturating_sub(self.position() + 1));
             let mut drafts = drafter.draft(&history);
-            drafts.truncate(room.min(drafter.draft_len));
-            let (accepted, next) = self.verify(pending, &drafts)?;
+            drafts.truncate(room.min(drafter.max_draft()));
+            let (accepted, next) = self.verify(pending, &drafts, sampler)?;
             spec.verify_steps += 1;
             spec.drafted += drafts.len();
             spec.accepted += accepted;
@@ -116,9 +141,9 @@ impl Executor<'_> {
     }
 
     /// One verify step of the default sequence over `pending` and `drafts`: how many drafts
-    /// equal the argmax of the row before them, and the argmax after the last one kept. The
-    /// sequence keeps `pending` and the accepted drafts.
-    fn verify(&mut self, pending: u32, drafts: &[u32]) -> Result<(usize, u32), ExecError> {
+    /// `sampler` keeps, testing each against the row before it, and the token after the last
+    /// one kept. The sequence keeps `pending` and the kept drafts.
+    fn verify(&mut self, pending: u32, drafts: &[u32], sampler: &mut Sampler) -> Result<(usize, u32), ExecError> {
         let seq = self.default_sequence();
         let kept_before = self.position();
         let mut block = Vec::with_capacity(drafts.len() + 1);
@@ -126,9 +151,20 @@ impl Executor<'_> {
         block.extend_from_slice(drafts);
         let vocab = self.vocab();
         let rows = self.step_sequence_rows(seq, &block)?;
-        let best: Vec<u32> = rows.chunks_exact(vocab).map(argmax).collect();
-        let accepted = drafts.iter().zip(&best).take_while(|(d, b)| d == b).count();
-        let next = best[accepted];
+        let mut rows = rows.chunks_exact(vocab);
+        let mut accepted = 0;
+        let mut next = None;
+        for (&draft, row) in drafts.iter().zip(rows.by_ref()) {
+            next = sampler.verify_draft(row, draft);
+            if next.is_some() {
+                break;
+            }
+            accepted += 1;
+        }
+        let next = match next {
+            Some(token) => token,
+            None => sampler.sample(rows.next().expect("a row after the last draft")),
+        };
         self.truncate_sequence(seq, kept_before + 1 + accepted)?;
         Ok((accepted, next))
     }
@@ -142,12 +178,12 @@ mod tests {
     fn lookup_drafts_what_followed_the_latest_longest_match() {
         let d = PromptLookup { ngram: 3, draft_len: 3 };
         // "5 6" last occurred followed by 9 1 2; the 3-gram "4 5 6" never occurred before.
-        assert_eq!(d.draft(&[5, 6, 7, 8, 5, 6, 9, 1, 2, 4, 5, 6]), [9, 1, 2]);
+        assert_eq!(d.lookup(&[5, 6, 7, 8, 5, 6, 9, 1, 2, 4, 5, 6]), [9, 1, 2]);
         // A 3-gram match wins over a later 1-gram match.
-        assert_eq!(d.draft(&[1, 2, 3, 7, 7, 3, 8, 1, 2, 3]), [7, 7, 3]);
+        assert_eq!(d.lookup(&[1, 2, 3, 7, 7, 3, 8, 1, 2, 3]), [7, 7, 3]);
         // The continuation stops at the end of the text.
-        assert_eq!(d.draft(&[4, 2, 4]), [2, 4]);
-        assert_eq!(d.draft(&[1, 2, 3]), Vec::<u32>::new());
-        assert_eq!(d.draft(&[]), Vec::<u32>::new());
+        assert_eq!(d.lookup(&[4, 2, 4]), [2, 4]);
+        assert_eq!(d.lookup(&[1, 2, 3]), Vec::<u32>::new());
+        assert_eq!(d.lookup(&[]), Vec::<u32>::new());
     }
 }
