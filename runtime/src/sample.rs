@@ -171,7 +171,7 @@ impl Sampler {
     /// A token from `candidates` other than `left_out`, whose probabilities sum to `mass`.
     fn draw_without(&mut self, candidates: &[(u32, f32)], left_out: u32, mass: f64) -> u32 {
         let mut rest = candidates.iter().filter(|c| c.0 != left_out);
-        let Some(&(last, _)) = rest.clone().last() else { return left_out };
+        let Some(&(last, _)) = rest.clone().next_back() else { return left_out };
         if rest.clone().nth(1).is_none() {
             return last;
         }
