@@ -6,6 +6,7 @@ Runtime's references.
         [--smollm2-gguf fixtures/cache/SmolLM2-135M-Instruct.Q4_1.gguf] [--jobs 2]
     .venv-export/bin/python tools/export_corpus.py --bench [--out fixtures/bench] [--only NAME ...]
         [--no-reference]
+    .venv-export/bin/python tools/export_corpus.py --hybrid [--out fixtures/hybrid] [--only NAME ...]
 
 For each architecture in corpus/models.py, a Hugging Face model folder (<out>/<arch>-hf/) made
 with transformers' own classes, then one folder per exporter (<out>/<arch>-<exporter>/) with the
@@ -24,6 +25,15 @@ Qwen3-0.6B-shaped model with random weights) with BENCH_EXPORTERS, into fixtures
 index of its own, so the corpus the tests read never holds them. Their references are ONNX
 Runtime's greedy ids for one prompt and the prefill/decode cases (no MatMulNBits cases: the 0.6B
 model's matrices would be copied once more); --no-reference skips even those.
+
+--hybrid exports the recurrent and mixture-of-experts architectures (corpus/models.py
+HYBRID_ARCHS: Qwen3.5 and Qwen3.5-MoE with Gated DeltaNet layers, LFM2 and LFM2-MoE with short
+convolutions, gpt-oss) through the builder's fp32 and int4 (HYBRID_EXPORTERS) into
+fixtures/hybrid/ with an index of its own, so the corpus test, which compiles every entry, never
+reads them. Their folders are made under the builder's transformers (corpus/hybrid_hf.py). Cases
+and greedy ids as the corpus's, the recurrent and conv states (`past.<layer>.<kind>`) starting at
+zero; each entry also lists its state inputs, its contrib ops' signatures and, for fp32,
+transformers' own greedy ids on the same folder and whether ONNX Runtime's equal them.
 """
 
 from __future__ import annotations
@@ -57,6 +67,10 @@ DECODE_ID = 77
 BENCH_PROMPT = [1, 2, 3]
 BENCH_EXPORTERS = ["builder-int4", "builder-fp32"]
 GREEDY_STEPS = 16
+HYBRID_EXPORTERS = ["builder-fp32", "builder-int4"]
+# The contrib ops whose node signatures the hybrid index records (the evaluator's contract).
+HYBRID_OPS = ("LinearAttention", "LinearAttentionGate", "CausalConvWithState", "GatedRMSNorm", "GatedAdd",
+              "MRotaryEmbedding", "GroupQueryAttention", "MoE", "QMoE")
 PACKAGES = ["torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai", "onnx"]
 
 # exporter name -> how to make it from the HF folder (and the optimum export, for QDQ).
@@ -65,8 +79,8 @@ EXPORTERS = {
     "torch-dynamo": lambda hf, out, ctx: exporters.dynamo(hf, out),
     # opset 23: the exporter writes RMSNormalization, RotaryEmbedding and Attention.
     "torch-dynamo-opset23": lambda hf, out, ctx: exporters.dynamo(hf, out, opset23=True),
-    "builder-fp32": lambda hf, out, ctx: exporters.builder(hf, out, "fp32", {}),
-    "builder-int4": lambda hf, out, ctx: exporters.builder(hf, out, "int4", {}),
+    "builder-fp32": lambda hf, out, ctx: exporters.builder(hf, out, "fp32", ctx.get("builder_options", {})),
+    "builder-int4": lambda hf, out, ctx: exporters.builder(hf, out, "int4", ctx.get("builder_options", {})),
     "builder-int4-b128-asym": lambda hf, out, ctx: exporters.builder(
         hf, out, "int4", {"block_size": "128", "is_symmetric": "false", "accuracy_level": "4",
                           "shared_embeddings": "false"}),
@@ -150,6 +164,8 @@ def make_entry(arch: models.Arch, exporter: str, out: Path, ctx: dict, digest: s
         entry.update(bypassed_references(entry_dir, layers, kv_heads, head_dim, ctx["prompts"]))
     if exporter.startswith("builder-int4") and not ctx.get("bench"):
         entry["matmulnbits_cases"] = reference.record_matmulnbits(entry_dir / "model.onnx", entry_dir / "matmulnbits")
+    if ctx.get("hybrid"):
+        entry.update(hybrid_facts(entry_dir, entry, ctx))
     entry["seconds"] = round(time.time() - t0, 1)
     prov_path.write_text(json.dumps(entry, indent=2) + "\n")
     return entry
@@ -165,6 +181,89 @@ def op_histogram(model: Path) -> dict:
         key = f"{node.domain or 'ai.onnx'}::{node.op_type}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def hybrid_facts(entry_dir: Path, entry: dict, ctx: dict) -> dict:
+    """What a hybrid entry adds: its state inputs, its contrib ops' signatures, the MTP graph the
+    builder writes beside some (kept untouched), and for fp32 transformers' greedy ids."""
+    facts = {"state_inputs": state_inputs(entry_dir / "model.onnx"),
+             "contrib_signatures": contrib_signatures(entry_dir / "model.onnx")}
+    extra = sorted(p.name for p in entry_dir.glob("*.onnx") if p.name != "model.onnx")
+    if extra:
+        facts["other_graphs"] = extra
+    if entry_dir.name.endswith("-fp32"):
+        facts["transformers"] = transformers_agreement(entry_dir, entry["cases"][0]["greedy_ids"], ctx)
+    return facts
+
+
+def state_inputs(model: Path) -> dict:
+    """Every `past*` input with its declared shape (symbols as names) and element type."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return {i.name: {"shape": [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim],
+                     "dtype": onnx.TensorProto.DataType.Name(i.type.tensor_type.elem_type).lower()}
+            for i in graph.input if i.name.startswith("past")}
+
+
+def contrib_signatures(model: Path) -> list[dict]:
+    """Each distinct signature of the HYBRID_OPS nodes: domain, op, attributes, input arity and
+    which inputs are empty (""), initializers named, with the nodes that have it."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    inits = {t.name: list(t.dims) for t in graph.initializer}
+    seen: dict[str, dict] = {}
+    for n in graph.node:
+        if n.op_type not in HYBRID_OPS:
+            continue
+        attrs = {a.name: plain(helper.get_attribute_value(a)) for a in n.attribute}
+        sig = {"domain": n.domain or "ai.onnx", "op": n.op_type, "attributes": attrs, "inputs": len(n.input),
+               "empty_inputs": [i for i, x in enumerate(n.input) if not x],
+               "initializer_inputs": {i: inits[x] for i, x in enumerate(n.input) if x in inits},
+               "outputs": len(n.output)}
+        key = json.dumps(sig, sort_keys=True)
+        seen.setdefault(key, dict(sig, nodes=[]))["nodes"].append(n.name)
+    return list(seen.values())
+
+
+def plain(value):
+    """An attribute value as JSON: strings decoded, lists kept."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def transformers_agreement(entry_dir: Path, mine: list[int], ctx: dict) -> dict:
+    """transformers' greedy ids (corpus/hybrid_hf.py greedy, under the builder's transformers) on
+    the entry's HF folder, against ONNX Runtime's on the file; a disagreement is recorded with the
+    first step that differs and the prefill logits' largest difference, never hidden."""
+    import numpy as np
+    from onnx import load_tensor, numpy_helper
+
+    theirs = ctx.setdefault("transformers_greedy", {}).get("ids") or hf_greedy(ctx)
+    ort_logits = numpy_helper.to_array(load_tensor(str(entry_dir / "prefill" / "output_0.pb")))[0]
+    result = {"version": theirs["transformers"], "greedy_ids": theirs["greedy_ids"], "agree": mine == theirs["greedy_ids"],
+              "prefill_max_abs_logit_diff": float(np.abs(np.asarray(theirs["prefill_logits"]) - ort_logits).max())}
+    if not result["agree"]:
+        result["first_difference_step"] = next(i + 1 for i, (a, b) in enumerate(zip(mine, theirs["greedy_ids"])) if a != b)
+    return result
+
+
+def hf_greedy(ctx: dict) -> dict:
+    """Runs transformers' greedy once per architecture (the fp32 and int4 entries share it)."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "greedy.json"
+        cmd = [sys.executable, str(TOOLS / "corpus" / "hybrid_hf.py"), "greedy", str(ctx["hf"]),
+               ",".join(map(str, ctx["prompts"][0])), str(GREEDY_STEPS), str(out)]
+        exporters.run(cmd, ctx["hf"].parent / f"{ctx['hf'].name}.greedy.log",
+                      dict(os.environ, PYTHONPATH=str(exporters.BUILDER_OVERLAY)))
+        ctx["transformers_greedy"] = {"ids": json.loads(out.read_text())}
+    return ctx["transformers_greedy"]["ids"]
 
 
 def bypassed_references(entry_dir: Path, layers: int, kv_heads: int, head_dim: int, prompts: list[list[int]]) -> dict:
@@ -263,6 +362,9 @@ def check_bench_names(args):
         for arch in models.BENCH_ARCHS:
             if name == arch or name.startswith(arch + "-"):
                 sys.exit(f"{name} is bench-only: export it with --bench (into fixtures/bench)")
+        for arch in models.HYBRID_ARCHS:
+            if name == arch or name.startswith(arch + "-builder"):
+                sys.exit(f"{name} is a hybrid architecture: export it with --hybrid (into fixtures/hybrid)")
 
 
 def main():
@@ -274,9 +376,14 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="architectures exported at once (default 2)")
     ap.add_argument("--bench", action="store_true", help="export the bench-only architectures (not the corpus)")
     ap.add_argument("--no-reference", action="store_true", help="with --bench: skip ONNX Runtime's references")
+    ap.add_argument("--hybrid", action="store_true", help="export the hybrid architectures (not the corpus)")
     args = ap.parse_args()
+    if args.bench and args.hybrid:
+        sys.exit("--bench and --hybrid write different folders: one at a time")
     if args.bench:
         return main_bench(args)
+    if args.hybrid:
+        return main_hybrid(args)
     if args.no_reference:
         sys.exit("--no-reference is for --bench: the corpus's references are what the tests compare with")
     check_bench_names(args)
@@ -322,6 +429,27 @@ def main_bench(args):
     for arch, names, make_hf, prompts_of in bench_jobs(args):
         try:
             index.update(export_arch(arch, names, args.out, args.force, digest, make_hf, prompts_of, options))
+        except RuntimeError as e:
+            sys.exit(str(e))
+    write_index(index_path, index)
+
+
+def main_hybrid(args):
+    """`--hybrid`: the hybrid architectures into their own folder and index, one at a time."""
+    if args.smollm2_gguf or args.no_reference:
+        sys.exit("--hybrid takes --out, --only and --force")
+    args.out = args.out or TOOLS.parent / "fixtures" / "hybrid"
+    digest = sources_digest() + ("-forced" + str(time.time()) if args.force else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    index_path = args.out / "index.json"
+    index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
+    for arch in models.HYBRID_ARCHS.values():
+        names = [x for x in HYBRID_EXPORTERS
+                 if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
+        options = {"hybrid": True, "builder_options": models.HYBRID_BUILDER_OPTIONS.get(arch.name, {})}
+        try:
+            index.update(export_arch(arch, names, args.out, args.force, digest,
+                                     lambda hf, a=arch: models.build_hybrid(a, hf), lambda hf: [PROMPT], options))
         except RuntimeError as e:
             sys.exit(str(e))
     write_index(index_path, index)

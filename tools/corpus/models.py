@@ -82,6 +82,58 @@ BENCH_ARCHS = {
 }
 
 
+# The hybrid corpus (`tools/export_corpus.py --hybrid`, into fixtures/hybrid/): recurrent and
+# mixture-of-experts decoders as the builder exports them, each with one layer of every kind. Made
+# by corpus/hybrid_hf.py under the builder's transformers, which has the Qwen3.5 and LFM2-MoE
+# classes. Qwen3.5's attention uses the real model's proportions: head_dim 64 with a quarter of it
+# rotated as interleaved MRoPE sections [3, 3, 2], twice as many value heads as key heads in the
+# Gated DeltaNet layers.
+QWEN35_TEXT = dict(
+    COMMON, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], head_dim=64,
+    linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+    linear_num_value_heads=4, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                         mrope_section=[3, 3, 2], mrope_interleaved=True))
+# The vision tower is part of the class; the builder exports the text decoder only.
+QWEN35_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128)
+EXPERTS = dict(num_experts=4, num_experts_per_tok=2)
+
+HYBRID_ARCHS = {
+    # Qwen3.5: a Gated DeltaNet layer (causal conv, gated delta rule, gated RMSNorm) before a
+    # gated full-attention layer with q/k norms; (1 + w) norms.
+    "qwen3.5": Arch("qwen3.5", "Qwen3_5ForConditionalGeneration", dict(
+        text_config=QWEN35_TEXT, vision_config=QWEN35_VISION, tie_word_embeddings=False), 21),
+    # Qwen3.5-MoE: the same layers with a routed MoE (4 experts, top 2) and a gated shared expert.
+    "qwen3.5-moe": Arch("qwen3.5-moe", "Qwen3_5MoeForConditionalGeneration", dict(
+        text_config=dict(QWEN35_TEXT, **EXPERTS, moe_intermediate_size=64, shared_expert_intermediate_size=64),
+        vision_config=QWEN35_VISION, tie_word_embeddings=False), 22),
+    # LFM2: short causal convolutions (kernel 3, gated by the input projection) and attention
+    # with q/k norms; the FFN size as given (no auto-adjust).
+    "lfm2": Arch("lfm2", "Lfm2ForCausalLM", dict(
+        COMMON, layer_types=["conv", "full_attention"], conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+        block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 23),
+    # gpt-oss: MoE with biased experts and a clamped SwiGLU, attention sinks, a sliding-window
+    # layer (window 12, shorter than a greedy run) before a full one, YaRN over a 4096-position
+    # original context (the builder's YaRN needs head_dim >= 64).
+    "gpt-oss": Arch("gpt-oss", "GptOssForCausalLM", dict(
+        COMMON, hidden_size=64, intermediate_size=64, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=12, layer_types=["sliding_attention", "full_attention"], max_position_embeddings=32768,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0, beta_slow=1.0,
+                             truncate=False, original_max_position_embeddings=4096)), 24),
+    # LFM2-MoE: a dense conv layer, then MoE layers (sigmoid router with an expert bias) after an
+    # attention layer and a conv layer.
+    "lfm2-moe": Arch("lfm2-moe", "Lfm2MoeForCausalLM", dict(
+        COMMON, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], num_dense_layers=1,
+        **EXPERTS, moe_intermediate_size=64, conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 25),
+}
+# Builder options per hybrid architecture: gpt-oss's sliding-window layer gets a full-length KV
+# cache like the other layers (the default is a ring buffer of the window's size on CPU).
+HYBRID_BUILDER_OPTIONS = {"gpt-oss": {"windowed_kv_cache": "false"}}
+
+
 def build(arch: Arch, out: Path) -> dict:
     """Writes a Hugging Face model folder (weights, config, tokenizer); returns the config dict."""
     import torch
@@ -102,6 +154,24 @@ def build(arch: Arch, out: Path) -> dict:
     return json.loads((out / "config.json").read_text())
 
 
+def build_hybrid(arch: Arch, out: Path) -> dict:
+    """A hybrid architecture's model folder, made by corpus/hybrid_hf.py under the builder's
+    transformers (the only one with every hybrid class); returns the config dict."""
+    import os
+    import sys
+    import tempfile
+
+    from corpus.exporters import BUILDER_OVERLAY, run
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = Path(scratch) / "spec.json"
+        spec.write_text(json.dumps({"hf_class": arch.hf_class, "config": arch.config, "seed": arch.seed}))
+        run([sys.executable, str(Path(__file__).with_name("hybrid_hf.py")), "build", str(spec), str(out)],
+            out.parent / f"{out.name}.log", dict(os.environ, PYTHONPATH=str(BUILDER_OVERLAY)))
+    return json.loads((out / "config.json").read_text())
+
+
 def write_tokenizer(out: Path, vocab_size: int = VOCAB):
     """A word-level tokenizer over the model's vocabulary (`vocab_size` ids, one word each): the
     builder needs one to write its genai_config, and tests feed token ids directly."""
@@ -118,7 +188,8 @@ def write_tokenizer(out: Path, vocab_size: int = VOCAB):
 
 
 def dims(config: dict) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of a saved config."""
+    """(layers, kv_heads, head_dim) of a saved config (a composite one's text config)."""
+    config = config.get("text_config", config)
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     return config["num_hidden_layers"], config.get("num_key_value_heads", heads), head_dim

@@ -1,7 +1,11 @@
 """ONNX Runtime's answers for an exported decoder: a prefill case, a decode case, greedy ids.
 
 Feeds follow the graph's own inputs (optimum writes position_ids, the builder does not); past
-caches start empty, shaped [batch, kv_heads, 0, head_dim] in the dtype the graph declares.
+caches start empty, shaped [batch, kv_heads, 0, head_dim] in the dtype the graph declares. The
+hybrid models' recurrent and convolution states (`past.<layer>.<kind>`, fixed sizes but the batch)
+start as zeros of the declared shape; every `past*` input takes the `present*` output of the same
+name from the step before. Qwen3.5's position_ids are [3, batch, sequence] (MRoPE's temporal,
+height and width positions, all the text position).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Decoder:
         self.outputs = [o.name for o in self.sess.get_outputs()]
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.cache_dtype = {i.name: ORT_DTYPES[i.type] for i in self.sess.get_inputs() if i.name.startswith("past")}
+        self.shapes = {i.name: i.shape for i in self.sess.get_inputs()}
 
     def feeds(self, ids: list[int], past: dict | None, past_len: int) -> dict:
         n = len(ids)
@@ -44,16 +49,23 @@ class Decoder:
             elif name == "attention_mask":
                 f[name] = np.ones((1, past_len + n), dtype=np.int64)
             elif name == "position_ids":
-                f[name] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
-            elif name.startswith("past_key_values."):
-                present = "present." + name[len("past_key_values."):]
-                if past is None:
-                    f[name] = np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.cache_dtype[name])
-                else:
-                    f[name] = past[present]
+                positions = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+                f[name] = np.broadcast_to(positions, (3, 1, n)).copy() if len(self.shapes[name]) == 3 else positions
+            elif name.startswith("past"):
+                f[name] = self.initial_state(name) if past is None else past[present_name(name)]
             else:
                 raise ValueError(f"graph input `{name}` is not one a decoder step feeds")
         return f
+
+    def initial_state(self, name: str) -> np.ndarray:
+        """An empty KV cache, or a zero state of the declared shape (batch 1): every other dim of
+        a state input must be a number."""
+        if name.startswith("past_key_values."):
+            return np.zeros((1, self.kv_heads, 0, self.head_dim), dtype=self.cache_dtype[name])
+        shape = self.shapes[name]
+        if not all(isinstance(d, int) for d in shape[1:]):
+            raise ValueError(f"state input `{name}` has a symbolic size past the batch: {shape}")
+        return np.zeros((1, *shape[1:]), dtype=self.cache_dtype[name])
 
     def step(self, ids: list[int], past: dict | None, past_len: int) -> tuple[dict, dict]:
         feeds = self.feeds(ids, past, past_len)
@@ -74,6 +86,15 @@ class Decoder:
             _, outs = self.step([nxt], outs, length)
             length += 1
         return ids, margins
+
+
+def present_name(past: str) -> str:
+    """The output that carries input `past` to the next step: `past_key_values.0.key` ->
+    `present.0.key`, `past.0.conv` -> `present.0.conv`."""
+    for prefix in ("past_key_values.", "past."):
+        if past.startswith(prefix):
+            return "present." + past[len(prefix):]
+    raise ValueError(f"`{past}` is not a cache or state input")
 
 
 def write_case(case_dir: Path, dec: Decoder, feeds: dict, outs: dict):
