@@ -1,28 +1,59 @@
 //! `npuc bench`: prefill and decode rates of a bundle on the host executor (or, with
 //! `--backend openvino`, an intel-npu bundle's IR on OpenVINO), repeated, with median/min/max.
 //! The prompt is synthetic (token ids cycled from 1), so runs are comparable across machines and
-//! need no tokenizer; decode never stops early. The greedy tokens of the last run are reported:
-//! two backends computing the same numbers give the same tokens.
+//! need no tokenizer, or a text file's (`--prompt-file`, through the chat template with
+//! `--chat`); decode never stops early. The greedy tokens of the last run are reported: two
+//! backends computing the same numbers give the same tokens. With `--speculate`, each
+//! repetition runs plain and speculative greedy decoding back to back, and both rates, their
+//! ratio and the acceptance are reported; the two must give the same tokens.
 
 use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
-use runtime::exec::{ExecOptions, Executor};
+use runtime::exec::{ExecOptions, Executor, PromptLookup, SpeculationStats};
 use runtime::kernels::wgemm::WGemmPrecision;
 use runtime::kvcache::KvStorage;
+use runtime::sample::Sampler;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// `npuc bench`'s options.
+#[derive(clap::Args, Debug)]
 pub struct Options {
+    /// The bundle directory (NAME.npub).
     pub bundle: PathBuf,
+    /// Prompt tokens.
+    #[arg(long, default_value_t = 64)]
     pub prompt_len: usize,
+    /// Tokens to generate per run.
+    #[arg(long, default_value_t = 64)]
     pub gen_len: usize,
+    /// Threads of the kernels, the caller included.
+    #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Timed runs.
+    #[arg(long, default_value_t = 5)]
     pub repetitions: usize,
+    /// Quantise activations to int8 per block in weight-only GEMMs (faster, not exact).
+    #[arg(long)]
     pub int8_activations: bool,
+    /// How the KV cache stores K and V: f32, f16 or int8.
+    #[arg(long = "kv-dtype", default_value = "f32", value_parser = crate::run_cmd::parse_kv_dtype)]
     pub kv_storage: KvStorage,
+    /// Print the results as JSON.
+    #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
     pub backend: crate::run_openvino::BackendArgs,
+    /// Use this text file as the prompt (through the bundle's tokenizer) instead of
+    /// --prompt-len synthetic tokens.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// With --prompt-file: render the text as one user message of the bundle's chat template.
+    #[arg(long, requires = "prompt_file")]
+    pub chat: bool,
+    #[command(flatten)]
+    pub speculate: crate::run_cmd::SpeculateArgs,
 }
 
 /// The synthetic prompt: ids cycled from 1 below `vocab`.
@@ -37,19 +68,73 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// The prompt: `--prompt-file`'s text through the bundle's tokenizer (and chat template with
+/// `--chat`), or the synthetic one of `--prompt-len` tokens.
+fn bench_prompt(o: &Options, bundle: &Bundle, vocab: usize) -> Result<Vec<u32>> {
+    let Some(path) = &o.prompt_file else { return Ok(synthetic_prompt(o.prompt_len, vocab)) };
+    let body = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = crate::run_cmd::Text::required(bundle, path)?;
+    let rendered = if o.chat { crate::run_cmd::render_chat(bundle, body.trim_end())? } else { body };
+    let ids = text.encode(&rendered, !o.chat).with_context(|| format!("tokenising {}", path.display()))?;
+    anyhow::ensure!(!ids.is_empty(), "{} is empty after tokenisation", path.display());
+    Ok(ids)
+}
+
+/// The rates of one way of decoding over the repetitions, and the tokens of the last run.
+#[derive(Default)]
+struct Rates {
+    prefill: Vec<f64>,
+    decode: Vec<f64>,
+    tokens: Vec<u32>,
+    speculation: SpeculationStats,
+}
+
 /// Prefill and decode rates of `o.repetitions` greedy runs after one untimed run (which warms
-/// caches and page tables), and the tokens of the last.
-fn measure(exec: &mut Executor, prompt: &[u32], o: &Options) -> Result<(Vec<f64>, Vec<f64>, Vec<u32>)> {
+/// caches and page tables), and with a drafter the same for speculative runs, each right after
+/// its plain twin so that both see the same machine.
+fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<PromptLookup>) -> Result<(Rates, Rates)> {
     exec.generate_greedy(prompt, 2, &[], |_| {})?;
-    let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut plain, mut spec) = (Rates::default(), Rates::default());
     for _ in 0..o.repetitions {
         exec.reset()?;
         let (generated, stats) = exec.generate_greedy(prompt, o.gen_len, &[], |_| {})?;
-        prefill.push(stats.prefill_tok_s());
-        decode.push(stats.decode_tok_s());
-        tokens = generated;
+        plain.prefill.push(stats.prefill_tok_s());
+        plain.decode.push(stats.decode_tok_s());
+        plain.tokens = generated;
+        if let Some(mut d) = drafter {
+            exec.reset()?;
+            let mut greedy = Sampler::greedy();
+            let (generated, stats, s) =
+                exec.generate_speculative(prompt, o.gen_len, &[], &mut d, &mut greedy, |_| {})?;
+            spec.prefill.push(stats.prefill_tok_s());
+            spec.decode.push(stats.decode_tok_s());
+            spec.tokens = generated;
+            spec.speculation = s;
+        }
     }
-    Ok((prefill, decode, tokens))
+    anyhow::ensure!(
+        drafter.is_none() || spec.tokens == plain.tokens,
+        "speculative decoding gave other tokens than plain greedy decoding: {:?} against {:?}",
+        spec.tokens,
+        plain.tokens
+    );
+    Ok((plain, spec))
+}
+
+/// `speculation` in `--json`: the speculative runs' rates, the decode ratio to plain decoding
+/// and what the drafter achieved in the last run.
+fn speculation_json(plain: &Rates, spec: &Rates) -> serde_json::Value {
+    let (pm, pmin, pmax) = spread(spec.prefill.clone());
+    let (dm, dmin, dmax) = spread(spec.decode.clone());
+    let s = &spec.speculation;
+    json!({
+        "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
+        "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
+        "decode_ratio": dm / spread(plain.decode.clone()).0,
+        "verify_steps": s.verify_steps, "drafted": s.drafted, "accepted": s.accepted,
+        "acceptance": s.acceptance(),
+        "tokens_per_weight_pass": spec.tokens.len().saturating_sub(1) as f64 / s.verify_steps.max(1) as f64,
+    })
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
@@ -57,15 +142,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
         o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0,
         "--prompt-len, --gen-len (> 1) and --repetitions must be positive"
     );
+    let drafter = o.speculate.lookup()?;
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
+    let prompt = bench_prompt(&o, &bundle, bundle.model().vocab)?;
     let offload = match o.backend.backend.as_str() {
-        "openvino" => return bench_openvino(&o, &bundle),
+        "openvino" => {
+            anyhow::ensure!(drafter.is_none(), "--speculate runs on the host backend");
+            return bench_openvino(&o, &bundle, &prompt);
+        }
         "xrt" => Some(crate::xdna_run::xrt_offload(&bundle)?),
         _ => None,
     };
     let options = ExecOptions {
         threads: o.threads,
-        max_context: o.prompt_len + o.gen_len,
+        max_context: prompt.len() + o.gen_len,
         kv_storage: o.kv_storage,
         ..ExecOptions::default()
     };
@@ -76,71 +166,105 @@ pub fn run(o: Options) -> Result<ExitCode> {
         exec.set_offload(offload);
     }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
-    let packed_at_load = exec.wgemm_bytes_packed_at_load();
-    let q_packed_at_load = exec.qgemm_bytes_packed_at_load();
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
-    let prompt = synthetic_prompt(o.prompt_len, exec.vocab());
-    let (prefill, decode, tokens) = measure(&mut exec, &prompt, &o)?;
-    let (pm, pmin, pmax) = spread(prefill);
-    let (dm, dmin, dmax) = spread(decode);
-    let weight_bytes = exec.gemm_weight_bytes_per_token();
-    let weight_gb_s = weight_bytes as f64 * dm / 1e9;
+    let (plain, spec) = measure(&mut exec, &prompt, &o, drafter)?;
+    let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len() };
+    let speculation = drafter.map(|_| speculation_json(&plain, &spec));
     if o.json {
-        let out = json!({
-            "bundle": o.bundle.display().to_string(),
-            "backend": "host",
-            "tokens": tokens,
-            "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads,
-            "repetitions": o.repetitions, "wgemm_precision": format!("{precision:?}"),
-            "kv_dtype": format!("{:?}", o.kv_storage),
-            "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
-            "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
-            "gemm_weight_bytes_per_token": weight_bytes,
-            "decode_weight_gb_s": weight_gb_s,
-            "load_ms": load_ms,
-            "wgemm_bytes_packed_at_load": packed_at_load,
-            "qgemm_bytes_packed_at_load": q_packed_at_load,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", serde_json::to_string_pretty(&host_json(&o, &host, &plain, speculation))?);
     } else {
-        println!(
-            "{}: prompt {} + {} generated, {} thread(s), {} runs, WGemm {:?}",
-            o.bundle.display(),
-            o.prompt_len,
-            o.gen_len,
-            o.threads,
-            o.repetitions,
-            precision
-        );
-        println!("prefill tok/s  median {pm:8.1}  min {pmin:8.1}  max {pmax:8.1}");
-        println!("decode  tok/s  median {dm:8.1}  min {dmin:8.1}  max {dmax:8.1}");
-        println!(
-            "GEMM weights read per decode token: {:.1} MB, {weight_gb_s:.1} GB/s at the median decode rate",
-            weight_bytes as f64 / 1e6
-        );
-        println!(
-            "program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
-            packed_at_load as f64 / 1e6,
-            q_packed_at_load as f64 / 1e6
-        );
+        print_host(&o, &host, &plain, speculation.as_ref());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the report says about the host executor besides the rates.
+struct Host<'e, 'b> {
+    exec: &'e Executor<'b>,
+    precision: WGemmPrecision,
+    load_ms: f64,
+    prompt_len: usize,
+}
+
+fn host_json(o: &Options, h: &Host, plain: &Rates, speculation: Option<serde_json::Value>) -> serde_json::Value {
+    let (pm, pmin, pmax) = spread(plain.prefill.clone());
+    let (dm, dmin, dmax) = spread(plain.decode.clone());
+    let weight_bytes = h.exec.gemm_weight_bytes_per_token();
+    let mut out = json!({
+        "bundle": o.bundle.display().to_string(),
+        "backend": "host",
+        "tokens": plain.tokens,
+        "prompt_len": h.prompt_len, "gen_len": o.gen_len, "threads": o.threads,
+        "repetitions": o.repetitions, "wgemm_precision": format!("{:?}", h.precision),
+        "kv_dtype": format!("{:?}", o.kv_storage),
+        "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
+        "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
+        "gemm_weight_bytes_per_token": weight_bytes,
+        "decode_weight_gb_s": weight_bytes as f64 * dm / 1e9,
+        "load_ms": h.load_ms,
+        "wgemm_bytes_packed_at_load": h.exec.wgemm_bytes_packed_at_load(),
+        "qgemm_bytes_packed_at_load": h.exec.qgemm_bytes_packed_at_load(),
+    });
+    if let Some(s) = speculation {
+        out["speculation"] = s;
+    }
+    out
+}
+
+fn print_host(o: &Options, h: &Host, plain: &Rates, speculation: Option<&serde_json::Value>) {
+    let (pm, pmin, pmax) = spread(plain.prefill.clone());
+    let (dm, dmin, dmax) = spread(plain.decode.clone());
+    let weight_bytes = h.exec.gemm_weight_bytes_per_token();
+    println!(
+        "{}: prompt {} + {} generated, {} thread(s), {} runs, WGemm {:?}",
+        o.bundle.display(),
+        h.prompt_len,
+        o.gen_len,
+        o.threads,
+        o.repetitions,
+        h.precision
+    );
+    println!("prefill tok/s  median {pm:8.1}  min {pmin:8.1}  max {pmax:8.1}");
+    println!("decode  tok/s  median {dm:8.1}  min {dmin:8.1}  max {dmax:8.1}");
+    if let Some(s) = speculation {
+        let d = &s["decode_tok_s"];
+        println!(
+            "speculative decode tok/s  median {:8.1}  min {:8.1}  max {:8.1}  ({:.2}× plain; {} of {} drafts kept, {:.2} tokens per weight pass)",
+            d["median"].as_f64().unwrap_or(0.0),
+            d["min"].as_f64().unwrap_or(0.0),
+            d["max"].as_f64().unwrap_or(0.0),
+            s["decode_ratio"].as_f64().unwrap_or(0.0),
+            s["accepted"],
+            s["drafted"],
+            s["tokens_per_weight_pass"].as_f64().unwrap_or(0.0),
+        );
+    }
+    println!(
+        "GEMM weights read per decode token: {:.1} MB, {:.1} GB/s at the median decode rate",
+        weight_bytes as f64 / 1e6,
+        weight_bytes as f64 * dm / 1e9
+    );
+    println!(
+        "program loaded in {:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
+        h.load_ms,
+        h.exec.wgemm_bytes_packed_at_load() as f64 / 1e6,
+        h.exec.qgemm_bytes_packed_at_load() as f64 / 1e6
+    );
 }
 
 /// `--backend openvino`: the same measurement on the bundle's IR segments (each compiled before
 /// the untimed warm-up), prefill as one step over the prompt, decode one token a step.
 #[cfg(feature = "openvino")]
-fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
+fn bench_openvino(o: &Options, bundle: &Bundle, prompt: &[u32]) -> Result<ExitCode> {
     let (mut session, networks, compile_ms) =
-        crate::run_openvino::open_session(&o.backend, bundle, o.prompt_len + o.gen_len, o.threads)?;
-    let prompt = synthetic_prompt(o.prompt_len, bundle.model().vocab);
-    session.generate_greedy(&prompt, 2, &[], |_| {})?;
+        crate::run_openvino::open_session(&o.backend, bundle, prompt.len() + o.gen_len, o.threads)?;
+    session.generate_greedy(prompt, 2, &[], |_| {})?;
     let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.repetitions {
         session.reset()?;
         let started = std::time::Instant::now();
-        let mut logits = session.step(&prompt)?;
+        let mut logits = session.step(prompt)?;
         let prefill_s = started.elapsed().as_secs_f64();
         let mut generated = vec![runtime::exec::argmax(&logits)];
         let started = std::time::Instant::now();
@@ -158,7 +282,7 @@ fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
         let out = json!({
             "bundle": o.bundle.display().to_string(),
             "backend": "openvino", "device": session.device(), "tokens": tokens,
-            "prompt_len": o.prompt_len, "gen_len": o.gen_len, "threads": o.threads, "repetitions": o.repetitions,
+            "prompt_len": prompt.len(), "gen_len": o.gen_len, "threads": o.threads, "repetitions": o.repetitions,
             "prefill_tok_s": { "median": pm, "min": pmin, "max": pmax },
             "decode_tok_s": { "median": dm, "min": dmin, "max": dmax },
             "networks": networks, "compile_ms": compile_ms,
@@ -169,7 +293,7 @@ fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
             "{} on openvino {}: prompt {} + {} generated, {} thread(s), {} runs; {networks} networks compiled in {compile_ms:.0} ms",
             o.bundle.display(),
             session.device(),
-            o.prompt_len,
+            prompt.len(),
             o.gen_len,
             o.threads,
             o.repetitions
@@ -181,6 +305,6 @@ fn bench_openvino(o: &Options, bundle: &Bundle) -> Result<ExitCode> {
 }
 
 #[cfg(not(feature = "openvino"))]
-fn bench_openvino(_: &Options, _: &Bundle) -> Result<ExitCode> {
+fn bench_openvino(_: &Options, _: &Bundle, _: &[u32]) -> Result<ExitCode> {
     anyhow::bail!("this npuc was built without the `openvino` feature: rebuild with `--features openvino`")
 }

@@ -156,38 +156,17 @@ npuc explore model.onnx --layer 0 --dot layer0.dot")]
         json: bool,
     },
     /// Measure prefill and decode rates of a bundle (host executor or OpenVINO; median/min/max).
-    #[command(long_about = "Run a bundle with a synthetic prompt, several times, and report prefill and \
-decode tokens per second as median, min and max, and the greedy tokens of the last run (the same on \
-every backend that computes the same numbers).\n\nExamples:\n  \
+    #[command(
+        long_about = "Run a bundle with a synthetic prompt (or a text file's, --prompt-file), several times, and report \
+prefill and decode tokens per second as median, min and max, and the greedy tokens of the last run \
+(the same on every backend that computes the same numbers). With --speculate, every repetition runs \
+plain and speculative greedy decoding back to back: both rates, their ratio, the drafts kept and the \
+tokens per weight pass (the two must give the same tokens).\n\nExamples:\n  \
 npuc bench model.npub --prompt-len 64 --gen-len 64 --threads 2\n  npuc bench model.npub --json\n  \
-npuc bench intel.npub --backend openvino --device CPU --threads 2")]
-    Bench {
-        /// The bundle directory (NAME.npub).
-        bundle: PathBuf,
-        /// Prompt tokens.
-        #[arg(long, default_value_t = 64)]
-        prompt_len: usize,
-        /// Tokens to generate per run.
-        #[arg(long, default_value_t = 64)]
-        gen_len: usize,
-        /// Threads of the kernels, the caller included.
-        #[arg(long, default_value_t = 1)]
-        threads: usize,
-        /// Timed runs.
-        #[arg(long, default_value_t = 5)]
-        repetitions: usize,
-        /// Quantise activations to int8 per block in weight-only GEMMs (faster, not exact).
-        #[arg(long)]
-        int8_activations: bool,
-        /// How the KV cache stores K and V: f32, f16 or int8.
-        #[arg(long, default_value = "f32", value_parser = run_cmd::parse_kv_dtype)]
-        kv_dtype: runtime::kvcache::KvStorage,
-        /// Print the results as JSON.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        backend: run_openvino::BackendArgs,
-    },
+npuc bench model.npub --prompt-file passage.txt --chat --speculate lookup --draft-len 4\n  \
+npuc bench intel.npub --backend openvino --device CPU --threads 2"
+    )]
+    Bench(bench_cmd::Options),
     /// Generate text with a bundle on the host executor: greedy or sampled, streamed as it comes.
     #[command(long_about = "Open a bundle (verifying it), tokenise the prompt with the bundle's \
 tokenizer.json, prefill it, and decode on the host executor with a paged KV cache (greedy, or \
@@ -287,27 +266,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Explore { model, family, rules, layer, explain, why, dot, html, json } => {
             explore::run(explore::Options { model, families: family, rules, layer, explain, why, dot, html, json })
         }
-        Command::Bench {
-            bundle,
-            prompt_len,
-            gen_len,
-            threads,
-            repetitions,
-            int8_activations,
-            kv_dtype,
-            json,
-            backend,
-        } => bench_cmd::run(bench_cmd::Options {
-            bundle,
-            prompt_len,
-            gen_len,
-            threads,
-            repetitions,
-            int8_activations,
-            kv_storage: kv_dtype,
-            json,
-            backend,
-        }),
+        Command::Bench(options) => bench_cmd::run(options),
         Command::Run {
             bundle,
             prompt,

@@ -51,12 +51,20 @@ pub struct SpeculateArgs {
 impl SpeculateArgs {
     /// The drafter, when speculation is asked for and possible with `o`'s other options.
     fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<PromptLookup>> {
+        anyhow::ensure!(prompts == 1 || self.speculate.is_none(), "--speculate runs one prompt at a time");
+        anyhow::ensure!(
+            o.backend.backend == "host" || self.speculate.is_none(),
+            "--speculate runs on the host backend"
+        );
+        self.lookup()
+    }
+
+    /// The prompt-lookup drafter, when `--speculate lookup` is given.
+    pub(crate) fn lookup(&self) -> Result<Option<PromptLookup>> {
         if self.speculate.is_none() {
             return Ok(None);
         }
         anyhow::ensure!(self.draft_len > 0 && self.ngram > 0, "--draft-len and --ngram must be positive");
-        anyhow::ensure!(prompts == 1, "--speculate runs one prompt at a time");
-        anyhow::ensure!(o.backend.backend == "host", "--speculate runs on the host backend");
         Ok(Some(PromptLookup { ngram: self.ngram, draft_len: self.draft_len }))
     }
 }
@@ -351,7 +359,7 @@ fn run_many(
 }
 
 /// The prompt as one user message through the bundle's chat template, with the generation prompt.
-fn render_chat(bundle: &Bundle, prompt: &str) -> Result<String> {
+pub(crate) fn render_chat(bundle: &Bundle, prompt: &str) -> Result<String> {
     let bytes = bundle.read_file(CHAT_TEMPLATE_FILE).context("--chat needs the bundle's chat template")?;
     let template = String::from_utf8(bytes).map_err(|_| anyhow!("{CHAT_TEMPLATE_FILE} is not UTF-8"))?;
     let mut env = minijinja::Environment::new();
@@ -387,6 +395,16 @@ impl Text {
         Ok(Text { tokenizer: Some(tokenizer) })
     }
 
+    /// The bundle's tokenizer, which `path`'s text needs.
+    pub(crate) fn required(bundle: &Bundle, path: &std::path::Path) -> Result<Text> {
+        let bytes = bundle
+            .read_file(TOKENIZER_FILE)
+            .with_context(|| format!("{} is text: the bundle needs its {TOKENIZER_FILE}", path.display()))?;
+        let tokenizer =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| anyhow!("reading {TOKENIZER_FILE}: {e}"))?;
+        Ok(Text { tokenizer: Some(tokenizer) })
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match &self.tokenizer {
             Some(t) => t.decode(ids, true).map_err(|e| anyhow!("decoding generated tokens: {e}")),
@@ -396,7 +414,7 @@ impl Text {
 
     /// `text` as ids, with the special tokens the tokenizer adds (a BOS, for some) unless the
     /// text is a rendered chat template, which spells its own.
-    fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+    pub(crate) fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let t = self.tokenizer.as_ref().ok_or_else(|| anyhow!("the bundle has no tokenizer"))?;
         Ok(t.encode(text, add_special).map_err(|e| anyhow!("{e}"))?.get_ids().to_vec())
     }

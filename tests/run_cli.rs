@@ -546,6 +546,32 @@ fn npuc_bench_reports_median_min_max() {
     assert!(!ok && err.contains("--gen-len"), "{err}");
 }
 
+/// `npuc bench --prompt-file F --chat --speculate lookup`: the file's text through the chat
+/// template (the same prompt `npuc run --chat` builds), plain and speculative runs side by side
+/// with the same tokens, drafts kept, and the speculative rates reported beside the plain ones.
+#[test]
+fn npuc_bench_compares_speculative_with_plain_decoding_on_a_text_prompt() {
+    let dir = int4_bundle_dir().to_str().unwrap();
+    let text =
+        "Repeat this sentence word for word: the little red fox ran across the green field to find its way home.";
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    let args = ["bench", dir, "--prompt-file", file.path().to_str().unwrap(), "--chat", "--gen-len", "24"];
+    let (ok, out, err) = npuc(&[&args[..], &["--repetitions", "2", "--speculate", "lookup", "--json"]].concat());
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let (ok, run, err) = npuc(&["run", dir, "--prompt", text, "--chat", "--max-tokens", "1", "--json"]);
+    assert!(ok, "{err}");
+    let run: Value = serde_json::from_str(&run).unwrap();
+    assert_eq!(r["prompt_len"], run["prompt_tokens"], "{run}");
+    let s = &r["speculation"];
+    assert!(s["accepted"].as_u64().unwrap() > 0 && s["tokens_per_weight_pass"].as_f64().unwrap() > 1.0, "{s}");
+    let ratio = s["decode_tok_s"]["median"].as_f64().unwrap() / r["decode_tok_s"]["median"].as_f64().unwrap();
+    assert!((ratio - s["decode_ratio"].as_f64().unwrap()).abs() < 1e-9, "{s}");
+    let (ok, _, err) = npuc(&["bench", dir, "--chat"]);
+    assert!(!ok && err.contains("--prompt-file"), "{err}");
+}
+
 fn json_tokens(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
 }
