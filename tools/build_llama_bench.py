@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Build llama.cpp's `llama-bench` for `make bench`, from the source llama-cpp-python vendors.
+"""Build llama.cpp's `llama-bench` (or another of its programs) for `make bench`, from the source
+llama-cpp-python vendors.
 
-    .venv/bin/python tools/build_llama_bench.py [--out DIR] [--jobs 2]
+    .venv/bin/python tools/build_llama_bench.py [--out DIR] [--jobs 2] [--target llama-lookup]
 
 llama.cpp is the other reference runtime `tools/bench_compare.py` measures npuc against. Its
 source reaches us through PyPI: the `llama-cpp-python` sdist carries it in vendor/llama.cpp. The
@@ -9,7 +10,8 @@ sdist is downloaded into <out>/cache/ (`pip download --no-binary`), the vendored
 to <out>/cache/llama.cpp-<pin>/src/ and the sdist deleted; CMake from PyPI's `cmake` package
 (tools/requirements-bench.txt) configures it for this CPU only (Release, GGML_NATIVE, no
 CUDA/Metal/Vulkan/BLAS, no curl or OpenSSL: nothing is fetched at build time) and builds the one
-target `llama-bench`, statically linked, into <out>/cache/llama.cpp-<pin>/build/. The binary's
+target `llama-bench` — or `--target`, e.g. `llama-lookup`, its prompt-lookup speculative decoding
+example — statically linked, into <out>/cache/llama.cpp-<pin>/build/. The binary's
 path is the one line printed on stdout (progress goes to stderr); when the binary is already
 there nothing is done. Nothing here is committed: fixtures/ is ignored by git.
 """
@@ -28,7 +30,8 @@ PIN = "0.3.36"
 SDIST_SPEC = f"llama-cpp-python=={PIN}"
 VENDORED = "vendor/llama.cpp/"
 # CPU only and offline: every GPU backend and BLAS off, no HTTPS client, no server (its web UI
-# would be downloaded), tests and examples off; static, so the binary runs from where it is.
+# would be downloaded), tests off; examples configured (only the target asked for is built);
+# static, so the binary runs from where it is.
 CMAKE_OPTIONS = {
     "CMAKE_BUILD_TYPE": "Release",
     "GGML_NATIVE": "ON",
@@ -40,7 +43,7 @@ CMAKE_OPTIONS = {
     "LLAMA_OPENSSL": "OFF",
     "LLAMA_BUILD_SERVER": "OFF",
     "LLAMA_BUILD_TESTS": "OFF",
-    "LLAMA_BUILD_EXAMPLES": "OFF",
+    "LLAMA_BUILD_EXAMPLES": "ON",
     "BUILD_SHARED_LIBS": "OFF",
 }
 
@@ -93,24 +96,25 @@ def extract_vendored(sdist: Path, src: Path) -> str:
     return commit
 
 
-def build(src: Path, build_dir: Path, commit: str, jobs: int) -> Path:
-    """Configures and builds the `llama-bench` target; returns the binary's path."""
+def build(src: Path, build_dir: Path, commit: str, jobs: int, target: str) -> Path:
+    """Configures and builds `target`; returns the binary's path."""
     options = dict(CMAKE_OPTIONS, LLAMA_BUILD_COMMIT=commit[:8], LLAMA_BUILD_NUMBER="0")
     configure = [cmake(), "-S", str(src), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in options.items()]
     subprocess.run(configure, check=True, stdout=sys.stderr)
-    subprocess.run([cmake(), "--build", str(build_dir), "--target", "llama-bench", "-j", str(jobs)], check=True,
+    subprocess.run([cmake(), "--build", str(build_dir), "--target", target, "-j", str(jobs)], check=True,
                    stdout=sys.stderr)
-    return build_dir / "bin" / "llama-bench"
+    return build_dir / "bin" / target
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "fixtures")
     ap.add_argument("--jobs", type=int, default=2, help="parallel build jobs (default 2)")
+    ap.add_argument("--target", default="llama-bench", help="the program to build (default llama-bench)")
     args = ap.parse_args()
     cache = args.out / "cache"
     home = cache / f"llama.cpp-{PIN}"
-    binary = home / "build" / "bin" / "llama-bench"
+    binary = home / "build" / "bin" / args.target
     if binary.exists():
         log(f"{binary} is there")
         print(binary)
@@ -123,9 +127,9 @@ def main():
         commit_file.write_text(extract_vendored(sdist, src) + "\n")
         sdist.unlink()  # 77 MB that nothing reads again
     commit = commit_file.read_text().strip() if commit_file.exists() else "unknown"
-    log(f"building llama-bench of llama.cpp {commit[:8]} (vendored by llama-cpp-python {PIN})")
+    log(f"building {args.target} of llama.cpp {commit[:8]} (vendored by llama-cpp-python {PIN})")
     t0 = time.time()
-    built = build(src, home / "build", commit, args.jobs)
+    built = build(src, home / "build", commit, args.jobs, args.target)
     log(f"built {built} in {time.time() - t0:.0f} s")
     print(built)
 
