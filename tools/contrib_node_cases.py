@@ -9,8 +9,8 @@ inputs, expert weights initializers) and test_data_set_0/ with input_*.pb and ou
 output (recurrent and convolution states too) as ONNX Runtime's CPU provider computes it.
 
 Ops: com.microsoft LinearAttention (the four update rules, grouped and inverse-grouped heads,
-per-head and per-key-dimension decay, state windows), LinearAttentionGate,
-CausalConvWithState (dilation, channels-last, state windows), GatedRMSNorm, GatedAdd, MoE and
+per-head and per-key-dimension decay), LinearAttentionGate,
+CausalConvWithState (dilation, channels-last), GatedRMSNorm, GatedAdd, MRotaryEmbedding, MoE and
 QMoE (int4/int8, per-channel or blocked scales, zero points); ai.onnx opset 27 LinearAttention
 and CausalConvWithState. The ai.onnx cases are also run through onnx's Python reference
 implementation (`onnx.reference`), and its agreement with ONNX Runtime is written to
@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = ".complete"
-VERSION = "2"
+VERSION = "3"
 MS = "com.microsoft"
 
 
@@ -156,6 +156,24 @@ def lp_norm(name, axis, p, seed=4):
     return Case(name, "LpNormalization", "", [x], dict(axis=axis, p=p), 1)
 
 
+def mrope(name, layout, *, rank=3, heads=2, head=16, rot=0, sections=(3, 2, 3), interleaved=0, seed=7):
+    """MRotaryEmbedding with distinct temporal, height and width positions (text tokens have them
+    equal; distinct ones show which frequency reads which)."""
+    r = rng(seed)
+    b, s = 2, 4
+    half = (rot or head) // 2
+    x = normal(r, (b, heads, s, head) if rank == 4 else (b, s, heads * head))
+    ids = r.integers(0, 10, (3, b, s)).astype(np.int64)
+    angles = np.arange(10)[:, None] * (1.0 / 10000 ** (np.arange(half) / half))[None, :]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    attrs = dict(mrope_section=list(sections), mrope_layout=layout, interleaved=interleaved)
+    if rank == 3:
+        attrs["num_heads"] = heads
+    if rot:
+        attrs["rotary_embedding_dim"] = rot
+    return Case(name, "MRotaryEmbedding", MS, [x, ids, cos, sin], attrs, 1)
+
+
 def moe_attrs(activation, k, normalize, limit, alpha, beta):
     attrs = dict(k=k, normalize_routing_weights=int(normalize), activation_type=activation,
                  swiglu_fusion=1 if activation == "swiglu" else 0)
@@ -261,6 +279,10 @@ def cases() -> list[Case]:
         gated_rms_norm("gated_rms_norm_sigmoid", "sigmoid", seed=4),
         gated_rms_norm("gated_rms_norm_one_group", "swish", heads=1, seed=5),
         gated_add("gated_add"),
+        mrope("mrope_sectioned", 0),
+        mrope("mrope_interleaved_layout", 1, seed=8),
+        mrope("mrope_interleaved_partial_qwen35", 1, head=32, rot=16, sections=(3, 3, 2), seed=9),
+        mrope("mrope_bnsh_interleaved_pairs", 0, rank=4, interleaved=1, seed=10),
         lp_norm("onnx_lp_norm_p2_last_axis_zero_row", -1, 2),
         lp_norm("onnx_lp_norm_p1_axis1", 1, 1, seed=5),
     ]

@@ -15,7 +15,11 @@ fn relative_error(got: &ir::Tensor, want: &ir::Tensor) -> Result<f64, String> {
     }
     let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
     let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE);
-    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
+    let worst =
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
     Ok(worst / scale)
 }
 
@@ -38,7 +42,8 @@ fn main() -> ExitCode {
         eprintln!("usage: check_cases MODEL_DIR [CASE ...]");
         return ExitCode::FAILURE;
     };
-    let cases = if args.len() > 1 { args[1..].to_vec() } else { vec![model_dir.join("prefill"), model_dir.join("decode")] };
+    let cases =
+        if args.len() > 1 { args[1..].to_vec() } else { vec![model_dir.join("prefill"), model_dir.join("decode")] };
     let imported = match frontend::import_file(&model_dir.join("model.onnx")) {
         Ok(i) => i,
         Err(e) => {

@@ -186,6 +186,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(MS, "LinearAttentionGate",              (3, 4), (1, 2)),
     spec(MS, "CausalConvWithState",              (2, 4), (1, 2)),
     spec(MS, "GatedRMSNorm",                     (3, 3), (1, 1)),
+    // Qwen3.5's multimodal rotary embedding, which the builder uses for text too.
+    spec(MS, "MRotaryEmbedding",                 (4, 4), (1, 1)),
     // Mixture of experts (gpt-oss, Qwen3.5-MoE, LFM2-MoE).
     spec(MS, "GatedAdd",                         (3, 4), (1, 1)),
     spec(MS, "MoE",                              (5, 8), (1, 1)),

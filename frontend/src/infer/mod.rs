@@ -150,7 +150,7 @@ fn inference_of(op: &str) -> Option<InferFn> {
         "GatherBlockQuantized" => quant::gather_block_quantized,
         "Attention" => attention::attention,
         "GroupQueryAttention" => attention::group_query_attention,
-        "RotaryEmbedding" => like_first_input,
+        "RotaryEmbedding" | "MRotaryEmbedding" => like_first_input,
         "LinearAttention" => recurrent::linear_attention,
         "CausalConvWithState" => recurrent::causal_conv,
         "LinearAttentionGate" => recurrent::linear_attention_gate,

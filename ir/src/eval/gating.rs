@@ -72,3 +72,42 @@ pub(super) fn gated_add(cx: &Ctx) -> Res<Vec<Tensor>> {
     let out = xv.iter().zip(&yv).enumerate().map(|(i, (a, b))| a + product(b * gv[i / row])).collect();
     Ok(vec![float_tensor(x.dtype, x.shape.clone(), out)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use crate::attr::Attr;
+
+    #[test]
+    fn gated_rms_norm_normalises_each_group_of_the_scale_s_length() {
+        let (x, scale, gate) =
+            (f32t(&[1, 4], &[3.0, 4.0, 1.0, 1.0]), f32t(&[2], &[1.0, 2.0]), f32t(&[1, 4], &[0.0; 4]));
+        let out = run_ms(
+            "GatedRMSNorm",
+            &[("activation", Attr::Str("sigmoid".into())), ("epsilon", Attr::Float(0.0))],
+            &[Some(&x), Some(&scale), Some(&gate)],
+            1,
+        )
+        .unwrap();
+        // Groups [3, 4] (rms √12.5) and [1, 1] (rms 1), each gated by sigmoid(0) = 1/2.
+        let r = 12.5f32.sqrt();
+        assert_close(&f32s(&out[0]), &[1.5 / r, 4.0 / r, 0.5, 1.0], 1e-6);
+    }
+
+    #[test]
+    fn malformed_gated_ops_are_errors_naming_the_problem() {
+        let (x, scale3) = (f32t(&[1, 4], &[1.0; 4]), f32t(&[3], &[1.0; 3]));
+        let scale2 = f32t(&[2], &[1.0; 2]);
+        let norm = |a: &[(&str, Attr)], inputs: &[Option<&_>]| err_msg(run_ms("GatedRMSNorm", a, inputs, 1));
+        assert!(norm(&[], &[Some(&x), Some(&scale3), Some(&x)]).contains("multiple of the 3 scale values"));
+        assert!(norm(&[], &[Some(&x), Some(&scale2), Some(&scale2)]).contains("gate must have X's shape"));
+        assert!(norm(&[("activation", Attr::Str("tanh".into()))], &[Some(&x), Some(&scale2), Some(&x)])
+            .contains("activation \"tanh\""));
+        let (y, row_gate, bad_gate) = (f32t(&[1, 4], &[1.0; 4]), f32t(&[1, 1], &[0.5]), f32t(&[1, 2], &[0.5; 2]));
+        let add = |inputs: &[Option<&_>]| err_msg(run_ms("GatedAdd", &[], inputs, 1));
+        assert!(add(&[Some(&x), Some(&y), Some(&bad_gate)]).contains("gate must be [1, 1]"));
+        assert!(add(&[Some(&x), Some(&y), Some(&row_gate), Some(&row_gate)]).contains("gate_weight"));
+        let out = run_ms("GatedAdd", &[], &[Some(&x), Some(&y), Some(&row_gate)], 1).unwrap();
+        assert_eq!(f32s(&out[0]), vec![1.5; 4]);
+    }
+}

@@ -58,6 +58,7 @@ mod layout;
 mod linalg;
 mod loss;
 mod moe;
+mod mrope;
 mod norm;
 mod pad;
 mod quant;
@@ -101,6 +102,7 @@ fn dispatch_contrib(cx: &Ctx) -> Res<Vec<Tensor>> {
         "CausalConvWithState" => recurrent::causal_conv_with_state(cx),
         "GatedRMSNorm" => gating::gated_rms_norm(cx),
         "GatedAdd" => gating::gated_add(cx),
+        "MRotaryEmbedding" => mrope::m_rotary_embedding(cx),
         "MoE" => moe::moe(cx),
         "QMoE" => moe::qmoe(cx),
         op => bail!("com.microsoft op {op} is not in the vocabulary"),

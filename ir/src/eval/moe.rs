@@ -379,3 +379,89 @@ pub(super) fn qmoe(cx: &Ctx) -> Res<Vec<Tensor>> {
     let y = mix(&x.to_f64_vec(), &router.to_f64_vec(), &experts, mixing);
     Ok(vec![float_tensor(x.dtype, x.shape.clone(), y)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use crate::attr::Attr;
+    use crate::dtype::DType;
+    use crate::tensor::Tensor;
+
+    /// Two experts that scale the token by 1 and by 3 (identity activation, one unit each).
+    fn scaling_experts() -> (Tensor, Tensor) {
+        (f32t(&[2, 1, 1], &[1.0, 3.0]), f32t(&[2, 1, 1], &[1.0, 1.0]))
+    }
+
+    #[test]
+    fn routing_weights_are_the_softmax_of_all_experts_renormalised_on_request() {
+        let (x, logits) = (f32t(&[1, 1], &[2.0]), f32t(&[1, 2], &[0.0, 2.0f32.ln()]));
+        let (fc1, fc2) = scaling_experts();
+        let run = |k: i64, normalize: i64| {
+            let a = [
+                ("k", Attr::Int(k)),
+                ("normalize_routing_weights", Attr::Int(normalize)),
+                ("activation_type", Attr::Str("identity".into())),
+            ];
+            f32s(&run_ms("MoE", &a, &[Some(&x), Some(&logits), Some(&fc1), None, Some(&fc2)], 1).unwrap()[0])
+        };
+        // Softmax [1/3, 2/3]: top 1 is the second expert (6), weighted 2/3 or renormalised to 1.
+        assert_close(&run(1, 0), &[4.0], 1e-6);
+        assert_close(&run(1, 1), &[6.0], 1e-6);
+        assert_close(&run(2, 0), &[2.0 / 3.0 + 4.0], 1e-6);
+    }
+
+    #[test]
+    fn malformed_moe_is_an_error_naming_the_problem() {
+        let (x, logits) = (f32t(&[2, 1], &[1.0, 2.0]), f32t(&[2, 2], &[0.0; 4]));
+        let (fc1, fc2) = scaling_experts();
+        let moe = |a: &[(&str, Attr)], inputs: &[Option<&Tensor>]| err_msg(run_ms("MoE", a, inputs, 1));
+        let ok = [Some(&x), Some(&logits), Some(&fc1), None, Some(&fc2)];
+        assert!(moe(&[("k", Attr::Int(3))], &ok).contains("k = 3 must be between 1 and the 2 experts"));
+        assert!(moe(&[("use_sparse_mixer", Attr::Int(1))], &ok).contains("use_sparse_mixer"));
+        let swiglu0 = [("activation_type", Attr::Str("swiglu".into())), ("swiglu_fusion", Attr::Int(0))];
+        assert!(moe(&swiglu0, &ok).contains("swiglu_fusion 0 is not supported"));
+        let one_row = f32t(&[1, 2], &[0.0; 2]);
+        assert!(moe(&[], &[Some(&x), Some(&one_row), Some(&fc1), None, Some(&fc2)])
+            .contains("router_probs must be [2, experts]"));
+        let fc3 = [Some(&x), Some(&logits), Some(&fc1), None, Some(&fc2), None, Some(&fc1)];
+        assert!(moe(&[], &fc3).contains("fc3"));
+        assert!(moe(&[], &[Some(&x), Some(&logits), Some(&fc2), None, Some(&x)])
+            .contains("fc2_experts_weights must be [2, 1, 1]"));
+    }
+
+    #[test]
+    fn malformed_qmoe_is_an_error_naming_the_problem() {
+        let (x, logits) = (f32t(&[1, 32], &[0.5; 32]), f32t(&[1, 2], &[0.0; 2]));
+        let codes = |n: usize, k: usize| typed(DType::U8, &[2, n, k], &vec![0x88; 2 * n * k]);
+        let (w1, w2) = (codes(32, 16), codes(32, 16));
+        let (s1, s2) = (f32t(&[2, 32], &[0.1; 64]), f32t(&[2, 32], &[0.1; 64]));
+        let qmoe = |a: &[(&str, Attr)], inputs: &[Option<&Tensor>]| err_msg(run_ms("QMoE", a, inputs, 1));
+        let ok = [Some(&x), Some(&logits), Some(&w1), Some(&s1), None, Some(&w2), Some(&s2)];
+        assert!(run_ms("QMoE", &[], &ok, 1).is_ok());
+        assert!(qmoe(&[("expert_weight_bits", Attr::Int(2))], &ok).contains("expert_weight_bits 2 is not supported"));
+        assert!(qmoe(&[("quant_type", Attr::Str("fp4".into()))], &ok).contains("quant_type \"fp4\""));
+        assert!(qmoe(&[("block_size", Attr::Int(24))], &ok).contains("block_size 24 must be a power of two"));
+        assert!(qmoe(&[("weights_prepacked", Attr::Int(1))], &ok).contains("weights_prepacked = 1"));
+        let block_scales = [Some(&x), Some(&logits), Some(&w1), Some(&s1), None, Some(&w2), Some(&s2)];
+        assert!(qmoe(&[("block_size", Attr::Int(16))], &block_scales).contains("fc1 scales must be [2, 32, 2]"));
+        let floats = f32t(&[2, 32, 16], &[0.0; 1024]);
+        let float_codes = [Some(&x), Some(&logits), Some(&floats), Some(&s1), None, Some(&w2), Some(&s2)];
+        assert!(qmoe(&[], &float_codes).contains("fc1 weights must be uint8 [2, 32, 16]"));
+        let zp = typed(DType::U8, &[2, 3], &[0x88; 6]);
+        let with_zp = [
+            Some(&x),
+            Some(&logits),
+            Some(&w1),
+            Some(&s1),
+            None,
+            Some(&w2),
+            Some(&s2),
+            None,
+            None,
+            None,
+            None,
+            Some(&zp),
+        ];
+        assert!(qmoe(&[], &with_zp).contains("fc1 zero points must be uint8 [2, 16]"));
+    }
+}

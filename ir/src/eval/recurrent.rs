@@ -108,10 +108,13 @@ fn geometry(cx: &Ctx, q: &Tensor, k: &Tensor, v: &Tensor) -> Res<Geometry> {
     };
     let dk = split(q.shape[2], q_heads, "query")?;
     let dv = split(v.shape[2], kv_heads, "value")?;
-    let k_heads = split(k.shape[2], dk, "key")?;
-    let keys_ok = if inverse { kv_heads % k_heads == 0 && k_heads >= q_heads } else { k_heads == kv_heads };
-    if !keys_ok || !k.shape[2].is_multiple_of(dk) {
-        bail!("key width {} is not {kv_heads} KV heads of the query's head size {dk}", k.shape[2]);
+    if !k.shape[2].is_multiple_of(dk) {
+        bail!("key width {} is not a multiple of the query's head size {dk}", k.shape[2]);
+    }
+    let k_heads = k.shape[2] / dk;
+    let keys_ok = if inverse { k_heads >= q_heads && kv_heads.is_multiple_of(k_heads) } else { k_heads == kv_heads };
+    if !keys_ok {
+        bail!("key width {} is {k_heads} heads of the query's head size {dk}, not {kv_heads} KV heads", k.shape[2]);
     }
     let (batch, tokens) = (q.shape[0], q.shape[1]);
     let out_heads = q_heads.max(kv_heads);
@@ -424,4 +427,118 @@ pub(super) fn causal_conv_with_state(cx: &Ctx) -> Res<Vec<Tensor>> {
     }
     let state_dtype = cx.opt(3).map_or(x.dtype, |p| p.dtype);
     Ok(vec![float_tensor(x.dtype, x.shape.clone(), out), float_tensor(state_dtype, state_shape, present)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use crate::attr::Attr;
+    use crate::tensor::Tensor;
+
+    fn heads(q: i64, kv: i64) -> Vec<(&'static str, Attr)> {
+        vec![("q_num_heads", Attr::Int(q)), ("kv_num_heads", Attr::Int(kv))]
+    }
+
+    /// One token, one head, the linear rule: S = k ⊗ v on a zero state and o = scale · Sᵀ q.
+    #[test]
+    fn linear_rule_adds_the_outer_product_and_reads_it_with_the_query() {
+        let (q, k, v) = (f32t(&[1, 1, 2], &[1.0, 2.0]), f32t(&[1, 1, 2], &[3.0, 4.0]), f32t(&[1, 1, 1], &[0.5]));
+        let mut a = heads(1, 1);
+        a.extend([("update_rule", Attr::Str("linear".into())), ("scale", Attr::Float(2.0))]);
+        let out = run_ms("LinearAttention", &a, &[Some(&q), Some(&k), Some(&v)], 2).unwrap();
+        // S = [[1.5], [2.0]]; o = 2 · (1·1.5 + 2·2.0) = 11.
+        assert_eq!((f32s(&out[0]), f32s(&out[1])), (vec![11.0], vec![1.5, 2.0]));
+    }
+
+    /// A 2-token input to a 4-tap convolution: the present state keeps the past's last value.
+    #[test]
+    fn causal_conv_state_spans_past_and_input_when_the_input_is_short() {
+        let x = f32t(&[1, 1, 2], &[10.0, 20.0]);
+        let (w, past) = (f32t(&[1, 1, 4], &[1.0, 0.0, 0.0, 1.0]), f32t(&[1, 1, 3], &[1.0, 2.0, 3.0]));
+        let out = run_ms("CausalConvWithState", &[], &[Some(&x), Some(&w), None, Some(&past)], 2).unwrap();
+        // Sequence 1 2 3 10 20: outputs 1 + 10 and 2 + 20; state 3 10 20.
+        assert_eq!((f32s(&out[0]), f32s(&out[1])), (vec![11.0, 22.0], vec![3.0, 10.0, 20.0]));
+    }
+
+    fn linear_attention_error(domain_onnx: bool, a: &[(&str, Attr)], inputs: &[Option<&Tensor>]) -> String {
+        if domain_onnx {
+            err_msg(run_at("LinearAttention", 27, a, inputs, 2))
+        } else {
+            err_msg(run_ms("LinearAttention", a, inputs, 2))
+        }
+    }
+
+    /// Whether the node is ai.onnx's, its attributes, its inputs, and the error expected.
+    type Case<'t> = (bool, Vec<(&'static str, Attr)>, Vec<Option<&'t Tensor>>, &'static str);
+
+    #[test]
+    fn malformed_linear_attention_is_an_error_naming_the_problem() {
+        let (q, k, v) = (f32t(&[1, 2, 8], &[0.5; 16]), f32t(&[1, 2, 4], &[0.5; 8]), f32t(&[1, 2, 6], &[0.5; 12]));
+        let (decay, beta) = (f32t(&[1, 2, 1], &[-0.1; 2]), f32t(&[1, 2, 1], &[0.5; 2]));
+        let all = [Some(&q), Some(&k), Some(&v), None, Some(&decay), Some(&beta)];
+        let cases: Vec<Case> = vec![
+            (false, vec![("kv_num_heads", Attr::Int(1))], all.to_vec(), "attribute q_num_heads is required"),
+            (false, heads(3, 2), all.to_vec(), "must be a multiple of kv_num_heads 2"),
+            (true, heads(1, 2), all.to_vec(), "q_num_heads 1 must be a multiple of kv_num_heads 2"),
+            (
+                false,
+                heads(2, 1),
+                vec![Some(&v), Some(&k), Some(&q)],
+                "key width 4 is not a multiple of the query's head size 3",
+            ),
+            (false, heads(2, 1), vec![Some(&q), Some(&k), Some(&v)], "decay (input 4) is required"),
+            (
+                false,
+                heads(2, 1),
+                vec![Some(&q), Some(&k), Some(&v), None, Some(&q)],
+                "decay must be [B, T, 1] or [B, T, 4]",
+            ),
+            (
+                false,
+                heads(2, 1),
+                vec![Some(&q), Some(&k), Some(&v), Some(&q), Some(&decay), Some(&beta)],
+                "past_state must be [1, 1, 4, 6]",
+            ),
+            (
+                false,
+                heads(2, 1),
+                vec![Some(&k), Some(&k), Some(&v)],
+                "key width 4 is 2 heads of the query's head size 2, not 1 KV heads",
+            ),
+        ];
+        for (onnx, a, inputs, want) in cases {
+            let got = linear_attention_error(onnx, &a, &inputs);
+            assert!(got.contains(want), "{want:?} not in {got:?}");
+        }
+        let mut bad_rule = heads(2, 1);
+        bad_rule.push(("update_rule", Attr::Str("mamba".into())));
+        assert!(linear_attention_error(false, &bad_rule, &all).contains("update_rule \"mamba\""));
+        let mut window = heads(2, 1);
+        window.push(("state_window", Attr::Int(2)));
+        assert!(linear_attention_error(false, &window, &all).contains("state_window > 0"));
+        let rank2 = f32t(&[2, 8], &[0.5; 16]);
+        assert!(linear_attention_error(false, &heads(2, 1), &[Some(&rank2), Some(&k), Some(&v)])
+            .contains("query must be 3-D"));
+    }
+
+    #[test]
+    fn malformed_convolutions_and_gates_are_errors_naming_the_problem() {
+        let (x, w) = (f32t(&[1, 2, 3], &[1.0; 6]), f32t(&[2, 1, 3], &[1.0; 6]));
+        let conv =
+            |a: &[(&str, Attr)], inputs: &[Option<&Tensor>]| err_msg(run_ms("CausalConvWithState", a, inputs, 2));
+        let wide = f32t(&[2, 2, 3], &[1.0; 12]);
+        assert!(conv(&[], &[Some(&x), Some(&wide)]).contains("weight must be [2, 1, k]"));
+        assert!(conv(&[("dilation", Attr::Int(0))], &[Some(&x), Some(&w)]).contains("dilation must be at least 1"));
+        assert!(conv(&[("dilation", Attr::Int(1 << 40))], &[Some(&x), Some(&w)]).contains("dilation"));
+        assert!(conv(&[("ndim", Attr::Int(2))], &[Some(&x), Some(&w)]).contains("ndim = 2 is not supported"));
+        assert!(
+            conv(&[("activation", Attr::Str("relu".into()))], &[Some(&x), Some(&w)]).contains("activation \"relu\"")
+        );
+        assert!(conv(&[], &[Some(&x), Some(&w), None, Some(&x)]).contains("past_state must be a float [1, 2, 2]"));
+        let gate = |inputs: &[Option<&Tensor>], outputs| err_msg(run_ms("LinearAttentionGate", &[], inputs, outputs));
+        let (a, h3) = (f32t(&[1, 2], &[0.1, 0.2]), f32t(&[3], &[0.0; 3]));
+        let h2 = f32t(&[2], &[0.0; 2]);
+        assert!(gate(&[Some(&a), Some(&h3), Some(&h2)], 1).contains("dt_bias must be [2]"));
+        assert!(gate(&[Some(&a), Some(&h2), Some(&h2)], 2).contains("output beta needs input b"));
+    }
 }
