@@ -82,3 +82,35 @@ pub(super) fn linear_attention_gate(n: &NodeCtx, _ctx: &mut Ctx, inputs: In) -> 
     let a = req(n, inputs, 0)?;
     Ok(vec![Info::new(a.dtype, a.shape.clone()); n.num_outputs.clamp(1, 2)])
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::infer::testing::*;
+    use ir::DType::*;
+
+    /// The builder's Qwen3.5 layer: 2 query/key heads, 4 value heads (inverse grouping), f32 state.
+    #[test]
+    fn linear_attention_has_one_output_head_per_value_head_when_those_are_more() {
+        let (q, k, v) = (
+            value(F32, &["batch", "seq", "32"]),
+            value(F32, &["batch", "seq", "32"]),
+            value(F32, &["batch", "seq", "64"]),
+        );
+        let past = value(F32, &["batch", "4", "16", "16"]);
+        let la = TestNode::contrib("la", "LinearAttention").int("q_num_heads", 2).int("kv_num_heads", 4).outputs(2);
+        assert_eq!(la.types(&[&q, &k, &v, &past]), ["f32[batch,seq,64]", "f32[batch,4,16,16]"]);
+        let wrong = value(F32, &["batch", "4", "8", "16"]);
+        let err = la.refusal(&[&q, &k, &v, &wrong]);
+        assert!(err.contains("past_state is [batch,4,8,16] where 16 is expected"), "{err}");
+    }
+
+    #[test]
+    fn causal_conv_state_holds_k_minus_1_positions_times_the_dilation() {
+        let (x, w) = (value(F16, &["batch", "6", "seq"]), value(F16, &["6", "1", "4"]));
+        let conv = TestNode::contrib("conv", "CausalConvWithState").int("dilation", 2).outputs(2);
+        assert_eq!(conv.types(&[&x, &w]), ["f16[batch,6,seq]", "f16[batch,6,6]"]);
+        let last = value(F32, &["batch", "seq", "6"]);
+        let conv = TestNode::contrib("conv", "CausalConvWithState").int("channels_last", 1).outputs(2);
+        assert_eq!(conv.types(&[&last, &w]), ["f32[batch,seq,6]", "f32[batch,3,6]"]);
+    }
+}
