@@ -176,7 +176,9 @@ pub(super) fn linear_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
     let mut g = geometry(cx, q, k, v)?;
     check_gates(&mut g, rule, decay, beta)?;
     let state_shape = vec![g.batch, g.kv_heads, g.dk, g.dv];
+    let out_shape = vec![g.batch, g.tokens, g.out_heads * g.dv];
     checked_numel(&state_shape)?;
+    checked_numel(&out_shape)?;
     let mut state = match past {
         Some(p) => {
             require_float(p, "past_state")?;
@@ -199,7 +201,6 @@ pub(super) fn linear_attention(cx: &Ctx) -> Res<Vec<Tensor>> {
         beta: beta.filter(|_| rule.delta()).map(Tensor::to_f64_vec),
     };
     let out = recur(&g, scale, &inputs, &mut state);
-    let out_shape = vec![g.batch, g.tokens, g.out_heads * g.dv];
     let state_dtype = past.map_or(q.dtype, |p| p.dtype);
     Ok(vec![float_tensor(q.dtype, out_shape, out), float_tensor(state_dtype, state_shape, state)])
 }
@@ -516,6 +517,14 @@ mod tests {
         let mut window = heads(2, 1);
         window.push(("state_window", Attr::Int(2)));
         assert!(linear_attention_error(false, &window, &all).contains("state_window > 0"));
+        // 65536 query heads of size 1 on one value head would be 2^32 outputs.
+        let (wide_q, wide_v) =
+            (f32t(&[1, 1, 1 << 16], &vec![0.0; 1 << 16]), f32t(&[1, 1, 1 << 16], &vec![0.0; 1 << 16]));
+        let wide_k = f32t(&[1, 1, 1], &[0.0]);
+        let mut linear = heads(1 << 16, 1);
+        linear.push(("update_rule", Attr::Str("linear".into())));
+        let huge = linear_attention_error(false, &linear, &[Some(&wide_q), Some(&wide_k), Some(&wide_v)]);
+        assert!(huge.contains("elements"), "{huge}");
         let rank2 = f32t(&[2, 8], &[0.5; 16]);
         assert!(linear_attention_error(false, &heads(2, 1), &[Some(&rank2), Some(&k), Some(&v)])
             .contains("query must be 3-D"));
