@@ -70,6 +70,7 @@ $(STAMP_PY): tools/requirements.txt
 	touch $@
 
 fixtures: smollm2 onnx-node-tests
+	$(PY) tools/contrib_node_cases.py --out $(FIXTURES)/contrib-node-cases
 
 ## onnx-node-tests: ONNX's backend node tests, from the onnx 1.20.0 sdist.
 onnx-node-tests: $(STAMP_PY)

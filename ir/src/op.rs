@@ -138,6 +138,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(ON, "LayerNormalization",          (2, 3), (1, 3)),
     spec(ON, "SimplifiedLayerNormalization", (2, 2), (1, 2)),
     spec(ON, "RMSNormalization",            (2, 2), (1, 1)),
+    spec(ON, "LpNormalization",             (1, 1), (1, 1)),
     // Shape and data movement.
     spec(ON, "Shape",          (1, 1), (1, 1)),
     spec(ON, "Size",           (1, 1), (1, 1)),
@@ -168,6 +169,9 @@ pub static VOCABULARY: &[OpSpec] = &[
     // Fused transformer ops of opset 23.
     spec(ON, "RotaryEmbedding", (3, 4), (1, 1)),
     spec(ON, "Attention",       (3, 7), (1, 4)),
+    // Recurrent layers of hybrid decoders, opset 27.
+    spec(ON, "LinearAttention",     (3, 6), (1, 2)),
+    spec(ON, "CausalConvWithState", (2, 4), (1, 2)),
     // onnxruntime contrib ops.
     spec(MS, "MatMulNBits",                      (3, 6), (1, 1)),
     spec(MS, "GroupQueryAttention",              (7, 12), (1, 4)),
@@ -177,6 +181,17 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(MS, "RotaryEmbedding",                  (4, 4), (1, 1)),
     spec(MS, "QuantizeLinear",                   (2, 3), (1, 1)),
     spec(MS, "DequantizeLinear",                 (2, 3), (1, 1)),
+    // Hybrid recurrent layers (Qwen3.5's Gated DeltaNet, LFM2's short convolutions).
+    spec(MS, "LinearAttention",                  (3, 6), (1, 2)),
+    spec(MS, "LinearAttentionGate",              (3, 4), (1, 2)),
+    spec(MS, "CausalConvWithState",              (2, 4), (1, 2)),
+    spec(MS, "GatedRMSNorm",                     (3, 3), (1, 1)),
+    // Qwen3.5's multimodal rotary embedding, which the builder uses for text too.
+    spec(MS, "MRotaryEmbedding",                 (4, 4), (1, 1)),
+    // Mixture of experts (gpt-oss, Qwen3.5-MoE, LFM2-MoE).
+    spec(MS, "GatedAdd",                         (3, 4), (1, 1)),
+    spec(MS, "MoE",                              (5, 8), (1, 1)),
+    spec(MS, "QMoE",                             (6, 14), (1, 1)),
     // npuc's fused ops (see `crate::fused` for their exact semantics).
     spec(NP, "RmsNorm",     (2, 2), (1, 1)),
     spec(NP, "SkipRmsNorm", (3, 4), (1, 2)),

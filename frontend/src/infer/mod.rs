@@ -12,7 +12,8 @@
 //! inputs are all constants. The families, one file each: `elementwise`, `matmul` (MatMul, Gemm,
 //! Einsum), `reduce` (Reduce*, Arg*, TopK, losses), `normalization`, `shape_ops` (Reshape,
 //! Transpose, (Un)Squeeze, Expand, Tile, ...), `slicing` (Concat, Split, Slice, Pad), `gather`,
-//! `creation` (Range, ConstantOfShape), `quant` and `attention`. `value.rs` holds what is known
+//! `creation` (Range, ConstantOfShape), `quant`, `attention` and `recurrent` (LinearAttention,
+//! CausalConvWithState, LinearAttentionGate). `value.rs` holds what is known
 //! of values ([`Info`]) and the assumed equalities ([`Ctx`]); `node.rs` the node's view
 //! ([`NodeCtx`]) and the checks the families share.
 //!
@@ -27,6 +28,7 @@ mod matmul;
 mod node;
 mod normalization;
 mod quant;
+mod recurrent;
 mod reduce;
 mod shape_ops;
 mod slicing;
@@ -148,7 +150,11 @@ fn inference_of(op: &str) -> Option<InferFn> {
         "GatherBlockQuantized" => quant::gather_block_quantized,
         "Attention" => attention::attention,
         "GroupQueryAttention" => attention::group_query_attention,
-        "RotaryEmbedding" => like_first_input,
+        "RotaryEmbedding" | "MRotaryEmbedding" => like_first_input,
+        "LinearAttention" => recurrent::linear_attention,
+        "CausalConvWithState" => recurrent::causal_conv,
+        "LinearAttentionGate" => recurrent::linear_attention_gate,
+        "GatedRMSNorm" | "GatedAdd" | "MoE" | "QMoE" | "LpNormalization" => like_first_input,
         "Shape" | "Size" => unreachable!("folded in dims::fold"),
         "Constant" => unreachable!("Constant nodes are read by the importer"),
         _ => return None,

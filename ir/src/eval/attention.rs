@@ -25,11 +25,11 @@ fn rotate(x: &mut [f64], cos: &[f64], sin: &[f64], interleaved: bool) {
 
 /// How the heads of a rotary or attention operand are laid out.
 #[derive(Clone, Copy)]
-struct Heads {
-    batch: usize,
-    seq: usize,
+pub(super) struct Heads {
+    pub(super) batch: usize,
+    pub(super) seq: usize,
     heads: usize,
-    head: usize,
+    pub(super) head: usize,
     /// `[B, N, S, H]` when true, `[B, S, N*H]` otherwise.
     bnsh: bool,
 }
@@ -60,7 +60,7 @@ impl Heads {
 
 /// Applies rotary embedding to every head vector of `x`; `row(b, s)` picks the row of the
 /// `[rows, rot/2]` cos/sin tables for that token.
-fn apply_rotary(
+pub(super) fn apply_rotary(
     x: &Tensor,
     layout: Heads,
     (cos, sin): (&Tensor, &Tensor),
@@ -97,7 +97,7 @@ fn apply_rotary(
 
 /// The head layout of a rotary input: `[B, N, S, H]`, or `[B, S, hidden]` split into
 /// `num_heads` heads.
-fn rotary_layout(x: &Tensor, num_heads: usize) -> Res<Heads> {
+pub(super) fn rotary_layout(x: &Tensor, num_heads: usize) -> Res<Heads> {
     match x.shape[..] {
         [batch, heads, seq, head] => Ok(Heads { batch, seq, heads, head, bnsh: true }),
         [batch, seq, hidden] => {

@@ -53,12 +53,16 @@ macro_rules! bail {
 mod attention;
 mod einsum;
 mod elementwise;
+mod gating;
 mod layout;
 mod linalg;
 mod loss;
+mod moe;
+mod mrope;
 mod norm;
 mod pad;
 mod quant;
+mod recurrent;
 mod reduce;
 mod shape_ops;
 
@@ -93,6 +97,14 @@ fn dispatch_contrib(cx: &Ctx) -> Res<Vec<Tensor>> {
         "RotaryEmbedding" => attention::rotary_embedding_contrib(cx),
         "QuantizeLinear" => quant::quantize_linear(cx),
         "DequantizeLinear" => quant::dequantize_linear(cx),
+        "LinearAttention" => recurrent::linear_attention(cx),
+        "LinearAttentionGate" => recurrent::linear_attention_gate(cx),
+        "CausalConvWithState" => recurrent::causal_conv_with_state(cx),
+        "GatedRMSNorm" => gating::gated_rms_norm(cx),
+        "GatedAdd" => gating::gated_add(cx),
+        "MRotaryEmbedding" => mrope::m_rotary_embedding(cx),
+        "MoE" => moe::moe(cx),
+        "QMoE" => moe::qmoe(cx),
         op => bail!("com.microsoft op {op} is not in the vocabulary"),
     }
 }
@@ -172,6 +184,9 @@ fn dispatch_onnx(cx: &Ctx) -> Res<Vec<Tensor>> {
         "DynamicQuantizeLinear" => quant::dynamic_quantize_linear(cx),
         "RotaryEmbedding" => attention::rotary_embedding_onnx(cx),
         "Attention" => attention::attention(cx),
+        "LinearAttention" => recurrent::linear_attention(cx),
+        "CausalConvWithState" => recurrent::causal_conv_with_state(cx),
+        "LpNormalization" => norm::lp_norm(cx),
         _ => bail!("ai.onnx op {op} is not in the vocabulary"),
     }
 }

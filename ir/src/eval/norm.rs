@@ -68,6 +68,39 @@ pub(super) fn layer_norm(cx: &Ctx) -> Res<Vec<Tensor>> {
     ])
 }
 
+/// LpNormalization: `x / ‖x‖_p` along `axis` (default -1) with `p` 1 or 2 (default 2); a zero
+/// norm gives zeros, as onnxruntime computes it.
+pub(super) fn lp_norm(cx: &Ctx) -> Res<Vec<Tensor>> {
+    let x = cx.input(0, "input")?;
+    require_float(x, "input")?;
+    let axis = norm_axis(cx.attrs().int_or("axis", -1)?, x.rank().max(1), "axis")?;
+    let p = cx.attrs().int_or("p", 2)?;
+    if p != 1 && p != 2 {
+        bail!("p must be 1 or 2, got {p}");
+    }
+    if x.rank() == 0 {
+        bail!("input must be at least 1-D");
+    }
+    let len = x.shape[axis];
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    let v = x.to_f64_vec();
+    let mut y = vec![0.0; v.len()];
+    for outer in 0..v.len() / (len * inner).max(1) {
+        for i in 0..inner {
+            let at = |j: usize| (outer * len + j) * inner + i;
+            let norm: f64 = if p == 1 {
+                (0..len).map(|j| v[at(j)].abs()).sum()
+            } else {
+                (0..len).map(|j| v[at(j)] * v[at(j)]).sum::<f64>().sqrt()
+            };
+            for j in 0..len {
+                y[at(j)] = if norm == 0.0 { 0.0 } else { v[at(j)] / norm };
+            }
+        }
+    }
+    Ok(vec![float_tensor(x.dtype, x.shape.clone(), y)])
+}
+
 /// RMS normalisation, `x / sqrt(mean(x²) + eps) * scale` over the dimensions from `axis` on,
 /// as SimplifiedLayerNormalization (either domain) and RMSNormalization define it. Y takes the
 /// scale's dtype; the second output (SimplifiedLayerNormalization only) is the saved

@@ -578,7 +578,7 @@ impl<'t> BlockQuantized<'t> {
 /// A's rows with each `block`-long run along K replaced by its int8 quantisation `q · s`
 /// (`s = max|a| / 127`, `q = round_half_even(a · (127 / max|a|))`, f32 arithmetic): what
 /// onnxruntime's `accuracy_level` 4 kernel multiplies the weights with.
-fn int8_blocks(a: &[f32], k: usize, block: usize) -> Vec<f64> {
+pub(super) fn int8_blocks(a: &[f32], k: usize, block: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(a.len());
     for row in a.chunks(k) {
         for blk in row.chunks(block) {
