@@ -136,9 +136,11 @@ fn onnx_backend_node_tests_pass_or_are_refused_and_nothing_panics() {
 }
 
 /// Passes now; fewer is a regression.
-const PASS_FLOOR: usize = 1057;
+const PASS_FLOOR: usize = 1062;
 /// Failures now, none an evaluator bug. Attention with a mask and `qk_matmul_output_mode` or
 /// softcap (9): the 1.20.0 data predates onnx/onnx#7867, which put the softcap before the mask
 /// and made mode 1 the softcapped scores and mode 2 the masked ones, the definition npuc
-/// implements. String tensors (2), optional and sequence inputs (2). More is a regression.
-const FAIL_CEILING: usize = 13;
+/// implements. String tensors (2), optional and sequence inputs (2). LpNormalization of an
+/// all-zero vector (1): the data expects 0/0 = NaN, npuc gives 0 as ONNX Runtime does (the
+/// builder's q/k l2-norms run on ONNX Runtime). More is a regression.
+const FAIL_CEILING: usize = 14;
