@@ -13,7 +13,7 @@ and thread count:
   speculative greedy decoding back to back per repetition (the same tokens, asserted by npuc),
   decode tok/s of both, drafts kept and tokens per weight pass;
 - llama.cpp's `llama-lookup` (its n-gram prompt-lookup speculative decoding, greedy: `--temp 0`,
-  `--draft K`) on the GGUF, the median decode rate of `--reps` runs and its drafts accepted. It
+  `--spec-draft-n-max K`) on the GGUF, the median decode rate of `--reps` runs and its drafts accepted. It
   stops at the model's end-of-generation token, npuc's bench never stops: the tokens each decoded
   are printed;
 - llama.cpp's plain decoding at the same depth: `llama-bench -d <prompt tokens> -n <gen-len>`.
@@ -58,7 +58,7 @@ def npuc_rates(args, prompt: Path, threads: int) -> dict:
 def lookup_rates(args, rendered: Path, threads: int) -> dict:
     """llama-lookup's decode rate (median over --reps runs), and the last run's counters."""
     cmd = [str(args.llama_lookup), "-m", str(args.gguf), "-f", str(rendered), "-n", str(args.gen_len), "-t",
-           str(threads), "--temp", "0", "--draft", str(args.draft_len), "-c", "4096", "--no-warmup"]
+           str(threads), "--temp", "0", "--spec-draft-n-max", str(args.draft_len), "-c", "4096"]
     rates, last = [], {}
     for _ in range(args.reps):
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
