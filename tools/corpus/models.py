@@ -108,9 +108,11 @@ HYBRID_ARCHS = {
         text_config=dict(QWEN35_TEXT, **EXPERTS, moe_intermediate_size=64, shared_expert_intermediate_size=64),
         vision_config=QWEN35_VISION, tie_word_embeddings=False), 22),
     # LFM2: short causal convolutions (kernel 3, gated by the input projection) and attention
-    # with q/k norms; the FFN size as given (no auto-adjust).
+    # with q/k norms; the FFN size as given (no auto-adjust). No conv biases, as in LFM2's own
+    # checkpoints: with `conv_bias` the in/out projections get biases too, which the builder drops
+    # (its graph then parts from transformers' forward by 4.7 in the logits).
     "lfm2": Arch("lfm2", "Lfm2ForCausalLM", dict(
-        COMMON, layer_types=["conv", "full_attention"], conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+        COMMON, layer_types=["conv", "full_attention"], conv_L_cache=3, conv_bias=False, norm_eps=1e-5,
         block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
         rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 23),
     # gpt-oss: MoE with biased experts and a clamped SwiGLU, attention sinks, a sliding-window
@@ -126,7 +128,7 @@ HYBRID_ARCHS = {
     # attention layer and a conv layer.
     "lfm2-moe": Arch("lfm2-moe", "Lfm2MoeForCausalLM", dict(
         COMMON, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"], num_dense_layers=1,
-        **EXPERTS, moe_intermediate_size=64, conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+        **EXPERTS, moe_intermediate_size=64, conv_L_cache=3, conv_bias=False, norm_eps=1e-5,
         tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 25),
 }
 # Builder options per hybrid architecture: gpt-oss's sliding-window layer gets a full-length KV
