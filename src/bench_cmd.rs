@@ -258,7 +258,7 @@ fn print_host(o: &Options, h: &Host, plain: &Rates, speculation: Option<&serde_j
 #[cfg(feature = "openvino")]
 fn bench_openvino(o: &Options, bundle: &Bundle, prompt: &[u32]) -> Result<ExitCode> {
     let (mut session, networks, compile_ms) =
-        crate::run_openvino::open_session(&o.backend, bundle, prompt.len() + o.gen_len, o.threads)?;
+        crate::run_openvino::open_session(&o.backend, bundle, (prompt.len() + o.gen_len, o.threads), false)?;
     session.generate_greedy(prompt, 2, &[], |_| {})?;
     let (mut prefill, mut decode, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.repetitions {

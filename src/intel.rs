@@ -13,6 +13,12 @@ pub struct IntelArgs {
     /// intel-npu: token block sizes, one static-shape network per segment each.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     pub blocks: Vec<usize>,
+    /// intel-npu: verify block sizes for speculative decoding (`npuc run --backend openvino
+    /// --speculate`), each at least 2, or `none`: one more network per segment each, the lm_head's
+    /// over every row, viewing the same weights.bin (no weight bytes). Drafts are at most the
+    /// largest size − 1 tokens.
+    #[arg(long, default_value = "2,4", value_parser = parse_verify_blocks)]
+    pub verify_blocks: VerifyBlocks,
     /// intel-npu: what to do with asymmetric (zero-point) weights: `requantize` them symmetrically
     /// (the error is reported per weight) or `reject` the model.
     #[arg(long, default_value = "requantize", value_parser = ["requantize", "reject"])]
@@ -27,6 +33,19 @@ pub struct IntelArgs {
     pub weights: String,
 }
 
+/// `--verify-blocks`: sizes of at least 2 rows, comma-separated, or `none`.
+#[derive(Clone, Debug)]
+pub struct VerifyBlocks(pub Vec<usize>);
+
+fn parse_verify_blocks(s: &str) -> Result<VerifyBlocks, String> {
+    if s == "none" {
+        return Ok(VerifyBlocks(Vec::new()));
+    }
+    let sizes = s.split(',').map(|t| t.trim().parse::<usize>().ok().filter(|&b| b >= 2));
+    let sizes = sizes.collect::<Option<Vec<usize>>>();
+    sizes.map(VerifyBlocks).ok_or_else(|| format!("`{s}` is not `none` or a list of sizes of at least 2 rows"))
+}
+
 /// The bundle folder of the IR.
 pub const DIR: &str = runtime::bundle::intel::DIR;
 
@@ -36,6 +55,7 @@ pub fn compile(program: &ir::Graph, a: &IntelArgs) -> Result<codegen_intel::Inte
     }
     let options = codegen_intel::Options {
         blocks: a.blocks.clone(),
+        verify_blocks: a.verify_blocks.0.clone(),
         asymmetric: if a.asymmetric == "reject" { Asymmetric::Reject } else { Asymmetric::Requantize },
         rope_positions: a.rope_positions,
         weights: a.weights.parse().map_err(anyhow::Error::msg)?,
@@ -68,6 +88,8 @@ pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
         "xml_bytes": xml_bytes,
         "weights_bin_bytes": ir.weights.len(),
         "blocks": ir.plan.blocks,
+        "verify_blocks": ir.plan.verify_blocks,
+        "verify_xml_bytes": verify_xml_bytes(ir),
         "requantized_weights": requantized.len(),
         "requantized_max_rel_error": worst(&requantized),
         "requantized_mean_rel_error": mean(&requantized),
@@ -80,6 +102,21 @@ pub fn summary(ir: &codegen_intel::IntelIr) -> Value {
             "max_rel": e.max_rel, "mean_rel": e.mean_rel,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// Bytes of XML of the networks only the verify blocks need (the block-sized segments' networks
+/// of sizes not in `blocks`, the lm_head's over every row).
+fn verify_xml_bytes(ir: &codegen_intel::IntelIr) -> usize {
+    let mut files = std::collections::HashSet::new();
+    for seg in &ir.plan.segments {
+        for (t, file) in &seg.files {
+            let plain = if seg.last_row_only { *t == 1 } else { ir.plan.blocks.contains(t) };
+            if !plain {
+                files.insert(file.as_str());
+            }
+        }
+    }
+    ir.xml.iter().filter(|(name, _)| files.contains(name.as_str())).map(|(_, text)| text.len()).sum()
 }
 
 /// One line for the text summary.

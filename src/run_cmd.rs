@@ -37,10 +37,12 @@ pub struct SpeculateArgs {
     /// what followed the text's last n-gram earlier in the prompt or the output. Greedy output is
     /// token for token that of decoding without it; sampled output (--temperature > 0) has the
     /// same distribution (a draft is kept with the probability sampling gives it, else replaced
-    /// by a draw without it), though not the same tokens for a seed.
+    /// by a draw without it), though not the same tokens for a seed. On --backend openvino (greedy)
+    /// the verify steps run in the bundle's static verify blocks (`npuc compile --verify-blocks`).
     #[arg(long, value_parser = ["lookup"])]
     pub speculate: Option<String>,
-    /// With --speculate: tokens drafted per verify step at most.
+    /// With --speculate: tokens drafted per verify step at most (on --backend openvino also at
+    /// most the bundle's largest verify block − 1: 3 for the default blocks 2,4).
     #[arg(long, default_value_t = 4)]
     pub draft_len: usize,
     /// With --speculate lookup: the longest n-gram matched (shorter ones are tried down to 1).
@@ -53,8 +55,8 @@ impl SpeculateArgs {
     fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<PromptLookup>> {
         anyhow::ensure!(prompts == 1 || self.speculate.is_none(), "--speculate runs one prompt at a time");
         anyhow::ensure!(
-            o.backend.backend == "host" || self.speculate.is_none(),
-            "--speculate runs on the host backend"
+            o.backend.backend != "xrt" || self.speculate.is_none(),
+            "--speculate runs on the host and openvino backends"
         );
         self.lookup()
     }
@@ -118,7 +120,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let drafter = o.speculate.drafter(&o, prompt_ids.len())?;
     if o.backend.backend == "openvino" {
-        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop);
+        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop, drafter);
     }
     let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
     let options = ExecOptions {
@@ -151,7 +153,14 @@ pub fn run(o: Options) -> Result<ExitCode> {
 }
 
 /// One prompt on an intel-npu bundle's IR through OpenVINO.
-fn run_openvino(o: &Options, bundle: &Bundle, text: &Text, prompt_ids: &[Vec<u32>], stop: &[u32]) -> Result<ExitCode> {
+fn run_openvino(
+    o: &Options,
+    bundle: &Bundle,
+    text: &Text,
+    prompt_ids: &[Vec<u32>],
+    stop: &[u32],
+    drafter: Option<PromptLookup>,
+) -> Result<ExitCode> {
     anyhow::ensure!(prompt_ids.len() == 1, "--backend openvino runs one prompt at a time");
     anyhow::ensure!(o.sampling.temperature == 0.0, "--backend openvino decodes greedily (--temperature 0)");
     let request = crate::run_openvino::Request {
@@ -162,6 +171,7 @@ fn run_openvino(o: &Options, bundle: &Bundle, text: &Text, prompt_ids: &[Vec<u32
         max_tokens: o.max_tokens,
         threads: o.threads,
         json: o.json,
+        drafter,
     };
     crate::run_openvino::run(&o.backend, request)
 }
@@ -232,7 +242,7 @@ struct Generation<'g> {
 
 /// Speculation's counters: verify steps, drafts, acceptance, and tokens per pass over the
 /// weights (each decode step and each verify step reads every weight once).
-fn speculation_json(spec: &SpeculationStats, generated: usize) -> serde_json::Value {
+pub(crate) fn speculation_json(spec: &SpeculationStats, generated: usize) -> serde_json::Value {
     json!({
         "verify_steps": spec.verify_steps,
         "drafted": spec.drafted,
@@ -243,8 +253,20 @@ fn speculation_json(spec: &SpeculationStats, generated: usize) -> serde_json::Va
 }
 
 /// Decoded tokens (those after the prefill's) per verify step.
-fn tokens_per_pass(spec: &SpeculationStats, generated: usize) -> f64 {
+pub(crate) fn tokens_per_pass(spec: &SpeculationStats, generated: usize) -> f64 {
     generated.saturating_sub(1) as f64 / spec.verify_steps.max(1) as f64
+}
+
+/// Speculation's counters in the text summary.
+pub(crate) fn speculation_line(spec: &SpeculationStats, generated: usize) -> String {
+    format!(
+        "speculation: {} verify steps, {} of {} drafts accepted ({:.0} %), {:.2} tokens per pass over the weights",
+        spec.verify_steps,
+        spec.accepted,
+        spec.drafted,
+        100.0 * spec.acceptance(),
+        tokens_per_pass(spec, generated)
+    )
 }
 
 /// How long opening the bundle and loading its program took.
@@ -287,14 +309,7 @@ fn report_one(
     }
     eprintln!("{}", rates_line(g.stats));
     if let Some(spec) = &g.spec {
-        eprintln!(
-            "speculation: {} verify steps, {} of {} drafts accepted ({:.0} %), {:.2} tokens per pass over the weights",
-            spec.verify_steps,
-            spec.accepted,
-            spec.drafted,
-            100.0 * spec.acceptance(),
-            tokens_per_pass(spec, g.tokens.len())
-        );
+        eprintln!("{}", speculation_line(spec, g.tokens.len()));
     }
     if o.stats {
         eprintln!("kv cache: {pool}");

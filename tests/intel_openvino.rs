@@ -3,13 +3,15 @@
 //! tiny Qwen3 from the builder, asymmetric int4 re-quantised symmetrically, and symmetric; tiny
 //! QDQ models from quantize_static and Quark):
 //! the very same weights, so the same greedy tokens; first-step logits within a stated tolerance.
-//! Also: the CLI path (`--weights`), and a clear error for a missing device.
+//! Also: the CLI path (`--weights`), a clear error for a missing device, and speculative decoding
+//! on OpenVINO (verify blocks, truncation, `--speculate lookup`).
 
 mod common;
 
 use runtime::bundle::Bundle;
-use runtime::exec::{ExecOptions, Executor};
+use runtime::exec::{generate_speculative, ExecOptions, Executor, PromptLookup, SpeculationStats};
 use runtime::openvino::{OvError, OvOptions, OvSession};
+use runtime::sample::Sampler;
 use std::path::Path;
 use std::process::Command;
 
@@ -343,4 +345,166 @@ fn greedy_up_to_flips(host: &mut Executor, ov: &mut OvSession, prompt: &[u32], s
         ids = vec![h as u32];
     }
     agree
+}
+
+/// The largest difference between `got` and `want`, and `want`'s largest magnitude.
+fn worst_and_scale(got: &[f32], want: &[f32]) -> (f32, f32) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    (got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())), scale)
+}
+
+/// Speculative greedy decoding on `ov` and plain greedy decoding on it from the same prompt: the
+/// tokens of both and speculation's counters.
+fn speculative_and_plain(ov: &mut OvSession, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<u32>, SpeculationStats) {
+    ov.reset().unwrap();
+    let mut lookup = PromptLookup::default();
+    let mut greedy = Sampler::greedy();
+    let (spec_tokens, _, spec) =
+        generate_speculative(ov, prompt, max_new, &[], &mut lookup, &mut greedy, |_| {}).unwrap();
+    ov.reset().unwrap();
+    let plain = ov.generate_greedy(prompt, max_new, &[], |_| {}).unwrap();
+    ov.reset().unwrap();
+    (spec_tokens, plain, spec)
+}
+
+/// A verify block's rows are single steps: row i of a verify step over `[a, b, c]` (a 4-row
+/// verify block, padded) and over `[a, b]` (a 2-row one) scores what a step of one token at that
+/// position does, within the tolerance the OpenVINO-vs-host tests hold (1e-3 of the largest
+/// logit: the networks of different block sizes may sum in another order). Truncating back drops
+/// the rejected rows: what follows is bit for bit what follows other rejected rows, and within
+/// that tolerance of a sequence that never held them. A verify step longer than the largest
+/// verify block, and a truncation past the held tokens, are refused.
+#[test]
+fn intel_openvino_verify_rows_are_single_steps_and_truncation_forgets_rejected_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3-builder-int4.npub");
+    compile(&path, "qwen3-builder-int4");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 64, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    assert_eq!(ov.verify_blocks(), [2, 4]);
+    let prompt: &[u32] = &[3, 17, 101, 250, 9, 44];
+    let block: &[u32] = &[7, 120, 33];
+    let mut single = Vec::new();
+    ov.step(prompt).unwrap();
+    for &t in block {
+        single.push(ov.step(&[t]).unwrap());
+    }
+    for rows in [&block[..3], &block[..2]] {
+        ov.reset().unwrap();
+        ov.step(prompt).unwrap();
+        let every = ov.step_rows(rows).unwrap();
+        assert_eq!(every.len(), rows.len() * ov.vocab());
+        assert_eq!(ov.position(), prompt.len() + rows.len());
+        for (i, row) in every.chunks_exact(ov.vocab()).enumerate() {
+            let (worst, scale) = worst_and_scale(row, &single[i]);
+            assert!(
+                worst <= 1e-3 * scale,
+                "{} rows, row {i}: {worst} from a single step (largest {scale})",
+                rows.len()
+            );
+        }
+    }
+    // Keep the first row of a verify step, then step on: against other rejected rows, and a
+    // sequence that never held any.
+    let after_rejecting = |ov: &mut OvSession, rejected: &[u32]| {
+        ov.reset().unwrap();
+        ov.step(prompt).unwrap();
+        let rows: Vec<u32> = [&block[..1], rejected].concat();
+        ov.step_rows(&rows).unwrap();
+        ov.truncate(prompt.len() + 1).unwrap();
+        ov.step(&[55]).unwrap()
+    };
+    let a = after_rejecting(&mut ov, &[120, 33, 200]);
+    let b = after_rejecting(&mut ov, &[90, 4, 61]);
+    let (worst, _) = worst_and_scale(&a, &b);
+    assert!(a == b, "rejected rows left a trace: the logits after them differ by up to {worst}");
+    ov.reset().unwrap();
+    ov.step(prompt).unwrap();
+    ov.step(&block[..1]).unwrap();
+    let never = ov.step(&[55]).unwrap();
+    let (worst, scale) = worst_and_scale(&a, &never);
+    assert!(worst <= 1e-3 * scale, "after truncation: {worst} from a sequence without the rejected rows");
+    match ov.step_rows(&[1, 2, 3, 4, 5]) {
+        Err(OvError::NoVerifyBlock { rows, verify_blocks }) => assert_eq!((rows, verify_blocks), (5, vec![2, 4])),
+        other => panic!("a 5-row verify step: {:?}", other.map(|l| l.len())),
+    }
+    let held = ov.position();
+    let err = ov.truncate(held + 1).unwrap_err();
+    assert!(matches!(err, OvError::TruncateBeyondHeld { tokens, held: h } if tokens == held + 1 && h == held), "{err}");
+}
+
+/// Speculative greedy decoding on OpenVINO gives OpenVINO's plain greedy tokens, with drafts
+/// both kept and rejected, on a tiny corpus model and on SmolLM2 asked to repeat a sentence.
+#[test]
+fn intel_openvino_speculative_greedy_gives_the_tokens_of_greedy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3-builder-int4.npub");
+    compile(&path, "qwen3-builder-int4");
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options = OvOptions { device: "CPU".into(), cache_dir: None, max_context: 96, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let prompt: Vec<u32> = [3, 17, 101, 250, 9, 44].repeat(3);
+    let (spec_tokens, plain, spec) = speculative_and_plain(&mut ov, &prompt, 40);
+    eprintln!("qwen3-builder-int4: {spec:?}");
+    assert_eq!(spec_tokens, plain);
+    assert!(spec.accepted > 0 && spec.accepted < spec.drafted, "{spec:?}");
+
+    let path = tmp.path().join("smollm2.npub");
+    compile_smollm2(&path);
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 256, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let text = "Repeat this sentence: the quick brown fox jumps over the lazy dog by the old river bank.\n\
+                Repeat this sentence: the quick brown fox";
+    let prompt = tokenize(&bundle, text);
+    let (spec_tokens, plain, spec) = speculative_and_plain(&mut ov, &prompt, 40);
+    eprintln!("smollm2: {spec:?}, {} tokens", spec_tokens.len());
+    assert_eq!(spec_tokens, plain);
+    assert!(spec.accepted > 0 && spec.accepted < spec.drafted, "{spec:?}");
+    // Drafts are capped at the largest verify block − 1.
+    assert!(spec.drafted <= 3 * spec.verify_steps, "{spec:?}");
+}
+
+/// `npuc run --backend openvino --speculate lookup --json`: plain greedy's tokens and the host's
+/// `speculation` members; a bundle compiled with `--verify-blocks none` is refused with the flag
+/// to compile it with.
+#[test]
+fn npuc_run_on_openvino_speculates_and_reports_as_the_host_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("qwen3-builder-int4.npub");
+    compile(&path, "qwen3-builder-int4");
+    let ids = [3, 17, 101, 250, 9, 44].repeat(3).iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let run = |path: &Path, extra: &[&str]| {
+        let mut args = vec!["run", path.to_str().unwrap(), "--prompt-ids", &ids, "--max-tokens", "24", "--json"];
+        args.extend(extra);
+        Command::new(env!("CARGO_BIN_EXE_npuc")).args(&args).output().unwrap()
+    };
+    let json = |out: std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let openvino = ["--backend", "openvino"];
+    let plain = json(run(&path, &openvino));
+    let spec = json(run(&path, &[&openvino[..], &["--speculate", "lookup"]].concat()));
+    let host = json(run(&path, &["--speculate", "lookup"]));
+    assert_eq!(spec["tokens"], plain["tokens"]);
+    assert!(plain.get("speculation").is_none());
+    let keys = |v: &serde_json::Value| v["speculation"].as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&spec), keys(&host));
+    assert!(spec["speculation"]["accepted"].as_u64().unwrap() > 0, "{}", spec["speculation"]);
+
+    let none = tmp.path().join("no-verify.npub");
+    let model = common::model("qwen3-builder-int4");
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--verify-blocks", "none", "-o"])
+        .arg(&none)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&none, &[&openvino[..], &["--speculate", "lookup"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("compile it with --verify-blocks"), "{stderr}");
 }

@@ -4,7 +4,9 @@
 //! The plan lists the IR segments (one `.xml` network per token block size, all viewing one
 //! weights file), the inputs and outputs of each with their shapes per block size, the attentions
 //! the host computes between segments, the order they run in, and where the RoPE tables are in
-//! the weights file. [`Plan::encode`] writes pretty JSON with every object's keys sorted (the
+//! the weights file. Verify blocks (`verify_blocks`, for speculative decoding) add a network per
+//! segment for each of their sizes, the last-row segment's over every row; a plan written before
+//! them has no such member and reads as having none. [`Plan::encode`] writes pretty JSON with every object's keys sorted (the
 //! layout format 1 has always had); [`Plan::decode`] refuses another format before anything else,
 //! then any missing, misspelled or ill-typed member, naming its JSON path.
 
@@ -33,7 +35,13 @@ pub struct Plan {
     pub weights_file: String,
     pub weights_bytes: u64,
     /// Token block sizes, ascending: one network per segment each (the last-row segment has 1).
+    /// A step runs its tokens in these.
     pub blocks: Vec<usize>,
+    /// Verify block sizes, ascending, each at least 2: every segment has a network for each
+    /// (the last-row segment's computes every row's logits), which a verify step of speculative
+    /// decoding runs its pending token and drafts in. Empty, and left out of the file, for none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verify_blocks: Vec<usize>,
     /// The value that holds the logits (an output of the last segment).
     pub logits: String,
     pub rope: Rope,
@@ -93,9 +101,12 @@ pub struct Segment {
     pub name: String,
     /// Its place in [`Plan::segments`].
     pub index: usize,
-    /// The network file in [`DIR`] per block size.
+    /// The network file in [`DIR`] per block size (of [`Plan::blocks`] and
+    /// [`Plan::verify_blocks`]).
     pub files: BTreeMap<usize, String>,
-    /// Whether the segment runs on the block's last row only (the lm_head).
+    /// Whether the segment runs on the block's last row only (the lm_head): its network of
+    /// block 1 reads the last row of a block of any size; those of the verify blocks read every
+    /// row.
     pub last_row_only: bool,
     pub inputs: Vec<SegmentInput>,
     pub outputs: Vec<SegmentOutput>,
@@ -204,7 +215,26 @@ impl Plan {
         let plan: Plan = serde_path_to_error::deserialize(document)
             .map_err(|e| PlanError::at(e.path().to_string(), e.inner().to_string()))?;
         plan.check_schedule()?;
+        plan.check_verify_blocks()?;
         Ok(plan)
+    }
+
+    /// Every verify block is at least 2 rows (one row is a step) and has a network in every
+    /// segment.
+    fn check_verify_blocks(&self) -> Result<(), PlanError> {
+        for (i, &block) in self.verify_blocks.iter().enumerate() {
+            if block < 2 {
+                return Err(PlanError::at(
+                    format!("verify_blocks[{i}]"),
+                    format!("{block} rows: a verify block holds at least 2"),
+                ));
+            }
+            if let Some(s) = self.segments.iter().position(|s| !s.files.contains_key(&block)) {
+                let message = format!("segment `{}` has no network for verify block {block}", self.segments[s].name);
+                return Err(PlanError::at(format!("segments[{s}].files"), message));
+            }
+        }
+        Ok(())
     }
 
     fn check_schedule(&self) -> Result<(), PlanError> {
@@ -263,6 +293,7 @@ mod tests {
             weights_file: WEIGHTS_FILE.into(),
             weights_bytes: 1 << 20,
             blocks: vec![1, 64],
+            verify_blocks: vec![],
             logits: "logits".into(),
             rope: Rope {
                 positions: 4096,
@@ -367,6 +398,52 @@ mod tests {
         let err = decode_edited(|d| d["schedule"][1] = serde_json::json!({"segment": 3})).unwrap_err();
         assert_eq!(err.path, "schedule[1].segment");
         assert!(err.message.contains("segment 3 of a plan with 1"), "{err}");
+    }
+
+    /// The plan with verify blocks 2 and 4: a network of each size in its segment.
+    fn plan_with_verify_blocks() -> Plan {
+        let mut p = plan();
+        p.verify_blocks = vec![2, 4];
+        for t in [2, 4] {
+            p.segments[0].files.insert(t, format!("seg00_t{t}.xml"));
+        }
+        p
+    }
+
+    #[test]
+    fn a_plan_with_verify_blocks_encodes_and_decodes_to_an_equal_plan() {
+        let p = plan_with_verify_blocks();
+        let text = String::from_utf8(p.encode()).unwrap();
+        assert!(text.contains("\"verify_blocks\": [\n    2,\n    4\n  ]"), "{text}");
+        assert_eq!(Plan::decode(text.as_bytes()).unwrap(), p);
+    }
+
+    #[test]
+    fn a_plan_without_verify_blocks_has_the_layout_it_had_before_them() {
+        // Written without the member, so a bundle compiled without verify blocks is byte for
+        // byte what it was; and a plan from before them reads as having none.
+        let text = String::from_utf8(plan().encode()).unwrap();
+        assert!(!text.contains("verify_blocks"), "{text}");
+        let mut document: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(document.as_object_mut().unwrap().remove("verify_blocks").is_none());
+        let decoded = Plan::decode(&serde_json::to_vec(&document).unwrap()).unwrap();
+        assert!(decoded.verify_blocks.is_empty());
+    }
+
+    #[test]
+    fn a_verify_block_without_a_network_or_of_one_row_is_refused() {
+        let mut p = plan_with_verify_blocks();
+        p.segments[0].files.remove(&4);
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(err.path, "segments[0].files");
+        assert!(err.message.contains("segment `seg00` has no network for verify block 4"), "{err}");
+        let mut p = plan_with_verify_blocks();
+        p.verify_blocks = vec![1, 2];
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(
+            (err.path.as_str(), err.message.as_str()),
+            ("verify_blocks[0]", "1 rows: a verify block holds at least 2")
+        );
     }
 
     #[test]

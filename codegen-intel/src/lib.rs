@@ -11,6 +11,11 @@
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.
+//! - **Verify blocks.** Speculative decoding scores a pending token and its drafts in one step and
+//!   needs every row's logits: for each verify block size (`verify_blocks`, default 2 and 4) every
+//!   segment gets a network too, the lm_head's over all rows. Two more small networks per segment,
+//!   no weight bytes (they view the same `weights.bin`), and a runtime compiles them only when it
+//!   speculates.
 //! - **RoPE tables.** cos/sin are segment inputs of role `rope` (`rope_cos`, `rope_sin`, and
 //!   `rope_cos_1`, ... when layers rotate with different tables, as Gemma 3's local and global
 //!   layers do; `[1, 1, T, head_dim]` f32): the program's own cos/sin computation is evaluated
@@ -60,6 +65,9 @@ use xml::Bin;
 pub struct Options {
     /// Token block sizes, one network per segment each.
     pub blocks: Vec<usize>,
+    /// Verify block sizes (each at least 2), one network per segment each, the lm_head's over
+    /// every row; empty for none.
+    pub verify_blocks: Vec<usize>,
     pub asymmetric: Asymmetric,
     /// Positions the RoPE tables cover (the longest context the bundle can run on this target).
     pub rope_positions: usize,
@@ -71,6 +79,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             blocks: vec![1, 64],
+            verify_blocks: vec![2, 4],
             asymmetric: Asymmetric::Requantize,
             rope_positions: 4096,
             weights: float::FloatWeights::Int4,
@@ -102,6 +111,10 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     if o.blocks.is_empty() || o.blocks.contains(&0) {
         return Err(IntelError::Structure(format!("invalid token block sizes {:?}", o.blocks)));
     }
+    if o.verify_blocks.iter().any(|&b| b < 2) {
+        let msg = format!("invalid verify block sizes {:?}: a verify block holds at least 2 rows", o.verify_blocks);
+        return Err(IntelError::Structure(msg));
+    }
     let (device, mut requantized) = symmetric::symmetrize(program, o.asymmetric)?;
     let (device, f16_weights, compressed) = float::compress(&device, o.weights)?;
     let device = symmetric::float_activations(device);
@@ -110,13 +123,17 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     let tables = rope::rope_tables(&device, &parts, o.rope_positions)?;
     let mut bin = Bin::default();
     let rope = plan::rope(&tables, &mut bin);
-    let mut blocks = o.blocks.clone();
-    blocks.sort_unstable();
-    blocks.dedup();
+    let ascending = |b: &[usize]| {
+        let mut b = b.to_vec();
+        b.sort_unstable();
+        b.dedup();
+        b
+    };
+    let (blocks, verify_blocks) = (ascending(&o.blocks), ascending(&o.verify_blocks));
     let mut lowering = plan::Lowering { g: &device, bin: &mut bin, rope: &tables, f16_weights: &f16_weights };
     let (mut xml, mut segments) = (Vec::new(), Vec::new());
     for (index, seg) in parts.segments.iter().enumerate() {
-        let (entry, networks) = lowering.segment(index, seg, &blocks)?;
+        let (entry, networks) = lowering.segment(index, seg, &blocks, &verify_blocks)?;
         segments.push(entry);
         xml.extend(networks);
     }
@@ -126,6 +143,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         weights_file: WEIGHTS_FILE.to_string(),
         weights_bytes: bin.bytes.len() as u64,
         blocks,
+        verify_blocks,
         logits: device.value(device.outputs[0]).name.clone(),
         rope,
         segments,

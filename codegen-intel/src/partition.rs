@@ -6,6 +6,7 @@ use ir::graph::{Graph, NodeId, ValueDef, ValueId};
 use ir::{Domain, Node};
 use std::collections::{HashMap, HashSet};
 
+#[derive(Clone)]
 pub(crate) struct Segment {
     pub name: String,
     /// The attention stage the segment computes (`None` for the lm_head).

@@ -21,15 +21,21 @@ pub(crate) struct Lowering<'a> {
 }
 
 impl Lowering<'_> {
-    /// Lowers segment `index` for each block size (block 1 only for a last-row segment): its
-    /// plan entry and its networks as `(file name, IR text)`.
+    /// Lowers segment `index` for each block size (block 1 only for a last-row segment) and each
+    /// verify block size (a last-row segment's over every row): its plan entry and its networks
+    /// as `(file name, IR text)`.
     pub(crate) fn segment(
         &mut self,
         index: usize,
         seg: &Segment,
         blocks: &[usize],
+        verify_blocks: &[usize],
     ) -> Result<(intel::Segment, Vec<(String, String)>), IntelError> {
-        let blocks = if seg.last_row_only { &[1][..] } else { blocks };
+        let mut sizes: Vec<usize> = if seg.last_row_only { vec![1] } else { blocks.to_vec() };
+        sizes.extend(verify_blocks);
+        sizes.sort_unstable();
+        sizes.dedup();
+        let every_row = Segment { last_row_only: false, ..seg.clone() };
         let mut entry = intel::Segment {
             name: seg.name.clone(),
             index,
@@ -39,10 +45,10 @@ impl Lowering<'_> {
             outputs: vec![],
         };
         let mut xml = Vec::new();
-        for (i, &t) in blocks.iter().enumerate() {
+        for (i, &t) in sizes.iter().enumerate() {
             let name = format!("{}_t{t}", seg.name);
             let mut lower = Lower::new(self.g, self.bin, self.rope, self.f16_weights, &name, t);
-            let (inputs, outputs) = lower.segment(seg)?;
+            let (inputs, outputs) = lower.segment(if t == 1 { seg } else { &every_row })?;
             let file = format!("{name}.xml");
             xml.push((file.clone(), lower.net.to_xml()));
             entry.files.insert(t, file);

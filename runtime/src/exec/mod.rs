@@ -75,7 +75,7 @@ pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 pub use error::ExecError;
 pub use generate::{argmax, GenerateStats, SequenceOutput};
 pub use program::PROGRAM_FORMAT;
-pub use speculate::{Drafter, PromptLookup, SpeculationStats};
+pub use speculate::{generate_speculative, Drafter, PromptLookup, SpeculationStats, VerifyBackend};
 
 use crate::bundle::Bundle;
 use crate::kernels::qgemm::{QActivations, QGemmScratch, QGemmWeights};

@@ -11,6 +11,10 @@
 //! sequence's page tables ([`Executor::truncate_sequence`]: no copy). The verify rows equal
 //! single steps bit for bit, so greedy speculation gives plain greedy's tokens.
 //!
+//! The loop ([`generate_speculative`]) runs on any [`VerifyBackend`]: the host executor, or
+//! OpenVINO (`runtime::openvino::OvSession`), whose verify steps run in the bundle's static verify
+//! blocks, so drafts there are at most the largest verify block − 1 tokens.
+//!
 //! [`PromptLookup`] drafts the tokens that followed the latest earlier occurrence of the text's
 //! last n-gram (the prompt and what was generated): free, and right where output repeats input
 //! (summaries, edits, code).
@@ -91,10 +95,65 @@ impl SpeculationStats {
     }
 }
 
+/// What speculative decoding needs of a backend: a step over the prompt that gives the last
+/// row's logits, a verify step over a block that gives every row's, truncation back to a
+/// position, and the sizes that bound a draft. [`Executor`] and the `openvino` backend's
+/// `OvSession` implement it; [`generate_speculative`] decodes on either.
+pub trait VerifyBackend {
+    type Error;
+    /// Runs `tokens` at the next positions and returns the logits of the last one.
+    fn step_last(&mut self, tokens: &[u32]) -> Result<&[f32], Self::Error>;
+    /// Runs `tokens` at the next positions and returns every one's logits, `[tokens, vocab]`.
+    fn step_every_row(&mut self, tokens: &[u32]) -> Result<&[f32], Self::Error>;
+    /// Keeps the first `tokens` tokens and forgets the rest.
+    fn truncate(&mut self, tokens: usize) -> Result<(), Self::Error>;
+    /// Tokens held.
+    fn position(&self) -> usize;
+    /// Most tokens held.
+    fn max_context(&self) -> usize;
+    /// Width of a row of logits.
+    fn vocab(&self) -> usize;
+    /// Most rows one verify step holds (the pending token and its drafts).
+    fn max_verify_rows(&self) -> usize;
+}
+
+impl VerifyBackend for Executor<'_> {
+    type Error = ExecError;
+
+    fn step_last(&mut self, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.step(tokens)
+    }
+
+    fn step_every_row(&mut self, tokens: &[u32]) -> Result<&[f32], ExecError> {
+        self.step_sequence_rows(self.default_sequence(), tokens)
+    }
+
+    fn truncate(&mut self, tokens: usize) -> Result<(), ExecError> {
+        self.truncate_sequence(self.default_sequence(), tokens)
+    }
+
+    fn position(&self) -> usize {
+        Executor::position(self)
+    }
+
+    fn max_context(&self) -> usize {
+        Executor::max_context(self)
+    }
+
+    fn vocab(&self) -> usize {
+        Executor::vocab(self)
+    }
+
+    /// The host's verify step is a step of any length.
+    fn max_verify_rows(&self) -> usize {
+        usize::MAX
+    }
+}
+
 impl Executor<'_> {
     /// Decoding of the default sequence as [`Executor::generate`] does it with `sampler` — the
     /// same tokens when greedy, the same distribution when sampled — verifying `drafter`'s
-    /// drafts several at a time.
+    /// drafts several at a time ([`generate_speculative`]).
     pub fn generate_speculative(
         &mut self,
         prompt: &[u32],
@@ -102,72 +161,94 @@ impl Executor<'_> {
         stop: &[u32],
         drafter: &mut dyn Drafter,
         sampler: &mut Sampler,
-        mut on_token: impl FnMut(u32),
+        on_token: impl FnMut(u32),
     ) -> Result<(Vec<u32>, GenerateStats, SpeculationStats), ExecError> {
-        let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
-        let mut spec = SpeculationStats::default();
-        let mut generated: Vec<u32> = Vec::with_capacity(max_new);
-        if max_new == 0 {
-            return Ok((generated, stats, spec));
-        }
-        let start = Instant::now();
-        let mut history = prompt.to_vec();
-        let mut pending = sampler.sample(self.step(prompt)?);
-        stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
-        let decode_start = Instant::now();
-        let mut emit = |token: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>| {
-            generated.push(token);
-            history.push(token);
-            on_token(token);
-            generated.len() >= max_new || stop.contains(&token)
-        };
-        while !emit(pending, &mut generated, &mut history) {
-            // The block (pending and drafts) must fit the context; drafts past `max_new` are waste.
-            let room = (max_new - generated.len()).min(self.max_context.saturating_sub(self.position() + 1));
-            let mut drafts = drafter.draft(&history);
-            drafts.truncate(room.min(drafter.max_draft()));
-            let (accepted, next) = self.verify(pending, &drafts, sampler)?;
-            spec.verify_steps += 1;
-            spec.drafted += drafts.len();
-            spec.accepted += accepted;
-            pending = next;
-            if drafts[..accepted].iter().any(|&t| emit(t, &mut generated, &mut history)) {
-                break;
-            }
-        }
-        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
-        stats.generated_tokens = generated.len();
-        Ok((generated, stats, spec))
+        generate_speculative(self, prompt, max_new, stop, drafter, sampler, on_token)
     }
+}
 
-    /// One verify step of the default sequence over `pending` and `drafts`: how many drafts
-    /// `sampler` keeps, testing each against the row before it, and the token after the last
-    /// one kept. The sequence keeps `pending` and the kept drafts.
-    fn verify(&mut self, pending: u32, drafts: &[u32], sampler: &mut Sampler) -> Result<(usize, u32), ExecError> {
-        let seq = self.default_sequence();
-        let kept_before = self.position();
-        let mut block = Vec::with_capacity(drafts.len() + 1);
-        block.push(pending);
-        block.extend_from_slice(drafts);
-        let vocab = self.vocab();
-        let rows = self.step_sequence_rows(seq, &block)?;
-        let mut rows = rows.chunks_exact(vocab);
-        let mut accepted = 0;
-        let mut next = None;
-        for (&draft, row) in drafts.iter().zip(rows.by_ref()) {
-            next = sampler.verify_draft(row, draft);
-            if next.is_some() {
-                break;
-            }
-            accepted += 1;
-        }
-        let next = match next {
-            Some(token) => token,
-            None => sampler.sample(rows.next().expect("a row after the last draft")),
-        };
-        self.truncate_sequence(seq, kept_before + 1 + accepted)?;
-        Ok((accepted, next))
+/// Prefills `prompt` on `backend`, then decodes as plain sampling with `sampler` would — the
+/// same tokens when greedy, the same distribution when sampled — verifying `drafter`'s drafts
+/// several at a time, until `max_new` tokens or a `stop` token (included). A draft is at most
+/// [`VerifyBackend::max_verify_rows`] − 1 tokens.
+pub fn generate_speculative<B: VerifyBackend + ?Sized>(
+    backend: &mut B,
+    prompt: &[u32],
+    max_new: usize,
+    stop: &[u32],
+    drafter: &mut dyn Drafter,
+    sampler: &mut Sampler,
+    mut on_token: impl FnMut(u32),
+) -> Result<(Vec<u32>, GenerateStats, SpeculationStats), B::Error> {
+    let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..GenerateStats::default() };
+    let mut spec = SpeculationStats::default();
+    let mut generated: Vec<u32> = Vec::with_capacity(max_new);
+    if max_new == 0 {
+        return Ok((generated, stats, spec));
     }
+    let start = Instant::now();
+    let mut history = prompt.to_vec();
+    let mut pending = sampler.sample(backend.step_last(prompt)?);
+    stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let decode_start = Instant::now();
+    let mut emit = |token: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>| {
+        generated.push(token);
+        history.push(token);
+        on_token(token);
+        generated.len() >= max_new || stop.contains(&token)
+    };
+    while !emit(pending, &mut generated, &mut history) {
+        // The block (pending and drafts) must fit the context and the backend's verify step;
+        // drafts past `max_new` are waste.
+        let room = (max_new - generated.len()).min(backend.max_context().saturating_sub(backend.position() + 1));
+        let longest = drafter.max_draft().min(backend.max_verify_rows().saturating_sub(1));
+        let mut drafts = drafter.draft(&history);
+        drafts.truncate(room.min(longest));
+        let (accepted, next) = verify(backend, pending, &drafts, sampler)?;
+        spec.verify_steps += 1;
+        spec.drafted += drafts.len();
+        spec.accepted += accepted;
+        pending = next;
+        if drafts[..accepted].iter().any(|&t| emit(t, &mut generated, &mut history)) {
+            break;
+        }
+    }
+    stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
+    stats.generated_tokens = generated.len();
+    Ok((generated, stats, spec))
+}
+
+/// One verify step over `pending` and `drafts`: how many drafts `sampler` keeps, testing each
+/// against the row before it, and the token after the last one kept. The backend keeps `pending`
+/// and the kept drafts.
+fn verify<B: VerifyBackend + ?Sized>(
+    backend: &mut B,
+    pending: u32,
+    drafts: &[u32],
+    sampler: &mut Sampler,
+) -> Result<(usize, u32), B::Error> {
+    let kept_before = backend.position();
+    let mut block = Vec::with_capacity(drafts.len() + 1);
+    block.push(pending);
+    block.extend_from_slice(drafts);
+    let vocab = backend.vocab();
+    let rows = backend.step_every_row(&block)?;
+    let mut rows = rows.chunks_exact(vocab);
+    let mut accepted = 0;
+    let mut next = None;
+    for (&draft, row) in drafts.iter().zip(rows.by_ref()) {
+        next = sampler.verify_draft(row, draft);
+        if next.is_some() {
+            break;
+        }
+        accepted += 1;
+    }
+    let next = match next {
+        Some(token) => token,
+        None => sampler.sample(rows.next().expect("a row after the last draft")),
+    };
+    backend.truncate(kept_before + 1 + accepted)?;
+    Ok((accepted, next))
 }
 
 #[cfg(test)]

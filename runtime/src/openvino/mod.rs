@@ -15,6 +15,12 @@
 //! that holds it, padded: segments are row-wise, padded rows are never appended to the cache and
 //! their outputs are dropped.
 //!
+//! A verify step ([`OvSession::step_rows`], speculative decoding's) runs its tokens in the
+//! smallest verify block that holds them (`verify_blocks` of the plan), the lm_head's network of
+//! that block computing every row's logits; [`OvSession::truncate`] gives rejected rows back by
+//! truncating the KV cache's page tables (no copy). A bundle compiled without verify blocks, or a
+//! verify step longer than the largest, is refused ([`OvError::NoVerifyBlock`]).
+//!
 //! Values flow between segments as OpenVINO tensors: a segment's outputs are the request's own
 //! tensors, and the next segment's inputs are bound to them as they are (`set_tensor`, no copy);
 //! attention's output is written by the host into a tensor that is bound the same way. Only token
@@ -42,6 +48,10 @@ pub enum OvError {
     Plan(#[from] PlanError),
     #[error("segment {segment}: {msg}")]
     Segment { segment: String, msg: String },
+    #[error("a verify step of {rows} tokens: the bundle's verify blocks are {verify_blocks:?} (compile with --verify-blocks to hold it)")]
+    NoVerifyBlock { rows: usize, verify_blocks: Vec<usize> },
+    #[error("truncating to {tokens} tokens a sequence that holds {held}")]
+    TruncateBeyondHeld { tokens: usize, held: usize },
     #[error("{0}")]
     Run(String),
 }
@@ -139,12 +149,17 @@ pub struct OvSession {
     attentions: Vec<intel::Attention>,
     schedule: Vec<Step>,
     blocks: Vec<usize>,
+    verify_blocks: Vec<usize>,
     requests: HashMap<(usize, usize), InferRequest>,
     /// The host-fed RoPE tables by input name (`[positions, width]` each).
     rope_tables: HashMap<String, Vec<f32>>,
     rope_width: usize,
     rope_positions: usize,
     logits_name: String,
+    /// Width of a row of logits.
+    vocab: usize,
+    /// The logits of the last step, for [`crate::exec::VerifyBackend`].
+    last_logits: Vec<f32>,
     cache: KvCache,
     seq: SeqId,
     position: usize,
@@ -252,6 +267,9 @@ impl OvSession {
         let (cache, seq) = new_cache(&plan.attention, max_context)?;
         let mut blocks = plan.blocks;
         blocks.sort_unstable();
+        let mut verify_blocks = plan.verify_blocks;
+        verify_blocks.sort_unstable();
+        let vocab = logits_width(&plan.segments, &plan.logits)?;
         Ok(OvSession {
             core,
             device: o.device.clone(),
@@ -261,11 +279,14 @@ impl OvSession {
             attentions: plan.attention,
             schedule: plan.schedule,
             blocks,
+            verify_blocks,
             requests: HashMap::new(),
             rope_tables,
             rope_width: plan.rope.width,
             rope_positions: plan.rope.positions,
             logits_name: plan.logits,
+            vocab,
+            last_logits: Vec::new(),
             cache,
             seq,
             position: 0,
@@ -275,17 +296,51 @@ impl OvSession {
     }
 
     /// Compiles every segment for every block size now (they otherwise compile on first use), and
-    /// returns how many networks that is.
-    pub fn compile_all(&mut self) -> Result<usize, OvError> {
+    /// with `verify` for every verify block size too; returns how many networks that is.
+    pub fn compile_all(&mut self, verify: bool) -> Result<usize, OvError> {
         let mut n = 0;
         for i in 0..self.segments.len() {
-            let blocks: Vec<usize> = self.segments[i].files.keys().copied().collect();
-            for b in blocks {
-                self.request(i, b)?;
+            let seg = &self.segments[i];
+            let plain = |t: usize| if seg.last_row_only { t == 1 } else { self.blocks.contains(&t) };
+            let sizes: Vec<usize> = seg
+                .files
+                .keys()
+                .copied()
+                .filter(|&t| plain(t) || (verify && self.verify_blocks.contains(&t)))
+                .collect();
+            for t in sizes {
+                self.request(i, t)?;
                 n += 1;
             }
         }
         Ok(n)
+    }
+
+    /// The verify block sizes the bundle has networks for, ascending (empty for none).
+    pub fn verify_blocks(&self) -> &[usize] {
+        &self.verify_blocks
+    }
+
+    /// Width of a row of logits.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Most tokens the session holds.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Keeps the first `tokens` tokens of the sequence and forgets the rest: the KV cache
+    /// truncates its page tables (no copy) and the next step runs at position `tokens`. Rejected
+    /// speculative rows leave this way.
+    pub fn truncate(&mut self, tokens: usize) -> Result<(), OvError> {
+        if tokens > self.position {
+            return Err(OvError::TruncateBeyondHeld { tokens, held: self.position });
+        }
+        self.cache.truncate(self.seq, tokens).map_err(|e| OvError::Run(e.to_string()))?;
+        self.position = tokens;
+        Ok(())
     }
 
     /// Forgets the sequence: the cache is emptied and the next step is at position 0 (the compiled
@@ -339,18 +394,7 @@ impl OvSession {
     /// Runs `tokens` through the model at the current position and returns the logits of the last
     /// one.
     pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>, OvError> {
-        if tokens.is_empty() {
-            return Err(OvError::Run("a step needs at least one token".into()));
-        }
-        if self.position + tokens.len() > self.max_context {
-            return Err(OvError::Run(format!(
-                "{} tokens at position {} exceed the session's context of {} (RoPE tables cover {})",
-                tokens.len(),
-                self.position,
-                self.max_context,
-                self.rope_positions
-            )));
-        }
+        self.check_room(tokens.len())?;
         let mut logits = Vec::new();
         let mut done = 0;
         while done < tokens.len() {
@@ -359,13 +403,42 @@ impl OvSession {
             let block =
                 if left >= largest { largest } else { *self.blocks.iter().find(|&&b| b >= left).unwrap_or(&largest) };
             let rows = left.min(block);
-            logits = self.run_block(&tokens[done..done + rows], block)?;
+            logits = self.run_block(&tokens[done..done + rows], block, Rows::Last)?;
             done += rows;
         }
         Ok(logits)
     }
 
-    fn run_block(&mut self, tokens: &[u32], block: usize) -> Result<Vec<f32>, OvError> {
+    /// Runs `tokens` at the current position as one verify block and returns the logits of every
+    /// one of them, `[tokens, vocab]` (row `i` scores the token after `tokens[..=i]`): one token
+    /// is a step; more run in the smallest verify block that holds them, padded.
+    pub fn step_rows(&mut self, tokens: &[u32]) -> Result<Vec<f32>, OvError> {
+        if tokens.len() == 1 {
+            return self.step(tokens);
+        }
+        self.check_room(tokens.len())?;
+        let block = self.verify_blocks.iter().copied().find(|&b| b >= tokens.len());
+        let block = block
+            .ok_or_else(|| OvError::NoVerifyBlock { rows: tokens.len(), verify_blocks: self.verify_blocks.clone() })?;
+        self.run_block(tokens, block, Rows::All)
+    }
+
+    /// Refuses an empty step and one past the session's context.
+    fn check_room(&self, tokens: usize) -> Result<(), OvError> {
+        if tokens == 0 {
+            return Err(OvError::Run("a step needs at least one token".into()));
+        }
+        if self.position + tokens > self.max_context {
+            return Err(OvError::Run(format!(
+                "{tokens} tokens at position {} exceed the session's context of {} (RoPE tables cover {})",
+                self.position, self.max_context, self.rope_positions
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs one block of `block` rows, `tokens` of them real; the logits of the rows `rows` asks.
+    fn run_block(&mut self, tokens: &[u32], block: usize, rows_out: Rows) -> Result<Vec<f32>, OvError> {
         let rows = tokens.len();
         // Every value between segments is an OpenVINO tensor: a segment's output as the request
         // holds it, or attention's output written by the host straight into one.
@@ -374,7 +447,7 @@ impl OvSession {
         for si in 0..self.schedule.len() {
             match self.schedule[si] {
                 Step::Segment(i) => {
-                    if let Some(l) = self.run_segment(i, tokens, block, &mut values)? {
+                    if let Some(l) = self.run_segment(i, tokens, (block, rows_out), &mut values)? {
                         logits = l;
                     }
                 }
@@ -389,17 +462,17 @@ impl OvSession {
     }
 
     /// Runs segment `i` on the block: binds its inputs, infers, and keeps its outputs in `values`.
-    /// Returns the logits' last row when the segment produces them.
+    /// Returns the logits' rows `rows_out` asks when the segment produces them.
     fn run_segment(
         &mut self,
         i: usize,
         tokens: &[u32],
-        block: usize,
+        (block, rows_out): (usize, Rows),
         values: &mut HashMap<String, Tensor>,
     ) -> Result<Option<Vec<f32>>, OvError> {
-        let seg = &self.segments[i];
-        let t = if seg.last_row_only { 1 } else { block };
-        let made = self.fresh_inputs(i, tokens, block, values)?;
+        let last_row = self.segments[i].last_row_only && rows_out == Rows::Last;
+        let t = if last_row { 1 } else { block };
+        let made = self.fresh_inputs(i, tokens, (block, last_row), values)?;
         let seg = &self.segments[i];
         let name = seg.name.clone();
         let inputs: Vec<String> = seg.inputs.iter().map(|io| io.name.clone()).collect();
@@ -429,25 +502,27 @@ impl OvSession {
             if n == logits_name {
                 let data = tensor.get_data::<f32>().map_err(ov(&name, &format!("reading {n}")))?;
                 let width = if width == 0 { data.len() } else { width };
-                logits = Some(data[data.len() - width..].to_vec());
+                logits = Some(match rows_out {
+                    Rows::Last => data[data.len() - width..].to_vec(),
+                    Rows::All => data[..tokens.len() * width].to_vec(),
+                });
             }
             values.insert(n, tensor);
         }
         Ok(logits)
     }
 
-    /// The tensors written for segment `i`'s inputs, by input slot: token ids, RoPE rows, and for a
-    /// last-row segment the last row of each value. A value of a block-sized segment is bound as
-    /// the tensor that holds it and has no entry. Counts what it copies and binds.
+    /// The tensors written for segment `i`'s inputs, by input slot: token ids, RoPE rows, and when
+    /// it runs on the last row the last row of each value. A value of a segment run on the whole
+    /// block is bound as the tensor that holds it and has no entry. Counts what it copies and binds.
     fn fresh_inputs(
         &mut self,
         i: usize,
         tokens: &[u32],
-        block: usize,
+        (block, last_row): (usize, bool),
         values: &HashMap<String, Tensor>,
     ) -> Result<Vec<(usize, Tensor)>, OvError> {
         let seg = &self.segments[i];
-        let last_row = seg.last_row_only;
         let t = if last_row { 1 } else { block };
         let rows = tokens.len();
         let mut made = Vec::new();
@@ -564,6 +639,22 @@ impl OvSession {
     }
 }
 
+/// Which rows of a block's logits a run returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rows {
+    /// The last real row (a step).
+    Last,
+    /// Every real row (a verify step).
+    All,
+}
+
+/// The width of a row of the logits: the last dimension of the output `logits` of a segment.
+fn logits_width(segments: &[intel::Segment], logits: &str) -> Result<usize, OvError> {
+    let output = segments.iter().flat_map(|s| &s.outputs).find(|o| o.name == logits);
+    let width = output.and_then(|o| o.shape.values().next()).and_then(|s| s.last().copied());
+    width.ok_or_else(|| OvError::Plan(PlanError::at("logits", format!("no segment outputs `{logits}`"))))
+}
+
 /// The token ids of a segment input of `shape`.
 fn token_tensor(segment: &str, shape: &[usize], tokens: &[u32]) -> Result<Tensor, OvError> {
     let mut tensor = fresh_tensor(segment, ElementType::I64, shape)?;
@@ -628,4 +719,39 @@ fn last_row_tensor(
         .map_err(ov(segment, "tensor"))?
         .copy_from_slice(&data[(rows - 1) * count..rows * count]);
     Ok(tensor)
+}
+
+impl crate::exec::VerifyBackend for OvSession {
+    type Error = OvError;
+
+    fn step_last(&mut self, tokens: &[u32]) -> Result<&[f32], OvError> {
+        self.last_logits = self.step(tokens)?;
+        Ok(&self.last_logits)
+    }
+
+    fn step_every_row(&mut self, tokens: &[u32]) -> Result<&[f32], OvError> {
+        self.last_logits = self.step_rows(tokens)?;
+        Ok(&self.last_logits)
+    }
+
+    fn truncate(&mut self, tokens: usize) -> Result<(), OvError> {
+        OvSession::truncate(self, tokens)
+    }
+
+    fn position(&self) -> usize {
+        self.position
+    }
+
+    fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The largest verify block (a step of one row without any).
+    fn max_verify_rows(&self) -> usize {
+        self.verify_blocks.last().copied().unwrap_or(1)
+    }
 }
