@@ -45,9 +45,13 @@ pub struct SpeculateArgs {
     /// most the bundle's largest verify block − 1: 3 for the default blocks 2,4).
     #[arg(long, default_value_t = 4)]
     pub draft_len: usize,
-    /// With --speculate lookup: the longest n-gram matched (shorter ones are tried down to 1).
+    /// With --speculate lookup: the longest n-gram matched (shorter ones are tried down to
+    /// --min-ngram).
     #[arg(long, default_value_t = 3)]
     pub ngram: usize,
+    /// With --speculate lookup: the shortest n-gram matched (1 drafts after any repeated token).
+    #[arg(long, default_value_t = 1)]
+    pub min_ngram: usize,
 }
 
 impl SpeculateArgs {
@@ -67,7 +71,12 @@ impl SpeculateArgs {
             return Ok(None);
         }
         anyhow::ensure!(self.draft_len > 0 && self.ngram > 0, "--draft-len and --ngram must be positive");
-        Ok(Some(PromptLookup { ngram: self.ngram, draft_len: self.draft_len }))
+        anyhow::ensure!(
+            (1..=self.ngram).contains(&self.min_ngram),
+            "--min-ngram must be between 1 and --ngram ({})",
+            self.ngram
+        );
+        Ok(Some(PromptLookup::new(self.ngram, self.min_ngram, self.draft_len)))
     }
 }
 

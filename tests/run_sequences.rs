@@ -538,7 +538,7 @@ fn a_verify_step_gives_every_rows_logits_as_single_steps_do() {
 /// does not; across them drafts are both accepted and rejected.
 #[test]
 fn speculative_greedy_gives_the_tokens_of_greedy() {
-    let mut drafter = runtime::exec::PromptLookup { ngram: 3, draft_len: 4 };
+    let mut drafter = runtime::exec::PromptLookup::new(3, 1, 4);
     let (mut accepted, mut rejected) = (0, 0);
     let mut names: Vec<&&str> = models().keys().collect();
     names.sort();

@@ -32,38 +32,61 @@ pub trait Drafter {
     fn draft(&mut self, history: &[u32]) -> Vec<u32>;
     /// The most tokens one draft holds.
     fn max_draft(&self) -> usize;
+    /// What the verify step made of the last draft: `accepted` of its `drafted` tokens kept.
+    fn observe(&mut self, drafted: usize, accepted: usize) {
+        let _ = (drafted, accepted);
+    }
 }
 
-/// Drafts by n-gram lookup in the text so far.
+/// Drafts by n-gram lookup in the text so far, as long as drafts are kept: after a rejection the
+/// next draft is one token longer than what was kept, after a draft kept whole one token longer
+/// than it, up to `draft_len`. A verify row costs more than nothing (attention, the norms, the
+/// lm_head's products), so where the text does not repeat, drafts shrink to one token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PromptLookup {
-    /// The longest n-gram matched; shorter ones are tried down to 1.
+    /// The longest n-gram matched; shorter ones are tried down to `min_ngram`.
     pub ngram: usize,
+    pub min_ngram: usize,
     /// Tokens drafted per verify step at most.
     pub draft_len: usize,
+    /// Tokens the next draft may hold.
+    length: usize,
 }
 
 impl Default for PromptLookup {
     fn default() -> PromptLookup {
-        PromptLookup { ngram: 3, draft_len: 4 }
+        PromptLookup::new(3, 1, 4)
     }
 }
 
 impl Drafter for PromptLookup {
     fn draft(&mut self, history: &[u32]) -> Vec<u32> {
-        self.lookup(history)
+        let mut draft = self.lookup(history);
+        draft.truncate(self.length);
+        draft
     }
 
     fn max_draft(&self) -> usize {
         self.draft_len
     }
+
+    fn observe(&mut self, drafted: usize, accepted: usize) {
+        if drafted > 0 {
+            self.length = (accepted + 1).min(self.draft_len);
+        }
+    }
 }
 
 impl PromptLookup {
+    /// Matches n-grams of `min_ngram..=ngram` tokens; drafts up to `draft_len` tokens.
+    pub fn new(ngram: usize, min_ngram: usize, draft_len: usize) -> PromptLookup {
+        PromptLookup { ngram, min_ngram: min_ngram.max(1), draft_len, length: draft_len }
+    }
+
     /// The tokens that followed the latest earlier occurrence of `history`'s last n-gram, for the
-    /// longest n that occurs; empty when none does.
+    /// longest n that occurs (`draft_len` at most); empty when none does.
     pub fn lookup(&self, history: &[u32]) -> Vec<u32> {
-        for n in (1..=self.ngram.min(history.len().saturating_sub(1))).rev() {
+        for n in (self.min_ngram..=self.ngram.min(history.len().saturating_sub(1))).rev() {
             let tail = &history[history.len() - n..];
             let found = (0..history.len() - n).rev().find(|&s| &history[s..s + n] == tail);
             if let Some(start) = found {
@@ -205,6 +228,7 @@ pub fn generate_speculative<B: VerifyBackend + ?Sized>(
         let mut drafts = drafter.draft(&history);
         drafts.truncate(room.min(longest));
         let (accepted, next) = verify(backend, pending, &drafts, sampler)?;
+        drafter.observe(drafts.len(), accepted);
         spec.verify_steps += 1;
         spec.drafted += drafts.len();
         spec.accepted += accepted;
@@ -256,8 +280,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn drafts_shrink_after_a_rejection_and_grow_while_kept() {
+        let mut d = PromptLookup::new(2, 1, 4);
+        let text = [1, 2, 3, 4, 5, 6, 7, 1, 2];
+        assert_eq!(d.draft(&text), [3, 4, 5, 6]);
+        d.observe(4, 1);
+        assert_eq!(d.draft(&text), [3, 4], "one longer than what was kept");
+        d.observe(2, 0);
+        assert_eq!(d.draft(&text), [3]);
+        d.observe(1, 1);
+        d.observe(2, 2);
+        assert_eq!(d.draft(&text), [3, 4, 5], "one longer than a draft kept whole");
+        d.observe(0, 0);
+        assert_eq!(d.draft(&text).len(), 3, "no draft, no change");
+        // A minimum n-gram of 2 ignores a lone repeated token.
+        assert_eq!(PromptLookup::new(3, 2, 4).lookup(&[5, 9, 8, 7, 5]), Vec::<u32>::new());
+        assert_eq!(PromptLookup::new(3, 1, 4).lookup(&[5, 9, 8, 7, 5]), [9, 8, 7, 5]);
+    }
+
+    #[test]
     fn lookup_drafts_what_followed_the_latest_longest_match() {
-        let d = PromptLookup { ngram: 3, draft_len: 3 };
+        let d = PromptLookup::new(3, 1, 3);
         // "5 6" last occurred followed by 9 1 2; the 3-gram "4 5 6" never occurred before.
         assert_eq!(d.lookup(&[5, 6, 7, 8, 5, 6, 9, 1, 2, 4, 5, 6]), [9, 1, 2]);
         // A 3-gram match wins over a later 1-gram match.
