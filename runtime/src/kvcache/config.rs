@@ -29,7 +29,7 @@ impl KvStorage {
 }
 
 /// Page rows used by [`KvCacheConfig::new`].
-pub const DEFAULT_PAGE_ROWS: usize = 64;
+pub const DEFAULT_PAGE_ROWS: usize = 16;
 
 /// Rows per sequence whose page tables [`KvCacheConfig::new`] reserves up front.
 pub const DEFAULT_RESERVED_ROWS: usize = 4096;
