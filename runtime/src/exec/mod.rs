@@ -185,14 +185,15 @@ impl<'b> Executor<'b> {
         let plan = Plan::load(program, |name| bundle.tensor(name))?;
         let a = plan.attention;
         let max_context = options.max_context.max(1);
-        let config =
-            KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1).with_storage(options.kv_storage);
+        let isa = options.isa.unwrap_or_else(Isa::detect).check();
+        let config = KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1)
+            .with_storage(options.kv_storage)
+            .with_isa(isa);
         let pages = options.kv_pages.unwrap_or_else(|| {
             options.sequences.max(1) * a.layers * a.kv_heads * max_context.div_ceil(config.page_rows)
         });
         let mut cache = KvCache::new(KvCacheConfig { pages, ..config }.with_reserved_rows(max_context))?;
         let seq = cache.create_sequence();
-        let isa = options.isa.unwrap_or_else(Isa::detect);
         Ok(Executor {
             shapes: vec![Vec::new(); plan.program.values.len()],
             bufs: vec![Vec::new(); plan.buffers],
@@ -206,7 +207,7 @@ impl<'b> Executor<'b> {
             attend_scratches: Vec::new(),
             every_row_logits: false,
             plan,
-            isa: isa.check(),
+            isa,
             pool: ThreadPool::new(options.threads),
             cache,
             seq,

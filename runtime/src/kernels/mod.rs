@@ -11,6 +11,7 @@
 //! | embedding | [`embed`] | row gather from f32 and block-quantised tables |
 //! | layout | [`layout`] | Slice, Transpose and Concat of f32 tensors (copies, at most 8 axes) |
 //! | quantisation | [`quantize`] | QuantizeLinear, DequantizeLinear and QuantizeRows of activations |
+//! | attention | `attention` | one KV page's scores for a GQA group and each query row's softmax partial, for [`crate::kvcache`] |
 //!
 //! Every kernel takes an [`Isa`]: the scalar fallback runs everywhere; the SIMD paths are chosen
 //! at run time from the CPU's features ([`Isa::detect`]) and can be forced (tests force each one).
@@ -18,6 +19,7 @@
 //! weight byte is read once per call. Nothing on the decode path allocates once its scratch
 //! buffers have grown to the largest shape seen: outputs and scratch are the caller's.
 
+pub(crate) mod attention;
 pub mod embed;
 pub mod gemm;
 pub mod layout;

@@ -14,6 +14,8 @@
 use half::slice::HalfFloatSliceExt;
 
 use super::pool::PageView;
+use crate::kernels::attention::{self, PageScores, RowSpan};
+use crate::kernels::Isa;
 
 /// Working memory of [`super::KvCache::attend_with`]: the running softmax state of every query
 /// row of one KV head group and one page of converted rows. It grows to the largest call it has
@@ -26,7 +28,9 @@ pub struct AttendScratch {
     acc: Vec<f32>,
     /// The current page's weighted value sum for one query row.
     page_acc: Vec<f32>,
-    /// The current page's scores, then weights, for one query row.
+    /// The query rows that see the current page, and the page rows each sees.
+    spans: Vec<RowSpan>,
+    /// The current page's scores, then weights, `page_rows` per span.
     scores: Vec<f32>,
     /// An f16 or int8 page converted to f32, K then V.
     k_rows: Vec<f32>,
@@ -50,70 +54,11 @@ impl AttendScratch {
         at_least(&mut self.states, query_rows, (f64::NEG_INFINITY, 0.0));
         at_least(&mut self.acc, query_rows * head_dim, 0.0);
         at_least(&mut self.page_acc, head_dim, 0.0);
-        at_least(&mut self.scores, page_rows, 0.0);
+        at_least(&mut self.scores, query_rows * page_rows, 0.0);
+        self.spans.reserve(query_rows.saturating_sub(self.spans.len()));
         at_least(&mut self.k_rows, page_rows * head_dim, 0.0);
         at_least(&mut self.v_rows, page_rows * head_dim, 0.0);
     }
-}
-
-/// `Σ q·row` in sixteen f32 lanes, enough independent sums to keep the vector units busy, summed
-/// as a tree.
-#[inline]
-fn dot(q: &[f32], row: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let (q_chunks, q_tail) = q.as_chunks::<LANES>();
-    let (row_chunks, row_tail) = row[..q.len()].as_chunks::<LANES>();
-    let mut lanes = [0f32; LANES];
-    for (x, y) in q_chunks.iter().zip(row_chunks) {
-        for l in 0..LANES {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-        width /= 2;
-    }
-    lanes[0] + q_tail.iter().zip(row_tail).map(|(x, y)| x * y).sum::<f32>()
-}
-
-/// `out = Σₜ weights[t] · rows[t]` over rows of `out.len()` values: column blocks of 32, then 8,
-/// then single columns, each block summed over the rows in registers.
-#[inline]
-fn weighted_sum(weights: &[f32], rows: &[f32], out: &mut [f32]) {
-    let d = out.len();
-    let done = weighted_sum_columns::<32>(weights, rows, d, 0, out);
-    let done = weighted_sum_columns::<8>(weights, rows, d, done, out);
-    for (j, o) in out.iter_mut().enumerate().skip(done) {
-        *o = weights.iter().enumerate().map(|(t, &w)| w * rows[t * d + j]).sum();
-    }
-}
-
-/// [`weighted_sum`] for the whole blocks of `W` columns from column `first`; returns the first
-/// column left.
-#[inline(always)]
-fn weighted_sum_columns<const W: usize>(
-    weights: &[f32],
-    rows: &[f32],
-    d: usize,
-    first: usize,
-    out: &mut [f32],
-) -> usize {
-    let (blocks, _) = out[first..].as_chunks_mut::<W>();
-    for (b, block) in blocks.iter_mut().enumerate() {
-        let column = first + b * W;
-        let mut lanes = [0f32; W];
-        for (t, &w) in weights.iter().enumerate() {
-            let row: &[f32; W] = rows[t * d + column..][..W].try_into().expect("W values");
-            for l in 0..W {
-                lanes[l] += w * row[l];
-            }
-        }
-        *block = lanes;
-    }
-    first + blocks.len() * W
 }
 
 /// How a query row scores the keys it sees: `scale · q·k`, over every earlier key or over the
@@ -151,11 +96,28 @@ impl GroupQueries<'_> {
         self.group * self.tokens
     }
 
-    /// Query row `r` of the group (head `r / S`, token `r % S`) and its position.
-    fn row(&self, r: usize) -> (&[f32], usize) {
+    /// Where query row `r` of the group (head `r / S`, token `r % S`) starts in `q`, and its
+    /// position.
+    fn row(&self, r: usize) -> (usize, usize) {
         let (j, i) = (r / self.tokens, r % self.tokens);
-        let start = ((self.first_q_head + j) * self.tokens + i) * self.head_dim;
-        (&self.q[start..start + self.head_dim], self.first_position + i)
+        (((self.first_q_head + j) * self.tokens + i) * self.head_dim, self.first_position + i)
+    }
+
+    /// The rows of the group that see any of the page rows `page_start..page_start +
+    /// valid_rows`, with the ones they see, into `spans`.
+    fn spans(&self, page_start: usize, valid_rows: usize, spans: &mut Vec<RowSpan>) {
+        spans.clear();
+        for r in 0..self.rows() {
+            let (q_start, position) = self.row(r);
+            // Causality: the query at `position` sees keys up to and including its own row, and
+            // with a window none before `position + 1 − w`.
+            let first = self.window.map_or(0, |w| (position + 1).saturating_sub(w.get())).saturating_sub(page_start);
+            if position < page_start || first >= valid_rows {
+                continue;
+            }
+            let end = valid_rows.min(position + 1 - page_start);
+            spans.push(RowSpan { row: r, q_start, first, end });
+        }
     }
 }
 
@@ -166,84 +128,76 @@ pub(crate) fn begin(scratch: &mut AttendScratch, queries: &GroupQueries, page_ro
 }
 
 /// Merges one page holding sequence rows `page_start..page_start + valid_rows` into the running
-/// state of every query row of the group.
+/// state of every query row of the group, on the `isa` path.
 pub(crate) fn merge_page(
+    isa: Isa,
     scratch: &mut AttendScratch,
     queries: &GroupQueries,
     page: PageView<'_>,
     page_start: usize,
     valid_rows: usize,
 ) {
+    queries.spans(page_start, valid_rows, &mut scratch.spans);
+    if scratch.spans.is_empty() {
+        return;
+    }
     let (d, n) = (queries.head_dim, valid_rows * queries.head_dim);
     match page {
-        PageView::F32 { k, v } => merge_rows(scratch, queries, &k[..n], &v[..n], page_start),
-        PageView::F16 { k, v } => merge_converted(scratch, queries, page_start, n, |k_rows, v_rows| {
+        PageView::F32 { k, v } => merge_rows(isa, scratch, queries, &k[..n], &v[..n]),
+        PageView::F16 { k, v } => merge_converted(isa, scratch, queries, n, |k_rows, v_rows| {
             k[..n].convert_to_f32_slice(k_rows);
             v[..n].convert_to_f32_slice(v_rows);
         }),
-        PageView::Int8 { k, v, k_scales, v_scales } => {
-            merge_converted(scratch, queries, page_start, n, |k_rows, v_rows| {
-                dequantize(&k[..n], k_scales, d, k_rows);
-                dequantize(&v[..n], v_scales, d, v_rows);
-            })
-        }
+        PageView::Int8 { k, v, k_scales, v_scales } => merge_converted(isa, scratch, queries, n, |k_rows, v_rows| {
+            attention::dequantize_rows(isa, &k[..n], k_scales, d, k_rows);
+            attention::dequantize_rows(isa, &v[..n], v_scales, d, v_rows);
+        }),
     }
+}
+
+/// Starts loading the first `valid_rows` rows of a page that is about to be merged.
+pub(crate) fn prefetch_page(page: PageView<'_>, valid_rows: usize, head_dim: usize) {
+    let n = valid_rows * head_dim;
+    match page {
+        PageView::F32 { k, v } => (attention::prefetch(&k[..n]), attention::prefetch(&v[..n])),
+        PageView::F16 { k, v } => (attention::prefetch(&k[..n]), attention::prefetch(&v[..n])),
+        PageView::Int8 { k, v, k_scales, v_scales } => {
+            attention::prefetch(&k_scales[..valid_rows]);
+            attention::prefetch(&v_scales[..valid_rows]);
+            (attention::prefetch(&k[..n]), attention::prefetch(&v[..n]))
+        }
+    };
 }
 
 /// Converts the `n` valid values of a page's K and V into the scratch with `convert`, once for all
 /// the query rows reading them, then merges them.
 fn merge_converted(
+    isa: Isa,
     scratch: &mut AttendScratch,
     queries: &GroupQueries,
-    page_start: usize,
     n: usize,
     convert: impl FnOnce(&mut [f32], &mut [f32]),
 ) {
     let (mut k_rows, mut v_rows) = (std::mem::take(&mut scratch.k_rows), std::mem::take(&mut scratch.v_rows));
     convert(&mut k_rows[..n], &mut v_rows[..n]);
-    merge_rows(scratch, queries, &k_rows[..n], &v_rows[..n], page_start);
+    merge_rows(isa, scratch, queries, &k_rows[..n], &v_rows[..n]);
     (scratch.k_rows, scratch.v_rows) = (k_rows, v_rows);
 }
 
-/// `out[t] = codes[t] · scales[t]` for rows of `d` values.
-fn dequantize(codes: &[i8], scales: &[f32], d: usize, out: &mut [f32]) {
-    for ((row, out), &scale) in codes.chunks_exact(d).zip(out.chunks_exact_mut(d)).zip(scales) {
-        for (o, &c) in out.iter_mut().zip(row) {
-            *o = c as f32 * scale;
-        }
-    }
-}
-
-/// Merges the page whose f32 rows are `k` and `v` (`[rows, D]`, the valid rows only), holding
-/// sequence rows from `page_start`.
-fn merge_rows(scratch: &mut AttendScratch, queries: &GroupQueries, k: &[f32], v: &[f32], page_start: usize) {
+/// Merges the page whose f32 rows are `k` and `v` (`[rows, D]`, the valid rows only) into the
+/// rows of `scratch.spans`: every span's scores first, reading each key row once for all of
+/// them, then each span's partial.
+fn merge_rows(isa: Isa, scratch: &mut AttendScratch, queries: &GroupQueries, k: &[f32], v: &[f32]) {
     let d = queries.head_dim;
-    let valid_rows = k.len() / d;
-    for r in 0..queries.rows() {
-        let (q, position) = queries.row(r);
-        // Causality: the query at `position` sees keys up to and including its own row, and
-        // with a window none before `position + 1 − w`.
-        let first = queries.window.map_or(0, |w| (position + 1).saturating_sub(w.get())).saturating_sub(page_start);
-        if position < page_start || first >= valid_rows {
-            continue;
-        }
-        let visible = valid_rows.min(position + 1 - page_start);
-        let (k, v) = (&k[first * d..visible * d], &v[first * d..visible * d]);
-        let visible = visible - first;
-        // The page's partial: maximum score, sum of exponentials, weighted value sum.
-        let weights = &mut scratch.scores[..visible];
-        for (t, w) in weights.iter_mut().enumerate() {
-            *w = queries.scale * dot(q, &k[t * d..(t + 1) * d]);
-        }
-        let page_max = weights.iter().fold(f32::NEG_INFINITY, |m, &w| m.max(w));
-        let mut page_sum = 0f32;
-        for w in weights.iter_mut() {
-            *w = (*w - page_max).exp();
-            page_sum += *w;
-        }
+    let stride = k.len() / d;
+    let page = PageScores { q: queries.q, k, head_dim: d, scale: queries.scale };
+    attention::page_scores(isa, page, &scratch.spans, &mut scratch.scores, stride);
+    for (i, span) in scratch.spans.iter().enumerate() {
+        let weights = &mut scratch.scores[i * stride + span.first..i * stride + span.end];
         let page_acc = &mut scratch.page_acc[..d];
-        weighted_sum(weights, &v[..visible * d], page_acc);
-        merge_partial(&mut scratch.states[r], &mut scratch.acc[r * d..(r + 1) * d], page_max, page_sum, page_acc);
+        let (page_max, page_sum) = attention::row_partial(isa, weights, &v[span.first * d..span.end * d], page_acc);
+        let acc = &mut scratch.acc[span.row * d..(span.row + 1) * d];
+        merge_partial(&mut scratch.states[span.row], acc, page_max, page_sum, page_acc);
     }
 }
 
@@ -254,9 +208,9 @@ fn merge_partial(state: &mut (f64, f64), acc: &mut [f32], page_max: f32, page_su
     let (max, sum) = *state;
     let page_max = page_max as f64;
     let new_max = max.max(page_max);
-    // exp(−∞) = 0 clears the empty initial state.
-    let old_weight = (max - new_max).exp();
-    let page_weight = (page_max - new_max).exp();
+    // One of the two weights is e⁰ = 1, exactly; exp(−∞) = 0 clears the empty initial state.
+    let (old_weight, page_weight) =
+        if page_max <= max { (1.0, (page_max - max).exp()) } else { ((max - page_max).exp(), 1.0) };
     *state = (new_max, sum * old_weight + page_sum as f64 * page_weight);
     let (old_weight, page_weight) = (old_weight as f32, page_weight as f32);
     if old_weight == 1.0 {

@@ -1,6 +1,7 @@
 //! The shape of a cache: model dimensions, page size, pool size and storage type.
 
 use super::error::KvError;
+use crate::kernels::Isa;
 
 /// How the rows of K and V are stored in the pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,11 +51,14 @@ pub struct KvCacheConfig {
     /// Rows per sequence and layer whose page table is allocated when the sequence is created, so
     /// that decoding up to that length never allocates. Longer sequences still work.
     pub reserved_rows: usize,
+    /// The instruction-set path attention runs on (the executor passes its kernels' own).
+    pub isa: Isa,
 }
 
 impl KvCacheConfig {
-    /// A configuration with f32 storage, [`DEFAULT_PAGE_ROWS`] rows per page and
-    /// [`DEFAULT_RESERVED_ROWS`] reserved rows per sequence.
+    /// A configuration with f32 storage, [`DEFAULT_PAGE_ROWS`] rows per page,
+    /// [`DEFAULT_RESERVED_ROWS`] reserved rows per sequence and attention on the best path this
+    /// CPU has ([`Isa::detect`]).
     pub fn new(layers: usize, q_heads: usize, kv_heads: usize, head_dim: usize, pages: usize) -> KvCacheConfig {
         KvCacheConfig {
             layers,
@@ -65,6 +69,7 @@ impl KvCacheConfig {
             pages,
             storage: KvStorage::F32,
             reserved_rows: DEFAULT_RESERVED_ROWS,
+            isa: Isa::detect(),
         }
     }
 
@@ -75,6 +80,11 @@ impl KvCacheConfig {
 
     pub fn with_storage(mut self, storage: KvStorage) -> KvCacheConfig {
         self.storage = storage;
+        self
+    }
+
+    pub fn with_isa(mut self, isa: Isa) -> KvCacheConfig {
+        self.isa = isa;
         self
     }
 
@@ -100,6 +110,9 @@ impl KvCacheConfig {
         }
         if !self.q_heads.is_multiple_of(self.kv_heads) {
             return fail(format!("q_heads {} is not a multiple of kv_heads {}", self.q_heads, self.kv_heads));
+        }
+        if !self.isa.is_available() {
+            return fail(format!("attention path {} is not available on this CPU", self.isa));
         }
         // Page ids are u32; the element offsets of the whole pool must fit in usize.
         let page_values = 2 * self.page_rows * self.head_dim;

@@ -38,6 +38,11 @@ use attend::GroupQueries;
 use pool::{PageId, PagePool};
 use stats::TrafficCounters;
 
+/// How far ahead of its merge attention asks the CPU to load a page. Measured on SmolLM2-135M at
+/// 1,024 rows of context with 16-row pages: four pages ahead decoded faster than one or two, and
+/// as fast as eight.
+const PREFETCH_PAGES: usize = 4;
+
 /// A sequence of a [`KvCache`]. Ids of dropped sequences are never valid again, even when their
 /// slot is reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -327,11 +332,20 @@ impl KvCache {
             attend::begin(scratch, &queries, page_rows);
             // Pages wholly before the first query's window hold no visible row.
             let first_visible = window.map_or(0, |w| (table.rows - tokens + 1).saturating_sub(w.get()));
-            for block in first_visible / page_rows..table.rows.div_ceil(page_rows) {
-                let page_start = block * page_rows;
-                let valid_rows = page_rows.min(table.rows - page_start);
+            let blocks = first_visible / page_rows..table.rows.div_ceil(page_rows);
+            let valid_rows = |block: usize| page_rows.min(table.rows - block * page_rows);
+            // The pages of a sequence lie apart in the pool: ask for each some pages ahead of its
+            // use, the first ones before the loop.
+            let prefetch = |block: usize| {
+                if block < blocks.end {
+                    attend::prefetch_page(self.pool.view(table.pages[block * kv_heads + h]), valid_rows(block), d);
+                }
+            };
+            (blocks.start + 1..blocks.start + PREFETCH_PAGES).for_each(prefetch);
+            for block in blocks.clone() {
+                prefetch(block + PREFETCH_PAGES);
                 let page = self.pool.view(table.pages[block * kv_heads + h]);
-                attend::merge_page(scratch, &queries, page, page_start, valid_rows);
+                attend::merge_page(config.isa, scratch, &queries, page, block * page_rows, valid_rows(block));
             }
             attend::finish(scratch, &queries, heads.start * group, out);
         }
