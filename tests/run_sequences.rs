@@ -215,7 +215,8 @@ fn sequences_with_a_shared_prefix_share_its_pages_and_diverge_correctly() {
     b.extend(prompt(5, 2, model.vocab));
     let c = prompt(9, 3, model.vocab);
     let prompts = vec![a.clone(), b.clone(), c.clone()];
-    let options = ExecOptions { max_context: 64, sequences: 3, ..ExecOptions::default() };
+    // 16-row pages, so that 40-token prompts span several.
+    let options = ExecOptions { max_context: 64, sequences: 3, kv_page_rows: Some(16), ..ExecOptions::default() };
 
     // Sharing by hand: B forks A's first two blocks (32 rows).
     let mut exec = Executor::new(&bundle, options.clone()).unwrap();
@@ -258,7 +259,12 @@ fn pool_exhaustion_fails_only_the_sequence_that_needs_the_page() {
     // when the pool has none left.
     let a = prompt(5, 4, model.vocab);
     let b = prompt(14, 5, model.vocab);
-    let options = ExecOptions { max_context: 64, kv_pages: Some(2 * per_block), ..ExecOptions::default() };
+    let options = ExecOptions {
+        max_context: 64,
+        kv_pages: Some(2 * per_block),
+        kv_page_rows: Some(16),
+        ..ExecOptions::default()
+    };
     let mut exec = Executor::new(&bundle, options).unwrap();
     let mut samplers = vec![Sampler::greedy(), Sampler::greedy()];
     let outs = exec.generate_many(&[a.clone(), b.clone()], 10, &[], &mut samplers, |_, _| {});

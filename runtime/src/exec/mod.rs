@@ -104,6 +104,9 @@ pub struct ExecOptions {
     /// Pages in the KV pool (one page: `page_rows` rows of one layer and KV head), instead of
     /// what `sequences` × `max_context` needs.
     pub kv_pages: Option<usize>,
+    /// Rows of one page; [`crate::kvcache::DEFAULT_PAGE_ROWS`] when `None`. Prefix sharing and
+    /// truncation keep or share whole pages.
+    pub kv_page_rows: Option<usize>,
 }
 
 impl Default for ExecOptions {
@@ -115,6 +118,7 @@ impl Default for ExecOptions {
             kv_storage: KvStorage::F32,
             sequences: 1,
             kv_pages: None,
+            kv_page_rows: None,
         }
     }
 }
@@ -189,6 +193,8 @@ impl<'b> Executor<'b> {
         let config = KvCacheConfig::new(a.layers, a.q_heads, a.kv_heads, a.head_dim, 1)
             .with_storage(options.kv_storage)
             .with_isa(isa);
+        let rows = options.kv_page_rows.unwrap_or(config.page_rows);
+        let config = config.with_page_rows(rows);
         let pages = options.kv_pages.unwrap_or_else(|| {
             options.sequences.max(1) * a.layers * a.kv_heads * max_context.div_ceil(config.page_rows)
         });
