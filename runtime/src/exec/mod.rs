@@ -156,6 +156,11 @@ pub struct Executor<'b> {
     attend_scratches: Vec<Mutex<AttendScratch>>,
     /// The step computes the logits of every row, not only the last (a verify step).
     every_row_logits: bool,
+    /// Each live sequence's recurrent state ([`Plan::states`] slots; empty vectors for a program
+    /// without recurrent layers).
+    states: Vec<(SeqId, Vec<f32>)>,
+    /// LinearAttention's retrieved row.
+    state_scratch: Vec<f32>,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -205,6 +210,8 @@ impl<'b> Executor<'b> {
             offloaded_calls: 0,
             attend_scratches: Vec::new(),
             every_row_logits: false,
+            states: vec![(seq, vec![0.0; plan.state_floats])],
+            state_scratch: Vec::new(),
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),

@@ -22,6 +22,7 @@ macro_rules! view {
 mod float;
 mod integer;
 mod quantised;
+mod recurrent;
 
 use super::error::ExecError;
 use super::plan::{Loc, Op, Plan};
@@ -103,6 +104,14 @@ impl Executor<'_> {
                 | Op::Rope { out, .. }
                 | Op::Gate { out, .. }
                 | Op::BinaryF32 { out, .. }
+                | Op::CausalConv { out, .. }
+                | Op::LinearAttention { out, .. }
+                | Op::DecayGate { out, .. }
+                | Op::Sigmoid { out, .. }
+                | Op::GatedRmsNorm { out, .. }
+                | Op::L2Norm { out, .. }
+                | Op::GatedAdd { out, .. }
+                | Op::MRope { out, .. }
                 | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
@@ -148,6 +157,14 @@ impl Executor<'_> {
             | Op::Rope { out, .. }
             | Op::Gate { out, .. }
             | Op::BinaryF32 { out, .. }
+            | Op::CausalConv { out, .. }
+            | Op::LinearAttention { out, .. }
+            | Op::DecayGate { out, .. }
+            | Op::Sigmoid { out, .. }
+            | Op::GatedRmsNorm { out, .. }
+            | Op::L2Norm { out, .. }
+            | Op::GatedAdd { out, .. }
+            | Op::MRope { out, .. }
             | Op::Attention { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
         };
@@ -186,6 +203,13 @@ impl Executor<'_> {
             Op::Attention { .. } => self.run_attention(index, y),
             Op::WGemm { .. } => self.run_wgemm(index, y),
             Op::GatherNBits { .. } => self.run_gather_nbits(index, y),
+            Op::CausalConv { .. } => self.run_causal_conv(index, y),
+            Op::LinearAttention { .. } => self.run_linear_attention(index, y),
+            Op::GatedRmsNorm { .. } => self.run_gated_rms_norm(index, y),
+            Op::MRope { .. } => self.run_m_rope(index, y),
+            Op::DecayGate { .. } | Op::Sigmoid { .. } | Op::GatedAdd { .. } | Op::L2Norm { .. } => {
+                self.run_gates(index, y)
+            }
             Op::Int { .. } => unreachable!("run by compute_int"),
             Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
                 unreachable!("run by run_quantised")

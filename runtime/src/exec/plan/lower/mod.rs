@@ -6,7 +6,9 @@
 //!   arithmetic, attention);
 //! - `quantised`: 4-bit weight-only ops (WGemm, GatherBlockQuantized) and A8W8 ops
 //!   (QuantizeLinear, QuantizeRows, DequantizeLinear, QGemm);
-//! - `integer`: shape and position arithmetic on small i64 tensors.
+//! - `integer`: shape and position arithmetic on small i64 tensors;
+//! - `recurrent`: hybrid decoders' recurrent layers (their states in the sequence's slots) and
+//!   their gates, norms and M-RoPE.
 //!
 //! Gather, Add, Mul and Concat exist as f32 and as integer ops: their lowerings here pick one by
 //! the node's types.
@@ -14,11 +16,12 @@
 mod float;
 mod integer;
 mod quantised;
+mod recurrent;
 
 use std::collections::HashMap;
 
 use super::weights::{Layouts, Stored, WeightLookup};
-use super::{AttentionShape, Loc, NBitsTable, Op, QGemmStore, Uses, WGemmStore, ALIAS_OPS};
+use super::{AttentionShape, Loc, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
 use crate::bundle::TensorView;
 use crate::exec::error::{node_err, node_fail, ExecError};
 use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
@@ -27,7 +30,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 22] = [
+const LOWERINGS: [(&str, Lower); 30] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -50,6 +53,14 @@ const LOWERINGS: [(&str, Lower); 22] = [
     ("npuc::QuantizeRows", quantised::quantize_rows),
     ("ai.onnx::DequantizeLinear", quantised::dequantize_linear),
     ("npuc::QGemm", quantised::qgemm),
+    ("com.microsoft::CausalConvWithState", recurrent::causal_conv),
+    ("com.microsoft::LinearAttention", recurrent::linear_attention),
+    ("com.microsoft::LinearAttentionGate", recurrent::linear_attention_gate),
+    ("com.microsoft::GatedRMSNorm", recurrent::gated_rms_norm),
+    ("com.microsoft::GatedAdd", recurrent::gated_add),
+    ("com.microsoft::MRotaryEmbedding", recurrent::m_rotary_embedding),
+    ("ai.onnx::LpNormalization", recurrent::lp_normalization),
+    ("ai.onnx::Sigmoid", recurrent::sigmoid),
 ];
 
 /// The lowering of `op` (`domain::op`), or `None` for an op the executor does not run.
@@ -68,6 +79,8 @@ pub(super) struct Context<'p, 'b> {
     pub uses: &'p Uses,
     pub layouts: &'p Layouts,
     pub attention: Option<AttentionShape>,
+    /// The sequence's recurrent state slots (`bind::recurrent_states`).
+    pub states: &'p [StateSlot],
     pub logits: usize,
 }
 
