@@ -10,7 +10,7 @@ use crate::exec::Executor;
 use crate::kvcache::SeqId;
 
 /// The state of `seq` in slot `slot`.
-fn slot_of<'s>(states: &'s mut [(SeqId, Vec<f32>)], seq: SeqId, slot: StateSlot) -> &'s mut [f32] {
+fn slot_of(states: &mut [(SeqId, Vec<f32>)], seq: SeqId, slot: StateSlot) -> &mut [f32] {
     let (_, state) = states.iter_mut().find(|(s, _)| *s == seq).expect("every live sequence has a state");
     &mut state[slot.offset..slot.offset + slot.len]
 }

@@ -115,7 +115,7 @@ fn linear_heads(
     };
     let (qw, kw, vw) = (width(b, node, q)?, width(b, node, k)?, width(b, node, v)?);
     let (dk, dv) = (qw / q_heads, vw / kv_heads);
-    let k_heads = if dk > 0 { kw / dk } else { 0 };
+    let k_heads = kw.checked_div(dk).unwrap_or(0);
     let grouped = if q_heads >= kv_heads {
         q_heads % kv_heads == 0 && k_heads == kv_heads
     } else {
@@ -225,7 +225,7 @@ pub(super) fn m_rotary_embedding(b: &mut Builder<'_, '_>, n: usize, node: &NodeI
     let rot = node.attr_i64("rotary_embedding_dim").unwrap_or(0).max(0) as usize;
     let sections: i64 = node.attr_ints("mrope_section").map_or(0, |s| s.iter().sum());
     let (w, heads) = (width(b, node, x)?, heads.unwrap_or(0));
-    let head = if heads > 0 { w / heads } else { 0 };
+    let head = w.checked_div(heads).unwrap_or(0);
     if heads == 0 || head * heads != w || 2 * half > head || (rot != 0 && rot != 2 * half) || sections != half as i64 {
         return Err(fail(format!("width {w}, {heads} heads, rotary dim {rot} and caches of {half} disagree")));
     }
