@@ -161,6 +161,9 @@ pub struct Executor<'b> {
     states: Vec<(SeqId, Vec<f32>)>,
     /// LinearAttention's retrieved row.
     state_scratch: Vec<f32>,
+    moe_scratch: run::MoeScratch,
+    /// Experts the MoE ops computed (each over all the tokens routed to it in one call).
+    moe_expert_passes: u64,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -212,6 +215,8 @@ impl<'b> Executor<'b> {
             every_row_logits: false,
             states: vec![(seq, vec![0.0; plan.state_floats])],
             state_scratch: Vec::new(),
+            moe_scratch: run::MoeScratch::default(),
+            moe_expert_passes: 0,
             plan,
             isa: isa.check(),
             pool: ThreadPool::new(options.threads),
@@ -254,6 +259,12 @@ impl<'b> Executor<'b> {
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Experts the MoE and QMoE ops have computed so far, each over all the tokens routed to it
+    /// in one call (its weights read once): a decode step adds at most `k` per MoE node.
+    pub fn moe_expert_passes(&self) -> u64 {
+        self.moe_expert_passes
     }
 
     /// Installs an offload for QGemm products (see [`GemmOffload`]).

@@ -293,6 +293,15 @@ pub enum Op {
         half: usize,
         out: usize,
     },
+    /// MoE and QMoE: each token row routed to its top `k` experts ([`Plan::moe`]`[experts]`),
+    /// only those computed, the tokens grouped per expert.
+    Moe {
+        x: usize,
+        router: usize,
+        experts: usize,
+        mixing: MoeMixing,
+        out: usize,
+    },
     /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
     Int {
         kind: IntKind,
@@ -354,6 +363,68 @@ impl LinearHeads {
     }
 }
 
+/// What an expert applies between its projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    Relu,
+    /// The tanh approximation.
+    Gelu,
+    Silu,
+    Identity,
+    /// `G · sigmoid(α·G) · (L + β)` on fc1's gate/up rows (interleaved `[g0, l0, ..]` or
+    /// `[g | l]`), with `G = min(g, limit)`, `L = clamp(l, −limit, limit)`.
+    SwiGlu {
+        interleaved: bool,
+        alpha: f32,
+        beta: f32,
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    /// fc1 rows per intermediate unit.
+    pub fn fusion(self) -> usize {
+        if matches!(self, ExpertActivation::SwiGlu { .. }) {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// How a MoE node mixes its experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeMixing {
+    pub act: ExpertActivation,
+    pub k: usize,
+    /// The k routing weights divided by their sum.
+    pub normalize: bool,
+    /// GEMM inputs quantised to int8 per block of this size first (QMoE's int8 kernels).
+    pub int8_block: Option<usize>,
+}
+
+/// One projection of every expert, `[experts, n, k]`: f32, or `bits`-bit codes packed along k
+/// (low bits first) with a scale per `block` of k and the default zero point 2^(bits−1).
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertWeights<'b> {
+    F32(&'b [f32]),
+    Codes { codes: &'b [u8], scales: &'b [f32], bits: usize, block: usize },
+}
+
+/// The experts of a MoE node, read in place from the bundle.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeExperts<'b> {
+    pub count: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    /// `[E, fusion·inter, hidden]`.
+    pub fc1: ExpertWeights<'b>,
+    pub b1: Option<&'b [f32]>,
+    /// `[E, hidden, inter]`.
+    pub fc2: ExpertWeights<'b>,
+    pub b2: Option<&'b [f32]>,
+}
+
 /// Where one recurrent state lives in a sequence's state vector (f32 elements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateSlot {
@@ -390,6 +461,8 @@ pub struct Plan<'b> {
     pub consts_i64: Vec<Vec<i64>>,
     pub buffers: usize,
     pub attention: AttentionShape,
+    /// The experts of the MoE nodes.
+    pub moe: Vec<MoeExperts<'b>>,
     /// The recurrent state slots of a sequence, in program order (empty for a pure decoder).
     pub states: Vec<StateSlot>,
     /// f32 elements of one sequence's recurrent state (the slots' total).
@@ -557,6 +630,7 @@ impl<'b> Plan<'b> {
             consts_i64: lowered.consts_i64,
             buffers,
             attention,
+            moe: lowered.moe,
             state_floats: states.iter().map(|s| s.len).sum(),
             states,
             logits,

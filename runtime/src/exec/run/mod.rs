@@ -21,8 +21,11 @@ macro_rules! view {
 
 mod float;
 mod integer;
+mod moe;
 mod quantised;
 mod recurrent;
+
+pub(super) use moe::MoeScratch;
 
 use super::error::ExecError;
 use super::plan::{Loc, Op, Plan};
@@ -112,6 +115,7 @@ impl Executor<'_> {
                 | Op::L2Norm { out, .. }
                 | Op::GatedAdd { out, .. }
                 | Op::MRope { out, .. }
+                | Op::Moe { out, .. }
                 | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
@@ -165,6 +169,7 @@ impl Executor<'_> {
             | Op::L2Norm { out, .. }
             | Op::GatedAdd { out, .. }
             | Op::MRope { out, .. }
+            | Op::Moe { out, .. }
             | Op::Attention { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
         };
@@ -207,6 +212,7 @@ impl Executor<'_> {
             Op::LinearAttention { .. } => self.run_linear_attention(index, y),
             Op::GatedRmsNorm { .. } => self.run_gated_rms_norm(index, y),
             Op::MRope { .. } => self.run_m_rope(index, y),
+            Op::Moe { .. } => self.run_moe(index, y),
             Op::DecayGate { .. } | Op::Sigmoid { .. } | Op::GatedAdd { .. } | Op::L2Norm { .. } => {
                 self.run_gates(index, y)
             }

@@ -15,13 +15,14 @@
 
 mod float;
 mod integer;
+mod moe;
 mod quantised;
 mod recurrent;
 
 use std::collections::HashMap;
 
 use super::weights::{Layouts, Stored, WeightLookup};
-use super::{AttentionShape, Loc, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
+use super::{AttentionShape, Loc, MoeExperts, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
 use crate::bundle::TensorView;
 use crate::exec::error::{node_err, node_fail, ExecError};
 use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
@@ -30,7 +31,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 30] = [
+const LOWERINGS: [(&str, Lower); 32] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -61,6 +62,8 @@ const LOWERINGS: [(&str, Lower); 30] = [
     ("com.microsoft::MRotaryEmbedding", recurrent::m_rotary_embedding),
     ("ai.onnx::LpNormalization", recurrent::lp_normalization),
     ("ai.onnx::Sigmoid", recurrent::sigmoid),
+    ("com.microsoft::MoE", moe::moe),
+    ("com.microsoft::QMoE", moe::qmoe),
 ];
 
 /// The lowering of `op` (`domain::op`), or `None` for an op the executor does not run.
@@ -107,6 +110,7 @@ pub(super) struct Builder<'p, 'b> {
     qpacked: Vec<QGemmStore<'b>>,
     /// Codes of QuantizeLinear nodes folded at load, with their signedness.
     folded: Vec<(Vec<u8>, bool)>,
+    moe: Vec<MoeExperts<'b>>,
 }
 
 /// What the lowering built.
@@ -122,6 +126,7 @@ pub(super) struct Lowered<'b> {
     pub roots: usize,
     pub i64_buffers: usize,
     pub q_buffers: usize,
+    pub moe: Vec<MoeExperts<'b>>,
 }
 
 /// Lowers every node in program order, starting from the weights and constants in `stored`.
@@ -145,6 +150,7 @@ pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result
         nbits_tables: Vec::new(),
         qpacked: Vec::new(),
         folded: Vec::new(),
+        moe: Vec::new(),
     };
     for (n, node) in program.nodes.iter().enumerate() {
         let lower = lowering(&node.op)
@@ -163,6 +169,7 @@ pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result
         roots: b.roots,
         i64_buffers: b.i64_buffers,
         q_buffers: b.q_buffers,
+        moe: b.moe,
     })
 }
 
