@@ -302,12 +302,67 @@ pub enum Op {
         mixing: MoeMixing,
         out: usize,
     },
+    /// An element-wise f32 function.
+    Unary {
+        x: usize,
+        kind: UnaryKind,
+        out: usize,
+    },
+    /// `a / b`, `b` repeating over `a`'s rows (or the same size).
+    Div {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    /// `x · scale[row]`: Mul by one value per row (a `[.., 1]` operand).
+    RowScale {
+        x: usize,
+        scale: usize,
+        out: usize,
+    },
+    /// The sum of each row of `width` values.
+    ReduceLast {
+        x: usize,
+        width: usize,
+        out: usize,
+    },
+    /// The indices of each row's `k` largest values, largest first (ties to the lower index),
+    /// into an [`Loc::I64Buf`].
+    TopK {
+        x: usize,
+        width: usize,
+        k: usize,
+        out: usize,
+    },
+    /// GatherElements (no `updates`) or ScatterElements along the last axis, rows of `width`.
+    Elements {
+        data: usize,
+        idx: usize,
+        updates: Option<usize>,
+        width: usize,
+        out: usize,
+    },
+    /// ConstantOfShape: every element `value`.
+    Fill {
+        value: f32,
+        out: usize,
+    },
     /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
     Int {
         kind: IntKind,
         inputs: Vec<usize>,
         out: usize,
     },
+}
+
+/// The element-wise f32 functions of [`Op::Unary`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryKind {
+    Neg,
+    Exp,
+    Reciprocal,
+    Log,
+    Clip { min: f32, max: f32 },
 }
 
 /// The integer ops of shape and position arithmetic.
@@ -326,6 +381,8 @@ pub enum IntKind {
     Range,
     /// Concat of rank-1 (or scalar) tensors.
     Concat,
+    /// Slice of a rank-1 tensor: inputs data, starts, ends (one value each, axis 0, step 1).
+    Slice,
 }
 
 /// A LinearAttention node's heads: query, key and state (value) heads, their sizes, and the

@@ -18,6 +18,7 @@ mod integer;
 mod moe;
 mod quantised;
 mod recurrent;
+mod router;
 
 use std::collections::HashMap;
 
@@ -31,11 +32,11 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 32] = [
+const LOWERINGS: [(&str, Lower); 43] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
-    ("ai.onnx::Slice", float::slice),
+    ("ai.onnx::Slice", slice),
     ("ai.onnx::Concat", concat),
     ("ai.onnx::Add", add_or_mul),
     ("ai.onnx::Mul", add_or_mul),
@@ -64,6 +65,17 @@ const LOWERINGS: [(&str, Lower); 32] = [
     ("ai.onnx::Sigmoid", recurrent::sigmoid),
     ("com.microsoft::MoE", moe::moe),
     ("com.microsoft::QMoE", moe::qmoe),
+    ("ai.onnx::Neg", router::unary),
+    ("ai.onnx::Exp", router::unary),
+    ("ai.onnx::Reciprocal", router::unary),
+    ("ai.onnx::Log", router::unary),
+    ("ai.onnx::Clip", router::unary),
+    ("ai.onnx::Div", router::div),
+    ("ai.onnx::ReduceSum", router::reduce_sum),
+    ("ai.onnx::TopK", router::top_k),
+    ("ai.onnx::GatherElements", router::elements),
+    ("ai.onnx::ScatterElements", router::elements),
+    ("ai.onnx::ConstantOfShape", router::constant_of_shape),
 ];
 
 /// The lowering of `op` (`domain::op`), or `None` for an op the executor does not run.
@@ -263,9 +275,22 @@ fn gather(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), Exec
 /// Add and Mul of f32 tensors (one operand repeating over the other's rows), or of integers.
 fn add_or_mul(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     if b.values[output(node, 0)?].elem == Some(ElemType::F32) {
+        if node.op == "ai.onnx::Mul" {
+            if let Some((x, scale)) = router::row_scale_operands(b, node)? {
+                return router::row_scale(b, n, node, x, scale);
+            }
+        }
         return float::binary(b, n, node);
     }
     integer::arithmetic(b, n, node)
+}
+
+/// Slice of an integer vector, or of an f32 tensor.
+fn slice(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    if b.values[input(node, 0)?].elem == Some(ElemType::I64) {
+        return integer::slice(b, n, node);
+    }
+    float::slice(b, n, node)
 }
 
 /// Concat of integer vectors, or of f32 tensors.
