@@ -215,3 +215,24 @@ fn moe_decode_computes_only_the_routed_experts() {
         assert_eq!(exec.moe_expert_passes() - after_prefill, (nodes * k) as u64, "{name}: one decode step");
     }
 }
+
+/// `npuc run --stats --json` reports the recurrent state beside the KV cache (Qwen3.5: a conv
+/// state of 256 × 3 and a linear-attention state of 4 × 32 × 32 f32 values per sequence), and
+/// `--speculate` refuses a stateful bundle, naming the reason.
+#[test]
+fn run_reports_state_bytes_and_refuses_speculation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bundle = compile("qwen3.5-builder-fp32", tmp.path()).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", bundle.to_str().unwrap(), "--prompt-ids", "1,17,250", "--max-tokens", "4"];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_npuc")).args(&args).output().unwrap()
+    };
+    let out = run(&["--stats", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["state"]["bytes_per_sequence"], 4 * (256 * 3 + 4 * 32 * 32));
+    let out = run(&["--speculate", "lookup"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("recurrent state"), "{stderr}");
+}

@@ -47,6 +47,13 @@
 //! Symbolic sizes are `batch_size = 1`, `sequence_length = S` (the step's tokens),
 //! `past_sequence_length = P` (the tokens held).
 //!
+//! Hybrid decoders (Qwen3.5, LFM2 and their MoE forms): CausalConvWithState and LinearAttention
+//! nodes have their past/present states bound to a state slot of the sequence (`Loc::State`),
+//! held beside its KV pages, zeroed when the sequence is created, updated in place by each step and
+//! released with it; a stateful sequence is never truncated or forked at an earlier position
+//! (see `session`). MoE and QMoE route each token to its top k experts and compute only those,
+//! the step's tokens grouped per expert ([`Executor::moe_expert_passes`] counts them).
+//!
 //! [`Executor::step`] runs S tokens (a prefill block, or one token when decoding) and returns
 //! the logits of the last position; when the logits come from a MatMul or a WGemm, only that row
 //! is computed.
@@ -59,7 +66,8 @@
 //! - `session`: the sequence API and [`Executor::step`].
 //! - `generate`: the generation loops and their statistics.
 //! - `run`: one step's interpreters — shapes and buffers for the step, then each op by its group
-//!   (`run::float`, `run::quantised`, `run::integer`) on the kernels of [`crate::kernels`].
+//!   (`run::float`, `run::quantised`, `run::integer`, `run::recurrent`, `run::moe`,
+//!   `run::router`) on the kernels of [`crate::kernels`].
 //! - `program`: the program's JSON decoded; [`packed`]: the packed-weight conventions.
 
 mod error;

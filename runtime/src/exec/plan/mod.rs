@@ -9,7 +9,8 @@
 //! names the node or value:
 //!
 //! - `weights`: the packed layouts the bundle holds, then a place for every weight and constant;
-//! - `bind`: Attention nodes, the graph inputs and the logits bound to the cache and the step;
+//! - `bind`: Attention nodes, the graph inputs and the logits bound to the cache and the step,
+//!   and the recurrent layers' past/present states to the sequence's state slots;
 //! - `lower`: one lowering per op, from a table, in program order (`lower::float`,
 //!   `lower::quantised`, `lower::integer`);
 //! - `buffers`: buffers shared by liveness.
