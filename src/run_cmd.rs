@@ -102,6 +102,22 @@ fn kv_json(pool: &PoolStats) -> serde_json::Value {
     })
 }
 
+/// The recurrent state the sequences hold beside the KV cache (zero for a pure decoder).
+fn state_json(executor: &Executor) -> serde_json::Value {
+    json!({
+        "bytes_per_sequence": executor.state_bytes_per_sequence(),
+        "bytes_held": executor.state_bytes_held(),
+    })
+}
+
+fn state_line(executor: &Executor) -> String {
+    format!(
+        "recurrent state: {} bytes per sequence, {} bytes held",
+        executor.state_bytes_per_sequence(),
+        executor.state_bytes_held()
+    )
+}
+
 fn rates_line(stats: &GenerateStats) -> String {
     format!(
         "prefill {} tokens: {:.1} tok/s (first token after {:.1} ms); decode {} tokens: {:.1} tok/s",
@@ -145,6 +161,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if let Some(offload) = offload {
         executor.set_offload(offload);
     }
+    anyhow::ensure!(
+        drafter.is_none() || !executor.has_recurrent_state(),
+        "--speculate: {} keeps recurrent state per sequence (conv/linear-attention layers), which holds the last position only; speculative decoding truncates rejected tokens and cannot rewind it",
+        o.bundle.display()
+    );
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     // Sequence i samples with seed + i, so that equal prompts still differ when sampling.
     let mut samplers = (0..prompt_ids.len() as u64)
@@ -312,6 +333,7 @@ fn report_one(
             summary["load_ms"] = json!(load_ms);
             summary["wgemm_bytes_packed_at_load"] = json!(executor.wgemm_bytes_packed_at_load());
             summary["qgemm_bytes_packed_at_load"] = json!(executor.qgemm_bytes_packed_at_load());
+            summary["state"] = state_json(executor);
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());
@@ -322,6 +344,7 @@ fn report_one(
     }
     if o.stats {
         eprintln!("kv cache: {pool}");
+        eprintln!("{}", state_line(executor));
         eprintln!(
             "bundle opened and verified in {open_ms:.1} ms, program loaded in {load_ms:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
             executor.wgemm_bytes_packed_at_load() as f64 / 1e6,
@@ -371,10 +394,12 @@ fn run_many(
         let mut summary = json!({ "sequences": sequences });
         if o.stats {
             summary["kv"] = kv_json(&pool);
+            summary["state"] = state_json(executor);
         }
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else if o.stats {
         eprintln!("kv cache: {pool}");
+        eprintln!("{}", state_line(executor));
     }
     if failed > 0 {
         anyhow::bail!("{failed} of {} sequences failed", outputs.len());

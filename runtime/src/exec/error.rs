@@ -25,6 +25,10 @@ pub enum ExecError {
     /// The device a GEMM was offloaded to failed.
     #[error("node `{node}`: the offloaded GEMM failed: {source}")]
     Offload { node: String, source: super::OffloadError },
+    /// Rewinding a sequence of a program with recurrent state, which holds the state after the
+    /// sequence's last token only.
+    #[error("{seq}: {action} is refused: the program keeps recurrent state (conv/linear-attention) for the sequence's last position only")]
+    RecurrentState { seq: crate::kvcache::SeqId, action: &'static str },
     /// A step with no token.
     #[error("a step needs at least one token")]
     EmptyStep,

@@ -141,13 +141,15 @@ impl Executor<'_> {
         if max_new == 0 {
             return outs;
         }
+        // A sequence's recurrent state holds its last position only: no prefix to share.
+        let shareable = !self.has_recurrent_state();
         for (i, prompt) in prompts.iter().enumerate() {
             // The earlier live sequence with the longest common prefix, in whole pages.
             let source = (0..i)
                 .filter_map(|j| {
                     let common = prompts[j].iter().zip(prompt).take_while(|(a, b)| a == b).count();
                     let rows = common.min(prompt.len().saturating_sub(1)) / page_rows * page_rows;
-                    seqs[j].filter(|_| rows > 0).map(|s| (rows, s))
+                    seqs[j].filter(|_| rows > 0 && shareable).map(|s| (rows, s))
                 })
                 .max_by_key(|&(rows, _)| rows);
             let start = Instant::now();

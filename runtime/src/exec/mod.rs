@@ -47,6 +47,13 @@
 //! Symbolic sizes are `batch_size = 1`, `sequence_length = S` (the step's tokens),
 //! `past_sequence_length = P` (the tokens held).
 //!
+//! Hybrid decoders (Qwen3.5, LFM2 and their MoE forms): CausalConvWithState and LinearAttention
+//! nodes have their past/present states bound to a state slot of the sequence (`Loc::State`),
+//! held beside its KV pages, zeroed when the sequence is created, updated in place by each step and
+//! released with it; a stateful sequence is never truncated or forked at an earlier position
+//! (see `session`). MoE and QMoE route each token to its top k experts and compute only those,
+//! the step's tokens grouped per expert ([`Executor::moe_expert_passes`] counts them).
+//!
 //! [`Executor::step`] runs S tokens (a prefill block, or one token when decoding) and returns
 //! the logits of the last position; when the logits come from a MatMul or a WGemm, only that row
 //! is computed.
@@ -59,7 +66,8 @@
 //! - `session`: the sequence API and [`Executor::step`].
 //! - `generate`: the generation loops and their statistics.
 //! - `run`: one step's interpreters — shapes and buffers for the step, then each op by its group
-//!   (`run::float`, `run::quantised`, `run::integer`) on the kernels of [`crate::kernels`].
+//!   (`run::float`, `run::quantised`, `run::integer`, `run::recurrent`, `run::moe`,
+//!   `run::router`) on the kernels of [`crate::kernels`].
 //! - `program`: the program's JSON decoded; [`packed`]: the packed-weight conventions.
 
 mod error;
@@ -160,6 +168,14 @@ pub struct Executor<'b> {
     attend_scratches: Vec<Mutex<AttendScratch>>,
     /// The step computes the logits of every row, not only the last (a verify step).
     every_row_logits: bool,
+    /// Each live sequence's recurrent state ([`Plan::states`] slots; empty vectors for a program
+    /// without recurrent layers).
+    states: Vec<(SeqId, Vec<f32>)>,
+    /// LinearAttention's retrieved row.
+    state_scratch: Vec<f32>,
+    moe_scratch: run::MoeScratch,
+    /// Experts the MoE ops computed (each over all the tokens routed to it in one call).
+    moe_expert_passes: u64,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -212,6 +228,10 @@ impl<'b> Executor<'b> {
             offloaded_calls: 0,
             attend_scratches: Vec::new(),
             every_row_logits: false,
+            states: vec![(seq, vec![0.0; plan.state_floats])],
+            state_scratch: Vec::new(),
+            moe_scratch: run::MoeScratch::default(),
+            moe_expert_passes: 0,
             plan,
             isa,
             pool: ThreadPool::new(options.threads),
@@ -254,6 +274,12 @@ impl<'b> Executor<'b> {
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Experts the MoE and QMoE ops have computed so far, each over all the tokens routed to it
+    /// in one call (its weights read once): a decode step adds at most `k` per MoE node.
+    pub fn moe_expert_passes(&self) -> u64 {
+        self.moe_expert_passes
     }
 
     /// Installs an offload for QGemm products (see [`GemmOffload`]).

@@ -1,6 +1,13 @@
 //! The sequence API: the sequences of the executor's KV pool (the default one, new ones, forks
 //! sharing a prefix's pages) and [`Executor::step`], which runs tokens of one sequence and
 //! returns the logits of the last.
+//!
+//! A program with recurrent layers (CausalConvWithState, LinearAttention) keeps each sequence's
+//! state beside its KV pages: allocated zeroed with the sequence (and by `reset`), updated in
+//! place by every step, copied by a fork of the whole sequence, released with it. The state
+//! holds the position after the sequence's last token only, so truncating a sequence or forking a
+//! shorter prefix is refused ([`ExecError::RecurrentState`]) — and with it speculative decoding,
+//! which truncates rejected tokens.
 
 use super::error::ExecError;
 use super::plan::{Loc, Op};
@@ -33,6 +40,7 @@ impl Executor<'_> {
     pub fn new_sequence(&mut self) -> SeqId {
         let seq = self.cache.create_sequence();
         self.held.push((seq, 0));
+        self.states.push((seq, vec![0.0; self.plan.state_floats]));
         seq
     }
 
@@ -48,8 +56,13 @@ impl Executor<'_> {
                 held_rows: held,
             }));
         }
+        if tokens != held {
+            self.refuse_rewind(parent, "forking a prefix")?;
+        }
         let seq = self.cache.fork_prefix(parent, tokens)?;
         self.held.push((seq, tokens));
+        let state = self.states.iter().find(|(s, _)| *s == parent).map(|(_, st)| st.clone()).unwrap_or_default();
+        self.states.push((seq, state));
         Ok(seq)
     }
 
@@ -60,6 +73,9 @@ impl Executor<'_> {
         let held = self.sequence_position(seq)?;
         if tokens > held {
             return Err(ExecError::Kv(KvError::TruncateBeyondHeld { seq, layer: 0, rows: tokens, held_rows: held }));
+        }
+        if tokens != held {
+            self.refuse_rewind(seq, "truncating")?;
         }
         self.cache.truncate(seq, tokens)?;
         if let Some(entry) = self.held.iter_mut().find(|(s, _)| *s == seq) {
@@ -75,6 +91,7 @@ impl Executor<'_> {
         }
         self.cache.drop_sequence(seq)?;
         self.held.retain(|(s, _)| *s != seq);
+        self.states.retain(|(s, _)| *s != seq);
         Ok(())
     }
 
@@ -83,9 +100,35 @@ impl Executor<'_> {
     pub fn reset(&mut self) -> Result<(), ExecError> {
         self.cache.drop_sequence(self.seq)?;
         self.held.retain(|(s, _)| *s != self.seq);
+        self.states.retain(|(s, _)| *s != self.seq);
         self.seq = self.cache.create_sequence();
         self.held.push((self.seq, 0));
+        self.states.push((self.seq, vec![0.0; self.plan.state_floats]));
         Ok(())
+    }
+
+    /// Whether the program keeps recurrent state per sequence (a hybrid decoder): its sequences
+    /// hold the state after their last token only, so they cannot be truncated or forked at an
+    /// earlier position.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.plan.state_floats > 0
+    }
+
+    /// Bytes of recurrent state one sequence holds (0 for a pure decoder).
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        4 * self.plan.state_floats
+    }
+
+    /// Bytes of recurrent state the live sequences hold.
+    pub fn state_bytes_held(&self) -> usize {
+        self.states.len() * self.state_bytes_per_sequence()
+    }
+
+    fn refuse_rewind(&self, seq: SeqId, action: &'static str) -> Result<(), ExecError> {
+        match self.has_recurrent_state() {
+            true => Err(ExecError::RecurrentState { seq, action }),
+            false => Ok(()),
+        }
     }
 
     /// Runs `tokens` at the next positions and returns the logits of the last one. A failed step

@@ -2,9 +2,12 @@
 //! present outputs (the cache), `input_ids` and `position_ids` (the step), and the logits (the one
 //! graph output the executor returns); and who may read them.
 
-use super::{AttentionShape, Loc, Uses};
+use super::{AttentionShape, Loc, StateSlot, Uses};
 use crate::exec::error::{node_err, value_err, ExecError};
-use crate::exec::program::{ElemType, NodeInfo, Program, ValueDef};
+use crate::exec::program::{ElemType, NodeInfo, Program, StepDims, ValueDef};
+
+/// Ops whose input 3 is a past recurrent state and output 1 its present.
+pub(super) const STATEFUL_OPS: [&str; 2] = ["com.microsoft::CausalConvWithState", "com.microsoft::LinearAttention"];
 
 /// Binds every Attention node's past and mask inputs and present outputs to the cache; the
 /// geometry the nodes share, with one layer per node (`None` when there is no Attention node).
@@ -59,6 +62,68 @@ fn bind_to_cache(program: &Program, uses: &Uses, node: &NodeInfo, locs: &mut [Lo
     Ok(())
 }
 
+/// Binds every CausalConvWithState and LinearAttention node's past state (input 3, a graph input)
+/// and present state (output 1, read by no node) to one state slot of the step's sequence; the
+/// slots in program order. A state's size must not depend on the step.
+pub(super) fn recurrent_states(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<Vec<StateSlot>, ExecError> {
+    let mut slots = Vec::new();
+    let mut offset = 0;
+    for node in program.nodes.iter().filter(|n| STATEFUL_OPS.contains(&n.op.as_str())) {
+        let fail = |problem: String| node_err(&node.name, &node.op, problem);
+        let past = node
+            .input(3)
+            .ok_or_else(|| fail("has no past state (input 3); the executor keeps each sequence's state".into()))?;
+        let present = node.outputs.get(1).copied().ok_or_else(|| fail("has no present state (output 1)".into()))?;
+        if !matches!(program.values[past].def, ValueDef::Input) {
+            return Err(fail(format!(
+                "past state `{}` must be a graph input: the sequence holds it",
+                program.values[past].name
+            )));
+        }
+        if let Some(&(n, _)) = uses.consumers[present].first() {
+            let reader = &program.nodes[n];
+            return Err(node_err(
+                &reader.name,
+                &reader.op,
+                format!("reads `{}`, a present state the sequence holds", program.values[present].name),
+            ));
+        }
+        if let Some(&(n, _)) = uses.consumers[past]
+            .iter()
+            .find(|&&(n, slot)| !(n_is(program, n, &node.name) && slot == 3) && program.nodes[n].op != "ai.onnx::Shape")
+        {
+            let reader = &program.nodes[n];
+            return Err(node_err(
+                &reader.name,
+                &reader.op,
+                format!("reads `{}`, a past state the sequence holds", program.values[past].name),
+            ));
+        }
+        let len = fixed_numel(program, present).ok_or_else(|| {
+            fail(format!("present state `{}` has a size that depends on the step", program.values[present].name))
+        })?;
+        if fixed_numel(program, past) != Some(len) {
+            return Err(fail(format!("past state `{}` and present state differ in size", program.values[past].name)));
+        }
+        locs[past] = Loc::State(slots.len());
+        locs[present] = Loc::State(slots.len());
+        slots.push(StateSlot { offset, len });
+        offset += len;
+    }
+    Ok(slots)
+}
+
+fn n_is(program: &Program, n: usize, name: &str) -> bool {
+    program.nodes[n].name == name
+}
+
+/// Elements of `v` (batch 1) when they do not depend on the step's sizes.
+fn fixed_numel(program: &Program, v: usize) -> Option<usize> {
+    let numel = |dims: StepDims| program.values[v].shape.iter().map(|d| d.eval(dims)).product::<usize>();
+    let a = numel(StepDims { seq: 1, past: 0 });
+    (a == numel(StepDims { seq: 2, past: 3 })).then_some(a)
+}
+
 /// `input_ids` and `position_ids` as the step's; every other graph input must be the cache's or
 /// unread.
 pub(super) fn graph_inputs(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<(), ExecError> {
@@ -67,7 +132,7 @@ pub(super) fn graph_inputs(program: &Program, uses: &Uses, locs: &mut [Loc]) -> 
         match info.name.as_str() {
             "input_ids" => locs[v] = Loc::Ids,
             "position_ids" => locs[v] = Loc::Positions,
-            _ if locs[v] == Loc::Cache => {}
+            _ if matches!(locs[v], Loc::Cache | Loc::State(_)) => {}
             _ if uses.consumers[v].is_empty() => {}
             _ => return Err(value_err(&info.name, "is a graph input the host executor cannot supply (it supplies input_ids, position_ids, and the past and mask of Attention nodes)")),
         }
@@ -137,7 +202,7 @@ fn attention_shape(program: &Program, node: &NodeInfo) -> Result<AttentionShape,
 }
 
 pub(super) fn logits_value(program: &Program, locs: &[Loc]) -> Result<usize, ExecError> {
-    let mut candidates = program.outputs.iter().copied().filter(|&v| locs[v] != Loc::Cache);
+    let mut candidates = program.outputs.iter().copied().filter(|&v| !matches!(locs[v], Loc::Cache | Loc::State(_)));
     let logits =
         candidates.next().ok_or_else(|| value_err("logits", "the program has no output besides the KV cache"))?;
     let info = &program.values[logits];

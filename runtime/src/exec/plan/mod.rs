@@ -9,7 +9,8 @@
 //! names the node or value:
 //!
 //! - `weights`: the packed layouts the bundle holds, then a place for every weight and constant;
-//! - `bind`: Attention nodes, the graph inputs and the logits bound to the cache and the step;
+//! - `bind`: Attention nodes, the graph inputs and the logits bound to the cache and the step,
+//!   and the recurrent layers' past/present states to the sequence's state slots;
 //! - `lower`: one lowering per op, from a table, in program order (`lower::float`,
 //!   `lower::quantised`, `lower::integer`);
 //! - `buffers`: buffers shared by liveness.
@@ -60,6 +61,10 @@ pub enum Loc {
     Positions,
     /// Held by the KV cache: past and present keys and values, the attention mask.
     Cache,
+    /// A recurrent state slot of the step's sequence ([`Plan::states`]): the past state input
+    /// and the present state output of one CausalConvWithState or LinearAttention node, updated
+    /// in place.
+    State(usize),
     /// Computed by no op the executor runs and read by none (e.g. a shape operand).
     Unused,
 }
@@ -218,12 +223,147 @@ pub enum Op {
         requant: Option<(f32, i32, bool)>,
         out: usize,
     },
+    /// CausalConvWithState over `[1, channels, tokens]`, its `taps - 1` past inputs per channel
+    /// held in state slot `state` and updated in place.
+    CausalConv {
+        x: usize,
+        w: usize,
+        bias: Option<usize>,
+        state: usize,
+        channels: usize,
+        taps: usize,
+        silu: bool,
+        out: usize,
+    },
+    /// LinearAttention's recurrence over the tokens, its `[kv_heads, dk, dv]` state in slot
+    /// `state`, updated in place.
+    LinearAttention {
+        q: usize,
+        k: usize,
+        v: usize,
+        decay: Option<usize>,
+        beta: Option<usize>,
+        state: usize,
+        heads: LinearHeads,
+        scale: f32,
+        out: usize,
+    },
+    /// LinearAttentionGate's decay, `scale[h] · softplus(a + bias[h])`.
+    DecayGate {
+        a: usize,
+        bias: usize,
+        scale: usize,
+        out: usize,
+    },
+    /// Element-wise logistic sigmoid.
+    Sigmoid {
+        x: usize,
+        out: usize,
+    },
+    /// GatedRMSNorm: rows of `γ`'s length normalised, scaled by `γ` and by `act(gate)`.
+    GatedRmsNorm {
+        x: usize,
+        gamma: usize,
+        gate: usize,
+        eps: f32,
+        silu: bool,
+        out: usize,
+    },
+    /// LpNormalization with p = 2 over rows of `width` values.
+    L2Norm {
+        x: usize,
+        width: usize,
+        out: usize,
+    },
+    /// GatedAdd: `x + y · gate[row]`, one gate value per row.
+    GatedAdd {
+        x: usize,
+        y: usize,
+        gate: usize,
+        out: usize,
+    },
+    /// MRotaryEmbedding of a text-only step: the three position streams are the step's
+    /// positions, so every section reads the same cos/sin row (rotate-half over `2·half` of each
+    /// head's `head` values).
+    MRope {
+        x: usize,
+        cos: usize,
+        sin: usize,
+        heads: usize,
+        head: usize,
+        half: usize,
+        out: usize,
+    },
+    /// MoE and QMoE: each token row routed to its top `k` experts ([`Plan::moe`]`[experts]`),
+    /// only those computed, the tokens grouped per expert.
+    Moe {
+        x: usize,
+        router: usize,
+        experts: usize,
+        mixing: MoeMixing,
+        out: usize,
+    },
+    /// An element-wise f32 function.
+    Unary {
+        x: usize,
+        kind: UnaryKind,
+        out: usize,
+    },
+    /// `a / b`, `b` repeating over `a`'s rows (or the same size).
+    Div {
+        a: usize,
+        b: usize,
+        out: usize,
+    },
+    /// `x · scale[row]`: Mul by one value per row (a `[.., 1]` operand).
+    RowScale {
+        x: usize,
+        scale: usize,
+        out: usize,
+    },
+    /// The sum of each row of `width` values.
+    ReduceLast {
+        x: usize,
+        width: usize,
+        out: usize,
+    },
+    /// The indices of each row's `k` largest values, largest first (ties to the lower index),
+    /// into an [`Loc::I64Buf`].
+    TopK {
+        x: usize,
+        width: usize,
+        k: usize,
+        out: usize,
+    },
+    /// GatherElements (no `updates`) or ScatterElements along the last axis, rows of `width`.
+    Elements {
+        data: usize,
+        idx: usize,
+        updates: Option<usize>,
+        width: usize,
+        out: usize,
+    },
+    /// ConstantOfShape: every element `value`.
+    Fill {
+        value: f32,
+        out: usize,
+    },
     /// Integer arithmetic on small i64 tensors, evaluated exactly into an [`Loc::I64Buf`].
     Int {
         kind: IntKind,
         inputs: Vec<usize>,
         out: usize,
     },
+}
+
+/// The element-wise f32 functions of [`Op::Unary`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryKind {
+    Neg,
+    Exp,
+    Reciprocal,
+    Log,
+    Clip { min: f32, max: f32 },
 }
 
 /// The integer ops of shape and position arithmetic.
@@ -242,6 +382,112 @@ pub enum IntKind {
     Range,
     /// Concat of rank-1 (or scalar) tensors.
     Concat,
+    /// Slice of a rank-1 tensor: inputs data, starts, ends (one value each, axis 0, step 1).
+    Slice,
+}
+
+/// A LinearAttention node's heads: query, key and state (value) heads, their sizes, and the
+/// forms of decay and beta.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearHeads {
+    pub q_heads: usize,
+    pub k_heads: usize,
+    pub kv_heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Decay per key dimension (`[.., kv_heads·dk]`) rather than per head.
+    pub decay_per_key: bool,
+    /// One beta per token (`[.., 1]`) rather than per head.
+    pub beta_shared: bool,
+}
+
+impl LinearHeads {
+    pub fn out_heads(&self) -> usize {
+        self.q_heads.max(self.kv_heads)
+    }
+
+    /// The query head and the state head output head `o` reads (grouped query heads, or the
+    /// inverse grouping com.microsoft's op allows).
+    pub fn heads_of_output(&self, o: usize) -> (usize, usize) {
+        if self.q_heads >= self.kv_heads {
+            (o, o / (self.q_heads / self.kv_heads))
+        } else {
+            (o / (self.kv_heads / self.q_heads), o)
+        }
+    }
+
+    pub fn key_head_of(&self, h: usize) -> usize {
+        h / (self.kv_heads / self.k_heads)
+    }
+}
+
+/// What an expert applies between its projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    Relu,
+    /// The tanh approximation.
+    Gelu,
+    Silu,
+    Identity,
+    /// `G · sigmoid(α·G) · (L + β)` on fc1's gate/up rows (interleaved `[g0, l0, ..]` or
+    /// `[g | l]`), with `G = min(g, limit)`, `L = clamp(l, −limit, limit)`.
+    SwiGlu {
+        interleaved: bool,
+        alpha: f32,
+        beta: f32,
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    /// fc1 rows per intermediate unit.
+    pub fn fusion(self) -> usize {
+        if matches!(self, ExpertActivation::SwiGlu { .. }) {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// How a MoE node mixes its experts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeMixing {
+    pub act: ExpertActivation,
+    pub k: usize,
+    /// The k routing weights divided by their sum.
+    pub normalize: bool,
+    /// GEMM inputs quantised to int8 per block of this size first (QMoE's int8 kernels).
+    pub int8_block: Option<usize>,
+}
+
+/// One projection of every expert, `[experts, n, k]`: f32, or `bits`-bit codes packed along k
+/// (low bits first) with a scale per `block` of k and the default zero point 2^(bits−1).
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertWeights<'b> {
+    F32(&'b [f32]),
+    Codes { codes: &'b [u8], scales: &'b [f32], bits: usize, block: usize },
+}
+
+/// The experts of a MoE node, read in place from the bundle.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeExperts<'b> {
+    pub count: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    /// `[E, fusion·inter, hidden]`.
+    pub fc1: ExpertWeights<'b>,
+    pub b1: Option<&'b [f32]>,
+    /// `[E, hidden, inter]`.
+    pub fc2: ExpertWeights<'b>,
+    pub b2: Option<&'b [f32]>,
+}
+
+/// Where one recurrent state lives in a sequence's state vector (f32 elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateSlot {
+    pub offset: usize,
+    pub len: usize,
 }
 
 /// The attention geometry every Attention node of the program shares.
@@ -273,6 +519,12 @@ pub struct Plan<'b> {
     pub consts_i64: Vec<Vec<i64>>,
     pub buffers: usize,
     pub attention: AttentionShape,
+    /// The experts of the MoE nodes.
+    pub moe: Vec<MoeExperts<'b>>,
+    /// The recurrent state slots of a sequence, in program order (empty for a pure decoder).
+    pub states: Vec<StateSlot>,
+    /// f32 elements of one sequence's recurrent state (the slots' total).
+    pub state_floats: usize,
     /// The logits value (the graph output the cache does not hold).
     pub logits: usize,
 }
@@ -400,11 +652,19 @@ impl<'b> Plan<'b> {
         let layouts = weights::Layouts::find(&program, &weight)?;
         let mut stored = weights::place(&program, &uses, &weight, &layouts.sources)?;
         let attention = bind::attention(&program, &uses, &mut stored.locs)?;
+        let states = bind::recurrent_states(&program, &uses, &mut stored.locs)?;
         bind::graph_inputs(&program, &uses, &mut stored.locs)?;
         bind::check_cache_readers(&program, &uses, &stored.locs)?;
         let logits = bind::logits_value(&program, &stored.locs)?;
-        let context =
-            lower::Context { program: &program, weight: &weight, uses: &uses, layouts: &layouts, attention, logits };
+        let context = lower::Context {
+            program: &program,
+            weight: &weight,
+            uses: &uses,
+            layouts: &layouts,
+            attention,
+            states: &states,
+            logits,
+        };
         let mut lowered = lower::lower_nodes(context, stored)?;
         bind::check_folded_readers(&program, &uses, &lowered.locs)?;
         let attention = attention.ok_or_else(|| {
@@ -428,6 +688,9 @@ impl<'b> Plan<'b> {
             consts_i64: lowered.consts_i64,
             buffers,
             attention,
+            moe: lowered.moe,
+            state_floats: states.iter().map(|s| s.len).sum(),
+            states,
             logits,
         })
     }

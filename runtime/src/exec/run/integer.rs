@@ -77,6 +77,7 @@ impl Executor<'_> {
                     y.extend_from_slice(view.i64(i));
                 }
             }
+            IntKind::Slice => y.extend_from_slice(slice_range(view.i64(inputs[0]), scalar(1)?, scalar(2)?)),
         }
         let out = op_out(op);
         let want = numel(&self.shapes[out]);
@@ -85,6 +86,14 @@ impl Executor<'_> {
         }
         Ok(())
     }
+}
+
+/// `data[start..end]` with ONNX's clamping (negative bounds count from the end).
+fn slice_range(data: &[i64], start: i64, end: i64) -> &[i64] {
+    let len = data.len() as i64;
+    let clamp = |i: i64| (if i < 0 { i + len } else { i }).clamp(0, len) as usize;
+    let (s, e) = (clamp(start), clamp(end));
+    &data[s..e.max(s)]
 }
 
 fn op_out(op: &Op) -> usize {

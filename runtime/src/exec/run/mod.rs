@@ -21,7 +21,12 @@ macro_rules! view {
 
 mod float;
 mod integer;
+mod moe;
 mod quantised;
+mod recurrent;
+mod router;
+
+pub(super) use moe::MoeScratch;
 
 use super::error::ExecError;
 use super::plan::{Loc, Op, Plan};
@@ -74,7 +79,7 @@ impl Executor<'_> {
                 Op::MatMul { out, last_row_only, .. } | Op::WGemm { out, last_row_only, .. } => {
                     (std::slice::from_ref(out), *last_row_only && !self.every_row_logits)
                 }
-                Op::Int { .. } => continue,
+                Op::Int { .. } | Op::TopK { .. } => continue,
                 Op::QuantizeRows { x, k, codes, scales } => {
                     let Loc::QBuf(b) = self.plan.locs[*codes] else { unreachable!("codes live in code buffers") };
                     let n = numel(&self.shapes[*x]);
@@ -103,6 +108,21 @@ impl Executor<'_> {
                 | Op::Rope { out, .. }
                 | Op::Gate { out, .. }
                 | Op::BinaryF32 { out, .. }
+                | Op::CausalConv { out, .. }
+                | Op::LinearAttention { out, .. }
+                | Op::DecayGate { out, .. }
+                | Op::Sigmoid { out, .. }
+                | Op::GatedRmsNorm { out, .. }
+                | Op::L2Norm { out, .. }
+                | Op::GatedAdd { out, .. }
+                | Op::MRope { out, .. }
+                | Op::Moe { out, .. }
+                | Op::Unary { out, .. }
+                | Op::Div { out, .. }
+                | Op::RowScale { out, .. }
+                | Op::ReduceLast { out, .. }
+                | Op::Elements { out, .. }
+                | Op::Fill { out, .. }
                 | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
@@ -137,6 +157,7 @@ impl Executor<'_> {
             Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
                 return self.run_quantised(index)
             }
+            Op::TopK { .. } => return self.run_top_k(index),
             Op::WGemm { out, .. } | Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                 (*out, None)
             }
@@ -148,6 +169,21 @@ impl Executor<'_> {
             | Op::Rope { out, .. }
             | Op::Gate { out, .. }
             | Op::BinaryF32 { out, .. }
+            | Op::CausalConv { out, .. }
+            | Op::LinearAttention { out, .. }
+            | Op::DecayGate { out, .. }
+            | Op::Sigmoid { out, .. }
+            | Op::GatedRmsNorm { out, .. }
+            | Op::L2Norm { out, .. }
+            | Op::GatedAdd { out, .. }
+            | Op::MRope { out, .. }
+            | Op::Moe { out, .. }
+            | Op::Unary { out, .. }
+            | Op::Div { out, .. }
+            | Op::RowScale { out, .. }
+            | Op::ReduceLast { out, .. }
+            | Op::Elements { out, .. }
+            | Op::Fill { out, .. }
             | Op::Attention { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
         };
@@ -186,6 +222,21 @@ impl Executor<'_> {
             Op::Attention { .. } => self.run_attention(index, y),
             Op::WGemm { .. } => self.run_wgemm(index, y),
             Op::GatherNBits { .. } => self.run_gather_nbits(index, y),
+            Op::CausalConv { .. } => self.run_causal_conv(index, y),
+            Op::LinearAttention { .. } => self.run_linear_attention(index, y),
+            Op::GatedRmsNorm { .. } => self.run_gated_rms_norm(index, y),
+            Op::MRope { .. } => self.run_m_rope(index, y),
+            Op::Moe { .. } => self.run_moe(index, y),
+            Op::Unary { .. }
+            | Op::Div { .. }
+            | Op::RowScale { .. }
+            | Op::ReduceLast { .. }
+            | Op::Elements { .. }
+            | Op::Fill { .. } => self.run_router(index, y),
+            Op::TopK { .. } => unreachable!("run by run_top_k"),
+            Op::DecayGate { .. } | Op::Sigmoid { .. } | Op::GatedAdd { .. } | Op::L2Norm { .. } => {
+                self.run_gates(index, y)
+            }
             Op::Int { .. } => unreachable!("run by compute_int"),
             Op::Quantize { .. } | Op::QuantizeRows { .. } | Op::Dequantize { .. } | Op::QGemm { .. } => {
                 unreachable!("run by run_quantised")

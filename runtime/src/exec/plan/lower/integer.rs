@@ -42,6 +42,26 @@ pub(super) fn arithmetic(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> 
     Ok(())
 }
 
+/// Slice of an integer vector along axis 0 with step 1.
+pub(super) fn slice(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    let o = output(node, 0)?;
+    let ins = int_inputs(b, node, 3)?;
+    let plain = |slot: usize| {
+        node.input(slot)
+            .is_none_or(|v| matches!(b.locs[v], Loc::ConstI64(i) if b.consts_i64[i] == [if slot == 3 { 0 } else { 1 }]))
+    };
+    if b.values[o].shape.len() != 1 || !plain(3) || !plain(4) {
+        return Err(node_err(
+            &node.name,
+            &node.op,
+            "slices an integer tensor other than a vector along axis 0 with step 1",
+        ));
+    }
+    b.fresh_i64(o);
+    b.push(n, Op::Int { kind: IntKind::Slice, inputs: ins, out: o });
+    Ok(())
+}
+
 /// Concat of integer vectors (rank 1).
 pub(super) fn concat(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let o = output(node, 0)?;

@@ -6,19 +6,24 @@
 //!   arithmetic, attention);
 //! - `quantised`: 4-bit weight-only ops (WGemm, GatherBlockQuantized) and A8W8 ops
 //!   (QuantizeLinear, QuantizeRows, DequantizeLinear, QGemm);
-//! - `integer`: shape and position arithmetic on small i64 tensors.
+//! - `integer`: shape and position arithmetic on small i64 tensors;
+//! - `recurrent`: hybrid decoders' recurrent layers (their states in the sequence's slots) and
+//!   their gates, norms and M-RoPE.
 //!
 //! Gather, Add, Mul and Concat exist as f32 and as integer ops: their lowerings here pick one by
 //! the node's types.
 
 mod float;
 mod integer;
+mod moe;
 mod quantised;
+mod recurrent;
+mod router;
 
 use std::collections::HashMap;
 
 use super::weights::{Layouts, Stored, WeightLookup};
-use super::{AttentionShape, Loc, NBitsTable, Op, QGemmStore, Uses, WGemmStore, ALIAS_OPS};
+use super::{AttentionShape, Loc, MoeExperts, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
 use crate::bundle::TensorView;
 use crate::exec::error::{node_err, node_fail, ExecError};
 use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
@@ -27,11 +32,11 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 22] = [
+const LOWERINGS: [(&str, Lower); 43] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
-    ("ai.onnx::Slice", float::slice),
+    ("ai.onnx::Slice", slice),
     ("ai.onnx::Concat", concat),
     ("ai.onnx::Add", add_or_mul),
     ("ai.onnx::Mul", add_or_mul),
@@ -50,6 +55,27 @@ const LOWERINGS: [(&str, Lower); 22] = [
     ("npuc::QuantizeRows", quantised::quantize_rows),
     ("ai.onnx::DequantizeLinear", quantised::dequantize_linear),
     ("npuc::QGemm", quantised::qgemm),
+    ("com.microsoft::CausalConvWithState", recurrent::causal_conv),
+    ("com.microsoft::LinearAttention", recurrent::linear_attention),
+    ("com.microsoft::LinearAttentionGate", recurrent::linear_attention_gate),
+    ("com.microsoft::GatedRMSNorm", recurrent::gated_rms_norm),
+    ("com.microsoft::GatedAdd", recurrent::gated_add),
+    ("com.microsoft::MRotaryEmbedding", recurrent::m_rotary_embedding),
+    ("ai.onnx::LpNormalization", recurrent::lp_normalization),
+    ("ai.onnx::Sigmoid", recurrent::sigmoid),
+    ("com.microsoft::MoE", moe::moe),
+    ("com.microsoft::QMoE", moe::qmoe),
+    ("ai.onnx::Neg", router::unary),
+    ("ai.onnx::Exp", router::unary),
+    ("ai.onnx::Reciprocal", router::unary),
+    ("ai.onnx::Log", router::unary),
+    ("ai.onnx::Clip", router::unary),
+    ("ai.onnx::Div", router::div),
+    ("ai.onnx::ReduceSum", router::reduce_sum),
+    ("ai.onnx::TopK", router::top_k),
+    ("ai.onnx::GatherElements", router::elements),
+    ("ai.onnx::ScatterElements", router::elements),
+    ("ai.onnx::ConstantOfShape", router::constant_of_shape),
 ];
 
 /// The lowering of `op` (`domain::op`), or `None` for an op the executor does not run.
@@ -68,6 +94,8 @@ pub(super) struct Context<'p, 'b> {
     pub uses: &'p Uses,
     pub layouts: &'p Layouts,
     pub attention: Option<AttentionShape>,
+    /// The sequence's recurrent state slots (`bind::recurrent_states`).
+    pub states: &'p [StateSlot],
     pub logits: usize,
 }
 
@@ -94,6 +122,7 @@ pub(super) struct Builder<'p, 'b> {
     qpacked: Vec<QGemmStore<'b>>,
     /// Codes of QuantizeLinear nodes folded at load, with their signedness.
     folded: Vec<(Vec<u8>, bool)>,
+    moe: Vec<MoeExperts<'b>>,
 }
 
 /// What the lowering built.
@@ -109,6 +138,7 @@ pub(super) struct Lowered<'b> {
     pub roots: usize,
     pub i64_buffers: usize,
     pub q_buffers: usize,
+    pub moe: Vec<MoeExperts<'b>>,
 }
 
 /// Lowers every node in program order, starting from the weights and constants in `stored`.
@@ -132,6 +162,7 @@ pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result
         nbits_tables: Vec::new(),
         qpacked: Vec::new(),
         folded: Vec::new(),
+        moe: Vec::new(),
     };
     for (n, node) in program.nodes.iter().enumerate() {
         let lower = lowering(&node.op)
@@ -150,6 +181,7 @@ pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result
         roots: b.roots,
         i64_buffers: b.i64_buffers,
         q_buffers: b.q_buffers,
+        moe: b.moe,
     })
 }
 
@@ -243,9 +275,22 @@ fn gather(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), Exec
 /// Add and Mul of f32 tensors (one operand repeating over the other's rows), or of integers.
 fn add_or_mul(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     if b.values[output(node, 0)?].elem == Some(ElemType::F32) {
+        if node.op == "ai.onnx::Mul" {
+            if let Some((x, scale)) = router::row_scale_operands(b, node)? {
+                return router::row_scale(b, n, node, x, scale);
+            }
+        }
         return float::binary(b, n, node);
     }
     integer::arithmetic(b, n, node)
+}
+
+/// Slice of an integer vector, or of an f32 tensor.
+fn slice(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    if b.values[input(node, 0)?].elem == Some(ElemType::I64) {
+        return integer::slice(b, n, node);
+    }
+    float::slice(b, n, node)
 }
 
 /// Concat of integer vectors, or of f32 tensors.

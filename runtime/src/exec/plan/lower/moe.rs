@@ -1,0 +1,176 @@
+//! MoE (f32 experts) and QMoE (int4/int8 experts as the builder writes them: blocked scales, no
+//! zero points), their experts read in place from the bundle. The evaluator's semantics
+//! (`ir::eval::moe`): softmax routing, top k, the k weights renormalised when asked (always for
+//! QMoE), and QMoE's int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at
+//! `accuracy_level` 4. The CUDA-only forms and explicit zero points are refused by name.
+
+use super::{input, output, Builder};
+use crate::bundle::Dtype;
+use crate::exec::error::{node_fail, ExecError};
+use crate::exec::plan::{ExpertActivation, ExpertWeights, Loc, MoeExperts, MoeMixing, Op};
+use crate::exec::program::NodeInfo;
+
+fn activation(node: &NodeInfo) -> Result<ExpertActivation, ExecError> {
+    let fail = node_fail(node);
+    for name in ["use_sparse_mixer", "swiglu_limit_after_activation"] {
+        if node.attr_i64(name).unwrap_or(0) != 0 {
+            return Err(fail(format!("{name} is not supported (CUDA only)")));
+        }
+    }
+    let fusion = node.attr_i64("swiglu_fusion").unwrap_or(0);
+    Ok(match node.attr_str("activation_type").unwrap_or("relu") {
+        "relu" => ExpertActivation::Relu,
+        "gelu" => ExpertActivation::Gelu,
+        "silu" => ExpertActivation::Silu,
+        "identity" => ExpertActivation::Identity,
+        "swiglu" if fusion == 1 || fusion == 2 => ExpertActivation::SwiGlu {
+            interleaved: fusion == 1,
+            alpha: node.attr_f32("activation_alpha").unwrap_or(1.0),
+            beta: node.attr_f32("activation_beta").unwrap_or(0.0),
+            limit: node.attr_f32("swiglu_limit").unwrap_or(f32::INFINITY),
+        },
+        a => return Err(fail(format!("activation_type {a:?} with swiglu_fusion {fusion} is not supported"))),
+    })
+}
+
+/// An f32 weight input read in place, of `len` values.
+fn f32_weight<'b>(b: &Builder<'_, 'b>, node: &NodeInfo, slot: usize, len: usize) -> Result<&'b [f32], ExecError> {
+    let v = input(node, slot)?;
+    match b.locs[v] {
+        Loc::Weight(i) if b.views[i].dtype == Dtype::F32 && b.weights[i].len() == len => Ok(b.weights[i]),
+        _ => {
+            Err(node_fail(node)(format!("input {slot} (`{}`) is not an f32 weight of {len} values", b.values[v].name)))
+        }
+    }
+}
+
+fn optional_weight<'b>(
+    b: &Builder<'_, 'b>,
+    node: &NodeInfo,
+    slot: usize,
+    len: usize,
+) -> Result<Option<&'b [f32]>, ExecError> {
+    node.input(slot).map(|_| f32_weight(b, node, slot, len)).transpose()
+}
+
+/// The routing inputs and sizes: token rows of `hidden`, router rows of `experts`.
+fn routing(b: &Builder<'_, '_>, node: &NodeInfo) -> Result<(usize, usize, usize, usize), ExecError> {
+    let (x, router) = (b.f32_input(node, 0)?, b.f32_input(node, 1)?);
+    let last = |v: usize| b.dims(v).last().copied().flatten();
+    match (last(x), last(router)) {
+        (Some(h), Some(e)) if h > 0 && e > 0 => Ok((x, router, h, e)),
+        _ => Err(node_fail(node)("input and router_probs need fixed hidden and expert sizes".to_string())),
+    }
+}
+
+fn top_k(node: &NodeInfo, experts: usize) -> Result<usize, ExecError> {
+    match node.attr_i64("k").unwrap_or(1) {
+        k if k >= 1 && k as usize <= experts => Ok(k as usize),
+        k => Err(node_fail(node)(format!("k = {k} must be between 1 and the {experts} experts"))),
+    }
+}
+
+fn push_moe<'b>(
+    b: &mut Builder<'_, 'b>,
+    n: usize,
+    node: &NodeInfo,
+    experts: MoeExperts<'b>,
+    mixing: MoeMixing,
+) -> Result<(), ExecError> {
+    let (x, router, _, _) = routing(b, node)?;
+    let out = output(node, 0)?;
+    b.fresh(out);
+    b.moe.push(experts);
+    b.push(n, Op::Moe { x, router, experts: b.moe.len() - 1, mixing, out });
+    Ok(())
+}
+
+pub(super) fn moe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    let fail = node_fail(node);
+    if node.input(6).is_some() || node.input(7).is_some() {
+        return Err(fail("separate fc3 experts are not supported".to_string()));
+    }
+    let act = activation(node)?;
+    let (_, _, hidden, count) = routing(b, node)?;
+    let fc1 = input(node, 2)?;
+    let f = act.fusion();
+    let rows1 = match b.dims(fc1)[..] {
+        [Some(e), Some(r), Some(h)] if e == count && h == hidden && r % f == 0 && r > 0 => r,
+        _ => return Err(fail(format!("fc1_experts_weights is not [{count}, {f}·inter, {hidden}]"))),
+    };
+    let inter = rows1 / f;
+    let experts = MoeExperts {
+        count,
+        hidden,
+        inter,
+        fc1: ExpertWeights::F32(f32_weight(b, node, 2, count * rows1 * hidden)?),
+        b1: optional_weight(b, node, 3, count * rows1)?,
+        fc2: ExpertWeights::F32(f32_weight(b, node, 4, count * hidden * inter)?),
+        b2: optional_weight(b, node, 5, count * hidden)?,
+    };
+    let normalize = node.attr_i64("normalize_routing_weights").unwrap_or(0) != 0;
+    let mixing = MoeMixing { act, k: top_k(node, count)?, normalize, int8_block: None };
+    push_moe(b, n, node, experts, mixing)
+}
+
+/// A QMoE projection's codes `[E, n, k·bits/8]` and blocked scales `[E, n, k/block]`.
+fn codes<'b>(
+    b: &Builder<'_, 'b>,
+    node: &NodeInfo,
+    (codes_slot, scales_slot): (usize, usize),
+    (count, rows, k): (usize, usize, usize),
+    (bits, block): (usize, usize),
+) -> Result<ExpertWeights<'b>, ExecError> {
+    let v = input(node, codes_slot)?;
+    let bytes = match b.locs[v] {
+        Loc::Weight(i) if b.views[i].dtype == Dtype::U8 && b.views[i].bytes.len() == count * rows * k * bits / 8 => {
+            b.views[i].bytes
+        }
+        _ => {
+            return Err(node_fail(node)(format!(
+                "input {codes_slot} is not u8 codes [{count}, {rows}, {}]",
+                k * bits / 8
+            )))
+        }
+    };
+    let scales = f32_weight(b, node, scales_slot, count * rows * (k / block))?;
+    Ok(ExpertWeights::Codes { codes: bytes, scales, bits, block })
+}
+
+pub(super) fn qmoe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    let fail = node_fail(node);
+    if [8, 9, 10, 11, 12, 13].iter().any(|&s| node.input(s).is_some()) {
+        return Err(fail("fc3 experts and explicit zero points are not supported".to_string()));
+    }
+    let bits = node.attr_i64("expert_weight_bits").unwrap_or(4) as usize;
+    if !(bits == 4 || bits == 8) || node.attr_str("quant_type").is_some_and(|q| q != "int") {
+        return Err(fail(format!("{bits}-bit experts are not supported (int4 and int8 are)")));
+    }
+    let act = activation(node)?;
+    let (_, _, hidden, count) = routing(b, node)?;
+    let f = act.fusion();
+    let rows1 = match b.dims(input(node, 2)?)[..] {
+        [Some(e), Some(r), Some(kb)] if e == count && kb * 8 == hidden * bits && r % f == 0 && r > 0 => r,
+        _ => return Err(fail(format!("fc1 codes are not [{count}, {f}·inter, {}]", hidden * bits / 8))),
+    };
+    let inter = rows1 / f;
+    let block = match node.attr_i64("block_size").unwrap_or(0) {
+        0 => None,
+        bs if bs >= 16 && (bs as usize).is_power_of_two() && hidden % bs as usize == 0 && inter % bs as usize == 0 => {
+            Some(bs as usize)
+        }
+        bs => return Err(fail(format!("block_size {bs} must be a power of two >= 16 dividing {hidden} and {inter}"))),
+    };
+    let experts = MoeExperts {
+        count,
+        hidden,
+        inter,
+        fc1: codes(b, node, (2, 3), (count, rows1, hidden), (bits, block.unwrap_or(hidden)))?,
+        b1: optional_weight(b, node, 4, count * rows1)?,
+        fc2: codes(b, node, (5, 6), (count, hidden, inter), (bits, block.unwrap_or(inter)))?,
+        b2: optional_weight(b, node, 7, count * hidden)?,
+    };
+    let int8 = block.is_some() && (bits == 8 || node.attr_i64("accuracy_level").unwrap_or(0) == 4);
+    let mixing = MoeMixing { act, k: top_k(node, count)?, normalize: true, int8_block: block.filter(|_| int8) };
+    push_moe(b, n, node, experts, mixing)
+}
