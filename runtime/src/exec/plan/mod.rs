@@ -356,6 +356,51 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The f32 buffer written by an op whose one output is plain f32 values sized by its shape
+    /// (most ops; not the GEMMs with a last-row mode, the quantised and integer ops, or the
+    /// norm that also writes its sum).
+    pub(crate) fn float_output(&self) -> Option<&usize> {
+        match self {
+            Op::Gather { out, .. }
+            | Op::GatherColumns { out, .. }
+            | Op::Transpose { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::Rope { out, .. }
+            | Op::Gate { out, .. }
+            | Op::BinaryF32 { out, .. }
+            | Op::CausalConv { out, .. }
+            | Op::LinearAttention { out, .. }
+            | Op::DecayGate { out, .. }
+            | Op::Sigmoid { out, .. }
+            | Op::GatedRmsNorm { out, .. }
+            | Op::L2Norm { out, .. }
+            | Op::GatedAdd { out, .. }
+            | Op::MRope { out, .. }
+            | Op::Moe { out, .. }
+            | Op::Unary { out, .. }
+            | Op::Div { out, .. }
+            | Op::RowScale { out, .. }
+            | Op::ReduceLast { out, .. }
+            | Op::Elements { out, .. }
+            | Op::Fill { out, .. }
+            | Op::Attention { out, .. } => Some(out),
+            Op::MatMul { .. }
+            | Op::SkipRmsNorm { .. }
+            | Op::WGemm { .. }
+            | Op::GatherNBits { .. }
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::Quantize { .. }
+            | Op::Dequantize { .. }
+            | Op::QuantizeRows { .. }
+            | Op::QGemm { .. }
+            | Op::TopK { .. }
+            | Op::Int { .. } => None,
+        }
+    }
+}
+
 /// The element-wise f32 functions of [`Op::Unary`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryKind {

@@ -101,29 +101,6 @@ impl Executor<'_> {
                 Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                     (std::slice::from_ref(out), false)
                 }
-                Op::Gather { out, .. }
-                | Op::GatherColumns { out, .. }
-                | Op::Transpose { out, .. }
-                | Op::RmsNorm { out, .. }
-                | Op::Rope { out, .. }
-                | Op::Gate { out, .. }
-                | Op::BinaryF32 { out, .. }
-                | Op::CausalConv { out, .. }
-                | Op::LinearAttention { out, .. }
-                | Op::DecayGate { out, .. }
-                | Op::Sigmoid { out, .. }
-                | Op::GatedRmsNorm { out, .. }
-                | Op::L2Norm { out, .. }
-                | Op::GatedAdd { out, .. }
-                | Op::MRope { out, .. }
-                | Op::Moe { out, .. }
-                | Op::Unary { out, .. }
-                | Op::Div { out, .. }
-                | Op::RowScale { out, .. }
-                | Op::ReduceLast { out, .. }
-                | Op::Elements { out, .. }
-                | Op::Fill { out, .. }
-                | Op::Attention { out, .. } => (std::slice::from_ref(out), false),
                 Op::SkipRmsNorm { x, y, sum, .. } => {
                     grow(&mut self.bufs, self.plan.locs[*y], numel(&self.shapes[*y]));
                     match sum {
@@ -137,6 +114,10 @@ impl Executor<'_> {
                     }
                     continue;
                 }
+                op => match op.float_output() {
+                    Some(out) => (std::slice::from_ref(out), false),
+                    None => unreachable!("every op has a sizing rule"),
+                },
             };
             for &o in outputs {
                 let n = if rows_one { self.shapes[o].last().copied().unwrap_or(1) } else { numel(&self.shapes[o]) };
@@ -161,31 +142,12 @@ impl Executor<'_> {
             Op::WGemm { out, .. } | Op::GatherNBits { out, .. } | Op::Slice { out, .. } | Op::Concat { out, .. } => {
                 (*out, None)
             }
-            Op::Gather { out, .. }
-            | Op::GatherColumns { out, .. }
-            | Op::MatMul { out, .. }
-            | Op::Transpose { out, .. }
-            | Op::RmsNorm { out, .. }
-            | Op::Rope { out, .. }
-            | Op::Gate { out, .. }
-            | Op::BinaryF32 { out, .. }
-            | Op::CausalConv { out, .. }
-            | Op::LinearAttention { out, .. }
-            | Op::DecayGate { out, .. }
-            | Op::Sigmoid { out, .. }
-            | Op::GatedRmsNorm { out, .. }
-            | Op::L2Norm { out, .. }
-            | Op::GatedAdd { out, .. }
-            | Op::MRope { out, .. }
-            | Op::Moe { out, .. }
-            | Op::Unary { out, .. }
-            | Op::Div { out, .. }
-            | Op::RowScale { out, .. }
-            | Op::ReduceLast { out, .. }
-            | Op::Elements { out, .. }
-            | Op::Fill { out, .. }
-            | Op::Attention { out, .. } => (*out, None),
+            Op::MatMul { out, .. } => (*out, None),
             Op::SkipRmsNorm { y, sum, .. } => (*y, Some(*sum)),
+            op => match op.float_output() {
+                Some(out) => (*out, None),
+                None => unreachable!("every op has a run rule"),
+            },
         };
         // Outputs are taken out of the buffer list while the op runs; no input shares their
         // buffers (see `assign_buffers`).
