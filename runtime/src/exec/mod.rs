@@ -32,7 +32,7 @@
 //! Several sequences share the cache's pool ([`Executor::new_sequence`],
 //! [`Executor::fork_sequence`], [`Executor::step_sequence`]); [`Executor::generate_many`] runs
 //! several prompts as interleaved sequences, sharing the pages of common prefixes. Tokens are
-//! chosen by a [`Sampler`] (greedy by default).
+//! chosen by a [`Sampler`](crate::sample::Sampler) (greedy by default).
 //!
 //! Shape and position arithmetic left in the program (Shape, integer Gather, Add, Sub, Mul,
 //! Range, Concat of i64 tensors) is evaluated exactly at every step into small i64 buffers, from

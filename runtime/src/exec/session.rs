@@ -45,7 +45,7 @@ impl Executor<'_> {
     }
 
     /// A new sequence holding the first `tokens` tokens of `parent` by sharing its pages (no
-    /// copy; a page written later while still shared is copied then, see [`KvCache`]).
+    /// copy; a page written later while still shared is copied then, see [`KvCache`](crate::kvcache::KvCache)).
     pub fn fork_sequence(&mut self, parent: SeqId, tokens: usize) -> Result<SeqId, ExecError> {
         let held = self.sequence_position(parent)?;
         if tokens > held {
