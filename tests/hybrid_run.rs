@@ -12,6 +12,8 @@
 
 mod common;
 
+use common::hybrid::{greedy_agrees, hybrid_dir, ids, index};
+
 use runtime::bundle::Bundle;
 use runtime::exec::{argmax, ExecError, ExecOptions, Executor};
 use std::path::{Path, PathBuf};
@@ -24,23 +26,10 @@ const FLOAT_TOL: f64 = 1e-4;
 /// move one block's code; the evaluator meets one at 3.4e-3 on Qwen3.5-MoE). Measured worst
 /// 6.4e-7 (Qwen3.5-MoE).
 const LEVEL4_TOL: f64 = 1e-2;
-/// See `hybrid_vs_ort.rs`: a greedy step may differ only where ONNX Runtime's top two logits are
-/// this close.
-const TIE_MARGIN: f64 = 1e-3;
 /// Entries that do not run, by a fragment of the reason: gpt-oss's attention with sinks is not
 /// fused by the cpu pipeline, and the builder refuses its int4.
 const EXPECTED_REFUSALS: [(&str, &str); 2] =
     [("gpt-oss-builder-fp32", "no fused Attention"), ("gpt-oss-builder-int4", "no model.onnx")];
-
-fn hybrid_dir() -> PathBuf {
-    common::fixtures_dir().join("hybrid")
-}
-
-fn index() -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(hybrid_dir().join("index.json")).unwrap();
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
-    index["entries"].as_array().unwrap().clone()
-}
 
 /// `npuc compile` of entry `name` into `tmp`; the compiler's message when it refuses.
 fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
@@ -59,10 +48,6 @@ fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
     }
 }
 
-fn ids(case: &serde_json::Value, key: &str) -> Vec<u32> {
-    case[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
-}
-
 /// Greedy ids of `steps` tokens after `prompt` on a new sequence.
 fn greedy(exec: &mut Executor, prompt: &[u32], steps: usize) -> Result<Vec<u32>, ExecError> {
     let seq = exec.new_sequence();
@@ -73,15 +58,6 @@ fn greedy(exec: &mut Executor, prompt: &[u32], steps: usize) -> Result<Vec<u32>,
     }
     exec.drop_sequence(seq)?;
     Ok(out)
-}
-
-fn greedy_agrees(got: &[u32], case: &serde_json::Value) -> Result<(), String> {
-    let want = ids(case, "greedy_ids");
-    match got.iter().zip(&want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) if case["greedy_margins"][i].as_f64().unwrap_or(1.0) < TIE_MARGIN => Ok(()),
-        Some(i) => Err(format!("greedy step {i}: {got:?} against ONNX Runtime's {want:?}")),
-    }
 }
 
 /// Worst error of every prefill row's logits against the prefill case's, relative to the largest

@@ -14,30 +14,16 @@
 
 mod common;
 
+use common::hybrid::{greedy_agrees, hybrid_dir, ids, index};
+
 use ir::{DType, Tensor};
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 const FLOAT_TOL: f64 = 1e-5;
 const LEVEL4_TOL: f64 = 0.05;
-/// A greedy step may pick another id only where ONNX Runtime's top two logits are this close
-/// (a near-tie that a last-bit difference can flip); the comparison stops there.
-const TIE_MARGIN: f64 = 1e-3;
 /// The builder's refusals the test knows, by entry and a fragment of the reason: gpt-oss int4
 /// reads the checkpoint's MXFP4 expert blocks, which a transformers-made folder does not have.
 const KNOWN_REFUSALS: [(&str, &str); 1] = [("gpt-oss-builder-int4", "MXFP4")];
-
-fn hybrid_dir() -> PathBuf {
-    let dir = common::fixtures_dir().join("hybrid");
-    assert!(dir.join("index.json").is_file(), "{} has no index.json: run `make corpus`", dir.display());
-    dir
-}
-
-fn index() -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(hybrid_dir().join("index.json")).unwrap();
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
-    index["entries"].as_array().unwrap().clone()
-}
 
 /// Worst relative error of the evaluator over `case`'s outputs.
 fn case_error(graph: &ir::Graph, dir: &std::path::Path, case: &str) -> Result<f64, String> {
@@ -110,16 +96,6 @@ fn present_of(past: &str) -> Option<String> {
     Some(format!("present{rest}"))
 }
 
-/// The first step where `got` leaves `want`, which must be a near-tie in ONNX Runtime's logits.
-fn greedy_agrees(got: &[u32], case: &serde_json::Value) -> Result<(), String> {
-    let want: Vec<u32> = case["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-    match got.iter().zip(&want).position(|(a, b)| a != b) {
-        None => Ok(()),
-        Some(i) if case["greedy_margins"][i].as_f64().unwrap_or(1.0) < TIE_MARGIN => Ok(()),
-        Some(i) => Err(format!("greedy step {i}: {got:?} against ONNX Runtime's {want:?}")),
-    }
-}
-
 fn check(entry: &serde_json::Value) -> Result<String, String> {
     let name = entry["name"].as_str().unwrap();
     let dir = hybrid_dir().join(name);
@@ -134,8 +110,7 @@ fn check(entry: &serde_json::Value) -> Result<String, String> {
         errors.push(e);
     }
     for case in entry["cases"].as_array().unwrap() {
-        let prompt: Vec<u32> =
-            case["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt = ids(case, "prompt_ids");
         let steps = case["greedy_ids"].as_array().unwrap().len();
         greedy_agrees(&greedy(&graph, &dir, &prompt, steps)?, case)?;
     }

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod hybrid;
+
 use ir::Tensor;
 use std::collections::HashMap;
 use std::path::PathBuf;
