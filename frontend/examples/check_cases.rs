@@ -6,22 +6,12 @@
 //! `MODEL_DIR` holds `model.onnx`; the cases default to its `prefill` and `decode` folders (the
 //! exporter corpus's layout), each with `input_*.pb` and `output_*.pb` in ONNX's node-test form.
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-fn relative_error(got: &ir::Tensor, want: &ir::Tensor) -> Result<f64, String> {
-    if got.shape != want.shape {
-        return Err(format!("shape {:?}, expected {:?}", got.shape, want.shape));
-    }
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE);
-    let worst =
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
-    Ok(worst / scale)
-}
+use support::relative_error;
 
 fn check(graph: &ir::Graph, case: &Path) -> Result<f64, String> {
     let (inputs, expected) = frontend::read_test_case(case).map_err(|e| format!("reading: {e}"))?;

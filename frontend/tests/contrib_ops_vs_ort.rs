@@ -5,7 +5,10 @@
 //! within [`REL_TOL`] of the largest |expected| of that output. The worst error of each case is
 //! written to `fixtures/contrib-node-cases/summary.txt`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
+use support::relative_error;
 
 /// Both sides compute the same f32 values; the evaluator accumulates in f64, ONNX Runtime in f32
 /// in its own order.
@@ -18,21 +21,6 @@ fn cases_dir() -> PathBuf {
     let dir = fixtures.join("contrib-node-cases");
     assert!(dir.join(".complete").is_file(), "{} is missing: run `make fixtures`", dir.display());
     dir
-}
-
-/// The largest error of `got` against `want`, relative to the largest |want|.
-fn relative_error(got: &ir::Tensor, want: &ir::Tensor) -> Result<f64, String> {
-    if got.shape != want.shape || got.dtype != want.dtype {
-        return Err(format!("{}{:?}, expected {}{:?}", got.dtype, got.shape, want.dtype, want.shape));
-    }
-    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
-    let scale = b.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(f64::MIN_POSITIVE);
-    let worst =
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
-    Ok(worst / scale)
 }
 
 /// Imports one case and returns its worst relative error over every output.
