@@ -161,11 +161,6 @@ pub fn run(o: Options) -> Result<ExitCode> {
     if let Some(offload) = offload {
         executor.set_offload(offload);
     }
-    anyhow::ensure!(
-        drafter.is_none() || !executor.has_recurrent_state(),
-        "--speculate: {} keeps recurrent state per sequence (conv/linear-attention layers), which holds the last position only; speculative decoding truncates rejected tokens and cannot rewind it",
-        o.bundle.display()
-    );
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     // Sequence i samples with seed + i, so that equal prompts still differ when sampling.
     let mut samplers = (0..prompt_ids.len() as u64)

@@ -8,15 +8,16 @@
 //!
 //! MoE reads only the routed experts: a decode step computes `k` experts per MoE node.
 //! Recurrent state is per sequence: two sequences stepped in turn give each one's tokens alone,
-//! and a stateful sequence cannot be truncated.
+//! and a stateful sequence cannot be truncated outside a verify block (`hybrid_speculation.rs`
+//! rewinds inside one).
 
 mod common;
 
-use common::hybrid::{greedy_agrees, hybrid_dir, ids, index};
+use common::hybrid::{compile, greedy_agrees, hybrid_dir, ids, index};
 
 use runtime::bundle::Bundle;
 use runtime::exec::{argmax, ExecError, ExecOptions, Executor};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// f32 accumulation against ONNX Runtime's fp32 logits, relative to the largest |logit|
@@ -30,23 +31,6 @@ const LEVEL4_TOL: f64 = 1e-2;
 /// fused by the cpu pipeline, and the builder refuses its int4.
 const EXPECTED_REFUSALS: [(&str, &str); 2] =
     [("gpt-oss-builder-fp32", "no fused Attention"), ("gpt-oss-builder-int4", "no model.onnx")];
-
-/// `npuc compile` of entry `name` into `tmp`; the compiler's message when it refuses.
-fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
-    let model = hybrid_dir().join(name).join("model.onnx");
-    if !model.is_file() {
-        return Err("no model.onnx (the builder refused it)".to_string());
-    }
-    let bundle = tmp.join(format!("{name}.npub"));
-    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
-        .args(["compile", model.to_str().unwrap(), "--target", "cpu", "-o", bundle.to_str().unwrap()])
-        .output()
-        .unwrap();
-    match out.status.success() {
-        true => Ok(bundle),
-        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
-    }
-}
 
 /// Greedy ids of `steps` tokens after `prompt` on a new sequence.
 fn greedy(exec: &mut Executor, prompt: &[u32], steps: usize) -> Result<Vec<u32>, ExecError> {
@@ -134,7 +118,7 @@ fn hybrid_bundles_run_with_onnx_runtime_s_greedy_ids() {
 }
 
 /// The sequences' recurrent states are their own: stepping two in turn gives each one's greedy
-/// ids alone, and a stateful sequence refuses truncation.
+/// ids alone, and a stateful sequence refuses truncation outside a verify block.
 #[test]
 fn interleaved_sequences_keep_their_own_recurrent_state() {
     let tmp = tempfile::tempdir().unwrap();
@@ -155,6 +139,7 @@ fn interleaved_sequences_keep_their_own_recurrent_state() {
             }
         }
         assert_eq!(got, alone, "{name}: interleaved sequences differ from each alone");
+        // Outside a verify block the state of an earlier position is gone: rewinding is refused.
         let held = exec.sequence_position(seqs[0]).unwrap();
         match exec.truncate_sequence(seqs[0], held - 1) {
             Err(ExecError::RecurrentState { action, .. }) => assert_eq!(action, "truncating"),
@@ -194,21 +179,22 @@ fn moe_decode_computes_only_the_routed_experts() {
 
 /// `npuc run --stats --json` reports the recurrent state beside the KV cache (Qwen3.5: a conv
 /// state of 256 × 3 and a linear-attention state of 4 × 32 × 32 f32 values per sequence), and
-/// `--speculate` refuses a stateful bundle, naming the reason.
+/// `--speculate lookup` on a stateful bundle gives the tokens of plain greedy.
 #[test]
-fn run_reports_state_bytes_and_refuses_speculation() {
+fn run_reports_state_bytes_and_speculates_on_a_stateful_bundle() {
     let tmp = tempfile::tempdir().unwrap();
     let bundle = compile("qwen3.5-builder-fp32", tmp.path()).unwrap();
     let run = |extra: &[&str]| {
-        let mut args = vec!["run", bundle.to_str().unwrap(), "--prompt-ids", "1,17,250", "--max-tokens", "4"];
+        let prompt = "1,17,250,33,402,1,17,250,33";
+        let mut args = vec!["run", bundle.to_str().unwrap(), "--prompt-ids", prompt, "--max-tokens", "12"];
         args.extend_from_slice(extra);
-        Command::new(env!("CARGO_BIN_EXE_npuc")).args(&args).output().unwrap()
+        let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(&args).output().unwrap();
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
-    let out = run(&["--stats", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(summary["state"]["bytes_per_sequence"], 4 * (256 * 3 + 4 * 32 * 32));
-    let out = run(&["--speculate", "lookup"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("recurrent state"), "{stderr}");
+    let plain = run(&["--stats", "--json"]);
+    assert_eq!(plain["state"]["bytes_per_sequence"], 4 * (256 * 3 + 4 * 32 * 32));
+    let spec = run(&["--json", "--speculate", "lookup"]);
+    assert_eq!(spec["tokens"], plain["tokens"], "speculation changed the tokens");
+    assert!(spec["speculation"]["verify_steps"].as_u64().unwrap() > 0, "{spec}");
 }

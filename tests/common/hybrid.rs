@@ -1,7 +1,8 @@
 //! The hybrid corpus (`fixtures/hybrid`, `tools/export_corpus.py --hybrid`): where it is, its
 //! index, and how a run's greedy ids are held to ONNX Runtime's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// A greedy step may pick another id only where ONNX Runtime's top two logits are this close
 /// (a near-tie that a last-bit difference can flip); the comparison stops there.
@@ -33,5 +34,22 @@ pub fn greedy_agrees(got: &[u32], case: &serde_json::Value) -> Result<(), String
         None => Ok(()),
         Some(i) if case["greedy_margins"][i].as_f64().unwrap_or(1.0) < TIE_MARGIN => Ok(()),
         Some(i) => Err(format!("greedy step {i}: {got:?} against ONNX Runtime's {want:?}")),
+    }
+}
+
+/// `npuc compile` of entry `name` into `tmp`; the compiler's message when it refuses.
+pub fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
+    let model = hybrid_dir().join(name).join("model.onnx");
+    if !model.is_file() {
+        return Err("no model.onnx (the builder refused it)".to_string());
+    }
+    let bundle = tmp.join(format!("{name}.npub"));
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "cpu", "-o", bundle.to_str().unwrap()])
+        .output()
+        .unwrap();
+    match out.status.success() {
+        true => Ok(bundle),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
     }
 }

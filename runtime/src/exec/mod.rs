@@ -50,9 +50,10 @@
 //! Hybrid decoders (Qwen3.5, LFM2 and their MoE forms): CausalConvWithState and LinearAttention
 //! nodes have their past/present states bound to a state slot of the sequence (`Loc::State`),
 //! held beside its KV pages, zeroed when the sequence is created, updated in place by each step and
-//! released with it; a stateful sequence is never truncated or forked at an earlier position
-//! (see `session`). MoE and QMoE route each token to its top k experts and compute only those,
-//! the step's tokens grouped per expert ([`Executor::moe_expert_passes`] counts them).
+//! released with it; a stateful sequence is truncated or forked at an earlier position only inside
+//! its last verify block, whose rows' states the step kept (see `rollback`). MoE and QMoE route
+//! each token to its top k experts and compute only those, the step's tokens grouped per expert
+//! ([`Executor::moe_expert_passes`] counts them).
 //!
 //! [`Executor::step`] runs S tokens (a prefill block, or one token when decoding) and returns
 //! the logits of the last position; when the logits come from a MatMul or a WGemm, only that row
@@ -75,6 +76,7 @@ mod generate;
 pub mod packed;
 mod plan;
 mod program;
+mod rollback;
 mod run;
 mod session;
 mod speculate;
@@ -171,6 +173,8 @@ pub struct Executor<'b> {
     /// Each live sequence's recurrent state ([`Plan::states`] slots; empty vectors for a program
     /// without recurrent layers).
     states: Vec<(SeqId, Vec<f32>)>,
+    /// The states after each row of the last verify step (`rollback`).
+    row_states: rollback::RowStates,
     /// LinearAttention's retrieved row.
     state_scratch: Vec<f32>,
     moe_scratch: run::MoeScratch,
@@ -229,6 +233,7 @@ impl<'b> Executor<'b> {
             attend_scratches: Vec::new(),
             every_row_logits: false,
             states: vec![(seq, vec![0.0; plan.state_floats])],
+            row_states: rollback::RowStates::default(),
             state_scratch: Vec::new(),
             moe_scratch: run::MoeScratch::default(),
             moe_expert_passes: 0,

@@ -4,10 +4,11 @@
 //!
 //! A program with recurrent layers (CausalConvWithState, LinearAttention) keeps each sequence's
 //! state beside its KV pages: allocated zeroed with the sequence (and by `reset`), updated in
-//! place by every step, copied by a fork of the whole sequence, released with it. The state
-//! holds the position after the sequence's last token only, so truncating a sequence or forking a
-//! shorter prefix is refused ([`ExecError::RecurrentState`]) — and with it speculative decoding,
-//! which truncates rejected tokens.
+//! place by every step, copied by a fork, released with it. The state holds the position after
+//! the sequence's last token only; a verify step keeps the state after each of its rows, so
+//! truncating to (or forking at) a position inside the last verify block puts that row's state
+//! back — speculative decoding's rollback — and any other rewind is refused
+//! ([`ExecError::RecurrentState`]; see `rollback`).
 
 use super::error::ExecError;
 use super::plan::{Loc, Op};
@@ -56,26 +57,24 @@ impl Executor<'_> {
                 held_rows: held,
             }));
         }
-        if tokens != held {
-            self.refuse_rewind(parent, "forking a prefix")?;
-        }
+        let state = self.state_for_fork(parent, tokens, held)?;
         let seq = self.cache.fork_prefix(parent, tokens)?;
         self.held.push((seq, tokens));
-        let state = self.states.iter().find(|(s, _)| *s == parent).map(|(_, st)| st.clone()).unwrap_or_default();
         self.states.push((seq, state));
         Ok(seq)
     }
 
     /// Keeps the first `tokens` tokens of `seq` and forgets the rest: the cache truncates the
     /// sequence's page tables (no copy) and the next step runs at position `tokens`. Rejected
-    /// speculative tokens leave this way.
+    /// speculative tokens leave this way. A sequence with recurrent state can only be truncated
+    /// inside its last verify block (see `rollback`).
     pub fn truncate_sequence(&mut self, seq: SeqId, tokens: usize) -> Result<(), ExecError> {
         let held = self.sequence_position(seq)?;
         if tokens > held {
             return Err(ExecError::Kv(KvError::TruncateBeyondHeld { seq, layer: 0, rows: tokens, held_rows: held }));
         }
-        if tokens != held {
-            self.refuse_rewind(seq, "truncating")?;
+        if tokens != held && self.has_recurrent_state() {
+            self.rewind_state(seq, tokens, "truncating")?;
         }
         self.cache.truncate(seq, tokens)?;
         if let Some(entry) = self.held.iter_mut().find(|(s, _)| *s == seq) {
@@ -92,6 +91,7 @@ impl Executor<'_> {
         self.cache.drop_sequence(seq)?;
         self.held.retain(|(s, _)| *s != seq);
         self.states.retain(|(s, _)| *s != seq);
+        self.row_states.clear_for(seq);
         Ok(())
     }
 
@@ -101,6 +101,7 @@ impl Executor<'_> {
         self.cache.drop_sequence(self.seq)?;
         self.held.retain(|(s, _)| *s != self.seq);
         self.states.retain(|(s, _)| *s != self.seq);
+        self.row_states.clear_for(self.seq);
         self.seq = self.cache.create_sequence();
         self.held.push((self.seq, 0));
         self.states.push((self.seq, vec![0.0; self.plan.state_floats]));
@@ -108,8 +109,8 @@ impl Executor<'_> {
     }
 
     /// Whether the program keeps recurrent state per sequence (a hybrid decoder): its sequences
-    /// hold the state after their last token only, so they cannot be truncated or forked at an
-    /// earlier position.
+    /// hold the state after their last token only, so they can be truncated or forked at an
+    /// earlier position only inside their last verify block.
     pub fn has_recurrent_state(&self) -> bool {
         self.plan.state_floats > 0
     }
@@ -122,13 +123,6 @@ impl Executor<'_> {
     /// Bytes of recurrent state the live sequences hold.
     pub fn state_bytes_held(&self) -> usize {
         self.states.len() * self.state_bytes_per_sequence()
-    }
-
-    fn refuse_rewind(&self, seq: SeqId, action: &'static str) -> Result<(), ExecError> {
-        match self.has_recurrent_state() {
-            true => Err(ExecError::RecurrentState { seq, action }),
-            false => Ok(()),
-        }
     }
 
     /// Runs `tokens` at the next positions and returns the logits of the last one. A failed step
@@ -166,6 +160,10 @@ impl Executor<'_> {
             return Err(ExecError::ContextFull { tokens: tokens.len(), position, max_context: self.max_context });
         }
         let dims = StepDims { seq: tokens.len(), past: position };
+        self.row_states.clear();
+        if self.every_row_logits && self.has_recurrent_state() {
+            self.row_states.start(seq, position, tokens.len(), self.plan.state_floats);
+        }
         self.current = seq;
         self.ids.clear();
         self.ids.extend(tokens.iter().map(|&t| i64::from(t)));
@@ -173,7 +171,10 @@ impl Executor<'_> {
         self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
         self.prepare(dims);
         for i in 0..self.plan.ops.len() {
-            self.run_op(i)?;
+            if let Err(e) = self.run_op(i) {
+                self.row_states.clear();
+                return Err(e);
+            }
         }
         self.held[held_index].1 += tokens.len();
         Ok(())

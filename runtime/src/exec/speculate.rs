@@ -8,7 +8,8 @@
 //! speculative-sampling rule for a drafter that proposes one token, so every position has plain
 //! sampling's distribution. The first rejection gives the replacement; when every draft is kept,
 //! the last row gives the next token. Rejected rows leave the cache by truncating the
-//! sequence's page tables ([`Executor::truncate_sequence`]: no copy). The verify rows equal
+//! sequence's page tables ([`Executor::truncate_sequence`]: no copy); a hybrid decoder's
+//! recurrent state goes back to the state the verify step kept after the last kept row. The verify rows equal
 //! single steps bit for bit, so greedy speculation gives plain greedy's tokens.
 //!
 //! The loop ([`generate_speculative`]) runs on any [`VerifyBackend`]: the host executor, or

@@ -1,7 +1,8 @@
 //! The recurrent layers of a step and their gates (f32 arithmetic): CausalConvWithState and
 //! LinearAttention read and update the step's sequence's state slots in place (no copy per
-//! token); the element-wise gates, GatedRMSNorm, the L2 norm, GatedAdd and text-only M-RoPE
-//! write their output buffer `y`.
+//! token; a verify step also keeps the state after each row, see `exec::rollback`); the
+//! element-wise gates, GatedRMSNorm, the L2 norm, GatedAdd and text-only M-RoPE write their
+//! output buffer `y`.
 
 use super::View;
 use crate::exec::error::{node_fail, ExecError};
@@ -40,8 +41,14 @@ impl Executor<'_> {
                 weight.len()
             )));
         }
-        let past = slot_of(&mut self.states, self.current, self.plan.states[state]);
+        let slot = self.plan.states[state];
+        let past = slot_of(&mut self.states, self.current, slot);
         let s = taps - 1;
+        for t in 0..tokens {
+            if let Some(kept) = self.row_states.slot_mut(t, slot) {
+                conv_state_after(past, input, (channels, tokens, s), t + 1, kept);
+            }
+        }
         for c in 0..channels {
             let (x, w, p) = (&input[c * tokens..][..tokens], &weight[c * taps..][..taps], &mut past[c * s..][..s]);
             let b = bias.map_or(0.0, |b| b[c]);
@@ -82,7 +89,8 @@ impl Executor<'_> {
         {
             return Err(node_fail(node)(format!("q, k, v, decay and beta do not hold the same {tokens} tokens")));
         }
-        let st = slot_of(&mut self.states, self.current, self.plan.states[state]);
+        let slot = self.plan.states[state];
+        let st = slot_of(&mut self.states, self.current, slot);
         self.state_scratch.resize(h.dv, 0.0);
         let out_width = h.out_heads() * h.dv;
         for t in 0..tokens {
@@ -93,6 +101,9 @@ impl Executor<'_> {
                 let g = gates.0.map(|d| &d[t * dw..][..dw]);
                 let rate = gates.1.map(|b| if h.beta_shared { b[t] } else { b[t * h.kv_heads + head] });
                 update_state(&h, head, s, (key, value), (g, rate), &mut self.state_scratch);
+            }
+            if let Some(kept) = self.row_states.slot_mut(t, slot) {
+                kept.copy_from_slice(st);
             }
             for o in 0..h.out_heads() {
                 let (qh, head) = h.heads_of_output(o);
@@ -107,6 +118,23 @@ impl Executor<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The conv state (`channels × s`, the last `s` inputs of each channel) after the first `rows`
+/// of the step's `tokens` inputs (`input` channel-major), from the state `past` before them.
+fn conv_state_after(
+    past: &[f32],
+    input: &[f32],
+    (channels, tokens, s): (usize, usize, usize),
+    rows: usize,
+    out: &mut [f32],
+) {
+    for c in 0..channels {
+        for i in 0..s {
+            let at = rows + i;
+            out[c * s + i] = if at < s { past[c * s + at] } else { input[c * tokens + at - s] };
+        }
     }
 }
 
