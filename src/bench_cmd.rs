@@ -40,6 +40,10 @@ pub struct Options {
     /// How the KV cache stores K and V: f32, f16 or int8.
     #[arg(long = "kv-dtype", default_value = "f32", value_parser = crate::run_cmd::parse_kv_dtype)]
     pub kv_storage: KvStorage,
+    /// Hybrid models: tokens a prefill's gated delta-rule layer takes at once; 0 or 1 runs token
+    /// by token.
+    #[arg(long, default_value_t = runtime::exec::DEFAULT_DELTA_CHUNK)]
+    pub delta_chunk: usize,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
@@ -157,6 +161,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         threads: o.threads,
         max_context: prompt.len() + o.gen_len,
         kv_storage: o.kv_storage,
+        delta_chunk: o.delta_chunk,
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();

@@ -222,6 +222,10 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// How the KV cache stores K and V: f32, f16 or int8 (one scale per token and KV head).
         #[arg(long, default_value = "f32", value_parser = run_cmd::parse_kv_dtype)]
         kv_dtype: runtime::kvcache::KvStorage,
+        /// Hybrid models: tokens a prefill's gated delta-rule layer takes at once (the chunked
+        /// form: one pass over the state per chunk); 0 or 1 runs token by token.
+        #[arg(long, default_value_t = runtime::exec::DEFAULT_DELTA_CHUNK)]
+        delta_chunk: usize,
         /// Print {tokens, text, ttft_ms, prefill_tok_s, decode_tok_s} as JSON instead of streaming
         /// ({"sequences": [...]} for several prompts).
         #[arg(long)]
@@ -282,6 +286,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             top_p,
             seed,
             kv_dtype,
+            delta_chunk,
             json,
             backend,
             speculate,
@@ -297,6 +302,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             threads,
             sampling: runtime::sample::SamplingParams { temperature, top_k, top_p, seed },
             kv_storage: kv_dtype,
+            delta_chunk,
             json,
             backend,
             speculate,

@@ -25,6 +25,7 @@ pub struct Options {
     pub threads: usize,
     pub sampling: SamplingParams,
     pub kv_storage: KvStorage,
+    pub delta_chunk: usize,
     pub json: bool,
     pub backend: crate::run_openvino::BackendArgs,
     pub speculate: SpeculateArgs,
@@ -153,6 +154,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         max_context: longest + o.max_tokens,
         kv_storage: o.kv_storage,
         sequences: prompt_ids.len(),
+        delta_chunk: o.delta_chunk,
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();

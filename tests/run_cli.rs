@@ -665,16 +665,11 @@ fn int8_and_f16_pages_stay_close_to_onnx_runtime() {
         let options = ExecOptions { kv_storage: storage, max_context: 16, ..ExecOptions::default() };
         let mut exec = Executor::new(&bundle, options).unwrap();
         let got = exec.step(&prompt).unwrap().to_vec();
-        let mut worst = relative(&got, &prefill[(prompt.len() - 1) * vocab..]);
+        let mut worst = common::relative_error(&got, &prefill[(prompt.len() - 1) * vocab..]);
         let got = exec.step(&ids(&tensor("decode", "input_0.pb"))).unwrap().to_vec();
-        worst = worst.max(relative(&got, &decode));
+        worst = worst.max(common::relative_error(&got, &decode));
         assert!(worst <= bound, "{storage:?}: {worst:e} of the largest logit");
     }
-}
-
-fn relative(got: &[f32], want: &[f32]) -> f64 {
-    let max = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
-    got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((f64::from(a) - f64::from(b)).abs())) / max
 }
 
 /// `--speculate lookup` on SmolLM2 (float and the builder's int4) asked to repeat a sentence:

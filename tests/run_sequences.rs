@@ -144,12 +144,6 @@ fn prompt(len: usize, salt: u32, vocab: usize) -> Vec<u32> {
     (0..len as u32).map(|i| (i * 37 + salt * 101 + 11) % vocab as u32).collect()
 }
 
-fn relative_diff(got: &[f32], want: &[f32]) -> f64 {
-    let max = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
-    let diff = got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((f64::from(a) - f64::from(b)).abs()));
-    diff / max
-}
-
 /// Greedy decoding of 27 tokens after a 21-token prompt (crossing page boundaries at 16, 32 and
 /// 48 rows) on the executor with `storage` and on the reference, fed the reference's tokens so
 /// that both see the same inputs. Returns the worst relative logit difference and whether the
@@ -165,7 +159,7 @@ fn compare_with_reference(model: &Model, storage: KvStorage) -> (f64, bool) {
         let block = if step == 0 { &tokens[..] } else { &tokens[tokens.len() - 1..] };
         let got = exec.step(block).unwrap().to_vec();
         let want = reference.step(block);
-        worst = worst.max(relative_diff(&got, &want));
+        worst = worst.max(common::relative_error(&got, &want));
         same_tokens &= argmax(&got) == argmax(&want);
         tokens.push(argmax(&want));
     }
@@ -331,7 +325,7 @@ fn a8w8_programs_match_the_reference_evaluator() {
                 let block = if step == 0 { &tokens[..21] } else { &tokens[20 + step..21 + step] };
                 let got = exec.step(block).unwrap();
                 exact += usize::from(got == &want[..]);
-                worst = worst.max(relative_diff(got, want));
+                worst = worst.max(common::relative_error(got, want));
                 same &= argmax(got) == tokens[21 + step];
             }
             eprintln!("{name} on {isa:?}: {exact} of 20 steps exact, worst {worst:.2e}");
@@ -364,7 +358,7 @@ fn xdna_programs_run_on_the_host_and_match_the_reference_evaluator() {
             let want = reference.step(block);
             let got = exec.step(block).unwrap();
             exact += usize::from(got == &want[..]);
-            worst = worst.max(relative_diff(got, &want));
+            worst = worst.max(common::relative_error(got, &want));
             assert_eq!(argmax(got), argmax(&want), "{name}: greedy token of step {step}");
             tokens.push(argmax(&want));
         }

@@ -221,3 +221,10 @@ pub fn entry_inputs(name: &str) -> Vec<String> {
     let e = index_entry(name);
     e["inputs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
 }
+
+/// Largest |got − want| over the largest |want| (logits, states).
+pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "compared slices differ in length");
+    let max = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+    got.iter().zip(want).fold(0f64, |m, (&a, &b)| m.max((f64::from(a) - f64::from(b)).abs())) / max
+}

@@ -96,6 +96,9 @@ use plan::{Op, Plan, WGemmStore};
 use program::Program;
 use std::sync::Mutex;
 
+/// Tokens of a delta-rule chunk unless told otherwise.
+pub const DEFAULT_DELTA_CHUNK: usize = 64;
+
 /// Context the executor reserves KV pages for unless told otherwise.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 
@@ -117,6 +120,10 @@ pub struct ExecOptions {
     /// Rows of one page; [`crate::kvcache::DEFAULT_PAGE_ROWS`] when `None`. Prefix sharing and
     /// truncation keep or share whole pages.
     pub kv_page_rows: Option<usize>,
+    /// Tokens a LinearAttention step takes at once in the chunked form of the delta rule
+    /// (`run::delta_chunk`); 0 or 1 runs token by token. A verify step's rows and decay per key
+    /// dimension always run token by token.
+    pub delta_chunk: usize,
 }
 
 impl Default for ExecOptions {
@@ -129,6 +136,7 @@ impl Default for ExecOptions {
             sequences: 1,
             kv_pages: None,
             kv_page_rows: None,
+            delta_chunk: DEFAULT_DELTA_CHUNK,
         }
     }
 }
@@ -173,6 +181,9 @@ pub struct Executor<'b> {
     /// Each live sequence's recurrent state ([`Plan::states`] slots; empty vectors for a program
     /// without recurrent layers).
     states: Vec<(SeqId, Vec<f32>)>,
+    /// Tokens of a prefill's delta-rule chunk ([`ExecOptions::delta_chunk`]).
+    delta_chunk: usize,
+    delta_scratch: run::DeltaChunk,
     /// The states after each row of the last verify step (`rollback`).
     row_states: rollback::RowStates,
     /// LinearAttention's retrieved row.
@@ -233,6 +244,8 @@ impl<'b> Executor<'b> {
             attend_scratches: Vec::new(),
             every_row_logits: false,
             states: vec![(seq, vec![0.0; plan.state_floats])],
+            delta_chunk: options.delta_chunk,
+            delta_scratch: run::DeltaChunk::default(),
             row_states: rollback::RowStates::default(),
             state_scratch: Vec::new(),
             moe_scratch: run::MoeScratch::default(),

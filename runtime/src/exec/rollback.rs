@@ -44,6 +44,11 @@ impl RowStates {
         }
     }
 
+    /// Whether the step keeps its rows' states.
+    pub(super) fn recording(&self) -> bool {
+        self.seq.is_some()
+    }
+
     /// Slot `slot` of the state after row `row`, to write while the step runs; `None` when the
     /// step keeps no rows.
     pub(super) fn slot_mut(&mut self, row: usize, slot: StateSlot) -> Option<&mut [f32]> {

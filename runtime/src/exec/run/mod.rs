@@ -19,8 +19,10 @@ macro_rules! view {
     };
 }
 
+mod delta_chunk;
 mod float;
 mod integer;
+pub(crate) use delta_chunk::DeltaChunk;
 mod moe;
 mod quantised;
 mod recurrent;

@@ -4,6 +4,7 @@
 //! element-wise gates, GatedRMSNorm, the L2 norm, GatedAdd and text-only M-RoPE write their
 //! output buffer `y`.
 
+use super::delta_chunk::DeltaChunk;
 use super::View;
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{LinearHeads, Op, StateSlot};
@@ -71,53 +72,136 @@ impl Executor<'_> {
 
     pub(super) fn run_linear_attention(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
         let (node, op) = self.plan.node_op(index);
-        let &Op::LinearAttention { q, k, v, decay, beta, state, heads, scale, .. } = op else {
+        let &Op::LinearAttention { q, k, v, decay, beta, state, heads: h, scale, .. } = op else {
             unreachable!("a LinearAttention")
         };
         let view = view!(self);
-        let h = heads;
-        let (qv, kv, vv) = (view.f32(q), view.f32(k), view.f32(v));
-        let tokens = qv.len() / (h.q_heads * h.dk);
-        let fits = |len: usize, width: usize| len == tokens * width;
-        let (dw, bw) =
-            (if h.decay_per_key { h.kv_heads * h.dk } else { h.kv_heads }, if h.beta_shared { 1 } else { h.kv_heads });
-        let gates = (decay.map(|d| view.f32(d)), beta.map(|b| view.f32(b)));
-        if !fits(kv.len(), h.k_heads * h.dk)
-            || !fits(vv.len(), h.kv_heads * h.dv)
-            || gates.0.is_some_and(|d| !fits(d.len(), dw))
-            || gates.1.is_some_and(|b| !fits(b.len(), bw))
-        {
+        let (q, k, v) = (view.f32(q), view.f32(k), view.f32(v));
+        let tokens = q.len() / (h.q_heads * h.dk);
+        let x = LinearInputs { h, q, k, v, decay: decay.map(|d| view.f32(d)), beta: beta.map(|b| view.f32(b)), tokens };
+        if !x.consistent() {
             return Err(node_fail(node)(format!("q, k, v, decay and beta do not hold the same {tokens} tokens")));
         }
         let slot = self.plan.states[state];
         let st = slot_of(&mut self.states, self.current, slot);
+        // Chunks keep no per-row states: a verify step's rows go token by token.
+        if self.delta_chunk > 1 && tokens > 1 && !h.decay_per_key && !self.row_states.recording() {
+            x.by_chunks(st, self.delta_chunk, &mut self.delta_scratch, scale, y);
+            return Ok(());
+        }
         self.state_scratch.resize(h.dv, 0.0);
-        let out_width = h.out_heads() * h.dv;
         for t in 0..tokens {
-            for head in 0..h.kv_heads {
-                let s = &mut st[head * h.dk * h.dv..][..h.dk * h.dv];
-                let key = &kv[(t * h.k_heads + h.key_head_of(head)) * h.dk..][..h.dk];
-                let value = &vv[(t * h.kv_heads + head) * h.dv..][..h.dv];
-                let g = gates.0.map(|d| &d[t * dw..][..dw]);
-                let rate = gates.1.map(|b| if h.beta_shared { b[t] } else { b[t * h.kv_heads + head] });
-                update_state(&h, head, s, (key, value), (g, rate), &mut self.state_scratch);
-            }
+            x.update_token(st, t, &mut self.state_scratch);
             if let Some(kept) = self.row_states.slot_mut(t, slot) {
                 kept.copy_from_slice(st);
             }
-            for o in 0..h.out_heads() {
-                let (qh, head) = h.heads_of_output(o);
-                let s = &st[head * h.dk * h.dv..][..h.dk * h.dv];
-                let query = &qv[(t * h.q_heads + qh) * h.dk..][..h.dk];
-                let row = &mut y[t * out_width + o * h.dv..][..h.dv];
-                row.fill(0.0);
-                for (i, &qi) in query.iter().enumerate() {
-                    row.iter_mut().zip(&s[i * h.dv..][..h.dv]).for_each(|(r, &e)| *r += e * qi);
-                }
-                row.iter_mut().for_each(|r| *r *= scale);
-            }
+            x.output_token(st, t, scale, y);
         }
         Ok(())
+    }
+}
+
+/// A LinearAttention step's inputs: `tokens` rows of queries, keys, values and gates.
+struct LinearInputs<'a> {
+    h: LinearHeads,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Log decay per token and head (or key dimension).
+    decay: Option<&'a [f32]>,
+    beta: Option<&'a [f32]>,
+    tokens: usize,
+}
+
+impl LinearInputs<'_> {
+    fn decay_width(&self) -> usize {
+        if self.h.decay_per_key {
+            self.h.kv_heads * self.h.dk
+        } else {
+            self.h.kv_heads
+        }
+    }
+
+    /// Every input holds `tokens` rows.
+    fn consistent(&self) -> bool {
+        let (h, fits) = (self.h, |len: usize, width: usize| len == self.tokens * width);
+        let bw = if h.beta_shared { 1 } else { h.kv_heads };
+        fits(self.k.len(), h.k_heads * h.dk)
+            && fits(self.v.len(), h.kv_heads * h.dv)
+            && self.decay.is_none_or(|d| fits(d.len(), self.decay_width()))
+            && self.beta.is_none_or(|b| fits(b.len(), bw))
+    }
+
+    fn key(&self, t: usize, head: usize) -> &[f32] {
+        let h = self.h;
+        &self.k[(t * h.k_heads + h.key_head_of(head)) * h.dk..][..h.dk]
+    }
+
+    fn value(&self, t: usize, head: usize) -> &[f32] {
+        &self.v[(t * self.h.kv_heads + head) * self.h.dv..][..self.h.dv]
+    }
+
+    fn query(&self, t: usize, qh: usize) -> &[f32] {
+        &self.q[(t * self.h.q_heads + qh) * self.h.dk..][..self.h.dk]
+    }
+
+    fn rate(&self, t: usize, head: usize) -> Option<f32> {
+        self.beta.map(|b| if self.h.beta_shared { b[t] } else { b[t * self.h.kv_heads + head] })
+    }
+
+    /// Token `t`'s update of every state head of `st`.
+    fn update_token(&self, st: &mut [f32], t: usize, scratch: &mut [f32]) {
+        let (h, dw) = (self.h, self.decay_width());
+        for head in 0..h.kv_heads {
+            let s = &mut st[head * h.dk * h.dv..][..h.dk * h.dv];
+            let g = self.decay.map(|d| &d[t * dw..][..dw]);
+            update_state(&h, head, s, (self.key(t, head), self.value(t, head)), (g, self.rate(t, head)), scratch);
+        }
+    }
+
+    /// Token `t`'s output rows from the state after it.
+    fn output_token(&self, st: &[f32], t: usize, scale: f32, y: &mut [f32]) {
+        let h = self.h;
+        for o in 0..h.out_heads() {
+            let (qh, head) = h.heads_of_output(o);
+            let s = &st[head * h.dk * h.dv..][..h.dk * h.dv];
+            let row = &mut y[(t * h.out_heads() + o) * h.dv..][..h.dv];
+            row.fill(0.0);
+            for (i, &qi) in self.query(t, qh).iter().enumerate() {
+                row.iter_mut().zip(&s[i * h.dv..][..h.dv]).for_each(|(r, &e)| *r += e * qi);
+            }
+            row.iter_mut().for_each(|r| *r *= scale);
+        }
+    }
+
+    /// Every token in chunks of `chunk` ([`DeltaChunk`]; decay per head only).
+    fn by_chunks(&self, st: &mut [f32], chunk: usize, c: &mut DeltaChunk, scale: f32, y: &mut [f32]) {
+        let h = self.h;
+        for start in (0..self.tokens).step_by(chunk) {
+            let rows = chunk.min(self.tokens - start);
+            for head in 0..h.kv_heads {
+                let s = &mut st[head * h.dk * h.dv..][..h.dk * h.dv];
+                c.start(rows, (h.dk, h.dv), self.beta.is_some());
+                for r in 0..rows {
+                    let t = start + r;
+                    c.k[r * h.dk..][..h.dk].copy_from_slice(self.key(t, head));
+                    c.u[r * h.dv..][..h.dv].copy_from_slice(self.value(t, head));
+                    c.g[r] = self.decay.map_or(0.0, |d| d[t * h.kv_heads + head]);
+                    if let (Some(b), Some(rate)) = (&mut c.beta, self.rate(t, head)) {
+                        b[r] = rate;
+                    }
+                }
+                c.solve(s);
+                for o in (0..h.out_heads()).filter(|&o| h.heads_of_output(o).1 == head) {
+                    let qh = h.heads_of_output(o).0;
+                    for r in 0..rows {
+                        let t = start + r;
+                        c.output(s, r, self.query(t, qh), scale, &mut y[(t * h.out_heads() + o) * h.dv..][..h.dv]);
+                    }
+                }
+                c.update_state(s);
+            }
+        }
     }
 }
 
