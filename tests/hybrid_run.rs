@@ -229,3 +229,27 @@ fn chunked_delta_rule_prefill_agrees_with_the_recurrence() {
         }
     }
 }
+
+/// Prompts sharing a prefix share its KV pages on a hybrid decoder too: the first prompt's
+/// prefill forks the second at 32 tokens (2 pages of 16) and the third at 48, copying the
+/// recurrent state there, and every prompt gets the tokens it gets alone.
+#[test]
+fn prompts_with_a_common_prefix_share_pages_and_fork_the_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base: Vec<u32> = (0..60).map(|i| (i * 29 + 3) % 250 + 1).collect();
+    let prompts = vec![base.clone(), [&base[..40], &[7, 9][..]].concat(), [&base[..50], &[11][..]].concat()];
+    for name in ["qwen3.5-builder-fp32", "lfm2-moe-builder-int4"] {
+        let bundle_dir = compile(name, tmp.path()).unwrap();
+        let bundle = Bundle::open(&bundle_dir, Some("cpu")).unwrap();
+        let options = ExecOptions { max_context: 96, sequences: 4, kv_page_rows: Some(16), ..ExecOptions::default() };
+        let mut exec = Executor::new(&bundle, options).unwrap();
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&mut exec, p, 10).unwrap()).collect();
+        let mut samplers = vec![runtime::sample::Sampler::greedy(); 3];
+        let outs = exec.generate_many(&prompts, 10, &[], &mut samplers, |_, _| {});
+        assert_eq!(outs.iter().map(|o| o.shared_prefix_tokens).collect::<Vec<_>>(), [0, 32, 48], "{name}");
+        for (i, out) in outs.iter().enumerate() {
+            assert!(out.error.is_none(), "{name}: prompt {i}: {:?}", out.error);
+            assert_eq!(out.tokens, alone[i], "{name}: prompt {i} differs from its run alone");
+        }
+    }
+}

@@ -116,7 +116,9 @@ impl Executor<'_> {
     ///
     /// A prompt that begins like an earlier one shares that one's pages for the whole pages of
     /// the common prefix (leaving at least its last token to run), so its prefill runs only the
-    /// rest and nothing is copied. A sequence whose step fails (an exhausted pool, a full
+    /// rest and no page is copied: the earlier prompt's prefill stops at that point to fork it
+    /// (`share_plan`), so a hybrid decoder's fork copies the recurrent state there, its only
+    /// copy. A sequence whose step fails (an exhausted pool, a full
     /// context) ends with that error and its pages are released; the others go on. Sequences
     /// are dropped at the end; the default sequence is not touched.
     pub fn generate_many(
@@ -141,31 +143,14 @@ impl Executor<'_> {
         if max_new == 0 {
             return outs;
         }
-        // A sequence's recurrent state holds its last position only: no prefix to share.
-        let shareable = !self.has_recurrent_state();
+        let plan = share_plan(prompts, page_rows);
+        let mut forks: Vec<Option<SeqId>> = vec![None; prompts.len()];
         for (i, prompt) in prompts.iter().enumerate() {
-            // The earlier live sequence with the longest common prefix, in whole pages.
-            let source = (0..i)
-                .filter_map(|j| {
-                    let common = prompts[j].iter().zip(prompt).take_while(|(a, b)| a == b).count();
-                    let rows = common.min(prompt.len().saturating_sub(1)) / page_rows * page_rows;
-                    seqs[j].filter(|_| rows > 0 && shareable).map(|s| (rows, s))
-                })
-                .max_by_key(|&(rows, _)| rows);
             let start = Instant::now();
-            let result = (|| {
-                let (seq, shared) = match source {
-                    Some((rows, parent)) => (self.fork_sequence(parent, rows)?, rows),
-                    None => (self.new_sequence(), 0),
-                };
-                seqs[i] = Some(seq);
-                outs[i].shared_prefix_tokens = shared;
-                let logits = self.step_sequence(seq, &prompt[shared..])?;
-                Ok(samplers[i].sample(logits))
-            })();
+            let result = self.prefill_sharing((i, prompt), &plan, &mut forks, &mut seqs[i], &mut samplers[i]);
             outs[i].stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
             match result {
-                Ok(token) => next[i] = token,
+                Ok((shared, token)) => (outs[i].shared_prefix_tokens, next[i]) = (shared, token),
                 Err(e) => self.end_with_error(&mut seqs[i], &mut outs[i], e),
             }
         }
@@ -193,6 +178,39 @@ impl Executor<'_> {
         outs
     }
 
+    /// Prefills prompt `i` on its sequence (put in `seq`): the fork `forks[i]` an earlier
+    /// prompt's prefill made for it, else a new one. On the way it forks the later prompts that
+    /// `plan` says share its prefix, at their fork points, so each fork copies the sequence's
+    /// recurrent state at that point (if any) and shares its pages. Returns the tokens shared and
+    /// the first token sampled.
+    fn prefill_sharing(
+        &mut self,
+        (i, prompt): (usize, &[u32]),
+        plan: &[Option<(usize, usize)>],
+        forks: &mut [Option<SeqId>],
+        seq: &mut Option<SeqId>,
+        sampler: &mut Sampler,
+    ) -> Result<(usize, u32), ExecError> {
+        let (own, shared) = match forks[i].take() {
+            Some(fork) => (fork, plan[i].map_or(0, |(_, rows)| rows)),
+            None => (self.new_sequence(), 0),
+        };
+        *seq = Some(own);
+        let mut points: Vec<(usize, usize)> =
+            (i + 1..plan.len()).filter_map(|c| plan[c].filter(|&(j, _)| j == i).map(|(_, rows)| (rows, c))).collect();
+        points.sort_unstable();
+        let mut at = shared;
+        for (rows, child) in points {
+            if rows > at {
+                self.step_sequence(own, &prompt[at..rows])?;
+                at = rows;
+            }
+            forks[child] = Some(self.fork_sequence(own, rows)?);
+        }
+        let logits = self.step_sequence(own, &prompt[at..])?;
+        Ok((shared, sampler.sample(logits)))
+    }
+
     fn end_with_error(&mut self, seq: &mut Option<SeqId>, out: &mut SequenceOutput, error: ExecError) {
         if let Some(s) = seq.take() {
             let _ = self.drop_sequence(s);
@@ -202,9 +220,45 @@ impl Executor<'_> {
     }
 }
 
+/// For each prompt, the earlier prompt whose prefill forks a sequence for it and the tokens that
+/// fork holds: the longest common prefix in whole pages, leaving the prompt's last token to run,
+/// and beyond what that earlier prompt itself shared, so that its prefill passes the fork point
+/// (an earlier sharer of the same pages holds them too and is chosen instead).
+fn share_plan(prompts: &[Vec<u32>], page_rows: usize) -> Vec<Option<(usize, usize)>> {
+    let mut plan: Vec<Option<(usize, usize)>> = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let best = (0..i)
+            .filter_map(|j| {
+                let common = prompts[j].iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                let rows = common.min(prompt.len().saturating_sub(1)) / page_rows * page_rows;
+                let own_shared = plan[j].map_or(0, |(_, r)| r);
+                (rows > own_shared).then_some((j, rows))
+            })
+            .max_by_key(|&(j, rows)| (rows, std::cmp::Reverse(j)));
+        plan.push(best);
+    }
+    plan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prompt 1 shares 2 pages of prompt 0; prompt 2 shares 3 pages of prompt 1 (1 beyond the
+    /// 2 prompt 1 took from prompt 0, which holds only 2 of them); prompt 3 shares only prompt 0's first 2 pages, which prompt 0
+    /// (the earliest holder) forks; prompt 4 shares nothing; a prompt equal to a page keeps its
+    /// last token to run.
+    #[test]
+    fn the_share_plan_forks_where_a_prefill_passes() {
+        let page = 4;
+        let base: Vec<u32> = (0..20).collect();
+        let with = |n: usize, tail: u32| [&base[..n], &[100 + tail, 200][..]].concat();
+        let one = [&base[..9], &[101, 200, 300, 301, 302, 303][..]].concat();
+        let two = [&one[..], &[400][..]].concat();
+        let prompts = [with(20, 0), one, two, with(8, 3), vec![7, 7, 7, 7, 7], base[..4].to_vec()];
+        let plan = share_plan(&prompts, page);
+        assert_eq!(plan, [None, Some((0, 8)), Some((1, 12)), Some((0, 8)), None, None]);
+    }
 
     #[test]
     fn argmax_takes_the_first_of_equal_logits() {
