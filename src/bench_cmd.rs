@@ -174,7 +174,8 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let (plain, spec) = measure(&mut exec, &prompt, &o, drafter)?;
-    let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len() };
+    let moe_read = moe_bytes_per_decode_token(&mut exec, &prompt, o.gen_len)?;
+    let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len(), moe_read };
     let speculation = drafter.map(|_| speculation_json(&plain, &spec));
     if o.json {
         println!("{}", serde_json::to_string_pretty(&host_json(&o, &host, &plain, speculation))?);
@@ -190,6 +191,52 @@ struct Host<'e, 'b> {
     precision: WGemmPrecision,
     load_ms: f64,
     prompt_len: usize,
+    /// Expert bytes a decode token read, measured (0 without MoE).
+    moe_read: f64,
+}
+
+/// Decode steps the MoE probe averages over at most.
+const MOE_PROBE_STEPS: usize = 8;
+
+/// Expert bytes one decode token reads, measured over up to [`MOE_PROBE_STEPS`] greedy steps
+/// after the prompt, within the generation's context (0 without MoE).
+fn moe_bytes_per_decode_token(exec: &mut Executor, prompt: &[u32], gen_len: usize) -> Result<f64> {
+    let steps = MOE_PROBE_STEPS.min(gen_len - 1);
+    if exec.moe_bytes_per_token().1 == 0 {
+        return Ok(0.0);
+    }
+    exec.reset()?;
+    let mut next = runtime::exec::argmax(exec.step(prompt)?);
+    let before = exec.moe_expert_bytes_read();
+    for _ in 0..steps {
+        next = runtime::exec::argmax(exec.step(&[next])?);
+    }
+    Ok((exec.moe_expert_bytes_read() - before) as f64 / steps as f64)
+}
+
+/// `moe` in `--json`: expert bytes per decode token measured, the active experts' bytes (k per
+/// node), all experts' bytes, and the GEMM bytes a dense model of the same active size reads.
+fn moe_json(h: &Host) -> serde_json::Value {
+    let (active, all) = h.exec.moe_bytes_per_token();
+    json!({
+        "expert_bytes_per_decode_token": h.moe_read,
+        "active_expert_bytes": active,
+        "all_expert_bytes": all,
+        "dense_same_active_bytes_per_token": h.exec.gemm_weight_bytes_per_token() + active,
+    })
+}
+
+fn print_moe(h: &Host) {
+    let (active, all) = h.exec.moe_bytes_per_token();
+    let gemm = h.exec.gemm_weight_bytes_per_token() as f64;
+    println!(
+        "MoE experts read per decode token: {:.3} MB measured ({:.3} MB active, {:.3} MB all); weights read per token {:.3} MB against {:.3} MB for a dense model of the same active size",
+        h.moe_read / 1e6,
+        active as f64 / 1e6,
+        all as f64 / 1e6,
+        (gemm + h.moe_read) / 1e6,
+        (gemm + active as f64) / 1e6,
+    );
 }
 
 fn host_json(o: &Options, h: &Host, plain: &Rates, speculation: Option<serde_json::Value>) -> serde_json::Value {
@@ -213,6 +260,9 @@ fn host_json(o: &Options, h: &Host, plain: &Rates, speculation: Option<serde_jso
     });
     if let Some(s) = speculation {
         out["speculation"] = s;
+    }
+    if h.exec.moe_bytes_per_token().1 > 0 {
+        out["moe"] = moe_json(h);
     }
     out
 }
@@ -250,6 +300,9 @@ fn print_host(o: &Options, h: &Host, plain: &Rates, speculation: Option<&serde_j
         weight_bytes as f64 / 1e6,
         weight_bytes as f64 * dm / 1e9
     );
+    if h.exec.moe_bytes_per_token().1 > 0 {
+        print_moe(h);
+    }
     println!(
         "program loaded in {:.1} ms; weights packed at load: WGemm {:.1} MB, QGemm {:.1} MB",
         h.load_ms,

@@ -151,8 +151,8 @@ fn interleaved_sequences_keep_their_own_recurrent_state() {
 }
 
 /// A decode step computes exactly `k` experts per MoE node (the routed ones; 4 experts, k = 2:
-/// one MoE node in Qwen3.5-MoE, two in LFM2-MoE), and a prefill step each expert at most once per
-/// node (tokens grouped).
+/// one MoE node in Qwen3.5-MoE, two in LFM2-MoE), reading their bytes only, and a prefill step
+/// each expert at most once per node (tokens grouped).
 #[test]
 fn moe_decode_computes_only_the_routed_experts() {
     let tmp = tempfile::tempdir().unwrap();
@@ -162,6 +162,7 @@ fn moe_decode_computes_only_the_routed_experts() {
         ("lfm2-moe-builder-fp32", 2),
         ("lfm2-moe-builder-int4", 2),
     ];
+    let mut all_bytes = Vec::new();
     for (name, nodes) in cases {
         let bundle_dir = compile(name, tmp.path()).unwrap();
         let bundle = Bundle::open(&bundle_dir, Some("cpu")).unwrap();
@@ -173,9 +174,17 @@ fn moe_decode_computes_only_the_routed_experts() {
             (nodes * k..=nodes * experts).contains(&(after_prefill as usize)),
             "{name}: prefill computed {after_prefill}"
         );
+        let bytes_before = exec.moe_expert_bytes_read();
         exec.step(&[first]).unwrap();
         assert_eq!(exec.moe_expert_passes() - after_prefill, (nodes * k) as u64, "{name}: one decode step");
+        // A decode token reads the routed experts' bytes: k of E per node, the active size.
+        let (active, all) = exec.moe_bytes_per_token();
+        assert_eq!(exec.moe_expert_bytes_read() - bytes_before, active as u64, "{name}: bytes of one decode step");
+        assert_eq!(active * experts, all * k, "{name}: experts of equal size");
+        all_bytes.push(all);
     }
+    // The int4 experts (4-bit codes and a scale per 32) are read in place: under a fifth of fp32's.
+    assert!(all_bytes[1] * 5 < all_bytes[0] && all_bytes[3] * 5 < all_bytes[2], "{all_bytes:?}");
 }
 
 /// `npuc run --stats --json` reports the recurrent state beside the KV cache (Qwen3.5: a conv
@@ -252,4 +261,23 @@ fn prompts_with_a_common_prefix_share_pages_and_fork_the_state() {
             assert_eq!(out.tokens, alone[i], "{name}: prompt {i} differs from its run alone");
         }
     }
+}
+
+/// `npuc bench --json` on an MoE bundle measures the expert bytes a decode token reads: the
+/// active experts' (k of E per node), and with the other GEMMs what a dense model of that active
+/// size reads.
+#[test]
+fn bench_reports_moe_bytes_per_decode_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bundle = compile("lfm2-moe-builder-int4", tmp.path()).unwrap();
+    let args = ["bench", bundle.to_str().unwrap(), "--prompt-len", "8", "--gen-len", "4", "--repetitions", "1"];
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let moe = &report["moe"];
+    let (active, all) = (moe["active_expert_bytes"].as_f64().unwrap(), moe["all_expert_bytes"].as_f64().unwrap());
+    assert_eq!(moe["expert_bytes_per_decode_token"].as_f64().unwrap(), active, "{moe}");
+    assert_eq!(2.0 * active, all, "k = 2 of 4 experts: {moe}");
+    let gemm = report["gemm_weight_bytes_per_token"].as_f64().unwrap();
+    assert_eq!(moe["dense_same_active_bytes_per_token"].as_f64().unwrap(), gemm + active);
 }

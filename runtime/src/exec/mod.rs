@@ -191,6 +191,7 @@ pub struct Executor<'b> {
     moe_scratch: run::MoeScratch,
     /// Experts the MoE ops computed (each over all the tokens routed to it in one call).
     moe_expert_passes: u64,
+    moe_expert_bytes: u64,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -250,6 +251,7 @@ impl<'b> Executor<'b> {
             state_scratch: Vec::new(),
             moe_scratch: run::MoeScratch::default(),
             moe_expert_passes: 0,
+            moe_expert_bytes: 0,
             plan,
             isa,
             pool: ThreadPool::new(options.threads),
@@ -298,6 +300,24 @@ impl<'b> Executor<'b> {
     /// in one call (its weights read once): a decode step adds at most `k` per MoE node.
     pub fn moe_expert_passes(&self) -> u64 {
         self.moe_expert_passes
+    }
+
+    /// Bytes of expert weights the MoE and QMoE ops have read so far (each computed expert's
+    /// weights once per call).
+    pub fn moe_expert_bytes_read(&self) -> u64 {
+        self.moe_expert_bytes
+    }
+
+    /// Bytes of expert weights one decode token reads (the routed `k` experts of every MoE
+    /// node: the model's active experts) and bytes of all experts; (0, 0) without MoE.
+    pub fn moe_bytes_per_token(&self) -> (usize, usize) {
+        let moe_nodes = self.plan.ops.iter().filter_map(|(_, op)| match op {
+            Op::Moe { experts, mixing, .. } => Some((&self.plan.moe[*experts], mixing.k)),
+            _ => None,
+        });
+        moe_nodes.fold((0, 0), |(active, all), (ex, k)| {
+            (active + k.min(ex.count) * ex.expert_bytes(), all + ex.count * ex.expert_bytes())
+        })
     }
 
     /// Installs an offload for QGemm products (see [`GemmOffload`]).

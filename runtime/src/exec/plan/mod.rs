@@ -528,6 +528,24 @@ pub struct MoeExperts<'b> {
     pub b2: Option<&'b [f32]>,
 }
 
+impl ExpertWeights<'_> {
+    /// Bytes of the projection of all experts as the bundle holds them (codes and scales).
+    pub fn bytes(&self) -> usize {
+        match self {
+            ExpertWeights::F32(w) => 4 * w.len(),
+            ExpertWeights::Codes { codes, scales, .. } => codes.len() + 4 * scales.len(),
+        }
+    }
+}
+
+impl MoeExperts<'_> {
+    /// Bytes of one expert's weights and biases: what computing it reads.
+    pub fn expert_bytes(&self) -> usize {
+        let biases = 4 * (self.b1.map_or(0, <[f32]>::len) + self.b2.map_or(0, <[f32]>::len));
+        (self.fc1.bytes() + self.fc2.bytes() + biases) / self.count
+    }
+}
+
 /// Where one recurrent state lives in a sequence's state vector (f32 elements).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StateSlot {

@@ -175,6 +175,7 @@ impl Executor<'_> {
             if !s.routes[e].is_empty() {
                 run_expert(ex, mixing, e, x, y, s);
                 self.moe_expert_passes += 1;
+                self.moe_expert_bytes += ex.expert_bytes() as u64;
             }
         }
         Ok(())
