@@ -6,7 +6,7 @@
 //!   states themselves and on the logits of the steps after), and a fork inside the block starts
 //!   from that row's state.
 //! - Greedy speculation gives plain greedy's tokens on every hybrid bundle the executor runs
-//!   (Qwen3.5, Qwen3.5-MoE, LFM2, LFM2-MoE; fp32 and int4), over a prompt that repeats itself and
+//!   (Qwen3.5, Qwen3.5-MoE, LFM2, LFM2-MoE, fp32 and int4; gpt-oss fp32), over a prompt that repeats itself and
 //!   one that does not; across them drafts are both kept and rejected.
 
 mod common;
@@ -17,8 +17,8 @@ use runtime::bundle::Bundle;
 use runtime::exec::{ExecOptions, Executor, PromptLookup};
 use runtime::sample::Sampler;
 
-/// The entries the executor runs (gpt-oss is refused, see `hybrid_run.rs`).
-const RUNNABLE: [&str; 8] = [
+/// The entries the executor runs (the builder refuses gpt-oss's int4).
+const RUNNABLE: [&str; 9] = [
     "qwen3.5-builder-fp32",
     "qwen3.5-builder-int4",
     "qwen3.5-moe-builder-fp32",
@@ -27,6 +27,7 @@ const RUNNABLE: [&str; 8] = [
     "lfm2-builder-int4",
     "lfm2-moe-builder-fp32",
     "lfm2-moe-builder-int4",
+    "gpt-oss-builder-fp32",
 ];
 
 /// `n` token ids from a small linear congruence (below 256: every tiny vocabulary holds them).

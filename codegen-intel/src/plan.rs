@@ -92,6 +92,10 @@ pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId) -> Result<intel::Att
     let head_dim = n.inputs[0].and_then(|v| g.value(v).shape.last().and_then(|d| d.as_known())).unwrap_or(0);
     let scale = n.attrs.float("scale").ok().flatten().unwrap_or(1.0 / (head_dim as f32).sqrt());
     let window = n.attrs.int("window").ok().flatten().filter(|&w| w > 0);
+    if n.inputs.get(6).copied().flatten().is_some() {
+        let msg = "attention sinks (gpt-oss) are not carried to the host attention of the Intel plan".to_string();
+        return Err(IntelError::Unsupported { node: n.name.clone(), msg });
+    }
     Ok(intel::Attention {
         layer,
         node: n.name.clone(),

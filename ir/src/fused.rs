@@ -12,7 +12,7 @@
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
-//! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window, see [`attention`] |
+//! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
 //! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -532,8 +532,9 @@ fn gelu_tanh(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
 /// (absolute position P+i) attends to key t when t ≤ P+i, P+i − t < window (when the `window`
 /// attribute is given and positive: a sliding window of that many positions, the query's own
 /// included) and mask[b, t] ≠ 0, with weights
-/// softmax(q·k_t · scale) over those t (f64 accumulation); a query with no key to attend to
-/// outputs zeros. Query head h reads kv head h / (Hq/Hkv). Outputs y [B, Hq, S, D] and the
+/// softmax(q·k_t · scale) over those t (f64 accumulation); sinks: [Hq] or absent, a logit per
+/// query head that joins the softmax's denominator and weights no value (gpt-oss's attention
+/// sinks); a query with no key to attend to outputs zeros. Query head h reads kv head h / (Hq/Hkv). Outputs y [B, Hq, S, D] and the
 /// presents concat(past, new) along the sequence axis.
 pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
     let get = |i: usize| inputs.get(i).copied().flatten();
@@ -565,6 +566,10 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     let scale = op.attrs.float_or("scale", 1.0 / (d as f32).sqrt()).map_err(|e| err(op, e.to_string()))? as f64;
     let window = attention_window(op)?;
     let mask = get(5).map(|m| m.to_f64_vec());
+    let sinks = get(6).map(|t| t.to_f64_vec());
+    if sinks.as_ref().is_some_and(|t| t.len() != hq) {
+        return Err(err(op, format!("sinks must hold one logit per query head ({hq})")));
+    }
     if let Some(m) = &mask {
         if m.len() != b * total {
             return Err(err(op, format!("mask has {} elements, expected [{b}, {total}]", m.len())));
@@ -583,7 +588,8 @@ pub fn attention(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
                     t <= past + i && past + i - t < window && mask.as_ref().is_none_or(|m| m[bi * total + t] != 0.0)
                 };
                 let at = ((bi * hq + h) * s + i) * d;
-                attend_row(&qv[at..][..d], keys, values, scale, visible, &mut scores, &mut out[at..][..d]);
+                let sink = sinks.as_ref().map(|t| t[h]);
+                attend_row(&qv[at..][..d], (keys, values), (scale, sink), visible, &mut scores, &mut out[at..][..d]);
             }
         }
     }
@@ -604,13 +610,12 @@ fn attention_window(op: &OpRef) -> Result<usize, EvalError> {
 }
 
 /// Adds to `orow` one query row's attention: softmax(q·k_t · scale) over the `visible` keys t
-/// (f64 accumulation) weighting the values' rows. A row with no visible key stays zero. `scores`
-/// is scratch space, one entry per key.
+/// (f64 accumulation, the `sink` logit joining the denominator) weighting the values' rows. A row
+/// with no visible key stays zero. `scores` is scratch space, one entry per key.
 fn attend_row(
     qrow: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f64,
+    (keys, values): (&[f32], &[f32]),
+    (scale, sink): (f64, Option<f64>),
     visible: impl Fn(usize) -> bool,
     scores: &mut [f64],
     orow: &mut [f32],
@@ -632,7 +637,9 @@ fn attend_row(
     if !any {
         return;
     }
-    let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum();
+    let max = sink.map_or(max, |s| max.max(s));
+    let denom: f64 = scores.iter().map(|&x| if x.is_finite() { (x - max).exp() } else { 0.0 }).sum::<f64>()
+        + sink.map_or(0.0, |s| (s - max).exp());
     for (t, &sc) in scores.iter().enumerate() {
         if !sc.is_finite() {
             continue;
@@ -821,5 +828,24 @@ mod tests {
         assert_eq!(y[0].as_f32().unwrap(), &[15.0, 20.0]);
         a.set("window", Attr::Int(-1));
         assert!(attention(&op("Attention", &a), &inputs, 1).unwrap_err().msg.contains("negative"));
+    }
+    #[test]
+    fn a_sink_joins_the_denominator_and_weights_no_value() {
+        // Two heads over one kv head, zero scores over two keys; head 0's sink is ln 2 (weight 2
+        // against 1 + 1), head 1 has a sink of −∞ in effect (a very low logit).
+        let q = Tensor::from_f32(DType::F32, vec![1, 2, 1, 1], vec![0., 0.]);
+        let k = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![1.]);
+        let v = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![8.]);
+        let pk = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![1.]);
+        let pv = Tensor::from_f32(DType::F32, vec![1, 1, 1, 1], vec![4.]);
+        let sinks = Tensor::from_f32(DType::F32, vec![2], vec![2f32.ln(), -1e4]);
+        let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), None, Some(&sinks)];
+        let y = attention(&op("Attention", &Attrs::default()), &inputs, 1).unwrap();
+        // (4 + 8) / (1 + 1 + 2) = 3; without the sink the mean 6.
+        let got = y[0].as_f32().unwrap();
+        assert!((got[0] - 3.0).abs() < 1e-6 && (got[1] - 6.0).abs() < 1e-6, "{got:?}");
+        let short = Tensor::from_f32(DType::F32, vec![1], vec![0.]);
+        let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), None, Some(&short)];
+        assert!(attention(&op("Attention", &Attrs::default()), &inputs, 1).unwrap_err().msg.contains("sinks"));
     }
 }

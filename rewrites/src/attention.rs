@@ -42,8 +42,9 @@
 //!   otherwise. GroupQueryAttention keys its positions and cache writes on `seqlens_k`; the two
 //!   agree when every attention_mask row is all ones (what onnxruntime-genai feeds it), and the
 //!   fold is declined when the present length is not `past + S` (a shared-buffer cache is written
-//!   in place, not appended). Declined also: local windows, softcap, smooth softmax, quantised
-//!   caches, position_ids, attention bias and head sink inputs, partial rotary.
+//!   in place, not appended). A local window (`local_window_size`, gpt-oss) becomes Attention's
+//!   `window` and `head_sink` its `sinks` input. Declined: softcap, smooth softmax, quantised
+//!   caches, position_ids, attention bias, partial rotary.
 //! - ai.onnx `Attention` (opset 23; torch dynamo's export after onnxscript's fusion): 3-D `[B, S, H·D]` Q/K/V with
 //!   `q_num_heads`/`kv_num_heads` (viewed as heads through the Reshape they came from, if any) or
 //!   4-D BNSH, BNSH past, `is_causal=1` (bottom-right aligned with the past, as the fused op) or
@@ -157,6 +158,8 @@ struct AttentionInputs {
     scale: f32,
     /// A sliding window (positions a query sees, its own included).
     window: Option<usize>,
+    /// A sink logit per query head (`[q_heads]`).
+    sinks: Option<Id>,
 }
 
 /// Adds `Attention(..)` and returns its three projections (y, present_k, present_v).
@@ -170,7 +173,7 @@ fn add_attention(egraph: &mut EGraph, a: &AttentionInputs) -> [Id; 3] {
         Domain::Npuc,
         "Attention",
         attrs(&pairs),
-        vec![a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)],
+        [a.q, a.k, a.v, opt(a.past_k), opt(a.past_v), opt(a.mask)].into_iter().chain(a.sinks).collect(),
     );
     let tuple = egraph.add(node);
     [0, 1, 2].map(|i| egraph.add(ENode { head: Head::Proj(i), children: vec![tuple] }))
@@ -285,6 +288,7 @@ impl Fold for FoldSdpa {
             kv_heads,
             scale,
             window,
+            sinks: None,
         };
         let [y, pk, pv] = add_attention(egraph, &inputs);
         Ok(union_all(egraph, rule, &[(eclass, y), (c.present_k, pk), (c.present_v, pv)]))
@@ -758,6 +762,10 @@ struct Gqa {
     attrs: Attrs,
     q_heads: i64,
     kv_heads: i64,
+    /// head_sink: a logit per query head joining the softmax (Attention's sinks).
+    sinks: Option<Id>,
+    /// local_window_size when positive: a query sees that many positions, its own included.
+    window: Option<usize>,
 }
 
 /// The layout of a [`Gqa`]'s operands.
@@ -805,7 +813,8 @@ impl Fold for FoldGqa {
             q_heads: op.q_heads,
             kv_heads: op.kv_heads,
             scale,
-            window: None,
+            window: op.window,
+            sinks: op.sinks,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
         let out = from_bnsh(egraph, y, op.q_heads * layout.head)?;
@@ -819,9 +828,10 @@ fn gqa_operands(egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Gqa, Decli
         ["?q", "?k", "?v", "?pk", "?pv", "?seqlens", "?total", "?cos", "?sin", "?position_ids", "?bias", "?head_sink"];
     let children: Vec<Id> = names.iter().filter_map(|n| subst.get(var(n)).copied()).collect();
     let attrs = node_attrs(egraph, eclass, Domain::Microsoft, "GroupQueryAttention", &children).ok_or_else(no_match)?;
-    // position_ids only steer the rotation; a bias or sink changes the softmax.
+    // position_ids only steer the rotation; a bias changes the softmax (a head sink joins it as
+    // Attention's sinks).
     let do_rotary = attr_int(&attrs, "do_rotary", 0)? != 0;
-    for (i, what, matters) in [(9, "position_ids", do_rotary), (10, "attention_bias", true), (11, "head_sink", true)] {
+    for (i, what, matters) in [(9, "position_ids", do_rotary), (10, "attention_bias", true)] {
         if matters && children.get(i).is_some_and(|&c| !is_absent(egraph, c)) {
             return Err(format!("a {what} input has no Attention form").into());
         }
@@ -831,9 +841,7 @@ fn gqa_operands(egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Gqa, Decli
     if q_heads <= 0 || kv_heads <= 0 || q_heads % kv_heads != 0 {
         return Err(format!("{q_heads} heads do not group over {kv_heads} kv heads").into());
     }
-    if attr_int(&attrs, "local_window_size", -1)? >= 0 {
-        return Err("a local attention window has no Attention form".into());
-    }
+    let window = attr_int(&attrs, "local_window_size", -1)?;
     if attr_float(&attrs, "softcap")?.is_some_and(|c| c != 0.0) {
         return Err("softcap has no Attention form".into());
     }
@@ -847,7 +855,9 @@ fn gqa_operands(egraph: &EGraph, eclass: Id, subst: &Subst) -> Result<Gqa, Decli
     }
     let [q, k, v, past_k, past_v, seqlens] = [0, 1, 2, 3, 4, 5].map(|i| children[i]);
     let rotary = (children.len() >= 9).then(|| (children[7], children[8]));
-    Ok(Gqa { q, k, v, past_k, past_v, seqlens, rotary, do_rotary, attrs, q_heads, kv_heads })
+    let sinks = children.get(11).copied().filter(|&c| !is_absent(egraph, c));
+    let window = (window > 0).then_some(window as usize);
+    Ok(Gqa { q, k, v, past_k, past_v, seqlens, rotary, do_rotary, attrs, q_heads, kv_heads, sinks, window })
 }
 
 /// The layout of `op`'s operands, when the fused op can take them: its presents must be past + S
@@ -1012,6 +1022,7 @@ impl Fold for FoldOnnx {
             kv_heads,
             scale,
             window,
+            sinks: None,
         };
         let [y, yk, yv] = add_attention(egraph, &inputs);
         let out = if qkv.three_d { from_bnsh(egraph, y, q_heads * head)? } else { y };

@@ -382,15 +382,25 @@ fn llama_optimum_with_a_score_scale_computed_at_run_time_is_declined() {
     assert_declined(&g, "attention-sdpa-split-scale", "the score scale is not a constant scalar");
 }
 
+/// A local window on the builder's GroupQueryAttention (gpt-oss writes one on every other layer)
+/// folds into Attention's `window`, and the folded graph computes what the windowed file does on
+/// the prefill case (more tokens than the window).
 #[test]
-fn qwen3_builder_group_query_attention_with_a_local_window_is_declined() {
+fn qwen3_builder_group_query_attention_with_a_local_window_folds_into_a_window() {
     let mut g = common::import("qwen3-builder-int4");
     for n in g.nodes.iter_mut().filter(|n| n.op == "GroupQueryAttention") {
         n.attrs.set("local_window_size", Attr::Int(4));
     }
     let (out, report) = fold(&g);
-    assert_eq!(common::count(&out, "GroupQueryAttention"), common::meta("qwen3-builder-int4").layers);
-    assert!(declined(&report, "attention-gqa", "local attention window"), "{:?}", report.declined);
+    assert!(report.declined.is_empty(), "{:?}", report.declined);
+    assert_eq!(common::count(&out, "GroupQueryAttention"), 0);
+    assert_eq!(windows(&out), vec![Some(4); common::meta("qwen3-builder-int4").layers]);
+    let (inputs, _) = common::case("qwen3-builder-int4", "prefill");
+    assert!(inputs["input_ids"].shape[1] > 4, "the prompt must be longer than the window");
+    let want = ir::run::run_graph(&g, &inputs).unwrap();
+    let got = ir::run::run_graph(&out, &inputs).unwrap();
+    let err = common::relative_difference(&got["logits"], &want["logits"]);
+    assert!(err < 1e-5, "windowed logits differ by {err:e}");
 }
 
 #[test]

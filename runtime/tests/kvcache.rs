@@ -126,10 +126,11 @@ impl Shadow {
             attrs.set("window", Attr::Int(w.get() as i64));
         }
         let op = OpRef { node: "attention", domain: Domain::Npuc, op: "Attention", opset: 1, attrs: &attrs };
+        let sinks = scoring.sinks.map(|s| Tensor::from_f32(DType::F32, vec![s.len()], s.to_vec()));
         let inputs = if past == 0 {
-            vec![Some(&q_t), Some(&k_new), Some(&v_new)]
+            vec![Some(&q_t), Some(&k_new), Some(&v_new), None, None, None, sinks.as_ref()]
         } else {
-            vec![Some(&q_t), Some(&k_new), Some(&v_new), Some(&k_past), Some(&v_past)]
+            vec![Some(&q_t), Some(&k_new), Some(&v_new), Some(&k_past), Some(&v_past), None, sinks.as_ref()]
         };
         ir::fused::attention(&op, &inputs, 1).unwrap().remove(0).as_f32().unwrap().to_vec()
     }
@@ -179,7 +180,12 @@ struct Case {
     d: usize,
     page_rows: usize,
     window: Option<NonZeroUsize>,
+    /// Sink logits ([`SINKS`]'s first `q_heads`) join every softmax.
+    sinks: bool,
 }
+
+/// Sink logits per query head: around the scores' range, above and below it.
+const SINKS: [f32; 8] = [0.5, -1.0, 2.5, -8.0, 0.0, 1.25, -0.3, 4.0];
 
 impl Case {
     fn config(&self, layers: usize, pages: usize) -> KvCacheConfig {
@@ -192,8 +198,8 @@ impl Case {
         1.0 / (self.d as f32).sqrt()
     }
 
-    fn scoring(&self) -> Scoring {
-        Scoring { scale: self.scale(), window: self.window }
+    fn scoring(&self) -> Scoring<'static> {
+        Scoring { scale: self.scale(), window: self.window, sinks: self.sinks.then(|| &SINKS[..self.q_heads]) }
     }
 }
 
@@ -262,7 +268,7 @@ fn cases(storage: KvStorage, q_heads: usize, kv_heads: usize) -> Vec<Case> {
     let mut all = vec![];
     for d in [64, 128] {
         for page_rows in [1, 7, 16] {
-            all.push(Case { storage, q_heads, kv_heads, d, page_rows, window: None });
+            all.push(Case { storage, q_heads, kv_heads, d, page_rows, window: None, sinks: false });
         }
     }
     all
@@ -342,8 +348,31 @@ fn sliding_windows_match_reference() {
     }
 }
 
+/// Sink logits per query head (gpt-oss) on f32 and int8 pages, with and without a window: the
+/// reference's softmax with the sink in its denominator; a sink per KV head instead of per query
+/// head is refused.
+#[test]
+fn sinks_match_reference() {
+    for (storage, window) in [(KvStorage::F32, None), (KvStorage::F32, NonZeroUsize::new(7)), (KvStorage::Int8, None)] {
+        for page_rows in [1, 7, 16] {
+            let case = Case { storage, q_heads: 6, kv_heads: 2, d: 64, page_rows, window, sinks: true };
+            let m = run_case(case);
+            assert!(m.stored_rel < F32_TOLERANCE, "{case:?}: {m:?}");
+        }
+    }
+    let case = f32_case(7);
+    let mut cache = KvCache::new(case.config(1, 16)).unwrap();
+    let s = cache.create_sequence();
+    let (k, v) = (vec![0.5; case.kv_heads * case.d], vec![1.0; case.kv_heads * case.d]);
+    cache.append(s, 0, &k, &v).unwrap();
+    let (q, mut out) = (vec![0.1; case.q_heads * case.d], vec![0.0; case.q_heads * case.d]);
+    let scoring = Scoring { sinks: Some(&SINKS[..case.kv_heads]), ..case.scoring() };
+    let err = cache.attend(s, 0, &q, scoring, &mut out);
+    assert!(matches!(err, Err(KvError::BadShape { tensor: "sinks", .. })), "{err:?}");
+}
+
 fn f32_case(page_rows: usize) -> Case {
-    Case { storage: KvStorage::F32, q_heads: 4, kv_heads: 2, d: 64, page_rows, window: None }
+    Case { storage: KvStorage::F32, q_heads: 4, kv_heads: 2, d: 64, page_rows, window: None, sinks: false }
 }
 
 #[test]
@@ -435,7 +464,8 @@ fn shared_prefix_shares_pages_and_diverges_correctly() {
 
 #[test]
 fn fork_prefix_mid_page_shares_the_prefix_only() {
-    let case = Case { storage: KvStorage::Int8, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None };
+    let case =
+        Case { storage: KvStorage::Int8, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None, sinks: false };
     let mut cache = KvCache::new(case.config(1, 64)).unwrap();
     let a = cache.create_sequence();
     let mut shadow_a = vec![Shadow::new(case.kv_heads, case.d)];
@@ -594,7 +624,7 @@ fn bad_calls_are_errors_that_change_nothing() {
 #[test]
 fn decoding_does_not_allocate() {
     for storage in [KvStorage::F32, KvStorage::F16, KvStorage::Int8] {
-        let case = Case { storage, q_heads: 6, kv_heads: 2, d: 128, page_rows: 16, window: None };
+        let case = Case { storage, q_heads: 6, kv_heads: 2, d: 128, page_rows: 16, window: None, sinks: false };
         let layers = 2;
         let mut cache = KvCache::new(case.config(layers, 512).with_reserved_rows(512)).unwrap();
         let seq = cache.create_sequence();
@@ -628,7 +658,8 @@ fn decoding_does_not_allocate() {
 
 #[test]
 fn workers_attend_in_parallel_with_their_own_scratch() {
-    let case = Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None };
+    let case =
+        Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 2, d: 64, page_rows: 7, window: None, sinks: false };
     let mut cache = KvCache::new(case.config(1, 256)).unwrap();
     let mut rng = Rng(29);
     let seqs: Vec<SeqId> = (0..4).map(|_| cache.create_sequence()).collect();
@@ -669,8 +700,15 @@ fn workers_attend_in_parallel_with_their_own_scratch() {
 /// over every head writes, bit for bit.
 #[test]
 fn attending_heads_in_parts_equals_one_call() {
-    let case =
-        Case { storage: KvStorage::F16, q_heads: 6, kv_heads: 3, d: 64, page_rows: 7, window: NonZeroUsize::new(9) };
+    let case = Case {
+        storage: KvStorage::F16,
+        q_heads: 6,
+        kv_heads: 3,
+        d: 64,
+        page_rows: 7,
+        window: NonZeroUsize::new(9),
+        sinks: true,
+    };
     let mut cache = KvCache::new(case.config(1, 64)).unwrap();
     let s = cache.create_sequence();
     let mut rng = Rng(91);
@@ -725,7 +763,8 @@ fn append_rows(cache: &mut KvCache, seq: SeqId, case: Case, data: &[(Vec<f32>, V
 
 #[test]
 fn truncated_rows_free_their_pages_copy_nothing_and_leave_what_a_cache_without_them_holds() {
-    let case = Case { storage: KvStorage::Int8, q_heads: 4, kv_heads: 2, d: 64, page_rows: 7, window: None };
+    let case =
+        Case { storage: KvStorage::Int8, q_heads: 4, kv_heads: 2, d: 64, page_rows: 7, window: None, sinks: false };
     let layers = 2;
     let mut rng = Rng(21);
     let data: Vec<(Vec<f32>, Vec<f32>)> = (0..layers)
@@ -802,7 +841,7 @@ fn every_isa_path_attends_as_the_scalar_path_does() {
             [(64, 16, None), (128, 7, None), (24, 16, Some(9)), (64, 5, Some(3)), (13, 16, None), (128, 64, Some(20))]
         {
             let window = window.and_then(NonZeroUsize::new);
-            let case = Case { storage, q_heads: 6, kv_heads: 2, d, page_rows, window };
+            let case = Case { storage, q_heads: 6, kv_heads: 2, d, page_rows, window, sinks: d == 24 };
             let want = run_on(Isa::Scalar, case);
             for isa in Isa::ALL.into_iter().filter(|i| *i != Isa::Scalar && i.is_available()) {
                 for (got, want) in run_on(isa, case).iter().zip(&want) {
@@ -823,7 +862,7 @@ fn on_every_isa_path_a_block_row_equals_a_single_step_bit_for_bit() {
     for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
         for (d, page_rows, window) in [(64, 16, None), (24, 7, Some(6))] {
             let window = window.and_then(NonZeroUsize::new);
-            let case = Case { storage: KvStorage::F32, q_heads: 6, kv_heads: 2, d, page_rows, window };
+            let case = Case { storage: KvStorage::F32, q_heads: 6, kv_heads: 2, d, page_rows, window, sinks: d == 24 };
             let mut cache = KvCache::new(case.config(1, 256).with_isa(isa)).unwrap();
             let (block, single) = (cache.create_sequence(), cache.create_sequence());
             let mut rng = Rng(77);

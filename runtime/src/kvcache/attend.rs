@@ -62,16 +62,18 @@ impl AttendScratch {
 }
 
 /// How a query row scores the keys it sees: `scale · q·k`, over every earlier key or over the
-/// last `window` positions (its own included: a sliding window).
+/// last `window` positions (its own included: a sliding window); `sinks`, one logit per query
+/// head, join the softmax's denominator and weight no value (gpt-oss's attention sinks).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scoring {
+pub struct Scoring<'a> {
     pub scale: f32,
     pub window: Option<std::num::NonZeroUsize>,
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl From<f32> for Scoring {
-    fn from(scale: f32) -> Scoring {
-        Scoring { scale, window: None }
+impl From<f32> for Scoring<'_> {
+    fn from(scale: f32) -> Self {
+        Scoring { scale, window: None, sinks: None }
     }
 }
 
@@ -89,6 +91,8 @@ pub(crate) struct GroupQueries<'a> {
     pub scale: f32,
     /// A sliding window: token at position p sees keys `p + 1 − w..=p` only.
     pub window: Option<std::num::NonZeroUsize>,
+    /// A sink logit per query head (of all `q_heads`), or none.
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl GroupQueries<'_> {
@@ -123,7 +127,12 @@ impl GroupQueries<'_> {
 
 pub(crate) fn begin(scratch: &mut AttendScratch, queries: &GroupQueries, page_rows: usize) {
     scratch.reserve(queries.rows(), queries.head_dim, page_rows);
-    scratch.states[..queries.rows()].fill((f64::NEG_INFINITY, 0.0));
+    // A sink is a page of one key scoring the sink logit, whose value is zero: (max, sum) =
+    // (sink, e⁰), nothing added to the accumulator.
+    for (r, state) in scratch.states[..queries.rows()].iter_mut().enumerate() {
+        let sink = queries.sinks.map(|s| s[queries.first_q_head + r / queries.tokens]);
+        *state = sink.map_or((f64::NEG_INFINITY, 0.0), |s| (f64::from(s), 1.0));
+    }
     scratch.acc[..queries.rows() * queries.head_dim].fill(0.0);
 }
 

@@ -256,12 +256,12 @@ impl KvCache {
     /// window of w, `p + 1 − w..=p`); `out = softmax(scale · q·Kᵀ) · V` per query head over its
     /// KV head. `scoring` is the scale, or a [`Scoring`] with a window. Uses the sequence's own
     /// scratch.
-    pub fn attend(
+    pub fn attend<'s>(
         &mut self,
         seq: SeqId,
         layer: usize,
         q: &[f32],
-        scoring: impl Into<Scoring>,
+        scoring: impl Into<Scoring<'s>>,
         out: &mut [f32],
     ) -> Result<(), KvError> {
         let mut scratch = std::mem::take(&mut lookup_mut(&mut self.slots, seq)?.scratch);
@@ -272,12 +272,12 @@ impl KvCache {
 
     /// [`KvCache::attend`] with the caller's scratch, through a shared reference: workers may
     /// attend for different sequences (or the same one) at once, each with its own scratch.
-    pub fn attend_with(
+    pub fn attend_with<'s>(
         &self,
         seq: SeqId,
         layer: usize,
         q: &[f32],
-        scoring: impl Into<Scoring>,
+        scoring: impl Into<Scoring<'s>>,
         out: &mut [f32],
         scratch: &mut AttendScratch,
     ) -> Result<(), KvError> {
@@ -288,17 +288,17 @@ impl KvCache {
     /// KV heads serve, `[group·heads.len(), S, head_dim]` (a contiguous part of the whole output),
     /// so workers can each take some heads of one call.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend_heads(
+    pub fn attend_heads<'s>(
         &self,
         seq: SeqId,
         layer: usize,
         q: &[f32],
-        scoring: impl Into<Scoring>,
+        scoring: impl Into<Scoring<'s>>,
         heads: std::ops::Range<usize>,
         out: &mut [f32],
         scratch: &mut AttendScratch,
     ) -> Result<(), KvError> {
-        let Scoring { scale, window } = scoring.into();
+        let Scoring { scale, window, sinks } = scoring.into();
         let sequence = lookup(&self.slots, seq)?;
         self.check_layer(seq, layer)?;
         let config = &self.config;
@@ -312,6 +312,10 @@ impl KvCache {
             let expected =
                 format!("{} like q's rows of KV heads {heads:?} of {kv_heads}", q.len() / kv_heads * heads.len());
             return Err(KvError::BadShape { seq, layer, tensor: "out", len: out.len(), expected });
+        }
+        if let Some(s) = sinks.filter(|s| s.len() != config.q_heads) {
+            let expected = format!("one sink per query head, {}", config.q_heads);
+            return Err(KvError::BadShape { seq, layer, tensor: "sinks", len: s.len(), expected });
         }
         let tokens = q.len() / row_values;
         let table = &sequence.layers[layer];
@@ -329,6 +333,7 @@ impl KvCache {
                 first_position: table.rows - tokens,
                 scale,
                 window,
+                sinks,
             };
             attend::begin(scratch, &queries, page_rows);
             // Pages wholly before the first query's window hold no visible row.

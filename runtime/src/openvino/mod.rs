@@ -599,7 +599,7 @@ impl OvSession {
         let k = take(&at.k, at.kv_heads)?;
         let v = take(&at.v, at.kv_heads)?;
         let (layer, q_heads, y_name) = (at.layer, at.q_heads, at.y.clone());
-        let scoring = Scoring { scale: at.scale, window: at.window };
+        let scoring = Scoring { scale: at.scale, window: at.window, sinks: None };
         self.cache.append(self.seq, layer, &k, &v).map_err(|e| OvError::Run(e.to_string()))?;
         let shape = Shape::new(&[1, q_heads as i64, block as i64, d as i64]).map_err(|e| run(e.to_string()))?;
         let mut y = Tensor::new(ElementType::F32, &shape).map_err(|e| run(e.to_string()))?;

@@ -146,7 +146,10 @@ pub enum Op {
         k: usize,
         v: usize,
         layer: usize,
-        scoring: Scoring,
+        /// The scale and window; the sinks are value `sinks`'s (one per query head), read at
+        /// run time.
+        scoring: Scoring<'static>,
+        sinks: Option<usize>,
         out: usize,
     },
     /// MatMulNBits: `packed` indexes [`Plan::packed`].

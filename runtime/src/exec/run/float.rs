@@ -10,7 +10,7 @@ use crate::exec::plan::{Loc, Op};
 use crate::exec::Executor;
 use crate::kernels::swiglu::GateActivation;
 use crate::kernels::{embed, gemm, layout, norm, rope, split_range, swiglu, SyncPtr, ThreadPool};
-use crate::kvcache::KvError;
+use crate::kvcache::{KvError, Scoring};
 
 /// Query rows from which a block's attention is split over the pool's threads by KV head
 /// (decoding attends one row, serially and without allocating).
@@ -173,11 +173,12 @@ impl Executor<'_> {
     /// Appends the step's K and V to the node's layer, then attends: serially for a few rows (or
     /// one thread), else split by KV head over the pool with one scratch per worker.
     pub(super) fn run_attention(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
-        let Op::Attention { q, k, v, layer, scoring, .. } = self.plan.node_op(index).1 else {
+        let Op::Attention { q, k, v, layer, scoring, sinks, .. } = self.plan.node_op(index).1 else {
             unreachable!("an Attention")
         };
         let view = view!(self);
         let (queries, keys, values) = (view.f32(*q), view.f32(*k), view.f32(*v));
+        let scoring = &Scoring { sinks: sinks.map(|s| view.f32(s)), ..*scoring };
         self.cache.append(self.current, *layer, keys, values)?;
         let a = self.plan.attention;
         let tokens = queries.len() / (a.q_heads * a.head_dim).max(1);

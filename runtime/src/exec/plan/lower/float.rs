@@ -268,7 +268,7 @@ pub(super) fn gate(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result
 }
 
 /// Attention over the cache: the next layer, scaled by the node's `scale` (1/√head_dim by
-/// default), within its sliding `window` if it has one.
+/// default), within its sliding `window` if it has one, with the sink logits of input 6 if given.
 pub(super) fn attention(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let (q, k, v) = (b.f32_input(node, 0)?, b.f32_input(node, 1)?, b.f32_input(node, 2)?);
     let head_dim = b.cx.attention.map_or(1, |a| a.head_dim);
@@ -277,9 +277,11 @@ pub(super) fn attention(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> R
         w if w < 0 => return Err(node_fail(node)(format!("window {w} is negative"))),
         w => NonZeroUsize::new(w as usize),
     };
+    let sinks = node.input(6).map(|_| b.f32_input(node, 6)).transpose()?;
     let o = output(node, 0)?;
     b.fresh(o);
-    b.push(n, Op::Attention { q, k, v, layer: b.layer, scoring: Scoring { scale, window }, out: o });
+    let scoring = Scoring { scale, window, sinks: None };
+    b.push(n, Op::Attention { q, k, v, layer: b.layer, scoring, sinks, out: o });
     b.layer += 1;
     Ok(())
 }
