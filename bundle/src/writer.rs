@@ -8,15 +8,23 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::digest::{HashingWriter, HASH_BUFFER_BYTES};
+use super::digest::{sha256_of_reader, HashingWriter, HASH_BUFFER_BYTES};
 use super::manifest::{FileEntry, Manifest, ManifestHeader, Target, FORMAT_VERSION};
 use super::paths::check_relative_path;
-use super::safetensors::{byte_len, encode_header, HeaderEntry, ALIGNMENT_BYTES, PADDING_PREFIX, RESERVED_PREFIX};
+use super::safetensors::{
+    byte_len, encode_header, encode_header_padded, HeaderEntry, ALIGNMENT_BYTES, PADDING_PREFIX, RESERVED_PREFIX,
+};
 use super::{BundleError, Dtype, MANIFEST_FILE, WEIGHTS_FILE};
 
-/// Tensor data accumulates here while tensors are added; `finish` writes the header and then
-/// copies this data behind it (the header, which comes first, is known only at the end).
+/// The weights file while tensors are added: their data starts [`HEADER_RESERVE_BYTES`] in, and
+/// `finish` writes the header (known only at the end) into the space before it and renames the
+/// file. A header that does not fit, or data under [`COMPACT_BELOW_BYTES`], is written into a new
+/// file with the data copied behind it instead.
 const DATA_TEMP_FILE: &str = ".weights.data.partial";
+/// Space for the header before the tensor data: 256 KiB holds about a thousand entries.
+const HEADER_RESERVE_BYTES: u64 = 256 << 10;
+/// Weights files with less tensor data than this are compacted (no reserved space left over).
+const COMPACT_BELOW_BYTES: u64 = 64 << 20;
 const MANIFEST_TEMP_FILE: &str = ".manifest.json.partial";
 
 /// How [`BundleWriter::create_with`] treats an existing directory.
@@ -76,6 +84,8 @@ impl BundleWriter {
             .create_new(true)
             .open(&data_path)
             .map_err(|e| BundleError::io(&data_path, e))?;
+        let mut data = data;
+        data.seek(SeekFrom::Start(HEADER_RESERVE_BYTES)).map_err(|e| BundleError::io(&data_path, e))?;
         Ok(BundleWriter {
             dir,
             header,
@@ -171,21 +181,20 @@ impl BundleWriter {
     /// everything else is on disk), and returns what the bundle holds.
     pub fn finish(mut self) -> Result<BundleSummary, BundleError> {
         let weights_path = self.dir.join(WEIGHTS_FILE);
-        let header = encode_header(&self.entries);
         self.data.flush().map_err(|e| BundleError::io(&self.data_path, e))?;
-        let data = self.data.get_mut();
-        data.seek(SeekFrom::Start(0)).map_err(|e| BundleError::io(&self.data_path, e))?;
-        let output = File::create(&weights_path).map_err(|e| BundleError::io(&weights_path, e))?;
-        let mut output = HashingWriter::new(output);
-        output.write_all(&header).map_err(|e| BundleError::io(&weights_path, e))?;
-        let copied_bytes = copy_stream(data, &mut output).map_err(|e| BundleError::io(&weights_path, e))?;
-        if copied_bytes != self.data_len {
-            let problem = format!("{copied_bytes} bytes of tensor data read back, {} written", self.data_len);
-            return Err(BundleError::io(&self.data_path, io::Error::new(io::ErrorKind::UnexpectedEof, problem)));
+        let header = encode_header_padded(&self.entries, HEADER_RESERVE_BYTES as usize);
+        if header.len() as u64 == HEADER_RESERVE_BYTES && self.data_len >= COMPACT_BELOW_BYTES {
+            let data = self.data.get_mut();
+            data.seek(SeekFrom::Start(0))
+                .and_then(|_| data.write_all(&header))
+                .and_then(|()| data.sync_all())
+                .map_err(|e| BundleError::io(&self.data_path, e))?;
+            fs::rename(&self.data_path, &weights_path).map_err(|e| BundleError::io(&weights_path, e))?;
+        } else {
+            self.write_compacted(&weights_path)?;
         }
-        let (output, sha256, size_bytes) = output.finish();
-        output.sync_all().map_err(|e| BundleError::io(&weights_path, e))?;
-        fs::remove_file(&self.data_path).map_err(|e| BundleError::io(&self.data_path, e))?;
+        let mut written = File::open(&weights_path).map_err(|e| BundleError::io(&weights_path, e))?;
+        let (sha256, size_bytes) = sha256_of_reader(&mut written).map_err(|e| BundleError::io(&weights_path, e))?;
         self.files.insert(WEIGHTS_FILE.to_string(), FileEntry { path: WEIGHTS_FILE.to_string(), size_bytes, sha256 });
 
         let files: Vec<FileEntry> = self.files.values().cloned().collect();
@@ -218,6 +227,23 @@ impl BundleWriter {
         })
     }
 
+    /// Writes the weights file anew: the header at its own size, then the tensor data copied from
+    /// the partial file, which is removed.
+    fn write_compacted(&mut self, weights_path: &Path) -> Result<(), BundleError> {
+        let header = encode_header(&self.entries);
+        let data = self.data.get_mut();
+        data.seek(SeekFrom::Start(HEADER_RESERVE_BYTES)).map_err(|e| BundleError::io(&self.data_path, e))?;
+        let mut output = File::create(weights_path).map_err(|e| BundleError::io(weights_path, e))?;
+        output.write_all(&header).map_err(|e| BundleError::io(weights_path, e))?;
+        let copied_bytes = copy_stream(data, &mut output).map_err(|e| BundleError::io(weights_path, e))?;
+        if copied_bytes != self.data_len {
+            let problem = format!("{copied_bytes} bytes of tensor data read back, {} written", self.data_len);
+            return Err(BundleError::io(&self.data_path, io::Error::new(io::ErrorKind::UnexpectedEof, problem)));
+        }
+        output.sync_all().map_err(|e| BundleError::io(weights_path, e))?;
+        fs::remove_file(&self.data_path).map_err(|e| BundleError::io(&self.data_path, e))
+    }
+
     /// Pads the data to the next multiple of [`ALIGNMENT_BYTES`] with a zero-filled `U8` filler
     /// entry, so the next tensor starts aligned and the data section stays contiguous.
     fn align_data(&mut self) -> Result<(), BundleError> {
@@ -245,8 +271,8 @@ impl BundleWriter {
         let io_error = |e| BundleError::io(&self.data_path, e);
         self.data.flush().map_err(io_error)?;
         let file = self.data.get_mut();
-        file.set_len(len).map_err(io_error)?;
-        file.seek(SeekFrom::Start(len)).map_err(io_error)?;
+        file.set_len(HEADER_RESERVE_BYTES + len).map_err(io_error)?;
+        file.seek(SeekFrom::Start(HEADER_RESERVE_BYTES + len)).map_err(io_error)?;
         Ok(())
     }
 

@@ -780,3 +780,28 @@ fn crafted_weights_that_pass_every_check_open() {
     assert_eq!((view.dtype, view.shape, view.bytes.len()), (Dtype::I32, &[2usize][..], 8));
     assert_eq!(view.metadata, Some(&json!({"block": 32})));
 }
+
+/// A weights file with 64 MiB of data or more is written in place: the header goes into the
+/// space reserved before the data (padded with spaces), the data is never copied, and the file
+/// reads back and verifies as a compacted one does; a small one is compacted (no reserve).
+#[test]
+fn large_weights_are_written_in_place_behind_a_reserved_header() {
+    let temp = tempfile::tempdir().unwrap();
+    let big: Vec<u8> = (0..(64usize << 20)).map(|i| (i % 251) as u8).collect();
+    for (name, bytes, reserved) in [("large.npub", &big[..], true), ("small.npub", &big[..1000], false)] {
+        let dir = temp.path().join(name);
+        let mut writer = BundleWriter::create(&dir, header(Target::Cpu)).unwrap();
+        writer.add_tensor("w", Dtype::U8, &[bytes.len()], bytes, None).unwrap();
+        writer.add_tensor("b", Dtype::F32, &[2], &[0, 0, 128, 63, 0, 0, 0, 64], None).unwrap();
+        writer.finish().unwrap();
+        let file = fs::read(dir.join(WEIGHTS_FILE)).unwrap();
+        let header_len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+        assert_eq!(header_len + 8 == 256 << 10, reserved, "{name}: header of {header_len} bytes");
+        assert!(file[8..8 + header_len].ends_with(b" "), "{name}: the header is padded with spaces");
+        let bundle = Bundle::open(&dir, None).unwrap();
+        assert_eq!(bundle.manifest().files.iter().find(|f| f.path == WEIGHTS_FILE).unwrap().sha256, sha256_hex(&file));
+        assert!(bundle.tensor("w").unwrap().bytes == bytes, "{name}: tensor data");
+        assert_eq!(bundle.tensor("b").unwrap().bytes, &[0, 0, 128, 63, 0, 0, 0, 64]);
+        assert!(!dir.join(".weights.data.partial").exists(), "{name}: the partial file is left");
+    }
+}
