@@ -33,7 +33,9 @@ fixtures/hybrid/ with an index of its own, so the corpus test, which compiles ev
 reads them. Their folders are made under the builder's transformers (corpus/hybrid_hf.py). Cases
 and greedy ids as the corpus's, the recurrent and conv states (`past.<layer>.<kind>`) starting at
 zero; each entry also lists its state inputs, its contrib ops' signatures and, for fp32,
-transformers' own greedy ids on the same folder and whether ONNX Runtime's equal them.
+transformers' own greedy ids on the same folder and whether ONNX Runtime's equal them. Where the
+checkpoint has an MTP head (Qwen3.5's), the builder writes mtp.onnx too: its cases go to `mtp/`
+and `mtp_decode/`, its signature and drafts to the entry's `mtp`.
 """
 
 from __future__ import annotations
@@ -185,15 +187,47 @@ def op_histogram(model: Path) -> dict:
 
 def hybrid_facts(entry_dir: Path, entry: dict, ctx: dict) -> dict:
     """What a hybrid entry adds: its state inputs, its contrib ops' signatures, the MTP graph the
-    builder writes beside some (kept untouched), and for fp32 transformers' greedy ids."""
+    builder writes beside some (kept untouched) with ONNX Runtime's references for it, and for fp32
+    transformers' greedy ids."""
     facts = {"state_inputs": state_inputs(entry_dir / "model.onnx"),
              "contrib_signatures": contrib_signatures(entry_dir / "model.onnx")}
     extra = sorted(p.name for p in entry_dir.glob("*.onnx") if p.name != "model.onnx")
     if extra:
         facts["other_graphs"] = extra
+    if (entry_dir / "mtp.onnx").exists():
+        facts["mtp"] = mtp_facts(entry_dir, entry)
     if entry_dir.name.endswith("-fp32"):
         facts["transformers"] = transformers_agreement(entry_dir, entry["cases"][0]["greedy_ids"], ctx)
     return facts
+
+
+def mtp_facts(entry_dir: Path, entry: dict) -> dict:
+    """The MTP head the builder writes as mtp.onnx when the checkpoint has `mtp.*` weights (its
+    embedding and lm_head shared with model.onnx.data): its signature, the `mtp` section the
+    builder adds to genai_config.json, its contrib ops' signatures, ONNX Runtime's `mtp/` and
+    `mtp_decode/` cases and how often its greedy drafts equal the decoder's next greedy id
+    (corpus/reference.py record_mtp; low for random weights, recorded as it is)."""
+    case = entry["cases"][0]
+    ref = reference.record_mtp(entry_dir / "model.onnx", entry_dir / "mtp.onnx", entry_dir, entry["kv_heads"],
+                               entry["head_dim"], case["prompt_ids"], GREEDY_STEPS)
+    if ref["greedy_ids"] != case["greedy_ids"]:
+        raise AssertionError(f"{entry_dir.name}: greedy ids beside the MTP head differ from the plain run's")
+    genai = json.loads((entry_dir / "genai_config.json").read_text())["model"]
+    return {"graph": "mtp.onnx", "signature": graph_signature(entry_dir / "mtp.onnx"),
+            "contrib_signatures": contrib_signatures(entry_dir / "mtp.onnx"), "genai_config": genai["mtp"],
+            "decoder_outputs": genai["decoder"].get("outputs", {}), "inputs": ref["inputs"],
+            "outputs": ref["outputs"], "cases": ref["cases"], "drafts": ref["drafts"],
+            "drafts_equal": ref["drafts_equal"], "op_histogram": op_histogram(entry_dir / "mtp.onnx")}
+
+
+def graph_signature(model: Path) -> dict:
+    """Every input and output with its declared shape (symbols as names) and element type."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    value = lambda v: {"shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+                       "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower()}
+    return {"inputs": {i.name: value(i) for i in graph.input}, "outputs": {o.name: value(o) for o in graph.output}}
 
 
 def state_inputs(model: Path) -> dict:
@@ -243,7 +277,9 @@ def transformers_agreement(entry_dir: Path, mine: list[int], ctx: dict) -> dict:
     from onnx import load_tensor, numpy_helper
 
     theirs = ctx.setdefault("transformers_greedy", {}).get("ids") or hf_greedy(ctx)
-    ort_logits = numpy_helper.to_array(load_tensor(str(entry_dir / "prefill" / "output_0.pb")))[0]
+    # By name: a decoder with an MTP head outputs its hidden states first.
+    outputs = (load_tensor(str(p)) for p in (entry_dir / "prefill").glob("output_*.pb"))
+    ort_logits = numpy_helper.to_array(next(t for t in outputs if t.name == "logits"))[0]
     result = {"version": theirs["transformers"], "greedy_ids": theirs["greedy_ids"], "agree": mine == theirs["greedy_ids"],
               "prefill_max_abs_logit_diff": float(np.abs(np.asarray(theirs["prefill_logits"]) - ort_logits).max())}
     if not result["agree"]:
@@ -294,10 +330,15 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
     if not exporters_wanted:
         return index
     hf = out / f"{arch.name}-hf"
-    if not (hf / "config.json").exists() or force:
+    # The folder is remade when the architecture's spec changed since it was made (a config key
+    # that adds weights, as mtp_num_hidden_layers does), not only when it is missing.
+    spec = json.dumps({"hf_class": arch.hf_class, "config": arch.config, "seed": arch.seed}, sort_keys=True)
+    stamp = hf / "corpus_spec.json"
+    if force or not (hf / "config.json").exists() or not stamp.exists() or stamp.read_text() != spec:
         shutil.rmtree(hf, ignore_errors=True)
         with BUILD_LOCK:  # torch's global RNG draws the weights: one model at a time
             make_hf(hf)
+        stamp.write_text(spec)
     ctx = {"hf": hf, "config": json.loads((hf / "config.json").read_text()), **(options or {})}
     ctx["prompts"] = prompts_of(hf)
     if arch.name == "smollm2":

@@ -5,7 +5,8 @@ with that version, so each folder is written and checked by the transformers tha
     python hybrid_hf.py build SPEC.json OUT        # a random-weight model folder
     python hybrid_hf.py greedy HF PROMPT STEPS OUT.json   # transformers' own greedy ids and logits
 
-SPEC.json is {"hf_class", "config", "seed"} (corpus/models.py HYBRID_ARCHS).
+SPEC.json is {"hf_class", "config", "seed"} (corpus/models.py HYBRID_ARCHS). A text config with
+`mtp_num_hidden_layers` also gets a multi-token-prediction head's weights (`mtp.*`, see mtp_state).
 """
 
 from __future__ import annotations
@@ -40,7 +41,46 @@ def build(spec: dict, out: Path):
                 t.add_(torch.rand_like(t) - 0.5)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    text = getattr(cfg, "text_config", cfg)
+    if getattr(text, "mtp_num_hidden_layers", 0):
+        add_tensors(out / "model.safetensors", mtp_state(model, text, spec["seed"]))
     models.write_tokenizer(out, models.VOCAB)
+
+
+def mtp_state(model, text, seed: int) -> dict:
+    """A Qwen3.5 multi-token-prediction head as the real checkpoints store it and the builder reads
+    it (onnxruntime_genai/models/loaders/qwen.py QwenMTPModel): `mtp.fc.weight` [hidden, 2 hidden]
+    over the normed token embedding and hidden state, the (1 + w) norms `mtp.pre_fc_norm_embedding`,
+    `mtp.pre_fc_norm_hidden` and `mtp.norm`, and one full-attention decoder layer `mtp.layers.0.*`
+    named as transformers' decoder layer names its tensors (the builder loads them into one).
+    transformers' class has no such head (it drops `mtp.*` on load), so the tensors are drawn here,
+    from their own generator so the decoder's weights stay those of the seed: matrices with std
+    INIT_STD, vectors (every one a (1 + w) norm's weight) U(-0.5, 0.5) — what build gives the
+    decoder's own."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(text)
+    config.num_hidden_layers, config.layer_types = 1, ["full_attention"]
+    full = model.config.text_config.layer_types.index("full_attention")
+    layer = type(model.model.language_model.layers[full])(config, layer_idx=0)
+    hidden = text.hidden_size
+    shapes = {f"mtp.layers.0.{k}": v.shape for k, v in layer.state_dict().items()}
+    shapes.update({"mtp.fc.weight": (hidden, 2 * hidden), "mtp.pre_fc_norm_embedding.weight": (hidden,),
+                   "mtp.pre_fc_norm_hidden.weight": (hidden,), "mtp.norm.weight": (hidden,)})
+    gen = torch.Generator().manual_seed(seed + 1000)
+    return {name: torch.rand(shape, generator=gen) - 0.5 if len(shape) == 1
+            else torch.randn(shape, generator=gen) * models.INIT_STD for name, shape in sorted(shapes.items())}
+
+
+def add_tensors(path: Path, tensors: dict):
+    """Adds `tensors` to the safetensors file save_pretrained wrote (one shard: the models are tiny)."""
+    from safetensors.torch import load_file, save_file
+
+    if path.with_name("model.safetensors.index.json").exists():
+        raise RuntimeError(f"{path.parent}: a sharded checkpoint; the MTP tensors go into one file")
+    save_file({**load_file(path), **tensors}, path, metadata={"format": "pt"})
 
 
 def greedy(hf: Path, prompt: list[int], steps: int) -> dict:

@@ -87,11 +87,12 @@ BENCH_ARCHS = {
 # by corpus/hybrid_hf.py under the builder's transformers, which has the Qwen3.5 and LFM2-MoE
 # classes. Qwen3.5's attention uses the real model's proportions: head_dim 64 with a quarter of it
 # rotated as interleaved MRoPE sections [3, 3, 2], twice as many value heads as key heads in the
-# Gated DeltaNet layers.
+# Gated DeltaNet layers. One MTP layer, as the real checkpoints have: the builder then writes the
+# multi-token-prediction head as mtp.onnx beside model.onnx (corpus/hybrid_hf.py mtp_state).
 QWEN35_TEXT = dict(
     COMMON, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], head_dim=64,
     linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
-    linear_num_value_heads=4, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    linear_num_value_heads=4, rms_norm_eps=1e-6, tie_word_embeddings=False, mtp_num_hidden_layers=1,
     rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                          mrope_section=[3, 3, 2], mrope_interleaved=True))
 # The vision tower is part of the class; the builder exports the text decoder only.

@@ -40,11 +40,15 @@ class Decoder:
         self.cache_dtype = {i.name: ORT_DTYPES[i.type] for i in self.sess.get_inputs() if i.name.startswith("past")}
         self.shapes = {i.name: i.shape for i in self.sess.get_inputs()}
 
-    def feeds(self, ids: list[int], past: dict | None, past_len: int) -> dict:
+    def feeds(self, ids: list[int], past: dict | None, past_len: int, extra: dict | None = None) -> dict:
+        """The inputs of one step; `extra` holds inputs a decoder step does not make (the MTP
+        head's `hidden_states`)."""
         n = len(ids)
         f = {}
         for name in self.inputs:
-            if name == "input_ids":
+            if extra and name in extra:
+                f[name] = extra[name]
+            elif name == "input_ids":
                 f[name] = np.asarray([ids], dtype=np.int64)
             elif name == "attention_mask":
                 f[name] = np.ones((1, past_len + n), dtype=np.int64)
@@ -67,8 +71,8 @@ class Decoder:
             raise ValueError(f"state input `{name}` has a symbolic size past the batch: {shape}")
         return np.zeros((1, *shape[1:]), dtype=self.cache_dtype[name])
 
-    def step(self, ids: list[int], past: dict | None, past_len: int) -> tuple[dict, dict]:
-        feeds = self.feeds(ids, past, past_len)
+    def step(self, ids: list[int], past: dict | None, past_len: int, extra: dict | None = None) -> tuple[dict, dict]:
+        feeds = self.feeds(ids, past, past_len, extra)
         outs = dict(zip(self.outputs, self.sess.run(self.outputs, feeds)))
         return feeds, outs
 
@@ -134,6 +138,36 @@ def record(model: Path | bytes, out: Path, kv_heads: int, head_dim: int, prompts
         "cases": cases,
         "max_abs_logit": float(np.abs(logits).max()),
     }
+
+
+def record_mtp(model: Path, mtp: Path, out: Path, kv_heads: int, head_dim: int, prompt: list[int],
+               steps: int) -> dict:
+    """The MTP head (`mtp`, the builder's mtp.onnx) beside its decoder (`model`), as a drafter runs
+    it: row t takes the decoder's final hidden state at position t (its `hidden_states` output,
+    after the final norm) and the token at t + 1, at position t, and its logits draft the token at
+    t + 2. The `mtp/` case is the prompt's rows: `prompt[1:]` and the decoder's first greedy id
+    over the prefill's hidden states; `mtp_decode/` the next row, over the head's own KV cache.
+    Then greedy decoding of the decoder with the head drafting beside it: draft i is the head's
+    argmax for greedy id i + 2 (the first greedy id is the prefill's, which the head takes as
+    input), so `steps` greedy ids give steps - 1 drafts."""
+    main, head = Decoder(model, kv_heads, head_dim), Decoder(mtp, kv_heads, head_dim)
+    _, outs = main.step(prompt, None, 0)
+    greedy = [int(np.argmax(outs["logits"][0, -1]))]
+    feeds, drafted = head.step(prompt[1:] + greedy, None, 0, {"hidden_states": outs["hidden_states"]})
+    write_case(out / "mtp", head, feeds, drafted)
+    drafts, length, head_length = [], len(prompt), len(prompt)
+    while len(greedy) < steps:
+        drafts.append(int(np.argmax(drafted["logits"][0, -1])))
+        _, outs = main.step(greedy[-1:], outs, length)
+        greedy.append(int(np.argmax(outs["logits"][0, -1])))
+        length += 1
+        feeds, drafted = head.step(greedy[-1:], drafted, head_length, {"hidden_states": outs["hidden_states"]})
+        if head_length == len(prompt):
+            write_case(out / "mtp_decode", head, feeds, drafted)
+        head_length += 1
+    equal = sum(d == g for d, g in zip(drafts, greedy[1:]))
+    return {"inputs": head.inputs, "outputs": head.outputs, "cases": ["mtp", "mtp_decode"],
+            "greedy_ids": greedy, "drafts": drafts, "drafts_equal": equal}
 
 
 def record_matmulnbits(model: Path, out: Path, rows: int = 4, seed: int = 5) -> list[dict]:
