@@ -51,7 +51,7 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     let progress = Progress::new(o.json);
     progress.step(format!("importing {}", o.model.display()));
     let imported = frontend::import_file(&o.model).with_context(|| format!("importing {}", o.model.display()))?;
-    let outcome = passes::driver::run(&target.pipeline(), imported.graph, None, |r, _| {
+    let outcome = passes::driver::run(&target.pipeline(), without_drafter_outputs(imported.graph), None, |r, _| {
         progress.step(format!("{} done ({} → {} nodes)", r.name, r.nodes_before, r.nodes_after));
     })?;
     let lowered = target.lower(outcome.graph, &o.args)?;
@@ -74,6 +74,20 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     progress.done();
     let program_nodes = lowered.program().nodes.len();
     Ok(Written { program_nodes, stored, bundle, emitted, tokenizer: tokenizer.is_some() })
+}
+
+/// The graph without the output only a drafter reads: onnxruntime-genai's builder gives a decoder
+/// with an MTP head (mtp.onnx) a first output `hidden_states`, the final norm's, which the head
+/// takes. The bundle carries no MTP drafter and the executor returns the logits only, so the
+/// program leaves it out, and with it the nodes only it reads (Qwen3.5's last MLP and final norm:
+/// the builder feeds its lm_head from the last post-attention norm).
+fn without_drafter_outputs(mut graph: ir::Graph) -> ir::Graph {
+    let named = |g: &ir::Graph, name: &str| g.outputs.iter().copied().find(|&v| g.value(v).name == name);
+    let (Some(_), Some(hidden)) = (named(&graph, "logits"), named(&graph, "hidden_states")) else {
+        return graph;
+    };
+    graph.outputs.retain(|&v| v != hidden);
+    graph.pruned()
 }
 
 /// The configuration read off the program, with the tokenizer's special tokens.
