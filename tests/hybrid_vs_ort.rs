@@ -7,6 +7,10 @@
 //! states) against ONNX Runtime's on the unmodified file, then ONNX Runtime's 16 greedy ids with
 //! the states carried from step to step by name (`present.*` → `past.*`).
 //!
+//! Per entry with an MTP head (Qwen3.5 and Qwen3.5-MoE: `mtp.onnx`, its embedding and lm_head
+//! read from model.onnx.data): every output of its `mtp` case (the prompt's rows over the decoder's
+//! prefill hidden states) and `mtp_decode` case (the next row over the head's KV cache).
+//!
 //! Tolerances, relative to the largest |expected| of each output: fp32 graphs 1e-5 (measured worst
 //! 1.7e-6, Qwen3.5-MoE and LFM2-MoE prefill); the builder's int4 at its default `accuracy_level` 4
 //! [`LEVEL4_TOL`] (measured: 6.3e-7 everywhere but Qwen3.5-MoE's prefill logits, 3.4e-3, where one
@@ -115,6 +119,46 @@ fn check(entry: &serde_json::Value) -> Result<String, String> {
         greedy_agrees(&greedy(&graph, &dir, &prompt, steps)?, case)?;
     }
     Ok(format!("prefill {:.1e}, decode {:.1e}, greedy ids equal", errors[0], errors[1]))
+}
+
+/// The evaluator on entry `name`'s MTP head against ONNX Runtime's `mtp` and `mtp_decode` cases,
+/// after checking that the `mtp` case's `hidden_states` is the prefill case's output of that name.
+fn check_mtp(name: &str) -> Result<String, String> {
+    let dir = hybrid_dir().join(name);
+    let graph = frontend::import_file(&dir.join("mtp.onnx")).map_err(|e| e.to_string())?.graph;
+    let (_, prefill) = frontend::read_test_case(&dir.join("prefill")).map_err(|e| e.to_string())?;
+    let (inputs, _) = frontend::read_test_case(&dir.join("mtp")).map_err(|e| e.to_string())?;
+    let decoder_hidden = prefill.iter().find(|(n, _)| n == "hidden_states").map(|(_, t)| t);
+    if decoder_hidden.map(Tensor::to_f32_vec) != inputs.get("hidden_states").map(Tensor::to_f32_vec) {
+        return Err("the mtp case's hidden_states is not the prefill case's output".to_string());
+    }
+    let tol = if name.ends_with("int4") { LEVEL4_TOL } else { FLOAT_TOL };
+    let mut errors = Vec::new();
+    for case in ["mtp", "mtp_decode"] {
+        let e = case_error(&graph, &dir, case)?;
+        if e > tol {
+            return Err(format!("{case}: {e:e} of the largest output above {tol:e}"));
+        }
+        errors.push(e);
+    }
+    Ok(format!("mtp {:.1e}, mtp_decode {:.1e}", errors[0], errors[1]))
+}
+
+#[test]
+fn mtp_heads_evaluate_as_onnx_runtime_does() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for entry in index().iter().filter(|e| e["mtp"].is_object()) {
+        let name = entry["name"].as_str().unwrap();
+        match check_mtp(name) {
+            Ok(summary) => eprintln!("{name}: {summary}"),
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+        checked += 1;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Qwen3.5 and Qwen3.5-MoE, fp32 and int4.
+    assert_eq!(checked, 4, "entries with an MTP head");
 }
 
 #[test]
