@@ -86,6 +86,14 @@ impl Device {
     pub fn mem_tile_bytes(self) -> usize {
         512 * 1024
     }
+    /// Banks of a compute tile's data memory (`getNumBanks`): 4 of 16 KiB.
+    pub fn core_banks(self) -> usize {
+        4
+    }
+    /// Banks of a mem tile (`getNumBanks`): 8 of 64 KiB.
+    pub fn mem_tile_banks(self) -> usize {
+        8
+    }
     pub fn mem_tile_bds(self) -> usize {
         48
     }

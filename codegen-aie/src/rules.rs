@@ -49,6 +49,10 @@ pub enum Rule {
     BdLimits,
     /// A tile's data memory holds its FIFO buffers (and a core's stack).
     Memory,
+    /// Each FIFO buffer fits one memory bank, as mlir-aie's bank-aware allocator places them
+    /// (`AIEAssignBuffers`; a larger buffer makes it fall back to sequential allocation, where
+    /// buffers a core or DMA uses at once can share a bank).
+    Banks,
     /// DMA channels per direction and tile (`MemTileDMAOp::verify`, the switchbox DMA ports).
     Channels,
     /// Locks per tile: a pair per FIFO end, a pair per transfer at a join or distribute
@@ -79,6 +83,7 @@ impl Rule {
             Rule::FifoPattern => "fifo-pattern",
             Rule::BdLimits => "bd-limits",
             Rule::Memory => "memory",
+            Rule::Banks => "banks",
             Rule::Channels => "channels",
             Rule::Locks => "locks",
             Rule::Bds => "bds",
@@ -432,6 +437,8 @@ fn check_producer_patterns(d: &Design) -> Result<(), ResourceError> {
 #[derive(Default)]
 struct TileUse {
     bytes: usize,
+    /// The largest buffer and the FIFO it belongs to.
+    largest: (usize, String),
     locks: usize,
     bds: usize,
     mm2s: usize,
@@ -446,6 +453,10 @@ fn tile_use(d: &Design, t: Tile) -> Result<TileUse, ResourceError> {
     let mut u = TileUse::default();
     for f in d.fifos.iter().filter(|f| f.producer == t || f.consumers.contains(&t)) {
         let bytes = |f: &Fifo| f.depth * f.elems() * f.elem.bytes();
+        let buffer = f.elems() * f.elem.bytes();
+        if buffer > u.largest.0 && (link_at(d, f, t).is_none_or(|r| r.owner().name == f.name)) {
+            u.largest = (buffer, f.name.clone());
+        }
         let bds = match link_at(d, f, t) {
             Some(r) if r.owner().name == f.name => {
                 u.bytes += bytes(f);
@@ -493,6 +504,15 @@ fn check_tile(d: &Design, t: Tile) -> Result<(), ResourceError> {
         }
     };
     let subject = || tile_subject(t);
+    let bank = match t.1 {
+        Device::SHIM_ROW => usize::MAX,
+        Device::MEM_TILE_ROW => dev.mem_tile_bytes() / dev.mem_tile_banks(),
+        _ => dev.core_data_bytes() / dev.core_banks(),
+    };
+    if u.largest.0 > bank {
+        let what = format!("{}'s buffer of {} bytes is larger than a {bank}-byte bank", u.largest.1, u.largest.0);
+        return fail(d, Rule::Banks, subject(), what);
+    }
     if u.bytes > bytes {
         return fail(
             d,

@@ -428,3 +428,34 @@ fn runtime_dmas_keep_the_shim_descriptor_and_its_ids() {
     });
     assert_rule(&err, Rule::ShimBdIds, "C_L2L3_0");
 }
+
+/// Every FIFO buffer fits one bank (16 KiB in a compute tile, 64 KiB in a mem tile), as
+/// mlir-aie's bank-aware allocator needs: SmolLM2's 576-wide projections once took 32×32×144
+/// tiles, whose 18 432-byte C buffer (and 73 728-byte C join in the mem tile) made it fall back
+/// to sequential allocation; the chooser now picks a tile whose buffers fit.
+#[test]
+fn buffers_fit_a_memory_bank() {
+    for (device, n) in [(Device::Npu1, 144), (Device::Npu2, 192)] {
+        let shape = GemmShape { m: 256, k: 576, n: 576 };
+        let err = tiling::with_tile(device, shape, 32, 32, n).unwrap_err().to_string();
+        assert!(err.contains("banks: ") && err.contains("-byte bank"), "{device:?}: {err}");
+        let chosen = tiling::choose(device, shape).unwrap();
+        assert!(chosen.m * chosen.n * 4 <= 16384, "{device:?}: C tile {}×{}", chosen.m, chosen.n);
+        assert!(chosen.rows * chosen.m * chosen.n * 4 <= 65536, "{device:?}: C join {}×{}", chosen.m, chosen.n);
+    }
+    // One more FIFO into a core, of one 18 432-byte buffer: room enough, but not in one bank.
+    let err = refused(|d| {
+        let extra = design::Fifo {
+            name: "X".into(),
+            producer: (0, 3),
+            consumers: vec![(0, 2)],
+            depth: 1,
+            shape: vec![4608],
+            elem: design::Elem::I32,
+            to_stream: vec![],
+        };
+        d.fifos.push(extra);
+    });
+    assert_rule(&err, Rule::Banks, "compute tile (0, 2)");
+    assert!(err.what.contains("X's buffer of 18432 bytes"), "{err}");
+}
