@@ -382,22 +382,24 @@ fn descriptor_limits_are_the_tile_kinds() {
     assert_eq!(check_pattern(core, 4, &[(4, 8192), (8, 1)], false), Ok(()));
 }
 
+/// One more FIFO `X` of one buffer of `elems` i32 values, from core (0, 3) into core (0, 2).
+fn extra_fifo(elems: usize) -> design::Fifo {
+    design::Fifo {
+        name: "X".into(),
+        producer: (0, 3),
+        consumers: vec![(0, 2)],
+        depth: 1,
+        shape: vec![elems],
+        elem: design::Elem::I32,
+        to_stream: vec![],
+    }
+}
+
 #[test]
 fn tiles_keep_their_memory_channels_and_descriptors() {
     let err = refused(|d| fifo_mut(d, "C_L1L2_0_0").depth = 31);
     assert_rule(&err, Rule::Memory, "compute tile (0, 2)");
-    let err = refused(|d| {
-        let extra = design::Fifo {
-            name: "X".into(),
-            producer: (0, 3),
-            consumers: vec![(0, 2)],
-            depth: 1,
-            shape: vec![64],
-            elem: design::Elem::I32,
-            to_stream: vec![],
-        };
-        d.fifos.push(extra);
-    });
+    let err = refused(|d| d.fifos.push(extra_fifo(64)));
     assert_rule(&err, Rule::Channels, "compute tile (0, 2)");
     let err = refused(|d| {
         fifo_mut(d, "A_L2L1_0").depth = 9;
@@ -444,18 +446,7 @@ fn buffers_fit_a_memory_bank() {
         assert!(chosen.rows * chosen.m * chosen.n * 4 <= 65536, "{device:?}: C join {}×{}", chosen.m, chosen.n);
     }
     // One more FIFO into a core, of one 18 432-byte buffer: room enough, but not in one bank.
-    let err = refused(|d| {
-        let extra = design::Fifo {
-            name: "X".into(),
-            producer: (0, 3),
-            consumers: vec![(0, 2)],
-            depth: 1,
-            shape: vec![4608],
-            elem: design::Elem::I32,
-            to_stream: vec![],
-        };
-        d.fifos.push(extra);
-    });
+    let err = refused(|d| d.fifos.push(extra_fifo(4608)));
     assert_rule(&err, Rule::Banks, "compute tile (0, 2)");
     assert!(err.what.contains("X's buffer of 18432 bytes"), "{err}");
 }
