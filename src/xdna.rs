@@ -155,6 +155,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         .collect();
     Ok(json!({
         "device": device.name(),
+        "cost_model": cost_model(g, &plan),
         "host_threshold_rows": plan.options.host_threshold_rows,
         "projections": plan.gemms.len(),
         "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
@@ -162,6 +163,25 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         "mlir": verified,
         "artifacts": artifacts,
     }))
+}
+
+/// Prompt tokens of the cost model's prefill (the context published NPU rates are quoted at).
+const COST_PROMPT_TOKENS: usize = 1024;
+
+/// The cost model's prediction (`codegen_aie::cost`) for a prefill of [`COST_PROMPT_TOKENS`],
+/// the projections writing a graph output (the lm_head) computed for the last row only, as the
+/// executor does, and its assumptions.
+fn cost_model(g: &Graph, plan: &plan::Plan) -> Value {
+    let outputs: Vec<&str> =
+        g.nodes.iter().filter(|n| n.outputs.iter().any(|o| g.outputs.contains(o))).map(|n| n.name.as_str()).collect();
+    let p = codegen_aie::cost::predict(plan, COST_PROMPT_TOKENS, &|s| outputs.contains(&s.node.as_str()));
+    let device = plan.options.device;
+    json!({
+        "prediction": p,
+        "clock_hz": device.clock_hz(),
+        "dispatch_seconds": codegen_aie::cost::DISPATCH_SECONDS,
+        "shim_bytes_per_second": device.shim_bytes_per_second(),
+    })
 }
 
 /// Human-readable lines for the compile summary.
@@ -175,6 +195,22 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         v["mlir"].as_str().unwrap_or(""),
         v["artifacts"].as_str().unwrap_or("")
     )];
+    let c = &v["cost_model"];
+    let p = &c["prediction"];
+    let num = |x: &Value| x.as_f64().unwrap_or(0.0);
+    out.push(format!(
+        "  cost model ({:.1} GHz, {:.0} µs per call; host work not counted): prefill of {} tokens {:.1} ms on the array in {} calls + {:.1} ms of dispatch, {:.0} tok/s; decode reads {:.1} MB of int8 weights per token, at most {:.0} tok/s over {:.0} GB/s of shim DMA",
+        num(&c["clock_hz"]) / 1e9,
+        num(&c["dispatch_seconds"]) * 1e6,
+        p["prompt_tokens"],
+        num(&p["prefill_array_seconds"]) * 1e3,
+        p["prefill_calls"],
+        num(&p["prefill_dispatch_seconds"]) * 1e3,
+        num(&p["prefill_tok_s"]),
+        num(&p["decode_weight_bytes"]) / 1e6,
+        num(&p["decode_tok_s_bound"]),
+        num(&c["shim_bytes_per_second"]) / 1e9,
+    ));
     for d in v["designs"].as_array().into_iter().flatten() {
         let dims = |k: &str| {
             d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()

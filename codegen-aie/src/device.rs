@@ -121,6 +121,22 @@ impl Device {
         }
     }
 
+    /// The array's clock, an assumption of the cost model: npu1 1.0 GHz (Phoenix's firmware
+    /// records an AIE frequency of 1000 MHz); npu2 1.5 GHz, what Strix's 50 int8 TOPS over 32
+    /// tiles × 512 MACs × 2 operations imply.
+    pub fn clock_hz(self) -> f64 {
+        match self {
+            Device::Npu1 => 1.0e9,
+            Device::Npu2 => 1.5e9,
+        }
+    }
+
+    /// Bytes per second the shim tiles' DMA channels bring into the array at most: every column's
+    /// channels, one 32-bit stream word per cycle each.
+    pub fn shim_bytes_per_second(self) -> f64 {
+        (self.columns() * self.shim_channels() * self.stream_bytes_per_cycle()) as f64 * self.clock_hz()
+    }
+
     /// int8 multiply-accumulates per cycle per compute tile.
     pub fn macs_per_cycle(self) -> usize {
         match self {

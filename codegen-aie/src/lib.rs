@@ -19,6 +19,7 @@
 
 #[cfg(feature = "xrt")]
 pub mod amdxdna;
+pub mod cost;
 pub mod design;
 pub mod device;
 pub mod gemm;
