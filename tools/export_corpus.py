@@ -21,10 +21,13 @@ matches the tools' sources is kept as it is. --jobs architectures are exported a
 architecture's exporters in order: the QDQ entries read its optimum export).
 
 --bench exports the bench-only architectures instead (corpus/models.py BENCH_ARCHS: a
-Qwen3-0.6B-shaped model with random weights) with BENCH_EXPORTERS, into fixtures/bench/ with an
-index of its own, so the corpus the tests read never holds them. Their references are ONNX
-Runtime's greedy ids for one prompt and the prefill/decode cases (no MatMulNBits cases: the 0.6B
-model's matrices would be copied once more); --no-reference skips even those.
+Qwen3-0.6B-shaped model with random weights; BENCH_HYBRID_ARCHS: a Qwen3.5-MoE-shaped one, its
+folder made as the hybrid corpus's) with BENCH_EXPORTERS, into fixtures/bench/ with an index of its
+own, so the corpus the tests read never holds them. Their references are ONNX Runtime's greedy ids
+for one prompt and the prefill/decode cases (no MatMulNBits cases: the matrices would be copied once
+more; the hybrid ones also list their state inputs and contrib ops' signatures, not transformers'
+greedy ids); --no-reference skips even those. Hybrid bench entries record `parameters`: the
+decoder's total and the active per token (routed experts at top-k of all).
 
 --hybrid exports the recurrent and mixture-of-experts architectures (corpus/models.py
 HYBRID_ARCHS: Qwen3.5 and Qwen3.5-MoE with Gated DeltaNet layers, LFM2 and LFM2-MoE with short
@@ -196,9 +199,35 @@ def hybrid_facts(entry_dir: Path, entry: dict, ctx: dict) -> dict:
         facts["other_graphs"] = extra
     if (entry_dir / "mtp.onnx").exists():
         facts["mtp"] = mtp_facts(entry_dir, entry)
-    if entry_dir.name.endswith("-fp32"):
+    if ctx.get("bench"):
+        facts["parameters"] = parameter_counts(ctx["hf"])
+    elif entry_dir.name.endswith("-fp32"):
         facts["transformers"] = transformers_agreement(entry_dir, entry["cases"][0]["greedy_ids"], ctx)
     return facts
+
+
+def parameter_counts(hf: Path) -> dict:
+    """The decoder's parameters in the checkpoint (the vision tower and any MTP head left out: the
+    builder exports neither into model.onnx): all of them, the routed experts' (`mlp.experts.*`,
+    the shared expert not among them), and those one token computes with, the routed experts at
+    num_experts_per_tok of num_experts; the embedding counted once (a token reads one row of it,
+    `active_without_embedding` leaves it out)."""
+    import numpy as np
+    from safetensors import safe_open
+
+    text = json.loads((hf / "config.json").read_text()).get("text_config")
+    total = experts = embedding = 0
+    with safe_open(str(hf / "model.safetensors"), "np") as f:
+        for name in f.keys():
+            if ".visual." in f".{name}" or name.startswith("mtp."):
+                continue
+            n = int(np.prod(f.get_slice(name).get_shape(), dtype=np.int64))
+            total += n
+            experts += n if ".mlp.experts." in name else 0
+            embedding += n if name.endswith("embed_tokens.weight") else 0
+    active = total - experts + experts * text["num_experts_per_tok"] // text["num_experts"]
+    return {"total": total, "routed_experts": experts, "active_per_token": active,
+            "active_without_embedding": active - embedding, "embedding": embedding}
 
 
 def mtp_facts(entry_dir: Path, entry: dict) -> dict:
@@ -389,10 +418,13 @@ def smollm2_prompts(hf: Path) -> list[list[int]]:
 def bench_jobs(args) -> list[tuple]:
     """The bench-only architectures' jobs (`--bench`), as main's corpus jobs."""
     jobs = []
+    wanted = lambda arch: [x for x in BENCH_EXPORTERS
+                           if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
     for arch in models.BENCH_ARCHS.values():
-        names = [x for x in BENCH_EXPORTERS
-                 if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
-        jobs.append((arch, names, lambda hf, a=arch: models.build(a, hf), lambda hf: [BENCH_PROMPT]))
+        jobs.append((arch, wanted(arch), lambda hf, a=arch: models.build(a, hf), lambda hf: [BENCH_PROMPT], {}))
+    for arch in models.BENCH_HYBRID_ARCHS.values():
+        jobs.append((arch, wanted(arch), lambda hf, a=arch: models.build_hybrid(a, hf), lambda hf: [BENCH_PROMPT],
+                     {"hybrid": True}))
     return jobs
 
 
@@ -400,7 +432,7 @@ def check_bench_names(args):
     """A bench-only architecture named without --bench would land in the corpus index the tests
     read: refuse it."""
     for name in args.only or []:
-        for arch in models.BENCH_ARCHS:
+        for arch in [*models.BENCH_ARCHS, *models.BENCH_HYBRID_ARCHS]:
             if name == arch or name.startswith(arch + "-"):
                 sys.exit(f"{name} is bench-only: export it with --bench (into fixtures/bench)")
         for arch in models.HYBRID_ARCHS:
@@ -467,9 +499,10 @@ def main_bench(args):
     index = {e["name"]: e for e in json.loads(index_path.read_text())["entries"]} if index_path.exists() else {}
     options = {"bench": True, "references": not args.no_reference}
     # One architecture at a time: each is a real model's size.
-    for arch, names, make_hf, prompts_of in bench_jobs(args):
+    for arch, names, make_hf, prompts_of, arch_options in bench_jobs(args):
         try:
-            index.update(export_arch(arch, names, args.out, args.force, digest, make_hf, prompts_of, options))
+            index.update(export_arch(arch, names, args.out, args.force, digest, make_hf, prompts_of,
+                                     dict(options, **arch_options)))
         except RuntimeError as e:
             sys.exit(str(e))
     write_index(index_path, index)

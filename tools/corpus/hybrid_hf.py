@@ -44,7 +44,7 @@ def build(spec: dict, out: Path):
     text = getattr(cfg, "text_config", cfg)
     if getattr(text, "mtp_num_hidden_layers", 0):
         add_tensors(out / "model.safetensors", mtp_state(model, text, spec["seed"]))
-    models.write_tokenizer(out, models.VOCAB)
+    models.write_tokenizer(out, text.vocab_size)
 
 
 def mtp_state(model, text, seed: int) -> dict:

@@ -132,6 +132,31 @@ HYBRID_ARCHS = {
         **EXPERTS, moe_intermediate_size=64, conv_L_cache=3, conv_bias=False, norm_eps=1e-5,
         tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), 25),
 }
+# Bench only, hybrid: Qwen3.5-MoE's proportions at a size this machine exports and runs in minutes,
+# made like HYBRID_ARCHS (corpus/hybrid_hf.py under the builder's transformers) and exported by
+# `tools/export_corpus.py --bench` into fixtures/bench/. Scaled from the real 35B-A3B model (hidden
+# 2048, 40 layers, 256 experts of 512 with top 8 and a shared expert of 512): hidden 1024, 16 layers
+# as three Gated DeltaNet layers to one gated full-attention layer, attention heads of 256 (8 query,
+# 2 KV) with a quarter rotated as interleaved MRoPE [11, 11, 10], delta-rule heads of 128 (8 key, 16
+# value), and in every layer 32 experts of 256 with top 4 plus a gated shared expert of 256; a
+# 32768-word vocabulary, untied, and no MTP head. 614M parameters in the decoder (403M of them routed
+# experts), 261M active per token (4 of 32 experts; 228M without the input embedding, of which a
+# token reads one row).
+QWEN35_MOE_BENCH_TEXT = dict(
+    vocab_size=32768, hidden_size=1024, intermediate_size=3072, num_hidden_layers=16,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 4, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+    linear_num_key_heads=8, linear_num_value_heads=16, num_experts=32, num_experts_per_tok=4,
+    moe_intermediate_size=256, shared_expert_intermediate_size=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0, mtp_num_hidden_layers=0,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                         mrope_section=[11, 11, 10], mrope_interleaved=True))
+BENCH_HYBRID_ARCHS = {
+    "qwen3.5-moe-bench": Arch("qwen3.5-moe-bench", "Qwen3_5MoeForConditionalGeneration", dict(
+        text_config=QWEN35_MOE_BENCH_TEXT, vision_config=dict(QWEN35_VISION, out_hidden_size=1024),
+        tie_word_embeddings=False), 26),
+}
+
 # Builder options per hybrid architecture: gpt-oss's sliding-window layer gets a full-length KV
 # cache like the other layers (the default is a ring buffer of the window's size on CPU).
 HYBRID_BUILDER_OPTIONS = {"gpt-oss": {"windowed_kv_cache": "false"}}
