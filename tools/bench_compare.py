@@ -11,7 +11,9 @@ side runs the file unmodified. The script compiles the model with `npuc compile`
 thread count times
 
 - ONNX Runtime (CPU provider, all graph optimisations on, the given intra-op threads, a greedy
-  KV-cache loop feeding each step's presents back as the next past);
+  KV-cache loop feeding each step's presents back as the next past; a hybrid model's recurrent and
+  conv states `past.<layer>.<kind>` start at zero and are carried the same way, and MRoPE's
+  [3, batch, seq] position_ids get the text position on each axis);
 - onnxruntime-genai when it is importable and the graph is the builder's: its own
   genai_config.json next to a link to the model, greedy search,
   the given intra-op threads; prefill is `append_tokens`, decode every `generate_next_token`
@@ -31,10 +33,14 @@ read bandwidth (numpy sums a 1 GiB array on 1..T threads, best of 5) and prints,
 GEMM weight bytes one decoded token reads (npuc: `gemm_weight_bytes_per_token` of `npuc bench
 --json`, the codes, scales and zero points of every projection and the lm_head as npuc packed
 them; ONNX Runtime and onnxruntime-genai: the same weights as the file stores them; llama.cpp:
-every 2-D tensor of the GGUF, its token embedding once as the tied lm_head) and the fraction of
+every 2-D tensor of the GGUF, its token embedding once as the tied lm_head; an MoE model's routed
+experts as npuc measured them read, and for the file k of every MoE/QMoE node's experts) and the
+fraction of
 the bandwidth limit its decode rate reaches: bytes/token × tok/s / bandwidth. The embedding row,
 the KV cache and activations are left out, so a fraction near 1 means the weights alone fill the
-memory bus. The probe measures what one streaming read per core reaches, not the memory's rated
+memory bus. For an MoE model npuc's `moe` section is printed too: the expert bytes one decode
+token read beside k experts' and all experts' bytes and what a dense model of the same active size
+reads. The probe measures what one streaming read per core reaches, not the memory's rated
 peak: a runtime that prefetches harder can pass 1.
 """
 
@@ -72,6 +78,7 @@ def ort_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: i
     sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     in_names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
+    shapes = {i.name: i.shape for i in sess.get_inputs()}
     kv, hd = meta["kv_heads"], meta["head_dim"]
 
     def feeds(ids: np.ndarray, past: dict | None, past_len: int) -> dict:
@@ -83,10 +90,16 @@ def ort_rates(model: Path, meta: dict, threads: int, prompt_len: int, gen_len: i
             elif name == "attention_mask":
                 f[name] = np.ones((1, past_len + s), dtype=np.int64)
             elif name == "position_ids":
-                f[name] = np.arange(past_len, past_len + s, dtype=np.int64)[None, :]
+                positions = np.arange(past_len, past_len + s, dtype=np.int64)[None, :]
+                # MRoPE's [3, batch, seq]: a text prompt has the same position on each of the 3 axes.
+                f[name] = np.broadcast_to(positions, (3, 1, s)).copy() if len(shapes[name]) == 3 else positions
             elif name.startswith("past_key_values."):
                 _, layer, kind = name.split(".")
                 f[name] = past[f"present.{layer}.{kind}"] if past else np.zeros((1, kv, 0, hd), dtype=np.float32)
+            elif name.startswith("past."):
+                # A hybrid layer's recurrent or conv state: zeros of its fixed size, then carried by name.
+                _, layer, kind = name.split(".")
+                f[name] = past[f"present.{layer}.{kind}"] if past else np.zeros((1, *shapes[name][1:]), dtype=np.float32)
         return f
 
     prompt = synthetic_prompt(prompt_len, meta["vocab"])[None, :]
@@ -246,9 +259,11 @@ def gguf_weights(gguf: Path) -> tuple[int, dict[str, list[str]]]:
 
 def onnx_weight_bytes(model: Path) -> int:
     """GEMM weight bytes the ONNX file stores, each read once per decoded token: MatMul's and
-    Gemm's initializer operand (through a Transpose, as torch writes a tied lm_head) and
-    MatMulNBits' codes, scales and zero points. What ONNX Runtime and onnxruntime-genai read in
-    the file's own format; an embedding's gather reads a row and is left out."""
+    Gemm's initializer operand (through a Transpose, as torch writes a tied lm_head),
+    MatMulNBits' codes, scales and zero points, and of an MoE or QMoE node's expert tensors
+    (every initializer input after the router's, each [experts, ...]) the routed share, k of the
+    experts. What ONNX Runtime and onnxruntime-genai read in the file's own format; an
+    embedding's gather reads a row and is left out."""
     import onnx
     from onnx import helper
 
@@ -270,6 +285,10 @@ def onnx_weight_bytes(model: Path) -> int:
             total += size(n.input[1])
         elif n.op_type == "MatMulNBits":
             total += sum(size(i) for i in n.input[1:4] if i)
+        elif n.op_type in ("MoE", "QMoE"):
+            k = next(helper.get_attribute_value(a) for a in n.attribute if a.name == "k")
+            experts = inits[n.input[2]].dims[0]
+            total += sum(size(i) for i in n.input[2:] if i) * k // experts
     return total
 
 
@@ -370,7 +389,11 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
         line += f" {n_pre:>9.1f}" + "".join(f" {rates[s][0]:>10.1f} {n_pre / rates[s][0]:>6.2f}" for s in sides)
         print(line, flush=True)
         decode[t] = {"npuc": n_dec, **{s: rates[s][1] for s in sides}}
-        npuc_bytes = r["gemm_weight_bytes_per_token"]
+        moe = r.get("moe")
+        # The routed experts a decode token read (measured) on top of the dense projections'.
+        npuc_bytes = r["gemm_weight_bytes_per_token"] + (moe["expert_bytes_per_decode_token"] if moe else 0)
+    if moe:
+        print_moe(moe, r["gemm_weight_bytes_per_token"])
     if args.gguf:
         describe_llama(args.gguf, commit)
     file_bytes = onnx_weight_bytes(model)
@@ -379,6 +402,17 @@ def compare(args: argparse.Namespace, meta: dict, work: Path) -> int:
         weight_bytes["llama"] = gguf_weights(args.gguf)[0]
     print_bandwidth_limit(decode, {s: weight_bytes[s] for s in ["npuc"] + sides}, read_bandwidths(args.threads))
     return 0
+
+
+def print_moe(moe: dict, gemm_bytes: int):
+    """npuc's MoE section of `npuc bench --json`: the routed experts' bytes one decode token read
+    (measured over its first decode steps), k experts' and all experts' bytes per token, and the
+    weights a dense model of the same active size reads (the other GEMMs plus k experts)."""
+    print(f"npuc MoE experts read per decode token: {moe['expert_bytes_per_decode_token'] / 1e6:.1f} MB measured "
+          f"({moe['active_expert_bytes'] / 1e6:.1f} MB for k experts per layer, {moe['all_expert_bytes'] / 1e6:.1f} MB "
+          f"all experts); weights read per token {(gemm_bytes + moe['expert_bytes_per_decode_token']) / 1e6:.1f} MB "
+          f"against {moe['dense_same_active_bytes_per_token'] / 1e6:.1f} MB for a dense model of the same active size "
+          f"and {(gemm_bytes + moe['all_expert_bytes']) / 1e6:.1f} MB reading every expert")
 
 
 def describe_llama(gguf: Path, commit: str):
@@ -396,7 +430,7 @@ def print_bandwidth_limit(decode: dict[int, dict[str, float]], weight_bytes: dic
                           bandwidth: dict[int, float]):
     """Per side, the GEMM weight bytes a decoded token reads, and per thread count the fraction
     of the measured read bandwidth that those bytes at the side's decode rate take."""
-    sources = {"npuc": "npuc: as it packed them", "ORT": "ORT/genai: as the ONNX file stores them",
+    sources = {"npuc": "npuc: as it packed them, routed experts as read", "ORT": "ORT/genai: as the ONNX file stores them",
                "llama": "llama: the GGUF's"}
     print("GEMM weight bytes per decoded token: " + ", ".join(f"{s} {b / 1e6:.1f} MB" for s, b in weight_bytes.items())
           + " (" + "; ".join(text for s, text in sources.items() if s in weight_bytes) + ")")
