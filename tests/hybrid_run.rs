@@ -279,3 +279,23 @@ fn bench_reports_moe_bytes_per_decode_token() {
     let gemm = report["gemm_weight_bytes_per_token"].as_f64().unwrap();
     assert_eq!(moe["dense_same_active_bytes_per_token"].as_f64().unwrap(), gemm + active);
 }
+
+/// MoE projections split their rows over the pool's workers: a 45-token prefill and decode steps
+/// of the MoE bundles give the same logits on 2 threads as on 1, bit for bit (each row's dot
+/// product is the same sum either way).
+#[test]
+fn moe_on_two_threads_gives_one_threads_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..45).map(|i| (i * 37 + 11) % 250 + 1).collect();
+    for name in ["qwen3.5-moe-builder-int4", "lfm2-moe-builder-fp32", "gpt-oss-builder-fp32"] {
+        let bundle_dir = compile(name, tmp.path()).unwrap();
+        let bundle = Bundle::open(&bundle_dir, Some("cpu")).unwrap();
+        let run = |threads| {
+            let mut exec = Executor::new(&bundle, ExecOptions { threads, ..ExecOptions::default() }).unwrap();
+            let mut logits = exec.step(&prompt).unwrap().to_vec();
+            logits.extend_from_slice(exec.step(&[7]).unwrap());
+            logits
+        };
+        assert!(run(1) == run(2), "{name}: 2 threads changed the logits");
+    }
+}

@@ -4,18 +4,21 @@
 //! Experts no token chose are not read: [`Executor::moe_expert_passes`] counts the experts
 //! computed.
 
+use std::sync::Mutex;
+
 use super::View;
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{ExpertActivation, ExpertWeights, MoeExperts, MoeMixing, Op};
 use crate::exec::Executor;
+use crate::kernels::{split_range, SyncPtr, ThreadPool};
 
 /// The MoE ops' reusable vectors.
 #[derive(Default)]
 pub struct MoeScratch {
     /// (token, weight) of every route, grouped by expert.
     routes: Vec<Vec<(usize, f32)>>,
-    /// One dequantised weight row.
-    row: Vec<f32>,
+    /// One dequantised weight row per worker of the pool.
+    rows: Vec<Mutex<Vec<f32>>>,
     /// The expert's tokens' GEMM inputs, fc1 outputs and activations.
     xs: Vec<f32>,
     up: Vec<f32>,
@@ -28,6 +31,18 @@ impl ExpertWeights<'_> {
     fn row_into(&self, row: usize, k: usize, out: &mut [f32]) {
         match *self {
             ExpertWeights::F32(w) => out.copy_from_slice(&w[row * k..][..k]),
+            ExpertWeights::Codes { codes, scales, bits: 4, block } if block % 2 == 0 => {
+                let bytes = &codes[row * k / 2..][..k / 2];
+                let scales = &scales[row * (k / block)..][..k / block];
+                // Two codes a byte, low nibble first, one scale a block: a loop the compiler
+                // vectorises.
+                for ((pairs, vals), &scale) in bytes.chunks(block / 2).zip(out.chunks_mut(block)).zip(scales) {
+                    for (&b, v) in pairs.iter().zip(vals.chunks_exact_mut(2)) {
+                        v[0] = (f32::from(b & 15) - 8.0) * scale;
+                        v[1] = (f32::from(b >> 4) - 8.0) * scale;
+                    }
+                }
+            }
             ExpertWeights::Codes { codes, scales, bits, block } => {
                 let (row_bytes, blocks, zero) = (k * bits / 8, k / block, (1u32 << (bits - 1)) as f32);
                 let bytes = &codes[row * row_bytes..][..row_bytes];
@@ -39,6 +54,19 @@ impl ExpertWeights<'_> {
             }
         }
     }
+}
+
+/// `a · b` in 8 running sums (a shape the compiler vectorises), then their total.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8.remainder().iter().zip(b8.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// The top `k` experts of one router row and their weights.
@@ -94,29 +122,53 @@ fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
     }
 }
 
+/// A projection runs on the pool's workers from this many multiply-adds (tokens × rows × k) on.
+const PARALLEL_PROJECTION_MACS: usize = 1 << 15;
+
 /// `out[t·n + r] = W[e·n + r] · xs[t·k..] + bias` for the expert's `tokens` rows, each weight row
-/// read once.
+/// read once; the rows split over the pool's workers (one dequantised row buffer each in `rows`)
+/// when the projection is large enough.
 fn project(
+    pool: &ThreadPool,
     w: &ExpertWeights,
     bias: Option<&[f32]>,
     (e, n, k): (usize, usize, usize),
     xs: &[f32],
-    row: &mut Vec<f32>,
+    rows: &[Mutex<Vec<f32>>],
     out: &mut [f32],
 ) {
-    row.resize(k, 0.0);
     let tokens = xs.len() / k;
-    for r in 0..n {
-        w.row_into(e * n + r, k, row);
-        let b = bias.map_or(0.0, |b| b[e * n + r]);
-        for t in 0..tokens {
-            out[t * n + r] = row.iter().zip(&xs[t * k..][..k]).map(|(a, x)| a * x).sum::<f32>() + b;
+    let workers = if tokens * n * k < PARALLEL_PROJECTION_MACS { 1 } else { pool.threads().min(rows.len()).min(n) };
+    let base = SyncPtr(out.as_mut_ptr());
+    let run_rows = |worker: usize| {
+        let mut row = rows[worker].lock().unwrap_or_else(|e| e.into_inner());
+        row.resize(k, 0.0);
+        for r in split_range(n, workers, worker) {
+            w.row_into(e * n + r, k, &mut row);
+            let b = bias.map_or(0.0, |b| b[e * n + r]);
+            for t in 0..tokens {
+                // SAFETY: each worker writes the columns of its own rows `r` only, inside `out`
+                // (`tokens × n` values); `run` returns after every worker has finished.
+                unsafe { *base.get().add(t * n + r) = dot(&row, &xs[t * k..][..k]) + b };
+            }
         }
+    };
+    match workers {
+        1 => run_rows(0),
+        _ => pool.run(workers, &run_rows),
     }
 }
 
 /// One expert over its routed tokens, added into `y` with the routing weights.
-fn run_expert(ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], y: &mut [f32], s: &mut MoeScratch) {
+fn run_expert(
+    pool: &ThreadPool,
+    ex: &MoeExperts,
+    m: MoeMixing,
+    e: usize,
+    x: &[f32],
+    y: &mut [f32],
+    s: &mut MoeScratch,
+) {
     let (h, n1, inter) = (ex.hidden, m.act.fusion() * ex.inter, ex.inter);
     let tokens = std::mem::take(&mut s.routes[e]);
     s.xs.clear();
@@ -127,7 +179,10 @@ fn run_expert(ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], y: &mut [f32],
         int8_blocks(&mut s.xs, block);
     }
     s.up.resize(tokens.len() * n1, 0.0);
-    project(&ex.fc1, ex.b1, (e, n1, h), &s.xs, &mut s.row, &mut s.up);
+    if s.rows.len() < pool.threads() {
+        s.rows.resize_with(pool.threads(), Mutex::default);
+    }
+    project(pool, &ex.fc1, ex.b1, (e, n1, h), &s.xs, &s.rows, &mut s.up);
     s.mid.resize(tokens.len() * inter, 0.0);
     for (up, mid) in s.up.chunks(n1).zip(s.mid.chunks_mut(inter)) {
         activate(m.act, up, mid);
@@ -136,7 +191,7 @@ fn run_expert(ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], y: &mut [f32],
         int8_blocks(&mut s.mid, block);
     }
     s.up.resize(tokens.len() * h, 0.0);
-    project(&ex.fc2, ex.b2, (e, h, inter), &s.mid, &mut s.row, &mut s.up);
+    project(pool, &ex.fc2, ex.b2, (e, h, inter), &s.mid, &s.rows, &mut s.up);
     for (i, &(t, w)) in tokens.iter().enumerate() {
         y[t * h..][..h].iter_mut().zip(&s.up[i * h..][..h]).for_each(|(o, d)| *o += w * d);
     }
@@ -173,7 +228,7 @@ impl Executor<'_> {
         y[..x.len()].fill(0.0);
         for e in 0..ex.count {
             if !s.routes[e].is_empty() {
-                run_expert(ex, mixing, e, x, y, s);
+                run_expert(&self.pool, ex, mixing, e, x, y, s);
                 self.moe_expert_passes += 1;
                 self.moe_expert_bytes += ex.expert_bytes() as u64;
             }
