@@ -49,6 +49,11 @@ pub struct Plan {
     pub segments: Vec<Segment>,
     /// The attentions the host computes between segments, by layer.
     pub attention: Vec<Attention>,
+    /// The recurrent layers and mixtures of experts the host computes between segments (hybrid
+    /// decoders), with their weights in the weights file. Empty, and left out of the file, for
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host: Vec<HostStep>,
     /// What one step runs, in order.
     pub schedule: Vec<Step>,
 }
@@ -171,13 +176,136 @@ pub struct Attention {
     pub window: Option<NonZeroUsize>,
 }
 
-/// One entry of the schedule: `{"segment": i}` or `{"attention": i}`, indices into
-/// [`Plan::segments`] and [`Plan::attention`].
+/// One entry of the schedule: `{"segment": i}`, `{"attention": i}` or `{"host": i}`, indices
+/// into [`Plan::segments`], [`Plan::attention`] and [`Plan::host`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Step {
     Segment(usize),
     Attention(usize),
+    Host(usize),
+}
+
+/// A node the host computes between segments, reading segment outputs (f32, the block's rows
+/// first) and writing a value later segments read. A recurrent layer keeps its state on the host,
+/// one per sequence, updated in place by every step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum HostStep {
+    CausalConv(CausalConv),
+    DeltaRule(DeltaRule),
+    Moe(Moe),
+}
+
+impl HostStep {
+    /// The program node it computes.
+    pub fn node(&self) -> &str {
+        match self {
+            HostStep::CausalConv(c) => &c.node,
+            HostStep::DeltaRule(d) => &d.node,
+            HostStep::Moe(m) => &m.node,
+        }
+    }
+
+    /// Floats of its recurrent state (0 for none).
+    pub fn state_floats(&self) -> usize {
+        match self {
+            HostStep::CausalConv(c) => c.channels * c.taps.saturating_sub(1),
+            HostStep::DeltaRule(d) => d.kv_heads * d.dk * d.dv,
+            HostStep::Moe(_) => 0,
+        }
+    }
+}
+
+/// `com.microsoft::CausalConvWithState` (depthwise, one spatial dimension): `x` and `y` are
+/// `[1, channels, block]`, the state the last `taps − 1` inputs of each channel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CausalConv {
+    pub node: String,
+    pub x: String,
+    pub y: String,
+    pub channels: usize,
+    pub taps: usize,
+    /// SiLU after the convolution.
+    pub silu: bool,
+    /// `[channels, taps]` f32.
+    pub weight: ByteRange,
+    /// `[channels]` f32.
+    pub bias: Option<ByteRange>,
+}
+
+/// `LinearAttention` with the (gated) delta rule: `q` `[1, block, q_heads·dk]`, `k`
+/// `[1, block, k_heads·dk]`, `v` `[1, block, kv_heads·dv]`, `decay` (log decay) and `beta`
+/// `[1, block, kv_heads]`, `y` `[1, block, max(q_heads, kv_heads)·dv]`; the state
+/// `[kv_heads, dk, dv]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaRule {
+    pub node: String,
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub decay: Option<String>,
+    pub beta: Option<String>,
+    pub y: String,
+    pub q_heads: usize,
+    pub k_heads: usize,
+    pub kv_heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub scale: f32,
+}
+
+/// `com.microsoft::MoE` with f32 experts: `x` `[1, block, hidden]`, `router` `[block, experts]`
+/// (logits: softmax, top `k`, renormalised when `normalize`), `y` like `x`. `fc1` is
+/// `[experts, fusion·inter, hidden]`, `fc2` `[experts, hidden, inter]`, the biases one row per
+/// expert.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    pub node: String,
+    pub x: String,
+    pub router: String,
+    pub y: String,
+    pub experts: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub k: usize,
+    pub normalize: bool,
+    pub activation: ExpertActivation,
+    pub fc1: ByteRange,
+    pub b1: Option<ByteRange>,
+    pub fc2: ByteRange,
+    pub b2: Option<ByteRange>,
+}
+
+/// What an expert applies between its projections.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExpertActivation {
+    Relu,
+    Gelu,
+    Silu,
+    Identity,
+    /// `g·σ(alpha·g)·(l + beta)`, g clamped above and l on both sides at `limit` when there is
+    /// one; gate and linear halves interleaved, or the first and second halves.
+    SwiGlu {
+        interleaved: bool,
+        alpha: f32,
+        beta: f32,
+        limit: Option<f32>,
+    },
+}
+
+impl ExpertActivation {
+    /// Rows of fc1 per intermediate row.
+    pub fn fusion(self) -> usize {
+        match self {
+            ExpertActivation::SwiGlu { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// A plan that cannot be read: `path` is where in the document (`.` for the whole document).
@@ -242,6 +370,7 @@ impl Plan {
             let (what, index, count) = match *step {
                 Step::Segment(s) => ("segment", s, self.segments.len()),
                 Step::Attention(a) => ("attention", a, self.attention.len()),
+                Step::Host(h) => ("host", h, self.host.len()),
             };
             if index >= count {
                 let message = format!("{what} {index} of a plan with {count}");
@@ -302,6 +431,7 @@ mod tests {
             },
             segments: vec![segment],
             attention: vec![attention],
+            host: vec![],
             schedule: vec![Step::Segment(0), Step::Attention(0)],
         }
     }

@@ -44,6 +44,8 @@
 
 mod error;
 pub mod float;
+mod host;
+mod hybrid;
 mod lower;
 mod ops;
 mod partition;
@@ -138,6 +140,8 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         xml.extend(networks);
     }
     let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a));
+    let attention = attention.collect::<Result<_, _>>()?;
+    let host = parts.host.iter().map(|&n| host::host_step(&device, n, &mut bin)).collect::<Result<_, _>>()?;
     let plan = Plan {
         format: intel::Format,
         weights_file: WEIGHTS_FILE.to_string(),
@@ -147,7 +151,8 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         logits: device.value(device.outputs[0]).name.clone(),
         rope,
         segments,
-        attention: attention.collect::<Result<_, _>>()?,
+        attention,
+        host,
         schedule: plan::schedule(&parts),
     };
     let host_program = symmetric::host_forms(&device);

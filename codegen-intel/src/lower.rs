@@ -87,7 +87,11 @@ impl<'a> Lower<'a> {
         let mut rope: HashMap<String, Port> = HashMap::new();
         for &v in &seg.inputs {
             let val = self.g.value(v);
-            let mut shape = self.shape(v)?;
+            // An M-RoPE cache is read as the rows of the block's positions.
+            let mut shape = match val.def {
+                ValueDef::Weight(_) => vec![1, 1, self.t, self.width],
+                _ => self.shape(v)?,
+            };
             if seg.last_row_only {
                 if let Some(s) = shape.iter_mut().rev().nth(1) {
                     *s = 1;
@@ -283,6 +287,11 @@ impl<'a> Lower<'a> {
             (Domain::Onnx, "QuantizeLinear") => one(self.quantize_linear(n)?),
             (Domain::Onnx, "DequantizeLinear") => one(self.dequantize_linear(n)?),
             (Domain::Npuc, "QGemm") => one(self.qgemm(n)?),
+            (Domain::Onnx, "LpNormalization") => one(self.l2_norm(n)?),
+            (Domain::Microsoft, "LinearAttentionGate") => self.linear_attention_gate(n)?,
+            (Domain::Microsoft, "GatedRMSNorm") => one(self.gated_rms_norm(n)?),
+            (Domain::Microsoft, "GatedAdd") => one(self.gated_add(n)?),
+            (Domain::Microsoft, "MRotaryEmbedding") => one(self.m_rope(n)?),
             (d, op) => return Err(LowerError::Form(format!("{d}::{op} has no OpenVINO lowering"))),
         })
     }

@@ -111,16 +111,27 @@ pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId) -> Result<intel::Att
     })
 }
 
-/// Each segment, followed by the attentions of the stage it computes.
+/// Stage by stage: the segment of the stage (when it computes anything), then the attentions and
+/// host steps of that stage in program order (a stage's cuts read only earlier stages' values);
+/// the lm_head segment last.
 pub(crate) fn schedule(parts: &Parts) -> Vec<intel::Step> {
+    let attentions = parts.attention_stage.iter().zip(&parts.attentions).enumerate();
+    let hosts = parts.host_stage.iter().zip(&parts.host).enumerate();
+    let mut cuts: Vec<(usize, NodeId, intel::Step)> = attentions
+        .map(|(i, (&s, &n))| (s, n, intel::Step::Attention(i)))
+        .chain(hosts.map(|(i, (&s, &n))| (s, n, intel::Step::Host(i))))
+        .collect();
+    cuts.sort_by_key(|&(s, n, _)| (s, n.0));
+    let last = parts.segments.iter().filter_map(|s| s.stage).chain(cuts.iter().map(|c| c.0)).max().unwrap_or(0);
     let mut schedule = Vec::new();
-    for (si, seg) in parts.segments.iter().enumerate() {
-        schedule.push(intel::Step::Segment(si));
-        for (ai, &stage) in parts.attention_stage.iter().enumerate() {
-            if Some(stage) == seg.stage {
-                schedule.push(intel::Step::Attention(ai));
-            }
+    for stage in 0..=last {
+        if let Some(si) = parts.segments.iter().position(|s| s.stage == Some(stage)) {
+            schedule.push(intel::Step::Segment(si));
         }
+        schedule.extend(cuts.iter().filter(|c| c.0 == stage).map(|c| c.2));
+    }
+    if let Some(si) = parts.segments.iter().position(|s| s.stage.is_none()) {
+        schedule.push(intel::Step::Segment(si));
     }
     schedule
 }

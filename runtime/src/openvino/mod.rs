@@ -27,9 +27,12 @@
 //! ids, RoPE rows and the last row a last-row segment (the lm_head) reads are written into fresh
 //! tensors; [`OvSession::input_traffic`] counts both.
 
+mod host;
+
 use crate::bundle::intel::{self, Plan, PlanError, Role, Step};
 use crate::bundle::Bundle;
 use crate::kvcache::{KvCache, KvCacheConfig, Scoring, SeqId};
+use host::HostRun;
 use openvino::{Core, DeviceType, ElementType, InferRequest, RwPropertyKey, Shape, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +55,8 @@ pub enum OvError {
     NoVerifyBlock { rows: usize, verify_blocks: Vec<usize> },
     #[error("truncating to {tokens} tokens a sequence that holds {held}")]
     TruncateBeyondHeld { tokens: usize, held: usize },
+    #[error("truncating to {tokens} tokens a sequence that holds {held}: the recurrent state of node `{node}` holds only the last position (speculative decoding on OpenVINO is not supported for hybrid decoders)")]
+    RecurrentTruncate { node: String, tokens: usize, held: usize },
     #[error("{0}")]
     Run(String),
 }
@@ -147,6 +152,8 @@ pub struct OvSession {
     weights: String,
     segments: Vec<intel::Segment>,
     attentions: Vec<intel::Attention>,
+    /// The plan's host steps (recurrent layers with their states, mixtures of experts).
+    host: Vec<HostRun>,
     schedule: Vec<Step>,
     blocks: Vec<usize>,
     verify_blocks: Vec<usize>,
@@ -263,6 +270,7 @@ impl OvSession {
         let weights =
             std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
         let rope_tables = read_rope_tables(&plan.rope, &weights)?;
+        let host = plan.host.iter().enumerate().map(|(i, h)| HostRun::new(i, h, &weights)).collect::<Result<_, _>>()?;
         let max_context = o.max_context.min(plan.rope.positions).max(1);
         let (cache, seq) = new_cache(&plan.attention, max_context)?;
         let mut blocks = plan.blocks;
@@ -277,6 +285,7 @@ impl OvSession {
             weights: weights_path.display().to_string(),
             segments: plan.segments,
             attentions: plan.attention,
+            host,
             schedule: plan.schedule,
             blocks,
             verify_blocks,
@@ -338,6 +347,9 @@ impl OvSession {
         if tokens > self.position {
             return Err(OvError::TruncateBeyondHeld { tokens, held: self.position });
         }
+        if let Some(h) = self.host.iter().find(|h| h.has_state()).filter(|_| tokens < self.position) {
+            return Err(OvError::RecurrentTruncate { node: h.step.node().to_string(), tokens, held: self.position });
+        }
         self.cache.truncate(self.seq, tokens).map_err(|e| OvError::Run(e.to_string()))?;
         self.position = tokens;
         Ok(())
@@ -348,6 +360,7 @@ impl OvSession {
     pub fn reset(&mut self) -> Result<(), OvError> {
         self.cache.drop_sequence(self.seq).map_err(|e| OvError::Run(e.to_string()))?;
         self.seq = self.cache.create_sequence();
+        self.host.iter_mut().for_each(HostRun::reset);
         self.position = 0;
         Ok(())
     }
@@ -452,6 +465,7 @@ impl OvSession {
                     }
                 }
                 Step::Attention(a) => self.attend(a, rows, block, &mut values)?,
+                Step::Host(h) => self.host[h].run(rows, block, &mut values)?,
             }
         }
         self.position += rows;

@@ -1,0 +1,262 @@
+//! The host steps of a hybrid plan ([`intel::HostStep`]): the nodes the host computes between
+//! segments besides attention, with the host executor's semantics (`exec::run::recurrent`,
+//! `exec::run::moe`).
+//!
+//! - **CausalConvWithState** and **LinearAttention** (the gated delta rule, token by token): the
+//!   state is the session's, one per layer, zeroed with the sequence and updated in place by each
+//!   step's real rows — it never leaves the host, so no state tensor is copied between segments.
+//! - **MoE** with f32 experts: each real row is routed (softmax over the router logits, the top
+//!   k, ties to the lower expert, renormalised when asked), then each routed expert computes
+//!   all its rows, its weights read once per step. The experts are computed on the host: a
+//!   first step towards binding the selected experts' weights as inputs of a static expert
+//!   segment.
+//!
+//! Inputs are segment outputs, `block` rows of which the first `rows` are real; outputs are fresh
+//! OpenVINO tensors of the block's shape, padded rows zero, that the next segment is bound to.
+
+use super::{fresh_tensor, OvError};
+use crate::bundle::intel::{self, ByteRange, ExpertActivation, HostStep, PlanError};
+use openvino::{ElementType, Tensor};
+use std::collections::HashMap;
+
+/// One host step with its weights (f32, read from the weights file at open) and its state.
+pub(super) struct HostRun {
+    pub step: HostStep,
+    weights: Vec<Vec<f32>>,
+    state: Vec<f32>,
+}
+
+/// The f32 values at `range` of the weights file.
+fn floats(weights: &[u8], range: ByteRange, at: &str) -> Result<Vec<f32>, OvError> {
+    let span = usize::try_from(range.offset).ok().zip(usize::try_from(range.size).ok());
+    let bytes = span.and_then(|(o, s)| weights.get(o..o.checked_add(s)?)).ok_or_else(|| {
+        let msg = format!("bytes {}..+{} are beyond the {}-byte weights file", range.offset, range.size, weights.len());
+        PlanError::at(at, msg)
+    })?;
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+}
+
+impl HostRun {
+    /// Step `i` of the plan with its weights from `weights` (the weights file) and a zero state.
+    pub(super) fn new(i: usize, step: &HostStep, weights: &[u8]) -> Result<HostRun, OvError> {
+        let ranges: Vec<(&str, Option<ByteRange>)> = match step {
+            HostStep::CausalConv(c) => vec![("weight", Some(c.weight)), ("bias", c.bias)],
+            HostStep::DeltaRule(_) => vec![],
+            HostStep::Moe(m) => vec![("fc1", Some(m.fc1)), ("b1", m.b1), ("fc2", Some(m.fc2)), ("b2", m.b2)],
+        };
+        let mut loaded = Vec::new();
+        for (what, range) in ranges {
+            let at = format!("host[{i}].{what}");
+            loaded.push(range.map(|r| floats(weights, r, &at)).transpose()?.unwrap_or_default());
+        }
+        Ok(HostRun { step: step.clone(), weights: loaded, state: vec![0.0; step.state_floats()] })
+    }
+
+    /// Zeroes the state (a new sequence).
+    pub(super) fn reset(&mut self) {
+        self.state.fill(0.0);
+    }
+
+    pub(super) fn has_state(&self) -> bool {
+        !self.state.is_empty()
+    }
+
+    /// Runs the step on the block's `rows` real rows of `block`, writing its output into `values`.
+    pub(super) fn run(
+        &mut self,
+        rows: usize,
+        block: usize,
+        values: &mut HashMap<String, Tensor>,
+    ) -> Result<(), OvError> {
+        let node = self.step.node().to_string();
+        let fail = |msg: String| OvError::Run(format!("host step `{node}`: {msg}"));
+        let read = |name: &str, width: usize| -> Result<Vec<f32>, OvError> {
+            let t = values.get(name).ok_or_else(|| fail(format!("no value {name}")))?;
+            let data = t.get_data::<f32>().map_err(|e| fail(e.to_string()))?;
+            if data.len() != block * width {
+                return Err(fail(format!("{name} holds {} values, not {block} rows of {width}", data.len())));
+            }
+            Ok(data.to_vec())
+        };
+        let (out_name, out_shape, y) = match &self.step {
+            HostStep::CausalConv(c) => {
+                let x = read(&c.x, c.channels)?;
+                let mut y = vec![0.0; c.channels * block];
+                causal_conv(c, (&self.weights[0], &self.weights[1]), &mut self.state, (&x, rows, block), &mut y);
+                (c.y.clone(), vec![1, c.channels, block], y)
+            }
+            HostStep::DeltaRule(d) => {
+                let out_heads = d.q_heads.max(d.kv_heads);
+                let q = read(&d.q, d.q_heads * d.dk)?;
+                let k = read(&d.k, d.k_heads * d.dk)?;
+                let v = read(&d.v, d.kv_heads * d.dv)?;
+                let decay = d.decay.as_deref().map(|n| read(n, d.kv_heads)).transpose()?;
+                let beta = d.beta.as_deref().map(|n| read(n, d.kv_heads)).transpose()?;
+                let mut y = vec![0.0; block * out_heads * d.dv];
+                let x = DeltaInputs { q: &q, k: &k, v: &v, decay: decay.as_deref(), beta: beta.as_deref() };
+                delta_rule(d, &x, &mut self.state, rows, &mut y);
+                (d.y.clone(), vec![1, block, out_heads * d.dv], y)
+            }
+            HostStep::Moe(m) => {
+                let x = read(&m.x, m.hidden)?;
+                let router = read(&m.router, m.experts)?;
+                let mut y = vec![0.0; block * m.hidden];
+                moe(m, &self.weights, (&x[..rows * m.hidden], &router[..rows * m.experts]), &mut y);
+                (m.y.clone(), vec![1, block, m.hidden], y)
+            }
+        };
+        let mut tensor = fresh_tensor(&node, ElementType::F32, &out_shape)?;
+        tensor.get_data_mut::<f32>().map_err(|e| fail(e.to_string()))?.copy_from_slice(&y);
+        values.insert(out_name, tensor);
+        Ok(())
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The depthwise causal convolution of the real `rows` of `x` (`[channels, block]`) over the state
+/// (the last `taps − 1` inputs of each channel), which then holds the last inputs of this step.
+fn causal_conv(
+    c: &intel::CausalConv,
+    (weight, bias): (&[f32], &[f32]),
+    state: &mut [f32],
+    (x, rows, block): (&[f32], usize, usize),
+    y: &mut [f32],
+) {
+    let (taps, s) = (c.taps, c.taps - 1);
+    for ch in 0..c.channels {
+        let (x, w, p) = (&x[ch * block..][..rows], &weight[ch * taps..][..taps], &mut state[ch * s..][..s]);
+        let b = bias.get(ch).copied().unwrap_or(0.0);
+        for (t, out) in y[ch * block..][..rows].iter_mut().enumerate() {
+            let acc = (0..taps).fold(b, |acc, j| {
+                let at = s + t - (taps - 1 - j);
+                acc + w[j] * if at < s { p[at] } else { x[at - s] }
+            });
+            *out = if c.silu { acc * sigmoid(acc) } else { acc };
+        }
+        for i in 0..s {
+            let at = rows + i;
+            p[i] = if at < s { p[at] } else { x[at - s] };
+        }
+    }
+}
+
+/// A delta-rule step's inputs, rows first.
+struct DeltaInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    decay: Option<&'a [f32]>,
+    beta: Option<&'a [f32]>,
+}
+
+/// The (gated) delta rule token by token over the real `rows`: per state head, decay, then the
+/// correction `β·(v − Sᵀk)` added along k; each output head reads its state with its query.
+fn delta_rule(d: &intel::DeltaRule, x: &DeltaInputs, state: &mut [f32], rows: usize, y: &mut [f32]) {
+    let (dk, dv, out_heads) = (d.dk, d.dv, d.q_heads.max(d.kv_heads));
+    let mut retrieved = vec![0.0f32; dv];
+    for t in 0..rows {
+        for head in 0..d.kv_heads {
+            let s = &mut state[head * dk * dv..][..dk * dv];
+            let key = &x.k[(t * d.k_heads + head / (d.kv_heads / d.k_heads)) * dk..][..dk];
+            let value = &x.v[(t * d.kv_heads + head) * dv..][..dv];
+            if let Some(g) = x.decay {
+                let f = g[t * d.kv_heads + head].exp();
+                s.iter_mut().for_each(|e| *e *= f);
+            }
+            retrieved.copy_from_slice(value);
+            if let Some(beta) = x.beta.map(|b| b[t * d.kv_heads + head]) {
+                for (i, &ki) in key.iter().enumerate() {
+                    retrieved.iter_mut().zip(&s[i * dv..][..dv]).for_each(|(r, &e)| *r -= e * ki);
+                }
+                retrieved.iter_mut().for_each(|r| *r *= beta);
+            }
+            for (i, &ki) in key.iter().enumerate() {
+                s[i * dv..][..dv].iter_mut().zip(&retrieved).for_each(|(e, &r)| *e += ki * r);
+            }
+        }
+        for o in 0..out_heads {
+            let (qh, head) = if d.q_heads >= d.kv_heads {
+                (o, o / (d.q_heads / d.kv_heads))
+            } else {
+                (o / (d.kv_heads / d.q_heads), o)
+            };
+            let s = &state[head * dk * dv..][..dk * dv];
+            let row = &mut y[(t * out_heads + o) * dv..][..dv];
+            for (i, &qi) in x.q[(t * d.q_heads + qh) * dk..][..dk].iter().enumerate() {
+                row.iter_mut().zip(&s[i * dv..][..dv]).for_each(|(r, &e)| *r += e * qi);
+            }
+            row.iter_mut().for_each(|r| *r *= d.scale);
+        }
+    }
+}
+
+/// The top `k` experts of one router row and their weights (softmax, ties to the lower expert).
+fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    let mut picked: Vec<usize> = Vec::with_capacity(k);
+    for _ in 0..k {
+        let best = (0..probs.len()).filter(|e| !picked.contains(e)).fold(None, |best: Option<usize>, e| match best {
+            Some(b) if probs[b] >= probs[e] => Some(b),
+            _ => Some(e),
+        });
+        picked.push(best.unwrap_or(0));
+    }
+    let sum: f32 = picked.iter().map(|&e| probs[e] / total).sum();
+    picked.iter().map(|&e| (e, if normalize { probs[e] / total / sum } else { probs[e] / total })).collect()
+}
+
+fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
+    let inter = out.len();
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = match act {
+            ExpertActivation::Relu => h[i].max(0.0),
+            ExpertActivation::Gelu => {
+                let x = h[i];
+                0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+            }
+            ExpertActivation::Silu => h[i] * sigmoid(h[i]),
+            ExpertActivation::Identity => h[i],
+            ExpertActivation::SwiGlu { interleaved, alpha, beta, limit } => {
+                let (g, l) = if interleaved { (h[2 * i], h[2 * i + 1]) } else { (h[i], h[inter + i]) };
+                let limit = limit.unwrap_or(f32::INFINITY);
+                let (g, l) = (g.min(limit), l.clamp(-limit, limit));
+                g * sigmoid(alpha * g) * (l + beta)
+            }
+        };
+    }
+}
+
+/// `out[r] = W[e·n + r] · x + bias[e·n + r]` for the `n` rows of expert `e`'s `[n, k]` projection.
+fn project(w: &[f32], bias: &[f32], (e, n, k): (usize, usize, usize), x: &[f32], out: &mut [f32]) {
+    for (r, o) in out[..n].iter_mut().enumerate() {
+        let row = &w[(e * n + r) * k..][..k];
+        *o = row.iter().zip(x).map(|(a, b)| a * b).sum::<f32>() + bias.get(e * n + r).copied().unwrap_or(0.0);
+    }
+}
+
+/// The mixture of experts over the real rows of `x` and `router`, into `y`.
+fn moe(m: &intel::Moe, weights: &[Vec<f32>], (x, router): (&[f32], &[f32]), y: &mut [f32]) {
+    let (h, inter) = (m.hidden, m.inter);
+    let n1 = m.activation.fusion() * inter;
+    let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); m.experts];
+    for (t, logits) in router.chunks(m.experts).enumerate() {
+        for (e, w) in route(logits, m.k, m.normalize) {
+            routes[e].push((t, w));
+        }
+    }
+    let (mut up, mut mid, mut down) = (vec![0.0; n1], vec![0.0; inter], vec![0.0; h]);
+    for (e, tokens) in routes.iter().enumerate() {
+        for &(t, w) in tokens {
+            let xt = &x[t * h..][..h];
+            project(&weights[0], &weights[1], (e, n1, h), xt, &mut up);
+            activate(m.activation, &up, &mut mid);
+            project(&weights[2], &weights[3], (e, h, inter), &mid, &mut down);
+            y[t * h..][..h].iter_mut().zip(&down).for_each(|(o, d)| *o += w * d);
+        }
+    }
+}
