@@ -52,6 +52,7 @@ mod partition;
 mod plan;
 mod qdq;
 mod rope;
+mod router;
 pub mod symmetric;
 pub mod xml;
 
