@@ -1,0 +1,163 @@
+//! The intel-npu target on the hybrid corpus (`fixtures/hybrid`): Qwen3.5 and LFM2 (recurrent
+//! layers), Qwen3.5-MoE and LFM2-MoE (mixtures of experts), fp32 and the dense int4 forms, compiled
+//! with `npuc compile --target intel-npu --blocks 1,16` and run on OpenVINO CPU (precision hint
+//! f32) against the host executor on the same bundle: the same 16 greedy ids, and first-step
+//! logits within [`LOGITS_TOL`] of the largest |logit|. The prompts are the index's (8 tokens, one
+//! padded block of 16) and one of 40 tokens (two full blocks and a padded one), so the states
+//! carry across blocks and padded rows must leave them alone.
+//!
+//! What the target refuses, it refuses naming the node: QMoE's int4 experts, gpt-oss's attention
+//! sinks, and truncating a hybrid sequence (its recurrent state holds only the last position).
+
+mod common;
+
+use common::hybrid::{hybrid_dir, ids, index};
+use common::relative_error;
+use runtime::bundle::Bundle;
+use runtime::exec::{ExecOptions, Executor};
+use runtime::openvino::{OvError, OvOptions, OvSession};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The same weights in f32 on both sides; the host runs the delta rule in chunks and sums in
+/// another order than OpenVINO. Measured worst 4.0e-6 (Qwen3.5-MoE fp32; the test prints each).
+const LOGITS_TOL: f64 = 1e-4;
+
+/// `npuc compile --target intel-npu --blocks 1,16` of hybrid entry `name`: the bundle, or the
+/// compiler's message.
+fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
+    let model = hybrid_dir().join(name).join("model.onnx");
+    let bundle = tmp.join(format!("{name}.npub"));
+    let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--blocks", "1,16", "-o"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    match out.status.success() {
+        true => Ok(bundle),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// The index's prompt of entry `name`.
+fn index_prompt(name: &str) -> Vec<u32> {
+    let entry = index().into_iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("{name} in the index"));
+    ids(&entry["cases"][0], "prompt_ids")
+}
+
+/// Compiles `name`, runs both prompts on OpenVINO CPU and on the host executor; the worst
+/// first-step logits error relative to the largest |logit|.
+fn openvino_against_host(name: &str) -> f64 {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = compile(name, tmp.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    let mut host = Executor::new(&bundle, ExecOptions { max_context: 128, ..ExecOptions::default() }).unwrap();
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
+    let mut worst = 0f64;
+    for prompt in [index_prompt(name), long] {
+        let want = host.step(&prompt).unwrap().to_vec();
+        let got = ov.step(&prompt).unwrap();
+        worst = worst.max(relative_error(&got, &want));
+        host.reset().unwrap();
+        ov.reset().unwrap();
+        let (want_ids, _) = host.generate_greedy(&prompt, 16, &[], |_| {}).unwrap();
+        let got_ids = ov.generate_greedy(&prompt, 16, &[], |_| {}).unwrap();
+        assert_eq!(got_ids.len(), 16, "{name}");
+        assert_eq!(got_ids, want_ids, "{name}: {} prompt tokens", prompt.len());
+        host.reset().unwrap();
+        ov.reset().unwrap();
+    }
+    eprintln!("{name}: first-step logits within {worst:.2e} of the largest |logit|");
+    assert!(worst <= LOGITS_TOL, "{name}: first-step logits differ by {worst:.2e} of the largest");
+    worst
+}
+
+#[test]
+fn intel_openvino_cpu_gives_the_host_tokens_for_qwen3_5() {
+    openvino_against_host("qwen3.5-builder-fp32");
+    openvino_against_host("qwen3.5-builder-int4");
+}
+
+#[test]
+fn intel_openvino_cpu_gives_the_host_tokens_for_qwen3_5_moe() {
+    openvino_against_host("qwen3.5-moe-builder-fp32");
+}
+
+#[test]
+fn intel_openvino_cpu_gives_the_host_tokens_for_lfm2() {
+    openvino_against_host("lfm2-builder-fp32");
+    openvino_against_host("lfm2-builder-int4");
+}
+
+#[test]
+fn intel_openvino_cpu_gives_the_host_tokens_for_lfm2_moe() {
+    openvino_against_host("lfm2-moe-builder-fp32");
+}
+
+#[test]
+fn intel_plan_of_a_hybrid_cuts_at_its_recurrent_layers_and_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = compile("qwen3.5-moe-builder-fp32", tmp.path()).unwrap();
+    let plan = runtime::bundle::intel::Plan::decode(&std::fs::read(path.join("intel/plan.json")).unwrap()).unwrap();
+    use runtime::bundle::intel::{HostStep, Step};
+    let kinds: Vec<&str> = plan
+        .host
+        .iter()
+        .map(|h| match h {
+            HostStep::CausalConv(_) => "conv",
+            HostStep::DeltaRule(_) => "delta",
+            HostStep::Moe(_) => "moe",
+        })
+        .collect();
+    // Layer 0 is linear attention (conv, then the delta rule) and a mixture of experts beside a
+    // shared expert; layer 1 is full attention (the tiny model's last layer has no MLP).
+    assert_eq!(kinds, ["conv", "delta", "moe"], "{:?}", plan.host);
+    let steps: Vec<String> = plan
+        .schedule
+        .iter()
+        .map(|s| match s {
+            Step::Segment(i) => format!("s{i}"),
+            Step::Attention(i) => format!("a{i}"),
+            Step::Host(i) => format!("h{i}"),
+        })
+        .collect();
+    // conv | delta rule | experts | attention, the lm_head last.
+    assert_eq!(steps.join(" "), "s0 h0 s1 h1 s2 h2 s3 a0 s4 s5");
+    assert_eq!(plan.host.iter().map(HostStep::state_floats).collect::<Vec<_>>(), [256 * 3, 4 * 32 * 32, 0]);
+}
+
+#[test]
+fn intel_refuses_what_its_host_steps_do_not_compute_naming_the_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, node, reason) in [
+        ("qwen3.5-moe-builder-int4", "QMoE_", "QMoE's 4- and 8-bit experts are not computed"),
+        ("lfm2-moe-builder-int4", "QMoE_", "QMoE's 4- and 8-bit experts are not computed"),
+        ("gpt-oss-builder-fp32", "Attention_", "attention sinks (gpt-oss) are not carried"),
+    ] {
+        let err = compile(name, tmp.path()).err().unwrap_or_else(|| panic!("{name} compiled"));
+        assert!(err.contains(&format!("node `{node}")) && err.contains(reason), "{name}: {err}");
+    }
+}
+
+#[test]
+fn intel_openvino_refuses_to_truncate_a_hybrid_sequence() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = compile("lfm2-builder-fp32", tmp.path()).unwrap();
+    let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+    let options =
+        OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 64, threads: 2 };
+    let mut ov = OvSession::open(&bundle, &options).unwrap();
+    ov.step(&[1, 2, 3, 4]).unwrap();
+    match ov.truncate(2) {
+        Err(OvError::RecurrentTruncate { node, tokens: 2, held: 4 }) => {
+            assert!(node.starts_with("CausalConvWithState"), "{node}")
+        }
+        other => panic!("truncating a hybrid sequence: {:?}", other.map(|_| ())),
+    }
+    // Keeping every token is no rewind.
+    ov.truncate(4).unwrap();
+    assert_eq!(ov.position(), 4);
+}
