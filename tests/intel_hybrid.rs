@@ -45,15 +45,17 @@ fn index_prompt(name: &str) -> Vec<u32> {
     ids(&entry["cases"][0], "prompt_ids")
 }
 
-/// Compiles `name`, runs both prompts on OpenVINO CPU and on the host executor; the worst
-/// first-step logits error relative to the largest |logit|.
-fn openvino_against_host(name: &str) -> f64 {
+/// Compiles `name`, runs both prompts on OpenVINO CPU (with the experts of a mixture computed on
+/// the host when `host_experts`, else in the bound expert networks) and on the host executor; the
+/// worst first-step logits error relative to the largest |logit|.
+fn openvino_against_host(name: &str, host_experts: bool) -> f64 {
     let tmp = tempfile::tempdir().unwrap();
     let path = compile(name, tmp.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
     let options =
         OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };
     let mut ov = OvSession::open(&bundle, &options).unwrap();
+    ov.set_host_experts(host_experts);
     let mut host = Executor::new(&bundle, ExecOptions { max_context: 128, ..ExecOptions::default() }).unwrap();
     let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
     let mut worst = 0f64;
@@ -70,31 +72,38 @@ fn openvino_against_host(name: &str) -> f64 {
         host.reset().unwrap();
         ov.reset().unwrap();
     }
-    eprintln!("{name}: first-step logits within {worst:.2e} of the largest |logit|");
+    let experts = match (name.contains("moe"), host_experts) {
+        (false, _) => "",
+        (true, true) => " (experts on the host)",
+        (true, false) => " (expert networks)",
+    };
+    eprintln!("{name}{experts}: first-step logits within {worst:.2e} of the largest |logit|");
     assert!(worst <= LOGITS_TOL, "{name}: first-step logits differ by {worst:.2e} of the largest");
     worst
 }
 
 #[test]
 fn intel_openvino_cpu_gives_the_host_tokens_for_qwen3_5() {
-    openvino_against_host("qwen3.5-builder-fp32");
-    openvino_against_host("qwen3.5-builder-int4");
+    openvino_against_host("qwen3.5-builder-fp32", false);
+    openvino_against_host("qwen3.5-builder-int4", false);
 }
 
 #[test]
 fn intel_openvino_cpu_gives_the_host_tokens_for_qwen3_5_moe() {
-    openvino_against_host("qwen3.5-moe-builder-fp32");
+    openvino_against_host("qwen3.5-moe-builder-fp32", false);
+    openvino_against_host("qwen3.5-moe-builder-fp32", true);
 }
 
 #[test]
 fn intel_openvino_cpu_gives_the_host_tokens_for_lfm2() {
-    openvino_against_host("lfm2-builder-fp32");
-    openvino_against_host("lfm2-builder-int4");
+    openvino_against_host("lfm2-builder-fp32", false);
+    openvino_against_host("lfm2-builder-int4", false);
 }
 
 #[test]
 fn intel_openvino_cpu_gives_the_host_tokens_for_lfm2_moe() {
-    openvino_against_host("lfm2-moe-builder-fp32");
+    openvino_against_host("lfm2-moe-builder-fp32", false);
+    openvino_against_host("lfm2-moe-builder-fp32", true);
 }
 
 #[test]
@@ -160,4 +169,28 @@ fn intel_openvino_refuses_to_truncate_a_hybrid_sequence() {
     // Keeping every token is no rewind.
     ov.truncate(4).unwrap();
     assert_eq!(ov.position(), 4);
+}
+
+/// A decode step binds and runs exactly the `k` routed experts of each mixture, one network each;
+/// a prefill block runs each routed expert once over all its rows (at most every expert once).
+#[test]
+fn intel_openvino_runs_only_the_routed_experts_binding_their_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    // (entry, MoE nodes, k, experts)
+    for (name, nodes, k, experts) in [("qwen3.5-moe-builder-fp32", 1, 2, 4), ("lfm2-moe-builder-fp32", 2, 2, 4)] {
+        let path = compile(name, tmp.path()).unwrap();
+        let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
+        let options =
+            OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 64, threads: 2 };
+        let mut ov = OvSession::open(&bundle, &options).unwrap();
+        let prompt = index_prompt(name);
+        let logits = ov.step(&prompt).unwrap();
+        let prefill = ov.expert_runs();
+        assert!((nodes..=nodes * experts).contains(&(prefill as usize)), "{name}: {prefill} expert runs in prefill");
+        ov.step(&[runtime::exec::argmax(&logits)]).unwrap();
+        assert_eq!(ov.expert_runs() - prefill, (nodes * k) as u64, "{name}: expert runs of one decode step");
+        ov.set_host_experts(true);
+        ov.step(&[1]).unwrap();
+        assert_eq!(ov.expert_runs() - prefill, (nodes * k) as u64, "{name}: host experts run no network");
+    }
 }

@@ -278,7 +278,27 @@ pub struct Moe {
     pub b1: Option<ByteRange>,
     pub fc2: ByteRange,
     pub b2: Option<ByteRange>,
+    /// The static expert network (see [`ExpertSegment`]); without one the host computes the
+    /// experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<ExpertSegment>,
 }
+
+/// One expert as a network whose weights are run-time inputs: the host binds the selected
+/// expert's weights (views of `fc1`, `b1`, `fc2`, `b2` of one expert) and the rows routed to it,
+/// gathered into a block. Inputs [`EXPERT_INPUTS`] — `x` `[1, block, hidden]`, `fc1`
+/// `[fusion·inter, hidden]`, `b1` `[fusion·inter]` (when the experts have it), `fc2`
+/// `[hidden, inter]`, `b2` `[hidden]` (when they have it) — and output `y` like `x`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertSegment {
+    /// The network file in [`DIR`] per block size (those of [`Plan::blocks`]).
+    pub files: BTreeMap<usize, String>,
+}
+
+/// The input names of an [`ExpertSegment`]'s networks, and its output's.
+pub const EXPERT_INPUTS: [&str; 5] = ["x", "fc1", "b1", "fc2", "b2"];
+pub const EXPERT_OUTPUT: &str = "y";
 
 /// What an expert applies between its projections.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -234,6 +234,7 @@ impl Host<'_> {
             b1: self.optional_weight(3, experts * rows1)?,
             fc2: self.weight(4, experts * hidden * inter)?,
             b2: self.optional_weight(5, experts * hidden)?,
+            segment: None,
         }))
     }
 }

@@ -43,6 +43,7 @@
 //!   tables' location in the weights file.
 
 mod error;
+mod experts;
 pub mod float;
 mod host;
 mod hybrid;
@@ -142,7 +143,15 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     }
     let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a));
     let attention = attention.collect::<Result<_, _>>()?;
-    let host = parts.host.iter().map(|&n| host::host_step(&device, n, &mut bin)).collect::<Result<_, _>>()?;
+    let mut host: Vec<intel::HostStep> =
+        parts.host.iter().map(|&n| host::host_step(&device, n, &mut bin)).collect::<Result<_, _>>()?;
+    for (i, step) in host.iter_mut().enumerate() {
+        if let intel::HostStep::Moe(m) = step {
+            let (segment, networks) = experts::expert_segment(i, m, &blocks, &mut bin)?;
+            m.segment = Some(segment);
+            xml.extend(networks);
+        }
+    }
     let plan = Plan {
         format: intel::Format,
         weights_file: WEIGHTS_FILE.to_string(),

@@ -5,18 +5,21 @@
 //! - **CausalConvWithState** and **LinearAttention** (the gated delta rule, token by token): the
 //!   state is the session's, one per layer, zeroed with the sequence and updated in place by each
 //!   step's real rows — it never leaves the host, so no state tensor is copied between segments.
-//! - **MoE** with f32 experts: each real row is routed (softmax over the router logits, the top
-//!   k, ties to the lower expert, renormalised when asked), then each routed expert computes
-//!   all its rows, its weights read once per step. The experts are computed on the host: a
-//!   first step towards binding the selected experts' weights as inputs of a static expert
-//!   segment.
+//! - **MoE** with f32 experts: each real row is routed on the host (softmax over the router
+//!   logits, the top k, ties to the lower expert, renormalised when asked). Each routed expert
+//!   then runs the plan's static expert network ([`intel::ExpertSegment`]) with its own weights
+//!   bound as the network's inputs — OpenVINO tensors made once at open, one set per expert, so
+//!   selecting an expert copies no weight — over its rows gathered into the smallest block that
+//!   holds them; the host adds each row's outputs with its routing weights. Without an expert
+//!   network in the plan, or after [`OvSession::set_host_experts`], the host computes the
+//!   experts itself, each over all its rows with its weights read once per step.
 //!
 //! Inputs are segment outputs, `block` rows of which the first `rows` are real; outputs are fresh
 //! OpenVINO tensors of the block's shape, padded rows zero, that the next segment is bound to.
 
-use super::{fresh_tensor, OvError};
-use crate::bundle::intel::{self, ByteRange, ExpertActivation, HostStep, PlanError};
-use openvino::{ElementType, Tensor};
+use super::{fresh_tensor, ov, OvError, OvSession};
+use crate::bundle::intel::{self, ByteRange, ExpertActivation, HostStep, PlanError, EXPERT_INPUTS, EXPERT_OUTPUT};
+use openvino::{DeviceType, ElementType, InferRequest, Tensor};
 use std::collections::HashMap;
 
 /// One host step with its weights (f32, read from the weights file at open) and its state.
@@ -24,6 +27,9 @@ pub(super) struct HostRun {
     pub step: HostStep,
     weights: Vec<Vec<f32>>,
     state: Vec<f32>,
+    /// A mixture of experts with an expert network: each expert's weights as the network's
+    /// inputs, by [`EXPERT_INPUTS`] name.
+    experts: Vec<Vec<(&'static str, Tensor)>>,
 }
 
 /// The f32 values at `range` of the weights file.
@@ -49,7 +55,11 @@ impl HostRun {
             let at = format!("host[{i}].{what}");
             loaded.push(range.map(|r| floats(weights, r, &at)).transpose()?.unwrap_or_default());
         }
-        Ok(HostRun { step: step.clone(), weights: loaded, state: vec![0.0; step.state_floats()] })
+        let experts = match step {
+            HostStep::Moe(m) if m.segment.is_some() => expert_tensors(m, &loaded)?,
+            _ => Vec::new(),
+        };
+        Ok(HostRun { step: step.clone(), weights: loaded, state: vec![0.0; step.state_floats()], experts })
     }
 
     /// Zeroes the state (a new sequence).
@@ -108,6 +118,155 @@ impl HostRun {
         let mut tensor = fresh_tensor(&node, ElementType::F32, &out_shape)?;
         tensor.get_data_mut::<f32>().map_err(|e| fail(e.to_string()))?.copy_from_slice(&y);
         values.insert(out_name, tensor);
+        Ok(())
+    }
+}
+
+/// Each expert's weights as OpenVINO tensors: its rows of fc1, b1, fc2 and b2 (`weights` in that
+/// order, an absent bias empty).
+fn expert_tensors(m: &intel::Moe, weights: &[Vec<f32>]) -> Result<Vec<Vec<(&'static str, Tensor)>>, OvError> {
+    let n1 = m.activation.fusion() * m.inter;
+    let shapes = [vec![n1, m.hidden], vec![n1], vec![m.hidden, m.inter], vec![m.hidden]];
+    let mut experts = Vec::with_capacity(m.experts);
+    for e in 0..m.experts {
+        let mut tensors = Vec::new();
+        for ((name, shape), all) in EXPERT_INPUTS[1..].iter().zip(&shapes).zip(weights) {
+            if all.is_empty() {
+                continue;
+            }
+            let count: usize = shape.iter().product();
+            let mut t = fresh_tensor(&m.node, ElementType::F32, shape)?;
+            t.get_data_mut::<f32>().map_err(ov(&m.node, name))?.copy_from_slice(&all[e * count..][..count]);
+            tensors.push((*name, t));
+        }
+        experts.push(tensors);
+    }
+    Ok(experts)
+}
+
+impl OvSession {
+    /// Host computes the experts of every mixture of experts even where the plan has an expert
+    /// network (the first form of the target; for comparison).
+    pub fn set_host_experts(&mut self, host: bool) {
+        self.host_experts = host;
+    }
+
+    /// Expert networks run so far (one per routed expert and block of its rows).
+    pub fn expert_runs(&self) -> u64 {
+        self.expert_runs
+    }
+
+    /// Runs host step `h` on the block (see the module documentation).
+    pub(super) fn run_host(
+        &mut self,
+        h: usize,
+        rows: usize,
+        block: usize,
+        values: &mut HashMap<String, Tensor>,
+    ) -> Result<(), OvError> {
+        match &self.host[h].step {
+            HostStep::Moe(m) if m.segment.is_some() && !self.host_experts => {
+                let m = m.clone();
+                self.run_bound_experts(h, &m, (rows, block), values)
+            }
+            _ => self.host[h].run(rows, block, values),
+        }
+    }
+
+    /// Routes the block's rows on the host and runs each routed expert's network with its weights
+    /// bound, its rows gathered into the smallest block that holds them (the largest, repeatedly,
+    /// for more).
+    fn run_bound_experts(
+        &mut self,
+        h: usize,
+        m: &intel::Moe,
+        (rows, block): (usize, usize),
+        values: &mut HashMap<String, Tensor>,
+    ) -> Result<(), OvError> {
+        let fail = |msg: String| OvError::Run(format!("host step `{}`: {msg}", m.node));
+        let read = |name: &str, width: usize| -> Result<Vec<f32>, OvError> {
+            let t = values.get(name).ok_or_else(|| fail(format!("no value {name}")))?;
+            let data = t.get_data::<f32>().map_err(|e| fail(e.to_string()))?;
+            if data.len() != block * width {
+                return Err(fail(format!("{name} holds {} values, not {block} rows of {width}", data.len())));
+            }
+            Ok(data[..rows * width].to_vec())
+        };
+        let (x, router) = (read(&m.x, m.hidden)?, read(&m.router, m.experts)?);
+        let mut routes: Vec<Vec<(usize, f32)>> = vec![Vec::new(); m.experts];
+        for (t, logits) in router.chunks(m.experts).enumerate() {
+            for (e, w) in route(logits, m.k, m.normalize) {
+                routes[e].push((t, w));
+            }
+        }
+        let mut y = vec![0.0; block * m.hidden];
+        for (e, routed) in routes.iter().enumerate() {
+            let largest = *self.blocks.last().unwrap_or(&1);
+            for chunk in routed.chunks(largest) {
+                let t = self.blocks.iter().copied().find(|&b| b >= chunk.len()).unwrap_or(largest);
+                self.run_expert(h, (e, t), chunk, &x, &mut y)?;
+            }
+        }
+        let mut tensor = fresh_tensor(&m.node, ElementType::F32, &[1, block, m.hidden])?;
+        tensor.get_data_mut::<f32>().map_err(|e| fail(e.to_string()))?.copy_from_slice(&y);
+        values.insert(m.y.clone(), tensor);
+        Ok(())
+    }
+
+    /// Expert `e`'s network of block `t` over the rows `routed` (row, weight) of `x`, added into
+    /// `y` with their weights.
+    fn run_expert(
+        &mut self,
+        h: usize,
+        (e, t): (usize, usize),
+        routed: &[(usize, f32)],
+        x: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), OvError> {
+        let HostStep::Moe(m) = &self.host[h].step else { unreachable!("an expert network belongs to a MoE") };
+        let (node, hidden) = (m.node.clone(), m.hidden);
+        let mut gathered = fresh_tensor(&node, ElementType::F32, &[1, t, hidden])?;
+        let rows = gathered.get_data_mut::<f32>().map_err(ov(&node, "x"))?;
+        for (i, &(row, _)) in routed.iter().enumerate() {
+            rows[i * hidden..][..hidden].copy_from_slice(&x[row * hidden..][..hidden]);
+        }
+        self.expert_request(h, t)?;
+        let request = self.expert_requests.get_mut(&(h, t)).expect("compiled above");
+        request.set_tensor(EXPERT_INPUTS[0], &gathered).map_err(ov(&node, "binding x"))?;
+        for (name, weight) in &self.host[h].experts[e] {
+            request.set_tensor(name, weight).map_err(ov(&node, &format!("binding expert {e}'s {name}")))?;
+        }
+        request.infer().map_err(ov(&node, "infer"))?;
+        let out = request.get_tensor(EXPERT_OUTPUT).map_err(ov(&node, "reading y"))?;
+        let out = out.get_data::<f32>().map_err(ov(&node, "reading y"))?;
+        for (i, &(row, w)) in routed.iter().enumerate() {
+            y[row * hidden..][..hidden].iter_mut().zip(&out[i * hidden..][..hidden]).for_each(|(o, d)| *o += w * d);
+        }
+        self.expert_runs += 1;
+        Ok(())
+    }
+
+    /// Compiles MoE host step `h`'s expert network of block `t` on first use.
+    pub(super) fn expert_request(&mut self, h: usize, t: usize) -> Result<(), OvError> {
+        if self.expert_requests.contains_key(&(h, t)) {
+            return Ok(());
+        }
+        let HostStep::Moe(m) = &self.host[h].step else { unreachable!("an expert network belongs to a MoE") };
+        let file = m.segment.as_ref().and_then(|s| s.files.get(&t)).ok_or_else(|| OvError::Segment {
+            segment: m.node.clone(),
+            msg: format!("no expert network for block size {t}"),
+        })?;
+        let xml = self.dir.join(file);
+        let model = self
+            .core
+            .read_model_from_file(&xml.display().to_string(), &self.weights)
+            .map_err(ov(&m.node, "read_model"))?;
+        let mut compiled = self
+            .core
+            .compile_model(&model, DeviceType::Other(self.device.clone().into()))
+            .map_err(ov(&m.node, "compile_model"))?;
+        let request: InferRequest = compiled.create_infer_request().map_err(ov(&m.node, "create_infer_request"))?;
+        self.expert_requests.insert((h, t), request);
         Ok(())
     }
 }

@@ -154,6 +154,11 @@ pub struct OvSession {
     attentions: Vec<intel::Attention>,
     /// The plan's host steps (recurrent layers with their states, mixtures of experts).
     host: Vec<HostRun>,
+    /// Compiled expert networks by (host step, block size).
+    expert_requests: HashMap<(usize, usize), InferRequest>,
+    /// The host computes the experts even where the plan has expert networks.
+    host_experts: bool,
+    expert_runs: u64,
     schedule: Vec<Step>,
     blocks: Vec<usize>,
     verify_blocks: Vec<usize>,
@@ -286,6 +291,9 @@ impl OvSession {
             segments: plan.segments,
             attentions: plan.attention,
             host,
+            expert_requests: HashMap::new(),
+            host_experts: false,
+            expert_runs: 0,
             schedule: plan.schedule,
             blocks,
             verify_blocks,
@@ -305,7 +313,8 @@ impl OvSession {
     }
 
     /// Compiles every segment for every block size now (they otherwise compile on first use), and
-    /// with `verify` for every verify block size too; returns how many networks that is.
+    /// with `verify` for every verify block size too, and the expert networks; returns how many
+    /// networks that is.
     pub fn compile_all(&mut self, verify: bool) -> Result<usize, OvError> {
         let mut n = 0;
         for i in 0..self.segments.len() {
@@ -319,6 +328,14 @@ impl OvSession {
                 .collect();
             for t in sizes {
                 self.request(i, t)?;
+                n += 1;
+            }
+        }
+        for h in 0..self.host.len() {
+            let bound = matches!(&self.host[h].step, intel::HostStep::Moe(m) if m.segment.is_some());
+            let blocks = if bound && !self.host_experts { self.blocks.clone() } else { Vec::new() };
+            for t in blocks {
+                self.expert_request(h, t)?;
                 n += 1;
             }
         }
@@ -465,7 +482,7 @@ impl OvSession {
                     }
                 }
                 Step::Attention(a) => self.attend(a, rows, block, &mut values)?,
-                Step::Host(h) => self.host[h].run(rows, block, &mut values)?,
+                Step::Host(h) => self.run_host(h, rows, block, &mut values)?,
             }
         }
         self.position += rows;
