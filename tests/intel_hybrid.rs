@@ -169,6 +169,38 @@ fn intel_openvino_refuses_to_truncate_a_hybrid_sequence() {
     // Keeping every token is no rewind.
     ov.truncate(4).unwrap();
     assert_eq!(ov.position(), 4);
+    assert_eq!(ov.recurrent_node(), Some(node_name(&bundle).as_str()));
+    // The CLI refuses to speculate on OpenVINO before generating anything, and runs plain greedy
+    // decoding with the host backend's ids.
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
+            .args(["run", path.to_str().unwrap(), "--prompt-ids", "1,17,250,33,402,5,9,100", "--max-tokens", "8"])
+            .args(["--ignore-eos", "--ov-cache-dir"])
+            .arg(tmp.path().join("cache"))
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = run(&["--backend", "openvino", "--speculate", "lookup"]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("node `CausalConvWithState") && stderr.contains("speculate on the host backend"),
+        "{stderr}"
+    );
+    let (host, openvino) = (run(&["--backend", "host"]), run(&["--backend", "openvino"]));
+    assert!(host.0 && openvino.0, "{}{}", host.2, openvino.2);
+    assert_eq!(openvino.1.lines().next(), host.1.lines().next());
+}
+
+/// The first CausalConvWithState node of the bundle's plan.
+fn node_name(bundle: &Bundle) -> String {
+    let plan = runtime::bundle::intel::Plan::decode(&bundle.read_file("intel/plan.json").unwrap()).unwrap();
+    plan.host.iter().map(|h| h.node().to_string()).find(|n| n.starts_with("CausalConvWithState")).unwrap()
 }
 
 /// A decode step binds and runs exactly the `k` routed experts of each mixture, one network each;

@@ -596,6 +596,66 @@ mod tests {
         );
     }
 
+    /// The plan with a causal convolution and a mixture of experts the host computes after the
+    /// segment.
+    fn plan_with_host_steps() -> Plan {
+        let mut p = plan();
+        let range = |offset: u64, size: u64| ByteRange { offset, size };
+        p.host = vec![
+            HostStep::CausalConv(CausalConv {
+                node: "conv0".into(),
+                x: "x".into(),
+                y: "y".into(),
+                channels: 8,
+                taps: 4,
+                silu: true,
+                weight: range(0, 128),
+                bias: None,
+            }),
+            HostStep::Moe(Moe {
+                node: "moe0".into(),
+                x: "h".into(),
+                router: "logits".into(),
+                y: "m".into(),
+                experts: 4,
+                hidden: 8,
+                inter: 4,
+                k: 2,
+                normalize: true,
+                activation: ExpertActivation::SwiGlu { interleaved: true, alpha: 1.0, beta: 0.0, limit: None },
+                fc1: range(128, 1024),
+                b1: None,
+                fc2: range(1152, 512),
+                b2: None,
+                segment: Some(ExpertSegment { files: BTreeMap::from([(1, "expert01_t1.xml".into())]) }),
+            }),
+        ];
+        p.schedule.extend([Step::Host(0), Step::Host(1)]);
+        p
+    }
+
+    #[test]
+    fn a_plan_with_host_steps_encodes_and_decodes_to_an_equal_plan() {
+        let p = plan_with_host_steps();
+        let text = String::from_utf8(p.encode()).unwrap();
+        for member in [r#""host": 1"#, r#""causal_conv": {"#, r#""swi_glu": {"#, r#""expert01_t1.xml""#] {
+            assert!(text.contains(member), "{member} in {text}");
+        }
+        assert_eq!(Plan::decode(text.as_bytes()).unwrap(), p);
+        assert_eq!(p.host.iter().map(HostStep::state_floats).collect::<Vec<_>>(), [8 * 3, 0]);
+        // A plan without host steps leaves the member out, as before them.
+        assert!(!String::from_utf8(plan().encode()).unwrap().contains("\"host\""));
+    }
+
+    #[test]
+    fn a_schedule_step_beyond_the_host_steps_is_refused() {
+        let mut p = plan_with_host_steps();
+        p.schedule.push(Step::Host(2));
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(err.path, "schedule[4].host");
+        assert!(err.message.contains("host 2 of a plan with 2"), "{err}");
+    }
+
     #[test]
     fn the_plan_path_is_the_plan_file_in_its_folder() {
         assert_eq!(PLAN_PATH, format!("{DIR}/{PLAN_FILE}"));

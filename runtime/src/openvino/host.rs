@@ -156,6 +156,12 @@ impl OvSession {
         self.expert_runs
     }
 
+    /// The first node whose recurrent state the host keeps (a hybrid decoder), if any: such a
+    /// sequence cannot be truncated (see [`OvSession::truncate`]).
+    pub fn recurrent_node(&self) -> Option<&str> {
+        self.host.iter().find(|h| h.has_state()).map(|h| h.step.node())
+    }
+
     /// Runs host step `h` on the block (see the module documentation).
     pub(super) fn run_host(
         &mut self,
