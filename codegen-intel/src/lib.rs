@@ -3,11 +3,27 @@
 //!
 //! [`compile`] takes the program the `intel-npu` pipeline extracted and produces:
 //!
-//! - **Segments.** The program is cut at every `npuc::Attention`: segment `i` runs from the end of
+//! - **Segments.** The program is cut at every `npuc::Attention` (and, in hybrid decoders, at the
+//!   nodes below): segment `i` runs from the end of
 //!   attention `i−1` up to attention `i` and outputs that attention's q and new k/v (BNSH, after
 //!   RoPE) and whatever later segments read (the residual stream). The host computes attention over
 //!   its paged KV cache and feeds the result to segment `i+1`. The `lm_head` GEMM that produces the
 //!   logits is its own segment, run on the last token row only.
+//! - **Hybrid decoders** (Qwen3.5, LFM2 and their MoE forms). The program is also cut at each
+//!   `CausalConvWithState`, `LinearAttention` and `MoE` node: the host computes them between
+//!   segments as it computes attention (plan `host`, schedule `{"host": i}`, see `host`). The
+//!   recurrent layers run on the host because their state is carried from step to step and
+//!   read-modify-written token by token (the delta rule's state is `heads × dk × dv`): on the
+//!   host it lives per sequence beside the KV pages and is updated in place, where a device
+//!   segment would need it as an input and an output every step, and a static network cannot
+//!   express the delta rule's sequential scan over a block without unrolling it. What sits
+//!   between them — projections, the q/k L2 norm, the decay gate, GatedRMSNorm, the shared
+//!   expert and its GatedAdd, text-only M-RoPE (cos/sin rows fed like RoPE tables), a router
+//!   written as plain ops (LFM2-MoE) — stays in the segments. A mixture of experts is cut after
+//!   its router logits: the host routes (top k) and runs, per routed expert, a static expert
+//!   network whose weights are its inputs (`experts`), binding the selected expert's weights;
+//!   the plan carries the f32 weights of every host step in `weights.bin`. QMoE (4/8-bit
+//!   experts) and attention sinks (gpt-oss) are refused naming the node.
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.

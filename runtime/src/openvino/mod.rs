@@ -2,6 +2,13 @@
 //! `codegen-intel`) through the OpenVINO runtime, with attention over the host's paged KV cache
 //! between segments and greedy sampling, exactly as the host executor decodes.
 //!
+//! Hybrid decoders' plans also have host steps (`host`): recurrent layers whose states the session
+//! keeps, one per layer for its one sequence, updated in place by every step's real rows (never
+//! copied, never a tensor), and mixtures of experts the host routes and whose routed experts run
+//! as a static expert network with the expert's weights bound as its inputs. A sequence with a
+//! recurrent state cannot be truncated (its state holds only the last position), so speculative
+//! decoding on OpenVINO is refused for it ([`OvError::RecurrentTruncate`]).
+//!
 //! OpenVINO's C library is linked at run time (`openvino_sys::library::load_from`): the PyPI wheel
 //! ships it as `openvino/libs/libopenvino_c.so.<version>`, with no unversioned name, so
 //! [`find_library`] takes `NPUC_OPENVINO_LIB` (a file or a folder) when it is set, else looks in the site-packages of
