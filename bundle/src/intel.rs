@@ -282,6 +282,29 @@ pub struct Moe {
     /// experts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment: Option<ExpertSegment>,
+    /// Experts stored as codes (QMoE): `fc1` and `fc2` are then `[experts, rows, K·bits/8]`
+    /// bytes; none for f32 experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codes: Option<ExpertCodes>,
+}
+
+/// QMoE's expert codes: unsigned `bits`-bit codes (low nibble first for 4 bits) with zero point
+/// 2^(bits−1) and one f32 scale per block of `block` along K (`None`: one per row), the scales
+/// `[experts, rows, K/block]`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertCodes {
+    pub bits: usize,
+    pub block: Option<usize>,
+    pub fc1_scales: ByteRange,
+    pub fc2_scales: ByteRange,
+}
+
+impl ExpertCodes {
+    /// The block along a K of `k`.
+    pub fn block_of(&self, k: usize) -> usize {
+        self.block.unwrap_or(k)
+    }
 }
 
 /// One expert as a network whose weights are run-time inputs: the host binds the selected
@@ -299,6 +322,10 @@ pub struct ExpertSegment {
 /// The input names of an [`ExpertSegment`]'s networks, and its output's.
 pub const EXPERT_INPUTS: [&str; 5] = ["x", "fc1", "b1", "fc2", "b2"];
 pub const EXPERT_OUTPUT: &str = "y";
+/// The inputs of an [`ExpertSegment`] over codes ([`ExpertCodes`]): `fc1` and `fc2` are then
+/// signed codes `[rows, K/block, block]` (i4 or i8: the unsigned codes minus the zero point), and
+/// these their scales `[rows, K/block, 1]`.
+pub const EXPERT_SCALES: [&str; 2] = ["fc1_scales", "fc2_scales"];
 
 /// What an expert applies between its projections.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -628,6 +655,7 @@ mod tests {
                 fc2: range(1152, 512),
                 b2: None,
                 segment: Some(ExpertSegment { files: BTreeMap::from([(1, "expert01_t1.xml".into())]) }),
+                codes: None,
             }),
         ];
         p.schedule.extend([Step::Host(0), Step::Host(1)]);

@@ -6,7 +6,7 @@
 
 use crate::xml::{Bin, Et, Net, NetError, Port};
 use crate::IntelError;
-use bundle::intel::{self, ExpertActivation, ExpertSegment, EXPERT_INPUTS, EXPERT_OUTPUT};
+use bundle::intel::{self, ExpertActivation, ExpertCodes, ExpertSegment, EXPERT_INPUTS, EXPERT_OUTPUT, EXPERT_SCALES};
 use std::collections::BTreeMap;
 
 /// The expert networks of MoE host step `index` for each of `blocks`: the plan entry and the
@@ -37,9 +37,9 @@ fn expert_network(name: &str, m: &intel::Moe, t: usize, bin: &mut Bin) -> Result
     let mut net = Net::new(name);
     let [x_name, fc1_name, b1_name, fc2_name, b2_name] = EXPERT_INPUTS;
     let x = net.parameter(x_name, Et::F32, &[1, t, h]);
-    let fc1 = net.parameter(fc1_name, Et::F32, &[n1, h]);
+    let fc1 = weight(&mut net, bin, m.codes.as_ref(), (fc1_name, EXPERT_SCALES[0]), (n1, h))?;
     let b1 = m.b1.map(|_| net.parameter(b1_name, Et::F32, &[n1]));
-    let fc2 = net.parameter(fc2_name, Et::F32, &[h, inter]);
+    let fc2 = weight(&mut net, bin, m.codes.as_ref(), (fc2_name, EXPERT_SCALES[1]), (h, inter))?;
     let b2 = m.b2.map(|_| net.parameter(b2_name, Et::F32, &[h]));
     let mut up = net.matmul(&x, &fc1, true)?;
     if let Some(b1) = &b1 {
@@ -52,6 +52,25 @@ fn expert_network(name: &str, m: &intel::Moe, t: usize, bin: &mut Bin) -> Result
     }
     net.result(&y, EXPERT_OUTPUT);
     Ok(net)
+}
+
+/// A projection's `[n, k]` f32 weight: a parameter, or over codes the signed codes `[n, G,
+/// block]` and their scales `[n, G, 1]` as parameters, decompressed as a weight-only GEMM's are.
+fn weight(
+    net: &mut Net,
+    bin: &mut Bin,
+    codes: Option<&ExpertCodes>,
+    (name, scales_name): (&str, &str),
+    (n, k): (usize, usize),
+) -> Result<Port, NetError> {
+    let Some(c) = codes else { return Ok(net.parameter(name, Et::F32, &[n, k])) };
+    let block = c.block_of(k);
+    let et = if c.bits == 4 { Et::I4 } else { Et::I8 };
+    let q = net.parameter(name, et, &[n, k / block, block]);
+    let s = net.parameter(scales_name, Et::F32, &[n, k / block, 1]);
+    let qf = net.convert(&q, Et::F32);
+    let w = net.binary("Multiply", &qf, &s)?;
+    Ok(net.reshape(bin, &w, &[n, k]))
 }
 
 fn scalar(net: &mut Net, bin: &mut Bin, v: f32) -> Port {

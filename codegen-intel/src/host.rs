@@ -1,7 +1,8 @@
 //! The plan entries of the nodes the host computes between segments in hybrid decoders
 //! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention, whose states live on
-//! the host per sequence, and MoE, which the host routes and computes. Their weights go into the
-//! weights file as f32; forms the host step does not compute are refused naming the node.
+//! the host per sequence, and MoE and QMoE, which the host routes (see `experts` for where the
+//! experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
+//! host step does not compute are refused naming the node.
 
 use crate::partition::host_node;
 use crate::xml::Bin;
@@ -19,10 +20,7 @@ pub(crate) fn host_step(g: &Graph, id: NodeId, bin: &mut Bin) -> Result<HostStep
         "CausalConvWithState" => h.causal_conv(),
         "LinearAttention" => h.delta_rule(),
         "MoE" => h.moe(),
-        _ => Err(h.fail(
-            "QMoE's 4- and 8-bit experts are not computed by the Intel plan's host step (compile the float model)"
-                .into(),
-        )),
+        _ => h.qmoe(),
     }
 }
 
@@ -198,6 +196,114 @@ impl Host<'_> {
         })
     }
 
+    /// Input `slot` as the raw bytes of a u8 weight of `len` bytes, stored as they are.
+    fn codes(&mut self, slot: usize, len: usize) -> Result<ByteRange, IntelError> {
+        let v = self.value(slot).ok_or_else(|| self.fail(format!("input {slot} is missing")))?;
+        let id = match self.g.value(v).def {
+            ValueDef::Weight(id) if self.g.weights.get(id).dtype == ir::DType::U8 => id,
+            _ => return Err(self.fail(format!("input {slot} (`{}`) is not a u8 weight", self.g.value(v).name))),
+        };
+        let w = self.g.weights.get(id);
+        if w.bytes.len() != len {
+            return Err(self.fail(format!("codes `{}` hold {} bytes, not {len}", w.name, w.bytes.len())));
+        }
+        let bytes = w.bytes.clone();
+        let (offset, size) = self.bin.keyed(&format!("host:{}", w.name), || bytes.to_vec());
+        Ok(ByteRange { offset: offset as u64, size: size as u64 })
+    }
+
+    /// QMoE with 4- or 8-bit experts and float activations (the inputs' int8 blocks of
+    /// `accuracy_level` 4 and of blocked 8-bit experts are refused).
+    fn qmoe(&mut self) -> Result<HostStep, IntelError> {
+        if (8..14).any(|s| self.value(s).is_some()) {
+            return Err(self.fail("fc3 experts and explicit zero points are not supported".into()));
+        }
+        let bits = self.n.attrs.int("expert_weight_bits").ok().flatten().unwrap_or(4) as usize;
+        if !(bits == 4 || bits == 8) || self.n.attrs.str("quant_type").ok().flatten().is_some_and(|q| q != "int") {
+            return Err(self.fail(format!("{bits}-bit experts are not supported (int4 and int8 are)")));
+        }
+        let activation = self.activation()?;
+        let (hidden, experts) = (self.width(0)?, self.width(1)?);
+        let fc1 = self.value(2).ok_or_else(|| self.fail("no fc1 experts".into()))?;
+        let dims: Vec<Option<i64>> = self.g.value(fc1).shape.iter().map(|d| d.as_known()).collect();
+        let f = activation.fusion();
+        let rows1 = match dims[..] {
+            [Some(e), Some(r), Some(kb)] if e as usize == experts && kb as usize * 8 == hidden * bits && r > 0 => {
+                r as usize
+            }
+            _ => {
+                return Err(
+                    self.fail(format!("fc1 codes of shape {dims:?} are not [{experts}, rows, {hidden}·{bits}/8]"))
+                )
+            }
+        };
+        if rows1 % f != 0 {
+            return Err(self.fail(format!("fc1's {rows1} rows are not {f}·inter")));
+        }
+        let inter = rows1 / f;
+        let block = match self.n.attrs.int("block_size").ok().flatten().unwrap_or(0) {
+            0 => None,
+            b if b >= 16 && (b as usize).is_power_of_two() && hidden % b as usize == 0 && inter % b as usize == 0 => {
+                Some(b as usize)
+            }
+            b => {
+                return Err(
+                    self.fail(format!("block_size {b} must be a power of two >= 16 dividing {hidden} and {inter}"))
+                )
+            }
+        };
+        if block.is_some() && (bits == 8 || self.n.attrs.int("accuracy_level").ok().flatten() == Some(4)) {
+            let msg = "int8 activation blocks (accuracy_level 4, or blocked 8-bit experts) are not computed by the Intel plan's experts";
+            return Err(self.fail(msg.into()));
+        }
+        let mut step = self.moe_common(activation, (hidden, experts, inter))?;
+        step.fc1 = self.codes(2, experts * rows1 * hidden * bits / 8)?;
+        step.fc2 = self.codes(5, experts * hidden * inter * bits / 8)?;
+        step.b1 = self.optional_weight(4, experts * rows1)?;
+        step.b2 = self.optional_weight(7, experts * hidden)?;
+        let scales = |k: usize| experts * k / block.unwrap_or(k);
+        step.codes = Some(intel::ExpertCodes {
+            bits,
+            block,
+            fc1_scales: self.weight(3, rows1 * scales(hidden))?,
+            fc2_scales: self.weight(6, hidden * scales(inter))?,
+        });
+        Ok(HostStep::Moe(step))
+    }
+
+    /// A Moe entry without weights yet: names, sizes, k and the routing.
+    fn moe_common(
+        &self,
+        activation: ExpertActivation,
+        (hidden, experts, inter): (usize, usize, usize),
+    ) -> Result<intel::Moe, IntelError> {
+        let k = match self.n.attrs.int("k").ok().flatten().unwrap_or(1) {
+            k if k >= 1 && k as usize <= experts.min(16) => k as usize,
+            k => return Err(self.fail(format!("k = {k} must be between 1 and the {experts} experts (at most 16)"))),
+        };
+        let none = ByteRange { offset: 0, size: 0 };
+        Ok(intel::Moe {
+            node: self.n.name.clone(),
+            x: self.name(0)?,
+            router: self.name(1)?,
+            y: self.output(),
+            experts,
+            hidden,
+            inter,
+            k,
+            // QMoE always renormalises the k weights.
+            normalize: self.n.op == "QMoE"
+                || self.n.attrs.int("normalize_routing_weights").ok().flatten().unwrap_or(0) != 0,
+            activation,
+            fc1: none,
+            b1: None,
+            fc2: none,
+            b2: None,
+            segment: None,
+            codes: None,
+        })
+    }
+
     fn moe(&mut self) -> Result<HostStep, IntelError> {
         if self.value(6).is_some() || self.value(7).is_some() {
             return Err(self.fail("separate fc3 experts are not supported".into()));
@@ -215,26 +321,11 @@ impl Host<'_> {
             return Err(self.fail(format!("fc1's {rows1} rows are not {f}·inter")));
         }
         let inter = rows1 / f;
-        let k = match self.n.attrs.int("k").ok().flatten().unwrap_or(1) {
-            k if k >= 1 && k as usize <= experts.min(16) => k as usize,
-            k => return Err(self.fail(format!("k = {k} must be between 1 and the {experts} experts (at most 16)"))),
-        };
-        Ok(HostStep::Moe(intel::Moe {
-            node: self.n.name.clone(),
-            x: self.name(0)?,
-            router: self.name(1)?,
-            y: self.output(),
-            experts,
-            hidden,
-            inter,
-            k,
-            normalize: self.n.attrs.int("normalize_routing_weights").ok().flatten().unwrap_or(0) != 0,
-            activation,
-            fc1: self.weight(2, experts * rows1 * hidden)?,
-            b1: self.optional_weight(3, experts * rows1)?,
-            fc2: self.weight(4, experts * hidden * inter)?,
-            b2: self.optional_weight(5, experts * hidden)?,
-            segment: None,
-        }))
+        let mut step = self.moe_common(activation, (hidden, experts, inter))?;
+        step.fc1 = self.weight(2, experts * rows1 * hidden)?;
+        step.b1 = self.optional_weight(3, experts * rows1)?;
+        step.fc2 = self.weight(4, experts * hidden * inter)?;
+        step.b2 = self.optional_weight(5, experts * hidden)?;
+        Ok(HostStep::Moe(step))
     }
 }

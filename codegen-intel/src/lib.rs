@@ -22,8 +22,9 @@
 //!   written as plain ops (LFM2-MoE) — stays in the segments. A mixture of experts is cut after
 //!   its router logits: the host routes (top k) and runs, per routed expert, a static expert
 //!   network whose weights are its inputs (`experts`), binding the selected expert's weights;
-//!   the plan carries the f32 weights of every host step in `weights.bin`. QMoE (4/8-bit
-//!   experts) and attention sinks (gpt-oss) are refused naming the node.
+//!   the plan carries every host step's weights in `weights.bin` (f32, or QMoE's codes and
+//!   scales, bound as signed i4/i8 codes the expert network decompresses). QMoE with int8
+//!   activation blocks and attention sinks (gpt-oss) are refused naming the node.
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.

@@ -18,7 +18,9 @@
 //! OpenVINO tensors of the block's shape, padded rows zero, that the next segment is bound to.
 
 use super::{fresh_tensor, ov, OvError, OvSession};
-use crate::bundle::intel::{self, ByteRange, ExpertActivation, HostStep, PlanError, EXPERT_INPUTS, EXPERT_OUTPUT};
+use crate::bundle::intel::{
+    self, ByteRange, ExpertActivation, HostStep, PlanError, EXPERT_INPUTS, EXPERT_OUTPUT, EXPERT_SCALES,
+};
 use openvino::{DeviceType, ElementType, InferRequest, Tensor};
 use std::collections::HashMap;
 
@@ -32,32 +34,85 @@ pub(super) struct HostRun {
     experts: Vec<Vec<(&'static str, Tensor)>>,
 }
 
-/// The f32 values at `range` of the weights file.
-fn floats(weights: &[u8], range: ByteRange, at: &str) -> Result<Vec<f32>, OvError> {
+/// The bytes at `range` of the weights file (`at` names the plan member).
+fn bytes<'w>(weights: &'w [u8], range: ByteRange, at: &str) -> Result<&'w [u8], OvError> {
     let span = usize::try_from(range.offset).ok().zip(usize::try_from(range.size).ok());
-    let bytes = span.and_then(|(o, s)| weights.get(o..o.checked_add(s)?)).ok_or_else(|| {
+    let found = span.and_then(|(o, s)| weights.get(o..o.checked_add(s)?)).ok_or_else(|| {
         let msg = format!("bytes {}..+{} are beyond the {}-byte weights file", range.offset, range.size, weights.len());
         PlanError::at(at, msg)
     })?;
-    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+    Ok(found)
+}
+
+/// The f32 values at `range` of the weights file.
+fn floats(weights: &[u8], range: ByteRange, at: &str) -> Result<Vec<f32>, OvError> {
+    Ok(bytes(weights, range, at)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+}
+
+/// `rows` rows of `k` values from their codes (`k·bits/8` bytes a row, low bits first) and
+/// scales (one per block), as the host executor dequantises QMoE's experts.
+fn dequantize(codes: &[u8], scales: &[f32], (bits, block): (usize, usize), (rows, k): (usize, usize)) -> Vec<f32> {
+    let (row_bytes, blocks, zero) = (k * bits / 8, k / block, (1u32 << (bits - 1)) as f32);
+    let mut out = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let row = &codes[r * row_bytes..][..row_bytes];
+        out.extend((0..k).map(|kk| {
+            let bit = kk * bits;
+            let code = (u32::from(row[bit / 8]) >> (bit % 8)) & ((1 << bits) - 1);
+            (code as f32 - zero) * scales[r * blocks + kk / block]
+        }));
+    }
+    out
+}
+
+/// A mixture's projections as loaded: f32 values (dequantised codes too) for the host, and the
+/// codes with their scales for the expert networks.
+struct ExpertStore {
+    /// fc1, b1, fc2, b2 as f32 (an absent bias empty).
+    floats: Vec<Vec<f32>>,
+    /// fc1's and fc2's codes and scales (QMoE).
+    codes: Option<[(Vec<u8>, Vec<f32>); 2]>,
+}
+
+fn load_experts(i: usize, m: &intel::Moe, weights: &[u8]) -> Result<ExpertStore, OvError> {
+    let at = |what: &str| format!("host[{i}].{what}");
+    let bias = |r: Option<ByteRange>, what: &str| r.map(|r| floats(weights, r, &at(what))).transpose();
+    let (b1, b2) = (bias(m.b1, "b1")?.unwrap_or_default(), bias(m.b2, "b2")?.unwrap_or_default());
+    let n1 = m.activation.fusion() * m.inter;
+    let Some(c) = m.codes else {
+        let (fc1, fc2) = (floats(weights, m.fc1, &at("fc1"))?, floats(weights, m.fc2, &at("fc2"))?);
+        return Ok(ExpertStore { floats: vec![fc1, b1, fc2, b2], codes: None });
+    };
+    let fc1 = (bytes(weights, m.fc1, &at("fc1"))?.to_vec(), floats(weights, c.fc1_scales, &at("codes.fc1_scales"))?);
+    let fc2 = (bytes(weights, m.fc2, &at("fc2"))?.to_vec(), floats(weights, c.fc2_scales, &at("codes.fc2_scales"))?);
+    let shape1 = (m.experts * n1, m.hidden);
+    let shape2 = (m.experts * m.hidden, m.inter);
+    let sizes_fit = |(codes, scales): &(Vec<u8>, Vec<f32>), (rows, k): (usize, usize)| {
+        codes.len() == rows * k * c.bits / 8 && scales.len() == rows * (k / c.block_of(k))
+    };
+    if !sizes_fit(&fc1, shape1) || !sizes_fit(&fc2, shape2) {
+        return Err(PlanError::at(at("codes"), "codes or scales do not fit the experts' shapes").into());
+    }
+    let deq1 = dequantize(&fc1.0, &fc1.1, (c.bits, c.block_of(m.hidden)), shape1);
+    let deq2 = dequantize(&fc2.0, &fc2.1, (c.bits, c.block_of(m.inter)), shape2);
+    Ok(ExpertStore { floats: vec![deq1, b1, deq2, b2], codes: Some([fc1, fc2]) })
 }
 
 impl HostRun {
     /// Step `i` of the plan with its weights from `weights` (the weights file) and a zero state.
     pub(super) fn new(i: usize, step: &HostStep, weights: &[u8]) -> Result<HostRun, OvError> {
-        let ranges: Vec<(&str, Option<ByteRange>)> = match step {
-            HostStep::CausalConv(c) => vec![("weight", Some(c.weight)), ("bias", c.bias)],
-            HostStep::DeltaRule(_) => vec![],
-            HostStep::Moe(m) => vec![("fc1", Some(m.fc1)), ("b1", m.b1), ("fc2", Some(m.fc2)), ("b2", m.b2)],
-        };
-        let mut loaded = Vec::new();
-        for (what, range) in ranges {
-            let at = format!("host[{i}].{what}");
-            loaded.push(range.map(|r| floats(weights, r, &at)).transpose()?.unwrap_or_default());
-        }
-        let experts = match step {
-            HostStep::Moe(m) if m.segment.is_some() => expert_tensors(m, &loaded)?,
-            _ => Vec::new(),
+        let (loaded, experts) = match step {
+            HostStep::CausalConv(c) => {
+                let weight = floats(weights, c.weight, &format!("host[{i}].weight"))?;
+                let bias = c.bias.map(|b| floats(weights, b, &format!("host[{i}].bias"))).transpose()?;
+                (vec![weight, bias.unwrap_or_default()], Vec::new())
+            }
+            HostStep::DeltaRule(_) => (Vec::new(), Vec::new()),
+            HostStep::Moe(m) => {
+                let store = load_experts(i, m, weights)?;
+                let experts = if m.segment.is_some() { expert_tensors(m, &store)? } else { Vec::new() };
+                (store.floats, experts)
+            }
         };
         Ok(HostRun { step: step.clone(), weights: loaded, state: vec![0.0; step.state_floats()], experts })
     }
@@ -122,22 +177,43 @@ impl HostRun {
     }
 }
 
-/// Each expert's weights as OpenVINO tensors: its rows of fc1, b1, fc2 and b2 (`weights` in that
-/// order, an absent bias empty).
-fn expert_tensors(m: &intel::Moe, weights: &[Vec<f32>]) -> Result<Vec<Vec<(&'static str, Tensor)>>, OvError> {
+/// Each expert's weights as OpenVINO tensors, by input name: its rows of fc1, b1, fc2 and b2 (an
+/// absent bias left out), over codes the signed codes and their scales.
+fn expert_tensors(m: &intel::Moe, store: &ExpertStore) -> Result<Vec<Vec<(&'static str, Tensor)>>, OvError> {
     let n1 = m.activation.fusion() * m.inter;
-    let shapes = [vec![n1, m.hidden], vec![n1], vec![m.hidden, m.inter], vec![m.hidden]];
+    let f32_tensor = |shape: &[usize], values: &[f32], name: &str| -> Result<Tensor, OvError> {
+        let mut t = fresh_tensor(&m.node, ElementType::F32, shape)?;
+        t.get_data_mut::<f32>().map_err(ov(&m.node, name))?.copy_from_slice(values);
+        Ok(t)
+    };
     let mut experts = Vec::with_capacity(m.experts);
     for e in 0..m.experts {
         let mut tensors = Vec::new();
-        for ((name, shape), all) in EXPERT_INPUTS[1..].iter().zip(&shapes).zip(weights) {
-            if all.is_empty() {
-                continue;
+        for (p, (rows, k)) in [(0, (n1, m.hidden)), (2, (m.hidden, m.inter))] {
+            let name = EXPERT_INPUTS[1 + p];
+            let count = rows * k;
+            let tensor = match (&store.codes, m.codes) {
+                (Some(codes), Some(c)) => {
+                    let (codes, scales) = &codes[p / 2];
+                    let block = c.block_of(k);
+                    let (et, flip, row_bytes) =
+                        if c.bits == 4 { (ElementType::I4, 0x88u8, count / 2) } else { (ElementType::I8, 0x80, count) };
+                    let mut t = fresh_tensor(&m.node, et, &[rows, k / block, block])?;
+                    let src = &codes[e * row_bytes..][..row_bytes];
+                    let dst = t.get_raw_data_mut().map_err(ov(&m.node, name))?;
+                    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s ^ flip);
+                    let groups = rows * (k / block);
+                    let s = f32_tensor(&[rows, k / block, 1], &scales[e * groups..][..groups], name)?;
+                    tensors.push((EXPERT_SCALES[p / 2], s));
+                    t
+                }
+                _ => f32_tensor(&[rows, k], &store.floats[p][e * count..][..count], name)?,
+            };
+            tensors.push((name, tensor));
+            let bias = &store.floats[p + 1];
+            if !bias.is_empty() {
+                tensors.push((EXPERT_INPUTS[2 + p], f32_tensor(&[rows], &bias[e * rows..][..rows], name)?));
             }
-            let count: usize = shape.iter().product();
-            let mut t = fresh_tensor(&m.node, ElementType::F32, shape)?;
-            t.get_data_mut::<f32>().map_err(ov(&m.node, name))?.copy_from_slice(&all[e * count..][..count]);
-            tensors.push((*name, t));
         }
         experts.push(tensors);
     }
