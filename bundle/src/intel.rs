@@ -174,6 +174,10 @@ pub struct Attention {
     pub scale: f32,
     /// A sliding window (keys a query sees, its own included); `null` for none.
     pub window: Option<NonZeroUsize>,
+    /// Attention sinks (gpt-oss): one f32 logit per query head in the weights file, which every
+    /// row's softmax starts from; left out for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<ByteRange>,
 }
 
 /// One entry of the schedule: `{"segment": i}`, `{"attention": i}` or `{"host": i}`, indices
@@ -463,6 +467,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: NonZeroUsize::new(4096),
+            sinks: None,
         };
         Plan {
             format: Format,

@@ -24,7 +24,8 @@
 //!   network whose weights are its inputs (`experts`), binding the selected expert's weights;
 //!   the plan carries every host step's weights in `weights.bin` (f32, or QMoE's codes and
 //!   scales, bound as signed i4/i8 codes the expert network decompresses). QMoE with int8
-//!   activation blocks and attention sinks (gpt-oss) are refused naming the node.
+//!   activation blocks is refused naming the node. Attention sinks (gpt-oss) go to the host's
+//!   attention with the plan's attention entry (`sinks`).
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.
@@ -158,7 +159,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         segments.push(entry);
         xml.extend(networks);
     }
-    let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a));
+    let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a, &mut bin));
     let attention = attention.collect::<Result<_, _>>()?;
     let mut host: Vec<intel::HostStep> =
         parts.host.iter().map(|&n| host::host_step(&device, n, &mut bin)).collect::<Result<_, _>>()?;

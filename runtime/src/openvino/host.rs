@@ -49,6 +49,17 @@ fn floats(weights: &[u8], range: ByteRange, at: &str) -> Result<Vec<f32>, OvErro
     Ok(bytes(weights, range, at)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
 }
 
+/// Attention `i`'s sinks from the weights file, one per query head.
+pub(super) fn attention_sinks(i: usize, a: &intel::Attention, weights: &[u8]) -> Result<Option<Vec<f32>>, OvError> {
+    let Some(range) = a.sinks else { return Ok(None) };
+    let sinks = floats(weights, range, &format!("attention[{i}].sinks"))?;
+    if sinks.len() != a.q_heads {
+        let msg = format!("{} sinks for {} query heads", sinks.len(), a.q_heads);
+        return Err(PlanError::at(format!("attention[{i}].sinks"), msg).into());
+    }
+    Ok(Some(sinks))
+}
+
 /// `rows` rows of `k` values from their codes (`k·bits/8` bytes a row, low bits first) and
 /// scales (one per block), as the host executor dequantises QMoE's experts.
 fn dequantize(codes: &[u8], scales: &[f32], (bits, block): (usize, usize), (rows, k): (usize, usize)) -> Vec<f32> {

@@ -159,6 +159,8 @@ pub struct OvSession {
     weights: String,
     segments: Vec<intel::Segment>,
     attentions: Vec<intel::Attention>,
+    /// Each attention's sinks (gpt-oss), one per query head.
+    sinks: Vec<Option<Vec<f32>>>,
     /// The plan's host steps (recurrent layers with their states, mixtures of experts).
     host: Vec<HostRun>,
     /// Compiled expert networks by (host step, block size).
@@ -283,6 +285,8 @@ impl OvSession {
             std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
         let rope_tables = read_rope_tables(&plan.rope, &weights)?;
         let host = plan.host.iter().enumerate().map(|(i, h)| HostRun::new(i, h, &weights)).collect::<Result<_, _>>()?;
+        let sinks = plan.attention.iter().enumerate().map(|(i, a)| host::attention_sinks(i, a, &weights));
+        let sinks = sinks.collect::<Result<_, _>>()?;
         let max_context = o.max_context.min(plan.rope.positions).max(1);
         let (cache, seq) = new_cache(&plan.attention, max_context)?;
         let mut blocks = plan.blocks;
@@ -297,6 +301,7 @@ impl OvSession {
             weights: weights_path.display().to_string(),
             segments: plan.segments,
             attentions: plan.attention,
+            sinks,
             host,
             expert_requests: HashMap::new(),
             host_experts: false,
@@ -637,7 +642,8 @@ impl OvSession {
         let k = take(&at.k, at.kv_heads)?;
         let v = take(&at.v, at.kv_heads)?;
         let (layer, q_heads, y_name) = (at.layer, at.q_heads, at.y.clone());
-        let scoring = Scoring { scale: at.scale, window: at.window, sinks: None };
+        let sinks = self.sinks[a].as_deref();
+        let scoring = Scoring { scale: at.scale, window: at.window, sinks };
         self.cache.append(self.seq, layer, &k, &v).map_err(|e| OvError::Run(e.to_string()))?;
         let shape = Shape::new(&[1, q_heads as i64, block as i64, d as i64]).map_err(|e| run(e.to_string()))?;
         let mut y = Tensor::new(ElementType::F32, &shape).map_err(|e| run(e.to_string()))?;
