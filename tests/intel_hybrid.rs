@@ -30,10 +30,15 @@ const LOGITS_TOL: f64 = 1e-4;
 /// `npuc compile --target intel-npu --blocks 1,16` of hybrid entry `name`: the bundle, or the
 /// compiler's message.
 fn compile(name: &str, tmp: &Path) -> Result<PathBuf, String> {
+    compile_blocks(name, tmp, "1,16")
+}
+
+/// `npuc compile --target intel-npu --blocks BLOCKS` of hybrid entry `name`.
+fn compile_blocks(name: &str, tmp: &Path, blocks: &str) -> Result<PathBuf, String> {
     let model = hybrid_dir().join(name).join("model.onnx");
-    let bundle = tmp.join(format!("{name}.npub"));
+    let bundle = tmp.join(format!("{name}-{blocks}.npub"));
     let out = Command::new(env!("CARGO_BIN_EXE_npuc"))
-        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--blocks", "1,16", "-o"])
+        .args(["compile", model.to_str().unwrap(), "--target", "intel-npu", "--blocks", blocks, "-o"])
         .arg(&bundle)
         .output()
         .unwrap();
@@ -53,24 +58,29 @@ fn index_prompt(name: &str) -> Vec<u32> {
 /// the host when `host_experts`, else in the bound expert networks) and on the host executor; the
 /// worst first-step logits error relative to the largest |logit|.
 fn openvino_against_host(name: &str, host_experts: bool) -> f64 {
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
+    openvino_against_host_on(name, host_experts, "1,16", &[index_prompt(name), long])
+}
+
+/// [`openvino_against_host`] with token blocks `blocks` and these prompts.
+fn openvino_against_host_on(name: &str, host_experts: bool, blocks: &str, prompts: &[Vec<u32>]) -> f64 {
     let tmp = tempfile::tempdir().unwrap();
-    let path = compile(name, tmp.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let path = compile_blocks(name, tmp.path(), blocks).unwrap_or_else(|e| panic!("{name}: {e}"));
     let bundle = Bundle::open(&path, Some("intel-npu")).unwrap();
     let options =
         OvOptions { device: "CPU".into(), cache_dir: Some(tmp.path().join("cache")), max_context: 128, threads: 2 };
     let mut ov = OvSession::open(&bundle, &options).unwrap();
     ov.set_host_experts(host_experts);
     let mut host = Executor::new(&bundle, ExecOptions { max_context: 128, ..ExecOptions::default() }).unwrap();
-    let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 500).collect();
     let mut worst = 0f64;
-    for prompt in [index_prompt(name), long] {
-        let want = host.step(&prompt).unwrap().to_vec();
-        let got = ov.step(&prompt).unwrap();
+    for prompt in prompts {
+        let want = host.step(prompt).unwrap().to_vec();
+        let got = ov.step(prompt).unwrap();
         worst = worst.max(relative_error(&got, &want));
         host.reset().unwrap();
         ov.reset().unwrap();
-        let (want_ids, _) = host.generate_greedy(&prompt, 16, &[], |_| {}).unwrap();
-        let got_ids = ov.generate_greedy(&prompt, 16, &[], |_| {}).unwrap();
+        let (want_ids, _) = host.generate_greedy(prompt, 16, &[], |_| {}).unwrap();
+        let got_ids = ov.generate_greedy(prompt, 16, &[], |_| {}).unwrap();
         assert_eq!(got_ids.len(), 16, "{name}");
         assert_eq!(got_ids, want_ids, "{name}: {} prompt tokens", prompt.len());
         host.reset().unwrap();
@@ -120,6 +130,16 @@ fn intel_openvino_cpu_gives_the_host_tokens_for_lfm2_moe() {
 fn intel_openvino_cpu_gives_the_host_tokens_for_gpt_oss() {
     openvino_against_host("gpt-oss-builder-fp32", false);
     openvino_against_host("gpt-oss-builder-fp32", true);
+}
+
+/// The default static shapes, blocks of 1 and 64 rows: a 70-token prompt runs a full block of 64
+/// and a padded one, each expert's routed rows gathered into a block of 64 (or 1).
+#[test]
+fn intel_openvino_cpu_gives_the_host_tokens_in_blocks_of_1_and_64() {
+    let long: Vec<u32> = (0..70u32).map(|i| (i * 53 + 7) % 500).collect();
+    for name in ["qwen3.5-moe-builder-int4", "lfm2-moe-builder-fp32"] {
+        openvino_against_host_on(name, false, "1,64", std::slice::from_ref(&long));
+    }
 }
 
 #[test]
