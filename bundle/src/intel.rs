@@ -211,6 +211,54 @@ impl HostStep {
         }
     }
 
+    /// Whether its sizes agree with each other and with its weights' byte ranges; why not.
+    fn check(&self) -> Result<(), String> {
+        let f32s = |r: ByteRange, count: usize, what: &str| match r.size == 4 * count as u64 {
+            true => Ok(()),
+            false => Err(format!("{what} holds {} bytes, not {count} f32", r.size)),
+        };
+        let bias = |r: Option<ByteRange>, count: usize, what: &str| r.map_or(Ok(()), |r| f32s(r, count, what));
+        match self {
+            HostStep::CausalConv(c) if c.channels > 0 && c.taps > 0 => {
+                f32s(c.weight, c.channels * c.taps, "weight")?;
+                bias(c.bias, c.channels, "bias")
+            }
+            HostStep::DeltaRule(d) if [d.q_heads, d.k_heads, d.kv_heads, d.dk, d.dv].iter().all(|&n| n > 0) => {
+                let grouped = if d.q_heads >= d.kv_heads {
+                    d.q_heads % d.kv_heads == 0 && d.k_heads == d.kv_heads
+                } else {
+                    d.kv_heads % d.q_heads == 0 && d.kv_heads % d.k_heads == 0
+                };
+                grouped.then_some(()).ok_or_else(|| "heads that do not group".to_string())
+            }
+            HostStep::Moe(m) if m.experts > 0 && m.hidden > 0 && m.inter > 0 && (1..=m.experts).contains(&m.k) => {
+                let n1 = m.activation.fusion() * m.inter;
+                bias(m.b1, m.experts * n1, "b1")?;
+                bias(m.b2, m.experts * m.hidden, "b2")?;
+                let Some(c) = m.codes else {
+                    f32s(m.fc1, m.experts * n1 * m.hidden, "fc1")?;
+                    return f32s(m.fc2, m.experts * m.hidden * m.inter, "fc2");
+                };
+                let fits = |k: usize| c.block_of(k) > 0 && k.is_multiple_of(c.block_of(k));
+                if !(c.bits == 4 || c.bits == 8) || !fits(m.hidden) || !fits(m.inter) {
+                    return Err(format!("{}-bit codes in blocks of {:?}", c.bits, c.block));
+                }
+                let codes =
+                    |r: ByteRange, rows: usize, k: usize, what: &str| match r.size * 8 == (rows * k * c.bits) as u64 {
+                        true => f32s(
+                            if what == "fc1" { c.fc1_scales } else { c.fc2_scales },
+                            rows * k / c.block_of(k),
+                            "scales",
+                        ),
+                        false => Err(format!("{what} holds {} bytes of codes, not {rows} rows of {k}", r.size)),
+                    };
+                codes(m.fc1, m.experts * n1, m.hidden, "fc1")?;
+                codes(m.fc2, m.experts * m.hidden, m.inter, "fc2")
+            }
+            _ => Err("a size of zero, or k outside the experts".to_string()),
+        }
+    }
+
     /// Floats of its recurrent state (0 for none).
     pub fn state_floats(&self) -> usize {
         match self {
@@ -395,7 +443,22 @@ impl Plan {
             .map_err(|e| PlanError::at(e.path().to_string(), e.inner().to_string()))?;
         plan.check_schedule()?;
         plan.check_verify_blocks()?;
+        plan.check_host()?;
         Ok(plan)
+    }
+
+    /// Every host step's sizes agree with each other and with its weights' byte ranges, and every
+    /// attention's sinks are one f32 per query head, so a runtime can index them as they say.
+    fn check_host(&self) -> Result<(), PlanError> {
+        for (i, a) in self.attention.iter().enumerate() {
+            if a.sinks.is_some_and(|s| s.size != 4 * a.q_heads as u64) {
+                return Err(PlanError::at(format!("attention[{i}].sinks"), format!("not {} f32 sinks", a.q_heads)));
+            }
+        }
+        for (i, step) in self.host.iter().enumerate() {
+            step.check().map_err(|message| PlanError::at(format!("host[{i}]"), message))?;
+        }
+        Ok(())
     }
 
     /// Every verify block is at least 2 rows (one row is a step) and has a network in every
@@ -678,6 +741,21 @@ mod tests {
         assert_eq!(p.host.iter().map(HostStep::state_floats).collect::<Vec<_>>(), [8 * 3, 0]);
         // A plan without host steps leaves the member out, as before them.
         assert!(!String::from_utf8(plan().encode()).unwrap().contains("\"host\""));
+    }
+
+    #[test]
+    fn a_host_step_whose_sizes_disagree_is_refused_naming_it() {
+        let mut p = plan_with_host_steps();
+        let HostStep::Moe(m) = &mut p.host[1] else { unreachable!() };
+        m.fc2.size -= 4;
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!((err.path.as_str(), err.message.as_str()), ("host[1]", "fc2 holds 508 bytes, not 128 f32"));
+        let mut p = plan_with_host_steps();
+        let HostStep::CausalConv(c) = &mut p.host[0] else { unreachable!() };
+        c.taps = 0;
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(err.path, "host[0]");
+        assert!(err.message.contains("a size of zero"), "{err}");
     }
 
     #[test]
