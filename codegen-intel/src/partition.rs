@@ -59,7 +59,7 @@ pub(crate) fn is_cut(n: &Node) -> bool {
     is_op(n, "Attention") || host_node(n)
 }
 
-/// Cuts `g` into segments at its attentions (see the crate doc).
+/// Cuts `g` into segments at its attentions and host nodes (see the crate doc).
 pub(crate) fn partition(g: &Graph) -> Result<Parts, IntelError> {
     let (mut cos, mut sin) = (HashSet::new(), HashSet::new());
     for n in g.nodes.iter().filter(|n| is_op(n, "Rope")) {
