@@ -55,6 +55,11 @@ pub fn open_session(
             !session.verify_blocks().is_empty(),
             "--speculate on --backend openvino verifies drafts in the bundle's verify blocks, and this bundle has none: compile it with --verify-blocks (default 2,4)"
         );
+        if let Some(node) = session.recurrent_node() {
+            anyhow::bail!(
+                "--speculate on --backend openvino rewinds rejected drafts, and node `{node}` keeps a recurrent state on the host that holds only the last position: speculate on the host backend, which keeps each verify row's state"
+            );
+        }
     }
     let networks = session.compile_all(verify).context("compiling the IR segments")?;
     Ok((session, networks, compile_start.elapsed().as_secs_f64() * 1e3))

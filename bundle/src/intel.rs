@@ -49,6 +49,11 @@ pub struct Plan {
     pub segments: Vec<Segment>,
     /// The attentions the host computes between segments, by layer.
     pub attention: Vec<Attention>,
+    /// The recurrent layers and mixtures of experts the host computes between segments (hybrid
+    /// decoders), with their weights in the weights file. Empty, and left out of the file, for
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host: Vec<HostStep>,
     /// What one step runs, in order.
     pub schedule: Vec<Step>,
 }
@@ -169,15 +174,237 @@ pub struct Attention {
     pub scale: f32,
     /// A sliding window (keys a query sees, its own included); `null` for none.
     pub window: Option<NonZeroUsize>,
+    /// Attention sinks (gpt-oss): one f32 logit per query head in the weights file, which every
+    /// row's softmax starts from; left out for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinks: Option<ByteRange>,
 }
 
-/// One entry of the schedule: `{"segment": i}` or `{"attention": i}`, indices into
-/// [`Plan::segments`] and [`Plan::attention`].
+/// One entry of the schedule: `{"segment": i}`, `{"attention": i}` or `{"host": i}`, indices
+/// into [`Plan::segments`], [`Plan::attention`] and [`Plan::host`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Step {
     Segment(usize),
     Attention(usize),
+    Host(usize),
+}
+
+/// A node the host computes between segments, reading segment outputs (f32, the block's rows
+/// first) and writing a value later segments read. A recurrent layer keeps its state on the host,
+/// one per sequence, updated in place by every step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum HostStep {
+    CausalConv(CausalConv),
+    DeltaRule(DeltaRule),
+    Moe(Moe),
+}
+
+impl HostStep {
+    /// The program node it computes.
+    pub fn node(&self) -> &str {
+        match self {
+            HostStep::CausalConv(c) => &c.node,
+            HostStep::DeltaRule(d) => &d.node,
+            HostStep::Moe(m) => &m.node,
+        }
+    }
+
+    /// Whether its sizes agree with each other and with its weights' byte ranges; why not.
+    fn check(&self) -> Result<(), String> {
+        let f32s = |r: ByteRange, count: usize, what: &str| match r.size == 4 * count as u64 {
+            true => Ok(()),
+            false => Err(format!("{what} holds {} bytes, not {count} f32", r.size)),
+        };
+        let bias = |r: Option<ByteRange>, count: usize, what: &str| r.map_or(Ok(()), |r| f32s(r, count, what));
+        match self {
+            HostStep::CausalConv(c) if c.channels > 0 && c.taps > 0 => {
+                f32s(c.weight, c.channels * c.taps, "weight")?;
+                bias(c.bias, c.channels, "bias")
+            }
+            HostStep::DeltaRule(d) if [d.q_heads, d.k_heads, d.kv_heads, d.dk, d.dv].iter().all(|&n| n > 0) => {
+                let grouped = if d.q_heads >= d.kv_heads {
+                    d.q_heads % d.kv_heads == 0 && d.k_heads == d.kv_heads
+                } else {
+                    d.kv_heads % d.q_heads == 0 && d.kv_heads % d.k_heads == 0
+                };
+                grouped.then_some(()).ok_or_else(|| "heads that do not group".to_string())
+            }
+            HostStep::Moe(m) if m.experts > 0 && m.hidden > 0 && m.inter > 0 && (1..=m.experts).contains(&m.k) => {
+                let n1 = m.activation.fusion() * m.inter;
+                bias(m.b1, m.experts * n1, "b1")?;
+                bias(m.b2, m.experts * m.hidden, "b2")?;
+                let Some(c) = m.codes else {
+                    f32s(m.fc1, m.experts * n1 * m.hidden, "fc1")?;
+                    return f32s(m.fc2, m.experts * m.hidden * m.inter, "fc2");
+                };
+                let fits = |k: usize| c.block_of(k) > 0 && k.is_multiple_of(c.block_of(k));
+                if !(c.bits == 4 || c.bits == 8) || !fits(m.hidden) || !fits(m.inter) {
+                    return Err(format!("{}-bit codes in blocks of {:?}", c.bits, c.block));
+                }
+                let codes =
+                    |r: ByteRange, rows: usize, k: usize, what: &str| match r.size * 8 == (rows * k * c.bits) as u64 {
+                        true => f32s(
+                            if what == "fc1" { c.fc1_scales } else { c.fc2_scales },
+                            rows * k / c.block_of(k),
+                            "scales",
+                        ),
+                        false => Err(format!("{what} holds {} bytes of codes, not {rows} rows of {k}", r.size)),
+                    };
+                codes(m.fc1, m.experts * n1, m.hidden, "fc1")?;
+                codes(m.fc2, m.experts * m.hidden, m.inter, "fc2")
+            }
+            _ => Err("a size of zero, or k outside the experts".to_string()),
+        }
+    }
+
+    /// Floats of its recurrent state (0 for none).
+    pub fn state_floats(&self) -> usize {
+        match self {
+            HostStep::CausalConv(c) => c.channels * c.taps.saturating_sub(1),
+            HostStep::DeltaRule(d) => d.kv_heads * d.dk * d.dv,
+            HostStep::Moe(_) => 0,
+        }
+    }
+}
+
+/// `com.microsoft::CausalConvWithState` (depthwise, one spatial dimension): `x` and `y` are
+/// `[1, channels, block]`, the state the last `taps − 1` inputs of each channel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CausalConv {
+    pub node: String,
+    pub x: String,
+    pub y: String,
+    pub channels: usize,
+    pub taps: usize,
+    /// SiLU after the convolution.
+    pub silu: bool,
+    /// `[channels, taps]` f32.
+    pub weight: ByteRange,
+    /// `[channels]` f32.
+    pub bias: Option<ByteRange>,
+}
+
+/// `LinearAttention` with the (gated) delta rule: `q` `[1, block, q_heads·dk]`, `k`
+/// `[1, block, k_heads·dk]`, `v` `[1, block, kv_heads·dv]`, `decay` (log decay) and `beta`
+/// `[1, block, kv_heads]`, `y` `[1, block, max(q_heads, kv_heads)·dv]`; the state
+/// `[kv_heads, dk, dv]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaRule {
+    pub node: String,
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub decay: Option<String>,
+    pub beta: Option<String>,
+    pub y: String,
+    pub q_heads: usize,
+    pub k_heads: usize,
+    pub kv_heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub scale: f32,
+}
+
+/// `com.microsoft::MoE` with f32 experts: `x` `[1, block, hidden]`, `router` `[block, experts]`
+/// (logits: softmax, top `k`, renormalised when `normalize`), `y` like `x`. `fc1` is
+/// `[experts, fusion·inter, hidden]`, `fc2` `[experts, hidden, inter]`, the biases one row per
+/// expert.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    pub node: String,
+    pub x: String,
+    pub router: String,
+    pub y: String,
+    pub experts: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub k: usize,
+    pub normalize: bool,
+    pub activation: ExpertActivation,
+    pub fc1: ByteRange,
+    pub b1: Option<ByteRange>,
+    pub fc2: ByteRange,
+    pub b2: Option<ByteRange>,
+    /// The static expert network (see [`ExpertSegment`]); without one the host computes the
+    /// experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<ExpertSegment>,
+    /// Experts stored as codes (QMoE): `fc1` and `fc2` are then `[experts, rows, K·bits/8]`
+    /// bytes; none for f32 experts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codes: Option<ExpertCodes>,
+}
+
+/// QMoE's expert codes: unsigned `bits`-bit codes (low nibble first for 4 bits) with zero point
+/// 2^(bits−1) and one f32 scale per block of `block` along K (`None`: one per row), the scales
+/// `[experts, rows, K/block]`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertCodes {
+    pub bits: usize,
+    pub block: Option<usize>,
+    pub fc1_scales: ByteRange,
+    pub fc2_scales: ByteRange,
+}
+
+impl ExpertCodes {
+    /// The block along a K of `k`.
+    pub fn block_of(&self, k: usize) -> usize {
+        self.block.unwrap_or(k)
+    }
+}
+
+/// One expert as a network whose weights are run-time inputs: the host binds the selected
+/// expert's weights (views of `fc1`, `b1`, `fc2`, `b2` of one expert) and the rows routed to it,
+/// gathered into a block. Inputs [`EXPERT_INPUTS`] — `x` `[1, block, hidden]`, `fc1`
+/// `[fusion·inter, hidden]`, `b1` `[fusion·inter]` (when the experts have it), `fc2`
+/// `[hidden, inter]`, `b2` `[hidden]` (when they have it) — and output `y` like `x`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertSegment {
+    /// The network file in [`DIR`] per block size (those of [`Plan::blocks`]).
+    pub files: BTreeMap<usize, String>,
+}
+
+/// The input names of an [`ExpertSegment`]'s networks, and its output's.
+pub const EXPERT_INPUTS: [&str; 5] = ["x", "fc1", "b1", "fc2", "b2"];
+pub const EXPERT_OUTPUT: &str = "y";
+/// The inputs of an [`ExpertSegment`] over codes ([`ExpertCodes`]): `fc1` and `fc2` are then
+/// signed codes `[rows, K/block, block]` (i4 or i8: the unsigned codes minus the zero point), and
+/// these their scales `[rows, K/block, 1]`.
+pub const EXPERT_SCALES: [&str; 2] = ["fc1_scales", "fc2_scales"];
+
+/// What an expert applies between its projections.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExpertActivation {
+    Relu,
+    Gelu,
+    Silu,
+    Identity,
+    /// `g·σ(alpha·g)·(l + beta)`, g clamped above and l on both sides at `limit` when there is
+    /// one; gate and linear halves interleaved, or the first and second halves.
+    SwiGlu {
+        interleaved: bool,
+        alpha: f32,
+        beta: f32,
+        limit: Option<f32>,
+    },
+}
+
+impl ExpertActivation {
+    /// Rows of fc1 per intermediate row.
+    pub fn fusion(self) -> usize {
+        match self {
+            ExpertActivation::SwiGlu { .. } => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// A plan that cannot be read: `path` is where in the document (`.` for the whole document).
@@ -216,7 +443,22 @@ impl Plan {
             .map_err(|e| PlanError::at(e.path().to_string(), e.inner().to_string()))?;
         plan.check_schedule()?;
         plan.check_verify_blocks()?;
+        plan.check_host()?;
         Ok(plan)
+    }
+
+    /// Every host step's sizes agree with each other and with its weights' byte ranges, and every
+    /// attention's sinks are one f32 per query head, so a runtime can index them as they say.
+    fn check_host(&self) -> Result<(), PlanError> {
+        for (i, a) in self.attention.iter().enumerate() {
+            if a.sinks.is_some_and(|s| s.size != 4 * a.q_heads as u64) {
+                return Err(PlanError::at(format!("attention[{i}].sinks"), format!("not {} f32 sinks", a.q_heads)));
+            }
+        }
+        for (i, step) in self.host.iter().enumerate() {
+            step.check().map_err(|message| PlanError::at(format!("host[{i}]"), message))?;
+        }
+        Ok(())
     }
 
     /// Every verify block is at least 2 rows (one row is a step) and has a network in every
@@ -242,6 +484,7 @@ impl Plan {
             let (what, index, count) = match *step {
                 Step::Segment(s) => ("segment", s, self.segments.len()),
                 Step::Attention(a) => ("attention", a, self.attention.len()),
+                Step::Host(h) => ("host", h, self.host.len()),
             };
             if index >= count {
                 let message = format!("{what} {index} of a plan with {count}");
@@ -287,6 +530,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: NonZeroUsize::new(4096),
+            sinks: None,
         };
         Plan {
             format: Format,
@@ -302,6 +546,7 @@ mod tests {
             },
             segments: vec![segment],
             attention: vec![attention],
+            host: vec![],
             schedule: vec![Step::Segment(0), Step::Attention(0)],
         }
     }
@@ -444,6 +689,82 @@ mod tests {
             (err.path.as_str(), err.message.as_str()),
             ("verify_blocks[0]", "1 rows: a verify block holds at least 2")
         );
+    }
+
+    /// The plan with a causal convolution and a mixture of experts the host computes after the
+    /// segment.
+    fn plan_with_host_steps() -> Plan {
+        let mut p = plan();
+        let range = |offset: u64, size: u64| ByteRange { offset, size };
+        p.host = vec![
+            HostStep::CausalConv(CausalConv {
+                node: "conv0".into(),
+                x: "x".into(),
+                y: "y".into(),
+                channels: 8,
+                taps: 4,
+                silu: true,
+                weight: range(0, 128),
+                bias: None,
+            }),
+            HostStep::Moe(Moe {
+                node: "moe0".into(),
+                x: "h".into(),
+                router: "logits".into(),
+                y: "m".into(),
+                experts: 4,
+                hidden: 8,
+                inter: 4,
+                k: 2,
+                normalize: true,
+                activation: ExpertActivation::SwiGlu { interleaved: true, alpha: 1.0, beta: 0.0, limit: None },
+                fc1: range(128, 1024),
+                b1: None,
+                fc2: range(1152, 512),
+                b2: None,
+                segment: Some(ExpertSegment { files: BTreeMap::from([(1, "expert01_t1.xml".into())]) }),
+                codes: None,
+            }),
+        ];
+        p.schedule.extend([Step::Host(0), Step::Host(1)]);
+        p
+    }
+
+    #[test]
+    fn a_plan_with_host_steps_encodes_and_decodes_to_an_equal_plan() {
+        let p = plan_with_host_steps();
+        let text = String::from_utf8(p.encode()).unwrap();
+        for member in [r#""host": 1"#, r#""causal_conv": {"#, r#""swi_glu": {"#, r#""expert01_t1.xml""#] {
+            assert!(text.contains(member), "{member} in {text}");
+        }
+        assert_eq!(Plan::decode(text.as_bytes()).unwrap(), p);
+        assert_eq!(p.host.iter().map(HostStep::state_floats).collect::<Vec<_>>(), [8 * 3, 0]);
+        // A plan without host steps leaves the member out, as before them.
+        assert!(!String::from_utf8(plan().encode()).unwrap().contains("\"host\""));
+    }
+
+    #[test]
+    fn a_host_step_whose_sizes_disagree_is_refused_naming_it() {
+        let mut p = plan_with_host_steps();
+        let HostStep::Moe(m) = &mut p.host[1] else { unreachable!() };
+        m.fc2.size -= 4;
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!((err.path.as_str(), err.message.as_str()), ("host[1]", "fc2 holds 508 bytes, not 128 f32"));
+        let mut p = plan_with_host_steps();
+        let HostStep::CausalConv(c) = &mut p.host[0] else { unreachable!() };
+        c.taps = 0;
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(err.path, "host[0]");
+        assert!(err.message.contains("a size of zero"), "{err}");
+    }
+
+    #[test]
+    fn a_schedule_step_beyond_the_host_steps_is_refused() {
+        let mut p = plan_with_host_steps();
+        p.schedule.push(Step::Host(2));
+        let err = Plan::decode(&p.encode()).unwrap_err();
+        assert_eq!(err.path, "schedule[4].host");
+        assert!(err.message.contains("host 2 of a plan with 2"), "{err}");
     }
 
     #[test]

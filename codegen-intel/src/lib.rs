@@ -3,11 +3,29 @@
 //!
 //! [`compile`] takes the program the `intel-npu` pipeline extracted and produces:
 //!
-//! - **Segments.** The program is cut at every `npuc::Attention`: segment `i` runs from the end of
+//! - **Segments.** The program is cut at every `npuc::Attention` (and, in hybrid decoders, at the
+//!   nodes below): segment `i` runs from the end of
 //!   attention `i−1` up to attention `i` and outputs that attention's q and new k/v (BNSH, after
 //!   RoPE) and whatever later segments read (the residual stream). The host computes attention over
 //!   its paged KV cache and feeds the result to segment `i+1`. The `lm_head` GEMM that produces the
 //!   logits is its own segment, run on the last token row only.
+//! - **Hybrid decoders** (Qwen3.5, LFM2 and their MoE forms). The program is also cut at each
+//!   `CausalConvWithState`, `LinearAttention` and `MoE` node: the host computes them between
+//!   segments as it computes attention (plan `host`, schedule `{"host": i}`, see `host`). The
+//!   recurrent layers run on the host because their state is carried from step to step and
+//!   read-modify-written token by token (the delta rule's state is `heads × dk × dv`): on the
+//!   host it lives per sequence beside the KV pages and is updated in place, where a device
+//!   segment would need it as an input and an output every step, and a static network cannot
+//!   express the delta rule's sequential scan over a block without unrolling it. What sits
+//!   between them — projections, the q/k L2 norm, the decay gate, GatedRMSNorm, the shared
+//!   expert and its GatedAdd, text-only M-RoPE (cos/sin rows fed like RoPE tables), a router
+//!   written as plain ops (LFM2-MoE) — stays in the segments. A mixture of experts is cut after
+//!   its router logits: the host routes (top k) and runs, per routed expert, a static expert
+//!   network whose weights are its inputs (`experts`), binding the selected expert's weights;
+//!   the plan carries every host step's weights in `weights.bin` (f32, or QMoE's codes and
+//!   scales, bound as signed i4/i8 codes the expert network decompresses). QMoE with int8
+//!   activation blocks is refused naming the node. Attention sinks (gpt-oss) go to the host's
+//!   attention with the plan's attention entry (`sinks`).
 //! - **Static shapes.** One network per token block size (`blocks`, default 1 and 64) per segment;
 //!   batch is 1. Every network of every block size reads the same constants at the same offsets of
 //!   one weights file (`weights.bin`): the `.xml` files hold no weight bytes.
@@ -43,13 +61,17 @@
 //!   tables' location in the weights file.
 
 mod error;
+mod experts;
 pub mod float;
+mod host;
+mod hybrid;
 mod lower;
 mod ops;
 mod partition;
 mod plan;
 mod qdq;
 mod rope;
+mod router;
 pub mod symmetric;
 pub mod xml;
 
@@ -137,7 +159,17 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         segments.push(entry);
         xml.extend(networks);
     }
-    let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a));
+    let attention = parts.attentions.iter().enumerate().map(|(layer, &a)| plan::attention(&device, layer, a, &mut bin));
+    let attention = attention.collect::<Result<_, _>>()?;
+    let mut host: Vec<intel::HostStep> =
+        parts.host.iter().map(|&n| host::host_step(&device, n, &mut bin)).collect::<Result<_, _>>()?;
+    for (i, step) in host.iter_mut().enumerate() {
+        if let intel::HostStep::Moe(m) = step {
+            let (segment, networks) = experts::expert_segment(i, m, &blocks, &mut bin)?;
+            m.segment = Some(segment);
+            xml.extend(networks);
+        }
+    }
     let plan = Plan {
         format: intel::Format,
         weights_file: WEIGHTS_FILE.to_string(),
@@ -147,7 +179,8 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
         logits: device.value(device.outputs[0]).name.clone(),
         rope,
         segments,
-        attention: attention.collect::<Result<_, _>>()?,
+        attention,
+        host,
         schedule: plan::schedule(&parts),
     };
     let host_program = symmetric::host_forms(&device);

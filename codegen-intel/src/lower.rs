@@ -87,7 +87,11 @@ impl<'a> Lower<'a> {
         let mut rope: HashMap<String, Port> = HashMap::new();
         for &v in &seg.inputs {
             let val = self.g.value(v);
-            let mut shape = self.shape(v)?;
+            // An M-RoPE cache is read as the rows of the block's positions.
+            let mut shape = match val.def {
+                ValueDef::Weight(_) => vec![1, 1, self.t, self.width],
+                _ => self.shape(v)?,
+            };
             if seg.last_row_only {
                 if let Some(s) = shape.iter_mut().rev().nth(1) {
                     *s = 1;
@@ -252,7 +256,7 @@ impl<'a> Lower<'a> {
             (Domain::Onnx, "Gather") => one(self.gather(n)?),
             (Domain::Microsoft, "GatherBlockQuantized") => one(self.gather_block_quantized(n)?),
             (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(self.elementwise(n)?),
-            (Domain::Onnx, "Sqrt" | "Neg" | "Sigmoid" | "Exp" | "Tanh" | "Abs") => one(self.unary(n)?),
+            (Domain::Onnx, "Sqrt" | "Neg" | "Sigmoid" | "Exp" | "Tanh" | "Abs" | "Log") => one(self.unary(n)?),
             (Domain::Onnx, "MatMul") => {
                 let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
                 one(self.net.matmul(&a, &b, false)?)
@@ -283,6 +287,19 @@ impl<'a> Lower<'a> {
             (Domain::Onnx, "QuantizeLinear") => one(self.quantize_linear(n)?),
             (Domain::Onnx, "DequantizeLinear") => one(self.dequantize_linear(n)?),
             (Domain::Npuc, "QGemm") => one(self.qgemm(n)?),
+            (Domain::Onnx, "LpNormalization") => one(self.l2_norm(n)?),
+            (Domain::Microsoft, "LinearAttentionGate") => self.linear_attention_gate(n)?,
+            (Domain::Microsoft, "GatedRMSNorm") => one(self.gated_rms_norm(n)?),
+            (Domain::Microsoft, "GatedAdd") => one(self.gated_add(n)?),
+            (Domain::Microsoft, "MRotaryEmbedding") => one(self.m_rope(n)?),
+            (Domain::Onnx, "Shape") => one(self.shape_of(n)?),
+            (Domain::Onnx, "ConstantOfShape") => one(self.constant_of_shape(n)?),
+            (Domain::Onnx, "Reciprocal") => one(self.reciprocal(n)?),
+            (Domain::Onnx, "Clip") => one(self.clip(n)?),
+            (Domain::Onnx, "ReduceSum") => one(self.reduce_sum(n)?),
+            (Domain::Onnx, "TopK") => self.top_k(n)?,
+            (Domain::Onnx, "GatherElements") => one(self.gather_elements(n)?),
+            (Domain::Onnx, "ScatterElements") => one(self.scatter_elements(n)?),
             (d, op) => return Err(LowerError::Form(format!("{d}::{op} has no OpenVINO lowering"))),
         })
     }

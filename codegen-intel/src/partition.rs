@@ -1,5 +1,7 @@
-//! Cutting the program into segments at attention: which nodes run on the device in which
-//! segment, what each segment reads and writes, and which nodes compute the RoPE tables.
+//! Cutting the program into segments at the nodes the host computes — attention, and in hybrid
+//! decoders the recurrent layers and the mixtures of experts ([`host_node`]) — which nodes run on
+//! the device in which segment, what each segment reads and writes, and which nodes compute the
+//! RoPE tables.
 
 use crate::IntelError;
 use ir::graph::{Graph, NodeId, ValueDef, ValueId};
@@ -21,6 +23,9 @@ pub(crate) struct Parts {
     pub segments: Vec<Segment>,
     pub attentions: Vec<NodeId>,
     pub attention_stage: Vec<usize>,
+    /// The other nodes the host computes ([`host_node`]), in program order, and their stages.
+    pub host: Vec<NodeId>,
+    pub host_stage: Vec<usize>,
     /// Rope cos and sin values (computed on the host).
     pub cos: HashSet<ValueId>,
     pub sin: HashSet<ValueId>,
@@ -39,7 +44,22 @@ pub(crate) fn is_op(n: &Node, op: &str) -> bool {
     n.domain == Domain::Npuc && n.op == op
 }
 
-/// Cuts `g` into segments at its attentions (see the crate doc).
+/// A node the host computes between segments other than attention: a recurrent layer, whose
+/// state lives on the host, or a mixture of experts, which the host routes.
+pub(crate) fn host_node(n: &Node) -> bool {
+    matches!(
+        (n.domain, n.op),
+        (Domain::Microsoft | Domain::Onnx, "CausalConvWithState" | "LinearAttention")
+            | (Domain::Microsoft, "MoE" | "QMoE")
+    )
+}
+
+/// A node segments are cut at: attention or a [`host_node`].
+pub(crate) fn is_cut(n: &Node) -> bool {
+    is_op(n, "Attention") || host_node(n)
+}
+
+/// Cuts `g` into segments at its attentions and host nodes (see the crate doc).
 pub(crate) fn partition(g: &Graph) -> Result<Parts, IntelError> {
     let (mut cos, mut sin) = (HashSet::new(), HashSet::new());
     for n in g.nodes.iter().filter(|n| is_op(n, "Rope")) {
@@ -51,7 +71,7 @@ pub(crate) fn partition(g: &Graph) -> Result<Parts, IntelError> {
     let needed = device_nodes(g, logits, &cos, &sin, &table)?;
     let stages = stages(g, &needed)?;
     let head = lm_head(g, logits);
-    let last_stage = stages.attention_stage.iter().max().copied().unwrap_or(0) + 1;
+    let last_stage = stages.attention_stage.iter().chain(&stages.host_stage).max().copied().unwrap_or(0) + 1;
     let mut segments: Vec<Segment> = (0..=last_stage)
         .map(|s| Segment {
             name: format!("seg{s:02}"),
@@ -81,8 +101,8 @@ pub(crate) fn partition(g: &Graph) -> Result<Parts, IntelError> {
     }
     segments.retain(|s| !s.nodes.is_empty());
     let table_nodes = (0..g.nodes.len()).filter(|&i| table[i]).map(|i| NodeId(i as u32)).collect();
-    let Stages { attentions, attention_stage, .. } = stages;
-    Ok(Parts { segments, attentions, attention_stage, cos, sin, table_nodes })
+    let Stages { attentions, attention_stage, host, host_stage, .. } = stages;
+    Ok(Parts { segments, attentions, attention_stage, host, host_stage, cos, sin, table_nodes })
 }
 
 /// The table computation: ancestors of cos/sin, stopping at Shape nodes (a shape is static).
@@ -121,10 +141,8 @@ fn device_nodes(
         let Some(p) = producer(g, v) else { continue };
         let node = g.node(p);
         needed[p.0 as usize] = true;
-        if is_op(node, "Attention") {
-            // A mask input is the model's attention mask over the sequence: the host runs one
-            // unpadded sequence, where it is all ones and attention is causal only.
-            stack.extend(node.inputs.iter().take(3).flatten().copied());
+        if is_cut(node) || node.op == "MRotaryEmbedding" {
+            stack.extend(device_inputs(node));
         } else {
             if table[p.0 as usize] {
                 return Err(IntelError::Unsupported {
@@ -144,30 +162,50 @@ struct Stages {
     node_stage: Vec<usize>,
     attentions: Vec<NodeId>,
     attention_stage: Vec<usize>,
+    host: Vec<NodeId>,
+    host_stage: Vec<usize>,
 }
 
-/// The inputs of `n` that the device computes: an attention's q, k and v only.
-fn device_inputs(n: &Node) -> &[Option<ValueId>] {
-    if is_op(n, "Attention") {
-        &n.inputs[..3]
-    } else {
-        &n.inputs
-    }
+/// The inputs of `n` that the device computes: an attention's q, k and v only (a mask input is
+/// the model's attention mask over the sequence: the host runs one unpadded sequence, where it is
+/// all ones and attention is causal only); a recurrent layer's activations, not its state; a
+/// mixture of experts' input and router logits, not its experts; M-RoPE's input, not the
+/// positions (the host feeds its cos/sin rows, see `rope`).
+pub(crate) fn device_inputs(n: &Node) -> Vec<ValueId> {
+    let slots: &[usize] = match (n.domain, n.op) {
+        (Domain::Npuc, "Attention") => &[0, 1, 2],
+        (_, "CausalConvWithState") => &[0],
+        (_, "LinearAttention") => &[0, 1, 2, 4, 5],
+        (Domain::Microsoft, "MoE" | "QMoE") => &[0, 1],
+        (Domain::Microsoft, "MRotaryEmbedding") => &[0],
+        _ => return n.inputs.iter().flatten().copied().collect(),
+    };
+    slots.iter().filter_map(|&i| n.inputs.get(i).copied().flatten()).collect()
 }
 
 fn stages(g: &Graph, needed: &[bool]) -> Result<Stages, IntelError> {
     let mut stage_of_value: HashMap<ValueId, usize> = HashMap::new();
-    let mut out = Stages { node_stage: vec![0; g.nodes.len()], attentions: vec![], attention_stage: vec![] };
+    let mut out = Stages {
+        node_stage: vec![0; g.nodes.len()],
+        attentions: vec![],
+        attention_stage: vec![],
+        host: vec![],
+        host_stage: vec![],
+    };
     for (ni, n) in g.nodes.iter().enumerate() {
         if !needed[ni] {
             continue;
         }
         let inputs = device_inputs(n);
-        let s = inputs.iter().flatten().map(|v| stage_of_value.get(v).copied().unwrap_or(0)).max().unwrap_or(0);
+        let s = inputs.iter().map(|v| stage_of_value.get(v).copied().unwrap_or(0)).max().unwrap_or(0);
         out.node_stage[ni] = s;
         let out_stage = if is_op(n, "Attention") {
             out.attentions.push(NodeId(ni as u32));
             out.attention_stage.push(s);
+            s + 1
+        } else if host_node(n) {
+            out.host.push(NodeId(ni as u32));
+            out.host_stage.push(s);
             s + 1
         } else {
             s
@@ -198,7 +236,7 @@ fn assign_nodes(
         if compile_time[ni] {
             continue;
         }
-        if !needed[ni] || is_op(n, "Attention") || head.contains(&id) {
+        if !needed[ni] || is_cut(n) || head.contains(&id) {
             if head.contains(&id) {
                 seg_of_node.insert(id, segments.len() - 1);
             }
@@ -223,8 +261,8 @@ fn readers(
             continue;
         }
         let id = NodeId(ni as u32);
-        let reader = if is_op(n, "Attention") { None } else { seg_of_node.get(&id).copied() };
-        for &v in device_inputs(n).iter().flatten() {
+        let reader = if is_cut(n) { None } else { seg_of_node.get(&id).copied() };
+        for v in device_inputs(n) {
             readers.entry(v).or_default().insert(reader);
         }
     }
@@ -246,11 +284,13 @@ fn set_boundary(
     let mut outs = Vec::new();
     for &ni in &seg.nodes {
         let n = g.node(ni);
-        for &v in n.inputs.iter().flatten() {
+        // M-RoPE reads its cos/sin caches as rows the host feeds (see `rope`).
+        let mrope_caches = if n.op == "MRotaryEmbedding" { &n.inputs[2..4.min(n.inputs.len())] } else { &[] };
+        for v in device_inputs(n).into_iter().chain(mrope_caches.iter().flatten().copied()) {
             let external = match g.value(v).def {
                 ValueDef::Input => true,
                 ValueDef::Node { node, .. } => !mine.contains(&node) && !compile_time[node.0 as usize],
-                _ => false,
+                _ => mrope_caches.contains(&Some(v)),
             };
             if external && !ins.contains(&v) {
                 ins.push(v);

@@ -78,7 +78,7 @@ pub(crate) fn rope(tables: &RopeTables, bin: &mut Bin) -> intel::Rope {
 }
 
 /// The plan's entry for attention node `a` of layer `layer`.
-pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId) -> Result<intel::Attention, IntelError> {
+pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId, bin: &mut Bin) -> Result<intel::Attention, IntelError> {
     let n = g.node(a);
     let missing =
         |what: &str| IntelError::Unsupported { node: n.name.clone(), msg: format!("attention without {what}") };
@@ -92,10 +92,11 @@ pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId) -> Result<intel::Att
     let head_dim = n.inputs[0].and_then(|v| g.value(v).shape.last().and_then(|d| d.as_known())).unwrap_or(0);
     let scale = n.attrs.float("scale").ok().flatten().unwrap_or(1.0 / (head_dim as f32).sqrt());
     let window = n.attrs.int("window").ok().flatten().filter(|&w| w > 0);
-    if n.inputs.get(6).copied().flatten().is_some() {
-        let msg = "attention sinks (gpt-oss) are not carried to the host attention of the Intel plan".to_string();
-        return Err(IntelError::Unsupported { node: n.name.clone(), msg });
-    }
+    let q_heads = count("q_heads")?;
+    let sinks = match n.inputs.get(6).copied().flatten() {
+        None => None,
+        Some(s) => Some(sinks(g, n, s, q_heads, bin)?),
+    };
     Ok(intel::Attention {
         layer,
         node: n.name.clone(),
@@ -103,24 +104,59 @@ pub(crate) fn attention(g: &Graph, layer: usize, a: NodeId) -> Result<intel::Att
         k: input(1, "k")?,
         v: input(2, "v")?,
         y: g.value(n.outputs[0]).name.clone(),
-        q_heads: count("q_heads")?,
+        q_heads,
         kv_heads: count("kv_heads")?,
         head_dim: head_dim as usize,
         scale,
         window: window.and_then(|w| NonZeroUsize::new(w as usize)),
+        sinks,
     })
 }
 
-/// Each segment, followed by the attentions of the stage it computes.
+/// Attention `n`'s sinks `s` (a weight of one value per query head), stored as f32 in the
+/// weights file.
+fn sinks(
+    g: &Graph,
+    n: &ir::Node,
+    s: ir::graph::ValueId,
+    heads: usize,
+    bin: &mut Bin,
+) -> Result<intel::ByteRange, IntelError> {
+    let fail = |msg: String| IntelError::Unsupported { node: n.name.clone(), msg };
+    let ir::graph::ValueDef::Weight(w) = g.value(s).def else {
+        return Err(fail(format!("attention sinks `{}` that are not a weight", g.value(s).name)));
+    };
+    let w = g.weights.get(w);
+    let values = w.to_tensor().map_err(|e| fail(e.to_string()))?.to_f32_vec();
+    if values.len() != heads {
+        return Err(fail(format!("{} attention sinks for {heads} query heads", values.len())));
+    }
+    let (offset, size) =
+        bin.keyed(&format!("host:{}", w.name), || values.iter().flat_map(|v| v.to_le_bytes()).collect());
+    Ok(intel::ByteRange { offset: offset as u64, size: size as u64 })
+}
+
+/// Stage by stage: the segment of the stage (when it computes anything), then the attentions and
+/// host steps of that stage in program order (a stage's cuts read only earlier stages' values);
+/// the lm_head segment last.
 pub(crate) fn schedule(parts: &Parts) -> Vec<intel::Step> {
+    let attentions = parts.attention_stage.iter().zip(&parts.attentions).enumerate();
+    let hosts = parts.host_stage.iter().zip(&parts.host).enumerate();
+    let mut cuts: Vec<(usize, NodeId, intel::Step)> = attentions
+        .map(|(i, (&s, &n))| (s, n, intel::Step::Attention(i)))
+        .chain(hosts.map(|(i, (&s, &n))| (s, n, intel::Step::Host(i))))
+        .collect();
+    cuts.sort_by_key(|&(s, n, _)| (s, n.0));
+    let last = parts.segments.iter().filter_map(|s| s.stage).chain(cuts.iter().map(|c| c.0)).max().unwrap_or(0);
     let mut schedule = Vec::new();
-    for (si, seg) in parts.segments.iter().enumerate() {
-        schedule.push(intel::Step::Segment(si));
-        for (ai, &stage) in parts.attention_stage.iter().enumerate() {
-            if Some(stage) == seg.stage {
-                schedule.push(intel::Step::Attention(ai));
-            }
+    for stage in 0..=last {
+        if let Some(si) = parts.segments.iter().position(|s| s.stage == Some(stage)) {
+            schedule.push(intel::Step::Segment(si));
         }
+        schedule.extend(cuts.iter().filter(|c| c.0 == stage).map(|c| c.2));
+    }
+    if let Some(si) = parts.segments.iter().position(|s| s.stage.is_none()) {
+        schedule.push(intel::Step::Segment(si));
     }
     schedule
 }

@@ -22,6 +22,7 @@ pub(crate) struct RopeTables {
 pub(crate) fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<RopeTables, IntelError> {
     let mut out = RopeTables { tables: vec![], names: HashMap::new(), width: 0, positions: 0 };
     if parts.cos.is_empty() {
+        mrope_tables(g, &mut out, positions)?;
         return Ok(out);
     }
     // A table gathered from a cache covers at most the cache's rows: a first evaluation for one
@@ -55,6 +56,42 @@ pub(crate) fn rope_tables(g: &Graph, parts: &Parts, positions: usize) -> Result<
         }
     }
     Ok(out)
+}
+
+/// M-RoPE's cos/sin caches (`[rows, rot/2]` weights of `com.microsoft::MRotaryEmbedding`), fed
+/// as the rows of the step's positions: in a text-only step the three position rows are equal,
+/// so every section reads the row of the token's position (as the host executor reads it).
+fn mrope_tables(g: &Graph, out: &mut RopeTables, positions: usize) -> Result<(), IntelError> {
+    for n in g.nodes.iter().filter(|n| n.op == "MRotaryEmbedding") {
+        let fail = |msg: String| IntelError::Unsupported { node: n.name.clone(), msg };
+        for (slot, what) in [(2, "cos"), (3, "sin")] {
+            let v = n.inputs.get(slot).copied().flatten().ok_or_else(|| fail(format!("no {what} cache")))?;
+            let ValueDef::Weight(w) = g.value(v).def else {
+                return Err(fail(format!("the {what} cache `{}` is not a weight", g.value(v).name)));
+            };
+            let t = g.weights.get(w).to_tensor().map_err(|e| fail(e.to_string()))?;
+            let (rows, width) = match t.shape[..] {
+                [rows, width] if rows > 0 && width > 0 && (out.width == 0 || out.width == width) => (rows, width),
+                _ => return Err(fail(format!("a {what} cache of shape {:?}", t.shape))),
+            };
+            out.width = width;
+            out.positions = if out.positions == 0 { positions.min(rows) } else { out.positions.min(rows) };
+            let data = t.to_f32_vec();
+            let name = format!("rope_{what}");
+            match out.tables.iter().position(|(t, _)| *t == name) {
+                Some(i) if out.tables[i].1[..out.positions * width] != data[..out.positions * width] => {
+                    return Err(fail(format!("a {what} cache that differs from another layer's")));
+                }
+                Some(_) => {}
+                None => out.tables.push((name.clone(), data)),
+            }
+            out.names.insert(v, name);
+        }
+    }
+    for (_, data) in &mut out.tables {
+        data.truncate(out.positions * out.width);
+    }
+    Ok(())
 }
 
 /// The table computation's values for `positions` positions, and the fewest rows a Gather in it

@@ -2,6 +2,13 @@
 //! `codegen-intel`) through the OpenVINO runtime, with attention over the host's paged KV cache
 //! between segments and greedy sampling, exactly as the host executor decodes.
 //!
+//! Hybrid decoders' plans also have host steps (`host`): recurrent layers whose states the session
+//! keeps, one per layer for its one sequence, updated in place by every step's real rows (never
+//! copied, never a tensor), and mixtures of experts the host routes and whose routed experts run
+//! as a static expert network with the expert's weights bound as its inputs. A sequence with a
+//! recurrent state cannot be truncated (its state holds only the last position), so speculative
+//! decoding on OpenVINO is refused for it ([`OvError::RecurrentTruncate`]).
+//!
 //! OpenVINO's C library is linked at run time (`openvino_sys::library::load_from`): the PyPI wheel
 //! ships it as `openvino/libs/libopenvino_c.so.<version>`, with no unversioned name, so
 //! [`find_library`] takes `NPUC_OPENVINO_LIB` (a file or a folder) when it is set, else looks in the site-packages of
@@ -27,9 +34,12 @@
 //! ids, RoPE rows and the last row a last-row segment (the lm_head) reads are written into fresh
 //! tensors; [`OvSession::input_traffic`] counts both.
 
+mod host;
+
 use crate::bundle::intel::{self, Plan, PlanError, Role, Step};
 use crate::bundle::Bundle;
 use crate::kvcache::{KvCache, KvCacheConfig, Scoring, SeqId};
+use host::HostRun;
 use openvino::{Core, DeviceType, ElementType, InferRequest, RwPropertyKey, Shape, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +62,8 @@ pub enum OvError {
     NoVerifyBlock { rows: usize, verify_blocks: Vec<usize> },
     #[error("truncating to {tokens} tokens a sequence that holds {held}")]
     TruncateBeyondHeld { tokens: usize, held: usize },
+    #[error("truncating to {tokens} tokens a sequence that holds {held}: the recurrent state of node `{node}` holds only the last position (speculative decoding on OpenVINO is not supported for hybrid decoders)")]
+    RecurrentTruncate { node: String, tokens: usize, held: usize },
     #[error("{0}")]
     Run(String),
 }
@@ -147,6 +159,15 @@ pub struct OvSession {
     weights: String,
     segments: Vec<intel::Segment>,
     attentions: Vec<intel::Attention>,
+    /// Each attention's sinks (gpt-oss), one per query head.
+    sinks: Vec<Option<Vec<f32>>>,
+    /// The plan's host steps (recurrent layers with their states, mixtures of experts).
+    host: Vec<HostRun>,
+    /// Compiled expert networks by (host step, block size).
+    expert_requests: HashMap<(usize, usize), InferRequest>,
+    /// The host computes the experts even where the plan has expert networks.
+    host_experts: bool,
+    expert_runs: u64,
     schedule: Vec<Step>,
     blocks: Vec<usize>,
     verify_blocks: Vec<usize>,
@@ -263,6 +284,9 @@ impl OvSession {
         let weights =
             std::fs::read(&weights_path).map_err(|e| OvError::NoIr(format!("{}: {e}", weights_path.display())))?;
         let rope_tables = read_rope_tables(&plan.rope, &weights)?;
+        let host = plan.host.iter().enumerate().map(|(i, h)| HostRun::new(i, h, &weights)).collect::<Result<_, _>>()?;
+        let sinks = plan.attention.iter().enumerate().map(|(i, a)| host::attention_sinks(i, a, &weights));
+        let sinks = sinks.collect::<Result<_, _>>()?;
         let max_context = o.max_context.min(plan.rope.positions).max(1);
         let (cache, seq) = new_cache(&plan.attention, max_context)?;
         let mut blocks = plan.blocks;
@@ -277,6 +301,11 @@ impl OvSession {
             weights: weights_path.display().to_string(),
             segments: plan.segments,
             attentions: plan.attention,
+            sinks,
+            host,
+            expert_requests: HashMap::new(),
+            host_experts: false,
+            expert_runs: 0,
             schedule: plan.schedule,
             blocks,
             verify_blocks,
@@ -296,7 +325,8 @@ impl OvSession {
     }
 
     /// Compiles every segment for every block size now (they otherwise compile on first use), and
-    /// with `verify` for every verify block size too; returns how many networks that is.
+    /// with `verify` for every verify block size too, and the expert networks; returns how many
+    /// networks that is.
     pub fn compile_all(&mut self, verify: bool) -> Result<usize, OvError> {
         let mut n = 0;
         for i in 0..self.segments.len() {
@@ -310,6 +340,14 @@ impl OvSession {
                 .collect();
             for t in sizes {
                 self.request(i, t)?;
+                n += 1;
+            }
+        }
+        for h in 0..self.host.len() {
+            let bound = matches!(&self.host[h].step, intel::HostStep::Moe(m) if m.segment.is_some());
+            let blocks = if bound && !self.host_experts { self.blocks.clone() } else { Vec::new() };
+            for t in blocks {
+                self.expert_request(h, t)?;
                 n += 1;
             }
         }
@@ -338,6 +376,9 @@ impl OvSession {
         if tokens > self.position {
             return Err(OvError::TruncateBeyondHeld { tokens, held: self.position });
         }
+        if let Some(h) = self.host.iter().find(|h| h.has_state()).filter(|_| tokens < self.position) {
+            return Err(OvError::RecurrentTruncate { node: h.step.node().to_string(), tokens, held: self.position });
+        }
         self.cache.truncate(self.seq, tokens).map_err(|e| OvError::Run(e.to_string()))?;
         self.position = tokens;
         Ok(())
@@ -348,6 +389,7 @@ impl OvSession {
     pub fn reset(&mut self) -> Result<(), OvError> {
         self.cache.drop_sequence(self.seq).map_err(|e| OvError::Run(e.to_string()))?;
         self.seq = self.cache.create_sequence();
+        self.host.iter_mut().for_each(HostRun::reset);
         self.position = 0;
         Ok(())
     }
@@ -452,6 +494,7 @@ impl OvSession {
                     }
                 }
                 Step::Attention(a) => self.attend(a, rows, block, &mut values)?,
+                Step::Host(h) => self.run_host(h, rows, block, &mut values)?,
             }
         }
         self.position += rows;
@@ -599,7 +642,8 @@ impl OvSession {
         let k = take(&at.k, at.kv_heads)?;
         let v = take(&at.v, at.kv_heads)?;
         let (layer, q_heads, y_name) = (at.layer, at.q_heads, at.y.clone());
-        let scoring = Scoring { scale: at.scale, window: at.window, sinks: None };
+        let sinks = self.sinks[a].as_deref();
+        let scoring = Scoring { scale: at.scale, window: at.window, sinks };
         self.cache.append(self.seq, layer, &k, &v).map_err(|e| OvError::Run(e.to_string()))?;
         let shape = Shape::new(&[1, q_heads as i64, block as i64, d as i64]).map_err(|e| run(e.to_string()))?;
         let mut y = Tensor::new(ElementType::F32, &shape).map_err(|e| run(e.to_string()))?;
