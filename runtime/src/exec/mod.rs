@@ -92,8 +92,10 @@ use crate::kernels::qgemm::{QActivations, QGemmScratch, QGemmWeights};
 use crate::kernels::wgemm::{WGemmPrecision, WGemmScratch};
 use crate::kernels::{Isa, ThreadPool};
 use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvStorage, SeqId};
+pub(crate) use plan::ExpertActivation;
 use plan::{Op, Plan, WGemmStore};
 use program::Program;
+pub(crate) use run::{expert_activate, route_experts};
 use std::sync::Mutex;
 
 /// Tokens of a delta-rule chunk unless told otherwise.

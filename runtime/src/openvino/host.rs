@@ -445,42 +445,26 @@ fn delta_rule(d: &intel::DeltaRule, x: &DeltaInputs, state: &mut [f32], rows: us
     }
 }
 
-/// The top `k` experts of one router row and their weights (softmax, ties to the lower expert).
+/// The top `k` experts of one router row and their weights, as the host executor routes them.
 fn route(logits: &[f32], k: usize, normalize: bool) -> Vec<(usize, f32)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let probs: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    let mut picked: Vec<usize> = Vec::with_capacity(k);
-    for _ in 0..k {
-        let best = (0..probs.len()).filter(|e| !picked.contains(e)).fold(None, |best: Option<usize>, e| match best {
-            Some(b) if probs[b] >= probs[e] => Some(b),
-            _ => Some(e),
-        });
-        picked.push(best.unwrap_or(0));
-    }
-    let sum: f32 = picked.iter().map(|&e| probs[e] / total).sum();
-    picked.iter().map(|&e| (e, if normalize { probs[e] / total / sum } else { probs[e] / total })).collect()
+    let (mut probs, mut chosen) = (Vec::new(), Vec::with_capacity(k));
+    crate::exec::route_experts(logits, k, normalize, &mut probs, |e, w| chosen.push((e, w)));
+    chosen
 }
 
+/// The expert activation, as the host executor computes it.
 fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
-    let inter = out.len();
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = match act {
-            ExpertActivation::Relu => h[i].max(0.0),
-            ExpertActivation::Gelu => {
-                let x = h[i];
-                0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-            }
-            ExpertActivation::Silu => h[i] * sigmoid(h[i]),
-            ExpertActivation::Identity => h[i],
-            ExpertActivation::SwiGlu { interleaved, alpha, beta, limit } => {
-                let (g, l) = if interleaved { (h[2 * i], h[2 * i + 1]) } else { (h[i], h[inter + i]) };
-                let limit = limit.unwrap_or(f32::INFINITY);
-                let (g, l) = (g.min(limit), l.clamp(-limit, limit));
-                g * sigmoid(alpha * g) * (l + beta)
-            }
-        };
-    }
+    use crate::exec::ExpertActivation as Host;
+    let host = match act {
+        ExpertActivation::Relu => Host::Relu,
+        ExpertActivation::Gelu => Host::Gelu,
+        ExpertActivation::Silu => Host::Silu,
+        ExpertActivation::Identity => Host::Identity,
+        ExpertActivation::SwiGlu { interleaved, alpha, beta, limit } => {
+            Host::SwiGlu { interleaved, alpha, beta, limit: limit.unwrap_or(f32::INFINITY) }
+        }
+    };
+    crate::exec::expert_activate(host, h, out);
 }
 
 /// `out[r] = W[e·n + r] · x + bias[e·n + r]` for the `n` rows of expert `e`'s `[n, k]` projection.

@@ -24,6 +24,7 @@ mod float;
 mod integer;
 pub(crate) use delta_chunk::DeltaChunk;
 mod moe;
+pub(crate) use moe::{activate as expert_activate, route as route_experts};
 mod quantised;
 mod recurrent;
 mod router;

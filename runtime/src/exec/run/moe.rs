@@ -70,7 +70,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The top `k` experts of one router row and their weights.
-fn route(logits: &[f32], k: usize, normalize: bool, probs: &mut Vec<f32>, mut chosen: impl FnMut(usize, f32)) {
+pub(crate) fn route(
+    logits: &[f32],
+    k: usize,
+    normalize: bool,
+    probs: &mut Vec<f32>,
+    mut chosen: impl FnMut(usize, f32),
+) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     probs.clear();
     probs.extend(logits.iter().map(|l| (l - max).exp()));
@@ -101,7 +107,7 @@ fn int8_blocks(v: &mut [f32], block: usize) {
     }
 }
 
-fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
+pub(crate) fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
     let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
     let inter = out.len();
     for (i, o) in out.iter_mut().enumerate() {
