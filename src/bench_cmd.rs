@@ -7,9 +7,10 @@
 //! repetition runs plain and speculative greedy decoding back to back, and both rates, their
 //! ratio and the acceptance are reported; the two must give the same tokens.
 
+use crate::run_cmd::Speculation;
 use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
-use runtime::exec::{ExecOptions, Executor, PromptLookup, SpeculationStats};
+use runtime::exec::{Drafter, ExecOptions, Executor, SpeculationStats};
 use runtime::kernels::wgemm::WGemmPrecision;
 use runtime::kvcache::KvStorage;
 use runtime::sample::Sampler;
@@ -96,7 +97,7 @@ struct Rates {
 /// Prefill and decode rates of `o.repetitions` greedy runs after one untimed run (which warms
 /// caches and page tables), and with a drafter the same for speculative runs, each right after
 /// its plain twin so that both see the same machine.
-fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<PromptLookup>) -> Result<(Rates, Rates)> {
+fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<DrafterSource>) -> Result<(Rates, Rates)> {
     exec.generate_greedy(prompt, 2, &[], |_| {})?;
     let (mut plain, mut spec) = (Rates::default(), Rates::default());
     for _ in 0..o.repetitions {
@@ -105,11 +106,22 @@ fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<Pro
         plain.prefill.push(stats.prefill_tok_s());
         plain.decode.push(stats.decode_tok_s());
         plain.tokens = generated;
-        if let Some(mut d) = drafter {
+        if let Some(source) = &drafter {
+            let mut lookup;
+            let mut mtp;
+            let d: &mut dyn Drafter = match source.0 {
+                Speculation::Lookup(l) => {
+                    lookup = l;
+                    &mut lookup
+                }
+                Speculation::Mtp(k) => {
+                    mtp = crate::run_cmd::mtp_drafter(&o.bundle, source.1, source.2.clone(), k)?;
+                    &mut mtp
+                }
+            };
             exec.reset()?;
             let mut greedy = Sampler::greedy();
-            let (generated, stats, s) =
-                exec.generate_speculative(prompt, o.gen_len, &[], &mut d, &mut greedy, |_| {})?;
+            let (generated, stats, s) = exec.generate_speculative(prompt, o.gen_len, &[], d, &mut greedy, |_| {})?;
             spec.prefill.push(stats.prefill_tok_s());
             spec.decode.push(stats.decode_tok_s());
             spec.tokens = generated;
@@ -124,6 +136,9 @@ fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<Pro
     );
     Ok((plain, spec))
 }
+
+/// The drafter `--speculate` names, and what a fresh MTP head per run loads from.
+type DrafterSource<'b> = (Speculation, &'b Bundle, ExecOptions);
 
 /// `speculation` in `--json`: the speculative runs' rates, the decode ratio to plain decoding
 /// and what the drafter achieved in the last run.
@@ -146,7 +161,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         o.prompt_len > 0 && o.gen_len > 1 && o.repetitions > 0,
         "--prompt-len, --gen-len (> 1) and --repetitions must be positive"
     );
-    let drafter = o.speculate.lookup()?;
+    let drafter = o.speculate.speculation(&o.backend.backend)?;
     let bundle = Bundle::open(&o.bundle, None).with_context(|| format!("opening {}", o.bundle.display()))?;
     let prompt = bench_prompt(&o, &bundle, bundle.model().vocab)?;
     let offload = match o.backend.backend.as_str() {
@@ -165,15 +180,15 @@ pub fn run(o: Options) -> Result<ExitCode> {
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();
-    let mut exec =
-        Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
+    let mut exec = Executor::new(&bundle, options.clone())
+        .with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     if let Some(offload) = offload {
         exec.set_offload(offload);
     }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
-    let (plain, spec) = measure(&mut exec, &prompt, &o, drafter)?;
+    let (plain, spec) = measure(&mut exec, &prompt, &o, drafter.map(|d| (d, &bundle, options)))?;
     let moe_read = moe_bytes_per_decode_token(&mut exec, &prompt, o.gen_len)?;
     let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len(), moe_read };
     let speculation = drafter.map(|_| speculation_json(&plain, &spec));

@@ -83,6 +83,10 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
         /// XDNA device for --target xdna: npu1 (Phoenix/Hawk Point) or npu2 (Strix).
         #[arg(long)]
         device: Option<String>,
+        /// Leave out the MTP head found beside the model (mtp.onnx); `npuc run --speculate mtp`
+        /// needs it.
+        #[arg(long)]
+        no_drafter: bool,
     },
     /// Run a target's pass pipeline and print the graph after every pass.
     #[command(long_about = "Import a model and run the pass pipeline of a target, printing the graph after \
@@ -252,9 +256,10 @@ fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
-        Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device } => {
+        Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device, no_drafter } => {
             let args = targets::TargetArgs { intel: Some(intel), device };
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, args })
+            let drafter = !no_drafter;
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, drafter, args })
         }
         Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => {
             passes_cmd::run(passes_cmd::Options {

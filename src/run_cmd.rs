@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use runtime::bundle::{Bundle, CHAT_TEMPLATE_FILE, TOKENIZER_FILE};
-use runtime::exec::{ExecOptions, Executor, GenerateStats, PromptLookup, SpeculationStats};
+use runtime::exec::{Drafter, ExecOptions, Executor, GenerateStats, MtpDrafter, PromptLookup, SpeculationStats};
 use runtime::kvcache::{KvStorage, PoolStats};
 use runtime::sample::{Sampler, SamplingParams};
 use serde_json::json;
@@ -40,7 +40,9 @@ pub struct SpeculateArgs {
     /// same distribution (a draft is kept with the probability sampling gives it, else replaced
     /// by a draw without it), though not the same tokens for a seed. On --backend openvino (greedy)
     /// the verify steps run in the bundle's static verify blocks (`npuc compile --verify-blocks`).
-    #[arg(long, value_parser = ["lookup"])]
+    /// `mtp` drafts with the multi-token-prediction head the bundle carries (compiled from the
+    /// mtp.onnx beside a Qwen3.5-style model), on the host backend.
+    #[arg(long, value_parser = ["lookup", "mtp"])]
     pub speculate: Option<String>,
     /// With --speculate: tokens drafted per verify step at most (on --backend openvino also at
     /// most the bundle's largest verify block − 1: 3 for the default blocks 2,4).
@@ -55,15 +57,33 @@ pub struct SpeculateArgs {
     pub min_ngram: usize,
 }
 
+/// The drafter `--speculate` asks for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Speculation {
+    Lookup(PromptLookup),
+    /// The bundle's MTP head, drafting up to this many tokens.
+    Mtp(usize),
+}
+
 impl SpeculateArgs {
     /// The drafter, when speculation is asked for and possible with `o`'s other options.
-    fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<PromptLookup>> {
+    fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<Speculation>> {
         anyhow::ensure!(prompts == 1 || self.speculate.is_none(), "--speculate runs one prompt at a time");
         anyhow::ensure!(
             o.backend.backend != "xrt" || self.speculate.is_none(),
             "--speculate runs on the host and openvino backends"
         );
-        self.lookup()
+        self.speculation(&o.backend.backend)
+    }
+
+    /// The drafter `--speculate` names, on `backend`.
+    pub(crate) fn speculation(&self, backend: &str) -> Result<Option<Speculation>> {
+        if self.speculate.as_deref() == Some("mtp") {
+            anyhow::ensure!(backend == "host", "--speculate mtp runs on the host backend");
+            anyhow::ensure!(self.draft_len > 0, "--draft-len must be positive");
+            return Ok(Some(Speculation::Mtp(self.draft_len)));
+        }
+        Ok(self.lookup()?.map(Speculation::Lookup))
     }
 
     /// The prompt-lookup drafter, when `--speculate lookup` is given.
@@ -71,6 +91,11 @@ impl SpeculateArgs {
         if self.speculate.is_none() {
             return Ok(None);
         }
+        anyhow::ensure!(
+            self.speculate.as_deref() == Some("lookup"),
+            "--speculate {} is not available here (lookup is)",
+            self.speculate.as_deref().unwrap_or_default()
+        );
         anyhow::ensure!(self.draft_len > 0 && self.ngram > 0, "--draft-len and --ngram must be positive");
         anyhow::ensure!(
             (1..=self.ngram).contains(&self.min_ngram),
@@ -146,7 +171,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let drafter = o.speculate.drafter(&o, prompt_ids.len())?;
     if o.backend.backend == "openvino" {
-        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop, drafter);
+        let lookup = match drafter {
+            Some(Speculation::Lookup(l)) => Some(l),
+            _ => None,
+        };
+        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop, lookup);
     }
     let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
     let options = ExecOptions {
@@ -158,6 +187,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();
+    let mut mtp = match drafter {
+        Some(Speculation::Mtp(draft_len)) => Some(mtp_drafter(&o.bundle, &bundle, options.clone(), draft_len)?),
+        _ => None,
+    };
     let mut executor =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     if let Some(offload) = offload {
@@ -172,8 +205,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
         return run_many(&o, &text, &mut executor, &prompt_ids, &stop, &mut samplers);
     }
     let prompt_ids = &prompt_ids[0];
+    let mut lookup = match drafter {
+        Some(Speculation::Lookup(l)) => Some(l),
+        _ => None,
+    };
+    let drafter: Option<&mut dyn Drafter> = match (&mut lookup, &mut mtp) {
+        (Some(l), _) => Some(l),
+        (_, Some(m)) => Some(m),
+        _ => None,
+    };
     let decoding = Decoding { sampler: &mut samplers[0], drafter };
     let (tokens, stats, spec) = generate_streaming(&o, &text, &mut executor, prompt_ids, &stop, decoding)?;
+    if let Some(e) = mtp.as_mut().and_then(MtpDrafter::take_error) {
+        return Err(anyhow!(e).context("the MTP drafter failed (the text above is plain decoding's from then on)"));
+    }
     let generation = Generation { prompt_tokens: prompt_ids.len(), tokens: &tokens, stats: &stats, spec };
     report_one(&o, &text.decode(&tokens)?, generation, &executor, Timings { open_ms, load_ms })?;
     Ok(ExitCode::SUCCESS)
@@ -203,10 +248,22 @@ fn run_openvino(
     crate::run_openvino::run(&o.backend, request)
 }
 
+/// The bundle's MTP head as a drafter, on an executor of its own.
+pub(crate) fn mtp_drafter<'b>(
+    path: &std::path::Path,
+    bundle: &'b Bundle,
+    options: ExecOptions,
+    draft_len: usize,
+) -> Result<MtpDrafter<'b>> {
+    let head = Executor::new_drafter(bundle, options)
+        .with_context(|| format!("loading the MTP head of {} (--speculate mtp)", path.display()))?;
+    Ok(MtpDrafter::new(head, draft_len)?)
+}
+
 /// How one prompt is decoded: token by token, or with drafts verified several at a time.
 struct Decoding<'s> {
     sampler: &'s mut Sampler,
-    drafter: Option<PromptLookup>,
+    drafter: Option<&'s mut dyn Drafter>,
 }
 
 /// Generates for one prompt, printing the text as it grows (unless `--json`).
@@ -240,9 +297,9 @@ fn generate_streaming(
         }
     };
     let (tokens, stats, spec) = match decoding.drafter {
-        Some(mut d) => {
+        Some(d) => {
             let (tokens, stats, spec) =
-                executor.generate_speculative(prompt_ids, o.max_tokens, stop, &mut d, decoding.sampler, on_token)?;
+                executor.generate_speculative(prompt_ids, o.max_tokens, stop, d, decoding.sampler, on_token)?;
             (tokens, stats, Some(spec))
         }
         None => {

@@ -253,6 +253,7 @@ mod tests {
             tokenizer: None,
             overwrite: false,
             json: true,
+            drafter: true,
             args: TargetArgs::default(),
         };
         let written = compile(&Toy, &o).unwrap();

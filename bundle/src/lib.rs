@@ -31,7 +31,7 @@ mod writer;
 pub mod xdna;
 
 pub use error::BundleError;
-pub use manifest::{FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};
+pub use manifest::{Drafter, DrafterKind, FileEntry, Manifest, ManifestHeader, ModelConfig, Target, FORMAT_VERSION};
 pub use program::{Program, PROGRAM_FORMAT};
 pub use reader::{Bundle, TensorView};
 pub use safetensors::{Dtype, ALIGNMENT_BYTES};

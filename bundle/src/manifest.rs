@@ -118,8 +118,33 @@ pub struct Manifest {
     pub target: Target,
     pub model: ModelConfig,
     pub program: Program,
+    /// A second program for speculative decoding, over the same weights file (absent when the
+    /// model came without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafter: Option<Drafter>,
     /// Every file of the bundle except `manifest.json`, sorted by path.
     pub files: Vec<FileEntry>,
+}
+
+/// A drafter program the bundle carries beside the decoder's. Its weights are in the same
+/// weights file: a tensor both programs read (a shared embedding or lm_head) is stored once,
+/// under one name; a tensor of the drafter whose name the decoder uses for other bytes is stored
+/// under a name of its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drafter {
+    pub kind: DrafterKind,
+    pub program: Program,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrafterKind {
+    /// A multi-token-prediction head: row t takes the decoder's final hidden state at position
+    /// t (the decoder program's `hidden_states` output, an input of the drafter's) and the token
+    /// at t + 1, at position t; its logits draft the token at t + 2, and its own
+    /// `hidden_states_out` stands in for the decoder's when it drafts further.
+    Mtp,
 }
 
 impl Manifest {
@@ -179,6 +204,9 @@ impl Manifest {
             ));
         }
         manifest.program.check().map_err(|e| malformed(&format!("program.{}", e.path), e.problem))?;
+        if let Some(d) = &manifest.drafter {
+            d.program.check().map_err(|e| malformed(&format!("drafter.program.{}", e.path), e.problem))?;
+        }
         manifest.check_files()?;
         Ok(manifest)
     }

@@ -141,6 +141,11 @@ impl Bundle {
         &self.manifest.program
     }
 
+    /// The drafter program the bundle carries, if any.
+    pub fn drafter(&self) -> Option<&crate::Drafter> {
+        self.manifest.drafter.as_ref()
+    }
+
     /// The tensor called `name`, if the weights file has it.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
         self.tensors.get_key_value(name).map(|(name, record)| self.view(name, record))

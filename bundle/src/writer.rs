@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::digest::{sha256_of_reader, HashingWriter, HASH_BUFFER_BYTES};
-use super::manifest::{FileEntry, Manifest, ManifestHeader, Target, FORMAT_VERSION};
+use super::manifest::{Drafter, FileEntry, Manifest, ManifestHeader, Target, FORMAT_VERSION};
 use super::paths::check_relative_path;
 use super::safetensors::{
     byte_len, encode_header, encode_header_padded, HeaderEntry, ALIGNMENT_BYTES, PADDING_PREFIX, RESERVED_PREFIX,
@@ -62,6 +62,7 @@ pub struct BundleWriter {
     tensor_names: BTreeSet<String>,
     fillers: usize,
     files: BTreeMap<String, FileEntry>,
+    drafter: Option<Drafter>,
 }
 
 impl BundleWriter {
@@ -96,6 +97,7 @@ impl BundleWriter {
             tensor_names: BTreeSet::new(),
             fillers: 0,
             files: BTreeMap::new(),
+            drafter: None,
         })
     }
 
@@ -165,6 +167,16 @@ impl BundleWriter {
         Ok(())
     }
 
+    /// Whether a tensor called `name` has been added.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensor_names.contains(name)
+    }
+
+    /// Makes the manifest carry `drafter` (its tensors are added like the decoder's).
+    pub fn set_drafter(&mut self, drafter: Drafter) {
+        self.drafter = Some(drafter);
+    }
+
     /// Adds a file with these bytes at `rel_path` (`/`-separated, inside the bundle).
     pub fn add_file(&mut self, rel_path: &str, bytes: &[u8]) -> Result<(), BundleError> {
         self.write_file(rel_path, |out| out.write_all(bytes))
@@ -204,6 +216,7 @@ impl BundleWriter {
             target: self.header.target,
             model: self.header.model.clone(),
             program: self.header.program.clone(),
+            drafter: self.drafter.clone(),
             files: files.clone(),
         };
         let manifest_bytes = manifest.encode();

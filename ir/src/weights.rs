@@ -57,6 +57,11 @@ impl WeightStore {
         &self.weights[id.0 as usize]
     }
 
+    /// Gives weight `id` another name (its bytes stay where they are).
+    pub fn rename(&mut self, id: WeightId, name: String) {
+        self.weights[id.0 as usize].name = name;
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (WeightId, &Weight)> {
         self.weights.iter().enumerate().map(|(i, w)| (WeightId(i as u32), w))
     }

@@ -6,6 +6,7 @@
 //! (`crate::targets`).
 
 mod config;
+pub mod drafter;
 mod program;
 pub mod weights;
 
@@ -26,6 +27,8 @@ pub struct Options {
     pub tokenizer: Option<PathBuf>,
     pub overwrite: bool,
     pub json: bool,
+    /// Compile an MTP head found beside the model (`mtp.onnx`) into the bundle.
+    pub drafter: bool,
     pub args: TargetArgs,
 }
 
@@ -36,6 +39,17 @@ pub(crate) struct Written {
     pub bundle: BundleSummary,
     pub emitted: Emitted,
     pub tokenizer: bool,
+    /// The MTP head compiled beside the decoder, if any.
+    pub drafter: Option<Drafted>,
+    /// Why an MTP head beside the model was left out.
+    pub skipped: Option<String>,
+}
+
+/// A drafter program: its graph, weights renamed against the decoder's, weights it added.
+pub(crate) struct Drafted {
+    pub graph: ir::Graph,
+    pub renamed: usize,
+    pub stored: weights::Stored,
 }
 
 pub fn run(o: Options) -> Result<ExitCode> {
@@ -51,10 +65,14 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     let progress = Progress::new(o.json);
     progress.step(format!("importing {}", o.model.display()));
     let imported = frontend::import_file(&o.model).with_context(|| format!("importing {}", o.model.display()))?;
-    let outcome = passes::driver::run(&target.pipeline(), without_drafter_outputs(imported.graph), None, |r, _| {
-        progress.step(format!("{} done ({} → {} nodes)", r.name, r.nodes_before, r.nodes_after));
-    })?;
-    let lowered = target.lower(outcome.graph, &o.args)?;
+    let head = drafter::mtp_beside(&o.model, &imported.graph);
+    let skipped = head.as_ref().and_then(|_| drafter::skip_reason(o.drafter, target.id()));
+    let (decoder, head) = match head {
+        Some(path) if skipped.is_none() => (imported.graph, Some(path)),
+        _ => (drafter::without_drafter_outputs(imported.graph), None),
+    };
+    let lowered = target.lower(run_pipeline(target, decoder, &progress)?, &o.args)?;
+    let drafter = head.map(|path| compile_drafter(target, &path, lowered.program(), &progress)).transpose()?;
     let tokenizer = o.tokenizer.clone().or_else(|| sibling(&o.model, bundle::TOKENIZER_FILE));
     let header = ManifestHeader {
         compiler_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -66,6 +84,7 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     let mut w = BundleWriter::create_with(&o.output, header, WriteOptions { overwrite: o.overwrite })
         .with_context(|| format!("creating {}", o.output.display()))?;
     let stored = weights::store(&mut w, lowered.program(), lowered.host_packing())?;
+    let drafter = drafter.map(|d| store_drafter(&mut w, d)).transpose()?;
     if let Some(t) = &tokenizer {
         copy_tokenizer(&mut w, t)?;
     }
@@ -73,21 +92,29 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
     let bundle = w.finish()?;
     progress.done();
     let program_nodes = lowered.program().nodes.len();
-    Ok(Written { program_nodes, stored, bundle, emitted, tokenizer: tokenizer.is_some() })
+    Ok(Written { program_nodes, stored, bundle, emitted, tokenizer: tokenizer.is_some(), drafter, skipped })
 }
 
-/// The graph without the output only a drafter reads: onnxruntime-genai's builder gives a decoder
-/// with an MTP head (mtp.onnx) a first output `hidden_states`, the final norm's, which the head
-/// takes. The bundle carries no MTP drafter and the executor returns the logits only, so the
-/// program leaves it out, and with it the nodes only it reads (Qwen3.5's last MLP and final norm:
-/// the builder feeds its lm_head from the last post-attention norm).
-fn without_drafter_outputs(mut graph: ir::Graph) -> ir::Graph {
-    let named = |g: &ir::Graph, name: &str| g.outputs.iter().copied().find(|&v| g.value(v).name == name);
-    let (Some(_), Some(hidden)) = (named(&graph, "logits"), named(&graph, "hidden_states")) else {
-        return graph;
-    };
-    graph.outputs.retain(|&v| v != hidden);
-    graph.pruned()
+fn run_pipeline(target: &dyn Target, graph: ir::Graph, progress: &Progress) -> Result<ir::Graph> {
+    let outcome = passes::driver::run(&target.pipeline(), graph, None, |r, _| {
+        progress.step(format!("{} done ({} → {} nodes)", r.name, r.nodes_before, r.nodes_after));
+    })?;
+    Ok(outcome.graph)
+}
+
+/// The MTP head at `path` through the target's pipeline, its weights named against the decoder's.
+fn compile_drafter(target: &dyn Target, path: &Path, decoder: &ir::Graph, progress: &Progress) -> Result<Drafted> {
+    progress.step(format!("importing the MTP head {}", path.display()));
+    let head = drafter::import(path)?;
+    let mut graph = run_pipeline(target, head, progress).with_context(|| format!("compiling {}", path.display()))?;
+    let renamed = drafter::rename_clashes(&mut graph, decoder)?;
+    Ok(Drafted { graph, renamed, stored: weights::Stored::default() })
+}
+
+fn store_drafter(w: &mut BundleWriter, mut d: Drafted) -> Result<Drafted> {
+    d.stored = weights::store(w, &d.graph, weights::HostPacking::All).context("storing the MTP head's weights")?;
+    w.set_drafter(bundle::Drafter { kind: bundle::DrafterKind::Mtp, program: program(&d.graph) });
+    Ok(d)
 }
 
 /// The configuration read off the program, with the tokenizer's special tokens.
@@ -126,6 +153,7 @@ fn report(o: &Options, x: &Written) -> Result<()> {
         if let Some((key, value)) = &x.emitted.json {
             out[*key] = value.clone();
         }
+        out["drafter"] = drafter_json(x);
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -144,10 +172,31 @@ fn report(o: &Options, x: &Written) -> Result<()> {
     for line in &x.emitted.lines {
         println!("{line}");
     }
+    if let Some(d) = &x.drafter {
+        println!(
+            "MTP drafter ({}): {} program nodes, {} weights of its own ({} renamed apart from the decoder's), the rest shared",
+            drafter::MTP_FILE,
+            d.graph.nodes.len(),
+            d.stored.total(),
+            d.renamed
+        );
+    }
+    if let Some(why) = &x.skipped {
+        println!("{} beside the model not compiled: {why}", drafter::MTP_FILE);
+    }
     if !x.tokenizer {
         println!("no tokenizer.json next to the model and none given with --tokenizer: the bundle has none");
     }
     Ok(())
+}
+
+fn drafter_json(x: &Written) -> serde_json::Value {
+    match (&x.drafter, &x.skipped) {
+        (Some(d), _) => json!({ "kind": "mtp", "program_nodes": d.graph.nodes.len(),
+            "weights": d.stored.total(), "renamed": d.renamed }),
+        (None, Some(why)) => json!({ "skipped": why }),
+        (None, None) => serde_json::Value::Null,
+    }
 }
 
 /// Progress on stderr: a spinner on a terminal, lines otherwise, nothing with `--json`.

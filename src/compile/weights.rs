@@ -51,7 +51,9 @@ impl Stored {
     }
 }
 
-/// Stores every weight `g` reads, each once, packed as `packing` says.
+/// Stores every weight `g` reads, each once, packed as `packing` says. A name the bundle already
+/// holds (a tensor a drafter program shares with the decoder's) is not stored again: the caller
+/// names tensors so that one name is one content.
 pub fn store(w: &mut BundleWriter, g: &Graph, packing: HostPacking) -> Result<Stored> {
     let packed = pack_wgemm_weights(g)?;
     let (qpacked, (gemm_panels, gemm_omitted)) = match packing {
@@ -63,40 +65,40 @@ pub fn store(w: &mut BundleWriter, g: &Graph, packing: HostPacking) -> Result<St
     let mut stored = BTreeSet::new();
     for v in &g.values {
         let ValueDef::Weight(id) = v.def else { continue };
-        if omitted(&id) || !stored.insert(id) {
+        let wt = g.weights.get(id);
+        if omitted(&id) || w.has_tensor(&wt.name) || !stored.insert(id) {
             continue;
         }
-        let wt = g.weights.get(id);
         let (dtype, shape, layout) = storage_of(wt.dtype, &wt.shape, wt.bytes.len());
         w.add_tensor(&wt.name, dtype, &shape, &wt.bytes, layout.as_ref())
             .with_context(|| format!("storing weight `{}`", wt.name))?;
     }
+    let mut counts = Stored { tensors: stored.len(), ..Stored::default() };
     for entry in &packed.entries {
-        write_packed(w, g, entry)?;
+        counts.wgemm += usize::from(write_packed(w, g, entry)?);
     }
     for &id in &gemm_panels {
-        write_gemm_panels(w, g, id)?;
+        counts.gemm += usize::from(write_gemm_panels(w, g, id)?);
     }
     for entry in &qpacked.entries {
-        write_qpacked(w, entry)?;
+        counts.qgemm += usize::from(write_qpacked(w, entry)?);
     }
-    Ok(Stored {
-        tensors: stored.len(),
-        wgemm: packed.entries.len(),
-        qgemm: qpacked.entries.len(),
-        gemm: gemm_panels.len(),
-    })
+    Ok(counts)
 }
 
-fn write_qpacked(w: &mut BundleWriter, entry: &QPackedEntry) -> Result<()> {
+/// Writes one packed QGemm weight; false when the bundle already holds it.
+fn write_qpacked(w: &mut BundleWriter, entry: &QPackedEntry) -> Result<bool> {
     let (codes_name, sums_name) = qgemm_names(&entry.layout.source);
+    if w.has_tensor(&codes_name) {
+        return Ok(false);
+    }
     let [(codes_dtype, codes), (sums_dtype, sums)] = qgemm_tensor_bytes(&entry.codes, &entry.col_sums);
     let layout = entry.layout.to_metadata();
     w.add_tensor(&codes_name, codes_dtype, &[codes.len()], &codes, Some(&layout))
         .with_context(|| format!("storing packed weight `{codes_name}`"))?;
     w.add_tensor(&sums_name, sums_dtype, &[sums.len() / 4], &sums, None)
         .with_context(|| format!("storing packed weight `{sums_name}`"))?;
-    Ok(())
+    Ok(true)
 }
 
 /// The f32 `[K, N]` weights of float MatMuls (read directly as the right operand), and those of
@@ -145,10 +147,13 @@ fn gathered_transpose(g: &Graph, node: &ir::Node) -> bool {
 
 /// Stores the panels of the f32 weight `id`, one panel at a time (the packed weight is never
 /// held whole in memory).
-fn write_gemm_panels(w: &mut BundleWriter, g: &Graph, id: WeightId) -> Result<()> {
+fn write_gemm_panels(w: &mut BundleWriter, g: &Graph, id: WeightId) -> Result<bool> {
     let wt = g.weights.get(id);
     let (k, n) = (wt.shape[0], wt.shape[1]);
     let name = gemm_panels_name(&wt.name);
+    if w.has_tensor(&name) {
+        return Ok(false);
+    }
     let layout = GemmLayout { k, n, source: wt.name.clone() }.to_metadata();
     let bytes = &wt.bytes;
     w.add_tensor_with(&name, Dtype::F32, &[f32_panels_len(k, n)], Some(&layout), |sink| {
@@ -164,7 +169,8 @@ fn write_gemm_panels(w: &mut BundleWriter, g: &Graph, id: WeightId) -> Result<()
         }
         Ok(())
     })
-    .with_context(|| format!("storing packed weight `{name}`"))
+    .with_context(|| format!("storing packed weight `{name}`"))?;
+    Ok(true)
 }
 
 /// One QGemm weight packed at compile time: its layout description, codes and column sums.
@@ -448,9 +454,12 @@ fn tied_gather(g: &Graph, node: &ir::Node, entries: &[PackedEntry], by_codes: &H
 }
 
 /// Stores a packed entry's buffers with their layout description.
-fn write_packed(w: &mut BundleWriter, g: &Graph, e: &PackedEntry) -> Result<()> {
+fn write_packed(w: &mut BundleWriter, g: &Graph, e: &PackedEntry) -> Result<bool> {
     let source = &g.weights.get(e.codes).name;
     let names = wgemm_names(source);
+    if w.has_tensor(&names.codes) {
+        return Ok(false);
+    }
     let layout = wgemm_layout(
         &e.packed,
         source,
@@ -468,7 +477,7 @@ fn write_packed(w: &mut BundleWriter, g: &Graph, e: &PackedEntry) -> Result<()> 
                 .with_context(|| format!("storing packed weight `{name}`"))?;
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// How a weight is stored: the bundle's dtype where there is one, else its raw bytes as U8 with the

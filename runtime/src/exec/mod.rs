@@ -73,6 +73,7 @@
 
 mod error;
 mod generate;
+mod mtp;
 pub mod packed;
 mod plan;
 mod program;
@@ -84,6 +85,7 @@ mod speculate;
 pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 pub use error::ExecError;
 pub use generate::{argmax, GenerateStats, SequenceOutput};
+pub use mtp::MtpDrafter;
 pub use program::PROGRAM_FORMAT;
 pub use speculate::{generate_speculative, Drafter, PromptLookup, SpeculationStats, VerifyBackend};
 
@@ -194,6 +196,10 @@ pub struct Executor<'b> {
     /// Experts the MoE ops computed (each over all the tokens routed to it in one call).
     moe_expert_passes: u64,
     moe_expert_bytes: u64,
+    /// The hidden states the next step of an MTP head reads, `[tokens, width]` (see `mtp`).
+    hidden_input: Vec<f32>,
+    /// Whether steps compute the hidden states output when only it needs the ops (see `mtp`).
+    hidden_output: bool,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -219,7 +225,12 @@ impl<'b> Executor<'b> {
     /// Loads `bundle`'s program (see the module documentation for what is refused) and creates
     /// a KV cache for `options.max_context` tokens.
     pub fn new(bundle: &'b Bundle, options: ExecOptions) -> Result<Executor<'b>, ExecError> {
-        let program = Program::from_format(bundle.program())?;
+        Executor::load(bundle, bundle.program(), options)
+    }
+
+    /// [`Executor::new`] for `program`, one of `bundle`'s (its decoder's or its drafter's).
+    fn load(bundle: &'b Bundle, program: &bundle::Program, options: ExecOptions) -> Result<Executor<'b>, ExecError> {
+        let program = Program::from_format(program)?;
         let plan = Plan::load(program, |name| bundle.tensor(name))?;
         let a = plan.attention;
         let max_context = options.max_context.max(1);
@@ -254,6 +265,8 @@ impl<'b> Executor<'b> {
             moe_scratch: run::MoeScratch::default(),
             moe_expert_passes: 0,
             moe_expert_bytes: 0,
+            hidden_input: Vec::new(),
+            hidden_output: false,
             plan,
             isa,
             pool: ThreadPool::new(options.threads),
@@ -286,10 +299,8 @@ impl<'b> Executor<'b> {
     /// Bytes of GEMM weights one decode step reads (every WGemm, QGemm and weight MatMul once):
     /// what bounds decoding when memory bandwidth is the limit.
     pub fn gemm_weight_bytes_per_token(&self) -> usize {
-        self.plan
-            .ops
-            .iter()
-            .map(|(_, op)| match op {
+        self.ops_run()
+            .map(|op| match op {
                 Op::WGemm { packed, .. } => self.plan.packed[*packed].weights().bytes(),
                 Op::QGemm { packed, .. } => self.plan.qpacked[*packed].weights().bytes(),
                 Op::MatMul { k, n, .. } => 4 * k * n,
@@ -313,13 +324,19 @@ impl<'b> Executor<'b> {
     /// Bytes of expert weights one decode token reads (the routed `k` experts of every MoE
     /// node: the model's active experts) and bytes of all experts; (0, 0) without MoE.
     pub fn moe_bytes_per_token(&self) -> (usize, usize) {
-        let moe_nodes = self.plan.ops.iter().filter_map(|(_, op)| match op {
+        let moe_nodes = self.ops_run().filter_map(|op| match op {
             Op::Moe { experts, mixing, .. } => Some((&self.plan.moe[*experts], mixing.k)),
             _ => None,
         });
         moe_nodes.fold((0, 0), |(active, all), (ex, k)| {
             (active + k.min(ex.count) * ex.expert_bytes(), all + ex.count * ex.expert_bytes())
         })
+    }
+
+    /// The ops a step runs (all but those only the hidden states need, unless asked for).
+    fn ops_run(&self) -> impl Iterator<Item = &Op> {
+        let plan = &self.plan;
+        plan.ops.iter().zip(&plan.hidden_only).filter(|(_, &h)| !h || self.hidden_output).map(|((_, op), _)| op)
     }
 
     /// Installs an offload for QGemm products (see [`GemmOffload`]).

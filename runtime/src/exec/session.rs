@@ -159,6 +159,7 @@ impl Executor<'_> {
         if position + tokens.len() > self.max_context {
             return Err(ExecError::ContextFull { tokens: tokens.len(), position, max_context: self.max_context });
         }
+        self.bind_hidden_input(tokens.len())?;
         let dims = StepDims { seq: tokens.len(), past: position };
         self.row_states.clear();
         if self.every_row_logits && self.has_recurrent_state() {
@@ -171,6 +172,9 @@ impl Executor<'_> {
         self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
         self.prepare(dims);
         for i in 0..self.plan.ops.len() {
+            if self.plan.hidden_only[i] && !self.hidden_output {
+                continue;
+            }
             if let Err(e) = self.run_op(i) {
                 self.row_states.clear();
                 return Err(e);
@@ -181,7 +185,7 @@ impl Executor<'_> {
     }
 
     /// The step's logits: the last row's, or every row's (when the step computed them all).
-    fn logits(&self, every_row: bool) -> &[f32] {
+    pub(super) fn logits(&self, every_row: bool) -> &[f32] {
         let logits = self.plan.logits;
         let width = self.vocab();
         let Loc::Buf(b) = self.plan.locs[logits] else { unreachable!("the logits are computed into a buffer") };

@@ -37,6 +37,16 @@ pub trait Drafter {
     fn observe(&mut self, drafted: usize, accepted: usize) {
         let _ = (drafted, accepted);
     }
+    /// Whether drafts read the decoder's hidden states (an MTP head): the loop then hands over
+    /// the rows the decoder keeps from each step ([`Drafter::keep_hidden`]).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The decoder's hidden states from its last step ([`VerifyBackend::hidden_rows`]), of which
+    /// the first `rows` rows are kept (the prompt's, or the pending token's and the kept drafts').
+    fn keep_hidden(&mut self, hidden: &[f32], rows: usize) {
+        let _ = (hidden, rows);
+    }
 }
 
 /// Drafts by n-gram lookup in the text so far, as long as drafts are kept: after a rejection the
@@ -139,6 +149,15 @@ pub trait VerifyBackend {
     fn vocab(&self) -> usize;
     /// Most rows one verify step holds (the pending token and its drafts).
     fn max_verify_rows(&self) -> usize;
+    /// The hidden states every row of the last step computed (a decoder with an MTP head), or
+    /// `None`.
+    fn hidden_rows(&self) -> Option<&[f32]> {
+        None
+    }
+    /// Makes steps compute what [`VerifyBackend::hidden_rows`] returns (a drafter reads it).
+    fn compute_hidden(&mut self, on: bool) {
+        let _ = on;
+    }
 }
 
 impl VerifyBackend for Executor<'_> {
@@ -171,6 +190,14 @@ impl VerifyBackend for Executor<'_> {
     /// The host's verify step is a step of any length.
     fn max_verify_rows(&self) -> usize {
         usize::MAX
+    }
+
+    fn hidden_rows(&self) -> Option<&[f32]> {
+        Executor::hidden_rows(self)
+    }
+
+    fn compute_hidden(&mut self, on: bool) {
+        self.set_hidden_output(on);
     }
 }
 
@@ -210,9 +237,11 @@ pub fn generate_speculative<B: VerifyBackend + ?Sized>(
     if max_new == 0 {
         return Ok((generated, stats, spec));
     }
+    backend.compute_hidden(drafter.wants_hidden());
     let start = Instant::now();
     let mut history = prompt.to_vec();
     let mut pending = sampler.sample(backend.step_last(prompt)?);
+    hand_hidden(backend, drafter, prompt.len());
     stats.prefill_ms = start.elapsed().as_secs_f64() * 1000.0;
     let decode_start = Instant::now();
     let mut emit = |token: u32, generated: &mut Vec<u32>, history: &mut Vec<u32>| {
@@ -229,6 +258,7 @@ pub fn generate_speculative<B: VerifyBackend + ?Sized>(
         let mut drafts = drafter.draft(&history);
         drafts.truncate(room.min(longest));
         let (accepted, next) = verify(backend, pending, &drafts, sampler)?;
+        hand_hidden(backend, drafter, accepted + 1);
         drafter.observe(drafts.len(), accepted);
         spec.verify_steps += 1;
         spec.drafted += drafts.len();
@@ -240,7 +270,15 @@ pub fn generate_speculative<B: VerifyBackend + ?Sized>(
     }
     stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1000.0;
     stats.generated_tokens = generated.len();
+    backend.compute_hidden(false);
     Ok((generated, stats, spec))
+}
+
+/// Gives a drafter that reads hidden states the first `rows` rows of the backend's last step.
+fn hand_hidden<B: VerifyBackend + ?Sized>(backend: &B, drafter: &mut dyn Drafter, rows: usize) {
+    if drafter.wants_hidden() {
+        drafter.keep_hidden(backend.hidden_rows().unwrap_or_default(), rows);
+    }
 }
 
 /// One verify step over `pending` and `drafts`: how many drafts `sampler` keeps, testing each

@@ -124,23 +124,44 @@ fn fixed_numel(program: &Program, v: usize) -> Option<usize> {
     (a == numel(StepDims { seq: 2, past: 3 })).then_some(a)
 }
 
-/// `input_ids` and `position_ids` as the step's; every other graph input must be the cache's or
-/// unread.
-pub(super) fn graph_inputs(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<(), ExecError> {
+/// The graph input a drafter program takes per row from its decoder (the decoder's output of
+/// the same name), and the outputs the executor returns beside the logits.
+pub(super) const HIDDEN_INPUT: &str = "hidden_states";
+const HIDDEN_OUTPUTS: [&str; 2] = ["hidden_states", "hidden_states_out"];
+
+/// `input_ids` and `position_ids` as the step's; `hidden_states` (an MTP head's) as the caller's,
+/// in storage root 0; every other graph input must be the cache's or unread. Returns the hidden
+/// states input, if any.
+pub(super) fn graph_inputs(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<Option<usize>, ExecError> {
+    let mut hidden = None;
     for &v in &program.inputs {
         let info = &program.values[v];
         match info.name.as_str() {
             "input_ids" => locs[v] = Loc::Ids,
             "position_ids" => locs[v] = Loc::Positions,
+            HIDDEN_INPUT if !uses.consumers[v].is_empty() => {
+                check_rows(program, v)?;
+                locs[v] = Loc::Buf(0);
+                hidden = Some(v);
+            }
             _ if matches!(locs[v], Loc::Cache | Loc::State(_)) => {}
             _ if uses.consumers[v].is_empty() => {}
-            _ => return Err(value_err(&info.name, "is a graph input the host executor cannot supply (it supplies input_ids, position_ids, and the past and mask of Attention nodes)")),
+            _ => return Err(value_err(&info.name, "is a graph input the host executor cannot supply (it supplies input_ids, position_ids, an MTP head's hidden_states, and the past and mask of Attention nodes)")),
         }
         if matches!(locs[v], Loc::Ids | Loc::Positions) && info.elem != Some(ElemType::I64) {
             return Err(value_err(&info.name, format!("has dtype {}, expected i64", info.dtype)));
         }
     }
-    Ok(())
+    Ok(hidden)
+}
+
+/// `v` must be f32 rows `[batch, sequence, width]` of a fixed width.
+fn check_rows(program: &Program, v: usize) -> Result<usize, ExecError> {
+    let info = &program.values[v];
+    match (info.elem, info.shape.len(), info.shape.last().and_then(|d| d.as_const())) {
+        (Some(ElemType::F32), 3, Some(width)) => Ok(width),
+        _ => Err(value_err(&info.name, "hidden states must be f32 [batch, sequence, width] with a fixed width")),
+    }
 }
 
 /// A graph input bound to the cache may only be read by Attention nodes (and Shape, which reads
@@ -201,19 +222,28 @@ fn attention_shape(program: &Program, node: &NodeInfo) -> Result<AttentionShape,
     }
 }
 
-pub(super) fn logits_value(program: &Program, locs: &[Loc]) -> Result<usize, ExecError> {
-    let mut candidates = program.outputs.iter().copied().filter(|&v| !matches!(locs[v], Loc::Cache | Loc::State(_)));
-    let logits =
-        candidates.next().ok_or_else(|| value_err("logits", "the program has no output besides the KV cache"))?;
+/// The logits (the graph output the cache and the state do not hold, `logits` where there are
+/// two) and the hidden states output a decoder with an MTP head gives it (`hidden_states`, or
+/// the head's own `hidden_states_out`), if any.
+pub(super) fn outputs(program: &Program, locs: &[Loc]) -> Result<(usize, Option<usize>), ExecError> {
+    let returned: Vec<usize> =
+        program.outputs.iter().copied().filter(|&v| !matches!(locs[v], Loc::Cache | Loc::State(_))).collect();
+    let name = |v: usize| program.values[v].name.as_str();
+    let hidden = returned.iter().copied().find(|&v| returned.len() > 1 && HIDDEN_OUTPUTS.contains(&name(v)));
+    let mut rest = returned.iter().copied().filter(|&v| Some(v) != hidden);
+    let logits = rest.next().ok_or_else(|| value_err("logits", "the program has no output besides the KV cache"))?;
     let info = &program.values[logits];
     if info.elem != Some(ElemType::F32) || info.shape.last().and_then(|d| d.as_const()).is_none() {
         return Err(value_err(&info.name, "the logits must be f32 with a fixed vocabulary axis"));
     }
-    if let Some(extra) = candidates.next() {
+    if let Some(extra) = rest.next() {
         return Err(value_err(
-            &program.values[extra].name,
-            "is a second graph output; the executor returns the logits only",
+            name(extra),
+            "is a second graph output; the executor returns the logits (and a drafter's hidden_states) only",
         ));
     }
-    Ok(logits)
+    if let Some(h) = hidden {
+        check_rows(program, h)?;
+    }
+    Ok((logits, hidden))
 }

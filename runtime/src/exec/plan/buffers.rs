@@ -4,9 +4,17 @@ use super::Loc;
 use crate::exec::program::Program;
 
 /// Gives every buffer-held value one of as few buffers as liveness allows: a buffer is reused
-/// once every value stored in it has been read for the last time. Returns the number of
-/// buffers; `locs` then names buffers instead of storage roots.
-pub(super) fn assign_buffers(program: &Program, locs: &mut [Loc], roots: usize, logits: usize) -> usize {
+/// once every value stored in it has been read for the last time. The values `returned` (the
+/// logits, hidden states) live to the end of the step; `input` (hidden states the caller gives,
+/// storage root 0) from its start. Returns the number of buffers; `locs` then names buffers
+/// instead of storage roots.
+pub(super) fn assign_buffers(
+    program: &Program,
+    locs: &mut [Loc],
+    roots: usize,
+    returned: &[usize],
+    input: Option<usize>,
+) -> usize {
     const FOREVER: usize = usize::MAX;
     let mut last_use = vec![0usize; roots];
     let mut defined_at = vec![FOREVER; roots];
@@ -23,12 +31,18 @@ pub(super) fn assign_buffers(program: &Program, locs: &mut [Loc], roots: usize, 
             }
         }
     }
-    if let Loc::Buf(r) = locs[logits] {
-        last_use[r] = FOREVER;
+    for &v in returned {
+        if let Loc::Buf(r) = locs[v] {
+            last_use[r] = FOREVER;
+        }
     }
     let mut buffer_of = vec![usize::MAX; roots];
     let mut free: Vec<usize> = Vec::new();
     let mut buffers = 0;
+    if let Some(Loc::Buf(r)) = input.map(|v| locs[v]) {
+        buffer_of[r] = 0;
+        buffers = 1;
+    }
     for (n, node) in program.nodes.iter().enumerate() {
         for &v in &node.outputs {
             if let Loc::Buf(r) = locs[v] {

@@ -593,6 +593,14 @@ pub struct Plan<'b> {
     pub state_floats: usize,
     /// The logits value (the graph output the cache does not hold).
     pub logits: usize,
+    /// Per op: whether only the hidden states output reads what it computes (a decoder whose
+    /// MTP head reads a final norm the logits do not), so a step may skip it.
+    pub hidden_only: Vec<bool>,
+    /// An MTP head's `hidden_states` input: rows the caller gives each step (buffer 0).
+    pub hidden_in: Option<usize>,
+    /// The hidden states output beside the logits (a decoder's for its MTP head, or the head's
+    /// own), every row of the step.
+    pub hidden_out: Option<usize>,
 }
 
 /// Where a WGemm node's packed weights are.
@@ -719,9 +727,9 @@ impl<'b> Plan<'b> {
         let mut stored = weights::place(&program, &uses, &weight, &layouts.sources)?;
         let attention = bind::attention(&program, &uses, &mut stored.locs)?;
         let states = bind::recurrent_states(&program, &uses, &mut stored.locs)?;
-        bind::graph_inputs(&program, &uses, &mut stored.locs)?;
+        let hidden_in = bind::graph_inputs(&program, &uses, &mut stored.locs)?;
         bind::check_cache_readers(&program, &uses, &stored.locs)?;
-        let logits = bind::logits_value(&program, &stored.locs)?;
+        let (logits, hidden_out) = bind::outputs(&program, &stored.locs)?;
         let context = lower::Context {
             program: &program,
             weight: &weight,
@@ -731,7 +739,7 @@ impl<'b> Plan<'b> {
             states: &states,
             logits,
         };
-        let mut lowered = lower::lower_nodes(context, stored)?;
+        let mut lowered = lower::lower_nodes(context, stored, usize::from(hidden_in.is_some()))?;
         bind::check_folded_readers(&program, &uses, &lowered.locs)?;
         let attention = attention.ok_or_else(|| {
             value_err(
@@ -739,8 +747,11 @@ impl<'b> Plan<'b> {
                 "the program has no Attention node; the executor runs decoders over a KV cache",
             )
         })?;
-        let buffers = buffers::assign_buffers(&program, &mut lowered.locs, lowered.roots, logits);
+        let returned: Vec<usize> = [logits].into_iter().chain(hidden_out).collect();
+        let buffers = buffers::assign_buffers(&program, &mut lowered.locs, lowered.roots, &returned, hidden_in);
+        let hidden_only = hidden_only_ops(&program, &lowered.locs, &lowered.ops, logits);
         Ok(Plan {
+            hidden_only,
             program,
             locs: lowered.locs,
             ops: lowered.ops,
@@ -758,6 +769,8 @@ impl<'b> Plan<'b> {
             state_floats: states.iter().map(|s| s.len).sum(),
             states,
             logits,
+            hidden_in,
+            hidden_out,
         })
     }
 
@@ -775,4 +788,23 @@ fn code_signedness(dtype: &str) -> Option<bool> {
         "i8" => Some(true),
         _ => None,
     }
+}
+
+/// Per op of `ops`: true when neither the logits nor the cache or a recurrent state depend on
+/// what it computes (walking the program's nodes backwards, aliases included).
+fn hidden_only_ops(program: &Program, locs: &[Loc], ops: &[(usize, Op)], logits: usize) -> Vec<bool> {
+    let mut needed_value = vec![false; program.values.len()];
+    needed_value[logits] = true;
+    let mut needed_node = vec![false; program.nodes.len()];
+    let keeps = |v: usize| matches!(locs[v], Loc::Cache | Loc::State(_));
+    for (n, node) in program.nodes.iter().enumerate().rev() {
+        let effect = node.outputs.iter().chain(node.inputs.iter().flatten()).any(|&v| keeps(v));
+        if effect || node.outputs.iter().any(|&v| needed_value[v]) {
+            needed_node[n] = true;
+            for &v in node.inputs.iter().flatten() {
+                needed_value[v] = true;
+            }
+        }
+    }
+    ops.iter().map(|(n, _)| !needed_node[*n]).collect()
 }

@@ -141,8 +141,13 @@ pub(super) struct Lowered<'b> {
     pub moe: Vec<MoeExperts<'b>>,
 }
 
-/// Lowers every node in program order, starting from the weights and constants in `stored`.
-pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result<Lowered<'b>, ExecError> {
+/// Lowers every node in program order, starting from the weights and constants in `stored`;
+/// storage roots below `first_root` are taken (graph inputs the caller fills).
+pub(super) fn lower_nodes<'b>(
+    cx: Context<'_, 'b>,
+    stored: Stored<'b>,
+    first_root: usize,
+) -> Result<Lowered<'b>, ExecError> {
     let program = cx.program;
     let mut b = Builder {
         values: &program.values,
@@ -154,7 +159,7 @@ pub(super) fn lower_nodes<'b>(cx: Context<'_, 'b>, stored: Stored<'b>) -> Result
         consts_i64: stored.consts_i64,
         ops: Vec::new(),
         layer: 0,
-        roots: 0,
+        roots: first_root,
         i64_buffers: 0,
         q_buffers: 0,
         packed: Vec::new(),
