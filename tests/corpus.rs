@@ -6,7 +6,8 @@
 //! layer; the final program's prefill logits (reference evaluator) are within the form's
 //! tolerance of ONNX Runtime's; `npuc compile` and `npuc run --prompt-ids` give ONNX Runtime's 16
 //! greedy ids, or the same ids up to a step where ONNX Runtime's own top-2 gap is a near tie
-//! (below 1% of max|logit|); the xdna and intel-npu targets compile, and the intel-npu bundle's
+//! (below 1% of max|logit|), and `--speculate lookup` gives the plain run's ids for the first
+//! prompt; the xdna and intel-npu targets compile, and the intel-npu bundle's
 //! IR on OpenVINO's CPU device gives the host executor's greedy ids for the same bundle. The table of every cell is written to
 //! `fixtures/corpus/table.md` (make test prints it).
 //!
@@ -262,7 +263,13 @@ fn greedy_cells(e: &Entry, work: &Path, row: &mut Row) {
         return;
     }
     stored_once(&bundle, row);
-    let runs: Vec<Option<Vec<u64>>> = e.cases.iter().map(|c| greedy_run(&bundle, c, row)).collect();
+    let runs: Vec<Option<Vec<u64>>> = e.cases.iter().map(|c| greedy_run(&bundle, c, row, &[])).collect();
+    if let (Some(plain), Some(c)) = (&runs[0], e.cases.first()) {
+        let speculative = greedy_run(&bundle, c, row, &["--speculate", "lookup", "--draft-len", "4"]);
+        if speculative.as_ref().is_some_and(|t| t != plain) {
+            row.failures.push(format!("--speculate lookup gave {speculative:?}, plain greedy {plain:?}"));
+        }
+    }
     let compare = |cases: &[GreedyCase], required: bool, row: &mut Row| {
         let results: Vec<String> = cases.iter().zip(&runs).map(|(c, t)| greedy_case(t, c, required, row)).collect();
         results.join("; ")
@@ -286,8 +293,9 @@ fn stored_once(bundle: &Path, row: &mut Row) {
     }
 }
 
-/// `npuc run --prompt-ids` of one prompt: the greedy ids, None when the run fails.
-fn greedy_run(bundle: &Path, c: &GreedyCase, row: &mut Row) -> Option<Vec<u64>> {
+/// `npuc run --prompt-ids` of one prompt (with `extra` options): the greedy ids, None when the
+/// run fails.
+fn greedy_run(bundle: &Path, c: &GreedyCase, row: &mut Row, extra: &[&str]) -> Option<Vec<u64>> {
     let ids: Vec<String> = c.prompt.iter().map(u64::to_string).collect();
     let steps = c.greedy.len().to_string();
     let args = [
@@ -303,7 +311,7 @@ fn greedy_run(bundle: &Path, c: &GreedyCase, row: &mut Row) -> Option<Vec<u64>> 
         "--threads",
         "2",
     ];
-    match npuc(&args) {
+    match npuc(&[&args[..], extra].concat()) {
         Ok(out) => {
             let json: Value = serde_json::from_str(&out).unwrap();
             Some(json["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect())
