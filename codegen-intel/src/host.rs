@@ -1,5 +1,6 @@
 //! The plan entries of the nodes the host computes between segments in hybrid decoders
-//! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention, whose states live on
+//! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention (and the fused
+//! CausalConv and DeltaNet, the same steps), whose states live on
 //! the host per sequence, and MoE and QMoE, which the host routes (see `experts` for where the
 //! experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
 //! host step does not compute are refused naming the node.
@@ -17,8 +18,9 @@ pub(crate) fn host_step(g: &Graph, id: NodeId, bin: &mut Bin) -> Result<HostStep
     debug_assert!(host_node(n));
     let mut h = Host { g, n, bin };
     match n.op {
-        "CausalConvWithState" => h.causal_conv(),
+        "CausalConvWithState" | "CausalConv" => h.causal_conv(),
         "LinearAttention" => h.delta_rule(),
+        "DeltaNet" => h.delta_net(),
         "MoE" => h.moe(),
         _ => h.qmoe(),
     }
@@ -129,9 +131,29 @@ impl Host<'_> {
         if (gated && self.value(4).is_none()) || (delta && self.value(5).is_none()) {
             return Err(self.fail(format!("update_rule {rule} needs its decay and beta inputs")));
         }
+        let scale = self.n.attrs.float("scale").ok().flatten().unwrap_or(0.0);
+        self.recurrence(("q_num_heads", "kv_num_heads"), scale, (gated, delta))
+    }
+
+    /// DeltaNet: the gated delta rule with its explicit scale.
+    fn delta_net(&mut self) -> Result<HostStep, IntelError> {
+        match self.n.attrs.float("scale").ok().flatten() {
+            Some(s) if s != 0.0 && s.is_finite() => self.recurrence(("q_heads", "kv_heads"), s, (true, true)),
+            s => Err(self.fail(format!("scale must be given, finite and non-zero, got {s:?}"))),
+        }
+    }
+
+    /// The delta-rule step of a LinearAttention or DeltaNet node whose head counts are the
+    /// attributes `heads`, with `scale` (0 for 1/√d_k) and the gate terms it uses.
+    fn recurrence(
+        &mut self,
+        heads: (&str, &str),
+        scale: f32,
+        (gated, delta): (bool, bool),
+    ) -> Result<HostStep, IntelError> {
         let attr = |name: &str| self.n.attrs.int(name).ok().flatten().filter(|&h| h > 0).map(|h| h as usize);
-        let (Some(q_heads), Some(kv_heads)) = (attr("q_num_heads"), attr("kv_num_heads")) else {
-            return Err(self.fail("q_num_heads and kv_num_heads must be positive".into()));
+        let (Some(q_heads), Some(kv_heads)) = (attr(heads.0), attr(heads.1)) else {
+            return Err(self.fail(format!("{} and {} must be positive", heads.0, heads.1)));
         };
         let (qw, kw, vw) = (self.width(0)?, self.width(1)?, self.width(2)?);
         let (dk, dv) = (qw / q_heads, vw / kv_heads);
@@ -151,10 +173,7 @@ impl Host<'_> {
                 return Err(self.fail(msg));
             }
         }
-        let scale = match self.n.attrs.float("scale").ok().flatten().unwrap_or(0.0) {
-            0.0 => 1.0 / (dk as f32).sqrt(),
-            s => s,
-        };
+        let scale = if scale == 0.0 { 1.0 / (dk as f32).sqrt() } else { scale };
         let optional = |slot: usize, used: bool| if used { self.name(slot).map(Some) } else { Ok(None) };
         Ok(HostStep::DeltaRule(intel::DeltaRule {
             node: self.n.name.clone(),
