@@ -28,8 +28,10 @@
 
 pub mod apply;
 pub mod attention;
+pub mod causal_conv;
 pub mod causal_mask;
 pub mod cond;
+pub mod delta_net;
 pub mod egraph_ops;
 pub mod fp16_rescale;
 pub mod gelu_gate;
@@ -83,6 +85,13 @@ pub fn families() -> Vec<Family> {
             summary: "GELU's tanh form into GeluTanh, GeluTanh(gate)·up into GeluGate",
             rules: gelu_gate::rules,
         },
+        Family {
+            name: "delta-net",
+            summary:
+                "the gated delta rule (LinearAttention) into DeltaNet, a constant factor on its queries into its scale",
+            rules: delta_net::rules,
+        },
+        Family { name: "causal-conv", summary: "CausalConvWithState into CausalConv", rules: causal_conv::rules },
         Family {
             name: "attention",
             summary: "scaled-dot-product attention over the KV cache into one causal GQA Attention",
