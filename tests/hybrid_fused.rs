@@ -1,0 +1,117 @@
+//! The fused recurrent ops (`npuc::DeltaNet`, `npuc::CausalConv`) on the hybrid corpus
+//! (`fixtures/hybrid`): the `delta-net` and `causal-conv` families fold every recurrent node the
+//! onnxruntime-genai builder writes, and the rewritten graph evaluates as the imported one on
+//! ONNX Runtime's prefill and decode cases; a node the rules cannot fold is kept, with the reason.
+//!
+//! Tolerance, relative to the largest |value| of each output: [`FUSED_TOL`]. Both graphs run the
+//! same f64 recurrences; they differ only where the queries' constant factor moved into DeltaNet's
+//! scale (the product rounded once per output instead of once per query element).
+
+mod common;
+
+use common::hybrid::{hybrid_dir, index};
+use ir::{Attr, Graph};
+use rewrites::saturate::{rewrite_with, SaturationReport};
+
+const FUSED_TOL: f64 = 1e-6;
+
+/// The two families under test.
+fn recurrent_families() -> Vec<rewrites::Family> {
+    ["delta-net", "causal-conv"].map(|f| rewrites::family(f).unwrap()).to_vec()
+}
+
+fn count(g: &Graph, op: &str) -> usize {
+    g.nodes.iter().filter(|n| n.op == op).count()
+}
+
+/// The corpus entries that have a model file, with their imported graphs.
+fn imported() -> Vec<(String, Graph)> {
+    let mut out = Vec::new();
+    for entry in index() {
+        let name = entry["name"].as_str().unwrap().to_string();
+        let model = hybrid_dir().join(&name).join("model.onnx");
+        if model.is_file() {
+            let g = frontend::import_file(&model).unwrap_or_else(|e| panic!("{name}: {e}")).graph;
+            out.push((name, g));
+        }
+    }
+    assert!(!out.is_empty(), "no hybrid model to test");
+    out
+}
+
+/// Worst relative difference between `before` and `after` over every output of `case`.
+fn worst_difference(name: &str, before: &Graph, after: &Graph, case: &str) -> f64 {
+    let dir = hybrid_dir().join(name).join(case);
+    let (inputs, _) = frontend::read_test_case(&dir).unwrap_or_else(|e| panic!("{name}/{case}: {e}"));
+    let want = ir::run::run_graph(before, &inputs).unwrap_or_else(|e| panic!("{name}/{case} unfused: {e}"));
+    let got = ir::run::run_graph(after, &inputs).unwrap_or_else(|e| panic!("{name}/{case} fused: {e}"));
+    let mut worst = 0f64;
+    for (output, w) in &want {
+        let g = got.get(output).unwrap_or_else(|| panic!("{name}/{case}: output {output} missing"));
+        let (d, m) = common::max_abs_diff(g, w);
+        let rel = if m > 0.0 { d / m } else { d };
+        assert!(!rel.is_nan(), "{name}/{case}: {output} is NaN");
+        worst = worst.max(rel);
+    }
+    worst
+}
+
+#[test]
+fn the_recurrent_rules_fold_every_recurrent_node_of_the_hybrid_corpus() {
+    let (mut delta_nets, mut convs) = (0, 0);
+    for (name, g) in imported() {
+        let (la, conv) = (count(&g, "LinearAttention"), count(&g, "CausalConvWithState"));
+        let (fused, report) = rewrite_with(&g, &recurrent_families());
+        assert!(report.type_conflicts.is_empty(), "{name}: {:?}", report.type_conflicts);
+        assert_eq!(count(&fused, "DeltaNet"), la, "{name}: DeltaNet nodes");
+        assert_eq!(count(&fused, "CausalConv"), conv, "{name}: CausalConv nodes");
+        assert_eq!(count(&fused, "LinearAttention") + count(&fused, "CausalConvWithState"), 0, "{name}");
+        // The builder's queries arrive scaled by 1/√d_k; the factor is now DeltaNet's scale.
+        for n in fused.nodes.iter().filter(|n| n.op == "DeltaNet") {
+            let q = n.inputs[0].unwrap();
+            let producer = fused.nodes.iter().find(|p| p.outputs.contains(&q));
+            assert!(producer.is_none_or(|p| p.op != "Mul"), "{name}: {} still reads a scaled query", n.name);
+        }
+        println!("{name}: {la} DeltaNet, {conv} CausalConv");
+        (delta_nets, convs) = (delta_nets + la, convs + conv);
+    }
+    assert!(delta_nets > 0 && convs > 0, "the corpus has {delta_nets} delta-rule and {convs} conv layers");
+}
+
+#[test]
+fn fused_recurrent_ops_evaluate_as_the_builders_spelling_on_onnx_runtime_cases() {
+    for (name, g) in imported() {
+        if count(&g, "LinearAttention") + count(&g, "CausalConvWithState") == 0 {
+            continue;
+        }
+        let (fused, _) = rewrite_with(&g, &recurrent_families());
+        assert!(count(&fused, "DeltaNet") + count(&fused, "CausalConv") > 0, "{name}: nothing folded");
+        for case in ["prefill", "decode"] {
+            let worst = worst_difference(&name, &g, &fused, case);
+            println!("{name}/{case}: worst relative difference {worst:.2e}");
+            assert!(worst <= FUSED_TOL, "{name}/{case}: fused and unfused differ by {worst:.2e}");
+        }
+    }
+}
+
+/// The reasons recorded under `rule`.
+fn reasons<'r>(report: &'r SaturationReport, rule: &str) -> Vec<&'r str> {
+    report.declined.iter().filter(|d| d.rule == rule).map(|d| d.reason.as_str()).collect()
+}
+
+#[test]
+fn a_linear_attention_without_the_gated_delta_rule_is_kept_and_the_decline_says_why() {
+    let model = hybrid_dir().join("qwen3.5-builder-fp32/model.onnx");
+    let mut g = frontend::import_file(&model).unwrap().graph;
+    let la = g.nodes.iter_mut().find(|n| n.op == "LinearAttention").expect("a LinearAttention node");
+    la.attrs.set("update_rule", Attr::Str("delta".into()));
+    let conv = g.nodes.iter_mut().find(|n| n.op == "CausalConvWithState").expect("a CausalConvWithState node");
+    conv.attrs.set("dilation", Attr::Int(2));
+    let (fused, report) = rewrite_with(&g, &recurrent_families());
+    assert_eq!((count(&fused, "DeltaNet"), count(&fused, "LinearAttention")), (0, 1));
+    assert_eq!((count(&fused, "CausalConv"), count(&fused, "CausalConvWithState")), (0, 1));
+    let delta = reasons(&report, "delta-net-linear-attention-ms");
+    assert!(delta.iter().any(|r| r.contains("update_rule \"delta\"") && r.contains("gated delta rule")), "{delta:?}");
+    let conv = reasons(&report, "causal-conv-with-state-ms");
+    assert!(conv.iter().any(|r| r.contains("dilation = 2")), "{conv:?}");
+}
