@@ -115,3 +115,21 @@ fn a_linear_attention_without_the_gated_delta_rule_is_kept_and_the_decline_says_
     let conv = reasons(&report, "causal-conv-with-state-ms");
     assert!(conv.iter().any(|r| r.contains("dilation = 2")), "{conv:?}");
 }
+
+/// Regression: the class of a folded DeltaNet holds both the node reading `q·c` and the one the
+/// rule built over `q`; taking the factor again from the second gave a DeltaNet of scale `s·c²`
+/// beside the right one, and extraction chose between them by order.
+#[test]
+fn the_query_factor_folds_into_the_scale_once_per_delta_net() {
+    for (name, g) in imported() {
+        let la = count(&g, "LinearAttention");
+        let (_, report) = rewrite_with(&g, &recurrent_families());
+        let applied: usize = report
+            .phases
+            .iter()
+            .flat_map(|p| &p.iterations)
+            .filter_map(|i| i.applied.get("delta-net-query-scale"))
+            .sum();
+        assert_eq!(applied, la, "{name}: query-scale folds");
+    }
+}

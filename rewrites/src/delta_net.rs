@@ -24,7 +24,7 @@
 
 use crate::apply::{no_match, Computed, Decline, Fold, Folded};
 use crate::cond::{self, var};
-use crate::egraph_ops::{attrs, is_absent, known_shape, nodes_with_children, scalar_value, type_of, union};
+use crate::egraph_ops::{attrs, is_absent, is_op, known_shape, nodes_with_children, scalar_value, type_of, union};
 use crate::Rewrite;
 use egg::{rewrite as rw, Id, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head};
@@ -73,6 +73,15 @@ fn resolved_scale(egraph: &EGraph, q: Id, q_heads: i64, scale: f32) -> Result<f3
         Some(w) if w > 0 && w % q_heads as usize == 0 => Ok(1.0 / ((w / q_heads as usize) as f32).sqrt()),
         _ => Err("scale = 0 means 1/√d_k, and the query's width is not known: DeltaNet's scale is explicit".into()),
     }
+}
+
+/// Class `product` holds `Mul(q, c)` or `Mul(c, q)`.
+fn scales_query(egraph: &EGraph, product: Id, q: Id, c: Id) -> bool {
+    let (q, c) = (egraph.find(q), egraph.find(c));
+    egraph[product].nodes.iter().any(|n| {
+        let children: Vec<Id> = n.children.iter().map(|&x| egraph.find(x)).collect();
+        is_op(n, Domain::Onnx, "Mul") && (children == [q, c] || children == [c, q])
+    })
 }
 
 /// LinearAttention (either domain) of the six inputs: `DeltaNet` when the update rule is the gated
@@ -133,14 +142,19 @@ impl Fold for QueryScale {
     fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
         let [q, rest @ ..] = self.inputs.map(|v| subst[v]);
         let c = scalar_value(egraph, subst[self.c]).ok_or_else(no_match)?;
-        let same_rest = |n: &&ENode| {
-            n.children.len() == 6 && n.children[1..].iter().zip(&rest).all(|(&a, &b)| egraph.find(a) == egraph.find(b))
+        let c_class = subst[self.c];
+        // The node whose query is the matched product: the class also holds the DeltaNets this
+        // rule built, whose queries are already unscaled and whose scale must not take c again.
+        let reads_product = |n: &&ENode| {
+            n.children.len() == 6
+                && n.children[1..].iter().zip(&rest).all(|(&a, &b)| egraph.find(a) == egraph.find(b))
+                && scales_query(egraph, n.children[0], q, c_class)
         };
         let node = egraph[eclass]
             .nodes
             .iter()
             .filter(|n| n.head.op() == Some("DeltaNet"))
-            .find(same_rest)
+            .find(reads_product)
             .ok_or_else(no_match)?;
         if type_of(egraph, node.children[0]) != type_of(egraph, q) {
             return Err(no_match());
