@@ -658,8 +658,8 @@ fn attend_row(
 
 /// DeltaNet: the gated delta rule (see the table above), as com.microsoft `LinearAttention` with
 /// `update_rule = "gated_delta"` computes it (in f64, token by token, rounded once). `scale` must
-/// be given and positive: the rule that builds the op resolves LinearAttention's `scale = 0`
-/// default (1/√d_k) and folds a constant factor on the queries into it.
+/// be given, finite and non-zero: the rule that builds the op resolves LinearAttention's
+/// `scale = 0` default (1/√d_k) and folds a constant factor on the queries into it.
 pub fn delta_net(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
     let attrs = op.attrs;
     let get = |name: &str| {
@@ -667,8 +667,8 @@ pub fn delta_net(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     };
     let (q_heads, kv_heads) = (get("q_heads")?, get("kv_heads")?);
     let scale = match attrs.float("scale").map_err(|e| err(op, e.to_string()))? {
-        Some(s) if s > 0.0 && s.is_finite() => s,
-        other => return Err(err(op, format!("scale must be given and positive, got {other:?}"))),
+        Some(s) if s != 0.0 && s.is_finite() => s,
+        other => return Err(err(op, format!("scale must be given, finite and non-zero, got {other:?}"))),
     };
     if inputs.get(4).copied().flatten().is_none() || inputs.get(5).copied().flatten().is_none() {
         return Err(err(op, "decay (4) and beta (5) are required"));
