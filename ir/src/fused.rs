@@ -913,4 +913,48 @@ mod tests {
         let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), None, Some(&short)];
         assert!(attention(&op("Attention", &Attrs::default()), &inputs, 1).unwrap_err().msg.contains("sinks"));
     }
+
+    fn delta_net_attrs(scale: Option<f32>) -> Attrs {
+        let mut a = Attrs::default();
+        a.set("q_heads", Attr::Int(1));
+        a.set("kv_heads", Attr::Int(1));
+        if let Some(s) = scale {
+            a.set("scale", Attr::Float(s));
+        }
+        a
+    }
+
+    #[test]
+    fn delta_net_from_a_zero_state_is_the_scaled_delta_outer_product() {
+        // One token, S₀ = 0: S₁ = k ⊗ β(v − S₀ᵀk) = β·k vᵀ, y = scale·S₁ᵀq = scale·β·(k·q)·v.
+        let row = |v: Vec<f32>| Tensor::from_f32(DType::F32, vec![1, 1, v.len()], v);
+        let (q, k, v) = (row(vec![0.5, -1.0]), row(vec![2.0, 0.25]), row(vec![3.0, -4.0, 1.5]));
+        let (decay, beta) = (row(vec![-0.7]), row(vec![0.6]));
+        let a = delta_net_attrs(Some(0.125));
+        let out =
+            eval(&op("DeltaNet", &a), &[Some(&q), Some(&k), Some(&v), None, Some(&decay), Some(&beta)], 2).unwrap();
+        let kq = 2.0 * 0.5 + 0.25 * -1.0;
+        let want: Vec<f32> = [3.0f32, -4.0, 1.5].iter().map(|x| 0.125 * 0.6 * kq * x).collect();
+        let got = out[0].as_f32().unwrap();
+        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6), "{got:?} against {want:?}");
+        assert_eq!(out[1].shape, [1, 1, 2, 3]);
+    }
+
+    #[test]
+    fn delta_net_refuses_a_missing_scale_or_gate_and_causal_conv_other_activations() {
+        let t = Tensor::from_f32(DType::F32, vec![1, 1, 2], vec![1.0, 2.0]);
+        let g = Tensor::from_f32(DType::F32, vec![1, 1, 1], vec![0.0]);
+        let no_scale = delta_net_attrs(None);
+        let e = eval(&op("DeltaNet", &no_scale), &[Some(&t), Some(&t), Some(&t), None, Some(&g), Some(&g)], 2);
+        assert!(e.unwrap_err().msg.contains("scale must be given"));
+        let a = delta_net_attrs(Some(1.0));
+        let e = eval(&op("DeltaNet", &a), &[Some(&t), Some(&t), Some(&t), None, None, Some(&g)], 2);
+        assert!(e.unwrap_err().msg.contains("decay (4) and beta (5) are required"));
+        let mut relu = Attrs::default();
+        relu.set("activation", Attr::Str("relu".into()));
+        let w = Tensor::from_f32(DType::F32, vec![2, 1, 2], vec![1.0; 4]);
+        let x = Tensor::from_f32(DType::F32, vec![1, 2, 1], vec![1.0, 2.0]);
+        let e = eval(&op("CausalConv", &relu), &[Some(&x), Some(&w), None, None], 2);
+        assert!(e.unwrap_err().msg.contains("activation \"relu\""));
+    }
 }
