@@ -926,14 +926,15 @@ mod tests {
 
     #[test]
     fn delta_net_from_a_zero_state_is_the_scaled_delta_outer_product() {
-        // One token, S₀ = 0: S₁ = k ⊗ β(v − S₀ᵀk) = β·k vᵀ, y = scale·S₁ᵀq = scale·β·(k·q)·v.
+        // One token, S₀ = 0: S₁ = k ⊗ β(v − S₀ᵀk) = β·k vᵀ, y = scale·S₁ᵀq = scale·β·(k·q)·v;
+        // k·q = 2·0.5 + 0.25·(−1).
         let row = |v: Vec<f32>| Tensor::from_f32(DType::F32, vec![1, 1, v.len()], v);
         let (q, k, v) = (row(vec![0.5, -1.0]), row(vec![2.0, 0.25]), row(vec![3.0, -4.0, 1.5]));
         let (decay, beta) = (row(vec![-0.7]), row(vec![0.6]));
         let a = delta_net_attrs(Some(0.125));
         let out =
             eval(&op("DeltaNet", &a), &[Some(&q), Some(&k), Some(&v), None, Some(&decay), Some(&beta)], 2).unwrap();
-        let kq = 2.0 * 0.5 + 0.25 * -1.0;
+        let kq = 2.0 * 0.5 - 0.25;
         let want: Vec<f32> = [3.0f32, -4.0, 1.5].iter().map(|x| 0.125 * 0.6 * kq * x).collect();
         let got = out[0].as_f32().unwrap();
         assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6), "{got:?} against {want:?}");
