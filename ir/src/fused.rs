@@ -15,6 +15,7 @@
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
 //! | `DeltaNet{q_heads,kv_heads,scale}` | q, k, v, past_state, decay, beta → y, present_state | the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
+//! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. See [`moe`] |
 //! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -106,6 +107,7 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         "Attention" => attention(op, inputs, num_outputs),
         "DeltaNet" => delta_net(op, inputs, num_outputs),
         "CausalConv" => causal_conv(op, inputs, num_outputs),
+        "Moe" => moe(op, inputs),
         "RmsNormRowScaled" => rms_norm_row_scaled_tensor(op, input(0)?, input(1)?, eps).map(|t| vec![t]),
         "SkipRmsNormRowScaled" => {
             let mut a = Attrs::default();
@@ -697,6 +699,27 @@ pub fn causal_conv(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -
     Ok(out)
 }
 
+/// Moe: float experts as com.microsoft `MoE` computes them (inputs x, router, fc1, fc1_bias,
+/// fc2, fc2_bias), coded experts (fc1_scales given) as `QMoE` does with its first eight inputs;
+/// the attributes are theirs. Coded experts must say `normalize_routing_weights = 1`: QMoE
+/// renormalises the k weights whatever its attribute says, and the op states it.
+pub fn moe(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let normalize = op.attrs.int_or("normalize_routing_weights", 0).map_err(|e| err(op, e.to_string()))?;
+    match (get(3), get(6)) {
+        (None, None) => {
+            onnx(op, "MoE", Domain::Microsoft, op.attrs, &[get(0), get(1), get(2), get(4), get(5), get(7)], 1)
+        }
+        (Some(_), Some(_)) if normalize == 1 => {
+            onnx(op, "QMoE", Domain::Microsoft, op.attrs, &inputs[..8.min(inputs.len())], 1)
+        }
+        (Some(_), Some(_)) => {
+            Err(err(op, "coded experts are always renormalised: normalize_routing_weights must be 1"))
+        }
+        _ => Err(err(op, "fc1_scales (3) and fc2_scales (6) are given together or not at all")),
+    }
+}
+
 /// Output types of an op from its input types (`None` for absent inputs); empty when the op's
 /// types cannot be inferred from types alone (the e-class then takes them from its members).
 pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<TypeInfo>]) -> Vec<TypeInfo> {
@@ -754,6 +777,7 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
         }
         (Domain::Npuc, "DeltaNet") => delta_net_types(attrs, t(0), t(2), t(3)),
         (Domain::Npuc, "CausalConv") => t(0).into_iter().chain(t(3)).collect(),
+        (Domain::Npuc, "Moe") => one(t(0)),
         (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(broadcast2(t(0), t(1))),
         (
             Domain::Onnx,
@@ -957,5 +981,18 @@ mod tests {
         let x = Tensor::from_f32(DType::F32, vec![1, 2, 1], vec![1.0, 2.0]);
         let e = eval(&op("CausalConv", &relu), &[Some(&x), Some(&w), None, None], 2);
         assert!(e.unwrap_err().msg.contains("activation \"relu\""));
+    }
+
+    #[test]
+    fn moe_states_that_coded_experts_are_renormalised() {
+        let t = Tensor::from_f32(DType::F32, vec![1, 2], vec![1.0, 2.0]);
+        let mut a = Attrs::default();
+        a.set("k", Attr::Int(1));
+        let inputs = [Some(&t), Some(&t), Some(&t), Some(&t), None, Some(&t), Some(&t), None];
+        let e = eval(&op("Moe", &a), &inputs, 1).unwrap_err();
+        assert!(e.msg.contains("normalize_routing_weights must be 1"), "{}", e.msg);
+        let half = [Some(&t), Some(&t), Some(&t), Some(&t), None, Some(&t), None, None];
+        let e = eval(&op("Moe", &a), &half, 1).unwrap_err();
+        assert!(e.msg.contains("together or not at all"), "{}", e.msg);
     }
 }
