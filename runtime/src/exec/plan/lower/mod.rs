@@ -32,7 +32,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 45] = [
+const LOWERINGS: [(&str, Lower); 46] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -65,6 +65,7 @@ const LOWERINGS: [(&str, Lower); 45] = [
     ("com.microsoft::MRotaryEmbedding", recurrent::m_rotary_embedding),
     ("ai.onnx::LpNormalization", recurrent::lp_normalization),
     ("ai.onnx::Sigmoid", recurrent::sigmoid),
+    ("npuc::Moe", moe::fused_moe),
     ("com.microsoft::MoE", moe::moe),
     ("com.microsoft::QMoE", moe::qmoe),
     ("ai.onnx::Neg", router::unary),
