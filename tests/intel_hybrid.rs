@@ -176,13 +176,14 @@ fn intel_plan_of_a_hybrid_cuts_at_its_recurrent_layers_and_experts() {
 
 #[test]
 fn intel_refuses_what_its_host_steps_do_not_compute_naming_the_node() {
-    // QMoE whose inputs the host executor quantises to int8 blocks (accuracy_level 4): the
-    // expert networks compute with float inputs, so the target refuses it rather than differ.
+    // Coded experts (the builder's QMoE, folded into Moe) whose inputs the host executor
+    // quantises to int8 blocks (accuracy_level 4): the expert networks compute with float
+    // inputs, so the target refuses it rather than differ.
     let model = hybrid_dir().join("qwen3.5-moe-builder-int4/model.onnx");
     let imported = frontend::import_file(&model).unwrap();
     let target = passes::targets::target("intel-npu").unwrap();
     let mut program = passes::driver::run(&target.pipeline(), imported.graph, None, |_, _| {}).unwrap().graph;
-    let qmoe = program.nodes.iter_mut().find(|n| n.op == "QMoE").expect("a QMoE node");
+    let qmoe = program.nodes.iter_mut().find(|n| n.op == "Moe").expect("a Moe node");
     qmoe.attrs.set("accuracy_level", ir::attr::Attr::Int(4));
     let name = qmoe.name.clone();
     let err = codegen_intel::compile(&program, &codegen_intel::Options::default()).err().expect("compiled").to_string();

@@ -1,8 +1,8 @@
 //! The plan entries of the nodes the host computes between segments in hybrid decoders
 //! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention (and the fused
-//! CausalConv and DeltaNet, the same steps), whose states live on
-//! the host per sequence, and MoE and QMoE, which the host routes (see `experts` for where the
-//! experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
+//! CausalConv and DeltaNet, the same steps), whose states live on the host per sequence, and MoE
+//! and QMoE (and the fused Moe, in QMoE's layout), which the host routes (see `experts` for where
+//! the experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
 //! host step does not compute are refused naming the node.
 
 use crate::partition::host_node;
@@ -21,7 +21,8 @@ pub(crate) fn host_step(g: &Graph, id: NodeId, bin: &mut Bin) -> Result<HostStep
         "CausalConvWithState" | "CausalConv" => h.causal_conv(),
         "LinearAttention" => h.delta_rule(),
         "DeltaNet" => h.delta_net(),
-        "MoE" => h.moe(),
+        "MoE" => h.moe((2, 3, 4, 5)),
+        "Moe" if h.value(3).is_none() && h.value(6).is_none() => h.moe((2, 4, 5, 7)),
         _ => h.qmoe(),
     }
 }
@@ -323,14 +324,15 @@ impl Host<'_> {
         })
     }
 
-    fn moe(&mut self) -> Result<HostStep, IntelError> {
-        if self.value(6).is_some() || self.value(7).is_some() {
+    /// MoE, or Moe with float experts: fc1, its bias, fc2 and its bias at `slots`.
+    fn moe(&mut self, (fc1_slot, b1, fc2, b2): (usize, usize, usize, usize)) -> Result<HostStep, IntelError> {
+        if self.n.op == "MoE" && (self.value(6).is_some() || self.value(7).is_some()) {
             return Err(self.fail("separate fc3 experts are not supported".into()));
         }
         let activation = self.activation()?;
         let (hidden, experts) = (self.width(0)?, self.width(1)?);
         let f = activation.fusion();
-        let fc1 = self.value(2).ok_or_else(|| self.fail("no fc1 experts".into()))?;
+        let fc1 = self.value(fc1_slot).ok_or_else(|| self.fail("no fc1 experts".into()))?;
         let dims: Vec<Option<i64>> = self.g.value(fc1).shape.iter().map(|d| d.as_known()).collect();
         let rows1 = match dims[..] {
             [Some(e), Some(r), Some(h)] if e as usize == experts && h as usize == hidden && r > 0 => r as usize,
@@ -341,10 +343,10 @@ impl Host<'_> {
         }
         let inter = rows1 / f;
         let mut step = self.moe_common(activation, (hidden, experts, inter))?;
-        step.fc1 = self.weight(2, experts * rows1 * hidden)?;
-        step.b1 = self.optional_weight(3, experts * rows1)?;
-        step.fc2 = self.weight(4, experts * hidden * inter)?;
-        step.b2 = self.optional_weight(5, experts * hidden)?;
+        step.fc1 = self.weight(fc1_slot, experts * rows1 * hidden)?;
+        step.b1 = self.optional_weight(b1, experts * rows1)?;
+        step.fc2 = self.weight(fc2, experts * hidden * inter)?;
+        step.b2 = self.optional_weight(b2, experts * hidden)?;
         Ok(HostStep::Moe(step))
     }
 }
