@@ -35,6 +35,7 @@ pub mod delta_net;
 pub mod egraph_ops;
 pub mod fp16_rescale;
 pub mod gelu_gate;
+pub mod moe;
 pub mod qdq;
 pub mod rmsnorm;
 pub mod rope;
@@ -92,6 +93,11 @@ pub fn families() -> Vec<Family> {
             rules: delta_net::rules,
         },
         Family { name: "causal-conv", summary: "CausalConvWithState into CausalConv", rules: causal_conv::rules },
+        Family {
+            name: "moe",
+            summary: "MoE and QMoE (softmax top-k routing over router logits, expert GEMMs, weighted sum) into Moe",
+            rules: moe::rules,
+        },
         Family {
             name: "attention",
             summary: "scaled-dot-product attention over the KV cache into one causal GQA Attention",
