@@ -1,11 +1,13 @@
-//! The fused recurrent ops (`npuc::DeltaNet`, `npuc::CausalConv`) on the hybrid corpus
-//! (`fixtures/hybrid`): the `delta-net` and `causal-conv` families fold every recurrent node the
-//! onnxruntime-genai builder writes, and the rewritten graph evaluates as the imported one on
-//! ONNX Runtime's prefill and decode cases; a node the rules cannot fold is kept, with the reason.
+//! The fused ops of hybrid decoders (`npuc::DeltaNet`, `npuc::CausalConv`, `npuc::Moe`) on the
+//! hybrid corpus (`fixtures/hybrid`): the `delta-net`, `causal-conv` and `moe` families fold
+//! every recurrent layer and mixture of experts the onnxruntime-genai builder writes, and the
+//! rewritten graph evaluates as the imported one on ONNX Runtime's prefill and decode cases; a
+//! node the rules cannot fold is kept, with the reason.
 //!
 //! Tolerance, relative to the largest |value| of each output: [`FUSED_TOL`]. Both graphs run the
-//! same f64 recurrences; they differ only where the queries' constant factor moved into DeltaNet's
-//! scale (the product rounded once per output instead of once per query element).
+//! same f64 recurrences and expert sums; they differ only where the queries' constant factor
+//! moved into DeltaNet's scale (the product rounded once per output instead of once per query
+//! element).
 
 mod common;
 
@@ -15,9 +17,9 @@ use rewrites::saturate::{rewrite_with, SaturationReport};
 
 const FUSED_TOL: f64 = 1e-6;
 
-/// The two families under test.
+/// The families under test.
 fn recurrent_families() -> Vec<rewrites::Family> {
-    ["delta-net", "causal-conv"].map(|f| rewrites::family(f).unwrap()).to_vec()
+    ["delta-net", "causal-conv", "moe"].map(|f| rewrites::family(f).unwrap()).to_vec()
 }
 
 fn count(g: &Graph, op: &str) -> usize {
@@ -57,8 +59,8 @@ fn worst_difference(name: &str, before: &Graph, after: &Graph, case: &str) -> f6
 }
 
 #[test]
-fn the_recurrent_rules_fold_every_recurrent_node_of_the_hybrid_corpus() {
-    let (mut delta_nets, mut convs) = (0, 0);
+fn the_rules_fold_every_recurrent_layer_and_mixture_of_experts_of_the_hybrid_corpus() {
+    let (mut delta_nets, mut convs, mut moes) = (0, 0, 0);
     for (name, g) in imported() {
         let (la, conv) = (count(&g, "LinearAttention"), count(&g, "CausalConvWithState"));
         let (fused, report) = rewrite_with(&g, &recurrent_families());
@@ -72,20 +74,25 @@ fn the_recurrent_rules_fold_every_recurrent_node_of_the_hybrid_corpus() {
             let producer = fused.nodes.iter().find(|p| p.outputs.contains(&q));
             assert!(producer.is_none_or(|p| p.op != "Mul"), "{name}: {} still reads a scaled query", n.name);
         }
-        println!("{name}: {la} DeltaNet, {conv} CausalConv");
-        (delta_nets, convs) = (delta_nets + la, convs + conv);
+        let experts = count(&g, "MoE") + count(&g, "QMoE");
+        assert_eq!(count(&fused, "Moe"), experts, "{name}: Moe nodes");
+        assert_eq!(count(&fused, "MoE") + count(&fused, "QMoE"), 0, "{name}");
+        assert!(la + conv + experts > 0, "{name}: no recurrent layer and no mixture of experts");
+        println!("{name}: {la} DeltaNet, {conv} CausalConv, {experts} Moe");
+        (delta_nets, convs, moes) = (delta_nets + la, convs + conv, moes + experts);
     }
-    assert!(delta_nets > 0 && convs > 0, "the corpus has {delta_nets} delta-rule and {convs} conv layers");
+    assert!(
+        delta_nets > 0 && convs > 0 && moes > 0,
+        "the corpus has {delta_nets} delta-rule, {convs} conv and {moes} MoE layers"
+    );
 }
 
 #[test]
-fn fused_recurrent_ops_evaluate_as_the_builders_spelling_on_onnx_runtime_cases() {
+fn fused_ops_evaluate_as_the_builders_spelling_on_onnx_runtime_cases() {
     for (name, g) in imported() {
-        if count(&g, "LinearAttention") + count(&g, "CausalConvWithState") == 0 {
-            continue;
-        }
         let (fused, _) = rewrite_with(&g, &recurrent_families());
-        assert!(count(&fused, "DeltaNet") + count(&fused, "CausalConv") > 0, "{name}: nothing folded");
+        let folded = count(&fused, "DeltaNet") + count(&fused, "CausalConv") + count(&fused, "Moe");
+        assert!(folded > 0, "{name}: nothing folded");
         for case in ["prefill", "decode"] {
             let worst = worst_difference(&name, &g, &fused, case);
             println!("{name}/{case}: worst relative difference {worst:.2e}");
@@ -132,4 +139,17 @@ fn the_query_factor_folds_into_the_scale_once_per_delta_net() {
             .sum();
         assert_eq!(applied, la, "{name}: query-scale folds");
     }
+}
+
+#[test]
+fn a_cuda_only_mixture_of_experts_is_kept_and_the_decline_says_why() {
+    let model = hybrid_dir().join("qwen3.5-moe-builder-fp32/model.onnx");
+    let mut g = frontend::import_file(&model).unwrap().graph;
+    let moe = g.nodes.iter_mut().find(|n| n.op == "MoE").expect("a MoE node");
+    moe.attrs.set("use_sparse_mixer", Attr::Int(1));
+    let moes = count(&g, "MoE");
+    let (fused, report) = rewrite_with(&g, &recurrent_families());
+    assert_eq!((count(&fused, "Moe"), count(&fused, "MoE")), (moes - 1, 1));
+    let why = reasons(&report, "moe-float-experts");
+    assert_eq!(why, ["use_sparse_mixer is a CUDA-only form of MoE"]);
 }

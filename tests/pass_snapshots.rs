@@ -3,8 +3,8 @@
 //! Gemma 3's four norms and GELU gate, Phi-3's packed projections), under
 //! `snapshots/<pass>/<entry>.snap`; and the passes by which the other targets' programs differ —
 //! `xdna`'s array-int8 and `intel-npu`'s fp16 saturate and final program — under
-//! `snapshots/<target>/<pass>/<entry>.snap`; the `saturate` output of a Qwen3.5 and an LFM2 of the
-//! hybrid corpus (their recurrent layers as DeltaNet and CausalConv). Weight digests are left out of the text: the corpus is
+//! `snapshots/<target>/<pass>/<entry>.snap`; the `saturate` output of hybrid corpus entries (their
+//! recurrent layers as DeltaNet and CausalConv, their mixtures of experts as Moe). Weight digests are left out of the text: the corpus is
 //! exported afresh on each machine, and a calibration or a quantiser's float rounding may differ
 //! in the last bit there while the program is the same. One module per pass; each runs the
 //! pipeline up to and including its pass (the passes before it are deterministic, so the input is
@@ -43,8 +43,10 @@ fn without_digests(text: String) -> String {
 }
 
 /// Hybrid decoders of `fixtures/hybrid` whose `saturate` output is pinned too (under
-/// `snapshots/saturate/`): the recurrent layers' fused ops, DeltaNet and CausalConv.
-const HYBRID_FIXTURES: &[&str] = &["qwen3.5-builder-fp32", "lfm2-builder-int4"];
+/// `snapshots/saturate/`): the recurrent layers' fused ops, DeltaNet and CausalConv, and the
+/// mixtures of experts' Moe (float experts in gpt-oss, int4 ones in LFM2-MoE).
+const HYBRID_FIXTURES: &[&str] =
+    &["qwen3.5-builder-fp32", "lfm2-builder-int4", "gpt-oss-builder-fp32", "lfm2-moe-builder-int4"];
 
 /// The printed graph after `pass` of `target`'s pipeline (or after import for `import`).
 fn graph_after(fixture: &str, target: &str, pass: &str) -> String {
