@@ -153,3 +153,31 @@ fn a_cuda_only_mixture_of_experts_is_kept_and_the_decline_says_why() {
     let why = reasons(&report, "moe-float-experts");
     assert_eq!(why, ["use_sparse_mixer is a CUDA-only form of MoE"]);
 }
+
+/// What the host executor is handed: a compiled bundle's program holds the fused ops, and no
+/// builder spelling of a recurrent layer or mixture of experts, so `hybrid_run`'s agreement with
+/// ONNX Runtime is the fused ops' lowering.
+#[test]
+fn compiled_hybrid_programs_hold_the_fused_ops_and_none_of_the_builders_spellings() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, g) in imported() {
+        let path = common::hybrid::compile(&name, tmp.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let bundle = runtime::bundle::Bundle::open(&path, Some("cpu")).unwrap();
+        let ops: Vec<&str> = bundle.program().nodes.iter().map(|n| n.op.as_str()).collect();
+        let held = |op: &str| ops.iter().filter(|&&o| o == op).count();
+        // A compiled program leaves out what its outputs do not read: it drops the builder's
+        // `hidden_states` output, and in these files the logits do not read the last layer's
+        // MLP, so a layer may be gone, never all of them.
+        for (fused, imported) in [
+            ("npuc::DeltaNet", count(&g, "LinearAttention")),
+            ("npuc::CausalConv", count(&g, "CausalConvWithState")),
+            ("npuc::Moe", count(&g, "MoE") + count(&g, "QMoE")),
+        ] {
+            let n = held(fused);
+            assert!(n <= imported && (n > 0) == (imported > 0), "{name}: {n} {fused} of {imported}");
+        }
+        let spelled = ["LinearAttention", "CausalConvWithState", "MoE", "QMoE"];
+        let left: Vec<_> = ops.iter().filter(|o| spelled.iter().any(|s| o.ends_with(&format!("::{s}")))).collect();
+        assert!(left.is_empty(), "{name}: {left:?}");
+    }
+}
