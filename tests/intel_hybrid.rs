@@ -176,13 +176,14 @@ fn intel_plan_of_a_hybrid_cuts_at_its_recurrent_layers_and_experts() {
 
 #[test]
 fn intel_refuses_what_its_host_steps_do_not_compute_naming_the_node() {
-    // QMoE whose inputs the host executor quantises to int8 blocks (accuracy_level 4): the
-    // expert networks compute with float inputs, so the target refuses it rather than differ.
+    // Coded experts (the builder's QMoE, folded into Moe) whose inputs the host executor
+    // quantises to int8 blocks (accuracy_level 4): the expert networks compute with float
+    // inputs, so the target refuses it rather than differ.
     let model = hybrid_dir().join("qwen3.5-moe-builder-int4/model.onnx");
     let imported = frontend::import_file(&model).unwrap();
     let target = passes::targets::target("intel-npu").unwrap();
     let mut program = passes::driver::run(&target.pipeline(), imported.graph, None, |_, _| {}).unwrap().graph;
-    let qmoe = program.nodes.iter_mut().find(|n| n.op == "QMoE").expect("a QMoE node");
+    let qmoe = program.nodes.iter_mut().find(|n| n.op == "Moe").expect("a Moe node");
     qmoe.attrs.set("accuracy_level", ir::attr::Attr::Int(4));
     let name = qmoe.name.clone();
     let err = codegen_intel::compile(&program, &codegen_intel::Options::default()).err().expect("compiled").to_string();
@@ -200,7 +201,7 @@ fn intel_openvino_refuses_to_truncate_a_hybrid_sequence() {
     ov.step(&[1, 2, 3, 4]).unwrap();
     match ov.truncate(2) {
         Err(OvError::RecurrentTruncate { node, tokens: 2, held: 4 }) => {
-            assert!(node.starts_with("CausalConvWithState"), "{node}")
+            assert!(node.starts_with("CausalConv_"), "{node}")
         }
         other => panic!("truncating a hybrid sequence: {:?}", other.map(|_| ())),
     }
@@ -226,19 +227,17 @@ fn intel_openvino_refuses_to_truncate_a_hybrid_sequence() {
     };
     let (ok, stdout, stderr) = run(&["--backend", "openvino", "--speculate", "lookup"]);
     assert!(!ok && stdout.is_empty(), "{stdout}");
-    assert!(
-        stderr.contains("node `CausalConvWithState") && stderr.contains("speculate on the host backend"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("node `CausalConv_") && stderr.contains("speculate on the host backend"), "{stderr}");
     let (host, openvino) = (run(&["--backend", "host"]), run(&["--backend", "openvino"]));
     assert!(host.0 && openvino.0, "{}{}", host.2, openvino.2);
     assert_eq!(openvino.1.lines().next(), host.1.lines().next());
 }
 
-/// The first CausalConvWithState node of the bundle's plan.
+/// The first CausalConv node of the bundle's plan (the fused op the builder's
+/// CausalConvWithState became).
 fn node_name(bundle: &Bundle) -> String {
     let plan = runtime::bundle::intel::Plan::decode(&bundle.read_file("intel/plan.json").unwrap()).unwrap();
-    plan.host.iter().map(|h| h.node().to_string()).find(|n| n.starts_with("CausalConvWithState")).unwrap()
+    plan.host.iter().map(|h| h.node().to_string()).find(|n| n.starts_with("CausalConv_")).unwrap()
 }
 
 /// A decode step binds and runs exactly the `k` routed experts of each mixture, one network each;

@@ -3,7 +3,8 @@
 //! Gemma 3's four norms and GELU gate, Phi-3's packed projections), under
 //! `snapshots/<pass>/<entry>.snap`; and the passes by which the other targets' programs differ —
 //! `xdna`'s array-int8 and `intel-npu`'s fp16 saturate and final program — under
-//! `snapshots/<target>/<pass>/<entry>.snap`. Weight digests are left out of the text: the corpus is
+//! `snapshots/<target>/<pass>/<entry>.snap`; the `saturate` output of hybrid corpus entries (their
+//! recurrent layers as DeltaNet and CausalConv, their mixtures of experts as Moe). Weight digests are left out of the text: the corpus is
 //! exported afresh on each machine, and a calibration or a quantiser's float rounding may differ
 //! in the last bit there while the program is the same. One module per pass; each runs the
 //! pipeline up to and including its pass (the passes before it are deterministic, so the input is
@@ -41,10 +42,19 @@ fn without_digests(text: String) -> String {
         .join("\n")
 }
 
+/// Hybrid decoders of `fixtures/hybrid` whose `saturate` output is pinned too (under
+/// `snapshots/saturate/`): the recurrent layers' fused ops, DeltaNet and CausalConv, and the
+/// mixtures of experts' Moe (float experts in gpt-oss, int4 ones in LFM2-MoE).
+const HYBRID_FIXTURES: &[&str] =
+    &["qwen3.5-builder-fp32", "lfm2-builder-int4", "gpt-oss-builder-fp32", "lfm2-moe-builder-int4"];
+
 /// The printed graph after `pass` of `target`'s pipeline (or after import for `import`).
 fn graph_after(fixture: &str, target: &str, pass: &str) -> String {
-    let path = common::model(fixture);
-    let g = frontend::import_file(&path).unwrap_or_else(|e| panic!("{e}")).graph;
+    graph_of_model_after(&common::model(fixture), fixture, target, pass)
+}
+
+fn graph_of_model_after(path: &std::path::Path, fixture: &str, target: &str, pass: &str) -> String {
+    let g = frontend::import_file(path).unwrap_or_else(|e| panic!("{e}")).graph;
     if pass == "import" {
         return without_digests(ir::print::print_graph(&g));
     }
@@ -87,6 +97,20 @@ fn canonicalize() {
 #[test]
 fn saturate() {
     snapshot_pass("saturate");
+}
+
+#[test]
+fn hybrid_saturate() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(format!("{}/snapshots/saturate", env!("CARGO_MANIFEST_DIR")));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.bind(|| {
+        for f in HYBRID_FIXTURES {
+            let model = common::hybrid::hybrid_dir().join(f).join("model.onnx");
+            insta::assert_snapshot!(*f, graph_of_model_after(&model, f, "cpu", "saturate"));
+        }
+    });
 }
 
 #[test]

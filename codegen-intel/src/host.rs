@@ -1,7 +1,8 @@
 //! The plan entries of the nodes the host computes between segments in hybrid decoders
-//! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention, whose states live on
-//! the host per sequence, and MoE and QMoE, which the host routes (see `experts` for where the
-//! experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
+//! ([`bundle::intel::HostStep`]): CausalConvWithState and LinearAttention (and the fused
+//! CausalConv and DeltaNet, the same steps), whose states live on the host per sequence, and MoE
+//! and QMoE (and the fused Moe, in QMoE's layout), which the host routes (see `experts` for where
+//! the experts run). Their weights go into the weights file (f32, QMoE's codes as they are); forms the
 //! host step does not compute are refused naming the node.
 
 use crate::partition::host_node;
@@ -17,9 +18,11 @@ pub(crate) fn host_step(g: &Graph, id: NodeId, bin: &mut Bin) -> Result<HostStep
     debug_assert!(host_node(n));
     let mut h = Host { g, n, bin };
     match n.op {
-        "CausalConvWithState" => h.causal_conv(),
+        "CausalConvWithState" | "CausalConv" => h.causal_conv(),
         "LinearAttention" => h.delta_rule(),
-        "MoE" => h.moe(),
+        "DeltaNet" => h.delta_net(),
+        "MoE" => h.moe((2, 3, 4, 5)),
+        "Moe" if h.value(3).is_none() && h.value(6).is_none() => h.moe((2, 4, 5, 7)),
         _ => h.qmoe(),
     }
 }
@@ -129,9 +132,29 @@ impl Host<'_> {
         if (gated && self.value(4).is_none()) || (delta && self.value(5).is_none()) {
             return Err(self.fail(format!("update_rule {rule} needs its decay and beta inputs")));
         }
+        let scale = self.n.attrs.float("scale").ok().flatten().unwrap_or(0.0);
+        self.recurrence(("q_num_heads", "kv_num_heads"), scale, (gated, delta))
+    }
+
+    /// DeltaNet: the gated delta rule with its explicit scale.
+    fn delta_net(&mut self) -> Result<HostStep, IntelError> {
+        match self.n.attrs.float("scale").ok().flatten() {
+            Some(s) if s != 0.0 && s.is_finite() => self.recurrence(("q_heads", "kv_heads"), s, (true, true)),
+            s => Err(self.fail(format!("scale must be given, finite and non-zero, got {s:?}"))),
+        }
+    }
+
+    /// The delta-rule step of a LinearAttention or DeltaNet node whose head counts are the
+    /// attributes `heads`, with `scale` (0 for 1/√d_k) and the gate terms it uses.
+    fn recurrence(
+        &mut self,
+        heads: (&str, &str),
+        scale: f32,
+        (gated, delta): (bool, bool),
+    ) -> Result<HostStep, IntelError> {
         let attr = |name: &str| self.n.attrs.int(name).ok().flatten().filter(|&h| h > 0).map(|h| h as usize);
-        let (Some(q_heads), Some(kv_heads)) = (attr("q_num_heads"), attr("kv_num_heads")) else {
-            return Err(self.fail("q_num_heads and kv_num_heads must be positive".into()));
+        let (Some(q_heads), Some(kv_heads)) = (attr(heads.0), attr(heads.1)) else {
+            return Err(self.fail(format!("{} and {} must be positive", heads.0, heads.1)));
         };
         let (qw, kw, vw) = (self.width(0)?, self.width(1)?, self.width(2)?);
         let (dk, dv) = (qw / q_heads, vw / kv_heads);
@@ -151,10 +174,7 @@ impl Host<'_> {
                 return Err(self.fail(msg));
             }
         }
-        let scale = match self.n.attrs.float("scale").ok().flatten().unwrap_or(0.0) {
-            0.0 => 1.0 / (dk as f32).sqrt(),
-            s => s,
-        };
+        let scale = if scale == 0.0 { 1.0 / (dk as f32).sqrt() } else { scale };
         let optional = |slot: usize, used: bool| if used { self.name(slot).map(Some) } else { Ok(None) };
         Ok(HostStep::DeltaRule(intel::DeltaRule {
             node: self.n.name.clone(),
@@ -304,14 +324,15 @@ impl Host<'_> {
         })
     }
 
-    fn moe(&mut self) -> Result<HostStep, IntelError> {
-        if self.value(6).is_some() || self.value(7).is_some() {
+    /// MoE, or Moe with float experts: fc1, its bias, fc2 and its bias at `slots`.
+    fn moe(&mut self, (fc1_slot, b1, fc2, b2): (usize, usize, usize, usize)) -> Result<HostStep, IntelError> {
+        if self.n.op == "MoE" && (self.value(6).is_some() || self.value(7).is_some()) {
             return Err(self.fail("separate fc3 experts are not supported".into()));
         }
         let activation = self.activation()?;
         let (hidden, experts) = (self.width(0)?, self.width(1)?);
         let f = activation.fusion();
-        let fc1 = self.value(2).ok_or_else(|| self.fail("no fc1 experts".into()))?;
+        let fc1 = self.value(fc1_slot).ok_or_else(|| self.fail("no fc1 experts".into()))?;
         let dims: Vec<Option<i64>> = self.g.value(fc1).shape.iter().map(|d| d.as_known()).collect();
         let rows1 = match dims[..] {
             [Some(e), Some(r), Some(h)] if e as usize == experts && h as usize == hidden && r > 0 => r as usize,
@@ -322,10 +343,10 @@ impl Host<'_> {
         }
         let inter = rows1 / f;
         let mut step = self.moe_common(activation, (hidden, experts, inter))?;
-        step.fc1 = self.weight(2, experts * rows1 * hidden)?;
-        step.b1 = self.optional_weight(3, experts * rows1)?;
-        step.fc2 = self.weight(4, experts * hidden * inter)?;
-        step.b2 = self.optional_weight(5, experts * hidden)?;
+        step.fc1 = self.weight(fc1_slot, experts * rows1 * hidden)?;
+        step.b1 = self.optional_weight(b1, experts * rows1)?;
+        step.fc2 = self.weight(fc2, experts * hidden * inter)?;
+        step.b2 = self.optional_weight(b2, experts * hidden)?;
         Ok(HostStep::Moe(step))
     }
 }

@@ -10,7 +10,8 @@
 //!   its paged KV cache and feeds the result to segment `i+1`. The `lm_head` GEMM that produces the
 //!   logits is its own segment, run on the last token row only.
 //! - **Hybrid decoders** (Qwen3.5, LFM2 and their MoE forms). The program is also cut at each
-//!   `CausalConvWithState`, `LinearAttention` and `MoE` node: the host computes them between
+//!   `CausalConv` and `DeltaNet` node (or `CausalConvWithState` and `LinearAttention` where the
+//!   rules declined them) and at each `MoE` node: the host computes them between
 //!   segments as it computes attention (plan `host`, schedule `{"host": i}`, see `host`). The
 //!   recurrent layers run on the host because their state is carried from step to step and
 //!   read-modify-written token by token (the delta rule's state is `heads × dk × dv`): on the

@@ -50,6 +50,7 @@ pub(crate) fn host_node(n: &Node) -> bool {
     matches!(
         (n.domain, n.op),
         (Domain::Microsoft | Domain::Onnx, "CausalConvWithState" | "LinearAttention")
+            | (Domain::Npuc, "CausalConv" | "DeltaNet" | "Moe")
             | (Domain::Microsoft, "MoE" | "QMoE")
     )
 }
@@ -174,9 +175,9 @@ struct Stages {
 pub(crate) fn device_inputs(n: &Node) -> Vec<ValueId> {
     let slots: &[usize] = match (n.domain, n.op) {
         (Domain::Npuc, "Attention") => &[0, 1, 2],
-        (_, "CausalConvWithState") => &[0],
-        (_, "LinearAttention") => &[0, 1, 2, 4, 5],
-        (Domain::Microsoft, "MoE" | "QMoE") => &[0, 1],
+        (_, "CausalConvWithState" | "CausalConv") => &[0],
+        (_, "LinearAttention" | "DeltaNet") => &[0, 1, 2, 4, 5],
+        (Domain::Microsoft, "MoE" | "QMoE") | (Domain::Npuc, "Moe") => &[0, 1],
         (Domain::Microsoft, "MRotaryEmbedding") => &[0],
         _ => return n.inputs.iter().flatten().copied().collect(),
     };

@@ -13,6 +13,9 @@
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
+//! | `DeltaNet{q_heads,kv_heads,scale}` | q, k, v, past_state, decay, beta → y, present_state | the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
+//! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
+//! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. See [`moe`] |
 //! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -102,6 +105,9 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             Ok(out)
         }
         "Attention" => attention(op, inputs, num_outputs),
+        "DeltaNet" => delta_net(op, inputs, num_outputs),
+        "CausalConv" => causal_conv(op, inputs, num_outputs),
+        "Moe" => moe(op, inputs),
         "RmsNormRowScaled" => rms_norm_row_scaled_tensor(op, input(0)?, input(1)?, eps).map(|t| vec![t]),
         "SkipRmsNormRowScaled" => {
             let mut a = Attrs::default();
@@ -652,6 +658,68 @@ fn attend_row(
     }
 }
 
+/// DeltaNet: the gated delta rule (see the table above), as com.microsoft `LinearAttention` with
+/// `update_rule = "gated_delta"` computes it (in f64, token by token, rounded once). `scale` must
+/// be given, finite and non-zero: the rule that builds the op resolves LinearAttention's
+/// `scale = 0` default (1/√d_k) and folds a constant factor on the queries into it.
+pub fn delta_net(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+    let attrs = op.attrs;
+    let get = |name: &str| {
+        attrs.int(name).map_err(|e| err(op, e.to_string()))?.ok_or_else(|| err(op, format!("{name} is required")))
+    };
+    let (q_heads, kv_heads) = (get("q_heads")?, get("kv_heads")?);
+    let scale = match attrs.float("scale").map_err(|e| err(op, e.to_string()))? {
+        Some(s) if s != 0.0 && s.is_finite() => s,
+        other => return Err(err(op, format!("scale must be given, finite and non-zero, got {other:?}"))),
+    };
+    if inputs.get(4).copied().flatten().is_none() || inputs.get(5).copied().flatten().is_none() {
+        return Err(err(op, "decay (4) and beta (5) are required"));
+    }
+    let mut la = Attrs::default();
+    la.set("q_num_heads", Attr::Int(q_heads));
+    la.set("kv_num_heads", Attr::Int(kv_heads));
+    la.set("scale", Attr::Float(scale));
+    la.set("update_rule", Attr::Str("gated_delta".into()));
+    let mut out = onnx(op, "LinearAttention", Domain::Microsoft, &la, inputs, 2)?;
+    out.truncate(num_outputs.max(1));
+    Ok(out)
+}
+
+/// CausalConv: com.microsoft `CausalConvWithState` with its defaults and `activation` `none` or
+/// `silu` (see the table above).
+pub fn causal_conv(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
+    let activation = op.attrs.str("activation").map_err(|e| err(op, e.to_string()))?.unwrap_or("none");
+    if !matches!(activation, "none" | "silu") {
+        return Err(err(op, format!("activation {activation:?} is not one of none, silu")));
+    }
+    let mut conv = Attrs::default();
+    conv.set("activation", Attr::Str(activation.into()));
+    let mut out = onnx(op, "CausalConvWithState", Domain::Microsoft, &conv, inputs, 2)?;
+    out.truncate(num_outputs.max(1));
+    Ok(out)
+}
+
+/// Moe: float experts as com.microsoft `MoE` computes them (inputs x, router, fc1, fc1_bias,
+/// fc2, fc2_bias), coded experts (fc1_scales given) as `QMoE` does with its first eight inputs;
+/// the attributes are theirs. Coded experts must say `normalize_routing_weights = 1`: QMoE
+/// renormalises the k weights whatever its attribute says, and the op states it.
+pub fn moe(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let normalize = op.attrs.int_or("normalize_routing_weights", 0).map_err(|e| err(op, e.to_string()))?;
+    match (get(3), get(6)) {
+        (None, None) => {
+            onnx(op, "MoE", Domain::Microsoft, op.attrs, &[get(0), get(1), get(2), get(4), get(5), get(7)], 1)
+        }
+        (Some(_), Some(_)) if normalize == 1 => {
+            onnx(op, "QMoE", Domain::Microsoft, op.attrs, &inputs[..8.min(inputs.len())], 1)
+        }
+        (Some(_), Some(_)) => {
+            Err(err(op, "coded experts are always renormalised: normalize_routing_weights must be 1"))
+        }
+        _ => Err(err(op, "fc1_scales (3) and fc2_scales (6) are given together or not at all")),
+    }
+}
+
 /// Output types of an op from its input types (`None` for absent inputs); empty when the op's
 /// types cannot be inferred from types alone (the e-class then takes them from its members).
 pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<TypeInfo>]) -> Vec<TypeInfo> {
@@ -707,6 +775,9 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             let kv = TypeInfo { dtype: k.dtype, shape: present };
             vec![q, kv.clone(), kv]
         }
+        (Domain::Npuc, "DeltaNet") => delta_net_types(attrs, t(0), t(2), t(3)),
+        (Domain::Npuc, "CausalConv") => t(0).into_iter().chain(t(3)).collect(),
+        (Domain::Npuc, "Moe") => one(t(0)),
         (Domain::Onnx, "Add" | "Sub" | "Mul" | "Div" | "Pow") => one(broadcast2(t(0), t(1))),
         (
             Domain::Onnx,
@@ -715,6 +786,24 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
         ) => one(t(0)),
         _ => vec![],
     }
+}
+
+/// DeltaNet's output `[B, T, max(H_q, H_kv)·d_v]` in q's dtype and present state in the past
+/// state's type; empty when the sizes are not known.
+fn delta_net_types(attrs: &Attrs, q: Option<TypeInfo>, v: Option<TypeInfo>, past: Option<TypeInfo>) -> Vec<TypeInfo> {
+    let heads = |name: &str| attrs.int(name).ok().flatten().filter(|&h| h > 0);
+    let (Some(q), Some(v), Some(past), Some(qh), Some(kvh)) = (q, v, past, heads("q_heads"), heads("kv_heads")) else {
+        return vec![];
+    };
+    let Some(dv) = v.shape.last().and_then(Dim::as_known).filter(|w| w % kvh == 0).map(|w| w / kvh) else {
+        return vec![];
+    };
+    let mut shape = q.shape.clone();
+    match shape.last_mut() {
+        Some(last) => *last = Dim::known(qh.max(kvh) * dv),
+        None => return vec![],
+    }
+    vec![TypeInfo { dtype: q.dtype, shape }, past]
 }
 
 /// Numpy broadcasting of two types when their dims agree or are 1; `None` otherwise.
@@ -847,5 +936,63 @@ mod tests {
         let short = Tensor::from_f32(DType::F32, vec![1], vec![0.]);
         let inputs = [Some(&q), Some(&k), Some(&v), Some(&pk), Some(&pv), None, Some(&short)];
         assert!(attention(&op("Attention", &Attrs::default()), &inputs, 1).unwrap_err().msg.contains("sinks"));
+    }
+
+    fn delta_net_attrs(scale: Option<f32>) -> Attrs {
+        let mut a = Attrs::default();
+        a.set("q_heads", Attr::Int(1));
+        a.set("kv_heads", Attr::Int(1));
+        if let Some(s) = scale {
+            a.set("scale", Attr::Float(s));
+        }
+        a
+    }
+
+    #[test]
+    fn delta_net_from_a_zero_state_is_the_scaled_delta_outer_product() {
+        // One token, S₀ = 0: S₁ = k ⊗ β(v − S₀ᵀk) = β·k vᵀ, y = scale·S₁ᵀq = scale·β·(k·q)·v;
+        // k·q = 2·0.5 + 0.25·(−1).
+        let row = |v: Vec<f32>| Tensor::from_f32(DType::F32, vec![1, 1, v.len()], v);
+        let (q, k, v) = (row(vec![0.5, -1.0]), row(vec![2.0, 0.25]), row(vec![3.0, -4.0, 1.5]));
+        let (decay, beta) = (row(vec![-0.7]), row(vec![0.6]));
+        let a = delta_net_attrs(Some(0.125));
+        let out =
+            eval(&op("DeltaNet", &a), &[Some(&q), Some(&k), Some(&v), None, Some(&decay), Some(&beta)], 2).unwrap();
+        let kq = 2.0 * 0.5 - 0.25;
+        let want: Vec<f32> = [3.0f32, -4.0, 1.5].iter().map(|x| 0.125 * 0.6 * kq * x).collect();
+        let got = out[0].as_f32().unwrap();
+        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6), "{got:?} against {want:?}");
+        assert_eq!(out[1].shape, [1, 1, 2, 3]);
+    }
+
+    #[test]
+    fn delta_net_refuses_a_missing_scale_or_gate_and_causal_conv_other_activations() {
+        let t = Tensor::from_f32(DType::F32, vec![1, 1, 2], vec![1.0, 2.0]);
+        let g = Tensor::from_f32(DType::F32, vec![1, 1, 1], vec![0.0]);
+        let no_scale = delta_net_attrs(None);
+        let e = eval(&op("DeltaNet", &no_scale), &[Some(&t), Some(&t), Some(&t), None, Some(&g), Some(&g)], 2);
+        assert!(e.unwrap_err().msg.contains("scale must be given"));
+        let a = delta_net_attrs(Some(1.0));
+        let e = eval(&op("DeltaNet", &a), &[Some(&t), Some(&t), Some(&t), None, None, Some(&g)], 2);
+        assert!(e.unwrap_err().msg.contains("decay (4) and beta (5) are required"));
+        let mut relu = Attrs::default();
+        relu.set("activation", Attr::Str("relu".into()));
+        let w = Tensor::from_f32(DType::F32, vec![2, 1, 2], vec![1.0; 4]);
+        let x = Tensor::from_f32(DType::F32, vec![1, 2, 1], vec![1.0, 2.0]);
+        let e = eval(&op("CausalConv", &relu), &[Some(&x), Some(&w), None, None], 2);
+        assert!(e.unwrap_err().msg.contains("activation \"relu\""));
+    }
+
+    #[test]
+    fn moe_states_that_coded_experts_are_renormalised() {
+        let t = Tensor::from_f32(DType::F32, vec![1, 2], vec![1.0, 2.0]);
+        let mut a = Attrs::default();
+        a.set("k", Attr::Int(1));
+        let inputs = [Some(&t), Some(&t), Some(&t), Some(&t), None, Some(&t), Some(&t), None];
+        let e = eval(&op("Moe", &a), &inputs, 1).unwrap_err();
+        assert!(e.msg.contains("normalize_routing_weights must be 1"), "{}", e.msg);
+        let half = [Some(&t), Some(&t), Some(&t), Some(&t), None, Some(&t), None, None];
+        let e = eval(&op("Moe", &a), &half, 1).unwrap_err();
+        assert!(e.msg.contains("together or not at all"), "{}", e.msg);
     }
 }

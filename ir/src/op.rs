@@ -203,6 +203,11 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "QGemm",       (6, 8), (1, 1)),
     spec(NP, "WGemm",       (3, 5), (1, 1)),
     spec(NP, "Attention",   (3, 6), (1, 3)),
+    // Hybrid decoders' recurrent layers (the `delta-net` and `causal-conv` rule families).
+    spec(NP, "DeltaNet",    (6, 6), (1, 2)),
+    spec(NP, "CausalConv",  (4, 4), (1, 2)),
+    // Mixtures of experts (the `moe` rule family).
+    spec(NP, "Moe",         (8, 8), (1, 1)),
     // fp16 targets' row-scaled forms (the `fp16-rescale` rule family).
     spec(NP, "RmsNormRowScaled",     (2, 2), (1, 1)),
     spec(NP, "SkipRmsNormRowScaled", (3, 4), (1, 2)),

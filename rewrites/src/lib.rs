@@ -28,11 +28,14 @@
 
 pub mod apply;
 pub mod attention;
+pub mod causal_conv;
 pub mod causal_mask;
 pub mod cond;
+pub mod delta_net;
 pub mod egraph_ops;
 pub mod fp16_rescale;
 pub mod gelu_gate;
+pub mod moe;
 pub mod qdq;
 pub mod rmsnorm;
 pub mod rope;
@@ -82,6 +85,18 @@ pub fn families() -> Vec<Family> {
             name: "gelu-gate",
             summary: "GELU's tanh form into GeluTanh, GeluTanh(gate)·up into GeluGate",
             rules: gelu_gate::rules,
+        },
+        Family {
+            name: "delta-net",
+            summary:
+                "the gated delta rule (LinearAttention) into DeltaNet, a constant factor on its queries into its scale",
+            rules: delta_net::rules,
+        },
+        Family { name: "causal-conv", summary: "CausalConvWithState into CausalConv", rules: causal_conv::rules },
+        Family {
+            name: "moe",
+            summary: "MoE and QMoE (softmax top-k routing over router logits, expert GEMMs, weighted sum) into Moe",
+            rules: moe::rules,
         },
         Family {
             name: "attention",

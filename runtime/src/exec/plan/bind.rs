@@ -7,7 +7,8 @@ use crate::exec::error::{node_err, value_err, ExecError};
 use crate::exec::program::{ElemType, NodeInfo, Program, StepDims, ValueDef};
 
 /// Ops whose input 3 is a past recurrent state and output 1 its present.
-pub(super) const STATEFUL_OPS: [&str; 2] = ["com.microsoft::CausalConvWithState", "com.microsoft::LinearAttention"];
+pub(super) const STATEFUL_OPS: [&str; 4] =
+    ["com.microsoft::CausalConvWithState", "com.microsoft::LinearAttention", "npuc::CausalConv", "npuc::DeltaNet"];
 
 /// Binds every Attention node's past and mask inputs and present outputs to the cache; the
 /// geometry the nodes share, with one layer per node (`None` when there is no Attention node).
@@ -62,7 +63,8 @@ fn bind_to_cache(program: &Program, uses: &Uses, node: &NodeInfo, locs: &mut [Lo
     Ok(())
 }
 
-/// Binds every CausalConvWithState and LinearAttention node's past state (input 3, a graph input)
+/// Binds every recurrent node's (CausalConvWithState, LinearAttention, and the fused CausalConv
+/// and DeltaNet) past state (input 3, a graph input)
 /// and present state (output 1, read by no node) to one state slot of the step's sequence; the
 /// slots in program order. A state's size must not depend on the step.
 pub(super) fn recurrent_states(program: &Program, uses: &Uses, locs: &mut [Loc]) -> Result<Vec<StateSlot>, ExecError> {

@@ -32,7 +32,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 43] = [
+const LOWERINGS: [(&str, Lower); 46] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -55,6 +55,8 @@ const LOWERINGS: [(&str, Lower); 43] = [
     ("npuc::QuantizeRows", quantised::quantize_rows),
     ("ai.onnx::DequantizeLinear", quantised::dequantize_linear),
     ("npuc::QGemm", quantised::qgemm),
+    ("npuc::CausalConv", recurrent::causal_conv),
+    ("npuc::DeltaNet", recurrent::delta_net),
     ("com.microsoft::CausalConvWithState", recurrent::causal_conv),
     ("com.microsoft::LinearAttention", recurrent::linear_attention),
     ("com.microsoft::LinearAttentionGate", recurrent::linear_attention_gate),
@@ -63,6 +65,7 @@ const LOWERINGS: [(&str, Lower); 43] = [
     ("com.microsoft::MRotaryEmbedding", recurrent::m_rotary_embedding),
     ("ai.onnx::LpNormalization", recurrent::lp_normalization),
     ("ai.onnx::Sigmoid", recurrent::sigmoid),
+    ("npuc::Moe", moe::fused_moe),
     ("com.microsoft::MoE", moe::moe),
     ("com.microsoft::QMoE", moe::qmoe),
     ("ai.onnx::Neg", router::unary),

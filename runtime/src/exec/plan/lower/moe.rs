@@ -1,5 +1,6 @@
 //! MoE (f32 experts) and QMoE (int4/int8 experts as the builder writes them: blocked scales, no
-//! zero points), their experts read in place from the bundle. The evaluator's semantics
+//! zero points), and npuc's Moe (QMoE's layout, float experts without scales), their experts
+//! read in place from the bundle. The evaluator's semantics
 //! (`ir::eval::moe`): softmax routing, top k, the k weights renormalised when asked (always for
 //! QMoE), and QMoE's int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at
 //! `accuracy_level` 4. The CUDA-only forms and explicit zero points are refused by name.
@@ -86,13 +87,34 @@ fn push_moe<'b>(
 }
 
 pub(super) fn moe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
-    let fail = node_fail(node);
     if node.input(6).is_some() || node.input(7).is_some() {
-        return Err(fail("separate fc3 experts are not supported".to_string()));
+        return Err(node_fail(node)("separate fc3 experts are not supported".to_string()));
     }
+    float_experts(b, n, node, FloatSlots { fc1: 2, b1: 3, fc2: 4, b2: 5 })
+}
+
+/// npuc's Moe: QMoE's layout, float experts when it has no scales (inputs 3 and 6).
+pub(super) fn fused_moe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    match (node.input(3), node.input(6)) {
+        (Some(_), Some(_)) => qmoe(b, n, node),
+        (None, None) => float_experts(b, n, node, FloatSlots { fc1: 2, b1: 4, fc2: 5, b2: 7 }),
+        _ => Err(node_fail(node)("fc1_scales and fc2_scales are given together or not at all".to_string())),
+    }
+}
+
+/// Where a node holds its float experts and biases.
+struct FloatSlots {
+    fc1: usize,
+    b1: usize,
+    fc2: usize,
+    b2: usize,
+}
+
+fn float_experts(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo, slots: FloatSlots) -> Result<(), ExecError> {
+    let fail = node_fail(node);
     let act = activation(node)?;
     let (_, _, hidden, count) = routing(b, node)?;
-    let fc1 = input(node, 2)?;
+    let fc1 = input(node, slots.fc1)?;
     let f = act.fusion();
     let rows1 = match b.dims(fc1)[..] {
         [Some(e), Some(r), Some(h)] if e == count && h == hidden && r % f == 0 && r > 0 => r,
@@ -103,10 +125,10 @@ pub(super) fn moe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<
         count,
         hidden,
         inter,
-        fc1: ExpertWeights::F32(f32_weight(b, node, 2, count * rows1 * hidden)?),
-        b1: optional_weight(b, node, 3, count * rows1)?,
-        fc2: ExpertWeights::F32(f32_weight(b, node, 4, count * hidden * inter)?),
-        b2: optional_weight(b, node, 5, count * hidden)?,
+        fc1: ExpertWeights::F32(f32_weight(b, node, slots.fc1, count * rows1 * hidden)?),
+        b1: optional_weight(b, node, slots.b1, count * rows1)?,
+        fc2: ExpertWeights::F32(f32_weight(b, node, slots.fc2, count * hidden * inter)?),
+        b2: optional_weight(b, node, slots.b2, count * hidden)?,
     };
     let normalize = node.attr_i64("normalize_routing_weights").unwrap_or(0) != 0;
     let mixing = MoeMixing { act, k: top_k(node, count)?, normalize, int8_block: None };

@@ -1,5 +1,7 @@
 //! The ops of hybrid decoders' recurrent layers and their gates: CausalConvWithState and
-//! LinearAttention (their states bound to the sequence by `bind::recurrent_states`),
+//! LinearAttention, and the fused CausalConv and DeltaNet the compiler folds them into (their
+//! states bound to the sequence by `bind::recurrent_states`; each onto the same op as its
+//! source spelling),
 //! LinearAttentionGate (as a decay op and a sigmoid), GatedRMSNorm, LpNormalization, Sigmoid,
 //! GatedAdd and MRotaryEmbedding. Forms the executor does not run are refused by name.
 
@@ -83,36 +85,79 @@ pub(super) fn linear_attention(b: &mut Builder<'_, '_>, n: usize, node: &NodeInf
     if (gated && decay.is_none()) || (delta && beta.is_none()) {
         return Err(fail(format!("update_rule {rule} needs its decay and beta inputs")));
     }
-    let heads = linear_heads(b, node, (q, k, v), decay.filter(|_| gated), beta.filter(|_| delta))?;
-    let state = state_slot(b, node)?;
-    if b.cx.states[state].len != heads.kv_heads * heads.dk * heads.dv {
-        return Err(fail(format!("the state is not [batch, {}, {}, {}]", heads.kv_heads, heads.dk, heads.dv)));
-    }
+    let attr = |name: &str| node.attr_i64(name).filter(|&h| h > 0).map(|h| h as usize);
+    let (Some(q_heads), Some(kv_heads)) = (attr("q_num_heads"), attr("kv_num_heads")) else {
+        return Err(fail("q_num_heads and kv_num_heads must be positive".to_string()));
+    };
+    let heads = linear_heads(b, node, (q_heads, kv_heads), (q, k, v), decay.filter(|_| gated), beta.filter(|_| delta))?;
     let scale = match node.attr_f32("scale").unwrap_or(0.0) {
         0.0 => 1.0 / (heads.dk as f32).sqrt(),
         s => s,
     };
+    let (decay, beta) = (decay.filter(|_| gated), beta.filter(|_| delta));
+    push_linear_attention(b, n, node, LinearAttentionInputs { q, k, v, decay, beta }, heads, scale)
+}
+
+/// The operands of a LinearAttention op.
+struct LinearAttentionInputs {
+    q: usize,
+    k: usize,
+    v: usize,
+    decay: Option<usize>,
+    beta: Option<usize>,
+}
+
+/// Pushes the LinearAttention op of `node` once its heads and scale are known, its state checked
+/// against the slot input 3 is bound to.
+fn push_linear_attention(
+    b: &mut Builder<'_, '_>,
+    n: usize,
+    node: &NodeInfo,
+    x: LinearAttentionInputs,
+    heads: LinearHeads,
+    scale: f32,
+) -> Result<(), ExecError> {
+    let state = state_slot(b, node)?;
+    if b.cx.states[state].len != heads.kv_heads * heads.dk * heads.dv {
+        let (h, dk, dv) = (heads.kv_heads, heads.dk, heads.dv);
+        return Err(node_fail(node)(format!("the state is not [batch, {h}, {dk}, {dv}]")));
+    }
     let out = output(node, 0)?;
     b.fresh(out);
-    let (decay, beta) = (decay.filter(|_| gated), beta.filter(|_| delta));
+    let LinearAttentionInputs { q, k, v, decay, beta } = x;
     b.push(n, Op::LinearAttention { q, k, v, decay, beta, state, heads, scale, out });
     Ok(())
 }
 
-/// The heads of a LinearAttention node from its attributes and its operands' widths, checked as
-/// the evaluator checks them.
+/// DeltaNet: the gated delta rule, LinearAttention's op with decay and beta and an explicit scale.
+pub(super) fn delta_net(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    let fail = node_fail(node);
+    let (q, k, v) = (b.f32_input(node, 0)?, b.f32_input(node, 1)?, b.f32_input(node, 2)?);
+    let (decay, beta) = (b.f32_input(node, 4)?, b.f32_input(node, 5)?);
+    let attr = |name: &str| node.attr_i64(name).filter(|&h| h > 0).map(|h| h as usize);
+    let (Some(q_heads), Some(kv_heads)) = (attr("q_heads"), attr("kv_heads")) else {
+        return Err(fail("q_heads and kv_heads must be positive".to_string()));
+    };
+    let scale = match node.attr_f32("scale") {
+        Some(s) if s != 0.0 && s.is_finite() => s,
+        s => return Err(fail(format!("scale must be given, finite and non-zero, got {s:?}"))),
+    };
+    let heads = linear_heads(b, node, (q_heads, kv_heads), (q, k, v), Some(decay), Some(beta))?;
+    let x = LinearAttentionInputs { q, k, v, decay: Some(decay), beta: Some(beta) };
+    push_linear_attention(b, n, node, x, heads, scale)
+}
+
+/// The heads of a LinearAttention or DeltaNet node from its head counts and its operands'
+/// widths, checked as the evaluator checks them.
 fn linear_heads(
     b: &Builder<'_, '_>,
     node: &NodeInfo,
+    (q_heads, kv_heads): (usize, usize),
     (q, k, v): (usize, usize, usize),
     decay: Option<usize>,
     beta: Option<usize>,
 ) -> Result<LinearHeads, ExecError> {
     let fail = node_fail(node);
-    let attr = |name: &str| node.attr_i64(name).filter(|&h| h > 0).map(|h| h as usize);
-    let (Some(q_heads), Some(kv_heads)) = (attr("q_num_heads"), attr("kv_num_heads")) else {
-        return Err(fail("q_num_heads and kv_num_heads must be positive".to_string()));
-    };
     let (qw, kw, vw) = (width(b, node, q)?, width(b, node, k)?, width(b, node, v)?);
     let (dk, dv) = (qw / q_heads, vw / kv_heads);
     let k_heads = kw.checked_div(dk).unwrap_or(0);
