@@ -121,6 +121,7 @@ fn the_decoders_hidden_states_and_the_heads_outputs_are_onnx_runtimes() {
         assert_eq!(decoder.step(&prompt).unwrap(), plain, "{name}: the logits do not depend on the hidden states");
         let e = relative_error(decoder.hidden_rows().unwrap(), &outputs["hidden_states"]);
         assert!(e <= tol(name), "{name}: decoder hidden states {e:e}");
+        let mut report = format!("{name}: decoder hidden states {e:.1e}");
         let mut head = Executor::new_drafter(&bundle, options()).unwrap();
         let seq = head.default_sequence();
         for step in ["mtp", "mtp_decode"] {
@@ -130,9 +131,11 @@ fn the_decoders_hidden_states_and_the_heads_outputs_are_onnx_runtimes() {
             let want = &outputs["logits"];
             let e = relative_error(logits, &want[want.len() - logits.len()..]);
             assert!(e <= tol(name), "{name} {step}: logits {e:e}");
-            let e = relative_error(head.hidden_rows().unwrap(), &outputs["hidden_states_out"]);
-            assert!(e <= tol(name), "{name} {step}: hidden_states_out {e:e}");
+            let h = relative_error(head.hidden_rows().unwrap(), &outputs["hidden_states_out"]);
+            assert!(h <= tol(name), "{name} {step}: hidden_states_out {h:e}");
+            report += &format!("; {step}: logits {e:.1e}, hidden states {h:.1e}");
         }
+        eprintln!("{report}");
     }
 }
 
