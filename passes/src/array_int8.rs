@@ -20,9 +20,9 @@
 //! activations leave the rest of its row a few codes ([`precision_of`] has the measurements).
 //! The int32 products and their epilogue are `QGemm`'s reference semantics, so a bundle compiled
 //! for xdna runs on the host backend with the array's numerics, and a design's int32 readback
-//! goes through the same epilogue. `QGemm`s the `qdq` family built (A8W8 models) already are what the array takes and
-//! stay as they are; a MatMul of two activations (attention inside a QDQ model) has no constant
-//! weight and stays on the host, in float.
+//! goes through the same epilogue. `QGemm`s the `qdq` family built (A8W8 models) already are
+//! what the array takes and stay as they are; a MatMul of two activations (attention inside a
+//! QDQ model) has no constant weight and stays on the host, in float.
 //!
 //! The summary counts the projections rewritten and the worst per-weight error of the int8
 //! weights (max|W8·s − W| / max|W|); the error this costs on the logits is measured against the
@@ -392,17 +392,23 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// each in one int8 pass, or in two (the second quantising what the first rounded away: about 15
 /// bits), every pass an exact int8 × int8 → int32 product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Precision {
-    pub activation_passes: u8,
-    pub weight_passes: u8,
+struct Precision {
+    activation_passes: u8,
+    weight_passes: u8,
 }
 
+/// One activation pass: its codes and row scales.
+type RowCodes = (ValueId, ValueId);
+
+/// One weight pass: its codes [K, N], column scales and zero points.
+type WeightCodes = (ValueId, ValueId, ValueId);
+
 /// The int8 weight values of one projection — (codes, scales, zeros), and the residual's when
-/// the weights take two passes — and the precision they were made for.
+/// the weights take two passes.
 #[derive(Clone, Copy)]
 struct Int8Weights {
-    main: (ValueId, ValueId, ValueId),
-    residual: Option<(ValueId, ValueId, ValueId)>,
+    main: WeightCodes,
+    residual: Option<WeightCodes>,
 }
 
 /// A dense row-major [K, N] f32 copy of a projection's weight (for the ones quantised in two
@@ -522,7 +528,7 @@ impl Int8Program {
         };
         self.worst_error = self.worst_error.max(error);
         self.per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
-        let residual = dense.filter(|_| passes > 1).map(|w| {
+        let residual = dense.map(|w| {
             // What the first pass's codes miss, quantised per output channel in its turn.
             let r: Vec<f32> =
                 w.iter().zip(&codes).enumerate().map(|(j, (w, &c))| w - f32::from(c) * scales[j % p.n]).collect();
@@ -535,13 +541,7 @@ impl Int8Program {
     }
 
     /// The (W8, s_cols, zeros) values of codes [K, N] and scales [N], named after `base`.
-    fn weight_values(
-        &mut self,
-        base: &str,
-        p: &Projection,
-        codes: &[i8],
-        scales: &[f32],
-    ) -> (ValueId, ValueId, ValueId) {
+    fn weight_values(&mut self, base: &str, p: &Projection, codes: &[i8], scales: &[f32]) -> WeightCodes {
         (
             self.add_weight(
                 format!("{base}.int8"),
@@ -567,36 +567,25 @@ impl Int8Program {
         };
         // Main × main, residual activations × main, main activations × residual weights: the
         // residual × residual product is below both residuals' rounding.
-        let mut terms: Vec<((ValueId, ValueId), (ValueId, ValueId, ValueId))> = vec![(passes[0], w.main)];
+        let mut terms: Vec<(RowCodes, WeightCodes)> = vec![(passes[0], w.main)];
         terms.extend(passes.get(1).map(|&a| (a, w.main)));
         terms.extend(w.residual.map(|r| (passes[0], r)));
+        let value = |s: &mut Self, name: String| match terms.len() {
+            1 => product,
+            _ => s.add_value(name, v.dtype, v.shape.clone(), placeholder.clone()),
+        };
         let mut sum = None;
         for (t, &((codes, rows), (w8, s_cols, z_cols))) in terms.iter().enumerate() {
-            let last = t + 1 == terms.len();
-            let out = match last && sum.is_none() {
-                true => product,
-                false => self.add_value(format!("{}/term{t}", n.name), v.dtype, v.shape.clone(), placeholder.clone()),
-            };
             let name = if t == 0 { n.name.clone() } else { format!("{}/term{t}", n.name) };
+            let out = value(self, format!("{}/term{t}", n.name));
             let inputs = vec![Some(codes), Some(rows), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
             self.push_node(name, Domain::Npuc, "QGemm", 1, inputs, vec![out]);
             sum = Some(match sum {
                 None => out,
                 Some(acc) => {
-                    let total = match last {
-                        true => product,
-                        false => {
-                            self.add_value(format!("{}/sum{t}", n.name), v.dtype, v.shape.clone(), placeholder.clone())
-                        }
-                    };
-                    self.push_node(
-                        format!("{}/sum{t}", n.name),
-                        Domain::Onnx,
-                        "Add",
-                        14,
-                        vec![Some(acc), Some(out)],
-                        vec![total],
-                    );
+                    let total = if t + 1 == terms.len() { product } else { value(self, format!("{}/sum{t}", n.name)) };
+                    let inputs = vec![Some(acc), Some(out)];
+                    self.push_node(format!("{}/sum{t}", n.name), Domain::Onnx, "Add", 14, inputs, vec![total]);
                     total
                 }
             });
@@ -614,9 +603,8 @@ impl Int8Program {
     }
 
     /// `QuantizeRows(a)` in one or two passes: each pass's (codes, row scales).
-    fn quantize_rows(&mut self, g: &Graph, n: &Node, a: ValueId, passes: u8) -> Vec<(ValueId, ValueId)> {
-        let input = a;
-        let a = g.value(a);
+    fn quantize_rows(&mut self, g: &Graph, n: &Node, input: ValueId, passes: u8) -> Vec<RowCodes> {
+        let a = g.value(input);
         let mut row_shape = a.shape.clone();
         if let Some(last) = row_shape.last_mut() {
             *last = Dim::known(1);
