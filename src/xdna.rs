@@ -168,12 +168,33 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
 /// Prompt tokens of the cost model's prefill (the context published NPU rates are quoted at).
 const COST_PROMPT_TOKENS: usize = 1024;
 
+/// The nodes writing a graph output, and the QGemms whose sum does (`array-int8` adds a
+/// projection's passes: the lm_head's QGemms write the logits through those Adds).
+fn output_writers(g: &Graph) -> Vec<&str> {
+    let producer = |v: ir::ValueId| match g.value(v).def {
+        ir::graph::ValueDef::Node { node, .. } => Some(g.node(node)),
+        _ => None,
+    };
+    let is_pass_sum = |n: &ir::Node| {
+        n.op == "Add"
+            && n.inputs.iter().flatten().all(|&v| producer(v).is_some_and(|p| matches!(p.op, "QGemm" | "Add")))
+    };
+    let mut pending: Vec<ir::ValueId> = g.outputs.clone();
+    let mut names = Vec::new();
+    while let Some(n) = pending.pop().and_then(producer) {
+        names.push(n.name.as_str());
+        if is_pass_sum(n) {
+            pending.extend(n.inputs.iter().flatten());
+        }
+    }
+    names
+}
+
 /// The cost model's prediction (`codegen_aie::cost`) for a prefill of [`COST_PROMPT_TOKENS`],
 /// the projections writing a graph output (the lm_head) computed for the last row only, as the
 /// executor does, and its assumptions.
 fn cost_model(g: &Graph, plan: &plan::Plan) -> Value {
-    let outputs: Vec<&str> =
-        g.nodes.iter().filter(|n| n.outputs.iter().any(|o| g.outputs.contains(o))).map(|n| n.name.as_str()).collect();
+    let outputs = output_writers(g);
     let p = codegen_aie::cost::predict(plan, COST_PROMPT_TOKENS, &|s| outputs.contains(&s.node.as_str()));
     let device = plan.options.device;
     json!({

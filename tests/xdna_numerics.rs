@@ -1,9 +1,9 @@
 //! The `xdna` program has the array's numerics: after `array-int8`, every projection of every
-//! corpus model below is an int8 × int8 → int32 `QGemm` (per-channel int8 weights, activations
-//! quantised per row), nothing float or 4-bit is left on a projection, and the logits stay close
-//! to the float program's — the error the array's int8 costs, measured here with the reference
-//! evaluator on the recorded prefill and decode cases (`cargo test --release --test xdna_numerics
-//! -- --nocapture` prints it).
+//! corpus model below is computed by int8 × int8 → int32 `QGemm`s (per-channel int8 weights,
+//! activations quantised per row, each side in one or two passes), nothing float or 4-bit is left
+//! on a projection, and the logits stay close to the float program's — the error the array's
+//! int8 costs, measured here with the reference evaluator on the recorded prefill and decode cases
+//! (`cargo test --release --test xdna_numerics -- --nocapture` prints it).
 
 mod common;
 
@@ -48,6 +48,26 @@ fn argmax(row: &[f64]) -> usize {
     row.iter().enumerate().fold(0, |b, (i, v)| if *v > row[b] { i } else { b })
 }
 
+/// The worst logits KL(float ‖ xdna) of `f`'s recorded (prefill, decode) cases, and how many
+/// positions of both agree on the top-1 token, of how many.
+fn logits_error(f: &str, cpu: &Graph, xdna: &Graph) -> ((f64, f64), (usize, usize)) {
+    let (mut worst, mut agree, mut total) = ([0.0f64; 2], 0, 0);
+    for (i, case) in ["prefill", "decode"].into_iter().enumerate() {
+        let c = common::read_case(f, case);
+        let a = &ir::run::run_graph(cpu, &c.inputs).unwrap()["logits"];
+        let b = &ir::run::run_graph(xdna, &c.inputs).unwrap()["logits"];
+        let v = *a.shape.last().unwrap();
+        for (p, q) in a.to_f64_vec().chunks(v).zip(b.to_f64_vec().chunks(v)) {
+            let (sp, sq) = (softmax(p), softmax(q));
+            let kl: f64 = sp.iter().zip(&sq).map(|(x, y)| if *x > 0.0 { x * (x / y).ln() } else { 0.0 }).sum();
+            worst[i] = worst[i].max(kl);
+            agree += usize::from(argmax(p) == argmax(q));
+            total += 1;
+        }
+    }
+    ((worst[0], worst[1]), (agree, total))
+}
+
 #[test]
 fn every_projection_runs_in_int8_and_the_logits_stay_close() {
     for f in [
@@ -64,24 +84,11 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         let expected = projections(&cpu);
         let qgemm = xdna.nodes.iter().filter(|n| n.op == "QGemm").count();
         assert_eq!(projections(&xdna), qgemm, "{f}: a projection is not int8");
-        assert_eq!(qgemm, expected, "{f}: every projection of the cpu program is one QGemm");
         let rows = xdna.nodes.iter().filter(|n| n.op == "QuantizeRows").count();
         let a8w8 = cpu.nodes.iter().filter(|n| n.op == "QGemm").count();
         assert_eq!(rows, expected - a8w8, "{f}: one QuantizeRows per rewritten projection");
-        let (mut worst_kl, mut agree, mut total) = (0.0f64, 0, 0);
-        for case in ["prefill", "decode"] {
-            let c = common::read_case(f, case);
-            let a = &ir::run::run_graph(&cpu, &c.inputs).unwrap()["logits"];
-            let b = &ir::run::run_graph(&xdna, &c.inputs).unwrap()["logits"];
-            let v = *a.shape.last().unwrap();
-            for (p, q) in a.to_f64_vec().chunks(v).zip(b.to_f64_vec().chunks(v)) {
-                let (sp, sq) = (softmax(p), softmax(q));
-                let kl: f64 = sp.iter().zip(&sq).map(|(x, y)| if *x > 0.0 { x * (x / y).ln() } else { 0.0 }).sum();
-                worst_kl = worst_kl.max(kl);
-                agree += usize::from(argmax(p) == argmax(q));
-                total += 1;
-            }
-        }
+        let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
+        let worst_kl = prefill.max(decode);
         eprintln!("{f}: {qgemm} int8 QGemm ({a8w8} A8W8 kept), worst KL {worst_kl:.2e}, top-1 {agree}/{total}");
         if a8w8 == expected {
             assert_eq!(worst_kl, 0.0, "{f}: an A8W8 program must be unchanged");
@@ -90,4 +97,19 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         }
         assert!(worst_kl < 0.02, "{f}: worst KL {worst_kl}");
     }
+}
+
+/// SmolLM2-135M as optimum exports it: its first token's massive activations leave the rest of
+/// that row a few int8 codes, which one pass per side cost prefill logits KL 0.51 (top-1 4 of 6)
+/// and decode 0.030. With two-pass activations everywhere and two-pass weights on the gated MLP,
+/// both cases stay within KL 0.01 of the float program.
+#[test]
+fn smollm2_logits_stay_within_kl_one_percent_of_float() {
+    let f = "smollm2-optimum";
+    let (cpu, xdna) = (compile(f, "cpu"), compile(f, "xdna"));
+    let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
+    eprintln!("{f}: prefill KL {prefill:.2e}, decode KL {decode:.2e}, top-1 {agree}/{total}");
+    assert!(prefill > 0.0 && decode > 0.0, "{f}: int8 must change something");
+    assert!(prefill <= 0.01, "{f}: prefill KL {prefill}");
+    assert!(decode <= 0.01, "{f}: decode KL {decode}");
 }

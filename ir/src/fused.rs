@@ -16,7 +16,7 @@
 //! | `DeltaNet{q_heads,kv_heads,scale}` | q, k, v, past_state, decay, beta → y, present_state | the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. See [`moe`] |
-//! | `QuantizeRows` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `QuantizeRows` | x → codes, scales, [residual codes, residual scales] | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With four outputs, the rounding residual r = x − codes·s (in f32) is quantised the same way: x ≈ codes·s + codes_r·s_r to about 15 bits, two int8 products summed (see [`quantize_rows_residual`]). What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
@@ -94,13 +94,21 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
                     return Err(err(op, format!("x must be a float tensor [.., K > 0], got {} {:?}", x.dtype, x.shape)))
                 }
             };
-            let (codes, scales) = quantize_rows(&x.to_f32_vec(), d);
+            let xs = x.to_f32_vec();
+            let (codes, scales) = quantize_rows(&xs, d);
             let mut scale_shape = x.shape.clone();
             *scale_shape.last_mut().unwrap() = 1;
-            let mut out = vec![
-                Tensor::from_i64(DType::I8, x.shape.clone(), codes.into_iter().map(i64::from).collect()),
-                Tensor::from_f32(DType::F32, scale_shape, scales),
-            ];
+            let as_tensors = |codes: Vec<i8>, scales: Vec<f32>| {
+                [
+                    Tensor::from_i64(DType::I8, x.shape.clone(), codes.into_iter().map(i64::from).collect()),
+                    Tensor::from_f32(DType::F32, scale_shape.clone(), scales),
+                ]
+            };
+            let mut out = Vec::from(as_tensors(codes.clone(), scales.clone()));
+            if num_outputs == 4 {
+                let (rc, rs) = quantize_rows_residual(&xs, d, &codes, &scales);
+                out.extend(as_tensors(rc, rs));
+            }
             out.truncate(num_outputs.max(1));
             Ok(out)
         }
@@ -402,6 +410,18 @@ pub fn quantize_rows(x: &[f32], d: usize) -> (Vec<i8>, Vec<f32>) {
         codes.extend(row.iter().map(|v| (v / s).round_ties_even().clamp(-127.0, 127.0) as i8));
     }
     (codes, scales)
+}
+
+/// The second pass of a four-output `QuantizeRows`: [`quantize_rows`] of the residual
+/// r = x − codes·s, each product and difference rounded to f32 as a kernel computes them.
+pub fn quantize_rows_residual(x: &[f32], d: usize, codes: &[i8], scales: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let r: Vec<f32> = x
+        .chunks(d)
+        .zip(codes.chunks(d))
+        .zip(scales)
+        .flat_map(|((row, c), &s)| row.iter().zip(c).map(move |(v, &c)| v - f32::from(c) * s))
+        .collect();
+    quantize_rows(&r, d)
 }
 
 /// The weights of a `WGemm` (MatMulNBits layout), decoded for code-level access: codes uint8
@@ -759,7 +779,9 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             if let Some(last) = scale_shape.last_mut() {
                 *last = Dim::known(1);
             }
-            vec![TypeInfo { dtype: DType::I8, shape: x.shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }]
+            let pass =
+                [TypeInfo { dtype: DType::I8, shape: x.shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }];
+            pass.iter().chain(&pass).cloned().collect()
         }
         (Domain::Npuc, "Attention") => {
             let (Some(q), Some(k)) = (t(0), t(1)) else { return vec![] };
@@ -856,6 +878,28 @@ mod tests {
         let at = Attrs::default();
         let y = eval(&op("QGemm", &at), &[Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)], 1).unwrap();
         assert_eq!(y[0].as_f32().unwrap(), &[14.0 * 0.125]);
+    }
+
+    #[test]
+    fn quantize_rows_with_four_outputs_takes_the_residual_to_about_15_bits() {
+        // A row whose one large channel leaves the others a code or two in one pass.
+        let row = [100.0f32, 0.37, -0.52, 0.011, 0.0, -0.29];
+        let x = Tensor::from_f32(DType::F32, vec![1, row.len()], row.to_vec());
+        let r = eval(&op("QuantizeRows", &Attrs::default()), &[Some(&x)], 4).unwrap();
+        assert_eq!(r.len(), 4);
+        assert_eq!((r[2].dtype, r[3].shape.as_slice()), (DType::I8, &[1usize, 1][..]));
+        let (c, s) = (r[0].as_i64().unwrap(), r[1].as_f32().unwrap()[0]);
+        let (rc, rs) = (r[2].as_i64().unwrap(), r[3].as_f32().unwrap()[0]);
+        // The second pass's scale is at most half a first-pass step over 127.
+        assert!(rs > 0.0 && rs <= s / 2.0 / 127.0 * 1.0001, "{rs} vs {s}");
+        for (i, &v) in row.iter().enumerate() {
+            let (one, two) = (c[i] as f32 * s, c[i] as f32 * s + rc[i] as f32 * rs);
+            assert!((v - two).abs() <= rs / 2.0 * 1.0001, "{i}: {v} ≈ {two}");
+            assert!((v - one).abs() <= s / 2.0 * 1.0001);
+        }
+        // Two outputs are the first pass alone.
+        let first = eval(&op("QuantizeRows", &Attrs::default()), &[Some(&x)], 2).unwrap();
+        assert_eq!((&first[0], &first[1]), (&r[0], &r[1]));
     }
 
     #[test]

@@ -213,7 +213,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "SkipRmsNormRowScaled", (3, 4), (1, 2)),
     spec(NP, "WGemmRowScaled",       (3, 4), (1, 1)),
     // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
-    spec(NP, "QuantizeRows",         (1, 1), (2, 2)),
+    spec(NP, "QuantizeRows",         (1, 1), (2, 4)),
 ];
 
 /// The vocabulary entry for an op, if npuc knows it.

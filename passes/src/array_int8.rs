@@ -7,16 +7,22 @@
 //! Transpose), a `WGemm` (4- or 8-bit blocks, dequantised exactly first) — into
 //!
 //! ```text
-//! codes, s_rows = npuc::QuantizeRows(a)                     (per row: s = max|a|/127)
-//! y = npuc::QGemm(codes, s_rows, 0, W8, s_cols, 0)          (W8 int8 [K, N], s_cols [N])
+//! c, s, c', s' = npuc::QuantizeRows(a)           (per row: s = max|a|/127; c', s' the residual's)
+//! y = npuc::QGemm(c, s, 0, W8, s_cols, 0)        (W8 int8 [K, N], s_cols [N])
+//!   + npuc::QGemm(c', s', 0, W8, s_cols, 0)      (the activations' second pass)
+//!  [+ npuc::QGemm(c, s, 0, W8', s_cols', 0)]     (the weights' second pass: the gated MLP's)
 //! ```
 //!
-//! with W8 = round_half_even(W / s_col), s_col = max_k |W[k, col]| / 127. The int32 product and
-//! its epilogue are `QGemm`'s reference semantics, so a bundle compiled for xdna runs on the host
-//! backend with the array's numerics, and a design's int32 readback goes through the same
-//! epilogue. `QGemm`s the `qdq` family built (A8W8 models) already are what the array takes and
-//! stay as they are; a MatMul of two activations (attention inside a QDQ model) has no constant
-//! weight and stays on the host, in float.
+//! with W8 = round_half_even(W / s_col), s_col = max_k |W[k, col]| / 127, and a second pass
+//! quantising what the first rounded away the same way (a' = a − c·s per row; W' = W − W8·s_col
+//! per column): about 15 bits a side, every product an exact int8 × int8 → int32 one. One pass a
+//! side is not enough: a row's scale is set by its largest channel, and a first token's massive
+//! activations leave the rest of its row a few codes ([`precision_of`] has the measurements).
+//! The int32 products and their epilogue are `QGemm`'s reference semantics, so a bundle compiled
+//! for xdna runs on the host backend with the array's numerics, and a design's int32 readback
+//! goes through the same epilogue. `QGemm`s the `qdq` family built (A8W8 models) already are
+//! what the array takes and stay as they are; a MatMul of two activations (attention inside a
+//! QDQ model) has no constant weight and stays on the host, in float.
 //!
 //! The summary counts the projections rewritten and the worst per-weight error of the int8
 //! weights (max|W8·s − W| / max|W|); the error this costs on the logits is measured against the
@@ -27,7 +33,7 @@ use ir::fused::{NBitsError, NBitsWeights};
 use ir::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 use ir::weights::{Weight, WeightId, WeightStore};
 use ir::{Attrs, DType, Dim, Domain, Tensor};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 pub struct ArrayInt8;
@@ -41,7 +47,7 @@ impl Pass for ArrayInt8 {
         "array-int8"
     }
     fn contract(&self) -> &'static str {
-        "Expects the extracted program. Guarantees every projection with a constant weight (MatMul by a 2-D float weight, WGemm, QGemm) is a QGemm with int8 per-channel weights fed by QuantizeRows (or an A8W8 QGemm left as it was); MatMuls of two activations stay float."
+        "Expects the extracted program. Guarantees every projection with a constant weight (MatMul by a 2-D float weight, WGemm, QGemm) is a sum of QGemms with int8 per-channel weights fed by one QuantizeRows, activations in two passes and the gated MLP's weights in two passes (or an A8W8 QGemm left as it was); MatMuls of two activations stay float."
     }
     fn run(&self, graph: Graph) -> Result<(Graph, PassDetail), PassError> {
         rewrite(graph)
@@ -304,14 +310,47 @@ fn quantize_columns(w: &Weights, k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64)
     (kn, scales, if max > 0.0 { err / max } else { 0.0 })
 }
 
+/// Every node's projection, if it is one the array takes (`None` for the rest and for those
+/// whose K the array's accumulators cannot take).
+fn projections(g: &Graph) -> Result<Vec<Option<Projection>>, PassError> {
+    g.nodes
+        .iter()
+        .map(|n| {
+            projection(g, n).map_err(|source| PassError::ProjectionWeights {
+                node: n.name.clone(),
+                op: n.op.to_string(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The values a gated MLP's projections read or write: the gate and up projections' outputs
+/// (what a SwiGlu or GeluGate multiplies) and the product the down projection reads.
+fn gated_mlp_values(g: &Graph) -> HashSet<ValueId> {
+    g.nodes
+        .iter()
+        .filter(|n| n.domain == Domain::Npuc && matches!(n.op, "SwiGlu" | "GeluGate"))
+        .flat_map(|n| n.inputs.iter().flatten().chain(&n.outputs).copied())
+        .collect()
+}
+
+/// Every projection's activations take two int8 passes: a row's scale is set by its largest
+/// channel, and a first token's massive activations leave the rest of its row a few codes (on
+/// SmolLM2-135M as optimum exports it, worst prefill logits KL against float 0.51 with one pass,
+/// 0.017 with two). The gated MLP's weights take two passes as well: their per-channel rounding
+/// is most of what is left (0.008); attention's and the lm_head's weights stay one pass, which
+/// keeps two thirds of the weight bytes single.
+fn precision_of(n: &Node, p: &Projection, gated: &HashSet<ValueId>) -> Precision {
+    let mlp = gated.contains(&p.a) || gated.contains(&n.outputs[0]);
+    Precision { activation_passes: 2, weight_passes: if mlp { 2 } else { 1 } }
+}
+
 fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
+    let found = projections(&g)?;
+    let gated = gated_mlp_values(&g);
     let mut program = Int8Program::new(&g);
-    for n in &g.nodes {
-        let p = projection(&g, n).map_err(|source| PassError::ProjectionWeights {
-            node: n.name.clone(),
-            op: n.op.to_string(),
-            source,
-        })?;
+    for (n, p) in g.nodes.iter().zip(&found) {
         match p {
             None => program.keep(n),
             Some(p) if p.k > MAX_ARRAY_K => {
@@ -324,8 +363,10 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
             }
             Some(p) => {
                 program.rewritten += 1;
-                let weights = program.int8_weights(&g, &p);
-                program.push_int8_projection(&g, n, &p, weights);
+                let precision = precision_of(n, p, &gated);
+                program.count(precision);
+                let weights = program.int8_weights(&g, p, precision.weight_passes);
+                program.push_int8_projection(&g, n, p, weights, precision.activation_passes);
             }
         }
     }
@@ -342,6 +383,62 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
     Ok((out, PassDetail { summary, data }))
 }
 
+/// Little-endian bytes of f32 values.
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// How finely the array's int8 products resolve a projection: its activations and its weights
+/// each in one int8 pass, or in two (the second quantising what the first rounded away: about 15
+/// bits), every pass an exact int8 × int8 → int32 product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Precision {
+    activation_passes: u8,
+    weight_passes: u8,
+}
+
+/// One activation pass: its codes and row scales.
+type RowCodes = (ValueId, ValueId);
+
+/// One weight pass: its codes [K, N], column scales and zero points.
+type WeightCodes = (ValueId, ValueId, ValueId);
+
+/// The int8 weight values of one projection — (codes, scales, zeros), and the residual's when
+/// the weights take two passes.
+#[derive(Clone, Copy)]
+struct Int8Weights {
+    main: WeightCodes,
+    residual: Option<WeightCodes>,
+}
+
+/// A dense row-major [K, N] f32 copy of a projection's weight (for the ones quantised in two
+/// passes).
+fn dense_kn(w: &Weights, k: usize, n: usize) -> Vec<f32> {
+    let f = |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap());
+    match w {
+        Weights::F32 { bytes, nk: false } => bytes.chunks_exact(4).map(f).collect(),
+        Weights::F32 { bytes, nk: true } => {
+            let mut out = vec![0f32; k * n];
+            for (col, column) in bytes.chunks_exact(4 * k).enumerate() {
+                for (kk, b) in column.chunks_exact(4).enumerate() {
+                    out[kk * n + col] = f(b);
+                }
+            }
+            out
+        }
+        Weights::NBits(nb) => {
+            let mut out = vec![0f32; k * n];
+            for col in 0..n {
+                for kk in 0..k {
+                    let blk = kk / nb.block;
+                    out[kk * n + col] = ((nb.code(col, kk) - nb.zero(col, blk)) * nb.scale(col, blk)) as f32;
+                }
+            }
+            out
+        }
+    }
+}
+
 /// The rewritten program as it is built, and what the pass reports about it.
 struct Int8Program {
     store: WeightStore,
@@ -349,8 +446,10 @@ struct Int8Program {
     nodes: Vec<Node>,
     /// The int8 scalar zero point every QGemm's activation codes take.
     zero_a: ValueId,
-    /// Source weight → (W8, s_cols, zeros) values, so a shared weight is quantised once.
-    quantised: HashMap<Source, (ValueId, ValueId, ValueId)>,
+    /// Source weight and its passes → its int8 values, so a shared weight is quantised once.
+    quantised: HashMap<(Source, u8), Int8Weights>,
+    /// Projections by (activation passes, weight passes).
+    by_precision: std::collections::BTreeMap<(u8, u8), usize>,
     rewritten: usize,
     kept_qgemm: usize,
     activation_matmuls: usize,
@@ -372,6 +471,7 @@ impl Int8Program {
             nodes: Vec::with_capacity(g.nodes.len()),
             zero_a: ValueId(0),
             quantised: HashMap::new(),
+            by_precision: Default::default(),
             rewritten: 0,
             kept_qgemm: 0,
             activation_matmuls: 0,
@@ -410,69 +510,86 @@ impl Int8Program {
         self.nodes.push(n.clone());
     }
 
-    /// The (W8, s_cols, zeros) values of `p`'s weight, quantised on first use.
-    fn int8_weights(&mut self, g: &Graph, p: &Projection) -> (ValueId, ValueId, ValueId) {
-        if let Some(&v) = self.quantised.get(&p.source) {
+    fn count(&mut self, precision: Precision) {
+        *self.by_precision.entry((precision.activation_passes, precision.weight_passes)).or_default() += 1;
+    }
+
+    /// The int8 weights of `p` in `passes` passes, quantised on first use.
+    fn int8_weights(&mut self, g: &Graph, p: &Projection, passes: u8) -> Int8Weights {
+        let key = (p.source, passes);
+        if let Some(&v) = self.quantised.get(&key) {
             return v;
         }
-        let (codes, scales, error) = quantize_columns(&p.weights, p.k, p.n);
-        self.worst_error = self.worst_error.max(error);
         let base = p.source.name(g);
+        let dense = (passes > 1).then(|| dense_kn(&p.weights, p.k, p.n));
+        let (codes, scales, error) = match &dense {
+            None => quantize_columns(&p.weights, p.k, p.n),
+            Some(w) => quantize_rows_major(&f32_bytes(w), p.k, p.n),
+        };
+        self.worst_error = self.worst_error.max(error);
         self.per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
-        let v = (
+        let residual = dense.map(|w| {
+            // What the first pass's codes miss, quantised per output channel in its turn.
+            let r: Vec<f32> =
+                w.iter().zip(&codes).enumerate().map(|(j, (w, &c))| w - f32::from(c) * scales[j % p.n]).collect();
+            let (rc, rs, _) = quantize_rows_major(&f32_bytes(&r), p.k, p.n);
+            self.weight_values(&format!("{base}.residual"), p, &rc, &rs)
+        });
+        let v = Int8Weights { main: self.weight_values(&base, p, &codes, &scales), residual };
+        self.quantised.insert(key, v);
+        v
+    }
+
+    /// The (W8, s_cols, zeros) values of codes [K, N] and scales [N], named after `base`.
+    fn weight_values(&mut self, base: &str, p: &Projection, codes: &[i8], scales: &[f32]) -> WeightCodes {
+        (
             self.add_weight(
                 format!("{base}.int8"),
                 DType::I8,
                 vec![p.k, p.n],
                 codes.iter().map(|&c| c as u8).collect(),
             ),
-            self.add_weight(
-                format!("{base}.int8_scale"),
-                DType::F32,
-                vec![p.n],
-                scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
-            ),
+            self.add_weight(format!("{base}.int8_scale"), DType::F32, vec![p.n], f32_bytes(scales)),
             self.add_weight(format!("{base}.int8_zero"), DType::I8, vec![p.n], vec![0; p.n]),
-        );
-        self.quantised.insert(p.source, v);
-        v
+        )
     }
 
-    /// `QuantizeRows(a)` → `QGemm` with the int8 weights (→ `Add` of the bias), computing `n`'s
-    /// output.
-    fn push_int8_projection(
-        &mut self,
-        g: &Graph,
-        n: &Node,
-        p: &Projection,
-        (w8, s_cols, z_cols): (ValueId, ValueId, ValueId),
-    ) {
-        let a = g.value(p.a);
-        let mut row_shape = a.shape.clone();
-        if let Some(last) = row_shape.last_mut() {
-            *last = Dim::known(1);
-        }
+    /// `QuantizeRows(a)` → one `QGemm` per pass pair with the int8 weights, summed (→ `Add` of
+    /// the bias), computing `n`'s output.
+    fn push_int8_projection(&mut self, g: &Graph, n: &Node, p: &Projection, w: Int8Weights, a_passes: u8) {
         let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let codes = self.add_value(format!("{}/codes", n.name), DType::I8, a.shape.clone(), placeholder.clone());
-        let rows = self.add_value(format!("{}/row_scales", n.name), DType::F32, row_shape, placeholder.clone());
-        self.push_node(
-            format!("{}/quantize_rows", n.name),
-            Domain::Npuc,
-            "QuantizeRows",
-            1,
-            vec![Some(p.a)],
-            vec![codes, rows],
-        );
+        let passes = self.quantize_rows(g, n, p.a, a_passes);
         let y = n.outputs[0];
+        let v = g.value(y);
         let product = match p.bias {
             None => y,
-            Some(_) => {
-                let v = g.value(y);
-                self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder)
-            }
+            Some(_) => self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder.clone()),
         };
-        let inputs = vec![Some(codes), Some(rows), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
-        self.push_node(n.name.clone(), Domain::Npuc, "QGemm", 1, inputs, vec![product]);
+        // Main × main, residual activations × main, main activations × residual weights: the
+        // residual × residual product is below both residuals' rounding.
+        let mut terms: Vec<(RowCodes, WeightCodes)> = vec![(passes[0], w.main)];
+        terms.extend(passes.get(1).map(|&a| (a, w.main)));
+        terms.extend(w.residual.map(|r| (passes[0], r)));
+        let value = |s: &mut Self, name: String| match terms.len() {
+            1 => product,
+            _ => s.add_value(name, v.dtype, v.shape.clone(), placeholder.clone()),
+        };
+        let mut sum = None;
+        for (t, &((codes, rows), (w8, s_cols, z_cols))) in terms.iter().enumerate() {
+            let name = if t == 0 { n.name.clone() } else { format!("{}/term{t}", n.name) };
+            let out = value(self, format!("{}/term{t}", n.name));
+            let inputs = vec![Some(codes), Some(rows), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
+            self.push_node(name, Domain::Npuc, "QGemm", 1, inputs, vec![out]);
+            sum = Some(match sum {
+                None => out,
+                Some(acc) => {
+                    let total = if t + 1 == terms.len() { product } else { value(self, format!("{}/sum{t}", n.name)) };
+                    let inputs = vec![Some(acc), Some(out)];
+                    self.push_node(format!("{}/sum{t}", n.name), Domain::Onnx, "Add", 14, inputs, vec![total]);
+                    total
+                }
+            });
+        }
         if let Some(bias) = p.bias {
             self.push_node(
                 format!("{}/bias", n.name),
@@ -483,6 +600,33 @@ impl Int8Program {
                 vec![y],
             );
         }
+    }
+
+    /// `QuantizeRows(a)` in one or two passes: each pass's (codes, row scales).
+    fn quantize_rows(&mut self, g: &Graph, n: &Node, input: ValueId, passes: u8) -> Vec<RowCodes> {
+        let a = g.value(input);
+        let mut row_shape = a.shape.clone();
+        if let Some(last) = row_shape.last_mut() {
+            *last = Dim::known(1);
+        }
+        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
+        let mut out = Vec::new();
+        let mut values = Vec::new();
+        for pass in 0..passes.clamp(1, 2) {
+            let suffix = if pass == 0 { "" } else { "_residual" };
+            let codes =
+                self.add_value(format!("{}/codes{suffix}", n.name), DType::I8, a.shape.clone(), placeholder.clone());
+            let rows = self.add_value(
+                format!("{}/row_scales{suffix}", n.name),
+                DType::F32,
+                row_shape.clone(),
+                placeholder.clone(),
+            );
+            out.push((codes, rows));
+            values.extend([codes, rows]);
+        }
+        self.push_node(format!("{}/quantize_rows", n.name), Domain::Npuc, "QuantizeRows", 1, vec![Some(input)], values);
+        out
     }
 
     fn push_node(
@@ -498,9 +642,15 @@ impl Int8Program {
     }
 
     fn summary(&self) -> String {
+        let precisions: Vec<String> =
+            self.by_precision.iter().map(|((a, w), count)| format!("{count} A{}W{}", 8 * a, 8 * w)).collect();
         let mut summary = format!(
-            "{} projections → int8 QGemm (worst weight error {:.2e} of max|W|), {} A8W8 QGemm kept, {} activation MatMuls left float",
-            self.rewritten, self.worst_error, self.kept_qgemm, self.activation_matmuls
+            "{} projections → int8 QGemm ({}; worst weight error {:.2e} of max|W|), {} A8W8 QGemm kept, {} activation MatMuls left float",
+            self.rewritten,
+            precisions.join(", "),
+            self.worst_error,
+            self.kept_qgemm,
+            self.activation_matmuls
         );
         for h in &self.host {
             summary.push_str(&format!(
@@ -513,8 +663,16 @@ impl Int8Program {
     }
 
     fn report(&self) -> serde_json::Value {
+        let precision: Vec<serde_json::Value> = self
+            .by_precision
+            .iter()
+            .map(
+                |((a, w), count)| serde_json::json!({"activation_passes": a, "weight_passes": w, "projections": count}),
+            )
+            .collect();
         serde_json::json!({
             "rewritten": self.rewritten,
+            "precision": precision,
             "kept_qgemm": self.kept_qgemm,
             "activation_matmuls": self.activation_matmuls,
             "worst_weight_error": self.worst_error,

@@ -33,11 +33,61 @@ pub fn dequantize_linear(codes: &[u8], scale: f32, zero_point: i32, signed: bool
 /// `ir::fused::quantize_rows` computes them: in f32, ties to even, within ±127. Rows are taken as
 /// long as `codes` and `scales` have room.
 pub fn quantize_rows(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32]) {
-    for ((row, out), s) in x.chunks(k).zip(codes.chunks_mut(k)).zip(scales.iter_mut()) {
+    quantize_rows_with(x, k, codes, scales, |_, v| v);
+}
+
+/// The second pass of a four-output `npuc::QuantizeRows`: [`quantize_rows`] of the residual
+/// x − codes·s of the first pass `(codes, scales)`, as `ir::fused::quantize_rows_residual`
+/// computes it (in f32).
+pub fn quantize_rows_residual(
+    x: &[f32],
+    k: usize,
+    (first, first_scales): (&[u8], &[f32]),
+    codes: &mut [u8],
+    scales: &mut [f32],
+) {
+    let residual = |i: usize, v: f32| v - f32::from(first[i] as i8) * first_scales[i / k];
+    quantize_rows_with(x, k, codes, scales, residual);
+}
+
+/// [`quantize_rows`] of `value(i, x[i])`.
+fn quantize_rows_with(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32], value: impl Fn(usize, f32) -> f32) {
+    let mut row = vec![0f32; k];
+    for (r, (out, s)) in codes.chunks_mut(k).zip(scales.iter_mut()).enumerate().take(x.len() / k.max(1)) {
+        for (j, (d, &v)) in row.iter_mut().zip(&x[r * k..(r + 1) * k]).enumerate() {
+            *d = value(r * k + j, v);
+        }
         let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         *s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
-        for (o, &v) in out.iter_mut().zip(row) {
+        for (o, &v) in out.iter_mut().zip(&row) {
             *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The executor's two-pass row quantisation is the reference's, bit for bit: both passes'
+        /// codes and scales.
+        #[test]
+        fn residual_rows_match_the_reference(x in proptest::collection::vec(-1.0e3f32..1.0e3, 1..64), k in 1usize..8) {
+            let x = &x[..x.len() / k * k];
+            let rows = x.len() / k;
+            let (mut codes, mut scales) = (vec![0u8; x.len()], vec![0f32; rows]);
+            quantize_rows(x, k, &mut codes, &mut scales);
+            let (mut r_codes, mut r_scales) = (vec![0u8; x.len()], vec![0f32; rows]);
+            quantize_rows_residual(x, k, (&codes, &scales), &mut r_codes, &mut r_scales);
+            let (want_codes, want_scales) = ir::fused::quantize_rows(x, k);
+            let (want_r_codes, want_r_scales) = ir::fused::quantize_rows_residual(x, k, &want_codes, &want_scales);
+            let as_i8 = |c: &[u8]| c.iter().map(|&c| c as i8).collect::<Vec<_>>();
+            prop_assert_eq!(as_i8(&codes), want_codes);
+            prop_assert_eq!(scales, want_scales);
+            prop_assert_eq!(as_i8(&r_codes), want_r_codes);
+            prop_assert_eq!(r_scales, want_r_scales);
         }
     }
 }

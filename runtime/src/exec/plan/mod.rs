@@ -203,12 +203,14 @@ pub enum Op {
         out: usize,
     },
     /// `npuc::QuantizeRows`: f32 rows of `k` values into int8 codes (a [`Loc::QBuf`]) and one
-    /// f32 scale per row (max|row|/127, 1 for a row of zeros).
+    /// f32 scale per row (max|row|/127, 1 for a row of zeros); with `residual`, the codes and
+    /// scales of the rounding residual x − codes·s as well.
     QuantizeRows {
         x: usize,
         k: usize,
         codes: usize,
         scales: usize,
+        residual: Option<(usize, usize)>,
     },
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).

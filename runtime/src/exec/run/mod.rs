@@ -83,13 +83,15 @@ impl Executor<'_> {
                     (std::slice::from_ref(out), *last_row_only && !self.every_row_logits)
                 }
                 Op::Int { .. } | Op::TopK { .. } => continue,
-                Op::QuantizeRows { x, k, codes, scales } => {
-                    let Loc::QBuf(b) = self.plan.locs[*codes] else { unreachable!("codes live in code buffers") };
+                Op::QuantizeRows { x, k, codes, scales, residual } => {
                     let n = numel(&self.shapes[*x]);
-                    if self.qbufs[b].len() < n {
-                        self.qbufs[b].resize(n, 0);
+                    for (codes, scales) in std::iter::once((*codes, *scales)).chain(*residual) {
+                        let Loc::QBuf(b) = self.plan.locs[codes] else { unreachable!("codes live in code buffers") };
+                        if self.qbufs[b].len() < n {
+                            self.qbufs[b].resize(n, 0);
+                        }
+                        grow(&mut self.bufs, self.plan.locs[scales], n / k);
                     }
-                    grow(&mut self.bufs, self.plan.locs[*scales], n / k);
                     continue;
                 }
                 Op::Quantize { out, .. } | Op::QGemm { out, requant: Some(_), .. } => {

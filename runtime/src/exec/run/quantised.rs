@@ -92,7 +92,7 @@ impl Executor<'_> {
     }
 
     fn run_quantize_rows(&mut self, index: usize) -> Result<(), ExecError> {
-        let Op::QuantizeRows { x, k, codes, scales } = self.plan.node_op(index).1 else {
+        let Op::QuantizeRows { x, k, codes, scales, residual } = self.plan.node_op(index).1 else {
             unreachable!("a QuantizeRows")
         };
         let b = qbuf(&self.plan.locs, *codes);
@@ -101,6 +101,15 @@ impl Executor<'_> {
         let mut row_scales = std::mem::take(&mut self.bufs[sb]);
         let input = view!(self).f32(*x);
         quantize::quantize_rows(input, *k, &mut y, &mut row_scales);
+        if let Some((rc, rs)) = *residual {
+            let rb = qbuf(&self.plan.locs, rc);
+            let Loc::Buf(rsb) = self.plan.locs[rs] else { unreachable!("scales live in buffers") };
+            let (mut ry, mut r_scales) = (std::mem::take(&mut self.qbufs[rb]), std::mem::take(&mut self.bufs[rsb]));
+            let input = view!(self).f32(*x);
+            quantize::quantize_rows_residual(input, *k, (&y, &row_scales), &mut ry, &mut r_scales);
+            self.qbufs[rb] = ry;
+            self.bufs[rsb] = r_scales;
+        }
         self.bufs[sb] = row_scales;
         self.qbufs[b] = y;
         Ok(())

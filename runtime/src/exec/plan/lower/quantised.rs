@@ -263,9 +263,18 @@ pub(super) fn quantize_rows(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) 
     if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
         return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
     }
-    b.fresh_q(codes);
-    b.fresh(scales);
-    b.push(n, Op::QuantizeRows { x, k, codes, scales });
+    let residual = match node.outputs.len() {
+        4 => Some((output(node, 2)?, output(node, 3)?)),
+        _ => None,
+    };
+    for (codes, scales) in std::iter::once((codes, scales)).chain(residual) {
+        if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
+            return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
+        }
+        b.fresh_q(codes);
+        b.fresh(scales);
+    }
+    b.push(n, Op::QuantizeRows { x, k, codes, scales, residual });
     Ok(())
 }
 
