@@ -65,6 +65,16 @@ pub(crate) enum Speculation {
     Mtp(usize),
 }
 
+impl Speculation {
+    /// The prompt-lookup drafter, if that is the one asked for.
+    pub(crate) fn lookup(self) -> Option<PromptLookup> {
+        match self {
+            Speculation::Lookup(l) => Some(l),
+            Speculation::Mtp(_) => None,
+        }
+    }
+}
+
 impl SpeculateArgs {
     /// The drafter, when speculation is asked for and possible with `o`'s other options.
     fn drafter(&self, o: &Options, prompts: usize) -> Result<Option<Speculation>> {
@@ -171,11 +181,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
     let drafter = o.speculate.drafter(&o, prompt_ids.len())?;
     if o.backend.backend == "openvino" {
-        let lookup = match drafter {
-            Some(Speculation::Lookup(l)) => Some(l),
-            _ => None,
-        };
-        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop, lookup);
+        return run_openvino(&o, &bundle, &text, &prompt_ids, &stop, drafter.and_then(Speculation::lookup));
     }
     let longest = prompt_ids.iter().map(Vec::len).max().unwrap_or(0);
     let options = ExecOptions {
@@ -205,10 +211,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         return run_many(&o, &text, &mut executor, &prompt_ids, &stop, &mut samplers);
     }
     let prompt_ids = &prompt_ids[0];
-    let mut lookup = match drafter {
-        Some(Speculation::Lookup(l)) => Some(l),
-        _ => None,
-    };
+    let mut lookup = drafter.and_then(Speculation::lookup);
     let drafter: Option<&mut dyn Drafter> = match (&mut lookup, &mut mtp) {
         (Some(l), _) => Some(l),
         (_, Some(m)) => Some(m),

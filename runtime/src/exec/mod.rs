@@ -335,8 +335,12 @@ impl<'b> Executor<'b> {
 
     /// The ops a step runs (all but those only the hidden states need, unless asked for).
     fn ops_run(&self) -> impl Iterator<Item = &Op> {
-        let plan = &self.plan;
-        plan.ops.iter().zip(&plan.hidden_only).filter(|(_, &h)| !h || self.hidden_output).map(|((_, op), _)| op)
+        (0..self.plan.ops.len()).filter(|&i| !self.skips_op(i)).map(|i| &self.plan.ops[i].1)
+    }
+
+    /// Whether a step skips op `i`: only the hidden states read it and no drafter asked for them.
+    fn skips_op(&self, i: usize) -> bool {
+        self.plan.hidden_only[i] && !self.hidden_output
     }
 
     /// Installs an offload for QGemm products (see [`GemmOffload`]).

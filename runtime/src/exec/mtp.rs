@@ -71,8 +71,7 @@ impl<'b> Executor<'b> {
     /// ([`Executor::set_hidden_output`]). Valid until the next step.
     pub fn hidden_rows(&self) -> Option<&[f32]> {
         let v = self.plan.hidden_out?;
-        let skipped = !self.hidden_output && self.plan.hidden_only.iter().any(|&h| h);
-        if skipped {
+        if (0..self.plan.ops.len()).any(|i| self.skips_op(i)) {
             return None;
         }
         let Loc::Buf(b) = self.plan.locs[v] else { return None };

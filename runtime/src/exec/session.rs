@@ -172,7 +172,7 @@ impl Executor<'_> {
         self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
         self.prepare(dims);
         for i in 0..self.plan.ops.len() {
-            if self.plan.hidden_only[i] && !self.hidden_output {
+            if self.skips_op(i) {
                 continue;
             }
             if let Err(e) = self.run_op(i) {
