@@ -295,19 +295,23 @@ fn quantize_columns(w: &Weights, k: usize, n: usize) -> (Vec<i8>, Vec<f32>, f64)
             }
         }),
     };
-    // [N, K] → [K, N], in tiles so both sides stay in cache.
-    let mut kn = vec![0i8; k * n];
-    const T: usize = 64;
-    for c0 in (0..n).step_by(T) {
-        for k0 in (0..k).step_by(T) {
-            for c in c0..(c0 + T).min(n) {
-                for kk in k0..(k0 + T).min(k) {
-                    kn[kk * n + c] = nk[c * k + kk];
+    (transposed(&nk, n, k), scales, if max > 0.0 { err / max } else { 0.0 })
+}
+
+/// `[rows, cols]` row-major into `[cols, rows]`, in tiles so both sides stay in cache.
+fn transposed<T: Copy + Default>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = vec![T::default(); rows * cols];
+    const TILE: usize = 64;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    out[c * rows + r] = m[r * cols + c];
                 }
             }
         }
     }
-    (kn, scales, if max > 0.0 { err / max } else { 0.0 })
+    out
 }
 
 /// Every node's projection, if it is one the array takes (`None` for the rest and for those
@@ -415,28 +419,12 @@ struct Int8Weights {
 /// passes).
 fn dense_kn(w: &Weights, k: usize, n: usize) -> Vec<f32> {
     let f = |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap());
-    match w {
-        Weights::F32 { bytes, nk: false } => bytes.chunks_exact(4).map(f).collect(),
-        Weights::F32 { bytes, nk: true } => {
-            let mut out = vec![0f32; k * n];
-            for (col, column) in bytes.chunks_exact(4 * k).enumerate() {
-                for (kk, b) in column.chunks_exact(4).enumerate() {
-                    out[kk * n + col] = f(b);
-                }
-            }
-            out
-        }
-        Weights::NBits(nb) => {
-            let mut out = vec![0f32; k * n];
-            for col in 0..n {
-                for kk in 0..k {
-                    let blk = kk / nb.block;
-                    out[kk * n + col] = ((nb.code(col, kk) - nb.zero(col, blk)) * nb.scale(col, blk)) as f32;
-                }
-            }
-            out
-        }
-    }
+    let nk: Vec<f32> = match w {
+        Weights::F32 { bytes, nk: false } => return bytes.chunks_exact(4).map(f).collect(),
+        Weights::F32 { bytes, nk: true } => bytes.chunks_exact(4).map(f).collect(),
+        Weights::NBits(nb) => nb.dequantized().into_iter().map(|v| v as f32).collect(),
+    };
+    transposed(&nk, n, k)
 }
 
 /// The rewritten program as it is built, and what the pass reports about it.
