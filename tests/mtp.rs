@@ -59,9 +59,11 @@ fn token_ids(values: &[f32]) -> Vec<u32> {
 
 /// The weights a program reads, by name.
 fn weight_names(program: &runtime::bundle::Program) -> Vec<String> {
-    let json = serde_json::to_value(program).unwrap();
-    let values = json["values"].as_array().unwrap();
-    values.iter().filter_map(|v| v["def"]["weight"].as_str().map(str::to_string)).collect()
+    let weight = |v: &runtime::bundle::program::Value| match &v.def {
+        runtime::bundle::program::ValueDef::Weight(name) => Some(name.clone()),
+        _ => None,
+    };
+    program.values.iter().filter_map(weight).collect()
 }
 
 #[test]
