@@ -189,8 +189,9 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };
     exec.set_wgemm_precision(precision);
     let (plain, spec) = measure(&mut exec, &prompt, &o, drafter.map(|d| (d, &bundle, options)))?;
+    let memory = Memory::after_runs(&bundle, &exec);
     let moe_read = moe_bytes_per_decode_token(&mut exec, &prompt, o.gen_len)?;
-    let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len(), moe_read };
+    let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len(), moe_read, memory };
     let speculation = drafter.map(|_| speculation_json(&plain, &spec));
     if o.json {
         println!("{}", serde_json::to_string_pretty(&host_json(&o, &host, &plain, speculation))?);
@@ -208,6 +209,73 @@ struct Host<'e, 'b> {
     prompt_len: usize,
     /// Expert bytes a decode token read, measured (0 without MoE).
     moe_read: f64,
+    memory: Memory,
+}
+
+/// Where the resident memory goes, taken after the timed runs, while the cache still holds the
+/// last run's prompt and generated tokens (the longest context of the bench).
+struct Memory {
+    /// The process's peak resident set (VmHWM of /proc/self/status), if the system reports it.
+    peak_rss: Option<u64>,
+    /// The bundle's weights file, which the program maps (its pages count as resident once read).
+    weights_file: u64,
+    /// Weights repacked into memory at load (0 when the kernels read the mapped file as it is).
+    packed_at_load: u64,
+    /// KV pages in use times the page size: what the cache holds for the last run's context.
+    kv_in_use: u64,
+    /// Recurrent state of the live sequences (hybrid decoders).
+    recurrent_state: u64,
+}
+
+impl Memory {
+    fn after_runs(bundle: &Bundle, exec: &Executor) -> Memory {
+        let pool = exec.cache().pool_stats();
+        let weights_file = bundle.manifest().file(bundle::WEIGHTS_FILE).map_or(0, |f| f.size_bytes);
+        Memory {
+            peak_rss: peak_rss_bytes(),
+            weights_file,
+            packed_at_load: (exec.wgemm_bytes_packed_at_load() + exec.qgemm_bytes_packed_at_load()) as u64,
+            kv_in_use: (pool.pages_in_use * pool.page_bytes) as u64,
+            recurrent_state: exec.state_bytes_held() as u64,
+        }
+    }
+
+    /// The peak resident set less the weights, the packed weights, the KV pages and the state:
+    /// activations, scratch, code, the tokenizer and the allocator's slack.
+    fn rest(&self) -> Option<i64> {
+        let accounted = self.weights_file + self.packed_at_load + self.kv_in_use + self.recurrent_state;
+        self.peak_rss.map(|peak| peak as i64 - accounted as i64)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "peak_rss_bytes": self.peak_rss, "weights_file_bytes": self.weights_file,
+            "packed_at_load_bytes": self.packed_at_load, "kv_in_use_bytes": self.kv_in_use,
+            "recurrent_state_bytes": self.recurrent_state, "rest_bytes": self.rest(),
+        })
+    }
+
+    fn print(&self) {
+        let mb = |b: u64| b as f64 / 1e6;
+        let Some(peak) = self.peak_rss else { return println!("peak resident memory: not reported by this system") };
+        println!(
+            "peak resident {:.1} MB = weights file {:.1} MB + packed at load {:.1} MB + KV in use {:.1} MB + recurrent state {:.1} MB + rest {:.1} MB",
+            mb(peak),
+            mb(self.weights_file),
+            mb(self.packed_at_load),
+            mb(self.kv_in_use),
+            mb(self.recurrent_state),
+            self.rest().unwrap_or(0) as f64 / 1e6
+        );
+    }
+}
+
+/// The process's peak resident set size in bytes (Linux: VmHWM in /proc/self/status).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Decode steps the MoE probe averages over at most.
@@ -272,6 +340,7 @@ fn host_json(o: &Options, h: &Host, plain: &Rates, speculation: Option<serde_jso
         "load_ms": h.load_ms,
         "wgemm_bytes_packed_at_load": h.exec.wgemm_bytes_packed_at_load(),
         "qgemm_bytes_packed_at_load": h.exec.qgemm_bytes_packed_at_load(),
+        "memory": h.memory.json(),
     });
     if let Some(s) = speculation {
         out["speculation"] = s;
@@ -324,6 +393,7 @@ fn print_host(o: &Options, h: &Host, plain: &Rates, speculation: Option<&serde_j
         h.exec.wgemm_bytes_packed_at_load() as f64 / 1e6,
         h.exec.qgemm_bytes_packed_at_load() as f64 / 1e6
     );
+    h.memory.print();
 }
 
 /// `--backend openvino`: the same measurement on the bundle's IR segments (each compiled before

@@ -542,8 +542,26 @@ fn npuc_bench_reports_median_min_max() {
     // gate, up, down (576×1536); and the tied lm_head (49152×576), 4 bytes each.
     let per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536;
     assert_eq!(r["gemm_weight_bytes_per_token"].as_u64(), Some(4 * (30 * per_layer + 49152 * 576)));
+    assert_bench_memory(&r["memory"], bundle_dir());
     let (ok, _, err) = npuc(&["bench", dir, "--gen-len", "1"]);
     assert!(!ok && err.contains("--gen-len"), "{err}");
+}
+
+/// The memory section of `npuc bench --json` on fp32 SmolLM2 after 8 prompt + 4 generated
+/// tokens: the weights file as the file system sizes it; at least the 11 cached rows' K and V
+/// in f32 (30 layers, 3 KV heads of 64) in KV pages; a peak above the weights, which every decode
+/// step reads whole; and the rest is what the peak leaves over the parts.
+fn assert_bench_memory(m: &Value, bundle: &Path) {
+    let weights = std::fs::metadata(bundle.join(WEIGHTS_FILE)).unwrap().len();
+    assert_eq!(m["weights_file_bytes"].as_u64(), Some(weights), "{m}");
+    let kv = m["kv_in_use_bytes"].as_u64().unwrap();
+    let rows_bytes = 11 * 30 * 2 * 3 * 64 * 4;
+    assert!(kv >= rows_bytes && kv < 64 * rows_bytes, "KV in use {kv} B for {rows_bytes} B of rows");
+    let peak = m["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak > weights, "peak resident {peak} B below the weights file's {weights} B");
+    let parts = ["weights_file_bytes", "packed_at_load_bytes", "kv_in_use_bytes", "recurrent_state_bytes"];
+    let accounted: u64 = parts.iter().map(|k| m[k].as_u64().unwrap()).sum();
+    assert_eq!(m["rest_bytes"].as_i64(), Some(peak as i64 - accounted as i64), "{m}");
 }
 
 /// `npuc bench --prompt-file F --chat --speculate lookup`: the file's text through the chat

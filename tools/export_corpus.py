@@ -361,7 +361,8 @@ def export_arch(arch: models.Arch, exporters_wanted: list[str], out: Path, force
     hf = out / f"{arch.name}-hf"
     # The folder is remade when the architecture's spec changed since it was made (a config key
     # that adds weights, as mtp_num_hidden_layers does), not only when it is missing.
-    spec = json.dumps({"hf_class": arch.hf_class, "config": arch.config, "seed": arch.seed}, sort_keys=True)
+    spec = {"hf_class": arch.hf_class, "config": arch.config, "seed": arch.seed}
+    spec = json.dumps(spec if arch.dtype == "float32" else dict(spec, dtype=arch.dtype), sort_keys=True)
     stamp = hf / "corpus_spec.json"
     if force or not (hf / "config.json").exists() or not stamp.exists() or stamp.read_text() != spec:
         shutil.rmtree(hf, ignore_errors=True)
@@ -418,7 +419,7 @@ def smollm2_prompts(hf: Path) -> list[list[int]]:
 def bench_jobs(args) -> list[tuple]:
     """The bench-only architectures' jobs (`--bench`), as main's corpus jobs."""
     jobs = []
-    wanted = lambda arch: [x for x in BENCH_EXPORTERS
+    wanted = lambda arch: [x for x in arch.exporters or BENCH_EXPORTERS
                            if not args.only or arch.name in args.only or f"{arch.name}-{x}" in args.only]
     for arch in models.BENCH_ARCHS.values():
         jobs.append((arch, wanted(arch), lambda hf, a=arch: models.build(a, hf), lambda hf: [BENCH_PROMPT], {}))
