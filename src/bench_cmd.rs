@@ -45,6 +45,10 @@ pub struct Options {
     /// by token.
     #[arg(long, default_value_t = runtime::exec::DEFAULT_DELTA_CHUNK)]
     pub delta_chunk: usize,
+    /// Rows a prompt's prefill runs at once: longer prompts run as several steps, so memory
+    /// stays bounded; 0 runs the whole prompt in one step.
+    #[arg(long, default_value_t = runtime::exec::DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
@@ -177,6 +181,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         max_context: prompt.len() + o.gen_len,
         kv_storage: o.kv_storage,
         delta_chunk: o.delta_chunk,
+        prefill_chunk: o.prefill_chunk,
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();

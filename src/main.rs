@@ -230,6 +230,11 @@ npuc run model.npub --prompt \"Once upon a time\" --max-tokens 64 --threads 2 --
         /// form: one pass over the state per chunk); 0 or 1 runs token by token.
         #[arg(long, default_value_t = runtime::exec::DEFAULT_DELTA_CHUNK)]
         delta_chunk: usize,
+        /// Rows a prompt's prefill runs at once: longer prompts run as several steps, each
+        /// attending to the cache the earlier ones wrote, so memory stays bounded; 0 runs the
+        /// whole prompt in one step.
+        #[arg(long, default_value_t = runtime::exec::DEFAULT_PREFILL_CHUNK)]
+        prefill_chunk: usize,
         /// Print {tokens, text, ttft_ms, prefill_tok_s, decode_tok_s} as JSON instead of streaming
         /// ({"sequences": [...]} for several prompts).
         #[arg(long)]
@@ -292,6 +297,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             seed,
             kv_dtype,
             delta_chunk,
+            prefill_chunk,
             json,
             backend,
             speculate,
@@ -308,6 +314,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             sampling: runtime::sample::SamplingParams { temperature, top_k, top_p, seed },
             kv_storage: kv_dtype,
             delta_chunk,
+            prefill_chunk,
             json,
             backend,
             speculate,

@@ -26,6 +26,7 @@ pub struct Options {
     pub sampling: SamplingParams,
     pub kv_storage: KvStorage,
     pub delta_chunk: usize,
+    pub prefill_chunk: usize,
     pub json: bool,
     pub backend: crate::run_openvino::BackendArgs,
     pub speculate: SpeculateArgs,
@@ -190,6 +191,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
         kv_storage: o.kv_storage,
         sequences: prompt_ids.len(),
         delta_chunk: o.delta_chunk,
+        prefill_chunk: o.prefill_chunk,
         ..ExecOptions::default()
     };
     let load_started = std::time::Instant::now();

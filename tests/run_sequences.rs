@@ -533,6 +533,32 @@ fn a_verify_step_gives_every_rows_logits_as_single_steps_do() {
     }
 }
 
+/// A prompt longer than `prefill_chunk` runs as several steps; the last prompt position's
+/// logits and the decode steps after it equal a one-step prefill's bit for bit (each row's
+/// products and attention are a single step's), for chunks that divide the prompt and that do not.
+#[test]
+fn a_chunked_prefill_gives_the_logits_of_one_step() {
+    for name in ["llama-optimum", "qwen3-optimum", "llama-qdq-per-tensor-s8", "xdna:qwen3-builder-int4"] {
+        let model = &models()[name];
+        let bundle = Bundle::open(&model.bundle, None).unwrap();
+        let p = prompt(40, 12, model.vocab);
+        let run = |prefill_chunk| {
+            let options = ExecOptions { max_context: 64, prefill_chunk, ..ExecOptions::default() };
+            let mut exec = Executor::new(&bundle, options).unwrap();
+            let mut logits = vec![exec.step(&p).unwrap().to_vec()];
+            for t in [5, 17, 3] {
+                logits.push(exec.step(&[t]).unwrap().to_vec());
+            }
+            assert_eq!(exec.position(), p.len() + 3, "{name}: chunk {prefill_chunk}");
+            logits
+        };
+        let whole = run(0);
+        for chunk in [8, 16, 7] {
+            assert!(run(chunk) == whole, "{name}: prefill in chunks of {chunk} differs from one step");
+        }
+    }
+}
+
 /// Speculative greedy decoding gives plain greedy's tokens on every loaded bundle (float, A8W8,
 /// xdna int8), for a prompt that repeats itself (drafts found and some accepted) and one that
 /// does not; across them drafts are both accepted and rejected.

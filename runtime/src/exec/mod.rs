@@ -106,6 +106,10 @@ pub const DEFAULT_DELTA_CHUNK: usize = 64;
 /// Context the executor reserves KV pages for unless told otherwise.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 
+/// Rows a step over a long prompt runs at once unless told otherwise: the activations of a
+/// step grow with its rows, so a 40,960-token prompt in one step would hold gigabytes of them.
+pub const DEFAULT_PREFILL_CHUNK: usize = 1024;
+
 #[derive(Clone, Debug)]
 pub struct ExecOptions {
     /// Threads of the kernels' pool, the caller included.
@@ -128,6 +132,10 @@ pub struct ExecOptions {
     /// (`run::delta_chunk`); 0 or 1 runs token by token. A verify step's rows and decay per key
     /// dimension always run token by token.
     pub delta_chunk: usize,
+    /// Rows a [`Executor::step`] over more tokens runs at once: a long prompt becomes steps of
+    /// this many rows, each attending to the cache the earlier ones wrote, so the activations
+    /// stay bounded whatever the prompt's length. 0 runs any prompt in one step.
+    pub prefill_chunk: usize,
 }
 
 impl Default for ExecOptions {
@@ -141,6 +149,7 @@ impl Default for ExecOptions {
             kv_pages: None,
             kv_page_rows: None,
             delta_chunk: DEFAULT_DELTA_CHUNK,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -187,6 +196,8 @@ pub struct Executor<'b> {
     states: Vec<(SeqId, Vec<f32>)>,
     /// Tokens of a prefill's delta-rule chunk ([`ExecOptions::delta_chunk`]).
     delta_chunk: usize,
+    /// Rows of a step over a long prompt ([`ExecOptions::prefill_chunk`]).
+    prefill_chunk: usize,
     delta_scratch: run::DeltaChunk,
     /// The states after each row of the last verify step (`rollback`).
     row_states: rollback::RowStates,
@@ -259,6 +270,7 @@ impl<'b> Executor<'b> {
             every_row_logits: false,
             states: vec![(seq, vec![0.0; plan.state_floats])],
             delta_chunk: options.delta_chunk,
+            prefill_chunk: options.prefill_chunk,
             delta_scratch: run::DeltaChunk::default(),
             row_states: rollback::RowStates::default(),
             state_scratch: Vec::new(),

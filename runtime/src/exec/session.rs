@@ -133,8 +133,19 @@ impl Executor<'_> {
 
     /// [`Executor::step`] for sequence `seq`. A failed step may leave part of that sequence's
     /// cache written (drop it, or reset the default one); other sequences are untouched.
+    /// Tokens beyond [`ExecOptions::prefill_chunk`] run as several steps of that many rows
+    /// (not when the step's hidden states are read or given: those are per row of one step).
     pub fn step_sequence(&mut self, seq: SeqId, tokens: &[u32]) -> Result<&[f32], ExecError> {
-        self.run_step(seq, tokens)?;
+        let chunk = self.prefill_chunk;
+        let chunked = chunk > 0 && !self.hidden_output && self.plan.hidden_in.is_none();
+        let (head, last) = match chunked && tokens.len() > chunk {
+            true => tokens.split_at((tokens.len() - 1) / chunk * chunk),
+            false => (&tokens[..0], tokens),
+        };
+        for rows in head.chunks(chunk.max(1)) {
+            self.run_step(seq, rows)?;
+        }
+        self.run_step(seq, last)?;
         Ok(self.logits(false))
     }
 
