@@ -559,6 +559,25 @@ fn a_chunked_prefill_gives_the_logits_of_one_step() {
     }
 }
 
+/// Past 512 query × key rows a step's attention splits over the pool by KV head, a decode step
+/// too: at a 540-row context, decode logits on 2 threads equal 1 thread's bit for bit (each head
+/// is attended as the serial path attends it).
+#[test]
+fn decode_attention_split_over_threads_gives_the_serial_logits() {
+    for name in ["llama-optimum", "qwen3-optimum"] {
+        let model = &models()[name];
+        let bundle = Bundle::open(&model.bundle, None).unwrap();
+        let p = prompt(540, 13, model.vocab);
+        let run = |threads| {
+            let options = ExecOptions { max_context: 560, threads, ..ExecOptions::default() };
+            let mut exec = Executor::new(&bundle, options).unwrap();
+            exec.step(&p).unwrap();
+            [5, 17, 3].map(|t| exec.step(&[t]).unwrap().to_vec())
+        };
+        assert!(run(2) == run(1), "{name}: decode at 540 rows differs between 2 threads and 1");
+    }
+}
+
 /// Speculative greedy decoding gives plain greedy's tokens on every loaded bundle (float, A8W8,
 /// xdna int8), for a prompt that repeats itself (drafts found and some accepted) and one that
 /// does not; across them drafts are both accepted and rejected.

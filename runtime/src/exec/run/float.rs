@@ -12,9 +12,10 @@ use crate::kernels::swiglu::GateActivation;
 use crate::kernels::{embed, gemm, layout, norm, rope, split_range, swiglu, SyncPtr, ThreadPool};
 use crate::kvcache::{KvError, Scoring};
 
-/// Query rows from which a block's attention is split over the pool's threads by KV head
-/// (decoding attends one row, serially and without allocating).
-const PARALLEL_ATTENTION_ROWS: usize = 8;
+/// Query rows × key rows from which a step's attention is split over the pool's threads by KV
+/// head: a prefill block of 8 rows past 64 keys, a decode step past 512 (below, one row attends
+/// serially; the workers' scratches are grown once, so decoding still allocates nothing).
+const PARALLEL_ATTENTION_WORK: usize = 512;
 
 impl Executor<'_> {
     pub(super) fn run_gather(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
@@ -170,7 +171,7 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// Appends the step's K and V to the node's layer, then attends: serially for a few rows (or
+    /// Appends the step's K and V to the node's layer, then attends: serially for little work (or
     /// one thread), else split by KV head over the pool with one scratch per worker.
     pub(super) fn run_attention(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
         let Op::Attention { q, k, v, layer, scoring, sinks, .. } = self.plan.node_op(index).1 else {
@@ -183,7 +184,8 @@ impl Executor<'_> {
         let a = self.plan.attention;
         let tokens = queries.len() / (a.q_heads * a.head_dim).max(1);
         let workers = self.pool.threads().min(a.kv_heads);
-        if tokens < PARALLEL_ATTENTION_ROWS || workers < 2 {
+        let key_rows = self.cache.rows(self.current, *layer)?;
+        if tokens * key_rows < PARALLEL_ATTENTION_WORK || workers < 2 {
             self.cache.attend(self.current, *layer, queries, *scoring, &mut y[..queries.len()])?;
             return Ok(());
         }
