@@ -24,6 +24,7 @@ pub mod design;
 pub mod device;
 pub mod gemm;
 pub mod interp;
+pub mod kernels;
 pub mod mlir;
 pub mod plan;
 pub mod quant;
