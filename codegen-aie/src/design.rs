@@ -14,8 +14,9 @@
 //!   shim in row-major order. mlir-aie lowers a join's output pattern once per input transfer, so
 //!   the pattern re-lays one core's `m × n` tile row-major inside its own transfer, and the
 //!   joined stream is the tiles one after the other: the block, row-major.
-//! - Each core zeroes its C tile, accumulates `k_steps` kernel calls into it, and releases it,
-//!   once per output tile it owns. The runtime sequence moves, for every (row block, column
+//! - Each core zeroes its C tile, accumulates `k_steps` calls of the int8 kernel into it, and
+//!   releases it, once per output tile it owns. Both functions are the design's own, with bodies
+//!   ([`crate::kernels`]); the L1 FIFOs' memref types are the blocked layouts they index. The runtime sequence moves, for every (row block, column
 //!   block), C's readback, A's slab and B's tiles, and waits every few blocks so no shim tile ever
 //!   has more buffer descriptors in flight than it holds.
 
