@@ -31,7 +31,8 @@ fi
 cp "$D" "$X" && printf 'insts' > "$I" && printf 'pdi of %s' "$D" > "$P"
 "#;
 
-fn compile(tools: &Path, device: &str, out: &Path) -> (Bundle, Value) {
+/// Compiles with `tools` first on PATH; the bundle, its plan and what the compile printed.
+fn compile(tools: &Path, device: &str, out: &Path) -> (Bundle, Value, String) {
     let model = common::model("llama-optimum");
     let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
     let res = Command::new(env!("CARGO_BIN_EXE_npuc"))
@@ -43,7 +44,7 @@ fn compile(tools: &Path, device: &str, out: &Path) -> (Bundle, Value) {
     assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
     let b = Bundle::open(out, Some("xdna")).unwrap();
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    (b, plan)
+    (b, plan, String::from_utf8_lossy(&res.stdout).into_owned())
 }
 
 fn fake_aiecc(dir: &Path) -> std::path::PathBuf {
@@ -59,7 +60,7 @@ fn fake_aiecc(dir: &Path) -> std::path::PathBuf {
 fn aiecc_on_path_builds_every_design_with_the_plans_command() {
     let tmp = tempfile::tempdir().unwrap();
     let tools = fake_aiecc(tmp.path());
-    let (b, plan) = compile(&tools, "npu1", &tmp.path().join("a.npub"));
+    let (b, plan, printed) = compile(&tools, "npu1", &tmp.path().join("a.npub"));
     let designs = plan["designs"].as_array().unwrap();
     assert!(!designs.is_empty());
     let calls = std::fs::read_to_string(tools.join("calls")).unwrap();
@@ -73,6 +74,7 @@ fn aiecc_on_path_builds_every_design_with_the_plans_command() {
         // What ran is the command the plan gives for building without npuc.
         let command = d["build"].as_str().unwrap().strip_prefix("aiecc.py ").unwrap();
         assert!(calls.lines().any(|l| l == command), "{command} not in {calls}");
+        assert!(printed.lines().any(|l| l.trim() == d["build"].as_str().unwrap()), "{printed}");
     }
     assert!(
         plan["artifacts"].as_str().unwrap().contains(&format!("for {0} of {0} designs", designs.len())),
@@ -85,7 +87,7 @@ fn aiecc_on_path_builds_every_design_with_the_plans_command() {
 fn designs_aiecc_fails_on_keep_its_error_and_the_compile_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let tools = fake_aiecc(tmp.path());
-    let (b, plan) = compile(&tools, "npu2", &tmp.path().join("a.npub"));
+    let (b, plan, _) = compile(&tools, "npu2", &tmp.path().join("a.npub"));
     let designs = plan["designs"].as_array().unwrap();
     for d in designs {
         let err = d["aiecc_error"].as_str().unwrap_or_else(|| panic!("{d}"));
