@@ -102,7 +102,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
     plan_file.mlir = Some(verified.clone());
     let artifacts = match aiecc() {
         None => format!(
-            "{} is not on PATH: the bundle carries the designs, not device artifacts; each design's build command makes them (below, and `build` in {PLAN_FILE})",
+            "{0} is not on PATH: the bundle carries the designs, not device artifacts; each design's build command makes them (below, and `build` in {PLAN_FILE}), and with {0} on PATH npuc compile runs them and stores what they write",
             plan::AIECC
         ),
         Some(tool) => {
