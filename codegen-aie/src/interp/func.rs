@@ -196,11 +196,10 @@ impl Compiler<'_> {
     }
 
     fn instr(&mut self, op: &Op) -> Result<Instr, InterpError> {
-        let bin = |o: BinOp| Some(o);
         let arith = match op.name.as_str() {
-            "arith.addi" => bin(BinOp::Add),
-            "arith.subi" => bin(BinOp::Sub),
-            "arith.muli" => bin(BinOp::Mul),
+            "arith.addi" => Some(BinOp::Add),
+            "arith.subi" => Some(BinOp::Sub),
+            "arith.muli" => Some(BinOp::Mul),
             _ => None,
         };
         if let Some(bop) = arith {
