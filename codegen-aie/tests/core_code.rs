@@ -131,3 +131,19 @@ fn an_unknown_operation_or_an_index_out_of_bounds_is_a_clear_error() {
         assert!(err.to_string().contains("index 4 outside a dimension of 4"), "{err}");
     }
 }
+
+#[test]
+fn fused_and_unfused_reductions_wrap_alike_at_other_widths() {
+    // The same body accumulating in int16: sums of int8 products overflow it, and both ways of
+    // running the reduction wrap them as int16 does.
+    let (device, mkn) = (Device::Npu2, (16, 64, 16));
+    let text = module_text(device, mkn).replace("xi32>", "xi16>").replace(": i32", ": i16").replace("i32)", "i16)");
+    let text = text.replace("-> i32", "-> i16").replace("i32,", "i16,");
+    assert!(text.contains("\"arith.addi\"(%acc, %prod) : (i16, i16) -> i16") && !text.contains("i32>"), "{text}");
+    let (fused, want) = matmul_both(&text, true, device, mkn, 21);
+    let (unfused, _) = matmul_both(&text, false, device, mkn, 21);
+    assert_eq!(fused, unfused);
+    let wrapped: Vec<i32> = want.iter().map(|&x| x as i16 as i32).collect();
+    assert_ne!(fused, want);
+    assert_eq!(fused.iter().map(|&x| x as i16 as i32).collect::<Vec<_>>(), wrapped);
+}

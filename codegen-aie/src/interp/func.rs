@@ -489,11 +489,22 @@ impl Run<'_> {
             let [(mut ia, sa), (mut ib, sb)] = walks;
             let (ma, mb) = (&self.mems[d.operands[0].mem], &self.mems[d.operands[1].mem]);
             let (ba, bb) = (self.func.params[d.operands[0].mem].bits, self.func.params[d.operands[1].mem].bits);
-            for _ in 0..trips {
-                let p = wrap(wrap(ma[ia] as i64, ba).wrapping_mul(wrap(mb[ib] as i64, bb)), d.mul_bits);
-                acc = wrap(acc.wrapping_add(p), d.add_bits);
-                ia += sa;
-                ib += sb;
+            if (ba, bb, d.mul_bits, d.add_bits) == (8, 8, 32, 32) {
+                // int8 × int8 summed in int32: the same wraps, as Rust's integer types.
+                let mut sum = acc as i32;
+                for _ in 0..trips {
+                    sum = sum.wrapping_add(ma[ia] as i8 as i32 * mb[ib] as i8 as i32);
+                    ia += sa;
+                    ib += sb;
+                }
+                acc = sum as i64;
+            } else {
+                for _ in 0..trips {
+                    let p = wrap(wrap(ma[ia] as i64, ba).wrapping_mul(wrap(mb[ib] as i64, bb)), d.mul_bits);
+                    acc = wrap(acc.wrapping_add(p), d.add_bits);
+                    ia += sa;
+                    ib += sb;
+                }
             }
         }
         self.regs[d.result] = acc;
