@@ -4,11 +4,15 @@
 //! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the host
 //! threshold below which a call stays on the host, each design's tiling and predicted
 //! utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
-//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). When mlir-aie's `aiecc` is on PATH, it
-//! is run on every design (in a scratch folder that also holds the kernel objects, when
-//! `NPUC_AIE_KERNELS` names a folder of them) and the instruction stream, xclbin and PDI it writes
-//! go into the bundle as `xdna/<name>.insts.bin`, `.xclbin` and `.pdi`; a design aiecc fails on
-//! keeps its error in the plan. Without aiecc the bundle says it carries designs only. When
+//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). A design carries its cores' code as MLIR
+//! functions (`codegen_aie::kernels`), so mlir-aie's `aiecc.py` with the Peano compiler builds
+//! it with nothing else: the plan records, per design, the exact command (`build`, run in the
+//! bundle's folder; `codegen_aie::plan::build_args`), and the compile summary prints them. When
+//! `aiecc.py` (or `aiecc`) is on PATH, npuc runs that command on every design in a scratch folder
+//! and the instruction stream, xclbin and PDI it writes go into the bundle as
+//! `xdna/<name>.insts.bin`, `.xclbin` and `.pdi`; a design aiecc fails on keeps its error in the
+//! plan. Without aiecc the bundle says it carries designs only, and which commands build the
+//! rest. When
 //! MLIR 22's `mlir-opt` is installed (`codegen_aie::mlir`), every design is verified by it first
 //! and the plan says so; a design MLIR rejects fails the compile.
 
@@ -31,7 +35,7 @@ pub fn device(name: Option<&str>) -> Result<Device> {
 /// mlir-aie's compiler driver, if PATH has it.
 fn aiecc() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).flat_map(|d| [d.join("aiecc"), d.join("aiecc.py")]).find(|p| p.is_file())
+    std::env::split_paths(&path).flat_map(|d| [d.join(plan::AIECC), d.join("aiecc")]).find(|p| p.is_file())
 }
 
 /// What aiecc builds for one design.
@@ -41,32 +45,17 @@ struct Artifacts {
     pdi: Vec<u8>,
 }
 
-/// Runs aiecc on one design's custom form; returns its artifacts, or the tail of what aiecc said.
+/// Runs aiecc on one design's custom form with the plan's build command, in a scratch folder
+/// laid out as the bundle is; returns its artifacts, or the tail of what aiecc said.
 fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<Artifacts, String> {
     let dir = std::env::temp_dir().join(format!("npuc-aiecc-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let result = (|| {
-        if let Some(kernels) = std::env::var_os("NPUC_AIE_KERNELS") {
-            for entry in std::fs::read_dir(&kernels).map_err(|e| format!("reading NPUC_AIE_KERNELS: {e}"))?.flatten() {
-                if entry.path().extension().is_some_and(|x| x == "o") {
-                    std::fs::copy(entry.path(), dir.join(entry.file_name())).map_err(|e| e.to_string())?;
-                }
-            }
-        }
-        let design = dir.join("design.mlir");
-        std::fs::write(&design, pretty).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir.join("xdna")).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let (_, design) = plan::design_files(name);
+        std::fs::write(dir.join(&design), pretty).map_err(|e| e.to_string())?;
         let out = Command::new(tool)
             .current_dir(&dir)
-            .args([
-                "--aie-generate-xclbin",
-                "--aie-generate-npu-insts",
-                "--no-compile-host",
-                "--no-xchesscc",
-                "--no-xbridge",
-                "--xclbin-name=design.xclbin",
-                "--npu-insts-name=insts.bin",
-                "design.mlir",
-            ])
+            .args(plan::build_args(name))
             .output()
             .map_err(|e| format!("running {}: {e}", tool.display()))?;
         if !out.status.success() {
@@ -78,12 +67,11 @@ fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<Artifacts, S
                 tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
             ));
         }
-        let read = |f: &str| std::fs::read(dir.join(f)).map_err(|e| format!("aiecc wrote no {f}: {e}"));
-        // The PDI the amdxdna driver loads is bootgen's output in aiecc's project folder, the
-        // image the xclbin wraps.
-        let pdi = std::fs::read(dir.join("design.mlir.prj").join("design.pdi"))
-            .map_err(|e| format!("aiecc left no design.mlir.prj/design.pdi: {e}"))?;
-        Ok(Artifacts { insts: read("insts.bin")?, xclbin: read("design.xclbin")?, pdi })
+        let read = |ext: &str| {
+            let f = format!("xdna/{name}.{ext}");
+            std::fs::read(dir.join(&f)).map_err(|e| format!("aiecc wrote no {f}: {e}"))
+        };
+        Ok(Artifacts { insts: read("insts.bin")?, xclbin: read("xclbin")?, pdi: read("pdi")? })
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -113,7 +101,10 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
     };
     plan_file.mlir = Some(verified.clone());
     let artifacts = match aiecc() {
-        None => "aiecc is not on PATH: the bundle carries the designs, not device artifacts".to_string(),
+        None => format!(
+            "{0} is not on PATH: the bundle carries the designs, not device artifacts; each design's build command makes them (below, and `build` in {PLAN_FILE}), and with {0} on PATH npuc compile runs them and stores what they write",
+            plan::AIECC
+        ),
         Some(tool) => {
             let mut built = 0;
             for (d, entry) in plan.designs.values().zip(plan_file.designs.iter_mut()) {
@@ -147,6 +138,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
                 "shape": [t.shape.m, t.shape.k, t.shape.n],
                 "padded": [t.padded.m, t.padded.k, t.padded.n],
                 "tile": [t.m, t.k, t.n],
+                "build": plan::build_command(&d.name),
                 "l1_bytes": t.l1_bytes,
                 "l2_bytes": t.l2_bytes,
                 "predicted_utilisation": t.utilisation,
@@ -245,6 +237,13 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
             d["l2_bytes"],
             100.0 * d["predicted_utilisation"].as_f64().unwrap_or(0.0)
         ));
+    }
+    out.push(format!(
+        "  device artifacts: in the bundle's folder, with mlir-aie's {} and the Peano compiler (PEANO_INSTALL_DIR) installed, per design:",
+        plan::AIECC
+    ));
+    for d in v["designs"].as_array().into_iter().flatten() {
+        out.push(format!("    {}", d["build"].as_str().unwrap_or("?")));
     }
     out
 }

@@ -171,7 +171,7 @@ fn check_bundle(name: &str, device: &str) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    assert_eq!(plan["format"], "npuc-xdna-plan/1");
+    assert_eq!(plan["format"], "npuc-xdna-plan/2");
     assert_eq!(plan["device"], device);
     assert_eq!(plan["host_threshold_rows"], 16);
     let planned: BTreeSet<String> =
@@ -192,7 +192,13 @@ fn check_bundle(name: &str, device: &str) -> bool {
         for k in ["file", "pretty"] {
             let text = String::from_utf8(b.read_file(d[k].as_str().unwrap()).unwrap()).unwrap();
             assert!(text.contains("aie.objectfifo.link") && text.contains("aiex.npu.dma_memcpy_nd"), "{}", d[k]);
+            // The cores' code is in the design: functions with bodies, no object to link.
+            assert!(text.contains("memref.load") && text.contains("arith.muli"), "{}", d[k]);
+            assert!(!text.contains("link_with") && !text.contains("private"), "{}", d[k]);
         }
+        let build = d["build"].as_str().unwrap();
+        assert!(build.starts_with("aiecc.py --no-xchesscc --no-xbridge"), "{build}");
+        assert!(build.ends_with(&format!(" {}", d["pretty"].as_str().unwrap())), "{build}");
         let u = d["tiling"]["utilisation"].as_f64().unwrap();
         assert!(u > 0.0 && u <= 1.0);
     }
@@ -206,6 +212,11 @@ fn check_bundle(name: &str, device: &str) -> bool {
     );
     assert_eq!(summary["xdna"]["mlir"], plan["mlir"]);
     assert_eq!(summary["xdna"]["projections_with_designs"], projections.len());
+    // Without aiecc on PATH, the summary says so and gives each design's build command.
+    assert!(summary["xdna"]["artifacts"].as_str().unwrap().starts_with("aiecc.py is not on PATH"), "{summary}");
+    for (d, s) in plan["designs"].as_array().unwrap().iter().zip(summary["xdna"]["designs"].as_array().unwrap()) {
+        assert_eq!((&s["name"], &s["build"]), (&d["name"], &d["build"]));
+    }
     let ran = designs_pass_the_interpreter(&b, &plan, plan["decode_rows"].as_u64().unwrap());
     let distinct: BTreeSet<String> = gemms
         .iter()

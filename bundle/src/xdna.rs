@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/1";
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/2";
 
 /// The decoded `xdna/plan.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -46,8 +46,8 @@ pub struct XdnaPlan {
     pub artifacts: Option<String>,
 }
 
-/// One design: its texts in the bundle, the kernel object it links, its tiling, and the device
-/// artifacts aiecc built for it (or why it could not).
+/// One design: its texts in the bundle (the cores' code included), the command that builds its
+/// device artifacts, its tiling, and the artifacts aiecc built for it (or why it could not).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanDesign {
@@ -56,7 +56,10 @@ pub struct PlanDesign {
     pub file: String,
     /// Bundle path of the custom (pretty) form.
     pub pretty: String,
-    pub kernel_object: String,
+    /// The command, run in the bundle's folder with mlir-aie's `aiecc.py` and the Peano compiler
+    /// installed, that writes the design's instruction stream, PDI and xclbin where
+    /// [`PlanDesign::insts_file`] and [`PlanDesign::pdi_file`] look for them.
+    pub build: String,
     pub tiling: PlanTiling,
     /// Bundle path of the instruction stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]

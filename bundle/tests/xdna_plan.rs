@@ -32,12 +32,12 @@ fn design(name: &str, m: usize, built: bool) -> PlanDesign {
         name: name.into(),
         file: format!("xdna/{name}.mlir"),
         pretty: format!("xdna/{name}.pretty.mlir"),
-        kernel_object: "mm_i8_i32_16x64x32.o".into(),
+        build: format!("aiecc.py --no-xchesscc xdna/{name}.pretty.mlir"),
         tiling: tiling(m),
         insts: built.then(|| format!("xdna/{name}.insts.bin")),
         xclbin: built.then(|| format!("xdna/{name}.xclbin")),
         pdi: built.then(|| format!("xdna/{name}.pdi")),
-        aiecc_error: (!built).then(|| "aiecc failed (exit status: 1): cannot open mm.o".into()),
+        aiecc_error: (!built).then(|| "aiecc failed (exit status: 1): peano not found".into()),
     }
 }
 
@@ -154,11 +154,11 @@ fn a_chunk_calling_an_unlisted_design_is_refused() {
 #[test]
 fn another_format_is_refused_before_its_fields() {
     let err = decode_edited(|j| {
-        j["format"] = "npuc-xdna-plan/2".into();
+        j["format"] = "npuc-xdna-plan/3".into();
         j.as_object_mut().unwrap().remove("designs");
     })
     .unwrap_err();
-    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/2".into(), expected: PLAN_FORMAT });
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/3".into(), expected: PLAN_FORMAT });
     assert!(err.to_string().contains(PLAN_FILE), "{err}");
     let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));
     assert_eq!(path, ".");

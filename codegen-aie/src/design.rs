@@ -14,17 +14,18 @@
 //!   shim in row-major order. mlir-aie lowers a join's output pattern once per input transfer, so
 //!   the pattern re-lays one core's `m × n` tile row-major inside its own transfer, and the
 //!   joined stream is the tiles one after the other: the block, row-major.
-//! - Each core zeroes its C tile, accumulates `k_steps` kernel calls into it, and releases it,
-//!   once per output tile it owns. The runtime sequence moves, for every (row block, column
+//! - Each core zeroes its C tile, accumulates `k_steps` calls of the int8 kernel into it, and
+//!   releases it, once per output tile it owns. Both functions are the design's own, with bodies
+//!   ([`crate::kernels`]); the L1 FIFOs' memref types are the blocked layouts they index. The runtime sequence moves, for every (row block, column
 //!   block), C's readback, A's slab and B's tiles, and waits every few blocks so no shim tile ever
 //!   has more buffer descriptors in flight than it holds.
 
 use crate::device::Device;
+use crate::kernels::{self, Function};
 use crate::tiling::Tiling;
 use std::fmt::Write;
 
-pub const MATMUL_KERNEL: &str = "matmul_i8_i32";
-pub const ZERO_KERNEL: &str = "zero_i32";
+pub use crate::kernels::{MATMUL as MATMUL_KERNEL, ZERO as ZERO_KERNEL};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
@@ -86,6 +87,8 @@ pub struct Core {
     pub c: String,
     pub tiles: usize,
     pub k_steps: usize,
+    /// The functions its body calls, each defined with a body in [`Design::functions`].
+    pub calls: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -111,6 +114,8 @@ pub struct Design {
     pub tiles: Vec<Tile>,
     pub fifos: Vec<Fifo>,
     pub links: Vec<Link>,
+    /// The cores' code ([`crate::kernels`]).
+    pub functions: Vec<Function>,
     pub cores: Vec<Core>,
     /// Runtime-sequence arguments: A, B (int8) and C (int32), flat.
     pub args: Vec<(usize, Elem)>,
@@ -120,11 +125,6 @@ pub struct Design {
 fn memref(shape: &[usize], elem: Elem) -> String {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     format!("memref<{}x{}>", dims.join("x"), elem.mlir())
-}
-
-/// Object-file name of the kernels for a per-core tile.
-pub fn kernel_object(t: &Tiling) -> String {
-    format!("mm_i8_i32_{}x{}x{}.o", t.m, t.k, t.n)
 }
 
 /// The design file's stem for a tiling: `gemm_<M>x<K>x<N>_<device>`.
@@ -152,6 +152,7 @@ pub fn build(t: &Tiling) -> Design {
         tiles: tiles(t),
         fifos,
         links,
+        functions: kernels::core_functions(t.device, (t.m, t.k, t.n)),
         cores: cores(t),
         args: vec![(p.m * p.k, Elem::I8), (p.k * p.n, Elem::I8), (p.m * p.n, Elem::I32)],
         seq: runtime_sequence(t),
@@ -195,7 +196,7 @@ fn a_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
             producer: (0, 1),
             consumers: (0..cols).map(|c| (c, row0 + rr)).collect(),
             depth: 2,
-            shape: vec![m, k],
+            shape: kernels::blocked_shapes(t.device, (m, k, t.n))[0].clone(),
             elem: Elem::I8,
             to_stream: vec![(m / r, r * k), (k / s, s), (r, k), (s, 1)],
         });
@@ -229,7 +230,7 @@ fn b_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
             producer: (c, 1),
             consumers: (0..t.rows).map(|rr| (c, row0 + rr)).collect(),
             depth: 2,
-            shape: vec![k, n],
+            shape: kernels::blocked_shapes(t.device, (t.m, k, n))[1].clone(),
             elem: Elem::I8,
             to_stream: vec![(k / s, s * n), (n / tt, tt), (s, n), (tt, 1)],
         });
@@ -256,7 +257,7 @@ fn c_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
                 producer: (c, row0 + rr),
                 consumers: vec![(c, 1)],
                 depth: 2,
-                shape: vec![m, n],
+                shape: kernels::blocked_shapes(t.device, (m, t.k, n))[2].clone(),
                 elem: Elem::I32,
                 to_stream: vec![],
             });
@@ -291,6 +292,7 @@ fn cores(t: &Tiling) -> Vec<Core> {
                 c: format!("C_L1L2_{c}_{rr}"),
                 tiles: t.tiles_per_core(),
                 k_steps: t.k_steps(),
+                calls: vec![ZERO_KERNEL.into(), MATMUL_KERNEL.into()],
             });
         }
     }
@@ -414,9 +416,11 @@ fn device_enum(d: Device) -> u32 {
 }
 
 impl Design {
+    /// The memref types of a core's A, B and C tiles: the blocked layouts the kernels index.
     fn kernel_types(&self) -> (String, String, String) {
         let t = &self.tiling;
-        (memref(&[t.m, t.k], Elem::I8), memref(&[t.k, t.n], Elem::I8), memref(&[t.m, t.n], Elem::I32))
+        let [a, b, c] = kernels::tile_types(t.device, (t.m, t.k, t.n));
+        (a, b, c)
     }
 
     fn module_attrs(&self) -> String {
@@ -449,12 +453,11 @@ impl Design {
         o
     }
 
-    /// The kernels' declarations and the tiles, in generic form.
+    /// The cores' functions and the tiles, in generic form.
     fn generic_kernels_and_tiles(&self, o: &mut String) {
-        let (ta, tb, tc) = self.kernel_types();
-        let obj = kernel_object(&self.tiling);
-        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({tc}) -> (), link_with = \"{obj}\", sym_name = \"{ZERO_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
-        let _ = writeln!(o, "    \"func.func\"() ({{\n    }}) {{function_type = ({ta}, {tb}, {tc}) -> (), link_with = \"{obj}\", sym_name = \"{MATMUL_KERNEL}\", sym_visibility = \"private\"}} : () -> ()");
+        for f in &self.functions {
+            o.push_str(&f.generic(4));
+        }
         for &tile in &self.tiles {
             let _ = writeln!(
                 o,
@@ -597,15 +600,11 @@ impl Design {
         o
     }
 
-    /// The kernels' declarations and the tiles, in custom form.
+    /// The cores' functions and the tiles, in custom form.
     fn pretty_kernels_and_tiles(&self, o: &mut String) {
-        let (ta, tb, tc) = self.kernel_types();
-        let obj = kernel_object(&self.tiling);
-        let _ = writeln!(o, "    func.func private @{ZERO_KERNEL}({tc}) attributes {{link_with = \"{obj}\"}}");
-        let _ = writeln!(
-            o,
-            "    func.func private @{MATMUL_KERNEL}({ta}, {tb}, {tc}) attributes {{link_with = \"{obj}\"}}"
-        );
+        for f in &self.functions {
+            o.push_str(&f.pretty(4));
+        }
         for &tile in &self.tiles {
             let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
         }

@@ -3,16 +3,17 @@
 //! their producers' access patterns (`dimensionsToStream`), mem-tile links (distribute by
 //! destination offsets, join by source offsets, broadcast to every consumer; as mlir-aie lowers
 //! them, one descriptor per transfer, a pattern addressing only its own transfer), and every core's
-//! loops, FIFO acquires/releases and kernel calls, with the kernels' semantics on the micro-block
-//! layout of the device (`matmul_i8_i32`: A in r×s blocks, B in s×t blocks, C in r×t blocks,
-//! accumulated in int32; `zero_i32`).
+//! loops, FIFO acquires/releases and calls. A call runs the callee's body from the design text
+//! (`func`: the scalar `arith`/`memref`/`scf` operations of the cores' code, see
+//! [`crate::kernels`]); a call to a function the design only declares is an error, as its code
+//! would come from an object file no bundle carries.
 //!
 //! Object FIFOs with blocking acquire/release make the design a Kahn process network, so its
 //! result does not depend on the schedule: the interpreter runs each process (shim input DMAs,
 //! mem-tile links, cores, shim output DMAs) to completion in data-flow order over unbounded
 //! queues. It fails on anything the hardware would get wrong or hang on: a process acquiring an
 //! element nobody produced, elements left over, a DMA whose length is not a whole number of FIFO
-//! elements, a shim BD reused before its wait, an unknown kernel, FIFO buffers past a compute
+//! elements, a shim BD reused before its wait, a call to no body, FIFO buffers past a compute
 //! tile's memory, an access pattern past its descriptor's limits. Elements a core acquires to
 //! produce start as garbage, so a missing `zero_i32` shows; host output starts as `i32::MIN`, so a
 //! missed store shows. FIFO depths are checked against memory but not simulated: a deadlock that
@@ -20,7 +21,21 @@
 //! not caught here.
 
 use crate::device::Device;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+mod func;
+pub use func::{Function, MemType};
+
+/// Every `func.func` of a generic-form module, at its top or in its `aie.device`, compiled;
+/// `fused`: reduction loops run as one instruction, as [`run`] runs them (else every operation is
+/// dispatched on its own).
+pub fn module_functions(text: &str, fused: bool) -> Result<Vec<Function>, InterpError> {
+    let module = parse(text)?;
+    let top = module.regions.iter().flat_map(|b| &b.ops);
+    let in_device = top.clone().filter(|o| o.name == "aie.device").flat_map(|o| o.regions.iter().flat_map(|b| &b.ops));
+    let compile = if fused { func::compile } else { func::compile_unfused };
+    top.chain(in_device).filter(|o| o.name == "func.func").map(compile).collect()
+}
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum InterpError {
@@ -339,6 +354,7 @@ type Elem = Vec<i32>;
 
 struct Machine {
     device: Device,
+    functions: HashMap<String, func::Function>,
     fifos: HashMap<String, FifoInfo>,
     /// Elements waiting at each (fifo, consumer tile).
     queues: HashMap<(String, (usize, usize)), VecDeque<Elem>>,
@@ -522,42 +538,6 @@ fn transfers(
     crate::rules::transfers(offsets, elems).or_else(|e| run_err(format!("{what}: {e}")))
 }
 
-/// int8 GEMM on the micro-block layout: `a` [m/r][k/s][r][s], `b` [k/s][n/t][s][t], `c`
-/// [m/r][n/t][r][t] accumulated.
-pub fn matmul_i8_i32(device: Device, (m, k, n): (usize, usize, usize), a: &[i32], b: &[i32], c: &mut [i32]) {
-    let (r, s, t) = device.micro_tile();
-    let mut a_rm = vec![0i16; m * k];
-    for i in 0..m {
-        for kk in 0..k {
-            a_rm[i * k + kk] = a[((i / r) * (k / s) + kk / s) * r * s + (i % r) * s + kk % s] as i16;
-        }
-    }
-    let mut b_rm = vec![0i16; k * n];
-    for kk in 0..k {
-        for j in 0..n {
-            b_rm[kk * n + j] = b[((kk / s) * (n / t) + j / t) * s * t + (kk % s) * t + j % t] as i16;
-        }
-    }
-    let mut acc = vec![0i32; n];
-    for i in 0..m {
-        acc.iter_mut().for_each(|x| *x = 0);
-        for kk in 0..k {
-            let av = a_rm[i * k + kk];
-            if av == 0 {
-                continue;
-            }
-            let row = &b_rm[kk * n..kk * n + n];
-            for (x, &bv) in acc.iter_mut().zip(row) {
-                // |i8 · i8| ≤ 2^14 fits i16 exactly.
-                *x += (av * bv) as i32;
-            }
-        }
-        for j in 0..n {
-            c[((i / r) * (n / t) + j / t) * r * t + (i % r) * t + j % t] += acc[j];
-        }
-    }
-}
-
 #[derive(Clone, Copy)]
 enum Val {
     Index(i64),
@@ -573,7 +553,7 @@ struct CoreState {
     /// Held elements per fifo id: (sequence number, data), oldest first; produce or consume.
     held: Vec<VecDeque<(u64, Elem, bool)>>,
     next_seq: u64,
-    kernel_calls: u64,
+    calls: BTreeMap<String, u64>,
 }
 
 impl Machine {
@@ -703,42 +683,35 @@ impl Machine {
         Ok(())
     }
 
-    /// `func.call` of one of the two kernels.
+    /// `func.call` of a function the design defines, on the FIFO elements the core holds: each
+    /// operand's buffer goes in, and comes back as the body left it.
     fn exec_call(&mut self, st: &mut CoreState, op: &Op, env: &HashMap<String, Val>) -> Result<(), InterpError> {
         let callee = op.symbol("callee")?;
+        let at = format!("core ({}, {}) line {}", st.tile.0, st.tile.1, op.line);
+        let Some(f) = self.functions.get(&callee) else {
+            return run_err(format!("{at}: calls @{callee}, which the design does not define"));
+        };
+        if !f.has_body() {
+            return run_err(format!(
+                "{at}: calls @{callee}, which has no body in the design (its code would be an object file no bundle carries)"
+            ));
+        }
+        if op.ty.trim() != f.function_type.trim() {
+            return run_err(format!("{at}: calls @{callee} as {}, defined as {}", op.ty, f.function_type));
+        }
         let args: Vec<Val> = op.operands.iter().map(|o| lookup(env, op, o)).collect::<Result<_, _>>()?;
-        match callee.as_str() {
-            "zero_i32" => Self::buffer(st, args[0])?.iter_mut().for_each(|x| *x = 0),
-            "matmul_i8_i32" => self.call_matmul(st, op, &args)?,
-            other => return run_err(format!("call to unknown kernel @{other}")),
+        let mut mems = Vec::with_capacity(args.len());
+        for (i, &a) in args.iter().enumerate() {
+            if args[..i].iter().any(|b| matches!((a, *b), (Val::Buf(x, s), Val::Buf(y, t)) if x == y && s == t)) {
+                return run_err(format!("{at}: passes one buffer to @{callee} twice"));
+            }
+            mems.push(Self::buffer(st, a)?.clone());
         }
-        Ok(())
-    }
-
-    /// `matmul_i8_i32(A, B, C)` with the shapes of the call's operand types.
-    fn call_matmul(&self, st: &mut CoreState, op: &Op, args: &[Val]) -> Result<(), InterpError> {
-        let (a_shape, _) = parse_memref(&op.ty)
-            .ok_or_else(|| InterpError::Parse { line: op.line, msg: "matmul operand types".into() })?;
-        let types = split_top(op.ty.trim_start_matches('(').split(')').next().unwrap_or(""));
-        let b_shape = types.get(1).and_then(|t| parse_memref(t)).map(|x| x.0).unwrap_or_default();
-        if a_shape.len() != 2 || b_shape.len() != 2 || a_shape[1] != b_shape[0] {
-            return Err(InterpError::Parse {
-                line: op.line,
-                msg: format!("matmul_i8_i32 operand shapes {a_shape:?} × {b_shape:?}"),
-            });
+        f.call(&mut mems).map_err(|e| InterpError::Run(format!("{at}: {e}")))?;
+        for (&a, m) in args.iter().zip(mems) {
+            *Self::buffer(st, a)? = m;
         }
-        let (m, k, n) = (a_shape[0], a_shape[1], b_shape[1]);
-        let a = Self::buffer(st, args[0])?.clone();
-        let b = Self::buffer(st, args[1])?.clone();
-        if a.len() != m * k || b.len() != k * n {
-            return run_err("matmul_i8_i32 operand sizes do not match their types");
-        }
-        let c = Self::buffer(st, args[2])?;
-        if c.len() != m * n {
-            return run_err("matmul_i8_i32 output size does not match its type");
-        }
-        matmul_i8_i32(self.device, (m, k, n), &a, &b, c);
-        st.kernel_calls += 1;
+        *st.calls.entry(callee).or_default() += 1;
         Ok(())
     }
 }
@@ -782,7 +755,8 @@ fn check_limits(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {
     pub dmas: usize,
-    pub kernel_calls: u64,
+    /// Calls of each function the cores made.
+    pub calls: BTreeMap<String, u64>,
     pub cores: usize,
 }
 
@@ -796,6 +770,7 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
     let mut host = host_buffers(seq, inputs)?;
     let mut m = Machine {
         device: body.device,
+        functions: body.functions,
         fifos: body.fifos,
         queues: HashMap::new(),
         partial: HashMap::new(),
@@ -813,6 +788,7 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
 /// What an `aie.device` declares: its FIFOs, links, cores and runtime sequence.
 struct DeviceBody<'o> {
     device: Device,
+    functions: HashMap<String, func::Function>,
     fifos: HashMap<String, FifoInfo>,
     links: Vec<LinkInfo>,
     cores: Vec<((usize, usize), &'o Op)>,
@@ -832,13 +808,16 @@ fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
     let mut tiles: HashMap<String, (usize, usize)> = HashMap::new();
     let (mut fifos, mut links, mut cores) = (HashMap::new(), vec![], vec![]);
     let mut sequence = None;
-    let mut kernels = vec![];
+    let mut functions = HashMap::new();
     for op in &device_op.regions[0].ops {
         match op.name.as_str() {
             "aie.tile" => {
                 tiles.insert(op.results[0].clone(), (op.int("col")? as usize, op.int("row")? as usize));
             }
-            "func.func" => kernels.push(declared_kernel(op)?),
+            "func.func" => {
+                let f = func::compile(op)?;
+                functions.insert(f.name.clone(), f);
+            }
             "aie.objectfifo" => {
                 let (name, fifo) = declared_fifo(op, &tiles)?;
                 fifos.insert(name, fifo);
@@ -861,23 +840,8 @@ fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
             }
         }
     }
-    for k in ["matmul_i8_i32", "zero_i32"] {
-        if !kernels.iter().any(|x| x == k) {
-            return run_err(format!("kernel @{k} is not declared"));
-        }
-    }
     let Some(sequence) = sequence else { return run_err("no aie.runtime_sequence") };
-    Ok(DeviceBody { device, fifos, links, cores, sequence })
-}
-
-/// A kernel declaration's name; a private declaration is an external kernel, so its object file
-/// must be named.
-fn declared_kernel(op: &Op) -> Result<String, InterpError> {
-    let name = op.need("sym_name")?.trim_matches('"').to_string();
-    if op.need("link_with")?.trim_matches('"').is_empty() {
-        return Err(InterpError::Parse { line: op.line, msg: format!("kernel @{name} links no object") });
-    }
-    Ok(name)
+    Ok(DeviceBody { device, functions, fifos, links, cores, sequence })
 }
 
 /// An object FIFO's name, tiles, element and producer access pattern.
@@ -1073,7 +1037,11 @@ impl Machine {
             done[next] = true;
             match &procs[next].0 {
                 Proc::Link(l) => self.run_link(l)?,
-                Proc::Core(tile, op) => stats.kernel_calls += self.run_core(*tile, op)?,
+                Proc::Core(tile, op) => {
+                    for (name, n) in self.run_core(*tile, op)? {
+                        *stats.calls.entry(name).or_default() += n;
+                    }
+                }
             }
         }
     }
@@ -1098,15 +1066,15 @@ impl Machine {
         procs
     }
 
-    /// Runs one core's body; returns its kernel calls.
-    fn run_core(&mut self, tile: (usize, usize), op: &Op) -> Result<u64, InterpError> {
-        let mut st = CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, kernel_calls: 0 };
+    /// Runs one core's body; returns its calls of each function.
+    fn run_core(&mut self, tile: (usize, usize), op: &Op) -> Result<BTreeMap<String, u64>, InterpError> {
+        let mut st = CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, calls: BTreeMap::new() };
         let mut env = HashMap::new();
         self.exec_block(&mut st, &op.regions[0], &mut env)?;
         if st.held.iter().any(|h| !h.is_empty()) {
             return run_err(format!("core {tile:?} ends holding FIFO elements"));
         }
-        Ok(st.kernel_calls)
+        Ok(st.calls)
     }
 
     /// Output DMAs, in sequence order, drain their FIFOs' streams into the host buffers.

@@ -1,6 +1,6 @@
 //! Code generation for AMD XDNA NPUs (`npu1` Phoenix/Hawk Point, `npu2` Strix): one MLIR-AIE
-//! design per GEMM shape (tile placement, object FIFOs, core bodies calling the int8 kernel, the
-//! runtime DMA sequence), the tiling cost model and resource checks, the host plan that maps the
+//! design per GEMM shape (tile placement, object FIFOs, core bodies calling the int8 kernel the
+//! design defines in MLIR, the runtime DMA sequence), the tiling cost model and resource checks, the host plan that maps the
 //! program's projections onto designs, and a design interpreter that executes the emitted text to
 //! prove it.
 //!
@@ -8,10 +8,12 @@
 //! - [`gemm`]: the projection GEMMs of a compiled program.
 //! - [`tiling`]: per-shape tiling by cost model; compile-time errors naming shape and budget.
 //! - [`design`]: the design of a tiling and its generic and pretty texts.
+//! - [`kernels`]: the cores' code, MLIR functions every design carries.
 //! - [`rules`]: mlir-aie's object FIFO, link and DMA descriptor rules and the tiles' resources,
 //!   checked on a design ([`design::check`]) so what mlir-aie would refuse fails without it.
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
-//! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host).
+//! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host) and
+//!   each design's `aiecc.py` build command.
 //! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
 //! - [`mlir`]: verifies designs with MLIR itself (`mlir-opt` of LLVM/MLIR 22).
 //! - [`amdxdna`] (feature `xrt`): runs a design on an XDNA NPU through the amdxdna driver's
@@ -24,6 +26,7 @@ pub mod design;
 pub mod device;
 pub mod gemm;
 pub mod interp;
+pub mod kernels;
 pub mod mlir;
 pub mod plan;
 pub mod quant;

@@ -1,16 +1,16 @@
 //! MLIR's own parser and verifier over a design's generic text: `mlir-opt` of LLVM/MLIR 22
 //! (Debian's `mlir-22-tools`), run as a subprocess with unregistered dialects allowed.
 //!
-//! `mlir-opt` registers every upstream dialect, so `arith.constant`, `scf.for`/`scf.yield` and
-//! the `func.func` kernel declarations are verified as the real operations (types, attributes,
+//! `mlir-opt` registers every upstream dialect, so `arith`, `scf` and `memref` operations and the
+//! cores' `func.func` functions are verified as the real operations (types, attributes,
 //! region terminators, SSA dominance), and the AIE dialects (`aie`, `aiex`) parse in their generic
 //! form with MLIR checking the syntax, the types and the SSA names. One operation needs a hand:
 //! `func.call` resolves its callee in the nearest symbol table, and MLIR stops that search at the
 //! first unregistered operation with one region (`aie.core`: it might be a symbol table), so inside
 //! a core no callee can be found without the AIE dialect. The text given to MLIR therefore spells
 //! `func.call` as the unregistered `npuc_unresolved.call`, and [`verify_generic`] checks what the
-//! callee lookup would: every call names a kernel the design declares, with the declaration's
-//! exact `function_type`.
+//! callee lookup would: every call names a function the design defines, with its exact
+//! `function_type`.
 //!
 //! The tool is `NPUC_MLIR_OPT` when set, else `mlir-opt-22` or `mlir-opt` on PATH, else
 //! `/usr/lib/llvm-22/bin/mlir-opt`.
@@ -135,7 +135,7 @@ fn attr<'l>(line: &'l str, key: &str) -> Option<&'l str> {
 mod tests {
     use super::*;
 
-    const DECL: &str = "    \"func.func\"() ({\n    }) {function_type = (memref<4x8xi32>) -> (), link_with = \"k.o\", sym_name = \"zero_i32\", sym_visibility = \"private\"} : () -> ()\n";
+    const DECL: &str = "    \"func.func\"() ({\n    }) {function_type = (memref<4x8xi32>) -> (), sym_name = \"zero_i32\", sym_visibility = \"private\"} : () -> ()\n";
 
     #[test]
     fn calls_must_name_a_declared_kernel_with_its_type() {

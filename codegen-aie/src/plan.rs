@@ -129,6 +129,36 @@ pub fn design_files(name: &str) -> (String, String) {
     (format!("xdna/{name}.mlir"), format!("xdna/{name}.pretty.mlir"))
 }
 
+/// mlir-aie's compiler driver, as its Python package installs it.
+pub const AIECC: &str = "aiecc.py";
+
+/// The arguments `aiecc.py` takes, run in the bundle's folder, to build a design's device
+/// artifacts from its custom form: the cores compiled by Peano (no xchesscc, no xbridge: mlir-aie
+/// lowers the cores' MLIR functions to LLVM and Peano's `opt`/`llc` compile them for the device
+/// the design names, AIE2 for npu1, AIE2P for npu2; `PEANO_INSTALL_DIR` says where Peano is), no
+/// host code, and the instruction stream, PDI and xclbin written as `xdna/<name>.insts.bin`,
+/// `.pdi` and `.xclbin`, the files the runtime loads.
+pub fn build_args(name: &str) -> Vec<String> {
+    let (_, pretty) = design_files(name);
+    vec![
+        "--no-xchesscc".into(),
+        "--no-xbridge".into(),
+        "--no-compile-host".into(),
+        "--aie-generate-npu-insts".into(),
+        format!("--npu-insts-name=xdna/{name}.insts.bin"),
+        "--aie-generate-pdi".into(),
+        format!("--pdi-name=xdna/{name}.pdi"),
+        "--aie-generate-xclbin".into(),
+        format!("--xclbin-name=xdna/{name}.xclbin"),
+        pretty,
+    ]
+}
+
+/// [`build_args`] as one shell command line (design names need no quoting).
+pub fn build_command(name: &str) -> String {
+    format!("{AIECC} {}", build_args(name).join(" "))
+}
+
 impl Plan {
     /// The plan as the bundle stores it (`xdna/plan.json`), without what only the build knows:
     /// MLIR's verdict, and the device artifacts aiecc built.
@@ -154,7 +184,7 @@ fn design_entry(d: &Design) -> PlanDesign {
         name: d.name.clone(),
         file,
         pretty,
-        kernel_object: design::kernel_object(&d.tiling),
+        build: build_command(&d.name),
         tiling: tiling_entry(&d.tiling),
         insts: None,
         xclbin: None,

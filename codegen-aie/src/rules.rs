@@ -66,6 +66,9 @@ pub enum Rule {
     RuntimeDma,
     /// Runtime DMA ids below the shim's BD count, none reused before the wait that frees it.
     ShimBdIds,
+    /// Every function a core calls is defined in the design with a body, so mlir-aie compiles the
+    /// core's code from the design alone (a declaration would link an object no bundle carries).
+    CoreCalls,
 }
 
 impl Rule {
@@ -89,6 +92,7 @@ impl Rule {
             Rule::Bds => "bds",
             Rule::RuntimeDma => "runtime-dma",
             Rule::ShimBdIds => "shim-bd-ids",
+            Rule::CoreCalls => "core-calls",
         }
     }
 }
@@ -207,6 +211,7 @@ pub fn max_index(dims: &[(usize, usize)]) -> usize {
 /// Checks every rule of a design: its FIFOs, its links and the patterns they imply, every
 /// tile's memory, channels, locks and descriptors, and the runtime sequence.
 pub fn check(d: &Design) -> Result<(), ResourceError> {
+    check_core_calls(d)?;
     check_fifos(d)?;
     check_links(d)?;
     check_producer_patterns(d)?;
@@ -242,6 +247,23 @@ fn tile_subject(t: Tile) -> String {
         _ => "compute tile",
     };
     format!("{kind} ({}, {})", t.0, t.1)
+}
+
+/// Every function a core calls has a body in the design.
+fn check_core_calls(d: &Design) -> Result<(), ResourceError> {
+    for core in &d.cores {
+        for callee in &core.calls {
+            let what = match d.functions.iter().find(|f| &f.name == callee) {
+                None => format!("calls @{callee}, which the design does not define"),
+                Some(f) if f.body.is_none() => format!(
+                    "calls @{callee}, which the design declares without a body (its code would be an object file no bundle carries)"
+                ),
+                Some(_) => continue,
+            };
+            return fail(d, Rule::CoreCalls, format!("core on {}", tile_subject(core.tile)), what);
+        }
+    }
+    Ok(())
 }
 
 /// Every FIFO has a depth and a consumer, and a shim producer streams its buffer linearly.

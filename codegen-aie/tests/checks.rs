@@ -450,3 +450,23 @@ fn buffers_fit_a_memory_bank() {
     assert_rule(&err, Rule::Banks, "compute tile (0, 2)");
     assert!(err.what.contains("X's buffer of 18432 bytes"), "{err}");
 }
+
+#[test]
+fn a_core_calling_a_function_without_a_body_is_refused_naming_it_and_the_tile() {
+    let err = refused(|d| d.functions.iter_mut().find(|f| f.name == "matmul_i8_i32").unwrap().body = None);
+    assert_rule(&err, Rule::CoreCalls, "compute tile (0, 2)");
+    assert!(err.to_string().contains("@matmul_i8_i32") && err.to_string().contains("without a body"), "{err}");
+    let err = refused(|d| d.functions.retain(|f| f.name != "zero_i32"));
+    assert_rule(&err, Rule::CoreCalls, "compute tile (0, 2)");
+    assert!(err.to_string().contains("@zero_i32, which the design does not define"), "{err}");
+}
+
+#[test]
+fn the_interpreter_refuses_a_call_to_a_declaration() {
+    let mut d = design(Device::Npu1, 64, 128, 128);
+    d.functions.iter_mut().find(|f| f.name == "zero_i32").unwrap().body = None;
+    let text = d.generic();
+    assert!(text.contains("sym_name = \"zero_i32\", sym_visibility = \"private\""));
+    let err = run_text(&d, &text, 1).unwrap_err().to_string();
+    assert!(err.contains("core (0, 2)") && err.contains("calls @zero_i32, which has no body in the design"), "{err}");
+}

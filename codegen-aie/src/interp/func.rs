@@ -1,0 +1,561 @@
+//! The functions a design defines for its cores, executed from their generic text: each body is
+//! compiled once into a tree of instructions over numbered registers (SSA values as i64, wrapped
+//! to their integer width after every operation) and the call's memrefs (flat element buffers,
+//! row-major). The operations are the ones a core's scalar code needs — `arith.constant`,
+//! `arith.extsi`, `arith.addi`, `arith.subi`, `arith.muli`, `memref.load`, `memref.store`,
+//! `scf.for` (with carried values), `scf.yield`, `func.return` — and anything else is an error
+//! naming the operation, the function and the line. Loads and stores check every index against
+//! the memref's shape.
+
+use super::{parse_memref, split_top, Block, InterpError, Op};
+use std::collections::HashMap;
+
+/// A memref parameter: its shape, row-major strides and element width in bits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemType {
+    pub shape: Vec<usize>,
+    strides: Vec<usize>,
+    bits: u32,
+}
+
+impl MemType {
+    fn parse(ty: &str) -> Option<MemType> {
+        let (shape, elem) = parse_memref(ty)?;
+        let bits = int_bits(&elem)?;
+        let mut strides = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        Some(MemType { shape, strides, bits })
+    }
+
+    pub fn elems(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Bits of an integer type (`i8`, `i32`; `index` as 64).
+fn int_bits(ty: &str) -> Option<u32> {
+    match ty.trim() {
+        "index" => Some(64),
+        t => t.strip_prefix('i')?.parse().ok().filter(|b| (1..=64).contains(b)),
+    }
+}
+
+/// `x` wrapped to a signed integer of `bits`.
+fn wrap(x: i64, bits: u32) -> i64 {
+    if bits >= 64 {
+        x
+    } else {
+        let shift = 64 - bits;
+        (x << shift) >> shift
+    }
+}
+
+/// Values one `scf.for` may carry.
+const MAX_CARRIED: usize = 8;
+
+#[derive(Debug, Clone, Copy)]
+enum BinOp {
+    Add,
+    Sub,
+    Mul,
+}
+
+#[derive(Debug)]
+enum Instr {
+    Const { dst: usize, value: i64 },
+    Copy { dst: usize, src: usize },
+    Bin { dst: usize, op: BinOp, a: usize, b: usize, bits: u32 },
+    Load { dst: usize, mem: usize, idx: Vec<usize>, line: usize },
+    Store { val: usize, mem: usize, idx: Vec<usize>, line: usize },
+    For(Box<Loop>),
+    Dot(Box<Dot>),
+}
+
+/// A reduction loop `acc' = acc + ext(load A[..iv..]) * ext(load B[..iv..])` run as one
+/// instruction: the same loads, wraps and bounds checks, without dispatching each operation.
+#[derive(Debug)]
+struct Dot {
+    bounds: [usize; 3],
+    init: usize,
+    result: usize,
+    operands: [DotOperand; 2],
+    mul_bits: u32,
+    add_bits: u32,
+    line: usize,
+}
+
+/// A load of the reduction: its memref, index registers, and where the loop's index is among
+/// them (if anywhere).
+#[derive(Debug)]
+struct DotOperand {
+    mem: usize,
+    idx: Vec<usize>,
+    iv_at: Option<usize>,
+}
+
+#[derive(Debug)]
+struct Loop {
+    bounds: [usize; 3],
+    iv: usize,
+    /// Carried values: (initial value's register, the body's argument register).
+    carried: Vec<(usize, usize)>,
+    body: Vec<Instr>,
+    yielded: Vec<usize>,
+    results: Vec<usize>,
+    line: usize,
+}
+
+/// A function compiled from its text; `None` body: a declaration.
+#[derive(Debug)]
+pub struct Function {
+    pub name: String,
+    pub params: Vec<MemType>,
+    /// `(T, ...) -> ()` as the text declares it.
+    pub function_type: String,
+    body: Option<Vec<Instr>>,
+    registers: usize,
+}
+
+/// What an SSA name stands for while compiling.
+#[derive(Clone, Copy)]
+enum Value {
+    Reg(usize, u32),
+    Mem(usize),
+}
+
+struct Compiler<'f> {
+    func: &'f str,
+    /// Run reduction loops as [`Dot`]s.
+    fuse: bool,
+    /// Each memref parameter's rank.
+    ranks: Vec<usize>,
+    names: HashMap<String, Value>,
+    registers: usize,
+}
+
+fn perr<T>(line: usize, msg: String) -> Result<T, InterpError> {
+    Err(InterpError::Parse { line, msg })
+}
+
+/// The result type after `->` of a generic operation's type.
+fn result_type(op: &Op) -> &str {
+    op.ty.rsplit_once("->").map(|(_, t)| t.trim()).unwrap_or("")
+}
+
+impl Compiler<'_> {
+    fn define(&mut self, name: &str, bits: u32) -> usize {
+        let r = self.registers;
+        self.registers += 1;
+        self.names.insert(name.to_string(), Value::Reg(r, bits));
+        r
+    }
+
+    fn reg(&self, op: &Op, name: &str) -> Result<(usize, u32), InterpError> {
+        match self.names.get(name) {
+            Some(&Value::Reg(r, bits)) => Ok((r, bits)),
+            Some(Value::Mem(_)) => {
+                perr(op.line, format!("@{}: {} takes {name}, a memref, as a value", self.func, op.name))
+            }
+            None => perr(op.line, format!("@{}: {name} is not defined", self.func)),
+        }
+    }
+
+    fn mem(&self, op: &Op, name: &str) -> Result<usize, InterpError> {
+        match self.names.get(name) {
+            Some(&Value::Mem(m)) => Ok(m),
+            _ => perr(op.line, format!("@{}: {} on {name}, which is not a memref parameter", self.func, op.name)),
+        }
+    }
+
+    fn result_bits(&self, op: &Op) -> Result<u32, InterpError> {
+        int_bits(result_type(op)).ok_or_else(|| InterpError::Parse {
+            line: op.line,
+            msg: format!("@{}: {} of type {}, not an integer", self.func, op.name, op.ty),
+        })
+    }
+
+    fn result<'o>(&self, op: &'o Op) -> Result<&'o str, InterpError> {
+        match op.results.as_slice() {
+            [r] => Ok(r),
+            _ => perr(op.line, format!("@{}: {} needs one result", self.func, op.name)),
+        }
+    }
+
+    fn block(&mut self, block: &Block, out: &mut Vec<Instr>) -> Result<Vec<usize>, InterpError> {
+        for op in &block.ops {
+            match op.name.as_str() {
+                "scf.yield" | "func.return" => {
+                    return op.operands.iter().map(|o| self.reg(op, o).map(|r| r.0)).collect();
+                }
+                _ => out.push(self.instr(op)?),
+            }
+        }
+        Ok(vec![])
+    }
+
+    fn instr(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let arith = match op.name.as_str() {
+            "arith.addi" => Some(BinOp::Add),
+            "arith.subi" => Some(BinOp::Sub),
+            "arith.muli" => Some(BinOp::Mul),
+            _ => None,
+        };
+        if let Some(bop) = arith {
+            let [a, b] = op.operands.as_slice() else {
+                return perr(op.line, format!("@{}: {} takes two operands", self.func, op.name));
+            };
+            let ((a, _), (b, _)) = (self.reg(op, a)?, self.reg(op, b)?);
+            let bits = self.result_bits(op)?;
+            let dst = self.define(self.result(op)?, bits);
+            return Ok(Instr::Bin { dst, op: bop, a, b, bits });
+        }
+        match op.name.as_str() {
+            "arith.constant" => {
+                let bits = self.result_bits(op)?;
+                let value = wrap(op.int("value")?, bits);
+                Ok(Instr::Const { dst: self.define(self.result(op)?, bits), value })
+            }
+            "arith.extsi" => {
+                let [src] = op.operands.as_slice() else {
+                    return perr(op.line, format!("@{}: arith.extsi takes one operand", self.func));
+                };
+                let (src, _) = self.reg(op, src)?;
+                let bits = self.result_bits(op)?;
+                Ok(Instr::Copy { dst: self.define(self.result(op)?, bits), src })
+            }
+            "memref.load" => {
+                let (mem, idx) = self.access(op, 0)?;
+                let bits = self.result_bits(op)?;
+                Ok(Instr::Load { dst: self.define(self.result(op)?, bits), mem, idx, line: op.line })
+            }
+            "memref.store" => {
+                let (mem, idx) = self.access(op, 1)?;
+                let (val, _) = self.reg(op, &op.operands[0])?;
+                Ok(Instr::Store { val, mem, idx, line: op.line })
+            }
+            "scf.for" => self.for_loop(op),
+            other => perr(op.line, format!("@{}: unsupported operation {other} in a function body", self.func)),
+        }
+    }
+
+    /// The memref and index registers of a load (`first` = 0) or store (`first` = 1).
+    fn access(&self, op: &Op, first: usize) -> Result<(usize, Vec<usize>), InterpError> {
+        let Some(mem) = op.operands.get(first) else {
+            return perr(op.line, format!("@{}: {} without a memref", self.func, op.name));
+        };
+        let mem = self.mem(op, mem)?;
+        let idx: Vec<usize> =
+            op.operands[first + 1..].iter().map(|o| self.reg(op, o).map(|r| r.0)).collect::<Result<_, _>>()?;
+        if idx.len() != self.ranks[mem] {
+            return perr(
+                op.line,
+                format!(
+                    "@{}: {} with {} indices into a memref of rank {}",
+                    self.func,
+                    op.name,
+                    idx.len(),
+                    self.ranks[mem]
+                ),
+            );
+        }
+        Ok((mem, idx))
+    }
+
+    fn for_loop(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        if op.operands.len() < 3 || op.regions.len() != 1 {
+            return perr(op.line, format!("@{}: scf.for needs bounds, a step and a body", self.func));
+        }
+        let mut bounds = [0; 3];
+        for (b, name) in bounds.iter_mut().zip(&op.operands) {
+            *b = self.reg(op, name)?.0;
+        }
+        if op.operands.len() - 3 > MAX_CARRIED {
+            return perr(op.line, format!("@{}: scf.for carries more than {MAX_CARRIED} values", self.func));
+        }
+        let inits: Vec<usize> =
+            op.operands[3..].iter().map(|o| self.reg(op, o).map(|r| r.0)).collect::<Result<_, _>>()?;
+        let body = &op.regions[0];
+        if body.args.len() != 1 + inits.len() || op.results.len() != inits.len() {
+            return perr(
+                op.line,
+                format!(
+                    "@{}: scf.for carries {} values into {} block arguments and {} results",
+                    self.func,
+                    inits.len(),
+                    body.args.len().saturating_sub(1),
+                    op.results.len()
+                ),
+            );
+        }
+        let iv = self.define(&body.args[0].0, 64);
+        let mut carried = vec![];
+        let mut widths = vec![];
+        for ((name, ty), &init) in body.args[1..].iter().zip(&inits) {
+            let Some(bits) = int_bits(ty) else {
+                return perr(op.line, format!("@{}: carried {name} of type {ty}, not an integer", self.func));
+            };
+            carried.push((init, self.define(name, bits)));
+            widths.push(bits);
+        }
+        let mut code = vec![];
+        let yielded = self.block(body, &mut code)?;
+        if yielded.len() != carried.len() {
+            let what = format!("scf.for yields {} values for {} carried", yielded.len(), carried.len());
+            return perr(op.line, format!("@{}: {what}", self.func));
+        }
+        let results = op.results.iter().zip(widths).map(|(r, bits)| self.define(r, bits)).collect();
+        let l = Loop { bounds, iv, carried, body: code, yielded, results, line: op.line };
+        Ok(match fuse_dot(&l) {
+            Some(dot) if self.fuse => Instr::Dot(Box::new(dot)),
+            _ => Instr::For(Box::new(l)),
+        })
+    }
+}
+
+/// The register an instruction defines.
+fn defined(i: &Instr) -> Option<usize> {
+    match i {
+        Instr::Const { dst, .. } | Instr::Copy { dst, .. } | Instr::Bin { dst, .. } | Instr::Load { dst, .. } => {
+            Some(*dst)
+        }
+        _ => None,
+    }
+}
+
+/// The loop as a [`Dot`], when its body is exactly one carried sum of a product of two
+/// (sign-extended) loads whose indices are the loop's index or values from outside the loop.
+fn fuse_dot(l: &Loop) -> Option<Dot> {
+    let (&[(init, acc)], &[sum], &[result]) = (&l.carried[..], &l.yielded[..], &l.results[..]) else { return None };
+    let def = |r: usize| l.body.iter().find(|i| defined(i) == Some(r));
+    let mut used = 1;
+    let Some(&Instr::Bin { op: BinOp::Add, a, b, bits: add_bits, .. }) = def(sum) else { return None };
+    let prod = match (a == acc, b == acc) {
+        (true, false) => b,
+        (false, true) => a,
+        _ => return None,
+    };
+    let Some(&Instr::Bin { op: BinOp::Mul, a: x, b: y, bits: mul_bits, .. }) = def(prod) else { return None };
+    used += 1;
+    let inside = |r: usize| r == acc || l.body.iter().any(|i| defined(i) == Some(r));
+    let mut operand = |mut r: usize| {
+        while let Some(&Instr::Copy { src, .. }) = def(r) {
+            used += 1;
+            r = src;
+        }
+        let Some(Instr::Load { mem, idx, .. }) = def(r) else { return None };
+        used += 1;
+        if idx.iter().any(|&i| i != l.iv && inside(i)) || idx.iter().filter(|&&i| i == l.iv).count() > 1 {
+            return None;
+        }
+        Some(DotOperand { mem: *mem, idx: idx.clone(), iv_at: idx.iter().position(|&i| i == l.iv) })
+    };
+    let operands = [operand(x)?, operand(y)?];
+    (used == l.body.len()).then_some(Dot { bounds: l.bounds, init, result, operands, mul_bits, add_bits, line: l.line })
+}
+
+/// Compiles a `func.func` of the design: its parameters (memrefs of integers) and its body.
+pub fn compile(op: &Op) -> Result<Function, InterpError> {
+    compile_with(op, true)
+}
+
+/// [`compile`] without [`Dot`]: every operation dispatched on its own (tests compare the two).
+pub fn compile_unfused(op: &Op) -> Result<Function, InterpError> {
+    compile_with(op, false)
+}
+
+fn compile_with(op: &Op, fuse: bool) -> Result<Function, InterpError> {
+    let name = op.need("sym_name")?.trim_matches('"').to_string();
+    let function_type = op.need("function_type")?.to_string();
+    let types = function_type.trim().strip_prefix('(').and_then(|t| t.split_once(')')).map(|(p, _)| split_top(p));
+    let Some(types) = types else { return perr(op.line, format!("@{name}: function_type {function_type}")) };
+    let params =
+        types.iter().map(|t| MemType::parse(t)).collect::<Option<Vec<_>>>().ok_or_else(|| InterpError::Parse {
+            line: op.line,
+            msg: format!("@{name}: a parameter is not a memref of integers: {function_type}"),
+        })?;
+    let block = op.regions.first().filter(|b| !b.ops.is_empty() || !b.args.is_empty());
+    let Some(block) = block else { return Ok(Function { name, params, function_type, body: None, registers: 0 }) };
+    if block.args.len() != params.len() {
+        return perr(op.line, format!("@{name}: {} block arguments for {} parameters", block.args.len(), params.len()));
+    }
+    let ranks = params.iter().map(|p| p.shape.len()).collect();
+    let mut c = Compiler { func: &name, fuse, ranks, names: HashMap::new(), registers: 0 };
+    for (i, (arg, _)) in block.args.iter().enumerate() {
+        c.names.insert(arg.clone(), Value::Mem(i));
+    }
+    let mut code = vec![];
+    c.block(block, &mut code)?;
+    let registers = c.registers;
+    Ok(Function { name, params, function_type, body: Some(code), registers })
+}
+
+impl Function {
+    pub fn has_body(&self) -> bool {
+        self.body.is_some()
+    }
+
+    /// Runs the body on `mems`, one flat buffer per parameter, each as long as its memref.
+    pub fn call(&self, mems: &mut [Vec<i32>]) -> Result<(), InterpError> {
+        let Some(code) = &self.body else {
+            return Err(InterpError::Run(format!("@{} has no body in the design", self.name)));
+        };
+        if mems.len() != self.params.len() || mems.iter().zip(&self.params).any(|(m, p)| m.len() != p.elems()) {
+            return Err(InterpError::Run(format!(
+                "@{} called with buffers that are not its {}",
+                self.name, self.function_type
+            )));
+        }
+        let mut regs = vec![0i64; self.registers];
+        let mut run = Run { func: self, regs: &mut regs, mems };
+        run.exec(code)
+    }
+}
+
+struct Run<'a> {
+    func: &'a Function,
+    regs: &'a mut [i64],
+    mems: &'a mut [Vec<i32>],
+}
+
+impl Run<'_> {
+    fn exec(&mut self, code: &[Instr]) -> Result<(), InterpError> {
+        for instr in code {
+            match instr {
+                Instr::Const { dst, value } => self.regs[*dst] = *value,
+                Instr::Copy { dst, src } => self.regs[*dst] = self.regs[*src],
+                Instr::Bin { dst, op, a, b, bits } => {
+                    let (x, y) = (self.regs[*a], self.regs[*b]);
+                    let v = match op {
+                        BinOp::Add => x.wrapping_add(y),
+                        BinOp::Sub => x.wrapping_sub(y),
+                        BinOp::Mul => x.wrapping_mul(y),
+                    };
+                    self.regs[*dst] = wrap(v, *bits);
+                }
+                Instr::Load { dst, mem, idx, line } => {
+                    let at = self.offset(*mem, idx, *line)?;
+                    self.regs[*dst] = wrap(self.mems[*mem][at] as i64, self.func.params[*mem].bits);
+                }
+                Instr::Store { val, mem, idx, line } => {
+                    let at = self.offset(*mem, idx, *line)?;
+                    self.mems[*mem][at] = wrap(self.regs[*val], self.func.params[*mem].bits) as i32;
+                }
+                Instr::For(l) => self.exec_loop(l)?,
+                Instr::Dot(d) => self.exec_dot(d)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The flat offset of an access, every index inside its dimension (the count of indices is
+    /// the memref's rank, checked when compiling).
+    #[inline]
+    fn offset(&self, mem: usize, idx: &[usize], line: usize) -> Result<usize, InterpError> {
+        let t = &self.func.params[mem];
+        let mut at = 0;
+        for ((&r, &dim), &stride) in idx.iter().zip(&t.shape).zip(&t.strides) {
+            let i = self.regs[r];
+            if i as u64 >= dim as u64 {
+                return Err(self.out_of_bounds(mem, i, dim, line));
+            }
+            at += i as usize * stride;
+        }
+        Ok(at)
+    }
+
+    #[cold]
+    fn out_of_bounds(&self, mem: usize, i: i64, dim: usize, line: usize) -> InterpError {
+        let what = format!("index {i} outside a dimension of {dim} (memref {:?})", self.func.params[mem].shape);
+        InterpError::Run(format!("@{} line {line}: {what}", self.func.name))
+    }
+
+    /// A [`Dot`]: each operand's offset at the first index and its step, every index checked
+    /// (the loop's at its first and last value), then the loads, products and sums in order.
+    fn exec_dot(&mut self, d: &Dot) -> Result<(), InterpError> {
+        let [lb, ub, step] = d.bounds.map(|r| self.regs[r]);
+        if step <= 0 {
+            return Err(InterpError::Run(format!("@{} line {}: scf.for step {step}", self.func.name, d.line)));
+        }
+        let mut acc = self.regs[d.init];
+        let trips = if ub > lb { ((ub - lb + step - 1) / step) as usize } else { 0 };
+        if trips > 0 {
+            let last = lb + (trips as i64 - 1) * step;
+            let mut walks = [(0usize, 0usize); 2];
+            for (w, o) in walks.iter_mut().zip(&d.operands) {
+                *w = self.walk(o, lb, last, step, d.line)?;
+            }
+            let [(mut ia, sa), (mut ib, sb)] = walks;
+            let (ma, mb) = (&self.mems[d.operands[0].mem], &self.mems[d.operands[1].mem]);
+            let (ba, bb) = (self.func.params[d.operands[0].mem].bits, self.func.params[d.operands[1].mem].bits);
+            if (ba, bb, d.mul_bits, d.add_bits) == (8, 8, 32, 32) {
+                // int8 × int8 summed in int32: the same wraps, as Rust's integer types.
+                let mut sum = acc as i32;
+                for _ in 0..trips {
+                    sum = sum.wrapping_add(ma[ia] as i8 as i32 * mb[ib] as i8 as i32);
+                    ia += sa;
+                    ib += sb;
+                }
+                acc = sum as i64;
+            } else {
+                for _ in 0..trips {
+                    let p = wrap(wrap(ma[ia] as i64, ba).wrapping_mul(wrap(mb[ib] as i64, bb)), d.mul_bits);
+                    acc = wrap(acc.wrapping_add(p), d.add_bits);
+                    ia += sa;
+                    ib += sb;
+                }
+            }
+        }
+        self.regs[d.result] = acc;
+        Ok(())
+    }
+
+    /// An operand's offset at the loop's first index and its step per iteration, with its
+    /// indices checked at the first and the last.
+    fn walk(
+        &mut self,
+        o: &DotOperand,
+        first: i64,
+        last: i64,
+        step: i64,
+        line: usize,
+    ) -> Result<(usize, usize), InterpError> {
+        let Some(at) = o.iv_at else { return Ok((self.offset(o.mem, &o.idx, line)?, 0)) };
+        let dim = self.func.params[o.mem].shape[at];
+        if last as u64 >= dim as u64 {
+            return Err(self.out_of_bounds(o.mem, last, dim, line));
+        }
+        self.regs[o.idx[at]] = first;
+        Ok((self.offset(o.mem, &o.idx, line)?, self.func.params[o.mem].strides[at] * step as usize))
+    }
+
+    fn exec_loop(&mut self, l: &Loop) -> Result<(), InterpError> {
+        let [lb, ub, step] = l.bounds.map(|r| self.regs[r]);
+        if step <= 0 {
+            return Err(InterpError::Run(format!("@{} line {}: scf.for step {step}", self.func.name, l.line)));
+        }
+        for &(init, arg) in &l.carried {
+            self.regs[arg] = self.regs[init];
+        }
+        // Yields assign all carried values at once; a loop carries few.
+        let mut next = [0i64; MAX_CARRIED];
+        let next = &mut next[..l.yielded.len()];
+        let mut i = lb;
+        while i < ub {
+            self.regs[l.iv] = i;
+            self.exec(&l.body)?;
+            for (n, &y) in next.iter_mut().zip(&l.yielded) {
+                *n = self.regs[y];
+            }
+            for (&(_, arg), &n) in l.carried.iter().zip(next.iter()) {
+                self.regs[arg] = n;
+            }
+            i += step;
+        }
+        for (&res, &(_, arg)) in l.results.iter().zip(&l.carried) {
+            self.regs[res] = self.regs[arg];
+        }
+        Ok(())
+    }
+}

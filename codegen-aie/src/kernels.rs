@@ -1,0 +1,305 @@
+//! The compute cores' code, carried by every design as MLIR function bodies that mlir-aie lowers
+//! itself (`aie-standard-lowering`, then MLIR's own lowering to LLVM), so a design needs no object
+//! file: `zero_i32` clears a core's C tile and `matmul_i8_i32` accumulates `A · B` into it, in
+//! int32, on the micro-block layouts the mem-tile DMAs write (the device's r×s×t, see
+//! [`crate::device::Device::micro_tile`]):
+//!
+//! - A `m × k` as `[m/r][k/s][r][s]`, B `k × n` as `[k/s][n/t][s][t]`, C `m × n` as
+//!   `[m/r][n/t][r][t]` — each a 4-d memref, so every load is a plain index.
+//! - The three innermost loops walk one native block (`r`, then `t`, then the `s`-long reduction
+//!   carried in a register), the shape a vectorizer maps onto the array's matrix multiply.
+//!
+//! A function is a small structured program ([`Stmt`]) printed in the generic form the
+//! interpreter executes ([`Function::generic`]) and in the custom form `aie-opt` takes
+//! ([`Function::pretty`]); one structure, so the two texts cannot disagree.
+
+use crate::device::Device;
+use std::fmt::Write;
+
+pub const MATMUL: &str = "matmul_i8_i32";
+pub const ZERO: &str = "zero_i32";
+
+/// One operation of a function body. Values are SSA names (`%x`); types are MLIR's spelling.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `res = arith.constant value : ty`.
+    Const { res: String, value: i64, ty: &'static str },
+    /// `res = memref.load mem[idx] : mem_ty`, an element of type `ty`.
+    Load { res: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
+    /// `memref.store val, mem[idx] : mem_ty`.
+    Store { val: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
+    /// `res = arith.extsi src : from to to`.
+    ExtSI { res: String, src: String, from: &'static str, to: &'static str },
+    /// `res = arith.<op> a, b : ty` (`addi`, `muli`).
+    Bin { res: String, op: &'static str, a: String, b: String, ty: &'static str },
+    /// `scf.for iv = lb to ub step step`, with at most one value carried across iterations.
+    For { iv: String, lb: String, ub: String, step: String, carried: Option<Carried>, body: Vec<Stmt> },
+}
+
+/// A value an `scf.for` carries: `arg` starts as `init`, each iteration yields `yielded` into it,
+/// and the loop's result `res` is its last value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carried {
+    pub arg: String,
+    pub init: String,
+    pub yielded: String,
+    pub res: String,
+    pub ty: &'static str,
+}
+
+/// A function a design defines for its cores: parameters (name, memref type) and a body, or no
+/// body — a declaration whose code would come from an object file, which the design checker
+/// refuses ([`crate::rules::Rule::CoreCalls`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Function {
+    pub name: String,
+    pub params: Vec<(String, String)>,
+    pub body: Option<Vec<Stmt>>,
+}
+
+fn memref(shape: &[usize], elem: &str) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("memref<{}x{elem}>", dims.join("x"))
+}
+
+/// The blocked memref shapes of a core's `m × k`, `k × n` and `m × n` tiles on `device`.
+pub fn blocked_shapes(device: Device, (m, k, n): (usize, usize, usize)) -> [Vec<usize>; 3] {
+    let (r, s, t) = device.micro_tile();
+    [vec![m / r, k / s, r, s], vec![k / s, n / t, s, t], vec![m / r, n / t, r, t]]
+}
+
+/// The memref types of A (i8), B (i8) and C (i32) of a core's tile.
+pub fn tile_types(device: Device, mkn: (usize, usize, usize)) -> [String; 3] {
+    let [a, b, c] = blocked_shapes(device, mkn);
+    [memref(&a, "i8"), memref(&b, "i8"), memref(&c, "i32")]
+}
+
+fn v(name: &str) -> String {
+    format!("%{name}")
+}
+
+/// An index constant's name; [`index_consts`] defines one per value.
+fn idx(value: usize) -> String {
+    format!("%idx{value}")
+}
+
+/// One `arith.constant` per distinct index value, named by [`idx`].
+fn index_consts(values: &[usize]) -> Vec<Stmt> {
+    let mut seen: Vec<usize> = values.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.into_iter().map(|x| Stmt::Const { res: idx(x), value: x as i64, ty: "index" }).collect()
+}
+
+/// `for iv in 0..ub { body }`.
+fn count(iv: &str, ub: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For { iv: v(iv), lb: idx(0), ub: idx(ub), step: idx(1), carried: None, body }
+}
+
+/// Nested loops `for ivs[0] in 0..ubs[0] { for ivs[1] ... { body } }`.
+fn nest(loops: &[(&str, usize)], body: Vec<Stmt>) -> Vec<Stmt> {
+    loops.iter().rev().fold(body, |inner, &(iv, ub)| vec![count(iv, ub, inner)])
+}
+
+/// `zero_i32(%c)`: every element of a core's C tile set to 0.
+pub fn zero_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
+    let [_, _, shape] = blocked_shapes(device, mkn);
+    let [_, _, c_ty] = tile_types(device, mkn);
+    let mut body = index_consts(&[0, 1, shape[0], shape[1], shape[2], shape[3]]);
+    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32" });
+    let store = Stmt::Store {
+        val: v("zero"),
+        mem: v("c"),
+        mem_ty: c_ty.clone(),
+        idx: ["mb", "nb", "i", "j"].map(v).to_vec(),
+        ty: "i32",
+    };
+    let loops = [("mb", shape[0]), ("nb", shape[1]), ("i", shape[2]), ("j", shape[3])];
+    body.extend(nest(&loops, vec![store]));
+    Function { name: ZERO.into(), params: vec![(v("c"), c_ty)], body: Some(body) }
+}
+
+/// `matmul_i8_i32(%a, %b, %c)`: `C += A · B` on the blocked layouts, products and sums in int32.
+pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
+    let (r, s, t) = device.micro_tile();
+    let [a_shape, b_shape, _] = blocked_shapes(device, mkn);
+    let [a_ty, b_ty, c_ty] = tile_types(device, mkn);
+    let (mbs, kbs, nbs) = (a_shape[0], a_shape[1], b_shape[1]);
+    let mut body = index_consts(&[0, 1, mbs, kbs, nbs, r, s, t]);
+    let load = |res: &str, mem: &str, ty: &String, ix: [&str; 4], elem| Stmt::Load {
+        res: v(res),
+        mem: v(mem),
+        mem_ty: ty.clone(),
+        idx: ix.map(v).to_vec(),
+        ty: elem,
+    };
+    let reduce = Stmt::For {
+        iv: v("l"),
+        lb: idx(0),
+        ub: idx(s),
+        step: idx(1),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
+        body: vec![
+            load("av", "a", &a_ty, ["mb", "kb", "i", "l"], "i8"),
+            load("bv", "b", &b_ty, ["kb", "nb", "l", "j"], "i8"),
+            Stmt::ExtSI { res: v("aw"), src: v("av"), from: "i8", to: "i32" },
+            Stmt::ExtSI { res: v("bw"), src: v("bv"), from: "i8", to: "i32" },
+            Stmt::Bin { res: v("prod"), op: "muli", a: v("aw"), b: v("bw"), ty: "i32" },
+            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
+        ],
+    };
+    let c_ix = ["mb", "nb", "i", "j"];
+    let block = vec![
+        load("c_in", "c", &c_ty, c_ix, "i32"),
+        reduce,
+        Stmt::Store { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: c_ix.map(v).to_vec(), ty: "i32" },
+    ];
+    body.extend(nest(&[("mb", mbs), ("nb", nbs), ("kb", kbs), ("i", r), ("j", t)], block));
+    let params = vec![(v("a"), a_ty), (v("b"), b_ty), (v("c"), c_ty)];
+    Function { name: MATMUL.into(), params, body: Some(body) }
+}
+
+/// The two functions every core of a design with per-core tile `mkn` calls.
+pub fn core_functions(device: Device, mkn: (usize, usize, usize)) -> Vec<Function> {
+    vec![zero_i32(device, mkn), matmul_i8_i32(device, mkn)]
+}
+
+impl Function {
+    /// `(T, ...) -> ()`.
+    pub fn function_type(&self) -> String {
+        let tys: Vec<&str> = self.params.iter().map(|(_, t)| t.as_str()).collect();
+        format!("({}) -> ()", tys.join(", "))
+    }
+
+    /// The function in generic form, indented by `pad` spaces.
+    pub fn generic(&self, pad: usize) -> String {
+        let sp = " ".repeat(pad);
+        let mut o = format!("{sp}\"func.func\"() ({{\n");
+        let attrs = match &self.body {
+            Some(body) => {
+                let params: Vec<String> = self.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+                let _ = writeln!(o, "{sp}^bb0({}):", params.join(", "));
+                generic_stmts(&mut o, body, pad + 2);
+                let _ = writeln!(o, "{sp}  \"func.return\"() : () -> ()");
+                format!("function_type = {}, sym_name = \"{}\"", self.function_type(), self.name)
+            }
+            None => format!(
+                "function_type = {}, sym_name = \"{}\", sym_visibility = \"private\"",
+                self.function_type(),
+                self.name
+            ),
+        };
+        let _ = writeln!(o, "{sp}}}) {{{attrs}}} : () -> ()");
+        o
+    }
+
+    /// The function in custom form, indented by `pad` spaces.
+    pub fn pretty(&self, pad: usize) -> String {
+        let sp = " ".repeat(pad);
+        let Some(body) = &self.body else {
+            let tys: Vec<&str> = self.params.iter().map(|(_, t)| t.as_str()).collect();
+            return format!("{sp}func.func private @{}({})\n", self.name, tys.join(", "));
+        };
+        let params: Vec<String> = self.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        let mut o = format!("{sp}func.func @{}({}) {{\n", self.name, params.join(", "));
+        pretty_stmts(&mut o, body, pad + 2);
+        let _ = writeln!(o, "{sp}  return\n{sp}}}");
+        o
+    }
+}
+
+fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
+    let sp = " ".repeat(pad);
+    for s in body {
+        match s {
+            Stmt::Const { res, value, ty } => {
+                let _ = writeln!(o, "{sp}{res} = \"arith.constant\"() {{value = {value} : {ty}}} : () -> {ty}");
+            }
+            Stmt::Load { res, mem, mem_ty, idx, ty } => {
+                let ixt = vec!["index"; idx.len()].join(", ");
+                let _ =
+                    writeln!(o, "{sp}{res} = \"memref.load\"({mem}, {}) : ({mem_ty}, {ixt}) -> {ty}", idx.join(", "));
+            }
+            Stmt::Store { val, mem, mem_ty, idx, ty } => {
+                let ixt = vec!["index"; idx.len()].join(", ");
+                let _ = writeln!(
+                    o,
+                    "{sp}\"memref.store\"({val}, {mem}, {}) : ({ty}, {mem_ty}, {ixt}) -> ()",
+                    idx.join(", ")
+                );
+            }
+            Stmt::ExtSI { res, src, from, to } => {
+                let _ = writeln!(o, "{sp}{res} = \"arith.extsi\"({src}) : ({from}) -> {to}");
+            }
+            Stmt::Bin { res, op, a, b, ty } => {
+                let _ = writeln!(o, "{sp}{res} = \"arith.{op}\"({a}, {b}) : ({ty}, {ty}) -> {ty}");
+            }
+            Stmt::For { iv, lb, ub, step, carried, body } => generic_for(o, (iv, lb, ub, step), carried, body, pad),
+        }
+    }
+}
+
+fn generic_for(
+    o: &mut String,
+    (iv, lb, ub, step): (&str, &str, &str, &str),
+    c: &Option<Carried>,
+    body: &[Stmt],
+    pad: usize,
+) {
+    let sp = " ".repeat(pad);
+    match c {
+        None => {
+            let _ = writeln!(o, "{sp}\"scf.for\"({lb}, {ub}, {step}) ({{\n{sp}^bb0({iv}: index):");
+            generic_stmts(o, body, pad + 2);
+            let _ = writeln!(o, "{sp}  \"scf.yield\"() : () -> ()\n{sp}}}) : (index, index, index) -> ()");
+        }
+        Some(Carried { arg, init, yielded, res, ty }) => {
+            let _ = writeln!(
+                o,
+                "{sp}{res} = \"scf.for\"({lb}, {ub}, {step}, {init}) ({{\n{sp}^bb0({iv}: index, {arg}: {ty}):"
+            );
+            generic_stmts(o, body, pad + 2);
+            let _ = writeln!(
+                o,
+                "{sp}  \"scf.yield\"({yielded}) : ({ty}) -> ()\n{sp}}}) : (index, index, index, {ty}) -> {ty}"
+            );
+        }
+    }
+}
+
+fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
+    let sp = " ".repeat(pad);
+    for s in body {
+        match s {
+            Stmt::Const { res, value, ty } => {
+                let _ = writeln!(o, "{sp}{res} = arith.constant {value} : {ty}");
+            }
+            Stmt::Load { res, mem, mem_ty, idx, .. } => {
+                let _ = writeln!(o, "{sp}{res} = memref.load {mem}[{}] : {mem_ty}", idx.join(", "));
+            }
+            Stmt::Store { val, mem, mem_ty, idx, .. } => {
+                let _ = writeln!(o, "{sp}memref.store {val}, {mem}[{}] : {mem_ty}", idx.join(", "));
+            }
+            Stmt::ExtSI { res, src, from, to } => {
+                let _ = writeln!(o, "{sp}{res} = arith.extsi {src} : {from} to {to}");
+            }
+            Stmt::Bin { res, op, a, b, ty } => {
+                let _ = writeln!(o, "{sp}{res} = arith.{op} {a}, {b} : {ty}");
+            }
+            Stmt::For { iv, lb, ub, step, carried: None, body } => {
+                let _ = writeln!(o, "{sp}scf.for {iv} = {lb} to {ub} step {step} {{");
+                pretty_stmts(o, body, pad + 2);
+                let _ = writeln!(o, "{sp}}}");
+            }
+            Stmt::For { iv, lb, ub, step, carried: Some(c), body } => {
+                let _ = writeln!(
+                    o,
+                    "{sp}{} = scf.for {iv} = {lb} to {ub} step {step} iter_args({} = {}) -> ({}) {{",
+                    c.res, c.arg, c.init, c.ty
+                );
+                pretty_stmts(o, body, pad + 2);
+                let _ = writeln!(o, "{sp}  scf.yield {} : {}\n{sp}}}", c.yielded, c.ty);
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The cores' code a design carries (`codegen_aie::kernels`), executed from its MLIR text by the
+//! interpreter, against an independent Rust reference of the same blocked-layout int8 GEMM:
+//! int32-exact on random blocks (accumulating into random int32, wrapping) for npu1's 4×8×8 and
+//! npu2's 8×8×8 micro-tiles, with reduction loops fused and unfused alike; and a body whose
+//! arithmetic is wrong — a loop bound off by one, a difference for a sum — gives a wrong result.
+
+mod common;
+
+use codegen_aie::interp::{self, Function};
+use codegen_aie::kernels::{self, MATMUL, ZERO};
+use codegen_aie::Device;
+
+/// `c += a · b` on the micro-block layout: `a` [m/r][k/s][r][s], `b` [k/s][n/t][s][t], `c`
+/// [m/r][n/t][r][t], in wrapping int32.
+fn reference(device: Device, (m, k, n): (usize, usize, usize), a: &[i32], b: &[i32], c: &mut [i32]) {
+    let (r, s, t) = device.micro_tile();
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0i32;
+            for kk in 0..k {
+                let av = a[((i / r) * (k / s) + kk / s) * r * s + (i % r) * s + kk % s];
+                let bv = b[((kk / s) * (n / t) + j / t) * s * t + (kk % s) * t + j % t];
+                acc = acc.wrapping_add(av * bv);
+            }
+            let at = ((i / r) * (n / t) + j / t) * r * t + (i % r) * t + j % t;
+            c[at] = c[at].wrapping_add(acc);
+        }
+    }
+}
+
+/// The generic text of a module holding the core functions of a tile.
+fn module_text(device: Device, mkn: (usize, usize, usize)) -> String {
+    let funcs: String = kernels::core_functions(device, mkn).iter().map(|f| f.generic(2)).collect();
+    format!("\"builtin.module\"() ({{\n{funcs}}}) : () -> ()\n")
+}
+
+fn function<'f>(funcs: &'f [Function], name: &str) -> &'f Function {
+    funcs.iter().find(|f| f.name == name).unwrap()
+}
+
+fn random_i32(len: usize, seed: u64) -> Vec<i32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 16) as u32 as i32
+        })
+        .collect()
+}
+
+/// The interpreted `matmul_i8_i32` of `text` and the reference on the same random blocks.
+fn matmul_both(text: &str, fused: bool, device: Device, mkn: (usize, usize, usize), seed: u64) -> (Vec<i32>, Vec<i32>) {
+    let (m, k, n) = mkn;
+    let funcs = interp::module_functions(text, fused).unwrap();
+    let a: Vec<i32> = common::values(m * k, seed).into_iter().map(i32::from).collect();
+    let b: Vec<i32> = common::values(k * n, seed + 1).into_iter().map(i32::from).collect();
+    // Near-extreme accumulators so a sum that does not wrap as int32 shows.
+    let c: Vec<i32> = random_i32(m * n, seed + 2).into_iter().map(|x| x | 0x7fff_0000).collect();
+    let mut want = c.clone();
+    reference(device, mkn, &a, &b, &mut want);
+    let mut mems = vec![a, b, c];
+    function(&funcs, MATMUL).call(&mut mems).unwrap();
+    (mems.pop().unwrap(), want)
+}
+
+const SHAPES: [(usize, usize, usize); 3] = [(8, 8, 8), (16, 32, 24), (32, 64, 64)];
+
+#[test]
+fn the_matmul_body_equals_the_reference_int32_exactly_on_npu1_and_npu2() {
+    for device in [Device::Npu1, Device::Npu2] {
+        for (i, &mkn) in SHAPES.iter().enumerate() {
+            let text = module_text(device, mkn);
+            for fused in [true, false] {
+                let (got, want) = matmul_both(&text, fused, device, mkn, 10 + i as u64);
+                assert_eq!(got, want, "{device:?} {mkn:?} fused {fused}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_zero_body_clears_every_element() {
+    for device in [Device::Npu1, Device::Npu2] {
+        let funcs = interp::module_functions(&module_text(device, (32, 64, 64)), true).unwrap();
+        let mut mems = vec![random_i32(32 * 64, 3)];
+        function(&funcs, ZERO).call(&mut mems).unwrap();
+        assert!(mems[0].iter().all(|&x| x == 0));
+    }
+}
+
+#[test]
+fn a_body_with_wrong_arithmetic_gives_a_wrong_result() {
+    let (device, mkn) = (Device::Npu1, (16, 32, 24));
+    let text = module_text(device, mkn);
+    // The reduction over s = 8 stops one short.
+    let reduce = "\"scf.for\"(%idx0, %idx8, %idx1, %c_in)";
+    assert!(text.contains(reduce));
+    let short = text.replacen(reduce, "\"scf.for\"(%idx0, %idx4, %idx1, %c_in)", 1);
+    let sum = "%sum = \"arith.addi\"(%acc, %prod)";
+    let difference = text.replacen(sum, "%sum = \"arith.subi\"(%acc, %prod)", 1);
+    assert_ne!(difference, text);
+    for (broken, what) in [(&short, "short reduction"), (&difference, "difference")] {
+        for fused in [true, false] {
+            let (got, want) = matmul_both(broken, fused, device, mkn, 4);
+            assert_ne!(got, want, "{what}, fused {fused}");
+        }
+    }
+}
+
+/// `text` with the matmul's `i` loop (over r = 4 on npu1) running to 8.
+fn i_loop_to_8(text: &str) -> String {
+    let body = text.find("^bb0(%a:").unwrap();
+    let i_loop = body + text[body..].find("^bb0(%i: index)").unwrap();
+    let bound = text[..i_loop].rfind("%idx4, %idx1) ({").unwrap();
+    format!("{}%idx8{}", &text[..bound], &text[bound + "%idx4".len()..])
+}
+
+#[test]
+fn an_unknown_operation_or_an_index_out_of_bounds_is_a_clear_error() {
+    let text = module_text(Device::Npu1, (16, 32, 24));
+    let odd = text.replacen("\"arith.muli\"(%aw, %bw)", "\"arith.floordivsi\"(%aw, %bw)", 1);
+    let err = interp::module_functions(&odd, true).unwrap_err().to_string();
+    assert!(err.contains("unsupported operation arith.floordivsi") && err.contains("@matmul_i8_i32"), "{err}");
+    let far = i_loop_to_8(&text);
+    for fused in [true, false] {
+        let funcs = interp::module_functions(&far, fused).unwrap();
+        let mut mems = vec![vec![0; 16 * 32], vec![0; 32 * 24], vec![0; 16 * 24]];
+        let err = function(&funcs, MATMUL).call(&mut mems).unwrap_err();
+        assert!(err.to_string().contains("index 4 outside a dimension of 4"), "{err}");
+    }
+}
+
+#[test]
+fn fused_and_unfused_reductions_wrap_alike_at_other_widths() {
+    // The same body accumulating in int16: sums of int8 products overflow it, and both ways of
+    // running the reduction wrap them as int16 does.
+    let (device, mkn) = (Device::Npu2, (16, 64, 16));
+    let text = module_text(device, mkn).replace("xi32>", "xi16>").replace(": i32", ": i16").replace("i32)", "i16)");
+    let text = text.replace("-> i32", "-> i16").replace("i32,", "i16,");
+    assert!(text.contains("\"arith.addi\"(%acc, %prod) : (i16, i16) -> i16") && !text.contains("i32>"), "{text}");
+    let (fused, want) = matmul_both(&text, true, device, mkn, 21);
+    let (unfused, _) = matmul_both(&text, false, device, mkn, 21);
+    assert_eq!(fused, unfused);
+    let wrapped: Vec<i32> = want.iter().map(|&x| x as i16 as i32).collect();
+    assert_ne!(fused, want);
+    assert_eq!(fused.iter().map(|&x| x as i16 as i32).collect::<Vec<_>>(), wrapped);
+}
