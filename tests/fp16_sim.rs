@@ -28,7 +28,7 @@ mod common;
 
 use ir::graph::{Graph, ValueDef};
 use ir::weights::{Weight, WeightStore};
-use ir::{Tensor, ValueId};
+use ir::{Domain, Tensor, ValueId};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -310,4 +310,112 @@ fn qkv_rows(m: &Meta) -> usize {
 
 fn node_text(g: &Graph, n: &ir::Node) -> String {
     format!("{} {}", n.name, g.value(n.outputs[0]).name)
+}
+
+// ---- hybrid decoders: the norms around the delta rule ----
+//
+// The builder's Qwen3.5 (fp32 and int4): on the intel-npu target the delta rule itself
+// (`DeltaNet`, with its decay products and, in prefill, its chunked triangular solve) and the
+// convolution run as host steps in f32; what runs in fp16 around them is the q/k L2 norm
+// (`LpNormalization`) and the output norm (`GatedRMSNorm`). Two scalings of the convolution's
+// channels (weights and bias, `[C, 1, k]` and `[C]`: rows of the first axis) move those norms'
+// inputs out of fp16's range; the f32 reference is the scaled model's.
+
+const HYBRID: [&str; 2] = ["qwen3.5-builder-fp32", "qwen3.5-builder-int4"];
+
+fn import_hybrid(name: &str) -> Graph {
+    let model = common::hybrid::hybrid_dir().join(name).join("model.onnx");
+    frontend::import_file(&model).unwrap_or_else(|e| panic!("{name}: {e}")).graph
+}
+
+/// KL per position of the fp16 runs against f32: the `cpu` program, the `intel-npu` program, and
+/// the `intel-npu` program with the ops named in `revert` put back to their unscaled forms.
+fn run_hybrid(name: &str, g: &Graph, revert: &[(&str, Domain, &'static str)]) -> [Vec<f64>; 3] {
+    let dir = common::hybrid::hybrid_dir().join(name).join("prefill");
+    let (inputs, _) = frontend::read_test_case(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let host = compile(g.clone(), "cpu");
+    let npu = compile(g.clone(), "intel-npu");
+    let mut reverted = npu.clone();
+    let mut hits = 0;
+    for n in &mut reverted.nodes {
+        if let Some(&(_, domain, op)) = revert.iter().find(|(scaled, ..)| *scaled == n.op) {
+            (n.domain, n.op) = (domain, op);
+            hits += 1;
+        }
+    }
+    assert!(hits > 0, "{name}: no {revert:?} in the intel-npu program");
+    let reference = &ir::run::run_graph(&host, &inputs).unwrap()["logits"];
+    let fp16 = |g: &Graph| kl_rows(reference, &ir::fp16sim::run_graph_fp16(g, &inputs).unwrap()["logits"]);
+    [fp16(&host), fp16(&npu), fp16(&reverted)]
+}
+
+/// The convolution's weight and bias names of layer 0's linear attention.
+fn conv_weights(g: &Graph) -> [String; 2] {
+    let conv = find_node(g, &["CausalConvWithState"], &["layers.0"]);
+    [weight_name(g, conv.inputs[1].unwrap()), weight_name(g, conv.inputs[2].unwrap())]
+}
+
+/// q|k|v channels of the convolution: q and k are the first 2·(q_heads·d_k) = 128 of the 256.
+const QK_CHANNELS: Range<usize> = 0..128;
+const V_CHANNELS: Range<usize> = 128..256;
+
+#[test]
+fn large_q_and_k_overflow_fp16_l2_norms_unless_rescaled() {
+    for f in HYBRID {
+        let g = import_hybrid(f);
+        // q and k ×2¹⁰ before the SiLU: rows of magnitude ~10³, whose squares pass 65504.
+        let factors = conv_weights(&g).map(|w| (w, (1024.0, Some(QK_CHANNELS)))).into_iter().collect();
+        let [plain, rescaled, l2_plain] =
+            run_hybrid(f, &scaled_rows(&g, &factors), &[("L2NormRowScaled", Domain::Onnx, "LpNormalization")]);
+        eprintln!(
+            "{f}: plain {:.2e} l2 norms unscaled {:.2e} rescaled {:.2e}",
+            worst(&plain),
+            worst(&l2_plain),
+            worst(&rescaled)
+        );
+        assert!(worst(&plain) > 1.0, "{f}: fp16 without rescaling survived: {plain:?}");
+        assert!(worst(&l2_plain) > 0.1, "{f}: fp16 L2 norms without rescaling survived: {l2_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+    }
+}
+
+#[test]
+fn small_delta_rule_outputs_flush_fp16_gated_norms_unless_rescaled() {
+    for f in HYBRID {
+        let g = import_hybrid(f);
+        // v ×2⁻¹⁰: the delta rule's outputs (linear in v) fall to ~10⁻⁴, whose squares flush,
+        // and ε = 10⁻⁶ flushes with them.
+        let factors = conv_weights(&g).map(|w| (w, (1.0 / 1024.0, Some(V_CHANNELS)))).into_iter().collect();
+        let revert = [("GatedRmsNormRowScaled", Domain::Microsoft, "GatedRMSNorm")];
+        let [plain, rescaled, gated_plain] = run_hybrid(f, &scaled_rows(&g, &factors), &revert);
+        eprintln!(
+            "{f}: plain {:.2e} gated norms unscaled {:.2e} rescaled {:.2e}",
+            worst(&plain),
+            worst(&gated_plain),
+            worst(&rescaled)
+        );
+        assert!(worst(&plain).is_infinite(), "{f}: fp16 without rescaling survived: {plain:?}");
+        assert!(worst(&gated_plain).is_infinite(), "{f}: fp16 gated norms without rescaling survived: {gated_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+    }
+}
+
+/// The builder's tiny models as they are: the delta rule's outputs are already small (at most
+/// ~10⁻², many rows below 2⁻⁷), so the plain GatedRMSNorm flushes them to 0/0 in fp16, and
+/// some rows flush to zero on their way from the host step to the device, which the row-scaled
+/// form's root floor keeps at zero.
+#[test]
+fn unmodified_hybrid_models_need_the_rescaled_gated_norm_in_fp16() {
+    for f in HYBRID {
+        let revert = [("GatedRmsNormRowScaled", Domain::Microsoft, "GatedRMSNorm")];
+        let [plain, rescaled, gated_plain] = run_hybrid(f, &import_hybrid(f), &revert);
+        eprintln!(
+            "{f}: plain {:.2e} gated norms unscaled {:.2e} rescaled {:.2e}",
+            worst(&plain),
+            worst(&gated_plain),
+            worst(&rescaled)
+        );
+        assert!(worst(&plain).is_infinite() && worst(&gated_plain).is_infinite(), "{f}: {plain:?} {gated_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+    }
 }
