@@ -20,6 +20,9 @@
 //!   attention output feeding o_proj is ~2000×: o_proj's blocks of 32 code × activation products
 //!   sum past 65504. Not function-preserving either. To show it is the GEMMs that fail, the
 //!   `intel-npu` program is also run with its norms row-scaled but its WGemms not.
+//! - hybrid decoders (the builder's Qwen3.5, fp32 and int4; see the section below): q and k ×2¹⁰
+//!   and v ×2⁻¹⁰ through the convolution, and the models as they are, for the q/k L2 norm and
+//!   GatedRMSNorm the device computes around the delta rule's host step.
 //!
 //! Measured with `cargo test --release --test fp16_sim -- --nocapture` (it prints the worst KL of
 //! each run).
