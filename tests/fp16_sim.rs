@@ -20,6 +20,9 @@
 //!   attention output feeding o_proj is ~2000×: o_proj's blocks of 32 code × activation products
 //!   sum past 65504. Not function-preserving either. To show it is the GEMMs that fail, the
 //!   `intel-npu` program is also run with its norms row-scaled but its WGemms not.
+//! - hybrid decoders (the builder's Qwen3.5, fp32 and int4; see the section below): q and k ×2¹⁰
+//!   and v ×2⁻¹⁰ through the convolution, and the models as they are, for the q/k L2 norm and
+//!   GatedRMSNorm the device computes around the delta rule's host step.
 //!
 //! Measured with `cargo test --release --test fp16_sim -- --nocapture` (it prints the worst KL of
 //! each run).
@@ -28,7 +31,7 @@ mod common;
 
 use ir::graph::{Graph, ValueDef};
 use ir::weights::{Weight, WeightStore};
-use ir::{Tensor, ValueId};
+use ir::{Domain, Tensor, ValueId};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -310,4 +313,141 @@ fn qkv_rows(m: &Meta) -> usize {
 
 fn node_text(g: &Graph, n: &ir::Node) -> String {
     format!("{} {}", n.name, g.value(n.outputs[0]).name)
+}
+
+// ---- hybrid decoders: the norms around the delta rule ----
+//
+// The builder's Qwen3.5 (fp32 and int4): on the intel-npu target the delta rule itself
+// (`DeltaNet`, with its decay products and, in prefill, its chunked triangular solve) and the
+// convolution run as host steps in f32; what runs in fp16 around them is the q/k L2 norm
+// (`LpNormalization`) and the output norm (`GatedRMSNorm`). Two scalings of the convolution's
+// channels (weights and bias, `[C, 1, k]` and `[C]`: rows of the first axis) move those norms'
+// inputs out of fp16's range; the f32 reference is the scaled model's.
+
+const HYBRID: [&str; 2] = ["qwen3.5-builder-fp32", "qwen3.5-builder-int4"];
+
+fn import_hybrid(name: &str) -> Graph {
+    let model = common::hybrid::hybrid_dir().join(name).join("model.onnx");
+    frontend::import_file(&model).unwrap_or_else(|e| panic!("{name}: {e}")).graph
+}
+
+/// The prefill case's inputs of a hybrid corpus entry.
+fn hybrid_case(name: &str) -> HashMap<String, Tensor> {
+    let dir = common::hybrid::hybrid_dir().join(name).join("prefill");
+    frontend::read_test_case(&dir).unwrap_or_else(|e| panic!("{name}: {e}")).0
+}
+
+/// `g` with the ops named in `revert` put back to their unscaled forms; at least one was there.
+fn reverted(g: &Graph, revert: &[(&str, Domain, &'static str)]) -> Graph {
+    let mut out = g.clone();
+    let mut hits = 0;
+    for n in &mut out.nodes {
+        if let Some(&(_, domain, op)) = revert.iter().find(|(scaled, ..)| *scaled == n.op) {
+            (n.domain, n.op) = (domain, op);
+            hits += 1;
+        }
+    }
+    assert!(hits > 0, "no {revert:?} in the program");
+    out
+}
+
+/// KL per position of the fp16 runs of `programs` against the f32 run of the `cpu` program of `g`.
+fn kl_hybrid<const N: usize>(name: &str, g: &Graph, programs: [&Graph; N]) -> [Vec<f64>; N] {
+    let inputs = hybrid_case(name);
+    let reference = &ir::run::run_graph(&compile(g.clone(), "cpu"), &inputs).unwrap()["logits"];
+    programs.map(|p| kl_rows(reference, &ir::fp16sim::run_graph_fp16(p, &inputs).unwrap()["logits"]))
+}
+
+/// KL per position of the fp16 runs against f32: the `cpu` program, the `intel-npu` program, and
+/// the `intel-npu` program with the ops named in `revert` put back to their unscaled forms.
+fn run_hybrid(name: &str, g: &Graph, revert: &[(&str, Domain, &'static str)]) -> [Vec<f64>; 3] {
+    let (host, npu) = (compile(g.clone(), "cpu"), compile(g.clone(), "intel-npu"));
+    kl_hybrid(name, g, [&host, &npu, &reverted(&npu, revert)])
+}
+
+/// `g` rewritten by the `fp16-rescale` family alone and extracted under the fp16 cost model: the
+/// builder's spelling of the recurrent layers kept (LinearAttention, a host step, with its q/k
+/// L2 norms on the device), the norms row-scaled.
+fn rescaled_unfolded(g: &Graph) -> Graph {
+    use rewrites::saturate::{extract_graph, saturate, Fp16Cost, Limits, Phase};
+    let families = vec![rewrites::family("fp16-rescale").unwrap()];
+    let phase = Phase { name: "fp16".into(), families, extra_rules: vec![], limits: Limits::default() };
+    extract_graph(g, &saturate(g, &[phase], false), Fp16Cost)
+}
+
+/// The convolution's weight and bias names of layer 0's linear attention.
+fn conv_weights(g: &Graph) -> [String; 2] {
+    let conv = find_node(g, &["CausalConvWithState"], &["layers.0"]);
+    [weight_name(g, conv.inputs[1].unwrap()), weight_name(g, conv.inputs[2].unwrap())]
+}
+
+/// q|k|v channels of the convolution: q and k are the first 2·(q_heads·d_k) = 128 of the 256.
+const QK_CHANNELS: Range<usize> = 0..128;
+const V_CHANNELS: Range<usize> = 128..256;
+
+/// q and k ×2¹⁰ before the SiLU: rows of magnitude ~10³, whose squares pass 65504. The
+/// `intel-npu` program computes their per-head L2 norm in DeltaNet's host step (f32); the
+/// builder's spelling left on the device (no `delta-net` fold) needs the row-scaled L2 norm.
+#[test]
+fn large_q_and_k_overflow_fp16_l2_norms_unless_rescaled() {
+    for f in HYBRID {
+        let g = import_hybrid(f);
+        let factors = conv_weights(&g).map(|w| (w, (1024.0, Some(QK_CHANNELS)))).into_iter().collect();
+        let g = scaled_rows(&g, &factors);
+        let npu = compile(g.clone(), "intel-npu");
+        assert_eq!(npu.nodes.iter().filter(|n| n.op.contains("L2Norm") || n.op == "LpNormalization").count(), 0);
+        let unfolded = rescaled_unfolded(&g);
+        let plain = reverted(&unfolded, &[("L2NormRowScaled", Domain::Onnx, "LpNormalization")]);
+        let [folded, rescaled, l2_plain] = kl_hybrid(f, &g, [&npu, &unfolded, &plain]);
+        eprintln!(
+            "{f}: l2 norms unscaled {:.2e} rescaled {:.2e} in DeltaNet {:.2e}",
+            worst(&l2_plain),
+            worst(&rescaled),
+            worst(&folded)
+        );
+        assert!(worst(&l2_plain) > 0.1, "{f}: fp16 L2 norms without rescaling survived: {l2_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+        assert!(worst(&folded) < 0.01, "{f}: {folded:?}");
+    }
+}
+
+#[test]
+fn small_delta_rule_outputs_flush_fp16_gated_norms_unless_rescaled() {
+    for f in HYBRID {
+        let g = import_hybrid(f);
+        // v ×2⁻¹⁰: the delta rule's outputs (linear in v) fall to ~10⁻⁴, whose squares flush,
+        // and ε = 10⁻⁶ flushes with them.
+        let factors = conv_weights(&g).map(|w| (w, (1.0 / 1024.0, Some(V_CHANNELS)))).into_iter().collect();
+        let revert = [("GatedRmsNormRowScaled", Domain::Microsoft, "GatedRMSNorm")];
+        let [plain, rescaled, gated_plain] = run_hybrid(f, &scaled_rows(&g, &factors), &revert);
+        eprintln!(
+            "{f}: plain {:.2e} gated norms unscaled {:.2e} rescaled {:.2e}",
+            worst(&plain),
+            worst(&gated_plain),
+            worst(&rescaled)
+        );
+        assert!(worst(&plain).is_infinite(), "{f}: fp16 without rescaling survived: {plain:?}");
+        assert!(worst(&gated_plain).is_infinite(), "{f}: fp16 gated norms without rescaling survived: {gated_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+    }
+}
+
+/// The builder's tiny models as they are: the delta rule's outputs are already small (at most
+/// ~10⁻², many rows below 2⁻⁷), so the plain GatedRMSNorm flushes them to 0/0 in fp16, and
+/// some rows flush to zero on their way from the host step to the device, which the row-scaled
+/// form's root floor keeps at zero.
+#[test]
+fn unmodified_hybrid_models_need_the_rescaled_gated_norm_in_fp16() {
+    for f in HYBRID {
+        let revert = [("GatedRmsNormRowScaled", Domain::Microsoft, "GatedRMSNorm")];
+        let [plain, rescaled, gated_plain] = run_hybrid(f, &import_hybrid(f), &revert);
+        eprintln!(
+            "{f}: plain {:.2e} gated norms unscaled {:.2e} rescaled {:.2e}",
+            worst(&plain),
+            worst(&gated_plain),
+            worst(&rescaled)
+        );
+        assert!(worst(&plain).is_infinite() && worst(&gated_plain).is_infinite(), "{f}: {plain:?} {gated_plain:?}");
+        assert!(worst(&rescaled) < 0.01, "{f}: {rescaled:?}");
+    }
 }

@@ -74,6 +74,12 @@ fn the_rules_fold_every_recurrent_layer_and_mixture_of_experts_of_the_hybrid_cor
             let producer = fused.nodes.iter().find(|p| p.outputs.contains(&q));
             assert!(producer.is_none_or(|p| p.op != "Mul"), "{name}: {} still reads a scaled query", n.name);
         }
+        // The builder's per-head q/k L2 norms (one LpNormalization each) are DeltaNet's now.
+        assert_eq!(count(&g, "LpNormalization"), 2 * la, "{name}: q/k norms in the import");
+        assert_eq!(count(&fused, "LpNormalization"), 0, "{name}: q/k norms left outside DeltaNet");
+        for n in fused.nodes.iter().filter(|n| n.op == "DeltaNet") {
+            assert_eq!(n.attrs.float("qk_l2norm_eps").unwrap(), Some(0.0), "{name}: {}", n.name);
+        }
         let experts = count(&g, "MoE") + count(&g, "QMoE");
         assert_eq!(count(&fused, "Moe"), experts, "{name}: Moe nodes");
         assert_eq!(count(&fused, "MoE") + count(&fused, "QMoE"), 0, "{name}");
@@ -121,6 +127,22 @@ fn a_linear_attention_without_the_gated_delta_rule_is_kept_and_the_decline_says_
     assert!(delta.iter().any(|r| r.contains("update_rule \"delta\"") && r.contains("gated delta rule")), "{delta:?}");
     let conv = reasons(&report, "causal-conv-with-state-ms");
     assert!(conv.iter().any(|r| r.contains("dilation = 2")), "{conv:?}");
+}
+
+/// An L1 norm on k is not the L2 norm DeltaNet takes in: the DeltaNet reads both norms' results,
+/// and the decline names the norm.
+#[test]
+fn a_key_norm_other_than_l2_stays_outside_delta_net_and_the_decline_says_why() {
+    let model = hybrid_dir().join("qwen3.5-builder-fp32/model.onnx");
+    let mut g = frontend::import_file(&model).unwrap().graph;
+    let k_norm = g.nodes.iter_mut().find(|n| n.op == "LpNormalization" && n.name.contains("k_l2norm"));
+    k_norm.expect("the builder's k L2 norm").attrs.set("p", Attr::Int(1));
+    let (fused, report) = rewrite_with(&g, &recurrent_families());
+    assert_eq!((count(&fused, "DeltaNet"), count(&fused, "LpNormalization")), (1, 2));
+    let delta = fused.nodes.iter().find(|n| n.op == "DeltaNet").unwrap();
+    assert_eq!(delta.attrs.float("qk_l2norm_eps").unwrap(), None);
+    let why = reasons(&report, "delta-net-qk-l2norm");
+    assert!(why.iter().any(|r| r.starts_with("k's LpNormalization has p = 1")), "{why:?}");
 }
 
 /// Regression: the class of a folded DeltaNet holds both the node reading `q·c` and the one the

@@ -307,6 +307,10 @@ pub struct DeltaRule {
     pub dk: usize,
     pub dv: usize,
     pub scale: f32,
+    /// When given, q and k are normalised per head first: each run of `dk` values divided by
+    /// √(Σx² + ε), a zero root giving zeros (DeltaNet's `qk_l2norm_eps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_l2norm_eps: Option<f32>,
 }
 
 /// `com.microsoft::MoE` with f32 experts: `x` `[1, block, hidden]`, `router` `[block, experts]`

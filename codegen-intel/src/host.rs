@@ -133,24 +133,31 @@ impl Host<'_> {
             return Err(self.fail(format!("update_rule {rule} needs its decay and beta inputs")));
         }
         let scale = self.n.attrs.float("scale").ok().flatten().unwrap_or(0.0);
-        self.recurrence(("q_num_heads", "kv_num_heads"), scale, (gated, delta))
+        self.recurrence(("q_num_heads", "kv_num_heads"), scale, (gated, delta), None)
     }
 
-    /// DeltaNet: the gated delta rule with its explicit scale.
+    /// DeltaNet: the gated delta rule with its explicit scale, q and k normalised per head first
+    /// when it has a `qk_l2norm_eps`.
     fn delta_net(&mut self) -> Result<HostStep, IntelError> {
+        let eps = self.n.attrs.float("qk_l2norm_eps").ok().flatten();
+        if eps.is_some_and(|e| !e.is_finite() || e < 0.0) {
+            return Err(self.fail(format!("qk_l2norm_eps must be finite and ≥ 0, got {eps:?}")));
+        }
         match self.n.attrs.float("scale").ok().flatten() {
-            Some(s) if s != 0.0 && s.is_finite() => self.recurrence(("q_heads", "kv_heads"), s, (true, true)),
+            Some(s) if s != 0.0 && s.is_finite() => self.recurrence(("q_heads", "kv_heads"), s, (true, true), eps),
             s => Err(self.fail(format!("scale must be given, finite and non-zero, got {s:?}"))),
         }
     }
 
     /// The delta-rule step of a LinearAttention or DeltaNet node whose head counts are the
-    /// attributes `heads`, with `scale` (0 for 1/√d_k) and the gate terms it uses.
+    /// attributes `heads`, with `scale` (0 for 1/√d_k), the gate terms it uses and the ε of its
+    /// per-head q/k L2 norm, if it has one.
     fn recurrence(
         &mut self,
         heads: (&str, &str),
         scale: f32,
         (gated, delta): (bool, bool),
+        qk_l2norm_eps: Option<f32>,
     ) -> Result<HostStep, IntelError> {
         let attr = |name: &str| self.n.attrs.int(name).ok().flatten().filter(|&h| h > 0).map(|h| h as usize);
         let (Some(q_heads), Some(kv_heads)) = (attr(heads.0), attr(heads.1)) else {
@@ -190,6 +197,7 @@ impl Host<'_> {
             dk,
             dv,
             scale,
+            qk_l2norm_eps,
         }))
     }
 

@@ -11,9 +11,14 @@ use ir::Node;
 
 impl Lower<'_> {
     /// LpNormalization with p = 2 along the last axis: `x / max(‖x‖, tiny)` (a zero row stays zero,
-    /// as the host computes it).
-    pub(crate) fn l2_norm(&mut self, n: &Node) -> Result<Port, LowerError> {
-        let x = self.input(n, 0)?;
+    /// as the host computes it); row-scaled (`L2NormRowScaled`), the same of `x / c` with `c`
+    /// the row's power-of-two scale, so that Σx² stays in fp16's range.
+    pub(crate) fn l2_norm(&mut self, n: &Node, row_scaled: bool) -> Result<Port, LowerError> {
+        let mut x = self.input(n, 0)?;
+        if row_scaled {
+            let c = self.row_scale(&x)?;
+            x = self.net.binary("Divide", &x, &c)?;
+        }
         let rank = x.shape.len() as i64;
         let (axis, p) = (n.attrs.int_or("axis", -1)?, n.attrs.int_or("p", 2)?);
         if p != 2 || (axis != -1 && axis != rank - 1) {
@@ -22,7 +27,8 @@ impl Lower<'_> {
         let sq = self.net.binary("Multiply", &x, &x)?;
         let sum = self.net.reduce_last(self.bin, "ReduceSum", &sq);
         let norm = self.net.unary("Sqrt", &sum);
-        let tiny = self.scalar(f32::MIN_POSITIVE);
+        let floor = if row_scaled { ir::fused::ROOT_FLOOR as f32 } else { f32::MIN_POSITIVE };
+        let tiny = self.scalar(floor);
         let norm = self.net.binary("Maximum", &norm, &tiny)?;
         Ok(self.net.binary("Divide", &x, &norm)?)
     }
@@ -54,9 +60,9 @@ impl Lower<'_> {
         Ok(self.net.binary("Add", &pos, &log)?)
     }
 
-    /// GatedRMSNorm: each group of `c` values (the scale's width) of a row normalised, scaled, and
-    /// multiplied by silu(gate) (or σ(gate)).
-    pub(crate) fn gated_rms_norm(&mut self, n: &Node) -> Result<Port, LowerError> {
+    /// GatedRMSNorm: each group of `c` values (the scale's width) of a row normalised (row-scaled
+    /// per group for `GatedRmsNormRowScaled`), scaled, and multiplied by silu(gate) (or σ(gate)).
+    pub(crate) fn gated_rms_norm(&mut self, n: &Node, row_scaled: bool) -> Result<Port, LowerError> {
         let (x, gamma, gate) = (self.input(n, 0)?, self.input(n, 1)?, self.input(n, 2)?);
         let eps = n.attrs.float_or("epsilon", 1e-5)?;
         let silu = match n.attrs.str("activation")?.unwrap_or("silu") {
@@ -74,7 +80,7 @@ impl Lower<'_> {
         groups.push(c);
         let xg = self.net.reshape(self.bin, &x, &groups);
         let gamma = self.net.reshape(self.bin, &gamma, &[c]);
-        let y = self.rms_norm(&xg, &gamma, eps, false)?;
+        let y = self.rms_norm(&xg, &gamma, eps, row_scaled)?;
         let y = self.net.reshape(self.bin, &y, &x.shape);
         let sg = self.net.unary("Sigmoid", &gate);
         let act = if silu { self.net.binary("Multiply", &gate, &sg)? } else { sg };

@@ -221,7 +221,8 @@ impl Lower<'_> {
         Ok(self.net.binary("Power", &two, &e)?)
     }
 
-    /// x / √(mean(x²) + eps) · γ, or the row-scaled form: u = x/c, m = mean(u²), e = (√eps/c)².
+    /// x / √(mean(x²) + eps) · γ, or the row-scaled form: u = x/c, m = mean(u²), e = (√eps/c)²,
+    /// y = u / max(√(m + e), 2⁻¹⁴) · γ.
     pub(crate) fn rms_norm(&mut self, x: &Port, gamma: &Port, eps: f32, row_scaled: bool) -> Result<Port, LowerError> {
         let two = self.scalar(2.0);
         let (u, e) = if row_scaled {
@@ -237,7 +238,12 @@ impl Lower<'_> {
         let sq = self.net.binary("Power", &u, &two)?;
         let m = self.net.reduce_last(self.bin, "ReduceMean", &sq);
         let me = self.net.binary("Add", &m, &e)?;
-        let r = self.net.unary("Sqrt", &me);
+        let mut r = self.net.unary("Sqrt", &me);
+        if row_scaled {
+            // Only a row of zeros has a root below 1/√D; its ε may flush on the device.
+            let floor = self.scalar(ir::fused::ROOT_FLOOR as f32);
+            r = self.net.binary("Maximum", &r, &floor)?;
+        }
         let y = self.net.binary("Divide", &u, &r)?;
         Ok(self.net.binary("Multiply", &y, gamma)?)
     }

@@ -541,17 +541,24 @@ pub fn float_activations(mut g: Graph) -> Graph {
 
 /// The host executor's form of an intel-npu program: the row-scaled ops replaced by the plain ones
 /// they equal in f32 (RmsNormRowScaled → RmsNorm, SkipRmsNormRowScaled → SkipRmsNorm,
-/// WGemmRowScaled → WGemm; same inputs and attributes). The rescalings matter on an fp16 device,
-/// where the IR keeps them.
+/// WGemmRowScaled → WGemm, L2NormRowScaled → ai.onnx LpNormalization{p=2, axis=-1},
+/// GatedRmsNormRowScaled → com.microsoft GatedRMSNorm; same inputs and attributes). The
+/// rescalings matter on an fp16 device, where the IR keeps them.
 pub fn host_forms(g: &Graph) -> Graph {
     let mut out = float_activations(g.clone());
     for node in out.nodes.iter_mut().filter(|n| n.domain == Domain::Npuc) {
-        node.op = match node.op {
-            "RmsNormRowScaled" => "RmsNorm",
-            "SkipRmsNormRowScaled" => "SkipRmsNorm",
-            "WGemmRowScaled" => "WGemm",
-            other => other,
-        };
+        match node.op {
+            "RmsNormRowScaled" => node.op = "RmsNorm",
+            "SkipRmsNormRowScaled" => node.op = "SkipRmsNorm",
+            "WGemmRowScaled" => node.op = "WGemm",
+            "L2NormRowScaled" => {
+                (node.domain, node.op, node.opset) = (Domain::Onnx, "LpNormalization", 22);
+                node.attrs.set("axis", ir::Attr::Int(-1));
+                node.attrs.set("p", ir::Attr::Int(2));
+            }
+            "GatedRmsNormRowScaled" => (node.domain, node.op, node.opset) = (Domain::Microsoft, "GatedRMSNorm", 1),
+            _ => {}
+        }
     }
     out
 }

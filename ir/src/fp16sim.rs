@@ -18,14 +18,24 @@
 //!   their running sum are fp16, the block's sum is then multiplied by its scale and accumulated
 //!   over blocks in fp16 — an integer-weight dot product with fp16 activations, where a block of
 //!   32 codes of magnitude up to 2^(bits−1) times activations of a few hundred passes 65504.
+//! - The norms around hybrid decoders' recurrent layers — `LpNormalization` (p = 2, last axis:
+//!   the delta rule's q/k norm), `GatedRMSNorm` and their row-scaled forms `L2NormRowScaled`,
+//!   `GatedRmsNormRowScaled` — step by step in fp16 as [`crate::gated_norms`] orders them: a q
+//!   row of magnitude 10³ overflows its Σx², a delta-rule output of 10⁻³ flushes its squares
+//!   and ε = 10⁻⁶.
 //! - `Attention` runs on the host in f32 (the KV cache is the host's): its fp16 inputs and its
-//!   outputs rounded to fp16. `QGemm` is exact integer arithmetic; its float output is rounded.
+//!   outputs rounded to fp16. So do the recurrent layers and mixtures of experts (`DeltaNet`,
+//!   `CausalConv`, `Moe` and the ops they fold), which the intel-npu target computes as host
+//!   steps between segments: the delta rule's decay products and its chunked triangular solve
+//!   are f32 on the host, never fp16. `QGemm` is exact integer arithmetic; its float output is
+//!   rounded.
 //!
 //! The simulation is the reference evaluator with this rounding, node by node
 //! ([`crate::run::run_graph_with`]): slow, exact, and independent of any kernel.
 
 use crate::eval::{eval_op, float_tensor, EvalError};
 use crate::fused::{rms_norm_rows, row_scale, NBitsWeights};
+use crate::gated_norms::{gated_rms_norm_rows, is_last_axis_l2, l2_norm_rows};
 use crate::graph::Graph;
 use crate::op::{Domain, OpRef};
 use crate::run::{run_graph_with, RunError};
@@ -66,15 +76,19 @@ pub fn run_graph_fp16(graph: &Graph, inputs: &HashMap<String, Tensor>) -> Result
 pub fn eval_fp16(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Result<Vec<Tensor>, EvalError> {
     let stored: Vec<Option<Tensor>> = inputs.iter().map(|t| t.map(to_fp16)).collect();
     let args: Vec<Option<&Tensor>> = stored.iter().map(Option::as_ref).collect();
-    let out = if op.domain == Domain::Npuc {
-        match op.op {
-            "RmsNorm" | "RmsNormRowScaled" => vec![norm(op, &args, None)?],
-            "SkipRmsNorm" | "SkipRmsNormRowScaled" => skip_norm(op, &args, num_outputs)?,
-            "WGemm" | "WGemmRowScaled" => vec![wgemm(op, &args)?],
-            _ => eval_op(op, &args, num_outputs)?,
+    let out = match (op.domain, op.op) {
+        (Domain::Npuc, "RmsNorm" | "RmsNormRowScaled") => vec![norm(op, &args, None)?],
+        (Domain::Npuc, "SkipRmsNorm" | "SkipRmsNormRowScaled") => skip_norm(op, &args, num_outputs)?,
+        (Domain::Npuc, "WGemm" | "WGemmRowScaled") => vec![wgemm(op, &args)?],
+        (Domain::Onnx, "LpNormalization") if is_last_axis_l2(op.attrs, input(op, &args, 0)?.rank()) => {
+            vec![l2_norm_rows(op, input(op, &args, 0)?, false, &round_fp16)?]
         }
-    } else {
-        eval_op(op, &args, num_outputs)?
+        (Domain::Npuc, "L2NormRowScaled") => vec![l2_norm_rows(op, input(op, &args, 0)?, true, &round_fp16)?],
+        (Domain::Microsoft, "GatedRMSNorm") | (Domain::Npuc, "GatedRmsNormRowScaled") => {
+            let xs = [input(op, &args, 0)?, input(op, &args, 1)?, input(op, &args, 2)?];
+            vec![gated_rms_norm_rows(op, xs, op.domain == Domain::Npuc, &round_fp16)?]
+        }
+        _ => eval_op(op, &args, num_outputs)?,
     };
     Ok(out.iter().map(to_fp16).collect())
 }

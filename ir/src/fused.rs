@@ -13,19 +13,22 @@
 //! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
-//! | `DeltaNet{q_heads,kv_heads,scale}` | q, k, v, past_state, decay, beta → y, present_state | the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
+//! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. See [`moe`] |
 //! | `QuantizeRows` | x → codes, scales, [residual codes, residual scales] | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With four outputs, the rounding residual r = x − codes·s (in f32) is quantised the same way: x ≈ codes·s + codes_r·s_r to about 15 bits, two int8 products summed (see [`quantize_rows_residual`]). What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
-//! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / √(m + e) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
+//! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
+//! | `L2NormRowScaled` | x → y | ai.onnx `LpNormalization{p=2}` over the last axis on the row brought to magnitude 1: c = [`row_scale`], u = x/c, y = u / max(‖u‖, 2⁻¹²⁶), every step rounded in the order [`crate::gated_norms::l2_norm_steps`] gives. Equal to the L2 norm in exact arithmetic (a row of zeros gives zeros); Σu² ∈ [1, 4D) |
+//! | `GatedRmsNormRowScaled{epsilon, activation}` | x, γ, gate → y | com.microsoft `GatedRMSNorm` with each group of len(γ) values of the last axis row-scaled as in `RmsNormRowScaled` (ε becoming (√ε/c)²), then times act(gate); see [`crate::gated_norms::gated_rms_norm_rows`] |
 
 use crate::attr::{Attr, AttrError, Attrs};
 use crate::dim::Dim;
 use crate::dtype::DType;
 use crate::egraph::TypeInfo;
 use crate::eval::{eval_op, EvalError};
+use crate::gated_norms::{gated_rms_norm_rows, l2_norm_rows};
 use crate::op::{Domain, OpRef};
 use crate::tensor::Tensor;
 
@@ -116,6 +119,19 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         "DeltaNet" => delta_net(op, inputs, num_outputs),
         "CausalConv" => causal_conv(op, inputs, num_outputs),
         "Moe" => moe(op, inputs),
+        "RmsNormRowScaled"
+        | "SkipRmsNormRowScaled"
+        | "WGemmRowScaled"
+        | "L2NormRowScaled"
+        | "GatedRmsNormRowScaled" => row_scaled(op, inputs, num_outputs, eps),
+        other => Err(err(op, format!("unknown fused op {other}"))),
+    }
+}
+
+/// The row-scaled forms of the `fp16-rescale` family.
+fn row_scaled(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize, eps: f32) -> Result<Vec<Tensor>, EvalError> {
+    let input = |i: usize| inputs.get(i).copied().flatten().ok_or_else(|| err(op, format!("input {i} is missing")));
+    match op.op {
         "RmsNormRowScaled" => rms_norm_row_scaled_tensor(op, input(0)?, input(1)?, eps).map(|t| vec![t]),
         "SkipRmsNormRowScaled" => {
             let mut a = Attrs::default();
@@ -127,7 +143,11 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             Ok(out)
         }
         "WGemmRowScaled" => wgemm_row_scaled(op, inputs).map(|t| vec![t]),
-        other => Err(err(op, format!("unknown fused op {other}"))),
+        "L2NormRowScaled" => l2_norm_rows(op, input(0)?, true, &|v| v).map(|t| vec![t]),
+        "GatedRmsNormRowScaled" => {
+            gated_rms_norm_rows(op, [input(0)?, input(1)?, input(2)?], true, &|v| v).map(|t| vec![t])
+        }
+        other => Err(err(op, format!("unknown row-scaled op {other}"))),
     }
 }
 
@@ -159,7 +179,7 @@ pub fn row_scale(row: &[f64]) -> f64 {
 /// s = 0; for each j: s = round(s + round(u_j · u_j))  (left to right)
 /// m = round(s / D)
 /// e = round(t · t) with t = round(round(√ε) / c)
-/// r = round(√ round(m + e))
+/// r = max(round(√ round(m + e)), 2⁻¹⁴)                (ROOT_FLOOR)
 /// y_j = round(round(u_j / r) · γ_j)
 /// ```
 ///
@@ -173,22 +193,28 @@ pub fn row_scale(row: &[f64]) -> f64 {
 /// Where t·t underflows (c > 2⁷·√ε) e < 2⁻¹⁴, and flushing it scales y by at most √(1 + 2⁻¹⁴/m):
 /// under half an fp16 ulp whenever m ≥ 1/16, i.e. unless a few spikes dominate the row. Squares
 /// u_j² that flush are those of elements below 2⁻⁷·c, which add less than 2⁻¹⁴ each to s ≥ 1.
+/// The floor on r acts only on a row of zeros (any other row has r ≥ 1/√D), whose ε flushes in
+/// fp16: the row stays zeros, as 0/√ε in f32, instead of 0/0.
 pub fn rms_norm_row_scaled(
     row: &[f64],
     gamma: impl Fn(usize) -> f64,
     epsilon: f64,
     round: impl Fn(f64) -> f64,
 ) -> Vec<f64> {
-    rms_norm_steps(row, gamma, epsilon, row_scale(row), round)
+    rms_norm_steps(row, gamma, epsilon, (row_scale(row), ROOT_FLOOR), round)
 }
 
-/// The steps of [`rms_norm_row_scaled`] with the scale `c` given: `c = 1` is plain RmsNorm computed
-/// step by step (what a device without the rescale rules computes, e.g. in [`crate::fp16sim`]).
+/// The least root the row-scaled norms divide by: fp16's smallest normal, 2⁻¹⁴.
+pub const ROOT_FLOOR: f64 = 6.103515625e-5;
+
+/// The steps of [`rms_norm_row_scaled`] with the scale `c` and the root's floor given: `(1, 0)` is
+/// plain RmsNorm computed step by step (what a device without the rescale rules computes, e.g. in
+/// [`crate::fp16sim`]).
 pub fn rms_norm_steps(
     row: &[f64],
     gamma: impl Fn(usize) -> f64,
     epsilon: f64,
-    c: f64,
+    (c, floor): (f64, f64),
     round: impl Fn(f64) -> f64,
 ) -> Vec<f64> {
     let u: Vec<f64> = row.iter().map(|&x| round(x / c)).collect();
@@ -199,7 +225,7 @@ pub fn rms_norm_steps(
     let m = round(s / row.len() as f64);
     let t = round(round(epsilon.sqrt()) / c);
     let e = round(t * t);
-    let r = round(round(m + e).sqrt());
+    let r = round(round(m + e).sqrt()).max(floor);
     u.iter().enumerate().map(|(j, &v)| round(round(v / r) * gamma(j))).collect()
 }
 
@@ -236,8 +262,8 @@ pub(crate) fn rms_norm_rows(
     let mut y = Vec::with_capacity(xv.len());
     for (r, row) in xv.chunks(d).enumerate() {
         let g = |j: usize| gv[broadcast_index(&x.shape, &gamma.shape, r * d + j)];
-        let c = if row_scaled { row_scale(row) } else { 1.0 };
-        y.extend(rms_norm_steps(row, g, epsilon, c, round));
+        let scale = if row_scaled { (row_scale(row), ROOT_FLOOR) } else { (1.0, 0.0) };
+        y.extend(rms_norm_steps(row, g, epsilon, scale, round));
     }
     Ok(crate::eval::float_tensor(x.dtype, x.shape.clone(), y))
 }
@@ -700,9 +726,39 @@ pub fn delta_net(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> 
     la.set("kv_num_heads", Attr::Int(kv_heads));
     la.set("scale", Attr::Float(scale));
     la.set("update_rule", Attr::Str("gated_delta".into()));
-    let mut out = onnx(op, "LinearAttention", Domain::Microsoft, &la, inputs, 2)?;
+    let normed = match attrs.float("qk_l2norm_eps").map_err(|e| err(op, e.to_string()))? {
+        Some(eps) => Some(l2_normed_qk(op, inputs, q_heads, eps as f64)?),
+        None => None,
+    };
+    let mut args = inputs.to_vec();
+    if let Some((q, k)) = &normed {
+        (args[0], args[1]) = (Some(q), Some(k));
+    }
+    let mut out = onnx(op, "LinearAttention", Domain::Microsoft, &la, &args, 2)?;
     out.truncate(num_outputs.max(1));
     Ok(out)
+}
+
+/// DeltaNet's q and k with each head's d_k values (d_k = q's width / q_heads) divided by
+/// √(Σx² + ε), a head of zeros (with ε = 0) staying zeros; each value computed in f64 and rounded
+/// to the tensor's type once, so ε = 0 gives `LpNormalization{p=2}`'s values bit for bit.
+fn l2_normed_qk(op: &OpRef, inputs: &[Option<&Tensor>], q_heads: i64, eps: f64) -> Result<(Tensor, Tensor), EvalError> {
+    let (Some(q), Some(k)) = (inputs.first().copied().flatten(), inputs.get(1).copied().flatten()) else {
+        return Err(err(op, "q (0) and k (1) are required"));
+    };
+    let dk = q.shape.last().copied().unwrap_or(0) / q_heads.max(1) as usize;
+    let norm = |t: &Tensor, what: &str| {
+        if dk == 0 || !eps.is_finite() || eps < 0.0 || t.shape.last().is_none_or(|w| w % dk != 0) {
+            return Err(err(op, format!("{what} {:?} has no heads of {dk} to normalise (ε {eps})", t.shape)));
+        }
+        let mut v = t.to_f64_vec();
+        for head in v.chunks_mut(dk) {
+            let r = (head.iter().map(|x| x * x).sum::<f64>() + eps).sqrt();
+            head.iter_mut().for_each(|x| *x = if r == 0.0 { 0.0 } else { *x / r });
+        }
+        Ok(crate::eval::float_tensor(t.dtype, t.shape.clone(), v))
+    };
+    Ok((norm(q, "q")?, norm(k, "k")?))
 }
 
 /// CausalConv: com.microsoft `CausalConvWithState` with its defaults and `activation` `none` or
@@ -747,6 +803,7 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
     let one = |ty: Option<TypeInfo>| ty.into_iter().collect::<Vec<_>>();
     match (domain, op) {
         (Domain::Npuc, "RmsNorm" | "RmsNormRowScaled" | "Silu" | "Rope") => one(t(0)),
+        (Domain::Npuc, "L2NormRowScaled" | "GatedRmsNormRowScaled") => one(t(0)),
         (Domain::Npuc, "SwiGlu" | "GeluGate") => one(broadcast2(t(0), t(1))),
         (Domain::Npuc, "GeluTanh") => one(t(0)),
         (Domain::Npuc, "SkipRmsNorm" | "SkipRmsNormRowScaled") => {

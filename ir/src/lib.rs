@@ -18,6 +18,7 @@ pub mod egraph;
 pub mod eval;
 pub mod fp16sim;
 pub mod fused;
+pub mod gated_norms;
 pub mod graph;
 pub mod op;
 pub mod print;

@@ -212,6 +212,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "RmsNormRowScaled",     (2, 2), (1, 1)),
     spec(NP, "SkipRmsNormRowScaled", (3, 4), (1, 2)),
     spec(NP, "WGemmRowScaled",       (3, 4), (1, 1)),
+    spec(NP, "L2NormRowScaled",      (1, 1), (1, 1)),
+    spec(NP, "GatedRmsNormRowScaled", (3, 3), (1, 1)),
     // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
     spec(NP, "QuantizeRows",         (1, 1), (2, 4)),
 ];

@@ -1,5 +1,5 @@
 //! Rule family `delta-net`: the gated delta rule of Gated DeltaNet layers into
-//! `npuc::DeltaNet{q_heads, kv_heads, scale}(q, k, v, past_state, decay, beta)`, outputs (y,
+//! `npuc::DeltaNet{q_heads, kv_heads, scale, [qk_l2norm_eps]}(q, k, v, past_state, decay, beta)`, outputs (y,
 //! present_state) as the source node's, and a constant factor on the queries into its `scale`:
 //! `Sᵀ(c·q)·s = Sᵀq·(c·s)`.
 //!
@@ -10,21 +10,25 @@
 //!   (`decay_scale·softplus(a + dt_bias)`, `σ(b)`).
 //! - the opset-27 ai.onnx `LinearAttention`, which has the same inputs, attributes and recurrence.
 //!
-//! What stays outside the op: the q/k l2-norms (`Reshape → LpNormalization → Reshape` per head)
-//! and the gate. Both are whole ops the host executor and the intel-npu target already run, and
-//! the recurrence reads their results row by row as buffers; taking them inside would make the
-//! fused op's lowering compute into buffers no program value owns. The scalar factor on q folds
-//! because it is an attribute: the product is taken once per output row instead of once per
-//! query element (the two round differently by an ulp).
+//! The builder's q/k L2 norms (`Reshape → LpNormalization{p=2} → Reshape` per head, no ε) fold
+//! in as `qk_l2norm_eps = 0`: DeltaNet normalises q and k per head of d_k itself (the host
+//! executor into scratch it owns, the intel-npu target's host step in place), so the recurrence
+//! reads the convolution's q and k directly. The gate (`LinearAttentionGate`) stays outside: it
+//! is a whole op both targets run, and the recurrence reads its decay and beta as buffers. The
+//! scalar factor on q folds because it is an attribute: the product is taken once per output
+//! row instead of once per query element (the two round differently by an ulp).
 //!
 //! Declined, with the reason recorded: update rules other than `gated_delta` (no decay or no
 //! beta: not the gated delta rule), per-token state windows (`state_window > 0`, CUDA only in
-//! onnxruntime), a missing decay or beta, and the default scale (`scale = 0`, 1/√d_k) when the
-//! query's width is not known.
+//! onnxruntime), a missing decay or beta, the default scale (`scale = 0`, 1/√d_k) when the
+//! query's width is not known, and a q/k norm that is not the L2 norm over heads of d_k (another
+//! p or axis, other groups, only one of q and k normalised).
 
 use crate::apply::{no_match, Computed, Decline, Fold, Folded};
 use crate::cond::{self, var};
-use crate::egraph_ops::{attrs, is_absent, is_op, known_shape, nodes_with_children, scalar_value, type_of, union};
+use crate::egraph_ops::{
+    attrs, dims, is_absent, is_op, known_shape, nodes_with_children, rank, scalar_value, type_of, union,
+};
 use crate::Rewrite;
 use egg::{rewrite as rw, Id, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head};
@@ -42,6 +46,8 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("delta-net-query-scale";         "(npuc::DeltaNet (Mul ?q ?c) ?k ?v ?s ?g ?b)"        => { QueryScale::new() } if cond::is_scalar("?c")),
         // DeltaNet{scale}(c·q, ..) = DeltaNet{scale·c}(q, ..)
         rw!("delta-net-scale-query";         "(npuc::DeltaNet (Mul ?c ?q) ?k ?v ?s ?g ?b)"        => { QueryScale::new() } if cond::is_scalar("?c")),
+        // DeltaNet(l2(q), l2(k), ..) = DeltaNet{qk_l2norm_eps=0}(q, k, ..), l2 the builder's Reshape → LpNormalization{p=2} → Reshape per head
+        rw!("delta-net-qk-l2norm";           "(npuc::DeltaNet ?q ?k ?v ?s ?g ?b)"                 => { QkL2Norm::new() }),
     ]
 }
 
@@ -172,5 +178,77 @@ impl Fold for QueryScale {
         let mut inputs = vec![q];
         inputs.extend(rest);
         Ok(add_delta_net(egraph, eclass, delta_net_attrs(q_heads, kv_heads, folded), inputs, rule))
+    }
+}
+
+/// `DeltaNet(Reshape(LpNormalization(Reshape(q))), Reshape(LpNormalization(Reshape(k))), ..)`,
+/// each LpNormalization the L2 norm over heads of d_k: `DeltaNet{qk_l2norm_eps = 0}(q, k, ..)`.
+struct QkL2Norm {
+    inputs: [Var; 6],
+}
+
+impl QkL2Norm {
+    fn new() -> Computed<Self> {
+        Computed::new(QkL2Norm { inputs: INPUTS.map(var) })
+    }
+}
+
+/// The last dimension of a class's value, when known (the others may be symbolic).
+fn last_dim(egraph: &EGraph, x: Id) -> Option<usize> {
+    dims(egraph, x)?.last()?.as_known().and_then(|d| usize::try_from(d).ok())
+}
+
+/// The value class `x` L2-normalises per head of `dk` — `x` holds `Reshape(LpNormalization{p=2,
+/// last axis}(Reshape(src, [.., heads, dk])), _)` of src's own type —: `None` when `x` is no
+/// such spelling, a decline when it is one that normalises something else.
+fn l2_normed_source(egraph: &EGraph, x: Id, dk: usize, what: &str) -> Option<Result<Id, Decline>> {
+    let op_of = |class: Id, op: &str| egraph[class].nodes.iter().find(|n| is_op(n, Domain::Onnx, op)).cloned();
+    let unflat = op_of(x, "Reshape")?;
+    let lp = op_of(unflat.children[0], "LpNormalization")?;
+    let flat = lp.children[0];
+    let src = op_of(flat, "Reshape")?.children[0];
+    let a = lp.head.attrs().cloned().unwrap_or_default();
+    let rank = rank(egraph, flat).unwrap_or(0);
+    if !ir::gated_norms::is_last_axis_l2(&a, rank) {
+        let (p, axis) = (a.int_or("p", 2).unwrap_or(0), a.int_or("axis", -1).unwrap_or(0));
+        return Some(Err(format!(
+            "{what}'s LpNormalization has p = {p} along axis {axis} of {rank}: DeltaNet's qk_l2norm is the L2 norm over each head"
+        )
+        .into()));
+    }
+    let group = last_dim(egraph, flat);
+    if group != Some(dk) {
+        return Some(Err(format!(
+            "{what}'s L2 norm runs over groups of {group:?}, not DeltaNet's heads of d_k = {dk}"
+        )
+        .into()));
+    }
+    if type_of(egraph, src) != type_of(egraph, x) {
+        return Some(Err(format!("{what}'s per-head L2 norm is not reshaped back to {what}'s own shape").into()));
+    }
+    Some(Ok(src))
+}
+
+impl Fold for QkL2Norm {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let inputs = self.inputs.map(|v| subst[v]);
+        let node = nodes_with_children(egraph, eclass, "DeltaNet", &inputs)
+            .find(|n| n.head.attrs().is_some_and(|a| matches!(a.float("qk_l2norm_eps"), Ok(None))))
+            .ok_or_else(no_match)?;
+        let mut a = node.head.attrs().cloned().unwrap_or_default();
+        let q_heads = a.int("q_heads").ok().flatten().filter(|&h| h > 0).ok_or_else(no_match)?;
+        let width = last_dim(egraph, inputs[0]).ok_or_else(no_match)?;
+        let dk = width / q_heads as usize;
+        let (q, k) = match (l2_normed_source(egraph, inputs[0], dk, "q"), l2_normed_source(egraph, inputs[1], dk, "k"))
+        {
+            (None, None) => return Err(no_match()),
+            (Some(q), Some(k)) => (q?, k?),
+            (Some(_), None) => return Err("only q is L2-normalised; DeltaNet's qk_l2norm normalises q and k".into()),
+            (None, Some(_)) => return Err("only k is L2-normalised; DeltaNet's qk_l2norm normalises q and k".into()),
+        };
+        a.set("qk_l2norm_eps", Attr::Float(0.0));
+        let mut children = vec![q, k];
+        children.extend_from_slice(&inputs[2..]);
+        Ok(add_delta_net(egraph, eclass, a, children, rule))
     }
 }

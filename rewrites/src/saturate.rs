@@ -202,8 +202,8 @@ impl CostFunction<ENode> for HostCost {
     }
 }
 
-/// The cost model of fp16 targets: [`HostCost`], except that the fused ops the `fp16-rescale`
-/// family replaces — `RmsNorm`, `SkipRmsNorm` and `WGemm`, whose fp16 intermediates overflow or
+/// The cost model of fp16 targets: [`HostCost`], except that the ops the `fp16-rescale`
+/// family replaces — `RmsNorm`, `SkipRmsNorm`, `WGemm`, `LpNormalization` and `GatedRMSNorm`, whose fp16 intermediates overflow or
 /// flush to zero (see [`crate::fp16_rescale`]) — cost [`FP16_UNSCALED_COST`] more, on the path and
 /// in the tree sum alike.
 ///
@@ -217,12 +217,17 @@ impl CostFunction<ENode> for HostCost {
 /// the surcharge then only marks it.
 pub struct Fp16Cost;
 
-/// What [`Fp16Cost`] adds for an `RmsNorm`, `SkipRmsNorm` or `WGemm`.
+/// What [`Fp16Cost`] adds for each op [`is_fp16_unscaled`] names.
 pub const FP16_UNSCALED_COST: f64 = 1e9;
 
-/// True for the fused ops that overflow or underflow in fp16 unless rescaled.
+/// True for the ops that overflow or underflow in fp16 unless rescaled.
 pub fn is_fp16_unscaled(enode: &ENode) -> bool {
-    matches!(&enode.head, Head::Op { domain: Domain::Npuc, op: "RmsNorm" | "SkipRmsNorm" | "WGemm", .. })
+    matches!(
+        &enode.head,
+        Head::Op { domain: Domain::Npuc, op: "RmsNorm" | "SkipRmsNorm" | "WGemm", .. }
+            | Head::Op { domain: Domain::Onnx, op: "LpNormalization", .. }
+            | Head::Op { domain: Domain::Microsoft, op: "GatedRMSNorm", .. }
+    )
 }
 
 impl CostFunction<ENode> for Fp16Cost {

@@ -203,6 +203,8 @@ pub struct Executor<'b> {
     row_states: rollback::RowStates,
     /// LinearAttention's retrieved row.
     state_scratch: Vec<f32>,
+    /// DeltaNet's L2-normalised q and k (`qk_l2norm_eps`): values of no program buffer.
+    qk_scratch: (Vec<f32>, Vec<f32>),
     moe_scratch: run::MoeScratch,
     /// Experts the MoE ops computed (each over all the tokens routed to it in one call).
     moe_expert_passes: u64,
@@ -274,6 +276,7 @@ impl<'b> Executor<'b> {
             delta_scratch: run::DeltaChunk::default(),
             row_states: rollback::RowStates::default(),
             state_scratch: Vec::new(),
+            qk_scratch: (Vec::new(), Vec::new()),
             moe_scratch: run::MoeScratch::default(),
             moe_expert_passes: 0,
             moe_expert_bytes: 0,

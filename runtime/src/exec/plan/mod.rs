@@ -248,6 +248,9 @@ pub enum Op {
         v: usize,
         decay: Option<usize>,
         beta: Option<usize>,
+        /// q and k divided per head by √(Σx² + ε) before the recurrence (DeltaNet's
+        /// `qk_l2norm_eps`), into the executor's scratch.
+        qk_l2norm_eps: Option<f32>,
         state: usize,
         heads: LinearHeads,
         scale: f32,

@@ -157,6 +157,40 @@ mod tests {
         out
     }
 
+    /// The chunked form's outputs and final state over `rows` tokens in chunks of `chunk`.
+    fn chunked(
+        s0: &[f32],
+        (k, v, q): (&[f32], &[f32], &[f32]),
+        (g, b): (&[f32], Option<&[f32]>),
+        (dk, dv): (usize, usize),
+        chunk: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let rows = g.len();
+        let (mut state, mut got, mut c) = (s0.to_vec(), vec![0.0; rows * dv], DeltaChunk::default());
+        for start in (0..rows).step_by(chunk) {
+            let n = chunk.min(rows - start);
+            c.start(n, (dk, dv), b.is_some());
+            c.k.copy_from_slice(&k[start * dk..][..n * dk]);
+            c.u.copy_from_slice(&v[start * dv..][..n * dv]);
+            c.g.copy_from_slice(&g[start..start + n]);
+            if let (Some(cb), Some(b)) = (&mut c.beta, b) {
+                cb.copy_from_slice(&b[start..start + n]);
+            }
+            c.solve(&state);
+            for t in 0..n {
+                c.output(&state, t, &q[(start + t) * dk..][..dk], 1.0, &mut got[(start + t) * dv..][..dv]);
+            }
+            c.update_state(&mut state);
+        }
+        (got, state)
+    }
+
+    /// The largest |a − b| relative to the largest |b|; NaN if a has a NaN.
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        let top = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, |m, d| if d.is_nan() { d } else { m.max(d) }) / top
+    }
+
     /// Chunks of 1, 5 and 16 over 21 tokens give the recurrence's outputs and state, with and
     /// without beta and decay.
     #[test]
@@ -170,26 +204,7 @@ mod tests {
             let mut want_state = s0.clone();
             let want = recurrence(&mut want_state, (&k, &v, &q), (g, b), dk);
             for chunk in [1, 5, 16] {
-                let (mut state, mut got, mut c) = (s0.clone(), vec![0.0; rows * dv], DeltaChunk::default());
-                for start in (0..rows).step_by(chunk) {
-                    let n = chunk.min(rows - start);
-                    c.start(n, (dk, dv), b.is_some());
-                    c.k.copy_from_slice(&k[start * dk..][..n * dk]);
-                    c.u.copy_from_slice(&v[start * dv..][..n * dv]);
-                    c.g.copy_from_slice(&g[start..start + n]);
-                    if let (Some(cb), Some(b)) = (&mut c.beta, b) {
-                        cb.copy_from_slice(&b[start..start + n]);
-                    }
-                    c.solve(&state);
-                    for t in 0..n {
-                        c.output(&state, t, &q[(start + t) * dk..][..dk], 1.0, &mut got[(start + t) * dv..][..dv]);
-                    }
-                    c.update_state(&mut state);
-                }
-                let worst = |a: &[f32], b: &[f32]| {
-                    let top = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-                    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / top
-                };
+                let (got, state) = chunked(&s0, (&k, &v, &q), (g, b), (dk, dv), chunk);
                 assert!(worst(&got, &want) < 2e-6, "chunk {chunk}: outputs off by {}", worst(&got, &want));
                 assert!(
                     worst(&state, &want_state) < 2e-6,
@@ -198,5 +213,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Strong decay over a long chunk (64 tokens of log decay −2 to −6: the summed decay G
+    /// reaches about −256): e^G underflows f32 to zero from the 25th token or so, so
+    /// e^{G_t}/e^{G_s} would be 0/0. The chunk takes e^{G_t − G_s} instead, and gives the
+    /// recurrence's outputs and state.
+    #[test]
+    fn strong_decay_over_a_long_chunk_gives_the_recurrence() {
+        let (rows, dk, dv) = (64, 8, 6);
+        let (k, v, q) = (values(rows * dk, 11), values(rows * dv, 12), values(rows * dk, 13));
+        let decay: Vec<f32> = values(rows, 14).iter().map(|x| -4.0 + 2.0 * x).collect();
+        let beta: Vec<f32> = values(rows, 15).iter().map(|x| 0.5 * (x + 1.0)).collect();
+        let summed: Vec<f32> = decay
+            .iter()
+            .scan(0.0, |g, d| {
+                *g += d;
+                Some(*g)
+            })
+            .collect();
+        let ratio = summed[rows - 1].exp() / summed[rows - 2].exp();
+        assert!(ratio.is_nan(), "e^G_t / e^G_s of this chunk is {ratio}, not 0/0: the decay is not strong enough");
+        let s0 = values(dk * dv, 16);
+        let mut want_state = s0.clone();
+        let want = recurrence(&mut want_state, (&k, &v, &q), (&decay, Some(&beta)), dk);
+        let (got, state) = chunked(&s0, (&k, &v, &q), (&decay, Some(&beta)), (dk, dv), 64);
+        assert!(worst(&got, &want) < 2e-6, "outputs off by {}", worst(&got, &want));
+        assert!(worst(&state, &want_state) < 2e-6, "state off by {}", worst(&state, &want_state));
     }
 }

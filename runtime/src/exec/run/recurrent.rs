@@ -72,11 +72,19 @@ impl Executor<'_> {
 
     pub(super) fn run_linear_attention(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
         let (node, op) = self.plan.node_op(index);
-        let &Op::LinearAttention { q, k, v, decay, beta, state, heads: h, scale, .. } = op else {
+        let &Op::LinearAttention { q, k, v, decay, beta, qk_l2norm_eps, state, heads: h, scale, .. } = op else {
             unreachable!("a LinearAttention")
         };
         let view = view!(self);
-        let (q, k, v) = (view.f32(q), view.f32(k), view.f32(v));
+        let (mut q, mut k, v) = (view.f32(q), view.f32(k), view.f32(v));
+        if let Some(eps) = qk_l2norm_eps {
+            let (qn, kn) = &mut self.qk_scratch;
+            qn.resize(q.len(), 0.0);
+            kn.resize(k.len(), 0.0);
+            l2_norm_rows(q, h.dk, eps, qn);
+            l2_norm_rows(k, h.dk, eps, kn);
+            (q, k) = (&qn[..], &kn[..]);
+        }
         let tokens = q.len() / (h.q_heads * h.dk);
         let x = LinearInputs { h, q, k, v, decay: decay.map(|d| view.f32(d)), beta: beta.map(|b| view.f32(b)), tokens };
         if !x.consistent() {
@@ -282,14 +290,7 @@ impl Executor<'_> {
                     *o = x[i] + other[i] * gate[i / row];
                 }
             }
-            Op::L2Norm { x, width, .. } => {
-                let x = view.f32(x);
-                for (row, out) in x.chunks(width).zip(y.chunks_mut(width)) {
-                    let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
-                    let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-                    out.iter_mut().zip(row).for_each(|(o, v)| *o = v * inv);
-                }
-            }
+            Op::L2Norm { x, width, .. } => l2_norm_rows(view.f32(x), width, 0.0, y),
             _ => unreachable!("a gate op"),
         }
         Ok(())
@@ -338,5 +339,15 @@ impl Executor<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Each run of `width` values of `x` divided by √(Σx² + ε) into `out`; a run whose root is zero
+/// gives zeros (LpNormalization's zero norm).
+fn l2_norm_rows(x: &[f32], width: usize, eps: f32, out: &mut [f32]) {
+    for (row, out) in x.chunks(width).zip(out.chunks_mut(width)) {
+        let norm = (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+        let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+        out.iter_mut().zip(row).for_each(|(o, v)| *o = v * inv);
     }
 }

@@ -95,7 +95,7 @@ pub(super) fn linear_attention(b: &mut Builder<'_, '_>, n: usize, node: &NodeInf
         s => s,
     };
     let (decay, beta) = (decay.filter(|_| gated), beta.filter(|_| delta));
-    push_linear_attention(b, n, node, LinearAttentionInputs { q, k, v, decay, beta }, heads, scale)
+    push_linear_attention(b, n, node, LinearAttentionInputs { q, k, v, decay, beta, qk_l2norm_eps: None }, heads, scale)
 }
 
 /// The operands of a LinearAttention op.
@@ -105,6 +105,8 @@ struct LinearAttentionInputs {
     v: usize,
     decay: Option<usize>,
     beta: Option<usize>,
+    /// DeltaNet's per-head L2 norm of q and k, with its ε.
+    qk_l2norm_eps: Option<f32>,
 }
 
 /// Pushes the LinearAttention op of `node` once its heads and scale are known, its state checked
@@ -124,12 +126,13 @@ fn push_linear_attention(
     }
     let out = output(node, 0)?;
     b.fresh(out);
-    let LinearAttentionInputs { q, k, v, decay, beta } = x;
-    b.push(n, Op::LinearAttention { q, k, v, decay, beta, state, heads, scale, out });
+    let LinearAttentionInputs { q, k, v, decay, beta, qk_l2norm_eps } = x;
+    b.push(n, Op::LinearAttention { q, k, v, decay, beta, qk_l2norm_eps, state, heads, scale, out });
     Ok(())
 }
 
-/// DeltaNet: the gated delta rule, LinearAttention's op with decay and beta and an explicit scale.
+/// DeltaNet: the gated delta rule, LinearAttention's op with decay and beta and an explicit scale
+/// (and with `qk_l2norm_eps`, q and k normalised per head first).
 pub(super) fn delta_net(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let fail = node_fail(node);
     let (q, k, v) = (b.f32_input(node, 0)?, b.f32_input(node, 1)?, b.f32_input(node, 2)?);
@@ -143,7 +146,11 @@ pub(super) fn delta_net(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> R
         s => return Err(fail(format!("scale must be given, finite and non-zero, got {s:?}"))),
     };
     let heads = linear_heads(b, node, (q_heads, kv_heads), (q, k, v), Some(decay), Some(beta))?;
-    let x = LinearAttentionInputs { q, k, v, decay: Some(decay), beta: Some(beta) };
+    let qk_l2norm_eps = node.attr_f32("qk_l2norm_eps");
+    if qk_l2norm_eps.is_some_and(|e| !e.is_finite() || e < 0.0) {
+        return Err(fail(format!("qk_l2norm_eps must be finite and ≥ 0, got {qk_l2norm_eps:?}")));
+    }
+    let x = LinearAttentionInputs { q, k, v, decay: Some(decay), beta: Some(beta), qk_l2norm_eps };
     push_linear_attention(b, n, node, x, heads, scale)
 }
 
