@@ -39,15 +39,7 @@ fn function<'f>(funcs: &'f [Function], name: &str) -> &'f Function {
 }
 
 fn random_i32(len: usize, seed: u64) -> Vec<i32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 16) as u32 as i32
-        })
-        .collect()
+    common::xorshift(seed).take(len).map(|x| (x >> 16) as u32 as i32).collect()
 }
 
 /// The interpreted `matmul_i8_i32` of `text` and the reference on the same random blocks.

@@ -3,17 +3,20 @@
 use codegen_aie::design::Design;
 use codegen_aie::interp;
 
+/// A deterministic xorshift stream from `seed`.
+pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
 /// Deterministic int8 values in [-128, 127].
 pub fn values(len: usize, seed: u64) -> Vec<i8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 as i8
-        })
-        .collect()
+    xorshift(seed).take(len).map(|x| (x >> 24) as u8 as i8).collect()
 }
 
 pub fn reference(a: &[i8], b: &[i8], (m, k, n): (usize, usize, usize)) -> Vec<i32> {
