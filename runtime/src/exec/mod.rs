@@ -97,7 +97,7 @@ use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvStorage, SeqId};
 pub(crate) use plan::ExpertActivation;
 use plan::{Op, Plan, WGemmStore};
 use program::Program;
-pub(crate) use run::{expert_activate, route_experts};
+pub(crate) use run::{expert_activate, l2_normalize_rows, route_experts};
 use std::sync::Mutex;
 
 /// Tokens of a delta-rule chunk unless told otherwise.

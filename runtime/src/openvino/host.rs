@@ -165,8 +165,8 @@ impl HostRun {
                 let out_heads = d.q_heads.max(d.kv_heads);
                 let (mut q, mut k) = (read(&d.q, d.q_heads * d.dk)?, read(&d.k, d.k_heads * d.dk)?);
                 if let Some(eps) = d.qk_l2norm_eps {
-                    l2_norm_heads(&mut q, d.dk, eps);
-                    l2_norm_heads(&mut k, d.dk, eps);
+                    crate::exec::l2_normalize_rows(&mut q, d.dk, eps);
+                    crate::exec::l2_normalize_rows(&mut k, d.dk, eps);
                 }
                 let v = read(&d.v, d.kv_heads * d.dv)?;
                 let decay = d.decay.as_deref().map(|n| read(n, d.kv_heads)).transpose()?;
@@ -395,15 +395,6 @@ fn causal_conv(
             let at = rows + i;
             p[i] = if at < s { p[at] } else { x[at - s] };
         }
-    }
-}
-
-/// Each run of `dk` values of `x` divided by √(Σx² + ε) in place; a zero root gives zeros.
-fn l2_norm_heads(x: &mut [f32], dk: usize, eps: f32) {
-    for head in x.chunks_mut(dk) {
-        let norm = (head.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
-        let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-        head.iter_mut().for_each(|v| *v *= inv);
     }
 }
 

@@ -25,6 +25,7 @@ mod integer;
 pub(crate) use delta_chunk::DeltaChunk;
 mod moe;
 pub(crate) use moe::{activate as expert_activate, route as route_experts};
+pub(crate) use recurrent::l2_normalize_rows;
 mod quantised;
 mod recurrent;
 mod router;

@@ -79,10 +79,11 @@ impl Executor<'_> {
         let (mut q, mut k, v) = (view.f32(q), view.f32(k), view.f32(v));
         if let Some(eps) = qk_l2norm_eps {
             let (qn, kn) = &mut self.qk_scratch;
-            qn.resize(q.len(), 0.0);
-            kn.resize(k.len(), 0.0);
-            l2_norm_rows(q, h.dk, eps, qn);
-            l2_norm_rows(k, h.dk, eps, kn);
+            for (x, normed) in [(q, &mut *qn), (k, &mut *kn)] {
+                normed.clear();
+                normed.extend_from_slice(x);
+                l2_normalize_rows(normed, h.dk, eps);
+            }
             (q, k) = (&qn[..], &kn[..]);
         }
         let tokens = q.len() / (h.q_heads * h.dk);
@@ -290,7 +291,11 @@ impl Executor<'_> {
                     *o = x[i] + other[i] * gate[i / row];
                 }
             }
-            Op::L2Norm { x, width, .. } => l2_norm_rows(view.f32(x), width, 0.0, y),
+            Op::L2Norm { x, width, .. } => {
+                let x = view.f32(x);
+                y[..x.len()].copy_from_slice(x);
+                l2_normalize_rows(&mut y[..x.len()], width, 0.0);
+            }
             _ => unreachable!("a gate op"),
         }
         Ok(())
@@ -342,12 +347,12 @@ impl Executor<'_> {
     }
 }
 
-/// Each run of `width` values of `x` divided by √(Σx² + ε) into `out`; a run whose root is zero
-/// gives zeros (LpNormalization's zero norm).
-fn l2_norm_rows(x: &[f32], width: usize, eps: f32, out: &mut [f32]) {
-    for (row, out) in x.chunks(width).zip(out.chunks_mut(width)) {
+/// Each run of `width` values of `x` divided by √(Σx² + ε) in place; a run whose root is zero
+/// gives zeros (LpNormalization's zero norm). The OpenVINO host steps normalise with it too.
+pub(crate) fn l2_normalize_rows(x: &mut [f32], width: usize, eps: f32) {
+    for row in x.chunks_mut(width) {
         let norm = (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
         let inv = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-        out.iter_mut().zip(row).for_each(|(o, v)| *o = v * inv);
+        row.iter_mut().for_each(|v| *v *= inv);
     }
 }
