@@ -9,6 +9,11 @@
 //! read (codes, scales, zero points); tok/s-eq is streaming calls per second. The per-model lines
 //! sum the streaming time of every matrix of one token (all layers plus lm_head): bytes per token
 //! over that time is the achieved decode bandwidth, to set against the probe.
+//!
+//! `--filter attention` (or a run without a filter) also times paged decode attention on the
+//! Qwen3-4B shape (36 layers, 32/8 heads, head 128): one token's query against every layer's
+//! cache at contexts 128, 1,024 and 4,096, f32 and int8 pages, one thread, with the KV bytes read
+//! per second and the time per token against the 128-token context's.
 
 use runtime::kernels::gemm::{gemm_f32, WeightLayout};
 use runtime::kernels::qgemm::{pack_qgemm, qgemm, PackedQGemm, QActivations, QGemmScratch, QOutput, QWeightCodes};
@@ -16,6 +21,7 @@ use runtime::kernels::wgemm::{
     pack_wgemm, wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmPrecision, WGemmScratch,
 };
 use runtime::kernels::{Isa, ThreadPool};
+use runtime::kvcache::{KvCache, KvCacheConfig, KvStorage, DEFAULT_PAGE_ROWS};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -214,6 +220,43 @@ fn main() {
 
     if filter.is_none() {
         other_kernels(isa, &pools, quick);
+    }
+    if filter.as_ref().is_none_or(|f| "attention".contains(f.as_str())) {
+        decode_attention(isa, quick);
+    }
+}
+
+/// Decode attention of the Qwen3-4B shape over every layer's cache, per context and storage.
+fn decode_attention(isa: Isa, quick: bool) {
+    let (layers, q_heads, kv_heads, d) = (36, 32, 8, 128);
+    println!("\nDecode attention, Qwen3-4B shape ({layers} layers, {q_heads}/{kv_heads} heads, head {d}), 1 thread");
+    println!("{:<8} {:>8} {:>12} {:>9} {:>12}", "pages", "context", "µs/token", "GB/s", "vs ctx 128");
+    let mut rng = Rng(7);
+    for storage in [KvStorage::F32, KvStorage::Int8] {
+        let mut base = None;
+        for context in [128usize, 1024, 4096] {
+            let pages = layers * kv_heads * context.div_ceil(DEFAULT_PAGE_ROWS);
+            let config = KvCacheConfig::new(layers, q_heads, kv_heads, d, pages).with_storage(storage).with_isa(isa);
+            let mut cache = KvCache::new(config).expect("cache");
+            let seq = cache.create_sequence();
+            let kv: Vec<f32> = (0..kv_heads * context * d).map(|_| rng.f32()).collect();
+            for layer in 0..layers {
+                cache.append(seq, layer, &kv, &kv).expect("append");
+            }
+            let q: Vec<f32> = (0..q_heads * d).map(|_| rng.f32()).collect();
+            let (mut out, mut scratch) = (vec![0f32; q.len()], cache.new_scratch());
+            let mut token = || {
+                for layer in 0..layers {
+                    cache.attend_with(seq, layer, &q, 0.088, &mut out, &mut scratch).expect("attend");
+                }
+                black_box(&out);
+            };
+            let t = time_per_call(&mut token, Duration::from_millis(if quick { 100 } else { 400 }), 5);
+            let bytes = layers * kv_heads * context * 2 * storage.row_bytes(d);
+            let base = *base.get_or_insert(t);
+            let name = format!("{storage:?}");
+            println!("{name:<8} {context:>8} {:>12.1} {:>9.1} {:>11.2}x", t * 1e6, bytes as f64 / t / 1e9, t / base);
+        }
     }
 }
 

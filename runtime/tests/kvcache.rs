@@ -855,14 +855,16 @@ fn every_isa_path_attends_as_the_scalar_path_does() {
     eprintln!("SIMD attention within {worst:.2e} of the scalar path");
 }
 
-/// On every path a query row's output does not depend on the other rows of its call: a block of
-/// S rows gives each row the bits a single step at its position gives.
+/// On every path and storage a query row's output does not depend on the other rows of its call:
+/// a block of S rows gives each row the bits a single step at its position gives (int8 pages are
+/// widened once for a block's many rows and read in place by a single step: the same bits).
 #[test]
 fn on_every_isa_path_a_block_row_equals_a_single_step_bit_for_bit() {
-    for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+    let storages = [KvStorage::F32, KvStorage::F16, KvStorage::Int8];
+    for (isa, storage) in Isa::ALL.into_iter().filter(|i| i.is_available()).flat_map(|i| storages.map(|s| (i, s))) {
         for (d, page_rows, window) in [(64, 16, None), (24, 7, Some(6))] {
             let window = window.and_then(NonZeroUsize::new);
-            let case = Case { storage: KvStorage::F32, q_heads: 6, kv_heads: 2, d, page_rows, window, sinks: d == 24 };
+            let case = Case { storage, q_heads: 6, kv_heads: 2, d, page_rows, window, sinks: d == 24 };
             let mut cache = KvCache::new(case.config(1, 256).with_isa(isa)).unwrap();
             let (block, single) = (cache.create_sequence(), cache.create_sequence());
             let mut rng = Rng(77);

@@ -94,9 +94,12 @@ use crate::kernels::qgemm::{QActivations, QGemmScratch, QGemmWeights};
 use crate::kernels::wgemm::{WGemmPrecision, WGemmScratch};
 use crate::kernels::{Isa, ThreadPool};
 use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvStorage, SeqId};
+// The OpenVINO host steps share these with the executor.
+#[cfg(feature = "openvino")]
 pub(crate) use plan::ExpertActivation;
 use plan::{Op, Plan, WGemmStore};
 use program::Program;
+#[cfg(feature = "openvino")]
 pub(crate) use run::{expert_activate, l2_normalize_rows, route_experts};
 use std::sync::Mutex;
 

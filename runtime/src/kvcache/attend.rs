@@ -14,7 +14,7 @@
 use half::slice::HalfFloatSliceExt;
 
 use super::pool::PageView;
-use crate::kernels::attention::{self, PageScores, RowSpan};
+use crate::kernels::attention::{self, Codes, PageScores, RowSpan, RowValues};
 use crate::kernels::Isa;
 
 /// Working memory of [`super::KvCache::attend_with`]: the running softmax state of every query
@@ -136,6 +136,22 @@ pub(crate) fn begin(scratch: &mut AttendScratch, queries: &GroupQueries, page_ro
     scratch.acc[..queries.rows() * queries.head_dim].fill(0.0);
 }
 
+/// When an int8 page is widened to f32 in the scratch, once for all the query rows reading it,
+/// rather than read in place (where every block of four query rows widens the keys in registers
+/// and every row its values): the keys above this many rows (each widened key vector serves four
+/// rows' FMAs, so widening pays only when the rows are many), the values from this many (each
+/// value vector serves one row's FMA). The bits are the same either way.
+const WIDEN_KEYS_ABOVE: usize = 8;
+const WIDEN_VALUES_FROM: usize = 2;
+
+/// Where a page's rows lie: `page_rows` rows per page (the keys' row stride), the first
+/// `valid_rows` of them held.
+#[derive(Clone, Copy)]
+pub(crate) struct PageRows {
+    pub page_rows: usize,
+    pub valid_rows: usize,
+}
+
 /// Merges one page holding sequence rows `page_start..page_start + valid_rows` into the running
 /// state of every query row of the group, on the `isa` path.
 pub(crate) fn merge_page(
@@ -143,68 +159,113 @@ pub(crate) fn merge_page(
     scratch: &mut AttendScratch,
     queries: &GroupQueries,
     page: PageView<'_>,
+    rows: PageRows,
     page_start: usize,
-    valid_rows: usize,
 ) {
-    queries.spans(page_start, valid_rows, &mut scratch.spans);
+    queries.spans(page_start, rows.valid_rows, &mut scratch.spans);
     if scratch.spans.is_empty() {
         return;
     }
-    let (d, n) = (queries.head_dim, valid_rows * queries.head_dim);
+    let n = rows.valid_rows * queries.head_dim;
     match page {
-        PageView::F32 { k, v } => merge_rows(isa, scratch, queries, &k[..n], &v[..n]),
-        PageView::F16 { k, v } => merge_converted(isa, scratch, queries, n, |k_rows, v_rows| {
-            k[..n].convert_to_f32_slice(k_rows);
+        PageView::F32 { k, v } => {
+            let (keys, values) = (Codes::F32(k), Codes::F32(&v[..n]));
+            merge_rows(isa, scratch, queries, rows, (keys, None), (values, None));
+        }
+        PageView::F16 { k, v } => merge_converted(isa, scratch, queries, rows, |k_rows, v_rows| {
+            k.convert_to_f32_slice(k_rows);
             v[..n].convert_to_f32_slice(v_rows);
         }),
-        PageView::Int8 { k, v, k_scales, v_scales } => merge_converted(isa, scratch, queries, n, |k_rows, v_rows| {
-            attention::dequantize_rows(isa, &k[..n], k_scales, d, k_rows);
-            attention::dequantize_rows(isa, &v[..n], v_scales, d, v_rows);
-        }),
+        PageView::Int8 { k, v, k_scales, v_scales } => {
+            merge_int8(isa, scratch, queries, rows, (k, k_scales), (&v[..n], v_scales));
+        }
     }
 }
 
-/// Starts loading the first `valid_rows` rows of a page that is about to be merged.
+/// Merges an int8 page: its keys and values with their scales, each read in place or widened in
+/// the scratch first (see [`WIDEN_KEYS_ABOVE`]).
+fn merge_int8(
+    isa: Isa,
+    scratch: &mut AttendScratch,
+    queries: &GroupQueries,
+    rows: PageRows,
+    (k, k_scales): (&[i8], &[f32]),
+    (v, v_scales): (&[i8], &[f32]),
+) {
+    let spans = scratch.spans.len();
+    let (mut k_rows, mut v_rows) = (std::mem::take(&mut scratch.k_rows), std::mem::take(&mut scratch.v_rows));
+    let keys = if spans > WIDEN_KEYS_ABOVE {
+        attention::widen_codes(isa, k, &mut k_rows[..k.len()]);
+        Codes::F32(&k_rows[..k.len()])
+    } else {
+        Codes::Int8(k)
+    };
+    let values = if spans >= WIDEN_VALUES_FROM {
+        attention::widen_codes(isa, v, &mut v_rows[..v.len()]);
+        Codes::F32(&v_rows[..v.len()])
+    } else {
+        Codes::Int8(v)
+    };
+    merge_rows(isa, scratch, queries, rows, (keys, Some(k_scales)), (values, Some(v_scales)));
+    (scratch.k_rows, scratch.v_rows) = (k_rows, v_rows);
+}
+
+/// Starts loading a page that is about to be merged: its keys (transposed, so the whole page)
+/// and its first `valid_rows` value rows.
 pub(crate) fn prefetch_page(page: PageView<'_>, valid_rows: usize, head_dim: usize) {
     let n = valid_rows * head_dim;
     match page {
-        PageView::F32 { k, v } => (attention::prefetch(&k[..n]), attention::prefetch(&v[..n])),
-        PageView::F16 { k, v } => (attention::prefetch(&k[..n]), attention::prefetch(&v[..n])),
+        PageView::F32 { k, v } => (attention::prefetch(k), attention::prefetch(&v[..n])),
+        PageView::F16 { k, v } => (attention::prefetch(k), attention::prefetch(&v[..n])),
         PageView::Int8 { k, v, k_scales, v_scales } => {
             attention::prefetch(&k_scales[..valid_rows]);
             attention::prefetch(&v_scales[..valid_rows]);
-            (attention::prefetch(&k[..n]), attention::prefetch(&v[..n]))
+            (attention::prefetch(k), attention::prefetch(&v[..n]))
         }
     };
 }
 
-/// Converts the `n` valid values of a page's K and V into the scratch with `convert`, once for all
-/// the query rows reading them, then merges them.
+/// Converts a page's K (all of it, transposed) and its valid V rows into the scratch with
+/// `convert`, once for all the query rows reading them, then merges them.
 fn merge_converted(
     isa: Isa,
     scratch: &mut AttendScratch,
     queries: &GroupQueries,
-    n: usize,
+    rows: PageRows,
     convert: impl FnOnce(&mut [f32], &mut [f32]),
 ) {
+    let (k_len, v_len) = (rows.page_rows * queries.head_dim, rows.valid_rows * queries.head_dim);
     let (mut k_rows, mut v_rows) = (std::mem::take(&mut scratch.k_rows), std::mem::take(&mut scratch.v_rows));
-    convert(&mut k_rows[..n], &mut v_rows[..n]);
-    merge_rows(isa, scratch, queries, &k_rows[..n], &v_rows[..n]);
+    convert(&mut k_rows[..k_len], &mut v_rows[..v_len]);
+    let (keys, values) = ((Codes::F32(&k_rows[..k_len]), None), (Codes::F32(&v_rows[..v_len]), None));
+    merge_rows(isa, scratch, queries, rows, keys, values);
     (scratch.k_rows, scratch.v_rows) = (k_rows, v_rows);
 }
 
-/// Merges the page whose f32 rows are `k` and `v` (`[rows, D]`, the valid rows only) into the
-/// rows of `scratch.spans`: every span's scores first, reading each key row once for all of
-/// them, then each span's partial.
-fn merge_rows(isa: Isa, scratch: &mut AttendScratch, queries: &GroupQueries, k: &[f32], v: &[f32]) {
-    let d = queries.head_dim;
-    let stride = k.len() / d;
-    let page = PageScores { q: queries.q, k, head_dim: d, scale: queries.scale };
+/// Merges a page into the rows of `scratch.spans`: its `keys` (transposed, `[head_dim,
+/// page_rows]`) and `values` (`[valid_rows, head_dim]`), each with its rows' scales when they are
+/// int8 codes. Every span's scores first, reading each key once for up to four of them, then each
+/// span's partial.
+fn merge_rows(
+    isa: Isa,
+    scratch: &mut AttendScratch,
+    queries: &GroupQueries,
+    rows: PageRows,
+    (keys, key_scales): (Codes<'_>, Option<&[f32]>),
+    (values, value_scales): (Codes<'_>, Option<&[f32]>),
+) {
+    let (d, stride) = (queries.head_dim, rows.valid_rows);
+    let page =
+        PageScores { q: queries.q, keys, key_scales, head_dim: d, page_rows: rows.page_rows, scale: queries.scale };
     attention::page_scores(isa, page, &scratch.spans, &mut scratch.scores, stride);
     for (i, span) in scratch.spans.iter().enumerate() {
         let weights = &mut scratch.scores[i * stride + span.first..i * stride + span.end];
         let page_acc = &mut scratch.page_acc[..d];
-        let (page_max, page_sum) = attention::row_partial(isa, weights, &v[span.first * d..span.end * d], page_acc);
+        let span_values = RowValues {
+            rows: values.rows(span.first * d..span.end * d),
+            scales: value_scales.map(|s| &s[span.first..span.end]),
+        };
+        let (page_max, page_sum) = attention::row_partial(isa, weights, span_values, page_acc);
         let acc = &mut scratch.acc[span.row * d..(span.row + 1) * d];
         merge_partial(&mut scratch.states[span.row], acc, page_max, page_sum, page_acc);
     }

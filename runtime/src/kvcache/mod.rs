@@ -351,7 +351,8 @@ impl KvCache {
             for block in blocks.clone() {
                 prefetch(block + PREFETCH_PAGES);
                 let page = self.pool.view(table.pages[block * kv_heads + h]);
-                attend::merge_page(config.isa, scratch, &queries, page, block * page_rows, valid_rows(block));
+                let rows = attend::PageRows { page_rows, valid_rows: valid_rows(block) };
+                attend::merge_page(config.isa, scratch, &queries, page, rows, block * page_rows);
             }
             attend::finish(scratch, &queries, heads.start * group, out);
         }

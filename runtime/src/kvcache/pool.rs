@@ -1,8 +1,10 @@
 //! The page pool: one preallocated buffer of pages, their reference counts and a free list.
 //!
 //! Page `p` occupies the values `[p·2·R·D, (p+1)·2·R·D)` of the pool's buffer (R rows per page,
-//! D = head_dim): first its R rows of K, row-major, then its R rows of V. Int8 pools keep the
-//! scales in a second buffer with the same shape minus D: `[p·2·R, p·2·R + R)` for the K rows,
+//! D = head_dim): first its R rows of K, transposed (`[D, R]`: value `j` of row `t` at `j·R + t`,
+//! so the attention kernels score a vector of keys at a time without horizontal sums), then its R
+//! rows of V, row-major (a weighted sum of value rows reads them whole). Int8 pools keep a scale
+//! per row in a second buffer with the same shape minus D: `[p·2·R, p·2·R + R)` for the K rows,
 //! the next R for the V rows. The buffers are zero-initialised at creation, so the operating
 //! system backs only the pages that are actually written.
 
@@ -97,48 +99,50 @@ impl PagePool {
     }
 
     /// Stores one token row of K and one of V (`head_dim` values each) at `row` of `page`,
-    /// converting to the pool's storage.
+    /// converting to the pool's storage: K's values into the row's column of the page's K.
     pub(crate) fn write_row(&mut self, page: PageId, row: usize, k: &[f32], v: &[f32]) {
-        let (d, half) = (self.head_dim, self.half_values());
-        let base = page as usize * 2 * half + row * d;
-        let scale_base = page as usize * 2 * self.page_rows + row;
-        let page_rows = self.page_rows;
+        let (d, r, half) = (self.head_dim, self.page_rows, self.half_values());
+        let base = page as usize * 2 * half;
+        let (k_column, v_base) = ((base + row..base + half).step_by(r), base + half + row * d);
+        let scale_base = page as usize * 2 * r + row;
         match &mut self.data {
             PageData::F32(values) => {
-                values[base..base + d].copy_from_slice(k);
-                values[base + half..base + half + d].copy_from_slice(v);
+                k_column.zip(k).for_each(|(i, &x)| values[i] = x);
+                values[v_base..v_base + d].copy_from_slice(v);
             }
             PageData::F16(values) => {
-                values[base..base + d].convert_from_f32_slice(k);
-                values[base + half..base + half + d].convert_from_f32_slice(v);
+                k_column.zip(k).for_each(|(i, &x)| values[i] = f16::from_f32(x));
+                values[v_base..v_base + d].convert_from_f32_slice(v);
             }
             PageData::Int8 { codes, scales } => {
-                scales[scale_base] = quantize_row(k, &mut codes[base..base + d]);
-                scales[scale_base + page_rows] = quantize_row(v, &mut codes[base + half..base + half + d]);
+                let k_scale = row_scale(k);
+                k_column.zip(k).for_each(|(i, &x)| codes[i] = code(x, k_scale));
+                scales[scale_base] = k_scale;
+                let v_scale = row_scale(v);
+                codes[v_base..v_base + d].iter_mut().zip(v).for_each(|(c, &x)| *c = code(x, v_scale));
+                scales[scale_base + r] = v_scale;
             }
         }
     }
 
     /// Copies rows `0..rows` of K and V (and their scales) from page `src` to page `dst`.
     pub(crate) fn copy_rows(&mut self, src: PageId, dst: PageId, rows: usize) {
-        let half = self.half_values();
-        let n = rows * self.head_dim;
+        let (d, r) = (self.head_dim, self.page_rows);
+        let page_values = 2 * self.half_values();
         let (src, dst) = (src as usize, dst as usize);
-        fn copy<T: Copy>(values: &mut [T], src: usize, dst: usize, page_values: usize, n: usize) {
-            let half = page_values / 2;
-            for offset in [0, half] {
-                values.copy_within(
-                    src * page_values + offset..src * page_values + offset + n,
-                    dst * page_values + offset,
-                );
-            }
+        // The first `rows` of every K column, then the first `rows` V rows.
+        let runs = (0..d).map(|j| (j * r, rows)).chain(std::iter::once((page_values / 2, rows * d)));
+        fn copy<T: Copy>(values: &mut [T], src: usize, dst: usize, (offset, n): (usize, usize)) {
+            values.copy_within(src + offset..src + offset + n, dst + offset);
         }
         match &mut self.data {
-            PageData::F32(values) => copy(values, src, dst, 2 * half, n),
-            PageData::F16(values) => copy(values, src, dst, 2 * half, n),
+            PageData::F32(values) => runs.for_each(|run| copy(values, src * page_values, dst * page_values, run)),
+            PageData::F16(values) => runs.for_each(|run| copy(values, src * page_values, dst * page_values, run)),
             PageData::Int8 { codes, scales } => {
-                copy(codes, src, dst, 2 * half, n);
-                copy(scales, src, dst, 2 * self.page_rows, rows);
+                runs.for_each(|run| copy(codes, src * page_values, dst * page_values, run));
+                for offset in [0, r] {
+                    copy(scales, src * 2 * r, dst * 2 * r, (offset, rows));
+                }
             }
         }
     }
@@ -166,17 +170,16 @@ impl PagePool {
     }
 }
 
-/// Symmetric int8 quantisation of one row: returns `scale = amax / 127` and writes
-/// `round_half_even(x / scale)` clamped to [-127, 127]. A row of zeros gets scale 0.
-pub(crate) fn quantize_row(row: &[f32], codes: &mut [i8]) -> f32 {
-    let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-    if amax == 0.0 {
-        codes.fill(0);
-        return 0.0;
+/// Symmetric int8 quantisation of one row: its scale `amax / 127` (0 for a row of zeros), and
+/// each value's code under it, [`code`].
+pub(crate) fn row_scale(row: &[f32]) -> f32 {
+    row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0
+}
+
+/// `round_half_even(x / scale)` clamped to [-127, 127]; 0 under a zero scale.
+pub(crate) fn code(x: f32, scale: f32) -> i8 {
+    if scale == 0.0 {
+        return 0;
     }
-    let scale = amax / 127.0;
-    for (c, &x) in codes.iter_mut().zip(row) {
-        *c = (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8;
-    }
-    scale
+    (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8
 }

@@ -24,7 +24,9 @@ mod float;
 mod integer;
 pub(crate) use delta_chunk::DeltaChunk;
 mod moe;
+#[cfg(feature = "openvino")]
 pub(crate) use moe::{activate as expert_activate, route as route_experts};
+#[cfg(feature = "openvino")]
 pub(crate) use recurrent::l2_normalize_rows;
 mod quantised;
 mod recurrent;
