@@ -4,21 +4,27 @@
 //! routes each call with [`route_rows`] on the numbers the plan records, the same function the
 //! compiler plans with, so the two cannot disagree.
 //!
-//! A call with fewer rows than the threshold (decode) runs on the host. Larger calls are cut into
-//! M-blocks: the prefill block while more than the smallest block is left, then the smallest
-//! block the array takes (the design for `decode_rows`) for the rest. A projection wider than one
-//! design is cut into column chunks, each naming the two designs (small and prefill M-block) that
-//! compute it.
+//! A call with fewer rows than the threshold (decode, a short verify step) runs as blocks of
+//! `gemv_rows` rows on the GEMV designs, which stream every weight once per block; a plan without
+//! GEMV designs (`gemv_rows` 0, every plan of format `/2`) leaves those calls on the host. Larger
+//! calls are cut into M-blocks of the GEMM designs: the prefill block while more than the smallest
+//! block is left, then the smallest block the array takes (the design for `decode_rows`) for the
+//! rest. A projection wider than one design is cut into column chunks, each naming the designs
+//! (GEMV, small and prefill M-block) that compute it; [`block_design`] says which one a block uses.
 //!
 //! The file is pretty-printed JSON whose objects have their keys in sorted order; the first key
-//! read is `format` ([`PLAN_FORMAT`]), and a plan of another format is refused before its fields.
+//! read is `format` ([`PLAN_FORMAT`], or the older [`PLAN_FORMAT_V2`], read as a plan without
+//! GEMV designs), and a plan of another format is refused before its fields.
 
 use serde::{Deserialize, Serialize};
 
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/2";
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/3";
+/// The format before GEMV designs, still read: no `gemv_rows`, no chunk's `gemv_design`, every
+/// design a GEMM over the columns its tiling uses.
+pub const PLAN_FORMAT_V2: &str = "npuc-xdna-plan/2";
 
 /// The decoded `xdna/plan.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,8 +34,13 @@ pub struct XdnaPlan {
     pub format: String,
     /// The XDNA device the designs are for (`npu1`, `npu2`).
     pub device: String,
-    /// Calls with fewer rows run on the host.
+    /// Calls with fewer rows run as `gemv_rows` blocks on the GEMV designs (on the host when
+    /// `gemv_rows` is 0).
     pub host_threshold_rows: usize,
+    /// Rows of one GEMV block (the activation rows a GEMV design keeps resident); 0: no GEMV
+    /// designs.
+    #[serde(default)]
+    pub gemv_rows: usize,
     /// Rows of the smallest M-block (the decode designs).
     pub decode_rows: usize,
     /// Rows of the prefill M-block (the prefill designs), at least `decode_rows`.
@@ -60,6 +71,17 @@ pub struct PlanDesign {
     /// installed, that writes the design's instruction stream, PDI and xclbin where
     /// [`PlanDesign::insts_file`] and [`PlanDesign::pdi_file`] look for them.
     pub build: String,
+    /// What the design computes: a GEMM M-block, or a GEMV block over streamed weights.
+    #[serde(default)]
+    pub kind: DesignKind,
+    /// Array columns the design occupies: the hardware context it needs (0 in a `/2` plan, read
+    /// as the tiling's `cols`).
+    #[serde(default)]
+    pub array_columns: usize,
+    /// For a GEMM, its tiling; for a GEMV: `m` its rows, `k` the K part one core call reduces,
+    /// `n` the columns of one core tile, `rows` the cores of the busiest column, `cols` the array
+    /// columns, and `padded.k` × `padded.n` the shape of its B operand, the weight transposed
+    /// (`[N, K]`, each output column's weights contiguous).
     pub tiling: PlanTiling,
     /// Bundle path of the instruction stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +106,17 @@ impl PlanDesign {
     pub fn insts_file(&self) -> String {
         self.insts.clone().unwrap_or_else(|| format!("xdna/{}.insts.bin", self.name))
     }
+}
+
+/// What a design computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DesignKind {
+    /// An M-block `[m, k] × [k, n]`, B the weight `[K, N]` row-major.
+    #[default]
+    Gemm,
+    /// Up to `m` rows against streamed weights, B the weight transposed (`[N, K]` row-major).
+    Gemv,
 }
 
 /// A GEMM shape `[m, k] × [k, n]`.
@@ -150,6 +183,9 @@ pub struct PlanChunk {
     /// Design for the small M-block and for the prefill M-block.
     pub decode_design: String,
     pub prefill_design: String,
+    /// Design for a GEMV block (none in a plan of format `/2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemv_design: Option<String>,
 }
 
 /// A plan the runtime cannot use. Each names the file and where in it the problem is.
@@ -184,14 +220,17 @@ impl XdnaPlan {
             serde_json::from_slice(bytes).map_err(|e| PlanError::malformed(".", e.to_string()))?;
         match document.get("format") {
             None => return Err(PlanError::malformed("format", "missing field `format`")),
-            Some(serde_json::Value::String(found)) if found == PLAN_FORMAT => {}
+            Some(serde_json::Value::String(found)) if found == PLAN_FORMAT || found == PLAN_FORMAT_V2 => {}
             Some(found) => {
                 let found = found.as_str().map_or_else(|| found.to_string(), str::to_string);
                 return Err(PlanError::Format { file: PLAN_FILE, found, expected: PLAN_FORMAT });
             }
         }
-        let plan: XdnaPlan = serde_path_to_error::deserialize(document)
+        let mut plan: XdnaPlan = serde_path_to_error::deserialize(document)
             .map_err(|e| PlanError::malformed(e.path().to_string(), e.inner().to_string()))?;
+        for d in plan.designs.iter_mut().filter(|d| d.array_columns == 0) {
+            d.array_columns = d.tiling.cols;
+        }
         plan.check_designs()?;
         Ok(plan)
     }
@@ -203,14 +242,28 @@ impl XdnaPlan {
 
     /// Where a call of `rows` rows runs (see [`route_rows`]).
     pub fn route(&self, rows: usize) -> Option<Vec<(usize, usize)>> {
-        route_rows(self.host_threshold_rows, self.decode_rows, self.prefill_rows, rows)
+        route_rows(self.host_threshold_rows, self.gemv_rows, self.decode_rows, self.prefill_rows, rows)
+    }
+
+    /// The design a block of `block_rows` rows of `chunk` runs on (see [`block_design`]).
+    pub fn block_design<'p>(&self, chunk: &'p PlanChunk, block_rows: usize) -> Option<&'p str> {
+        block_design(chunk, self.gemv_rows, self.decode_rows, block_rows)
     }
 
     fn check_designs(&self) -> Result<(), PlanError> {
+        if self.gemv_rows > 0 && (self.gemv_rows == self.decode_rows || self.gemv_rows == self.prefill_rows) {
+            return Err(PlanError::malformed(
+                "gemv_rows",
+                format!("{} rows is also a GEMM block's, so a block's design is ambiguous", self.gemv_rows),
+            ));
+        }
         for (g, gemm) in self.gemms.iter().enumerate() {
             for (c, chunk) in gemm.chunks.iter().enumerate() {
+                let gemv = chunk.gemv_design.iter().map(|name| ("gemv_design", name));
                 for (field, name) in
                     [("decode_design", &chunk.decode_design), ("prefill_design", &chunk.prefill_design)]
+                        .into_iter()
+                        .chain(gemv)
                 {
                     if self.design(name).is_none() {
                         return Err(PlanError::malformed(
@@ -226,24 +279,46 @@ impl XdnaPlan {
 }
 
 /// Where a call of `rows` rows runs, from the numbers the plan records: `None` on the host, else
-/// the M-blocks `(design rows, rows used)` it is cut into.
+/// the blocks `(design rows, rows used)` it is cut into. Below `host_threshold_rows`, blocks of
+/// `gemv_rows` (none when it is 0: the host); from there on, M-blocks of the GEMM designs.
 pub fn route_rows(
     host_threshold_rows: usize,
+    gemv_rows: usize,
     decode_rows: usize,
     prefill_rows: usize,
     rows: usize,
 ) -> Option<Vec<(usize, usize)>> {
-    if rows < host_threshold_rows || decode_rows == 0 {
+    if rows < host_threshold_rows {
+        return (gemv_rows > 0 && rows > 0).then(|| cut(rows, gemv_rows, gemv_rows));
+    }
+    if decode_rows == 0 {
         return None;
     }
-    let prefill = prefill_rows.max(decode_rows);
+    Some(cut(rows, decode_rows, prefill_rows.max(decode_rows)))
+}
+
+/// `rows` cut into blocks of `large` while more than `small` is left, then blocks of `small`.
+fn cut(rows: usize, small: usize, large: usize) -> Vec<(usize, usize)> {
     let mut blocks = vec![];
     let mut left = rows;
     while left > 0 {
-        let block = if left <= decode_rows { decode_rows } else { prefill };
+        let block = if left <= small { small } else { large };
         let used = left.min(block);
         blocks.push((block, used));
         left -= used;
     }
-    Some(blocks)
+    blocks
+}
+
+/// The design a block of `block_rows` rows (a block [`route_rows`] made) of `chunk` runs on: the
+/// GEMV design for a `gemv_rows` block, the small M-block's design for a `decode_rows` block, the
+/// prefill design otherwise; `None` for a GEMV block of a chunk without a GEMV design.
+pub fn block_design(chunk: &PlanChunk, gemv_rows: usize, decode_rows: usize, block_rows: usize) -> Option<&str> {
+    if gemv_rows > 0 && block_rows == gemv_rows {
+        chunk.gemv_design.as_deref()
+    } else if block_rows == decode_rows {
+        Some(&chunk.decode_design)
+    } else {
+        Some(&chunk.prefill_design)
+    }
 }

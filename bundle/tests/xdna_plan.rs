@@ -3,8 +3,8 @@
 //! it does not list is refused naming the file and the JSON path; and the rows routing.
 
 use bundle::xdna::{
-    route_rows, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanShape, PlanSite, PlanTiling, XdnaPlan, PLAN_FILE,
-    PLAN_FORMAT,
+    block_design, route_rows, DesignKind, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanShape, PlanSite, PlanTiling,
+    XdnaPlan, PLAN_FILE, PLAN_FORMAT, PLAN_FORMAT_V2,
 };
 use serde_json::Value;
 
@@ -33,6 +33,8 @@ fn design(name: &str, m: usize, built: bool) -> PlanDesign {
         file: format!("xdna/{name}.mlir"),
         pretty: format!("xdna/{name}.pretty.mlir"),
         build: format!("aiecc.py --no-xchesscc xdna/{name}.pretty.mlir"),
+        kind: if name.starts_with("gemv") { DesignKind::Gemv } else { DesignKind::Gemm },
+        array_columns: 4,
         tiling: tiling(m),
         insts: built.then(|| format!("xdna/{name}.insts.bin")),
         xclbin: built.then(|| format!("xdna/{name}.xclbin")),
@@ -46,10 +48,15 @@ fn plan() -> XdnaPlan {
         format: PLAN_FORMAT.into(),
         device: "npu1".into(),
         host_threshold_rows: 16,
+        gemv_rows: 8,
         decode_rows: 64,
         prefill_rows: 256,
         max_design_cols: 4096,
-        designs: vec![design("gemm_64x64x96_npu1", 64, true), design("gemm_256x64x96_npu1", 256, false)],
+        designs: vec![
+            design("gemm_64x64x96_npu1", 64, true),
+            design("gemm_256x64x96_npu1", 256, false),
+            design("gemv_8x64x96_npu1", 8, true),
+        ],
         gemms: vec![PlanGemm {
             site: PlanSite {
                 node: "/q_proj/MatMul".into(),
@@ -64,6 +71,7 @@ fn plan() -> XdnaPlan {
                 cols: 96,
                 decode_design: "gemm_64x64x96_npu1".into(),
                 prefill_design: "gemm_256x64x96_npu1".into(),
+                gemv_design: Some("gemv_8x64x96_npu1".into()),
             }],
         }],
         mlir: Some("2 designs verified by MLIR (22.1.0)".into()),
@@ -154,22 +162,68 @@ fn a_chunk_calling_an_unlisted_design_is_refused() {
 #[test]
 fn another_format_is_refused_before_its_fields() {
     let err = decode_edited(|j| {
-        j["format"] = "npuc-xdna-plan/3".into();
+        j["format"] = "npuc-xdna-plan/4".into();
         j.as_object_mut().unwrap().remove("designs");
     })
     .unwrap_err();
-    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/3".into(), expected: PLAN_FORMAT });
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/4".into(), expected: PLAN_FORMAT });
     assert!(err.to_string().contains(PLAN_FILE), "{err}");
     let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));
     assert_eq!(path, ".");
 }
 
 #[test]
-fn rows_below_the_threshold_stay_on_the_host_and_the_rest_is_cut_into_blocks() {
-    assert_eq!(route_rows(16, 64, 256, 15), None);
-    assert_eq!(route_rows(16, 0, 256, 100), None);
-    assert_eq!(route_rows(16, 64, 256, 16), Some(vec![(64, 16)]));
-    assert_eq!(route_rows(16, 64, 256, 300), Some(vec![(256, 256), (64, 44)]));
-    assert_eq!(route_rows(16, 64, 32, 100), Some(vec![(64, 64), (64, 36)]));
+fn rows_below_the_threshold_run_as_gemv_blocks_and_the_rest_is_cut_into_gemm_blocks() {
+    assert_eq!(route_rows(16, 0, 64, 256, 15), None, "no GEMV designs: the host");
+    assert_eq!(route_rows(16, 8, 64, 256, 0), None);
+    assert_eq!(route_rows(16, 8, 64, 256, 1), Some(vec![(8, 1)]));
+    assert_eq!(route_rows(16, 8, 64, 256, 8), Some(vec![(8, 8)]));
+    assert_eq!(route_rows(16, 8, 64, 256, 9), Some(vec![(8, 8), (8, 1)]));
+    assert_eq!(route_rows(16, 8, 64, 256, 15), Some(vec![(8, 8), (8, 7)]));
+    assert_eq!(route_rows(16, 8, 0, 256, 100), None);
+    assert_eq!(route_rows(16, 8, 64, 256, 16), Some(vec![(64, 16)]));
+    assert_eq!(route_rows(16, 8, 64, 256, 300), Some(vec![(256, 256), (64, 44)]));
+    assert_eq!(route_rows(16, 8, 64, 32, 100), Some(vec![(64, 64), (64, 36)]));
     assert_eq!(plan().route(400), Some(vec![(256, 256), (256, 144)]));
+    assert_eq!(plan().route(3), Some(vec![(8, 3)]));
+}
+
+#[test]
+fn each_block_names_its_design() {
+    let p = plan();
+    let chunk = &p.gemms[0].chunks[0];
+    let names: Vec<Option<&str>> = [8, 64, 256].iter().map(|&rows| p.block_design(chunk, rows)).collect();
+    assert_eq!(names, [Some("gemv_8x64x96_npu1"), Some("gemm_64x64x96_npu1"), Some("gemm_256x64x96_npu1")]);
+    let without = PlanChunk { gemv_design: None, ..chunk.clone() };
+    assert_eq!(block_design(&without, 8, 64, 8), None, "a chunk without a GEMV design has none to name");
+    assert_eq!(p.design("gemv_8x64x96_npu1").unwrap().kind, DesignKind::Gemv);
+}
+
+#[test]
+fn a_plan_of_format_2_reads_as_a_plan_without_gemv_designs() {
+    let p = decode_edited(|j| {
+        j["format"] = PLAN_FORMAT_V2.into();
+        j.as_object_mut().unwrap().remove("gemv_rows");
+        j["designs"].as_array_mut().unwrap().pop();
+        for d in j["designs"].as_array_mut().unwrap() {
+            d.as_object_mut().unwrap().remove("kind");
+            d.as_object_mut().unwrap().remove("array_columns");
+        }
+        j["gemms"][0]["chunks"][0].as_object_mut().unwrap().remove("gemv_design");
+    })
+    .unwrap();
+    assert_eq!((p.format.as_str(), p.gemv_rows), (PLAN_FORMAT_V2, 0));
+    assert!(p.designs.iter().all(|d| d.kind == DesignKind::Gemm && d.array_columns == d.tiling.cols));
+    assert_eq!(p.gemms[0].chunks[0].gemv_design, None);
+    assert_eq!(p.route(1), None, "its decode calls stay on the host");
+    assert_eq!(p.route(20), Some(vec![(64, 20)]));
+}
+
+#[test]
+fn a_gemv_block_as_large_as_a_gemm_block_is_refused() {
+    let (path, message) = malformed_at(decode_edited(|j| j["gemv_rows"] = 64.into()));
+    assert_eq!(path, "gemv_rows");
+    assert!(message.contains("ambiguous"), "{message}");
+    let (path, _) = malformed_at(decode_edited(|j| j["gemms"][0]["chunks"][0]["gemv_design"] = "gemv_nope".into()));
+    assert_eq!(path, "gemms[0].chunks[0].gemv_design");
 }

@@ -107,8 +107,17 @@ pub enum SeqOp {
     },
 }
 
+/// What a design computes: a GEMM M-block, or a GEMV block over streamed weights
+/// ([`crate::gemv`], whose tiling fields say what they mean there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Gemm,
+    Gemv,
+}
+
 #[derive(Clone, Debug)]
 pub struct Design {
+    pub kind: Kind,
     pub tiling: Tiling,
     pub name: String,
     pub tiles: Vec<Tile>,
@@ -147,6 +156,7 @@ pub fn build(t: &Tiling) -> Design {
     c_fifos(t, &mut fifos, &mut links);
     let p = t.padded;
     Design {
+        kind: Kind::Gemm,
         name: design_name(t),
         tiling: t.clone(),
         tiles: tiles(t),
@@ -387,7 +397,7 @@ fn usize_list(v: &[usize]) -> String {
     v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn tile_var(t: Tile) -> String {
+pub(crate) fn tile_var(t: Tile) -> String {
     format!("%tile_{}_{}", t.0, t.1)
 }
 
@@ -425,8 +435,12 @@ impl Design {
 
     fn module_attrs(&self) -> String {
         let t = &self.tiling;
+        let kind = match self.kind {
+            Kind::Gemm => "gemm",
+            Kind::Gemv => "gemv",
+        };
         format!(
-            "npuc.gemm_shape = {}, npuc.padded_shape = {}, npuc.tile = {}",
+            "npuc.design = \"{kind}\", npuc.gemm_shape = {}, npuc.padded_shape = {}, npuc.tile = {}",
             i64_array(&[t.shape.m, t.shape.k, t.shape.n]),
             i64_array(&[t.padded.m, t.padded.k, t.padded.n]),
             i64_array(&[t.m, t.k, t.n])
@@ -499,8 +513,16 @@ impl Design {
         }
     }
 
-    /// One core's body in generic form: per output tile, zero C, then `k_steps` kernel calls.
+    /// One core's body in generic form.
     fn generic_core(&self, o: &mut String, core: &Core) {
+        match self.kind {
+            Kind::Gemm => self.generic_gemm_core(o, core),
+            Kind::Gemv => crate::gemv::generic_core(self, core, o),
+        }
+    }
+
+    /// A GEMM core's body in generic form: per output tile, zero C, then `k_steps` kernel calls.
+    fn generic_gemm_core(&self, o: &mut String, core: &Core) {
         let (ta, tb, tc) = self.kernel_types();
         let (c, r) = core.tile;
         let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
@@ -644,6 +666,14 @@ impl Design {
 
     /// One core's body in custom form.
     fn pretty_core(&self, o: &mut String, core: &Core) {
+        match self.kind {
+            Kind::Gemm => self.pretty_gemm_core(o, core),
+            Kind::Gemv => crate::gemv::pretty_core(self, core, o),
+        }
+    }
+
+    /// A GEMM core's body in custom form.
+    fn pretty_gemm_core(&self, o: &mut String, core: &Core) {
         let (ta, tb, tc) = self.kernel_types();
         let (c, r) = core.tile;
         let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");

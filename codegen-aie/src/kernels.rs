@@ -18,6 +18,8 @@ use std::fmt::Write;
 
 pub const MATMUL: &str = "matmul_i8_i32";
 pub const ZERO: &str = "zero_i32";
+pub const GEMV: &str = "gemv_i8_i32";
+pub const GEMV_ZERO: &str = "gemv_zero_i32";
 
 /// One operation of a function body. Values are SSA names (`%x`); types are MLIR's spelling.
 #[derive(Clone, Debug, PartialEq)]
@@ -162,6 +164,71 @@ pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
 /// The two functions every core of a design with per-core tile `mkn` calls.
 pub fn core_functions(device: Device, mkn: (usize, usize, usize)) -> Vec<Function> {
     vec![zero_i32(device, mkn), matmul_i8_i32(device, mkn)]
+}
+
+/// The memref types of a GEMV core's resident activation part `rows × k` (i8), one streamed
+/// weight tile `n × k` (i8, the weight transposed: each output column's `k` weights in a row)
+/// and its output tile `rows × n` (i32), all row-major.
+pub fn gemv_types((rows, k, n): (usize, usize, usize)) -> [String; 3] {
+    [memref(&[rows, k], "i8"), memref(&[n, k], "i8"), memref(&[rows, n], "i32")]
+}
+
+/// `gemv_zero_i32(%c)`: every element of a GEMV core's `rows × n` output tile set to 0.
+pub fn gemv_zero_i32(rkn: (usize, usize, usize)) -> Function {
+    let (rows, _, n) = rkn;
+    let [_, _, c_ty] = gemv_types(rkn);
+    let mut body = index_consts(&[0, 1, rows, n]);
+    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32" });
+    let store =
+        Stmt::Store { val: v("zero"), mem: v("c"), mem_ty: c_ty.clone(), idx: ["i", "j"].map(v).to_vec(), ty: "i32" };
+    body.extend(nest(&[("i", rows), ("j", n)], vec![store]));
+    Function { name: GEMV_ZERO.into(), params: vec![(v("c"), c_ty)], body: Some(body) }
+}
+
+/// `gemv_i8_i32(%a, %w, %c)`: `C[i][j] += Σₗ A[i][l] · W[j][l]` over one K part, products and
+/// sums in int32: per output element one dot product of an activation row and a weight row, both
+/// contiguous, the reduction carried in a register.
+pub fn gemv_i8_i32(rkn: (usize, usize, usize)) -> Function {
+    let (rows, k, n) = rkn;
+    let [a_ty, w_ty, c_ty] = gemv_types(rkn);
+    let mut body = index_consts(&[0, 1, rows, k, n]);
+    let load = |res: &str, mem: &str, ty: &String, ix: [&str; 2], elem| Stmt::Load {
+        res: v(res),
+        mem: v(mem),
+        mem_ty: ty.clone(),
+        idx: ix.map(v).to_vec(),
+        ty: elem,
+    };
+    let reduce = Stmt::For {
+        iv: v("l"),
+        lb: idx(0),
+        ub: idx(k),
+        step: idx(1),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
+        body: vec![
+            load("av", "a", &a_ty, ["i", "l"], "i8"),
+            load("wv", "w", &w_ty, ["j", "l"], "i8"),
+            Stmt::ExtSI { res: v("aw"), src: v("av"), from: "i8", to: "i32" },
+            Stmt::ExtSI { res: v("ww"), src: v("wv"), from: "i8", to: "i32" },
+            Stmt::Bin { res: v("prod"), op: "muli", a: v("aw"), b: v("ww"), ty: "i32" },
+            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
+        ],
+    };
+    let c_ix = ["i", "j"];
+    let block = vec![
+        load("c_in", "c", &c_ty, c_ix, "i32"),
+        reduce,
+        Stmt::Store { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: c_ix.map(v).to_vec(), ty: "i32" },
+    ];
+    body.extend(nest(&[("i", rows), ("j", n)], block));
+    let params = vec![(v("a"), a_ty), (v("w"), w_ty), (v("c"), c_ty)];
+    Function { name: GEMV.into(), params, body: Some(body) }
+}
+
+/// The two functions every core of a GEMV design with `rows` activation rows, K parts of `k` and
+/// output tiles of `n` columns calls.
+pub fn gemv_functions(rkn: (usize, usize, usize)) -> Vec<Function> {
+    vec![gemv_zero_i32(rkn), gemv_i8_i32(rkn)]
 }
 
 impl Function {

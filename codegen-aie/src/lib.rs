@@ -8,6 +8,8 @@
 //! - [`gemm`]: the projection GEMMs of a compiled program.
 //! - [`tiling`]: per-shape tiling by cost model; compile-time errors naming shape and budget.
 //! - [`design`]: the design of a tiling and its generic and pretty texts.
+//! - [`gemv`]: GEMV designs for decode: weights streamed over every shim channel, activation rows
+//!   resident in every core.
 //! - [`kernels`]: the cores' code, MLIR functions every design carries.
 //! - [`rules`]: mlir-aie's object FIFO, link and DMA descriptor rules and the tiles' resources,
 //!   checked on a design ([`design::check`]) so what mlir-aie would refuse fails without it.
@@ -25,6 +27,7 @@ pub mod cost;
 pub mod design;
 pub mod device;
 pub mod gemm;
+pub mod gemv;
 pub mod interp;
 pub mod kernels;
 pub mod mlir;

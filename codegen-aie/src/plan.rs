@@ -1,7 +1,8 @@
 //! The host plan: which design every projection call uses, and which calls stay on the host.
 //!
-//! A call with fewer rows than the threshold (default 16: decode) runs on the host. Larger calls
-//! are cut into M-blocks: the prefill block, and for what is left (or a small call) the smallest
+//! A call with fewer rows than the threshold (default 16: decode, a short verify step) runs as
+//! blocks of [`gemv::GEMV_ROWS`] rows on a GEMV design ([`crate::gemv`]): 1–8 rows one block,
+//! 9–15 two. Larger calls are cut into M-blocks of the GEMM designs: the prefill block, and for what is left (or a small call) the smallest
 //! block the array takes (`4 rows × 4r`). Wide projections (lm_head) are cut into equal column
 //! chunks of at most `max_design_cols`, so one design serves every chunk; the last chunk, like the
 //! last M-block and any K or N the tiling does not divide, is zero-padded by the host, and the
@@ -13,6 +14,7 @@
 use crate::design::{self, Design};
 use crate::device::Device;
 use crate::gemm::{self, GemmSite};
+use crate::gemv;
 use crate::tiling::{self, GemmShape, Tiling};
 use bundle::xdna::{self, PlanDesign, PlanGemm, PlanShape, PlanSite, PlanTiling, XdnaPlan};
 use std::collections::BTreeMap;
@@ -29,7 +31,10 @@ pub const DEFAULT_MAX_DESIGN_COLS: usize = 4096;
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
     pub device: Device,
+    /// Calls with fewer rows run on the GEMV designs (on the host without them).
     pub host_threshold_rows: usize,
+    /// Rows of the GEMV designs; 0 builds none, and leaves small calls on the host.
+    pub gemv_rows: usize,
     pub prefill_rows: usize,
     pub max_design_cols: usize,
 }
@@ -39,6 +44,7 @@ impl PlanOptions {
         PlanOptions {
             device,
             host_threshold_rows: DEFAULT_HOST_THRESHOLD_ROWS,
+            gemv_rows: gemv::GEMV_ROWS,
             prefill_rows: DEFAULT_PREFILL_ROWS,
             max_design_cols: DEFAULT_MAX_DESIGN_COLS,
         }
@@ -59,6 +65,7 @@ pub struct PlannedGemm {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub options: PlanOptions,
+    pub gemv_rows: usize,
     pub decode_rows: usize,
     pub designs: BTreeMap<String, Design>,
     pub gemms: Vec<PlannedGemm>,
@@ -84,44 +91,77 @@ pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
     plan_sites(gemm::collect(g), options)
 }
 
+/// The designs a plan is building, by shape and kind, each tiled once.
+struct Designs {
+    device: Device,
+    designs: BTreeMap<String, Design>,
+    names: BTreeMap<(bool, GemmShape), String>,
+}
+
+impl Designs {
+    /// The name of the design of `shape` (a GEMV design when `gemv`), built on first use.
+    fn name(&mut self, shape: GemmShape, gemv: bool) -> Result<String, tiling::TilingError> {
+        if let Some(name) = self.names.get(&(gemv, shape)) {
+            return Ok(name.clone());
+        }
+        let d = if gemv {
+            gemv::build(&gemv::choose(self.device, shape)?)
+        } else {
+            design::build(&tiling::choose(self.device, shape)?)
+        };
+        self.names.insert((gemv, shape), d.name.clone());
+        let name = d.name.clone();
+        self.designs.insert(d.name.clone(), d);
+        Ok(name)
+    }
+}
+
 /// Plans the given projections.
 pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, PlanError> {
     let decode = decode_rows(options.device);
-    let mut designs = BTreeMap::new();
+    let mut designs = Designs { device: options.device, designs: BTreeMap::new(), names: BTreeMap::new() };
     let mut gemms = vec![];
-    let mut tilings: BTreeMap<GemmShape, Tiling> = BTreeMap::new();
     for site in sites {
-        let mut out = vec![];
         let parts = chunks(site.n, options.max_design_cols);
         let width = parts[0].1;
-        let mut names = vec![];
-        for m in [decode, options.prefill_rows.max(decode)] {
-            let shape = GemmShape { m, k: site.k, n: width };
-            let t = match tilings.get(&shape) {
-                Some(t) => t.clone(),
-                None => {
-                    let t = tiling::choose(options.device, shape)
-                        .map_err(|source| PlanError::Site { node: site.node.clone(), source })?;
-                    tilings.insert(shape, t.clone());
-                    t
-                }
-            };
-            let d = design::build(&t);
-            names.push(d.name.clone());
-            designs.entry(d.name.clone()).or_insert(d);
-        }
-        for (col_offset, cols) in parts {
-            out.push(Chunk { col_offset, cols, decode_design: names[0].clone(), prefill_design: names[1].clone() });
-        }
-        gemms.push(PlannedGemm { site, chunks: out });
+        let at = |source| PlanError::Site { node: site.node.clone(), source };
+        let shape = |m| GemmShape { m, k: site.k, n: width };
+        let decode_design = designs.name(shape(decode), false).map_err(at)?;
+        let prefill_design = designs.name(shape(options.prefill_rows.max(decode)), false).map_err(at)?;
+        let gemv_design = match options.gemv_rows {
+            0 => None,
+            rows => Some(designs.name(shape(rows), true).map_err(at)?),
+        };
+        let chunks = parts
+            .into_iter()
+            .map(|(col_offset, cols)| Chunk {
+                col_offset,
+                cols,
+                decode_design: decode_design.clone(),
+                prefill_design: prefill_design.clone(),
+                gemv_design: gemv_design.clone(),
+            })
+            .collect();
+        gemms.push(PlannedGemm { site, chunks });
     }
-    Ok(Plan { options, decode_rows: decode, designs, gemms })
+    Ok(Plan { options, gemv_rows: options.gemv_rows, decode_rows: decode, designs: designs.designs, gemms })
 }
 
 /// Where a call of `rows` rows runs: `None` on the host, else the M-blocks `(design rows, rows
 /// used)` it is cut into — the routing the runtime applies to the numbers the plan records.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
-    xdna::route_rows(plan.options.host_threshold_rows, plan.decode_rows, plan.options.prefill_rows, rows)
+    xdna::route_rows(
+        plan.options.host_threshold_rows,
+        plan.gemv_rows,
+        plan.decode_rows,
+        plan.options.prefill_rows,
+        rows,
+    )
+}
+
+/// The design a block of `block_rows` rows of `chunk` runs on, as the runtime picks it.
+pub fn block_design<'c>(plan: &Plan, chunk: &'c Chunk, block_rows: usize) -> Option<&'c str> {
+    xdna::block_design(chunk, plan.gemv_rows, plan.decode_rows, block_rows)
 }
 
 /// Bundle path of a design's generic and pretty texts.
@@ -167,6 +207,7 @@ impl Plan {
             format: PLAN_FORMAT.to_string(),
             device: self.options.device.name().to_string(),
             host_threshold_rows: self.options.host_threshold_rows,
+            gemv_rows: self.gemv_rows,
             decode_rows: self.decode_rows,
             prefill_rows: self.options.prefill_rows.max(self.decode_rows),
             max_design_cols: self.options.max_design_cols,
@@ -185,6 +226,11 @@ fn design_entry(d: &Design) -> PlanDesign {
         file,
         pretty,
         build: build_command(&d.name),
+        kind: match d.kind {
+            design::Kind::Gemm => xdna::DesignKind::Gemm,
+            design::Kind::Gemv => xdna::DesignKind::Gemv,
+        },
+        array_columns: d.tiling.cols,
         tiling: tiling_entry(&d.tiling),
         insts: None,
         xclbin: None,

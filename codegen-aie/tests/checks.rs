@@ -139,7 +139,7 @@ fn text_that_is_not_a_design_is_a_parse_error_with_a_line() {
 }
 
 #[test]
-fn small_calls_stay_on_the_host_and_large_ones_are_cut_into_m_blocks() {
+fn small_calls_run_as_gemv_blocks_and_large_ones_are_cut_into_m_blocks() {
     use codegen_aie::plan::{self, PlanOptions};
     let sites = vec![codegen_aie::gemm::GemmSite {
         node: "q".into(),
@@ -150,13 +150,20 @@ fn small_calls_stay_on_the_host_and_large_ones_are_cut_into_m_blocks() {
         transposed: false,
     }];
     let p = plan::plan_sites(sites.clone(), PlanOptions::new(Device::Npu1)).unwrap();
-    assert_eq!(p.decode_rows, 64);
-    assert_eq!(plan::route(&p, 1), None);
-    assert_eq!(plan::route(&p, 15), None);
+    assert_eq!((p.decode_rows, p.gemv_rows), (64, 8));
+    assert_eq!(plan::route(&p, 1), Some(vec![(8, 1)]));
+    assert_eq!(plan::route(&p, 15), Some(vec![(8, 8), (8, 7)]));
+    let chunk = &p.gemms[0].chunks[0];
+    assert_eq!(plan::block_design(&p, chunk, 8), Some("gemv_8x576x576_npu1"));
+    assert_eq!(plan::block_design(&p, chunk, 64), Some("gemm_64x576x576_npu1"));
     assert_eq!(plan::route(&p, 16), Some(vec![(64, 16)]));
     assert_eq!(plan::route(&p, 64), Some(vec![(64, 64)]));
     assert_eq!(plan::route(&p, 300), Some(vec![(256, 256), (64, 44)]));
     assert_eq!(plan::route(&p, 400), Some(vec![(256, 256), (256, 144)]));
+    let without =
+        plan::plan_sites(sites.clone(), PlanOptions { gemv_rows: 0, ..PlanOptions::new(Device::Npu1) }).unwrap();
+    assert_eq!(plan::route(&without, 15), None, "without GEMV designs small calls stay on the host");
+    assert!(without.designs.keys().all(|name| name.starts_with("gemm_")));
     let p2 = plan::plan_sites(sites, PlanOptions::new(Device::Npu2)).unwrap();
     assert_eq!(p2.decode_rows, 128);
     assert_eq!(plan::route(&p2, 100), Some(vec![(128, 100)]));

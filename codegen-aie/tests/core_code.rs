@@ -139,3 +139,38 @@ fn fused_and_unfused_reductions_wrap_alike_at_other_widths() {
     assert_ne!(fused, want);
     assert_eq!(fused.iter().map(|&x| x as i16 as i32).collect::<Vec<_>>(), wrapped);
 }
+
+/// `c[i][j] += Σₗ a[i][l] · w[j][l]` with `a` `[rows][k]`, `w` the weight transposed `[n][k]`, in
+/// wrapping int32.
+fn gemv_reference((rows, k, n): (usize, usize, usize), a: &[i32], w: &[i32], c: &mut [i32]) {
+    for i in 0..rows {
+        for j in 0..n {
+            let dot = (0..k).fold(0i32, |acc, l| acc.wrapping_add(a[i * k + l] * w[j * k + l]));
+            c[i * n + j] = c[i * n + j].wrapping_add(dot);
+        }
+    }
+}
+
+#[test]
+fn the_gemv_bodies_equal_the_reference_int32_exactly_fused_and_unfused() {
+    for (i, &rkn) in [(1, 8, 8), (3, 64, 24), (8, 1016, 16)].iter().enumerate() {
+        let (rows, k, n) = rkn;
+        let funcs: String = kernels::gemv_functions(rkn).iter().map(|f| f.generic(2)).collect();
+        let text = format!("\"builtin.module\"() ({{\n{funcs}}}) : () -> ()\n");
+        for fused in [true, false] {
+            let funcs = interp::module_functions(&text, fused).unwrap();
+            let seed = 60 + i as u64;
+            let a: Vec<i32> = common::values(rows * k, seed).into_iter().map(i32::from).collect();
+            let w: Vec<i32> = common::values(n * k, seed + 1).into_iter().map(i32::from).collect();
+            let c: Vec<i32> = random_i32(rows * n, seed + 2).into_iter().map(|x| x | 0x7fff_0000).collect();
+            let mut want = c.clone();
+            gemv_reference(rkn, &a, &w, &mut want);
+            let mut mems = vec![a, w, c];
+            function(&funcs, kernels::GEMV).call(&mut mems).unwrap();
+            assert_eq!(mems[2], want, "{rkn:?} fused {fused}");
+            let mut zeroed = vec![mems.pop().unwrap()];
+            function(&funcs, kernels::GEMV_ZERO).call(&mut zeroed).unwrap();
+            assert!(zeroed[0].iter().all(|&x| x == 0), "{rkn:?}");
+        }
+    }
+}
