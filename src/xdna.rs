@@ -1,9 +1,9 @@
 //! `npuc compile --target xdna`: the designs and the host plan in the bundle.
 //!
 //! Every projection GEMM of the compiled program gets designs (see `codegen_aie::plan`): the
-//! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the host
-//! threshold below which a call stays on the host, each design's tiling and predicted
-//! utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
+//! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the threshold
+//! below which a call runs on the GEMV designs in blocks of 8 rows, each design's tiling and
+//! predicted utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
 //! (the custom form mlir-aie's `aie-opt`/`aiecc` take). A design carries its cores' code as MLIR
 //! functions (`codegen_aie::kernels`), so mlir-aie's `aiecc.py` with the Peano compiler builds
 //! it with nothing else: the plan records, per design, the exact command (`build`, run in the
@@ -135,6 +135,10 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
             let t = &d.tiling;
             json!({
                 "name": d.name,
+                "kind": match d.kind {
+                    codegen_aie::design::Kind::Gemm => "gemm",
+                    codegen_aie::design::Kind::Gemv => "gemv",
+                },
                 "shape": [t.shape.m, t.shape.k, t.shape.n],
                 "padded": [t.padded.m, t.padded.k, t.padded.n],
                 "tile": [t.m, t.k, t.n],
@@ -149,6 +153,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         "device": device.name(),
         "cost_model": cost_model(g, &plan),
         "host_threshold_rows": plan.options.host_threshold_rows,
+        "gemv_rows": plan.gemv_rows,
         "projections": plan.gemms.len(),
         "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
         "designs": designs,
@@ -184,27 +189,63 @@ fn output_writers(g: &Graph) -> Vec<&str> {
 
 /// The cost model's prediction (`codegen_aie::cost`) for a prefill of [`COST_PROMPT_TOKENS`],
 /// the projections writing a graph output (the lm_head) computed for the last row only, as the
-/// executor does, and its assumptions.
+/// executor does, and its assumptions; and per device (`npu1`, `npu2`: the program planned for
+/// each) the decode prediction.
 fn cost_model(g: &Graph, plan: &plan::Plan) -> Value {
     let outputs = output_writers(g);
-    let p = codegen_aie::cost::predict(plan, COST_PROMPT_TOKENS, &|s| outputs.contains(&s.node.as_str()));
+    let last_row_only = |s: &codegen_aie::gemm::GemmSite| outputs.contains(&s.node.as_str());
+    let p = codegen_aie::cost::predict(plan, COST_PROMPT_TOKENS, &last_row_only);
     let device = plan.options.device;
+    let decode: Vec<Value> = [Device::Npu1, Device::Npu2]
+        .into_iter()
+        .map(|d| {
+            let prediction = if d == device {
+                Ok(p)
+            } else {
+                plan::plan(g, PlanOptions::new(d))
+                    .map(|other| codegen_aie::cost::predict(&other, COST_PROMPT_TOKENS, &last_row_only))
+            };
+            match prediction {
+                Ok(p) => decode_entry(d, &p),
+                Err(e) => json!({ "device": d.name(), "error": e.to_string() }),
+            }
+        })
+        .collect();
     json!({
         "prediction": p,
+        "decode_by_device": decode,
         "clock_hz": device.clock_hz(),
         "dispatch_seconds": codegen_aie::cost::DISPATCH_SECONDS,
         "shim_bytes_per_second": device.shim_bytes_per_second(),
+        "shim_burst_bytes": codegen_aie::gemv::SHIM_BURST_BYTES,
+    })
+}
+
+/// One device's decode prediction and the assumptions it rests on.
+fn decode_entry(d: Device, p: &codegen_aie::cost::Prediction) -> Value {
+    json!({
+        "device": d.name(),
+        "calls_per_token": p.decode_calls,
+        "array_seconds": p.decode_array_seconds,
+        "dispatch_seconds": p.decode_dispatch_seconds,
+        "decode_tok_s": p.decode_tok_s,
+        "decode_tok_s_bound": p.decode_tok_s_bound,
+        "weight_bytes_per_token": p.decode_weight_bytes,
+        "clock_hz": d.clock_hz(),
+        "shim_bytes_per_second": d.shim_bytes_per_second(),
+        "weight_streams": codegen_aie::gemv::streams(d),
     })
 }
 
 /// Human-readable lines for the compile summary.
 pub fn summary_lines(v: &Value) -> Vec<String> {
     let mut out = vec![format!(
-        "xdna ({}): {} of {} projection GEMMs have designs; calls below {} rows run on the host; {}; {}",
+        "xdna ({}): {} of {} projection GEMMs have designs; calls below {} rows run on the GEMV designs in blocks of {}; {}; {}",
         v["device"].as_str().unwrap_or("?"),
         v["projections_with_designs"],
         v["projections"],
         v["host_threshold_rows"],
+        v["gemv_rows"],
         v["mlir"].as_str().unwrap_or(""),
         v["artifacts"].as_str().unwrap_or("")
     )];
@@ -212,7 +253,7 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
     let p = &c["prediction"];
     let num = |x: &Value| x.as_f64().unwrap_or(0.0);
     out.push(format!(
-        "  cost model ({:.1} GHz, {:.0} µs per call; host work not counted): prefill of {} tokens {:.1} ms on the array in {} calls + {:.1} ms of dispatch, {:.0} tok/s; decode reads {:.1} MB of int8 weights per token, at most {:.0} tok/s over {:.0} GB/s of shim DMA",
+        "  cost model ({:.1} GHz, {:.0} µs per call; host work not counted): prefill of {} tokens {:.1} ms on the array in {} calls + {:.1} ms of dispatch, {:.0} tok/s; decode reads {:.1} MB of int8 weights per token, the floor {:.0} tok/s over {:.0} GB/s of shim DMA",
         num(&c["clock_hz"]) / 1e9,
         num(&c["dispatch_seconds"]) * 1e6,
         p["prompt_tokens"],
@@ -224,6 +265,22 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         num(&p["decode_tok_s_bound"]),
         num(&c["shim_bytes_per_second"]) / 1e9,
     ));
+    for d in c["decode_by_device"].as_array().into_iter().flatten() {
+        out.push(match d["error"].as_str() {
+            Some(e) => format!("  decode on {}: no plan ({e})", d["device"].as_str().unwrap_or("?")),
+            None => format!(
+                "  decode on {} (GEMV designs, {} weight streams, {}-byte shim bursts): {} calls per token, {:.2} ms on the array + {:.2} ms of dispatch: {:.1} tok/s (floor {:.1})",
+                d["device"].as_str().unwrap_or("?"),
+                d["weight_streams"],
+                c["shim_burst_bytes"],
+                d["calls_per_token"],
+                num(&d["array_seconds"]) * 1e3,
+                num(&d["dispatch_seconds"]) * 1e3,
+                num(&d["decode_tok_s"]),
+                num(&d["decode_tok_s_bound"]),
+            ),
+        });
+    }
     for d in v["designs"].as_array().into_iter().flatten() {
         let dims = |k: &str| {
             d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()

@@ -1,5 +1,6 @@
-//! `npuc run|bench --backend xrt`: an xdna bundle on the host executor with its array-sized
-//! GEMMs on the XDNA NPU (`runtime::xdna`), or why that cannot happen here.
+//! `npuc run|bench --backend xrt`: an xdna bundle on the host executor with its QGemms on the
+//! XDNA NPU (`runtime::xdna`: prefill on the GEMM designs, decode on the GEMV designs), or why
+//! that cannot happen here.
 
 use anyhow::{anyhow, Result};
 use runtime::bundle::Bundle;

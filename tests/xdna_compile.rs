@@ -1,6 +1,6 @@
 //! `npuc compile --target xdna`: the bundle's designs cover every projection GEMM of the program
-//! (the lm_head included), the plan routes small calls to the host, and every design read back
-//! from the bundle executes int32-exactly in the design interpreter.
+//! (the lm_head included), the plan routes small calls to the GEMV designs, and every design read
+//! back from the bundle executes int32-exactly in the design interpreter.
 
 mod common;
 
@@ -78,10 +78,12 @@ fn values_i8(len: usize, seed: u64) -> Vec<i8> {
         .collect()
 }
 
-/// Runs every design of `rows` M-block from the bundle's text against a plain GEMM.
-fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, rows: u64) -> usize {
+/// Runs every design of `kind` (`gemm`, `gemv`) and `rows` rows from the bundle's text against a
+/// plain GEMM; a GEMV design takes the weight transposed.
+fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, kind: &str, rows: u64) -> usize {
     let mut ran = 0;
-    for d in plan["designs"].as_array().unwrap().iter().filter(|d| d["tiling"]["shape"]["m"] == rows) {
+    let designs = plan["designs"].as_array().unwrap();
+    for d in designs.iter().filter(|d| d["tiling"]["shape"]["m"] == rows && d["kind"] == kind) {
         let text = String::from_utf8(b.read_file(d["file"].as_str().unwrap()).unwrap()).unwrap();
         let dim = |k: &str, x: &str| d["tiling"][k][x].as_u64().unwrap() as usize;
         let (m, k, n) = (dim("shape", "m"), dim("shape", "k"), dim("shape", "n"));
@@ -93,7 +95,10 @@ fn designs_pass_the_interpreter(b: &Bundle, plan: &Value, rows: u64) -> usize {
         }
         let mut wp = vec![0i8; pk * pn];
         for i in 0..k {
-            wp[i * pn..i * pn + n].copy_from_slice(&w[i * n..i * n + n]);
+            for j in 0..n {
+                let at = if kind == "gemv" { j * pk + i } else { i * pn + j };
+                wp[at] = w[i * n + j];
+            }
         }
         let (c, _) = interp::run(&text, &[&ap, &wp]).unwrap_or_else(|e| panic!("{}: {e}", d["name"]));
         for i in 0..m {
@@ -171,9 +176,9 @@ fn check_bundle(name: &str, device: &str) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    assert_eq!(plan["format"], "npuc-xdna-plan/2");
+    assert_eq!(plan["format"], "npuc-xdna-plan/3");
     assert_eq!(plan["device"], device);
-    assert_eq!(plan["host_threshold_rows"], 16);
+    assert_eq!((&plan["host_threshold_rows"], &plan["gemv_rows"]), (&16.into(), &8.into()));
     let planned: BTreeSet<String> =
         plan["gemms"].as_array().unwrap().iter().map(|g| g["site"]["node"].as_str().unwrap().to_string()).collect();
     let projections = projection_nodes(&serde_json::to_value(b.program()).unwrap());
@@ -217,12 +222,14 @@ fn check_bundle(name: &str, device: &str) -> bool {
     for (d, s) in plan["designs"].as_array().unwrap().iter().zip(summary["xdna"]["designs"].as_array().unwrap()) {
         assert_eq!((&s["name"], &s["build"]), (&d["name"], &d["build"]));
     }
-    let ran = designs_pass_the_interpreter(&b, &plan, plan["decode_rows"].as_u64().unwrap());
-    let distinct: BTreeSet<String> = gemms
-        .iter()
-        .flat_map(|g| g["chunks"].as_array().unwrap().iter().map(|c| c["decode_design"].as_str().unwrap().to_string()))
-        .collect();
-    assert_eq!(ran, distinct.len(), "{name}: every decode-block design ran");
+    let distinct = |field: &str| -> BTreeSet<String> {
+        let chunks = gemms.iter().flat_map(|g| g["chunks"].as_array().unwrap());
+        chunks.map(|c| c[field].as_str().unwrap().to_string()).collect()
+    };
+    let ran = designs_pass_the_interpreter(&b, &plan, "gemm", plan["decode_rows"].as_u64().unwrap());
+    assert_eq!(ran, distinct("decode_design").len(), "{name}: every decode-block design ran");
+    let ran = designs_pass_the_interpreter(&b, &plan, "gemv", 8);
+    assert_eq!(ran, distinct("gemv_design").len(), "{name}: every GEMV design ran");
     let w = b.tensor(gemms[0]["site"]["weight"].as_str().unwrap()).unwrap();
     w.dtype == runtime::bundle::Dtype::I8 && first_qgemm_through_its_design(&b, &plan)
 }
@@ -336,11 +343,11 @@ fn the_xrt_backend_says_what_is_missing() {
 /// with every prefill QGemm offloaded through the amdxdna ioctls — buffer objects, hardware
 /// contexts, commands, syncobj waits (`codegen_aie::amdxdna::sim` checks each as the driver does).
 /// The int32 products are exact, so the logits equal the host backend's bit for bit — a 20-row
-/// prefill (the small M-block's designs), a 100-row one (the prefill designs) — and a decode step
-/// (one row, below the plan's threshold) stays on the host.
+/// prefill (the small M-block's designs), a decode step (one row, below the plan's threshold: the
+/// GEMV designs) and a 100-row prefill (the prefill designs).
 #[cfg(feature = "xrt")]
 #[test]
-fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_host_logits() {
+fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_with_the_host_logits() {
     use codegen_aie::amdxdna::sim::Sim;
     use runtime::exec::{ExecOptions, Executor};
     use xdna_driver::Npu;
@@ -377,7 +384,9 @@ fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_hos
     let calls = 2 * (4 * 2 + 3 * 3) + 2;
     assert_eq!(prefill_calls, calls, "QGemm calls offloaded in the prefill step");
     assert_eq!(execs as u64, calls, "commands submitted");
-    assert_eq!(npu_exec.offloaded_calls(), prefill_calls, "a one-row decode step stays on the host");
+    assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls, "a one-row decode step runs every QGemm call too");
+    let decode_execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count() - execs;
+    assert_eq!(decode_execs as u64, calls, "one GEMV block per call");
     let differing = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     assert_eq!(got_prefill.len(), want_prefill.len());
     assert_eq!(differing(&got_prefill, &want_prefill), 0, "prefill logits that differ from the host's");
@@ -388,15 +397,15 @@ fn an_xdna_bundle_runs_its_prefill_gemms_through_the_amdxdna_ioctls_with_the_hos
     npu_exec.reset().unwrap();
     let want_long = host.step(&long).unwrap().to_vec();
     let got_long = npu_exec.step(&long).unwrap().to_vec();
-    assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls);
+    assert_eq!(npu_exec.offloaded_calls(), 3 * prefill_calls);
     assert_eq!(differing(&got_long, &want_long), 0, "logits of a 100-token prefill");
-    // One hardware context per design the two prompts used: every decode and prefill design.
+    // One hardware context per design the steps used: every decode, prefill and GEMV design.
     let used: BTreeSet<&str> = plan["gemms"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|g| g["chunks"].as_array().unwrap())
-        .flat_map(|c| [c["decode_design"].as_str().unwrap(), c["prefill_design"].as_str().unwrap()])
+        .flat_map(|c| ["decode_design", "prefill_design", "gemv_design"].map(|k| c[k].as_str().unwrap()))
         .collect();
     assert_eq!(sim.state().ctxs.len(), used.len(), "hardware contexts");
     drop(npu_exec);

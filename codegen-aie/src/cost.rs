@@ -3,16 +3,19 @@
 //!
 //! - **Prefill** of `P` tokens: every projection's call of `P` rows (one row for a projection the
 //!   executor computes for the last row only, the lm_head) is routed as the runtime routes it
-//!   ([`plan::route`]: on the host below the threshold, else M-blocks × column chunks); each
+//!   ([`plan::route`]: GEMV blocks below the threshold, else M-blocks, × column chunks); each
 //!   array call costs its design's predicted cycles ([`crate::tiling::Tiling::total_cycles`]:
 //!   the larger of the MACs at the device's rate and the busiest DMA channel, plus the fill) at
 //!   the device's clock, plus [`DISPATCH_SECONDS`] to submit it.
-//! - **Decode**: calls under the host threshold run on the host today, so the model gives the
-//!   array's floor instead: a decode token reads every projection's int8 weights once, and they
-//!   enter the array through the shim DMA channels ([`Device::shim_bytes_per_second`]).
+//! - **Decode**: one token is every projection's call of one row, each a block of the GEMV
+//!   designs ([`crate::gemv`]) per column chunk: the design's predicted cycles (its weight
+//!   streams, at most one 32-bit word per cycle each, reading whole [`crate::gemv::SHIM_BURST_BYTES`]
+//!   bursts, against its cores' MACs) at the clock, plus [`DISPATCH_SECONDS`] per call. Beside it
+//!   the floor: every int8 weight streamed once per token through every shim channel
+//!   ([`Device::shim_bytes_per_second`]), which no design can beat.
 //!
 //! Host work — attention over the paged cache, norms, the embedding, sampling — is not counted:
-//! the rates bound what the array's share allows. The clock and the dispatch cost are
+//! the rates bound what the array's share allows. The clock, the burst and the dispatch cost are
 //! assumptions ([`Device::clock_hz`]), not measurements.
 
 use serde::Serialize;
@@ -41,33 +44,62 @@ pub struct Prediction {
     pub decode_weight_bytes: u64,
     /// Decode tokens per second at most, with every weight streamed in once per token.
     pub decode_tok_s_bound: f64,
+    /// Array calls of one decode token (GEMV blocks × column chunks of every projection).
+    pub decode_calls: usize,
+    /// The decode calls' predicted cycles over the clock.
+    pub decode_array_seconds: f64,
+    pub decode_dispatch_seconds: f64,
+    /// Decode tokens per second the array's share allows (0 when no call reaches the array).
+    pub decode_tok_s: f64,
+}
+
+/// Array calls and their predicted cycles when every projection is called with `rows_of` rows,
+/// routed and given designs as the runtime does.
+fn array_calls(plan: &Plan, rows_of: &dyn Fn(&GemmSite) -> usize) -> (usize, u64) {
+    let (mut calls, mut cycles) = (0usize, 0u64);
+    for g in &plan.gemms {
+        for (block_rows, _) in plan::route(plan, rows_of(&g.site)).unwrap_or_default() {
+            for chunk in &g.chunks {
+                if let Some(name) = plan::block_design(plan, chunk, block_rows) {
+                    cycles += plan.designs[name].tiling.total_cycles;
+                    calls += 1;
+                }
+            }
+        }
+    }
+    (calls, cycles)
+}
+
+/// Tokens per second of `tokens` tokens whose calls take `seconds`; 0 without calls.
+fn rate(tokens: usize, calls: usize, seconds: f64) -> f64 {
+    if calls == 0 {
+        0.0
+    } else {
+        tokens as f64 / seconds
+    }
 }
 
 /// The prediction for a prefill of `prompt_tokens` and for decoding; `last_row_only` says which
 /// projections the executor computes for the last row only.
 pub fn predict(plan: &Plan, prompt_tokens: usize, last_row_only: &dyn Fn(&GemmSite) -> bool) -> Prediction {
     let device: Device = plan.options.device;
-    let (mut calls, mut cycles) = (0usize, 0u64);
-    for g in &plan.gemms {
-        let rows = if last_row_only(&g.site) { 1 } else { prompt_tokens };
-        for (block_rows, _) in plan::route(plan, rows).unwrap_or_default() {
-            for chunk in &g.chunks {
-                let name = if block_rows == plan.decode_rows { &chunk.decode_design } else { &chunk.prefill_design };
-                cycles += plan.designs[name].tiling.total_cycles;
-                calls += 1;
-            }
-        }
-    }
-    let array = cycles as f64 / device.clock_hz();
-    let dispatch = calls as f64 * DISPATCH_SECONDS;
+    let clock = device.clock_hz();
+    let (calls, cycles) = array_calls(plan, &|s| if last_row_only(s) { 1 } else { prompt_tokens });
+    let (array, dispatch) = (cycles as f64 / clock, calls as f64 * DISPATCH_SECONDS);
+    let (decode_calls, decode_cycles) = array_calls(plan, &|_| 1);
+    let (decode_array, decode_dispatch) = (decode_cycles as f64 / clock, decode_calls as f64 * DISPATCH_SECONDS);
     let bytes: u64 = plan.gemms.iter().map(|g| (g.site.k * g.site.n) as u64).sum();
     Prediction {
         prompt_tokens,
         prefill_calls: calls,
         prefill_array_seconds: array,
         prefill_dispatch_seconds: dispatch,
-        prefill_tok_s: if calls == 0 { 0.0 } else { prompt_tokens as f64 / (array + dispatch) },
+        prefill_tok_s: rate(prompt_tokens, calls, array + dispatch),
         decode_weight_bytes: bytes,
         decode_tok_s_bound: device.shim_bytes_per_second() / bytes as f64,
+        decode_calls,
+        decode_array_seconds: decode_array,
+        decode_dispatch_seconds: decode_dispatch,
+        decode_tok_s: rate(1, decode_calls, decode_array + decode_dispatch),
     }
 }

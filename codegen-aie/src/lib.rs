@@ -14,8 +14,8 @@
 //! - [`rules`]: mlir-aie's object FIFO, link and DMA descriptor rules and the tiles' resources,
 //!   checked on a design ([`design::check`]) so what mlir-aie would refuse fails without it.
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
-//! - [`plan`]: the host plan (which node calls which design; decode calls stay on the host) and
-//!   each design's `aiecc.py` build command.
+//! - [`plan`]: the host plan (which node calls which design: decode calls the GEMV designs,
+//!   prefill blocks the GEMM designs) and each design's `aiecc.py` build command.
 //! - [`quant`]: the A8W8 epilogue on a design's int32 readback, as `QGemm` defines it.
 //! - [`mlir`]: verifies designs with MLIR itself (`mlir-opt` of LLVM/MLIR 22).
 //! - [`amdxdna`] (feature `xrt`): runs a design on an XDNA NPU through the amdxdna driver's

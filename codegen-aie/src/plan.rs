@@ -1,4 +1,4 @@
-//! The host plan: which design every projection call uses, and which calls stay on the host.
+//! The host plan: which design every projection call uses, cut how.
 //!
 //! A call with fewer rows than the threshold (default 16: decode, a short verify step) runs as
 //! blocks of [`gemv::GEMV_ROWS`] rows on a GEMV design ([`crate::gemv`]): 1–8 rows one block,
@@ -147,8 +147,9 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
     Ok(Plan { options, gemv_rows: options.gemv_rows, decode_rows: decode, designs: designs.designs, gemms })
 }
 
-/// Where a call of `rows` rows runs: `None` on the host, else the M-blocks `(design rows, rows
-/// used)` it is cut into — the routing the runtime applies to the numbers the plan records.
+/// Where a call of `rows` rows runs: `None` on the host, else the blocks `(design rows, rows
+/// used)` it is cut into (GEMV blocks, or GEMM M-blocks) — the routing the runtime applies to the
+/// numbers the plan records.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
     xdna::route_rows(
         plan.options.host_threshold_rows,

@@ -9,7 +9,8 @@
 //!   sequences share one KV pool).
 //! - [`sample`]: greedy, temperature, top-k and top-p with a seeded generator.
 //! - `openvino` (feature `openvino`): an intel-npu bundle's IR segments on an OpenVINO device.
-//! - `xdna` (feature `xrt`): the executor's prefill QGemms on an XDNA NPU, through `xdna-driver`.
+//! - `xdna` (feature `xrt`): the executor's QGemms on an XDNA NPU, through `xdna-driver`: prefill
+//!   blocks on the GEMM designs, decode steps on the GEMV designs.
 //!
 //! The crate depends on no compiler crate, under any feature (`tests/no_compiler_crate.rs` checks
 //! cargo's resolve): a bundle is the only thing that crosses from the compiler to the runtime.

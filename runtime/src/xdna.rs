@@ -2,16 +2,22 @@
 //! on the XDNA NPU, through the amdxdna driver's ioctls (`xdna_driver`).
 //!
 //! [`XdnaOffload`] is the executor's [`GemmOffload`]: for a QGemm the plan gives designs to, a
-//! call of at least `host_threshold_rows` rows is cut as the plan cuts it (M-blocks of the decode
-//! or prefill design, column chunks), each block zero-padded to its design's host shape and run
-//! on the NPU with that design's PDI and instruction stream (one hardware context per design,
-//! made on first use); the int32 products come back to the executor, which applies the same
-//! epilogue as its own kernels. Smaller calls, and nodes without designs, stay on the host.
+//! call is cut as the plan cuts it (`route_rows`: below `host_threshold_rows` rows, blocks of the
+//! GEMV design — a decode step's one row, zero-padded to the design's rows —, from there on
+//! M-blocks of the decode or prefill design; column chunks), each block zero-padded to its
+//! design's host shape and run on the NPU with that design's PDI and instruction stream (one
+//! hardware context per design, made on first use); the int32 products come back to the
+//! executor, which applies the same epilogue as its own kernels. A GEMM design's B operand is
+//! the weight `[K, N]`, a GEMV design's the weight transposed (`[N, K]`), each made once per node
+//! and kind. Calls the plan has no design for (no GEMV designs in a plan of format `/2`), and
+//! nodes without designs, stay on the host.
 //!
 //! The plan is `bundle::xdna`'s typed `xdna/plan.json`, routed with its `route_rows`, the function
 //! the compiler plans with; a plan that does not decode is refused naming the field's JSON path.
 
-use crate::bundle::xdna::{route_rows, PlanChunk, PlanDesign, PlanError, XdnaPlan, PLAN_FILE};
+use crate::bundle::xdna::{
+    block_design, route_rows, DesignKind, PlanChunk, PlanDesign, PlanError, XdnaPlan, PLAN_FILE,
+};
 use crate::bundle::{Bundle, BundleError};
 use crate::exec::{GemmOffload, OffloadError};
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
@@ -52,8 +58,10 @@ pub enum XdnaError {
 }
 
 struct DesignRun {
+    kind: DesignKind,
     /// Host shape (M, K, N) of the design's buffers.
     padded: (usize, usize, usize),
+    /// Array columns of its hardware context.
     cols: u32,
     pdi: Vec<u8>,
     insts: Vec<u8>,
@@ -65,10 +73,12 @@ pub struct XdnaOffload<D: Driver> {
     designs: HashMap<String, DesignRun>,
     gemms: HashMap<String, Vec<PlanChunk>>,
     contexts: HashMap<String, HwContext>,
-    /// Per node, each column chunk's weight codes as the design's B operand (`[K, N]` zero-padded
-    /// to its host shape), made on first use.
-    operands: HashMap<String, Vec<Vec<i8>>>,
+    /// Per node and design kind, each column chunk's weight codes as the design's B operand
+    /// (`[K, N]` for a GEMM, `[N, K]` for a GEMV, zero-padded to its host shape), made on first
+    /// use.
+    operands: HashMap<(String, DesignKind), Vec<Vec<i8>>>,
     host_threshold: usize,
+    gemv_rows: usize,
     decode_rows: usize,
     prefill_rows: usize,
     /// Design runs submitted.
@@ -81,8 +91,9 @@ fn design_run(bundle: &Bundle, d: &PlanDesign) -> Result<DesignRun, XdnaError> {
         |path: String| bundle.read_file(&path).map_err(|_| XdnaError::MissingArtifact { design: d.name.clone(), path });
     let padded = &d.tiling.padded;
     Ok(DesignRun {
+        kind: d.kind,
         padded: (padded.m, padded.k, padded.n),
-        cols: d.tiling.cols as u32,
+        cols: d.array_columns as u32,
         pdi: artifact(d.pdi_file())?,
         insts: artifact(d.insts_file())?,
     })
@@ -106,6 +117,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             contexts: HashMap::new(),
             operands: HashMap::new(),
             host_threshold: plan.host_threshold_rows,
+            gemv_rows: plan.gemv_rows,
             decode_rows: plan.decode_rows,
             prefill_rows: plan.prefill_rows,
             runs: 0,
@@ -131,19 +143,31 @@ fn run_block<D: Driver>(
     npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(failed)
 }
 
-/// Each column chunk's weight codes as its design's B operand: `[K, N]` zero-padded to the host
-/// shape.
-fn operands(chunks: &[PlanChunk], designs: &HashMap<String, DesignRun>, w: QGemmWeights<'_>) -> Vec<Vec<i8>> {
+/// Each column chunk's weight codes as the B operand of its designs of `kind` (`design` names
+/// the chunk's design of that kind): `[K, N]` for a GEMM, `[N, K]` for a GEMV, zero-padded to the
+/// host shape. A chunk that does not fit its design gets an empty operand, which the call refuses.
+fn operands(
+    chunks: &[PlanChunk],
+    designs: &HashMap<String, DesignRun>,
+    w: QGemmWeights<'_>,
+    design: &dyn Fn(&PlanChunk) -> Option<String>,
+) -> Vec<Vec<i8>> {
     let (k, n) = (w.k(), w.n());
     let wk = w.codes_kn();
     chunks
         .iter()
         .map(|c| {
-            let (_, pk, pn) = designs[&c.prefill_design].padded;
+            let Some(d) = design(c).and_then(|name| designs.get(&name)) else { return vec![] };
+            let (_, pk, pn) = d.padded;
+            if k > pk || c.cols > pn || c.col_offset + c.cols > n {
+                return vec![];
+            }
             let mut b = vec![0i8; pk * pn];
-            if k <= pk && c.cols <= pn && c.col_offset + c.cols <= n {
-                for kk in 0..k {
-                    b[kk * pn..kk * pn + c.cols].copy_from_slice(&wk[kk * n + c.col_offset..][..c.cols]);
+            for kk in 0..k {
+                let row = &wk[kk * n + c.col_offset..][..c.cols];
+                match d.kind {
+                    DesignKind::Gemm => b[kk * pn..kk * pn + c.cols].copy_from_slice(row),
+                    DesignKind::Gemv => row.iter().enumerate().for_each(|(j, &x)| b[j * pk + kk] = x),
                 }
             }
             b
@@ -165,7 +189,7 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
 
 impl<D: Driver + Send> XdnaOffload<D> {
     /// The products of one QGemm call computed on the NPU, or `None` when the call stays on the
-    /// host (too few rows, or a node without designs).
+    /// host (a node without designs, or a block the plan has no design for).
     fn offload(
         &mut self,
         node: &str,
@@ -173,46 +197,76 @@ impl<D: Driver + Send> XdnaOffload<D> {
         m: usize,
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, XdnaError> {
-        let Some(blocks) = route_rows(self.host_threshold, self.decode_rows, self.prefill_rows, m) else {
+        let Some(blocks) = route_rows(self.host_threshold, self.gemv_rows, self.decode_rows, self.prefill_rows, m)
+        else {
             return Ok(None);
         };
-        let Some(chunks) = self.gemms.get(node) else { return Ok(None) };
+        let Some(chunks) = self.gemms.get(node).cloned() else { return Ok(None) };
+        let (gemv_rows, decode_rows) = (self.gemv_rows, self.decode_rows);
+        let design_of = |c: &PlanChunk, block| block_design(c, gemv_rows, decode_rows, block).map(str::to_string);
+        if blocks.iter().any(|&(block, _)| chunks.iter().any(|c| design_of(c, block).is_none())) {
+            return Ok(None);
+        }
         let a = qgemm::signed_codes(a);
         let (k, n) = (w.k(), w.n());
         if a.len() != m * k {
             return Err(XdnaError::Activations { codes: a.len(), m, k });
         }
-        let operands = self.operands.entry(node.to_string()).or_insert_with(|| operands(chunks, &self.designs, w));
         let mut p = vec![0i32; m * n];
         let mut r0 = 0;
         for (block, used) in blocks {
-            for (c, b) in chunks.iter().zip(operands.iter()) {
-                let design = if block == self.decode_rows { &c.decode_design } else { &c.prefill_design };
-                let d = &self.designs[design];
-                let (pm, pk, pn) = d.padded;
-                if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
-                    return Err(XdnaError::BlockTooLarge {
-                        design: design.clone(),
-                        padded: d.padded,
-                        rows: used,
-                        k,
-                        cols: c.cols,
-                        col_offset: c.col_offset,
-                    });
-                }
-                let mut ab = vec![0i8; pm * pk];
-                for i in 0..used {
-                    ab[i * pk..i * pk + k].copy_from_slice(&a[(r0 + i) * k..(r0 + i + 1) * k]);
-                }
-                let out = run_block(&mut self.npu, &mut self.contexts, d, design, &ab, b)?;
-                self.runs += 1;
+            let kind = design_of(&chunks[0], block).map_or(DesignKind::Gemm, |d| self.designs[&d].kind);
+            let key = (node.to_string(), kind);
+            let by_kind = |c: &PlanChunk| match kind {
+                DesignKind::Gemv => c.gemv_design.clone(),
+                DesignKind::Gemm => Some(c.prefill_design.clone()),
+            };
+            // Taken out while the chunks run, so the NPU can be borrowed beside them.
+            let bs = self.operands.remove(&key).unwrap_or_else(|| operands(&chunks, &self.designs, w, &by_kind));
+            for (c, b) in chunks.iter().zip(&bs) {
+                let design = design_of(c, block).unwrap_or_default();
+                let rows = &a[r0 * k..(r0 + used) * k];
+                let out = self.run_chunk(&design, c, b, rows, (used, k, n))?;
+                let pn = self.designs[&design].padded.2;
                 for i in 0..used {
                     p[(r0 + i) * n + c.col_offset..][..c.cols].copy_from_slice(&out[i * pn..][..c.cols]);
                 }
             }
+            self.operands.insert(key, bs);
             r0 += used;
         }
         Ok(Some(p))
+    }
+
+    /// One block of one column chunk on `design`: `rows` (`used × k` codes) zero-padded to the
+    /// design's host shape with the chunk's B operand `b`; returns the padded int32 output.
+    fn run_chunk(
+        &mut self,
+        design: &str,
+        c: &PlanChunk,
+        b: &[i8],
+        rows: &[i8],
+        (used, k, n): (usize, usize, usize),
+    ) -> Result<Vec<i32>, XdnaError> {
+        let d = &self.designs[design];
+        let (pm, pk, pn) = d.padded;
+        if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
+            return Err(XdnaError::BlockTooLarge {
+                design: design.to_string(),
+                padded: d.padded,
+                rows: used,
+                k,
+                cols: c.cols,
+                col_offset: c.col_offset,
+            });
+        }
+        let mut ab = vec![0i8; pm * pk];
+        for (i, row) in rows.chunks(k).enumerate() {
+            ab[i * pk..i * pk + k].copy_from_slice(row);
+        }
+        let out = run_block(&mut self.npu, &mut self.contexts, d, design, &ab, b)?;
+        self.runs += 1;
+        Ok(out)
     }
 }
 
