@@ -25,6 +25,28 @@ fn compile(name: &str, dir: &Path) -> Bundle {
 }
 
 #[test]
+fn the_compile_summary_predicts_decode_on_npu1_and_npu2_under_the_bandwidth_floor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::model("llama-optimum");
+    let out = tmp.path().join("llama.npub");
+    let args = ["compile", model.to_str().unwrap(), "--target", "xdna", "-o", out.to_str().unwrap(), "--json"];
+    let run = Command::new(env!("CARGO_BIN_EXE_npuc")).args(args).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let decode = summary["xdna"]["cost_model"]["decode_by_device"].as_array().unwrap().clone();
+    let devices: Vec<&str> = decode.iter().map(|d| d["device"].as_str().unwrap()).collect();
+    assert_eq!(devices, ["npu1", "npu2"]);
+    let rate = |d: &serde_json::Value, k: &str| d[k].as_f64().unwrap();
+    for d in &decode {
+        assert!(rate(d, "decode_tok_s") > 0.0 && rate(d, "decode_tok_s") < rate(d, "decode_tok_s_bound"), "{d}");
+        let calls = d["calls_per_token"].as_f64().unwrap();
+        assert!((rate(d, "dispatch_seconds") - calls * 20e-6).abs() < 1e-9, "{d}");
+    }
+    assert!(rate(&decode[1], "decode_tok_s") > rate(&decode[0], "decode_tok_s"), "npu2 decodes faster");
+    assert_eq!(decode[0]["calls_per_token"], decode[1]["calls_per_token"], "one GEMV call per chunk on either");
+}
+
+#[test]
 fn every_projection_has_a_gemv_design_and_decode_rows_are_routed_to_it() {
     let tmp = tempfile::tempdir().unwrap();
     let bundle = compile("llama-optimum", tmp.path());
