@@ -123,7 +123,9 @@ fn the_checker_accepts_every_gemv_design_of_smollm2_and_qwen3_on_npu1_and_npu2()
 fn a_gemv_core_without_its_zeroing_shows_in_the_interpreter() {
     let d = gemv_design(Device::Npu1, 64, 100);
     let text = d.generic().replace("\"func.call\"(%cbuf) {callee = @gemv_zero_i32}", "\"scf.yield\"()");
-    let err = common::run_text(&d, &text, 3).map(|(got, want)| got == want);
-    assert!(matches!(err, Ok(false) | Err(_)), "a missing zero must change the result or fail the run");
-    assert_eq!(common::run_text(&d, &d.generic(), 3).map(|(got, want)| got == want).unwrap(), true);
+    assert_ne!(text, d.generic(), "the zeroing call is in the text");
+    // A core's output elements start as garbage, so accumulating into them shows.
+    let unzeroed = common::run_text(&d, &text, 3).map(|(got, want)| got == want);
+    assert!(matches!(unzeroed, Ok(false)), "{unzeroed:?}");
+    assert!(common::run_text(&d, &d.generic(), 3).map(|(got, want)| got == want).unwrap());
 }
