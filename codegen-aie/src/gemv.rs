@@ -7,6 +7,10 @@
 //! - `A` (shim of column 0 → every core, broadcast) carries the activation rows once, as `parts`
 //!   elements of `rows × k` (K cut into parts, each element within one memory bank and one
 //!   descriptor dimension); each core acquires all of them at its start and holds them to its end.
+//!   When they do not fit a core beside its weight and output buffers (K past about 5,000 for 8
+//!   rows), the shim sends them again for every output tile, double-buffered as the weights are
+//!   ([`resident`]): the broadcast channel then carries `rows·K` bytes a tile against a weight
+//!   stream's `n·K`.
 //! - `W_<s>` (one shim channel → core `s`): every other shim channel streams one core its weight
 //!   tiles, `n × k` elements of the weight transposed (B is `[N, K]` row-major, so each output
 //!   column's K part is one contiguous run of DDR and the shim reads in long bursts). Core `s` owns
@@ -71,6 +75,24 @@ fn k_parts(device: Device, rows: usize, k: usize) -> (usize, usize) {
     (parts, k.div_ceil(parts).div_ceil(s) * s)
 }
 
+/// Bytes of a core's data memory with `a_buffers` activation buffers of `rows × k`, two weight
+/// buffers of `n × k`, two output tiles and the stack.
+fn core_bytes(device: Device, rows: usize, a_buffers: usize, (k, n): (usize, usize)) -> usize {
+    a_buffers * rows * k + 2 * n * k + 2 * rows * n * 4 + device.core_stack_bytes()
+}
+
+/// Whether the activation rows stay resident in every core (every K part held at once, within
+/// its memory and its buffer descriptors beside the weights' and outputs' two each), or are
+/// streamed again with every output tile.
+fn resident_fits(device: Device, rows: usize, parts: usize, (k, n): (usize, usize)) -> bool {
+    core_bytes(device, rows, parts, (k, n)) <= device.core_data_bytes() && parts + 4 <= device.core_bds()
+}
+
+/// Whether a GEMV tiling keeps the activation rows resident (see the module doc).
+pub fn resident(t: &Tiling) -> bool {
+    resident_fits(t.device, t.m, parts_and_tiles(t).0, (t.k, t.n))
+}
+
 /// Output tiles per core (`tiles`) and their width `n` for a candidate.
 fn tiles_for(device: Device, n_total: usize, n: usize) -> usize {
     n_total.div_ceil(streams(device) * n)
@@ -81,7 +103,9 @@ fn evaluate(device: Device, shape: GemmShape, n: usize) -> Option<Tiling> {
     let (rows, (parts, k)) = (shape.m, k_parts(device, shape.m, shape.k));
     let tiles = tiles_for(device, shape.n, n);
     let bank = device.core_data_bytes() / device.core_banks();
-    let l1 = parts * rows * k + 2 * n * k + 2 * rows * n * 4 + device.core_stack_bytes();
+    let resident = resident_fits(device, rows, parts, (k, n));
+    let a_buffers = if resident { parts } else { 2 };
+    let l1 = core_bytes(device, rows, a_buffers, (k, n));
     if n * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
         return None;
     }
@@ -89,10 +113,12 @@ fn evaluate(device: Device, shape: GemmShape, n: usize) -> Option<Tiling> {
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * n * burst) as u64;
-    let dma_cycles = weight_bytes.div_ceil(bpc);
+    let a_bytes = (if resident { 1 } else { tiles } * parts * rows * burst) as u64;
+    let dma_cycles = weight_bytes.max(a_bytes).div_ceil(bpc);
     let per_call = (rows * n * k / device.macs_per_cycle()) as u64 + KERNEL_CALL_OVERHEAD_CYCLES;
     let compute_cycles = (tiles * parts) as u64 * per_call + tiles as u64 * (rows * n / 32) as u64;
-    let fill = ((parts * rows * k + n * k) as u64).div_ceil(bpc) + ((per_column * rows * n * 4) as u64).div_ceil(bpc);
+    let fill = ((a_buffers.min(parts) * rows * k + n * k) as u64).div_ceil(bpc)
+        + ((per_column * rows * n * 4) as u64).div_ceil(bpc);
     let total_cycles = compute_cycles.max(dma_cycles) + fill;
     let padded = GemmShape { m: rows, k: parts * k, n: streams(device) * tiles * n };
     let peak = (device.macs_per_cycle() * device.compute_rows() * device.columns()) as f64 * total_cycles as f64;
@@ -201,7 +227,7 @@ fn input_fifos(t: &Tiling, parts: usize, fifos: &mut Vec<Fifo>) {
         name: "A".into(),
         producer: (0, Device::SHIM_ROW),
         consumers: cores.clone(),
-        depth: parts,
+        depth: if resident(t) { parts } else { 2 },
         shape: vec![t.m, t.k],
         elem: Elem::I8,
         to_stream: vec![],
@@ -281,7 +307,9 @@ fn runtime_sequence(t: &Tiling) -> Vec<SeqOp> {
             false,
         )];
         if c == 0 {
-            ops.push(dma(0, 0, [1, parts, rows, k], [0, k, p.k, 1], 1, "A".into(), true));
+            // Resident: once; else once per output tile, the iteration dimension repeating it.
+            let repeat = if resident(t) { 1 } else { tiles };
+            ops.push(dma(0, 0, [repeat, parts, rows, k], [0, k, p.k, 1], 1, "A".into(), true));
         }
         for &s in &column {
             let id = ops.len();
@@ -297,49 +325,80 @@ fn runtime_sequence(t: &Tiling) -> Vec<SeqOp> {
     seq
 }
 
-/// A GEMV core's body in generic form: acquire every K part of A, then per output tile zero C
-/// and accumulate one weight element per part into it.
+/// The generic-form lines of GEMV core operations.
+struct GenericOps {
+    ta: String,
+    tw: String,
+    tc: String,
+}
+
+impl GenericOps {
+    fn acquire(res: &str, fifo: &str, port: u8, size: usize, ty: &str) -> String {
+        format!(
+            "{res} = \"aie.objectfifo.acquire\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = {size} : i32}} : () -> !aie.objectfifosubview<{ty}>"
+        )
+    }
+    fn access(res: &str, of: &str, index: usize, ty: &str) -> String {
+        format!(
+            "{res} = \"aie.objectfifo.subview.access\"({of}) {{index = {index} : i32}} : (!aie.objectfifosubview<{ty}>) -> {ty}"
+        )
+    }
+    fn release(fifo: &str, port: u8, size: usize) -> String {
+        format!(
+            "\"aie.objectfifo.release\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = {size} : i32}} : () -> ()"
+        )
+    }
+
+    /// One K part of one output tile: its activation part (acquired here unless resident), one
+    /// weight element, the kernel call.
+    fn part(&self, o: &mut String, core: &Core, p: usize, resident: bool) {
+        let (ta, tw, tc) = (&self.ta, &self.tw, &self.tc);
+        let sp = "        ";
+        if !resident {
+            let _ = writeln!(o, "{sp}{}", Self::acquire(&format!("%as{p}"), &core.a, 1, 1, ta));
+            let _ = writeln!(o, "{sp}{}", Self::access(&format!("%a{p}"), &format!("%as{p}"), 0, ta));
+        }
+        let _ = writeln!(o, "{sp}{}", Self::acquire(&format!("%w{p}"), &core.b, 1, 1, tw));
+        let _ = writeln!(o, "{sp}{}", Self::access(&format!("%wbuf{p}"), &format!("%w{p}"), 0, tw));
+        let _ =
+            writeln!(o, "{sp}\"func.call\"(%a{p}, %wbuf{p}, %cbuf) {{callee = @{GEMV}}} : ({ta}, {tw}, {tc}) -> ()");
+        let _ = writeln!(o, "{sp}{}", Self::release(&core.b, 1, 1));
+        if !resident {
+            let _ = writeln!(o, "{sp}{}", Self::release(&core.a, 1, 1));
+        }
+    }
+}
+
+/// A GEMV core's body in generic form: acquire every K part of A (when resident), then per
+/// output tile zero C and accumulate one weight element per part into it.
 pub(crate) fn generic_core(d: &Design, core: &Core, o: &mut String) {
     let t = &d.tiling;
     let [ta, tw, tc] = kernels::gemv_types((t.m, t.k, t.n));
-    let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+    let ops = GenericOps { ta, tw, tc };
+    let resident = resident(t);
     let (c, r) = core.tile;
-    let acquire = |res: &str, fifo: &str, port: u8, size: usize, ty: &str| {
-        format!(
-            "{res} = \"aie.objectfifo.acquire\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = {size} : i32}} : () -> {}",
-            sub(ty)
-        )
-    };
-    let access = |res: &str, of: &str, index: usize, ty: &str| {
-        format!("{res} = \"aie.objectfifo.subview.access\"({of}) {{index = {index} : i32}} : ({}) -> {ty}", sub(ty))
-    };
-    let release = |fifo: &str, port: u8, size: usize| {
-        format!("\"aie.objectfifo.release\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = {size} : i32}} : () -> ()")
-    };
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
     let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
     let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
-    let _ = writeln!(o, "      {}", acquire("%a", &core.a, 1, core.k_steps, &ta));
-    for p in 0..core.k_steps {
-        let _ = writeln!(o, "      {}", access(&format!("%a{p}"), "%a", p, &ta));
+    if resident {
+        let _ = writeln!(o, "      {}", GenericOps::acquire("%a", &core.a, 1, core.k_steps, &ops.ta));
+        for p in 0..core.k_steps {
+            let _ = writeln!(o, "      {}", GenericOps::access(&format!("%a{p}"), "%a", p, &ops.ta));
+        }
     }
     let _ = writeln!(o, "      \"scf.for\"(%c0, %ctiles, %c1) ({{\n      ^bb0(%tile: index):");
-    let _ = writeln!(o, "        {}", acquire("%c", &core.c, 0, 1, &tc));
-    let _ = writeln!(o, "        {}", access("%cbuf", "%c", 0, &tc));
-    let _ = writeln!(o, "        \"func.call\"(%cbuf) {{callee = @{GEMV_ZERO}}} : ({tc}) -> ()");
+    let _ = writeln!(o, "        {}", GenericOps::acquire("%c", &core.c, 0, 1, &ops.tc));
+    let _ = writeln!(o, "        {}", GenericOps::access("%cbuf", "%c", 0, &ops.tc));
+    let _ = writeln!(o, "        \"func.call\"(%cbuf) {{callee = @{GEMV_ZERO}}} : ({}) -> ()", ops.tc);
     for p in 0..core.k_steps {
-        let _ = writeln!(o, "        {}", acquire(&format!("%w{p}"), &core.b, 1, 1, &tw));
-        let _ = writeln!(o, "        {}", access(&format!("%wbuf{p}"), &format!("%w{p}"), 0, &tw));
-        let _ = writeln!(
-            o,
-            "        \"func.call\"(%a{p}, %wbuf{p}, %cbuf) {{callee = @{GEMV}}} : ({ta}, {tw}, {tc}) -> ()"
-        );
-        let _ = writeln!(o, "        {}", release(&core.b, 1, 1));
+        ops.part(o, core, p, resident);
     }
-    let _ = writeln!(o, "        {}", release(&core.c, 0, 1));
+    let _ = writeln!(o, "        {}", GenericOps::release(&core.c, 0, 1));
     let _ = writeln!(o, "        \"scf.yield\"() : () -> ()\n      }}) : (index, index, index) -> ()");
-    let _ = writeln!(o, "      {}", release(&core.a, 1, core.k_steps));
+    if resident {
+        let _ = writeln!(o, "      {}", GenericOps::release(&core.a, 1, core.k_steps));
+    }
     let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
     let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", t.device.core_stack_bytes());
 }
@@ -349,27 +408,39 @@ pub(crate) fn pretty_core(d: &Design, core: &Core, o: &mut String) {
     let t = &d.tiling;
     let [ta, tw, tc] = kernels::gemv_types((t.m, t.k, t.n));
     let sub = |ty: &str| format!("!aie.objectfifosubview<{ty}>");
+    let resident = resident(t);
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
     let _ = writeln!(o, "      %ctiles = arith.constant {} : index", core.tiles);
-    let _ = writeln!(o, "      %a = aie.objectfifo.acquire @{}(Consume, {}) : {}", core.a, core.k_steps, sub(&ta));
-    for p in 0..core.k_steps {
-        let _ = writeln!(o, "      %a{p} = aie.objectfifo.subview.access %a[{p}] : {} -> {ta}", sub(&ta));
+    if resident {
+        let _ = writeln!(o, "      %a = aie.objectfifo.acquire @{}(Consume, {}) : {}", core.a, core.k_steps, sub(&ta));
+        for p in 0..core.k_steps {
+            let _ = writeln!(o, "      %a{p} = aie.objectfifo.subview.access %a[{p}] : {} -> {ta}", sub(&ta));
+        }
     }
     let _ = writeln!(o, "      scf.for %tile = %c0 to %ctiles step %c1 {{");
     let _ = writeln!(o, "        %c = aie.objectfifo.acquire @{}(Produce, 1) : {}", core.c, sub(&tc));
     let _ = writeln!(o, "        %cbuf = aie.objectfifo.subview.access %c[0] : {} -> {tc}", sub(&tc));
     let _ = writeln!(o, "        func.call @{GEMV_ZERO}(%cbuf) : ({tc}) -> ()");
     for p in 0..core.k_steps {
+        if !resident {
+            let _ = writeln!(o, "        %as{p} = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.a, sub(&ta));
+            let _ = writeln!(o, "        %a{p} = aie.objectfifo.subview.access %as{p}[0] : {} -> {ta}", sub(&ta));
+        }
         let _ = writeln!(o, "        %w{p} = aie.objectfifo.acquire @{}(Consume, 1) : {}", core.b, sub(&tw));
         let _ = writeln!(o, "        %wbuf{p} = aie.objectfifo.subview.access %w{p}[0] : {} -> {tw}", sub(&tw));
         let _ = writeln!(o, "        func.call @{GEMV}(%a{p}, %wbuf{p}, %cbuf) : ({ta}, {tw}, {tc}) -> ()");
         let _ = writeln!(o, "        aie.objectfifo.release @{}(Consume, 1)", core.b);
+        if !resident {
+            let _ = writeln!(o, "        aie.objectfifo.release @{}(Consume, 1)", core.a);
+        }
     }
     let _ = writeln!(o, "        aie.objectfifo.release @{}(Produce, 1)", core.c);
     let _ = writeln!(o, "      }}");
-    let _ = writeln!(o, "      aie.objectfifo.release @{}(Consume, {})", core.a, core.k_steps);
+    if resident {
+        let _ = writeln!(o, "      aie.objectfifo.release @{}(Consume, {})", core.a, core.k_steps);
+    }
     let _ = writeln!(o, "      aie.end");
     let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", t.device.core_stack_bytes());
 }

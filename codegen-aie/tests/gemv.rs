@@ -129,3 +129,23 @@ fn a_gemv_core_without_its_zeroing_shows_in_the_interpreter() {
     assert!(matches!(unzeroed, Ok(false)), "{unzeroed:?}");
     assert!(common::run_text(&d, &d.generic(), 3).map(|(got, want)| got == want).unwrap());
 }
+
+#[test]
+fn a_k_too_long_to_stay_resident_streams_the_activations_with_each_tile_and_equals_the_reference() {
+    // SmolLM2's down projection keeps its 1,536-long rows resident; Llama-3.2-1B's (K 8,192) and
+    // a 7,000-long K cannot, so the activations come again with every output tile.
+    for device in [Device::Npu1, Device::Npu2] {
+        assert!(gemv::resident(&gemv_design(device, 1536, 576).tiling));
+        for (k, n) in [(7000, 100), (8192, 2048)] {
+            let d = gemv_design(device, k, n);
+            assert!(!gemv::resident(&d.tiling), "{}", d.name);
+            design::check(&d).unwrap_or_else(|e| panic!("{e}"));
+            let a = d.fifos.iter().find(|f| f.name == "A").unwrap();
+            assert_eq!(a.depth, 2, "{}: double-buffered, not one buffer per part", d.name);
+        }
+        let (got, want) = block(device, 3, (7000, 100), 77);
+        assert_eq!(got, want, "{device}");
+    }
+    let d = gemv_design(Device::Npu1, 8192, 2048);
+    assert!(d.tiling.l1_bytes <= Device::Npu1.core_data_bytes(), "{:?}", d.tiling);
+}
