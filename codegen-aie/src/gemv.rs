@@ -7,7 +7,7 @@
 //! - `A` (shim of column 0 → every core, broadcast) carries the activation rows once, as `parts`
 //!   elements of `rows × k` (K cut into parts, each element within one memory bank and one
 //!   descriptor dimension); each core acquires all of them at its start and holds them to its end.
-//!   When they do not fit a core beside its weight and output buffers (K past about 5,000 for 8
+//!   When they do not fit a core beside its weight and output buffers (K past about 6,000 for 8
 //!   rows), the shim sends them again for every output tile, double-buffered as the weights are
 //!   ([`resident`]): the broadcast channel then carries `rows·K` bytes a tile against a weight
 //!   stream's `n·K`.
