@@ -173,6 +173,30 @@ impl<'a> WGemmWeights<'a> {
     pub fn zero_points(&self) -> WGemmZeroPoints<'a> {
         self.zero_points
     }
+    /// The weights of output columns `cols`, which start on a panel and end on one (or at N):
+    /// a view of the same buffers. Panics otherwise (a caller bug).
+    pub fn columns(&self, cols: std::ops::Range<usize>) -> WGemmWeights<'a> {
+        assert!(
+            cols.start % PANEL == 0 && (cols.end % PANEL == 0 || cols.end == self.n) && cols.start < cols.end,
+            "columns {cols:?} of N={} are not whole panels",
+            self.n
+        );
+        let (first, last) = (cols.start / PANEL, cols.end.div_ceil(PANEL));
+        let params = self.blocks() * PANEL;
+        let code_bytes = self.blocks() * self.block_bytes();
+        let zero_points = match self.zero_points {
+            WGemmZeroPoints::Default => WGemmZeroPoints::Default,
+            WGemmZeroPoints::U8(z) => WGemmZeroPoints::U8(&z[first * params..last * params]),
+            WGemmZeroPoints::F32(z) => WGemmZeroPoints::F32(&z[first * params..last * params]),
+        };
+        WGemmWeights {
+            n: cols.len(),
+            codes: &self.codes[first * code_bytes..last * code_bytes],
+            scales: &self.scales[first * params..last * params],
+            zero_points,
+            ..*self
+        }
+    }
     /// K rounded up to whole blocks.
     pub fn k_padded(&self) -> usize {
         self.blocks() * self.block_size
