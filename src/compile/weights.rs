@@ -409,7 +409,13 @@ fn pack_moe_projection(g: &Graph, node: &ir::Node, codes: WeightId, scales: Weig
         0 => k,
         bs => usize::try_from(bs).unwrap_or(0),
     };
-    if b.dtype != DType::U8 || s.dtype != DType::F32 || rows % PANEL != 0 || block % 16 != 0 || k % block != 0 {
+    if b.dtype != DType::U8
+        || s.dtype != DType::F32
+        || !rows.is_multiple_of(PANEL)
+        || !block.is_multiple_of(16)
+        || block == 0
+        || !k.is_multiple_of(block)
+    {
         return Ok(None);
     }
     let scale_values = f32_values(&s.bytes);
@@ -422,7 +428,8 @@ fn pack_moe_projection(g: &Graph, node: &ir::Node, codes: WeightId, scales: Weig
         scales: &scale_values,
         zero_points: NBitsZeroPoints::Default,
     };
-    let packed = pack_wgemm(&src).with_context(|| format!("packing the experts `{}` of Moe node `{}`", b.name, node.name))?;
+    let packed =
+        pack_wgemm(&src).with_context(|| format!("packing the experts `{}` of Moe node `{}`", b.name, node.name))?;
     Ok(Some(packed))
 }
 

@@ -177,7 +177,9 @@ impl<'a> WGemmWeights<'a> {
     /// a view of the same buffers. Panics otherwise (a caller bug).
     pub fn columns(&self, cols: std::ops::Range<usize>) -> WGemmWeights<'a> {
         assert!(
-            cols.start % PANEL == 0 && (cols.end % PANEL == 0 || cols.end == self.n) && cols.start < cols.end,
+            cols.start.is_multiple_of(PANEL)
+                && (cols.end.is_multiple_of(PANEL) || cols.end == self.n)
+                && cols.start < cols.end,
             "columns {cols:?} of N={} are not whole panels",
             self.n
         );

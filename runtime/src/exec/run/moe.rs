@@ -270,7 +270,8 @@ impl Executor<'_> {
             });
         }
         y[..x.len()].fill(0.0);
-        let kx = Kernels { pool: &self.pool, isa: self.isa, precision: self.wgemm_precision, packed: &self.plan.packed };
+        let kx =
+            Kernels { pool: &self.pool, isa: self.isa, precision: self.wgemm_precision, packed: &self.plan.packed };
         for e in 0..ex.count {
             if !s.routes[e].is_empty() {
                 run_expert(&kx, ex, mixing, e, x, y, s);

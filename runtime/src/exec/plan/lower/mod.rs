@@ -26,8 +26,8 @@ use super::weights::{load_packed, Layouts, Stored, WeightLookup};
 use super::{AttentionShape, Loc, MoeExperts, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
 use crate::bundle::TensorView;
 use crate::exec::error::{node_err, node_fail, ExecError};
-use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 use crate::exec::packed::WGemmLayout;
+use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 
 /// The lowering of one node (its index and the node) into the plan being built.
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;

@@ -157,7 +157,7 @@ fn codes<'b>(b: &mut Builder<'_, 'b>, node: &NodeInfo, p: Projection) -> Result<
     let (program, layouts) = (b.cx.program, b.cx.layouts);
     if let Some(layout) = weight_name(program, node, p.codes).and_then(|s| layouts.wgemm.get(s)) {
         let fits = (layout.k, layout.n, layout.bits, layout.block_size) == (p.k, p.count * p.rows, p.bits, p.block)
-            && p.rows % PANEL == 0
+            && p.rows.is_multiple_of(PANEL)
             && layout.zero_points.is_none()
             && weight_name(program, node, p.scales) == Some(layout.scales.as_str());
         if !fits {
@@ -171,13 +171,23 @@ fn codes<'b>(b: &mut Builder<'_, 'b>, node: &NodeInfo, p: Projection) -> Result<
     }
     let v = input(node, p.codes)?;
     let bytes = match b.locs[v] {
-        Loc::Weight(i) if b.views[i].dtype == Dtype::U8 && b.views[i].bytes.len() == p.count * p.rows * p.k * p.bits / 8 => {
+        Loc::Weight(i)
+            if b.views[i].dtype == Dtype::U8 && b.views[i].bytes.len() == p.count * p.rows * p.k * p.bits / 8 =>
+        {
             b.views[i].bytes
         }
-        _ => return Err(fail(format!("input {} is not u8 codes [{}, {}, {}]", p.codes, p.count, p.rows, p.k * p.bits / 8))),
+        _ => {
+            return Err(fail(format!(
+                "input {} is not u8 codes [{}, {}, {}]",
+                p.codes,
+                p.count,
+                p.rows,
+                p.k * p.bits / 8
+            )))
+        }
     };
     let scales = f32_weight(b, node, p.scales, p.count * p.rows * (p.k / p.block))?;
-    if p.rows % PANEL == 0 && p.block % 16 == 0 {
+    if p.rows.is_multiple_of(PANEL) && p.block.is_multiple_of(16) {
         let src = MatMulNBits {
             k: p.k,
             n: p.count * p.rows,
