@@ -327,3 +327,32 @@ proptest! {
         check(case, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);
     }
 }
+
+/// A block of rows gives every row the bits of a call on that row alone, on every path and in
+/// both precisions (speculative verify blocks and single decode steps must agree bit for bit).
+#[test]
+fn each_row_of_a_block_has_the_bits_of_a_single_row_call() {
+    let pool = ThreadPool::new(2);
+    for isa in isas("wgemm row independence") {
+        for bits in [4, 8] {
+            let case = Case { m: 11, k: 160, n: 48, bits, block: 32, zp: Zp::Float, bias: true, seed: 31 };
+            let d = case.data();
+            let packed = pack_wgemm(&case.source(&d)).unwrap();
+            for precision in [WGemmPrecision::Exact, WGemmPrecision::Int8Activations] {
+                let mut block = vec![0f32; case.m * case.n];
+                let mut scratch = WGemmScratch::default();
+                wgemm(isa, &pool, &packed.weights(), &d.a, case.m, Some(&d.bias), &mut block, precision, &mut scratch);
+                for r in 0..case.m {
+                    let mut one = vec![0f32; case.n];
+                    let a = &d.a[r * case.k..][..case.k];
+                    wgemm(isa, &pool, &packed.weights(), a, 1, Some(&d.bias), &mut one, precision, &mut scratch);
+                    assert_bits(
+                        &format!("{isa} {bits}-bit {precision:?} row {r}"),
+                        &one,
+                        &block[r * case.n..][..case.n],
+                    );
+                }
+            }
+        }
+    }
+}
