@@ -269,6 +269,32 @@ fn prequantised_rows_serve_several_weights() {
     }
 }
 
+#[test]
+fn a_view_of_whole_panels_computes_those_columns_of_the_full_product() {
+    // Four "experts" of 32 columns stacked along N, as QMoE stores them; the last view ends at
+    // N = 136, inside a panel.
+    let pool = ThreadPool::new(2);
+    let isa = Isa::detect();
+    for zp in [Zp::Default, Zp::Packed, Zp::Float] {
+        let case = Case { m: 3, k: 96, n: 136, bits: 4, block: 32, zp, bias: false, seed: 21 };
+        let d = case.data();
+        let packed = pack_wgemm(&case.source(&d)).unwrap();
+        let w = packed.weights();
+        for precision in [WGemmPrecision::Exact, WGemmPrecision::Int8Activations] {
+            let mut full = vec![0f32; case.m * case.n];
+            wgemm(isa, &pool, &w, &d.a, case.m, None, &mut full, precision, &mut WGemmScratch::default());
+            for cols in [0..32, 32..64, 96..136, 16..48] {
+                let view = w.columns(cols.clone());
+                assert_eq!(view.n(), cols.len());
+                let mut part = vec![f32::NAN; case.m * cols.len()];
+                wgemm(isa, &pool, &view, &d.a, case.m, None, &mut part, precision, &mut WGemmScratch::default());
+                let want: Vec<f32> = (0..case.m).flat_map(|r| full[r * case.n..][cols.clone()].to_vec()).collect();
+                assert_bits(&format!("{zp:?} {precision:?} columns {cols:?}"), &part, &want);
+            }
+        }
+    }
+}
+
 fn case_strategy() -> impl Strategy<Value = Case> {
     (
         1usize..20,
@@ -299,5 +325,34 @@ proptest! {
     fn random_shapes_match_the_reference_on_every_path(case in case_strategy()) {
         let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
         check(case, &[ThreadPool::new(1), ThreadPool::new(2)], &isas);
+    }
+}
+
+/// A block of rows gives every row the bits of a call on that row alone, on every path and in
+/// both precisions (speculative verify blocks and single decode steps must agree bit for bit).
+#[test]
+fn each_row_of_a_block_has_the_bits_of_a_single_row_call() {
+    let pool = ThreadPool::new(2);
+    for isa in isas("wgemm row independence") {
+        for bits in [4, 8] {
+            let case = Case { m: 11, k: 160, n: 48, bits, block: 32, zp: Zp::Float, bias: true, seed: 31 };
+            let d = case.data();
+            let packed = pack_wgemm(&case.source(&d)).unwrap();
+            for precision in [WGemmPrecision::Exact, WGemmPrecision::Int8Activations] {
+                let mut block = vec![0f32; case.m * case.n];
+                let mut scratch = WGemmScratch::default();
+                wgemm(isa, &pool, &packed.weights(), &d.a, case.m, Some(&d.bias), &mut block, precision, &mut scratch);
+                for r in 0..case.m {
+                    let mut one = vec![0f32; case.n];
+                    let a = &d.a[r * case.k..][..case.k];
+                    wgemm(isa, &pool, &packed.weights(), a, 1, Some(&d.bias), &mut one, precision, &mut scratch);
+                    assert_bits(
+                        &format!("{isa} {bits}-bit {precision:?} row {r}"),
+                        &one,
+                        &block[r * case.n..][..case.n],
+                    );
+                }
+            }
+        }
     }
 }

@@ -5,6 +5,9 @@
 //! - `WGemm` weights by `pack_wgemm`; the MatMulNBits tensors they come from are left out when
 //!   nothing else reads them (a tied embedding read by `GatherBlockQuantized` with the lm_head's
 //!   very codes, scales and zero points reads the packed form);
+//! - `Moe` code experts the same way, each projection `[E, rows, K]` as one WGemm weight of E·rows
+//!   columns when `rows` is a whole number of panels (the executor runs each expert on its run of
+//!   panels), the QMoE tensors left out likewise;
 //! - the int8 codes of `QGemm` nodes by `pack_qgemm_codes` (codes and column sums), their `[K, N]`
 //!   codes left out when only packed QGemms read them;
 //! - the f32 weights of float MatMuls as the f32 GEMM's panels, the `[K, N]` weight left out when
@@ -22,7 +25,7 @@ use ir::{DType, ValueId, WeightId};
 use runtime::exec::packed::{qgemm_tensor_bytes, tensor_bytes, wgemm_layout};
 use runtime::kernels::gemm::{f32_panels_len, F32_PANEL};
 use runtime::kernels::qgemm::{pack_qgemm_codes, QWeightCodes};
-use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm};
+use runtime::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, PANEL};
 use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 
@@ -305,6 +308,24 @@ fn pack_wgemm_weights(g: &Graph) -> Result<PackedWeights> {
         by_codes.insert(codes, entries.len());
         entries.push(PackedEntry { codes, scales, zero_points, packed });
     }
+    for node in g.nodes.iter().filter(|n| n.domain == ir::Domain::Npuc && n.op == "Moe") {
+        for slots in MOE_PROJECTIONS {
+            let Some((codes, scales)) = moe_sources(g, node, slots) else { continue };
+            if let Some(&i) = by_codes.get(&codes) {
+                if entries[i].scales != scales {
+                    bail!(
+                        "Moe node `{}` reads expert codes `{}` with other scales than another node; each packed weight has one set",
+                        node.name,
+                        g.weights.get(codes).name
+                    );
+                }
+                continue;
+            }
+            let Some(packed) = pack_moe_projection(g, node, codes, scales)? else { continue };
+            by_codes.insert(codes, entries.len());
+            entries.push(PackedEntry { codes, scales, zero_points: None, packed });
+        }
+    }
     let omitted = only_packed_sources(g, &entries, &by_codes);
     Ok(PackedWeights { entries, omitted })
 }
@@ -365,6 +386,53 @@ fn pack_wgemm_node(
     Ok(Some(packed))
 }
 
+/// The (codes, scales) input slots of a Moe node's fc1 and fc2 experts.
+const MOE_PROJECTIONS: [(usize, usize); 2] = [(2, 3), (5, 6)];
+
+/// A Moe projection's codes and scale weights, when it has both.
+fn moe_sources(g: &Graph, node: &ir::Node, (codes, scales): (usize, usize)) -> Option<(WeightId, WeightId)> {
+    Some((weight_of(g, input(node, codes))?, weight_of(g, input(node, scales))?))
+}
+
+/// One Moe projection's code experts `[E, rows, K·bits/8]` (scales `[E, rows, K/block]`, the
+/// default zero point) packed as one WGemm weight of E·rows columns, or `None` when an expert's
+/// rows are not whole panels (each expert must be a run of panels) or the dtypes or blocks are
+/// not ones the kernels take.
+fn pack_moe_projection(g: &Graph, node: &ir::Node, codes: WeightId, scales: WeightId) -> Result<Option<PackedWGemm>> {
+    let (b, s) = (g.weights.get(codes), g.weights.get(scales));
+    let int = |key: &str, default: i64| node.attrs.int(key).ok().flatten().unwrap_or(default);
+    let bits = int("expert_weight_bits", 4);
+    let (&[e, rows, row_bytes], 4 | 8) = (&b.shape[..], bits) else { return Ok(None) };
+    let bits = bits as usize;
+    let k = row_bytes * 8 / bits;
+    let block = match int("block_size", 0) {
+        0 => k,
+        bs => usize::try_from(bs).unwrap_or(0),
+    };
+    if b.dtype != DType::U8
+        || s.dtype != DType::F32
+        || !rows.is_multiple_of(PANEL)
+        || !block.is_multiple_of(16)
+        || block == 0
+        || !k.is_multiple_of(block)
+    {
+        return Ok(None);
+    }
+    let scale_values = f32_values(&s.bytes);
+    let src = MatMulNBits {
+        k,
+        n: e * rows,
+        bits,
+        block_size: block,
+        b: &b.bytes,
+        scales: &scale_values,
+        zero_points: NBitsZeroPoints::Default,
+    };
+    let packed =
+        pack_wgemm(&src).with_context(|| format!("packing the experts `{}` of Moe node `{}`", b.name, node.name))?;
+    Ok(Some(packed))
+}
+
 /// The weights of packed entries that nothing reads but through their packed form.
 fn only_packed_sources(g: &Graph, entries: &[PackedEntry], by_codes: &HashMap<WeightId, usize>) -> BTreeSet<WeightId> {
     let mut consumers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();
@@ -419,6 +487,10 @@ impl Readers<'_> {
                     (1..=3).contains(&slot)
                         && weight_of(g, input(node, 1)).is_some_and(|c| self.by_codes.contains_key(&c))
                 }
+                (ir::Domain::Npuc, "Moe") => MOE_PROJECTIONS.iter().any(|&(codes, scales)| {
+                    (slot == codes || slot == scales)
+                        && weight_of(g, input(node, codes)).is_some_and(|c| self.by_codes.contains_key(&c))
+                }),
                 (ir::Domain::Microsoft, "GatherBlockQuantized") => {
                     [0, 2, 3].contains(&slot) && tied_gather(g, node, self.entries, self.by_codes)
                 }

@@ -51,9 +51,12 @@
 //! Every path computes the same integers and the same f32 epilogue operations in the same order,
 //! so this mode is bit-identical across scalar, AVX2, AVX-512 and VNNI.
 //!
-//! Rows are processed in chunks (up to 8 with AVX-512, 4 with AVX2) that share each weight
-//! load, so M = 1 is the decode GEMV, M ≤ 8 one pass, and larger M (prefill) loops the chunks over
-//! a panel while it is hot in L1. Threads split the panels; each weight byte is read once per call.
+//! Rows are processed in chunks that share each weight load (int8 activations: up to 8 with
+//! AVX-512, 4 with AVX2; exact: 4 and 2, each row with four accumulators of its own), so M = 1 is
+//! the decode GEMV and larger M (prefill) loops the chunks over a panel while it is hot in L1.
+//! Threads split the panels; each weight byte is read once per call. On every path a row's
+//! result does not depend on M or on the rows beside it: a verify block of rows gives each row
+//! the bits a single-row step gives.
 
 use super::pool::ThreadPool;
 use super::{shape_err, split_range, Isa, KernelError, SyncPtr};
@@ -172,6 +175,32 @@ impl<'a> WGemmWeights<'a> {
     }
     pub fn zero_points(&self) -> WGemmZeroPoints<'a> {
         self.zero_points
+    }
+    /// The weights of output columns `cols`, which start on a panel and end on one (or at N):
+    /// a view of the same buffers. Panics otherwise (a caller bug).
+    pub fn columns(&self, cols: std::ops::Range<usize>) -> WGemmWeights<'a> {
+        assert!(
+            cols.start.is_multiple_of(PANEL)
+                && (cols.end.is_multiple_of(PANEL) || cols.end == self.n)
+                && cols.start < cols.end,
+            "columns {cols:?} of N={} are not whole panels",
+            self.n
+        );
+        let (first, last) = (cols.start / PANEL, cols.end.div_ceil(PANEL));
+        let params = self.blocks() * PANEL;
+        let code_bytes = self.blocks() * self.block_bytes();
+        let zero_points = match self.zero_points {
+            WGemmZeroPoints::Default => WGemmZeroPoints::Default,
+            WGemmZeroPoints::U8(z) => WGemmZeroPoints::U8(&z[first * params..last * params]),
+            WGemmZeroPoints::F32(z) => WGemmZeroPoints::F32(&z[first * params..last * params]),
+        };
+        WGemmWeights {
+            n: cols.len(),
+            codes: &self.codes[first * code_bytes..last * code_bytes],
+            scales: &self.scales[first * params..last * params],
+            zero_points,
+            ..*self
+        }
     }
     /// K rounded up to whole blocks.
     pub fn k_padded(&self) -> usize {
@@ -570,7 +599,7 @@ fn run(isa: Isa, pool: &ThreadPool, w: &WGemmWeights, m: usize, rows: Rows, bias
             let cols = PANEL.min(n - p * PANEL);
             let mut r0 = 0;
             while r0 < m {
-                let r = (m - r0).min(max_rows(isa));
+                let r = (m - r0).min(max_rows(isa, &rows));
                 panel(isa, w, p, &rows, r0, r, &mut tile);
                 for (i, t) in tile.iter().take(r).enumerate() {
                     // SAFETY: tasks own disjoint panels, hence disjoint columns of y, and
@@ -591,11 +620,14 @@ fn run(isa: Isa, pool: &ThreadPool, w: &WGemmWeights, m: usize, rows: Rows, bias
     });
 }
 
-fn max_rows(isa: Isa) -> usize {
-    match isa {
-        Isa::Scalar => MAX_ROWS,
-        Isa::Avx2 => 4,
-        Isa::Avx512 | Isa::Avx512Vnni => 8,
+/// Rows one kernel call computes: what the path's registers hold (see `x86`).
+fn max_rows(isa: Isa, rows: &Rows) -> usize {
+    match (isa, rows) {
+        (Isa::Scalar, _) => MAX_ROWS,
+        (Isa::Avx2, Rows::Exact { .. }) => 2,
+        (Isa::Avx2, Rows::Int8 { .. }) => 4,
+        (_, Rows::Exact { .. }) => 4,
+        (_, Rows::Int8 { .. }) => 8,
     }
 }
 

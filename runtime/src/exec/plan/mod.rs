@@ -514,12 +514,15 @@ pub struct MoeMixing {
     pub int8_block: Option<usize>,
 }
 
-/// One projection of every expert, `[experts, n, k]`: f32, or `bits`-bit codes packed along k
-/// (low bits first) with a scale per `block` of k and the default zero point 2^(bits−1).
+/// One projection of every expert, `[experts, n, k]`: f32, `bits`-bit codes packed along k
+/// (low bits first) with a scale per `block` of k and the default zero point 2^(bits−1), or
+/// those codes as one WGemm weight of `experts·n` columns (`n` a whole number of panels, so
+/// each expert is a run of panels) in [`Plan::packed`].
 #[derive(Clone, Copy, Debug)]
 pub enum ExpertWeights<'b> {
     F32(&'b [f32]),
     Codes { codes: &'b [u8], scales: &'b [f32], bits: usize, block: usize },
+    Packed { store: usize, bytes: usize },
 }
 
 /// The experts of a MoE node, read in place from the bundle.
@@ -537,11 +540,12 @@ pub struct MoeExperts<'b> {
 }
 
 impl ExpertWeights<'_> {
-    /// Bytes of the projection of all experts as the bundle holds them (codes and scales).
+    /// Bytes of the projection of all experts as the kernels read them (codes and scales).
     pub fn bytes(&self) -> usize {
         match self {
             ExpertWeights::F32(w) => 4 * w.len(),
             ExpertWeights::Codes { codes, scales, .. } => codes.len() + 4 * scales.len(),
+            ExpertWeights::Packed { bytes, .. } => *bytes,
         }
     }
 }

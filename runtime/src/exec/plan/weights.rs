@@ -37,11 +37,20 @@ impl Layouts {
         Ok(layouts)
     }
 
-    /// WGemm weights the bundle holds packed, by the name of their MatMulNBits codes weight; the
-    /// MatMulNBits tensors they were packed from may be absent.
+    /// WGemm weights the bundle holds packed, by the name of their codes weight (a WGemm's
+    /// MatMulNBits codes, or a Moe projection's expert codes); the tensors they were packed from
+    /// may be absent.
     fn find_wgemm(&mut self, program: &Program, weight: &WeightLookup<'_, '_>) -> Result<(), ExecError> {
-        for node in program.nodes.iter().filter(|n| n.op == "npuc::WGemm") {
-            let Some(source) = weight_name(program, node, 1) else { continue };
+        let codes_slots = |node: &NodeInfo| -> &'static [usize] {
+            match node.op.as_str() {
+                "npuc::WGemm" => &[1],
+                "npuc::Moe" => &[2, 5],
+                _ => &[],
+            }
+        };
+        let sources = program.nodes.iter().flat_map(|n| codes_slots(n).iter().map(move |&slot| (n, slot)));
+        for (node, slot) in sources {
+            let Some(source) = weight_name(program, node, slot) else { continue };
             if self.wgemm.contains_key(source) {
                 continue;
             }

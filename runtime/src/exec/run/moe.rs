@@ -1,16 +1,18 @@
 //! MoE and QMoE (f32 accumulation): every token row is routed (softmax over the router logits,
 //! the top k, ties to the lower expert), then the tokens are grouped per expert and each routed
-//! expert's rows are read — and, for codes, dequantised — once per call, for all its tokens.
-//! Experts no token chose are not read: [`Executor::moe_expert_passes`] counts the experts
+//! expert's rows are read once per call, for all its tokens: packed code experts by the WGemm
+//! kernels (one call per projection over the expert's panels), other codes dequantised row by
+//! row. Experts no token chose are not read: [`Executor::moe_expert_passes`] counts the experts
 //! computed.
 
 use std::sync::Mutex;
 
 use super::View;
 use crate::exec::error::{node_fail, ExecError};
-use crate::exec::plan::{ExpertActivation, ExpertWeights, MoeExperts, MoeMixing, Op};
+use crate::exec::plan::{ExpertActivation, ExpertWeights, MoeExperts, MoeMixing, Op, WGemmStore};
 use crate::exec::Executor;
-use crate::kernels::{split_range, SyncPtr, ThreadPool};
+use crate::kernels::wgemm::{wgemm, WGemmPrecision, WGemmScratch};
+use crate::kernels::{split_range, Isa, SyncPtr, ThreadPool};
 
 /// The MoE ops' reusable vectors.
 #[derive(Default)]
@@ -24,6 +26,16 @@ pub struct MoeScratch {
     up: Vec<f32>,
     mid: Vec<f32>,
     probs: Vec<f32>,
+    wgemm: WGemmScratch,
+}
+
+/// What computing an expert uses besides its weights and the scratch.
+struct Kernels<'a, 'b> {
+    pool: &'a ThreadPool,
+    isa: Isa,
+    /// How packed experts whose node asks for no int8 inputs meet their activations.
+    precision: WGemmPrecision,
+    packed: &'a [WGemmStore<'b>],
 }
 
 impl ExpertWeights<'_> {
@@ -43,6 +55,7 @@ impl ExpertWeights<'_> {
                     }
                 }
             }
+            ExpertWeights::Packed { .. } => unreachable!("packed experts are read by the WGemm kernels"),
             ExpertWeights::Codes { codes, scales, bits, block } => {
                 let (row_bytes, blocks, zero) = (k * bits / 8, k / block, (1u32 << (bits - 1)) as f32);
                 let bytes = &codes[row * row_bytes..][..row_bytes];
@@ -131,10 +144,38 @@ pub(crate) fn activate(act: ExpertActivation, h: &[f32], out: &mut [f32]) {
 /// A projection runs on the pool's workers from this many multiply-adds (tokens × rows × k) on.
 const PARALLEL_PROJECTION_MACS: usize = 1 << 15;
 
-/// `out[t·n + r] = W[e·n + r] · xs[t·k..] + bias` for the expert's `tokens` rows, each weight row
-/// read once; the rows split over the pool's workers (one dequantised row buffer each in `rows`)
-/// when the projection is large enough.
+/// `out[t·n + r] = W[e·n + r] · xs[t·k..] + bias[e·n + r]` for the expert's `tokens` rows, each
+/// weight read once: packed experts by WGemm over the expert's panels (int8 inputs per block when
+/// `int8`), the others by [`project_rows`].
+#[allow(clippy::too_many_arguments)]
 fn project(
+    kx: &Kernels,
+    w: &ExpertWeights,
+    bias: Option<&[f32]>,
+    (e, n, k): (usize, usize, usize),
+    xs: &[f32],
+    int8: bool,
+    s: &mut ProjectScratch,
+    out: &mut [f32],
+) {
+    let ExpertWeights::Packed { store, .. } = *w else {
+        return project_rows(kx.pool, w, bias, (e, n, k), xs, s.rows, out);
+    };
+    let view = kx.packed[store].weights().columns(e * n..(e + 1) * n);
+    let precision = if int8 { WGemmPrecision::Int8Activations } else { kx.precision };
+    let bias = bias.map(|b| &b[e * n..][..n]);
+    wgemm(kx.isa, kx.pool, &view, xs, xs.len() / k, bias, out, precision, s.wgemm);
+}
+
+/// The scratch a projection reuses.
+struct ProjectScratch<'s> {
+    rows: &'s [Mutex<Vec<f32>>],
+    wgemm: &'s mut WGemmScratch,
+}
+
+/// [`project`] for f32 or unpacked code experts: the rows split over the pool's workers (one
+/// dequantised row buffer each in `rows`) when the projection is large enough.
+fn project_rows(
     pool: &ThreadPool,
     w: &ExpertWeights,
     bias: Option<&[f32]>,
@@ -166,38 +207,35 @@ fn project(
 }
 
 /// One expert over its routed tokens, added into `y` with the routing weights.
-fn run_expert(
-    pool: &ThreadPool,
-    ex: &MoeExperts,
-    m: MoeMixing,
-    e: usize,
-    x: &[f32],
-    y: &mut [f32],
-    s: &mut MoeScratch,
-) {
+fn run_expert(kx: &Kernels, ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], y: &mut [f32], s: &mut MoeScratch) {
     let (h, n1, inter) = (ex.hidden, m.act.fusion() * ex.inter, ex.inter);
     let tokens = std::mem::take(&mut s.routes[e]);
     s.xs.clear();
     for &(t, _) in &tokens {
         s.xs.extend_from_slice(&x[t * h..][..h]);
     }
-    if let Some(block) = m.int8_block {
+    // Packed experts quantise their inputs in the kernel; the row path does it here.
+    let packed = matches!(ex.fc1, ExpertWeights::Packed { .. });
+    let int8_here = m.int8_block.filter(|_| !packed);
+    if let Some(block) = int8_here {
         int8_blocks(&mut s.xs, block);
     }
-    s.up.resize(tokens.len() * n1, 0.0);
-    if s.rows.len() < pool.threads() {
-        s.rows.resize_with(pool.threads(), Mutex::default);
+    if s.rows.len() < kx.pool.threads() {
+        s.rows.resize_with(kx.pool.threads(), Mutex::default);
     }
-    project(pool, &ex.fc1, ex.b1, (e, n1, h), &s.xs, &s.rows, &mut s.up);
+    let int8 = m.int8_block.is_some();
+    let mut ps = ProjectScratch { rows: &s.rows, wgemm: &mut s.wgemm };
+    s.up.resize(tokens.len() * n1, 0.0);
+    project(kx, &ex.fc1, ex.b1, (e, n1, h), &s.xs, int8, &mut ps, &mut s.up);
     s.mid.resize(tokens.len() * inter, 0.0);
     for (up, mid) in s.up.chunks(n1).zip(s.mid.chunks_mut(inter)) {
         activate(m.act, up, mid);
     }
-    if let Some(block) = m.int8_block {
+    if let Some(block) = int8_here {
         int8_blocks(&mut s.mid, block);
     }
     s.up.resize(tokens.len() * h, 0.0);
-    project(pool, &ex.fc2, ex.b2, (e, h, inter), &s.mid, &s.rows, &mut s.up);
+    project(kx, &ex.fc2, ex.b2, (e, h, inter), &s.mid, int8, &mut ps, &mut s.up);
     for (i, &(t, w)) in tokens.iter().enumerate() {
         y[t * h..][..h].iter_mut().zip(&s.up[i * h..][..h]).for_each(|(o, d)| *o += w * d);
     }
@@ -232,13 +270,103 @@ impl Executor<'_> {
             });
         }
         y[..x.len()].fill(0.0);
+        let kx =
+            Kernels { pool: &self.pool, isa: self.isa, precision: self.wgemm_precision, packed: &self.plan.packed };
         for e in 0..ex.count {
             if !s.routes[e].is_empty() {
-                run_expert(&self.pool, ex, mixing, e, x, y, s);
+                run_expert(&kx, ex, mixing, e, x, y, s);
                 self.moe_expert_passes += 1;
                 self.moe_expert_bytes += ex.expert_bytes() as u64;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints};
+
+    /// A small deterministic stream of values in [0, 1).
+    struct Stream(u64);
+
+    impl Stream {
+        fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| (self.next() * 256.0) as u8).collect()
+        }
+        fn values(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+            (0..n).map(|_| lo + (hi - lo) * self.next()).collect()
+        }
+    }
+
+    /// Expert `e` of 4 (swiglu, 2·32 fc1 rows of hidden 64, blocks of 32) over 5 token rows, by
+    /// the row path and by WGemm over the packed experts' panels; the largest difference
+    /// relative to the largest output.
+    fn packed_against_rows(int8: bool, bits: usize, e: usize) -> f64 {
+        let (count, hidden, inter, block, tokens) = (4, 64, 32, 32, 5);
+        let mut rng = Stream(0x9e37_79b9 + e as u64);
+        let (rows1, rows2) = (2 * inter, hidden);
+        let codes1 = rng.bytes(count * rows1 * hidden * bits / 8);
+        let codes2 = rng.bytes(count * rows2 * inter * bits / 8);
+        let scales1 = rng.values(count * rows1 * hidden / block, 0.01, 0.05);
+        let scales2 = rng.values(count * rows2 * inter / block, 0.01, 0.05);
+        let (b1, b2) = (rng.values(count * rows1, -0.5, 0.5), rng.values(count * rows2, -0.5, 0.5));
+        let x = rng.values(tokens * hidden, -2.0, 2.0);
+        let pack = |k: usize, n: usize, b: &[u8], scales: &[f32]| {
+            let src = MatMulNBits { k, n, bits, block_size: block, b, scales, zero_points: NBitsZeroPoints::Default };
+            WGemmStore::PackedAtLoad(pack_wgemm(&src).unwrap())
+        };
+        let packed = [pack(hidden, count * rows1, &codes1, &scales1), pack(inter, count * rows2, &codes2, &scales2)];
+        let act = ExpertActivation::SwiGlu { interleaved: false, alpha: 1.0, beta: 0.0, limit: f32::INFINITY };
+        let mixing = MoeMixing { act, k: 1, normalize: true, int8_block: int8.then_some(block) };
+        let rows = MoeExperts {
+            count,
+            hidden,
+            inter,
+            fc1: ExpertWeights::Codes { codes: &codes1, scales: &scales1, bits, block },
+            b1: Some(&b1),
+            fc2: ExpertWeights::Codes { codes: &codes2, scales: &scales2, bits, block },
+            b2: Some(&b2),
+        };
+        let panels = MoeExperts {
+            fc1: ExpertWeights::Packed { store: 0, bytes: 0 },
+            fc2: ExpertWeights::Packed { store: 1, bytes: 0 },
+            ..rows
+        };
+        let pool = ThreadPool::new(2);
+        let kx = Kernels { pool: &pool, isa: Isa::detect(), precision: WGemmPrecision::Exact, packed: &packed };
+        let run = |ex: &MoeExperts| {
+            let mut s = MoeScratch::default();
+            s.routes.resize_with(count, Vec::new);
+            s.routes[e] = (0..tokens).map(|t| (t, 0.5 + t as f32 / 8.0)).collect();
+            let mut y = vec![0f32; tokens * hidden];
+            run_expert(&kx, ex, mixing, e, &x, &mut y, &mut s);
+            y
+        };
+        let (want, got) = (run(&rows), run(&panels));
+        let top = want.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        assert!(top > 1.0, "outputs too small to compare: {top}");
+        want.iter().zip(&got).map(|(a, b)| (a - b).abs() as f64 / top).fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn packed_experts_compute_what_their_rows_do() {
+        for bits in [4, 8] {
+            for e in [0, 3] {
+                let exact = packed_against_rows(false, bits, e);
+                assert!(exact < 1e-5, "{bits}-bit expert {e}, f32 inputs: {exact:e}");
+                // Both quantise the same inputs per block; fc1's outputs differ by f32 rounding,
+                // which can move one of fc2's input codes by one step.
+                let int8 = packed_against_rows(true, bits, e);
+                assert!(int8 < 1e-3, "{bits}-bit expert {e}, int8 inputs: {int8:e}");
+            }
+        }
     }
 }

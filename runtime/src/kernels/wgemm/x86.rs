@@ -11,6 +11,11 @@
 //! For 8-bit codes q ∈ [0, 255], `vpmaddubsw` would saturate (2·255·127 > 32767), so the
 //! non-VNNI paths flip the codes to x = q − 128 ∈ [−128, 127] and multiply |x| (≤ 128 as u8) by
 //! a with x's sign (≤ 2·128·127 = 32512), then add 128·Σa back in integers: the same dot.
+//!
+//! Exact (f32) paths keep four accumulators per row in every kernel, the products of k ≡ j
+//! (mod 4) in accumulator j, summed as (a₀ + a₁) + (a₂ + a₃) at each block's end: a row's bits do
+//! not depend on how many rows share its chunk (4 per AVX-512 call, 2 per AVX2 call, what the
+//! registers hold), so a block of rows gives each row what a call on that row alone gives.
 
 // Kernels index several per-row register arrays with one row index; explicit indices keep
 // them in registers after unrolling.
@@ -53,17 +58,17 @@ pub(super) unsafe fn panel(isa: Isa, w: &WGemmWeights, p: usize, rows: &Rows, r0
         (Rows::Exact { a, stride, sums }, Isa::Avx2, bits) => {
             let x = F32Rows { a: a.as_ptr(), stride, sums: sums.as_ptr() };
             if bits == 4 {
-                by_rows!(exact_q4_avx2, x, 1 2 3 4)
+                by_rows!(exact_q4_avx2, x, 1 2)
             } else {
-                by_rows!(exact_q8_avx2, x, 1 2 3 4)
+                by_rows!(exact_q8_avx2, x, 1 2)
             }
         }
         (Rows::Exact { a, stride, sums }, _, bits) => {
             let x = F32Rows { a: a.as_ptr(), stride, sums: sums.as_ptr() };
             if bits == 4 {
-                by_rows!(exact_q4_512, x, 1 2 3 4 5 6 7 8)
+                by_rows!(exact_q4_512, x, 1 2 3 4)
             } else {
-                by_rows!(exact_q8_512, x, 1 2 3 4 5 6 7 8)
+                by_rows!(exact_q8_512, x, 1 2 3 4)
             }
         }
         (Rows::Int8 { codes, stride, scales, sums }, isa, bits) => {
@@ -135,7 +140,6 @@ unsafe fn bcast4(p: *const i8) -> i32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn exact_q4_512<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
-    let nacc = if R >= 4 { 1 } else { 4 / R };
     let nib = _mm512_set1_epi8(0x0f);
     let byte = _mm512_set1_epi32(0xff);
     let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes());
@@ -158,12 +162,12 @@ unsafe fn exact_q4_512<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r
                     let wf = _mm512_cvtepi32_ps(l);
                     for r in 0..R {
                         let av = _mm512_set1_ps(*x.a.add((r0 + r) * x.stride + k0 + 4 * h + j));
-                        acc[r][j % nacc] = _mm512_fmadd_ps(wf, av, acc[r][j % nacc]);
+                        acc[r][j] = _mm512_fmadd_ps(wf, av, acc[r][j]);
                     }
                 }
             }
         }
-        exact_epilogue_512(w, (p * blocks + b) * PANEL, x, r0, b, nacc, &acc, &mut yacc);
+        exact_epilogue_512(w, (p * blocks + b) * PANEL, x, r0, b, &acc, &mut yacc);
     }
     store_512(&yacc, tile);
 }
@@ -171,7 +175,6 @@ unsafe fn exact_q4_512<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn exact_q8_512<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
-    let nacc = if R >= 4 { 1 } else { 4 / R };
     let byte = _mm512_set1_epi32(0xff);
     let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes());
     let mut yacc = [_mm512_setzero_ps(); R];
@@ -191,11 +194,11 @@ unsafe fn exact_q8_512<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r
                 let wf = _mm512_cvtepi32_ps(l);
                 for r in 0..R {
                     let av = _mm512_set1_ps(*x.a.add((r0 + r) * x.stride + k0 + j));
-                    acc[r][j % nacc] = _mm512_fmadd_ps(wf, av, acc[r][j % nacc]);
+                    acc[r][j] = _mm512_fmadd_ps(wf, av, acc[r][j]);
                 }
             }
         }
-        exact_epilogue_512(w, (p * blocks + b) * PANEL, x, r0, b, nacc, &acc, &mut yacc);
+        exact_epilogue_512(w, (p * blocks + b) * PANEL, x, r0, b, &acc, &mut yacc);
     }
     store_512(&yacc, tile);
 }
@@ -210,7 +213,6 @@ unsafe fn exact_epilogue_512<const R: usize>(
     x: F32Rows,
     r0: usize,
     b: usize,
-    nacc: usize,
     acc: &[[__m512; 4]; R],
     yacc: &mut [__m512; R],
 ) {
@@ -218,11 +220,7 @@ unsafe fn exact_epilogue_512<const R: usize>(
     let z = zeros_512(w, param);
     for r in 0..R {
         let a = &acc[r];
-        let sum = match nacc {
-            4 => _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
-            2 => _mm512_add_ps(a[0], a[1]),
-            _ => a[0],
-        };
+        let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
         let asum = _mm512_set1_ps(*x.sums.add((r0 + r) * w.blocks() + b));
         yacc[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(z, asum, sum), s, yacc[r]);
     }
@@ -399,7 +397,6 @@ unsafe fn store_half<const R: usize>(yacc: &[__m256; R], half: usize, tile: &mut
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exact_q4_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
-    let nacc = if R >= 4 { 1 } else { 4 / R };
     let nib = _mm256_set1_epi8(0x0f);
     let byte = _mm256_set1_epi32(0xff);
     for half in 0..2 {
@@ -423,12 +420,12 @@ unsafe fn exact_q4_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, 
                         let wf = _mm256_cvtepi32_ps(l);
                         for r in 0..R {
                             let av = _mm256_set1_ps(*x.a.add((r0 + r) * x.stride + k0 + 4 * h + j));
-                            acc[r][j % nacc] = _mm256_fmadd_ps(wf, av, acc[r][j % nacc]);
+                            acc[r][j] = _mm256_fmadd_ps(wf, av, acc[r][j]);
                         }
                     }
                 }
             }
-            exact_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, nacc, &acc, &mut yacc);
+            exact_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &acc, &mut yacc);
         }
         store_half(&yacc, half, tile);
     }
@@ -437,7 +434,6 @@ unsafe fn exact_q4_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exact_q8_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, r0: usize, tile: &mut Tile) {
     let (blocks, bs) = (w.blocks(), w.block_size);
-    let nacc = if R >= 4 { 1 } else { 4 / R };
     let byte = _mm256_set1_epi32(0xff);
     for half in 0..2 {
         let mut codes = w.codes.as_ptr().add(p * blocks * w.block_bytes() + 32 * half);
@@ -458,11 +454,11 @@ unsafe fn exact_q8_avx2<const R: usize>(w: &WGemmWeights, p: usize, x: F32Rows, 
                     let wf = _mm256_cvtepi32_ps(l);
                     for r in 0..R {
                         let av = _mm256_set1_ps(*x.a.add((r0 + r) * x.stride + k0 + j));
-                        acc[r][j % nacc] = _mm256_fmadd_ps(wf, av, acc[r][j % nacc]);
+                        acc[r][j] = _mm256_fmadd_ps(wf, av, acc[r][j]);
                     }
                 }
             }
-            exact_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, nacc, &acc, &mut yacc);
+            exact_epilogue_256(w, (p * blocks + b) * PANEL + 8 * half, x, r0, b, &acc, &mut yacc);
         }
         store_half(&yacc, half, tile);
     }
@@ -477,7 +473,6 @@ unsafe fn exact_epilogue_256<const R: usize>(
     x: F32Rows,
     r0: usize,
     b: usize,
-    nacc: usize,
     acc: &[[__m256; 4]; R],
     yacc: &mut [__m256; R],
 ) {
@@ -485,11 +480,7 @@ unsafe fn exact_epilogue_256<const R: usize>(
     let z = zeros_256(w, param);
     for r in 0..R {
         let a = &acc[r];
-        let sum = match nacc {
-            4 => _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])),
-            2 => _mm256_add_ps(a[0], a[1]),
-            _ => a[0],
-        };
+        let sum = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
         let asum = _mm256_set1_ps(*x.sums.add((r0 + r) * w.blocks() + b));
         yacc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z, asum, sum), s, yacc[r]);
     }

@@ -22,10 +22,11 @@ mod router;
 
 use std::collections::HashMap;
 
-use super::weights::{Layouts, Stored, WeightLookup};
+use super::weights::{load_packed, Layouts, Stored, WeightLookup};
 use super::{AttentionShape, Loc, MoeExperts, NBitsTable, Op, QGemmStore, StateSlot, Uses, WGemmStore, ALIAS_OPS};
 use crate::bundle::TensorView;
 use crate::exec::error::{node_err, node_fail, ExecError};
+use crate::exec::packed::WGemmLayout;
 use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 
 /// The lowering of one node (its index and the node) into the plan being built.
@@ -191,6 +192,19 @@ pub(super) fn lower_nodes<'b>(
         q_buffers: b.q_buffers,
         moe: b.moe,
     })
+}
+
+impl<'b> Builder<'_, 'b> {
+    /// The [`Builder::packed`] index of weights the bundle holds packed as `layout` says, read
+    /// in place once however many nodes read them.
+    fn mapped_wgemm(&mut self, layout: &WGemmLayout) -> Result<usize, ExecError> {
+        if let Some(&i) = self.mapped_index.get(&layout.source) {
+            return Ok(i);
+        }
+        self.packed.push(WGemmStore::Mapped(load_packed(self.cx.weight, layout)?));
+        self.mapped_index.insert(layout.source.clone(), self.packed.len() - 1);
+        Ok(self.packed.len() - 1)
+    }
 }
 
 /// Input `slot` of `node`, which must be present.

@@ -1,6 +1,7 @@
 //! MoE (f32 experts) and QMoE (int4/int8 experts as the builder writes them: blocked scales, no
 //! zero points), and npuc's Moe (QMoE's layout, float experts without scales), their experts
-//! read in place from the bundle. The evaluator's semantics
+//! read in place from the bundle: code experts as one WGemm weight per projection (packed at
+//! compile time, or at load from an older bundle) when each expert's rows are whole panels. The evaluator's semantics
 //! (`ir::eval::moe`): softmax routing, top k, the k weights renormalised when asked (always for
 //! QMoE), and QMoE's int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at
 //! `accuracy_level` 4. The CUDA-only forms and explicit zero points are refused by name.
@@ -8,8 +9,10 @@
 use super::{input, output, Builder};
 use crate::bundle::Dtype;
 use crate::exec::error::{node_fail, ExecError};
-use crate::exec::plan::{ExpertActivation, ExpertWeights, Loc, MoeExperts, MoeMixing, Op};
+use crate::exec::plan::weights::weight_name;
+use crate::exec::plan::{ExpertActivation, ExpertWeights, Loc, MoeExperts, MoeMixing, Op, WGemmStore};
 use crate::exec::program::NodeInfo;
+use crate::kernels::wgemm::{pack_wgemm, MatMulNBits, NBitsZeroPoints, PANEL};
 
 fn activation(node: &NodeInfo) -> Result<ExpertActivation, ExecError> {
     let fail = node_fail(node);
@@ -135,28 +138,70 @@ fn float_experts(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo, slots: Floa
     push_moe(b, n, node, experts, mixing)
 }
 
-/// A QMoE projection's codes `[E, n, k·bits/8]` and blocked scales `[E, n, k/block]`.
-fn codes<'b>(
-    b: &Builder<'_, 'b>,
-    node: &NodeInfo,
-    (codes_slot, scales_slot): (usize, usize),
-    (count, rows, k): (usize, usize, usize),
-    (bits, block): (usize, usize),
-) -> Result<ExpertWeights<'b>, ExecError> {
-    let v = input(node, codes_slot)?;
+/// One QMoE projection: its codes `[E, n, k·bits/8]` with blocked scales `[E, n, k/block]`.
+#[derive(Clone, Copy)]
+struct Projection {
+    codes: usize,
+    scales: usize,
+    count: usize,
+    rows: usize,
+    k: usize,
+    bits: usize,
+    block: usize,
+}
+
+/// A QMoE projection as the WGemm kernels read it — packed at compile time (read in place), or
+/// packed here when each expert is whole panels — else its codes and scales read in place.
+fn codes<'b>(b: &mut Builder<'_, 'b>, node: &NodeInfo, p: Projection) -> Result<ExpertWeights<'b>, ExecError> {
+    let fail = node_fail(node);
+    let (program, layouts) = (b.cx.program, b.cx.layouts);
+    if let Some(layout) = weight_name(program, node, p.codes).and_then(|s| layouts.wgemm.get(s)) {
+        let fits = (layout.k, layout.n, layout.bits, layout.block_size) == (p.k, p.count * p.rows, p.bits, p.block)
+            && p.rows.is_multiple_of(PANEL)
+            && layout.zero_points.is_none()
+            && weight_name(program, node, p.scales) == Some(layout.scales.as_str());
+        if !fits {
+            return Err(fail(format!(
+                "packed experts `{}` (K={} N={} {}-bit, blocks of {}, scales `{}`) are not the node's {} experts of {}×{} in blocks of {}",
+                layout.source, layout.k, layout.n, layout.bits, layout.block_size, layout.scales, p.count, p.rows, p.k, p.block
+            )));
+        }
+        let store = b.mapped_wgemm(layout)?;
+        return Ok(ExpertWeights::Packed { store, bytes: b.packed[store].weights().bytes() });
+    }
+    let v = input(node, p.codes)?;
     let bytes = match b.locs[v] {
-        Loc::Weight(i) if b.views[i].dtype == Dtype::U8 && b.views[i].bytes.len() == count * rows * k * bits / 8 => {
+        Loc::Weight(i)
+            if b.views[i].dtype == Dtype::U8 && b.views[i].bytes.len() == p.count * p.rows * p.k * p.bits / 8 =>
+        {
             b.views[i].bytes
         }
         _ => {
-            return Err(node_fail(node)(format!(
-                "input {codes_slot} is not u8 codes [{count}, {rows}, {}]",
-                k * bits / 8
+            return Err(fail(format!(
+                "input {} is not u8 codes [{}, {}, {}]",
+                p.codes,
+                p.count,
+                p.rows,
+                p.k * p.bits / 8
             )))
         }
     };
-    let scales = f32_weight(b, node, scales_slot, count * rows * (k / block))?;
-    Ok(ExpertWeights::Codes { codes: bytes, scales, bits, block })
+    let scales = f32_weight(b, node, p.scales, p.count * p.rows * (p.k / p.block))?;
+    if p.rows.is_multiple_of(PANEL) && p.block.is_multiple_of(16) {
+        let src = MatMulNBits {
+            k: p.k,
+            n: p.count * p.rows,
+            bits: p.bits,
+            block_size: p.block,
+            b: bytes,
+            scales,
+            zero_points: NBitsZeroPoints::Default,
+        };
+        b.packed.push(WGemmStore::PackedAtLoad(pack_wgemm(&src).map_err(|e| fail(e.to_string()))?));
+        let store = b.packed.len() - 1;
+        return Ok(ExpertWeights::Packed { store, bytes: b.packed[store].weights().bytes() });
+    }
+    Ok(ExpertWeights::Codes { codes: bytes, scales, bits: p.bits, block: p.block })
 }
 
 pub(super) fn qmoe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
@@ -183,13 +228,15 @@ pub(super) fn qmoe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result
         }
         bs => return Err(fail(format!("block_size {bs} must be a power of two >= 16 dividing {hidden} and {inter}"))),
     };
+    let fc1 = Projection { codes: 2, scales: 3, count, rows: rows1, k: hidden, bits, block: block.unwrap_or(hidden) };
+    let fc2 = Projection { codes: 5, scales: 6, count, rows: hidden, k: inter, bits, block: block.unwrap_or(inter) };
     let experts = MoeExperts {
         count,
         hidden,
         inter,
-        fc1: codes(b, node, (2, 3), (count, rows1, hidden), (bits, block.unwrap_or(hidden)))?,
+        fc1: codes(b, node, fc1)?,
         b1: optional_weight(b, node, 4, count * rows1)?,
-        fc2: codes(b, node, (5, 6), (count, hidden, inter), (bits, block.unwrap_or(inter)))?,
+        fc2: codes(b, node, fc2)?,
         b2: optional_weight(b, node, 7, count * hidden)?,
     };
     let int8 = block.is_some() && (bits == 8 || node.attr_i64("accuracy_level").unwrap_or(0) == 4);

@@ -59,12 +59,7 @@ fn wgemm_store(
     let (program, layouts) = (b.cx.program, b.cx.layouts);
     if let Some(layout) = weight_name(program, node, 1).and_then(|s| layouts.wgemm.get(s)) {
         check_packed_layout(program, node, layout, sizes).map_err(&fail)?;
-        if let Some(&i) = b.mapped_index.get(&layout.source) {
-            return Ok(i);
-        }
-        b.packed.push(WGemmStore::Mapped(load_packed(b.cx.weight, layout)?));
-        b.mapped_index.insert(layout.source.clone(), b.packed.len() - 1);
-        return Ok(b.packed.len() - 1);
+        return b.mapped_wgemm(layout);
     }
     let (k, n, bits, block_size) = sizes;
     let codes = u8_weight(node, &b.locs, &b.views, b.values, 1)?;
