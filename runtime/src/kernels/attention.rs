@@ -167,6 +167,47 @@ fn partial_of<T: Code>(isa: Isa, scores: &mut [f32], v: &[T], scales: Option<&[f
     }
 }
 
+/// Query rows one [`rows_partial`] call weights together at most.
+pub(crate) const GROUP_ROWS: usize = 4;
+
+/// [`row_partial`] for `partials.len()` (at most [`GROUP_ROWS`]) query rows that see the same
+/// `len` value rows: row r's scores at `scores[r·stride..][..len]`, its output at
+/// `out[r·d..][..d]`. Each row's result is [`row_partial`]'s, bit for bit (the same operations in
+/// the same order); on AVX-512 with `d` a multiple of 64 each value row is loaded once for all
+/// the rows, whose accumulators stay in registers side by side.
+pub(crate) fn rows_partial(
+    isa: Isa,
+    (scores, stride, len): (&mut [f32], usize, usize),
+    values: RowValues<'_>,
+    out: &mut [f32],
+    partials: &mut [(f32, f32)],
+) {
+    let q = partials.len();
+    let d = out.len() / q.max(1);
+    assert!((1..=GROUP_ROWS).contains(&q) && len > 0 && scores.len() >= (q - 1) * stride + len);
+    let grouped = matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && d.is_multiple_of(64) && q > 1;
+    if !cfg!(target_arch = "x86_64") || !grouped {
+        for (r, partial) in partials.iter_mut().enumerate() {
+            *partial = row_partial(isa, &mut scores[r * stride..][..len], values, &mut out[r * d..][..d]);
+        }
+        return;
+    }
+    let rows = match values.rows {
+        Codes::F32(v) => v.len(),
+        Codes::Int8(v) => v.len(),
+    };
+    assert!(rows >= len * d && values.scales.is_none_or(|s| s.len() >= len));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `grouped` holds only for an AVX-512 `isa`, which comes from `Isa::check`; the
+    // lengths are asserted above.
+    unsafe {
+        match values.rows {
+            Codes::F32(v) => x86::rows_partial_512(scores, stride, len, v, values.scales, out, partials),
+            Codes::Int8(v) => x86::rows_partial_512(scores, stride, len, v, values.scales, out, partials),
+        }
+    }
+}
+
 /// `out[i] = codes[i]` as f32 (exact), at the path's vector width: int8 pages read by many query
 /// rows are widened once for all of them.
 pub(crate) fn widen_codes(isa: Isa, codes: &[i8], out: &mut [f32]) {
@@ -613,6 +654,62 @@ mod x86 {
         partial
     }
 
+    /// [`super::rows_partial`] on AVX-512: each row's softmax partial and scale folding as
+    /// [`row_partial_512`] does them, then the weighted sum of 64 columns at a time for all rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub(super) unsafe fn rows_partial_512<T: Lanes>(
+        scores: &mut [f32],
+        stride: usize,
+        len: usize,
+        v: &[T],
+        scales: Option<&[f32]>,
+        out: &mut [f32],
+        partials: &mut [(f32, f32)],
+    ) {
+        for (r, partial) in partials.iter_mut().enumerate() {
+            let row = &mut scores[r * stride..][..len];
+            *partial = softmax_partial_512(row);
+            fold_scales(row, scales);
+        }
+        let (d, w) = (out.len() / partials.len(), scores.as_ptr());
+        for c in (0..d).step_by(64) {
+            match partials.len() {
+                2 => group_columns_512::<T, 2>((w, stride, len), v.as_ptr(), d, c, out.as_mut_ptr()),
+                3 => group_columns_512::<T, 3>((w, stride, len), v.as_ptr(), d, c, out.as_mut_ptr()),
+                _ => group_columns_512::<T, 4>((w, stride, len), v.as_ptr(), d, c, out.as_mut_ptr()),
+            }
+        }
+    }
+
+    /// [`weighted_columns_512`] with N = 4 for Q rows of weights (`stride` apart, `len` each):
+    /// each value chunk is loaded once and fed to every row's own accumulators, in the order
+    /// the one-row kernel uses.
+    #[inline(always)]
+    unsafe fn group_columns_512<T: Lanes, const Q: usize>(
+        (w, stride, len): (*const f32, usize, usize),
+        v: *const T,
+        d: usize,
+        c: usize,
+        out: *mut f32,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+        for t in 0..len {
+            let row = v.add(t * d + c);
+            let vs: [__m512; 4] = std::array::from_fn(|j| T::load_512(row.add(16 * j), mask_16(d - c - 16 * j)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let wt = _mm512_set1_ps(*w.add(r * stride + t));
+                for j in 0..4 {
+                    a[j] = _mm512_fmadd_ps(wt, vs[j], a[j]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (j, &x) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.add(r * d + c + 16 * j), x);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn row_partial_256<T: Lanes>(
         scores: &mut [f32],
@@ -677,6 +774,38 @@ mod tests {
 
     fn simd_paths() -> Vec<Isa> {
         Isa::ALL.into_iter().filter(|i| *i != Isa::Scalar && i.is_available()).collect()
+    }
+
+    /// Rows weighted together give each row the bits of the one-row kernel, on every path, for
+    /// f32 and int8 values, head sizes that take the grouped kernel (64, 128) and one that does not.
+    #[test]
+    fn rows_weighted_together_give_the_bits_of_one_row_each() {
+        let mut rng = Rng(41);
+        let (len, stride) = (37, 48);
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            for d in [64, 128, 80] {
+                let (v, codes, scales) = (rng.values(len * d), rng.codes(len * d), rng.values(len));
+                for q in 1..=GROUP_ROWS {
+                    let scores = rng.values(q * stride);
+                    for (rows, scales) in [(Codes::F32(&v), None), (Codes::Int8(&codes), Some(&scales[..]))] {
+                        let values = RowValues { rows, scales };
+                        let (mut together, mut out, mut partials) =
+                            (scores.clone(), vec![0f32; q * d], vec![(0.0, 0.0); q]);
+                        rows_partial(isa, (&mut together, stride, len), values, &mut out, &mut partials);
+                        for r in 0..q {
+                            let mut alone = scores[r * stride..][..len].to_vec();
+                            let mut one = vec![0f32; d];
+                            let partial = row_partial(isa, &mut alone, values, &mut one);
+                            let what = format!("{isa} d {d} rows {q} row {r} int8 {}", scales.is_some());
+                            assert_eq!(partial.0.to_bits(), partials[r].0.to_bits(), "{what}: max");
+                            assert_eq!(partial.1.to_bits(), partials[r].1.to_bits(), "{what}: sum");
+                            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&one), bits(&out[r * d..][..d]), "{what}: weighted values");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// A random page of `rows` valid rows (of `PAGE` rows) and `spans` query rows seeing parts of

@@ -53,7 +53,7 @@ impl AttendScratch {
         }
         at_least(&mut self.states, query_rows, (f64::NEG_INFINITY, 0.0));
         at_least(&mut self.acc, query_rows * head_dim, 0.0);
-        at_least(&mut self.page_acc, head_dim, 0.0);
+        at_least(&mut self.page_acc, attention::GROUP_ROWS * head_dim, 0.0);
         at_least(&mut self.scores, query_rows * page_rows, 0.0);
         self.spans.reserve(query_rows.saturating_sub(self.spans.len()));
         at_least(&mut self.k_rows, page_rows * head_dim, 0.0);
@@ -258,16 +258,27 @@ fn merge_rows(
     let page =
         PageScores { q: queries.q, keys, key_scales, head_dim: d, page_rows: rows.page_rows, scale: queries.scale };
     attention::page_scores(isa, page, &scratch.spans, &mut scratch.scores, stride);
-    for (i, span) in scratch.spans.iter().enumerate() {
-        let weights = &mut scratch.scores[i * stride + span.first..i * stride + span.end];
-        let page_acc = &mut scratch.page_acc[..d];
+    // Consecutive query rows that see the same page rows (a decode step's query heads) weight
+    // the value rows together.
+    let mut i = 0;
+    while i < scratch.spans.len() {
+        let span = scratch.spans[i];
+        let same = |s: &&RowSpan| (s.first, s.end) == (span.first, span.end);
+        let q = scratch.spans[i..].iter().take(attention::GROUP_ROWS).take_while(same).count();
+        let page_acc = &mut scratch.page_acc[..q * d];
         let span_values = RowValues {
             rows: values.rows(span.first * d..span.end * d),
             scales: value_scales.map(|s| &s[span.first..span.end]),
         };
-        let (page_max, page_sum) = attention::row_partial(isa, weights, span_values, page_acc);
-        let acc = &mut scratch.acc[span.row * d..(span.row + 1) * d];
-        merge_partial(&mut scratch.states[span.row], acc, page_max, page_sum, page_acc);
+        let weights = (&mut scratch.scores[i * stride + span.first..], stride, span.end - span.first);
+        let mut partials = [(0.0, 0.0); attention::GROUP_ROWS];
+        attention::rows_partial(isa, weights, span_values, page_acc, &mut partials[..q]);
+        for (r, &(page_max, page_sum)) in partials[..q].iter().enumerate() {
+            let row = scratch.spans[i + r].row;
+            let acc = &mut scratch.acc[row * d..(row + 1) * d];
+            merge_partial(&mut scratch.states[row], acc, page_max, page_sum, &page_acc[r * d..][..d]);
+        }
+        i += q;
     }
 }
 
