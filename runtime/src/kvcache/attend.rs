@@ -137,12 +137,19 @@ pub(crate) fn begin(scratch: &mut AttendScratch, queries: &GroupQueries, page_ro
 }
 
 /// When an int8 page is widened to f32 in the scratch, once for all the query rows reading it,
-/// rather than read in place (where every block of four query rows widens the keys in registers
-/// and every row its values): the keys above this many rows (each widened key vector serves four
-/// rows' FMAs, so widening pays only when the rows are many), the values from this many (each
-/// value vector serves one row's FMA). The bits are the same either way.
+/// rather than read in place (where every block of four query rows widens the keys in registers,
+/// and so does every group of rows weighting the values together — up to
+/// [`attention::GROUP_ROWS`] on AVX-512, one row elsewhere): the keys above this many rows (each
+/// widened key vector serves four rows' FMAs, so widening pays only when the rows are many), the
+/// values above as many rows as one group holds. The bits are the same either way.
 const WIDEN_KEYS_ABOVE: usize = 8;
-const WIDEN_VALUES_FROM: usize = 2;
+
+fn widen_values(isa: Isa, spans: usize) -> bool {
+    match isa {
+        Isa::Avx512 | Isa::Avx512Vnni => spans > attention::GROUP_ROWS,
+        _ => spans > 1,
+    }
+}
 
 /// Where a page's rows lie: `page_rows` rows per page (the keys' row stride), the first
 /// `valid_rows` of them held.
@@ -200,7 +207,7 @@ fn merge_int8(
     } else {
         Codes::Int8(k)
     };
-    let values = if spans >= WIDEN_VALUES_FROM {
+    let values = if widen_values(isa, spans) {
         attention::widen_codes(isa, v, &mut v_rows[..v.len()]);
         Codes::F32(&v_rows[..v.len()])
     } else {
