@@ -121,6 +121,54 @@ pub fn zero_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     Function { name: ZERO.into(), params: vec![(v("c"), c_ty)], body: Some(body) }
 }
 
+/// One element of C updated in place: `c[c_ix] += Σₗ x[x_ix] · y[y_ix]` for `l` in `0..len`, the
+/// int8 operands widened to int32 (`xv` → `xw`) and the sum carried in a register.
+fn accumulate_dot(
+    len: usize,
+    (c_ty, c_ix): (&String, &[&str]),
+    x: (&str, &String, &[&str]),
+    y: (&str, &String, &[&str]),
+) -> Vec<Stmt> {
+    let load = |res: String, mem: &str, ty: &String, ix: &[&str], elem| Stmt::Load {
+        res,
+        mem: v(mem),
+        mem_ty: ty.clone(),
+        idx: ix.iter().map(|i| v(i)).collect(),
+        ty: elem,
+    };
+    let widened = |(name, ty, ix): (&str, &String, &[&str])| {
+        let (code, wide) = (v(&format!("{name}v")), v(&format!("{name}w")));
+        [load(code.clone(), name, ty, ix, "i8"), Stmt::ExtSI { res: wide, src: code, from: "i8", to: "i32" }]
+    };
+    let [x_load, x_wide] = widened(x);
+    let [y_load, y_wide] = widened(y);
+    let product =
+        Stmt::Bin { res: v("prod"), op: "muli", a: v(&format!("{}w", x.0)), b: v(&format!("{}w", y.0)), ty: "i32" };
+    let reduce = Stmt::For {
+        iv: v("l"),
+        lb: idx(0),
+        ub: idx(len),
+        step: idx(1),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
+        body: vec![
+            x_load,
+            y_load,
+            x_wide,
+            y_wide,
+            product,
+            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
+        ],
+    };
+    let store = Stmt::Store {
+        val: v("c_out"),
+        mem: v("c"),
+        mem_ty: c_ty.clone(),
+        idx: c_ix.iter().map(|i| v(i)).collect(),
+        ty: "i32",
+    };
+    vec![load(v("c_in"), "c", c_ty, c_ix, "i32"), reduce, store]
+}
+
 /// `matmul_i8_i32(%a, %b, %c)`: `C += A · B` on the blocked layouts, products and sums in int32.
 pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     let (r, s, t) = device.micro_tile();
@@ -128,34 +176,12 @@ pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     let [a_ty, b_ty, c_ty] = tile_types(device, mkn);
     let (mbs, kbs, nbs) = (a_shape[0], a_shape[1], b_shape[1]);
     let mut body = index_consts(&[0, 1, mbs, kbs, nbs, r, s, t]);
-    let load = |res: &str, mem: &str, ty: &String, ix: [&str; 4], elem| Stmt::Load {
-        res: v(res),
-        mem: v(mem),
-        mem_ty: ty.clone(),
-        idx: ix.map(v).to_vec(),
-        ty: elem,
-    };
-    let reduce = Stmt::For {
-        iv: v("l"),
-        lb: idx(0),
-        ub: idx(s),
-        step: idx(1),
-        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
-        body: vec![
-            load("av", "a", &a_ty, ["mb", "kb", "i", "l"], "i8"),
-            load("bv", "b", &b_ty, ["kb", "nb", "l", "j"], "i8"),
-            Stmt::ExtSI { res: v("aw"), src: v("av"), from: "i8", to: "i32" },
-            Stmt::ExtSI { res: v("bw"), src: v("bv"), from: "i8", to: "i32" },
-            Stmt::Bin { res: v("prod"), op: "muli", a: v("aw"), b: v("bw"), ty: "i32" },
-            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
-        ],
-    };
-    let c_ix = ["mb", "nb", "i", "j"];
-    let block = vec![
-        load("c_in", "c", &c_ty, c_ix, "i32"),
-        reduce,
-        Stmt::Store { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: c_ix.map(v).to_vec(), ty: "i32" },
-    ];
+    let block = accumulate_dot(
+        s,
+        (&c_ty, &["mb", "nb", "i", "j"]),
+        ("a", &a_ty, &["mb", "kb", "i", "l"]),
+        ("b", &b_ty, &["kb", "nb", "l", "j"]),
+    );
     body.extend(nest(&[("mb", mbs), ("nb", nbs), ("kb", kbs), ("i", r), ("j", t)], block));
     let params = vec![(v("a"), a_ty), (v("b"), b_ty), (v("c"), c_ty)];
     Function { name: MATMUL.into(), params, body: Some(body) }
@@ -192,34 +218,7 @@ pub fn gemv_i8_i32(rkn: (usize, usize, usize)) -> Function {
     let (rows, k, n) = rkn;
     let [a_ty, w_ty, c_ty] = gemv_types(rkn);
     let mut body = index_consts(&[0, 1, rows, k, n]);
-    let load = |res: &str, mem: &str, ty: &String, ix: [&str; 2], elem| Stmt::Load {
-        res: v(res),
-        mem: v(mem),
-        mem_ty: ty.clone(),
-        idx: ix.map(v).to_vec(),
-        ty: elem,
-    };
-    let reduce = Stmt::For {
-        iv: v("l"),
-        lb: idx(0),
-        ub: idx(k),
-        step: idx(1),
-        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
-        body: vec![
-            load("av", "a", &a_ty, ["i", "l"], "i8"),
-            load("wv", "w", &w_ty, ["j", "l"], "i8"),
-            Stmt::ExtSI { res: v("aw"), src: v("av"), from: "i8", to: "i32" },
-            Stmt::ExtSI { res: v("ww"), src: v("wv"), from: "i8", to: "i32" },
-            Stmt::Bin { res: v("prod"), op: "muli", a: v("aw"), b: v("ww"), ty: "i32" },
-            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
-        ],
-    };
-    let c_ix = ["i", "j"];
-    let block = vec![
-        load("c_in", "c", &c_ty, c_ix, "i32"),
-        reduce,
-        Stmt::Store { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: c_ix.map(v).to_vec(), ty: "i32" },
-    ];
+    let block = accumulate_dot(k, (&c_ty, &["i", "j"]), ("a", &a_ty, &["i", "l"]), ("w", &w_ty, &["j", "l"]));
     body.extend(nest(&[("i", rows), ("j", n)], block));
     let params = vec![(v("a"), a_ty), (v("w"), w_ty), (v("c"), c_ty)];
     Function { name: GEMV.into(), params, body: Some(body) }
