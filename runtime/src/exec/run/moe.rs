@@ -214,10 +214,10 @@ fn run_expert(kx: &Kernels, ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], 
     for &(t, _) in &tokens {
         s.xs.extend_from_slice(&x[t * h..][..h]);
     }
-    // Packed experts quantise their inputs in the kernel; the row path does it here.
-    let packed = matches!(ex.fc1, ExpertWeights::Packed { .. });
-    let int8_here = m.int8_block.filter(|_| !packed);
-    if let Some(block) = int8_here {
+    // Packed experts quantise their inputs in the kernel; the row path does it here, for each
+    // projection on its own (one may be packed and the other not).
+    let int8_here = |w: &ExpertWeights| m.int8_block.filter(|_| !matches!(w, ExpertWeights::Packed { .. }));
+    if let Some(block) = int8_here(&ex.fc1) {
         int8_blocks(&mut s.xs, block);
     }
     if s.rows.len() < kx.pool.threads() {
@@ -231,7 +231,7 @@ fn run_expert(kx: &Kernels, ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], 
     for (up, mid) in s.up.chunks(n1).zip(s.mid.chunks_mut(inter)) {
         activate(m.act, up, mid);
     }
-    if let Some(block) = int8_here {
+    if let Some(block) = int8_here(&ex.fc2) {
         int8_blocks(&mut s.mid, block);
     }
     s.up.resize(tokens.len() * h, 0.0);
@@ -309,7 +309,7 @@ mod tests {
     /// Expert `e` of 4 (swiglu, 2·32 fc1 rows of hidden 64, blocks of 32) over 5 token rows, by
     /// the row path and by WGemm over the packed experts' panels; the largest difference
     /// relative to the largest output.
-    fn packed_against_rows(int8: bool, bits: usize, e: usize) -> f64 {
+    fn packed_against_rows(int8: bool, bits: usize, e: usize, pack_fc: [bool; 2]) -> f64 {
         let (count, hidden, inter, block, tokens) = (4, 64, 32, 32, 5);
         let mut rng = Stream(0x9e37_79b9 + e as u64);
         let (rows1, rows2) = (2 * inter, hidden);
@@ -336,8 +336,8 @@ mod tests {
             b2: Some(&b2),
         };
         let panels = MoeExperts {
-            fc1: ExpertWeights::Packed { store: 0, bytes: 0 },
-            fc2: ExpertWeights::Packed { store: 1, bytes: 0 },
+            fc1: if pack_fc[0] { ExpertWeights::Packed { store: 0, bytes: 0 } } else { rows.fc1 },
+            fc2: if pack_fc[1] { ExpertWeights::Packed { store: 1, bytes: 0 } } else { rows.fc2 },
             ..rows
         };
         let pool = ThreadPool::new(2);
@@ -358,14 +358,17 @@ mod tests {
 
     #[test]
     fn packed_experts_compute_what_their_rows_do() {
-        for bits in [4, 8] {
-            for e in [0, 3] {
-                let exact = packed_against_rows(false, bits, e);
-                assert!(exact < 1e-5, "{bits}-bit expert {e}, f32 inputs: {exact:e}");
-                // Both quantise the same inputs per block; fc1's outputs differ by f32 rounding,
-                // which can move one of fc2's input codes by one step.
-                let int8 = packed_against_rows(true, bits, e);
-                assert!(int8 < 1e-3, "{bits}-bit expert {e}, int8 inputs: {int8:e}");
+        // Both projections packed, or one of them (each projection is packed on its own).
+        for pack_fc in [[true, true], [true, false], [false, true]] {
+            for bits in [4, 8] {
+                for e in [0, 3] {
+                    let exact = packed_against_rows(false, bits, e, pack_fc);
+                    assert!(exact < 1e-5, "{bits}-bit expert {e} {pack_fc:?}, f32 inputs: {exact:e}");
+                    // Both quantise the same inputs per block; fc1's outputs differ by f32
+                    // rounding, which can move one of fc2's input codes by one step.
+                    let int8 = packed_against_rows(true, bits, e, pack_fc);
+                    assert!(int8 < 1e-3, "{bits}-bit expert {e} {pack_fc:?}, int8 inputs: {int8:e}");
+                }
             }
         }
     }
