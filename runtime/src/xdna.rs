@@ -22,6 +22,7 @@ use crate::bundle::{Bundle, BundleError};
 use crate::exec::{GemmOffload, OffloadError};
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
 use std::collections::HashMap;
+use std::sync::Arc;
 use xdna_driver::{Driver, HwContext, Npu, NpuError};
 
 /// Why an xdna bundle cannot run on the NPU, or a call on it failed.
@@ -71,7 +72,8 @@ struct DesignRun {
 pub struct XdnaOffload<D: Driver> {
     npu: Npu<D>,
     designs: HashMap<String, DesignRun>,
-    gemms: HashMap<String, Vec<PlanChunk>>,
+    /// Per node, its column chunks (shared, so a call holds them beside `&mut self`).
+    gemms: HashMap<String, Arc<[PlanChunk]>>,
     contexts: HashMap<String, HwContext>,
     /// Per node and design kind, each column chunk's weight codes as the design's B operand
     /// (`[K, N]` for a GEMM, `[N, K]` for a GEMV, zero-padded to its host shape), made on first
@@ -109,7 +111,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
         for d in &plan.designs {
             designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
-        let gemms = plan.gemms.into_iter().map(|g| (g.site.node, g.chunks)).collect();
+        let gemms = plan.gemms.into_iter().map(|g| (g.site.node, g.chunks.into())).collect();
         Ok(XdnaOffload {
             npu,
             designs,
@@ -203,8 +205,10 @@ impl<D: Driver + Send> XdnaOffload<D> {
         };
         let Some(chunks) = self.gemms.get(node).cloned() else { return Ok(None) };
         let (gemv_rows, decode_rows) = (self.gemv_rows, self.decode_rows);
-        let design_of = |c: &PlanChunk, block| block_design(c, gemv_rows, decode_rows, block).map(str::to_string);
-        if blocks.iter().any(|&(block, _)| chunks.iter().any(|c| design_of(c, block).is_none())) {
+        if blocks
+            .iter()
+            .any(|&(block, _)| chunks.iter().any(|c| block_design(c, gemv_rows, decode_rows, block).is_none()))
+        {
             return Ok(None);
         }
         let a = qgemm::signed_codes(a);
@@ -215,7 +219,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
         let mut p = vec![0i32; m * n];
         let mut r0 = 0;
         for (block, used) in blocks {
-            let kind = design_of(&chunks[0], block).map_or(DesignKind::Gemm, |d| self.designs[&d].kind);
+            let kind = block_design(&chunks[0], gemv_rows, decode_rows, block)
+                .map_or(DesignKind::Gemm, |d| self.designs[d].kind);
             let key = (node.to_string(), kind);
             let by_kind = |c: &PlanChunk| match kind {
                 DesignKind::Gemv => c.gemv_design.clone(),
@@ -224,10 +229,10 @@ impl<D: Driver + Send> XdnaOffload<D> {
             // Taken out while the chunks run, so the NPU can be borrowed beside them.
             let bs = self.operands.remove(&key).unwrap_or_else(|| operands(&chunks, &self.designs, w, &by_kind));
             for (c, b) in chunks.iter().zip(&bs) {
-                let design = design_of(c, block).unwrap_or_default();
+                let design = block_design(c, gemv_rows, decode_rows, block).unwrap_or_default();
                 let rows = &a[r0 * k..(r0 + used) * k];
-                let out = self.run_chunk(&design, c, b, rows, (used, k, n))?;
-                let pn = self.designs[&design].padded.2;
+                let out = self.run_chunk(design, c, b, rows, (used, k, n))?;
+                let pn = self.designs[design].padded.2;
                 for i in 0..used {
                     p[(r0 + i) * n + c.col_offset..][..c.cols].copy_from_slice(&out[i * pn..][..c.cols]);
                 }
