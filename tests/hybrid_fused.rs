@@ -60,7 +60,7 @@ fn worst_difference(name: &str, before: &Graph, after: &Graph, case: &str) -> f6
 
 #[test]
 fn the_rules_fold_every_recurrent_layer_and_mixture_of_experts_of_the_hybrid_corpus() {
-    let (mut delta_nets, mut convs, mut moes) = (0, 0, 0);
+    let (mut delta_nets, mut convs, mut moes, mut shared_experts) = (0, 0, 0, 0);
     for (name, g) in imported() {
         let (la, conv) = (count(&g, "LinearAttention"), count(&g, "CausalConvWithState"));
         let (fused, report) = rewrite_with(&g, &recurrent_families());
@@ -83,12 +83,18 @@ fn the_rules_fold_every_recurrent_layer_and_mixture_of_experts_of_the_hybrid_cor
         let experts = count(&g, "MoE") + count(&g, "QMoE");
         assert_eq!(count(&fused, "Moe"), experts, "{name}: Moe nodes");
         assert_eq!(count(&fused, "MoE") + count(&fused, "QMoE"), 0, "{name}");
+        // Qwen3.5-MoE's gated shared expert (a GatedAdd of a Sigmoid after each MoE) is Moe's too.
+        let shared = count(&g, "GatedAdd");
+        let with_shared = fused.nodes.iter().filter(|n| n.op == "Moe" && n.inputs.len() == 10).count();
+        assert_eq!((with_shared, count(&fused, "GatedAdd")), (shared, 0), "{name}: shared experts");
+        assert_eq!(count(&g, "Sigmoid") - count(&fused, "Sigmoid"), shared, "{name}: shared experts' gates");
         assert!(la + conv + experts > 0, "{name}: no recurrent layer and no mixture of experts");
-        println!("{name}: {la} DeltaNet, {conv} CausalConv, {experts} Moe");
+        println!("{name}: {la} DeltaNet, {conv} CausalConv, {experts} Moe ({shared} with a shared expert)");
         (delta_nets, convs, moes) = (delta_nets + la, convs + conv, moes + experts);
+        shared_experts += shared;
     }
     assert!(
-        delta_nets > 0 && convs > 0 && moes > 0,
+        delta_nets > 0 && convs > 0 && moes > 0 && shared_experts > 0,
         "the corpus has {delta_nets} delta-rule, {convs} conv and {moes} MoE layers"
     );
 }
@@ -202,4 +208,22 @@ fn compiled_hybrid_programs_hold_the_fused_ops_and_none_of_the_builders_spelling
         let left: Vec<_> = ops.iter().filter(|o| spelled.iter().any(|s| o.ends_with(&format!("::{s}")))).collect();
         assert!(left.is_empty(), "{name}: {left:?}");
     }
+}
+
+/// A shared expert whose gate is not a sigmoid (here a tanh in its place) is not the term Moe
+/// adds: the GatedAdd stays after a Moe without a shared expert, and the graph still evaluates
+/// as the import.
+#[test]
+fn a_shared_expert_gate_other_than_a_sigmoid_stays_outside_moe() {
+    let name = "qwen3.5-moe-builder-fp32";
+    let g = frontend::import_file(&hybrid_dir().join(name).join("model.onnx")).unwrap().graph;
+    let mut tanh = g.clone();
+    let gates = tanh.nodes.iter_mut().filter(|n| n.op == "Sigmoid" && n.name.contains("shared_expert_gate"));
+    let changed = gates.map(|n| n.op = "Tanh").count();
+    assert_eq!(changed, count(&g, "GatedAdd"), "one sigmoid gate per shared expert");
+    let (fused, _) = rewrite_with(&tanh, &recurrent_families());
+    assert_eq!(count(&fused, "GatedAdd"), changed);
+    assert!(fused.nodes.iter().filter(|n| n.op == "Moe").all(|n| n.inputs.len() == 8));
+    let worst = worst_difference(name, &tanh, &fused, "decode");
+    assert!(worst <= FUSED_TOL, "{name}: fused and unfused differ by {worst:.2e}");
 }

@@ -9,14 +9,73 @@ use crate::partition::host_node;
 use crate::xml::Bin;
 use crate::IntelError;
 use bundle::intel::{self, ByteRange, ExpertActivation, HostStep};
-use ir::graph::{Graph, NodeId, ValueDef, ValueId};
-use ir::Node;
+use ir::graph::{Graph, NodeId, Value, ValueDef, ValueId};
+use ir::{Attrs, Domain, Node};
+
+/// True for a Moe that adds a shared expert (inputs 8 and 9).
+fn has_shared_expert(n: &Node) -> bool {
+    let given = |i: usize| n.inputs.get(i).copied().flatten().is_some();
+    n.domain == Domain::Npuc && n.op == "Moe" && given(8) && given(9)
+}
+
+/// `g` with each Moe's shared expert term taken back out of the op as the exporter wrote it:
+/// the Moe routes into a new value, then `GatedAdd(routed, shared, Sigmoid(gate logits))` gives
+/// its output. The host step routes the experts; the shared expert's output and gate are the
+/// device's, and so is their sum, in the segment after the step.
+pub(crate) fn shared_experts_on_device(mut g: Graph) -> Graph {
+    if !g.nodes.iter().any(has_shared_expert) {
+        return g;
+    }
+    for mut node in std::mem::take(&mut g.nodes) {
+        if !has_shared_expert(&node) {
+            g.nodes.push(node);
+            continue;
+        }
+        let (Some(shared), Some(logits)) = (node.inputs[8], node.inputs[9]) else { unreachable!("a shared expert") };
+        let out = node.outputs[0];
+        let routed = fresh_value(&mut g, out, "routed");
+        let gate = fresh_value(&mut g, logits, "gate");
+        let name = node.name.clone();
+        node.inputs.truncate(8);
+        node.outputs[0] = routed;
+        g.nodes.push(node);
+        let plain = |op: &'static str, domain, opset, inputs: Vec<ValueId>, output| Node {
+            name: format!("{name}/shared_expert/{op}"),
+            domain,
+            op,
+            opset,
+            attrs: Attrs::default(),
+            inputs: inputs.into_iter().map(Some).collect(),
+            outputs: vec![output],
+        };
+        g.nodes.push(plain("Sigmoid", Domain::Onnx, 13, vec![logits], gate));
+        g.nodes.push(plain("GatedAdd", Domain::Microsoft, 1, vec![routed, shared, gate], out));
+    }
+    for (i, n) in g.nodes.iter().enumerate() {
+        for (output, &v) in n.outputs.iter().enumerate() {
+            g.values[v.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output };
+        }
+    }
+    g
+}
+
+/// A new value of `like`'s type named after it, defined by the caller.
+fn fresh_value(g: &mut Graph, like: ValueId, suffix: &str) -> ValueId {
+    let v = g.value(like);
+    let value =
+        Value { name: format!("{}/{suffix}", v.name), dtype: v.dtype, shape: v.shape.clone(), def: v.def.clone() };
+    g.values.push(value);
+    ValueId(g.values.len() as u32 - 1)
+}
 
 /// The plan entry of host node `id` (see the module doc).
 pub(crate) fn host_step(g: &Graph, id: NodeId, bin: &mut Bin) -> Result<HostStep, IntelError> {
     let n = g.node(id);
     debug_assert!(host_node(n));
     let mut h = Host { g, n, bin };
+    if n.op == "Moe" && n.inputs.iter().skip(8).any(Option::is_some) {
+        return Err(h.fail("a shared expert's output without its gate logits (inputs 8 and 9)".into()));
+    }
     match n.op {
         "CausalConvWithState" | "CausalConv" => h.causal_conv(),
         "LinearAttention" => h.delta_rule(),

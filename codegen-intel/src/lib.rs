@@ -140,7 +140,7 @@ pub fn compile(program: &Graph, o: &Options) -> Result<IntelIr, IntelError> {
     }
     let (device, mut requantized) = symmetric::symmetrize(program, o.asymmetric)?;
     let (device, f16_weights, compressed) = float::compress(&device, o.weights)?;
-    let device = symmetric::float_activations(device);
+    let device = host::shared_experts_on_device(symmetric::float_activations(device));
     requantized.extend(compressed);
     let parts = partition::partition(&device)?;
     let tables = rope::rope_tables(&device, &parts, o.rope_positions)?;

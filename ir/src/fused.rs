@@ -15,7 +15,7 @@
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
 //! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
-//! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. See [`moe`] |
+//! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
 //! | `QuantizeRows` | x → codes, scales, [residual codes, residual scales] | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With four outputs, the rounding residual r = x − codes·s (in f32) is quantised the same way: x ≈ codes·s + codes_r·s_r to about 15 bits, two int8 products summed (see [`quantize_rows_residual`]). What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -778,17 +778,32 @@ pub fn causal_conv(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -
 /// Moe: float experts as com.microsoft `MoE` computes them (inputs x, router, fc1, fc1_bias,
 /// fc2, fc2_bias), coded experts (fc1_scales given) as `QMoE` does with its first eight inputs;
 /// the attributes are theirs. Coded experts must say `normalize_routing_weights = 1`: QMoE
-/// renormalises the k weights whatever its attribute says, and the op states it.
+/// renormalises the k weights whatever its attribute says, and the op states it. A shared
+/// expert's output (input 8) is added gated by the sigmoid of its logits (input 9), as
+/// com.microsoft `GatedAdd` of `Sigmoid` computes it.
 pub fn moe(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let routed = routed_experts(op, &inputs[..8.min(inputs.len())])?;
+    match (get(8), get(9)) {
+        (None, None) => Ok(routed),
+        (Some(shared), Some(logits)) => {
+            let gate = onnx(op, "Sigmoid", Domain::Onnx, &Attrs::default(), &[Some(logits)], 1)?;
+            let plain = Attrs::default();
+            onnx(op, "GatedAdd", Domain::Microsoft, &plain, &[Some(&routed[0]), Some(shared), Some(&gate[0])], 1)
+        }
+        _ => Err(err(op, "shared (8) and shared_gate (9) are given together or not at all")),
+    }
+}
+
+/// Moe without a shared expert: MoE or QMoE of the first eight inputs.
+fn routed_experts(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, EvalError> {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let normalize = op.attrs.int_or("normalize_routing_weights", 0).map_err(|e| err(op, e.to_string()))?;
     match (get(3), get(6)) {
         (None, None) => {
             onnx(op, "MoE", Domain::Microsoft, op.attrs, &[get(0), get(1), get(2), get(4), get(5), get(7)], 1)
         }
-        (Some(_), Some(_)) if normalize == 1 => {
-            onnx(op, "QMoE", Domain::Microsoft, op.attrs, &inputs[..8.min(inputs.len())], 1)
-        }
+        (Some(_), Some(_)) if normalize == 1 => onnx(op, "QMoE", Domain::Microsoft, op.attrs, inputs, 1),
         (Some(_), Some(_)) => {
             Err(err(op, "coded experts are always renormalised: normalize_routing_weights must be 1"))
         }
@@ -1095,5 +1110,35 @@ mod tests {
         let half = [Some(&t), Some(&t), Some(&t), Some(&t), None, Some(&t), None, None];
         let e = eval(&op("Moe", &a), &half, 1).unwrap_err();
         assert!(e.msg.contains("together or not at all"), "{}", e.msg);
+    }
+
+    #[test]
+    fn moe_adds_the_shared_expert_gated_by_the_sigmoid_of_its_logits() {
+        // Two float experts on 2 channels, identity activation: expert 0 doubles x, expert 1
+        // triples it. Row 0 routes to expert 0, row 1 to expert 1 (k = 1, weight 1).
+        let x = Tensor::from_f32(DType::F32, vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let router = Tensor::from_f32(DType::F32, vec![2, 2], vec![5.0, 0.0, 0.0, 5.0]);
+        let eye = [1.0, 0.0, 0.0, 1.0];
+        let fc1 = Tensor::from_f32(DType::F32, vec![2, 2, 2], [eye, eye].concat());
+        let fc2 = Tensor::from_f32(DType::F32, vec![2, 2, 2], [eye.map(|v| 2.0 * v), eye.map(|v| 3.0 * v)].concat());
+        let shared = Tensor::from_f32(DType::F32, vec![2, 2], vec![1.0, 1.0, 8.0, -8.0]);
+        // σ(0) = 0.5; σ(ln 3) = 0.75.
+        let gate = Tensor::from_f32(DType::F32, vec![2, 1], vec![0.0, 3f32.ln()]);
+        let mut a = Attrs::default();
+        a.set("k", Attr::Int(1));
+        a.set("normalize_routing_weights", Attr::Int(1));
+        a.set("activation_type", Attr::Str("identity".into()));
+        let routed = [Some(&x), Some(&router), Some(&fc1), None, None, Some(&fc2), None, None];
+        let with_shared: Vec<_> = routed.iter().copied().chain([Some(&shared), Some(&gate)]).collect();
+        let y = eval(&op("Moe", &a), &with_shared, 1).unwrap();
+        let want = [2.0 + 0.5, 4.0 + 0.5, 9.0 + 6.0, 12.0 - 6.0];
+        for (g, w) in y[0].as_f32().unwrap().iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{:?} against {want:?}", y[0].as_f32().unwrap());
+        }
+        let plain = eval(&op("Moe", &a), &routed, 1).unwrap();
+        assert_eq!(plain[0].as_f32().unwrap(), &[2.0, 4.0, 9.0, 12.0]);
+        let half: Vec<_> = routed.iter().copied().chain([Some(&shared), None]).collect();
+        let e = eval(&op("Moe", &a), &half, 1).unwrap_err();
+        assert!(e.msg.contains("shared (8) and shared_gate (9)"), "{}", e.msg);
     }
 }

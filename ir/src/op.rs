@@ -207,7 +207,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "DeltaNet",    (6, 6), (1, 2)),
     spec(NP, "CausalConv",  (4, 4), (1, 2)),
     // Mixtures of experts (the `moe` rule family).
-    spec(NP, "Moe",         (8, 8), (1, 1)),
+    spec(NP, "Moe",         (8, 10), (1, 1)),
     // fp16 targets' row-scaled forms (the `fp16-rescale` rule family).
     spec(NP, "RmsNormRowScaled",     (2, 2), (1, 1)),
     spec(NP, "SkipRmsNormRowScaled", (3, 4), (1, 2)),

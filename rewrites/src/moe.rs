@@ -10,20 +10,24 @@
 //!   blocked scales; QMoE renormalises the k weights whatever `normalize_routing_weights` says,
 //!   and the fused op says so (`normalize_routing_weights = 1`).
 //!
-//! What stays outside the op: the router projection (a GEMM the targets already run), LFM2-MoE's
-//! sigmoid router (the builder writes its normalised sigmoid weights as logits, `log w` scattered
-//! over `-10⁴`, which this op's softmax turns back into the weights) and Qwen3.5-MoE's shared
-//! expert with its sigmoid gate (a dense MLP and a GatedAdd after the op). The targets' expert
-//! kernels route by softmax over logits they read as a buffer; computing the router or the shared
-//! expert inside the op would need buffers no program value owns.
+//! - Qwen3.5-MoE's gated shared expert: `GatedAdd(Moe(…), shared, Sigmoid(g))`, the shared
+//!   expert's output added to the routed ones gated by the sigmoid of its own router logit, into
+//!   `Moe(…, shared, g)`.
+//!
+//! What stays outside the op: the router projection and the shared expert's MLP and gate
+//! projection (GEMMs the targets already run), and LFM2-MoE's sigmoid router (the builder writes
+//! its normalised sigmoid weights as logits, `log w` scattered over `-10⁴`, which this op's
+//! softmax turns back into the weights). The targets' expert kernels route by softmax over logits
+//! they read as a buffer; computing the router or the shared MLP inside the op would need buffers
+//! no program value owns.
 //!
 //! Declined, with the reason recorded: the CUDA-only forms (`use_sparse_mixer`,
 //! `swiglu_limit_after_activation`, separate fc3 experts), activations other than relu, gelu,
 //! silu, identity and SwiGlu with a fusion, and QMoE's other quantisation types and widths.
 
-use crate::apply::{declines, no_match, Computed, Decline, Fold, Folded};
+use crate::apply::{bound, declines, no_match, Computed, Decline, Fold, Folded};
 use crate::cond::var;
-use crate::egraph_ops::{nodes_with_children, union};
+use crate::egraph_ops::{node_attrs, nodes_with_children, union};
 use crate::Rewrite;
 use egg::{rewrite as rw, Id, Subst, Symbol, Var};
 use ir::egraph::{EGraph, ENode, Head};
@@ -37,6 +41,8 @@ pub fn rules() -> Vec<Rewrite> {
         rw!("moe-float-experts";    "(com.microsoft::MoE ?x ?r ?w1 ?b1 ?w2 ?b2)"             => { ExpertsOp::float() }),
         // QMoE(x, r, C1, s1, b1, C2, s2, b2) = Moe{normalised}(x, r, C1, s1, b1, C2, s2, b2)
         rw!("moe-coded-experts";    "(com.microsoft::QMoE ?x ?r ?w1 ?s1 ?b1 ?w2 ?s2 ?b2)"    => { ExpertsOp::coded() }),
+        // GatedAdd(Moe(x, r, …), S, Sigmoid(g)) = Moe(x, r, …, S, g)
+        rw!("moe-shared-expert";    "(com.microsoft::GatedAdd (npuc::Moe ?x ?r ?w1 ?s1 ?b1 ?w2 ?s2 ?b2) ?s (Sigmoid ?g))" => { SharedExpert::computed() }),
         // MoE with separate fc3 experts: declined
         rw!("moe-fc3-experts";      "(com.microsoft::MoE ?x ?r ?w1 ?b1 ?w2 ?b2 ?w3 ?b3)"     => { declines(FC3) }),
     ]
@@ -60,8 +66,7 @@ impl ExpertsOp {
     }
 
     fn coded() -> Computed<Self> {
-        let inputs = ["?x", "?r", "?w1", "?s1", "?b1", "?w2", "?s2", "?b2"].map(var).to_vec();
-        Computed::new(ExpertsOp { op: "QMoE", inputs })
+        Computed::new(ExpertsOp { op: "QMoE", inputs: ROUTED.map(var).to_vec() })
     }
 }
 
@@ -104,6 +109,40 @@ impl Fold for ExpertsOp {
             vec![x, r, w1, absent, b1, w2, absent, b2]
         };
         let fused = egraph.add(ENode::op(Domain::Npuc, "Moe", a, operands));
+        Ok(union(egraph, eclass, fused, rule))
+    }
+}
+
+/// The routed part of a Moe: its first eight inputs.
+const ROUTED: [&str; 8] = ["?x", "?r", "?w1", "?s1", "?b1", "?w2", "?s2", "?b2"];
+
+/// A Moe's output plus a shared expert's gated by the sigmoid of its logits: the same Moe with
+/// the shared expert's output and logits as inputs 8 and 9.
+struct SharedExpert;
+
+impl SharedExpert {
+    fn computed() -> Computed<Self> {
+        Computed::new(SharedExpert)
+    }
+}
+
+impl Fold for SharedExpert {
+    fn fold(&self, egraph: &mut EGraph, eclass: Id, subst: &Subst, rule: Symbol) -> Folded {
+        let routed: Vec<Id> = ROUTED.map(|v| subst[var(v)]).to_vec();
+        let [shared, logits] = bound(subst, ["?s", "?g"]);
+        let same = |a: Id, b: Id| egraph.find(a) == egraph.find(b);
+        let gated = egraph[eclass].nodes.iter().filter(|n| {
+            n.head.op() == Some("GatedAdd")
+                && n.children.len() == 3
+                && same(n.children[1], shared)
+                && nodes_with_children(egraph, n.children[2], "Sigmoid", &[logits]).next().is_some()
+        });
+        let attrs = gated
+            .filter_map(|n| node_attrs(egraph, n.children[0], Domain::Npuc, "Moe", &routed))
+            .next()
+            .ok_or_else(no_match)?;
+        let children = routed.into_iter().chain([shared, logits]).collect();
+        let fused = egraph.add(ENode::op(Domain::Npuc, "Moe", attrs, children));
         Ok(union(egraph, eclass, fused, rule))
     }
 }

@@ -303,12 +303,14 @@ pub enum Op {
         out: usize,
     },
     /// MoE and QMoE: each token row routed to its top `k` experts ([`Plan::moe`]`[experts]`),
-    /// only those computed, the tokens grouped per expert.
+    /// only those computed, the tokens grouped per expert; npuc's Moe may add a shared expert's
+    /// output rows gated by the sigmoid of their logits (`shared`: output, logits).
     Moe {
         x: usize,
         router: usize,
         experts: usize,
         mixing: MoeMixing,
+        shared: Option<(usize, usize)>,
         out: usize,
     },
     /// An element-wise f32 function.

@@ -7,6 +7,7 @@
 
 use std::sync::Mutex;
 
+use super::recurrent::sigmoid;
 use super::View;
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{ExpertActivation, ExpertWeights, MoeExperts, MoeMixing, Op, WGemmStore};
@@ -246,7 +247,7 @@ fn run_expert(kx: &Kernels, ex: &MoeExperts, m: MoeMixing, e: usize, x: &[f32], 
 impl Executor<'_> {
     pub(super) fn run_moe(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
         let (node, op) = self.plan.node_op(index);
-        let &Op::Moe { x, router, experts, mixing, .. } = op else { unreachable!("a Moe") };
+        let &Op::Moe { x, router, experts, mixing, shared, .. } = op else { unreachable!("a Moe") };
         let view = view!(self);
         let ex = &self.plan.moe[experts];
         let (x, logits) = (view.f32(x), view.f32(router));
@@ -279,8 +280,27 @@ impl Executor<'_> {
                 self.moe_expert_bytes += ex.expert_bytes() as u64;
             }
         }
+        if let Some((output, logits)) = shared {
+            add_shared_expert(&mut y[..x.len()], view.f32(output), view.f32(logits))
+                .map_err(|msg| node_fail(node)(msg))?;
+        }
         Ok(())
     }
+}
+
+/// `y += shared · σ(logit)` row by row, each product rounded to f32 as com.microsoft `GatedAdd`
+/// of `Sigmoid` rounds it.
+fn add_shared_expert(y: &mut [f32], shared: &[f32], logits: &[f32]) -> Result<(), String> {
+    if shared.len() != y.len() || logits.is_empty() || !y.len().is_multiple_of(logits.len()) {
+        let (s, l, r) = (shared.len(), logits.len(), y.len());
+        return Err(format!("a shared expert of {s} values with {l} gate logits for {r} output values"));
+    }
+    let width = y.len() / logits.len();
+    for ((y, s), &g) in y.chunks_exact_mut(width).zip(shared.chunks_exact(width)).zip(logits) {
+        let gate = sigmoid(g);
+        y.iter_mut().zip(s).for_each(|(o, &s)| *o += s * gate);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ fn slot_of(states: &mut [(SeqId, Vec<f32>)], seq: SeqId, slot: StateSlot) -> &mu
     &mut state[slot.offset..slot.offset + slot.len]
 }
 
-fn sigmoid(x: f32) -> f32 {
+pub(super) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

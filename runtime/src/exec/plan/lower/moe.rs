@@ -4,7 +4,9 @@
 //! compile time, or at load from an older bundle) when each expert's rows are whole panels. The evaluator's semantics
 //! (`ir::eval::moe`): softmax routing, top k, the k weights renormalised when asked (always for
 //! QMoE), and QMoE's int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at
-//! `accuracy_level` 4. The CUDA-only forms and explicit zero points are refused by name.
+//! `accuracy_level` 4. The CUDA-only forms and explicit zero points are refused by name. npuc's
+//! Moe may carry a shared expert's output and gate logits (inputs 8 and 9), added after the routed
+//! experts.
 
 use super::{input, output, Builder};
 use crate::bundle::Dtype;
@@ -82,11 +84,24 @@ fn push_moe<'b>(
     mixing: MoeMixing,
 ) -> Result<(), ExecError> {
     let (x, router, _, _) = routing(b, node)?;
+    let shared = shared_expert(b, node)?;
     let out = output(node, 0)?;
     b.fresh(out);
     b.moe.push(experts);
-    b.push(n, Op::Moe { x, router, experts: b.moe.len() - 1, mixing, out });
+    b.push(n, Op::Moe { x, router, experts: b.moe.len() - 1, mixing, shared, out });
     Ok(())
+}
+
+/// npuc's Moe with a shared expert: its output rows (input 8) and their gate logits (input 9).
+fn shared_expert(b: &Builder<'_, '_>, node: &NodeInfo) -> Result<Option<(usize, usize)>, ExecError> {
+    if node.op != "npuc::Moe" {
+        return Ok(None);
+    }
+    match (node.input(8), node.input(9)) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Ok(Some((b.f32_input(node, 8)?, b.f32_input(node, 9)?))),
+        _ => Err(node_fail(node)("shared (8) and shared_gate (9) are given together or not at all".to_string())),
+    }
 }
 
 pub(super) fn moe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
@@ -206,7 +221,9 @@ fn codes<'b>(b: &mut Builder<'_, 'b>, node: &NodeInfo, p: Projection) -> Result<
 
 pub(super) fn qmoe(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let fail = node_fail(node);
-    if [8, 9, 10, 11, 12, 13].iter().any(|&s| node.input(s).is_some()) {
+    // QMoE's inputs 8 to 13; npuc's Moe (`fused_moe`) has its shared expert at 8 and 9.
+    let first = if node.op == "npuc::Moe" { 10 } else { 8 };
+    if (first..14).any(|s| node.input(s).is_some()) {
         return Err(fail("fc3 experts and explicit zero points are not supported".to_string()));
     }
     let bits = node.attr_i64("expert_weight_bits").unwrap_or(4) as usize;
