@@ -97,10 +97,12 @@ use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvStorage, SeqId};
 // The OpenVINO host steps share these with the executor.
 #[cfg(feature = "openvino")]
 pub(crate) use plan::ExpertActivation;
+#[cfg(feature = "openvino")]
+pub(crate) use plan::LinearHeads;
 use plan::{Op, Plan, WGemmStore};
 use program::Program;
-#[cfg(feature = "openvino")]
-pub(crate) use run::{expert_activate, l2_normalize_rows, route_experts};
+pub(crate) use run::{conv_channel, delta_rule_rows, expert_activate, l2_normalize_rows, route_experts};
+pub(crate) use run::{DeltaChunk, LinearInputs};
 use std::sync::Mutex;
 
 /// Tokens of a delta-rule chunk unless told otherwise.

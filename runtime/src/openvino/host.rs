@@ -2,9 +2,10 @@
 //! segments besides attention, with the host executor's semantics (`exec::run::recurrent`,
 //! `exec::run::moe`).
 //!
-//! - **CausalConvWithState** and **LinearAttention** (the gated delta rule, token by token): the
-//!   state is the session's, one per layer, zeroed with the sequence and updated in place by each
-//!   step's real rows — it never leaves the host, so no state tensor is copied between segments.
+//! - **CausalConvWithState** and **LinearAttention** (the gated delta rule, a prefill's rows in
+//!   chunks of [`exec::DEFAULT_DELTA_CHUNK`]): the host executor's own kernels. The state is the
+//!   session's, one per layer, zeroed with the sequence and updated in place by each step's real
+//!   rows — it never leaves the host, so no state tensor is copied between segments.
 //! - **MoE** with f32 experts: each real row is routed on the host (softmax over the router
 //!   logits, the top k, ties to the lower expert, renormalised when asked). Each routed expert
 //!   then runs the plan's static expert network ([`intel::ExpertSegment`]) with its own weights
@@ -21,6 +22,7 @@ use super::{fresh_tensor, ov, OvError, OvSession};
 use crate::bundle::intel::{
     self, ByteRange, ExpertActivation, HostStep, PlanError, EXPERT_INPUTS, EXPERT_OUTPUT, EXPERT_SCALES,
 };
+use crate::exec::{self, DeltaChunk, LinearHeads, LinearInputs};
 use openvino::{DeviceType, ElementType, InferRequest, Tensor};
 use std::collections::HashMap;
 
@@ -32,6 +34,9 @@ pub(super) struct HostRun {
     /// A mixture of experts with an expert network: each expert's weights as the network's
     /// inputs, by [`EXPERT_INPUTS`] name.
     experts: Vec<Vec<(&'static str, Tensor)>>,
+    /// A delta rule's scratch: a chunk, and one row of `dv`.
+    chunk: DeltaChunk,
+    row: Vec<f32>,
 }
 
 /// The bytes at `range` of the weights file (`at` names the plan member).
@@ -125,7 +130,15 @@ impl HostRun {
                 (store.floats, experts)
             }
         };
-        Ok(HostRun { step: step.clone(), weights: loaded, state: vec![0.0; step.state_floats()], experts })
+        let state = vec![0.0; step.state_floats()];
+        Ok(HostRun {
+            step: step.clone(),
+            weights: loaded,
+            state,
+            experts,
+            chunk: DeltaChunk::default(),
+            row: Vec::new(),
+        })
     }
 
     /// Zeroes the state (a new sequence).
@@ -172,8 +185,22 @@ impl HostRun {
                 let decay = d.decay.as_deref().map(|n| read(n, d.kv_heads)).transpose()?;
                 let beta = d.beta.as_deref().map(|n| read(n, d.kv_heads)).transpose()?;
                 let mut y = vec![0.0; block * out_heads * d.dv];
-                let x = DeltaInputs { q: &q, k: &k, v: &v, decay: decay.as_deref(), beta: beta.as_deref() };
-                delta_rule(d, &x, &mut self.state, rows, &mut y);
+                let h = LinearHeads {
+                    q_heads: d.q_heads,
+                    k_heads: d.k_heads,
+                    kv_heads: d.kv_heads,
+                    dk: d.dk,
+                    dv: d.dv,
+                    decay_per_key: false,
+                    beta_shared: false,
+                };
+                let per_head = rows * d.kv_heads;
+                let (decay, beta) = (decay.as_ref().map(|g| &g[..per_head]), beta.as_ref().map(|b| &b[..per_head]));
+                let (q, k, v) =
+                    (&q[..rows * d.q_heads * d.dk], &k[..rows * d.k_heads * d.dk], &v[..rows * d.kv_heads * d.dv]);
+                let x = LinearInputs { h, q, k, v, decay, beta, tokens: rows };
+                let scratch = (&mut self.chunk, &mut self.row);
+                exec::delta_rule_rows(&x, &mut self.state, exec::DEFAULT_DELTA_CHUNK, scratch, d.scale, &mut y);
                 (d.y.clone(), vec![1, block, out_heads * d.dv], y)
             }
             HostStep::Moe(m) => {
@@ -367,10 +394,6 @@ impl OvSession {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// The depthwise causal convolution of the real `rows` of `x` (`[channels, block]`) over the state
 /// (the last `taps − 1` inputs of each channel), which then holds the last inputs of this step.
 fn causal_conv(
@@ -384,67 +407,7 @@ fn causal_conv(
     for ch in 0..c.channels {
         let (x, w, p) = (&x[ch * block..][..rows], &weight[ch * taps..][..taps], &mut state[ch * s..][..s]);
         let b = bias.get(ch).copied().unwrap_or(0.0);
-        for (t, out) in y[ch * block..][..rows].iter_mut().enumerate() {
-            let acc = (0..taps).fold(b, |acc, j| {
-                let at = s + t - (taps - 1 - j);
-                acc + w[j] * if at < s { p[at] } else { x[at - s] }
-            });
-            *out = if c.silu { acc * sigmoid(acc) } else { acc };
-        }
-        for i in 0..s {
-            let at = rows + i;
-            p[i] = if at < s { p[at] } else { x[at - s] };
-        }
-    }
-}
-
-/// A delta-rule step's inputs, rows first.
-struct DeltaInputs<'a> {
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    decay: Option<&'a [f32]>,
-    beta: Option<&'a [f32]>,
-}
-
-/// The (gated) delta rule token by token over the real `rows`: per state head, decay, then the
-/// correction `β·(v − Sᵀk)` added along k; each output head reads its state with its query.
-fn delta_rule(d: &intel::DeltaRule, x: &DeltaInputs, state: &mut [f32], rows: usize, y: &mut [f32]) {
-    let (dk, dv, out_heads) = (d.dk, d.dv, d.q_heads.max(d.kv_heads));
-    let mut retrieved = vec![0.0f32; dv];
-    for t in 0..rows {
-        for head in 0..d.kv_heads {
-            let s = &mut state[head * dk * dv..][..dk * dv];
-            let key = &x.k[(t * d.k_heads + head / (d.kv_heads / d.k_heads)) * dk..][..dk];
-            let value = &x.v[(t * d.kv_heads + head) * dv..][..dv];
-            if let Some(g) = x.decay {
-                let f = g[t * d.kv_heads + head].exp();
-                s.iter_mut().for_each(|e| *e *= f);
-            }
-            retrieved.copy_from_slice(value);
-            if let Some(beta) = x.beta.map(|b| b[t * d.kv_heads + head]) {
-                for (i, &ki) in key.iter().enumerate() {
-                    retrieved.iter_mut().zip(&s[i * dv..][..dv]).for_each(|(r, &e)| *r -= e * ki);
-                }
-                retrieved.iter_mut().for_each(|r| *r *= beta);
-            }
-            for (i, &ki) in key.iter().enumerate() {
-                s[i * dv..][..dv].iter_mut().zip(&retrieved).for_each(|(e, &r)| *e += ki * r);
-            }
-        }
-        for o in 0..out_heads {
-            let (qh, head) = if d.q_heads >= d.kv_heads {
-                (o, o / (d.q_heads / d.kv_heads))
-            } else {
-                (o / (d.kv_heads / d.q_heads), o)
-            };
-            let s = &state[head * dk * dv..][..dk * dv];
-            let row = &mut y[(t * out_heads + o) * dv..][..dv];
-            for (i, &qi) in x.q[(t * d.q_heads + qh) * dk..][..dk].iter().enumerate() {
-                row.iter_mut().zip(&s[i * dv..][..dv]).for_each(|(r, &e)| *r += e * qi);
-            }
-            row.iter_mut().for_each(|r| *r *= d.scale);
-        }
+        exec::conv_channel(x, (w, b), p, c.silu, &mut y[ch * block..][..rows]);
     }
 }
 

@@ -27,7 +27,7 @@ mod moe;
 #[cfg(feature = "openvino")]
 pub(crate) use moe::{activate as expert_activate, route as route_experts};
 #[cfg(feature = "openvino")]
-pub(crate) use recurrent::l2_normalize_rows;
+pub(crate) use recurrent::{conv_channel, delta_rule_rows, l2_normalize_rows, LinearInputs};
 mod quantised;
 mod recurrent;
 mod router;

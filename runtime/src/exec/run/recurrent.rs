@@ -52,20 +52,7 @@ impl Executor<'_> {
         }
         for c in 0..channels {
             let (x, w, p) = (&input[c * tokens..][..tokens], &weight[c * taps..][..taps], &mut past[c * s..][..s]);
-            let b = bias.map_or(0.0, |b| b[c]);
-            for (t, out) in y[c * tokens..][..tokens].iter_mut().enumerate() {
-                // Position s + t of the past-then-input sequence, tap j reading (taps - 1 - j) back.
-                let acc = (0..taps).fold(b, |acc, j| {
-                    let at = s + t - (taps - 1 - j);
-                    acc + w[j] * if at < s { p[at] } else { x[at - s] }
-                });
-                *out = if silu { acc * sigmoid(acc) } else { acc };
-            }
-            // The last s values of past-then-input; ascending, so each read precedes its overwrite.
-            for i in 0..s {
-                let at = tokens + i;
-                p[i] = if at < s { p[at] } else { x[at - s] };
-            }
+            conv_channel(x, (w, bias.map_or(0.0, |b| b[c])), p, silu, &mut y[c * tokens..][..tokens]);
         }
         Ok(())
     }
@@ -93,11 +80,12 @@ impl Executor<'_> {
         }
         let slot = self.plan.states[state];
         let st = slot_of(&mut self.states, self.current, slot);
-        // Chunks keep no per-row states: a verify step's rows go token by token.
-        if self.delta_chunk > 1 && tokens > 1 && !h.decay_per_key && !self.row_states.recording() {
-            x.by_chunks(st, self.delta_chunk, &mut self.delta_scratch, scale, y);
+        if !self.row_states.recording() {
+            let scratch = (&mut self.delta_scratch, &mut self.state_scratch);
+            delta_rule_rows(&x, st, self.delta_chunk, scratch, scale, y);
             return Ok(());
         }
+        // Chunks keep no per-row states: a verify step's rows go token by token.
         self.state_scratch.resize(h.dv, 0.0);
         for t in 0..tokens {
             x.update_token(st, t, &mut self.state_scratch);
@@ -110,16 +98,59 @@ impl Executor<'_> {
     }
 }
 
+/// The gated delta rule over every row of `x`, the state `st` updated in place, keeping no
+/// per-row states: in chunks of `chunk` rows ([`DeltaChunk`]) when there is more than one row
+/// and the decay is per head, else token by token (`row`: `dv` values of scratch). The host
+/// executor's steps and the intel-npu plan's host step both run it.
+pub(crate) fn delta_rule_rows(
+    x: &LinearInputs,
+    st: &mut [f32],
+    chunk: usize,
+    (c, row): (&mut DeltaChunk, &mut Vec<f32>),
+    scale: f32,
+    y: &mut [f32],
+) {
+    if chunk > 1 && x.tokens > 1 && !x.h.decay_per_key {
+        x.by_chunks(st, chunk, c, scale, y);
+        return;
+    }
+    row.resize(x.h.dv, 0.0);
+    for t in 0..x.tokens {
+        x.update_token(st, t, row);
+        x.output_token(st, t, scale, y);
+    }
+}
+
+/// One channel of a depthwise causal convolution: `y[t]` (with `silu`, its SiLU) from this
+/// step's inputs `x` and the `taps − 1` inputs before them in `past`, which then holds the last
+/// `taps − 1` inputs of past-then-`x`.
+pub(crate) fn conv_channel(x: &[f32], (w, bias): (&[f32], f32), past: &mut [f32], silu: bool, y: &mut [f32]) {
+    let (taps, s) = (w.len(), past.len());
+    for (t, out) in y[..x.len()].iter_mut().enumerate() {
+        // Position s + t of the past-then-input sequence, tap j reading (taps - 1 - j) back.
+        let acc = (0..taps).fold(bias, |acc, j| {
+            let at = s + t - (taps - 1 - j);
+            acc + w[j] * if at < s { past[at] } else { x[at - s] }
+        });
+        *out = if silu { acc * sigmoid(acc) } else { acc };
+    }
+    // The last s values of past-then-input; ascending, so each read precedes its overwrite.
+    for i in 0..s {
+        let at = x.len() + i;
+        past[i] = if at < s { past[at] } else { x[at - s] };
+    }
+}
+
 /// A LinearAttention step's inputs: `tokens` rows of queries, keys, values and gates.
-struct LinearInputs<'a> {
-    h: LinearHeads,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+pub(crate) struct LinearInputs<'a> {
+    pub h: LinearHeads,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
     /// Log decay per token and head (or key dimension).
-    decay: Option<&'a [f32]>,
-    beta: Option<&'a [f32]>,
-    tokens: usize,
+    pub decay: Option<&'a [f32]>,
+    pub beta: Option<&'a [f32]>,
+    pub tokens: usize,
 }
 
 impl LinearInputs<'_> {
