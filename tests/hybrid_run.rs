@@ -280,13 +280,14 @@ fn bench_reports_moe_bytes_per_decode_token() {
     assert_eq!(moe["dense_same_active_bytes_per_token"].as_f64().unwrap(), gemm + active);
 }
 
-/// MoE projections split their rows over the pool's workers: a 45-token prefill and decode steps
-/// of the MoE bundles give the same logits on 2 threads as on 1, bit for bit (each row's dot
-/// product is the same sum either way).
+/// MoE projections split their rows over the pool's workers, and a prefill's chunked delta rule
+/// its state heads (Qwen3.5-MoE's 4, two a thread): a 100-token prefill (two 64-row delta-rule
+/// chunks) and a decode step of the MoE bundles give the same logits on 2 threads as on 1, bit
+/// for bit (each row's dot product and each head's recurrence is the same sum either way).
 #[test]
 fn moe_on_two_threads_gives_one_threads_logits() {
     let tmp = tempfile::tempdir().unwrap();
-    let prompt: Vec<u32> = (0..45).map(|i| (i * 37 + 11) % 250 + 1).collect();
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 37 + 11) % 250 + 1).collect();
     for name in ["qwen3.5-moe-builder-int4", "lfm2-moe-builder-fp32", "gpt-oss-builder-fp32"] {
         let bundle_dir = compile(name, tmp.path()).unwrap();
         let bundle = Bundle::open(&bundle_dir, Some("cpu")).unwrap();

@@ -96,13 +96,13 @@ use crate::kernels::{Isa, ThreadPool};
 use crate::kvcache::{AttendScratch, KvCache, KvCacheConfig, KvStorage, SeqId};
 // The OpenVINO host steps share these with the executor.
 #[cfg(feature = "openvino")]
-pub(crate) use plan::ExpertActivation;
-#[cfg(feature = "openvino")]
-pub(crate) use plan::LinearHeads;
+pub(crate) use plan::{ExpertActivation, LinearHeads};
 use plan::{Op, Plan, WGemmStore};
 use program::Program;
+#[cfg(feature = "openvino")]
 pub(crate) use run::{conv_channel, delta_rule_rows, expert_activate, l2_normalize_rows, route_experts};
-pub(crate) use run::{DeltaChunk, LinearInputs};
+#[cfg(feature = "openvino")]
+pub(crate) use run::{DeltaScratch, LinearInputs};
 use std::sync::Mutex;
 
 /// Tokens of a delta-rule chunk unless told otherwise.
@@ -203,11 +203,9 @@ pub struct Executor<'b> {
     delta_chunk: usize,
     /// Rows of a step over a long prompt ([`ExecOptions::prefill_chunk`]).
     prefill_chunk: usize,
-    delta_scratch: run::DeltaChunk,
+    delta_scratch: run::DeltaScratch,
     /// The states after each row of the last verify step (`rollback`).
     row_states: rollback::RowStates,
-    /// LinearAttention's retrieved row.
-    state_scratch: Vec<f32>,
     /// DeltaNet's L2-normalised q and k (`qk_l2norm_eps`): values of no program buffer.
     qk_scratch: (Vec<f32>, Vec<f32>),
     moe_scratch: run::MoeScratch,
@@ -278,9 +276,8 @@ impl<'b> Executor<'b> {
             states: vec![(seq, vec![0.0; plan.state_floats])],
             delta_chunk: options.delta_chunk,
             prefill_chunk: options.prefill_chunk,
-            delta_scratch: run::DeltaChunk::default(),
+            delta_scratch: run::DeltaScratch::default(),
             row_states: rollback::RowStates::default(),
-            state_scratch: Vec::new(),
             qk_scratch: (Vec::new(), Vec::new()),
             moe_scratch: run::MoeScratch::default(),
             moe_expert_passes: 0,

@@ -22,7 +22,7 @@ use super::{fresh_tensor, ov, OvError, OvSession};
 use crate::bundle::intel::{
     self, ByteRange, ExpertActivation, HostStep, PlanError, EXPERT_INPUTS, EXPERT_OUTPUT, EXPERT_SCALES,
 };
-use crate::exec::{self, DeltaChunk, LinearHeads, LinearInputs};
+use crate::exec::{self, DeltaScratch, LinearHeads, LinearInputs};
 use openvino::{DeviceType, ElementType, InferRequest, Tensor};
 use std::collections::HashMap;
 
@@ -34,9 +34,8 @@ pub(super) struct HostRun {
     /// A mixture of experts with an expert network: each expert's weights as the network's
     /// inputs, by [`EXPERT_INPUTS`] name.
     experts: Vec<Vec<(&'static str, Tensor)>>,
-    /// A delta rule's scratch: a chunk, and one row of `dv`.
-    chunk: DeltaChunk,
-    row: Vec<f32>,
+    /// A delta rule's scratch.
+    scratch: DeltaScratch,
 }
 
 /// The bytes at `range` of the weights file (`at` names the plan member).
@@ -131,14 +130,7 @@ impl HostRun {
             }
         };
         let state = vec![0.0; step.state_floats()];
-        Ok(HostRun {
-            step: step.clone(),
-            weights: loaded,
-            state,
-            experts,
-            chunk: DeltaChunk::default(),
-            row: Vec::new(),
-        })
+        Ok(HostRun { step: step.clone(), weights: loaded, state, experts, scratch: DeltaScratch::default() })
     }
 
     /// Zeroes the state (a new sequence).
@@ -199,8 +191,8 @@ impl HostRun {
                 let (q, k, v) =
                     (&q[..rows * d.q_heads * d.dk], &k[..rows * d.k_heads * d.dk], &v[..rows * d.kv_heads * d.dv]);
                 let x = LinearInputs { h, q, k, v, decay, beta, tokens: rows };
-                let scratch = (&mut self.chunk, &mut self.row);
-                exec::delta_rule_rows(&x, &mut self.state, exec::DEFAULT_DELTA_CHUNK, scratch, d.scale, &mut y);
+                let chunk = (exec::DEFAULT_DELTA_CHUNK, None);
+                exec::delta_rule_rows(&x, &mut self.state, chunk, &mut self.scratch, d.scale, &mut y);
                 (d.y.clone(), vec![1, block, out_heads * d.dv], y)
             }
             HostStep::Moe(m) => {

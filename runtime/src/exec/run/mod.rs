@@ -22,10 +22,10 @@ macro_rules! view {
 mod delta_chunk;
 mod float;
 mod integer;
-pub(crate) use delta_chunk::DeltaChunk;
 mod moe;
 #[cfg(feature = "openvino")]
 pub(crate) use moe::{activate as expert_activate, route as route_experts};
+pub(crate) use recurrent::DeltaScratch;
 #[cfg(feature = "openvino")]
 pub(crate) use recurrent::{conv_channel, delta_rule_rows, l2_normalize_rows, LinearInputs};
 mod quantised;

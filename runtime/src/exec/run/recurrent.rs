@@ -9,7 +9,9 @@ use super::View;
 use crate::exec::error::{node_fail, ExecError};
 use crate::exec::plan::{LinearHeads, Op, StateSlot};
 use crate::exec::Executor;
+use crate::kernels::{split_range, SyncPtr, ThreadPool};
 use crate::kvcache::SeqId;
+use std::sync::Mutex;
 
 /// The state of `seq` in slot `slot`.
 fn slot_of(states: &mut [(SeqId, Vec<f32>)], seq: SeqId, slot: StateSlot) -> &mut [f32] {
@@ -81,14 +83,14 @@ impl Executor<'_> {
         let slot = self.plan.states[state];
         let st = slot_of(&mut self.states, self.current, slot);
         if !self.row_states.recording() {
-            let scratch = (&mut self.delta_scratch, &mut self.state_scratch);
-            delta_rule_rows(&x, st, self.delta_chunk, scratch, scale, y);
+            delta_rule_rows(&x, st, (self.delta_chunk, Some(&self.pool)), &mut self.delta_scratch, scale, y);
             return Ok(());
         }
         // Chunks keep no per-row states: a verify step's rows go token by token.
-        self.state_scratch.resize(h.dv, 0.0);
+        let row = &mut self.delta_scratch.row;
+        row.resize(h.dv, 0.0);
         for t in 0..tokens {
-            x.update_token(st, t, &mut self.state_scratch);
+            x.update_token(st, t, row);
             if let Some(kept) = self.row_states.slot_mut(t, slot) {
                 kept.copy_from_slice(st);
             }
@@ -98,25 +100,33 @@ impl Executor<'_> {
     }
 }
 
+/// A delta rule's scratch: a chunk for each thread the state heads are split over, and one row
+/// of `dv` for the token-by-token form.
+#[derive(Default)]
+pub(crate) struct DeltaScratch {
+    chunks: Vec<Mutex<DeltaChunk>>,
+    row: Vec<f32>,
+}
+
 /// The gated delta rule over every row of `x`, the state `st` updated in place, keeping no
 /// per-row states: in chunks of `chunk` rows ([`DeltaChunk`]) when there is more than one row
-/// and the decay is per head, else token by token (`row`: `dv` values of scratch). The host
-/// executor's steps and the intel-npu plan's host step both run it.
+/// and the decay is per head, the state heads split over `pool`'s threads, else token by token.
+/// The host executor's steps and the intel-npu plan's host step both run it.
 pub(crate) fn delta_rule_rows(
     x: &LinearInputs,
     st: &mut [f32],
-    chunk: usize,
-    (c, row): (&mut DeltaChunk, &mut Vec<f32>),
+    (chunk, pool): (usize, Option<&ThreadPool>),
+    scratch: &mut DeltaScratch,
     scale: f32,
     y: &mut [f32],
 ) {
     if chunk > 1 && x.tokens > 1 && !x.h.decay_per_key {
-        x.by_chunks(st, chunk, c, scale, y);
+        x.by_chunks(st, (chunk, pool), &mut scratch.chunks, scale, y);
         return;
     }
-    row.resize(x.h.dv, 0.0);
+    scratch.row.resize(x.h.dv, 0.0);
     for t in 0..x.tokens {
-        x.update_token(st, t, row);
+        x.update_token(st, t, &mut scratch.row);
         x.output_token(st, t, scale, y);
     }
 }
@@ -215,32 +225,73 @@ impl LinearInputs<'_> {
     }
 
     /// Every token in chunks of `chunk` ([`DeltaChunk`]; decay per head only).
-    fn by_chunks(&self, st: &mut [f32], chunk: usize, c: &mut DeltaChunk, scale: f32, y: &mut [f32]) {
+    fn by_chunks(
+        &self,
+        st: &mut [f32],
+        (chunk, pool): (usize, Option<&ThreadPool>),
+        chunks: &mut Vec<Mutex<DeltaChunk>>,
+        scale: f32,
+        y: &mut [f32],
+    ) {
+        let h = self.h;
+        let head_len = h.dk * h.dv;
+        let tasks = pool.map_or(1, ThreadPool::threads).min(h.kv_heads).max(1);
+        if chunks.len() < tasks {
+            chunks.resize_with(tasks, Default::default);
+        }
+        assert!(st.len() >= h.kv_heads * head_len && y.len() >= self.tokens * h.out_heads() * h.dv);
+        let (state, out, chunks) = (SyncPtr(st.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), &chunks[..]);
+        let task = |t: usize| {
+            let mut c = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+            for head in split_range(h.kv_heads, tasks, t) {
+                // SAFETY: state head `head` is its own run of `st`, inside it (asserted above),
+                // and this task's alone.
+                let s = unsafe { std::slice::from_raw_parts_mut(state.get().add(head * head_len), head_len) };
+                self.head_by_chunks(head, s, chunk, &mut c, scale, out);
+            }
+        };
+        match pool {
+            Some(pool) if tasks > 1 => pool.run(tasks, &task),
+            _ => (0..tasks).for_each(task),
+        }
+    }
+
+    /// State head `head`'s chunks in order: its output heads' rows of `y`, its state `s`.
+    fn head_by_chunks(
+        &self,
+        head: usize,
+        s: &mut [f32],
+        chunk: usize,
+        c: &mut DeltaChunk,
+        scale: f32,
+        y: SyncPtr<f32>,
+    ) {
         let h = self.h;
         for start in (0..self.tokens).step_by(chunk) {
             let rows = chunk.min(self.tokens - start);
-            for head in 0..h.kv_heads {
-                let s = &mut st[head * h.dk * h.dv..][..h.dk * h.dv];
-                c.start(rows, (h.dk, h.dv), self.beta.is_some());
+            c.start(rows, (h.dk, h.dv), self.beta.is_some());
+            for r in 0..rows {
+                let t = start + r;
+                c.k[r * h.dk..][..h.dk].copy_from_slice(self.key(t, head));
+                c.u[r * h.dv..][..h.dv].copy_from_slice(self.value(t, head));
+                c.g[r] = self.decay.map_or(0.0, |d| d[t * h.kv_heads + head]);
+                if let (Some(b), Some(rate)) = (&mut c.beta, self.rate(t, head)) {
+                    b[r] = rate;
+                }
+            }
+            c.solve(s);
+            for o in (0..h.out_heads()).filter(|&o| h.heads_of_output(o).1 == head) {
+                let qh = h.heads_of_output(o).0;
                 for r in 0..rows {
                     let t = start + r;
-                    c.k[r * h.dk..][..h.dk].copy_from_slice(self.key(t, head));
-                    c.u[r * h.dv..][..h.dv].copy_from_slice(self.value(t, head));
-                    c.g[r] = self.decay.map_or(0.0, |d| d[t * h.kv_heads + head]);
-                    if let (Some(b), Some(rate)) = (&mut c.beta, self.rate(t, head)) {
-                        b[r] = rate;
-                    }
+                    // SAFETY: output head o's rows are read from state head `head` alone, so one
+                    // task writes them; (t·heads + o + 1)·dv ≤ y's length (asserted by the caller).
+                    let row =
+                        unsafe { std::slice::from_raw_parts_mut(y.get().add((t * h.out_heads() + o) * h.dv), h.dv) };
+                    c.output(s, r, self.query(t, qh), scale, row);
                 }
-                c.solve(s);
-                for o in (0..h.out_heads()).filter(|&o| h.heads_of_output(o).1 == head) {
-                    let qh = h.heads_of_output(o).0;
-                    for r in 0..rows {
-                        let t = start + r;
-                        c.output(s, r, self.query(t, qh), scale, &mut y[(t * h.out_heads() + o) * h.dv..][..h.dv]);
-                    }
-                }
-                c.update_state(s);
             }
+            c.update_state(s);
         }
     }
 }
