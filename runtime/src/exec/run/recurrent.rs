@@ -100,18 +100,29 @@ impl Executor<'_> {
     }
 }
 
-/// A delta rule's scratch: a chunk for each thread the state heads are split over, and one row
-/// of `dv` for the token-by-token form.
+/// One thread's delta-rule scratch: a chunk, and a row of `dv` for the token-by-token form.
+#[derive(Default)]
+struct HeadScratch {
+    chunk: DeltaChunk,
+    row: Vec<f32>,
+}
+
+/// What runs one state head: `(head, its state, the thread's scratch, the output rows)`.
+type HeadRun<'a> = dyn Fn(usize, &mut [f32], &mut HeadScratch, SyncPtr<f32>) + Sync + 'a;
+
+/// A delta rule's scratch: one [`HeadScratch`] for each thread the state heads are split over,
+/// and a row for a verify step's token-by-token loop.
 #[derive(Default)]
 pub(crate) struct DeltaScratch {
-    chunks: Vec<Mutex<DeltaChunk>>,
+    heads: Vec<Mutex<HeadScratch>>,
     row: Vec<f32>,
 }
 
 /// The gated delta rule over every row of `x`, the state `st` updated in place, keeping no
-/// per-row states: in chunks of `chunk` rows ([`DeltaChunk`]) when there is more than one row
-/// and the decay is per head, the state heads split over `pool`'s threads, else token by token.
-/// The host executor's steps and the intel-npu plan's host step both run it.
+/// per-row states, the state heads split over `pool`'s threads (each head on one thread, in
+/// token order, so the bits do not depend on the threads): in chunks of `chunk` rows
+/// ([`DeltaChunk`]) when there is more than one row and the decay is per head, else token by
+/// token. The host executor's steps and the intel-npu plan's host step both run it.
 pub(crate) fn delta_rule_rows(
     x: &LinearInputs,
     st: &mut [f32],
@@ -120,15 +131,14 @@ pub(crate) fn delta_rule_rows(
     scale: f32,
     y: &mut [f32],
 ) {
-    if chunk > 1 && x.tokens > 1 && !x.h.decay_per_key {
-        x.by_chunks(st, (chunk, pool), &mut scratch.chunks, scale, y);
-        return;
-    }
-    scratch.row.resize(x.h.dv, 0.0);
-    for t in 0..x.tokens {
-        x.update_token(st, t, &mut scratch.row);
-        x.output_token(st, t, scale, y);
-    }
+    let chunked = chunk > 1 && x.tokens > 1 && !x.h.decay_per_key;
+    x.by_heads(st, pool, &mut scratch.heads, y, &|head, s, hs, out| {
+        if chunked {
+            x.head_by_chunks(head, s, chunk, &mut hs.chunk, scale, out);
+        } else {
+            x.head_by_tokens(head, s, &mut hs.row, scale, out);
+        }
+    });
 }
 
 /// One channel of a depthwise causal convolution: `y[t]` (with `silu`, its SiLU) from this
@@ -215,39 +225,60 @@ impl LinearInputs<'_> {
         for o in 0..h.out_heads() {
             let (qh, head) = h.heads_of_output(o);
             let s = &st[head * h.dk * h.dv..][..h.dk * h.dv];
-            let row = &mut y[(t * h.out_heads() + o) * h.dv..][..h.dv];
-            row.fill(0.0);
-            for (i, &qi) in self.query(t, qh).iter().enumerate() {
-                row.iter_mut().zip(&s[i * h.dv..][..h.dv]).for_each(|(r, &e)| *r += e * qi);
-            }
-            row.iter_mut().for_each(|r| *r *= scale);
+            self.output_row(s, (t, qh), scale, &mut y[(t * h.out_heads() + o) * h.dv..][..h.dv]);
         }
     }
 
-    /// Every token in chunks of `chunk` ([`DeltaChunk`]; decay per head only).
-    fn by_chunks(
+    /// `row = scale · sᵀq` for token `t`'s query head `qh` and the state head `s` it reads.
+    fn output_row(&self, s: &[f32], (t, qh): (usize, usize), scale: f32, row: &mut [f32]) {
+        let dv = self.h.dv;
+        row.fill(0.0);
+        for (i, &qi) in self.query(t, qh).iter().enumerate() {
+            row.iter_mut().zip(&s[i * dv..][..dv]).for_each(|(r, &e)| *r += e * qi);
+        }
+        row.iter_mut().for_each(|r| *r *= scale);
+    }
+
+    /// State head `head` token by token: its state `s`, its output heads' rows of `y`.
+    fn head_by_tokens(&self, head: usize, s: &mut [f32], row: &mut Vec<f32>, scale: f32, y: SyncPtr<f32>) {
+        let (h, dw) = (self.h, self.decay_width());
+        row.resize(h.dv, 0.0);
+        for t in 0..self.tokens {
+            let g = self.decay.map(|d| &d[t * dw..][..dw]);
+            update_state(&h, head, s, (self.key(t, head), self.value(t, head)), (g, self.rate(t, head)), row);
+            for o in (0..h.out_heads()).filter(|&o| h.heads_of_output(o).1 == head) {
+                // SAFETY: as in `head_by_chunks`.
+                let out = unsafe { std::slice::from_raw_parts_mut(y.get().add((t * h.out_heads() + o) * h.dv), h.dv) };
+                self.output_row(s, (t, h.heads_of_output(o).0), scale, out);
+            }
+        }
+    }
+
+    /// `run(head, state of head, scratch, y)` for every state head, the heads split over `pool`'s
+    /// threads.
+    fn by_heads(
         &self,
         st: &mut [f32],
-        (chunk, pool): (usize, Option<&ThreadPool>),
-        chunks: &mut Vec<Mutex<DeltaChunk>>,
-        scale: f32,
+        pool: Option<&ThreadPool>,
+        scratch: &mut Vec<Mutex<HeadScratch>>,
         y: &mut [f32],
+        run: &HeadRun,
     ) {
         let h = self.h;
         let head_len = h.dk * h.dv;
         let tasks = pool.map_or(1, ThreadPool::threads).min(h.kv_heads).max(1);
-        if chunks.len() < tasks {
-            chunks.resize_with(tasks, Default::default);
+        if scratch.len() < tasks {
+            scratch.resize_with(tasks, Default::default);
         }
         assert!(st.len() >= h.kv_heads * head_len && y.len() >= self.tokens * h.out_heads() * h.dv);
-        let (state, out, chunks) = (SyncPtr(st.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), &chunks[..]);
+        let (state, out, scratch) = (SyncPtr(st.as_mut_ptr()), SyncPtr(y.as_mut_ptr()), &scratch[..]);
         let task = |t: usize| {
-            let mut c = chunks[t].lock().unwrap_or_else(|e| e.into_inner());
+            let mut hs = scratch[t].lock().unwrap_or_else(|e| e.into_inner());
             for head in split_range(h.kv_heads, tasks, t) {
                 // SAFETY: state head `head` is its own run of `st`, inside it (asserted above),
                 // and this task's alone.
                 let s = unsafe { std::slice::from_raw_parts_mut(state.get().add(head * head_len), head_len) };
-                self.head_by_chunks(head, s, chunk, &mut c, scale, out);
+                run(head, s, &mut hs, out);
             }
         };
         match pool {
