@@ -137,3 +137,20 @@ fn intel_npu_saturate() {
 fn intel_npu_lower_slices() {
     snapshot_target_pass("intel-npu", "lower-slices");
 }
+
+/// The builder gathers RoPE's cos/sin from caches of its own: the program's tables hold every
+/// position those caches hold when that is more than the pass's default (here a default of 64
+/// against the corpus models' caches; Qwen3-0.6B's builder file holds 40,960).
+#[test]
+fn position_tables_hold_every_position_of_the_models_own_cache() {
+    use passes::Pass;
+    let g = frontend::import_file(&common::model("llama-builder-fp32")).unwrap().graph;
+    let cache = g.weights.iter().find(|(_, w)| w.name == "cos_cache").map(|(_, w)| w.shape[0]);
+    let cache = cache.expect("the builder's cos_cache");
+    assert!(cache > 64, "a cache of {cache} rows");
+    let target = passes::targets::target("cpu").unwrap();
+    let saturated = passes::driver::run(&target.pipeline(), g, Some("saturate"), |_, _| {}).unwrap().graph;
+    let (_, detail) = passes::position_tables::PositionTables { rows: 64 }.run(saturated).unwrap();
+    assert_eq!(detail.data["rows"], cache, "{}", detail.summary);
+    assert!(detail.summary.contains(&format!("tabulated over {cache} positions")), "{}", detail.summary);
+}

@@ -43,10 +43,13 @@ impl Pass for PositionTables {
             let summary = "no position_ids input, no Range of the step's positions".into();
             return Ok((graph, PassDetail { summary, data: serde_json::Value::Null }));
         };
+        // A model that gathers its own table by position (the builder's cos/sin caches) runs at
+        // every position that table holds.
+        let rows = self.rows.max(gathered_rows(&graph, pos));
         let mut tabulated = Vec::new();
         let mut declined = Vec::new();
         for v in frontier(&graph, pos) {
-            match tabulate(&graph, pos, v, self.rows) {
+            match tabulate(&graph, pos, v, rows) {
                 Ok(table) => {
                     replace_with_gather(&mut graph, pos, v, table);
                     tabulated.push(graph.value(v).name.clone());
@@ -55,11 +58,11 @@ impl Pass for PositionTables {
             }
         }
         let g = graph.pruned();
-        let mut summary = format!("{} values tabulated over {} positions", tabulated.len(), self.rows);
+        let mut summary = format!("{} values tabulated over {} positions", tabulated.len(), rows);
         if !declined.is_empty() {
             summary += &format!("; declined {}", declined.join("; "));
         }
-        let data = serde_json::json!({ "tabulated": tabulated, "declined": declined, "rows": self.rows });
+        let data = serde_json::json!({ "tabulated": tabulated, "declined": declined, "rows": rows });
         Ok((g, PassDetail { summary, data }))
     }
 }
@@ -121,9 +124,23 @@ enum Dep {
     Other,
 }
 
-/// Float values that depend on the positions (and nothing but sizes and constants) and are read
-/// by a node that depends on more, or are graph outputs.
-fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
+/// The most rows of a constant table the graph gathers by position (0 when it gathers none).
+fn gathered_rows(g: &Graph, pos: ValueId) -> usize {
+    let dep = dependencies(g, pos);
+    let gathers = g.nodes.iter().filter(|n| n.domain == Domain::Onnx && n.op == "Gather");
+    let tables = gathers.filter_map(|n| match n.inputs[..] {
+        [Some(table), Some(index), ..]
+            if dep[index.0 as usize] == Dep::Positions && dep[table.0 as usize] == Dep::Fixed =>
+        {
+            g.value(table).shape.first().and_then(Dim::as_known)
+        }
+        _ => None,
+    });
+    tables.max().map_or(0, |r| r.max(0) as usize)
+}
+
+/// What each value depends on.
+fn dependencies(g: &Graph, pos: ValueId) -> Vec<Dep> {
     let mut dep: Vec<Dep> = g
         .values
         .iter()
@@ -143,6 +160,13 @@ fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
             dep[o.0 as usize] = d;
         }
     }
+    dep
+}
+
+/// Float values that depend on the positions (and nothing but sizes and constants) and are read
+/// by a node that depends on more, or are graph outputs.
+fn frontier(g: &Graph, pos: ValueId) -> Vec<ValueId> {
+    let dep = dependencies(g, pos);
     let mut out: Vec<ValueId> = Vec::new();
     let mut take = |v: ValueId| {
         if dep[v.0 as usize] == Dep::Positions && g.value(v).dtype.is_float() && !out.contains(&v) {
