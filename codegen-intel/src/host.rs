@@ -9,7 +9,7 @@ use crate::partition::host_node;
 use crate::xml::Bin;
 use crate::IntelError;
 use bundle::intel::{self, ByteRange, ExpertActivation, HostStep};
-use ir::graph::{Graph, NodeId, Value, ValueDef, ValueId};
+use ir::graph::{Graph, NodeId, ValueDef, ValueId};
 use ir::{Attrs, Domain, Node};
 
 /// True for a Moe that adds a shared expert (inputs 8 and 9).
@@ -23,22 +23,19 @@ fn has_shared_expert(n: &Node) -> bool {
 /// its output. The host step routes the experts; the shared expert's output and gate are the
 /// device's, and so is their sum, in the segment after the step.
 pub(crate) fn shared_experts_on_device(mut g: Graph) -> Graph {
-    if !g.nodes.iter().any(has_shared_expert) {
-        return g;
-    }
-    for mut node in std::mem::take(&mut g.nodes) {
-        if !has_shared_expert(&node) {
-            g.nodes.push(node);
-            continue;
-        }
-        let (Some(shared), Some(logits)) = (node.inputs[8], node.inputs[9]) else { unreachable!("a shared expert") };
-        let out = node.outputs[0];
-        let routed = fresh_value(&mut g, out, "routed");
-        let gate = fresh_value(&mut g, logits, "gate");
-        let name = node.name.clone();
+    // From the last, so the indices still to visit stay where they are.
+    let moes: Vec<usize> = (0..g.nodes.len()).filter(|&i| has_shared_expert(&g.nodes[i])).collect();
+    for at in moes.into_iter().rev() {
+        let (Some(shared), Some(logits)) = (g.nodes[at].inputs[8], g.nodes[at].inputs[9]) else {
+            unreachable!("a shared expert")
+        };
+        let out = g.nodes[at].outputs[0];
+        let routed = fresh_value(&mut g, out, "routed", ValueDef::Node { node: NodeId(at as u32), output: 0 });
+        let gate = fresh_value(&mut g, logits, "gate", ValueDef::Input);
+        let node = &mut g.nodes[at];
         node.inputs.truncate(8);
         node.outputs[0] = routed;
-        g.nodes.push(node);
+        let name = node.name.clone();
         let plain = |op: &'static str, domain, opset, inputs: Vec<ValueId>, output| Node {
             name: format!("{name}/shared_expert/{op}"),
             domain,
@@ -48,24 +45,20 @@ pub(crate) fn shared_experts_on_device(mut g: Graph) -> Graph {
             inputs: inputs.into_iter().map(Some).collect(),
             outputs: vec![output],
         };
-        g.nodes.push(plain("Sigmoid", Domain::Onnx, 13, vec![logits], gate));
-        g.nodes.push(plain("GatedAdd", Domain::Microsoft, 1, vec![routed, shared, gate], out));
-    }
-    for (i, n) in g.nodes.iter().enumerate() {
-        for (output, &v) in n.outputs.iter().enumerate() {
-            g.values[v.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output };
-        }
+        let term = [
+            plain("Sigmoid", Domain::Onnx, 13, vec![logits], gate),
+            plain("GatedAdd", Domain::Microsoft, 1, vec![routed, shared, gate], out),
+        ];
+        g.insert_nodes(at + 1, term.into());
     }
     g
 }
 
-/// A new value of `like`'s type named after it, defined by the caller.
-fn fresh_value(g: &mut Graph, like: ValueId, suffix: &str) -> ValueId {
+/// A new value of `like`'s type named after it, defined by `def`.
+fn fresh_value(g: &mut Graph, like: ValueId, suffix: &str, def: ValueDef) -> ValueId {
     let v = g.value(like);
-    let value =
-        Value { name: format!("{}/{suffix}", v.name), dtype: v.dtype, shape: v.shape.clone(), def: v.def.clone() };
-    g.values.push(value);
-    ValueId(g.values.len() as u32 - 1)
+    let (name, dtype, shape) = (format!("{}/{suffix}", v.name), v.dtype, v.shape.clone());
+    g.add_value(name, dtype, shape, def)
 }
 
 /// The plan entry of host node `id` (see the module doc).

@@ -139,6 +139,31 @@ impl Graph {
 impl Graph {
     /// The graph without nodes no output depends on and without values nothing uses (graph
     /// inputs are kept, in order). Identity nodes whose output is not a graph output are bypassed.
+    /// Adds a value; its definition is the caller's to keep true.
+    pub fn add_value(&mut self, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
+        self.values.push(Value { name, dtype, shape, def });
+        ValueId(self.values.len() as u32 - 1)
+    }
+
+    /// Inserts `nodes` at index `at` of the node list (keeping it in order): the values they
+    /// output point at them, and the node ids other values point at are renumbered.
+    pub fn insert_nodes(&mut self, at: usize, nodes: Vec<Node>) {
+        let shift = nodes.len() as u32;
+        for v in self.values.iter_mut() {
+            if let ValueDef::Node { node, .. } = &mut v.def {
+                if node.0 as usize >= at {
+                    node.0 += shift;
+                }
+            }
+        }
+        for (k, n) in nodes.iter().enumerate() {
+            for (i, &o) in n.outputs.iter().enumerate() {
+                self.values[o.0 as usize].def = ValueDef::Node { node: NodeId((at + k) as u32), output: i };
+            }
+        }
+        self.nodes.splice(at..at, nodes);
+    }
+
     pub fn pruned(&self) -> Graph {
         let is_output: HashSet<ValueId> = self.outputs.iter().copied().collect();
         let alias = self.identity_aliases(&is_output);

@@ -19,7 +19,7 @@
 
 use crate::{Pass, PassDetail, PassError};
 use ir::graph::ValueDef;
-use ir::{Attrs, DType, Dim, Domain, Graph, Node, NodeId, OpRef, Tensor, Value, ValueId, Weight};
+use ir::{Attrs, DType, Dim, Domain, Graph, Node, OpRef, Tensor, ValueId, Weight};
 use std::collections::HashMap;
 
 /// The graph input whose values the tables are indexed by.
@@ -301,23 +301,23 @@ fn replace_with_gather(g: &mut Graph, pos: ValueId, v: ValueId, table: Tensor) {
     let tw = add_table(g, &name, table);
     let mut rows_shape = g.value(pos).shape.clone();
     rows_shape.push(Dim::known(width as i64));
-    let gathered = add_value(g, format!("{name}.rows"), DType::F32, rows_shape, ValueDef::Input);
+    let gathered = g.add_value(format!("{name}.rows"), DType::F32, rows_shape, ValueDef::Input);
     // Batch copies the input's dim (0), the sequence is inferred (-1), the rest are numbers.
     let target: Vec<i64> =
         g.value(v).shape.iter().enumerate().map(|(i, d)| d.as_known().unwrap_or(if i == 0 { 0 } else { -1 })).collect();
     let target = Tensor::from_i64(DType::I64, vec![target.len()], target);
     let shape_dims = vec![Dim::known(target.numel() as i64)];
-    let shape_v = add_value(g, format!("{name}.shape"), DType::I64, shape_dims, ValueDef::Const(target));
+    let shape_v = g.add_value(format!("{name}.shape"), DType::I64, shape_dims, ValueDef::Const(target));
     // The old producer keeps a value of its own that nothing reads.
     if let ValueDef::Node { node, output } = g.value(v).def {
         let old = g.value(v).clone();
-        let o = add_value(g, format!("{name}.computed"), old.dtype, old.shape, old.def);
+        let o = g.add_value(format!("{name}.computed"), old.dtype, old.shape, old.def);
         g.nodes[node.0 as usize].outputs[output] = o;
     }
     let gather = onnx_node(format!("{name}.gather"), "Gather", 13, &[tw, pos], gathered);
     let reshape = onnx_node(format!("{name}.reshape"), "Reshape", 14, &[gathered, shape_v], v);
     let first_reader = g.nodes.iter().position(|n| n.inputs.contains(&Some(v))).unwrap_or(g.nodes.len());
-    insert_nodes(g, first_reader, vec![gather, reshape]);
+    g.insert_nodes(first_reader, vec![gather, reshape]);
 }
 
 /// Adds `table` as the weight `<name>.table` and a value naming it.
@@ -327,35 +327,11 @@ fn add_table(g: &mut Graph, name: &str, table: Tensor) -> ValueId {
     let weight = Weight::new(format!("{name}.table"), DType::F32, shape.clone(), bytes);
     let wid = std::sync::Arc::make_mut(&mut g.weights).add(weight);
     let dims = shape.iter().map(|&d| Dim::known(d as i64)).collect();
-    add_value(g, format!("{name}.table"), DType::F32, dims, ValueDef::Weight(wid))
-}
-
-fn add_value(g: &mut Graph, name: String, dtype: DType, shape: Vec<Dim>, def: ValueDef) -> ValueId {
-    g.values.push(Value { name, dtype, shape, def });
-    ValueId(g.values.len() as u32 - 1)
+    g.add_value(format!("{name}.table"), DType::F32, dims, ValueDef::Weight(wid))
 }
 
 /// An ai.onnx node without attributes.
 fn onnx_node(name: String, op: &'static str, opset: i64, inputs: &[ValueId], output: ValueId) -> Node {
     let inputs = inputs.iter().map(|&i| Some(i)).collect();
     Node { name, domain: Domain::Onnx, op, opset, attrs: Attrs::default(), inputs, outputs: vec![output] }
-}
-
-/// Inserts `nodes` at index `at` of the node list (keeping it in order) and renumbers the node
-/// ids that values point to.
-fn insert_nodes(g: &mut Graph, at: usize, nodes: Vec<Node>) {
-    let shift = nodes.len() as u32;
-    for v in g.values.iter_mut() {
-        if let ValueDef::Node { node, .. } = &mut v.def {
-            if node.0 as usize >= at {
-                node.0 += shift;
-            }
-        }
-    }
-    for (k, n) in nodes.iter().enumerate() {
-        for (i, &o) in n.outputs.iter().enumerate() {
-            g.values[o.0 as usize].def = ValueDef::Node { node: NodeId((at + k) as u32), output: i };
-        }
-    }
-    g.nodes.splice(at..at, nodes);
 }
