@@ -95,10 +95,10 @@ fn differing(a: &[f32], b: &[f32]) -> usize {
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
 }
 
-/// A 20-token prefill (GEMM designs), three one-token decode steps and a 12-token step (two GEMV
-/// blocks) on the host and through the driver model: equal logits, and the designs each step
-/// ran are GEMMs for the prefill and GEMVs for the rest, one command per QGemm call and column
-/// chunk and block.
+/// A 20-token prefill (GEMM designs), three one-token decode steps and a 6-token step (its
+/// stacked activation passes two GEMV blocks) on the host and through the driver model: equal
+/// logits, and the designs each step ran are GEMMs for the prefill and GEMVs for the rest, one
+/// command per QGemm call and column chunk and block.
 #[cfg(feature = "xrt")]
 #[test]
 fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits() {
@@ -121,20 +121,27 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     let mut host = Executor::new(&bundle, options()).unwrap();
     let mut array = Executor::new(&bundle, options()).unwrap();
     array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap()));
-    let chunks_per_call: usize = plan.gemms.iter().map(|g| g.chunks.len()).sum();
+    // Commands of a step: every call's blocks (its rows are the tokens times its stacked
+    // passes) times its column chunks.
+    let commands = |tokens: usize| -> usize {
+        let blocks = |g: &bundle::xdna::PlanGemm| plan.route(tokens * g.site.passes).unwrap().len();
+        plan.gemms.iter().map(|g| blocks(g) * g.chunks.len()).sum()
+    };
+    assert!(plan.gemms.iter().any(|g| g.site.passes == 2), "the activations' passes are stacked");
     let qgemms = plan.gemms.len() as u64;
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
-    let verify: Vec<u32> = (0..12).map(|i| (i * 41 + 3) % 500).collect();
-    let steps: [(&[u32], &str, usize); 5] =
-        [(&prompt, "gemm_", 1), (&[7], "gemv_", 1), (&[11], "gemv_", 1), (&[13], "gemv_", 1), (&verify, "gemv_", 2)];
-    for (tokens, kind, blocks) in steps {
+    let verify: Vec<u32> = (0..6).map(|i| (i * 41 + 3) % 500).collect();
+    assert!(commands(6) > commands(1), "a 6-token step's stacked passes take two GEMV blocks");
+    let steps: [(&[u32], &str); 5] =
+        [(&prompt, "gemm_"), (&[7], "gemv_"), (&[11], "gemv_"), (&[13], "gemv_"), (&verify, "gemv_")];
+    for (tokens, kind) in steps {
         let want = host.step(tokens).unwrap().to_vec();
         let before = array.offloaded_calls();
         let got = array.step(tokens).unwrap().to_vec();
         assert_eq!(differing(&got, &want), 0, "{} tokens: logits that differ from the host's", tokens.len());
         assert_eq!(array.offloaded_calls() - before, qgemms, "{} tokens: every QGemm call offloaded", tokens.len());
         let mut names = std::mem::take(&mut *ran.lock().unwrap());
-        assert_eq!(names.len(), blocks * chunks_per_call, "{} tokens: commands", tokens.len());
+        assert_eq!(names.len(), commands(tokens.len()), "{} tokens: commands", tokens.len());
         names.sort_unstable();
         names.dedup();
         assert!(names.iter().all(|n| n.starts_with(kind)), "{} tokens ran {names:?}", tokens.len());

@@ -172,6 +172,14 @@ pub struct PlanSite {
     pub weight: String,
     /// The weight is read transposed (a tied lm_head reading the `[n, k]` embedding).
     pub transposed: bool,
+    /// Rows of a call per row of activations: the activation passes a `QGemm{passes}` stacks
+    /// (1 when absent, as plans before stacked passes wrote).
+    #[serde(default = "one_pass")]
+    pub passes: usize,
+}
+
+fn one_pass() -> usize {
+    1
 }
 
 /// A column chunk of one projection.

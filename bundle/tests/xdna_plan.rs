@@ -65,6 +65,7 @@ fn plan() -> XdnaPlan {
                 n: 96,
                 weight: "q.weight".into(),
                 transposed: false,
+                passes: 2,
             },
             chunks: vec![PlanChunk {
                 col_offset: 0,
@@ -104,6 +105,15 @@ fn a_plan_decodes_to_what_was_encoded() {
     // Absent optional members are left out, not written as null.
     let text = String::from_utf8(bytes).unwrap();
     assert!(!text.contains("null") && !text.contains("\"artifacts\""), "{text}");
+}
+
+#[test]
+fn a_site_without_passes_is_one_pass_as_plans_before_stacked_passes_were() {
+    let p = decode_edited(|j| {
+        j["gemms"][0]["site"].as_object_mut().unwrap().remove("passes");
+    })
+    .unwrap();
+    assert_eq!((plan().gemms[0].site.passes, p.gemms[0].site.passes), (2, 1));
 }
 
 #[test]

@@ -2,12 +2,13 @@
 //! designs and devices before a device runs them, and to set beside published rates.
 //!
 //! - **Prefill** of `P` tokens: every projection's call of `P` rows (one row for a projection the
-//!   executor computes for the last row only, the lm_head) is routed as the runtime routes it
+//!   executor computes for the last row only, the lm_head; each times the activation passes
+//!   stacked in the call, [`GemmSite::passes`]) is routed as the runtime routes it
 //!   ([`plan::route`]: GEMV blocks below the threshold, else M-blocks, × column chunks); each
 //!   array call costs its design's predicted cycles ([`crate::tiling::Tiling::total_cycles`]:
 //!   the larger of the MACs at the device's rate and the busiest DMA channel, plus the fill) at
 //!   the device's clock, plus [`DISPATCH_SECONDS`] to submit it.
-//! - **Decode**: one token is every projection's call of one row, each a block of the GEMV
+//! - **Decode**: one token is every projection's call of one row (per stacked pass), each a block of the GEMV
 //!   designs ([`crate::gemv`]) per column chunk: the design's predicted cycles (its weight
 //!   streams, at most one 32-bit word per cycle each, reading whole [`crate::gemv::SHIM_BURST_BYTES`]
 //!   bursts, against its cores' MACs) at the clock, plus [`DISPATCH_SECONDS`] per call. Beside it
@@ -84,9 +85,9 @@ fn rate(tokens: usize, calls: usize, seconds: f64) -> f64 {
 pub fn predict(plan: &Plan, prompt_tokens: usize, last_row_only: &dyn Fn(&GemmSite) -> bool) -> Prediction {
     let device: Device = plan.options.device;
     let clock = device.clock_hz();
-    let (calls, cycles) = array_calls(plan, &|s| if last_row_only(s) { 1 } else { prompt_tokens });
+    let (calls, cycles) = array_calls(plan, &|s| s.passes * if last_row_only(s) { 1 } else { prompt_tokens });
     let (array, dispatch) = (cycles as f64 / clock, calls as f64 * DISPATCH_SECONDS);
-    let (decode_calls, decode_cycles) = array_calls(plan, &|_| 1);
+    let (decode_calls, decode_cycles) = array_calls(plan, &|s| s.passes);
     let (decode_array, decode_dispatch) = (decode_cycles as f64 / clock, decode_calls as f64 * DISPATCH_SECONDS);
     let bytes: u64 = plan.gemms.iter().map(|g| (g.site.k * g.site.n) as u64).sum();
     Prediction {

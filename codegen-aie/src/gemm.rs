@@ -19,6 +19,8 @@ pub struct GemmSite {
     pub weight: String,
     /// The weight is read transposed (a tied lm_head reading the `[n, k]` embedding).
     pub transposed: bool,
+    /// Rows a call has per row of activations: a `QGemm{passes}`'s stacked passes, else 1.
+    pub passes: usize,
 }
 
 fn known_2d(g: &Graph, v: ValueId) -> Option<(usize, usize)> {
@@ -72,20 +74,29 @@ fn site(g: &Graph, n: &Node) -> Option<GemmSite> {
             let w = n.inputs.get(1).copied().flatten()?;
             let (k, nn) = known_2d(g, w)?;
             let (weight, transposed) = weight_of(g, w)?;
-            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed })
+            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes: 1 })
         }
         (Domain::Npuc, "WGemm" | "WGemmRowScaled") => {
             let k = n.attrs.int("K").ok().flatten()?;
             let nn = n.attrs.int("N").ok().flatten()?;
             let w = n.inputs.get(1).copied().flatten()?;
             let (weight, _) = weight_of(g, w)?;
-            Some(GemmSite { node: n.name.clone(), op, k: k as usize, n: nn as usize, weight, transposed: false })
+            Some(GemmSite {
+                node: n.name.clone(),
+                op,
+                k: k as usize,
+                n: nn as usize,
+                weight,
+                transposed: false,
+                passes: 1,
+            })
         }
         (Domain::Npuc, "QGemm") => {
             let w = n.inputs.get(3).copied().flatten()?;
             let (k, nn) = known_2d(g, w)?;
             let (weight, transposed) = weight_of(g, w)?;
-            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed })
+            let passes = n.attrs.int("passes").ok().flatten().map_or(1, |p| p.max(1) as usize);
+            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes })
         }
         _ => None,
     }

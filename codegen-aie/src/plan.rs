@@ -273,6 +273,7 @@ fn gemm_entry(g: &PlannedGemm) -> PlanGemm {
             n: s.n,
             weight: s.weight.clone(),
             transposed: s.transposed,
+            passes: s.passes,
         },
         chunks: g.chunks.clone(),
     }

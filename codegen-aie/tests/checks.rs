@@ -148,6 +148,7 @@ fn small_calls_run_as_gemv_blocks_and_large_ones_are_cut_into_m_blocks() {
         n: 576,
         weight: "q".into(),
         transposed: false,
+        passes: 1,
     }];
     let p = plan::plan_sites(sites.clone(), PlanOptions::new(Device::Npu1)).unwrap();
     assert_eq!((p.decode_rows, p.gemv_rows), (64, 8));
@@ -283,6 +284,7 @@ fn every_planned_design_keeps_mlir_aies_rules() {
             n,
             weight: format!("p{i}"),
             transposed: false,
+            passes: 1,
         })
         .collect();
     for device in [Device::Npu1, Device::Npu2] {

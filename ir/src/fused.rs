@@ -10,13 +10,13 @@
 //! | `GeluTanh` | x → y | y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), GELU's tanh form: ONNX `Gelu` with `approximate = "tanh"` |
 //! | `GeluGate` | gate, up → y | y = GeluTanh(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
-//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]) |
+//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]). With `passes` = P, a holds activation passes along a new leading axis ([Q, .., K], Q ≥ P, sₐ [Q, .., 1], as `QuantizeRows{passes}` stacks them) and y [.., N] is the sum of the first P passes' products, added in pass order in f32: rows of all P passes in one call, so each weight is read once (no requantisation then) |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
 //! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
-//! | `QuantizeRows` | x → codes, scales, [residual codes, residual scales] | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With four outputs, the rounding residual r = x − codes·s (in f32) is quantised the same way: x ≈ codes·s + codes_r·s_r to about 15 bits, two int8 products summed (see [`quantize_rows_residual`]). What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `QuantizeRows{[passes]}` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
@@ -90,28 +90,7 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         }
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
         "QuantizeRows" => {
-            let x = input(0)?;
-            let d = match x.shape.last() {
-                Some(&d) if d > 0 && x.dtype.is_float() => d,
-                _ => {
-                    return Err(err(op, format!("x must be a float tensor [.., K > 0], got {} {:?}", x.dtype, x.shape)))
-                }
-            };
-            let xs = x.to_f32_vec();
-            let (codes, scales) = quantize_rows(&xs, d);
-            let mut scale_shape = x.shape.clone();
-            *scale_shape.last_mut().unwrap() = 1;
-            let as_tensors = |codes: Vec<i8>, scales: Vec<f32>| {
-                [
-                    Tensor::from_i64(DType::I8, x.shape.clone(), codes.into_iter().map(i64::from).collect()),
-                    Tensor::from_f32(DType::F32, scale_shape.clone(), scales),
-                ]
-            };
-            let mut out = Vec::from(as_tensors(codes.clone(), scales.clone()));
-            if num_outputs == 4 {
-                let (rc, rs) = quantize_rows_residual(&xs, d, &codes, &scales);
-                out.extend(as_tensors(rc, rs));
-            }
+            let mut out = quantize_rows_op(op, input(0)?)?;
             out.truncate(num_outputs.max(1));
             Ok(out)
         }
@@ -365,6 +344,53 @@ fn rope(op: &OpRef, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, Ev
 /// on the weight alone (computed once per weight, at compile time). Every term is an exact integer,
 /// so the zero points, asymmetric ones included, cost no accuracy.
 fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
+    match activation_passes(op.attrs).map_err(|m| err(op, m))? {
+        None => qgemm_rows(op, inputs),
+        Some(passes) => qgemm_passes(op, inputs, passes),
+    }
+}
+
+/// `QGemm{passes}`: the first `passes` passes of a stacked activation as the rows of one plain
+/// QGemm, then each row's products summed over the passes in pass order.
+fn qgemm_passes(op: &OpRef, inputs: &[Option<&Tensor>], passes: usize) -> Result<Tensor, EvalError> {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let (Some(a), Some(sa)) = (get(0), get(1)) else {
+        return Err(err(op, "QGemm needs a, a_scale, a_zero_point, w, w_scale, w_zero_point"));
+    };
+    let (Some(&stacked), Some(&k)) = (a.shape.first(), a.shape.last()) else {
+        return Err(err(op, "a QGemm with passes wants a [passes, .., K]"));
+    };
+    if a.rank() < 2 || passes > stacked || k == 0 || sa.numel() != a.numel() / k || get(6).is_some() {
+        return Err(err(
+            op,
+            format!(
+                "a QGemm of {passes} passes wants a [≥ {passes}, .., K] with a scale per row and no output requantisation, got a {:?}, scale {:?}",
+                a.shape, sa.shape
+            ),
+        ));
+    }
+    let rows = a.numel() / k / stacked;
+    let (Some(codes), scales) = (a.as_i64(), sa.to_f32_vec()) else {
+        return Err(err(op, "QGemm operands and zero points must be integers"));
+    };
+    let a_rows = Tensor::from_i64(a.dtype, vec![passes * rows, k], codes[..passes * rows * k].to_vec());
+    let s_rows = Tensor::from_f32(DType::F32, vec![passes * rows, 1], scales[..passes * rows].to_vec());
+    let mut rest: Vec<Option<&Tensor>> = vec![Some(&a_rows), Some(&s_rows)];
+    rest.extend(inputs.iter().skip(2).copied());
+    let y = qgemm_rows(op, &rest)?;
+    let n = y.shape[1];
+    let products = y.as_f32().expect("QGemm gives f32");
+    let mut sum = products[..rows * n].to_vec();
+    for pass in products.chunks(rows * n).skip(1) {
+        sum.iter_mut().zip(pass).for_each(|(s, &p)| *s += p);
+    }
+    let mut shape = a.shape[1..].to_vec();
+    *shape.last_mut().unwrap() = n;
+    Ok(Tensor::from_f32(DType::F32, shape, sum))
+}
+
+/// `QGemm` of a [.., K] by w [K, N].
+fn qgemm_rows(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (a, sa, za, w, sw, zw) = match (get(0), get(1), get(2), get(3), get(4), get(5)) {
         (Some(a), Some(sa), Some(za), Some(w), Some(sw), Some(zw)) => (a, sa, za, w, sw, zw),
@@ -421,6 +447,43 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
         (None, Some(_)) => Err(err(op, "an output zero point without an output scale")),
         (None, None) => Ok(y),
     }
+}
+
+/// The `passes` attribute of a `QuantizeRows` (1 or 2, default 1) or a `QGemm` (none, or 1
+/// or more: the activation's leading pass axis).
+pub fn activation_passes(attrs: &Attrs) -> Result<Option<usize>, String> {
+    match attrs.int("passes").map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(p) if p >= 1 => Ok(Some(p as usize)),
+        Some(p) => Err(format!("passes must be at least 1, got {p}")),
+    }
+}
+
+/// `QuantizeRows`: codes and row scales of x, in one pass or two stacked on a leading axis.
+fn quantize_rows_op(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
+    let d = match x.shape.last() {
+        Some(&d) if d > 0 && x.dtype.is_float() => d,
+        _ => return Err(err(op, format!("x must be a float tensor [.., K > 0], got {} {:?}", x.dtype, x.shape))),
+    };
+    let passes = activation_passes(op.attrs).map_err(|m| err(op, m))?.unwrap_or(1);
+    if passes > 2 {
+        return Err(err(op, format!("QuantizeRows takes 1 or 2 passes, got {passes}")));
+    }
+    let xs = x.to_f32_vec();
+    let (mut codes, mut scales) = quantize_rows(&xs, d);
+    let (mut code_shape, mut scale_shape) = (x.shape.clone(), x.shape.clone());
+    *scale_shape.last_mut().unwrap() = 1;
+    if passes == 2 {
+        let (rc, rs) = quantize_rows_residual(&xs, d, &codes, &scales);
+        codes.extend(rc);
+        scales.extend(rs);
+        code_shape.insert(0, 2);
+        scale_shape.insert(0, 2);
+    }
+    Ok(vec![
+        Tensor::from_i64(DType::I8, code_shape, codes.into_iter().map(i64::from).collect()),
+        Tensor::from_f32(DType::F32, scale_shape, scales),
+    ])
 }
 
 /// `QuantizeRows` on rows of `d` values: per row s = max|x|/127 (1 for a row of zeros, so its
@@ -833,7 +896,8 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
         })),
         (Domain::Npuc, "QGemm") => {
             let (Some(a), Some(w)) = (t(0), t(3)) else { return vec![] };
-            let mut shape = a.shape.clone();
+            let stacked = matches!(activation_passes(attrs), Ok(Some(_)));
+            let mut shape = if stacked { a.shape.iter().skip(1).cloned().collect() } else { a.shape.clone() };
             if let (Some(last), Some(n)) = (shape.last_mut(), w.shape.get(1)) {
                 *last = n.clone();
             }
@@ -851,9 +915,12 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             if let Some(last) = scale_shape.last_mut() {
                 *last = Dim::known(1);
             }
-            let pass =
-                [TypeInfo { dtype: DType::I8, shape: x.shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }];
-            pass.iter().chain(&pass).cloned().collect()
+            let mut code_shape = x.shape;
+            if matches!(activation_passes(attrs), Ok(Some(2))) {
+                code_shape.insert(0, Dim::known(2));
+                scale_shape.insert(0, Dim::known(2));
+            }
+            vec![TypeInfo { dtype: DType::I8, shape: code_shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }]
         }
         (Domain::Npuc, "Attention") => {
             let (Some(q), Some(k)) = (t(0), t(1)) else { return vec![] };
@@ -952,16 +1019,24 @@ mod tests {
         assert_eq!(y[0].as_f32().unwrap(), &[14.0 * 0.125]);
     }
 
+    fn passes(p: i64) -> Attrs {
+        let mut a = Attrs::default();
+        a.set("passes", Attr::Int(p));
+        a
+    }
+
     #[test]
-    fn quantize_rows_with_four_outputs_takes_the_residual_to_about_15_bits() {
+    fn quantize_rows_in_two_passes_stacks_the_residual_to_about_15_bits() {
         // A row whose one large channel leaves the others a code or two in one pass.
         let row = [100.0f32, 0.37, -0.52, 0.011, 0.0, -0.29];
         let x = Tensor::from_f32(DType::F32, vec![1, row.len()], row.to_vec());
-        let r = eval(&op("QuantizeRows", &Attrs::default()), &[Some(&x)], 4).unwrap();
-        assert_eq!(r.len(), 4);
-        assert_eq!((r[2].dtype, r[3].shape.as_slice()), (DType::I8, &[1usize, 1][..]));
-        let (c, s) = (r[0].as_i64().unwrap(), r[1].as_f32().unwrap()[0]);
-        let (rc, rs) = (r[2].as_i64().unwrap(), r[3].as_f32().unwrap()[0]);
+        let r = eval(&op("QuantizeRows", &passes(2)), &[Some(&x)], 2).unwrap();
+        assert_eq!(
+            (r[0].dtype, r[0].shape.as_slice(), r[1].shape.as_slice()),
+            (DType::I8, &[2, 1, 6][..], &[2, 1, 1][..])
+        );
+        let (c, rc) = r[0].as_i64().unwrap().split_at(row.len());
+        let (s, rs) = (r[1].as_f32().unwrap()[0], r[1].as_f32().unwrap()[1]);
         // The second pass's scale is at most half a first-pass step over 127.
         assert!(rs > 0.0 && rs <= s / 2.0 / 127.0 * 1.0001, "{rs} vs {s}");
         for (i, &v) in row.iter().enumerate() {
@@ -969,9 +1044,35 @@ mod tests {
             assert!((v - two).abs() <= rs / 2.0 * 1.0001, "{i}: {v} ≈ {two}");
             assert!((v - one).abs() <= s / 2.0 * 1.0001);
         }
-        // Two outputs are the first pass alone.
+        // The first pass is the one-pass form.
         let first = eval(&op("QuantizeRows", &Attrs::default()), &[Some(&x)], 2).unwrap();
-        assert_eq!((&first[0], &first[1]), (&r[0], &r[1]));
+        assert_eq!(first[0].as_i64().unwrap(), c);
+        assert_eq!(first[1].as_f32().unwrap(), &[s]);
+    }
+
+    #[test]
+    fn qgemm_of_stacked_passes_sums_each_passes_products_in_order() {
+        // Two rows, two passes, K = 2, w = [[1, 2], [3, −1]] per column scales [1, 0.5].
+        // Pass 0 codes [[1, 1], [2, 0]] scales [0.5, 1]; pass 1 codes [[−1, 4], [0, 1]] scales
+        // [0.25, 0.125]. Row 0: pass 0 acc (4, 1) → (2, 0.25); pass 1 acc (11, −6) → (2.75, −0.75).
+        let a = Tensor::from_i64(DType::I8, vec![2, 2, 2], vec![1, 1, 2, 0, -1, 4, 0, 1]);
+        let sa = Tensor::from_f32(DType::F32, vec![2, 2, 1], vec![0.5, 1.0, 0.25, 0.125]);
+        let w = Tensor::from_i64(DType::I8, vec![2, 2], vec![1, 2, 3, -1]);
+        let sw = Tensor::from_f32(DType::F32, vec![2], vec![1.0, 0.5]);
+        let (za, zw) = (Tensor::from_i64(DType::I8, vec![], vec![0]), Tensor::from_i64(DType::I8, vec![2], vec![0, 0]));
+        let run = |p: i64| {
+            let ins = [Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)];
+            eval(&op("QGemm", &passes(p)), &ins, 1).unwrap().remove(0)
+        };
+        // Row 1: pass 0 acc (2, 4) → (2, 2); pass 1 acc (3, −1) → (0.375, −0.0625).
+        let both = run(2);
+        assert_eq!(both.shape, [2, 2]);
+        assert_eq!(both.as_f32().unwrap(), &[2.0 + 2.75, 0.25 - 0.75, 2.0 + 0.375, 2.0 - 0.0625]);
+        // One pass reads the first pass only.
+        assert_eq!(run(1).as_f32().unwrap(), &[2.0, 0.25, 2.0, 2.0]);
+        // More passes than the activation holds is refused.
+        let ins = [Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)];
+        assert!(eval(&op("QGemm", &passes(3)), &ins, 1).unwrap_err().msg.contains("3 passes"));
     }
 
     #[test]

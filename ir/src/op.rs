@@ -215,7 +215,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "L2NormRowScaled",      (1, 1), (1, 1)),
     spec(NP, "GatedRmsNormRowScaled", (3, 3), (1, 1)),
     // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
-    spec(NP, "QuantizeRows",         (1, 1), (2, 4)),
+    spec(NP, "QuantizeRows",         (1, 1), (2, 2)),
 ];
 
 /// The vocabulary entry for an op, if npuc knows it.

@@ -7,10 +7,12 @@
 //! Transpose), a `WGemm` (4- or 8-bit blocks, dequantised exactly first) — into
 //!
 //! ```text
-//! c, s, c', s' = npuc::QuantizeRows(a)           (per row: s = max|a|/127; c', s' the residual's)
-//! y = npuc::QGemm(c, s, 0, W8, s_cols, 0)        (W8 int8 [K, N], s_cols [N])
-//!   + npuc::QGemm(c', s', 0, W8, s_cols, 0)      (the activations' second pass)
-//!  [+ npuc::QGemm(c, s, 0, W8', s_cols', 0)]     (the weights' second pass: the gated MLP's)
+//! C, S = npuc::QuantizeRows{passes=2}(a)            (per row: s = max|a|/127; C = [c; c'],
+//!                                                    S = [s; s'] with the residual's pass second)
+//! y = npuc::QGemm{passes=2}(C, S, 0, W8, s_cols, 0)  (W8 int8 [K, N], s_cols [N]: c·W8 + c'·W8,
+//!                                                    both passes rows of one call)
+//!  [+ npuc::QGemm{passes=1}(C, S, 0, W8', s_cols', 0)] (the weights' second pass, the gated
+//!                                                    MLP's, of the first activation pass)
 //! ```
 //!
 //! with W8 = round_half_even(W / s_col), s_col = max_k |W[k, col]| / 127, and a second pass
@@ -32,7 +34,7 @@ use crate::{Pass, PassDetail, PassError};
 use ir::fused::{NBitsError, NBitsWeights};
 use ir::graph::{Graph, Node, NodeId, Value, ValueDef, ValueId};
 use ir::weights::{Weight, WeightId, WeightStore};
-use ir::{Attrs, DType, Dim, Domain, Tensor};
+use ir::{Attr, Attrs, DType, Dim, Domain, Tensor};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -401,7 +403,7 @@ struct Precision {
     weight_passes: u8,
 }
 
-/// One activation pass: its codes and row scales.
+/// A projection's activations: codes and row scales (both passes stacked when two).
 type RowCodes = (ValueId, ValueId);
 
 /// One weight pass: its codes [K, N], column scales and zero points.
@@ -542,32 +544,36 @@ impl Int8Program {
         )
     }
 
-    /// `QuantizeRows(a)` → one `QGemm` per pass pair with the int8 weights, summed (→ `Add` of
-    /// the bias), computing `n`'s output.
+    /// `QuantizeRows(a)` → one `QGemm` per weight pass, summed (→ `Add` of the bias), computing
+    /// `n`'s output. Two activation passes are stacked rows of one call (`passes = 2`), so the
+    /// main weight is read once for both; the weights' residual pass reads the first pass only.
     fn push_int8_projection(&mut self, g: &Graph, n: &Node, p: &Projection, w: Int8Weights, a_passes: u8) {
         let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let passes = self.quantize_rows(g, n, p.a, a_passes);
+        let rows = self.quantize_rows(g, n, p.a, a_passes);
+        let stacked = a_passes > 1;
         let y = n.outputs[0];
         let v = g.value(y);
         let product = match p.bias {
             None => y,
             Some(_) => self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder.clone()),
         };
-        // Main × main, residual activations × main, main activations × residual weights: the
+        // Main × (main + residual activations), then main activations × residual weights: the
         // residual × residual product is below both residuals' rounding.
-        let mut terms: Vec<(RowCodes, WeightCodes)> = vec![(passes[0], w.main)];
-        terms.extend(passes.get(1).map(|&a| (a, w.main)));
-        terms.extend(w.residual.map(|r| (passes[0], r)));
+        let mut terms: Vec<(WeightCodes, Option<i64>)> = vec![(w.main, stacked.then_some(i64::from(a_passes)))];
+        terms.extend(w.residual.map(|r| (r, stacked.then_some(1))));
         let value = |s: &mut Self, name: String| match terms.len() {
             1 => product,
             _ => s.add_value(name, v.dtype, v.shape.clone(), placeholder.clone()),
         };
         let mut sum = None;
-        for (t, &((codes, rows), (w8, s_cols, z_cols))) in terms.iter().enumerate() {
+        for (t, &((w8, s_cols, z_cols), passes)) in terms.iter().enumerate() {
             let name = if t == 0 { n.name.clone() } else { format!("{}/term{t}", n.name) };
             let out = value(self, format!("{}/term{t}", n.name));
-            let inputs = vec![Some(codes), Some(rows), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
+            let inputs = vec![Some(rows.0), Some(rows.1), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
             self.push_node(name, Domain::Npuc, "QGemm", 1, inputs, vec![out]);
+            if let Some(passes) = passes {
+                self.nodes.last_mut().expect("just pushed").attrs.set("passes", Attr::Int(passes));
+            }
             sum = Some(match sum {
                 None => out,
                 Some(acc) => {
@@ -590,31 +596,26 @@ impl Int8Program {
         }
     }
 
-    /// `QuantizeRows(a)` in one or two passes: each pass's (codes, row scales).
-    fn quantize_rows(&mut self, g: &Graph, n: &Node, input: ValueId, passes: u8) -> Vec<RowCodes> {
+    /// `QuantizeRows(a)` in one pass, or two stacked on a leading axis: (codes, row scales).
+    fn quantize_rows(&mut self, g: &Graph, n: &Node, input: ValueId, passes: u8) -> RowCodes {
         let a = g.value(input);
-        let mut row_shape = a.shape.clone();
+        let (mut code_shape, mut row_shape) = (a.shape.clone(), a.shape.clone());
         if let Some(last) = row_shape.last_mut() {
             *last = Dim::known(1);
         }
-        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let mut out = Vec::new();
-        let mut values = Vec::new();
-        for pass in 0..passes.clamp(1, 2) {
-            let suffix = if pass == 0 { "" } else { "_residual" };
-            let codes =
-                self.add_value(format!("{}/codes{suffix}", n.name), DType::I8, a.shape.clone(), placeholder.clone());
-            let rows = self.add_value(
-                format!("{}/row_scales{suffix}", n.name),
-                DType::F32,
-                row_shape.clone(),
-                placeholder.clone(),
-            );
-            out.push((codes, rows));
-            values.extend([codes, rows]);
+        if passes > 1 {
+            code_shape.insert(0, Dim::known(2));
+            row_shape.insert(0, Dim::known(2));
         }
-        self.push_node(format!("{}/quantize_rows", n.name), Domain::Npuc, "QuantizeRows", 1, vec![Some(input)], values);
-        out
+        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
+        let codes = self.add_value(format!("{}/codes", n.name), DType::I8, code_shape, placeholder.clone());
+        let rows = self.add_value(format!("{}/row_scales", n.name), DType::F32, row_shape, placeholder);
+        let name = format!("{}/quantize_rows", n.name);
+        self.push_node(name, Domain::Npuc, "QuantizeRows", 1, vec![Some(input)], vec![codes, rows]);
+        if passes > 1 {
+            self.nodes.last_mut().expect("just pushed").attrs.set("passes", Attr::Int(2));
+        }
+        (codes, rows)
     }
 
     fn push_node(

@@ -186,8 +186,10 @@ mod tests {
     #[test]
     fn xdna_computes_the_projection_in_int8() {
         let (ops, xdna) = ops_after("xdna");
-        // The activations in two int8 passes: two QGemms over one weight, from one QuantizeRows.
-        assert_eq!(ops, ["QGemm", "QGemm", "QuantizeRows", "RmsNorm", "SkipRmsNorm"]);
+        // The activations in two int8 passes, stacked rows of one QGemm over the weight.
+        assert_eq!(ops, ["QGemm", "QuantizeRows", "RmsNorm", "SkipRmsNorm"]);
+        let passes = |op: &str| xdna.nodes.iter().find(|n| n.op == op).map(|n| n.attrs.int("passes").unwrap());
+        assert_eq!((passes("QuantizeRows"), passes("QGemm")), (Some(Some(2)), Some(Some(2))));
         let (_, cpu) = ops_after("cpu");
         let input = adversarial_input();
         let (a, b) = (ir::run::run_graph(&xdna, &input).unwrap(), ir::run::run_graph(&cpu, &input).unwrap());

@@ -189,6 +189,8 @@ pub struct Executor<'b> {
     /// Quantised activations (u8 codes, or i8 codes as bytes).
     qbufs: Vec<Vec<u8>>,
     qgemm_scratch: QGemmScratch,
+    /// A QGemm of stacked passes: every pass's products, before they are summed.
+    pass_products: Vec<f32>,
     /// Where QGemm products are computed when not here (see [`GemmOffload`]).
     offload: Option<Box<dyn GemmOffload>>,
     offloaded_calls: u64,
@@ -269,6 +271,7 @@ impl<'b> Executor<'b> {
             wgemm_scratch: WGemmScratch::default(),
             qbufs: vec![Vec::new(); plan.q_buffers],
             qgemm_scratch: QGemmScratch::default(),
+            pass_products: Vec::new(),
             offload: None,
             offloaded_calls: 0,
             attend_scratches: Vec::new(),

@@ -36,7 +36,7 @@ pub fn quantize_rows(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32]) 
     quantize_rows_with(x, k, codes, scales, |_, v| v);
 }
 
-/// The second pass of a four-output `npuc::QuantizeRows`: [`quantize_rows`] of the residual
+/// The second pass of a two-pass `npuc::QuantizeRows`: [`quantize_rows`] of the residual
 /// x − codes·s of the first pass `(codes, scales)`, as `ir::fused::quantize_rows_residual`
 /// computes it (in f32).
 pub fn quantize_rows_residual(

@@ -203,21 +203,23 @@ pub enum Op {
         out: usize,
     },
     /// `npuc::QuantizeRows`: f32 rows of `k` values into int8 codes (a [`Loc::QBuf`]) and one
-    /// f32 scale per row (max|row|/127, 1 for a row of zeros); with `residual`, the codes and
-    /// scales of the rounding residual x − codes·s as well.
+    /// f32 scale per row (max|row|/127, 1 for a row of zeros); when `stacked`, the codes and
+    /// scales of the rounding residual x − codes·s follow the first pass's in the same buffers.
     QuantizeRows {
         x: usize,
         k: usize,
         codes: usize,
         scales: usize,
-        residual: Option<(usize, usize)>,
+        stacked: bool,
     },
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
     /// With `a_row_scales`, the activations' scale is that value (one per row) and `a_scale` is
-    /// unused.
+    /// unused. With `passes` (of `stacked` passes in `a`), the first `passes` passes' rows are
+    /// one call and each output row is their sum.
     QGemm {
         a: usize,
+        passes: Option<(usize, usize)>,
         a_signed: bool,
         a_row_scales: Option<usize>,
         a_scale: f32,

@@ -86,15 +86,13 @@ impl Executor<'_> {
                     (std::slice::from_ref(out), *last_row_only && !self.every_row_logits)
                 }
                 Op::Int { .. } | Op::TopK { .. } => continue,
-                Op::QuantizeRows { x, k, codes, scales, residual } => {
-                    let n = numel(&self.shapes[*x]);
-                    for (codes, scales) in std::iter::once((*codes, *scales)).chain(*residual) {
-                        let Loc::QBuf(b) = self.plan.locs[codes] else { unreachable!("codes live in code buffers") };
-                        if self.qbufs[b].len() < n {
-                            self.qbufs[b].resize(n, 0);
-                        }
-                        grow(&mut self.bufs, self.plan.locs[scales], n / k);
+                Op::QuantizeRows { x, k, codes, scales, stacked } => {
+                    let n = numel(&self.shapes[*x]) * if *stacked { 2 } else { 1 };
+                    let Loc::QBuf(b) = self.plan.locs[*codes] else { unreachable!("codes live in code buffers") };
+                    if self.qbufs[b].len() < n {
+                        self.qbufs[b].resize(n, 0);
                     }
+                    grow(&mut self.bufs, self.plan.locs[*scales], n / k);
                     continue;
                 }
                 Op::Quantize { out, .. } | Op::QGemm { out, requant: Some(_), .. } => {

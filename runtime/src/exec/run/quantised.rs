@@ -92,7 +92,7 @@ impl Executor<'_> {
     }
 
     fn run_quantize_rows(&mut self, index: usize) -> Result<(), ExecError> {
-        let Op::QuantizeRows { x, k, codes, scales, residual } = self.plan.node_op(index).1 else {
+        let Op::QuantizeRows { x, k, codes, scales, stacked } = self.plan.node_op(index).1 else {
             unreachable!("a QuantizeRows")
         };
         let b = qbuf(&self.plan.locs, *codes);
@@ -100,15 +100,13 @@ impl Executor<'_> {
         let Loc::Buf(sb) = self.plan.locs[*scales] else { unreachable!("scales live in buffers") };
         let mut row_scales = std::mem::take(&mut self.bufs[sb]);
         let input = view!(self).f32(*x);
-        quantize::quantize_rows(input, *k, &mut y, &mut row_scales);
-        if let Some((rc, rs)) = *residual {
-            let rb = qbuf(&self.plan.locs, rc);
-            let Loc::Buf(rsb) = self.plan.locs[rs] else { unreachable!("scales live in buffers") };
-            let (mut ry, mut r_scales) = (std::mem::take(&mut self.qbufs[rb]), std::mem::take(&mut self.bufs[rsb]));
-            let input = view!(self).f32(*x);
-            quantize::quantize_rows_residual(input, *k, (&y, &row_scales), &mut ry, &mut r_scales);
-            self.qbufs[rb] = ry;
-            self.bufs[rsb] = r_scales;
+        let (n, rows) = (input.len(), input.len() / *k);
+        let (first, residual) = y.split_at_mut(n);
+        let (first_scales, residual_scales) = row_scales.split_at_mut(rows);
+        quantize::quantize_rows(input, *k, first, first_scales);
+        if *stacked {
+            let first = (&*first, &*first_scales);
+            quantize::quantize_rows_residual(input, *k, first, &mut residual[..n], &mut residual_scales[..rows]);
         }
         self.bufs[sb] = row_scales;
         self.qbufs[b] = y;
@@ -126,20 +124,26 @@ impl Executor<'_> {
     }
 
     /// QGemm: the products from the offload when it takes the call, else the kernel; the
-    /// output requantised into codes or f32.
+    /// output requantised into codes or f32. A QGemm of stacked passes is one call of every
+    /// pass's rows, each output row then the sum of its passes' products (in pass order).
     fn run_qgemm(&mut self, index: usize) -> Result<(), ExecError> {
         let (node, op) = self.plan.node_op(index);
-        let Op::QGemm { a, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n, requant, out } = op else {
+        let Op::QGemm { a, passes, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n, requant, out } = op
+        else {
             unreachable!("a QGemm")
         };
         let fail = node_fail(node);
         let locs = &self.plan.locs;
         let (k, n) = (*k, *n);
-        let codes_len = numel(&self.shapes[*a]);
-        if !codes_len.is_multiple_of(k) {
-            return Err(fail(format!("the activation holds {codes_len} codes, not rows of {k}")));
+        let all_codes = numel(&self.shapes[*a]);
+        let stacked = passes.map_or(1, |(_, stacked)| stacked);
+        if !all_codes.is_multiple_of(k * stacked) {
+            return Err(fail(format!("the activation holds {all_codes} codes, not {stacked} passes of rows of {k}")));
         }
-        let m = codes_len / k;
+        // Rows of one pass, and the rows of the call: every pass it reads.
+        let pass_rows = all_codes / k / stacked;
+        let m = pass_rows * passes.map_or(1, |(read, _)| read);
+        let codes_len = m * k;
         let weights = self.plan.qpacked[*packed].weights();
         // Per-row scales are read from their buffer, taken out while the output is written.
         let rows = a_row_scales.map(|v| {
@@ -174,8 +178,8 @@ impl Executor<'_> {
             Some((scale, zero_point, signed)) => {
                 let b = qbuf(locs, *out);
                 let mut y = std::mem::take(&mut self.qbufs[b]);
-                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
                 let (scale, zero_point) = (*scale, *zero_point);
+                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
                 let dst = if *signed {
                     QOutput::I8 { y: as_i8_mut(&mut y[..m * n]), scale, zero_point }
                 } else {
@@ -186,9 +190,18 @@ impl Executor<'_> {
                 r
             }
             None => {
-                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
                 let Loc::Buf(b) = locs[*out] else { unreachable!("outputs live in buffers") };
-                gemm(acts, QOutput::F32(&mut self.bufs[b][..m * n]))
+                let y = &mut self.bufs[b][..pass_rows * n];
+                let acts = activations(&self.qbufs[a_codes][..codes_len], *a_signed);
+                if m == pass_rows {
+                    gemm(acts, QOutput::F32(y))
+                } else {
+                    let pass_products = &mut self.pass_products;
+                    pass_products.resize(m * n, 0.0);
+                    let r = gemm(acts, QOutput::F32(pass_products));
+                    sum_passes(pass_products, y);
+                    r
+                }
             }
         };
         if let Some((b, r)) = rows {
@@ -196,5 +209,14 @@ impl Executor<'_> {
         }
         result.map_err(|e| fail(e.to_string()))?;
         Ok(())
+    }
+}
+
+/// `y` = the sum of the passes stacked in `products` (each `y.len()` values), in pass order.
+fn sum_passes(products: &[f32], y: &mut [f32]) {
+    let (first, rest) = products.split_at(y.len());
+    y.copy_from_slice(first);
+    for pass in rest.chunks_exact(y.len()) {
+        y.iter_mut().zip(pass).for_each(|(s, &p)| *s += p);
     }
 }

@@ -255,18 +255,17 @@ pub(super) fn quantize_rows(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) 
         .filter(|&k| k > 0)
         .ok_or_else(|| fail(format!("`{}` has no fixed last axis to quantise along", b.values[x].name)))?;
     let (codes, scales) = (output(node, 0)?, output(node, 1)?);
-    let residual = match node.outputs.len() {
-        4 => Some((output(node, 2)?, output(node, 3)?)),
-        _ => None,
+    let stacked = match node.attr_i64("passes") {
+        None | Some(1) => false,
+        Some(2) => true,
+        Some(p) => return Err(fail(format!("QuantizeRows takes 1 or 2 passes, got {p}"))),
     };
-    for (codes, scales) in std::iter::once((codes, scales)).chain(residual) {
-        if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
-            return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
-        }
-        b.fresh_q(codes);
-        b.fresh(scales);
+    if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
+        return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
     }
-    b.push(n, Op::QuantizeRows { x, k, codes, scales, residual });
+    b.fresh_q(codes);
+    b.fresh(scales);
+    b.push(n, Op::QuantizeRows { x, k, codes, scales, stacked });
     Ok(())
 }
 
@@ -326,9 +325,33 @@ pub(super) fn qgemm(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Resul
         b.fresh(o);
     }
     let packed = b.qpacked.len() - 1;
-    let op = Op::QGemm { a, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n: n_cols, requant, out: o };
+    let passes = stacked_passes(b, node, a, requant.is_none() && a_row_scales.is_some())?;
+    let op =
+        Op::QGemm { a, passes, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n: n_cols, requant, out: o };
     b.push(n, op);
     Ok(())
+}
+
+/// A QGemm's `passes` with the number of passes its activation stacks (its fixed leading axis),
+/// or `None` for a plain activation; `summable` says the call has row scales and an f32 output.
+fn stacked_passes(
+    b: &Builder<'_, '_>,
+    node: &NodeInfo,
+    a: usize,
+    summable: bool,
+) -> Result<Option<(usize, usize)>, ExecError> {
+    let fail = node_fail(node);
+    let Some(passes) = node.attr_i64("passes") else { return Ok(None) };
+    let stacked = b.values[a].shape.first().and_then(|d| d.as_const());
+    match stacked {
+        Some(stacked) if passes >= 1 && passes as usize <= stacked && summable => {
+            Ok(Some((passes as usize, stacked)))
+        }
+        _ => Err(fail(format!(
+            "{passes} passes of `{}` need a fixed leading axis of at least {passes} passes, row scales, and an f32 output",
+            b.values[a].name
+        ))),
+    }
 }
 
 /// A QGemm's activation scale and zero point: computed per row by the program (QuantizeRows; the
