@@ -438,6 +438,9 @@ struct Int8Program {
     zero_a: ValueId,
     /// Source weight and its passes → its int8 values, so a shared weight is quantised once.
     quantised: HashMap<(Source, u8), Int8Weights>,
+    /// Activation and its passes → its codes: projections of one input (q, k, v; gate, up)
+    /// share one QuantizeRows.
+    rows: HashMap<(ValueId, u8), RowCodes>,
     /// Projections by (activation passes, weight passes).
     by_precision: std::collections::BTreeMap<(u8, u8), usize>,
     rewritten: usize,
@@ -461,6 +464,7 @@ impl Int8Program {
             nodes: Vec::with_capacity(g.nodes.len()),
             zero_a: ValueId(0),
             quantised: HashMap::new(),
+            rows: HashMap::new(),
             by_precision: Default::default(),
             rewritten: 0,
             kept_qgemm: 0,
@@ -596,8 +600,12 @@ impl Int8Program {
         }
     }
 
-    /// `QuantizeRows(a)` in one pass, or two stacked on a leading axis: (codes, row scales).
+    /// `QuantizeRows(a)` in one pass, or two stacked on a leading axis: (codes, row scales); once
+    /// per activation.
     fn quantize_rows(&mut self, g: &Graph, n: &Node, input: ValueId, passes: u8) -> RowCodes {
+        if let Some(&rows) = self.rows.get(&(input, passes)) {
+            return rows;
+        }
         let a = g.value(input);
         let (mut code_shape, mut row_shape) = (a.shape.clone(), a.shape.clone());
         if let Some(last) = row_shape.last_mut() {
@@ -615,6 +623,7 @@ impl Int8Program {
         if passes > 1 {
             self.nodes.last_mut().expect("just pushed").attrs.set("passes", Attr::Int(2));
         }
+        self.rows.insert((input, passes), (codes, rows));
         (codes, rows)
     }
 
@@ -722,5 +731,32 @@ mod tests {
         assert!(reason("gram").contains("two activations"), "{host:?}");
         assert_eq!(host.len(), 2);
         assert!(detail.summary.contains("host: `too_long`"), "{}", detail.summary);
+    }
+
+    /// Projections reading one activation (q, k and v of one norm) share its QuantizeRows, and
+    /// compute what each computes alone.
+    #[test]
+    fn projections_of_one_activation_share_its_quantisation() {
+        let build = |both: bool| {
+            let mut b = GraphBuilder::new("qkv");
+            let x = b.input("x", rows(3));
+            let wq = b.weight("wq", &Tensor::from_f32(DType::F32, vec![3, 2], vec![0.5, -1.0, 2.0, 0.75, 0.1, -0.3]));
+            let q = b.node(Domain::Onnx, "MatMul").name("q").inputs(&[x, wq]).output("q", rows(2)).add()[0];
+            b.output(q);
+            if both {
+                let wk = b.weight("wk", &Tensor::from_f32(DType::F32, vec![3, 2], vec![1.5, 0.2, -0.7, 0.4, 0.9, 1.1]));
+                let k = b.node(Domain::Onnx, "MatMul").name("k").inputs(&[x, wk]).output("k", rows(2)).add()[0];
+                b.output(k);
+            }
+            ArrayInt8.run(b.finish().unwrap()).unwrap().0
+        };
+        let (shared, alone) = (build(true), build(false));
+        shared.verify().unwrap();
+        let count = |op: &str| shared.nodes.iter().filter(|n| n.op == op).count();
+        assert_eq!((count("QuantizeRows"), count("QGemm")), (1, 2));
+        let x = Tensor::from_f32(DType::F32, vec![1, 2, 3], vec![0.3, -2.5, 1.25, 40.0, 0.01, -0.02]);
+        let input = std::collections::HashMap::from([("x".to_string(), x)]);
+        let (a, b) = (ir::run::run_graph(&shared, &input).unwrap(), ir::run::run_graph(&alone, &input).unwrap());
+        assert_eq!(a["q"], b["q"]);
     }
 }
