@@ -379,9 +379,10 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     let prefill_calls = npu_exec.offloaded_calls();
     let execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count();
     let got_decode = npu_exec.step(&[7]).unwrap().to_vec();
-    // 2 layers × (q, k, v, o: one call of both activation passes' rows; gate, up, down: one more
-    // for the weights' second pass) + the lm_head's call, each one M-block and one column chunk.
-    let calls = 2 * (4 + 3 * 2) + 1;
+    // 2 layers × (q, k and v side by side, and o: one call of both activation passes' rows
+    // each; gate and up side by side, and down: one more each for the weights' second pass) +
+    // the lm_head's call, each one M-block and one column chunk.
+    let calls = 2 * (2 + 2 * 2) + 1;
     assert_eq!(prefill_calls, calls, "QGemm calls offloaded in the prefill step");
     assert_eq!(execs as u64, calls, "commands submitted");
     assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls, "a one-row decode step runs every QGemm call too");

@@ -352,11 +352,36 @@ fn precision_of(n: &Node, p: &Projection, gated: &HashSet<ValueId>) -> Precision
     Precision { activation_passes: 2, weight_passes: if mlp { 2 } else { 1 } }
 }
 
+/// Projections the array computes as one call, by the node that emits them (the first): those
+/// reading one activation at one precision — q, k and v of a norm; gate and up — their weights
+/// side by side. A member whose bias the program computes stays alone (its bias may not exist
+/// yet where the group is emitted). Every other member maps to an empty list.
+fn groups(g: &Graph, found: &[Option<Projection>], gated: &HashSet<ValueId>) -> Vec<Vec<usize>> {
+    let mut groups = vec![Vec::new(); found.len()];
+    let mut first: HashMap<(ValueId, Precision), usize> = HashMap::new();
+    for (i, (n, p)) in g.nodes.iter().zip(found).enumerate() {
+        let Some(p) = p.as_ref().filter(|p| p.k <= MAX_ARRAY_K) else { continue };
+        let constant_bias = p.bias.is_none_or(|b| matches!(g.value(b).def, ValueDef::Weight(_) | ValueDef::Const(_)));
+        let key = (p.a, precision_of(n, p, gated));
+        match first.get(&key) {
+            Some(&f) if constant_bias => groups[f].push(i),
+            _ => {
+                groups[i].push(i);
+                if constant_bias {
+                    first.insert(key, i);
+                }
+            }
+        }
+    }
+    groups
+}
+
 fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
     let found = projections(&g)?;
     let gated = gated_mlp_values(&g);
+    let groups = groups(&g, &found, &gated);
     let mut program = Int8Program::new(&g);
-    for (n, p) in g.nodes.iter().zip(&found) {
+    for (i, (n, p)) in g.nodes.iter().zip(&found).enumerate() {
         match p {
             None => program.keep(n),
             Some(p) if p.k > MAX_ARRAY_K => {
@@ -367,12 +392,19 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
                 program.host.push(serde_json::json!({"node": n.name, "op": n.op, "reason": reason}));
                 program.nodes.push(n.clone());
             }
+            // Emitted with the first of its group.
+            Some(_) if groups[i].is_empty() => {}
             Some(p) => {
-                program.rewritten += 1;
+                let members: Vec<(&Node, &Projection)> =
+                    groups[i].iter().map(|&m| (&g.nodes[m], found[m].as_ref().expect("a projection"))).collect();
                 let precision = precision_of(n, p, &gated);
-                program.count(precision);
-                let weights = program.int8_weights(&g, p, precision.weight_passes);
-                program.push_int8_projection(&g, n, p, weights, precision.activation_passes);
+                for _ in &members {
+                    program.count(precision);
+                }
+                program.rewritten += members.len();
+                let projections: Vec<&Projection> = members.iter().map(|&(_, p)| p).collect();
+                let weights = program.int8_weights(&g, &projections, precision.weight_passes);
+                program.push_int8_group(&g, &members, weights, precision.activation_passes);
             }
         }
     }
@@ -397,7 +429,7 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 /// How finely the array's int8 products resolve a projection: its activations and its weights
 /// each in one int8 pass, or in two (the second quantising what the first rounded away: about 15
 /// bits), every pass an exact int8 × int8 → int32 product.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Precision {
     activation_passes: u8,
     weight_passes: u8,
@@ -408,6 +440,28 @@ type RowCodes = (ValueId, ValueId);
 
 /// One weight pass: its codes [K, N], column scales and zero points.
 type WeightCodes = (ValueId, ValueId, ValueId);
+
+/// One projection's int8 weight as data: codes [K, N] row-major and column scales, and the
+/// residual pass's when the weights take two.
+struct Quantised {
+    n: usize,
+    main: (Vec<i8>, Vec<f32>),
+    residual: Option<(Vec<i8>, Vec<f32>)>,
+}
+
+/// Codes [K, nᵢ] and scales [nᵢ] of several weights side by side: [K, Σnᵢ] and [Σnᵢ].
+fn side_by_side<'q>(
+    parts: impl Iterator<Item = (&'q (Vec<i8>, Vec<f32>), usize)> + Clone,
+    k: usize,
+) -> (Vec<i8>, Vec<f32>) {
+    let mut codes = Vec::new();
+    for row in 0..k {
+        for ((c, _), n) in parts.clone() {
+            codes.extend_from_slice(&c[row * n..(row + 1) * n]);
+        }
+    }
+    (codes, parts.flat_map(|((_, s), _)| s.iter().copied()).collect())
+}
 
 /// The int8 weight values of one projection — (codes, scales, zeros), and the residual's when
 /// the weights take two passes.
@@ -437,7 +491,7 @@ struct Int8Program {
     /// The int8 scalar zero point every QGemm's activation codes take.
     zero_a: ValueId,
     /// Source weight and its passes → its int8 values, so a shared weight is quantised once.
-    quantised: HashMap<(Source, u8), Int8Weights>,
+    quantised: HashMap<(Vec<Source>, u8), Int8Weights>,
     /// Activation and its passes → its codes: projections of one input (q, k, v; gate, up)
     /// share one QuantizeRows.
     rows: HashMap<(ValueId, u8), RowCodes>,
@@ -508,96 +562,150 @@ impl Int8Program {
         *self.by_precision.entry((precision.activation_passes, precision.weight_passes)).or_default() += 1;
     }
 
-    /// The int8 weights of `p` in `passes` passes, quantised on first use.
-    fn int8_weights(&mut self, g: &Graph, p: &Projection, passes: u8) -> Int8Weights {
-        let key = (p.source, passes);
-        if let Some(&v) = self.quantised.get(&key) {
-            return v;
-        }
-        let base = p.source.name(g);
+    /// One projection's weight in `passes` int8 passes, as data (its error recorded).
+    fn quantise(&mut self, g: &Graph, p: &Projection, passes: u8) -> Quantised {
         let dense = (passes > 1).then(|| dense_kn(&p.weights, p.k, p.n));
         let (codes, scales, error) = match &dense {
             None => quantize_columns(&p.weights, p.k, p.n),
             Some(w) => quantize_rows_major(&f32_bytes(w), p.k, p.n),
         };
         self.worst_error = self.worst_error.max(error);
-        self.per_weight.push(serde_json::json!({"weight": base, "k": p.k, "n": p.n, "max_rel_error": error}));
+        let name = p.source.name(g);
+        self.per_weight.push(serde_json::json!({"weight": name, "k": p.k, "n": p.n, "max_rel_error": error}));
         let residual = dense.map(|w| {
             // What the first pass's codes miss, quantised per output channel in its turn.
             let r: Vec<f32> =
                 w.iter().zip(&codes).enumerate().map(|(j, (w, &c))| w - f32::from(c) * scales[j % p.n]).collect();
             let (rc, rs, _) = quantize_rows_major(&f32_bytes(&r), p.k, p.n);
-            self.weight_values(&format!("{base}.residual"), p, &rc, &rs)
+            (rc, rs)
         });
-        let v = Int8Weights { main: self.weight_values(&base, p, &codes, &scales), residual };
+        Quantised { n: p.n, main: (codes, scales), residual }
+    }
+
+    /// The int8 weights of a group of projections of one activation (one projection, or q, k
+    /// and v), side by side along N, in `passes` passes, quantised on first use.
+    fn int8_weights(&mut self, g: &Graph, members: &[&Projection], passes: u8) -> Int8Weights {
+        let key = (members.iter().map(|p| p.source).collect::<Vec<_>>(), passes);
+        if let Some(&v) = self.quantised.get(&key) {
+            return v;
+        }
+        let parts: Vec<Quantised> = members.iter().map(|p| self.quantise(g, p, passes)).collect();
+        let k = members[0].k;
+        let base = members.iter().map(|p| p.source.name(g)).collect::<Vec<_>>().join("+");
+        let main = side_by_side(parts.iter().map(|q| (&q.main, q.n)), k);
+        let residual: Option<Vec<_>> = parts.iter().map(|q| q.residual.as_ref().map(|r| (r, q.n))).collect();
+        let residual = residual.map(|r| side_by_side(r.into_iter(), k));
+        let v = Int8Weights {
+            main: self.weight_values(&base, k, &main),
+            residual: residual.map(|r| self.weight_values(&format!("{base}.residual"), k, &r)),
+        };
         self.quantised.insert(key, v);
         v
     }
 
     /// The (W8, s_cols, zeros) values of codes [K, N] and scales [N], named after `base`.
-    fn weight_values(&mut self, base: &str, p: &Projection, codes: &[i8], scales: &[f32]) -> WeightCodes {
+    fn weight_values(&mut self, base: &str, k: usize, (codes, scales): &(Vec<i8>, Vec<f32>)) -> WeightCodes {
+        let n = scales.len();
         (
-            self.add_weight(
-                format!("{base}.int8"),
-                DType::I8,
-                vec![p.k, p.n],
-                codes.iter().map(|&c| c as u8).collect(),
-            ),
-            self.add_weight(format!("{base}.int8_scale"), DType::F32, vec![p.n], f32_bytes(scales)),
-            self.add_weight(format!("{base}.int8_zero"), DType::I8, vec![p.n], vec![0; p.n]),
+            self.add_weight(format!("{base}.int8"), DType::I8, vec![k, n], codes.iter().map(|&c| c as u8).collect()),
+            self.add_weight(format!("{base}.int8_scale"), DType::F32, vec![n], f32_bytes(scales)),
+            self.add_weight(format!("{base}.int8_zero"), DType::I8, vec![n], vec![0; n]),
         )
     }
 
-    /// `QuantizeRows(a)` → one `QGemm` per weight pass, summed (→ `Add` of the bias), computing
-    /// `n`'s output. Two activation passes are stacked rows of one call (`passes = 2`), so the
-    /// main weight is read once for both; the weights' residual pass reads the first pass only.
-    fn push_int8_projection(&mut self, g: &Graph, n: &Node, p: &Projection, w: Int8Weights, a_passes: u8) {
+    /// `QuantizeRows(a)` → one `QGemm` per weight pass over the group's weights side by side,
+    /// summed, then each member's columns (a `Slice` when the group has more than one) and its
+    /// bias (`Add`).
+    fn push_int8_group(&mut self, g: &Graph, members: &[(&Node, &Projection)], w: Int8Weights, a_passes: u8) {
+        let (first, p) = members[0];
+        let rows = self.quantize_rows(g, first, p.a, a_passes);
         let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let rows = self.quantize_rows(g, n, p.a, a_passes);
+        let out_of = |n: &Node| g.value(n.outputs[0]);
+        // Where each member's product lands: its output, or a value its bias is added to.
+        let mut products = Vec::new();
+        for &(n, p) in members {
+            let v = out_of(n);
+            products.push(match p.bias {
+                None => n.outputs[0],
+                Some(_) => self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder.clone()),
+            });
+        }
+        if let [product] = products[..] {
+            self.push_products(&first.name, rows, w, a_passes, product, out_of(first));
+        } else {
+            let mut v = out_of(first).clone();
+            if let Some(last) = v.shape.last_mut() {
+                *last = Dim::known(members.iter().map(|(_, p)| p.n as i64).sum());
+            }
+            let all = self.add_value(format!("{}/group", first.name), v.dtype, v.shape.clone(), placeholder.clone());
+            self.push_products(&first.name, rows, w, a_passes, all, &v);
+            let mut start = 0;
+            for (&(n, p), &product) in members.iter().zip(&products) {
+                self.push_columns(n, all, start..start + p.n, product);
+                start += p.n;
+            }
+        }
+        for (&(n, p), &product) in members.iter().zip(&products) {
+            if let Some(bias) = p.bias {
+                let inputs = vec![Some(product), Some(bias)];
+                self.push_node(format!("{}/bias", n.name), Domain::Onnx, "Add", 14, inputs, vec![n.outputs[0]]);
+            }
+        }
+    }
+
+    /// One `QGemm` per weight pass into `out` (shaped as `v`), summed: two activation passes are
+    /// stacked rows of one call (`passes = 2`), so the main weight is read once for both; the
+    /// weights' residual pass reads the first pass only.
+    fn push_products(&mut self, name: &str, rows: RowCodes, w: Int8Weights, a_passes: u8, out: ValueId, v: &Value) {
+        let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
         let stacked = a_passes > 1;
-        let y = n.outputs[0];
-        let v = g.value(y);
-        let product = match p.bias {
-            None => y,
-            Some(_) => self.add_value(format!("{}/product", n.name), v.dtype, v.shape.clone(), placeholder.clone()),
-        };
         // Main × (main + residual activations), then main activations × residual weights: the
         // residual × residual product is below both residuals' rounding.
         let mut terms: Vec<(WeightCodes, Option<i64>)> = vec![(w.main, stacked.then_some(i64::from(a_passes)))];
         terms.extend(w.residual.map(|r| (r, stacked.then_some(1))));
         let value = |s: &mut Self, name: String| match terms.len() {
-            1 => product,
+            1 => out,
             _ => s.add_value(name, v.dtype, v.shape.clone(), placeholder.clone()),
         };
         let mut sum = None;
         for (t, &((w8, s_cols, z_cols), passes)) in terms.iter().enumerate() {
-            let name = if t == 0 { n.name.clone() } else { format!("{}/term{t}", n.name) };
-            let out = value(self, format!("{}/term{t}", n.name));
+            let node = if t == 0 { name.to_string() } else { format!("{name}/term{t}") };
+            let term = value(self, format!("{name}/term{t}"));
             let inputs = vec![Some(rows.0), Some(rows.1), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
-            self.push_node(name, Domain::Npuc, "QGemm", 1, inputs, vec![out]);
+            self.push_node(node, Domain::Npuc, "QGemm", 1, inputs, vec![term]);
             if let Some(passes) = passes {
                 self.nodes.last_mut().expect("just pushed").attrs.set("passes", Attr::Int(passes));
             }
             sum = Some(match sum {
-                None => out,
+                None => term,
                 Some(acc) => {
-                    let total = if t + 1 == terms.len() { product } else { value(self, format!("{}/sum{t}", n.name)) };
-                    let inputs = vec![Some(acc), Some(out)];
-                    self.push_node(format!("{}/sum{t}", n.name), Domain::Onnx, "Add", 14, inputs, vec![total]);
+                    let total = if t + 1 == terms.len() { out } else { value(self, format!("{name}/sum{t}")) };
+                    self.push_node(
+                        format!("{name}/sum{t}"),
+                        Domain::Onnx,
+                        "Add",
+                        14,
+                        vec![Some(acc), Some(term)],
+                        vec![total],
+                    );
                     total
                 }
             });
         }
-        if let Some(bias) = p.bias {
-            self.push_node(
-                format!("{}/bias", n.name),
-                Domain::Onnx,
-                "Add",
-                14,
-                vec![Some(product), Some(bias)],
-                vec![y],
-            );
-        }
+    }
+
+    /// `out` = the columns `cols` of `all` (a `Slice` of the last axis).
+    fn push_columns(&mut self, n: &Node, all: ValueId, cols: std::ops::Range<usize>, out: ValueId) {
+        let int = |s: &mut Self, what: &str, v: usize| {
+            let t = Tensor::from_i64(DType::I64, vec![1], vec![v as i64]);
+            s.add_value(format!("{}/columns_{what}", n.name), DType::I64, vec![Dim::known(1)], ValueDef::Const(t))
+        };
+        let (start, end) = (int(self, "start", cols.start), int(self, "end", cols.end));
+        let axis = Tensor::from_i64(DType::I64, vec![1], vec![-1]);
+        let axes =
+            self.add_value(format!("{}/columns_axis", n.name), DType::I64, vec![Dim::known(1)], ValueDef::Const(axis));
+        let inputs = vec![Some(all), Some(start), Some(end), Some(axes)];
+        self.push_node(format!("{}/columns", n.name), Domain::Onnx, "Slice", 13, inputs, vec![out]);
     }
 
     /// `QuantizeRows(a)` in one pass, or two stacked on a leading axis: (codes, row scales); once
@@ -733,30 +841,34 @@ mod tests {
         assert!(detail.summary.contains("host: `too_long`"), "{}", detail.summary);
     }
 
-    /// Projections reading one activation (q, k and v of one norm) share its QuantizeRows, and
-    /// compute what each computes alone.
+    /// Projections reading one activation (q and k of one norm) are one QuantizeRows and one
+    /// QGemm over their weights side by side, sliced: each computes what it computes alone.
     #[test]
-    fn projections_of_one_activation_share_its_quantisation() {
-        let build = |both: bool| {
-            let mut b = GraphBuilder::new("qkv");
+    fn projections_of_one_activation_are_one_call_over_their_weights_side_by_side() {
+        let build = |names: &[&str]| {
+            let mut b = GraphBuilder::new("qk");
             let x = b.input("x", rows(3));
-            let wq = b.weight("wq", &Tensor::from_f32(DType::F32, vec![3, 2], vec![0.5, -1.0, 2.0, 0.75, 0.1, -0.3]));
-            let q = b.node(Domain::Onnx, "MatMul").name("q").inputs(&[x, wq]).output("q", rows(2)).add()[0];
-            b.output(q);
-            if both {
-                let wk = b.weight("wk", &Tensor::from_f32(DType::F32, vec![3, 2], vec![1.5, 0.2, -0.7, 0.4, 0.9, 1.1]));
-                let k = b.node(Domain::Onnx, "MatMul").name("k").inputs(&[x, wk]).output("k", rows(2)).add()[0];
-                b.output(k);
+            for &name in names {
+                let w = match name {
+                    "q" => vec![0.5, -1.0, 2.0, 0.75, 0.1, -0.3],
+                    _ => vec![1.5, 0.2, -0.7, 0.4, 0.9, 1.1],
+                };
+                let w = b.weight(&format!("w{name}"), &Tensor::from_f32(DType::F32, vec![3, 2], w));
+                let y = b.node(Domain::Onnx, "MatMul").name(name).inputs(&[x, w]).output(name, rows(2)).add()[0];
+                b.output(y);
             }
             ArrayInt8.run(b.finish().unwrap()).unwrap().0
         };
-        let (shared, alone) = (build(true), build(false));
-        shared.verify().unwrap();
-        let count = |op: &str| shared.nodes.iter().filter(|n| n.op == op).count();
-        assert_eq!((count("QuantizeRows"), count("QGemm")), (1, 2));
+        let both = build(&["q", "k"]);
+        both.verify().unwrap();
+        let count = |op: &str| both.nodes.iter().filter(|n| n.op == op).count();
+        assert_eq!((count("QuantizeRows"), count("QGemm"), count("Slice")), (1, 1, 2));
+        let qgemm = both.nodes.iter().find(|n| n.op == "QGemm").unwrap();
+        assert_eq!(both.value(qgemm.inputs[3].unwrap()).shape, [Dim::known(3), Dim::known(4)]);
         let x = Tensor::from_f32(DType::F32, vec![1, 2, 3], vec![0.3, -2.5, 1.25, 40.0, 0.01, -0.02]);
         let input = std::collections::HashMap::from([("x".to_string(), x)]);
-        let (a, b) = (ir::run::run_graph(&shared, &input).unwrap(), ir::run::run_graph(&alone, &input).unwrap());
-        assert_eq!(a["q"], b["q"]);
+        let run = |g: &Graph| ir::run::run_graph(g, &input).unwrap();
+        let (together, q, k) = (run(&both), run(&build(&["q"])), run(&build(&["k"])));
+        assert_eq!((&together["q"], &together["k"]), (&q["q"], &k["k"]));
     }
 }
