@@ -30,8 +30,16 @@ pub enum Stmt {
     Load { res: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
     /// `memref.store val, mem[idx] : mem_ty`.
     Store { val: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
-    /// `res = arith.extsi src : from to to`.
-    ExtSI { res: String, src: String, from: &'static str, to: &'static str },
+    /// `res = arith.extsi src : from to to` (integers, or vectors of them).
+    ExtSI { res: String, src: String, from: String, to: String },
+    /// `res = vector.transfer_read mem[idx], pad` of a 2-D vector `vty` over the memref's two
+    /// innermost dimensions (in bounds, the minor identity map), `elem` the element type.
+    Read { res: String, mem: String, mem_ty: String, idx: Vec<String>, pad: String, vty: String, elem: &'static str },
+    /// `vector.transfer_write val, mem[idx]`, the inverse of [`Stmt::Read`].
+    Write { val: String, mem: String, mem_ty: String, idx: Vec<String>, vty: String },
+    /// `res = vector.contract a, b, acc`: `acc + a · b` for 2-D vectors `a` [m, k], `b` [k, n]
+    /// (the matmul indexing maps), the operands' and the accumulator's types.
+    Contract { res: String, a: String, b: String, acc: String, tys: [String; 3] },
     /// `res = arith.<op> a, b : ty` (`addi`, `muli`).
     Bin { res: String, op: &'static str, a: String, b: String, ty: &'static str },
     /// `scf.for iv = lb to ub step step`, with at most one value carried across iterations.
@@ -46,7 +54,7 @@ pub struct Carried {
     pub init: String,
     pub yielded: String,
     pub res: String,
-    pub ty: &'static str,
+    pub ty: String,
 }
 
 /// A function a design defines for its cores: parameters (name, memref type) and a body, or no
@@ -138,7 +146,10 @@ fn accumulate_dot(
     };
     let widened = |(name, ty, ix): (&str, &String, &[&str])| {
         let (code, wide) = (v(&format!("{name}v")), v(&format!("{name}w")));
-        [load(code.clone(), name, ty, ix, "i8"), Stmt::ExtSI { res: wide, src: code, from: "i8", to: "i32" }]
+        [
+            load(code.clone(), name, ty, ix, "i8"),
+            Stmt::ExtSI { res: wide, src: code, from: "i8".into(), to: "i32".into() },
+        ]
     };
     let [x_load, x_wide] = widened(x);
     let [y_load, y_wide] = widened(y);
@@ -149,7 +160,7 @@ fn accumulate_dot(
         lb: idx(0),
         ub: idx(len),
         step: idx(1),
-        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32" }),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: "i32".into() }),
         body: vec![
             x_load,
             y_load,
@@ -169,20 +180,53 @@ fn accumulate_dot(
     vec![load(v("c_in"), "c", c_ty, c_ix, "i32"), reduce, store]
 }
 
-/// `matmul_i8_i32(%a, %b, %c)`: `C += A · B` on the blocked layouts, products and sums in int32.
+/// `matmul_i8_i32(%a, %b, %c)`: `C += A · B` on the blocked layouts, products and sums in int32,
+/// one native block at a time in vector form — the `r × t` block of C read once, then for each
+/// `s`-long slice of the reduction the `r × s` block of A and the `s × t` block of B read as
+/// vectors, widened, and contracted into it (`vector.contract`, which mlir-aie's
+/// `convert-vector-to-aievec` maps onto the array's int8 matrix multiply: `aievec.matmul` on
+/// AIE2, `aievec.matmul_aie2p` on AIE2P), then written back.
 pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     let (r, s, t) = device.micro_tile();
     let [a_shape, b_shape, _] = blocked_shapes(device, mkn);
     let [a_ty, b_ty, c_ty] = tile_types(device, mkn);
     let (mbs, kbs, nbs) = (a_shape[0], a_shape[1], b_shape[1]);
-    let mut body = index_consts(&[0, 1, mbs, kbs, nbs, r, s, t]);
-    let block = accumulate_dot(
-        s,
-        (&c_ty, &["mb", "nb", "i", "j"]),
-        ("a", &a_ty, &["mb", "kb", "i", "l"]),
-        ("b", &b_ty, &["kb", "nb", "l", "j"]),
-    );
-    body.extend(nest(&[("mb", mbs), ("nb", nbs), ("kb", kbs), ("i", r), ("j", t)], block));
+    let mut body = index_consts(&[0, 1, mbs, kbs, nbs]);
+    body.push(Stmt::Const { res: v("pad8"), value: 0, ty: "i8" });
+    body.push(Stmt::Const { res: v("pad32"), value: 0, ty: "i32" });
+    let vec_ty = |rows: usize, cols: usize, elem: &str| format!("vector<{rows}x{cols}x{elem}>");
+    let (va, vb, vc) = (vec_ty(r, s, "i8"), vec_ty(s, t, "i8"), vec_ty(r, t, "i32"));
+    let (wa, wb) = (vec_ty(r, s, "i32"), vec_ty(s, t, "i32"));
+    let at = |i: &str, j: &str| vec![v(i), v(j), idx(0), idx(0)];
+    let read = |res: &str, mem: &str, mem_ty: &String, ix: Vec<String>, vty: &String, elem| Stmt::Read {
+        res: v(res),
+        mem: v(mem),
+        mem_ty: mem_ty.clone(),
+        idx: ix,
+        pad: v(if elem == "i8" { "pad8" } else { "pad32" }),
+        vty: vty.clone(),
+        elem,
+    };
+    let reduce = Stmt::For {
+        iv: v("kb"),
+        lb: idx(0),
+        ub: idx(kbs),
+        step: idx(1),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: vc.clone() }),
+        body: vec![
+            read("av", "a", &a_ty, at("mb", "kb"), &va, "i8"),
+            read("bv", "b", &b_ty, at("kb", "nb"), &vb, "i8"),
+            Stmt::ExtSI { res: v("aw"), src: v("av"), from: va.clone(), to: wa.clone() },
+            Stmt::ExtSI { res: v("bw"), src: v("bv"), from: vb.clone(), to: wb.clone() },
+            Stmt::Contract { res: v("sum"), a: v("aw"), b: v("bw"), acc: v("acc"), tys: [wa, wb, vc.clone()] },
+        ],
+    };
+    let block = vec![
+        read("c_in", "c", &c_ty, at("mb", "nb"), &vc, "i32"),
+        reduce,
+        Stmt::Write { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: at("mb", "nb"), vty: vc.clone() },
+    ];
+    body.extend(nest(&[("mb", mbs), ("nb", nbs)], block));
     let params = vec![(v("a"), a_ty), (v("b"), b_ty), (v("c"), c_ty)];
     Function { name: MATMUL.into(), params, body: Some(body) }
 }
@@ -274,6 +318,22 @@ impl Function {
     }
 }
 
+/// `vector.contract`'s indexing maps for `C += A · B` (m, n parallel; k reduced).
+pub const MATMUL_MAPS: &str = "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]";
+
+/// A 2-D transfer's inherent attributes over a memref of `rank`: in bounds, the minor identity
+/// map, and its operand segments.
+fn transfer_attrs(rank: usize, segments: [usize; 4]) -> String {
+    let dims: Vec<String> = (0..rank).map(|d| format!("d{d}")).collect();
+    let seg: Vec<String> = segments.iter().map(|x| x.to_string()).collect();
+    format!(
+        "in_bounds = [true, true], operandSegmentSizes = array<i32: {}>, permutation_map = affine_map<({}) -> ({})>",
+        seg.join(", "),
+        dims.join(", "),
+        dims[rank - 2..].join(", ")
+    )
+}
+
 fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
     let sp = " ".repeat(pad);
     for s in body {
@@ -296,6 +356,33 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
             }
             Stmt::ExtSI { res, src, from, to } => {
                 let _ = writeln!(o, "{sp}{res} = \"arith.extsi\"({src}) : ({from}) -> {to}");
+            }
+            Stmt::Read { res, mem, mem_ty, idx, pad, vty, elem } => {
+                let ixt = vec!["index"; idx.len()].join(", ");
+                let attrs = transfer_attrs(idx.len(), [1, idx.len(), 1, 0]);
+                let ix = idx.join(", ");
+                let _ = writeln!(
+                    o,
+                    "{sp}{res} = \"vector.transfer_read\"({mem}, {ix}, {pad}) {{{attrs}}} : ({mem_ty}, {ixt}, {elem}) -> {vty}"
+                );
+            }
+            Stmt::Write { val, mem, mem_ty, idx, vty } => {
+                let ixt = vec!["index"; idx.len()].join(", ");
+                let attrs = transfer_attrs(idx.len(), [1, 1, idx.len(), 0]);
+                let ix = idx.join(", ");
+                let _ = writeln!(
+                    o,
+                    "{sp}\"vector.transfer_write\"({val}, {mem}, {ix}) {{{attrs}}} : ({vty}, {mem_ty}, {ixt}) -> ()"
+                );
+            }
+            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc] } => {
+                let its = "#vector.iterator_type<parallel>, #vector.iterator_type<parallel>, #vector.iterator_type<reduction>";
+                let attrs =
+                    format!("indexing_maps = {MATMUL_MAPS}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let _ = writeln!(
+                    o,
+                    "{sp}{res} = \"vector.contract\"({a}, {b}, {acc}) {{{attrs}}} : ({ta}, {tb}, {tc}) -> {tc}"
+                );
             }
             Stmt::Bin { res, op, a, b, ty } => {
                 let _ = writeln!(o, "{sp}{res} = \"arith.{op}\"({a}, {b}) : ({ty}, {ty}) -> {ty}");
@@ -348,6 +435,23 @@ fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
             }
             Stmt::ExtSI { res, src, from, to } => {
                 let _ = writeln!(o, "{sp}{res} = arith.extsi {src} : {from} to {to}");
+            }
+            Stmt::Read { res, mem, mem_ty, idx, pad, vty, .. } => {
+                let ix = idx.join(", ");
+                let _ = writeln!(o, "{sp}{res} = vector.transfer_read {mem}[{ix}], {pad} {{in_bounds = [true, true]}} : {mem_ty}, {vty}");
+            }
+            Stmt::Write { val, mem, mem_ty, idx, vty } => {
+                let ix = idx.join(", ");
+                let _ = writeln!(
+                    o,
+                    "{sp}vector.transfer_write {val}, {mem}[{ix}] {{in_bounds = [true, true]}} : {vty}, {mem_ty}"
+                );
+            }
+            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc] } => {
+                let its = "\"parallel\", \"parallel\", \"reduction\"";
+                let attrs =
+                    format!("indexing_maps = {MATMUL_MAPS}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let _ = writeln!(o, "{sp}{res} = vector.contract {{{attrs}}} {a}, {b}, {acc} : {ta}, {tb} into {tc}");
             }
             Stmt::Bin { res, op, a, b, ty } => {
                 let _ = writeln!(o, "{sp}{res} = arith.{op} {a}, {b} : {ty}");

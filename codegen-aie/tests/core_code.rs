@@ -1,8 +1,9 @@
 //! The cores' code a design carries (`codegen_aie::kernels`), executed from its MLIR text by the
 //! interpreter, against an independent Rust reference of the same blocked-layout int8 GEMM:
 //! int32-exact on random blocks (accumulating into random int32, wrapping) for npu1's 4×8×8 and
-//! npu2's 8×8×8 micro-tiles, with reduction loops fused and unfused alike; and a body whose
-//! arithmetic is wrong — a loop bound off by one, a difference for a sum — gives a wrong result.
+//! npu2's 8×8×8 micro-tiles (the GEMM cores' vector form, the GEMV cores' scalar loops fused and
+//! unfused alike); and a body whose arithmetic is wrong — a loop bound off by one, a wrong block
+//! — gives a wrong result.
 
 mod common;
 
@@ -86,58 +87,64 @@ fn the_zero_body_clears_every_element() {
 fn a_body_with_wrong_arithmetic_gives_a_wrong_result() {
     let (device, mkn) = (Device::Npu1, (16, 32, 24));
     let text = module_text(device, mkn);
-    // The reduction over s = 8 stops one short.
-    let reduce = "\"scf.for\"(%idx0, %idx8, %idx1, %c_in)";
+    // The reduction over the 4 slices of k stops one short.
+    let reduce = "\"scf.for\"(%idx0, %idx4, %idx1, %c_in)";
     assert!(text.contains(reduce));
-    let short = text.replacen(reduce, "\"scf.for\"(%idx0, %idx4, %idx1, %c_in)", 1);
-    let sum = "%sum = \"arith.addi\"(%acc, %prod)";
-    let difference = text.replacen(sum, "%sum = \"arith.subi\"(%acc, %prod)", 1);
-    assert_ne!(difference, text);
-    for (broken, what) in [(&short, "short reduction"), (&difference, "difference")] {
-        for fused in [true, false] {
-            let (got, want) = matmul_both(broken, fused, device, mkn, 4);
-            assert_ne!(got, want, "{what}, fused {fused}");
-        }
+    let short = text.replacen(reduce, "\"scf.for\"(%idx0, %idx3, %idx1, %c_in)", 1);
+    // Every slice of B multiplies A's first slice.
+    let a_slice = "\"vector.transfer_read\"(%a, %mb, %kb, %idx0, %idx0, %pad8)";
+    let first_slice = text.replacen(a_slice, "\"vector.transfer_read\"(%a, %mb, %idx0, %idx0, %idx0, %pad8)", 1);
+    assert_ne!(first_slice, text);
+    for (broken, what) in [(&short, "short reduction"), (&first_slice, "first slice")] {
+        let (got, want) = matmul_both(broken, true, device, mkn, 4);
+        assert_ne!(got, want, "{what}");
     }
-}
-
-/// `text` with the matmul's `i` loop (over r = 4 on npu1) running to 8.
-fn i_loop_to_8(text: &str) -> String {
-    let body = text.find("^bb0(%a:").unwrap();
-    let i_loop = body + text[body..].find("^bb0(%i: index)").unwrap();
-    let bound = text[..i_loop].rfind("%idx4, %idx1) ({").unwrap();
-    format!("{}%idx8{}", &text[..bound], &text[bound + "%idx4".len()..])
 }
 
 #[test]
 fn an_unknown_operation_or_an_index_out_of_bounds_is_a_clear_error() {
     let text = module_text(Device::Npu1, (16, 32, 24));
-    let odd = text.replacen("\"arith.muli\"(%aw, %bw)", "\"arith.floordivsi\"(%aw, %bw)", 1);
+    let odd = text.replacen("\"vector.contract\"(%aw, %bw, %acc)", "\"vector.outerproduct\"(%aw, %bw, %acc)", 1);
     let err = interp::module_functions(&odd, true).unwrap_err().to_string();
-    assert!(err.contains("unsupported operation arith.floordivsi") && err.contains("@matmul_i8_i32"), "{err}");
-    let far = i_loop_to_8(&text);
-    for fused in [true, false] {
-        let funcs = interp::module_functions(&far, fused).unwrap();
-        let mut mems = vec![vec![0; 16 * 32], vec![0; 32 * 24], vec![0; 16 * 24]];
-        let err = function(&funcs, MATMUL).call(&mut mems).unwrap_err();
-        assert!(err.to_string().contains("index 4 outside a dimension of 4"), "{err}");
-    }
+    assert!(err.contains("unsupported operation vector.outerproduct") && err.contains("@matmul_i8_i32"), "{err}");
+    // A's 4-row blocks read from row 1: the block's last row is past the 4 rows.
+    let a_block = "\"vector.transfer_read\"(%a, %mb, %kb, %idx0, %idx0, %pad8)";
+    let far = text.replacen(a_block, "\"vector.transfer_read\"(%a, %mb, %kb, %idx1, %idx0, %pad8)", 1);
+    let funcs = interp::module_functions(&far, true).unwrap();
+    let mut mems = vec![vec![0; 16 * 32], vec![0; 32 * 24], vec![0; 16 * 24]];
+    let err = function(&funcs, MATMUL).call(&mut mems).unwrap_err();
+    assert!(err.to_string().contains("index 4 outside a dimension of 4"), "{err}");
+    // A transfer the interpreter does not model (here: not in bounds) is refused, not guessed.
+    let masked = text.replacen("in_bounds = [true, true]", "in_bounds = [false, true]", 1);
+    let err = interp::module_functions(&masked, true).unwrap_err().to_string();
+    assert!(err.contains("in bounds over the innermost dimensions"), "{err}");
 }
 
 #[test]
 fn fused_and_unfused_reductions_wrap_alike_at_other_widths() {
-    // The same body accumulating in int16: sums of int8 products overflow it, and both ways of
+    // The GEMV body accumulating in int16: sums of int8 products overflow it, and both ways of
     // running the reduction wrap them as int16 does.
-    let (device, mkn) = (Device::Npu2, (16, 64, 16));
-    let text = module_text(device, mkn).replace("xi32>", "xi16>").replace(": i32", ": i16").replace("i32)", "i16)");
+    let rkn = (2, 64, 8);
+    let funcs: String = kernels::gemv_functions(rkn).iter().map(|f| f.generic(2)).collect();
+    let text = format!("\"builtin.module\"() ({{\n{funcs}}}) : () -> ()\n");
+    let text = text.replace("xi32>", "xi16>").replace(": i32", ": i16").replace("i32)", "i16)");
     let text = text.replace("-> i32", "-> i16").replace("i32,", "i16,");
     assert!(text.contains("\"arith.addi\"(%acc, %prod) : (i16, i16) -> i16") && !text.contains("i32>"), "{text}");
-    let (fused, want) = matmul_both(&text, true, device, mkn, 21);
-    let (unfused, _) = matmul_both(&text, false, device, mkn, 21);
+    let (rows, k, n) = rkn;
+    let a: Vec<i32> = common::values(rows * k, 21).into_iter().map(|x| i32::from(x).abs().clamp(100, 127)).collect();
+    let w: Vec<i32> = common::values(n * k, 22).into_iter().map(|x| i32::from(x).abs().clamp(100, 127)).collect();
+    let mut want = vec![0; rows * n];
+    gemv_reference(rkn, &a, &w, &mut want);
+    let run = |fused| {
+        let funcs = interp::module_functions(&text, fused).unwrap();
+        let mut mems = vec![a.clone(), w.clone(), vec![0; rows * n]];
+        function(&funcs, kernels::GEMV).call(&mut mems).unwrap();
+        mems.pop().unwrap()
+    };
+    let (fused, unfused) = (run(true), run(false));
     assert_eq!(fused, unfused);
-    let wrapped: Vec<i32> = want.iter().map(|&x| x as i16 as i32).collect();
     assert_ne!(fused, want);
-    assert_eq!(fused.iter().map(|&x| x as i16 as i32).collect::<Vec<_>>(), wrapped);
+    assert_eq!(fused, want.iter().map(|&x| x as i16 as i32).collect::<Vec<_>>());
 }
 
 /// `c[i][j] += Σₗ a[i][l] · w[j][l]` with `a` `[rows][k]`, `w` the weight transposed `[n][k]`, in

@@ -57,16 +57,24 @@ fn mlir_verifies_the_core_loops_as_scf() {
 #[test]
 fn mlir_verifies_the_core_functions_bodies() {
     let d = design::build(&tiling::choose(Device::Npu1, GemmShape { m: 64, k: 64, n: 64 }).unwrap());
-    // func, arith, memref and scf are registered in MLIR: a product typed unlike its operands,
-    // and a load with an index missing, are MLIR's errors, not ours.
-    let product = "\"arith.muli\"(%aw, %bw) : (i32, i32) -> i32";
-    assert!(d.generic().contains(product));
-    let mistyped = d.generic().replacen(product, "\"arith.muli\"(%aw, %bw) : (i32, i32) -> i8", 1);
+    // func, arith, memref, scf and vector are registered in MLIR: a contraction typed unlike its
+    // operands, and a vector read with an index missing, are MLIR's errors, not ours.
+    let contract = ": (vector<4x8xi32>, vector<8x8xi32>, vector<4x8xi32>) -> vector<4x8xi32>";
+    assert!(d.generic().contains(contract));
+    let mistyped =
+        d.generic().replacen(contract, ": (vector<4x8xi32>, vector<8x8xi32>, vector<4x8xi32>) -> vector<8x8xi32>", 1);
     assert!(matches!(mlir::verify_generic(&mistyped), Err(mlir::MlirError::Rejected(_))));
-    let load = "\"memref.load\"(%a, %mb, %kb, %i, %l) : (memref<";
-    assert!(d.generic().contains(load));
-    let short = d.generic().replacen(load, "\"memref.load\"(%a, %mb, %kb, %i) : (memref<", 1);
+    let read = "\"vector.transfer_read\"(%a, %mb, %kb, %idx0, %idx0, %pad8)";
+    assert!(d.generic().contains(read));
+    let short = d.generic().replacen(read, "\"vector.transfer_read\"(%a, %mb, %kb, %idx0, %pad8)", 1);
     assert!(matches!(mlir::verify_generic(&short), Err(mlir::MlirError::Rejected(_))));
+    // The GEMV cores' scalar code: a product typed unlike its operands.
+    let g =
+        codegen_aie::gemv::build(&codegen_aie::gemv::choose(Device::Npu1, GemmShape { m: 8, k: 64, n: 64 }).unwrap());
+    let product = "\"arith.muli\"(%aw, %ww) : (i32, i32) -> i32";
+    assert!(g.generic().contains(product));
+    let mistyped = g.generic().replacen(product, "\"arith.muli\"(%aw, %ww) : (i32, i32) -> i8", 1);
+    assert!(matches!(mlir::verify_generic(&mistyped), Err(mlir::MlirError::Rejected(_))));
 }
 
 #[test]

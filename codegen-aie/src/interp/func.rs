@@ -1,11 +1,14 @@
 //! The functions a design defines for its cores, executed from their generic text: each body is
 //! compiled once into a tree of instructions over numbered registers (SSA values as i64, wrapped
 //! to their integer width after every operation) and the call's memrefs (flat element buffers,
-//! row-major). The operations are the ones a core's scalar code needs — `arith.constant`,
+//! row-major). The operations are the ones a core's code needs — `arith.constant`,
 //! `arith.extsi`, `arith.addi`, `arith.subi`, `arith.muli`, `memref.load`, `memref.store`,
-//! `scf.for` (with carried values), `scf.yield`, `func.return` — and anything else is an error
-//! naming the operation, the function and the line. Loads and stores check every index against
-//! the memref's shape.
+//! `scf.for` (with carried values), `scf.yield`, `func.return`, and for its vector form 2-D
+//! `vector.transfer_read` / `vector.transfer_write` (in bounds, over a memref's two innermost
+//! dimensions), `arith.extsi` of vectors and `vector.contract` with the matmul maps (a vector is a
+//! run of registers, row-major) — and anything else is an error naming the operation, the
+//! function and the line. Loads, stores and transfers check every index against the memref's
+//! shape.
 
 use super::{parse_memref, split_top, Block, InterpError, Op};
 use std::collections::HashMap;
@@ -64,13 +67,91 @@ enum BinOp {
 
 #[derive(Debug)]
 enum Instr {
-    Const { dst: usize, value: i64 },
-    Copy { dst: usize, src: usize },
-    Bin { dst: usize, op: BinOp, a: usize, b: usize, bits: u32 },
-    Load { dst: usize, mem: usize, idx: Vec<usize>, line: usize },
-    Store { val: usize, mem: usize, idx: Vec<usize>, line: usize },
+    Const {
+        dst: usize,
+        value: i64,
+    },
+    Copy {
+        dst: usize,
+        src: usize,
+    },
+    Bin {
+        dst: usize,
+        op: BinOp,
+        a: usize,
+        b: usize,
+        bits: u32,
+    },
+    Load {
+        dst: usize,
+        mem: usize,
+        idx: Vec<usize>,
+        line: usize,
+    },
+    Store {
+        val: usize,
+        mem: usize,
+        idx: Vec<usize>,
+        line: usize,
+    },
     For(Box<Loop>),
     Dot(Box<Dot>),
+    /// A 2-D block of a memref at `idx` (its two innermost dimensions) into `rows × cols`
+    /// registers from `dst`, or those registers from `val` into it.
+    Read {
+        dst: usize,
+        mem: usize,
+        idx: Vec<usize>,
+        rows: usize,
+        cols: usize,
+        line: usize,
+    },
+    Write {
+        val: usize,
+        mem: usize,
+        idx: Vec<usize>,
+        rows: usize,
+        cols: usize,
+        line: usize,
+    },
+    /// `len` registers copied (a vector's `arith.extsi`).
+    CopyN {
+        dst: usize,
+        src: usize,
+        len: usize,
+    },
+    /// `dst[m × n] = acc + a[m × k] · b[k × n]`, every product and sum wrapped to `bits`.
+    Contract {
+        dst: usize,
+        a: usize,
+        b: usize,
+        acc: usize,
+        mkn: [usize; 3],
+        bits: u32,
+    },
+}
+
+/// `affine_map<(d0, .., dR-1) -> (dR-2, dR-1)>`, R ≥ 2: a 2-D transfer of the innermost dimensions.
+fn minor_identity_2d(map: &str) -> bool {
+    let inner = map.trim().strip_prefix("affine_map<(").and_then(|m| m.strip_suffix(")>"));
+    let Some((dims, results)) = inner.and_then(|m| m.split_once(") -> (")) else { return false };
+    let dims: Vec<&str> = dims.split(',').map(str::trim).collect();
+    let results: Vec<&str> = results.split(',').map(str::trim).collect();
+    let rank = dims.len();
+    rank >= 2
+        && dims.iter().enumerate().all(|(i, d)| *d == format!("d{i}"))
+        && results == [format!("d{}", rank - 2), format!("d{}", rank - 1)]
+}
+
+/// Elements one `scf.for` may carry in all (a carried vector is its elements).
+const MAX_CARRIED_ELEMENTS: usize = 64;
+
+/// Shape and element bits of a `vector<RxCxiN>`.
+fn parse_vector(ty: &str) -> Option<(Vec<usize>, u32)> {
+    let body = ty.trim().strip_prefix("vector<")?.strip_suffix('>')?;
+    let mut parts: Vec<&str> = body.split('x').collect();
+    let bits = int_bits(parts.pop()?)?;
+    Some((parts.iter().map(|d| d.parse().ok()).collect::<Option<_>>()?, bits))
 }
 
 /// A reduction loop `acc' = acc + ext(load A[..iv..]) * ext(load B[..iv..])` run as one
@@ -118,11 +199,13 @@ pub struct Function {
     registers: usize,
 }
 
-/// What an SSA name stands for while compiling.
+/// What an SSA name stands for while compiling: a register, a memref parameter, or a 2-D
+/// vector (`rows × cols` registers from the first).
 #[derive(Clone, Copy)]
 enum Value {
     Reg(usize, u32),
     Mem(usize),
+    Vector { first: usize, rows: usize, cols: usize, bits: u32 },
 }
 
 struct Compiler<'f> {
@@ -155,10 +238,40 @@ impl Compiler<'_> {
     fn reg(&self, op: &Op, name: &str) -> Result<(usize, u32), InterpError> {
         match self.names.get(name) {
             Some(&Value::Reg(r, bits)) => Ok((r, bits)),
-            Some(Value::Mem(_)) => {
-                perr(op.line, format!("@{}: {} takes {name}, a memref, as a value", self.func, op.name))
+            Some(Value::Mem(_) | Value::Vector { .. }) => {
+                perr(op.line, format!("@{}: {} takes {name}, not a scalar, as a scalar", self.func, op.name))
             }
             None => perr(op.line, format!("@{}: {name} is not defined", self.func)),
+        }
+    }
+
+    /// A 2-D vector named `name` of type `ty`, its registers allocated.
+    fn define_vector(&mut self, op: &Op, name: &str, ty: &str) -> Result<Value, InterpError> {
+        let Some((shape, bits)) = parse_vector(ty) else {
+            return perr(op.line, format!("@{}: {ty} is not a vector of integers", self.func));
+        };
+        let &[rows, cols] = shape.as_slice() else {
+            return perr(op.line, format!("@{}: {ty} is not a 2-D vector", self.func));
+        };
+        let v = Value::Vector { first: self.registers, rows, cols, bits };
+        self.registers += rows * cols;
+        self.names.insert(name.to_string(), v);
+        Ok(v)
+    }
+
+    /// The vector value `name`: (first register, rows, cols, bits).
+    fn vector(&self, op: &Op, name: &str) -> Result<(usize, usize, usize, u32), InterpError> {
+        match self.names.get(name) {
+            Some(&Value::Vector { first, rows, cols, bits }) => Ok((first, rows, cols, bits)),
+            _ => perr(op.line, format!("@{}: {} takes {name}, which is not a vector", self.func, op.name)),
+        }
+    }
+
+    /// The registers of a scalar or vector value, in order.
+    fn regs(&self, op: &Op, name: &str) -> Result<Vec<usize>, InterpError> {
+        match self.names.get(name) {
+            Some(&Value::Vector { first, rows, cols, .. }) => Ok((first..first + rows * cols).collect()),
+            _ => Ok(vec![self.reg(op, name)?.0]),
         }
     }
 
@@ -187,7 +300,8 @@ impl Compiler<'_> {
         for op in &block.ops {
             match op.name.as_str() {
                 "scf.yield" | "func.return" => {
-                    return op.operands.iter().map(|o| self.reg(op, o).map(|r| r.0)).collect();
+                    let regs = op.operands.iter().map(|o| self.regs(op, o)).collect::<Result<Vec<_>, _>>()?;
+                    return Ok(regs.concat());
                 }
                 _ => out.push(self.instr(op)?),
             }
@@ -221,6 +335,17 @@ impl Compiler<'_> {
                 let [src] = op.operands.as_slice() else {
                     return perr(op.line, format!("@{}: arith.extsi takes one operand", self.func));
                 };
+                if let Some(Value::Vector { first, rows, cols, .. }) = self.names.get(src.as_str()).copied() {
+                    let Value::Vector { first: dst, rows: r2, cols: c2, .. } =
+                        self.define_vector(op, self.result(op)?, result_type(op))?
+                    else {
+                        unreachable!("defined as a vector")
+                    };
+                    if (r2, c2) != (rows, cols) {
+                        return perr(op.line, format!("@{}: arith.extsi changes the vector's shape", self.func));
+                    }
+                    return Ok(Instr::CopyN { dst, src: first, len: rows * cols });
+                }
                 let (src, _) = self.reg(op, src)?;
                 let bits = self.result_bits(op)?;
                 Ok(Instr::Copy { dst: self.define(self.result(op)?, bits), src })
@@ -236,6 +361,8 @@ impl Compiler<'_> {
                 Ok(Instr::Store { val, mem, idx, line: op.line })
             }
             "scf.for" => self.for_loop(op),
+            "vector.transfer_read" | "vector.transfer_write" => self.transfer(op),
+            "vector.contract" => self.contract(op),
             other => perr(op.line, format!("@{}: unsupported operation {other} in a function body", self.func)),
         }
     }
@@ -263,6 +390,62 @@ impl Compiler<'_> {
         Ok((mem, idx))
     }
 
+    /// A 2-D `vector.transfer_read` (memref, indices, padding) or `transfer_write` (vector,
+    /// memref, indices), in bounds and over the memref's two innermost dimensions: anything else
+    /// is refused, not guessed.
+    fn transfer(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let read = op.name == "vector.transfer_read";
+        if !op.attr("permutation_map").is_some_and(minor_identity_2d) || op.attr("in_bounds") != Some("[true, true]") {
+            return perr(
+                op.line,
+                format!("@{}: {} other than in bounds over the innermost dimensions", self.func, op.name),
+            );
+        }
+        let (mem, idx) = match read {
+            true => {
+                let (mem, idx) = self.access(
+                    &Op { operands: op.operands[..op.operands.len().saturating_sub(1)].to_vec(), ..op.clone() },
+                    0,
+                )?;
+                (mem, idx)
+            }
+            false => self.access(op, 1)?,
+        };
+        let line = op.line;
+        if read {
+            let Value::Vector { first, rows, cols, .. } = self.define_vector(op, self.result(op)?, result_type(op))?
+            else {
+                unreachable!("defined as a vector")
+            };
+            Ok(Instr::Read { dst: first, mem, idx, rows, cols, line })
+        } else {
+            let (val, rows, cols, _) = self.vector(op, &op.operands[0])?;
+            Ok(Instr::Write { val, mem, idx, rows, cols, line })
+        }
+    }
+
+    /// `vector.contract` with the matmul maps: `acc + a · b`.
+    fn contract(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let maps = op.attr("indexing_maps").map(|m| m.split_whitespace().collect::<String>());
+        if maps != Some(crate::kernels::MATMUL_MAPS.split_whitespace().collect())
+            || op.attr("kind") != Some("#vector.kind<add>")
+        {
+            return perr(op.line, format!("@{}: vector.contract other than C + A · B", self.func));
+        }
+        let [a, b, acc] = op.operands.as_slice() else {
+            return perr(op.line, format!("@{}: vector.contract takes a, b and acc", self.func));
+        };
+        let ((a, m, k, _), (b, k2, n, _), (acc, m2, n2, bits)) =
+            (self.vector(op, a)?, self.vector(op, b)?, self.vector(op, acc)?);
+        if k != k2 || (m, n) != (m2, n2) {
+            return perr(op.line, format!("@{}: vector.contract of {m}x{k} and {k2}x{n} into {m2}x{n2}", self.func));
+        }
+        let Value::Vector { first: dst, .. } = self.define_vector(op, self.result(op)?, result_type(op))? else {
+            unreachable!("defined as a vector")
+        };
+        Ok(Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits })
+    }
+
     fn for_loop(&mut self, op: &Op) -> Result<Instr, InterpError> {
         if op.operands.len() < 3 || op.regions.len() != 1 {
             return perr(op.line, format!("@{}: scf.for needs bounds, a step and a body", self.func));
@@ -274,8 +457,7 @@ impl Compiler<'_> {
         if op.operands.len() - 3 > MAX_CARRIED {
             return perr(op.line, format!("@{}: scf.for carries more than {MAX_CARRIED} values", self.func));
         }
-        let inits: Vec<usize> =
-            op.operands[3..].iter().map(|o| self.reg(op, o).map(|r| r.0)).collect::<Result<_, _>>()?;
+        let inits = &op.operands[3..];
         let body = &op.regions[0];
         if body.args.len() != 1 + inits.len() || op.results.len() != inits.len() {
             return perr(
@@ -291,13 +473,24 @@ impl Compiler<'_> {
         }
         let iv = self.define(&body.args[0].0, 64);
         let mut carried = vec![];
-        let mut widths = vec![];
-        for ((name, ty), &init) in body.args[1..].iter().zip(&inits) {
-            let Some(bits) = int_bits(ty) else {
-                return perr(op.line, format!("@{}: carried {name} of type {ty}, not an integer", self.func));
+        for ((name, ty), init) in body.args[1..].iter().zip(&op.operands[3..]) {
+            let (inits, args) = match int_bits(ty) {
+                Some(bits) => (vec![self.reg(op, init)?.0], vec![self.define(name, bits)]),
+                None => {
+                    let inits = self.regs(op, init)?;
+                    let Value::Vector { first, rows, cols, .. } = self.define_vector(op, name, ty)? else {
+                        unreachable!("defined as a vector")
+                    };
+                    if inits.len() != rows * cols {
+                        return perr(op.line, format!("@{}: carried {name} of type {ty} from {init}", self.func));
+                    }
+                    (inits, (first..first + rows * cols).collect())
+                }
             };
-            carried.push((init, self.define(name, bits)));
-            widths.push(bits);
+            carried.extend(inits.into_iter().zip(args));
+        }
+        if carried.len() > MAX_CARRIED_ELEMENTS {
+            return perr(op.line, format!("@{}: scf.for carries more than {MAX_CARRIED_ELEMENTS} elements", self.func));
         }
         let mut code = vec![];
         let yielded = self.block(body, &mut code)?;
@@ -305,7 +498,18 @@ impl Compiler<'_> {
             let what = format!("scf.for yields {} values for {} carried", yielded.len(), carried.len());
             return perr(op.line, format!("@{}: {what}", self.func));
         }
-        let results = op.results.iter().zip(widths).map(|(r, bits)| self.define(r, bits)).collect();
+        let mut results = vec![];
+        for (r, (name, ty)) in op.results.iter().zip(&body.args[1..]) {
+            match self.names.get(name.as_str()).copied() {
+                Some(Value::Vector { .. }) => {
+                    let Value::Vector { first, rows, cols, .. } = self.define_vector(op, r, ty)? else {
+                        unreachable!("defined as a vector")
+                    };
+                    results.extend(first..first + rows * cols);
+                }
+                _ => results.push(self.define(r, int_bits(ty).unwrap_or(64))),
+            }
+        }
         let l = Loop { bounds, iv, carried, body: code, yielded, results, line: op.line };
         Ok(match fuse_dot(&l) {
             Some(dot) if self.fuse => Instr::Dot(Box::new(dot)),
@@ -444,9 +648,59 @@ impl Run<'_> {
                 }
                 Instr::For(l) => self.exec_loop(l)?,
                 Instr::Dot(d) => self.exec_dot(d)?,
+                Instr::Read { dst, mem, idx, rows, cols, line } => {
+                    let (at, stride) = self.block_at(*mem, idx, (*rows, *cols), *line)?;
+                    let bits = self.func.params[*mem].bits;
+                    for (i, row) in self.regs[*dst..*dst + rows * cols].chunks_mut(*cols).enumerate() {
+                        let from = &self.mems[*mem][at + i * stride..at + i * stride + cols];
+                        row.iter_mut().zip(from).for_each(|(r, &x)| *r = wrap(x as i64, bits));
+                    }
+                }
+                Instr::Write { val, mem, idx, rows, cols, line } => {
+                    let (at, stride) = self.block_at(*mem, idx, (*rows, *cols), *line)?;
+                    let bits = self.func.params[*mem].bits;
+                    for (i, row) in self.regs[*val..*val + rows * cols].chunks(*cols).enumerate() {
+                        let to = &mut self.mems[*mem][at + i * stride..at + i * stride + cols];
+                        to.iter_mut().zip(row).for_each(|(x, &r)| *x = wrap(r, bits) as i32);
+                    }
+                }
+                Instr::CopyN { dst, src, len } => self.regs.copy_within(*src..*src + len, *dst),
+                Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits } => {
+                    for i in 0..*m {
+                        for j in 0..*n {
+                            let mut sum = self.regs[acc + i * n + j];
+                            for l in 0..*k {
+                                let p = wrap(self.regs[a + i * k + l].wrapping_mul(self.regs[b + l * n + j]), *bits);
+                                sum = wrap(sum.wrapping_add(p), *bits);
+                            }
+                            self.regs[dst + i * n + j] = sum;
+                        }
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// A 2-D block's flat offset and the stride between its rows, every index and the block's
+    /// far corner inside the memref.
+    fn block_at(
+        &self,
+        mem: usize,
+        idx: &[usize],
+        (rows, cols): (usize, usize),
+        line: usize,
+    ) -> Result<(usize, usize), InterpError> {
+        let at = self.offset(mem, idx, line)?;
+        let t = &self.func.params[mem];
+        let r = t.shape.len();
+        for (d, extent) in [(r - 2, rows), (r - 1, cols)] {
+            let last = self.regs[idx[d]] + extent as i64 - 1;
+            if last as u64 >= t.shape[d] as u64 {
+                return Err(self.out_of_bounds(mem, last, t.shape[d], line));
+            }
+        }
+        Ok((at, t.strides[r - 2]))
     }
 
     /// The flat offset of an access, every index inside its dimension (the count of indices is
@@ -539,7 +793,7 @@ impl Run<'_> {
             self.regs[arg] = self.regs[init];
         }
         // Yields assign all carried values at once; a loop carries few.
-        let mut next = [0i64; MAX_CARRIED];
+        let mut next = [0i64; MAX_CARRIED_ELEMENTS];
         let next = &mut next[..l.yielded.len()];
         let mut i = lb;
         while i < ub {
