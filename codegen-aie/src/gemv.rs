@@ -200,7 +200,7 @@ pub fn build(t: &Tiling) -> Design {
         tiles: tiles_used(dev),
         fifos,
         links,
-        functions: kernels::gemv_functions((t.m, t.k, t.n)),
+        functions: kernels::gemv_functions(t.device, (t.m, t.k, t.n)),
         cores,
         args: vec![(p.m * p.k, Elem::I8), (p.n * p.k, Elem::I8), (p.m * p.n, Elem::I32)],
         seq: runtime_sequence(t),

@@ -38,8 +38,9 @@ pub enum Stmt {
     /// `vector.transfer_write val, mem[idx]`, the inverse of [`Stmt::Read`].
     Write { val: String, mem: String, mem_ty: String, idx: Vec<String>, vty: String },
     /// `res = vector.contract a, b, acc`: `acc + a · b` for 2-D vectors `a` [m, k], `b` [k, n]
-    /// (the matmul indexing maps), the operands' and the accumulator's types.
-    Contract { res: String, a: String, b: String, acc: String, tys: [String; 3] },
+    /// (the matmul indexing maps), or `acc + a · bᵀ` for `b` [n, k] when `b_transposed`; the
+    /// operands' and the accumulator's types.
+    Contract { res: String, a: String, b: String, acc: String, tys: [String; 3], b_transposed: bool },
     /// `res = arith.<op> a, b : ty` (`addi`, `muli`).
     Bin { res: String, op: &'static str, a: String, b: String, ty: &'static str },
     /// `scf.for iv = lb to ub step step`, with at most one value carried across iterations.
@@ -218,7 +219,14 @@ pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
             read("bv", "b", &b_ty, at("kb", "nb"), &vb, "i8"),
             Stmt::ExtSI { res: v("aw"), src: v("av"), from: va.clone(), to: wa.clone() },
             Stmt::ExtSI { res: v("bw"), src: v("bv"), from: vb.clone(), to: wb.clone() },
-            Stmt::Contract { res: v("sum"), a: v("aw"), b: v("bw"), acc: v("acc"), tys: [wa, wb, vc.clone()] },
+            Stmt::Contract {
+                res: v("sum"),
+                a: v("aw"),
+                b: v("bw"),
+                acc: v("acc"),
+                tys: [wa, wb, vc.clone()],
+                b_transposed: false,
+            },
         ],
     };
     let block = vec![
@@ -256,22 +264,80 @@ pub fn gemv_zero_i32(rkn: (usize, usize, usize)) -> Function {
 }
 
 /// `gemv_i8_i32(%a, %w, %c)`: `C[i][j] += Σₗ A[i][l] · W[j][l]` over one K part, products and
-/// sums in int32: per output element one dot product of an activation row and a weight row, both
-/// contiguous, the reduction carried in a register.
-pub fn gemv_i8_i32(rkn: (usize, usize, usize)) -> Function {
+/// sums in int32. When the rows are whole micro-blocks of the device (`r` rows; the plans' 8-row
+/// blocks are), in vector form: per `r × t` block of C, the `s`-long slices of the reduction
+/// read as an `r × s` block of A and a `t × s` block of W, widened and contracted with W's block
+/// transposed (mlir-aie shuffles it and multiplies on the array: `aievec.matmul`); otherwise per
+/// output element one dot product of an activation row and a weight row, the reduction carried
+/// in a register.
+pub fn gemv_i8_i32(device: Device, rkn: (usize, usize, usize)) -> Function {
     let (rows, k, n) = rkn;
+    let (r, s, t) = device.micro_tile();
     let [a_ty, w_ty, c_ty] = gemv_types(rkn);
-    let mut body = index_consts(&[0, 1, rows, k, n]);
-    let block = accumulate_dot(k, (&c_ty, &["i", "j"]), ("a", &a_ty, &["i", "l"]), ("w", &w_ty, &["j", "l"]));
-    body.extend(nest(&[("i", rows), ("j", n)], block));
-    let params = vec![(v("a"), a_ty), (v("w"), w_ty), (v("c"), c_ty)];
+    let params = vec![(v("a"), a_ty.clone()), (v("w"), w_ty.clone()), (v("c"), c_ty.clone())];
+    if !rows.is_multiple_of(r) || !k.is_multiple_of(s) || !n.is_multiple_of(t) {
+        let mut body = index_consts(&[0, 1, rows, k, n]);
+        let block = accumulate_dot(k, (&c_ty, &["i", "j"]), ("a", &a_ty, &["i", "l"]), ("w", &w_ty, &["j", "l"]));
+        body.extend(nest(&[("i", rows), ("j", n)], block));
+        return Function { name: GEMV.into(), params, body: Some(body) };
+    }
+    let mut body = index_consts(&[0, rows, k, n, r, s, t]);
+    body.push(Stmt::Const { res: v("pad8"), value: 0, ty: "i8" });
+    body.push(Stmt::Const { res: v("pad32"), value: 0, ty: "i32" });
+    let vec_ty = |rows: usize, cols: usize, elem: &str| format!("vector<{rows}x{cols}x{elem}>");
+    let (va, vw, vc) = (vec_ty(r, s, "i8"), vec_ty(t, s, "i8"), vec_ty(r, t, "i32"));
+    let (wa, ww) = (vec_ty(r, s, "i32"), vec_ty(t, s, "i32"));
+    let read = |res: &str, mem: &str, mem_ty: &String, ix: [&str; 2], vty: &String, elem| Stmt::Read {
+        res: v(res),
+        mem: v(mem),
+        mem_ty: mem_ty.clone(),
+        idx: ix.map(v).to_vec(),
+        pad: v(if elem == "i8" { "pad8" } else { "pad32" }),
+        vty: vty.clone(),
+        elem,
+    };
+    let reduce = Stmt::For {
+        iv: v("l"),
+        lb: idx(0),
+        ub: idx(k),
+        step: idx(s),
+        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: vc.clone() }),
+        body: vec![
+            read("av", "a", &a_ty, ["i", "l"], &va, "i8"),
+            read("wv", "w", &w_ty, ["j", "l"], &vw, "i8"),
+            Stmt::ExtSI { res: v("aw"), src: v("av"), from: va.clone(), to: wa.clone() },
+            Stmt::ExtSI { res: v("ww"), src: v("wv"), from: vw.clone(), to: ww.clone() },
+            Stmt::Contract {
+                res: v("sum"),
+                a: v("aw"),
+                b: v("ww"),
+                acc: v("acc"),
+                tys: [wa, ww, vc.clone()],
+                b_transposed: true,
+            },
+        ],
+    };
+    let block = vec![
+        read("c_in", "c", &c_ty, ["i", "j"], &vc, "i32"),
+        reduce,
+        Stmt::Write { val: v("c_out"), mem: v("c"), mem_ty: c_ty, idx: ["i", "j"].map(v).to_vec(), vty: vc },
+    ];
+    let step = |iv: &str, ub: usize, step: usize, body| Stmt::For {
+        iv: v(iv),
+        lb: idx(0),
+        ub: idx(ub),
+        step: idx(step),
+        carried: None,
+        body,
+    };
+    body.push(step("i", rows, r, vec![step("j", n, t, block)]));
     Function { name: GEMV.into(), params, body: Some(body) }
 }
 
 /// The two functions every core of a GEMV design with `rows` activation rows, K parts of `k` and
 /// output tiles of `n` columns calls.
-pub fn gemv_functions(rkn: (usize, usize, usize)) -> Vec<Function> {
-    vec![gemv_zero_i32(rkn), gemv_i8_i32(rkn)]
+pub fn gemv_functions(device: Device, rkn: (usize, usize, usize)) -> Vec<Function> {
+    vec![gemv_zero_i32(rkn), gemv_i8_i32(device, rkn)]
 }
 
 impl Function {
@@ -320,6 +386,9 @@ impl Function {
 
 /// `vector.contract`'s indexing maps for `C += A · B` (m, n parallel; k reduced).
 pub const MATMUL_MAPS: &str = "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]";
+
+/// `vector.contract`'s indexing maps for `C += A · Bᵀ`, B read as `[n, k]`.
+pub const MATMUL_BT_MAPS: &str = "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>]";
 
 /// A 2-D transfer's inherent attributes over a memref of `rank`: in bounds, the minor identity
 /// map, and its operand segments.
@@ -375,10 +444,10 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
                     "{sp}\"vector.transfer_write\"({val}, {mem}, {ix}) {{{attrs}}} : ({vty}, {mem_ty}, {ixt}) -> ()"
                 );
             }
-            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc] } => {
+            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc], b_transposed } => {
                 let its = "#vector.iterator_type<parallel>, #vector.iterator_type<parallel>, #vector.iterator_type<reduction>";
-                let attrs =
-                    format!("indexing_maps = {MATMUL_MAPS}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let maps = if *b_transposed { MATMUL_BT_MAPS } else { MATMUL_MAPS };
+                let attrs = format!("indexing_maps = {maps}, iterator_types = [{its}], kind = #vector.kind<add>");
                 let _ = writeln!(
                     o,
                     "{sp}{res} = \"vector.contract\"({a}, {b}, {acc}) {{{attrs}}} : ({ta}, {tb}, {tc}) -> {tc}"
@@ -447,10 +516,10 @@ fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
                     "{sp}vector.transfer_write {val}, {mem}[{ix}] {{in_bounds = [true, true]}} : {vty}, {mem_ty}"
                 );
             }
-            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc] } => {
+            Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc], b_transposed } => {
                 let its = "\"parallel\", \"parallel\", \"reduction\"";
-                let attrs =
-                    format!("indexing_maps = {MATMUL_MAPS}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let maps = if *b_transposed { MATMUL_BT_MAPS } else { MATMUL_MAPS };
+                let attrs = format!("indexing_maps = {maps}, iterator_types = [{its}], kind = #vector.kind<add>");
                 let _ = writeln!(o, "{sp}{res} = vector.contract {{{attrs}}} {a}, {b}, {acc} : {ta}, {tb} into {tc}");
             }
             Stmt::Bin { res, op, a, b, ty } => {

@@ -120,7 +120,8 @@ enum Instr {
         src: usize,
         len: usize,
     },
-    /// `dst[m × n] = acc + a[m × k] · b[k × n]`, every product and sum wrapped to `bits`.
+    /// `dst[m × n] = acc + a[m × k] · b[k × n]` (`b` [n × k] when `bt`), every product and sum
+    /// wrapped to `bits`.
     Contract {
         dst: usize,
         a: usize,
@@ -128,6 +129,7 @@ enum Instr {
         acc: usize,
         mkn: [usize; 3],
         bits: u32,
+        bt: bool,
     },
 }
 
@@ -427,23 +429,24 @@ impl Compiler<'_> {
     /// `vector.contract` with the matmul maps: `acc + a · b`.
     fn contract(&mut self, op: &Op) -> Result<Instr, InterpError> {
         let maps = op.attr("indexing_maps").map(|m| m.split_whitespace().collect::<String>());
-        if maps != Some(crate::kernels::MATMUL_MAPS.split_whitespace().collect())
-            || op.attr("kind") != Some("#vector.kind<add>")
-        {
-            return perr(op.line, format!("@{}: vector.contract other than C + A · B", self.func));
+        let is = |want: &str| maps.as_deref() == Some(&want.split_whitespace().collect::<String>());
+        let bt = is(crate::kernels::MATMUL_BT_MAPS);
+        if !(bt || is(crate::kernels::MATMUL_MAPS)) || op.attr("kind") != Some("#vector.kind<add>") {
+            return perr(op.line, format!("@{}: vector.contract other than C + A · B or C + A · Bᵀ", self.func));
         }
         let [a, b, acc] = op.operands.as_slice() else {
             return perr(op.line, format!("@{}: vector.contract takes a, b and acc", self.func));
         };
-        let ((a, m, k, _), (b, k2, n, _), (acc, m2, n2, bits)) =
+        let ((a, m, k, _), (b, b_rows, b_cols, _), (acc, m2, n2, bits)) =
             (self.vector(op, a)?, self.vector(op, b)?, self.vector(op, acc)?);
+        let (k2, n) = if bt { (b_cols, b_rows) } else { (b_rows, b_cols) };
         if k != k2 || (m, n) != (m2, n2) {
             return perr(op.line, format!("@{}: vector.contract of {m}x{k} and {k2}x{n} into {m2}x{n2}", self.func));
         }
         let Value::Vector { first: dst, .. } = self.define_vector(op, self.result(op)?, result_type(op))? else {
             unreachable!("defined as a vector")
         };
-        Ok(Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits })
+        Ok(Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits, bt })
     }
 
     fn for_loop(&mut self, op: &Op) -> Result<Instr, InterpError> {
@@ -665,12 +668,14 @@ impl Run<'_> {
                     }
                 }
                 Instr::CopyN { dst, src, len } => self.regs.copy_within(*src..*src + len, *dst),
-                Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits } => {
+                Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits, bt } => {
+                    let (b_row, b_col) = if *bt { (1, *k) } else { (*n, 1) };
                     for i in 0..*m {
                         for j in 0..*n {
                             let mut sum = self.regs[acc + i * n + j];
                             for l in 0..*k {
-                                let p = wrap(self.regs[a + i * k + l].wrapping_mul(self.regs[b + l * n + j]), *bits);
+                                let bv = self.regs[b + l * b_row + j * b_col];
+                                let p = wrap(self.regs[a + i * k + l].wrapping_mul(bv), *bits);
                                 sum = wrap(sum.wrapping_add(p), *bits);
                             }
                             self.regs[dst + i * n + j] = sum;
