@@ -23,6 +23,15 @@ pub struct GemmSite {
     pub passes: usize,
 }
 
+impl GemmSite {
+    /// A one-pass `MatMul` projection `[.., k] × [k, n]` whose weight is named after its node: a
+    /// plan of shapes alone (the cost tables, the design tests).
+    pub fn of_shape(node: &str, k: usize, n: usize) -> GemmSite {
+        let (node, op) = (node.to_string(), "ai.onnx::MatMul".to_string());
+        GemmSite { weight: node.clone(), node, op, k, n, transposed: false, passes: 1 }
+    }
+}
+
 fn known_2d(g: &Graph, v: ValueId) -> Option<(usize, usize)> {
     let s = &g.value(v).shape;
     match (s.len(), s.first().and_then(|d| d.as_known()), s.get(1).and_then(|d| d.as_known())) {

@@ -193,50 +193,75 @@ pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     let [a_ty, b_ty, c_ty] = tile_types(device, mkn);
     let (mbs, kbs, nbs) = (a_shape[0], a_shape[1], b_shape[1]);
     let mut body = index_consts(&[0, 1, mbs, kbs, nbs]);
-    body.push(Stmt::Const { res: v("pad8"), value: 0, ty: "i8" });
-    body.push(Stmt::Const { res: v("pad32"), value: 0, ty: "i32" });
-    let vec_ty = |rows: usize, cols: usize, elem: &str| format!("vector<{rows}x{cols}x{elem}>");
-    let (va, vb, vc) = (vec_ty(r, s, "i8"), vec_ty(s, t, "i8"), vec_ty(r, t, "i32"));
-    let (wa, wb) = (vec_ty(r, s, "i32"), vec_ty(s, t, "i32"));
+    body.extend(vector_pads());
     let at = |i: &str, j: &str| vec![v(i), v(j), idx(0), idx(0)];
-    let read = |res: &str, mem: &str, mem_ty: &String, ix: Vec<String>, vty: &String, elem| Stmt::Read {
-        res: v(res),
-        mem: v(mem),
-        mem_ty: mem_ty.clone(),
-        idx: ix,
-        pad: v(if elem == "i8" { "pad8" } else { "pad32" }),
-        vty: vty.clone(),
-        elem,
-    };
+    let block = contract_block(
+        Block { mem: "c", ty: &c_ty, at: at("mb", "nb"), shape: (r, t) },
+        Block { mem: "a", ty: &a_ty, at: at("mb", "kb"), shape: (r, s) },
+        Block { mem: "b", ty: &b_ty, at: at("kb", "nb"), shape: (s, t) },
+        ("kb", kbs, 1),
+        false,
+    );
+    body.extend(nest(&[("mb", mbs), ("nb", nbs)], block));
+    let params = vec![(v("a"), a_ty), (v("b"), b_ty), (v("c"), c_ty)];
+    Function { name: MATMUL.into(), params, body: Some(body) }
+}
+
+/// The padding values vector reads name (never read: every transfer is in bounds).
+fn vector_pads() -> [Stmt; 2] {
+    [Stmt::Const { res: v("pad8"), value: 0, ty: "i8" }, Stmt::Const { res: v("pad32"), value: 0, ty: "i32" }]
+}
+
+/// A 2-D block of a memref: its name, type, indices (of its first element) and shape.
+struct Block<'a> {
+    mem: &'a str,
+    ty: &'a String,
+    at: Vec<String>,
+    shape: (usize, usize),
+}
+
+impl Block<'_> {
+    fn vector_type(&self, elem: &str) -> String {
+        format!("vector<{}x{}x{elem}>", self.shape.0, self.shape.1)
+    }
+
+    fn read(&self, res: &str, elem: &'static str) -> Stmt {
+        let pad = v(if elem == "i8" { "pad8" } else { "pad32" });
+        let (mem, mem_ty, idx, vty) = (v(self.mem), self.ty.clone(), self.at.clone(), self.vector_type(elem));
+        Stmt::Read { res: v(res), mem, mem_ty, idx, pad, vty, elem }
+    }
+}
+
+/// `C += A · B` on one block of C in vector form: C's block read once, then for `iv` over the
+/// reduction (`0..ub` by `step`) the A and B blocks (their indices naming `iv`) read, widened to
+/// int32 and contracted into it (B's block `[n, k]` when `b_transposed`, else `[k, n]`) — and
+/// C's block written back.
+fn contract_block(c: Block, a: Block, b: Block, (iv, ub, step): (&str, usize, usize), b_transposed: bool) -> Vec<Stmt> {
+    let vc = c.vector_type("i32");
+    let (wa, wb) = (a.vector_type("i32"), b.vector_type("i32"));
     let reduce = Stmt::For {
-        iv: v("kb"),
+        iv: v(iv),
         lb: idx(0),
-        ub: idx(kbs),
-        step: idx(1),
+        ub: idx(ub),
+        step: idx(step),
         carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: vc.clone() }),
         body: vec![
-            read("av", "a", &a_ty, at("mb", "kb"), &va, "i8"),
-            read("bv", "b", &b_ty, at("kb", "nb"), &vb, "i8"),
-            Stmt::ExtSI { res: v("aw"), src: v("av"), from: va.clone(), to: wa.clone() },
-            Stmt::ExtSI { res: v("bw"), src: v("bv"), from: vb.clone(), to: wb.clone() },
+            a.read("av", "i8"),
+            b.read("bv", "i8"),
+            Stmt::ExtSI { res: v("aw"), src: v("av"), from: a.vector_type("i8"), to: wa.clone() },
+            Stmt::ExtSI { res: v("bw"), src: v("bv"), from: b.vector_type("i8"), to: wb.clone() },
             Stmt::Contract {
                 res: v("sum"),
                 a: v("aw"),
                 b: v("bw"),
                 acc: v("acc"),
                 tys: [wa, wb, vc.clone()],
-                b_transposed: false,
+                b_transposed,
             },
         ],
     };
-    let block = vec![
-        read("c_in", "c", &c_ty, at("mb", "nb"), &vc, "i32"),
-        reduce,
-        Stmt::Write { val: v("c_out"), mem: v("c"), mem_ty: c_ty.clone(), idx: at("mb", "nb"), vty: vc.clone() },
-    ];
-    body.extend(nest(&[("mb", mbs), ("nb", nbs)], block));
-    let params = vec![(v("a"), a_ty), (v("b"), b_ty), (v("c"), c_ty)];
-    Function { name: MATMUL.into(), params, body: Some(body) }
+    let write = Stmt::Write { val: v("c_out"), mem: v(c.mem), mem_ty: c.ty.clone(), idx: c.at.clone(), vty: vc };
+    vec![c.read("c_in", "i32"), reduce, write]
 }
 
 /// The two functions every core of a design with per-core tile `mkn` calls.
@@ -282,46 +307,15 @@ pub fn gemv_i8_i32(device: Device, rkn: (usize, usize, usize)) -> Function {
         return Function { name: GEMV.into(), params, body: Some(body) };
     }
     let mut body = index_consts(&[0, rows, k, n, r, s, t]);
-    body.push(Stmt::Const { res: v("pad8"), value: 0, ty: "i8" });
-    body.push(Stmt::Const { res: v("pad32"), value: 0, ty: "i32" });
-    let vec_ty = |rows: usize, cols: usize, elem: &str| format!("vector<{rows}x{cols}x{elem}>");
-    let (va, vw, vc) = (vec_ty(r, s, "i8"), vec_ty(t, s, "i8"), vec_ty(r, t, "i32"));
-    let (wa, ww) = (vec_ty(r, s, "i32"), vec_ty(t, s, "i32"));
-    let read = |res: &str, mem: &str, mem_ty: &String, ix: [&str; 2], vty: &String, elem| Stmt::Read {
-        res: v(res),
-        mem: v(mem),
-        mem_ty: mem_ty.clone(),
-        idx: ix.map(v).to_vec(),
-        pad: v(if elem == "i8" { "pad8" } else { "pad32" }),
-        vty: vty.clone(),
-        elem,
-    };
-    let reduce = Stmt::For {
-        iv: v("l"),
-        lb: idx(0),
-        ub: idx(k),
-        step: idx(s),
-        carried: Some(Carried { arg: v("acc"), init: v("c_in"), yielded: v("sum"), res: v("c_out"), ty: vc.clone() }),
-        body: vec![
-            read("av", "a", &a_ty, ["i", "l"], &va, "i8"),
-            read("wv", "w", &w_ty, ["j", "l"], &vw, "i8"),
-            Stmt::ExtSI { res: v("aw"), src: v("av"), from: va.clone(), to: wa.clone() },
-            Stmt::ExtSI { res: v("ww"), src: v("wv"), from: vw.clone(), to: ww.clone() },
-            Stmt::Contract {
-                res: v("sum"),
-                a: v("aw"),
-                b: v("ww"),
-                acc: v("acc"),
-                tys: [wa, ww, vc.clone()],
-                b_transposed: true,
-            },
-        ],
-    };
-    let block = vec![
-        read("c_in", "c", &c_ty, ["i", "j"], &vc, "i32"),
-        reduce,
-        Stmt::Write { val: v("c_out"), mem: v("c"), mem_ty: c_ty, idx: ["i", "j"].map(v).to_vec(), vty: vc },
-    ];
+    body.extend(vector_pads());
+    let at = |i: &str, j: &str| vec![v(i), v(j)];
+    let block = contract_block(
+        Block { mem: "c", ty: &c_ty, at: at("i", "j"), shape: (r, t) },
+        Block { mem: "a", ty: &a_ty, at: at("i", "l"), shape: (r, s) },
+        Block { mem: "w", ty: &w_ty, at: at("j", "l"), shape: (t, s) },
+        ("l", k, s),
+        true,
+    );
     let step = |iv: &str, ub: usize, step: usize, body| Stmt::For {
         iv: v(iv),
         lb: idx(0),

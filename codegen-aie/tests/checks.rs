@@ -141,15 +141,7 @@ fn text_that_is_not_a_design_is_a_parse_error_with_a_line() {
 #[test]
 fn small_calls_run_as_gemv_blocks_and_large_ones_are_cut_into_m_blocks() {
     use codegen_aie::plan::{self, PlanOptions};
-    let sites = vec![codegen_aie::gemm::GemmSite {
-        node: "q".into(),
-        op: "ai.onnx::MatMul".into(),
-        k: 576,
-        n: 576,
-        weight: "q".into(),
-        transposed: false,
-        passes: 1,
-    }];
+    let sites = vec![codegen_aie::gemm::GemmSite::of_shape("q", 576, 576)];
     let p = plan::plan_sites(sites.clone(), PlanOptions::new(Device::Npu1)).unwrap();
     assert_eq!((p.decode_rows, p.gemv_rows), (64, 8));
     assert_eq!(plan::route(&p, 1), Some(vec![(8, 1)]));
@@ -275,18 +267,8 @@ fn every_planned_design_keeps_mlir_aies_rules() {
     use codegen_aie::plan::{self, PlanOptions};
     let shapes = [(576, 576), (576, 192), (1536, 576), (576, 1536), (576, 49152), (1024, 2048), (1024, 1024)];
     let shapes = shapes.into_iter().chain([(2048, 1024), (1024, 3072), (3072, 1024), (1024, 151936), (64, 64)]);
-    let sites: Vec<GemmSite> = shapes
-        .enumerate()
-        .map(|(i, (k, n))| GemmSite {
-            node: format!("p{i}"),
-            op: "ai.onnx::MatMul".into(),
-            k,
-            n,
-            weight: format!("p{i}"),
-            transposed: false,
-            passes: 1,
-        })
-        .collect();
+    let sites: Vec<GemmSite> =
+        shapes.enumerate().map(|(i, (k, n))| GemmSite::of_shape(&format!("p{i}"), k, n)).collect();
     for device in [Device::Npu1, Device::Npu2] {
         let p = plan::plan_sites(sites.clone(), PlanOptions::new(device)).unwrap();
         for d in p.designs.values() {

@@ -8,15 +8,7 @@ use codegen_aie::plan::{self, PlanOptions};
 use codegen_aie::{gemv, Device, GemmShape};
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
-    GemmSite {
-        node: node.into(),
-        op: "ai.onnx::MatMul".into(),
-        k,
-        n,
-        weight: node.into(),
-        transposed: false,
-        passes: 1,
-    }
+    GemmSite::of_shape(node, k, n)
 }
 
 /// q, k, v, o, gate, up and down of one SmolLM2-135M layer, and its 49 152-wide lm_head.

@@ -11,15 +11,7 @@ use codegen_aie::Device;
 use common::prove;
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
-    GemmSite {
-        node: node.into(),
-        op: "ai.onnx::MatMul".into(),
-        k,
-        n,
-        weight: node.into(),
-        transposed: false,
-        passes: 1,
-    }
+    GemmSite::of_shape(node, k, n)
 }
 
 fn smollm2() -> Vec<GemmSite> {

@@ -13,15 +13,7 @@ use codegen_aie::{gemv, interp, Device, GemmShape};
 use common::{pad, prove, reference, transpose_padded, values};
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
-    GemmSite {
-        node: node.into(),
-        op: "ai.onnx::MatMul".into(),
-        k,
-        n,
-        weight: node.into(),
-        transposed: false,
-        passes: 1,
-    }
+    GemmSite::of_shape(node, k, n)
 }
 
 fn gemv_design(device: Device, k: usize, n: usize) -> design::Design {

@@ -7,15 +7,7 @@ use codegen_aie::plan::{self, PlanOptions};
 use codegen_aie::{design, mlir, tiling, Device, GemmShape};
 
 fn site(node: &str, k: usize, n: usize) -> GemmSite {
-    GemmSite {
-        node: node.into(),
-        op: "ai.onnx::MatMul".into(),
-        k,
-        n,
-        weight: node.into(),
-        transposed: false,
-        passes: 1,
-    }
+    GemmSite::of_shape(node, k, n)
 }
 
 #[test]
