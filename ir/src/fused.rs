@@ -501,7 +501,7 @@ pub fn quantize_rows(x: &[f32], d: usize) -> (Vec<i8>, Vec<f32>) {
     (codes, scales)
 }
 
-/// The second pass of a four-output `QuantizeRows`: [`quantize_rows`] of the residual
+/// The second pass of a two-pass `QuantizeRows`: [`quantize_rows`] of the residual
 /// r = x − codes·s, each product and difference rounded to f32 as a kernel computes them.
 pub fn quantize_rows_residual(x: &[f32], d: usize, codes: &[i8], scales: &[f32]) -> (Vec<i8>, Vec<f32>) {
     let r: Vec<f32> = x
