@@ -56,7 +56,7 @@ npuc inspect model.onnx --print   # the imported graph, one node per line")]
     /// Compile a model for a target into a bundle directory (NAME.npub).
     #[command(long_about = "Import a model, run the target's pass pipeline, and write the bundle: \
 manifest.json (format and compiler versions, target, model configuration read off the program, \
-the program, every file with its size and sha256), weights.safetensors (every weight the program \
+the program, every file with its size and BLAKE3 digest), weights.safetensors (every weight the program \
 reads, once; 64-byte aligned), tokenizer.json and chat_template.jinja (from --tokenizer or the \
 model's folder).\n\nExamples:\n  npuc compile model.onnx --target cpu -o model.npub\n  \
 npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --json")]

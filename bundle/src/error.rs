@@ -17,7 +17,7 @@ pub enum BundleError {
         "bundle file `{file}` is {actual_bytes} bytes, the manifest lists {expected_bytes} (truncated or replaced)"
     )]
     SizeMismatch { file: String, expected_bytes: u64, actual_bytes: u64 },
-    #[error("bundle file `{file}` has sha256 {actual}, the manifest lists {expected} (modified or corrupted)")]
+    #[error("bundle file `{file}` has blake3 {actual}, the manifest lists {expected} (modified or corrupted)")]
     HashMismatch { file: String, expected: String, actual: String },
     #[error("`{file}`: bundle format {found} is newer than this runtime's {supported}; use a newer runtime or recompile the bundle")]
     FormatTooNew { file: String, found: u32, supported: u32 },

@@ -4,7 +4,7 @@
 //! ```text
 //! NAME.npub/
 //!   manifest.json         format version, compiler version, target, model config, program,
-//!                         and every other file with its size and SHA-256; written last
+//!                         and every other file with its size and BLAKE3; written last
 //!   weights.safetensors   packed weights, each tensor's data 64-byte aligned in the file
 //!   tokenizer.json        when the compiler was given one
 //!   chat_template.jinja   when the model has one

@@ -1,8 +1,8 @@
 //! `manifest.json`: what a bundle is (format, compiler, target, model, program) and every file it
 //! holds, sealed with a checksum of its own bytes.
 //!
-//! The manifest is pretty-printed JSON whose last member is `"manifest_sha256": "<hex>"`, followed
-//! by exactly `"\n}\n`. The checksum is the SHA-256 of every byte before the 64 hex digits (up to
+//! The manifest is pretty-printed JSON whose last member is `"manifest_blake3": "<hex>"`, followed
+//! by exactly `"\n}\n`. The checksum is the BLAKE3 of every byte before the 64 hex digits (up to
 //! and including the value's opening quote), so any change to the manifest, including to the
 //! program it stores, is detected without a second file.
 
@@ -12,16 +12,17 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::digest::{is_sha256_hex, sha256_hex};
+use super::digest::{blake3_hex, is_digest_hex};
 use super::paths::check_relative_path;
 use super::program::Program;
 use super::{BundleError, MANIFEST_FILE, WEIGHTS_FILE};
 
-/// The bundle format this runtime writes and reads. Bundles of a newer format are refused.
-pub const FORMAT_VERSION: u32 = 1;
+/// The bundle format this runtime writes and reads. Bundles of a newer format are refused, and of
+/// an older one too (format 1 listed SHA-256 digests; recompile such a bundle).
+pub const FORMAT_VERSION: u32 = 2;
 
-const CHECKSUM_KEY: &str = "manifest_sha256";
-const CHECKSUM_MARKER: &[u8] = b"\"manifest_sha256\": \"";
+const CHECKSUM_KEY: &str = "manifest_blake3";
+const CHECKSUM_MARKER: &[u8] = b"\"manifest_blake3\": \"";
 const CHECKSUM_TAIL: &[u8] = b"\"\n}\n";
 
 /// The target a bundle is compiled for.
@@ -90,13 +91,13 @@ pub struct ModelConfig {
 }
 
 /// One file of the bundle: its path relative to the bundle directory (`/`-separated), its size
-/// and the lower-case hex SHA-256 of its bytes.
+/// and the lower-case hex BLAKE3 of its bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
     pub path: String,
     pub size_bytes: u64,
-    pub sha256: String,
+    pub blake3: String,
 }
 
 /// What the compiler states about a bundle; the writer adds the format version and the files.
@@ -161,13 +162,13 @@ impl Manifest {
         bytes.truncate(bytes.len() - 2);
         bytes.extend_from_slice(b",\n  ");
         bytes.extend_from_slice(CHECKSUM_MARKER);
-        let checksum = sha256_hex(&bytes);
+        let checksum = blake3_hex(&bytes);
         bytes.extend_from_slice(checksum.as_bytes());
         bytes.extend_from_slice(CHECKSUM_TAIL);
         bytes
     }
 
-    /// Decodes and checks the bytes of `manifest.json`: a newer format is refused before anything
+    /// Decodes and checks the bytes of `manifest.json`: another format is refused before anything
     /// else (its layout may differ), then the checksum, the fields, and every listed path.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, BundleError> {
         let malformed = |path: &str, message: String| BundleError::MalformedManifest {
@@ -189,6 +190,13 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
+        // Checked before the checksum, whose key and algorithm older formats spell differently.
+        if found < u64::from(FORMAT_VERSION) {
+            let problem = format!(
+                "format {found} is older than the one this runtime reads ({FORMAT_VERSION}); recompile the bundle"
+            );
+            return Err(malformed("format_version", problem));
+        }
 
         verify_checksum(bytes)?;
         if let Some(object) = document.as_object_mut() {
@@ -197,12 +205,6 @@ impl Manifest {
 
         let manifest: Manifest = serde_path_to_error::deserialize(document)
             .map_err(|e| malformed(&e.path().to_string(), e.inner().to_string()))?;
-        if manifest.format_version != FORMAT_VERSION {
-            return Err(malformed(
-                "format_version",
-                format!("format {} is not one this runtime reads (it reads {FORMAT_VERSION})", manifest.format_version),
-            ));
-        }
         manifest.program.check().map_err(|e| malformed(&format!("program.{}", e.path), e.problem))?;
         if let Some(d) = &manifest.drafter {
             d.program.check().map_err(|e| malformed(&format!("drafter.program.{}", e.path), e.problem))?;
@@ -223,8 +225,8 @@ impl Manifest {
             if entry.path == MANIFEST_FILE {
                 return Err(malformed("path", "the manifest cannot list itself".to_string()));
             }
-            if !is_sha256_hex(&entry.sha256) {
-                return Err(malformed("sha256", format!("`{}` is not 64 lower-case hex digits", entry.sha256)));
+            if !is_digest_hex(&entry.blake3) {
+                return Err(malformed("blake3", format!("`{}` is not 64 lower-case hex digits", entry.blake3)));
             }
             if !seen.insert(entry.path.as_str()) {
                 return Err(malformed("path", format!("`{}` is listed twice", entry.path)));
@@ -258,7 +260,7 @@ fn verify_checksum(bytes: &[u8]) -> Result<(), BundleError> {
         return Err(malformed("the manifest must end with its checksum, 64 hex digits, then `\"\\n}\\n`"));
     }
     let expected = String::from_utf8_lossy(&bytes[digits_at..tail_at]).into_owned();
-    let actual = sha256_hex(&bytes[..digits_at]);
+    let actual = blake3_hex(&bytes[..digits_at]);
     if expected != actual {
         return Err(BundleError::HashMismatch { file: MANIFEST_FILE.to_string(), expected, actual });
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use super::digest::{sha256_hex, sha256_of_reader};
+use super::digest::{blake3_hex, digest_of_reader};
 use super::manifest::{FileEntry, Manifest, ModelConfig, Target};
 use super::paths::resolve_inside;
 use super::program::Program;
@@ -63,7 +63,7 @@ impl Bundle {
     /// Opens the bundle in `dir` after checking, in order: the manifest (format not newer than
     /// this runtime's, its own checksum, its fields), the target when `expected_target` names one,
     /// that every listed file is inside the directory (no `..`, absolute path or symlink leading
-    /// out), exists and has the listed size, then every file's SHA-256, then the weights header
+    /// out), exists and has the listed size, then every file's BLAKE3, then the weights header
     /// (bounds, overlaps, dtype × shape, alignment). The first failure is returned. Files the
     /// manifest does not list are ignored.
     pub fn open(dir: impl AsRef<Path>, expected_target: Option<&str>) -> Result<Bundle, BundleError> {
@@ -107,9 +107,9 @@ impl Bundle {
         if verify == Verify::SizesAndHashes {
             for (entry, file) in &mut opened {
                 let actual = if entry.path == WEIGHTS_FILE {
-                    sha256_of_mapped(&weights)
+                    digest_of_mapped(&weights)
                 } else {
-                    sha256_of_reader(file).map_err(|e| BundleError::io(&entry.path, e))?.0
+                    digest_of_reader(file).map_err(|e| BundleError::io(&entry.path, e))?.0
                 };
                 check_hash(entry, actual)?;
             }
@@ -174,7 +174,7 @@ impl Bundle {
             .and_then(|mut file| file.read_to_end(&mut bytes))
             .map_err(|e| BundleError::io(rel_path, e))?;
         check_size(entry, bytes.len() as u64)?;
-        check_hash(entry, sha256_hex(&bytes))?;
+        check_hash(entry, blake3_hex(&bytes))?;
         Ok(bytes)
     }
 
@@ -217,8 +217,8 @@ fn check_size(entry: &FileEntry, actual_bytes: u64) -> Result<(), BundleError> {
 }
 
 fn check_hash(entry: &FileEntry, actual: String) -> Result<(), BundleError> {
-    if actual != entry.sha256 {
-        return Err(BundleError::HashMismatch { file: entry.path.clone(), expected: entry.sha256.clone(), actual });
+    if actual != entry.blake3 {
+        return Err(BundleError::HashMismatch { file: entry.path.clone(), expected: entry.blake3.clone(), actual });
     }
     Ok(())
 }
@@ -241,9 +241,9 @@ fn map_weights(entry: &FileEntry, file: &File) -> Result<Mmap, BundleError> {
 }
 
 /// Hashes the mapped weights in place, telling the kernel the pages are read once in order.
-fn sha256_of_mapped(weights: &Mmap) -> String {
+fn digest_of_mapped(weights: &Mmap) -> String {
     let _ = weights.advise(memmap2::Advice::Sequential);
-    let digest = sha256_hex(weights);
+    let digest = blake3_hex(weights);
     let _ = weights.advise(memmap2::Advice::Normal);
     digest
 }

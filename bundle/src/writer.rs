@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::digest::{sha256_of_reader, HashingWriter, HASH_BUFFER_BYTES};
+use super::digest::{digest_of_reader, HashingWriter, HASH_BUFFER_BYTES};
 use super::manifest::{Drafter, FileEntry, Manifest, ManifestHeader, Target, FORMAT_VERSION};
 use super::paths::check_relative_path;
 use super::safetensors::{
@@ -195,7 +195,7 @@ impl BundleWriter {
         let weights_path = self.dir.join(WEIGHTS_FILE);
         self.data.flush().map_err(|e| BundleError::io(&self.data_path, e))?;
         let header = encode_header_padded(&self.entries, HEADER_RESERVE_BYTES as usize);
-        let (sha256, size_bytes) =
+        let (blake3, size_bytes) =
             if header.len() as u64 == HEADER_RESERVE_BYTES && self.data_len >= COMPACT_BELOW_BYTES {
                 let data = self.data.get_mut();
                 data.seek(SeekFrom::Start(0))
@@ -207,9 +207,9 @@ impl BundleWriter {
             } else {
                 self.write_compacted(&weights_path)?;
                 let mut written = File::open(&weights_path).map_err(|e| BundleError::io(&weights_path, e))?;
-                sha256_of_reader(&mut written).map_err(|e| BundleError::io(&weights_path, e))?
+                digest_of_reader(&mut written).map_err(|e| BundleError::io(&weights_path, e))?
             };
-        self.files.insert(WEIGHTS_FILE.to_string(), FileEntry { path: WEIGHTS_FILE.to_string(), size_bytes, sha256 });
+        self.files.insert(WEIGHTS_FILE.to_string(), FileEntry { path: WEIGHTS_FILE.to_string(), size_bytes, blake3 });
 
         let files: Vec<FileEntry> = self.files.values().cloned().collect();
         let manifest = Manifest {
@@ -313,9 +313,9 @@ impl BundleWriter {
             OpenOptions::new().write(true).create_new(true).open(&path).map_err(|e| BundleError::io(&path, e))?;
         let mut out = HashingWriter::new(file);
         write(&mut out).map_err(|e| BundleError::io(&path, e))?;
-        let (file, sha256, size_bytes) = out.finish();
+        let (file, blake3, size_bytes) = out.finish();
         file.sync_all().map_err(|e| BundleError::io(&path, e))?;
-        self.files.insert(rel_path.to_string(), FileEntry { path: rel_path.to_string(), size_bytes, sha256 });
+        self.files.insert(rel_path.to_string(), FileEntry { path: rel_path.to_string(), size_bytes, blake3 });
         Ok(())
     }
 }
@@ -398,13 +398,13 @@ fn prepare_directory(dir: &Path, overwrite: bool) -> Result<(), BundleError> {
     fs::create_dir_all(dir).map_err(|e| BundleError::io(dir, e))
 }
 
-/// The SHA-256 and size of the whole of `file`, read back on a second thread while this one
+/// The BLAKE3 and size of the whole of `file`, read back on a second thread while this one
 /// waits for the file to reach the disk: the read comes from the page cache, so the hash and
 /// the sync overlap instead of adding up.
 fn hash_while_syncing(file: &mut File) -> io::Result<(String, u64)> {
     let mut reader = file.try_clone()?;
     std::thread::scope(|scope| {
-        let hashing = scope.spawn(move || reader.seek(SeekFrom::Start(0)).and_then(|_| sha256_of_reader(&mut reader)));
+        let hashing = scope.spawn(move || reader.seek(SeekFrom::Start(0)).and_then(|_| digest_of_reader(&mut reader)));
         let synced = file.sync_all();
         let digest = hashing.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         synced.and(digest)

@@ -14,7 +14,6 @@ use bundle::{
     WriteOptions, ALIGNMENT_BYTES, FORMAT_VERSION, MANIFEST_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 fn model_config() -> ModelConfig {
     ModelConfig {
@@ -124,8 +123,8 @@ fn bundle_files(dir: &Path) -> Vec<String> {
     std::iter::once(MANIFEST_FILE.to_string()).chain(manifest.files.iter().map(|entry| entry.path.clone())).collect()
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+fn blake3_hex(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
 }
 
 /// Replaces `rel_path` with `bytes` and rewrites the manifest to list the new size and hash, so
@@ -138,7 +137,7 @@ fn replace_and_reseal(dir: &Path, rel_path: &str, bytes: &[u8]) {
     fs::write(dir.join(rel_path), bytes).unwrap();
     let entry = manifest.files.iter_mut().find(|entry| entry.path == rel_path).unwrap();
     entry.size_bytes = bytes.len() as u64;
-    entry.sha256 = sha256_hex(bytes);
+    entry.blake3 = blake3_hex(bytes);
     fs::write(dir.join(MANIFEST_FILE), manifest.encode()).unwrap();
 }
 
@@ -189,12 +188,12 @@ fn round_trip_keeps_manifest_fields_files_and_program() {
     {
         let entry = manifest.file(path).unwrap();
         assert_eq!(entry.size_bytes, bytes.len() as u64);
-        assert_eq!(entry.sha256, sha256_hex(bytes));
+        assert_eq!(entry.blake3, blake3_hex(bytes));
         assert_eq!(bundle.read_file(path).unwrap(), bytes);
         assert_eq!(fs::read(bundle.file_path(path).unwrap()).unwrap(), bytes);
     }
     let weights = fs::read(dir.join(WEIGHTS_FILE)).unwrap();
-    assert_eq!(manifest.file(WEIGHTS_FILE).unwrap().sha256, sha256_hex(&weights));
+    assert_eq!(manifest.file(WEIGHTS_FILE).unwrap().blake3, blake3_hex(&weights));
     assert!(bundle.file_path("not-listed.txt").is_none());
     assert!(matches!(bundle.read_file("not-listed.txt"), Err(BundleError::InvalidFile { .. })));
     assert!(!dir.join(".weights.data.partial").exists(), "the writer leaves no temporary file");
@@ -368,7 +367,8 @@ fn flipping_any_byte_of_any_file_is_refused_naming_that_file() {
                 assert_eq!(error.file(), Some(file.as_str()), "{file}: byte {position}: {error}");
                 let expected_kind = match &error {
                     BundleError::HashMismatch { .. } => true,
-                    BundleError::MalformedManifest { .. } => file == MANIFEST_FILE,
+                    // A flipped digit of `format_version` can name a newer format.
+                    BundleError::MalformedManifest { .. } | BundleError::FormatTooNew { .. } => file == MANIFEST_FILE,
                     _ => false,
                 };
                 assert!(expected_kind, "{file}: byte {position} ^ {mask:#04x}: unexpected {error:?}");
@@ -385,7 +385,7 @@ fn flipped_weights_header_and_data_bytes_report_a_hash_mismatch() {
     let (_temp, dir) = sample_bundle(Target::Cpu);
     let path = dir.join(WEIGHTS_FILE);
     let original = fs::read(&path).unwrap();
-    let expected = decoded_manifest(&dir).file(WEIGHTS_FILE).unwrap().sha256.clone();
+    let expected = decoded_manifest(&dir).file(WEIGHTS_FILE).unwrap().blake3.clone();
     // One byte of the length prefix, one of the JSON header, the last byte of tensor data.
     for position in [0, 20, original.len() - 1] {
         let mut flipped = original.clone();
@@ -395,7 +395,7 @@ fn flipped_weights_header_and_data_bytes_report_a_hash_mismatch() {
             Err(BundleError::HashMismatch { file, expected: listed, actual }) => {
                 assert_eq!(file, WEIGHTS_FILE);
                 assert_eq!(listed, expected);
-                assert_eq!(actual, sha256_hex(&flipped));
+                assert_eq!(actual, blake3_hex(&flipped));
             }
             other => panic!("byte {position}: expected a hash mismatch, got {:?}", other.err()),
         }
@@ -486,6 +486,17 @@ fn older_unknown_format_is_refused() {
     write_manifest(&dir, &manifest);
     let error = Bundle::open(&dir, None).err().unwrap();
     assert!(matches!(&error, BundleError::MalformedManifest { path, .. } if path == "format_version"), "{error:?}");
+
+    // Format 1 sealed its manifest with SHA-256 under another key: refused for its version, with
+    // the remedy, not for a checksum this runtime cannot find.
+    let current = fs::read_to_string(dir.join(MANIFEST_FILE)).unwrap();
+    let format_1 = current
+        .replace(&format!("\"format_version\": {FORMAT_VERSION}"), "\"format_version\": 1")
+        .replace("\"manifest_blake3\"", "\"manifest_sha256\"");
+    fs::write(dir.join(MANIFEST_FILE), format_1).unwrap();
+    let error = Bundle::open(&dir, None).err().unwrap();
+    assert!(matches!(&error, BundleError::MalformedManifest { path, .. } if path == "format_version"), "{error:?}");
+    assert!(error.to_string().contains("recompile the bundle"), "{error}");
 }
 
 #[test]
@@ -511,8 +522,8 @@ fn manifest_errors_name_the_field() {
     // Reseal by hand: the same encoding the writer uses, checksum over every byte before it.
     let mut bytes = serde_json::to_vec_pretty(&value).unwrap();
     bytes.truncate(bytes.len() - 2);
-    bytes.extend_from_slice(b",\n  \"manifest_sha256\": \"");
-    let checksum = sha256_hex(&bytes);
+    bytes.extend_from_slice(b",\n  \"manifest_blake3\": \"");
+    let checksum = blake3_hex(&bytes);
     bytes.extend_from_slice(checksum.as_bytes());
     bytes.extend_from_slice(b"\"\n}\n");
     fs::write(dir.join(MANIFEST_FILE), &bytes).unwrap();
@@ -532,15 +543,15 @@ fn manifest_errors_name_the_field() {
     fs::write(dir.join(MANIFEST_FILE), text).unwrap();
     let error = Bundle::open(&dir, None).err().unwrap();
     assert!(
-        matches!(&error, BundleError::MalformedManifest { path, .. } if path == "manifest_sha256"),
+        matches!(&error, BundleError::MalformedManifest { path, .. } if path == "manifest_blake3"),
         "an unsealed manifest is refused before its fields are read: {error:?}"
     );
 
     let mut bad_hash = manifest.clone();
-    bad_hash.files[0].sha256 = "ABC".to_string();
+    bad_hash.files[0].blake3 = "ABC".to_string();
     write_manifest(&dir, &bad_hash);
     let error = Bundle::open(&dir, None).err().unwrap();
-    assert!(matches!(&error, BundleError::MalformedManifest { path, .. } if path == "files[0].sha256"), "{error:?}");
+    assert!(matches!(&error, BundleError::MalformedManifest { path, .. } if path == "files[0].blake3"), "{error:?}");
 
     let mut twice = manifest.clone();
     twice.files.push(twice.files[0].clone());
@@ -580,7 +591,7 @@ fn listed_paths_leaving_the_bundle_are_refused() {
         ("xdna\\..\\..\\x", "backslash"),
     ] {
         let mut escaping = manifest.clone();
-        escaping.files.push(FileEntry { path: path.to_string(), size_bytes: 7, sha256: sha256_hex(b"outside") });
+        escaping.files.push(FileEntry { path: path.to_string(), size_bytes: 7, blake3: blake3_hex(b"outside") });
         write_manifest(&dir, &escaping);
         match Bundle::open(&dir, None) {
             Err(error @ BundleError::PathEscape { .. }) => {
@@ -799,7 +810,7 @@ fn large_weights_are_written_in_place_behind_a_reserved_header() {
         assert_eq!(header_len + 8 == 256 << 10, reserved, "{name}: header of {header_len} bytes");
         assert!(file[8..8 + header_len].ends_with(b" "), "{name}: the header is padded with spaces");
         let bundle = Bundle::open(&dir, None).unwrap();
-        assert_eq!(bundle.manifest().files.iter().find(|f| f.path == WEIGHTS_FILE).unwrap().sha256, sha256_hex(&file));
+        assert_eq!(bundle.manifest().files.iter().find(|f| f.path == WEIGHTS_FILE).unwrap().blake3, blake3_hex(&file));
         assert!(bundle.tensor("w").unwrap().bytes == bytes, "{name}: tensor data");
         assert_eq!(bundle.tensor("b").unwrap().bytes, &[0, 0, 128, 63, 0, 0, 0, 64]);
         assert!(!dir.join(".weights.data.partial").exists(), "{name}: the partial file is left");
