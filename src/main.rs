@@ -75,6 +75,11 @@ npuc compile model.onnx -o model.npub --tokenizer tokenizer.json --overwrite --j
         /// Replace an existing bundle at the output path.
         #[arg(long)]
         overwrite: bool,
+        /// Return only once the bundle is on the disk (fsync), so it survives a power loss right
+        /// after the compile. Without it the kernel writes it out in its own time, and a bundle
+        /// torn by a power loss is refused at load by its digests.
+        #[arg(long)]
+        sync: bool,
         /// Print the summary as JSON.
         #[arg(long)]
         json: bool,
@@ -261,10 +266,10 @@ fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Inspect { model, json, print } => inspect::run(&model, json, print),
-        Command::Compile { model, target, output, tokenizer, overwrite, json, intel, device, no_drafter } => {
+        Command::Compile { model, target, output, tokenizer, overwrite, sync, json, intel, device, no_drafter } => {
             let args = targets::TargetArgs { intel: Some(intel), device };
             let drafter = !no_drafter;
-            compile::run(compile::Options { model, target, output, tokenizer, overwrite, json, drafter, args })
+            compile::run(compile::Options { model, target, output, tokenizer, overwrite, sync, json, drafter, args })
         }
         Command::Passes { model, target, stop_after, dump_dir, json, check, fp16_sim } => {
             passes_cmd::run(passes_cmd::Options {

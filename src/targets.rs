@@ -252,6 +252,7 @@ mod tests {
             output: output.clone(),
             tokenizer: None,
             overwrite: false,
+            sync: true,
             json: true,
             drafter: true,
             args: TargetArgs::default(),

@@ -4,8 +4,9 @@
     python tools/bench_compile.py MODEL.onnx [MODEL.onnx ...] [--npuc target/release/npuc] [--reps 3]
 
 For each model, alternately in fresh processes: `npuc compile MODEL --target cpu` (import, every
-pass, the bundle written and fsynced) and OpenVINO's `read_model` + `save_model` of the same file
-(its IR written, weights kept f32). Prints the median wall time of each, their ratio, and each
+pass, the bundle written and its digests computed; not fsynced, which OpenVINO does not do
+either) and OpenVINO's `read_model` + `save_model` of the same file (its IR written, weights kept
+f32). Prints the median wall time of each, their ratio, and each
 one's peak resident memory against the model's weight bytes (the .onnx and its external data).
 Both read the file through the page cache; a first unmeasured run of each warms it.
 """

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use super::digest::{blake3_hex, digest_of_reader};
+use super::digest::{blake3_hex, blake3_hex_parallel, digest_of_reader};
 use super::manifest::{FileEntry, Manifest, ModelConfig, Target};
 use super::paths::resolve_inside;
 use super::program::Program;
@@ -243,7 +243,7 @@ fn map_weights(entry: &FileEntry, file: &File) -> Result<Mmap, BundleError> {
 /// Hashes the mapped weights in place, telling the kernel the pages are read once in order.
 fn digest_of_mapped(weights: &Mmap) -> String {
     let _ = weights.advise(memmap2::Advice::Sequential);
-    let digest = blake3_hex(weights);
+    let digest = blake3_hex_parallel(weights);
     let _ = weights.advise(memmap2::Advice::Normal);
     digest
 }

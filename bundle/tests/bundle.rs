@@ -316,7 +316,7 @@ fn writer_refuses_non_empty_directory_unless_overwriting_a_bundle() {
     assert!(matches!(&again, Err(BundleError::DirectoryNotEmpty { dir: d }) if d == &dir), "{:?}", again.err());
     assert!(Bundle::open(&dir, None).is_ok(), "a refused writer leaves the bundle alone");
 
-    let options = WriteOptions { overwrite: true };
+    let options = WriteOptions { overwrite: true, sync: true };
     let mut writer = BundleWriter::create_with(&dir, header(Target::Xdna), options).unwrap();
     writer.add_tensor("only", Dtype::U8, &[1], &[9], None).unwrap();
     writer.finish().unwrap();

@@ -26,6 +26,8 @@ pub struct Options {
     pub output: PathBuf,
     pub tokenizer: Option<PathBuf>,
     pub overwrite: bool,
+    /// Wait for the disk before returning (`bundle::WriteOptions::sync`).
+    pub sync: bool,
     pub json: bool,
     /// Compile an MTP head found beside the model (`mtp.onnx`) into the bundle.
     pub drafter: bool,
@@ -81,7 +83,7 @@ pub(crate) fn compile(target: &dyn Target, o: &Options) -> Result<Written> {
         program: program(lowered.program()),
     };
     progress.step(format!("writing {}", o.output.display()));
-    let mut w = BundleWriter::create_with(&o.output, header, WriteOptions { overwrite: o.overwrite })
+    let mut w = BundleWriter::create_with(&o.output, header, WriteOptions { overwrite: o.overwrite, sync: o.sync })
         .with_context(|| format!("creating {}", o.output.display()))?;
     let stored = weights::store(&mut w, lowered.program(), lowered.host_packing())?;
     let drafter = drafter.map(|d| store_drafter(&mut w, d)).transpose()?;
