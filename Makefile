@@ -164,11 +164,12 @@ bench-speculation: deps corpus build bench-deps
 	$(PY) tools/bench_speculation.py $(FIXTURES)/bench-smollm2-int4.npub --gguf $(SMOLLM2_GGUF) \
 	  --llama-lookup $$lookup --llama-bench $$llama_bench
 
-## bench-compile: `npuc compile` of the Qwen3-0.6B-shaped builder fp32 file (2.4 GB of weights)
-## against OpenVINO's read_model + save_model of the same file: wall time and peak RSS against
-## the weights (tools/bench_compile.py).
+## bench-compile: `npuc compile` of the Qwen3-0.6B-shaped fp32 files (2.4 GB of weights) as
+## optimum-onnx and the builder export them, against OpenVINO's read_model + save_model of the
+## same file: wall time and peak RSS against the weights (tools/bench_compile.py).
 bench-compile: deps build bench-models
-	$(PY) tools/bench_compile.py $(BENCH_DIR)/qwen3-0.6b-builder-fp32/model.onnx
+	$(PY) tools/bench_compile.py $(BENCH_DIR)/qwen3-0.6b-optimum/model.onnx \
+	  $(BENCH_DIR)/qwen3-0.6b-builder-fp32/model.onnx
 
 ## bench-deps: onnxruntime-genai and PyPI's cmake (tools/requirements-bench.txt); llama-bench is
 ## built from llama-cpp-python's sdist into fixtures/cache/ by the bench itself.
@@ -176,7 +177,8 @@ bench-deps: $(STAMP_PY)
 	$(PY) -m pip install --quiet -r tools/requirements-bench.txt
 
 ## bench-models: the bench-only models, never part of the corpus or `make test`: Qwen3-0.6B's
-## shapes and a Qwen3.5-MoE-shaped model with random weights, through the builder's int4 and fp32,
+## shapes (also through optimum-onnx, for bench-compile) and a Qwen3.5-MoE-shaped model with
+## random weights, through the builder's int4 and fp32,
 ## and Qwen3-4B's shapes through its int4 only (drawn in float16; the builder peaks near 21 GB
 ## making it), into fixtures/bench/.
 bench-models: $(STAMP_XPY)

@@ -22,10 +22,18 @@ def run(cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = N
         raise RuntimeError(f"`{' '.join(cmd)}` failed ({p.returncode}):\n" + "\n".join(tail))
 
 
+# Checkpoints past protobuf's 2 GB limit: optimum's post-processing (which removes the tied
+# lm_head's copy) serializes the whole model in memory to check it and fails on them; its error
+# message names `--no-post-process` as the way to export them, which keeps the copy.
+PROTOBUF_LIMIT_BYTES = 2 << 30
+
+
 def optimum(hf: Path, out: Path) -> list[str]:
     """optimum-onnx's `text-generation-with-past` export (torch's TorchScript exporter)."""
     cmd = [str(VENV_BIN / "optimum-cli"), "export", "onnx", "--model", str(hf), "--task",
            "text-generation-with-past", str(out)]
+    if sum(p.stat().st_size for p in hf.glob("*.safetensors")) > PROTOBUF_LIMIT_BYTES:
+        cmd.insert(-1, "--no-post-process")
     run(cmd, out.parent / f"{out.name}.log")
     return cmd
 

@@ -84,7 +84,8 @@ BENCH_ARCHS = {
     "qwen3-0.6b": Arch("qwen3-0.6b", "Qwen3ForCausalLM", dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-        max_position_embeddings=40960, bos_token_id=1, eos_token_id=2, pad_token_id=0), 17),
+        max_position_embeddings=40960, bos_token_id=1, eos_token_id=2, pad_token_id=0), 17,
+        exporters=("builder-int4", "builder-fp32", "optimum")),
     # Qwen3-4B's shapes: 36 layers, hidden 2560, intermediate 9728, 32 query and 8 KV heads of
     # 128, tied embeddings. Drawn in float16 and exported to int4 only.
     "qwen3-4b": Arch("qwen3-4b", "Qwen3ForCausalLM", dict(
