@@ -440,8 +440,7 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
             }
             Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc], b_transposed } => {
                 let its = "#vector.iterator_type<parallel>, #vector.iterator_type<parallel>, #vector.iterator_type<reduction>";
-                let maps = if *b_transposed { MATMUL_BT_MAPS } else { MATMUL_MAPS };
-                let attrs = format!("indexing_maps = {maps}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let attrs = contract_attrs(*b_transposed, its);
                 let _ = writeln!(
                     o,
                     "{sp}{res} = \"vector.contract\"({a}, {b}, {acc}) {{{attrs}}} : ({ta}, {tb}, {tc}) -> {tc}"
@@ -453,6 +452,13 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
             Stmt::For { iv, lb, ub, step, carried, body } => generic_for(o, (iv, lb, ub, step), carried, body, pad),
         }
     }
+}
+
+/// A matmul contraction's attributes (maps for B as stored or transposed), with the iterator
+/// types spelled as the form being printed spells them.
+fn contract_attrs(b_transposed: bool, iterator_types: &str) -> String {
+    let maps = if b_transposed { MATMUL_BT_MAPS } else { MATMUL_MAPS };
+    format!("indexing_maps = {maps}, iterator_types = [{iterator_types}], kind = #vector.kind<add>")
 }
 
 fn generic_for(
@@ -511,9 +517,7 @@ fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
                 );
             }
             Stmt::Contract { res, a, b, acc, tys: [ta, tb, tc], b_transposed } => {
-                let its = "\"parallel\", \"parallel\", \"reduction\"";
-                let maps = if *b_transposed { MATMUL_BT_MAPS } else { MATMUL_MAPS };
-                let attrs = format!("indexing_maps = {maps}, iterator_types = [{its}], kind = #vector.kind<add>");
+                let attrs = contract_attrs(*b_transposed, "\"parallel\", \"parallel\", \"reduction\"");
                 let _ = writeln!(o, "{sp}{res} = vector.contract {{{attrs}}} {a}, {b}, {acc} : {ta}, {tb} into {tc}");
             }
             Stmt::Bin { res, op, a, b, ty } => {
