@@ -176,7 +176,7 @@ fn check_bundle(name: &str, device: &str) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    assert_eq!(plan["format"], "npuc-xdna-plan/3");
+    assert_eq!(plan["format"], "npuc-xdna-plan/4");
     assert_eq!(plan["device"], device);
     assert_eq!((&plan["host_threshold_rows"], &plan["gemv_rows"]), (&16.into(), &8.into()));
     let planned: BTreeSet<String> =
@@ -190,8 +190,10 @@ fn check_bundle(name: &str, device: &str) -> bool {
     // The weight it streams is in the bundle (array-int8 stores a tied lm_head's int8 [k, n] copy).
     assert!(b.tensor(lm_head["site"]["weight"].as_str().unwrap()).is_some(), "{name}: {lm_head}");
     for g in gemms {
-        let cols: u64 = g["chunks"].as_array().unwrap().iter().map(|c| c["cols"].as_u64().unwrap()).sum();
-        assert_eq!(cols, g["site"]["n"].as_u64().unwrap(), "{}", g["site"]["node"]);
+        for chunks in ["chunks", "gemv_chunks"] {
+            let cols: u64 = g[chunks].as_array().unwrap().iter().map(|c| c["cols"].as_u64().unwrap()).sum();
+            assert_eq!(cols, g["site"]["n"].as_u64().unwrap(), "{} {chunks}", g["site"]["node"]);
+        }
     }
     for d in plan["designs"].as_array().unwrap() {
         for k in ["file", "pretty"] {
@@ -223,14 +225,14 @@ fn check_bundle(name: &str, device: &str) -> bool {
     for (d, s) in plan["designs"].as_array().unwrap().iter().zip(summary["xdna"]["designs"].as_array().unwrap()) {
         assert_eq!((&s["name"], &s["build"]), (&d["name"], &d["build"]));
     }
-    let distinct = |field: &str| -> BTreeSet<String> {
-        let chunks = gemms.iter().flat_map(|g| g["chunks"].as_array().unwrap());
+    let distinct = |chunks: &str, field: &str| -> BTreeSet<String> {
+        let chunks = gemms.iter().flat_map(|g| g[chunks].as_array().unwrap());
         chunks.map(|c| c[field].as_str().unwrap().to_string()).collect()
     };
     let ran = designs_pass_the_interpreter(&b, &plan, "gemm", plan["decode_rows"].as_u64().unwrap());
-    assert_eq!(ran, distinct("decode_design").len(), "{name}: every decode-block design ran");
+    assert_eq!(ran, distinct("chunks", "decode_design").len(), "{name}: every decode-block design ran");
     let ran = designs_pass_the_interpreter(&b, &plan, "gemv", 8);
-    assert_eq!(ran, distinct("gemv_design").len(), "{name}: every GEMV design ran");
+    assert_eq!(ran, distinct("gemv_chunks", "design").len(), "{name}: every GEMV design ran");
     let w = b.tensor(gemms[0]["site"]["weight"].as_str().unwrap()).unwrap();
     w.dtype == runtime::bundle::Dtype::I8 && first_qgemm_through_its_design(&b, &plan)
 }
@@ -380,15 +382,16 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     let prefill_calls = npu_exec.offloaded_calls();
     let execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count();
     let got_decode = npu_exec.step(&[7]).unwrap().to_vec();
-    // 2 layers × (q, k and v side by side, and o: one call of both activation passes' rows
-    // each; gate and up side by side, and down: one more each for the weights' second pass) +
-    // the lm_head's call, each one M-block and one column chunk.
-    let calls = 2 * (2 + 2 * 2) + 1;
+    // 2 layers × (q, k and v side by side; o; gate and up side by side; down: one call of both
+    // activation passes' rows each) + the lm_head's call.
+    let calls = 2 * 4 + 1;
     assert_eq!(prefill_calls, calls, "QGemm calls offloaded in the prefill step");
-    assert_eq!(execs as u64, calls, "commands submitted");
+    // Each one M-block per column chunk: the MLP's two have their weights' second pass as a
+    // chunk of its own, which multiplies the first activation pass's rows only.
+    assert_eq!(execs as u64, 2 * (2 + 2 * 2) + 1, "commands submitted");
     assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls, "a one-row decode step runs every QGemm call too");
     let decode_execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count() - execs;
-    assert_eq!(decode_execs as u64, calls, "one GEMV block per call");
+    assert_eq!(decode_execs as u64, calls, "one GEMV block per call: a weight's two passes are one design's columns");
     let differing = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     assert_eq!(got_prefill.len(), want_prefill.len());
     assert_eq!(differing(&got_prefill, &want_prefill), 0, "prefill logits that differ from the host's");
@@ -402,12 +405,12 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     assert_eq!(npu_exec.offloaded_calls(), 3 * prefill_calls);
     assert_eq!(differing(&got_long, &want_long), 0, "logits of a 100-token prefill");
     // One hardware context per design the steps used: every decode, prefill and GEMV design.
-    let used: BTreeSet<&str> = plan["gemms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["chunks"].as_array().unwrap())
-        .flat_map(|c| ["decode_design", "prefill_design", "gemv_design"].map(|k| c[k].as_str().unwrap()))
+    let gemms = plan["gemms"].as_array().unwrap();
+    let m_blocks = gemms.iter().flat_map(|g| g["chunks"].as_array().unwrap());
+    let gemv = gemms.iter().flat_map(|g| g["gemv_chunks"].as_array().unwrap()).map(|c| c["design"].as_str().unwrap());
+    let used: BTreeSet<&str> = m_blocks
+        .flat_map(|c| ["decode_design", "prefill_design"].map(|k| c[k].as_str().unwrap()))
+        .chain(gemv)
         .collect();
     assert_eq!(sim.state().ctxs.len(), used.len(), "hardware contexts");
     drop(npu_exec);

@@ -58,10 +58,13 @@ fn every_projection_has_a_gemv_design_and_decode_rows_are_routed_to_it() {
     assert_eq!(plan.route(12), Some(vec![(8, 8), (8, 4)]));
     assert_eq!(plan.route(16).unwrap()[0].0, plan.decode_rows, "16 rows go to the GEMM designs");
     for g in &plan.gemms {
-        for c in &g.chunks {
-            let name = plan.block_design(c, 8).unwrap_or_else(|| panic!("{} has no GEMV design", g.site.node));
-            let d = plan.design(name).unwrap();
+        let calls = plan.calls(g, g.site.passes).unwrap_or_else(|| panic!("{} has no GEMV design", g.site.node));
+        let covered: usize = calls.iter().map(|c| c.cols).sum();
+        assert_eq!(covered, g.site.n, "{}: one row's GEMV blocks cover every column once", g.site.node);
+        for c in calls {
+            let (name, d) = (c.design, plan.design(c.design).unwrap());
             assert_eq!((d.kind, d.tiling.shape.m, d.tiling.shape.k), (DesignKind::Gemv, 8, g.site.k), "{name}");
+            assert_eq!((c.first, c.used, c.block_rows), (0, g.site.passes, 8), "{name}");
             assert!(d.tiling.shape.n >= c.cols && d.array_columns == 4, "{name}");
             let text = String::from_utf8(bundle.read_file(&d.file).unwrap()).unwrap();
             assert!(text.contains("@gemv_i8_i32") && text.contains("npuc.design = \"gemv\""), "{name}");
@@ -122,10 +125,9 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     let mut array = Executor::new(&bundle, options()).unwrap();
     array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap()));
     // Commands of a step: every call's blocks (its rows are the tokens times its stacked
-    // passes) times its column chunks.
+    // passes) over its column chunks, as the plan lists them.
     let commands = |tokens: usize| -> usize {
-        let blocks = |g: &bundle::xdna::PlanGemm| plan.route(tokens * g.site.passes).unwrap().len();
-        plan.gemms.iter().map(|g| blocks(g) * g.chunks.len()).sum()
+        plan.gemms.iter().map(|g| plan.calls(g, tokens * g.site.passes).unwrap().len()).sum()
     };
     assert!(plan.gemms.iter().any(|g| g.site.passes == 2), "the activations' passes are stacked");
     let qgemms = plan.gemms.len() as u64;

@@ -5,26 +5,24 @@
 //! compiler plans with, so the two cannot disagree.
 //!
 //! A call with fewer rows than the threshold (decode, a short verify step) runs as blocks of
-//! `gemv_rows` rows on the GEMV designs, which stream every weight once per block; a plan without
-//! GEMV designs (`gemv_rows` 0, every plan of format `/2`) leaves those calls on the host. Larger
-//! calls are cut into M-blocks of the GEMM designs: the prefill block while more than the smallest
-//! block is left, then the smallest block the array takes (the design for `decode_rows`) for the
-//! rest. A projection wider than one design is cut into column chunks, each naming the designs
-//! (GEMV, small and prefill M-block) that compute it; [`block_design`] says which one a block uses.
+//! `gemv_rows` rows on the GEMV designs, which stream every weight once per block, over the
+//! projection's GEMV column chunks (wide: a GEMV design's width costs no core memory); a plan
+//! without GEMV designs (`gemv_rows` 0) leaves those calls on the host. Larger calls are cut into
+//! M-blocks of the GEMM designs over the projection's M-block column chunks: the prefill block
+//! while more than the smallest block is left, then the smallest block the array takes (the
+//! design for `decode_rows`) for the rest; a chunk of a weight's residual pass (a
+//! `QGemm{first_pass_columns}`) takes the first activation pass's rows only. [`array_calls`]
+//! lists the calls one projection call makes, for the runtime and the cost model alike.
 //!
 //! The file is pretty-printed JSON whose objects have their keys in sorted order; the first key
-//! read is `format` ([`PLAN_FORMAT`], or the older [`PLAN_FORMAT_V2`], read as a plan without
-//! GEMV designs), and a plan of another format is refused before its fields.
+//! read is `format` ([`PLAN_FORMAT`]), and a plan of another format is refused before its fields.
 
 use serde::{Deserialize, Serialize};
 
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/3";
-/// The format before GEMV designs, still read: no `gemv_rows`, no chunk's `gemv_design`, every
-/// design a GEMM over the columns its tiling uses.
-pub const PLAN_FORMAT_V2: &str = "npuc-xdna-plan/2";
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/4";
 
 /// The decoded `xdna/plan.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -39,14 +37,15 @@ pub struct XdnaPlan {
     pub host_threshold_rows: usize,
     /// Rows of one GEMV block (the activation rows a GEMV design keeps resident); 0: no GEMV
     /// designs.
-    #[serde(default)]
     pub gemv_rows: usize,
     /// Rows of the smallest M-block (the decode designs).
     pub decode_rows: usize,
     /// Rows of the prefill M-block (the prefill designs), at least `decode_rows`.
     pub prefill_rows: usize,
-    /// The widest column chunk one design computes.
+    /// The widest column chunk one GEMM design computes.
     pub max_design_cols: usize,
+    /// The widest column chunk one GEMV design computes.
+    pub max_gemv_cols: usize,
     pub designs: Vec<PlanDesign>,
     pub gemms: Vec<PlanGemm>,
     /// Whether MLIR verified the designs, and which MLIR.
@@ -72,11 +71,8 @@ pub struct PlanDesign {
     /// [`PlanDesign::insts_file`] and [`PlanDesign::pdi_file`] look for them.
     pub build: String,
     /// What the design computes: a GEMM M-block, or a GEMV block over streamed weights.
-    #[serde(default)]
     pub kind: DesignKind,
-    /// Array columns the design occupies: the hardware context it needs (0 in a `/2` plan, read
-    /// as the tiling's `cols`).
-    #[serde(default)]
+    /// Array columns the design occupies: the hardware context it needs.
     pub array_columns: usize,
     /// For a GEMM, its tiling; for a GEMV: `m` its rows, `k` the K part one core call reduces,
     /// `n` the columns of one core tile, `rows` the cores of the busiest column, `cols` the array
@@ -109,11 +105,10 @@ impl PlanDesign {
 }
 
 /// What a design computes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DesignKind {
     /// An M-block `[m, k] × [k, n]`, B the weight `[K, N]` row-major.
-    #[default]
     Gemm,
     /// Up to `m` rows against streamed weights, B the weight transposed (`[N, K]` row-major).
     Gemv,
@@ -152,12 +147,15 @@ pub struct PlanTiling {
     pub utilisation: f64,
 }
 
-/// One projection and the column chunks it is cut into.
+/// One projection and the column chunks it is cut into: for M-blocks and for GEMV blocks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanGemm {
     pub site: PlanSite,
     pub chunks: Vec<PlanChunk>,
+    /// None without GEMV designs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemv_chunks: Vec<PlanGemvChunk>,
 }
 
 /// The program node a projection is, and the weight it streams.
@@ -172,17 +170,19 @@ pub struct PlanSite {
     pub weight: String,
     /// The weight is read transposed (a tied lm_head reading the `[n, k]` embedding).
     pub transposed: bool,
-    /// Rows of a call per row of activations: the activation passes a `QGemm{passes}` stacks
-    /// (1 when absent, as plans before stacked passes wrote).
-    #[serde(default = "one_pass")]
+    /// Rows of a call per row of activations: the activation passes a `QGemm{passes}` stacks.
     pub passes: usize,
+    /// The last columns, a weight's residual pass, multiply the first activation pass only
+    /// (`QGemm{first_pass_columns}`; 0 for none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_pass_columns: usize,
 }
 
-fn one_pass() -> usize {
-    1
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
-/// A column chunk of one projection.
+/// An M-block column chunk of one projection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanChunk {
@@ -191,9 +191,18 @@ pub struct PlanChunk {
     /// Design for the small M-block and for the prefill M-block.
     pub decode_design: String,
     pub prefill_design: String,
-    /// Design for a GEMV block (none in a plan of format `/2`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gemv_design: Option<String>,
+    /// Activation passes the chunk's blocks multiply (their rows a call's first `passes` of the
+    /// site's): the site's, or 1 for a chunk of residual-pass columns.
+    pub passes: usize,
+}
+
+/// A GEMV column chunk of one projection: every row of a call, every pass.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanGemvChunk {
+    pub col_offset: usize,
+    pub cols: usize,
+    pub design: String,
 }
 
 /// A plan the runtime cannot use. Each names the file and where in it the problem is.
@@ -228,17 +237,14 @@ impl XdnaPlan {
             serde_json::from_slice(bytes).map_err(|e| PlanError::malformed(".", e.to_string()))?;
         match document.get("format") {
             None => return Err(PlanError::malformed("format", "missing field `format`")),
-            Some(serde_json::Value::String(found)) if found == PLAN_FORMAT || found == PLAN_FORMAT_V2 => {}
+            Some(serde_json::Value::String(found)) if found == PLAN_FORMAT => {}
             Some(found) => {
                 let found = found.as_str().map_or_else(|| found.to_string(), str::to_string);
                 return Err(PlanError::Format { file: PLAN_FILE, found, expected: PLAN_FORMAT });
             }
         }
-        let mut plan: XdnaPlan = serde_path_to_error::deserialize(document)
+        let plan: XdnaPlan = serde_path_to_error::deserialize(document)
             .map_err(|e| PlanError::malformed(e.path().to_string(), e.inner().to_string()))?;
-        for d in plan.designs.iter_mut().filter(|d| d.array_columns == 0) {
-            d.array_columns = d.tiling.cols;
-        }
         plan.check_designs()?;
         Ok(plan)
     }
@@ -248,14 +254,24 @@ impl XdnaPlan {
         self.designs.iter().find(|d| d.name == name)
     }
 
-    /// Where a call of `rows` rows runs (see [`route_rows`]).
-    pub fn route(&self, rows: usize) -> Option<Vec<(usize, usize)>> {
-        route_rows(self.host_threshold_rows, self.gemv_rows, self.decode_rows, self.prefill_rows, rows)
+    /// How the plan cuts a call's rows.
+    pub fn routing(&self) -> Routing {
+        Routing {
+            host_threshold_rows: self.host_threshold_rows,
+            gemv_rows: self.gemv_rows,
+            decode_rows: self.decode_rows,
+            prefill_rows: self.prefill_rows,
+        }
     }
 
-    /// The design a block of `block_rows` rows of `chunk` runs on (see [`block_design`]).
-    pub fn block_design<'p>(&self, chunk: &'p PlanChunk, block_rows: usize) -> Option<&'p str> {
-        block_design(chunk, self.gemv_rows, self.decode_rows, block_rows)
+    /// Where a call of `rows` rows runs (see [`route_rows`]).
+    pub fn route(&self, rows: usize) -> Option<Vec<(usize, usize)>> {
+        self.routing().route(rows)
+    }
+
+    /// The array calls of one call of `gemm` with `rows` rows (see [`array_calls`]).
+    pub fn calls<'p>(&self, gemm: &'p PlanGemm, rows: usize) -> Option<Vec<ArrayCall<'p>>> {
+        array_calls(self.routing(), gemm.site.passes, (&gemm.chunks, &gemm.gemv_chunks), rows)
     }
 
     fn check_designs(&self) -> Result<(), PlanError> {
@@ -266,24 +282,100 @@ impl XdnaPlan {
             ));
         }
         for (g, gemm) in self.gemms.iter().enumerate() {
+            let node = &gemm.site.node;
+            let listed = |path: String, name: &str| match self.design(name) {
+                Some(_) => Ok(()),
+                None => Err(PlanError::malformed(
+                    path,
+                    format!("`{node}` calls design `{name}`, which the plan does not list"),
+                )),
+            };
             for (c, chunk) in gemm.chunks.iter().enumerate() {
-                let gemv = chunk.gemv_design.iter().map(|name| ("gemv_design", name));
-                for (field, name) in
-                    [("decode_design", &chunk.decode_design), ("prefill_design", &chunk.prefill_design)]
-                        .into_iter()
-                        .chain(gemv)
-                {
-                    if self.design(name).is_none() {
-                        return Err(PlanError::malformed(
-                            format!("gemms[{g}].chunks[{c}].{field}"),
-                            format!("`{}` calls design `{name}`, which the plan does not list", gemm.site.node),
-                        ));
-                    }
+                listed(format!("gemms[{g}].chunks[{c}].decode_design"), &chunk.decode_design)?;
+                listed(format!("gemms[{g}].chunks[{c}].prefill_design"), &chunk.prefill_design)?;
+                if chunk.passes == 0 || chunk.passes > gemm.site.passes {
+                    let message = format!("{} passes, of the site's {}", chunk.passes, gemm.site.passes);
+                    return Err(PlanError::malformed(format!("gemms[{g}].chunks[{c}].passes"), message));
                 }
+            }
+            for (c, chunk) in gemm.gemv_chunks.iter().enumerate() {
+                listed(format!("gemms[{g}].gemv_chunks[{c}].design"), &chunk.design)?;
             }
         }
         Ok(())
     }
+}
+
+/// The numbers a plan cuts a call's rows by (see [`route_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routing {
+    pub host_threshold_rows: usize,
+    pub gemv_rows: usize,
+    pub decode_rows: usize,
+    pub prefill_rows: usize,
+}
+
+impl Routing {
+    /// Where a call of `rows` rows runs (see [`route_rows`]).
+    pub fn route(&self, rows: usize) -> Option<Vec<(usize, usize)>> {
+        route_rows(self.host_threshold_rows, self.gemv_rows, self.decode_rows, self.prefill_rows, rows)
+    }
+}
+
+/// One array call of a projection call: a block of rows of one column chunk on one design.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArrayCall<'p> {
+    pub design: &'p str,
+    pub col_offset: usize,
+    pub cols: usize,
+    /// The call's rows this block takes: `first..first + used`, zero-padded to `block_rows`.
+    pub first: usize,
+    pub used: usize,
+    pub block_rows: usize,
+}
+
+/// The array calls one call of `rows` rows (its activation passes stacked, `site_passes` of them)
+/// makes, or `None` when it stays on the host: below the threshold, blocks of `gemv_rows` of
+/// every row over each GEMV chunk (none without GEMV chunks); from there on, each M-block chunk's
+/// rows — the first `chunk.passes` passes' — cut into M-blocks.
+pub fn array_calls<'p>(
+    routing: Routing,
+    site_passes: usize,
+    (chunks, gemv_chunks): (&'p [PlanChunk], &'p [PlanGemvChunk]),
+    rows: usize,
+) -> Option<Vec<ArrayCall<'p>>> {
+    let mut calls = vec![];
+    if rows < routing.host_threshold_rows {
+        let blocks = routing.route(rows).filter(|_| !gemv_chunks.is_empty())?;
+        for c in gemv_chunks {
+            let mut first = 0;
+            for &(block_rows, used) in &blocks {
+                calls.push(ArrayCall {
+                    design: &c.design,
+                    col_offset: c.col_offset,
+                    cols: c.cols,
+                    first,
+                    used,
+                    block_rows,
+                });
+                first += used;
+            }
+        }
+        return Some(calls);
+    }
+    let (small, large) = (routing.decode_rows, routing.prefill_rows.max(routing.decode_rows));
+    if small == 0 {
+        return None;
+    }
+    for c in chunks {
+        let mut first = 0;
+        for (block_rows, used) in cut(rows / site_passes.max(1) * c.passes, small, large) {
+            let design = if block_rows == small { &c.decode_design } else { &c.prefill_design };
+            calls.push(ArrayCall { design, col_offset: c.col_offset, cols: c.cols, first, used, block_rows });
+            first += used;
+        }
+    }
+    Some(calls)
 }
 
 /// Where a call of `rows` rows runs, from the numbers the plan records: `None` on the host, else
@@ -316,17 +408,4 @@ fn cut(rows: usize, small: usize, large: usize) -> Vec<(usize, usize)> {
         left -= used;
     }
     blocks
-}
-
-/// The design a block of `block_rows` rows (a block [`route_rows`] made) of `chunk` runs on: the
-/// GEMV design for a `gemv_rows` block, the small M-block's design for a `decode_rows` block, the
-/// prefill design otherwise; `None` for a GEMV block of a chunk without a GEMV design.
-pub fn block_design(chunk: &PlanChunk, gemv_rows: usize, decode_rows: usize, block_rows: usize) -> Option<&str> {
-    if gemv_rows > 0 && block_rows == gemv_rows {
-        chunk.gemv_design.as_deref()
-    } else if block_rows == decode_rows {
-        Some(&chunk.decode_design)
-    } else {
-        Some(&chunk.prefill_design)
-    }
 }

@@ -3,8 +3,8 @@
 //! it does not list is refused naming the file and the JSON path; and the rows routing.
 
 use bundle::xdna::{
-    block_design, route_rows, DesignKind, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanShape, PlanSite, PlanTiling,
-    XdnaPlan, PLAN_FILE, PLAN_FORMAT, PLAN_FORMAT_V2,
+    route_rows, ArrayCall, DesignKind, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanGemvChunk, PlanShape, PlanSite,
+    PlanTiling, XdnaPlan, PLAN_FILE, PLAN_FORMAT,
 };
 use serde_json::Value;
 
@@ -52,6 +52,7 @@ fn plan() -> XdnaPlan {
         decode_rows: 64,
         prefill_rows: 256,
         max_design_cols: 4096,
+        max_gemv_cols: 16384,
         designs: vec![
             design("gemm_64x64x96_npu1", 64, true),
             design("gemm_256x64x96_npu1", 256, false),
@@ -66,14 +67,19 @@ fn plan() -> XdnaPlan {
                 weight: "q.weight".into(),
                 transposed: false,
                 passes: 2,
+                first_pass_columns: 48,
             },
-            chunks: vec![PlanChunk {
-                col_offset: 0,
-                cols: 96,
-                decode_design: "gemm_64x64x96_npu1".into(),
-                prefill_design: "gemm_256x64x96_npu1".into(),
-                gemv_design: Some("gemv_8x64x96_npu1".into()),
-            }],
+            // The main pass's columns, then its residual pass's, which take the first pass only.
+            chunks: [(0, 2), (48, 1)]
+                .map(|(col_offset, passes)| PlanChunk {
+                    col_offset,
+                    cols: 48,
+                    decode_design: "gemm_64x64x96_npu1".into(),
+                    prefill_design: "gemm_256x64x96_npu1".into(),
+                    passes,
+                })
+                .to_vec(),
+            gemv_chunks: vec![PlanGemvChunk { col_offset: 0, cols: 96, design: "gemv_8x64x96_npu1".into() }],
         }],
         mlir: Some("2 designs verified by MLIR (22.1.0)".into()),
         artifacts: None,
@@ -108,12 +114,12 @@ fn a_plan_decodes_to_what_was_encoded() {
 }
 
 #[test]
-fn a_site_without_passes_is_one_pass_as_plans_before_stacked_passes_were() {
-    let p = decode_edited(|j| {
-        j["gemms"][0]["site"].as_object_mut().unwrap().remove("passes");
-    })
-    .unwrap();
-    assert_eq!((plan().gemms[0].site.passes, p.gemms[0].site.passes), (2, 1));
+fn a_site_without_residual_columns_leaves_the_field_out() {
+    let mut p = plan();
+    p.gemms[0].site.first_pass_columns = 0;
+    let text = String::from_utf8(p.encode()).unwrap();
+    assert!(!text.contains("first_pass_columns"), "{text}");
+    assert_eq!(XdnaPlan::decode(text.as_bytes()).unwrap(), p);
 }
 
 #[test]
@@ -172,11 +178,14 @@ fn a_chunk_calling_an_unlisted_design_is_refused() {
 #[test]
 fn another_format_is_refused_before_its_fields() {
     let err = decode_edited(|j| {
-        j["format"] = "npuc-xdna-plan/4".into();
+        j["format"] = "npuc-xdna-plan/5".into();
         j.as_object_mut().unwrap().remove("designs");
     })
     .unwrap_err();
-    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/4".into(), expected: PLAN_FORMAT });
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/5".into(), expected: PLAN_FORMAT });
+    // An older plan (GEMV designs per M-block chunk) is refused with the remedy.
+    let err = decode_edited(|j| j["format"] = "npuc-xdna-plan/3".into()).unwrap_err();
+    assert!(err.to_string().contains("recompile the bundle"), "{err}");
     assert!(err.to_string().contains(PLAN_FILE), "{err}");
     let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));
     assert_eq!(path, ".");
@@ -199,34 +208,40 @@ fn rows_below_the_threshold_run_as_gemv_blocks_and_the_rest_is_cut_into_gemm_blo
 }
 
 #[test]
-fn each_block_names_its_design() {
+fn a_call_runs_as_gemv_blocks_over_the_gemv_chunks_or_m_blocks_per_chunk_with_its_passes() {
     let p = plan();
-    let chunk = &p.gemms[0].chunks[0];
-    let names: Vec<Option<&str>> = [8, 64, 256].iter().map(|&rows| p.block_design(chunk, rows)).collect();
-    assert_eq!(names, [Some("gemv_8x64x96_npu1"), Some("gemm_64x64x96_npu1"), Some("gemm_256x64x96_npu1")]);
-    let without = PlanChunk { gemv_design: None, ..chunk.clone() };
-    assert_eq!(block_design(&without, 8, 64, 8), None, "a chunk without a GEMV design has none to name");
-    assert_eq!(p.design("gemv_8x64x96_npu1").unwrap().kind, DesignKind::Gemv);
+    let g = &p.gemms[0];
+    let call = |design, (col_offset, cols), (first, used), block_rows| ArrayCall {
+        design,
+        col_offset,
+        cols,
+        first,
+        used,
+        block_rows,
+    };
+    let gemv = "gemv_8x64x96_npu1";
+    // Decode: the stacked passes' rows (here 2 × 6) in 8-row blocks, over the one wide chunk.
+    assert_eq!(p.calls(g, 12), Some(vec![call(gemv, (0, 96), (0, 8), 8), call(gemv, (0, 96), (8, 4), 8)]));
+    // 2 × 150 rows: the main columns take all 300, the residual's the first pass's 150.
+    let (small, large) = ("gemm_64x64x96_npu1", "gemm_256x64x96_npu1");
+    assert_eq!(
+        p.calls(g, 300),
+        Some(vec![
+            call(large, (0, 48), (0, 256), 256),
+            call(small, (0, 48), (256, 44), 64),
+            call(large, (48, 48), (0, 150), 256),
+        ])
+    );
+    let without = PlanGemm { gemv_chunks: vec![], ..g.clone() };
+    assert_eq!(p.calls(&without, 12), None, "no GEMV chunks: the host");
+    assert_eq!(p.design(gemv).unwrap().kind, DesignKind::Gemv);
 }
 
 #[test]
-fn a_plan_of_format_2_reads_as_a_plan_without_gemv_designs() {
-    let p = decode_edited(|j| {
-        j["format"] = PLAN_FORMAT_V2.into();
-        j.as_object_mut().unwrap().remove("gemv_rows");
-        j["designs"].as_array_mut().unwrap().pop();
-        for d in j["designs"].as_array_mut().unwrap() {
-            d.as_object_mut().unwrap().remove("kind");
-            d.as_object_mut().unwrap().remove("array_columns");
-        }
-        j["gemms"][0]["chunks"][0].as_object_mut().unwrap().remove("gemv_design");
-    })
-    .unwrap();
-    assert_eq!((p.format.as_str(), p.gemv_rows), (PLAN_FORMAT_V2, 0));
-    assert!(p.designs.iter().all(|d| d.kind == DesignKind::Gemm && d.array_columns == d.tiling.cols));
-    assert_eq!(p.gemms[0].chunks[0].gemv_design, None);
-    assert_eq!(p.route(1), None, "its decode calls stay on the host");
-    assert_eq!(p.route(20), Some(vec![(64, 20)]));
+fn a_chunk_of_more_passes_than_its_site_is_refused() {
+    let (path, message) = malformed_at(decode_edited(|j| j["gemms"][0]["chunks"][1]["passes"] = 3.into()));
+    assert_eq!(path, "gemms[0].chunks[1].passes");
+    assert!(message.contains("3 passes"), "{message}");
 }
 
 #[test]
@@ -234,6 +249,6 @@ fn a_gemv_block_as_large_as_a_gemm_block_is_refused() {
     let (path, message) = malformed_at(decode_edited(|j| j["gemv_rows"] = 64.into()));
     assert_eq!(path, "gemv_rows");
     assert!(message.contains("ambiguous"), "{message}");
-    let (path, _) = malformed_at(decode_edited(|j| j["gemms"][0]["chunks"][0]["gemv_design"] = "gemv_nope".into()));
-    assert_eq!(path, "gemms[0].chunks[0].gemv_design");
+    let (path, _) = malformed_at(decode_edited(|j| j["gemms"][0]["gemv_chunks"][0]["design"] = "gemv_nope".into()));
+    assert_eq!(path, "gemms[0].gemv_chunks[0].design");
 }

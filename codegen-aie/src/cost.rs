@@ -22,7 +22,7 @@
 use serde::Serialize;
 
 use crate::gemm::GemmSite;
-use crate::plan::{self, Plan};
+use crate::plan::Plan;
 use crate::Device;
 
 /// Submitting one design call (instruction stream and buffer sync through the driver): an
@@ -59,13 +59,9 @@ pub struct Prediction {
 fn array_calls(plan: &Plan, rows_of: &dyn Fn(&GemmSite) -> usize) -> (usize, u64) {
     let (mut calls, mut cycles) = (0usize, 0u64);
     for g in &plan.gemms {
-        for (block_rows, _) in plan::route(plan, rows_of(&g.site)).unwrap_or_default() {
-            for chunk in &g.chunks {
-                if let Some(name) = plan::block_design(plan, chunk, block_rows) {
-                    cycles += plan.designs[name].tiling.total_cycles;
-                    calls += 1;
-                }
-            }
+        for call in plan.calls(g, rows_of(&g.site)).unwrap_or_default() {
+            cycles += plan.designs[call.design].tiling.total_cycles;
+            calls += 1;
         }
     }
     (calls, cycles)

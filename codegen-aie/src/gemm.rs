@@ -21,6 +21,9 @@ pub struct GemmSite {
     pub transposed: bool,
     /// Rows a call has per row of activations: a `QGemm{passes}`'s stacked passes, else 1.
     pub passes: usize,
+    /// The last columns (a weight's residual pass) multiply the first pass only: a
+    /// `QGemm{first_pass_columns}`'s, else 0.
+    pub first_pass_columns: usize,
 }
 
 impl GemmSite {
@@ -28,7 +31,7 @@ impl GemmSite {
     /// plan of shapes alone (the cost tables, the design tests).
     pub fn of_shape(node: &str, k: usize, n: usize) -> GemmSite {
         let (node, op) = (node.to_string(), "ai.onnx::MatMul".to_string());
-        GemmSite { weight: node.clone(), node, op, k, n, transposed: false, passes: 1 }
+        GemmSite { weight: node.clone(), node, op, k, n, transposed: false, passes: 1, first_pass_columns: 0 }
     }
 }
 
@@ -83,7 +86,7 @@ fn site(g: &Graph, n: &Node) -> Option<GemmSite> {
             let w = n.inputs.get(1).copied().flatten()?;
             let (k, nn) = known_2d(g, w)?;
             let (weight, transposed) = weight_of(g, w)?;
-            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes: 1 })
+            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes: 1, first_pass_columns: 0 })
         }
         (Domain::Npuc, "WGemm" | "WGemmRowScaled") => {
             let k = n.attrs.int("K").ok().flatten()?;
@@ -98,14 +101,16 @@ fn site(g: &Graph, n: &Node) -> Option<GemmSite> {
                 weight,
                 transposed: false,
                 passes: 1,
+                first_pass_columns: 0,
             })
         }
         (Domain::Npuc, "QGemm") => {
             let w = n.inputs.get(3).copied().flatten()?;
             let (k, nn) = known_2d(g, w)?;
             let (weight, transposed) = weight_of(g, w)?;
-            let passes = n.attrs.int("passes").ok().flatten().map_or(1, |p| p.max(1) as usize);
-            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes })
+            let int = |name| n.attrs.int(name).ok().flatten().unwrap_or(0).max(0) as usize;
+            let (passes, first_pass_columns) = (int("passes").max(1), int("first_pass_columns").min(nn));
+            Some(GemmSite { node: n.name.clone(), op, k, n: nn, weight, transposed, passes, first_pass_columns })
         }
         _ => None,
     }

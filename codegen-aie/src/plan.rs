@@ -2,11 +2,16 @@
 //!
 //! A call with fewer rows than the threshold (default 16: decode, a short verify step) runs as
 //! blocks of [`gemv::GEMV_ROWS`] rows on a GEMV design ([`crate::gemv`]): 1–8 rows one block,
-//! 9–15 two. Larger calls are cut into M-blocks of the GEMM designs: the prefill block, and for what is left (or a small call) the smallest
-//! block the array takes (`4 rows × 4r`). Wide projections (lm_head) are cut into equal column
-//! chunks of at most `max_design_cols`, so one design serves every chunk; the last chunk, like the
-//! last M-block and any K or N the tiling does not divide, is zero-padded by the host, and the
-//! design's padded host shape is part of its text.
+//! 9–15 two. Larger calls are cut into M-blocks of the GEMM designs: the prefill block, and for
+//! what is left (or a small call) the smallest block the array takes (`4 rows × 4r`). Wide
+//! projections are cut into equal column chunks, so one design serves every chunk: of at most
+//! `max_design_cols` for the GEMM designs, whose column tiles share a core's memory with the
+//! A tile, and of at most `max_gemv_cols` for the GEMV designs, whose cores stream any number of
+//! column tiles — fewer, wider calls, each paying one dispatch. A projection whose last columns
+//! are its weight's residual pass (`first_pass_columns`) has its M-block chunks cut at that
+//! boundary, those chunks taking the first activation pass's rows only; its GEMV chunks take
+//! every row of both. The last chunk, like the last M-block and any K or N the tiling does not
+//! divide, is zero-padded by the host, and the design's padded host shape is part of its text.
 //!
 //! The bundle stores the plan as `bundle::xdna` defines it ([`Plan::to_plan_file`]); the routing
 //! is that module's `route_rows`, which the runtime applies to the numbers the file records.
@@ -21,12 +26,15 @@ use std::collections::BTreeMap;
 
 /// A column chunk of one projection, as the plan file records it.
 pub use bundle::xdna::PlanChunk as Chunk;
+/// A GEMV column chunk of one projection, as the plan file records it.
+pub use bundle::xdna::PlanGemvChunk as GemvChunk;
 /// Where a bundle keeps the plan, and the format it is in.
 pub use bundle::xdna::{PLAN_FILE, PLAN_FORMAT};
 
 pub const DEFAULT_HOST_THRESHOLD_ROWS: usize = 16;
 pub const DEFAULT_PREFILL_ROWS: usize = 256;
 pub const DEFAULT_MAX_DESIGN_COLS: usize = 4096;
+pub const DEFAULT_MAX_GEMV_COLS: usize = 16384;
 
 #[derive(Clone, Copy, Debug)]
 pub struct PlanOptions {
@@ -37,6 +45,7 @@ pub struct PlanOptions {
     pub gemv_rows: usize,
     pub prefill_rows: usize,
     pub max_design_cols: usize,
+    pub max_gemv_cols: usize,
 }
 
 impl PlanOptions {
@@ -47,6 +56,7 @@ impl PlanOptions {
             gemv_rows: gemv::GEMV_ROWS,
             prefill_rows: DEFAULT_PREFILL_ROWS,
             max_design_cols: DEFAULT_MAX_DESIGN_COLS,
+            max_gemv_cols: DEFAULT_MAX_GEMV_COLS,
         }
     }
 }
@@ -60,6 +70,7 @@ pub fn decode_rows(device: Device) -> usize {
 pub struct PlannedGemm {
     pub site: GemmSite,
     pub chunks: Vec<Chunk>,
+    pub gemv_chunks: Vec<GemvChunk>,
 }
 
 #[derive(Clone, Debug)]
@@ -122,47 +133,88 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
     let mut designs = Designs { device: options.device, designs: BTreeMap::new(), names: BTreeMap::new() };
     let mut gemms = vec![];
     for site in sites {
-        let parts = chunks(site.n, options.max_design_cols);
-        let width = parts[0].1;
         let at = |source| PlanError::Site { node: site.node.clone(), source };
-        let shape = |m| GemmShape { m, k: site.k, n: width };
-        let decode_design = designs.name(shape(decode), false).map_err(at)?;
-        let prefill_design = designs.name(shape(options.prefill_rows.max(decode)), false).map_err(at)?;
-        let gemv_design = match options.gemv_rows {
-            0 => None,
-            rows => Some(designs.name(shape(rows), true).map_err(at)?),
+        let chunks = m_block_chunks(&mut designs, &site, options, decode).map_err(at)?;
+        let gemv_chunks = match options.gemv_rows {
+            0 => vec![],
+            rows => gemv_chunks(&mut designs, &site, rows, options.max_gemv_cols).map_err(at)?,
         };
-        let chunks = parts
-            .into_iter()
-            .map(|(col_offset, cols)| Chunk {
-                col_offset,
-                cols,
-                decode_design: decode_design.clone(),
-                prefill_design: prefill_design.clone(),
-                gemv_design: gemv_design.clone(),
-            })
-            .collect();
-        gemms.push(PlannedGemm { site, chunks });
+        gemms.push(PlannedGemm { site, chunks, gemv_chunks });
     }
     Ok(Plan { options, gemv_rows: options.gemv_rows, decode_rows: decode, designs: designs.designs, gemms })
+}
+
+/// A projection's M-block chunks: its main columns with every pass, then its residual pass's
+/// columns (if any) with the first pass only, each range in equal chunks of one design pair.
+fn m_block_chunks(
+    designs: &mut Designs,
+    site: &GemmSite,
+    options: PlanOptions,
+    decode: usize,
+) -> Result<Vec<Chunk>, tiling::TilingError> {
+    let main = site.n - site.first_pass_columns;
+    let ranges = [(0, main, site.passes), (main, site.first_pass_columns, 1)];
+    let mut out = vec![];
+    for (start, width, passes) in ranges.into_iter().filter(|&(_, width, _)| width > 0) {
+        let parts = chunks(width, options.max_design_cols);
+        let shape = |m| GemmShape { m, k: site.k, n: parts[0].1 };
+        let decode_design = designs.name(shape(decode), false)?;
+        let prefill_design = designs.name(shape(options.prefill_rows.max(decode)), false)?;
+        out.extend(parts.into_iter().map(|(offset, cols)| Chunk {
+            col_offset: start + offset,
+            cols,
+            decode_design: decode_design.clone(),
+            prefill_design: prefill_design.clone(),
+            passes,
+        }));
+    }
+    Ok(out)
+}
+
+/// A projection's GEMV chunks: every column, in as few equal chunks of one design as a GEMV
+/// design takes (at most `max_cols` wide; a core's weight tile must fit one memory bank and its
+/// tiles one descriptor's repeat count, which bounds the width on a device for a K).
+fn gemv_chunks(
+    designs: &mut Designs,
+    site: &GemmSite,
+    rows: usize,
+    max_cols: usize,
+) -> Result<Vec<GemvChunk>, tiling::TilingError> {
+    let mut count = site.n.div_ceil(max_cols.max(1));
+    let (parts, design) = loop {
+        let parts = chunks(site.n, site.n.div_ceil(count));
+        match designs.name(GemmShape { m: rows, k: site.k, n: parts[0].1 }, true) {
+            Ok(design) => break (parts, design),
+            Err(e) if parts[0].1 <= DEFAULT_MAX_DESIGN_COLS => return Err(e),
+            Err(_) => count += 1,
+        }
+    };
+    Ok(parts.into_iter().map(|(col_offset, cols)| GemvChunk { col_offset, cols, design: design.clone() }).collect())
+}
+
+impl Plan {
+    /// How the plan cuts a call's rows, as the plan file records it.
+    pub fn routing(&self) -> xdna::Routing {
+        xdna::Routing {
+            host_threshold_rows: self.options.host_threshold_rows,
+            gemv_rows: self.gemv_rows,
+            decode_rows: self.decode_rows,
+            prefill_rows: self.options.prefill_rows,
+        }
+    }
+
+    /// The array calls of one call of `g` with `rows` rows (its stacked passes included), as the
+    /// runtime makes them; `None` when the call stays on the host.
+    pub fn calls<'p>(&self, g: &'p PlannedGemm, rows: usize) -> Option<Vec<xdna::ArrayCall<'p>>> {
+        xdna::array_calls(self.routing(), g.site.passes, (&g.chunks, &g.gemv_chunks), rows)
+    }
 }
 
 /// Where a call of `rows` rows runs: `None` on the host, else the blocks `(design rows, rows
 /// used)` it is cut into (GEMV blocks, or GEMM M-blocks) — the routing the runtime applies to the
 /// numbers the plan records.
 pub fn route(plan: &Plan, rows: usize) -> Option<Vec<(usize, usize)>> {
-    xdna::route_rows(
-        plan.options.host_threshold_rows,
-        plan.gemv_rows,
-        plan.decode_rows,
-        plan.options.prefill_rows,
-        rows,
-    )
-}
-
-/// The design a block of `block_rows` rows of `chunk` runs on, as the runtime picks it.
-pub fn block_design<'c>(plan: &Plan, chunk: &'c Chunk, block_rows: usize) -> Option<&'c str> {
-    xdna::block_design(chunk, plan.gemv_rows, plan.decode_rows, block_rows)
+    plan.routing().route(rows)
 }
 
 /// Bundle path of a design's generic and pretty texts.
@@ -212,6 +264,7 @@ impl Plan {
             decode_rows: self.decode_rows,
             prefill_rows: self.options.prefill_rows.max(self.decode_rows),
             max_design_cols: self.options.max_design_cols,
+            max_gemv_cols: self.options.max_gemv_cols,
             designs: self.designs.values().map(design_entry).collect(),
             gemms: self.gemms.iter().map(gemm_entry).collect(),
             mlir: None,
@@ -274,7 +327,9 @@ fn gemm_entry(g: &PlannedGemm) -> PlanGemm {
             weight: s.weight.clone(),
             transposed: s.transposed,
             passes: s.passes,
+            first_pass_columns: s.first_pass_columns,
         },
         chunks: g.chunks.clone(),
+        gemv_chunks: g.gemv_chunks.clone(),
     }
 }

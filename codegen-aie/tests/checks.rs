@@ -146,9 +146,9 @@ fn small_calls_run_as_gemv_blocks_and_large_ones_are_cut_into_m_blocks() {
     assert_eq!((p.decode_rows, p.gemv_rows), (64, 8));
     assert_eq!(plan::route(&p, 1), Some(vec![(8, 1)]));
     assert_eq!(plan::route(&p, 15), Some(vec![(8, 8), (8, 7)]));
-    let chunk = &p.gemms[0].chunks[0];
-    assert_eq!(plan::block_design(&p, chunk, 8), Some("gemv_8x576x576_npu1"));
-    assert_eq!(plan::block_design(&p, chunk, 64), Some("gemm_64x576x576_npu1"));
+    let designs = |rows| -> Vec<&str> { p.calls(&p.gemms[0], rows).unwrap().iter().map(|c| c.design).collect() };
+    assert_eq!(designs(8), ["gemv_8x576x576_npu1"]);
+    assert_eq!(designs(64), ["gemm_64x576x576_npu1"]);
     assert_eq!(plan::route(&p, 16), Some(vec![(64, 16)]));
     assert_eq!(plan::route(&p, 64), Some(vec![(64, 64)]));
     assert_eq!(plan::route(&p, 300), Some(vec![(256, 256), (64, 44)]));
@@ -160,6 +160,29 @@ fn small_calls_run_as_gemv_blocks_and_large_ones_are_cut_into_m_blocks() {
     let p2 = plan::plan_sites(sites, PlanOptions::new(Device::Npu2)).unwrap();
     assert_eq!(p2.decode_rows, 128);
     assert_eq!(plan::route(&p2, 100), Some(vec![(128, 100)]));
+}
+
+#[test]
+fn a_residual_pass_is_read_in_the_main_passs_gemv_call_and_gets_first_pass_m_blocks() {
+    use codegen_aie::plan::{self, PlanOptions};
+    // SmolLM2's gate and up side by side (2 × 1536) with their residual pass after them.
+    let mut site = codegen_aie::gemm::GemmSite::of_shape("gate_up", 576, 4 * 1536);
+    (site.passes, site.first_pass_columns) = (2, 2 * 1536);
+    let p = plan::plan_sites(vec![site], PlanOptions::new(Device::Npu1)).unwrap();
+    let g = &p.gemms[0];
+    // M-block chunks: the main columns with both passes, the residual's with the first.
+    let chunks: Vec<(usize, usize, usize)> = g.chunks.iter().map(|c| (c.col_offset, c.cols, c.passes)).collect();
+    assert_eq!(chunks, [(0, 3072, 2), (3072, 3072, 1)]);
+    // A decode step: one GEMV call over all 6,144 columns, both passes' rows.
+    let decode = p.calls(g, 2).unwrap();
+    assert_eq!(decode.len(), 1);
+    assert_eq!((decode[0].cols, decode[0].used, decode[0].design), (6144, 2, "gemv_8x576x6144_npu1"));
+    // A 100-token prefill: 200 rows for the main chunk, 100 for the residual's.
+    let prefill = p.calls(g, 200).unwrap();
+    let rows = |offset| prefill.iter().filter(|c| c.col_offset == offset).map(|c| c.used).sum::<usize>();
+    assert_eq!((rows(0), rows(3072)), (200, 100));
+    let gemv = &p.designs["gemv_8x576x6144_npu1"];
+    codegen_aie::design::check(gemv).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -55,12 +55,16 @@ fn prefill_scales_with_the_prompt_and_skips_the_last_row_lm_head() {
 #[test]
 fn a_prompt_below_the_host_threshold_runs_as_gemv_blocks() {
     let plan = plan::plan_sites(sites(), PlanOptions::new(Device::Npu1)).unwrap();
-    // One 8-row block per column chunk: the 7 layer projections and the lm_head's 12 chunks.
+    // The GEMV designs take the lm_head in fewer, wider chunks than the GEMM designs' 12.
+    let lm_head = plan.gemms.last().unwrap();
+    let wide = lm_head.gemv_chunks.len();
+    assert!(wide < lm_head.chunks.len() && lm_head.chunks.len() == 12, "{wide} GEMV chunks");
+    // One 8-row block per GEMV chunk: the 7 layer projections and the lm_head's chunks.
     let p = cost::predict(&plan, 8, &|_| false);
-    assert_eq!(p.prefill_calls, 7 + 12);
+    assert_eq!(p.prefill_calls, 7 + wide);
     assert_eq!(p.prefill_calls, p.decode_calls, "8 rows cost what one does: one block each");
     assert!((p.prefill_array_seconds - p.decode_array_seconds).abs() < 1e-15);
-    assert_eq!(cost::predict(&plan, 9, &|_| false).prefill_calls, 2 * (7 + 12), "9 rows are two blocks");
+    assert_eq!(cost::predict(&plan, 9, &|_| false).prefill_calls, 2 * (7 + wide), "9 rows are two blocks");
     let without = plan::plan_sites(sites(), PlanOptions { gemv_rows: 0, ..PlanOptions::new(Device::Npu1) }).unwrap();
     let p = cost::predict(&without, 8, &|_| false);
     assert_eq!((p.prefill_calls, p.prefill_tok_s), (0, 0.0), "without GEMV designs it stays on the host");
@@ -100,8 +104,8 @@ fn decode_on_the_gemv_designs_stays_under_the_bandwidth_floor_and_npu2_is_faster
                 p.decode_tok_s_bound,
                 p.decode_weight_bytes as f64 / 1e6
             );
-            let chunks: usize = plan.gemms.iter().map(|g| g.chunks.len()).sum();
-            assert_eq!(p.decode_calls, chunks, "{name} {device}: one GEMV call per column chunk");
+            let chunks: usize = plan.gemms.iter().map(|g| g.gemv_chunks.len()).sum();
+            assert_eq!(p.decode_calls, chunks, "{name} {device}: one GEMV call per GEMV column chunk");
             assert!(p.decode_tok_s > 0.0 && p.decode_tok_s < p.decode_tok_s_bound, "{name} {device}: {p:?}");
             // The array alone streams the weights no faster than every shim channel could.
             let floor_seconds = p.decode_weight_bytes as f64 / device.shim_bytes_per_second();

@@ -10,7 +10,7 @@
 //! | `GeluTanh` | x → y | y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), GELU's tanh form: ONNX `Gelu` with `approximate = "tanh"` |
 //! | `GeluGate` | gate, up → y | y = GeluTanh(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
-//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]). With `passes` = P, a holds activation passes along a new leading axis ([Q, .., K], Q ≥ P, sₐ [Q, .., 1], as `QuantizeRows{passes}` stacks them) and y [.., N] is the sum of the first P passes' products, added in pass order in f32: rows of all P passes in one call, so each weight is read once (no requantisation then) |
+//! | `QGemm` | a, sₐ, zₐ, w, s_w, z_w, [s_y, z_y] → y | a [.., K] and w [K, N] integer codes; sₐ per tensor or per row of a (shape [.., 1], as [`QuantizeRows`](quantize_rows) gives it), zₐ per tensor; s_w, z_w per tensor or per output column ([N]); acc = Σₖ (a−zₐ)(w−z_w) exact in integers; y = acc·(sₐ·s_w) in f32; with s_y, z_y (per tensor): y = sat(round_half_even(y/s_y) + z_y), the zero point added after rounding, in z_y's type. Asymmetric zero points are exact: acc = Σₖa·w − z_w·Σₖa − zₐ·Σₖw + K·zₐ·z_w, so a kernel may precompute the weight column sums Σₖw once per weight (see [`qgemm`]). With `passes` = P, a holds activation passes along a new leading axis ([Q, .., K], Q ≥ P, sₐ [Q, .., 1], as `QuantizeRows{passes}` stacks them) and y [.., N] is the sum of the first P passes' products, added in pass order in f32: rows of all P passes in one call, so each weight is read once (no requantisation then); with `first_pass_columns` = R (P ≥ 2) the last R columns take the first pass's product only — a weight's residual pass beside the weight it refines, one call reading both |
 //! | `WGemm{K,N,bits,block_size}` | a, w, scales, [zero_points], [bias] → y | y = MatMulNBits(a, w, scales, zero_points): w is uint8 [N, ⌈K/block_size⌉, block_size·bits/8], `bits`-wide codes packed along K low bits first; scales [N·blocks]; zero points packed uint8 or float [N·blocks], by default 2^(bits−1). The weights are never expanded to float |
 //! | `Attention{q_heads,kv_heads,scale,[window]}` | q, k, v, [past_k], [past_v], [mask], [sinks] → y, present_k, present_v | causal grouped-query attention, BNSH layout, optionally in a sliding window and with a sink logit per query head, see [`attention`] |
 //! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
@@ -351,7 +351,8 @@ fn qgemm(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalError> {
 }
 
 /// `QGemm{passes}`: the first `passes` passes of a stacked activation as the rows of one plain
-/// QGemm, then each row's products summed over the passes in pass order.
+/// QGemm, then each row's products summed over the passes in pass order (the last
+/// `first_pass_columns` columns keep the first pass's product).
 fn qgemm_passes(op: &OpRef, inputs: &[Option<&Tensor>], passes: usize) -> Result<Tensor, EvalError> {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (Some(a), Some(sa)) = (get(0), get(1)) else {
@@ -380,9 +381,12 @@ fn qgemm_passes(op: &OpRef, inputs: &[Option<&Tensor>], passes: usize) -> Result
     let y = qgemm_rows(op, &rest)?;
     let n = y.shape[1];
     let products = y.as_f32().expect("QGemm gives f32");
+    let summed = n - first_pass_columns(op.attrs, passes, n).map_err(|m| err(op, m))?;
     let mut sum = products[..rows * n].to_vec();
     for pass in products.chunks(rows * n).skip(1) {
-        sum.iter_mut().zip(pass).for_each(|(s, &p)| *s += p);
+        for (s, p) in sum.chunks_mut(n).zip(pass.chunks(n)) {
+            s[..summed].iter_mut().zip(&p[..summed]).for_each(|(s, &p)| *s += p);
+        }
     }
     let mut shape = a.shape[1..].to_vec();
     *shape.last_mut().unwrap() = n;
@@ -446,6 +450,17 @@ fn qgemm_rows(op: &OpRef, inputs: &[Option<&Tensor>]) -> Result<Tensor, EvalErro
         }
         (None, Some(_)) => Err(err(op, "an output zero point without an output scale")),
         (None, None) => Ok(y),
+    }
+}
+
+/// The `first_pass_columns` attribute of a `QGemm{passes}` over `n` columns (0 when absent): how
+/// many of the last columns take the first pass's product only — a weight's residual pass side by
+/// side with the weight it refines, so one call reads both.
+pub fn first_pass_columns(attrs: &Attrs, passes: usize, n: usize) -> Result<usize, String> {
+    match attrs.int("first_pass_columns").map_err(|e| e.to_string())? {
+        None | Some(0) => Ok(0),
+        Some(c) if passes >= 2 && c > 0 && c as usize <= n => Ok(c as usize),
+        Some(c) => Err(format!("first_pass_columns {c} wants 2 or more passes and at most the {n} columns")),
     }
 }
 
@@ -1070,6 +1085,15 @@ mod tests {
         assert_eq!(both.as_f32().unwrap(), &[2.0 + 2.75, 0.25 - 0.75, 2.0 + 0.375, 2.0 - 0.0625]);
         // One pass reads the first pass only.
         assert_eq!(run(1).as_f32().unwrap(), &[2.0, 0.25, 2.0, 2.0]);
+        // The last column takes the first pass only: the residual pass of the first column's
+        // weight, side by side with it.
+        let mut attrs = passes(2);
+        attrs.set("first_pass_columns", Attr::Int(1));
+        let ins = [Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)];
+        let folded = eval(&op("QGemm", &attrs), &ins, 1).unwrap().remove(0);
+        assert_eq!(folded.as_f32().unwrap(), &[2.0 + 2.75, 0.25, 2.0 + 0.375, 2.0]);
+        attrs.set("first_pass_columns", Attr::Int(3));
+        assert!(eval(&op("QGemm", &attrs), &ins, 1).unwrap_err().msg.contains("at most the 2 columns"));
         // More passes than the activation holds is refused.
         let ins = [Some(&a), Some(&sa), Some(&za), Some(&w), Some(&sw), Some(&zw)];
         assert!(eval(&op("QGemm", &passes(3)), &ins, 1).unwrap_err().msg.contains("3 passes"));

@@ -11,8 +11,14 @@
 //!                                                    S = [s; s'] with the residual's pass second)
 //! y = npuc::QGemm{passes=2}(C, S, 0, W8, s_cols, 0)  (W8 int8 [K, N], s_cols [N]: c·W8 + c'·W8,
 //!                                                    both passes rows of one call)
-//!  [+ npuc::QGemm{passes=1}(C, S, 0, W8', s_cols', 0)] (the weights' second pass, the gated
-//!                                                    MLP's, of the first activation pass)
+//! ```
+//!
+//! and where the weights take a second pass too (the gated MLP's), its columns follow the main
+//! pass's in the same weight and multiply the first activation pass only, so one call reads both:
+//!
+//! ```text
+//! y2 = npuc::QGemm{passes=2, first_pass_columns=N}(C, S, 0, [W8 | W8'], [s_cols | s_cols'], 0)
+//! y  = y2[.., :N] + y2[.., N:]                       (c·W8 + c'·W8 + c·W8')
 //! ```
 //!
 //! with W8 = round_half_even(W / s_col), s_col = max_k |W[k, col]| / 127, and a second pass
@@ -463,12 +469,13 @@ fn side_by_side<'q>(
     (codes, parts.flat_map(|((_, s), _)| s.iter().copied()).collect())
 }
 
-/// The int8 weight values of one projection — (codes, scales, zeros), and the residual's when
-/// the weights take two passes.
+/// The int8 weight values of one projection — (codes, scales, zeros) — and, when the weights
+/// take two passes, the width of the residual pass's columns, which follow the main pass's in
+/// the same weight ([K, N + N]: one call reads both).
 #[derive(Clone, Copy)]
 struct Int8Weights {
-    main: WeightCodes,
-    residual: Option<WeightCodes>,
+    codes: WeightCodes,
+    residual_columns: usize,
 }
 
 /// A dense row-major [K, N] f32 copy of a projection's weight (for the ones quantised in two
@@ -592,13 +599,11 @@ impl Int8Program {
         let parts: Vec<Quantised> = members.iter().map(|p| self.quantise(g, p, passes)).collect();
         let k = members[0].k;
         let base = members.iter().map(|p| p.source.name(g)).collect::<Vec<_>>().join("+");
-        let main = side_by_side(parts.iter().map(|q| (&q.main, q.n)), k);
         let residual: Option<Vec<_>> = parts.iter().map(|q| q.residual.as_ref().map(|r| (r, q.n))).collect();
-        let residual = residual.map(|r| side_by_side(r.into_iter(), k));
-        let v = Int8Weights {
-            main: self.weight_values(&base, k, &main),
-            residual: residual.map(|r| self.weight_values(&format!("{base}.residual"), k, &r)),
-        };
+        let residual_columns = residual.as_ref().map_or(0, |r| r.iter().map(|(_, n)| n).sum());
+        let main = parts.iter().map(|q| (&q.main, q.n));
+        let codes = side_by_side(main.chain(residual.into_iter().flatten()), k);
+        let v = Int8Weights { codes: self.weight_values(&base, k, &codes), residual_columns };
         self.quantised.insert(key, v);
         v
     }
@@ -641,7 +646,7 @@ impl Int8Program {
             self.push_products(&first.name, rows, w, a_passes, all, &v);
             let mut start = 0;
             for (&(n, p), &product) in members.iter().zip(&products) {
-                self.push_columns(n, all, start..start + p.n, product);
+                self.push_columns(&n.name, all, start..start + p.n, product);
                 start += p.n;
             }
         }
@@ -653,59 +658,56 @@ impl Int8Program {
         }
     }
 
-    /// One `QGemm` per weight pass into `out` (shaped as `v`), summed: two activation passes are
-    /// stacked rows of one call (`passes = 2`), so the main weight is read once for both; the
-    /// weights' residual pass reads the first pass only.
+    /// The products into `out` (shaped as `v`): one `QGemm` whose rows are the stacked activation
+    /// passes (`passes = 2`), so the weight is read once for both. Weights in two passes hold the
+    /// residual's columns after the main's: those multiply the first activation pass only
+    /// (`first_pass_columns`; main × residual activations is kept, residual × residual is below
+    /// both residuals' rounding), and `out` = main columns + residual columns.
     fn push_products(&mut self, name: &str, rows: RowCodes, w: Int8Weights, a_passes: u8, out: ValueId, v: &Value) {
         let placeholder = ValueDef::Node { node: NodeId(0), output: 0 };
-        let stacked = a_passes > 1;
-        // Main × (main + residual activations), then main activations × residual weights: the
-        // residual × residual product is below both residuals' rounding.
-        let mut terms: Vec<(WeightCodes, Option<i64>)> = vec![(w.main, stacked.then_some(i64::from(a_passes)))];
-        terms.extend(w.residual.map(|r| (r, stacked.then_some(1))));
-        let value = |s: &mut Self, name: String| match terms.len() {
-            1 => out,
-            _ => s.add_value(name, v.dtype, v.shape.clone(), placeholder.clone()),
-        };
-        let mut sum = None;
-        for (t, &((w8, s_cols, z_cols), passes)) in terms.iter().enumerate() {
-            let node = if t == 0 { name.to_string() } else { format!("{name}/term{t}") };
-            let term = value(self, format!("{name}/term{t}"));
-            let inputs = vec![Some(rows.0), Some(rows.1), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
-            self.push_node(node, Domain::Npuc, "QGemm", 1, inputs, vec![term]);
-            if let Some(passes) = passes {
-                self.nodes.last_mut().expect("just pushed").attrs.set("passes", Attr::Int(passes));
-            }
-            sum = Some(match sum {
-                None => term,
-                Some(acc) => {
-                    let total = if t + 1 == terms.len() { out } else { value(self, format!("{name}/sum{t}")) };
-                    self.push_node(
-                        format!("{name}/sum{t}"),
-                        Domain::Onnx,
-                        "Add",
-                        14,
-                        vec![Some(acc), Some(term)],
-                        vec![total],
-                    );
-                    total
+        let residual = w.residual_columns;
+        let wide = match residual {
+            0 => out,
+            r => {
+                let mut shape = v.shape.clone();
+                if let Some(last) = shape.last_mut() {
+                    *last = Dim::known(2 * r as i64);
                 }
-            });
+                self.add_value(format!("{name}/passes"), v.dtype, shape, placeholder.clone())
+            }
+        };
+        let (w8, s_cols, z_cols) = w.codes;
+        let inputs = vec![Some(rows.0), Some(rows.1), Some(self.zero_a), Some(w8), Some(s_cols), Some(z_cols)];
+        self.push_node(name.to_string(), Domain::Npuc, "QGemm", 1, inputs, vec![wide]);
+        let attrs = &mut self.nodes.last_mut().expect("just pushed").attrs;
+        if a_passes > 1 {
+            attrs.set("passes", Attr::Int(i64::from(a_passes)));
+            if residual > 0 {
+                attrs.set("first_pass_columns", Attr::Int(residual as i64));
+            }
+        }
+        if residual > 0 {
+            let main = self.add_value(format!("{name}/main"), v.dtype, v.shape.clone(), placeholder.clone());
+            let refined = self.add_value(format!("{name}/residual"), v.dtype, v.shape.clone(), placeholder);
+            self.push_columns(&format!("{name}/main"), wide, 0..residual, main);
+            self.push_columns(&format!("{name}/residual"), wide, residual..2 * residual, refined);
+            let inputs = vec![Some(main), Some(refined)];
+            self.push_node(format!("{name}/sum"), Domain::Onnx, "Add", 14, inputs, vec![out]);
         }
     }
 
     /// `out` = the columns `cols` of `all` (a `Slice` of the last axis).
-    fn push_columns(&mut self, n: &Node, all: ValueId, cols: std::ops::Range<usize>, out: ValueId) {
+    fn push_columns(&mut self, name: &str, all: ValueId, cols: std::ops::Range<usize>, out: ValueId) {
         let int = |s: &mut Self, what: &str, v: usize| {
             let t = Tensor::from_i64(DType::I64, vec![1], vec![v as i64]);
-            s.add_value(format!("{}/columns_{what}", n.name), DType::I64, vec![Dim::known(1)], ValueDef::Const(t))
+            s.add_value(format!("{name}/columns_{what}"), DType::I64, vec![Dim::known(1)], ValueDef::Const(t))
         };
         let (start, end) = (int(self, "start", cols.start), int(self, "end", cols.end));
         let axis = Tensor::from_i64(DType::I64, vec![1], vec![-1]);
         let axes =
-            self.add_value(format!("{}/columns_axis", n.name), DType::I64, vec![Dim::known(1)], ValueDef::Const(axis));
+            self.add_value(format!("{name}/columns_axis"), DType::I64, vec![Dim::known(1)], ValueDef::Const(axis));
         let inputs = vec![Some(all), Some(start), Some(end), Some(axes)];
-        self.push_node(format!("{}/columns", n.name), Domain::Onnx, "Slice", 13, inputs, vec![out]);
+        self.push_node(format!("{name}/columns"), Domain::Onnx, "Slice", 13, inputs, vec![out]);
     }
 
     /// `QuantizeRows(a)` in one pass, or two stacked on a leading axis: (codes, row scales); once

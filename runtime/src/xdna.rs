@@ -2,21 +2,23 @@
 //! on the XDNA NPU, through the amdxdna driver's ioctls (`xdna_driver`).
 //!
 //! [`XdnaOffload`] is the executor's [`GemmOffload`]: for a QGemm the plan gives designs to, a
-//! call is cut as the plan cuts it (`route_rows`: below `host_threshold_rows` rows, blocks of the
-//! GEMV design — a decode step's one row, zero-padded to the design's rows —, from there on
-//! M-blocks of the decode or prefill design; column chunks), each block zero-padded to its
-//! design's host shape and run on the NPU with that design's PDI and instruction stream (one
-//! hardware context per design, made on first use); the int32 products come back to the
-//! executor, which applies the same epilogue as its own kernels. A GEMM design's B operand is
-//! the weight `[K, N]`, a GEMV design's the weight transposed (`[N, K]`), each made once per node
-//! and kind. Calls the plan has no design for (no GEMV designs in a plan of format `/2`), and
+//! call is cut as the plan cuts it (`XdnaPlan::calls`: below `host_threshold_rows` rows, blocks
+//! of the GEMV design over the projection's GEMV column chunks — a decode step's rows,
+//! zero-padded to the design's rows —, from there on M-blocks of the decode or prefill design
+//! over its M-block chunks, a residual pass's chunk taking the first activation pass's rows),
+//! each block zero-padded to its design's host shape and run on the NPU with that design's PDI
+//! and instruction stream (one hardware context per design, made on first use); the int32
+//! products come back to the executor, which applies the same epilogue as its own kernels. A GEMM
+//! design's B operand is the weight chunk `[K, n]`, a GEMV design's the chunk transposed
+//! (`[n, K]`), each made once per node, chunk and kind. Calls the plan has no design for, and
 //! nodes without designs, stay on the host.
 //!
-//! The plan is `bundle::xdna`'s typed `xdna/plan.json`, routed with its `route_rows`, the function
-//! the compiler plans with; a plan that does not decode is refused naming the field's JSON path.
+//! The plan is `bundle::xdna`'s typed `xdna/plan.json`, routed with its `array_calls`, the
+//! function the compiler's cost model counts with; a plan that does not decode is refused naming
+//! the field's JSON path.
 
 use crate::bundle::xdna::{
-    block_design, route_rows, DesignKind, PlanChunk, PlanDesign, PlanError, XdnaPlan, PLAN_FILE,
+    array_calls, ArrayCall, DesignKind, PlanDesign, PlanError, PlanGemm, Routing, XdnaPlan, PLAN_FILE,
 };
 use crate::bundle::{Bundle, BundleError};
 use crate::exec::{GemmOffload, OffloadError};
@@ -68,21 +70,21 @@ struct DesignRun {
     insts: Vec<u8>,
 }
 
+/// A B operand's node, chunk (first column), design kind and host shape (K, N).
+type OperandKey = (String, usize, DesignKind, (usize, usize));
+
 /// The executor's offload onto an XDNA NPU (see the module doc).
 pub struct XdnaOffload<D: Driver> {
     npu: Npu<D>,
     designs: HashMap<String, DesignRun>,
-    /// Per node, its column chunks (shared, so a call holds them beside `&mut self`).
-    gemms: HashMap<String, Arc<[PlanChunk]>>,
+    /// Per node, its projection's chunks (shared, so a call holds them beside `&mut self`).
+    gemms: HashMap<String, Arc<PlanGemm>>,
     contexts: HashMap<String, HwContext>,
-    /// Per node and design kind, each column chunk's weight codes as the design's B operand
-    /// (`[K, N]` for a GEMM, `[N, K]` for a GEMV, zero-padded to its host shape), made on first
-    /// use.
-    operands: HashMap<(String, DesignKind), Vec<Vec<i8>>>,
-    host_threshold: usize,
-    gemv_rows: usize,
-    decode_rows: usize,
-    prefill_rows: usize,
+    /// Per node, chunk (its first column), design kind and host shape (K, N), the chunk's weight
+    /// codes as the design's B operand (`[K, n]` for a GEMM, `[n, K]` for a GEMV, zero-padded),
+    /// made on first use: a chunk's decode and prefill designs share one when their shapes agree.
+    operands: HashMap<OperandKey, Vec<i8>>,
+    routing: Routing,
     /// Design runs submitted.
     pub runs: u64,
 }
@@ -111,19 +113,9 @@ impl<D: Driver + Send> XdnaOffload<D> {
         for d in &plan.designs {
             designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
-        let gemms = plan.gemms.into_iter().map(|g| (g.site.node, g.chunks.into())).collect();
-        Ok(XdnaOffload {
-            npu,
-            designs,
-            gemms,
-            contexts: HashMap::new(),
-            operands: HashMap::new(),
-            host_threshold: plan.host_threshold_rows,
-            gemv_rows: plan.gemv_rows,
-            decode_rows: plan.decode_rows,
-            prefill_rows: plan.prefill_rows,
-            runs: 0,
-        })
+        let routing = plan.routing();
+        let gemms = plan.gemms.into_iter().map(|g| (g.site.node.clone(), Arc::new(g))).collect();
+        Ok(XdnaOffload { npu, designs, gemms, contexts: HashMap::new(), operands: HashMap::new(), routing, runs: 0 })
     }
 }
 
@@ -145,36 +137,25 @@ fn run_block<D: Driver>(
     npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(failed)
 }
 
-/// Each column chunk's weight codes as the B operand of its designs of `kind` (`design` names
-/// the chunk's design of that kind): `[K, N]` for a GEMM, `[N, K]` for a GEMV, zero-padded to the
-/// host shape. A chunk that does not fit its design gets an empty operand, which the call refuses.
-fn operands(
-    chunks: &[PlanChunk],
-    designs: &HashMap<String, DesignRun>,
-    w: QGemmWeights<'_>,
-    design: &dyn Fn(&PlanChunk) -> Option<String>,
-) -> Vec<Vec<i8>> {
+/// One chunk's weight codes as the B operand of `d`: `[K, cols]` for a GEMM, `[cols, K]` for a
+/// GEMV, zero-padded to the design's host shape; empty when the chunk does not fit the design,
+/// which the call then refuses.
+fn operand(d: &DesignRun, w: QGemmWeights<'_>, col_offset: usize, cols: usize) -> Vec<i8> {
     let (k, n) = (w.k(), w.n());
+    let (_, pk, pn) = d.padded;
+    if k > pk || cols > pn || col_offset + cols > n {
+        return vec![];
+    }
     let wk = w.codes_kn();
-    chunks
-        .iter()
-        .map(|c| {
-            let Some(d) = design(c).and_then(|name| designs.get(&name)) else { return vec![] };
-            let (_, pk, pn) = d.padded;
-            if k > pk || c.cols > pn || c.col_offset + c.cols > n {
-                return vec![];
-            }
-            let mut b = vec![0i8; pk * pn];
-            for kk in 0..k {
-                let row = &wk[kk * n + c.col_offset..][..c.cols];
-                match d.kind {
-                    DesignKind::Gemm => b[kk * pn..kk * pn + c.cols].copy_from_slice(row),
-                    DesignKind::Gemv => row.iter().enumerate().for_each(|(j, &x)| b[j * pk + kk] = x),
-                }
-            }
-            b
-        })
-        .collect()
+    let mut b = vec![0i8; pk * pn];
+    for kk in 0..k {
+        let row = &wk[kk * n + col_offset..][..cols];
+        match d.kind {
+            DesignKind::Gemm => b[kk * pn..kk * pn + cols].copy_from_slice(row),
+            DesignKind::Gemv => row.iter().enumerate().for_each(|(j, &x)| b[j * pk + kk] = x),
+        }
+    }
+    b
 }
 
 impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
@@ -191,7 +172,9 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
 
 impl<D: Driver + Send> XdnaOffload<D> {
     /// The products of one QGemm call computed on the NPU, or `None` when the call stays on the
-    /// host (a node without designs, or a block the plan has no design for).
+    /// host (a node without designs, or rows the plan has no design for). Rows a call's chunk
+    /// does not take (a residual pass's chunk, of the later passes' rows) stay 0: the epilogue
+    /// does not read them.
     fn offload(
         &mut self,
         node: &str,
@@ -199,77 +182,52 @@ impl<D: Driver + Send> XdnaOffload<D> {
         m: usize,
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, XdnaError> {
-        let Some(blocks) = route_rows(self.host_threshold, self.gemv_rows, self.decode_rows, self.prefill_rows, m)
-        else {
-            return Ok(None);
-        };
-        let Some(chunks) = self.gemms.get(node).cloned() else { return Ok(None) };
-        let (gemv_rows, decode_rows) = (self.gemv_rows, self.decode_rows);
-        if blocks
-            .iter()
-            .any(|&(block, _)| chunks.iter().any(|c| block_design(c, gemv_rows, decode_rows, block).is_none()))
-        {
-            return Ok(None);
-        }
+        let Some(gemm) = self.gemms.get(node).cloned() else { return Ok(None) };
+        let chunks = (&gemm.chunks[..], &gemm.gemv_chunks[..]);
+        let Some(calls) = array_calls(self.routing, gemm.site.passes, chunks, m) else { return Ok(None) };
         let a = qgemm::signed_codes(a);
         let (k, n) = (w.k(), w.n());
         if a.len() != m * k {
             return Err(XdnaError::Activations { codes: a.len(), m, k });
         }
         let mut p = vec![0i32; m * n];
-        let mut r0 = 0;
-        for (block, used) in blocks {
-            let kind = block_design(&chunks[0], gemv_rows, decode_rows, block)
-                .map_or(DesignKind::Gemm, |d| self.designs[d].kind);
-            let key = (node.to_string(), kind);
-            let by_kind = |c: &PlanChunk| match kind {
-                DesignKind::Gemv => c.gemv_design.clone(),
-                DesignKind::Gemm => Some(c.prefill_design.clone()),
-            };
-            // Taken out while the chunks run, so the NPU can be borrowed beside them.
-            let bs = self.operands.remove(&key).unwrap_or_else(|| operands(&chunks, &self.designs, w, &by_kind));
-            for (c, b) in chunks.iter().zip(&bs) {
-                let design = block_design(c, gemv_rows, decode_rows, block).unwrap_or_default();
-                let rows = &a[r0 * k..(r0 + used) * k];
-                let out = self.run_chunk(design, c, b, rows, (used, k, n))?;
-                let pn = self.designs[design].padded.2;
-                for i in 0..used {
-                    p[(r0 + i) * n + c.col_offset..][..c.cols].copy_from_slice(&out[i * pn..][..c.cols]);
-                }
+        for call in calls {
+            let d = &self.designs[call.design];
+            let key = (node.to_string(), call.col_offset, d.kind, (d.padded.1, d.padded.2));
+            // Taken out while the block runs, so the NPU can be borrowed beside it.
+            let b = self.operands.remove(&key).unwrap_or_else(|| operand(d, w, call.col_offset, call.cols));
+            let rows = &a[call.first * k..(call.first + call.used) * k];
+            let out = self.run_block(&call, &b, rows, (k, n))?;
+            let pn = self.designs[call.design].padded.2;
+            for i in 0..call.used {
+                p[(call.first + i) * n + call.col_offset..][..call.cols].copy_from_slice(&out[i * pn..][..call.cols]);
             }
-            self.operands.insert(key, bs);
-            r0 += used;
+            self.operands.insert(key, b);
         }
         Ok(Some(p))
     }
 
-    /// One block of one column chunk on `design`: `rows` (`used × k` codes) zero-padded to the
-    /// design's host shape with the chunk's B operand `b`; returns the padded int32 output.
-    fn run_chunk(
+    /// One block on its design: `rows` (`used × k` codes) zero-padded to the design's host shape
+    /// with the chunk's B operand `b`; returns the padded int32 output.
+    fn run_block(
         &mut self,
-        design: &str,
-        c: &PlanChunk,
+        call: &ArrayCall<'_>,
         b: &[i8],
         rows: &[i8],
-        (used, k, n): (usize, usize, usize),
+        (k, n): (usize, usize),
     ) -> Result<Vec<i32>, XdnaError> {
-        let d = &self.designs[design];
+        let d = &self.designs[call.design];
         let (pm, pk, pn) = d.padded;
-        if used > pm || k > pk || c.cols > pn || c.col_offset + c.cols > n || b.len() != pk * pn {
-            return Err(XdnaError::BlockTooLarge {
-                design: design.to_string(),
-                padded: d.padded,
-                rows: used,
-                k,
-                cols: c.cols,
-                col_offset: c.col_offset,
-            });
+        let (used, cols, col_offset) = (call.used, call.cols, call.col_offset);
+        if used > pm || k > pk || cols > pn || col_offset + cols > n || b.len() != pk * pn {
+            let design = call.design.to_string();
+            return Err(XdnaError::BlockTooLarge { design, padded: d.padded, rows: used, k, cols, col_offset });
         }
         let mut ab = vec![0i8; pm * pk];
         for (i, row) in rows.chunks(k).enumerate() {
             ab[i * pk..i * pk + k].copy_from_slice(row);
         }
-        let out = run_block(&mut self.npu, &mut self.contexts, d, design, &ab, b)?;
+        let out = run_block(&mut self.npu, &mut self.contexts, d, call.design, &ab, b)?;
         self.runs += 1;
         Ok(out)
     }

@@ -7,7 +7,7 @@ use ir::{DType, Domain, Tensor};
 use kernel_support::*;
 use proptest::prelude::*;
 use runtime::kernels::qgemm::{
-    pack_qgemm, qgemm, qgemm_scaled, AScale, QActivations, QGemmScratch, QOutput, QWeightCodes,
+    pack_qgemm, qgemm, qgemm_scaled, AScale, FirstRows, QActivations, QGemmScratch, QOutput, QWeightCodes, PANEL,
 };
 use runtime::kernels::{Isa, ThreadPool};
 
@@ -158,8 +158,42 @@ fn per_row_activation_scales_are_exact_on_every_path() {
             for pool in &pools {
                 let mut y = vec![f32::NAN; m * n];
                 let (acts, out) = (QActivations::I8(&signed_a), QOutput::F32(&mut y));
-                qgemm_scaled(isa, pool, &packed, acts, m, AScale::Rows(&rows), 0, out, &mut scratch);
+                qgemm_scaled(isa, pool, &packed, acts, m, AScale::Rows(&rows), 0, out, None, &mut scratch);
                 assert_bits(&format!("{m}×{k}×{n} {isa} threads {}", pool.threads()), &y, want.as_f32().unwrap());
+            }
+        }
+    }
+}
+
+/// Columns of a weight's residual pass need the first rows only: those rows, and every row of
+/// the columns before it, are the full call's bit for bit; the rest of those columns is left
+/// untouched.
+#[test]
+fn first_rows_compute_the_first_rows_of_the_columns_they_name() {
+    let (m, k, n, from, rows) = (6, 96, 3 * PANEL + 5, 2 * PANEL, 3);
+    let case = Case { m, k, n, a_signed: true, w_signed: true, per_column: true, out: Out::F32, seed: 77 };
+    let d = case.data();
+    let signed_w: Vec<i8> = d.w.iter().map(|&b| b as i8).collect();
+    let packed = pack_qgemm(k, n, QWeightCodes::I8(&signed_w), &d.w_scale, &d.w_zero).expect("pack");
+    let signed_a: Vec<i8> = d.a.iter().map(|&b| b as i8).collect();
+    let scales: Vec<f32> = (0..m).map(|r| 0.01 * (r + 1) as f32).collect();
+    let mut scratch = QGemmScratch::default();
+    for &isa in &isas("qgemm first rows") {
+        for pool in &pools() {
+            let mut run = |first_rows| {
+                let mut y = vec![f32::NAN; m * n];
+                let (acts, out) = (QActivations::I8(&signed_a), QOutput::F32(&mut y));
+                qgemm_scaled(isa, pool, &packed, acts, m, AScale::Rows(&scales), 0, out, first_rows, &mut scratch);
+                y
+            };
+            let (full, part) = (run(None), run(Some(FirstRows { from, rows })));
+            for (i, (f, p)) in full.iter().zip(&part).enumerate() {
+                let (r, c) = (i / n, i % n);
+                if r < rows || c < from {
+                    assert_eq!(f.to_bits(), p.to_bits(), "{isa}: row {r} column {c}");
+                } else {
+                    assert!(p.is_nan(), "{isa}: row {r} column {c} was computed");
+                }
             }
         }
     }

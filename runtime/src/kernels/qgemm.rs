@@ -330,7 +330,7 @@ pub fn qgemm<'w>(
     out: QOutput,
     scratch: &mut QGemmScratch,
 ) {
-    qgemm_scaled(isa, pool, w, a, m, AScale::Tensor(a_scale), a_zero_point, out, scratch)
+    qgemm_scaled(isa, pool, w, a, m, AScale::Tensor(a_scale), a_zero_point, out, None, scratch)
 }
 
 /// The activations' scale: one per tensor, or one per row (activations quantised row by row,
@@ -341,8 +341,18 @@ pub enum AScale<'a> {
     Rows(&'a [f32]),
 }
 
+/// Columns whose outputs only the first rows need: from column `from` on (rounded down to a
+/// panel), rows past `rows` are not computed and their outputs are left as they were — a weight's
+/// residual pass beside the weight it refines, which multiplies the first activation pass only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FirstRows {
+    pub from: usize,
+    pub rows: usize,
+}
+
 /// [`qgemm`] with the activations' scale per tensor or per row: output row r is scaled by
-/// `sₐ[r] · s_w[n]`, formed exactly as the per-tensor epilogue forms `sₐ · s_w[n]`.
+/// `sₐ[r] · s_w[n]`, formed exactly as the per-tensor epilogue forms `sₐ · s_w[n]`; with
+/// `first_rows`, the columns it names compute its rows only.
 #[allow(clippy::too_many_arguments)]
 pub fn qgemm_scaled<'w>(
     isa: Isa,
@@ -353,6 +363,7 @@ pub fn qgemm_scaled<'w>(
     a_scale: AScale,
     a_zero_point: i32,
     out: QOutput,
+    first_rows: Option<FirstRows>,
     scratch: &mut QGemmScratch,
 ) {
     let isa = isa.check();
@@ -390,6 +401,10 @@ pub fn qgemm_scaled<'w>(
         let mut tile: Tile = [[0; PANEL]; MAX_ROWS];
         for p in split_range(panels, tasks, t) {
             let cols = PANEL.min(n - p * PANEL);
+            let m = match first_rows {
+                Some(f) if p * PANEL >= f.from => f.rows.min(m),
+                _ => m,
+            };
             let mut r0 = 0;
             while r0 < m {
                 let r = (m - r0).min(max_rows(isa));
@@ -655,7 +670,7 @@ mod tests {
                     let mut want = vec![0f32; m * n];
                     let mut got = vec![0f32; m * n];
                     let mut scratch = QGemmScratch::default();
-                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, QOutput::F32(&mut want), &mut scratch);
+                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, QOutput::F32(&mut want), None, &mut scratch);
                     qgemm_from_products(w, a, m, scale(), 5, &p, QOutput::F32(&mut got)).unwrap();
                     assert_eq!(
                         got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -663,7 +678,7 @@ mod tests {
                     );
                     let (mut want, mut got) = (vec![0u8; m * n], vec![0u8; m * n]);
                     let q = |y| QOutput::U8 { y, scale: 2.0, zero_point: 120 };
-                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, q(&mut want), &mut scratch);
+                    qgemm_scaled(Isa::Scalar, &pool, w, a, m, scale(), 5, q(&mut want), None, &mut scratch);
                     qgemm_from_products(w, a, m, scale(), 5, &p, q(&mut got)).unwrap();
                     assert_eq!(got, want);
                     assert!(want.iter().any(|&v| v != 0 && v != 255), "requantised outputs in range");

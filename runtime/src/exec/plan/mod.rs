@@ -69,6 +69,17 @@ pub enum Loc {
     Unused,
 }
 
+/// The activation passes a `QGemm{passes}` reads: the first `read` of the `stacked` passes its
+/// activation holds, each output row their sum in pass order, except the last
+/// `first_pass_columns` columns, which keep the first pass's product (a weight's residual pass
+/// beside the weight it refines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackedPasses {
+    pub read: usize,
+    pub stacked: usize,
+    pub first_pass_columns: usize,
+}
+
 /// One node that computes something. Values are program value indices.
 #[derive(Clone, Debug)]
 pub enum Op {
@@ -215,11 +226,11 @@ pub enum Op {
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
     /// With `a_row_scales`, the activations' scale is that value (one per row) and `a_scale` is
-    /// unused. With `passes` (of `stacked` passes in `a`), the first `passes` passes' rows are
-    /// one call and each output row is their sum.
+    /// unused. With `passes`, the first passes' rows of a stacked activation are one call and
+    /// each output row is their sum ([`StackedPasses`]).
     QGemm {
         a: usize,
-        passes: Option<(usize, usize)>,
+        passes: Option<StackedPasses>,
         a_signed: bool,
         a_row_scales: Option<usize>,
         a_scale: f32,

@@ -6,7 +6,7 @@
 
 use super::{as_i8, as_i8_mut, numel, product_rows, row_ids, View};
 use crate::exec::error::{node_fail, ExecError};
-use crate::exec::plan::{Loc, NBitsTable, Op};
+use crate::exec::plan::{Loc, NBitsTable, Op, StackedPasses};
 use crate::exec::Executor;
 use crate::kernels::qgemm::{self, AScale, QActivations, QOutput};
 use crate::kernels::wgemm::{self, WGemmPrecision};
@@ -135,14 +135,7 @@ impl Executor<'_> {
         let fail = node_fail(node);
         let locs = &self.plan.locs;
         let (k, n) = (*k, *n);
-        let all_codes = numel(&self.shapes[*a]);
-        let stacked = passes.map_or(1, |(_, stacked)| stacked);
-        if !all_codes.is_multiple_of(k * stacked) {
-            return Err(fail(format!("the activation holds {all_codes} codes, not {stacked} passes of rows of {k}")));
-        }
-        // Rows of one pass, and the rows of the call: every pass it reads.
-        let pass_rows = all_codes / k / stacked;
-        let m = pass_rows * passes.map_or(1, |(read, _)| read);
+        let (pass_rows, m) = call_rows(numel(&self.shapes[*a]), k, *passes).map_err(&fail)?;
         let codes_len = m * k;
         let weights = self.plan.qpacked[*packed].weights();
         // Per-row scales are read from their buffer, taken out while the output is written.
@@ -164,13 +157,17 @@ impl Executor<'_> {
             None => None,
         };
         self.offloaded_calls += u64::from(products.is_some());
+        // A residual pass's columns need the first pass's rows only.
+        let first_rows = passes
+            .filter(|p| p.first_pass_columns > 0)
+            .map(|p| qgemm::FirstRows { from: n - p.first_pass_columns, rows: pass_rows });
         // The kernel, or its epilogue on the offload's products.
         let (isa, pool, scratch) = (self.isa, &self.pool, &mut self.qgemm_scratch);
         let a_zero = *a_zero_point;
         let mut gemm = |acts: QActivations, dst: QOutput| match &products {
             Some(p) => qgemm::qgemm_from_products(weights, acts, m, a_sc, a_zero, p, dst),
             None => {
-                qgemm::qgemm_scaled(isa, pool, weights, acts, m, a_sc, a_zero, dst, scratch);
+                qgemm::qgemm_scaled(isa, pool, weights, acts, m, a_sc, a_zero, dst, first_rows, scratch);
                 Ok(())
             }
         };
@@ -199,7 +196,7 @@ impl Executor<'_> {
                     let pass_products = &mut self.pass_products;
                     pass_products.resize(m * n, 0.0);
                     let r = gemm(acts, QOutput::F32(pass_products));
-                    sum_passes(pass_products, y);
+                    sum_passes(pass_products, y, n, n - passes.map_or(0, |p| p.first_pass_columns));
                     r
                 }
             }
@@ -212,11 +209,25 @@ impl Executor<'_> {
     }
 }
 
-/// `y` = the sum of the passes stacked in `products` (each `y.len()` values), in pass order.
-fn sum_passes(products: &[f32], y: &mut [f32]) {
+/// Rows of one activation pass of a QGemm whose activation holds `all_codes`, and the rows of
+/// the call: every pass it reads.
+fn call_rows(all_codes: usize, k: usize, passes: Option<StackedPasses>) -> Result<(usize, usize), String> {
+    let stacked = passes.map_or(1, |p| p.stacked);
+    if !all_codes.is_multiple_of(k * stacked) {
+        return Err(format!("the activation holds {all_codes} codes, not {stacked} passes of rows of {k}"));
+    }
+    let pass_rows = all_codes / k / stacked;
+    Ok((pass_rows, pass_rows * passes.map_or(1, |p| p.read)))
+}
+
+/// `y` = the sum of the passes stacked in `products` (each `y.len()` values, rows of `n`), in
+/// pass order; of each row, only the first `summed` columns add the later passes.
+fn sum_passes(products: &[f32], y: &mut [f32], n: usize, summed: usize) {
     let (first, rest) = products.split_at(y.len());
     y.copy_from_slice(first);
     for pass in rest.chunks_exact(y.len()) {
-        y.iter_mut().zip(pass).for_each(|(s, &p)| *s += p);
+        for (s, p) in y.chunks_mut(n).zip(pass.chunks(n)) {
+            s[..summed].iter_mut().zip(&p[..summed]).for_each(|(s, &p)| *s += p);
+        }
     }
 }

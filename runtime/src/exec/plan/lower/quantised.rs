@@ -11,7 +11,7 @@ use crate::bundle::Dtype;
 use crate::exec::error::{node_err, node_fail, value_err, ExecError};
 use crate::exec::packed::{mapped_qgemm, qgemm_names, QGemmLayout, WGemmLayout};
 use crate::exec::plan::weights::{f32_weight_input, load_packed, u8_weight, weight_name, weight_root};
-use crate::exec::plan::{code_signedness, Loc, NBitsTable, Op, QGemmStore, WGemmStore};
+use crate::exec::plan::{code_signedness, Loc, NBitsTable, Op, QGemmStore, StackedPasses, WGemmStore};
 use crate::exec::program::{ElemType, NodeInfo, Program};
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QWeightCodes};
 use crate::kernels::quantize::quantize;
@@ -325,7 +325,7 @@ pub(super) fn qgemm(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Resul
         b.fresh(o);
     }
     let packed = b.qpacked.len() - 1;
-    let passes = stacked_passes(b, node, a, requant.is_none() && a_row_scales.is_some())?;
+    let passes = stacked_passes(b, node, a, n_cols, requant.is_none() && a_row_scales.is_some())?;
     let op =
         Op::QGemm { a, passes, a_signed, a_row_scales, a_scale, a_zero_point, packed, k, n: n_cols, requant, out: o };
     b.push(n, op);
@@ -338,14 +338,19 @@ fn stacked_passes(
     b: &Builder<'_, '_>,
     node: &NodeInfo,
     a: usize,
+    n: usize,
     summable: bool,
-) -> Result<Option<(usize, usize)>, ExecError> {
+) -> Result<Option<StackedPasses>, ExecError> {
     let fail = node_fail(node);
     let Some(passes) = node.attr_i64("passes") else { return Ok(None) };
     let stacked = b.values[a].shape.first().and_then(|d| d.as_const());
+    let first_pass_columns = match node.attr_i64("first_pass_columns").unwrap_or(0) {
+        c if c == 0 || (passes >= 2 && c > 0 && c as usize <= n) => c as usize,
+        c => return Err(fail(format!("first_pass_columns {c} wants 2 or more passes and at most the {n} columns"))),
+    };
     match stacked {
         Some(stacked) if passes >= 1 && passes as usize <= stacked && summable => {
-            Ok(Some((passes as usize, stacked)))
+            Ok(Some(StackedPasses { read: passes as usize, stacked, first_pass_columns }))
         }
         _ => Err(fail(format!(
             "{passes} passes of `{}` need a fixed leading axis of at least {passes} passes, row scales, and an f32 output",
