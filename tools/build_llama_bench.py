@@ -8,10 +8,11 @@ llama.cpp is the other reference runtime `tools/bench_compare.py` measures npuc 
 source reaches us through PyPI: the `llama-cpp-python` sdist carries it in vendor/llama.cpp. The
 sdist is downloaded into <out>/cache/ (`pip download --no-binary`), the vendored tree extracted
 to <out>/cache/llama.cpp-<pin>/src/ and the sdist deleted; CMake from PyPI's `cmake` package
-(tools/requirements-bench.txt) configures it for this CPU only (Release, GGML_NATIVE, no
-CUDA/Metal/Vulkan/BLAS, no curl or OpenSSL: nothing is fetched at build time) and builds the one
-target `llama-bench` — or `--target`, e.g. `llama-lookup`, its prompt-lookup speculative decoding
-example — statically linked, into <out>/cache/llama.cpp-<pin>/build/. The binary's
+(tools/requirements-bench.txt) configures it for this CPU only (Release, the instruction sets
+/proc/cpuinfo lists but AMX, no CUDA/Metal/Vulkan/BLAS, no curl or OpenSSL: nothing is fetched at
+build time) and builds the one target `llama-bench` — or `--target`, e.g. `llama-lookup`, its
+prompt-lookup speculative decoding example — statically linked, into
+<out>/cache/llama.cpp-<pin>/build-noamx/. The binary's
 path is the one line printed on stdout (progress goes to stderr); when the binary is already
 there nothing is done. Nothing here is committed: fixtures/ is ignored by git.
 """
@@ -31,10 +32,16 @@ SDIST_SPEC = f"llama-cpp-python=={PIN}"
 VENDORED = "vendor/llama.cpp/"
 # CPU only and offline: every GPU backend and BLAS off, no HTTPS client, no server (its web UI
 # would be downloaded), tests off; examples configured (only the target asked for is built);
-# static, so the binary runs from where it is.
+# static, so the binary runs from where it is. The instruction sets are this CPU's (`x86_flags`),
+# named one by one rather than `GGML_NATIVE`, so that AMX stays off: a virtual machine may list
+# AMX in /proc/cpuinfo without letting a process use its tiles, and llama.cpp's AMX kernels then
+# die on their first `ldtilecfg`.
 CMAKE_OPTIONS = {
     "CMAKE_BUILD_TYPE": "Release",
-    "GGML_NATIVE": "ON",
+    "GGML_NATIVE": "OFF",
+    "GGML_AMX_TILE": "OFF",
+    "GGML_AMX_INT8": "OFF",
+    "GGML_AMX_BF16": "OFF",
     "GGML_CUDA": "OFF",
     "GGML_METAL": "OFF",
     "GGML_VULKAN": "OFF",
@@ -46,6 +53,34 @@ CMAKE_OPTIONS = {
     "LLAMA_BUILD_EXAMPLES": "ON",
     "BUILD_SHARED_LIBS": "OFF",
 }
+
+
+# /proc/cpuinfo flag → the ggml option that compiles for it.
+X86_FLAGS = {
+    "sse4_2": "GGML_SSE42",
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "bmi2": "GGML_BMI2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+
+
+def x86_flags() -> dict:
+    """ON or OFF for each instruction set of `X86_FLAGS`, as this CPU's /proc/cpuinfo lists it
+    (nothing where there is no such file)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    have = set(line.partition(":")[2].split())
+    return {option: "ON" if flag in have else "OFF" for flag, option in X86_FLAGS.items()}
 
 
 def log(msg: str):
@@ -98,7 +133,7 @@ def extract_vendored(sdist: Path, src: Path) -> str:
 
 def build(src: Path, build_dir: Path, commit: str, jobs: int, target: str) -> Path:
     """Configures and builds `target`; returns the binary's path."""
-    options = dict(CMAKE_OPTIONS, LLAMA_BUILD_COMMIT=commit[:8], LLAMA_BUILD_NUMBER="0")
+    options = dict(CMAKE_OPTIONS, **x86_flags(), LLAMA_BUILD_COMMIT=commit[:8], LLAMA_BUILD_NUMBER="0")
     configure = [cmake(), "-S", str(src), "-B", str(build_dir)] + [f"-D{k}={v}" for k, v in options.items()]
     subprocess.run(configure, check=True, stdout=sys.stderr)
     subprocess.run([cmake(), "--build", str(build_dir), "--target", target, "-j", str(jobs)], check=True,
@@ -114,7 +149,9 @@ def main():
     args = ap.parse_args()
     cache = args.out / "cache"
     home = cache / f"llama.cpp-{PIN}"
-    binary = home / "build" / "bin" / args.target
+    # The build directory names the configuration: a binary built otherwise (with GGML_NATIVE,
+    # AMX included) is not reused.
+    binary = home / "build-noamx" / "bin" / args.target
     if binary.exists():
         log(f"{binary} is there")
         print(binary)
@@ -129,7 +166,7 @@ def main():
     commit = commit_file.read_text().strip() if commit_file.exists() else "unknown"
     log(f"building {args.target} of llama.cpp {commit[:8]} (vendored by llama-cpp-python {PIN})")
     t0 = time.time()
-    built = build(src, home / "build", commit, args.jobs, args.target)
+    built = build(src, home / "build-noamx", commit, args.jobs, args.target)
     log(f"built {built} in {time.time() - t0:.0f} s")
     print(built)
 
