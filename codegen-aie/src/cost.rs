@@ -4,12 +4,13 @@
 //! - **Prefill** of `P` tokens: every projection's call of `P` rows (one row for a projection the
 //!   executor computes for the last row only, the lm_head; each times the activation passes
 //!   stacked in the call, [`GemmSite::passes`]) is routed as the runtime routes it
-//!   ([`plan::route`]: GEMV blocks below the threshold, else M-blocks, × column chunks); each
+//!   ([`Plan::calls`]: GEMV blocks over the GEMV chunks below the threshold, else M-blocks of
+//!   each M-block chunk's rows, a residual pass's chunk taking the first pass's); each
 //!   array call costs its design's predicted cycles ([`crate::tiling::Tiling::total_cycles`]:
 //!   the larger of the MACs at the device's rate and the busiest DMA channel, plus the fill) at
 //!   the device's clock, plus [`DISPATCH_SECONDS`] to submit it.
-//! - **Decode**: one token is every projection's call of one row (per stacked pass), each a block of the GEMV
-//!   designs ([`crate::gemv`]) per column chunk: the design's predicted cycles (its weight
+//! - **Decode**: one token is every projection's call of one row (per stacked pass), each a
+//!   block of the GEMV designs ([`crate::gemv`]) per GEMV chunk: the design's predicted cycles (its weight
 //!   streams, at most one 32-bit word per cycle each, reading whole [`crate::gemv::SHIM_BURST_BYTES`]
 //!   bursts, against its cores' MACs) at the clock, plus [`DISPATCH_SECONDS`] per call. Beside it
 //!   the floor: every int8 weight streamed once per token through every shim channel
