@@ -345,21 +345,19 @@ pub fn array_calls<'p>(
     rows: usize,
 ) -> Option<Vec<ArrayCall<'p>>> {
     let mut calls = vec![];
+    // Each of one chunk's `blocks`, on the design `design` names for its block rows.
+    let mut push =
+        |(col_offset, cols): (usize, usize), blocks: &[(usize, usize)], design: &dyn Fn(usize) -> &'p str| {
+            let mut first = 0;
+            for &(block_rows, used) in blocks {
+                calls.push(ArrayCall { design: design(block_rows), col_offset, cols, first, used, block_rows });
+                first += used;
+            }
+        };
     if rows < routing.host_threshold_rows {
         let blocks = routing.route(rows).filter(|_| !gemv_chunks.is_empty())?;
         for c in gemv_chunks {
-            let mut first = 0;
-            for &(block_rows, used) in &blocks {
-                calls.push(ArrayCall {
-                    design: &c.design,
-                    col_offset: c.col_offset,
-                    cols: c.cols,
-                    first,
-                    used,
-                    block_rows,
-                });
-                first += used;
-            }
+            push((c.col_offset, c.cols), &blocks, &|_| &c.design);
         }
         return Some(calls);
     }
@@ -368,12 +366,8 @@ pub fn array_calls<'p>(
         return None;
     }
     for c in chunks {
-        let mut first = 0;
-        for (block_rows, used) in cut(rows / site_passes.max(1) * c.passes, small, large) {
-            let design = if block_rows == small { &c.decode_design } else { &c.prefill_design };
-            calls.push(ArrayCall { design, col_offset: c.col_offset, cols: c.cols, first, used, block_rows });
-            first += used;
-        }
+        let blocks = cut(rows / site_passes.max(1) * c.passes, small, large);
+        push((c.col_offset, c.cols), &blocks, &|b| if b == small { &c.decode_design } else { &c.prefill_design });
     }
     Some(calls)
 }

@@ -13,8 +13,9 @@
 //! every row of both. The last chunk, like the last M-block and any K or N the tiling does not
 //! divide, is zero-padded by the host, and the design's padded host shape is part of its text.
 //!
-//! The bundle stores the plan as `bundle::xdna` defines it ([`Plan::to_plan_file`]); the routing
-//! is that module's `route_rows`, which the runtime applies to the numbers the file records.
+//! The bundle stores the plan as `bundle::xdna` defines it ([`Plan::to_plan_file`]); a call's
+//! array calls are that module's `array_calls` ([`Plan::calls`]), which the runtime applies to
+//! the numbers the file records.
 
 use crate::design::{self, Design};
 use crate::device::Device;
@@ -137,7 +138,7 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
         let chunks = m_block_chunks(&mut designs, &site, options, decode).map_err(at)?;
         let gemv_chunks = match options.gemv_rows {
             0 => vec![],
-            rows => gemv_chunks(&mut designs, &site, rows, options.max_gemv_cols).map_err(at)?,
+            rows => gemv_chunks(&mut designs, &site, rows, options).map_err(at)?,
         };
         gemms.push(PlannedGemm { site, chunks, gemv_chunks });
     }
@@ -172,20 +173,22 @@ fn m_block_chunks(
 }
 
 /// A projection's GEMV chunks: every column, in as few equal chunks of one design as a GEMV
-/// design takes (at most `max_cols` wide; a core's weight tile must fit one memory bank and its
-/// tiles one descriptor's repeat count, which bounds the width on a device for a K).
+/// design takes — at most `max_gemv_cols` wide, narrower while no GEMV design fits (a core's
+/// weight tile must fit one memory bank and its tiles one descriptor's repeat count, which bounds
+/// the width on a device for a K), down to `max_design_cols`, where a width that does not fit is
+/// the projection's error.
 fn gemv_chunks(
     designs: &mut Designs,
     site: &GemmSite,
     rows: usize,
-    max_cols: usize,
+    options: PlanOptions,
 ) -> Result<Vec<GemvChunk>, tiling::TilingError> {
-    let mut count = site.n.div_ceil(max_cols.max(1));
+    let mut count = site.n.div_ceil(options.max_gemv_cols.max(1));
     let (parts, design) = loop {
         let parts = chunks(site.n, site.n.div_ceil(count));
         match designs.name(GemmShape { m: rows, k: site.k, n: parts[0].1 }, true) {
             Ok(design) => break (parts, design),
-            Err(e) if parts[0].1 <= DEFAULT_MAX_DESIGN_COLS => return Err(e),
+            Err(e) if parts[0].1 <= options.max_design_cols => return Err(e),
             Err(_) => count += 1,
         }
     };

@@ -137,16 +137,14 @@ fn run_block<D: Driver>(
     npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(failed)
 }
 
-/// One chunk's weight codes as the B operand of `d`: `[K, cols]` for a GEMM, `[cols, K]` for a
-/// GEMV, zero-padded to the design's host shape; empty when the chunk does not fit the design,
-/// which the call then refuses.
-fn operand(d: &DesignRun, w: QGemmWeights<'_>, col_offset: usize, cols: usize) -> Vec<i8> {
-    let (k, n) = (w.k(), w.n());
+/// One chunk's weight codes as the B operand of `d`, from the whole weight's codes `wk`
+/// (`[k, n]` row-major): `[K, cols]` for a GEMM, `[cols, K]` for a GEMV, zero-padded to the
+/// design's host shape; empty when the chunk does not fit the design, which the call then refuses.
+fn operand(d: &DesignRun, wk: &[i8], (k, n): (usize, usize), col_offset: usize, cols: usize) -> Vec<i8> {
     let (_, pk, pn) = d.padded;
     if k > pk || cols > pn || col_offset + cols > n {
         return vec![];
     }
-    let wk = w.codes_kn();
     let mut b = vec![0i8; pk * pn];
     for kk in 0..k {
         let row = &wk[kk * n + col_offset..][..cols];
@@ -191,11 +189,16 @@ impl<D: Driver + Send> XdnaOffload<D> {
             return Err(XdnaError::Activations { codes: a.len(), m, k });
         }
         let mut p = vec![0i32; m * n];
+        // The weight's codes, unpacked once for every operand this call makes.
+        let mut wk = None;
         for call in calls {
             let d = &self.designs[call.design];
             let key = (node.to_string(), call.col_offset, d.kind, (d.padded.1, d.padded.2));
             // Taken out while the block runs, so the NPU can be borrowed beside it.
-            let b = self.operands.remove(&key).unwrap_or_else(|| operand(d, w, call.col_offset, call.cols));
+            let b = self.operands.remove(&key).unwrap_or_else(|| {
+                let wk = wk.get_or_insert_with(|| w.codes_kn());
+                operand(d, wk, (k, n), call.col_offset, call.cols)
+            });
             let rows = &a[call.first * k..(call.first + call.used) * k];
             let out = self.run_block(&call, &b, rows, (k, n))?;
             let pn = self.designs[call.design].padded.2;
