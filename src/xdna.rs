@@ -138,6 +138,7 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
                 "kind": match d.kind {
                     codegen_aie::design::Kind::Gemm => "gemm",
                     codegen_aie::design::Kind::Gemv => "gemv",
+                    codegen_aie::design::Kind::QGemv { .. } => "qgemv",
                 },
                 "shape": [t.shape.m, t.shape.k, t.shape.n],
                 "padded": [t.padded.m, t.padded.k, t.padded.n],

@@ -112,6 +112,9 @@ pub enum DesignKind {
     Gemm,
     /// Up to `m` rows against streamed weights, B the weight transposed (`[N, K]` row-major).
     Gemv,
+    /// A GEMV taking f32 rows and returning f32 outputs, its cores quantising the rows and
+    /// dequantising the products; B the weight's codes with each core tile's scales after them.
+    Qgemv,
 }
 
 /// A GEMM shape `[m, k] × [k, n]`.

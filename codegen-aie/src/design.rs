@@ -31,19 +31,21 @@ pub use crate::kernels::{MATMUL as MATMUL_KERNEL, ZERO as ZERO_KERNEL};
 pub enum Elem {
     I8,
     I32,
+    F32,
 }
 
 impl Elem {
     pub fn bytes(self) -> usize {
         match self {
             Elem::I8 => 1,
-            Elem::I32 => 4,
+            Elem::I32 | Elem::F32 => 4,
         }
     }
     pub fn mlir(self) -> &'static str {
         match self {
             Elem::I8 => "i8",
             Elem::I32 => "i32",
+            Elem::F32 => "f32",
         }
     }
 }
@@ -65,6 +67,25 @@ pub struct Fifo {
 impl Fifo {
     pub fn elems(&self) -> usize {
         self.shape.iter().product()
+    }
+    pub fn memref(&self) -> String {
+        memref(&self.shape, self.elem)
+    }
+}
+
+/// A core's own buffer (`aie.buffer`), which only its core reads and writes.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    pub tile: Tile,
+    /// Its symbol; its SSA value is `%` and the same name.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub elem: Elem,
+}
+
+impl Buffer {
+    pub fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.elem.bytes()
     }
     pub fn memref(&self) -> String {
         memref(&self.shape, self.elem)
@@ -113,6 +134,11 @@ pub enum SeqOp {
 pub enum Kind {
     Gemm,
     Gemv,
+    /// A GEMV whose cores quantise f32 activation rows in `passes` and dequantise their outputs
+    /// ([`crate::qgemv`]).
+    QGemv {
+        passes: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +149,8 @@ pub struct Design {
     pub tiles: Vec<Tile>,
     pub fifos: Vec<Fifo>,
     pub links: Vec<Link>,
+    /// The cores' own buffers.
+    pub buffers: Vec<Buffer>,
     /// The cores' code ([`crate::kernels`]).
     pub functions: Vec<Function>,
     pub cores: Vec<Core>,
@@ -162,6 +190,7 @@ pub fn build(t: &Tiling) -> Design {
         tiles: tiles(t),
         fifos,
         links,
+        buffers: vec![],
         functions: kernels::core_functions(t.device, (t.m, t.k, t.n)),
         cores: cores(t),
         args: vec![(p.m * p.k, Elem::I8), (p.k * p.n, Elem::I8), (p.m * p.n, Elem::I32)],
@@ -438,6 +467,7 @@ impl Design {
         let kind = match self.kind {
             Kind::Gemm => "gemm",
             Kind::Gemv => "gemv",
+            Kind::QGemv { .. } => "qgemv",
         };
         format!(
             "npuc.design = \"{kind}\", npuc.gemm_shape = {}, npuc.padded_shape = {}, npuc.tile = {}",
@@ -481,6 +511,15 @@ impl Design {
                 tile.1
             );
         }
+        for b in &self.buffers {
+            let _ = writeln!(
+                o,
+                "    %{0} = \"aie.buffer\"({1}) {{sym_name = \"{0}\"}} : (index) -> {2}",
+                b.name,
+                tile_var(b.tile),
+                b.memref()
+            );
+        }
     }
 
     /// The object FIFOs and their links, in generic form.
@@ -518,6 +557,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
+            Kind::QGemv { .. } => crate::qgemv::generic_core(self, core, o),
         }
     }
 
@@ -630,6 +670,15 @@ impl Design {
         for &tile in &self.tiles {
             let _ = writeln!(o, "    {} = aie.tile({}, {})", tile_var(tile), tile.0, tile.1);
         }
+        for b in &self.buffers {
+            let _ = writeln!(
+                o,
+                "    %{0} = aie.buffer({1}) {{sym_name = \"{0}\"}} : {2}",
+                b.name,
+                tile_var(b.tile),
+                b.memref()
+            );
+        }
     }
 
     /// The object FIFOs and their links, in custom form.
@@ -669,6 +718,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
+            Kind::QGemv { .. } => crate::qgemv::pretty_core(self, core, o),
         }
     }
 

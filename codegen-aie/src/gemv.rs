@@ -60,7 +60,7 @@ pub fn core_tile(device: Device, s: usize) -> (usize, usize) {
 }
 
 /// The weight streams (their cores) in array column `c`, in order.
-fn column_streams(device: Device, c: usize) -> Vec<usize> {
+pub(crate) fn column_streams(device: Device, c: usize) -> Vec<usize> {
     (0..streams(device)).filter(|&s| core_tile(device, s).0 == c).collect()
 }
 
@@ -200,6 +200,7 @@ pub fn build(t: &Tiling) -> Design {
         tiles: tiles_used(dev),
         fifos,
         links,
+        buffers: vec![],
         functions: kernels::gemv_functions(t.device, (t.m, t.k, t.n)),
         cores,
         args: vec![(p.m * p.k, Elem::I8), (p.n * p.k, Elem::I8), (p.m * p.n, Elem::I32)],
@@ -248,6 +249,11 @@ fn input_fifos(t: &Tiling, parts: usize, fifos: &mut Vec<Fifo>) {
 /// Each core's output tile to its column's mem tile, joined there (a one-to-one link for a
 /// column of one core) and streamed to the column's shim.
 fn output_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
+    output_fifos_of(t, Elem::I32, fifos, links);
+}
+
+/// [`output_fifos`] of output elements `elem`.
+pub(crate) fn output_fifos_of(t: &Tiling, elem: Elem, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
     let dev = t.device;
     let tile_elems = t.m * t.n;
     for c in 0..dev.columns() {
@@ -259,7 +265,7 @@ fn output_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
                 consumers: vec![(c, Device::MEM_TILE_ROW)],
                 depth: 2,
                 shape: vec![t.m, t.n],
-                elem: Elem::I32,
+                elem,
                 to_stream: vec![],
             });
         }
@@ -269,7 +275,7 @@ fn output_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
             consumers: vec![(c, Device::SHIM_ROW)],
             depth: 2,
             shape: vec![column.len() * tile_elems],
-            elem: Elem::I32,
+            elem,
             to_stream: vec![],
         });
         let joined = column.len() > 1;

@@ -3,7 +3,8 @@
 //! their producers' access patterns (`dimensionsToStream`), mem-tile links (distribute by
 //! destination offsets, join by source offsets, broadcast to every consumer; as mlir-aie lowers
 //! them, one descriptor per transfer, a pattern addressing only its own transfer), and every core's
-//! loops, FIFO acquires/releases and calls. A call runs the callee's body from the design text
+//! loops, FIFO acquires/releases and calls, on FIFO elements and on the core's own buffers
+//! (`aie.buffer`, which start as garbage like a produced element). A call runs the callee's body from the design text
 //! (`func`: the scalar `arith`/`memref`/`scf` operations of the cores' code, see
 //! [`crate::kernels`]); a call to a function the design only declares is an error, as its code
 //! would come from an object file no bundle carries.
@@ -341,6 +342,14 @@ struct FifoInfo {
     to_stream: Vec<(usize, usize)>,
 }
 
+/// A core's own buffer (`aie.buffer`): its tile, elements and their bytes.
+#[derive(Debug, Clone)]
+struct BufferInfo {
+    tile: (usize, usize),
+    elems: usize,
+    elem_bytes: usize,
+}
+
 #[derive(Debug, Clone)]
 struct LinkInfo {
     ins: Vec<String>,
@@ -356,6 +365,8 @@ struct Machine {
     device: Device,
     functions: HashMap<String, func::Function>,
     fifos: HashMap<String, FifoInfo>,
+    /// Each `aie.buffer`: its SSA name's tile and element count.
+    buffers: HashMap<String, BufferInfo>,
     /// Elements waiting at each (fifo, consumer tile).
     queues: HashMap<(String, (usize, usize)), VecDeque<Elem>>,
     /// Partial element of a DMA stream into a FIFO.
@@ -545,6 +556,8 @@ enum Val {
     Sub(usize, u64),
     /// An element buffer: (fifo id, sequence number).
     Buf(usize, u64),
+    /// One of the core's own buffers, by its index in [`CoreState::locals`].
+    Local(usize),
 }
 
 struct CoreState {
@@ -554,6 +567,8 @@ struct CoreState {
     held: Vec<VecDeque<(u64, Elem, bool)>>,
     next_seq: u64,
     calls: BTreeMap<String, u64>,
+    /// The core's own buffers, as long as it lives.
+    locals: Vec<Vec<i32>>,
 }
 
 impl Machine {
@@ -569,7 +584,10 @@ impl Machine {
     }
 
     fn buffer(st: &mut CoreState, v: Val) -> Result<&mut Elem, InterpError> {
-        let Val::Buf(f, seq) = v else { return run_err("kernel operand is not a FIFO element") };
+        if let Val::Local(i) = v {
+            return Ok(&mut st.locals[i]);
+        }
+        let Val::Buf(f, seq) = v else { return run_err("kernel operand is neither a FIFO element nor a buffer") };
         st.held[f]
             .iter_mut()
             .find(|(s, _, _)| *s == seq)
@@ -702,7 +720,12 @@ impl Machine {
         let args: Vec<Val> = op.operands.iter().map(|o| lookup(env, op, o)).collect::<Result<_, _>>()?;
         let mut mems = Vec::with_capacity(args.len());
         for (i, &a) in args.iter().enumerate() {
-            if args[..i].iter().any(|b| matches!((a, *b), (Val::Buf(x, s), Val::Buf(y, t)) if x == y && s == t)) {
+            let same = |b: &Val| match (a, *b) {
+                (Val::Buf(x, s), Val::Buf(y, t)) => x == y && s == t,
+                (Val::Local(x), Val::Local(y)) => x == y,
+                _ => false,
+            };
+            if args[..i].iter().any(same) {
                 return run_err(format!("{at}: passes one buffer to @{callee} twice"));
             }
             mems.push(Self::buffer(st, a)?.clone());
@@ -725,7 +748,7 @@ fn lookup(env: &HashMap<String, Val>, op: &Op, name: &str) -> Result<Val, Interp
 /// memory (stack reserved), and each mem-tile access pattern within the descriptor's limits.
 fn check_limits(
     device: Device,
-    fifos: &HashMap<String, FifoInfo>,
+    (fifos, buffers): (&HashMap<String, FifoInfo>, &HashMap<String, BufferInfo>),
     cores: &[(usize, usize)],
 ) -> Result<(), InterpError> {
     for &tile in cores {
@@ -734,6 +757,7 @@ fn check_limits(
             .filter(|f| f.producer == tile || f.consumers.contains(&tile))
             .map(|f| f.depth * f.elems * f.elem_bytes)
             .sum::<usize>()
+            + buffers.values().filter(|b| b.tile == tile).map(|b| b.elems * b.elem_bytes).sum::<usize>()
             + device.core_stack_bytes();
         if bytes > device.core_data_bytes() {
             return run_err(format!(
@@ -763,15 +787,30 @@ pub struct RunStats {
 /// Executes a design's text on host buffers: `inputs` are the runtime sequence's int8 arguments
 /// (A then B, flat, as int values), the last argument (int32) is returned.
 pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpError> {
+    let args: Vec<Arg> = inputs.iter().map(|a| Arg::I8(a)).collect();
+    run_args(text, &args)
+}
+
+/// A runtime-sequence input: int8 values, or f32 ones (their bits cross the array).
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    I8(&'a [i8]),
+    F32(&'a [f32]),
+}
+
+/// [`run`] with inputs of either type; the last argument comes back as its 32-bit words (an
+/// f32 output's bits: `f32::from_bits(w as u32)`).
+pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), InterpError> {
     let module = parse(text)?;
     let body = device_body(&module)?;
-    check_limits(body.device, &body.fifos, &body.cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
+    check_limits(body.device, (&body.fifos, &body.buffers), &body.cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
     let seq = &body.sequence.regions[0];
     let mut host = host_buffers(seq, inputs)?;
     let mut m = Machine {
         device: body.device,
         functions: body.functions,
         fifos: body.fifos,
+        buffers: body.buffers,
         queues: HashMap::new(),
         partial: HashMap::new(),
         pending: HashMap::new(),
@@ -790,6 +829,7 @@ struct DeviceBody<'o> {
     device: Device,
     functions: HashMap<String, func::Function>,
     fifos: HashMap<String, FifoInfo>,
+    buffers: HashMap<String, BufferInfo>,
     links: Vec<LinkInfo>,
     cores: Vec<((usize, usize), &'o Op)>,
     sequence: &'o Op,
@@ -807,6 +847,7 @@ fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
     };
     let mut tiles: HashMap<String, (usize, usize)> = HashMap::new();
     let (mut fifos, mut links, mut cores) = (HashMap::new(), vec![], vec![]);
+    let mut buffers = HashMap::new();
     let mut sequence = None;
     let mut functions = HashMap::new();
     for op in &device_op.regions[0].ops {
@@ -823,6 +864,10 @@ fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
                 fifos.insert(name, fifo);
             }
             "aie.objectfifo.link" => links.push(declared_link(op)?),
+            "aie.buffer" => {
+                let (name, b) = declared_buffer(op, &tiles)?;
+                buffers.insert(name, b);
+            }
             "aie.core" => {
                 let tile = tiles
                     .get(&op.operands[0])
@@ -841,7 +886,7 @@ fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
         }
     }
     let Some(sequence) = sequence else { return run_err("no aie.runtime_sequence") };
-    Ok(DeviceBody { device, functions, fifos, links, cores, sequence })
+    Ok(DeviceBody { device, functions, fifos, buffers, links, cores, sequence })
 }
 
 /// An object FIFO's name, tiles, element and producer access pattern.
@@ -855,11 +900,8 @@ fn declared_fifo(op: &Op, tiles: &HashMap<String, (usize, usize)>) -> Result<(St
         .collect::<Result<_, _>>()?;
     let (shape, elem) = parse_memref(op.need("elemType")?)
         .ok_or_else(|| InterpError::Parse { line: op.line, msg: "elemType".into() })?;
-    let elem_bytes = match elem.as_str() {
-        "i8" => 1,
-        "i32" => 4,
-        other => return Err(InterpError::Parse { line: op.line, msg: format!("element type {other}") }),
-    };
+    let elem_bytes =
+        elem_bytes(&elem).ok_or_else(|| InterpError::Parse { line: op.line, msg: format!("element type {elem}") })?;
     let dims = parse_dims(op.attr("dimensionsToStream").unwrap_or("")).unwrap_or_default();
     let name = op.need("sym_name")?.trim_matches('"').to_string();
     let fifo = FifoInfo {
@@ -871,6 +913,34 @@ fn declared_fifo(op: &Op, tiles: &HashMap<String, (usize, usize)>) -> Result<(St
         to_stream: dims,
     };
     Ok((name, fifo))
+}
+
+/// Bytes of an element type the array moves: `i8`, `i32` or `f32`.
+fn elem_bytes(elem: &str) -> Option<usize> {
+    match elem {
+        "i8" => Some(1),
+        "i32" | "f32" => Some(4),
+        _ => None,
+    }
+}
+
+/// An `aie.buffer`'s SSA name, tile and memref.
+fn declared_buffer(op: &Op, tiles: &HashMap<String, (usize, usize)>) -> Result<(String, BufferInfo), InterpError> {
+    let perr = |msg: String| InterpError::Parse { line: op.line, msg };
+    let tile = op.operands.first().and_then(|t| tiles.get(t)).copied();
+    let Some(tile) = tile.filter(|t| t.1 >= Device::FIRST_COMPUTE_ROW) else {
+        return Err(perr("aie.buffer on no compute tile".into()));
+    };
+    let ty = result_type_of(op);
+    let (shape, elem) = parse_memref(ty).ok_or_else(|| perr(format!("aie.buffer of type {ty}")))?;
+    let elem_bytes = elem_bytes(&elem).ok_or_else(|| perr(format!("aie.buffer of {elem}")))?;
+    let name = op.results.first().cloned().ok_or_else(|| perr("aie.buffer without a result".into()))?;
+    Ok((name, BufferInfo { tile, elems: shape.iter().product(), elem_bytes }))
+}
+
+/// The type after `->` of an operation's type.
+fn result_type_of(op: &Op) -> &str {
+    op.ty.rsplit_once("->").map(|(_, t)| t.trim()).unwrap_or("")
 }
 
 fn declared_link(op: &Op) -> Result<LinkInfo, InterpError> {
@@ -885,18 +955,22 @@ fn declared_link(op: &Op) -> Result<LinkInfo, InterpError> {
     })
 }
 
-/// The runtime sequence's arguments as host buffers: the given int8 inputs, then outputs filled
-/// with `i32::MIN` so a missed store shows.
-fn host_buffers(seq: &Block, inputs: &[&[i8]]) -> Result<Vec<Vec<i32>>, InterpError> {
+/// The runtime sequence's arguments as host buffers: the given inputs (int8 values, or f32 bits),
+/// then outputs filled with `i32::MIN` so a missed store shows.
+fn host_buffers(seq: &Block, inputs: &[Arg]) -> Result<Vec<Vec<i32>>, InterpError> {
     let mut host: Vec<Vec<i32>> = vec![];
     for (i, (_, ty)) in seq.args.iter().enumerate() {
         let (shape, elem) = parse_memref(ty).ok_or_else(|| InterpError::Run(format!("sequence argument {i}: {ty}")))?;
         let len: usize = shape.iter().product();
-        if i < inputs.len() {
-            if elem != "i8" || inputs[i].len() != len {
-                return run_err(format!("sequence argument {i} is {ty}; given {} int8 values", inputs[i].len()));
+        if let Some(&input) = inputs.get(i) {
+            let (given, values): (&str, Vec<i32>) = match input {
+                Arg::I8(v) => ("i8", v.iter().map(|&x| x as i32).collect()),
+                Arg::F32(v) => ("f32", v.iter().map(|x| x.to_bits() as i32).collect()),
+            };
+            if elem != given || values.len() != len {
+                return run_err(format!("sequence argument {i} is {ty}; given {} {given} values", values.len()));
             }
-            host.push(inputs[i].iter().map(|&x| x as i32).collect());
+            host.push(values);
         } else {
             host.push(vec![i32::MIN; len]);
         }
@@ -1006,7 +1080,7 @@ impl Machine {
         let base: usize =
             offs.iter().zip(&strides).enumerate().map(|(i, (o, s))| if i == 3 { *o } else { o * s }).sum();
         let dims: Vec<(usize, usize)> = sizes.iter().copied().zip(strides.iter().copied()).collect();
-        let elem_bytes = if parse_memref(&seq.args[arg].1).is_some_and(|(_, e)| e == "i32") { 4 } else { 1 };
+        let elem_bytes = parse_memref(&seq.args[arg].1).and_then(|(_, e)| elem_bytes(&e)).unwrap_or(1);
         crate::design::check_pattern(device.shim_dma(), elem_bytes, &dims, true)
             .or_else(|e| run_err(format!("runtime DMA on @{fifo} (line {}): {e}", op.line)))?;
         let into_array = f.producer.1 == Device::SHIM_ROW;
@@ -1068,8 +1142,16 @@ impl Machine {
 
     /// Runs one core's body; returns its calls of each function.
     fn run_core(&mut self, tile: (usize, usize), op: &Op) -> Result<BTreeMap<String, u64>, InterpError> {
-        let mut st = CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, calls: BTreeMap::new() };
+        let mut st =
+            CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, calls: BTreeMap::new(), locals: vec![] };
         let mut env = HashMap::new();
+        let mut own: Vec<(&String, &BufferInfo)> = self.buffers.iter().filter(|(_, b)| b.tile == tile).collect();
+        own.sort_by_key(|(name, _)| name.as_str());
+        for (name, b) in own {
+            // Uninitialised memory, as an acquired element's: a kernel that reads before writing shows.
+            st.locals.push(vec![0x5a5a_5a5a; b.elems]);
+            env.insert(name.clone(), Val::Local(st.locals.len() - 1));
+        }
         self.exec_block(&mut st, &op.regions[0], &mut env)?;
         if st.held.iter().any(|h| !h.is_empty()) {
             return run_err(format!("core {tile:?} ends holding FIFO elements"));

@@ -45,6 +45,28 @@ pub enum Stmt {
     Bin { res: String, op: &'static str, a: String, b: String, ty: &'static str },
     /// `scf.for iv = lb to ub step step`, with at most one value carried across iterations.
     For { iv: String, lb: String, ub: String, step: String, carried: Option<Carried>, body: Vec<Stmt> },
+    /// `res = arith.constant <bits> : f32`, the value spelled by its bits so it is exact.
+    FConst { res: String, bits: u32 },
+    /// `res = <op> a : ty` of one operand: `math.absf`, `math.roundeven`.
+    Un { res: String, op: &'static str, a: String, ty: &'static str },
+    /// `res = arith.<op> src : from to to`: `sitofp`, `fptosi`, `extui`, `bitcast`.
+    Cast { res: String, op: &'static str, src: String, from: &'static str, to: &'static str },
+    /// `res = arith.cmpf pred, a, b` (`float`) or `arith.cmpi`, an `i1`.
+    Cmp { res: String, float: bool, pred: &'static str, a: String, b: String, ty: &'static str },
+    /// `res = arith.select cond, a, b : ty`.
+    Select { res: String, cond: String, a: String, b: String, ty: &'static str },
+}
+
+/// `arith.cmpf`'s predicates in the order of their enum values.
+pub const CMPF_PREDICATES: [&str; 16] =
+    ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord", "ueq", "ugt", "uge", "ult", "ule", "une", "uno", "true"];
+
+/// `arith.cmpi`'s predicates in the order of their enum values.
+pub const CMPI_PREDICATES: [&str; 10] = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"];
+
+fn predicate_value(float: bool, pred: &str) -> usize {
+    let list: &[&str] = if float { &CMPF_PREDICATES } else { &CMPI_PREDICATES };
+    list.iter().position(|p| *p == pred).expect("a predicate of the list")
 }
 
 /// A value an `scf.for` carries: `arg` starts as `init`, each iteration yields `yielded` into it,
@@ -68,7 +90,7 @@ pub struct Function {
     pub body: Option<Vec<Stmt>>,
 }
 
-fn memref(shape: &[usize], elem: &str) -> String {
+pub(crate) fn memref(shape: &[usize], elem: &str) -> String {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     format!("memref<{}x{elem}>", dims.join("x"))
 }
@@ -85,17 +107,17 @@ pub fn tile_types(device: Device, mkn: (usize, usize, usize)) -> [String; 3] {
     [memref(&a, "i8"), memref(&b, "i8"), memref(&c, "i32")]
 }
 
-fn v(name: &str) -> String {
+pub(crate) fn v(name: &str) -> String {
     format!("%{name}")
 }
 
 /// An index constant's name; [`index_consts`] defines one per value.
-fn idx(value: usize) -> String {
+pub(crate) fn idx(value: usize) -> String {
     format!("%idx{value}")
 }
 
 /// One `arith.constant` per distinct index value, named by [`idx`].
-fn index_consts(values: &[usize]) -> Vec<Stmt> {
+pub(crate) fn index_consts(values: &[usize]) -> Vec<Stmt> {
     let mut seen: Vec<usize> = values.to_vec();
     seen.sort_unstable();
     seen.dedup();
@@ -103,12 +125,12 @@ fn index_consts(values: &[usize]) -> Vec<Stmt> {
 }
 
 /// `for iv in 0..ub { body }`.
-fn count(iv: &str, ub: usize, body: Vec<Stmt>) -> Stmt {
+pub(crate) fn count(iv: &str, ub: usize, body: Vec<Stmt>) -> Stmt {
     Stmt::For { iv: v(iv), lb: idx(0), ub: idx(ub), step: idx(1), carried: None, body }
 }
 
 /// Nested loops `for ivs[0] in 0..ubs[0] { for ivs[1] ... { body } }`.
-fn nest(loops: &[(&str, usize)], body: Vec<Stmt>) -> Vec<Stmt> {
+pub(crate) fn nest(loops: &[(&str, usize)], body: Vec<Stmt>) -> Vec<Stmt> {
     loops.iter().rev().fold(body, |inner, &(iv, ub)| vec![count(iv, ub, inner)])
 }
 
@@ -296,9 +318,16 @@ pub fn gemv_zero_i32(rkn: (usize, usize, usize)) -> Function {
 /// output element one dot product of an activation row and a weight row, the reduction carried
 /// in a register.
 pub fn gemv_i8_i32(device: Device, rkn: (usize, usize, usize)) -> Function {
+    gemv_i8_i32_rows(device, rkn, rkn.2)
+}
+
+/// [`gemv_i8_i32`] on a weight element of `w_rows` ≥ `n` rows, its first `n` the tile's weights
+/// (the rest carry what the epilogue reads, see [`crate::qgemv`]).
+pub fn gemv_i8_i32_rows(device: Device, rkn: (usize, usize, usize), w_rows: usize) -> Function {
     let (rows, k, n) = rkn;
     let (r, s, t) = device.micro_tile();
-    let [a_ty, w_ty, c_ty] = gemv_types(rkn);
+    let [a_ty, _, c_ty] = gemv_types(rkn);
+    let w_ty = memref(&[w_rows, k], "i8");
     let params = vec![(v("a"), a_ty.clone()), (v("w"), w_ty.clone()), (v("c"), c_ty.clone())];
     if !rows.is_multiple_of(r) || !k.is_multiple_of(s) || !n.is_multiple_of(t) {
         let mut body = index_consts(&[0, 1, rows, k, n]);
@@ -450,7 +479,57 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
                 let _ = writeln!(o, "{sp}{res} = \"arith.{op}\"({a}, {b}) : ({ty}, {ty}) -> {ty}");
             }
             Stmt::For { iv, lb, ub, step, carried, body } => generic_for(o, (iv, lb, ub, step), carried, body, pad),
+            other => generic_scalar(o, other, &sp),
         }
+    }
+}
+
+/// The scalar float, cast, compare and select statements in generic form.
+fn generic_scalar(o: &mut String, s: &Stmt, sp: &str) {
+    match s {
+        Stmt::FConst { res, bits } => {
+            let _ = writeln!(o, "{sp}{res} = \"arith.constant\"() {{value = {bits:#010X} : f32}} : () -> f32");
+        }
+        Stmt::Un { res, op, a, ty } => {
+            let _ = writeln!(o, "{sp}{res} = \"{op}\"({a}) : ({ty}) -> {ty}");
+        }
+        Stmt::Cast { res, op, src, from, to } => {
+            let _ = writeln!(o, "{sp}{res} = \"arith.{op}\"({src}) : ({from}) -> {to}");
+        }
+        Stmt::Cmp { res, float, pred, a, b, ty } => {
+            let (name, value) = (if *float { "cmpf" } else { "cmpi" }, predicate_value(*float, pred));
+            let _ = writeln!(
+                o,
+                "{sp}{res} = \"arith.{name}\"({a}, {b}) {{predicate = {value} : i64}} : ({ty}, {ty}) -> i1"
+            );
+        }
+        Stmt::Select { res, cond, a, b, ty } => {
+            let _ = writeln!(o, "{sp}{res} = \"arith.select\"({cond}, {a}, {b}) : (i1, {ty}, {ty}) -> {ty}");
+        }
+        _ => unreachable!("printed by generic_stmts"),
+    }
+}
+
+/// The scalar float, cast, compare and select statements in custom form.
+fn pretty_scalar(o: &mut String, s: &Stmt, sp: &str) {
+    match s {
+        Stmt::FConst { res, bits } => {
+            let _ = writeln!(o, "{sp}{res} = arith.constant {bits:#010X} : f32");
+        }
+        Stmt::Un { res, op, a, ty } => {
+            let _ = writeln!(o, "{sp}{res} = {op} {a} : {ty}");
+        }
+        Stmt::Cast { res, op, src, from, to } => {
+            let _ = writeln!(o, "{sp}{res} = arith.{op} {src} : {from} to {to}");
+        }
+        Stmt::Cmp { res, float, pred, a, b, ty } => {
+            let name = if *float { "cmpf" } else { "cmpi" };
+            let _ = writeln!(o, "{sp}{res} = arith.{name} {pred}, {a}, {b} : {ty}");
+        }
+        Stmt::Select { res, cond, a, b, ty } => {
+            let _ = writeln!(o, "{sp}{res} = arith.select {cond}, {a}, {b} : {ty}");
+        }
+        _ => unreachable!("printed by pretty_stmts"),
     }
 }
 
@@ -537,6 +616,7 @@ fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
                 pretty_stmts(o, body, pad + 2);
                 let _ = writeln!(o, "{sp}  scf.yield {} : {}\n{sp}}}", c.yielded, c.ty);
             }
+            other => pretty_scalar(o, other, &sp),
         }
     }
 }

@@ -10,7 +10,10 @@
 //! - [`design`]: the design of a tiling and its generic and pretty texts.
 //! - [`gemv`]: GEMV designs for decode: weights streamed over every shim channel, activation rows
 //!   resident in every core.
-//! - [`kernels`]: the cores' code, MLIR functions every design carries.
+//! - [`qgemv`]: GEMV designs that take f32 rows and return f32 outputs, their cores quantising
+//!   the rows (`QuantizeRows{passes}`) and dequantising the products (the `QGemm` epilogue).
+//! - [`kernels`]: the cores' code, MLIR functions every design carries; [`qkernels`] the
+//!   quantisation and epilogue functions, f32 operation for operation as the program defines them.
 //! - [`rules`]: mlir-aie's object FIFO, link and DMA descriptor rules and the tiles' resources,
 //!   checked on a design ([`design::check`]) so what mlir-aie would refuse fails without it.
 //! - [`interp`]: parses a design's generic text and executes it int32-exactly.
@@ -32,6 +35,8 @@ pub mod interp;
 pub mod kernels;
 pub mod mlir;
 pub mod plan;
+pub mod qgemv;
+pub mod qkernels;
 pub mod quant;
 pub mod rules;
 pub mod tiling;

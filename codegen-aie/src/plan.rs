@@ -286,6 +286,7 @@ fn design_entry(d: &Design) -> PlanDesign {
         kind: match d.kind {
             design::Kind::Gemm => xdna::DesignKind::Gemm,
             design::Kind::Gemv => xdna::DesignKind::Gemv,
+            design::Kind::QGemv { .. } => xdna::DesignKind::Qgemv,
         },
         array_columns: d.tiling.cols,
         tiling: tiling_entry(&d.tiling),

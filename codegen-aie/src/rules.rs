@@ -473,6 +473,12 @@ struct TileUse {
 /// needing more descriptors than it reaches.
 fn tile_use(d: &Design, t: Tile) -> Result<TileUse, ResourceError> {
     let mut u = TileUse::default();
+    for b in d.buffers.iter().filter(|b| b.tile == t) {
+        u.bytes += b.bytes();
+        if b.bytes() > u.largest.0 {
+            u.largest = (b.bytes(), b.name.clone());
+        }
+    }
     for f in d.fifos.iter().filter(|f| f.producer == t || f.consumers.contains(&t)) {
         let bytes = |f: &Fifo| f.depth * f.elems() * f.elem.bytes();
         let buffer = f.elems() * f.elem.bytes();

@@ -1,9 +1,14 @@
 //! The functions a design defines for its cores, executed from their generic text: each body is
 //! compiled once into a tree of instructions over numbered registers (SSA values as i64, wrapped
-//! to their integer width after every operation) and the call's memrefs (flat element buffers,
-//! row-major). The operations are the ones a core's code needs — `arith.constant`,
-//! `arith.extsi`, `arith.addi`, `arith.subi`, `arith.muli`, `memref.load`, `memref.store`,
-//! `scf.for` (with carried values), `scf.yield`, `func.return`, and for its vector form 2-D
+//! to their integer width after every operation; an f32 as its bits) and the call's memrefs (flat
+//! element buffers, row-major). The operations are the ones a core's code needs — `arith.constant`,
+//! `arith.extsi`, `arith.extui`, `arith.addi`, `arith.subi`, `arith.muli`, `arith.shli`,
+//! `arith.ori`, `arith.andi`, `arith.divui`, `arith.remui`, `arith.cmpi`, `arith.select`, the f32
+//! `arith.addf`, `subf`, `mulf`, `divf`, `maxnumf`, `minnumf`, `cmpf`, `sitofp`, `fptosi`,
+//! `bitcast`, `math.absf` and `math.roundeven` (IEEE single precision rounded to nearest even, as
+//! Rust's `f32`; an `fptosi` of NaN or out of range, poison in MLIR, is an error),
+//! `memref.load`, `memref.store`, `scf.for` (with carried values), `scf.yield`, `func.return`, and
+//! for its vector form 2-D
 //! `vector.transfer_read` / `vector.transfer_write` (in bounds, over a memref's two innermost
 //! dimensions), `arith.extsi` of vectors and `vector.contract` with the matmul maps (a vector is a
 //! run of registers, row-major) — and anything else is an error naming the operation, the
@@ -24,7 +29,7 @@ pub struct MemType {
 impl MemType {
     fn parse(ty: &str) -> Option<MemType> {
         let (shape, elem) = parse_memref(ty)?;
-        let bits = int_bits(&elem)?;
+        let bits = elem_bits(&elem)?;
         let mut strides = vec![1; shape.len()];
         for i in (0..shape.len().saturating_sub(1)).rev() {
             strides[i] = strides[i + 1] * shape[i + 1];
@@ -45,6 +50,25 @@ fn int_bits(ty: &str) -> Option<u32> {
     }
 }
 
+/// Bits of a scalar a register or a memref element holds: an integer's, or `f32`'s 32 (its bit
+/// pattern, which the float operations read and write).
+fn elem_bits(ty: &str) -> Option<u32> {
+    match ty.trim() {
+        "f32" => Some(32),
+        t => int_bits(t),
+    }
+}
+
+/// A register's f32 value (its low 32 bits).
+fn f32_of(x: i64) -> f32 {
+    f32::from_bits(x as u32)
+}
+
+/// An f32's register value: its bits, sign-extended as every 32-bit value is.
+fn reg_of(x: f32) -> i64 {
+    x.to_bits() as i32 as i64
+}
+
 /// `x` wrapped to a signed integer of `bits`.
 fn wrap(x: i64, bits: u32) -> i64 {
     if bits >= 64 {
@@ -63,6 +87,41 @@ enum BinOp {
     Add,
     Sub,
     Mul,
+    Shl,
+    Or,
+    And,
+}
+
+/// `arith.divui` / `arith.remui`: unsigned, and an error on a zero divisor.
+#[derive(Debug, Clone, Copy)]
+enum DivOp {
+    Div,
+    Rem,
+}
+
+/// The f32 operations, IEEE-754 single precision with round-to-nearest-even, as Rust's `f32`
+/// computes them; `maxnumf` / `minnumf` return the operand that is not NaN.
+#[derive(Debug, Clone, Copy)]
+enum FOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    MaxNum,
+    MinNum,
+    Abs,
+    RoundEven,
+}
+
+/// The casts: `sitofp` (signed integer of `bits` to f32, rounded to nearest even), `fptosi` (f32
+/// to a signed integer of `bits`, toward zero; a NaN or a value outside the type is poison in
+/// MLIR and an error here), `extui` (zero-extension of `bits`), `bitcast` (the bits unchanged).
+#[derive(Debug, Clone, Copy)]
+enum CastOp {
+    SiToFp,
+    FpToSi,
+    ExtUi,
+    Bitcast,
 }
 
 #[derive(Debug)]
@@ -113,6 +172,44 @@ enum Instr {
         rows: usize,
         cols: usize,
         line: usize,
+    },
+    Div {
+        dst: usize,
+        op: DivOp,
+        a: usize,
+        b: usize,
+        bits: u32,
+        line: usize,
+    },
+    /// A float operation of one (`b` unused) or two operands.
+    Float {
+        dst: usize,
+        op: FOp,
+        a: usize,
+        b: usize,
+    },
+    Cast {
+        dst: usize,
+        op: CastOp,
+        src: usize,
+        /// The source's bits (`sitofp`, `extui`) or the result's (`fptosi`).
+        bits: u32,
+        line: usize,
+    },
+    /// `arith.cmpf` (`float`) or `arith.cmpi` with the predicate's enum value, on `bits`.
+    Cmp {
+        dst: usize,
+        float: bool,
+        pred: u8,
+        a: usize,
+        b: usize,
+        bits: u32,
+    },
+    Select {
+        dst: usize,
+        cond: usize,
+        a: usize,
+        b: usize,
     },
     /// `len` registers copied (a vector's `arith.extsi`).
     CopyN {
@@ -285,7 +382,7 @@ impl Compiler<'_> {
     }
 
     fn result_bits(&self, op: &Op) -> Result<u32, InterpError> {
-        int_bits(result_type(op)).ok_or_else(|| InterpError::Parse {
+        elem_bits(result_type(op)).ok_or_else(|| InterpError::Parse {
             line: op.line,
             msg: format!("@{}: {} of type {}, not an integer", self.func, op.name, op.ty),
         })
@@ -312,10 +409,16 @@ impl Compiler<'_> {
     }
 
     fn instr(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        if let Some(i) = self.scalar(op)? {
+            return Ok(i);
+        }
         let arith = match op.name.as_str() {
             "arith.addi" => Some(BinOp::Add),
             "arith.subi" => Some(BinOp::Sub),
             "arith.muli" => Some(BinOp::Mul),
+            "arith.shli" => Some(BinOp::Shl),
+            "arith.ori" => Some(BinOp::Or),
+            "arith.andi" => Some(BinOp::And),
             _ => None,
         };
         if let Some(bop) = arith {
@@ -328,6 +431,10 @@ impl Compiler<'_> {
             return Ok(Instr::Bin { dst, op: bop, a, b, bits });
         }
         match op.name.as_str() {
+            "arith.constant" if result_type(op) == "f32" => {
+                let value = float_constant(op)?;
+                Ok(Instr::Const { dst: self.define(self.result(op)?, 32), value })
+            }
             "arith.constant" => {
                 let bits = self.result_bits(op)?;
                 let value = wrap(op.int("value")?, bits);
@@ -449,6 +556,91 @@ impl Compiler<'_> {
         Ok(Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits, bt })
     }
 
+    /// The operands' registers of an operation taking `n` scalars.
+    fn operands<const N: usize>(&self, op: &Op) -> Result<[(usize, u32); N], InterpError> {
+        let Ok(names) = <&[String; N]>::try_from(op.operands.as_slice()) else {
+            return perr(op.line, format!("@{}: {} takes {N} operand(s)", self.func, op.name));
+        };
+        let mut regs = [(0, 0); N];
+        for (r, name) in regs.iter_mut().zip(names) {
+            *r = self.reg(op, name)?;
+        }
+        Ok(regs)
+    }
+
+    /// The scalar float, division, cast, compare and select operations; `None` for any other.
+    fn scalar(&mut self, op: &Op) -> Result<Option<Instr>, InterpError> {
+        let float = |f| match op.name.as_str() {
+            "arith.addf" => Some(FOp::Add),
+            "arith.subf" => Some(FOp::Sub),
+            "arith.mulf" => Some(FOp::Mul),
+            "arith.divf" => Some(FOp::Div),
+            "arith.maxnumf" => Some(FOp::MaxNum),
+            "arith.minnumf" => Some(FOp::MinNum),
+            "math.absf" if f => Some(FOp::Abs),
+            "math.roundeven" if f => Some(FOp::RoundEven),
+            _ => None,
+        };
+        if let Some(fop) = float(true) {
+            if result_type(op) != "f32" {
+                return perr(op.line, format!("@{}: {} of {}, not f32", self.func, op.name, op.ty));
+            }
+            let (a, b) = match fop {
+                FOp::Abs | FOp::RoundEven => (self.operands::<1>(op)?[0].0, 0),
+                _ => {
+                    let [a, b] = self.operands::<2>(op)?;
+                    (a.0, b.0)
+                }
+            };
+            return Ok(Some(Instr::Float { dst: self.define(self.result(op)?, 32), op: fop, a, b }));
+        }
+        let instr = match op.name.as_str() {
+            "arith.divui" | "arith.remui" => {
+                let [(a, _), (b, _)] = self.operands::<2>(op)?;
+                let divop = if op.name == "arith.divui" { DivOp::Div } else { DivOp::Rem };
+                let bits = self.result_bits(op)?;
+                Instr::Div { dst: self.define(self.result(op)?, bits), op: divop, a, b, bits, line: op.line }
+            }
+            "arith.sitofp" | "arith.fptosi" | "arith.extui" | "arith.bitcast" => self.cast(op)?,
+            "arith.cmpf" | "arith.cmpi" => {
+                let [(a, bits), (b, _)] = self.operands::<2>(op)?;
+                let float = op.name == "arith.cmpf";
+                let limit = if float { 15 } else { 9 };
+                let pred = op.int("predicate")?;
+                if !(0..=limit).contains(&pred) {
+                    return perr(op.line, format!("@{}: {} predicate {pred}", self.func, op.name));
+                }
+                Instr::Cmp { dst: self.define(self.result(op)?, 1), float, pred: pred as u8, a, b, bits }
+            }
+            "arith.select" => {
+                let [(cond, _), (a, _), (b, bits)] = self.operands::<3>(op)?;
+                Instr::Select { dst: self.define(self.result(op)?, bits), cond, a, b }
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(instr))
+    }
+
+    fn cast(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let [(src, from)] = self.operands::<1>(op)?;
+        let to = self.result_bits(op)?;
+        let (cast, bits) = match op.name.as_str() {
+            "arith.sitofp" => (CastOp::SiToFp, from),
+            "arith.fptosi" => (CastOp::FpToSi, to),
+            "arith.extui" => (CastOp::ExtUi, from),
+            _ => (CastOp::Bitcast, to),
+        };
+        let float_side = match cast {
+            CastOp::SiToFp => result_type(op) == "f32",
+            CastOp::FpToSi => op.ty.contains("(f32)"),
+            CastOp::ExtUi | CastOp::Bitcast => true,
+        };
+        if !float_side || (matches!(cast, CastOp::Bitcast) && from != to) {
+            return perr(op.line, format!("@{}: {} of type {}", self.func, op.name, op.ty));
+        }
+        Ok(Instr::Cast { dst: self.define(self.result(op)?, to), op: cast, src, bits, line: op.line })
+    }
+
     fn for_loop(&mut self, op: &Op) -> Result<Instr, InterpError> {
         if op.operands.len() < 3 || op.regions.len() != 1 {
             return perr(op.line, format!("@{}: scf.for needs bounds, a step and a body", self.func));
@@ -477,7 +669,7 @@ impl Compiler<'_> {
         let iv = self.define(&body.args[0].0, 64);
         let mut carried = vec![];
         for ((name, ty), init) in body.args[1..].iter().zip(&op.operands[3..]) {
-            let (inits, args) = match int_bits(ty) {
+            let (inits, args) = match elem_bits(ty) {
                 Some(bits) => (vec![self.reg(op, init)?.0], vec![self.define(name, bits)]),
                 None => {
                     let inits = self.regs(op, init)?;
@@ -510,7 +702,7 @@ impl Compiler<'_> {
                     };
                     results.extend(first..first + rows * cols);
                 }
-                _ => results.push(self.define(r, int_bits(ty).unwrap_or(64))),
+                _ => results.push(self.define(r, elem_bits(ty).unwrap_or(64))),
             }
         }
         let l = Loop { bounds, iv, carried, body: code, yielded, results, line: op.line };
@@ -521,12 +713,33 @@ impl Compiler<'_> {
     }
 }
 
+/// An f32 `arith.constant`'s value as its register holds it: `value = 0x3F800000 : f32` (the
+/// bits) or a decimal literal.
+fn float_constant(op: &Op) -> Result<i64, InterpError> {
+    let v = op.need("value")?;
+    let lit = v.split(':').next().unwrap_or("").trim();
+    let value = match lit.strip_prefix("0x").or_else(|| lit.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok().map(f32::from_bits),
+        None => lit.parse::<f32>().ok(),
+    };
+    value.map(reg_of).ok_or_else(|| InterpError::Parse {
+        line: op.line,
+        msg: format!("arith.constant: `value` = {v} is not an f32"),
+    })
+}
+
 /// The register an instruction defines.
 fn defined(i: &Instr) -> Option<usize> {
     match i {
-        Instr::Const { dst, .. } | Instr::Copy { dst, .. } | Instr::Bin { dst, .. } | Instr::Load { dst, .. } => {
-            Some(*dst)
-        }
+        Instr::Const { dst, .. }
+        | Instr::Copy { dst, .. }
+        | Instr::Bin { dst, .. }
+        | Instr::Load { dst, .. }
+        | Instr::Div { dst, .. }
+        | Instr::Float { dst, .. }
+        | Instr::Cast { dst, .. }
+        | Instr::Cmp { dst, .. }
+        | Instr::Select { dst, .. } => Some(*dst),
         _ => None,
     }
 }
@@ -638,8 +851,25 @@ impl Run<'_> {
                         BinOp::Add => x.wrapping_add(y),
                         BinOp::Sub => x.wrapping_sub(y),
                         BinOp::Mul => x.wrapping_mul(y),
+                        BinOp::Shl => x.wrapping_shl(y as u32 & 63),
+                        BinOp::Or => x | y,
+                        BinOp::And => x & y,
                     };
                     self.regs[*dst] = wrap(v, *bits);
+                }
+                Instr::Div { dst, op, a, b, bits, line } => {
+                    self.regs[*dst] = self.divide(*op, (self.regs[*a], self.regs[*b]), *bits, *line)?;
+                }
+                Instr::Float { dst, op, a, b } => self.regs[*dst] = float(*op, self.regs[*a], self.regs[*b]),
+                Instr::Cast { dst, op, src, bits, line } => {
+                    self.regs[*dst] = self.cast(*op, self.regs[*src], *bits, *line)?;
+                }
+                Instr::Cmp { dst, float, pred, a, b, bits } => {
+                    let (x, y) = (self.regs[*a], self.regs[*b]);
+                    self.regs[*dst] = i64::from(if *float { cmpf(*pred, x, y) } else { cmpi(*pred, x, y, *bits) });
+                }
+                Instr::Select { dst, cond, a, b } => {
+                    self.regs[*dst] = if self.regs[*cond] & 1 != 0 { self.regs[*a] } else { self.regs[*b] };
                 }
                 Instr::Load { dst, mem, idx, line } => {
                     let at = self.offset(*mem, idx, *line)?;
@@ -685,6 +915,34 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `divui` / `remui` of two `bits`-wide values read as unsigned; a zero divisor is an error.
+    fn divide(&self, op: DivOp, (x, y): (i64, i64), bits: u32, line: usize) -> Result<i64, InterpError> {
+        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let (x, y) = (x as u64 & mask, y as u64 & mask);
+        if y == 0 {
+            return Err(InterpError::Run(format!("@{} line {line}: division by zero", self.func.name)));
+        }
+        Ok(wrap(if matches!(op, DivOp::Div) { x / y } else { x % y } as i64, bits))
+    }
+
+    /// A cast (see [`CastOp`]); `fptosi` of a NaN or of a value outside its type is an error.
+    fn cast(&self, op: CastOp, x: i64, bits: u32, line: usize) -> Result<i64, InterpError> {
+        Ok(match op {
+            CastOp::SiToFp => reg_of(wrap(x, bits) as f32),
+            CastOp::ExtUi => (x as u64 & ((1u64 << bits.min(63)) - 1)) as i64,
+            CastOp::Bitcast => wrap(x, bits),
+            CastOp::FpToSi => {
+                let f = f32_of(x).trunc();
+                let limit = 2f64.powi(bits as i32 - 1);
+                if f.is_nan() || f64::from(f) >= limit || f64::from(f) < -limit {
+                    let what = format!("fptosi of {} to i{bits} is poison", f32_of(x));
+                    return Err(InterpError::Run(format!("@{} line {line}: {what}", self.func.name)));
+                }
+                f as i64
+            }
+        })
     }
 
     /// A 2-D block's flat offset and the stride between its rows, every index and the block's
@@ -816,5 +1074,67 @@ impl Run<'_> {
             self.regs[res] = self.regs[arg];
         }
         Ok(())
+    }
+}
+
+/// A float operation on registers (see [`FOp`]).
+fn float(op: FOp, a: i64, b: i64) -> i64 {
+    let (x, y) = (f32_of(a), f32_of(b));
+    reg_of(match op {
+        FOp::Add => x + y,
+        FOp::Sub => x - y,
+        FOp::Mul => x * y,
+        FOp::Div => x / y,
+        FOp::MaxNum => x.max(y),
+        FOp::MinNum => x.min(y),
+        FOp::Abs => x.abs(),
+        FOp::RoundEven => x.round_ties_even(),
+    })
+}
+
+/// `arith.cmpf` with the predicate's enum value ([`crate::kernels::CMPF_PREDICATES`]): ordered
+/// predicates are false and unordered ones true when an operand is NaN.
+fn cmpf(pred: u8, a: i64, b: i64) -> bool {
+    let (x, y) = (f32_of(a), f32_of(b));
+    let unordered = x.is_nan() || y.is_nan();
+    let ordered = |c: bool| !unordered && c;
+    let or_unordered = |c: bool| unordered || c;
+    match pred {
+        0 => false,
+        1 => ordered(x == y),
+        2 => ordered(x > y),
+        3 => ordered(x >= y),
+        4 => ordered(x < y),
+        5 => ordered(x <= y),
+        6 => ordered(x != y),
+        7 => !unordered,
+        8 => or_unordered(x == y),
+        9 => or_unordered(x > y),
+        10 => or_unordered(x >= y),
+        11 => or_unordered(x < y),
+        12 => or_unordered(x <= y),
+        13 => or_unordered(x != y),
+        14 => unordered,
+        _ => true,
+    }
+}
+
+/// `arith.cmpi` with the predicate's enum value ([`crate::kernels::CMPI_PREDICATES`]) on values
+/// of `bits`, the unsigned predicates reading them unsigned.
+fn cmpi(pred: u8, a: i64, b: i64, bits: u32) -> bool {
+    let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let (ua, ub) = (a as u64 & mask, b as u64 & mask);
+    let (sa, sb) = (wrap(a, bits), wrap(b, bits));
+    match pred {
+        0 => sa == sb,
+        1 => sa != sb,
+        2 => sa < sb,
+        3 => sa <= sb,
+        4 => sa > sb,
+        5 => sa >= sb,
+        6 => ua < ub,
+        7 => ua <= ub,
+        8 => ua > ub,
+        _ => ua >= ub,
     }
 }

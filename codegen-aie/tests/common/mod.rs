@@ -60,6 +60,7 @@ pub fn b_operand(d: &Design, w: &[i8]) -> Vec<i8> {
     match d.kind {
         Kind::Gemm => pad(w, (s.k, s.n), (p.k, p.n)),
         Kind::Gemv => transpose_padded(w, (s.k, s.n), (p.k, p.n)),
+        Kind::QGemv { .. } => panic!("{}: a qgemv design's operand is qgemv::pack's", d.name),
     }
 }
 
@@ -74,6 +75,7 @@ fn expected_calls(d: &Design) -> (usize, usize, usize) {
             let cores = gemv::streams(t.device);
             (cores * tiles, parts, cores)
         }
+        Kind::QGemv { .. } => panic!("{}: tests/qgemv.rs runs qgemv designs", d.name),
     }
 }
 
@@ -93,6 +95,7 @@ pub fn prove(d: &Design, seed: u64) {
     let (mul, zero) = match d.kind {
         Kind::Gemm => ("matmul_i8_i32", "zero_i32"),
         Kind::Gemv => ("gemv_i8_i32", "gemv_zero_i32"),
+        Kind::QGemv { .. } => panic!("{}: tests/qgemv.rs runs qgemv designs", d.name),
     };
     assert_eq!(stats.cores, cores, "{}", d.name);
     assert_eq!(stats.calls[mul] as usize, tiles * calls_per_tile, "{}", d.name);

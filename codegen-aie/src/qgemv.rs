@@ -1,0 +1,503 @@
+//! GEMV designs with their A8W8 prologue and epilogue on the cores: a block of f32 activation
+//! rows in, the f32 outputs of `QuantizeRows{passes}` → `QGemm{passes}` out, so the array takes
+//! what the host program holds between a norm and a projection and gives back what the next op
+//! reads — the step that lets a layer's projections run as one chain without the host between
+//! them.
+//!
+//! The layout is the GEMV designs' ([`crate::gemv`]): `X` (shim of column 0 → every core,
+//! broadcast) carries the rows, `W_<s>` each core its weight tiles, `C_L1L2_<s>` and `C_L2L3_<c>`
+//! the outputs, now f32, back through the columns' mem tiles. What changes is the cores:
+//!
+//! - Every core holds the whole activation row, so each quantises it itself — the same f32
+//!   operations on the same data give the same codes in every core, and no core waits for
+//!   another's maximum. The rows arrive `passes + 1` times, K part by K part, as `X` elements of
+//!   `[rows, k]` f32: the first time for each row's maximum `|x|`, the second for the codes (and,
+//!   with two passes, the residual's maximum), the third for the residual's codes. The codes stay
+//!   in the core's own buffers (`codes_<p>_<q>`, pass `p`, K part `q`) for every output tile.
+//! - Per output tile the core zeroes one int32 accumulator per pass, multiplies each K part's
+//!   weight element into them (the GEMV kernel, [`crate::kernels::gemv_i8_i32_rows`]), and while
+//!   it holds the last part's element turns them into the f32 tile with the scales that element
+//!   carries after its weights ([`crate::qkernels::meta_rows`]).
+//!
+//! The functions are [`crate::qkernels`]; the host packs the weight operand with [`pack`]. The
+//! tiling type is the GEMV designs' ([`Tiling`]): `shape` the logical `rows × K × N`, `padded`
+//! the host buffers (`padded.k = parts·k`, `padded.n = streams·tiles·n`), `k` one K part, `n` one
+//! core tile's columns.
+
+use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
+use crate::device::Device;
+use crate::gemv::{column_streams, core_tile, output_fifos_of, streams, SHIM_BURST_BYTES};
+use crate::kernels::{self, GEMV, GEMV_ZERO};
+use crate::qkernels::{self, Shape};
+use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
+use std::fmt::Write;
+
+/// Largest column tile a core computes at once.
+const MAX_TILE_COLS: usize = 256;
+
+/// Cycles a core spends on one activation element in one pass of the prologue, an assumption of
+/// the cost model: the scalar f32 operations of [`crate::qkernels`], the division done in
+/// software, about 20 operations.
+pub const PROLOGUE_CYCLES_PER_ELEMENT: u64 = 24;
+
+/// Cycles per output element of the epilogue (two conversions, three products, a sum).
+pub const EPILOGUE_CYCLES_PER_ELEMENT: u64 = 12;
+
+/// A qgemv tiling and its activation passes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QTiling {
+    pub tiling: Tiling,
+    pub passes: usize,
+}
+
+impl QTiling {
+    fn shape(&self) -> Shape {
+        let t = &self.tiling;
+        Shape { rows: t.m, k: t.k, n: t.n, passes: self.passes }
+    }
+
+    /// K parts and output tiles per core.
+    pub fn parts_and_tiles(&self) -> (usize, usize) {
+        let t = &self.tiling;
+        (t.padded.k / t.k, t.padded.n / (streams(t.device) * t.n))
+    }
+}
+
+/// K parts and the length of one, at least `min_parts`: each part's `rows × k` f32 element fits
+/// one memory bank, and `k` one shim descriptor dimension, a multiple of the micro-tile's `s`.
+/// More parts than the fewest shorten the weight elements, which must fit a bank with their
+/// epilogue data.
+fn k_parts(device: Device, rows: usize, k: usize, min_parts: usize) -> (usize, usize) {
+    let s = device.micro_tile().1;
+    let bank = device.core_data_bytes() / device.core_banks();
+    let max_part = (device.shim_dma().max_size.min(bank / (4 * rows)) / s) * s;
+    let parts = k.div_ceil(max_part).max(min_parts);
+    (parts, k.div_ceil(parts).div_ceil(s) * s)
+}
+
+/// Extra K parts [`choose`] tries beyond the fewest.
+const EXTRA_PARTS: usize = 3;
+
+/// Bytes of a core's data memory: one `X` element (the prologue's passes are short beside the
+/// weights' stream, so it is not double-buffered), two weight elements, two output tiles, the
+/// row state, the codes, the accumulators and the stack.
+fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
+    let (rows, k, n) = (sh.rows, sh.k, sh.n);
+    rows * k * 4
+        + 2 * sh.w_rows() * k
+        + 2 * rows * n * 4
+        + 4 * rows * 4
+        + sh.passes * parts * rows * k
+        + sh.passes * rows * n * 4
+        + device.core_stack_bytes()
+}
+
+/// The cost and memory of one candidate tile width, if it fits.
+fn evaluate(device: Device, shape: GemmShape, passes: usize, (n, min_parts): (usize, usize)) -> Option<Tiling> {
+    let (rows, (parts, k)) = (shape.m, k_parts(device, shape.m, shape.k, min_parts));
+    let sh = Shape { rows, k, n, passes };
+    let tiles = shape.n.div_ceil(streams(device) * n);
+    let bank = device.core_data_bytes() / device.core_banks();
+    let l1 = core_bytes(device, sh, parts);
+    if sh.w_rows() * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
+        return None;
+    }
+    let per_column = (0..device.columns()).map(|c| column_streams(device, c).len()).max().unwrap_or(1);
+    let bpc = device.stream_bytes_per_cycle() as u64;
+    let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
+    let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
+    let x_bytes = ((passes + 1) * parts * rows * k * 4) as u64;
+    let prologue = ((passes + 1) * parts * rows * k) as u64 * PROLOGUE_CYCLES_PER_ELEMENT;
+    let per_call = (rows * n * k / device.macs_per_cycle()) as u64 + KERNEL_CALL_OVERHEAD_CYCLES;
+    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT;
+    let compute_cycles = prologue + tiles as u64 * per_tile;
+    let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
+    let fill =
+        ((rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc) + ((per_column * rows * n * 4) as u64).div_ceil(bpc);
+    let total_cycles = compute_cycles.max(dma_cycles) + fill;
+    let padded = GemmShape { m: rows, k: parts * k, n: streams(device) * tiles * n };
+    let peak = (device.macs_per_cycle() * device.compute_rows() * device.columns()) as f64 * total_cycles as f64;
+    Some(Tiling {
+        device,
+        shape,
+        padded,
+        m: rows,
+        k,
+        n,
+        rows: per_column,
+        cols: device.columns(),
+        l1_bytes: l1,
+        l2_bytes: 2 * per_column * rows * n * 4,
+        compute_cycles,
+        dma_cycles,
+        total_cycles,
+        utilisation: (shape.m * shape.k * shape.n) as f64 / peak,
+    })
+}
+
+/// The fastest qgemv tiling of `shape` with `passes` (1 or 2) whose design passes every check:
+/// among tile widths that fit, the fewest predicted cycles, then the least padding.
+pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
+    if shape.m == 0 || shape.k == 0 || shape.n == 0 {
+        return Err(TilingError::Empty { shape });
+    }
+    let t = device.micro_tile().2;
+    let fewest = k_parts(device, shape.m, shape.k, 1).0;
+    let candidates = (t..=MAX_TILE_COLS).step_by(t).flat_map(|n| (fewest..=fewest + EXTRA_PARTS).map(move |p| (n, p)));
+    let mut fits: Vec<Tiling> = candidates.filter_map(|c| evaluate(device, shape, passes, c)).collect();
+    fits.dedup_by(|a, b| a.k == b.k && a.n == b.n);
+    fits.sort_by(|a, b| a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n)));
+    let mut first_reason = None;
+    for tiling in fits {
+        let q = QTiling { tiling, passes };
+        match crate::design::check(&build(&q)) {
+            Ok(()) => return Ok(q),
+            Err(e) => {
+                first_reason.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let reason = first_reason.unwrap_or_else(|| "no column tile fits a core's memory".into());
+    Err(TilingError::NothingFits { shape, device, reason })
+}
+
+/// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`.
+pub fn design_name(q: &QTiling) -> String {
+    format!("qgemv{}_{}_{}", q.passes, q.tiling.shape, q.tiling.device)
+}
+
+/// The design of a qgemv tiling.
+pub fn build(q: &QTiling) -> Design {
+    let t = &q.tiling;
+    let (parts, tiles) = q.parts_and_tiles();
+    let dev = t.device;
+    let sh = q.shape();
+    let mut fifos = vec![];
+    let mut links = vec![];
+    input_fifos(q, &mut fifos);
+    output_fifos_of(t, Elem::F32, &mut fifos, &mut links);
+    let mut calls: Vec<String> = qkernels::functions(sh).into_iter().map(|f| f.name).collect();
+    calls.extend([GEMV_ZERO.into(), GEMV.into()]);
+    let cores: Vec<Core> = (0..streams(dev))
+        .map(|s| Core {
+            tile: core_tile(dev, s),
+            a: "X".into(),
+            b: format!("W_{s}"),
+            c: format!("C_L1L2_{s}"),
+            tiles,
+            k_steps: parts,
+            calls: calls.clone(),
+        })
+        .collect();
+    let mut functions = qkernels::functions(sh);
+    functions.extend([
+        kernels::gemv_zero_i32((t.m, t.k, t.n)),
+        kernels::gemv_i8_i32_rows(dev, (t.m, t.k, t.n), sh.w_rows()),
+    ]);
+    let p = t.padded;
+    let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
+    Design {
+        kind: Kind::QGemv { passes: q.passes },
+        name: design_name(q),
+        tiling: t.clone(),
+        tiles: tiles_used(dev),
+        fifos,
+        links,
+        buffers: cores.iter().flat_map(|c| buffers(sh, parts, c.tile)).collect(),
+        functions,
+        cores,
+        args: vec![(p.m * p.k, Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)],
+        seq: runtime_sequence(q),
+    }
+}
+
+/// Each column's shim and mem tile, then the compute tiles of the weight streams.
+fn tiles_used(device: Device) -> Vec<(usize, usize)> {
+    let mut tiles = vec![];
+    for c in 0..device.columns() {
+        tiles.push((c, Device::SHIM_ROW));
+        tiles.push((c, Device::MEM_TILE_ROW));
+    }
+    tiles.extend((0..streams(device)).map(|s| core_tile(device, s)));
+    tiles
+}
+
+/// A core's own buffers: the row state, the codes of every pass and K part, an accumulator per
+/// pass.
+fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
+    let (c, r) = tile;
+    let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![4, sh.rows], elem: Elem::F32 }];
+    for p in 0..sh.passes {
+        for q in 0..parts {
+            b.push(Buffer { tile, name: format!("codes_{c}_{r}_{p}_{q}"), shape: vec![sh.rows, sh.k], elem: Elem::I8 });
+        }
+        b.push(Buffer { tile, name: format!("acc_{c}_{r}_{p}"), shape: vec![sh.rows, sh.n], elem: Elem::I32 });
+    }
+    b
+}
+
+/// `X`, broadcast from column 0's shim to every core, and each core's weight stream.
+fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
+    let t = &q.tiling;
+    let dev = t.device;
+    let cores: Vec<(usize, usize)> = (0..streams(dev)).map(|s| core_tile(dev, s)).collect();
+    fifos.push(Fifo {
+        name: "X".into(),
+        producer: (0, Device::SHIM_ROW),
+        consumers: cores.clone(),
+        depth: 1,
+        shape: vec![t.m, t.k],
+        elem: Elem::F32,
+        to_stream: vec![],
+    });
+    for (s, &core) in cores.iter().enumerate() {
+        fifos.push(Fifo {
+            name: format!("W_{s}"),
+            producer: (core.0, Device::SHIM_ROW),
+            consumers: vec![core],
+            depth: 2,
+            shape: vec![q.shape().w_rows(), t.k],
+            elem: Elem::I8,
+            to_stream: vec![],
+        });
+    }
+}
+
+/// The runtime sequence: per column its output readback, then `X` (column 0, `passes + 1`
+/// times) and each of its weight streams (one contiguous run of the packed operand per core);
+/// then a wait on each.
+fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
+    let t = &q.tiling;
+    let dev = t.device;
+    let (parts, tiles) = q.parts_and_tiles();
+    let (p, rows, k, n, w_rows) = (t.padded, t.m, t.k, t.n, q.shape().w_rows());
+    let per_core = tiles * parts * w_rows * k;
+    let mut seq = vec![];
+    let mut waits = vec![];
+    for c in 0..dev.columns() {
+        let column = column_streams(dev, c);
+        let first = column[0] * tiles * n;
+        let dma = |arg, offset, sizes, strides, id, fifo: String, issue_token| {
+            (SeqOp::Dma { arg, offset, sizes, strides, id, fifo: fifo.clone(), issue_token }, SeqOp::Wait { fifo })
+        };
+        let mut ops = vec![dma(
+            2,
+            first,
+            [tiles, column.len(), rows, n],
+            [n, tiles * n, p.n, 1],
+            0,
+            format!("C_L2L3_{c}"),
+            false,
+        )];
+        if c == 0 {
+            ops.push(dma(0, 0, [q.passes + 1, parts, rows, k], [0, k, p.k, 1], 1, "X".into(), true));
+        }
+        for &s in &column {
+            let id = ops.len();
+            let sizes = [tiles, parts, w_rows, k];
+            let strides = [parts * w_rows * k, w_rows * k, k, 1];
+            ops.push(dma(1, s * per_core, sizes, strides, id, format!("W_{s}"), true));
+        }
+        for (op, wait) in ops {
+            seq.push(op);
+            waits.push(wait);
+        }
+    }
+    seq.extend(waits);
+    seq
+}
+
+/// The weight operand of a qgemv call: for each core, tile and K part, the element the core's
+/// stream carries — `n` rows of `k` weight codes (output column `j`'s K part, the weight read as
+/// `w[kk][col]` from `[K, N]` row-major codes, zero past K and past the chunk), then the tile's
+/// epilogue data: its columns' scales and first-pass-only flags. `cols` columns from
+/// `col_offset` of the weight make the call's outputs.
+pub fn pack(
+    q: &QTiling,
+    (w, k_total, n_total): (&[i8], usize, usize),
+    (col_offset, cols): (usize, usize),
+    scales: &[f32],
+    first_only: &dyn Fn(usize) -> bool,
+) -> Vec<i8> {
+    let t = &q.tiling;
+    let (parts, tiles) = q.parts_and_tiles();
+    let sh = q.shape();
+    let (k, n, w_rows) = (t.k, t.n, sh.w_rows());
+    let mut out = vec![0i8; streams(t.device) * tiles * parts * w_rows * k];
+    for (e, elem) in out.chunks_mut(w_rows * k).enumerate() {
+        let (tile_index, part) = (e / parts, e % parts);
+        let first_col = tile_index * n;
+        let in_chunk = |j: usize| (first_col + j < cols).then_some(col_offset + first_col + j);
+        for j in 0..n {
+            let Some(col) = in_chunk(j) else { continue };
+            for l in 0..k {
+                let kk = part * k + l;
+                if kk < k_total {
+                    elem[j * k + l] = w[kk * n_total + col];
+                }
+            }
+        }
+        if part + 1 == parts {
+            let col_scales: Vec<f32> = (0..n).map(|j| in_chunk(j).map_or(0.0, |c| scales[c])).collect();
+            let flags: Vec<bool> = (0..n).map(|j| in_chunk(j).is_some_and(first_only)).collect();
+            let meta = qkernels::meta(q.passes, &col_scales, &flags);
+            elem[n * k..n * k + meta.len()].copy_from_slice(&meta);
+        }
+    }
+    out
+}
+
+/// One statement of a qgemv core's body, printed in both forms from this one structure.
+enum CoreOp {
+    /// `%res = acquire @fifo` of one element (`produce`: port 0) and its buffer as `%res_buf`.
+    Acquire {
+        res: String,
+        fifo: String,
+        produce: bool,
+        ty: String,
+    },
+    Release {
+        fifo: String,
+        produce: bool,
+    },
+    Call {
+        callee: String,
+        args: Vec<(String, String)>,
+    },
+    /// `for %tile in 0..%ctiles { body }`.
+    Tiles {
+        body: Vec<CoreOp>,
+    },
+}
+
+/// The ops of a qgemv core's body.
+fn core_ops(d: &Design, core: &Core, passes: usize) -> Vec<CoreOp> {
+    let t = &d.tiling;
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes };
+    let (c, r) = core.tile;
+    let rs = (format!("%rs_{c}_{r}"), sh.rs_ty());
+    let codes = |p: usize, q: usize| (format!("%codes_{c}_{r}_{p}_{q}"), sh.codes_ty());
+    let acc = |p: usize| (format!("%acc_{c}_{r}_{p}"), sh.acc_ty());
+    let call = |callee: &str, args: Vec<(String, String)>| CoreOp::Call { callee: callee.into(), args };
+    let mut ops = vec![call(qkernels::RESET, vec![rs.clone()])];
+    // Each pass over the rows acquires every K part of `X` once: `%x<stream>_<part>`.
+    let stream = |ops: &mut Vec<CoreOp>, i: usize, f: &dyn Fn(usize, (String, String)) -> CoreOp| {
+        for q in 0..core.k_steps {
+            let res = format!("%x{i}_{q}");
+            ops.push(CoreOp::Acquire { res: res.clone(), fifo: core.a.clone(), produce: false, ty: sh.x_ty() });
+            ops.push(f(q, (format!("{res}_buf"), sh.x_ty())));
+            ops.push(CoreOp::Release { fifo: core.a.clone(), produce: false });
+        }
+    };
+    stream(&mut ops, 0, &|_, x| call(qkernels::ABSMAX, vec![x, rs.clone()]));
+    ops.push(call(qkernels::SCALE[0], vec![rs.clone()]));
+    stream(&mut ops, 1, &|q, x| call(qkernels::CODES, vec![x, rs.clone(), codes(0, q)]));
+    if passes > 1 {
+        ops.push(call(qkernels::SCALE[1], vec![rs.clone()]));
+        stream(&mut ops, 2, &|q, x| call(qkernels::RESIDUAL, vec![x, rs.clone(), codes(0, q), codes(1, q)]));
+    }
+    let y = ("%y_buf".to_string(), sh.y_ty());
+    let mut body = vec![CoreOp::Acquire { res: "%y".into(), fifo: core.c.clone(), produce: true, ty: sh.y_ty() }];
+    body.extend((0..passes).map(|p| call(GEMV_ZERO, vec![acc(p)])));
+    for q in 0..core.k_steps {
+        let w = (format!("%w{q}_buf"), sh.w_ty());
+        body.push(CoreOp::Acquire { res: format!("%w{q}"), fifo: core.b.clone(), produce: false, ty: sh.w_ty() });
+        body.extend((0..passes).map(|p| call(GEMV, vec![codes(p, q), w.clone(), acc(p)])));
+        if q + 1 == core.k_steps {
+            let mut args: Vec<(String, String)> = (0..passes).map(acc).collect();
+            args.extend([rs.clone(), w.clone(), y.clone()]);
+            body.push(call(qkernels::DEQUANT, args));
+        }
+        body.push(CoreOp::Release { fifo: core.b.clone(), produce: false });
+    }
+    body.push(CoreOp::Release { fifo: core.c.clone(), produce: true });
+    ops.push(CoreOp::Tiles { body });
+    ops
+}
+
+fn passes_of(d: &Design) -> usize {
+    match d.kind {
+        Kind::QGemv { passes } => passes,
+        _ => 1,
+    }
+}
+
+/// A qgemv core's body in generic form.
+pub(crate) fn generic_core(d: &Design, core: &Core, o: &mut String) {
+    let (c, r) = core.tile;
+    let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
+    let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
+    let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
+    let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
+    generic_ops(&core_ops(d, core, passes_of(d)), o, 6);
+    let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
+    let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", d.tiling.device.core_stack_bytes());
+}
+
+fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
+    let sp = " ".repeat(pad);
+    for op in ops {
+        match op {
+            CoreOp::Acquire { res, fifo, produce, ty } => {
+                let port = if *produce { 0 } else { 1 };
+                let _ = writeln!(o, "{sp}{res} = \"aie.objectfifo.acquire\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = 1 : i32}} : () -> !aie.objectfifosubview<{ty}>");
+                let _ = writeln!(o, "{sp}{res}_buf = \"aie.objectfifo.subview.access\"({res}) {{index = 0 : i32}} : (!aie.objectfifosubview<{ty}>) -> {ty}");
+            }
+            CoreOp::Release { fifo, produce } => {
+                let port = if *produce { 0 } else { 1 };
+                let _ = writeln!(o, "{sp}\"aie.objectfifo.release\"() {{objFifo_name = @{fifo}, port = {port} : i32, size = 1 : i32}} : () -> ()");
+            }
+            CoreOp::Call { callee, args } => {
+                let (names, tys): (Vec<&str>, Vec<&str>) = args.iter().map(|(a, t)| (a.as_str(), t.as_str())).unzip();
+                let _ = writeln!(
+                    o,
+                    "{sp}\"func.call\"({}) {{callee = @{callee}}} : ({}) -> ()",
+                    names.join(", "),
+                    tys.join(", ")
+                );
+            }
+            CoreOp::Tiles { body } => {
+                let _ = writeln!(o, "{sp}\"scf.for\"(%c0, %ctiles, %c1) ({{\n{sp}^bb0(%tile: index):");
+                generic_ops(body, o, pad + 2);
+                let _ = writeln!(o, "{sp}  \"scf.yield\"() : () -> ()\n{sp}}}) : (index, index, index) -> ()");
+            }
+        }
+    }
+}
+
+/// A qgemv core's body in custom form.
+pub(crate) fn pretty_core(d: &Design, core: &Core, o: &mut String) {
+    let (c, r) = core.tile;
+    let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
+    let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
+    let _ = writeln!(o, "      %ctiles = arith.constant {} : index", core.tiles);
+    pretty_ops(&core_ops(d, core, passes_of(d)), o, 6);
+    let _ = writeln!(o, "      aie.end");
+    let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", d.tiling.device.core_stack_bytes());
+}
+
+fn pretty_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
+    let sp = " ".repeat(pad);
+    let port = |produce: bool| if produce { "Produce" } else { "Consume" };
+    for op in ops {
+        match op {
+            CoreOp::Acquire { res, fifo, produce, ty } => {
+                let sub = format!("!aie.objectfifosubview<{ty}>");
+                let _ = writeln!(o, "{sp}{res} = aie.objectfifo.acquire @{fifo}({}, 1) : {sub}", port(*produce));
+                let _ = writeln!(o, "{sp}{res}_buf = aie.objectfifo.subview.access {res}[0] : {sub} -> {ty}");
+            }
+            CoreOp::Release { fifo, produce } => {
+                let _ = writeln!(o, "{sp}aie.objectfifo.release @{fifo}({}, 1)", port(*produce));
+            }
+            CoreOp::Call { callee, args } => {
+                let (names, tys): (Vec<&str>, Vec<&str>) = args.iter().map(|(a, t)| (a.as_str(), t.as_str())).unzip();
+                let _ = writeln!(o, "{sp}func.call @{callee}({}) : ({}) -> ()", names.join(", "), tys.join(", "));
+            }
+            CoreOp::Tiles { body } => {
+                let _ = writeln!(o, "{sp}scf.for %tile = %c0 to %ctiles step %c1 {{");
+                pretty_ops(body, o, pad + 2);
+                let _ = writeln!(o, "{sp}}}");
+            }
+        }
+    }
+}

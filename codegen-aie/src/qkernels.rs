@@ -1,0 +1,395 @@
+//! The A8W8 prologue and epilogue as core code: the functions a [`crate::qgemv`] core calls to
+//! quantise its f32 activation rows to int8 itself and to turn its int32 accumulators back into
+//! f32 outputs, so the array takes and returns what the host program holds between projections.
+//!
+//! Each function computes, operation for operation, what the program's ops define
+//! (`ir::fused`): [`QuantizeRows`](ir::fused::quantize_rows) (`s = max|row| / 127`, 1 for a row
+//! of zeros or a non-finite maximum; `codes = round_half_even(x / s)` within ±127, NaN to 0),
+//! its residual pass (`r = x − code·s`, quantised the same way) and the `QGemm` epilogue
+//! (`acc·(sₐ·s_w)` in f32, the passes' products added in pass order, a column the weight marks
+//! first-pass-only keeping the first). Every step is one IEEE-754 f32 operation rounded to
+//! nearest even — a division, not a multiplication by a reciprocal; a product and a sum, never
+//! fused — so the core's f32 results equal the host's bit for bit, and the interpreter checks
+//! that they do.
+//!
+//! The state a core keeps per activation row is one buffer `rs` of `[4, rows]` f32: the first
+//! pass's running maximum and scale, then the residual pass's. The codes are the core's own
+//! `[rows, k]` int8 buffers, one per pass and K part, which the GEMV kernel reads as it reads a
+//! resident activation. A tile's weight element carries, after its `n` rows of weights, the
+//! epilogue's data ([`meta_rows`]): each column's f32 scale as four little-endian bytes, then
+//! with two passes one byte per column, 1 when the column takes the first pass's product only.
+//!
+//! The code is scalar: a row's maximum is a reduction the vectoriser does not take here, and the
+//! work is `passes + 1` operations per activation element against the GEMV's `n` per element.
+
+use crate::kernels::{count, idx, index_consts, memref, v, Carried, Function, Stmt};
+
+pub const RESET: &str = "q_reset";
+pub const ABSMAX: &str = "q_absmax";
+pub const SCALE: [&str; 2] = ["q_scale0", "q_scale1"];
+pub const CODES: &str = "q_codes";
+pub const RESIDUAL: &str = "q_residual";
+pub const DEQUANT: &str = "q_dequant";
+
+/// Rows of weight element a tile's epilogue data takes after its `n` weight rows of `k` bytes:
+/// `n` f32 scales, and with two passes `n` flag bytes.
+pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
+    meta_bytes(passes, n).div_ceil(k)
+}
+
+fn meta_bytes(passes: usize, n: usize) -> usize {
+    4 * n + if passes > 1 { n } else { 0 }
+}
+
+/// A core's shapes: `rows` activation rows, K parts of `k`, output tiles of `n` columns, the
+/// activation's `passes` (1 or 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub passes: usize,
+}
+
+impl Shape {
+    pub fn x_ty(&self) -> String {
+        memref(&[self.rows, self.k], "f32")
+    }
+    pub fn rs_ty(&self) -> String {
+        memref(&[4, self.rows], "f32")
+    }
+    pub fn codes_ty(&self) -> String {
+        memref(&[self.rows, self.k], "i8")
+    }
+    pub fn acc_ty(&self) -> String {
+        memref(&[self.rows, self.n], "i32")
+    }
+    pub fn w_rows(&self) -> usize {
+        self.n + meta_rows(self.passes, self.k, self.n)
+    }
+    pub fn w_ty(&self) -> String {
+        memref(&[self.w_rows(), self.k], "i8")
+    }
+    pub fn y_ty(&self) -> String {
+        memref(&[self.rows, self.n], "f32")
+    }
+}
+
+/// A function body under construction: statements and fresh SSA names.
+struct Code {
+    stmts: Vec<Stmt>,
+    next: usize,
+}
+
+impl Code {
+    fn new(index_values: &[usize]) -> Code {
+        Code { stmts: index_consts(index_values), next: 0 }
+    }
+
+    fn fresh(&mut self, hint: &str) -> String {
+        self.next += 1;
+        format!("%{hint}{}", self.next)
+    }
+
+    fn push(&mut self, s: Stmt) {
+        self.stmts.push(s);
+    }
+
+    fn fconst(&mut self, x: f32) -> String {
+        let res = self.fresh("f");
+        self.push(Stmt::FConst { res: res.clone(), bits: x.to_bits() });
+        res
+    }
+
+    fn iconst(&mut self, value: i64, ty: &'static str) -> String {
+        let res = self.fresh("k");
+        self.push(Stmt::Const { res: res.clone(), value, ty });
+        res
+    }
+
+    fn load(&mut self, mem: &str, mem_ty: &str, at: &[&str], ty: &'static str) -> String {
+        let res = self.fresh("ld");
+        let idx = at.iter().map(|s| s.to_string()).collect();
+        self.push(Stmt::Load { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty });
+        res
+    }
+
+    fn store(&mut self, val: &str, mem: &str, mem_ty: &str, at: &[&str], ty: &'static str) {
+        let idx = at.iter().map(|s| s.to_string()).collect();
+        self.push(Stmt::Store { val: val.into(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty });
+    }
+
+    fn bin(&mut self, op: &'static str, a: &str, b: &str, ty: &'static str) -> String {
+        let res = self.fresh(op);
+        self.push(Stmt::Bin { res: res.clone(), op, a: a.into(), b: b.into(), ty });
+        res
+    }
+
+    fn un(&mut self, op: &'static str, a: &str) -> String {
+        let res = self.fresh("u");
+        self.push(Stmt::Un { res: res.clone(), op, a: a.into(), ty: "f32" });
+        res
+    }
+
+    fn cast(&mut self, op: &'static str, src: &str, from: &'static str, to: &'static str) -> String {
+        let res = self.fresh(op);
+        self.push(Stmt::Cast { res: res.clone(), op, src: src.into(), from, to });
+        res
+    }
+
+    fn cmp(&mut self, float: bool, pred: &'static str, a: &str, b: &str, ty: &'static str) -> String {
+        let res = self.fresh("cmp");
+        self.push(Stmt::Cmp { res: res.clone(), float, pred, a: a.into(), b: b.into(), ty });
+        res
+    }
+
+    fn select(&mut self, cond: &str, a: &str, b: &str, ty: &'static str) -> String {
+        let res = self.fresh("sel");
+        self.push(Stmt::Select { res: res.clone(), cond: cond.into(), a: a.into(), b: b.into(), ty });
+        res
+    }
+
+    /// `for iv in 0..ub { body }`, the body built by `f` in a fresh statement list.
+    fn each(&mut self, iv: &str, ub: usize, f: impl FnOnce(&mut Code)) {
+        let body = self.nested(f);
+        self.push(count(iv, ub, body));
+    }
+
+    /// `res = for iv in 0..ub carrying an f32 from init { body }`: `f` builds the body from the
+    /// carried value's name and returns the value it yields.
+    fn fold(&mut self, iv: &str, ub: usize, init: &str, f: impl FnOnce(&mut Code, &str) -> String) -> String {
+        let (arg, res) = (self.fresh("carry"), self.fresh("folded"));
+        let mut inner = Code { stmts: vec![], next: self.next };
+        let yielded = f(&mut inner, &arg);
+        self.next = inner.next;
+        let carried = Carried { arg, init: init.into(), yielded, res: res.clone(), ty: "f32".into() };
+        self.push(Stmt::For {
+            iv: v(iv),
+            lb: idx(0),
+            ub: idx(ub),
+            step: idx(1),
+            carried: Some(carried),
+            body: inner.stmts,
+        });
+        res
+    }
+
+    fn nested(&mut self, f: impl FnOnce(&mut Code)) -> Vec<Stmt> {
+        let mut inner = Code { stmts: vec![], next: self.next };
+        f(&mut inner);
+        self.next = inner.next;
+        inner.stmts
+    }
+
+    /// `QuantizeRows`' code of `x` at scale `s`: `round_half_even(x / s)` within ±127, NaN to 0,
+    /// as int8.
+    fn quantise(&mut self, x: &str, s: &str) -> String {
+        let (lo, hi, zero) = (self.fconst(-127.0), self.fconst(127.0), self.fconst(0.0));
+        let q = self.bin("divf", x, s, "f32");
+        let r = self.un("math.roundeven", &q);
+        let below = self.cmp(true, "olt", &r, &lo, "f32");
+        let r = self.select(&below, &lo, &r, "f32");
+        let above = self.cmp(true, "ogt", &r, &hi, "f32");
+        let r = self.select(&above, &hi, &r, "f32");
+        let nan = self.cmp(true, "uno", &r, &r, "f32");
+        let r = self.select(&nan, &zero, &r, "f32");
+        self.cast("fptosi", &r, "f32", "i8")
+    }
+
+    /// `x − code·s` in f32, the rounding residual of a code.
+    fn residual(&mut self, x: &str, code: &str, s: &str) -> String {
+        let c = self.cast("sitofp", code, "i8", "f32");
+        let p = self.bin("mulf", &c, s, "f32");
+        self.bin("subf", x, &p, "f32")
+    }
+
+    fn finish(self, name: &str, params: Vec<(String, String)>) -> Function {
+        Function { name: name.into(), params, body: Some(self.stmts) }
+    }
+}
+
+/// `q_reset(%rs)`: both passes' running maxima to 0.
+pub fn reset(sh: Shape) -> Function {
+    let rs_ty = sh.rs_ty();
+    let mut c = Code::new(&[0, 1, 2, sh.rows]);
+    let zero = c.fconst(0.0);
+    c.each("i", sh.rows, |c| {
+        c.store(&zero, "rs", &rs_ty, &[&idx(0), "%i"], "f32");
+        c.store(&zero, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
+    });
+    c.finish(RESET, vec![(v("rs"), rs_ty)])
+}
+
+/// `q_absmax(%x, %rs)`: each row's running maximum of `|x|` over one K part.
+pub fn absmax(sh: Shape) -> Function {
+    let (x_ty, rs_ty) = (sh.x_ty(), sh.rs_ty());
+    let mut c = Code::new(&[0, 1, sh.rows, sh.k]);
+    c.each("i", sh.rows, |c| {
+        let m = c.load("rs", &rs_ty, &[&idx(0), "%i"], "f32");
+        let mx = c.fold("l", sh.k, &m, |c, acc| {
+            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
+            let a = c.un("math.absf", &x);
+            c.bin("maxnumf", acc, &a, "f32")
+        });
+        c.store(&mx, "rs", &rs_ty, &[&idx(0), "%i"], "f32");
+    });
+    c.finish(ABSMAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
+}
+
+/// `q_scale<p>(%rs)`: pass `p`'s scale from its maximum, `max / 127`, or 1 when the maximum is 0
+/// or infinite.
+pub fn scale(sh: Shape, pass: usize) -> Function {
+    let rs_ty = sh.rs_ty();
+    let (max_at, scale_at) = (idx(2 * pass), idx(2 * pass + 1));
+    let mut c = Code::new(&[0, 1, 2 * pass, 2 * pass + 1, sh.rows]);
+    let (inf, zero, one, c127) = (c.fconst(f32::INFINITY), c.fconst(0.0), c.fconst(1.0), c.fconst(127.0));
+    c.each("i", sh.rows, |c| {
+        let mx = c.load("rs", &rs_ty, &[&max_at, "%i"], "f32");
+        let finite = c.cmp(true, "olt", &mx, &inf, "f32");
+        let m = c.select(&finite, &mx, &zero, "f32");
+        let positive = c.cmp(true, "ogt", &m, &zero, "f32");
+        let d = c.bin("divf", &m, &c127, "f32");
+        let s = c.select(&positive, &d, &one, "f32");
+        c.store(&s, "rs", &rs_ty, &[&scale_at, "%i"], "f32");
+    });
+    c.finish(SCALE[pass], vec![(v("rs"), rs_ty)])
+}
+
+/// `q_codes(%x, %rs, %c0)`: one K part's first-pass codes; with two passes also each row's
+/// running maximum of the residual `|x − code·s|`.
+pub fn codes(sh: Shape) -> Function {
+    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
+    let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k]);
+    c.each("i", sh.rows, |c| {
+        let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
+        let code = |c: &mut Code| {
+            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
+            let q = c.quantise(&x, &s);
+            c.store(&q, "c0", &c_ty, &["%i", "%l"], "i8");
+            (x, q)
+        };
+        if sh.passes == 1 {
+            c.each("l", sh.k, |c| {
+                code(c);
+            });
+            return;
+        }
+        let m = c.load("rs", &rs_ty, &[&idx(2), "%i"], "f32");
+        let mx = c.fold("l", sh.k, &m, |c, acc| {
+            let (x, q) = code(c);
+            let r = c.residual(&x, &q, &s);
+            let a = c.un("math.absf", &r);
+            c.bin("maxnumf", acc, &a, "f32")
+        });
+        c.store(&mx, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
+    });
+    c.finish(CODES, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
+}
+
+/// `q_residual(%x, %rs, %c0, %c1)`: one K part's second-pass codes, of the first pass's residual.
+pub fn residual(sh: Shape) -> Function {
+    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
+    let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k]);
+    c.each("i", sh.rows, |c| {
+        let s0 = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
+        let s1 = c.load("rs", &rs_ty, &[&idx(3), "%i"], "f32");
+        c.each("l", sh.k, |c| {
+            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
+            let q0 = c.load("c0", &c_ty, &["%i", "%l"], "i8");
+            let r = c.residual(&x, &q0, &s0);
+            let q1 = c.quantise(&r, &s1);
+            c.store(&q1, "c1", &c_ty, &["%i", "%l"], "i8");
+        });
+    });
+    let params = vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty.clone()), (v("c1"), c_ty)];
+    c.finish(RESIDUAL, params)
+}
+
+/// The epilogue data's byte `f` (an index value) of a weight element: row `n + f / k`, column
+/// `f % k`.
+fn meta_byte(c: &mut Code, sh: Shape, w_ty: &str, f: &str) -> String {
+    let row = c.bin("divui", f, &idx(sh.k), "index");
+    let row = c.bin("addi", &row, &idx(sh.n), "index");
+    let col = c.bin("remui", f, &idx(sh.k), "index");
+    c.load("w", w_ty, &[&row, &col], "i8")
+}
+
+/// Column `%j`'s weight scale: four little-endian bytes of its bits from the epilogue data.
+fn column_scale(c: &mut Code, sh: Shape, w_ty: &str) -> String {
+    let base = c.bin("muli", "%j", &idx(4), "index");
+    let mut word = c.iconst(0, "i32");
+    for b in 0..4 {
+        let f = c.bin("addi", &base, &idx(b), "index");
+        let byte = meta_byte(c, sh, w_ty, &f);
+        let wide = c.cast("extui", &byte, "i8", "i32");
+        let shift = c.iconst(8 * b as i64, "i32");
+        let part = c.bin("shli", &wide, &shift, "i32");
+        word = c.bin("ori", &word, &part, "i32");
+    }
+    c.cast("bitcast", &word, "i32", "f32")
+}
+
+/// `acc·(sₐ·s_w)` of one accumulator element, pass `p`'s scale in `rs`.
+fn product(c: &mut Code, sh: Shape, acc: &str, pass: usize, sw: &str) -> String {
+    let (acc_ty, rs_ty) = (sh.acc_ty(), sh.rs_ty());
+    let a = c.load(acc, &acc_ty, &["%i", "%j"], "i32");
+    let af = c.cast("sitofp", &a, "i32", "f32");
+    let sa = c.load("rs", &rs_ty, &[&idx(2 * pass + 1), "%i"], "f32");
+    let m = c.bin("mulf", &sa, sw, "f32");
+    c.bin("mulf", &af, &m, "f32")
+}
+
+/// `q_dequant(%acc0, [%acc1,] %rs, %w, %y)`: the f32 output tile from the passes' int32
+/// accumulators, column `j`'s scale and (two passes) its first-pass-only flag read from the
+/// weight element's epilogue data.
+pub fn dequant(sh: Shape) -> Function {
+    let (acc_ty, rs_ty, w_ty, y_ty) = (sh.acc_ty(), sh.rs_ty(), sh.w_ty(), sh.y_ty());
+    let mut c = Code::new(&[0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, 4 * sh.n]);
+    c.each("j", sh.n, |c| {
+        let sw = column_scale(c, sh, &w_ty);
+        let first_only = (sh.passes > 1).then(|| {
+            let f = c.bin("addi", "%j", &idx(4 * sh.n), "index");
+            let flag = meta_byte(c, sh, &w_ty, &f);
+            let one = c.iconst(1, "i8");
+            c.cmp(false, "eq", &flag, &one, "i8")
+        });
+        c.each("i", sh.rows, |c| {
+            let p0 = product(c, sh, "acc0", 0, &sw);
+            let y = match &first_only {
+                None => p0,
+                Some(first) => {
+                    let p1 = product(c, sh, "acc1", 1, &sw);
+                    let sum = c.bin("addf", &p0, &p1, "f32");
+                    c.select(first, &p0, &sum, "f32")
+                }
+            };
+            c.store(&y, "y", &y_ty, &["%i", "%j"], "f32");
+        });
+    });
+    let mut params = vec![(v("acc0"), acc_ty.clone())];
+    if sh.passes > 1 {
+        params.push((v("acc1"), acc_ty));
+    }
+    params.extend([(v("rs"), rs_ty), (v("w"), w_ty), (v("y"), y_ty)]);
+    c.finish(DEQUANT, params)
+}
+
+/// Every function a core of shape `sh` calls besides the GEMV kernels.
+pub fn functions(sh: Shape) -> Vec<Function> {
+    let mut f = vec![reset(sh), absmax(sh), scale(sh, 0), codes(sh)];
+    if sh.passes > 1 {
+        f.extend([scale(sh, 1), residual(sh)]);
+    }
+    f.push(dequant(sh));
+    f
+}
+
+/// The epilogue data of one tile's columns, in the weight element's byte order: each column's
+/// scale's little-endian bytes, then (two passes) its first-pass-only flag.
+pub fn meta(passes: usize, scales: &[f32], first_only: &[bool]) -> Vec<i8> {
+    let mut out: Vec<i8> = scales.iter().flat_map(|s| s.to_bits().to_le_bytes()).map(|b| b as i8).collect();
+    if passes > 1 {
+        out.extend(first_only.iter().map(|&f| i8::from(f)));
+    }
+    out
+}

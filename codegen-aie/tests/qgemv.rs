@@ -1,0 +1,187 @@
+//! qgemv designs: f32 activation rows in, the f32 outputs of `QuantizeRows{passes}` →
+//! `QGemm{passes}` out, the quantisation and the epilogue in the cores' own code. Executed from
+//! their text by the interpreter and compared bit for bit with the program's definition of the
+//! two ops (`ir::fused::eval`), on rows that reach the definition's edges: ties, a row of zeros,
+//! infinities, NaN, subnormals, values near f32's limit; and the qgemv designs of SmolLM2-135M's
+//! and a Qwen3-0.6B-shaped model's decode projections passing the checker.
+
+mod common;
+
+use codegen_aie::design::{self, Kind};
+use codegen_aie::gemm::GemmSite;
+use codegen_aie::plan::{self, PlanOptions};
+use codegen_aie::{interp, qgemv, Device, GemmShape};
+use common::{values, xorshift};
+use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
+
+/// Heavy-tailed f32 activations: most small, a few outliers, as a norm's output has.
+fn activations(len: usize, seed: u64) -> Vec<f32> {
+    xorshift(seed)
+        .take(len)
+        .map(|x| {
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            if x & 0xff < 3 {
+                u * 400.0
+            } else {
+                u * 3.0
+            }
+        })
+        .collect()
+}
+
+fn eval(op: &str, attrs: &Attrs, inputs: &[Option<&Tensor>], outputs: usize) -> Vec<Tensor> {
+    let r = OpRef { node: "test", domain: Domain::Npuc, op, opset: 1, attrs };
+    ir::fused::eval(&r, inputs, outputs).unwrap_or_else(|e| panic!("{op}: {e}"))
+}
+
+/// A projection's operands: rows `x` [rows, K], codes `w` [K, N], column scales, the passes and
+/// the columns (at the end) that take the first pass only.
+struct Case {
+    x: Vec<f32>,
+    w: Vec<i8>,
+    sw: Vec<f32>,
+    dims: (usize, usize, usize),
+    passes: usize,
+    first_only: usize,
+}
+
+impl Case {
+    fn new((rows, k, n): (usize, usize, usize), passes: usize, first_only: usize, seed: u64) -> Case {
+        let sw = xorshift(seed + 7).take(n).map(|x| ((x >> 40) as f32 + 1.0) * 1e-9).collect();
+        let (x, w) = (activations(rows * k, seed), values(k * n, seed + 1));
+        Case { x, w, sw, dims: (rows, k, n), passes, first_only }
+    }
+
+    /// The program's own answer: `QuantizeRows{passes}` then `QGemm{passes, first_pass_columns}`.
+    fn reference(&self) -> Vec<f32> {
+        let (rows, k, n) = self.dims;
+        // One pass is the plain ops (no pass axis), as the program writes them.
+        let mut qa = Attrs::default();
+        if self.passes > 1 {
+            qa.set("passes", Attr::Int(self.passes as i64));
+        }
+        let xt = Tensor::from_f32(DType::F32, vec![rows, k], self.x.clone());
+        let q = eval("QuantizeRows", &qa, &[Some(&xt)], 2);
+        let mut ga = qa.clone();
+        if self.first_only > 0 {
+            ga.set("first_pass_columns", Attr::Int(self.first_only as i64));
+        }
+        let wt = Tensor::from_i64(DType::I8, vec![k, n], self.w.iter().map(|&v| i64::from(v)).collect());
+        let swt = Tensor::from_f32(DType::F32, vec![n], self.sw.clone());
+        let zw = Tensor::from_i64(DType::I8, vec![n], vec![0; n]);
+        let za = Tensor::from_i64(DType::I8, vec![], vec![0]);
+        let inputs = [Some(&q[0]), Some(&q[1]), Some(&za), Some(&wt), Some(&swt), Some(&zw)];
+        eval("QGemm", &ga, &inputs, 1).remove(0).as_f32().unwrap().to_vec()
+    }
+
+    /// The design's answer for the block's rows (the rest of the design's rows zero).
+    fn on_array(&self, device: Device, design_rows: usize) -> Vec<f32> {
+        let (rows, k, n) = self.dims;
+        let q = qgemv::choose(device, GemmShape { m: design_rows, k, n }, self.passes).unwrap();
+        let d = qgemv::build(&q);
+        let p = d.tiling.padded;
+        let mut x = vec![0f32; p.m * p.k];
+        for r in 0..rows {
+            x[r * p.k..r * p.k + k].copy_from_slice(&self.x[r * k..(r + 1) * k]);
+        }
+        let first_only = |c: usize| c >= n - self.first_only;
+        let w = qgemv::pack(&q, (&self.w, k, n), (0, n), &self.sw, &first_only);
+        let (out, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
+        for (i, row) in y.chunks(p.n).enumerate() {
+            let live = if i < rows { n } else { 0 };
+            assert!(row[live..].iter().all(|&v| v == 0.0), "{}: row {i} has output past its columns", d.name);
+        }
+        (0..rows).flat_map(|i| y[i * p.n..i * p.n + n].to_vec()).collect()
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn one_and_two_passes_equal_the_programs_ops_bit_for_bit() {
+    for device in [Device::Npu1, Device::Npu2] {
+        for (passes, first_only) in [(1, 0), (2, 0), (2, 40)] {
+            let case = Case::new((3, 576, 192), passes, first_only, 11 + passes as u64);
+            let want = case.reference();
+            assert_eq!(
+                bits(&case.on_array(device, 8)),
+                bits(&want),
+                "{device}: {passes} passes, {first_only} first-pass"
+            );
+        }
+    }
+}
+
+#[test]
+fn k_in_several_parts_and_ragged_columns_equal_the_reference() {
+    // K 1,536 (SmolLM2's down projection) takes several f32 parts for 8 rows; 100 columns are
+    // no multiple of the cores.
+    for device in [Device::Npu1, Device::Npu2] {
+        let case = Case::new((8, 1536, 100), 2, 30, 5);
+        let q = qgemv::choose(device, GemmShape { m: 8, k: 1536, n: 100 }, 2).unwrap();
+        assert!(q.parts_and_tiles().0 > 1, "{device}: {:?}", q.tiling);
+        assert_eq!(bits(&case.on_array(device, 8)), bits(&case.reference()), "{device}");
+    }
+}
+
+#[test]
+fn rows_at_the_definitions_edges_equal_the_reference() {
+    let (rows, k, n) = (8, 64, 48);
+    let mut case = Case::new((rows, k, n), 2, 8, 3);
+    let row = |r: usize| r * k..(r + 1) * k;
+    case.x[row(0)].fill(0.0); // a row of zeros: scale 1, codes 0
+    case.x[row(1)].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 32.0) * 0.5); // ties at ±x.5
+    case.x[k + 3] = 63.5;
+    case.x[2 * k + 5] = f32::INFINITY; // a non-finite maximum: scale 1
+    case.x[2 * k + 6] = f32::NEG_INFINITY;
+    case.x[3 * k + 1] = f32::NAN; // NaN codes to 0 and is no maximum
+    case.x[row(4)].iter_mut().enumerate().for_each(|(i, v)| *v = f32::from_bits(i as u32 + 1)); // subnormals
+    case.x[row(5)].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 3.0e38 } else { -1.0e-3 });
+    case.x[row(6)].fill(-0.0);
+    let want = case.reference();
+    let got = case.on_array(Device::Npu2, 8);
+    // NaN outputs compare by being NaN: the reference's and the array's payloads are both f32 NaN.
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "output {i}: {g} against {w}");
+    }
+    assert!(want.iter().any(|v| v.is_nan()) || want.iter().any(|v| v.is_infinite()), "the edges reach the output");
+}
+
+fn sites(shapes: &[(usize, usize)]) -> Vec<GemmSite> {
+    shapes.iter().enumerate().map(|(i, &(k, n))| GemmSite::of_shape(&format!("p{i}"), k, n)).collect()
+}
+
+#[test]
+fn the_plans_gemv_chunks_of_smollm2_and_qwen3_have_qgemv_designs_the_checker_accepts() {
+    // Each model's projections (K, N) as its plan chunks them for decode, the lm_head included.
+    let smollm2 = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)];
+    let qwen3 = [(1024, 2048), (1024, 1024), (2048, 1024), (1024, 3072), (3072, 1024), (1024, 151936)];
+    let mut checked = 0;
+    for device in [Device::Npu1, Device::Npu2] {
+        // A decode step's one row everywhere; 8-row blocks where their codes fit a core beside
+        // the weights (SmolLM2's K ≤ 1,536: Qwen3's K 3,072 in two passes is 48 KiB of codes).
+        for (shapes, block) in [(&smollm2[..], &[1, 8][..]), (&qwen3[..], &[1][..])] {
+            let p = plan::plan_sites(sites(shapes), PlanOptions::new(device)).unwrap();
+            for c in p.gemms.iter().flat_map(|g| g.gemv_chunks.iter().map(move |c| (g.site.k, c.cols))) {
+                for &rows in block {
+                    let q = qgemv::choose(device, GemmShape { m: rows, k: c.0, n: c.1 }, 2)
+                        .unwrap_or_else(|e| panic!("{device} {rows}x{}x{}: {e}", c.0, c.1));
+                    let d = qgemv::build(&q);
+                    assert_eq!(d.kind, Kind::QGemv { passes: 2 });
+                    design::check(&d).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+                    assert!(
+                        d.pretty().contains(" = aie.buffer("),
+                        "{}: the codes live in the cores' own buffers",
+                        d.name
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 2 * (2 * 5 + 6), "{checked} designs");
+}
