@@ -10,7 +10,7 @@ mod common;
 use codegen_aie::design::{self, Kind};
 use codegen_aie::gemm::GemmSite;
 use codegen_aie::plan::{self, PlanOptions};
-use codegen_aie::{interp, qgemv, Device, GemmShape};
+use codegen_aie::{interp, mlir, qgemv, Device, GemmShape};
 use common::{values, xorshift};
 use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
 
@@ -184,4 +184,16 @@ fn the_plans_gemv_chunks_of_smollm2_and_qwen3_have_qgemv_designs_the_checker_acc
         }
     }
     assert!(checked >= 2 * (2 * 5 + 6), "{checked} designs");
+}
+
+#[test]
+fn mlir_verifies_the_core_code_of_qgemv_designs() {
+    // MLIR 22 verifies the f32, cast, compare and select operations of the cores' functions as
+    // the real `arith`, `math`, `scf` and `memref` operations.
+    for device in [Device::Npu1, Device::Npu2] {
+        for (passes, (k, n)) in [(1, (576, 960)), (2, (1536, 1152))] {
+            let d = qgemv::build(&qgemv::choose(device, GemmShape { m: 1, k, n }, passes).unwrap());
+            mlir::verify_generic(&d.generic()).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        }
+    }
 }
