@@ -3,8 +3,9 @@
 //! f32 outputs, so the array takes and returns what the host program holds between projections.
 //!
 //! Each function computes, operation for operation, what the program's ops define
-//! (`ir::fused`): [`QuantizeRows`](ir::fused::quantize_rows) (`s = max|row| / 127`, 1 for a row
-//! of zeros or a non-finite maximum; `codes = round_half_even(x / s)` within ±127, NaN to 0),
+//! (`ir::fused`): [`QuantizeRows`](ir::fused::quantize_rows) (`s` the smallest power of two at
+//! least `max|row| / 127`, read off the quotient's bits, 1 for a row of zeros or a non-finite
+//! maximum; `codes = round_half_even(x / s)` within ±127, NaN to 0),
 //! its residual pass (`r = x − code·s`, quantised the same way) and the `QGemm` epilogue
 //! (`acc·(sₐ·s_w)` in f32, the passes' products added in pass order, a column the weight marks
 //! first-pass-only keeping the first). Every step is one IEEE-754 f32 operation rounded to
@@ -19,8 +20,16 @@
 //! epilogue's data ([`meta_rows`]): each column's f32 scale as four little-endian bytes, then
 //! with two passes one byte per column, 1 when the column takes the first pass's product only.
 //!
-//! The code is scalar: a row's maximum is a reduction the vectoriser does not take here, and the
-//! work is `passes + 1` operations per activation element against the GEMV's `n` per element.
+//! An AIE2 core has no floating-point scalar unit (its vector unit emulates f32 products with
+//! bfloat16 parts, not to IEEE's rounding, and flushes subnormals), so f32 operations lower to
+//! software floating point: exact, and tens of cycles each. The codes therefore take no floating
+//! point at all: with the power-of-two scale, `x / s` is `x`'s significand shifted right by the
+//! exponents' difference, and the code is the shifted-out integer rounded half to even from the
+//! bits shifted out — integer operations on the bits that give the program's
+//! `round_half_even(x / s)` exactly (the tests compare them on ties, subnormals, infinities and
+//! NaN). The maxima, the residual `x − code·s` (representable, so exact) and the epilogue
+//! (`acc·(sₐ·s_w)`, one rounding, `sₐ·s_w` exact) are f32 operations. All of it is scalar code;
+//! the array's vector unit is the next step for the codes.
 
 use crate::kernels::{count, idx, index_consts, memref, v, Carried, Function, Stmt};
 
@@ -181,19 +190,60 @@ impl Code {
         inner.stmts
     }
 
-    /// `QuantizeRows`' code of `x` at scale `s`: `round_half_even(x / s)` within ±127, NaN to 0,
-    /// as int8.
+    /// `QuantizeRows`' code of `x` at the power-of-two scale `s`: `round_half_even(x / s)` within
+    /// ±127, NaN to 0, as int8 — in integer operations on the bits, no floating point: `x / s` is
+    /// `x`'s significand `M` shifted right by `t` = (s's exponent + 23 − x's exponent), so its
+    /// integer part is `M >> t` and the bits shifted out decide the rounding (up past half, and
+    /// at exactly half when the integer part is odd).
     fn quantise(&mut self, x: &str, s: &str) -> String {
-        let (lo, hi, zero) = (self.fconst(-127.0), self.fconst(127.0), self.fconst(0.0));
-        let q = self.bin("divf", x, s, "f32");
-        let r = self.un("math.roundeven", &q);
-        let below = self.cmp(true, "olt", &r, &lo, "f32");
-        let r = self.select(&below, &lo, &r, "f32");
-        let above = self.cmp(true, "ogt", &r, &hi, "f32");
-        let r = self.select(&above, &hi, &r, "f32");
-        let nan = self.cmp(true, "uno", &r, &r, "f32");
-        let r = self.select(&nan, &zero, &r, "f32");
-        self.cast("fptosi", &r, "f32", "i8")
+        let k = |c: &mut Code, v: i64| c.iconst(v, "i32");
+        let xb = self.cast("bitcast", x, "f32", "i32");
+        let sb = self.cast("bitcast", s, "f32", "i32");
+        let (c23, c0, c1) = (k(self, 23), k(self, 0), k(self, 1));
+        let (c255, mant_mask, one_bit) = (k(self, 0xff), k(self, 0x007f_ffff), k(self, 0x0080_0000));
+        let e = self.bin("shrui", &xb, &c23, "i32");
+        let e = self.bin("andi", &e, &c255, "i32");
+        let m = self.bin("andi", &xb, &mant_mask, "i32");
+        let normal = self.cmp(false, "ne", &e, &c0, "i32");
+        let implicit = self.bin("ori", &m, &one_bit, "i32");
+        let sig = self.select(&normal, &implicit, &m, "i32");
+        let e = self.select(&normal, &e, &c1, "i32");
+        let es = self.bin("shrui", &sb, &c23, "i32");
+        let t = self.bin("addi", &es, &c23, "i32");
+        let t = self.bin("subi", &t, &e, "i32");
+        // Shifts of 1 to 31: a finite |x| ≤ 127·s shifts by 17 or more, and 31 leaves nothing.
+        let low = self.cmp(false, "slt", &t, &c1, "i32");
+        let t = self.select(&low, &c1, &t, "i32");
+        let c31 = k(self, 31);
+        let high = self.cmp(false, "sgt", &t, &c31, "i32");
+        let t = self.select(&high, &c31, &t, "i32");
+        let q = self.bin("shrui", &sig, &t, "i32");
+        let mask = self.bin("shli", &c1, &t, "i32");
+        let mask = self.bin("subi", &mask, &c1, "i32");
+        let rem = self.bin("andi", &sig, &mask, "i32");
+        let half = self.bin("subi", &t, &c1, "i32");
+        let half = self.bin("shli", &c1, &half, "i32");
+        let above = self.cmp(false, "ugt", &rem, &half, "i32");
+        let tie = self.cmp(false, "eq", &rem, &half, "i32");
+        let odd = self.bin("andi", &q, &c1, "i32");
+        let odd = self.cmp(false, "ne", &odd, &c0, "i32");
+        let tie_up = self.bin("andi", &tie, &odd, "i1");
+        let up = self.bin("ori", &above, &tie_up, "i1");
+        let up = self.cast("extui", &up, "i1", "i32");
+        let mag = self.bin("addi", &q, &up, "i32");
+        let c127 = k(self, 127);
+        let over = self.cmp(false, "sgt", &mag, &c127, "i32");
+        let mag = self.select(&over, &c127, &mag, "i32");
+        // ±∞ takes ±127, NaN 0 (the exponent field all ones).
+        let special = self.cmp(false, "eq", &e, &c255, "i32");
+        let nan = self.cmp(false, "ne", &m, &c0, "i32");
+        let nan = self.bin("andi", &special, &nan, "i1");
+        let mag = self.select(&special, &c127, &mag, "i32");
+        let mag = self.select(&nan, &c0, &mag, "i32");
+        let neg = self.cmp(false, "slt", &xb, &c0, "i32");
+        let minus = self.bin("subi", &c0, &mag, "i32");
+        let code = self.select(&neg, &minus, &mag, "i32");
+        self.cast("trunci", &code, "i32", "i8")
     }
 
     /// `x − code·s` in f32, the rounding residual of a code.
@@ -236,8 +286,25 @@ pub fn absmax(sh: Shape) -> Function {
     c.finish(ABSMAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
 }
 
-/// `q_scale<p>(%rs)`: pass `p`'s scale from its maximum, `max / 127`, or 1 when the maximum is 0
-/// or infinite.
+/// The power of two `ir::fused::quantize_rows_scale` makes of the positive f32 `q = max / 127`,
+/// from its bits: its exponent when its mantissa is zero, else the next exponent up, and 2⁻¹²⁶
+/// when `q` is subnormal or zero.
+fn power_of_two_above(c: &mut Code, q: &str) -> String {
+    let bits = c.cast("bitcast", q, "f32", "i32");
+    let (exp_mask, mant_mask) = (c.iconst(0x7f80_0000, "i32"), c.iconst(0x007f_ffff, "i32"));
+    let (zero, one_up) = (c.iconst(0, "i32"), c.iconst(0x0080_0000, "i32"));
+    let exponent = c.bin("andi", &bits, &exp_mask, "i32");
+    let mantissa = c.bin("andi", &bits, &mant_mask, "i32");
+    let up = c.bin("addi", &exponent, &one_up, "i32");
+    let exact = c.cmp(false, "eq", &mantissa, &zero, "i32");
+    let pow = c.select(&exact, &exponent, &up, "i32");
+    let tiny = c.cmp(false, "eq", &exponent, &zero, "i32");
+    let pow = c.select(&tiny, &one_up, &pow, "i32");
+    c.cast("bitcast", &pow, "i32", "f32")
+}
+
+/// `q_scale<p>(%rs)`: pass `p`'s scale from its maximum, the smallest power of two at least
+/// `max / 127` (and 2⁻¹²⁶), or 1 when the maximum is 0 or infinite.
 pub fn scale(sh: Shape, pass: usize) -> Function {
     let rs_ty = sh.rs_ty();
     let (max_at, scale_at) = (idx(2 * pass), idx(2 * pass + 1));
@@ -248,8 +315,9 @@ pub fn scale(sh: Shape, pass: usize) -> Function {
         let finite = c.cmp(true, "olt", &mx, &inf, "f32");
         let m = c.select(&finite, &mx, &zero, "f32");
         let positive = c.cmp(true, "ogt", &m, &zero, "f32");
-        let d = c.bin("divf", &m, &c127, "f32");
-        let s = c.select(&positive, &d, &one, "f32");
+        let q = c.bin("divf", &m, &c127, "f32");
+        let p = power_of_two_above(c, &q);
+        let s = c.select(&positive, &p, &one, "f32");
         c.store(&s, "rs", &rs_ty, &[&scale_at, "%i"], "f32");
     });
     c.finish(SCALE[pass], vec![(v("rs"), rs_ty)])

@@ -134,8 +134,10 @@ fn rows_at_the_definitions_edges_equal_the_reference() {
     let mut case = Case::new((rows, k, n), 2, 8, 3);
     let row = |r: usize| r * k..(r + 1) * k;
     case.x[row(0)].fill(0.0); // a row of zeros: scale 1, codes 0
-    case.x[row(1)].iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 32.0) * 0.5); // ties at ±x.5
-    case.x[k + 3] = 63.5;
+                              // Ties: max 127 makes s = 1, so every x.5 is a tie, rounded to even (and their residuals
+                              // ±0.5 ties again in the second pass).
+    case.x[row(1)].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 32.5);
+    case.x[k] = 127.0;
     case.x[2 * k + 5] = f32::INFINITY; // a non-finite maximum: scale 1
     case.x[2 * k + 6] = f32::NEG_INFINITY;
     case.x[3 * k + 1] = f32::NAN; // NaN codes to 0 and is no maximum

@@ -16,7 +16,7 @@
 //! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
-//! | `QuantizeRows{[passes]}` | x → codes, scales | symmetric int8 per row of x's last axis: s = max\|row\| / 127 (1 for a row of zeros), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `QuantizeRows{[passes]}` | x → codes, scales | symmetric int8 per row of x's last axis: s = the smallest power of two ≥ max\|row\| / 127 (the quotient in f32) and ≥ 2⁻¹²⁶ (1 for a row of zeros or a non-finite maximum), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows_scale`]. A power of two makes x / s and the residual below exact, so integer code (an NPU core's) computes the codes exactly and cheaply; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
@@ -501,15 +501,39 @@ fn quantize_rows_op(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
     ])
 }
 
-/// `QuantizeRows` on rows of `d` values: per row s = max|x|/127 (1 for a row of zeros, so its
-/// codes are 0), codes = x/s rounded half to even, which stays within ±127 because |x| ≤ max|x|.
-/// The division is done in f32, as a kernel does it; returns (codes, one scale per row).
+/// The row scale of `QuantizeRows` for a row's maximum `max` = max|x|: the smallest power of two
+/// at least `max / 127` (that quotient rounded to f32) and at least 2⁻¹²⁶, the smallest normal
+/// f32; 1 when `max` is 0 or not finite. Read off the quotient's bits: its exponent when its
+/// mantissa is zero, else the next exponent up.
+///
+/// A power of two costs the codes at most one bit against `max / 127` itself (the SmolLM2 KL of
+/// the xdna program against float, `tests/xdna_numerics.rs`: 7.93e-3 prefill, 2.13e-3 decode,
+/// against 8.21e-3 and 2.09e-3 with `max / 127`), and makes every step after it exact: `x / s` is `x` with a smaller
+/// exponent (its integer part the code, rounded half to even), and the residual `x − code·s` is
+/// representable, so a core without floating-point hardware computes the codes with integer
+/// operations on the bits and gets the program's result.
+pub fn quantize_rows_scale(max: f32) -> f32 {
+    if !(max > 0.0 && max.is_finite()) {
+        return 1.0;
+    }
+    let bits = (max / 127.0).to_bits();
+    match (bits & 0x7f80_0000, bits & 0x007f_ffff) {
+        (0, _) => f32::MIN_POSITIVE,
+        (exponent, 0) => f32::from_bits(exponent),
+        (exponent, _) => f32::from_bits(exponent + 0x0080_0000),
+    }
+}
+
+/// `QuantizeRows` on rows of `d` values: per row s = [`quantize_rows_scale`] of max|x| (1 for a
+/// row of zeros, so its codes are 0), codes = x/s rounded half to even, within ±127 because
+/// |x| ≤ max|x| ≤ 127·s (up to the quotient's rounding, which the clamp takes). Returns (codes,
+/// one scale per row).
 pub fn quantize_rows(x: &[f32], d: usize) -> (Vec<i8>, Vec<f32>) {
     let mut codes = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(x.len() / d.max(1));
     for row in x.chunks(d) {
         let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
+        let s = quantize_rows_scale(max);
         scales.push(s);
         codes.extend(row.iter().map(|v| (v / s).round_ties_even().clamp(-127.0, 127.0) as i8));
     }
@@ -1100,27 +1124,44 @@ mod tests {
     }
 
     #[test]
-    fn quantize_rows_scales_each_row_to_127_and_qgemm_takes_row_scales() {
-        // Row 0: max 2.54 → s = 0.02, 1.27/0.02 = 63.5 rounds half to even (64), −2.54 → −127.
-        // Row 1: zeros → s = 1, codes 0.
-        let x = Tensor::from_f32(DType::F32, vec![2, 2], vec![1.27, -2.54, 0.0, 0.0]);
+    fn quantize_rows_scales_each_row_by_a_power_of_two_and_qgemm_takes_row_scales() {
+        // Row 0: max 2.5 → 2.5/127 ≈ 0.0197 → s = 2⁻⁵; 1.265625/s = 40.5 rounds half to even
+        // (40), −2.5/s = −80. Row 1: zeros → s = 1, codes 0.
+        let x = Tensor::from_f32(DType::F32, vec![2, 2], vec![1.265625, -2.5, 0.0, 0.0]);
         let at = Attrs::default();
         let r = eval(&op("QuantizeRows", &at), &[Some(&x)], 2).unwrap();
         assert_eq!(r[0].dtype, DType::I8);
-        assert_eq!(r[0].as_i64().unwrap(), &[64, -127, 0, 0]);
+        assert_eq!(r[0].as_i64().unwrap(), &[40, -80, 0, 0]);
         assert_eq!(r[1].shape, [2, 1]);
         let s = r[1].as_f32().unwrap();
-        assert_eq!(s, &[2.54f32 / 127.0, 1.0]);
-        // × w = [[1], [1]] per tensor: row 0 → (64 − 127)·s₀, row 1 → 0.
+        assert_eq!(s, &[0.03125, 1.0]);
+        // × w = [[1], [1]] per tensor: row 0 → (40 − 80)·s₀, row 1 → 0.
         let w = Tensor::from_i64(DType::I8, vec![2, 1], vec![1, 1]);
         let (z, one) = (Tensor::from_i64(DType::I8, vec![], vec![0]), Tensor::scalar_f32(1.0));
         let y =
             eval(&op("QGemm", &at), &[Some(&r[0]), Some(&r[1]), Some(&z), Some(&w), Some(&one), Some(&z)], 1).unwrap();
-        assert_eq!(y[0].as_f32().unwrap(), &[-63.0 * s[0], 0.0]);
+        assert_eq!(y[0].as_f32().unwrap(), &[-40.0 * s[0], 0.0]);
         // A per-row scale must have one value per row.
         let bad = Tensor::from_f32(DType::F32, vec![3, 1], vec![1.0; 3]);
         let e = eval(&op("QGemm", &at), &[Some(&r[0]), Some(&bad), Some(&z), Some(&w), Some(&one), Some(&z)], 1);
         assert!(e.unwrap_err().msg.contains("per row"));
+    }
+
+    #[test]
+    fn the_row_scale_is_the_power_of_two_at_or_above_max_over_127() {
+        // 127 / 127 is 1, a power of two itself; 128 / 127 is just above, so 2; a subnormal
+        // quotient takes the smallest normal; zero and non-finite maxima take 1.
+        assert_eq!(quantize_rows_scale(127.0), 1.0);
+        assert_eq!(quantize_rows_scale(128.0), 2.0);
+        assert_eq!(quantize_rows_scale(1.0e-40), f32::MIN_POSITIVE);
+        for max in [0.0, f32::INFINITY, f32::NAN] {
+            assert_eq!(quantize_rows_scale(max), 1.0, "{max}");
+        }
+        for max in [1.0e-30f32, 3.7e-3, 0.5, 2.54, 99.0, 1.0e30, f32::MAX] {
+            let (s, q) = (quantize_rows_scale(max), max / 127.0);
+            assert_eq!(s.to_bits() & 0x007f_ffff, 0, "{max}: {s} is a power of two");
+            assert!(s >= q && s < 2.0 * q, "{max}: {s} against {q}");
+        }
     }
 
     #[test]

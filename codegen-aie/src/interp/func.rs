@@ -2,7 +2,7 @@
 //! compiled once into a tree of instructions over numbered registers (SSA values as i64, wrapped
 //! to their integer width after every operation; an f32 as its bits) and the call's memrefs (flat
 //! element buffers, row-major). The operations are the ones a core's code needs — `arith.constant`,
-//! `arith.extsi`, `arith.extui`, `arith.addi`, `arith.subi`, `arith.muli`, `arith.shli`,
+//! `arith.extsi`, `arith.extui`, `arith.trunci`, `arith.addi`, `arith.subi`, `arith.muli`, `arith.shli`, `arith.shrui`,
 //! `arith.ori`, `arith.andi`, `arith.divui`, `arith.remui`, `arith.cmpi`, `arith.select`, the f32
 //! `arith.addf`, `subf`, `mulf`, `divf`, `maxnumf`, `minnumf`, `cmpf`, `sitofp`, `fptosi`,
 //! `bitcast`, `math.absf` and `math.roundeven` (IEEE single precision rounded to nearest even, as
@@ -88,6 +88,8 @@ enum BinOp {
     Sub,
     Mul,
     Shl,
+    /// `shrui`: a logical right shift of the operand's `bits`.
+    ShrU,
     Or,
     And,
 }
@@ -122,6 +124,8 @@ enum CastOp {
     FpToSi,
     ExtUi,
     Bitcast,
+    /// `trunci`: the low `bits`.
+    Trunc,
 }
 
 #[derive(Debug)]
@@ -417,6 +421,7 @@ impl Compiler<'_> {
             "arith.subi" => Some(BinOp::Sub),
             "arith.muli" => Some(BinOp::Mul),
             "arith.shli" => Some(BinOp::Shl),
+            "arith.shrui" => Some(BinOp::ShrU),
             "arith.ori" => Some(BinOp::Or),
             "arith.andi" => Some(BinOp::And),
             _ => None,
@@ -601,7 +606,7 @@ impl Compiler<'_> {
                 let bits = self.result_bits(op)?;
                 Instr::Div { dst: self.define(self.result(op)?, bits), op: divop, a, b, bits, line: op.line }
             }
-            "arith.sitofp" | "arith.fptosi" | "arith.extui" | "arith.bitcast" => self.cast(op)?,
+            "arith.sitofp" | "arith.fptosi" | "arith.extui" | "arith.bitcast" | "arith.trunci" => self.cast(op)?,
             "arith.cmpf" | "arith.cmpi" => {
                 let [(a, bits), (b, _)] = self.operands::<2>(op)?;
                 let float = op.name == "arith.cmpf";
@@ -628,12 +633,14 @@ impl Compiler<'_> {
             "arith.sitofp" => (CastOp::SiToFp, from),
             "arith.fptosi" => (CastOp::FpToSi, to),
             "arith.extui" => (CastOp::ExtUi, from),
+            "arith.trunci" => (CastOp::Trunc, to),
             _ => (CastOp::Bitcast, to),
         };
         let float_side = match cast {
             CastOp::SiToFp => result_type(op) == "f32",
             CastOp::FpToSi => op.ty.contains("(f32)"),
             CastOp::ExtUi | CastOp::Bitcast => true,
+            CastOp::Trunc => to < from,
         };
         if !float_side || (matches!(cast, CastOp::Bitcast) && from != to) {
             return perr(op.line, format!("@{}: {} of type {}", self.func, op.name, op.ty));
@@ -852,6 +859,10 @@ impl Run<'_> {
                         BinOp::Sub => x.wrapping_sub(y),
                         BinOp::Mul => x.wrapping_mul(y),
                         BinOp::Shl => x.wrapping_shl(y as u32 & 63),
+                        BinOp::ShrU => {
+                            let mask = if *bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                            ((x as u64 & mask).wrapping_shr(y as u32 & 63)) as i64
+                        }
                         BinOp::Or => x | y,
                         BinOp::And => x & y,
                     };
@@ -932,7 +943,7 @@ impl Run<'_> {
         Ok(match op {
             CastOp::SiToFp => reg_of(wrap(x, bits) as f32),
             CastOp::ExtUi => (x as u64 & ((1u64 << bits.min(63)) - 1)) as i64,
-            CastOp::Bitcast => wrap(x, bits),
+            CastOp::Bitcast | CastOp::Trunc => wrap(x, bits),
             CastOp::FpToSi => {
                 let f = f32_of(x).trunc();
                 let limit = 2f64.powi(bits as i32 - 1);

@@ -29,7 +29,8 @@ pub fn dequantize_linear(codes: &[u8], scale: f32, zero_point: i32, signed: bool
 }
 
 /// `npuc::QuantizeRows`: each row of `k` values of `x` into int8 codes (their bits in `codes`)
-/// and one scale in `scales`, max|row|/127 (1 when that maximum is 0 or infinite), as
+/// and one scale in `scales`, the power of two [`row_scale`] makes of max|row| (1 when that
+/// maximum is 0 or infinite), as
 /// `ir::fused::quantize_rows` computes them: in f32, ties to even, within ±127. Rows are taken as
 /// long as `codes` and `scales` have room.
 pub fn quantize_rows(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32]) {
@@ -50,6 +51,21 @@ pub fn quantize_rows_residual(
     quantize_rows_with(x, k, codes, scales, residual);
 }
 
+/// The row scale of a row's maximum: the smallest power of two at least `max / 127` (the
+/// quotient in f32) and at least 2⁻¹²⁶, read off the quotient's bits; 1 when `max` is 0 or not
+/// finite — `ir::fused::quantize_rows_scale`.
+fn row_scale(max: f32) -> f32 {
+    if !(max > 0.0 && max.is_finite()) {
+        return 1.0;
+    }
+    let bits = (max / 127.0).to_bits();
+    match (bits & 0x7f80_0000, bits & 0x007f_ffff) {
+        (0, _) => f32::MIN_POSITIVE,
+        (exponent, 0) => f32::from_bits(exponent),
+        (exponent, _) => f32::from_bits(exponent + 0x0080_0000),
+    }
+}
+
 /// [`quantize_rows`] of `value(i, x[i])`.
 fn quantize_rows_with(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32], value: impl Fn(usize, f32) -> f32) {
     let mut row = vec![0f32; k];
@@ -58,7 +74,7 @@ fn quantize_rows_with(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32],
             *d = value(r * k + j, v);
         }
         let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        *s = if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 };
+        *s = row_scale(max);
         for (o, &v) in out.iter_mut().zip(&row) {
             *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
         }

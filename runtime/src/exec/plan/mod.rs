@@ -214,7 +214,7 @@ pub enum Op {
         out: usize,
     },
     /// `npuc::QuantizeRows`: f32 rows of `k` values into int8 codes (a [`Loc::QBuf`]) and one
-    /// f32 scale per row (max|row|/127, 1 for a row of zeros); when `stacked`, the codes and
+    /// f32 scale per row (the power of two at or above max|row|/127, 1 for a row of zeros); when `stacked`, the codes and
     /// scales of the rounding residual x − codes·s follow the first pass's in the same buffers.
     QuantizeRows {
         x: usize,
