@@ -10,7 +10,7 @@ mod common;
 use codegen_aie::design::{self, Kind};
 use codegen_aie::gemm::GemmSite;
 use codegen_aie::plan::{self, PlanOptions};
-use codegen_aie::{interp, mlir, qgemv, Device, GemmShape};
+use codegen_aie::{interp, mlir, qgemv, qkernels, Device, GemmShape};
 use common::{values, xorshift};
 use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
 
@@ -198,4 +198,25 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
             mlir::verify_generic(&d.generic()).unwrap_or_else(|e| panic!("{}: {e}", d.name));
         }
     }
+}
+
+#[test]
+fn a_shift_past_the_width_is_poison_and_an_error() {
+    // The codes' right shift is clamped to 31; with the clamp at 40 a value 2⁻³⁰ of its row's
+    // scale shifts an i32 by more than its width, which MLIR makes poison.
+    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1 };
+    let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
+    let clamp = "{value = 31 : i32}";
+    assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
+    let run = |text: &str| {
+        let funcs = interp::module_functions(text, true).unwrap();
+        let x: Vec<i32> =
+            [1.0f32, 1.0e-9, 0.5, 0.0, -1.0, 0.25, 0.75, 1.0].iter().map(|v| v.to_bits() as i32).collect();
+        let rs = [1.0f32, 2f32.powi(-6), 0.0, 0.0].iter().map(|v| v.to_bits() as i32).collect();
+        let mut mems = vec![x, rs, vec![0; 8]];
+        funcs[0].call(&mut mems).map(|()| mems.pop().unwrap())
+    };
+    assert_eq!(run(&text).unwrap(), vec![64, 0, 32, 0, -64, 16, 48, 64]);
+    let err = run(&text.replace(clamp, "{value = 40 : i32}")).unwrap_err().to_string();
+    assert!(err.contains("shift by 40 of an i32 is poison") && err.contains("@q_codes"), "{err}");
 }

@@ -854,6 +854,10 @@ impl Run<'_> {
                 Instr::Copy { dst, src } => self.regs[*dst] = self.regs[*src],
                 Instr::Bin { dst, op, a, b, bits } => {
                     let (x, y) = (self.regs[*a], self.regs[*b]);
+                    if matches!(op, BinOp::Shl | BinOp::ShrU) && !(0..i64::from(*bits)).contains(&wrap(y, *bits)) {
+                        let what = format!("a shift by {} of an i{bits} is poison", wrap(y, *bits));
+                        return Err(InterpError::Run(format!("@{}: {what}", self.func.name)));
+                    }
                     let v = match op {
                         BinOp::Add => x.wrapping_add(y),
                         BinOp::Sub => x.wrapping_sub(y),
