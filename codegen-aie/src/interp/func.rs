@@ -853,24 +853,7 @@ impl Run<'_> {
                 Instr::Const { dst, value } => self.regs[*dst] = *value,
                 Instr::Copy { dst, src } => self.regs[*dst] = self.regs[*src],
                 Instr::Bin { dst, op, a, b, bits } => {
-                    let (x, y) = (self.regs[*a], self.regs[*b]);
-                    if matches!(op, BinOp::Shl | BinOp::ShrU) && !(0..i64::from(*bits)).contains(&wrap(y, *bits)) {
-                        let what = format!("a shift by {} of an i{bits} is poison", wrap(y, *bits));
-                        return Err(InterpError::Run(format!("@{}: {what}", self.func.name)));
-                    }
-                    let v = match op {
-                        BinOp::Add => x.wrapping_add(y),
-                        BinOp::Sub => x.wrapping_sub(y),
-                        BinOp::Mul => x.wrapping_mul(y),
-                        BinOp::Shl => x.wrapping_shl(y as u32 & 63),
-                        BinOp::ShrU => {
-                            let mask = if *bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
-                            ((x as u64 & mask).wrapping_shr(y as u32 & 63)) as i64
-                        }
-                        BinOp::Or => x | y,
-                        BinOp::And => x & y,
-                    };
-                    self.regs[*dst] = wrap(v, *bits);
+                    self.regs[*dst] = self.binary(*op, (self.regs[*a], self.regs[*b]), *bits)?;
                 }
                 Instr::Div { dst, op, a, b, bits, line } => {
                     self.regs[*dst] = self.divide(*op, (self.regs[*a], self.regs[*b]), *bits, *line)?;
@@ -930,6 +913,28 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// An integer operation of two `bits`-wide values, wrapped to `bits`; a shift by `bits` or
+    /// more (poison in MLIR) is an error.
+    fn binary(&self, op: BinOp, (x, y): (i64, i64), bits: u32) -> Result<i64, InterpError> {
+        if matches!(op, BinOp::Shl | BinOp::ShrU) && !(0..i64::from(bits)).contains(&wrap(y, bits)) {
+            let what = format!("a shift by {} of an i{bits} is poison", wrap(y, bits));
+            return Err(InterpError::Run(format!("@{}: {what}", self.func.name)));
+        }
+        let v = match op {
+            BinOp::Add => x.wrapping_add(y),
+            BinOp::Sub => x.wrapping_sub(y),
+            BinOp::Mul => x.wrapping_mul(y),
+            BinOp::Shl => x.wrapping_shl(y as u32 & 63),
+            BinOp::ShrU => {
+                let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                ((x as u64 & mask).wrapping_shr(y as u32 & 63)) as i64
+            }
+            BinOp::Or => x | y,
+            BinOp::And => x & y,
+        };
+        Ok(wrap(v, bits))
     }
 
     /// `divui` / `remui` of two `bits`-wide values read as unsigned; a zero divisor is an error.
