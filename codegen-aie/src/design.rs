@@ -134,10 +134,11 @@ pub enum SeqOp {
 pub enum Kind {
     Gemm,
     Gemv,
-    /// A GEMV whose cores quantise f32 activation rows in `passes` and dequantise their outputs
-    /// ([`crate::qgemv`]).
+    /// A GEMV whose cores quantise f32 activation rows in `passes` and dequantise their outputs,
+    /// its GEMV kernel on `kernel_rows` ([`crate::qgemv`]).
     QGemv {
         passes: usize,
+        kernel_rows: usize,
     },
 }
 

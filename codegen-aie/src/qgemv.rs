@@ -45,17 +45,22 @@ pub const PROLOGUE_CYCLES_PER_ELEMENT: u64 = 80;
 /// products and a sum in software f32.
 pub const EPILOGUE_CYCLES_PER_ELEMENT: u64 = 100;
 
-/// A qgemv tiling and its activation passes.
+/// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
+/// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
+pub const SCALAR_CYCLES_PER_MAC: u64 = 3;
+
+/// A qgemv tiling, its activation passes and the GEMV kernel's rows ([`Shape::kernel_rows`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QTiling {
     pub tiling: Tiling,
     pub passes: usize,
+    pub kernel_rows: usize,
 }
 
 impl QTiling {
     fn shape(&self) -> Shape {
         let t = &self.tiling;
-        Shape { rows: t.m, k: t.k, n: t.n, passes: self.passes }
+        Shape { rows: t.m, k: t.k, n: t.n, passes: self.passes, kernel_rows: self.kernel_rows }
     }
 
     /// K parts and output tiles per core.
@@ -94,10 +99,15 @@ fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
         + device.core_stack_bytes()
 }
 
-/// The cost and memory of one candidate tile width, if it fits.
-fn evaluate(device: Device, shape: GemmShape, passes: usize, (n, min_parts): (usize, usize)) -> Option<Tiling> {
+/// The cost and memory of one candidate (tile width, fewest K parts, kernel rows), if it fits.
+fn evaluate(
+    device: Device,
+    shape: GemmShape,
+    passes: usize,
+    (n, min_parts, kr): (usize, usize, usize),
+) -> Option<QTiling> {
     let (rows, (parts, k)) = (shape.m, k_parts(device, shape.m, shape.k, min_parts));
-    let sh = Shape { rows, k, n, passes };
+    let sh = Shape { rows, k, n, passes, kernel_rows: kr };
     let tiles = shape.n.div_ceil(streams(device) * n);
     let bank = device.core_data_bytes() / device.core_banks();
     let l1 = core_bytes(device, sh, parts);
@@ -110,7 +120,10 @@ fn evaluate(device: Device, shape: GemmShape, passes: usize, (n, min_parts): (us
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
     let x_bytes = ((passes + 1) * parts * rows * k * 4) as u64;
     let prologue = ((passes + 1) * parts * rows * k) as u64 * PROLOGUE_CYCLES_PER_ELEMENT;
-    let per_call = (rows * n * k / device.macs_per_cycle()) as u64 + KERNEL_CALL_OVERHEAD_CYCLES;
+    let macs = (kr * n * k) as u64;
+    let vector = kr.is_multiple_of(device.micro_tile().0);
+    let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
+        + KERNEL_CALL_OVERHEAD_CYCLES;
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT;
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
@@ -119,7 +132,7 @@ fn evaluate(device: Device, shape: GemmShape, passes: usize, (n, min_parts): (us
     let total_cycles = compute_cycles.max(dma_cycles) + fill;
     let padded = GemmShape { m: rows, k: parts * k, n: streams(device) * tiles * n };
     let peak = (device.macs_per_cycle() * device.compute_rows() * device.columns()) as f64 * total_cycles as f64;
-    Some(Tiling {
+    let tiling = Tiling {
         device,
         shape,
         padded,
@@ -134,7 +147,8 @@ fn evaluate(device: Device, shape: GemmShape, passes: usize, (n, min_parts): (us
         dma_cycles,
         total_cycles,
         utilisation: (shape.m * shape.k * shape.n) as f64 / peak,
-    })
+    };
+    Some(QTiling { tiling, passes, kernel_rows: kr })
 }
 
 /// The fastest qgemv tiling of `shape` with `passes` (1 or 2) whose design passes every check:
@@ -143,15 +157,20 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
-    let t = device.micro_tile().2;
+    let (r, _, t) = device.micro_tile();
     let fewest = k_parts(device, shape.m, shape.k, 1).0;
-    let candidates = (t..=MAX_TILE_COLS).step_by(t).flat_map(|n| (fewest..=fewest + EXTRA_PARTS).map(move |p| (n, p)));
-    let mut fits: Vec<Tiling> = candidates.filter_map(|c| evaluate(device, shape, passes, c)).collect();
-    fits.dedup_by(|a, b| a.k == b.k && a.n == b.n);
-    fits.sort_by(|a, b| a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n)));
+    let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
+    let candidates = (t..=MAX_TILE_COLS)
+        .step_by(t)
+        .flat_map(|n| (fewest..=fewest + EXTRA_PARTS).flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr))));
+    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, passes, c)).collect();
+    fits.dedup_by(|a, b| (a.tiling.k, a.tiling.n, a.kernel_rows) == (b.tiling.k, b.tiling.n, b.kernel_rows));
+    fits.sort_by(|a, b| {
+        let (a, b) = (&a.tiling, &b.tiling);
+        a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n))
+    });
     let mut first_reason = None;
-    for tiling in fits {
-        let q = QTiling { tiling, passes };
+    for q in fits {
         match crate::design::check(&build(&q)) {
             Ok(()) => return Ok(q),
             Err(e) => {
@@ -192,14 +211,12 @@ pub fn build(q: &QTiling) -> Design {
         })
         .collect();
     let mut functions = qkernels::functions(sh);
-    functions.extend([
-        kernels::gemv_zero_i32((t.m, t.k, t.n)),
-        kernels::gemv_i8_i32_rows(dev, (t.m, t.k, t.n), sh.w_rows()),
-    ]);
+    let rkn = (q.kernel_rows, t.k, t.n);
+    functions.extend([kernels::gemv_zero_i32(rkn), kernels::gemv_i8_i32_rows(dev, rkn, sh.w_rows())]);
     let p = t.padded;
     let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
     Design {
-        kind: Kind::QGemv { passes: q.passes },
+        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows },
         name: design_name(q),
         tiling: t.clone(),
         tiles: tiles_used(dev),
@@ -231,9 +248,10 @@ fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![4, sh.rows], elem: Elem::F32 }];
     for p in 0..sh.passes {
         for q in 0..parts {
-            b.push(Buffer { tile, name: format!("codes_{c}_{r}_{p}_{q}"), shape: vec![sh.rows, sh.k], elem: Elem::I8 });
+            let shape = vec![sh.kernel_rows, sh.k];
+            b.push(Buffer { tile, name: format!("codes_{c}_{r}_{p}_{q}"), shape, elem: Elem::I8 });
         }
-        b.push(Buffer { tile, name: format!("acc_{c}_{r}_{p}"), shape: vec![sh.rows, sh.n], elem: Elem::I32 });
+        b.push(Buffer { tile, name: format!("acc_{c}_{r}_{p}"), shape: vec![sh.kernel_rows, sh.n], elem: Elem::I32 });
     }
     b
 }
@@ -373,9 +391,9 @@ enum CoreOp {
 }
 
 /// The ops of a qgemv core's body.
-fn core_ops(d: &Design, core: &Core, passes: usize) -> Vec<CoreOp> {
+fn core_ops(d: &Design, core: &Core, (passes, kernel_rows): (usize, usize)) -> Vec<CoreOp> {
     let t = &d.tiling;
-    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes };
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows };
     let (c, r) = core.tile;
     let rs = (format!("%rs_{c}_{r}"), sh.rs_ty());
     let codes = |p: usize, q: usize| (format!("%codes_{c}_{r}_{p}_{q}"), sh.codes_ty());
@@ -417,10 +435,11 @@ fn core_ops(d: &Design, core: &Core, passes: usize) -> Vec<CoreOp> {
     ops
 }
 
-fn passes_of(d: &Design) -> usize {
+/// The passes and kernel rows of a qgemv design.
+fn passes_of(d: &Design) -> (usize, usize) {
     match d.kind {
-        Kind::QGemv { passes } => passes,
-        _ => 1,
+        Kind::QGemv { passes, kernel_rows } => (passes, kernel_rows),
+        _ => (1, d.tiling.m),
     }
 }
 

@@ -51,13 +51,16 @@ fn meta_bytes(passes: usize, n: usize) -> usize {
 }
 
 /// A core's shapes: `rows` activation rows, K parts of `k`, output tiles of `n` columns, the
-/// activation's `passes` (1 or 2).
+/// activation's `passes` (1 or 2), and the rows of the codes and accumulators the GEMV kernel
+/// multiplies, `kernel_rows` ≥ `rows`: a whole number of the device's micro-tile rows lets it
+/// take its vector form (the rows past `rows` are never written, and their products never read).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub rows: usize,
     pub k: usize,
     pub n: usize,
     pub passes: usize,
+    pub kernel_rows: usize,
 }
 
 impl Shape {
@@ -68,10 +71,10 @@ impl Shape {
         memref(&[4, self.rows], "f32")
     }
     pub fn codes_ty(&self) -> String {
-        memref(&[self.rows, self.k], "i8")
+        memref(&[self.kernel_rows, self.k], "i8")
     }
     pub fn acc_ty(&self) -> String {
-        memref(&[self.rows, self.n], "i32")
+        memref(&[self.kernel_rows, self.n], "i32")
     }
     pub fn w_rows(&self) -> usize {
         self.n + meta_rows(self.passes, self.k, self.n)

@@ -51,7 +51,10 @@ pub enum Rule {
     Memory,
     /// Each FIFO buffer fits one memory bank, as mlir-aie's bank-aware allocator places them
     /// (`AIEAssignBuffers`; a larger buffer makes it fall back to sequential allocation, where
-    /// buffers a core or DMA uses at once can share a bank).
+    /// buffers a core or DMA uses at once can share a bank), and on a compute tile that
+    /// allocator places them all: largest first, each in the first bank from the one after the
+    /// last placement with room left, the stack at the bottom of bank 0
+    /// (`simpleBankAwareAllocation`), so bytes that fit in total can still fail to pack.
     Banks,
     /// DMA channels per direction and tile (`MemTileDMAOp::verify`, the switchbox DMA ports).
     Channels,
@@ -549,6 +552,9 @@ fn check_tile(d: &Design, t: Tile) -> Result<(), ResourceError> {
             format!("needs {} bytes of data memory; the budget is {bytes}", u.bytes),
         );
     }
+    if t.1 >= Device::FIRST_COMPUTE_ROW {
+        bank_aware_placement(d, t)?;
+    }
     if u.mm2s > channels || u.s2mm > channels {
         let what = format!("needs {} outgoing and {} incoming DMA channels; it has {channels}", u.mm2s, u.s2mm);
         return fail(d, Rule::Channels, subject(), what);
@@ -558,6 +564,34 @@ fn check_tile(d: &Design, t: Tile) -> Result<(), ResourceError> {
     }
     if u.bds > bds {
         return fail(d, Rule::Bds, subject(), format!("needs {} BDs; it has {bds}", u.bds));
+    }
+    Ok(())
+}
+
+/// A compute tile's buffers placed as mlir-aie's bank-aware allocator places them (see
+/// [`Rule::Banks`]): one per FIFO element the tile holds, and the core's own buffers.
+fn bank_aware_placement(d: &Design, t: Tile) -> Result<(), ResourceError> {
+    let dev = d.tiling.device;
+    let (banks, bank) = (dev.core_banks(), dev.core_data_bytes() / dev.core_banks());
+    let mut buffers: Vec<(usize, String)> = vec![];
+    for f in d.fifos.iter().filter(|f| f.producer == t || f.consumers.contains(&t)) {
+        buffers.extend((0..f.depth).map(|i| (f.elems() * f.elem.bytes(), format!("{}[{i}]", f.name))));
+    }
+    buffers.extend(d.buffers.iter().filter(|b| b.tile == t).map(|b| (b.bytes(), b.name.clone())));
+    // Equal sizes are interchangeable, so the placement's success does not depend on their order.
+    buffers.sort_by_key(|b| std::cmp::Reverse(b.0));
+    let mut next: Vec<usize> = (0..banks).map(|i| i * bank).collect();
+    next[0] += dev.core_stack_bytes();
+    let mut start = 0;
+    for (size, name) in buffers {
+        let Some(b) = (0..banks).map(|i| (start + i) % banks).find(|&b| next[b] + size <= (b + 1) * bank) else {
+            let free: Vec<usize> = (0..banks).map(|b| (b + 1) * bank - next[b]).collect();
+            let what =
+                format!("{name} ({size} bytes) fits no bank in mlir-aie's bank-aware placement (free: {free:?})");
+            return fail(d, Rule::Banks, tile_subject(t), what);
+        };
+        next[b] += size;
+        start = (b + 1) % banks;
     }
     Ok(())
 }

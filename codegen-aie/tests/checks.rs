@@ -484,3 +484,30 @@ fn the_interpreter_refuses_a_call_to_a_declaration() {
     let err = run_text(&d, &text, 1).unwrap_err().to_string();
     assert!(err.contains("core (0, 2)") && err.contains("calls @zero_i32, which has no body in the design"), "{err}");
 }
+
+#[test]
+fn buffers_that_fit_in_total_but_not_bank_by_bank_are_refused_as_mlir_aie_places_them() {
+    // Six 9,000-byte buffers on a core with room for them in total: each 16 KiB bank takes one,
+    // and no bank has 9,000 bytes left for the fifth (mlir-aie's bank-aware allocator places the
+    // largest first, one bank after another).
+    let mut d =
+        codegen_aie::gemv::build(&codegen_aie::gemv::choose(Device::Npu1, GemmShape { m: 8, k: 64, n: 64 }).unwrap());
+    design::check(&d).unwrap();
+    let tile = d.cores[0].tile;
+    let used: usize = d
+        .fifos
+        .iter()
+        .filter(|f| f.producer == tile || f.consumers.contains(&tile))
+        .map(|f| f.depth * f.elems() * f.elem.bytes())
+        .sum();
+    let extra =
+        |i: usize| design::Buffer { tile, name: format!("extra{i}"), shape: vec![9000], elem: design::Elem::I8 };
+    d.buffers.extend((0..5).map(extra));
+    let total = used + 5 * 9000 + Device::Npu1.core_stack_bytes();
+    assert!(total <= Device::Npu1.core_data_bytes(), "{total} bytes: the total fits");
+    let e = design::check(&d).unwrap_err();
+    assert_eq!(e.rule, Rule::Banks, "{e}");
+    assert!(e.what.contains("fits no bank in mlir-aie's bank-aware placement"), "{e}");
+    d.buffers.pop();
+    design::check(&d).unwrap_or_else(|e| panic!("four of them fit, one a bank: {e}"));
+}

@@ -173,7 +173,11 @@ fn the_plans_gemv_chunks_of_smollm2_and_qwen3_have_qgemv_designs_the_checker_acc
                     let q = qgemv::choose(device, GemmShape { m: rows, k: c.0, n: c.1 }, 2)
                         .unwrap_or_else(|e| panic!("{device} {rows}x{}x{}: {e}", c.0, c.1));
                     let d = qgemv::build(&q);
-                    assert_eq!(d.kind, Kind::QGemv { passes: 2 });
+                    assert!(matches!(d.kind, Kind::QGemv { passes: 2, .. }), "{}", d.name);
+                    // Every one of these fits the GEMV kernel's vector form: its rows a whole
+                    // number of micro-tile rows, the one activation row padded.
+                    assert_eq!(q.kernel_rows, rows.next_multiple_of(device.micro_tile().0), "{}", d.name);
+                    assert!(d.generic().contains("\"vector.contract\""), "{}", d.name);
                     design::check(&d).unwrap_or_else(|e| panic!("{}: {e}", d.name));
                     assert!(
                         d.pretty().contains(" = aie.buffer("),
@@ -204,7 +208,7 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 fn a_shift_past_the_width_is_poison_and_an_error() {
     // The codes' right shift is clamped to 31; with the clamp at 40 a value 2⁻³⁰ of its row's
     // scale shifts an i32 by more than its width, which MLIR makes poison.
-    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1 };
+    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1 };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
     let clamp = "{value = 31 : i32}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
