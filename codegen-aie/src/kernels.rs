@@ -25,11 +25,11 @@ pub const GEMV_ZERO: &str = "gemv_zero_i32";
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt {
     /// `res = arith.constant value : ty`.
-    Const { res: String, value: i64, ty: &'static str },
+    Const { res: String, value: i64, ty: String },
     /// `res = memref.load mem[idx] : mem_ty`, an element of type `ty`.
-    Load { res: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
+    Load { res: String, mem: String, mem_ty: String, idx: Vec<String>, ty: String },
     /// `memref.store val, mem[idx] : mem_ty`.
-    Store { val: String, mem: String, mem_ty: String, idx: Vec<String>, ty: &'static str },
+    Store { val: String, mem: String, mem_ty: String, idx: Vec<String>, ty: String },
     /// `res = arith.extsi src : from to to` (integers, or vectors of them).
     ExtSI { res: String, src: String, from: String, to: String },
     /// `res = vector.transfer_read mem[idx], pad` of a 2-D vector `vty` over the memref's two
@@ -42,19 +42,40 @@ pub enum Stmt {
     /// operands' and the accumulator's types.
     Contract { res: String, a: String, b: String, acc: String, tys: [String; 3], b_transposed: bool },
     /// `res = arith.<op> a, b : ty` (`addi`, `muli`).
-    Bin { res: String, op: &'static str, a: String, b: String, ty: &'static str },
+    Bin { res: String, op: &'static str, a: String, b: String, ty: String },
     /// `scf.for iv = lb to ub step step`, with at most one value carried across iterations.
     For { iv: String, lb: String, ub: String, step: String, carried: Option<Carried>, body: Vec<Stmt> },
     /// `res = arith.constant <bits> : f32`, the value spelled by its bits so it is exact.
     FConst { res: String, bits: u32 },
     /// `res = <op> a : ty` of one operand: `math.absf`, `math.roundeven`.
-    Un { res: String, op: &'static str, a: String, ty: &'static str },
+    Un { res: String, op: &'static str, a: String, ty: String },
     /// `res = arith.<op> src : from to to`: `sitofp`, `fptosi`, `extui`, `bitcast`.
-    Cast { res: String, op: &'static str, src: String, from: &'static str, to: &'static str },
+    Cast { res: String, op: &'static str, src: String, from: String, to: String },
     /// `res = arith.cmpf pred, a, b` (`float`) or `arith.cmpi`, an `i1`.
-    Cmp { res: String, float: bool, pred: &'static str, a: String, b: String, ty: &'static str },
+    Cmp { res: String, float: bool, pred: &'static str, a: String, b: String, ty: String },
     /// `res = arith.select cond, a, b : ty`.
-    Select { res: String, cond: String, a: String, b: String, ty: &'static str },
+    Select { res: String, cond: String, a: String, b: String, ty: String },
+    /// `res = vector.<op> src : from to to` of one vector operand: `broadcast` (a scalar to every
+    /// lane), `shape_cast`, `reduction <kind>` (`kind` set: the lanes combined into a scalar).
+    Vector { res: String, op: &'static str, kind: Option<&'static str>, src: String, from: String, to: String },
+}
+
+/// An `arith.constant`'s value: the integer, or a splat `dense<..>` of it for a vector type.
+fn constant(value: i64, ty: &str) -> String {
+    if ty.starts_with("vector<") {
+        format!("dense<{value}>")
+    } else {
+        value.to_string()
+    }
+}
+
+/// The type with `ty`'s shape and `elem` elements: `elem` for a scalar, `vector<..xelem>` for a
+/// vector.
+pub fn lanes_of(ty: &str, elem: &str) -> String {
+    match ty.strip_prefix("vector<").and_then(|t| t.rsplit_once('x')) {
+        Some((shape, _)) => format!("vector<{shape}x{elem}>"),
+        None => elem.to_string(),
+    }
 }
 
 /// `arith.cmpf`'s predicates in the order of their enum values.
@@ -121,7 +142,7 @@ pub(crate) fn index_consts(values: &[usize]) -> Vec<Stmt> {
     let mut seen: Vec<usize> = values.to_vec();
     seen.sort_unstable();
     seen.dedup();
-    seen.into_iter().map(|x| Stmt::Const { res: idx(x), value: x as i64, ty: "index" }).collect()
+    seen.into_iter().map(|x| Stmt::Const { res: idx(x), value: x as i64, ty: "index".into() }).collect()
 }
 
 /// `for iv in 0..ub { body }`.
@@ -139,13 +160,13 @@ pub fn zero_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
     let [_, _, shape] = blocked_shapes(device, mkn);
     let [_, _, c_ty] = tile_types(device, mkn);
     let mut body = index_consts(&[0, 1, shape[0], shape[1], shape[2], shape[3]]);
-    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32" });
+    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32".into() });
     let store = Stmt::Store {
         val: v("zero"),
         mem: v("c"),
         mem_ty: c_ty.clone(),
         idx: ["mb", "nb", "i", "j"].map(v).to_vec(),
-        ty: "i32",
+        ty: "i32".into(),
     };
     let loops = [("mb", shape[0]), ("nb", shape[1]), ("i", shape[2]), ("j", shape[3])];
     body.extend(nest(&loops, vec![store]));
@@ -160,12 +181,12 @@ fn accumulate_dot(
     x: (&str, &String, &[&str]),
     y: (&str, &String, &[&str]),
 ) -> Vec<Stmt> {
-    let load = |res: String, mem: &str, ty: &String, ix: &[&str], elem| Stmt::Load {
+    let load = |res: String, mem: &str, ty: &String, ix: &[&str], elem: &str| Stmt::Load {
         res,
         mem: v(mem),
         mem_ty: ty.clone(),
         idx: ix.iter().map(|i| v(i)).collect(),
-        ty: elem,
+        ty: String::from(elem),
     };
     let widened = |(name, ty, ix): (&str, &String, &[&str])| {
         let (code, wide) = (v(&format!("{name}v")), v(&format!("{name}w")));
@@ -176,8 +197,13 @@ fn accumulate_dot(
     };
     let [x_load, x_wide] = widened(x);
     let [y_load, y_wide] = widened(y);
-    let product =
-        Stmt::Bin { res: v("prod"), op: "muli", a: v(&format!("{}w", x.0)), b: v(&format!("{}w", y.0)), ty: "i32" };
+    let product = Stmt::Bin {
+        res: v("prod"),
+        op: "muli",
+        a: v(&format!("{}w", x.0)),
+        b: v(&format!("{}w", y.0)),
+        ty: "i32".into(),
+    };
     let reduce = Stmt::For {
         iv: v("l"),
         lb: idx(0),
@@ -190,7 +216,7 @@ fn accumulate_dot(
             x_wide,
             y_wide,
             product,
-            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32" },
+            Stmt::Bin { res: v("sum"), op: "addi", a: v("acc"), b: v("prod"), ty: "i32".into() },
         ],
     };
     let store = Stmt::Store {
@@ -198,7 +224,7 @@ fn accumulate_dot(
         mem: v("c"),
         mem_ty: c_ty.clone(),
         idx: c_ix.iter().map(|i| v(i)).collect(),
-        ty: "i32",
+        ty: "i32".into(),
     };
     vec![load(v("c_in"), "c", c_ty, c_ix, "i32"), reduce, store]
 }
@@ -231,7 +257,10 @@ pub fn matmul_i8_i32(device: Device, mkn: (usize, usize, usize)) -> Function {
 
 /// The padding values vector reads name (never read: every transfer is in bounds).
 fn vector_pads() -> [Stmt; 2] {
-    [Stmt::Const { res: v("pad8"), value: 0, ty: "i8" }, Stmt::Const { res: v("pad32"), value: 0, ty: "i32" }]
+    [
+        Stmt::Const { res: v("pad8"), value: 0, ty: "i8".into() },
+        Stmt::Const { res: v("pad32"), value: 0, ty: "i32".into() },
+    ]
 }
 
 /// A 2-D block of a memref: its name, type, indices (of its first element) and shape.
@@ -303,9 +332,14 @@ pub fn gemv_zero_i32(rkn: (usize, usize, usize)) -> Function {
     let (rows, _, n) = rkn;
     let [_, _, c_ty] = gemv_types(rkn);
     let mut body = index_consts(&[0, 1, rows, n]);
-    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32" });
-    let store =
-        Stmt::Store { val: v("zero"), mem: v("c"), mem_ty: c_ty.clone(), idx: ["i", "j"].map(v).to_vec(), ty: "i32" };
+    body.push(Stmt::Const { res: v("zero"), value: 0, ty: "i32".into() });
+    let store = Stmt::Store {
+        val: v("zero"),
+        mem: v("c"),
+        mem_ty: c_ty.clone(),
+        idx: ["i", "j"].map(v).to_vec(),
+        ty: "i32".into(),
+    };
     body.extend(nest(&[("i", rows), ("j", n)], vec![store]));
     Function { name: GEMV_ZERO.into(), params: vec![(v("c"), c_ty)], body: Some(body) }
 }
@@ -431,6 +465,7 @@ fn generic_stmts(o: &mut String, body: &[Stmt], pad: usize) {
     for s in body {
         match s {
             Stmt::Const { res, value, ty } => {
+                let value = constant(*value, ty);
                 let _ = writeln!(o, "{sp}{res} = \"arith.constant\"() {{value = {value} : {ty}}} : () -> {ty}");
             }
             Stmt::Load { res, mem, mem_ty, idx, ty } => {
@@ -498,13 +533,19 @@ fn generic_scalar(o: &mut String, s: &Stmt, sp: &str) {
         }
         Stmt::Cmp { res, float, pred, a, b, ty } => {
             let (name, value) = (if *float { "cmpf" } else { "cmpi" }, predicate_value(*float, pred));
+            let i1 = lanes_of(ty, "i1");
             let _ = writeln!(
                 o,
-                "{sp}{res} = \"arith.{name}\"({a}, {b}) {{predicate = {value} : i64}} : ({ty}, {ty}) -> i1"
+                "{sp}{res} = \"arith.{name}\"({a}, {b}) {{predicate = {value} : i64}} : ({ty}, {ty}) -> {i1}"
             );
         }
         Stmt::Select { res, cond, a, b, ty } => {
-            let _ = writeln!(o, "{sp}{res} = \"arith.select\"({cond}, {a}, {b}) : (i1, {ty}, {ty}) -> {ty}");
+            let cond_ty = lanes_of(ty, "i1");
+            let _ = writeln!(o, "{sp}{res} = \"arith.select\"({cond}, {a}, {b}) : ({cond_ty}, {ty}, {ty}) -> {ty}");
+        }
+        Stmt::Vector { res, op, kind, src, from, to } => {
+            let attrs = kind.map(|k| format!(" {{kind = #vector.kind<{k}>}}")).unwrap_or_default();
+            let _ = writeln!(o, "{sp}{res} = \"vector.{op}\"({src}){attrs} : ({from}) -> {to}");
         }
         _ => unreachable!("printed by generic_stmts"),
     }
@@ -527,7 +568,14 @@ fn pretty_scalar(o: &mut String, s: &Stmt, sp: &str) {
             let _ = writeln!(o, "{sp}{res} = arith.{name} {pred}, {a}, {b} : {ty}");
         }
         Stmt::Select { res, cond, a, b, ty } => {
-            let _ = writeln!(o, "{sp}{res} = arith.select {cond}, {a}, {b} : {ty}");
+            let cond_ty = if ty.starts_with("vector<") { format!("{}, ", lanes_of(ty, "i1")) } else { String::new() };
+            let _ = writeln!(o, "{sp}{res} = arith.select {cond}, {a}, {b} : {cond_ty}{ty}");
+        }
+        Stmt::Vector { res, op, kind: Some(k), src, from, to } => {
+            let _ = writeln!(o, "{sp}{res} = vector.{op} <{k}>, {src} : {from} into {to}");
+        }
+        Stmt::Vector { res, op, kind: None, src, from, to } => {
+            let _ = writeln!(o, "{sp}{res} = vector.{op} {src} : {from} to {to}");
         }
         _ => unreachable!("printed by pretty_stmts"),
     }
@@ -573,7 +621,7 @@ fn pretty_stmts(o: &mut String, body: &[Stmt], pad: usize) {
     for s in body {
         match s {
             Stmt::Const { res, value, ty } => {
-                let _ = writeln!(o, "{sp}{res} = arith.constant {value} : {ty}");
+                let _ = writeln!(o, "{sp}{res} = arith.constant {} : {ty}", constant(*value, ty));
             }
             Stmt::Load { res, mem, mem_ty, idx, .. } => {
                 let _ = writeln!(o, "{sp}{res} = memref.load {mem}[{}] : {mem_ty}", idx.join(", "));

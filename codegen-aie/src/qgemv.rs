@@ -35,11 +35,15 @@ use std::fmt::Write;
 /// Largest column tile a core computes at once.
 const MAX_TILE_COLS: usize = 256;
 
-/// Cycles a core spends on one activation element in one pass of the prologue, an assumption of
-/// the cost model, not a measurement: the code in some 40 scalar integer operations
-/// ([`crate::qkernels`]), the maxima and the residual in software f32 (an AIE2 core has no
-/// floating-point scalar unit), averaged over the passes.
-pub const PROLOGUE_CYCLES_PER_ELEMENT: u64 = 80;
+/// Cycles a core spends on one activation element for its first pass (its maximum and its
+/// code, [`crate::qkernels`]), an assumption of the cost model, not a measurement: some 50
+/// integer vector operations per [`crate::qkernels::LANES`] elements.
+pub const FIRST_PASS_CYCLES_PER_ELEMENT: u64 = 8;
+
+/// Cycles per activation element of the residual pass (the residual's maximum and its codes),
+/// an assumption as above: scalar code, the residual in software f32 (an AIE2 core has no
+/// floating-point scalar unit).
+pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 200;
 
 /// Cycles per output element of the epilogue, an assumption as above: two conversions, four
 /// products and a sum in software f32.
@@ -119,7 +123,8 @@ fn evaluate(
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
     let x_bytes = ((passes + 1) * parts * rows * k * 4) as u64;
-    let prologue = ((passes + 1) * parts * rows * k) as u64 * PROLOGUE_CYCLES_PER_ELEMENT;
+    let per_element = FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT;
+    let prologue = (parts * rows * k) as u64 * per_element;
     let macs = (kr * n * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
@@ -388,6 +393,8 @@ enum CoreOp {
     Tiles {
         body: Vec<CoreOp>,
     },
+    /// Ops in order.
+    Seq(Vec<CoreOp>),
 }
 
 /// The ops of a qgemv core's body.
@@ -411,7 +418,13 @@ fn core_ops(d: &Design, core: &Core, (passes, kernel_rows): (usize, usize)) -> V
     };
     stream(&mut ops, 0, &|_, x| call(qkernels::ABSMAX, vec![x, rs.clone()]));
     ops.push(call(qkernels::SCALE[0], vec![rs.clone()]));
-    stream(&mut ops, 1, &|q, x| call(qkernels::CODES, vec![x, rs.clone(), codes(0, q)]));
+    stream(&mut ops, 1, &|q, x| {
+        let codes_call = call(qkernels::CODES, vec![x.clone(), rs.clone(), codes(0, q)]);
+        match passes {
+            1 => codes_call,
+            _ => CoreOp::Seq(vec![codes_call, call(qkernels::RESIDUAL_MAX, vec![x, rs.clone(), codes(0, q)])]),
+        }
+    });
     if passes > 1 {
         ops.push(call(qkernels::SCALE[1], vec![rs.clone()]));
         stream(&mut ops, 2, &|q, x| call(qkernels::RESIDUAL, vec![x, rs.clone(), codes(0, q), codes(1, q)]));
@@ -477,6 +490,7 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
                     tys.join(", ")
                 );
             }
+            CoreOp::Seq(ops) => generic_ops(ops, o, pad),
             CoreOp::Tiles { body } => {
                 let _ = writeln!(o, "{sp}\"scf.for\"(%c0, %ctiles, %c1) ({{\n{sp}^bb0(%tile: index):");
                 generic_ops(body, o, pad + 2);
@@ -514,6 +528,7 @@ fn pretty_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
                 let (names, tys): (Vec<&str>, Vec<&str>) = args.iter().map(|(a, t)| (a.as_str(), t.as_str())).unzip();
                 let _ = writeln!(o, "{sp}func.call @{callee}({}) : ({}) -> ()", names.join(", "), tys.join(", "));
             }
+            CoreOp::Seq(ops) => pretty_ops(ops, o, pad),
             CoreOp::Tiles { body } => {
                 let _ = writeln!(o, "{sp}scf.for %tile = %c0 to %ctiles step %c1 {{");
                 pretty_ops(body, o, pad + 2);

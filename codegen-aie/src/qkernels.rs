@@ -22,23 +22,35 @@
 //!
 //! An AIE2 core has no floating-point scalar unit (its vector unit emulates f32 products with
 //! bfloat16 parts, not to IEEE's rounding, and flushes subnormals), so f32 operations lower to
-//! software floating point: exact, and tens of cycles each. The codes therefore take no floating
-//! point at all: with the power-of-two scale, `x / s` is `x`'s significand shifted right by the
-//! exponents' difference, and the code is the shifted-out integer rounded half to even from the
-//! bits shifted out — integer operations on the bits that give the program's
-//! `round_half_even(x / s)` exactly (the tests compare them on ties, subnormals, infinities and
-//! NaN). The maxima, the residual `x − code·s` (representable, so exact) and the epilogue
-//! (`acc·(sₐ·s_w)`, one rounding, `sₐ·s_w` exact) are f32 operations. All of it is scalar code;
-//! the array's vector unit is the next step for the codes.
+//! software floating point: exact, and tens of cycles each. The first pass therefore takes no
+//! floating point at all, and runs in vectors of [`LANES`] integers: a row's maximum is the
+//! unsigned maximum of the bits without their sign (NaN's bits taken as 0), and with the
+//! power-of-two scale `x / s` is `x`'s significand shifted right by the exponents' difference, the
+//! code the shifted integer rounded half to even from the bits shifted out — integer operations
+//! that give the program's `round_half_even(x / s)` exactly (the tests compare them on ties,
+//! subnormals, infinities and NaN). The residual pass (its maximum of `|x − code·s|`, which is
+//! representable so exact, and its codes) and the epilogue (`acc·(sₐ·s_w)`, one rounding,
+//! `sₐ·s_w` exact) are scalar f32 code; the residual in integers, from the remainder the shift
+//! leaves, is the next step.
 
-use crate::kernels::{count, idx, index_consts, memref, v, Carried, Function, Stmt};
+use crate::kernels::{count, idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";
 pub const SCALE: [&str; 2] = ["q_scale0", "q_scale1"];
 pub const CODES: &str = "q_codes";
+pub const RESIDUAL_MAX: &str = "q_resmax";
 pub const RESIDUAL: &str = "q_residual";
 pub const DEQUANT: &str = "q_dequant";
+
+/// Lanes of the prologue's vectors: a K part is a multiple of the micro-tile's 8, and 8 × 32
+/// bits is a 256-bit vector register.
+pub const LANES: usize = 8;
+
+/// `vector<1xLANESxelem>`.
+fn lanes(elem: &str) -> String {
+    format!("vector<1x{LANES}x{elem}>")
+}
 
 /// Rows of weight element a tile's epilogue data takes after its `n` weight rows of `k` bytes:
 /// `n` f32 scales, and with two passes `n` flag bytes.
@@ -113,51 +125,51 @@ impl Code {
         res
     }
 
-    fn iconst(&mut self, value: i64, ty: &'static str) -> String {
+    fn iconst(&mut self, value: i64, ty: &str) -> String {
         let res = self.fresh("k");
-        self.push(Stmt::Const { res: res.clone(), value, ty });
+        self.push(Stmt::Const { res: res.clone(), value, ty: ty.into() });
         res
     }
 
-    fn load(&mut self, mem: &str, mem_ty: &str, at: &[&str], ty: &'static str) -> String {
+    fn load(&mut self, mem: &str, mem_ty: &str, at: &[&str], ty: &str) -> String {
         let res = self.fresh("ld");
         let idx = at.iter().map(|s| s.to_string()).collect();
-        self.push(Stmt::Load { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty });
+        self.push(Stmt::Load { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty: ty.into() });
         res
     }
 
-    fn store(&mut self, val: &str, mem: &str, mem_ty: &str, at: &[&str], ty: &'static str) {
+    fn store(&mut self, val: &str, mem: &str, mem_ty: &str, at: &[&str], ty: &str) {
         let idx = at.iter().map(|s| s.to_string()).collect();
-        self.push(Stmt::Store { val: val.into(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty });
+        self.push(Stmt::Store { val: val.into(), mem: v(mem), mem_ty: mem_ty.into(), idx, ty: ty.into() });
     }
 
-    fn bin(&mut self, op: &'static str, a: &str, b: &str, ty: &'static str) -> String {
+    fn bin(&mut self, op: &'static str, a: &str, b: &str, ty: &str) -> String {
         let res = self.fresh(op);
-        self.push(Stmt::Bin { res: res.clone(), op, a: a.into(), b: b.into(), ty });
+        self.push(Stmt::Bin { res: res.clone(), op, a: a.into(), b: b.into(), ty: ty.into() });
         res
     }
 
     fn un(&mut self, op: &'static str, a: &str) -> String {
         let res = self.fresh("u");
-        self.push(Stmt::Un { res: res.clone(), op, a: a.into(), ty: "f32" });
+        self.push(Stmt::Un { res: res.clone(), op, a: a.into(), ty: "f32".into() });
         res
     }
 
-    fn cast(&mut self, op: &'static str, src: &str, from: &'static str, to: &'static str) -> String {
+    fn cast(&mut self, op: &'static str, src: &str, from: &str, to: &str) -> String {
         let res = self.fresh(op);
-        self.push(Stmt::Cast { res: res.clone(), op, src: src.into(), from, to });
+        self.push(Stmt::Cast { res: res.clone(), op, src: src.into(), from: from.into(), to: to.into() });
         res
     }
 
-    fn cmp(&mut self, float: bool, pred: &'static str, a: &str, b: &str, ty: &'static str) -> String {
+    fn cmp(&mut self, float: bool, pred: &'static str, a: &str, b: &str, ty: &str) -> String {
         let res = self.fresh("cmp");
-        self.push(Stmt::Cmp { res: res.clone(), float, pred, a: a.into(), b: b.into(), ty });
+        self.push(Stmt::Cmp { res: res.clone(), float, pred, a: a.into(), b: b.into(), ty: ty.into() });
         res
     }
 
-    fn select(&mut self, cond: &str, a: &str, b: &str, ty: &'static str) -> String {
+    fn select(&mut self, cond: &str, a: &str, b: &str, ty: &str) -> String {
         let res = self.fresh("sel");
-        self.push(Stmt::Select { res: res.clone(), cond: cond.into(), a: a.into(), b: b.into(), ty });
+        self.push(Stmt::Select { res: res.clone(), cond: cond.into(), a: a.into(), b: b.into(), ty: ty.into() });
         res
     }
 
@@ -170,19 +182,51 @@ impl Code {
     /// `res = for iv in 0..ub carrying an f32 from init { body }`: `f` builds the body from the
     /// carried value's name and returns the value it yields.
     fn fold(&mut self, iv: &str, ub: usize, init: &str, f: impl FnOnce(&mut Code, &str) -> String) -> String {
+        self.fold_by(iv, (ub, 1), (init, "f32"), f)
+    }
+
+    /// [`Code::fold`] by `step`, carrying a value of type `ty` (a vector, say).
+    fn fold_by(
+        &mut self,
+        iv: &str,
+        (ub, step): (usize, usize),
+        (init, ty): (&str, &str),
+        f: impl FnOnce(&mut Code, &str) -> String,
+    ) -> String {
         let (arg, res) = (self.fresh("carry"), self.fresh("folded"));
         let mut inner = Code { stmts: vec![], next: self.next };
         let yielded = f(&mut inner, &arg);
         self.next = inner.next;
-        let carried = Carried { arg, init: init.into(), yielded, res: res.clone(), ty: "f32".into() };
+        let carried = Carried { arg, init: init.into(), yielded, res: res.clone(), ty: ty.into() };
         self.push(Stmt::For {
             iv: v(iv),
             lb: idx(0),
             ub: idx(ub),
-            step: idx(1),
+            step: idx(step),
             carried: Some(carried),
             body: inner.stmts,
         });
+        res
+    }
+
+    /// `for iv in 0..ub step step { body }`.
+    fn each_by(&mut self, iv: &str, (ub, step): (usize, usize), f: impl FnOnce(&mut Code)) {
+        let body = self.nested(f);
+        self.push(Stmt::For { iv: v(iv), lb: idx(0), ub: idx(ub), step: idx(step), carried: None, body });
+    }
+
+    /// The `[1, LANES]` block of a row-major `[rows, k]` memref at `(%i, %l)`, of element `elem`.
+    fn read_lanes(&mut self, mem: &str, mem_ty: &str, elem: &'static str, pad: &str) -> String {
+        let res = self.fresh("vec");
+        let vty = lanes(elem);
+        let idx = vec!["%i".to_string(), "%l".to_string()];
+        self.push(Stmt::Read { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, pad: pad.into(), vty, elem });
+        res
+    }
+
+    fn vector(&mut self, op: &'static str, kind: Option<&'static str>, src: &str, (from, to): (&str, &str)) -> String {
+        let res = self.fresh("v");
+        self.push(Stmt::Vector { res: res.clone(), op, kind, src: src.into(), from: from.into(), to: to.into() });
         res
     }
 
@@ -198,55 +242,66 @@ impl Code {
     /// `x`'s significand `M` shifted right by `t` = (s's exponent + 23 − x's exponent), so its
     /// integer part is `M >> t` and the bits shifted out decide the rounding (up past half, and
     /// at exactly half when the integer part is odd).
-    fn quantise(&mut self, x: &str, s: &str) -> String {
-        let k = |c: &mut Code, v: i64| c.iconst(v, "i32");
-        let xb = self.cast("bitcast", x, "f32", "i32");
-        let sb = self.cast("bitcast", s, "f32", "i32");
+    ///
+    /// `xb` and `sb` are the bits of `x` and `s` as `ty` (i32, or a vector of them, lane by lane);
+    /// the codes come back as its int8 form.
+    fn quantise_bits(&mut self, xb: &str, sb: &str, ty: &str) -> String {
+        let (t1, t8) = (lanes_of(ty, "i1"), lanes_of(ty, "i8"));
+        let (ty, t1, t8) = (ty.to_string(), t1.as_str(), t8.as_str());
+        let ty = ty.as_str();
+        let k = |c: &mut Code, v: i64| c.iconst(v, ty);
         let (c23, c0, c1) = (k(self, 23), k(self, 0), k(self, 1));
         let (c255, mant_mask, one_bit) = (k(self, 0xff), k(self, 0x007f_ffff), k(self, 0x0080_0000));
-        let e = self.bin("shrui", &xb, &c23, "i32");
-        let e = self.bin("andi", &e, &c255, "i32");
-        let m = self.bin("andi", &xb, &mant_mask, "i32");
-        let normal = self.cmp(false, "ne", &e, &c0, "i32");
-        let implicit = self.bin("ori", &m, &one_bit, "i32");
-        let sig = self.select(&normal, &implicit, &m, "i32");
-        let e = self.select(&normal, &e, &c1, "i32");
-        let es = self.bin("shrui", &sb, &c23, "i32");
-        let t = self.bin("addi", &es, &c23, "i32");
-        let t = self.bin("subi", &t, &e, "i32");
+        let e = self.bin("shrui", xb, &c23, ty);
+        let e = self.bin("andi", &e, &c255, ty);
+        let m = self.bin("andi", xb, &mant_mask, ty);
+        let normal = self.cmp(false, "ne", &e, &c0, ty);
+        let implicit = self.bin("ori", &m, &one_bit, ty);
+        let sig = self.select(&normal, &implicit, &m, ty);
+        let e = self.select(&normal, &e, &c1, ty);
+        let es = self.bin("shrui", sb, &c23, ty);
+        let t = self.bin("addi", &es, &c23, ty);
+        let t = self.bin("subi", &t, &e, ty);
         // Shifts of 1 to 31: a finite |x| ≤ 127·s shifts by 17 or more, and 31 leaves nothing.
-        let low = self.cmp(false, "slt", &t, &c1, "i32");
-        let t = self.select(&low, &c1, &t, "i32");
+        let low = self.cmp(false, "slt", &t, &c1, ty);
+        let t = self.select(&low, &c1, &t, ty);
         let c31 = k(self, 31);
-        let high = self.cmp(false, "sgt", &t, &c31, "i32");
-        let t = self.select(&high, &c31, &t, "i32");
-        let q = self.bin("shrui", &sig, &t, "i32");
-        let mask = self.bin("shli", &c1, &t, "i32");
-        let mask = self.bin("subi", &mask, &c1, "i32");
-        let rem = self.bin("andi", &sig, &mask, "i32");
-        let half = self.bin("subi", &t, &c1, "i32");
-        let half = self.bin("shli", &c1, &half, "i32");
-        let above = self.cmp(false, "ugt", &rem, &half, "i32");
-        let tie = self.cmp(false, "eq", &rem, &half, "i32");
-        let odd = self.bin("andi", &q, &c1, "i32");
-        let odd = self.cmp(false, "ne", &odd, &c0, "i32");
-        let tie_up = self.bin("andi", &tie, &odd, "i1");
-        let up = self.bin("ori", &above, &tie_up, "i1");
-        let up = self.cast("extui", &up, "i1", "i32");
-        let mag = self.bin("addi", &q, &up, "i32");
+        let high = self.cmp(false, "sgt", &t, &c31, ty);
+        let t = self.select(&high, &c31, &t, ty);
+        let q = self.bin("shrui", &sig, &t, ty);
+        let mask = self.bin("shli", &c1, &t, ty);
+        let mask = self.bin("subi", &mask, &c1, ty);
+        let rem = self.bin("andi", &sig, &mask, ty);
+        let half = self.bin("subi", &t, &c1, ty);
+        let half = self.bin("shli", &c1, &half, ty);
+        let above = self.cmp(false, "ugt", &rem, &half, ty);
+        let tie = self.cmp(false, "eq", &rem, &half, ty);
+        let odd = self.bin("andi", &q, &c1, ty);
+        let odd = self.cmp(false, "ne", &odd, &c0, ty);
+        let tie_up = self.bin("andi", &tie, &odd, t1);
+        let up = self.bin("ori", &above, &tie_up, t1);
+        let up = self.cast("extui", &up, t1, ty);
+        let mag = self.bin("addi", &q, &up, ty);
         let c127 = k(self, 127);
-        let over = self.cmp(false, "sgt", &mag, &c127, "i32");
-        let mag = self.select(&over, &c127, &mag, "i32");
+        let over = self.cmp(false, "sgt", &mag, &c127, ty);
+        let mag = self.select(&over, &c127, &mag, ty);
         // ±∞ takes ±127, NaN 0 (the exponent field all ones).
-        let special = self.cmp(false, "eq", &e, &c255, "i32");
-        let nan = self.cmp(false, "ne", &m, &c0, "i32");
-        let nan = self.bin("andi", &special, &nan, "i1");
-        let mag = self.select(&special, &c127, &mag, "i32");
-        let mag = self.select(&nan, &c0, &mag, "i32");
-        let neg = self.cmp(false, "slt", &xb, &c0, "i32");
-        let minus = self.bin("subi", &c0, &mag, "i32");
-        let code = self.select(&neg, &minus, &mag, "i32");
-        self.cast("trunci", &code, "i32", "i8")
+        let special = self.cmp(false, "eq", &e, &c255, ty);
+        let nan = self.cmp(false, "ne", &m, &c0, ty);
+        let nan = self.bin("andi", &special, &nan, t1);
+        let mag = self.select(&special, &c127, &mag, ty);
+        let mag = self.select(&nan, &c0, &mag, ty);
+        let neg = self.cmp(false, "slt", xb, &c0, ty);
+        let minus = self.bin("subi", &c0, &mag, ty);
+        let code = self.select(&neg, &minus, &mag, ty);
+        self.cast("trunci", &code, ty, t8)
+    }
+
+    /// [`Code::quantise_bits`] of one f32 `x` at scale `s`.
+    fn quantise(&mut self, x: &str, s: &str) -> String {
+        let xb = self.cast("bitcast", x, "f32", "i32");
+        let sb = self.cast("bitcast", s, "f32", "i32");
+        self.quantise_bits(&xb, &sb, "i32")
     }
 
     /// `x − code·s` in f32, the rounding residual of a code.
@@ -273,18 +328,32 @@ pub fn reset(sh: Shape) -> Function {
     c.finish(RESET, vec![(v("rs"), rs_ty)])
 }
 
-/// `q_absmax(%x, %rs)`: each row's running maximum of `|x|` over one K part.
+/// `q_absmax(%x, %rs)`: each row's running maximum of `|x|` over one K part, in vectors of
+/// [`LANES`] on the bits: `|x|` is `x` without its sign bit, and for floats that are not NaN the
+/// larger bits are the larger value, so an unsigned maximum of the bits (NaN's bits, above
+/// infinity's, taken as 0) is `maxnumf`'s.
 pub fn absmax(sh: Shape) -> Function {
     let (x_ty, rs_ty) = (sh.x_ty(), sh.rs_ty());
-    let mut c = Code::new(&[0, 1, sh.rows, sh.k]);
+    let (vf, vi) = (lanes("f32"), lanes("i32"));
+    let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
+    let pad = c.fconst(0.0);
+    let (magnitude, nan_above, zero) = (c.iconst(0x7fff_ffff, &vi), c.iconst(0x7f80_0000, &vi), c.iconst(0, &vi));
     c.each("i", sh.rows, |c| {
         let m = c.load("rs", &rs_ty, &[&idx(0), "%i"], "f32");
-        let mx = c.fold("l", sh.k, &m, |c, acc| {
-            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
-            let a = c.un("math.absf", &x);
-            c.bin("maxnumf", acc, &a, "f32")
+        let mb = c.cast("bitcast", &m, "f32", "i32");
+        let init = c.vector("broadcast", None, &mb, ("i32", &vi));
+        let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
+            let x = c.read_lanes("x", &x_ty, "f32", &pad);
+            let xb = c.cast("bitcast", &x, &vf, &vi);
+            let a = c.bin("andi", &xb, &magnitude, &vi);
+            let nan = c.cmp(false, "ugt", &a, &nan_above, &vi);
+            let a = c.select(&nan, &zero, &a, &vi);
+            c.bin("maxui", acc, &a, &vi)
         });
-        c.store(&mx, "rs", &rs_ty, &[&idx(0), "%i"], "f32");
+        let flat = c.vector("shape_cast", None, &mx, (&vi, &format!("vector<{LANES}xi32>")));
+        let m = c.vector("reduction", Some("maxui"), &flat, (&format!("vector<{LANES}xi32>"), "i32"));
+        let m = c.cast("bitcast", &m, "i32", "f32");
+        c.store(&m, "rs", &rs_ty, &[&idx(0), "%i"], "f32");
     });
     c.finish(ABSMAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
 }
@@ -326,35 +395,46 @@ pub fn scale(sh: Shape, pass: usize) -> Function {
     c.finish(SCALE[pass], vec![(v("rs"), rs_ty)])
 }
 
-/// `q_codes(%x, %rs, %c0)`: one K part's first-pass codes; with two passes also each row's
-/// running maximum of the residual `|x − code·s|`.
+/// `q_codes(%x, %rs, %c0)`: one K part's first-pass codes, in vectors of [`LANES`]
+/// ([`Code::quantise_bits`] lane by lane).
 pub fn codes(sh: Shape) -> Function {
+    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
+    let (vf, vi) = (lanes("f32"), lanes("i32"));
+    let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
+    let pad = c.fconst(0.0);
+    c.each("i", sh.rows, |c| {
+        let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
+        let sb = c.cast("bitcast", &s, "f32", "i32");
+        let sv = c.vector("broadcast", None, &sb, ("i32", &vi));
+        c.each_by("l", (sh.k, LANES), |c| {
+            let x = c.read_lanes("x", &x_ty, "f32", &pad);
+            let xb = c.cast("bitcast", &x, &vf, &vi);
+            let q = c.quantise_bits(&xb, &sv, &vi);
+            let idx = vec!["%i".to_string(), "%l".to_string()];
+            c.push(Stmt::Write { val: q, mem: v("c0"), mem_ty: c_ty.clone(), idx, vty: lanes("i8") });
+        });
+    });
+    c.finish(CODES, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
+}
+
+/// `q_resmax(%x, %rs, %c0)`: with two passes, each row's running maximum of the residual
+/// `|x − code·s|` over one K part (its first-pass codes made), in f32.
+pub fn residual_max(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
     let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k]);
     c.each("i", sh.rows, |c| {
         let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
-        let code = |c: &mut Code| {
-            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
-            let q = c.quantise(&x, &s);
-            c.store(&q, "c0", &c_ty, &["%i", "%l"], "i8");
-            (x, q)
-        };
-        if sh.passes == 1 {
-            c.each("l", sh.k, |c| {
-                code(c);
-            });
-            return;
-        }
         let m = c.load("rs", &rs_ty, &[&idx(2), "%i"], "f32");
         let mx = c.fold("l", sh.k, &m, |c, acc| {
-            let (x, q) = code(c);
+            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
+            let q = c.load("c0", &c_ty, &["%i", "%l"], "i8");
             let r = c.residual(&x, &q, &s);
             let a = c.un("math.absf", &r);
             c.bin("maxnumf", acc, &a, "f32")
         });
         c.store(&mx, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
     });
-    c.finish(CODES, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
+    c.finish(RESIDUAL_MAX, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
 }
 
 /// `q_residual(%x, %rs, %c0, %c1)`: one K part's second-pass codes, of the first pass's residual.
@@ -449,7 +529,7 @@ pub fn dequant(sh: Shape) -> Function {
 pub fn functions(sh: Shape) -> Vec<Function> {
     let mut f = vec![reset(sh), absmax(sh), scale(sh, 0), codes(sh)];
     if sh.passes > 1 {
-        f.extend([scale(sh, 1), residual(sh)]);
+        f.extend([residual_max(sh), scale(sh, 1), residual(sh)]);
     }
     f.push(dequant(sh));
     f

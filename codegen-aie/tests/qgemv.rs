@@ -206,11 +206,11 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 
 #[test]
 fn a_shift_past_the_width_is_poison_and_an_error() {
-    // The codes' right shift is clamped to 31; with the clamp at 40 a value 2⁻³⁰ of its row's
-    // scale shifts an i32 by more than its width, which MLIR makes poison.
+    // The codes' right shift is clamped to 31 (in every lane); with the clamp at 40 a value 2⁻³⁰
+    // of its row's scale shifts an i32 by more than its width, which MLIR makes poison.
     let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1 };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
-    let clamp = "{value = 31 : i32}";
+    let clamp = "{value = dense<31> : vector<1x8xi32>}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
     let run = |text: &str| {
         let funcs = interp::module_functions(text, true).unwrap();
@@ -221,6 +221,6 @@ fn a_shift_past_the_width_is_poison_and_an_error() {
         funcs[0].call(&mut mems).map(|()| mems.pop().unwrap())
     };
     assert_eq!(run(&text).unwrap(), vec![64, 0, 32, 0, -64, 16, 48, 64]);
-    let err = run(&text.replace(clamp, "{value = 40 : i32}")).unwrap_err().to_string();
+    let err = run(&text.replace(clamp, "{value = dense<40> : vector<1x8xi32>}")).unwrap_err().to_string();
     assert!(err.contains("shift by 40 of an i32 is poison") && err.contains("@q_codes"), "{err}");
 }

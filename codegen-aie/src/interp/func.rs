@@ -16,6 +16,8 @@
 //! shape.
 
 use super::{parse_memref, split_top, Block, InterpError, Op};
+
+mod lanes;
 use std::collections::HashMap;
 
 /// A memref parameter: its shape, row-major strides and element width in bits.
@@ -90,6 +92,8 @@ enum BinOp {
     Shl,
     /// `shrui`: a logical right shift of the operand's `bits`.
     ShrU,
+    /// `maxui`: the larger read as unsigned.
+    MaxU,
     Or,
     And,
 }
@@ -215,6 +219,8 @@ enum Instr {
         a: usize,
         b: usize,
     },
+    /// Instructions run in order (an elementwise operation on a vector, one per lane).
+    Seq(Vec<Instr>),
     /// `len` registers copied (a vector's `arith.extsi`).
     CopyN {
         dst: usize,
@@ -249,11 +255,11 @@ fn minor_identity_2d(map: &str) -> bool {
 /// Elements one `scf.for` may carry in all (a carried vector is its elements).
 const MAX_CARRIED_ELEMENTS: usize = 64;
 
-/// Shape and element bits of a `vector<RxCxiN>`.
+/// Shape and element bits of a `vector<RxCxT>` (or `vector<NxT>`), `T` an integer or `f32`.
 fn parse_vector(ty: &str) -> Option<(Vec<usize>, u32)> {
     let body = ty.trim().strip_prefix("vector<")?.strip_suffix('>')?;
     let mut parts: Vec<&str> = body.split('x').collect();
-    let bits = int_bits(parts.pop()?)?;
+    let bits = elem_bits(parts.pop()?)?;
     Some((parts.iter().map(|d| d.parse().ok()).collect::<Option<_>>()?, bits))
 }
 
@@ -351,10 +357,12 @@ impl Compiler<'_> {
     /// A 2-D vector named `name` of type `ty`, its registers allocated.
     fn define_vector(&mut self, op: &Op, name: &str, ty: &str) -> Result<Value, InterpError> {
         let Some((shape, bits)) = parse_vector(ty) else {
-            return perr(op.line, format!("@{}: {ty} is not a vector of integers", self.func));
+            return perr(op.line, format!("@{}: {ty} is not a vector of integers or f32", self.func));
         };
-        let &[rows, cols] = shape.as_slice() else {
-            return perr(op.line, format!("@{}: {ty} is not a 2-D vector", self.func));
+        let (rows, cols) = match *shape.as_slice() {
+            [rows, cols] => (rows, cols),
+            [cols] => (1, cols),
+            _ => return perr(op.line, format!("@{}: {ty} is not a 1-D or 2-D vector", self.func)),
         };
         let v = Value::Vector { first: self.registers, rows, cols, bits };
         self.registers += rows * cols;
@@ -413,6 +421,9 @@ impl Compiler<'_> {
     }
 
     fn instr(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        if let Some(i) = self.lanewise(op)? {
+            return Ok(i);
+        }
         if let Some(i) = self.scalar(op)? {
             return Ok(i);
         }
@@ -422,6 +433,7 @@ impl Compiler<'_> {
             "arith.muli" => Some(BinOp::Mul),
             "arith.shli" => Some(BinOp::Shl),
             "arith.shrui" => Some(BinOp::ShrU),
+            "arith.maxui" => Some(BinOp::MaxU),
             "arith.ori" => Some(BinOp::Or),
             "arith.andi" => Some(BinOp::And),
             _ => None,
@@ -896,6 +908,7 @@ impl Run<'_> {
                     }
                 }
                 Instr::CopyN { dst, src, len } => self.regs.copy_within(*src..*src + len, *dst),
+                Instr::Seq(code) => self.exec(code)?,
                 Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits, bt } => {
                     let (b_row, b_col) = if *bt { (1, *k) } else { (*n, 1) };
                     for i in 0..*m {
@@ -930,6 +943,14 @@ impl Run<'_> {
             BinOp::ShrU => {
                 let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
                 ((x as u64 & mask).wrapping_shr(y as u32 & 63)) as i64
+            }
+            BinOp::MaxU => {
+                let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                if (x as u64 & mask) >= (y as u64 & mask) {
+                    x
+                } else {
+                    y
+                }
             }
             BinOp::Or => x | y,
             BinOp::And => x & y,
