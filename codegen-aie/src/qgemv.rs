@@ -41,12 +41,12 @@ const MAX_TILE_COLS: usize = 256;
 pub const FIRST_PASS_CYCLES_PER_ELEMENT: u64 = 8;
 
 /// Cycles per activation element of the residual pass (the residual's maximum and its codes),
-/// an assumption as above: scalar code, the residual in software f32 (an AIE2 core has no
-/// floating-point scalar unit).
-pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 200;
+/// an assumption as above: some 160 integer vector operations per
+/// [`crate::qkernels::LANES`] elements.
+pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 20;
 
 /// Cycles per output element of the epilogue, an assumption as above: two conversions, four
-/// products and a sum in software f32.
+/// products and a sum in software f32 (an AIE2 core has no floating-point scalar unit).
 pub const EPILOGUE_CYCLES_PER_ELEMENT: u64 = 100;
 
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole

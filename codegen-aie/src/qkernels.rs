@@ -99,6 +99,16 @@ impl Shape {
     }
 }
 
+/// The parts of a quotient `x / s` (see [`Code::quotient`]): `x`'s biased exponent `e` (1 for a
+/// subnormal), its mantissa field `m`, its significand `sig` (the implicit bit set when normal),
+/// and the right shift `t` = s's exponent + 23 − `e`, clamped to 1..=31.
+struct Quotient {
+    e: String,
+    m: String,
+    sig: String,
+    t: String,
+}
+
 /// A function body under construction: statements and fresh SSA names.
 struct Code {
     stmts: Vec<Stmt>,
@@ -149,12 +159,6 @@ impl Code {
         res
     }
 
-    fn un(&mut self, op: &'static str, a: &str) -> String {
-        let res = self.fresh("u");
-        self.push(Stmt::Un { res: res.clone(), op, a: a.into(), ty: "f32".into() });
-        res
-    }
-
     fn cast(&mut self, op: &'static str, src: &str, from: &str, to: &str) -> String {
         let res = self.fresh(op);
         self.push(Stmt::Cast { res: res.clone(), op, src: src.into(), from: from.into(), to: to.into() });
@@ -179,13 +183,8 @@ impl Code {
         self.push(count(iv, ub, body));
     }
 
-    /// `res = for iv in 0..ub carrying an f32 from init { body }`: `f` builds the body from the
-    /// carried value's name and returns the value it yields.
-    fn fold(&mut self, iv: &str, ub: usize, init: &str, f: impl FnOnce(&mut Code, &str) -> String) -> String {
-        self.fold_by(iv, (ub, 1), (init, "f32"), f)
-    }
-
-    /// [`Code::fold`] by `step`, carrying a value of type `ty` (a vector, say).
+    /// `res = for iv in 0..ub step step carrying a value of type `ty` from init { body }`: `f`
+    /// builds the body from the carried value's name and returns the value it yields.
     fn fold_by(
         &mut self,
         iv: &str,
@@ -246,9 +245,13 @@ impl Code {
     /// `xb` and `sb` are the bits of `x` and `s` as `ty` (i32, or a vector of them, lane by lane);
     /// the codes come back as its int8 form.
     fn quantise_bits(&mut self, xb: &str, sb: &str, ty: &str) -> String {
-        let (t1, t8) = (lanes_of(ty, "i1"), lanes_of(ty, "i8"));
-        let (ty, t1, t8) = (ty.to_string(), t1.as_str(), t8.as_str());
-        let ty = ty.as_str();
+        let q = self.quotient(xb, sb, ty);
+        self.round_code(&q, xb, ty)
+    }
+
+    /// The parts of `x / s` that its code and residual read, from the bits `xb` and `sb` (see
+    /// [`Code::quantise_bits`]).
+    fn quotient(&mut self, xb: &str, sb: &str, ty: &str) -> Quotient {
         let k = |c: &mut Code, v: i64| c.iconst(v, ty);
         let (c23, c0, c1) = (k(self, 23), k(self, 0), k(self, 1));
         let (c255, mant_mask, one_bit) = (k(self, 0xff), k(self, 0x007f_ffff), k(self, 0x0080_0000));
@@ -268,11 +271,22 @@ impl Code {
         let c31 = k(self, 31);
         let high = self.cmp(false, "sgt", &t, &c31, ty);
         let t = self.select(&high, &c31, &t, ty);
-        let q = self.bin("shrui", &sig, &t, ty);
-        let mask = self.bin("shli", &c1, &t, ty);
+        Quotient { e, m, sig, t }
+    }
+
+    /// The int8 code of a [`Code::quotient`]: the shifted significand rounded half to even,
+    /// within ±127, ±∞ to ±127 and NaN to 0, with `x`'s sign.
+    fn round_code(&mut self, quotient: &Quotient, xb: &str, ty: &str) -> String {
+        let (t1, t8) = (lanes_of(ty, "i1"), lanes_of(ty, "i8"));
+        let (t1, t8) = (t1.as_str(), t8.as_str());
+        let Quotient { e, m, sig, t } = quotient;
+        let k = |c: &mut Code, v: i64| c.iconst(v, ty);
+        let (c0, c1, c255) = (k(self, 0), k(self, 1), k(self, 0xff));
+        let q = self.bin("shrui", sig, t, ty);
+        let mask = self.bin("shli", &c1, t, ty);
         let mask = self.bin("subi", &mask, &c1, ty);
-        let rem = self.bin("andi", &sig, &mask, ty);
-        let half = self.bin("subi", &t, &c1, ty);
+        let rem = self.bin("andi", sig, &mask, ty);
+        let half = self.bin("subi", t, &c1, ty);
         let half = self.bin("shli", &c1, &half, ty);
         let above = self.cmp(false, "ugt", &rem, &half, ty);
         let tie = self.cmp(false, "eq", &rem, &half, ty);
@@ -286,8 +300,8 @@ impl Code {
         let over = self.cmp(false, "sgt", &mag, &c127, ty);
         let mag = self.select(&over, &c127, &mag, ty);
         // ±∞ takes ±127, NaN 0 (the exponent field all ones).
-        let special = self.cmp(false, "eq", &e, &c255, ty);
-        let nan = self.cmp(false, "ne", &m, &c0, ty);
+        let special = self.cmp(false, "eq", e, &c255, ty);
+        let nan = self.cmp(false, "ne", m, &c0, ty);
         let nan = self.bin("andi", &special, &nan, t1);
         let mag = self.select(&special, &c127, &mag, ty);
         let mag = self.select(&nan, &c0, &mag, ty);
@@ -297,18 +311,88 @@ impl Code {
         self.cast("trunci", &code, ty, t8)
     }
 
-    /// [`Code::quantise_bits`] of one f32 `x` at scale `s`.
-    fn quantise(&mut self, x: &str, s: &str) -> String {
-        let xb = self.cast("bitcast", x, "f32", "i32");
-        let sb = self.cast("bitcast", s, "f32", "i32");
-        self.quantise_bits(&xb, &sb, "i32")
+    /// The residual `r = x − code·s` of a first-pass `code` (as `ty`'s i32 lanes), exactly, in
+    /// integer operations: with `u` the unit of `x`'s last place, `x = ±sig·u` and
+    /// `code·s = ±|code|·2ᵗ·u`, so `r = ±R·u` with `R = sig − (|code| << t)` — fewer than 24 bits,
+    /// normalised by its leading zeros into an f32 (a subnormal one when its exponent runs out).
+    /// Returns the bits of `|r|` (for a row's maximum; NaN's as 0) and of `r` (±∞ and NaN as `x`,
+    /// whose f32 residual they are).
+    fn residual_bits(&mut self, (xb, sb): (&str, &str), code: &str, ty: &str) -> (String, String) {
+        let Quotient { e, sig, t, .. } = self.quotient(xb, sb, ty);
+        let k = |c: &mut Code, v: i64| c.iconst(v, ty);
+        let (c0, c1, c8, c23, c31) = (k(self, 0), k(self, 1), k(self, 8), k(self, 23), k(self, 31));
+        let negative = self.cmp(false, "slt", code, &c0, ty);
+        let minus = self.bin("subi", &c0, code, ty);
+        let mag = self.select(&negative, &minus, code, ty);
+        let shifted = self.bin("shli", &mag, &t, ty);
+        let r = self.bin("subi", &sig, &shifted, ty);
+        let r_negative = self.cmp(false, "slt", &r, &c0, ty);
+        let minus = self.bin("subi", &c0, &r, ty);
+        let a = self.select(&r_negative, &minus, &r, ty);
+        let key = self.f32_bits_of(&a, &e, (&c0, &c1, &c8, &c23, &c31), ty);
+        let (abs_mask, inf, sign) = (k(self, 0x7fff_ffff), k(self, 0x7f80_0000), k(self, i64::from(i32::MIN)));
+        let c255 = k(self, 0xff);
+        let special = self.cmp(false, "eq", &e, &c255, ty);
+        let x_abs = self.bin("andi", xb, &abs_mask, ty);
+        let nan = self.cmp(false, "ugt", &x_abs, &inf, ty);
+        let x_key = self.select(&nan, &c0, &x_abs, ty);
+        let key = self.select(&special, &x_key, &key, ty);
+        let x_negative = self.cmp(false, "slt", xb, &c0, ty);
+        let r_sign = self.bin("xori", &x_negative, &r_negative, &lanes_of(ty, "i1"));
+        let sign_bit = self.select(&r_sign, &sign, &c0, ty);
+        let rb = self.bin("ori", &key, &sign_bit, ty);
+        let rb = self.select(&special, xb, &rb, ty);
+        (key, rb)
     }
 
-    /// `x − code·s` in f32, the rounding residual of a code.
-    fn residual(&mut self, x: &str, code: &str, s: &str) -> String {
-        let c = self.cast("sitofp", code, "i8", "f32");
-        let p = self.bin("mulf", &c, s, "f32");
-        self.bin("subf", x, &p, "f32")
+    /// The f32 bits of `a·2^(e−150)` for `0 ≤ a < 2²⁴` and a biased exponent `e` ≥ 1: `a`'s
+    /// leading one moved to bit 23 and the exponent lowered to match, or the subnormal `a << (e−1)`
+    /// when it would fall to 0 or below; 0 for `a = 0`.
+    fn f32_bits_of(&mut self, a: &str, e: &str, consts: (&str, &str, &str, &str, &str), ty: &str) -> String {
+        let (c0, c1, c8, c23, c31) = consts;
+        let lz = self.leading_zeros(a, ty);
+        let sh = self.bin("subi", &lz, c8, ty);
+        let normalised = self.bin("shli", a, &sh, ty);
+        let exponent = self.bin("subi", e, &sh, ty);
+        let normal = self.cmp(false, "sgt", &exponent, c0, ty);
+        let mask = self.iconst(0x007f_ffff, ty);
+        let fraction = self.bin("andi", &normalised, &mask, ty);
+        let field = self.bin("shli", &exponent, c23, ty);
+        let normal_bits = self.bin("ori", &field, &fraction, ty);
+        let e1 = self.bin("subi", e, c1, ty);
+        let far = self.cmp(false, "sgt", &e1, c31, ty);
+        let e1 = self.select(&far, c31, &e1, ty);
+        let subnormal_bits = self.bin("shli", a, &e1, ty);
+        let bits = self.select(&normal, &normal_bits, &subnormal_bits, ty);
+        let zero = self.cmp(false, "eq", a, c0, ty);
+        self.select(&zero, c0, &bits, ty)
+    }
+
+    /// `arith.extsi` of `src` from `from` to `to`.
+    fn extend(&mut self, src: &str, (from, to): (&str, &str)) -> String {
+        let res = self.fresh("ext");
+        self.push(Stmt::ExtSI { res: res.clone(), src: src.into(), from: from.into(), to: to.into() });
+        res
+    }
+
+    /// The leading zeros of a nonzero 32-bit `a` (31 for 0), by halving the field: five
+    /// compares and shifts rather than `math.ctlz`, which aiecc's lowering of 2-D vectors to
+    /// LLVM does not take.
+    fn leading_zeros(&mut self, a: &str, ty: &str) -> String {
+        let mut x = a.to_string();
+        let mut n = self.iconst(0, ty);
+        let steps = [(16, 0x0000_ffff), (8, 0x00ff_ffff), (4, 0x0fff_ffff), (2, 0x3fff_ffff), (1, 0x7fff_ffff)];
+        for (i, (bits, limit)) in steps.into_iter().enumerate() {
+            let (limit, bits) = (self.iconst(limit, ty), self.iconst(bits, ty));
+            let small = self.cmp(false, "ule", &x, &limit, ty);
+            let more = self.bin("addi", &n, &bits, ty);
+            n = self.select(&small, &more, &n, ty);
+            if i + 1 < steps.len() {
+                let shifted = self.bin("shli", &x, &bits, ty);
+                x = self.select(&small, &shifted, &x, ty);
+            }
+        }
+        n
     }
 
     fn finish(self, name: &str, params: Vec<(String, String)>) -> Function {
@@ -418,38 +502,60 @@ pub fn codes(sh: Shape) -> Function {
 }
 
 /// `q_resmax(%x, %rs, %c0)`: with two passes, each row's running maximum of the residual
-/// `|x − code·s|` over one K part (its first-pass codes made), in f32.
+/// `|x − code·s|` over one K part (its first-pass codes made), in vectors of [`LANES`] integers
+/// ([`Code::residual_bits`]; the maximum of the bits is the maximum of the values).
 pub fn residual_max(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
-    let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k]);
+    let (vf, vi, v8) = (lanes("f32"), lanes("i32"), lanes("i8"));
+    let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k, LANES]);
+    let (pad, pad8) = (c.fconst(0.0), c.iconst(0, "i8"));
     c.each("i", sh.rows, |c| {
         let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
+        let sb = c.cast("bitcast", &s, "f32", "i32");
+        let sv = c.vector("broadcast", None, &sb, ("i32", &vi));
         let m = c.load("rs", &rs_ty, &[&idx(2), "%i"], "f32");
-        let mx = c.fold("l", sh.k, &m, |c, acc| {
-            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
-            let q = c.load("c0", &c_ty, &["%i", "%l"], "i8");
-            let r = c.residual(&x, &q, &s);
-            let a = c.un("math.absf", &r);
-            c.bin("maxnumf", acc, &a, "f32")
+        let mb = c.cast("bitcast", &m, "f32", "i32");
+        let init = c.vector("broadcast", None, &mb, ("i32", &vi));
+        let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
+            let x = c.read_lanes("x", &x_ty, "f32", &pad);
+            let xb = c.cast("bitcast", &x, &vf, &vi);
+            let q = c.read_lanes("c0", &c_ty, "i8", &pad8);
+            let code = c.extend(&q, (&v8, &vi));
+            let (key, _) = c.residual_bits((&xb, &sv), &code, &vi);
+            c.bin("maxui", acc, &key, &vi)
         });
-        c.store(&mx, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
+        let flat = c.vector("shape_cast", None, &mx, (&vi, &format!("vector<{LANES}xi32>")));
+        let m = c.vector("reduction", Some("maxui"), &flat, (&format!("vector<{LANES}xi32>"), "i32"));
+        let m = c.cast("bitcast", &m, "i32", "f32");
+        c.store(&m, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
     });
     c.finish(RESIDUAL_MAX, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
 }
 
-/// `q_residual(%x, %rs, %c0, %c1)`: one K part's second-pass codes, of the first pass's residual.
+/// `q_residual(%x, %rs, %c0, %c1)`: one K part's second-pass codes, of the first pass's
+/// residual, in vectors of [`LANES`] integers ([`Code::residual_bits`], then the codes of those
+/// bits at the residual's scale).
 pub fn residual(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
-    let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k]);
+    let (vf, vi, v8) = (lanes("f32"), lanes("i32"), lanes("i8"));
+    let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k, LANES]);
+    let (pad, pad8) = (c.fconst(0.0), c.iconst(0, "i8"));
     c.each("i", sh.rows, |c| {
-        let s0 = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
-        let s1 = c.load("rs", &rs_ty, &[&idx(3), "%i"], "f32");
-        c.each("l", sh.k, |c| {
-            let x = c.load("x", &x_ty, &["%i", "%l"], "f32");
-            let q0 = c.load("c0", &c_ty, &["%i", "%l"], "i8");
-            let r = c.residual(&x, &q0, &s0);
-            let q1 = c.quantise(&r, &s1);
-            c.store(&q1, "c1", &c_ty, &["%i", "%l"], "i8");
+        let scale = |c: &mut Code, at: usize| {
+            let s = c.load("rs", &rs_ty, &[&idx(at), "%i"], "f32");
+            let sb = c.cast("bitcast", &s, "f32", "i32");
+            c.vector("broadcast", None, &sb, ("i32", &vi))
+        };
+        let (s0, s1) = (scale(c, 1), scale(c, 3));
+        c.each_by("l", (sh.k, LANES), |c| {
+            let x = c.read_lanes("x", &x_ty, "f32", &pad);
+            let xb = c.cast("bitcast", &x, &vf, &vi);
+            let q = c.read_lanes("c0", &c_ty, "i8", &pad8);
+            let code = c.extend(&q, (&v8, &vi));
+            let (_, rb) = c.residual_bits((&xb, &s0), &code, &vi);
+            let q1 = c.quantise_bits(&rb, &s1, &vi);
+            let idx = vec!["%i".to_string(), "%l".to_string()];
+            c.push(Stmt::Write { val: q1, mem: v("c1"), mem_ty: c_ty.clone(), idx, vty: v8.clone() });
         });
     });
     let params = vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty.clone()), (v("c1"), c_ty)];

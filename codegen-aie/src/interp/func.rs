@@ -96,6 +96,7 @@ enum BinOp {
     MaxU,
     Or,
     And,
+    Xor,
 }
 
 /// `arith.divui` / `arith.remui`: unsigned, and an error on a zero divisor.
@@ -435,6 +436,7 @@ impl Compiler<'_> {
             "arith.shrui" => Some(BinOp::ShrU),
             "arith.maxui" => Some(BinOp::MaxU),
             "arith.ori" => Some(BinOp::Or),
+            "arith.xori" => Some(BinOp::Xor),
             "arith.andi" => Some(BinOp::And),
             _ => None,
         };
@@ -954,6 +956,7 @@ impl Run<'_> {
             }
             BinOp::Or => x | y,
             BinOp::And => x & y,
+            BinOp::Xor => x ^ y,
         };
         Ok(wrap(v, bits))
     }
