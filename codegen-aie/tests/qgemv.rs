@@ -76,8 +76,14 @@ impl Case {
 
     /// The design's answer for the block's rows (the rest of the design's rows zero).
     fn on_array(&self, device: Device, design_rows: usize) -> Vec<f32> {
+        self.chunk_on_array(device, design_rows, (0, self.dims.2))
+    }
+
+    /// The design's answer for `cols` columns of the weight from `col_offset`, one call as a
+    /// wide projection's chunk is: `[rows, cols]`.
+    fn chunk_on_array(&self, device: Device, design_rows: usize, (col_offset, cols): (usize, usize)) -> Vec<f32> {
         let (rows, k, n) = self.dims;
-        let q = qgemv::choose(device, GemmShape { m: design_rows, k, n }, self.passes).unwrap();
+        let q = qgemv::choose(device, GemmShape { m: design_rows, k, n: cols }, self.passes).unwrap();
         let d = qgemv::build(&q);
         let p = d.tiling.padded;
         let mut x = vec![0f32; p.m * p.k];
@@ -85,15 +91,15 @@ impl Case {
             x[r * p.k..r * p.k + k].copy_from_slice(&self.x[r * k..(r + 1) * k]);
         }
         let first_only = |c: usize| c >= n - self.first_only;
-        let w = qgemv::pack(&q, (&self.w, k, n), (0, n), &self.sw, &first_only);
+        let w = qgemv::pack(&q, (&self.w, k, n), (col_offset, cols), &self.sw, &first_only);
         let (out, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
             .unwrap_or_else(|e| panic!("{}: {e}", d.name));
         let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
         for (i, row) in y.chunks(p.n).enumerate() {
-            let live = if i < rows { n } else { 0 };
+            let live = if i < rows { cols } else { 0 };
             assert!(row[live..].iter().all(|&v| v == 0.0), "{}: row {i} has output past its columns", d.name);
         }
-        (0..rows).flat_map(|i| y[i * p.n..i * p.n + n].to_vec()).collect()
+        (0..rows).flat_map(|i| y[i * p.n..i * p.n + cols].to_vec()).collect()
     }
 }
 
@@ -126,6 +132,18 @@ fn k_in_several_parts_and_ragged_columns_equal_the_reference() {
         assert!(q.parts_and_tiles().0 > 1, "{device}: {:?}", q.tiling);
         assert_eq!(bits(&case.on_array(device, 8)), bits(&case.reference()), "{device}");
     }
+}
+
+#[test]
+fn a_wide_projection_in_column_chunks_equals_the_reference() {
+    // 300 columns as three 100-column calls, the last 60 columns first-pass-only (all in the
+    // third chunk): each call packs its own columns' weights, scales and flags.
+    let case = Case::new((2, 256, 300), 2, 60, 17);
+    let want = case.reference();
+    let chunks: Vec<Vec<f32>> = (0..3).map(|c| case.chunk_on_array(Device::Npu1, 8, (c * 100, 100))).collect();
+    let got: Vec<f32> =
+        (0..2).flat_map(|r| chunks.iter().flat_map(move |ch| ch[r * 100..(r + 1) * 100].to_vec())).collect();
+    assert_eq!(bits(&got), bits(&want));
 }
 
 #[test]
