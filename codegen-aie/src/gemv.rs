@@ -109,7 +109,6 @@ fn evaluate(device: Device, shape: GemmShape, n: usize) -> Option<Tiling> {
     if n * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
         return None;
     }
-    let per_column = (0..device.columns()).map(|c| column_streams(device, c).len()).max().unwrap_or(1);
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * n * burst) as u64;
@@ -117,12 +116,28 @@ fn evaluate(device: Device, shape: GemmShape, n: usize) -> Option<Tiling> {
     let dma_cycles = weight_bytes.max(a_bytes).div_ceil(bpc);
     let per_call = (rows * n * k / device.macs_per_cycle()) as u64 + KERNEL_CALL_OVERHEAD_CYCLES;
     let compute_cycles = (tiles * parts) as u64 * per_call + tiles as u64 * (rows * n / 32) as u64;
-    let fill = ((a_buffers.min(parts) * rows * k + n * k) as u64).div_ceil(bpc)
-        + ((per_column * rows * n * 4) as u64).div_ceil(bpc);
+    let first_in = ((a_buffers.min(parts) * rows * k + n * k) as u64).div_ceil(bpc);
+    Some(tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in)))
+}
+
+/// The tiling of a GEMV-family design on `shape.m` rows: `parts` K parts of `k`, `tiles` output
+/// tiles of `n` columns a core, `l1` bytes of a core's memory, its compute and DMA cycles and the
+/// cycles before its first tile can start (`first_in`); the last tiles' way out through the
+/// busiest column's mem tile is added.
+pub(crate) fn tiling_of(
+    device: Device,
+    shape: GemmShape,
+    (parts, k, n, tiles): (usize, usize, usize, usize),
+    l1: usize,
+    (compute_cycles, dma_cycles, first_in): (u64, u64, u64),
+) -> Tiling {
+    let rows = shape.m;
+    let per_column = (0..device.columns()).map(|c| column_streams(device, c).len()).max().unwrap_or(1);
+    let fill = first_in + ((per_column * rows * n * 4) as u64).div_ceil(device.stream_bytes_per_cycle() as u64);
     let total_cycles = compute_cycles.max(dma_cycles) + fill;
     let padded = GemmShape { m: rows, k: parts * k, n: streams(device) * tiles * n };
     let peak = (device.macs_per_cycle() * device.compute_rows() * device.columns()) as f64 * total_cycles as f64;
-    Some(Tiling {
+    Tiling {
         device,
         shape,
         padded,
@@ -137,7 +152,7 @@ fn evaluate(device: Device, shape: GemmShape, n: usize) -> Option<Tiling> {
         dma_cycles,
         total_cycles,
         utilisation: (shape.m * shape.k * shape.n) as f64 / peak,
-    })
+    }
 }
 
 /// The fastest GEMV tiling of `shape` (`m` the rows, 1..=[`GEMV_ROWS`] or more if they fit)
@@ -209,7 +224,7 @@ pub fn build(t: &Tiling) -> Design {
 }
 
 /// Each column's shim and mem tile, then the compute tiles of the weight streams.
-fn tiles_used(device: Device) -> Vec<(usize, usize)> {
+pub(crate) fn tiles_used(device: Device) -> Vec<(usize, usize)> {
     let mut tiles = vec![];
     for c in 0..device.columns() {
         tiles.push((c, Device::SHIM_ROW));
@@ -288,43 +303,45 @@ pub(crate) fn output_fifos_of(t: &Tiling, elem: Elem, fifos: &mut Vec<Fifo>, lin
     }
 }
 
-/// The runtime sequence: per column its output readback, then A (column 0) and each of its
-/// weight streams, every transfer one descriptor (the tiles in its iteration dimension); then a
-/// wait on each.
+/// The runtime sequence: A once (resident) or once per output tile, each core its weight tiles
+/// (`[tiles, parts, n, k]` of the transposed weight), see [`stream_sequence`].
 fn runtime_sequence(t: &Tiling) -> Vec<SeqOp> {
-    let dev = t.device;
     let (parts, tiles) = parts_and_tiles(t);
     let (p, rows, k, n) = (t.padded, t.m, t.k, t.n);
+    let repeat = if resident(t) { 1 } else { tiles };
+    let a = (0, 0, [repeat, parts, rows, k], [0, k, p.k, 1]);
+    let w = |s: usize| (1, s * tiles * n * p.k, [tiles, parts, n, k], [n * p.k, k, p.k, 1]);
+    stream_sequence(t, tiles, ("A", a), &w)
+}
+
+/// One transfer of a runtime sequence: the host argument, its offset, sizes and strides.
+pub(crate) type Transfer = (usize, usize, [usize; 4], [usize; 4]);
+
+/// The runtime sequence of a GEMV-family design: per column its output readback (argument 2,
+/// each core's tiles into the row-major `[rows, N]` output), then (column 0) the activations'
+/// transfer on `a_fifo` and each of the column's weight streams (`weights(s)` on `W_<s>`), every
+/// transfer one descriptor; then a wait on each.
+pub(crate) fn stream_sequence(
+    t: &Tiling,
+    tiles: usize,
+    (a_fifo, a): (&str, Transfer),
+    weights: &dyn Fn(usize) -> Transfer,
+) -> Vec<SeqOp> {
+    let dev = t.device;
+    let (p, rows, n) = (t.padded, t.m, t.n);
     let mut seq = vec![];
     let mut waits = vec![];
     for c in 0..dev.columns() {
         let column = column_streams(dev, c);
-        let first = column[0] * tiles * n;
-        let dma = |arg, offset, sizes, strides, id, fifo: String, issue_token| {
-            (SeqOp::Dma { arg, offset, sizes, strides, id, fifo: fifo.clone(), issue_token }, SeqOp::Wait { fifo })
-        };
-        let mut ops = vec![dma(
-            2,
-            first,
-            [tiles, column.len(), rows, n],
-            [n, tiles * n, p.n, 1],
-            0,
-            format!("C_L2L3_{c}"),
-            false,
-        )];
+        let readback = (2, column[0] * tiles * n, [tiles, column.len(), rows, n], [n, tiles * n, p.n, 1]);
+        let mut ops = vec![(format!("C_L2L3_{c}"), readback, false)];
         if c == 0 {
-            // Resident: once; else once per output tile, the iteration dimension repeating it.
-            let repeat = if resident(t) { 1 } else { tiles };
-            ops.push(dma(0, 0, [repeat, parts, rows, k], [0, k, p.k, 1], 1, "A".into(), true));
+            ops.push((a_fifo.to_string(), a, true));
         }
-        for &s in &column {
-            let id = ops.len();
-            let sizes = [tiles, parts, n, k];
-            ops.push(dma(1, s * tiles * n * p.k, sizes, [n * p.k, k, p.k, 1], id, format!("W_{s}"), true));
-        }
-        for (op, wait) in ops {
-            seq.push(op);
-            waits.push(wait);
+        ops.extend(column.iter().map(|&s| (format!("W_{s}"), weights(s), true)));
+        for (id, (fifo, (arg, offset, sizes, strides), issue_token)) in ops.into_iter().enumerate() {
+            seq.push(SeqOp::Dma { arg, offset, sizes, strides, id, fifo: fifo.clone(), issue_token });
+            waits.push(SeqOp::Wait { fifo });
         }
     }
     seq.extend(waits);

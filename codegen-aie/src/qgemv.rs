@@ -26,7 +26,7 @@
 
 use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
 use crate::device::Device;
-use crate::gemv::{column_streams, core_tile, output_fifos_of, streams, SHIM_BURST_BYTES};
+use crate::gemv::{core_tile, output_fifos_of, stream_sequence, streams, tiles_used, tiling_of, SHIM_BURST_BYTES};
 use crate::kernels::{self, GEMV, GEMV_ZERO};
 use crate::qkernels::{self, Shape};
 use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
@@ -118,7 +118,6 @@ fn evaluate(
     if sh.w_rows() * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
         return None;
     }
-    let per_column = (0..device.columns()).map(|c| column_streams(device, c).len()).max().unwrap_or(1);
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
@@ -132,27 +131,8 @@ fn evaluate(
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT;
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
-    let fill =
-        ((rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc) + ((per_column * rows * n * 4) as u64).div_ceil(bpc);
-    let total_cycles = compute_cycles.max(dma_cycles) + fill;
-    let padded = GemmShape { m: rows, k: parts * k, n: streams(device) * tiles * n };
-    let peak = (device.macs_per_cycle() * device.compute_rows() * device.columns()) as f64 * total_cycles as f64;
-    let tiling = Tiling {
-        device,
-        shape,
-        padded,
-        m: rows,
-        k,
-        n,
-        rows: per_column,
-        cols: device.columns(),
-        l1_bytes: l1,
-        l2_bytes: 2 * per_column * rows * n * 4,
-        compute_cycles,
-        dma_cycles,
-        total_cycles,
-        utilisation: (shape.m * shape.k * shape.n) as f64 / peak,
-    };
+    let first_in = ((rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
+    let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
     Some(QTiling { tiling, passes, kernel_rows: kr })
 }
 
@@ -235,17 +215,6 @@ pub fn build(q: &QTiling) -> Design {
     }
 }
 
-/// Each column's shim and mem tile, then the compute tiles of the weight streams.
-fn tiles_used(device: Device) -> Vec<(usize, usize)> {
-    let mut tiles = vec![];
-    for c in 0..device.columns() {
-        tiles.push((c, Device::SHIM_ROW));
-        tiles.push((c, Device::MEM_TILE_ROW));
-    }
-    tiles.extend((0..streams(device)).map(|s| core_tile(device, s)));
-    tiles
-}
-
 /// A core's own buffers: the row state, the codes of every pass and K part, an accumulator per
 /// pass.
 fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
@@ -288,48 +257,16 @@ fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
     }
 }
 
-/// The runtime sequence: per column its output readback, then `X` (column 0, `passes + 1`
-/// times) and each of its weight streams (one contiguous run of the packed operand per core);
-/// then a wait on each.
+/// The runtime sequence: `X` `passes + 1` times, each core one contiguous run of the packed
+/// operand ([`pack`]), see [`crate::gemv::stream_sequence`].
 fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
     let t = &q.tiling;
-    let dev = t.device;
     let (parts, tiles) = q.parts_and_tiles();
-    let (p, rows, k, n, w_rows) = (t.padded, t.m, t.k, t.n, q.shape().w_rows());
+    let (p, rows, k, w_rows) = (t.padded, t.m, t.k, q.shape().w_rows());
     let per_core = tiles * parts * w_rows * k;
-    let mut seq = vec![];
-    let mut waits = vec![];
-    for c in 0..dev.columns() {
-        let column = column_streams(dev, c);
-        let first = column[0] * tiles * n;
-        let dma = |arg, offset, sizes, strides, id, fifo: String, issue_token| {
-            (SeqOp::Dma { arg, offset, sizes, strides, id, fifo: fifo.clone(), issue_token }, SeqOp::Wait { fifo })
-        };
-        let mut ops = vec![dma(
-            2,
-            first,
-            [tiles, column.len(), rows, n],
-            [n, tiles * n, p.n, 1],
-            0,
-            format!("C_L2L3_{c}"),
-            false,
-        )];
-        if c == 0 {
-            ops.push(dma(0, 0, [q.passes + 1, parts, rows, k], [0, k, p.k, 1], 1, "X".into(), true));
-        }
-        for &s in &column {
-            let id = ops.len();
-            let sizes = [tiles, parts, w_rows, k];
-            let strides = [parts * w_rows * k, w_rows * k, k, 1];
-            ops.push(dma(1, s * per_core, sizes, strides, id, format!("W_{s}"), true));
-        }
-        for (op, wait) in ops {
-            seq.push(op);
-            waits.push(wait);
-        }
-    }
-    seq.extend(waits);
-    seq
+    let x = (0, 0, [q.passes + 1, parts, rows, k], [0, k, p.k, 1]);
+    let w = |s: usize| (1, s * per_core, [tiles, parts, w_rows, k], [parts * w_rows * k, w_rows * k, k, 1]);
+    stream_sequence(t, tiles, ("X", x), &w)
 }
 
 /// The weight operand of a qgemv call: for each core, tile and K part, the element the core's
