@@ -165,10 +165,20 @@ pub fn choose(device: Device, shape: GemmShape) -> Result<Tiling, TilingError> {
     let t = device.micro_tile().2;
     let mut fits: Vec<Tiling> = (t..=MAX_TILE_COLS).step_by(t).filter_map(|n| evaluate(device, shape, n)).collect();
     fits.sort_by(|a, b| a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n)));
+    first_checked(fits, build, (shape, device))
+}
+
+/// The first of `candidates` (best first) whose design passes every check, else an error with the
+/// first candidate's reason (or that none fits a core's memory).
+pub(crate) fn first_checked<T>(
+    candidates: Vec<T>,
+    build: impl Fn(&T) -> Design,
+    (shape, device): (GemmShape, Device),
+) -> Result<T, TilingError> {
     let mut first_reason = None;
-    for tiling in fits {
-        match crate::design::check(&build(&tiling)) {
-            Ok(()) => return Ok(tiling),
+    for candidate in candidates {
+        match crate::design::check(&build(&candidate)) {
+            Ok(()) => return Ok(candidate),
             Err(e) => {
                 first_reason.get_or_insert(e.to_string());
             }

@@ -26,7 +26,9 @@
 
 use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
 use crate::device::Device;
-use crate::gemv::{core_tile, output_fifos_of, stream_sequence, streams, tiles_used, tiling_of, SHIM_BURST_BYTES};
+use crate::gemv::{
+    core_tile, first_checked, output_fifos_of, stream_sequence, streams, tiles_used, tiling_of, SHIM_BURST_BYTES,
+};
 use crate::kernels::{self, GEMV, GEMV_ZERO};
 use crate::qkernels::{self, Shape};
 use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
@@ -154,17 +156,7 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
         let (a, b) = (&a.tiling, &b.tiling);
         a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n))
     });
-    let mut first_reason = None;
-    for q in fits {
-        match crate::design::check(&build(&q)) {
-            Ok(()) => return Ok(q),
-            Err(e) => {
-                first_reason.get_or_insert(e.to_string());
-            }
-        }
-    }
-    let reason = first_reason.unwrap_or_else(|| "no column tile fits a core's memory".into());
-    Err(TilingError::NothingFits { shape, device, reason })
+    first_checked(fits, build, (shape, device))
 }
 
 /// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`.
