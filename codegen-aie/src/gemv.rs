@@ -247,28 +247,39 @@ pub(crate) fn tiles_used(device: Device) -> Vec<(usize, usize)> {
 /// `A`, broadcast from column 0's shim to every core with a buffer per K part, and each core's
 /// weight stream from its column's shim.
 fn input_fifos(t: &Tiling, parts: usize, fifos: &mut Vec<Fifo>) {
-    let dev = t.device;
+    let depth = if resident(t) { parts } else { 2 };
+    fifos.extend(stream_fifos(t.device, ("A", depth, Elem::I8), vec![t.m, t.k], vec![t.n, t.k]));
+}
+
+/// The activations' FIFO (`name`, `depth`, `elem`) broadcast from column 0's shim to every core
+/// in elements of `a_shape`, and each core's weight stream `W_<s>` from its column's shim in
+/// double-buffered int8 elements of `w_shape`.
+pub(crate) fn stream_fifos(
+    dev: Device,
+    (name, depth, elem): (&str, usize, Elem),
+    a_shape: Vec<usize>,
+    w_shape: Vec<usize>,
+) -> Vec<Fifo> {
     let cores: Vec<(usize, usize)> = (0..streams(dev)).map(|s| core_tile(dev, s)).collect();
-    fifos.push(Fifo {
-        name: "A".into(),
+    let a = Fifo {
+        name: name.into(),
         producer: (0, Device::SHIM_ROW),
         consumers: cores.clone(),
-        depth: if resident(t) { parts } else { 2 },
-        shape: vec![t.m, t.k],
+        depth,
+        shape: a_shape,
+        elem,
+        to_stream: vec![],
+    };
+    let weights = cores.iter().enumerate().map(|(s, &core)| Fifo {
+        name: format!("W_{s}"),
+        producer: (core.0, Device::SHIM_ROW),
+        consumers: vec![core],
+        depth: 2,
+        shape: w_shape.clone(),
         elem: Elem::I8,
         to_stream: vec![],
     });
-    for (s, &core) in cores.iter().enumerate() {
-        fifos.push(Fifo {
-            name: format!("W_{s}"),
-            producer: (core.0, Device::SHIM_ROW),
-            consumers: vec![core],
-            depth: 2,
-            shape: vec![t.n, t.k],
-            elem: Elem::I8,
-            to_stream: vec![],
-        });
-    }
+    std::iter::once(a).chain(weights).collect()
 }
 
 /// Each core's output tile to its column's mem tile, joined there (a one-to-one link for a

@@ -27,7 +27,8 @@
 use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
 use crate::device::Device;
 use crate::gemv::{
-    core_tile, first_checked, output_fifos_of, stream_sequence, streams, tiles_used, tiling_of, SHIM_BURST_BYTES,
+    core_tile, first_checked, output_fifos_of, stream_fifos, stream_sequence, streams, tiles_used, tiling_of,
+    SHIM_BURST_BYTES,
 };
 use crate::kernels::{self, GEMV, GEMV_ZERO};
 use crate::qkernels::{self, Shape};
@@ -222,31 +223,12 @@ fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     b
 }
 
-/// `X`, broadcast from column 0's shim to every core, and each core's weight stream.
+/// `X`, broadcast from column 0's shim to every core (one element at a time: the prologue reads
+/// it once per pass), and each core's weight stream with its tiles' epilogue data.
 fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
     let t = &q.tiling;
-    let dev = t.device;
-    let cores: Vec<(usize, usize)> = (0..streams(dev)).map(|s| core_tile(dev, s)).collect();
-    fifos.push(Fifo {
-        name: "X".into(),
-        producer: (0, Device::SHIM_ROW),
-        consumers: cores.clone(),
-        depth: 1,
-        shape: vec![t.m, t.k],
-        elem: Elem::F32,
-        to_stream: vec![],
-    });
-    for (s, &core) in cores.iter().enumerate() {
-        fifos.push(Fifo {
-            name: format!("W_{s}"),
-            producer: (core.0, Device::SHIM_ROW),
-            consumers: vec![core],
-            depth: 2,
-            shape: vec![q.shape().w_rows(), t.k],
-            elem: Elem::I8,
-            to_stream: vec![],
-        });
-    }
+    let w_shape = vec![q.shape().w_rows(), t.k];
+    fifos.extend(stream_fifos(t.device, ("X", 1, Elem::F32), vec![t.m, t.k], w_shape));
 }
 
 /// The runtime sequence: `X` `passes + 1` times, each core one contiguous run of the packed
