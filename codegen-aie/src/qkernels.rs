@@ -480,7 +480,7 @@ pub fn scale(sh: Shape, pass: usize) -> Function {
 }
 
 /// `q_codes(%x, %rs, %c0)`: one K part's first-pass codes, in vectors of [`LANES`]
-/// ([`Code::quantise_bits`] lane by lane).
+/// (`Code::quantise_bits` lane by lane).
 pub fn codes(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
     let (vf, vi) = (lanes("f32"), lanes("i32"));
@@ -503,7 +503,7 @@ pub fn codes(sh: Shape) -> Function {
 
 /// `q_resmax(%x, %rs, %c0)`: with two passes, each row's running maximum of the residual
 /// `|x − code·s|` over one K part (its first-pass codes made), in vectors of [`LANES`] integers
-/// ([`Code::residual_bits`]; the maximum of the bits is the maximum of the values).
+/// (`Code::residual_bits`; the maximum of the bits is the maximum of the values).
 pub fn residual_max(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
     let (vf, vi, v8) = (lanes("f32"), lanes("i32"), lanes("i8"));
@@ -533,7 +533,7 @@ pub fn residual_max(sh: Shape) -> Function {
 }
 
 /// `q_residual(%x, %rs, %c0, %c1)`: one K part's second-pass codes, of the first pass's
-/// residual, in vectors of [`LANES`] integers ([`Code::residual_bits`], then the codes of those
+/// residual, in vectors of [`LANES`] integers (`Code::residual_bits`, then the codes of those
 /// bits at the residual's scale).
 pub fn residual(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());

@@ -1,19 +1,23 @@
 //! The functions a design defines for its cores, executed from their generic text: each body is
 //! compiled once into a tree of instructions over numbered registers (SSA values as i64, wrapped
 //! to their integer width after every operation; an f32 as its bits) and the call's memrefs (flat
-//! element buffers, row-major). The operations are the ones a core's code needs — `arith.constant`,
-//! `arith.extsi`, `arith.extui`, `arith.trunci`, `arith.addi`, `arith.subi`, `arith.muli`, `arith.shli`, `arith.shrui`,
-//! `arith.ori`, `arith.andi`, `arith.divui`, `arith.remui`, `arith.cmpi`, `arith.select`, the f32
-//! `arith.addf`, `subf`, `mulf`, `divf`, `maxnumf`, `minnumf`, `cmpf`, `sitofp`, `fptosi`,
-//! `bitcast`, `math.absf` and `math.roundeven` (IEEE single precision rounded to nearest even, as
-//! Rust's `f32`; an `fptosi` of NaN or out of range, poison in MLIR, is an error),
-//! `memref.load`, `memref.store`, `scf.for` (with carried values), `scf.yield`, `func.return`, and
-//! for its vector form 2-D
-//! `vector.transfer_read` / `vector.transfer_write` (in bounds, over a memref's two innermost
-//! dimensions), `arith.extsi` of vectors and `vector.contract` with the matmul maps (a vector is a
-//! run of registers, row-major) — and anything else is an error naming the operation, the
-//! function and the line. Loads, stores and transfers check every index against the memref's
-//! shape.
+//! element buffers, row-major). The operations are the ones a core's code needs:
+//!
+//! - integers: `arith.constant`, `extsi`, `extui`, `trunci`, `addi`, `subi`, `muli`, `shli`,
+//!   `shrui`, `ori`, `andi`, `xori`, `maxui`, `divui`, `remui`, `cmpi`, `select` (a shift by the
+//!   width or more, and a division by zero, are errors: poison or undefined in MLIR);
+//! - f32: `arith.addf`, `subf`, `mulf`, `divf`, `maxnumf`, `minnumf`, `cmpf`, `sitofp`, `fptosi`,
+//!   `bitcast`, `math.absf`, `math.roundeven` (IEEE single precision rounded to nearest even, as
+//!   Rust's `f32`; an `fptosi` of NaN or out of range, poison in MLIR, is an error);
+//! - `memref.load`, `memref.store`, `scf.for` (with carried values), `scf.yield`, `func.return`;
+//! - vectors (a vector is a run of registers, row-major): 2-D `vector.transfer_read` /
+//!   `vector.transfer_write` (in bounds, over a memref's two innermost dimensions), `arith.extsi`
+//!   of vectors, `vector.contract` with the matmul maps, and ([`lanes`]) any elementwise
+//!   operation above on vectors, splat constants, `vector.broadcast`, `vector.shape_cast` and
+//!   `vector.reduction <maxui>`.
+//!
+//! Anything else is an error naming the operation, the function and the line. Loads, stores and
+//! transfers check every index against the memref's shape.
 
 use super::{parse_memref, split_top, Block, InterpError, Op};
 
