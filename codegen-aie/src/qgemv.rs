@@ -8,7 +8,7 @@
 //! broadcast) carries the rows, `W_<s>` each core its weight tiles, `C_L1L2_<s>` and `C_L2L3_<c>`
 //! the outputs, now f32, back through the columns' mem tiles. What changes is the cores:
 //!
-//! - Every core holds the whole activation row, so each quantises it itself — the same f32
+//! - Every core holds the whole activation row, so each quantises it itself — the same
 //!   operations on the same data give the same codes in every core, and no core waits for
 //!   another's maximum. The rows arrive `passes + 1` times, K part by K part, as `X` elements of
 //!   `[rows, k]` f32: the first time for each row's maximum `|x|`, the second for the codes (and,

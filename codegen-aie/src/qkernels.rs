@@ -8,30 +8,30 @@
 //! maximum; `codes = round_half_even(x / s)` within ±127, NaN to 0),
 //! its residual pass (`r = x − code·s`, quantised the same way) and the `QGemm` epilogue
 //! (`acc·(sₐ·s_w)` in f32, the passes' products added in pass order, a column the weight marks
-//! first-pass-only keeping the first). Every step is one IEEE-754 f32 operation rounded to
-//! nearest even — a division, not a multiplication by a reciprocal; a product and a sum, never
-//! fused — so the core's f32 results equal the host's bit for bit, and the interpreter checks
-//! that they do.
+//! first-pass-only keeping the first). Every f32 step is the program's own IEEE-754 operation,
+//! rounded to nearest even, in the program's order (a product and a sum, never fused), and every
+//! integer step gives exactly the value the program's f32 operation gives, so the core's results
+//! equal the host's bit for bit, and the interpreter checks that they do.
 //!
 //! The state a core keeps per activation row is one buffer `rs` of `[4, rows]` f32: the first
 //! pass's running maximum and scale, then the residual pass's. The codes are the core's own
-//! `[rows, k]` int8 buffers, one per pass and K part, which the GEMV kernel reads as it reads a
-//! resident activation. A tile's weight element carries, after its `n` rows of weights, the
+//! `[kernel_rows, k]` int8 buffers, one per pass and K part, which the GEMV kernel reads as it
+//! reads a resident activation. A tile's weight element carries, after its `n` rows of weights, the
 //! epilogue's data ([`meta_rows`]): each column's f32 scale as four little-endian bytes, then
 //! with two passes one byte per column, 1 when the column takes the first pass's product only.
 //!
 //! An AIE2 core has no floating-point scalar unit (its vector unit emulates f32 products with
 //! bfloat16 parts, not to IEEE's rounding, and flushes subnormals), so f32 operations lower to
-//! software floating point: exact, and tens of cycles each. The first pass therefore takes no
-//! floating point at all, and runs in vectors of [`LANES`] integers: a row's maximum is the
-//! unsigned maximum of the bits without their sign (NaN's bits taken as 0), and with the
+//! software floating point: exact, and tens of cycles each. The quantisation therefore takes no
+//! floating point per element, and runs in vectors of [`LANES`] integers: a row's maximum is the
+//! unsigned maximum of the bits without their sign (NaN's bits taken as 0); with the
 //! power-of-two scale `x / s` is `x`'s significand shifted right by the exponents' difference, the
-//! code the shifted integer rounded half to even from the bits shifted out — integer operations
-//! that give the program's `round_half_even(x / s)` exactly (the tests compare them on ties,
-//! subnormals, infinities and NaN). The residual pass (its maximum of `|x − code·s|`, which is
-//! representable so exact, and its codes) and the epilogue (`acc·(sₐ·s_w)`, one rounding,
-//! `sₐ·s_w` exact) are scalar f32 code; the residual in integers, from the remainder the shift
-//! leaves, is the next step.
+//! code the shifted integer rounded half to even from the bits shifted out — the program's
+//! `round_half_even(x / s)` exactly; and the residual `x − code·s` (representable, so the
+//! program's f32 subtraction is exact) is the remainder that shift leaves, normalised back into
+//! f32 bits. The tests compare them on ties, subnormals, infinities and NaN. A row's scale (one
+//! division a row) and the epilogue (`acc·(sₐ·s_w)`, one rounding, `sₐ·s_w` exact) are scalar
+//! f32 code; the epilogue in integers is the next step.
 
 use crate::kernels::{count, idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
