@@ -146,12 +146,12 @@ pub(crate) fn index_consts(values: &[usize]) -> Vec<Stmt> {
 }
 
 /// `for iv in 0..ub { body }`.
-pub(crate) fn count(iv: &str, ub: usize, body: Vec<Stmt>) -> Stmt {
+fn count(iv: &str, ub: usize, body: Vec<Stmt>) -> Stmt {
     Stmt::For { iv: v(iv), lb: idx(0), ub: idx(ub), step: idx(1), carried: None, body }
 }
 
 /// Nested loops `for ivs[0] in 0..ubs[0] { for ivs[1] ... { body } }`.
-pub(crate) fn nest(loops: &[(&str, usize)], body: Vec<Stmt>) -> Vec<Stmt> {
+fn nest(loops: &[(&str, usize)], body: Vec<Stmt>) -> Vec<Stmt> {
     loops.iter().rev().fold(body, |inner, &(iv, ub)| vec![count(iv, ub, inner)])
 }
 

@@ -33,7 +33,7 @@
 //! division a row) and the epilogue (`acc·(sₐ·s_w)`, one rounding, `sₐ·s_w` exact) are scalar
 //! f32 code; the epilogue in integers is the next step.
 
-use crate::kernels::{count, idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
+use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";
@@ -179,8 +179,7 @@ impl Code {
 
     /// `for iv in 0..ub { body }`, the body built by `f` in a fresh statement list.
     fn each(&mut self, iv: &str, ub: usize, f: impl FnOnce(&mut Code)) {
-        let body = self.nested(f);
-        self.push(count(iv, ub, body));
+        self.each_by(iv, (ub, 1), f);
     }
 
     /// `res = for iv in 0..ub step step carrying a value of type `ty` from init { body }`: `f`
@@ -221,6 +220,41 @@ impl Code {
         let idx = vec!["%i".to_string(), "%l".to_string()];
         self.push(Stmt::Read { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, pad: pad.into(), vty, elem });
         res
+    }
+
+    /// `x`'s `[1, LANES]` block at `(%i, %l)` as i32 bits (`x` the f32 activation part).
+    fn x_bits(&mut self, x_ty: &str, pad: &str) -> String {
+        let x = self.read_lanes("x", x_ty, "f32", pad);
+        self.cast("bitcast", &x, &lanes("f32"), &lanes("i32"))
+    }
+
+    /// The first-pass codes' `[1, LANES]` block at `(%i, %l)`, widened to i32.
+    fn first_codes(&mut self, c_ty: &str, pad8: &str) -> String {
+        let q = self.read_lanes("c0", c_ty, "i8", pad8);
+        self.extend(&q, (&lanes("i8"), &lanes("i32")))
+    }
+
+    /// `val` (`[1, LANES]` int8 codes) into `mem` at `(%i, %l)`.
+    fn write_codes(&mut self, val: String, mem: &str, mem_ty: &str) {
+        let idx = vec!["%i".to_string(), "%l".to_string()];
+        self.push(Stmt::Write { val, mem: v(mem), mem_ty: mem_ty.into(), idx, vty: lanes("i8") });
+    }
+
+    /// Row `%i`'s f32 state `rs[slot]` as its bits in every lane.
+    fn row_bits(&mut self, rs_ty: &str, slot: usize) -> String {
+        let value = self.load("rs", rs_ty, &[&idx(slot), "%i"], "f32");
+        let bits = self.cast("bitcast", &value, "f32", "i32");
+        self.vector("broadcast", None, &bits, ("i32", &lanes("i32")))
+    }
+
+    /// The lanes' unsigned maximum of `acc` (the bits of non-negative floats, so the largest
+    /// value), stored as row `%i`'s f32 state `rs[slot]`.
+    fn store_row_max(&mut self, acc: &str, rs_ty: &str, slot: usize) {
+        let flat_ty = format!("vector<{LANES}xi32>");
+        let flat = self.vector("shape_cast", None, acc, (&lanes("i32"), &flat_ty));
+        let max = self.vector("reduction", Some("maxui"), &flat, (&flat_ty, "i32"));
+        let max = self.cast("bitcast", &max, "i32", "f32");
+        self.store(&max, "rs", rs_ty, &[&idx(slot), "%i"], "f32");
     }
 
     fn vector(&mut self, op: &'static str, kind: Option<&'static str>, src: &str, (from, to): (&str, &str)) -> String {
@@ -418,26 +452,20 @@ pub fn reset(sh: Shape) -> Function {
 /// infinity's, taken as 0) is `maxnumf`'s.
 pub fn absmax(sh: Shape) -> Function {
     let (x_ty, rs_ty) = (sh.x_ty(), sh.rs_ty());
-    let (vf, vi) = (lanes("f32"), lanes("i32"));
+    let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
     let pad = c.fconst(0.0);
     let (magnitude, nan_above, zero) = (c.iconst(0x7fff_ffff, &vi), c.iconst(0x7f80_0000, &vi), c.iconst(0, &vi));
     c.each("i", sh.rows, |c| {
-        let m = c.load("rs", &rs_ty, &[&idx(0), "%i"], "f32");
-        let mb = c.cast("bitcast", &m, "f32", "i32");
-        let init = c.vector("broadcast", None, &mb, ("i32", &vi));
+        let init = c.row_bits(&rs_ty, 0);
         let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
-            let x = c.read_lanes("x", &x_ty, "f32", &pad);
-            let xb = c.cast("bitcast", &x, &vf, &vi);
+            let xb = c.x_bits(&x_ty, &pad);
             let a = c.bin("andi", &xb, &magnitude, &vi);
             let nan = c.cmp(false, "ugt", &a, &nan_above, &vi);
             let a = c.select(&nan, &zero, &a, &vi);
             c.bin("maxui", acc, &a, &vi)
         });
-        let flat = c.vector("shape_cast", None, &mx, (&vi, &format!("vector<{LANES}xi32>")));
-        let m = c.vector("reduction", Some("maxui"), &flat, (&format!("vector<{LANES}xi32>"), "i32"));
-        let m = c.cast("bitcast", &m, "i32", "f32");
-        c.store(&m, "rs", &rs_ty, &[&idx(0), "%i"], "f32");
+        c.store_row_max(&mx, &rs_ty, 0);
     });
     c.finish(ABSMAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
 }
@@ -483,19 +511,15 @@ pub fn scale(sh: Shape, pass: usize) -> Function {
 /// (`Code::quantise_bits` lane by lane).
 pub fn codes(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
-    let (vf, vi) = (lanes("f32"), lanes("i32"));
+    let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
     let pad = c.fconst(0.0);
     c.each("i", sh.rows, |c| {
-        let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
-        let sb = c.cast("bitcast", &s, "f32", "i32");
-        let sv = c.vector("broadcast", None, &sb, ("i32", &vi));
+        let s = c.row_bits(&rs_ty, 1);
         c.each_by("l", (sh.k, LANES), |c| {
-            let x = c.read_lanes("x", &x_ty, "f32", &pad);
-            let xb = c.cast("bitcast", &x, &vf, &vi);
-            let q = c.quantise_bits(&xb, &sv, &vi);
-            let idx = vec!["%i".to_string(), "%l".to_string()];
-            c.push(Stmt::Write { val: q, mem: v("c0"), mem_ty: c_ty.clone(), idx, vty: lanes("i8") });
+            let xb = c.x_bits(&x_ty, &pad);
+            let q = c.quantise_bits(&xb, &s, &vi);
+            c.write_codes(q, "c0", &c_ty);
         });
     });
     c.finish(CODES, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
@@ -506,28 +530,19 @@ pub fn codes(sh: Shape) -> Function {
 /// (`Code::residual_bits`; the maximum of the bits is the maximum of the values).
 pub fn residual_max(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
-    let (vf, vi, v8) = (lanes("f32"), lanes("i32"), lanes("i8"));
+    let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k, LANES]);
     let (pad, pad8) = (c.fconst(0.0), c.iconst(0, "i8"));
     c.each("i", sh.rows, |c| {
-        let s = c.load("rs", &rs_ty, &[&idx(1), "%i"], "f32");
-        let sb = c.cast("bitcast", &s, "f32", "i32");
-        let sv = c.vector("broadcast", None, &sb, ("i32", &vi));
-        let m = c.load("rs", &rs_ty, &[&idx(2), "%i"], "f32");
-        let mb = c.cast("bitcast", &m, "f32", "i32");
-        let init = c.vector("broadcast", None, &mb, ("i32", &vi));
+        let s = c.row_bits(&rs_ty, 1);
+        let init = c.row_bits(&rs_ty, 2);
         let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
-            let x = c.read_lanes("x", &x_ty, "f32", &pad);
-            let xb = c.cast("bitcast", &x, &vf, &vi);
-            let q = c.read_lanes("c0", &c_ty, "i8", &pad8);
-            let code = c.extend(&q, (&v8, &vi));
-            let (key, _) = c.residual_bits((&xb, &sv), &code, &vi);
+            let xb = c.x_bits(&x_ty, &pad);
+            let code = c.first_codes(&c_ty, &pad8);
+            let (key, _) = c.residual_bits((&xb, &s), &code, &vi);
             c.bin("maxui", acc, &key, &vi)
         });
-        let flat = c.vector("shape_cast", None, &mx, (&vi, &format!("vector<{LANES}xi32>")));
-        let m = c.vector("reduction", Some("maxui"), &flat, (&format!("vector<{LANES}xi32>"), "i32"));
-        let m = c.cast("bitcast", &m, "i32", "f32");
-        c.store(&m, "rs", &rs_ty, &[&idx(2), "%i"], "f32");
+        c.store_row_max(&mx, &rs_ty, 2);
     });
     c.finish(RESIDUAL_MAX, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty)])
 }
@@ -537,25 +552,17 @@ pub fn residual_max(sh: Shape) -> Function {
 /// bits at the residual's scale).
 pub fn residual(sh: Shape) -> Function {
     let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
-    let (vf, vi, v8) = (lanes("f32"), lanes("i32"), lanes("i8"));
+    let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k, LANES]);
     let (pad, pad8) = (c.fconst(0.0), c.iconst(0, "i8"));
     c.each("i", sh.rows, |c| {
-        let scale = |c: &mut Code, at: usize| {
-            let s = c.load("rs", &rs_ty, &[&idx(at), "%i"], "f32");
-            let sb = c.cast("bitcast", &s, "f32", "i32");
-            c.vector("broadcast", None, &sb, ("i32", &vi))
-        };
-        let (s0, s1) = (scale(c, 1), scale(c, 3));
+        let (s0, s1) = (c.row_bits(&rs_ty, 1), c.row_bits(&rs_ty, 3));
         c.each_by("l", (sh.k, LANES), |c| {
-            let x = c.read_lanes("x", &x_ty, "f32", &pad);
-            let xb = c.cast("bitcast", &x, &vf, &vi);
-            let q = c.read_lanes("c0", &c_ty, "i8", &pad8);
-            let code = c.extend(&q, (&v8, &vi));
+            let xb = c.x_bits(&x_ty, &pad);
+            let code = c.first_codes(&c_ty, &pad8);
             let (_, rb) = c.residual_bits((&xb, &s0), &code, &vi);
             let q1 = c.quantise_bits(&rb, &s1, &vi);
-            let idx = vec!["%i".to_string(), "%l".to_string()];
-            c.push(Stmt::Write { val: q1, mem: v("c1"), mem_ty: c_ty.clone(), idx, vty: v8.clone() });
+            c.write_codes(q1, "c1", &c_ty);
         });
     });
     let params = vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c0"), c_ty.clone()), (v("c1"), c_ty)];
