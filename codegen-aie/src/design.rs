@@ -558,7 +558,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
-            Kind::QGemv { .. } => crate::qgemv::generic_core(self, core, o),
+            Kind::QGemv { passes, kernel_rows } => crate::qgemv::generic_core(self, core, (passes, kernel_rows), o),
         }
     }
 
@@ -719,7 +719,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
-            Kind::QGemv { .. } => crate::qgemv::pretty_core(self, core, o),
+            Kind::QGemv { passes, kernel_rows } => crate::qgemv::pretty_core(self, core, (passes, kernel_rows), o),
         }
     }
 

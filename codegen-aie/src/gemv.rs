@@ -205,7 +205,7 @@ pub fn build(t: &Tiling) -> Design {
     let mut fifos = vec![];
     let mut links = vec![];
     input_fifos(t, parts, &mut fifos);
-    output_fifos(t, &mut fifos, &mut links);
+    output_fifos(t, Elem::I32, &mut fifos, &mut links);
     let cores = (0..streams(dev))
         .map(|s| Core {
             tile: core_tile(dev, s),
@@ -282,14 +282,9 @@ pub(crate) fn stream_fifos(
     std::iter::once(a).chain(weights).collect()
 }
 
-/// Each core's output tile to its column's mem tile, joined there (a one-to-one link for a
-/// column of one core) and streamed to the column's shim.
-fn output_fifos(t: &Tiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
-    output_fifos_of(t, Elem::I32, fifos, links);
-}
-
-/// [`output_fifos`] of output elements `elem`.
-pub(crate) fn output_fifos_of(t: &Tiling, elem: Elem, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
+/// Each core's output tile (of `elem`s) to its column's mem tile, joined there (a one-to-one
+/// link for a column of one core) and streamed to the column's shim.
+pub(crate) fn output_fifos(t: &Tiling, elem: Elem, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
     let dev = t.device;
     let tile_elems = t.m * t.n;
     for c in 0..dev.columns() {

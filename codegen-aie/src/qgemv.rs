@@ -27,7 +27,7 @@
 use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
 use crate::device::Device;
 use crate::gemv::{
-    core_tile, first_checked, output_fifos_of, stream_fifos, stream_sequence, streams, tiles_used, tiling_of,
+    core_tile, first_checked, output_fifos, stream_fifos, stream_sequence, streams, tiles_used, tiling_of,
     SHIM_BURST_BYTES,
 };
 use crate::kernels::{self, GEMV, GEMV_ZERO};
@@ -174,7 +174,7 @@ pub fn build(q: &QTiling) -> Design {
     let mut fifos = vec![];
     let mut links = vec![];
     input_fifos(q, &mut fifos);
-    output_fifos_of(t, Elem::F32, &mut fifos, &mut links);
+    output_fifos(t, Elem::F32, &mut fifos, &mut links);
     let mut calls: Vec<String> = qkernels::functions(sh).into_iter().map(|f| f.name).collect();
     calls.extend([GEMV_ZERO.into(), GEMV.into()]);
     let cores: Vec<Core> = (0..streams(dev))
@@ -359,22 +359,14 @@ fn core_ops(d: &Design, core: &Core, (passes, kernel_rows): (usize, usize)) -> V
     ops
 }
 
-/// The passes and kernel rows of a qgemv design.
-fn passes_of(d: &Design) -> (usize, usize) {
-    match d.kind {
-        Kind::QGemv { passes, kernel_rows } => (passes, kernel_rows),
-        _ => (1, d.tiling.m),
-    }
-}
-
-/// A qgemv core's body in generic form.
-pub(crate) fn generic_core(d: &Design, core: &Core, o: &mut String) {
+/// A qgemv core's body in generic form, for its activation passes and kernel rows.
+pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
     let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
     let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
-    generic_ops(&core_ops(d, core, passes_of(d)), o, 6);
+    generic_ops(&core_ops(d, core, passes_rows), o, 6);
     let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
     let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", d.tiling.device.core_stack_bytes());
 }
@@ -412,12 +404,12 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
 }
 
 /// A qgemv core's body in custom form.
-pub(crate) fn pretty_core(d: &Design, core: &Core, o: &mut String) {
+pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
     let _ = writeln!(o, "      %ctiles = arith.constant {} : index", core.tiles);
-    pretty_ops(&core_ops(d, core, passes_of(d)), o, 6);
+    pretty_ops(&core_ops(d, core, passes_rows), o, 6);
     let _ = writeln!(o, "      aie.end");
     let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", d.tiling.device.core_stack_bytes());
 }

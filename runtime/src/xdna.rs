@@ -142,16 +142,22 @@ fn run_block<D: Driver>(
 /// design's host shape; empty when the chunk does not fit the design, which the call then refuses.
 fn operand(d: &DesignRun, wk: &[i8], (k, n): (usize, usize), col_offset: usize, cols: usize) -> Vec<i8> {
     let (_, pk, pn) = d.padded;
-    // A qgemv design's operand carries the weight's scales, which this int32 offload has not.
-    if k > pk || cols > pn || col_offset + cols > n || d.kind == DesignKind::Qgemv {
+    let transposed = match d.kind {
+        DesignKind::Gemm => false,
+        DesignKind::Gemv => true,
+        // A qgemv design's operand carries the weight's scales, which this int32 offload has not.
+        DesignKind::Qgemv => return vec![],
+    };
+    if k > pk || cols > pn || col_offset + cols > n {
         return vec![];
     }
     let mut b = vec![0i8; pk * pn];
     for kk in 0..k {
         let row = &wk[kk * n + col_offset..][..cols];
-        match d.kind {
-            DesignKind::Gemm => b[kk * pn..kk * pn + cols].copy_from_slice(row),
-            DesignKind::Gemv | DesignKind::Qgemv => row.iter().enumerate().for_each(|(j, &x)| b[j * pk + kk] = x),
+        if transposed {
+            row.iter().enumerate().for_each(|(j, &x)| b[j * pk + kk] = x);
+        } else {
+            b[kk * pn..kk * pn + cols].copy_from_slice(row);
         }
     }
     b

@@ -56,7 +56,7 @@ impl Compiler<'_> {
         for lane in 0..rows * cols {
             let lane_op = self.lane_op(op, lane)?;
             code.push(self.instr(&lane_op)?);
-            for name in lane_op.operands.iter().filter(|n| n.contains('#')) {
+            for name in lane_op.operands.iter().chain(&lane_op.results).filter(|n| n.contains('#')) {
                 self.names.remove(name);
             }
         }
