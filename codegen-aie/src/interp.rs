@@ -4,8 +4,8 @@
 //! destination offsets, join by source offsets, broadcast to every consumer; as mlir-aie lowers
 //! them, one descriptor per transfer, a pattern addressing only its own transfer), and every core's
 //! loops, FIFO acquires/releases and calls, on FIFO elements and on the core's own buffers
-//! (`aie.buffer`, which start as garbage like a produced element). A call runs the callee's body from the design text
-//! (`func`: the scalar `arith`/`memref`/`scf` operations of the cores' code, see
+//! (`aie.buffer`, which start as garbage like a produced element). A call runs the callee's body
+//! from the design text (`func`: the scalar `arith`/`memref`/`scf` operations of the cores' code, see
 //! [`crate::kernels`]); a call to a function the design only declares is an error, as its code
 //! would come from an object file no bundle carries.
 //!
@@ -931,15 +931,15 @@ fn declared_buffer(op: &Op, tiles: &HashMap<String, (usize, usize)>) -> Result<(
     let Some(tile) = tile.filter(|t| t.1 >= Device::FIRST_COMPUTE_ROW) else {
         return Err(perr("aie.buffer on no compute tile".into()));
     };
-    let ty = result_type_of(op);
+    let ty = result_type(op);
     let (shape, elem) = parse_memref(ty).ok_or_else(|| perr(format!("aie.buffer of type {ty}")))?;
     let elem_bytes = elem_bytes(&elem).ok_or_else(|| perr(format!("aie.buffer of {elem}")))?;
     let name = op.results.first().cloned().ok_or_else(|| perr("aie.buffer without a result".into()))?;
     Ok((name, BufferInfo { tile, elems: shape.iter().product(), elem_bytes }))
 }
 
-/// The type after `->` of an operation's type.
-fn result_type_of(op: &Op) -> &str {
+/// The result type after `->` of a generic operation's type.
+fn result_type(op: &Op) -> &str {
     op.ty.rsplit_once("->").map(|(_, t)| t.trim()).unwrap_or("")
 }
 

@@ -19,7 +19,7 @@
 //! Anything else is an error naming the operation, the function and the line. Loads, stores and
 //! transfers check every index against the memref's shape.
 
-use super::{parse_memref, split_top, Block, InterpError, Op};
+use super::{parse_memref, result_type, split_top, Block, InterpError, Op};
 
 mod lanes;
 use std::collections::HashMap;
@@ -334,11 +334,6 @@ struct Compiler<'f> {
 
 fn perr<T>(line: usize, msg: String) -> Result<T, InterpError> {
     Err(InterpError::Parse { line, msg })
-}
-
-/// The result type after `->` of a generic operation's type.
-fn result_type(op: &Op) -> &str {
-    op.ty.rsplit_once("->").map(|(_, t)| t.trim()).unwrap_or("")
 }
 
 impl Compiler<'_> {

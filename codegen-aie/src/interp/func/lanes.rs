@@ -5,8 +5,8 @@
 //! `vector.reduction <maxui>` into copies and unsigned maxima. The semantics per lane are the
 //! scalar operation's, so a vector kernel and its scalar form compute the same bits.
 
-use super::{parse_vector, perr, result_type, BinOp, Compiler, Instr, Value};
-use crate::interp::{InterpError, Op};
+use super::{parse_vector, perr, BinOp, Compiler, Instr, Value};
+use crate::interp::{result_type, InterpError, Op};
 
 /// `ty` with each `vector<..xT>` replaced by `T`: a vector operation's per-lane signature.
 fn scalar_signature(ty: &str) -> String {
