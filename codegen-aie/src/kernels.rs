@@ -56,7 +56,8 @@ pub enum Stmt {
     /// `res = arith.select cond, a, b : ty`.
     Select { res: String, cond: String, a: String, b: String, ty: String },
     /// `res = vector.<op> src : from to to` of one vector operand: `broadcast` (a scalar to every
-    /// lane), `shape_cast`, `reduction <kind>` (`kind` set: the lanes combined into a scalar).
+    /// lane), `shape_cast`, `bitcast` (to wider lanes), `reduction <kind>` (`kind` set: the lanes
+    /// combined into a scalar).
     Vector { res: String, op: &'static str, kind: Option<&'static str>, src: String, from: String, to: String },
 }
 

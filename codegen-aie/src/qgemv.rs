@@ -48,9 +48,11 @@ pub const FIRST_PASS_CYCLES_PER_ELEMENT: u64 = 8;
 /// [`crate::qkernels::LANES`] elements.
 pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 20;
 
-/// Cycles per output element of the epilogue, an assumption as above: two conversions, four
-/// products and a sum in software f32 (an AIE2 core has no floating-point scalar unit).
-pub const EPILOGUE_CYCLES_PER_ELEMENT: u64 = 100;
+/// Cycles per output element of the epilogue with one and with two passes, an assumption as
+/// above: one vector operation a cycle on [`crate::qkernels::LANES`] outputs, of the integer
+/// operations [`crate::qkernels::dequant`] spends per column block and row (its constants
+/// hoisted; a test counts them in the generated code).
+pub const EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [39, 91];
 
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
@@ -115,6 +117,9 @@ fn evaluate(
 ) -> Option<QTiling> {
     let (rows, (parts, k)) = (shape.m, k_parts(device, shape.m, shape.k, min_parts));
     let sh = Shape { rows, k, n, passes, kernel_rows: kr };
+    if k < qkernels::MIN_K {
+        return None;
+    }
     let tiles = shape.n.div_ceil(streams(device) * n);
     let bank = device.core_data_bytes() / device.core_banks();
     let l1 = core_bytes(device, sh, parts);
@@ -131,7 +136,7 @@ fn evaluate(
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
         + KERNEL_CALL_OVERHEAD_CYCLES;
-    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT;
+    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
     let first_in = ((rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
@@ -276,7 +281,7 @@ pub fn pack(
         if part + 1 == parts {
             let col_scales: Vec<f32> = (0..n).map(|j| in_chunk(j).map_or(0.0, |c| scales[c])).collect();
             let flags: Vec<bool> = (0..n).map(|j| in_chunk(j).is_some_and(first_only)).collect();
-            let meta = qkernels::meta(q.passes, &col_scales, &flags);
+            let meta = qkernels::meta(q.passes, k, &col_scales, &flags);
             elem[n * k..n * k + meta.len()].copy_from_slice(&meta);
         }
     }

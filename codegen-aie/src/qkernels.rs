@@ -29,11 +29,14 @@
 //! code the shifted integer rounded half to even from the bits shifted out — the program's
 //! `round_half_even(x / s)` exactly; and the residual `x − code·s` (representable, so the
 //! program's f32 subtraction is exact) is the remainder that shift leaves, normalised back into
-//! f32 bits. The tests compare them on ties, subnormals, infinities and NaN. A row's scale (one
-//! division a row) and the epilogue (`acc·(sₐ·s_w)`, one rounding, `sₐ·s_w` exact) are scalar
-//! f32 code; the epilogue in integers is the next step.
+//! f32 bits. The tests compare them on ties, subnormals, infinities and NaN. The epilogue is
+//! integer vector code too, [`LANES`] columns at a time: the accumulator's conversion, the two
+//! products and the passes' sum are IEEE single precision spelled in integer operations
+//! ([`softfloat`]). Only a row's scale (one division a row) is scalar f32 code.
 
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
+
+mod softfloat;
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";
@@ -49,17 +52,27 @@ pub const LANES: usize = 8;
 
 /// `vector<1xLANESxelem>`.
 fn lanes(elem: &str) -> String {
-    format!("vector<1x{LANES}x{elem}>")
+    lanes_n(elem, LANES)
 }
 
-/// Rows of weight element a tile's epilogue data takes after its `n` weight rows of `k` bytes:
-/// `n` f32 scales, and with two passes `n` flag bytes.
+/// `vector<1xWIDTHxelem>`.
+fn lanes_n(elem: &str, width: usize) -> String {
+    format!("vector<1x{width}x{elem}>")
+}
+
+/// The shortest K part a qgemv core takes: one row of its weight element holds at least
+/// [`LANES`] column scales.
+pub const MIN_K: usize = 4 * LANES;
+
+/// Column scales one row of `k` bytes of the epilogue data holds: whole blocks of [`LANES`].
+pub fn scales_per_row(k: usize) -> usize {
+    k / MIN_K * LANES
+}
+
+/// Rows of weight element a tile's epilogue data takes after its `n` weight rows of `k` bytes
+/// ([`meta`]): the `n` f32 scales, and with two passes `n` flag bytes.
 pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
-    meta_bytes(passes, n).div_ceil(k)
-}
-
-fn meta_bytes(passes: usize, n: usize) -> usize {
-    4 * n + if passes > 1 { n } else { 0 }
+    n.div_ceil(scales_per_row(k)) + if passes > 1 { n.div_ceil(k) } else { 0 }
 }
 
 /// A core's shapes: `rows` activation rows, K parts of `k`, output tiles of `n` columns, the
@@ -215,9 +228,20 @@ impl Code {
 
     /// The `[1, LANES]` block of a row-major `[rows, k]` memref at `(%i, %l)`, of element `elem`.
     fn read_lanes(&mut self, mem: &str, mem_ty: &str, elem: &'static str, pad: &str) -> String {
+        self.read_block((mem, mem_ty), elem, ["%i", "%l"], (pad, LANES))
+    }
+
+    /// The `[1, width]` block of a row-major memref at `at`, of element `elem`.
+    fn read_block(
+        &mut self,
+        (mem, mem_ty): (&str, &str),
+        elem: &'static str,
+        at: [&str; 2],
+        (pad, width): (&str, usize),
+    ) -> String {
         let res = self.fresh("vec");
-        let vty = lanes(elem);
-        let idx = vec!["%i".to_string(), "%l".to_string()];
+        let vty = lanes_n(elem, width);
+        let idx = at.iter().map(|s| s.to_string()).collect();
         self.push(Stmt::Read { res: res.clone(), mem: v(mem), mem_ty: mem_ty.into(), idx, pad: pad.into(), vty, elem });
         res
     }
@@ -569,65 +593,65 @@ pub fn residual(sh: Shape) -> Function {
     c.finish(RESIDUAL, params)
 }
 
-/// The epilogue data's byte `f` (an index value) of a weight element: row `n + f / k`, column
-/// `f % k`.
-fn meta_byte(c: &mut Code, sh: Shape, w_ty: &str, f: &str) -> String {
-    let row = c.bin("divui", f, &idx(sh.k), "index");
+/// Column block `%j`'s weight scales, [`LANES`] columns' f32 bits as i32 lanes: one 32-byte read
+/// of the epilogue data ([`meta`]) taken as little-endian words.
+fn column_scales(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
+    let per_row = idx(scales_per_row(sh.k));
+    let row = c.bin("divui", "%j", &per_row, "index");
     let row = c.bin("addi", &row, &idx(sh.n), "index");
-    let col = c.bin("remui", f, &idx(sh.k), "index");
-    c.load("w", w_ty, &[&row, &col], "i8")
+    let col = c.bin("remui", "%j", &per_row, "index");
+    let col = c.bin("muli", &col, &idx(4), "index");
+    let bytes = c.read_block(("w", w_ty), "i8", [&row, &col], (pad8, 4 * LANES));
+    c.vector("bitcast", None, &bytes, (&lanes_n("i8", 4 * LANES), &lanes("i32")))
 }
 
-/// Column `%j`'s weight scale: four little-endian bytes of its bits from the epilogue data.
-fn column_scale(c: &mut Code, sh: Shape, w_ty: &str) -> String {
-    let base = c.bin("muli", "%j", &idx(4), "index");
-    let mut word = c.iconst(0, "i32");
-    for b in 0..4 {
-        let f = c.bin("addi", &base, &idx(b), "index");
-        let byte = meta_byte(c, sh, w_ty, &f);
-        let wide = c.cast("extui", &byte, "i8", "i32");
-        let shift = c.iconst(8 * b as i64, "i32");
-        let part = c.bin("shli", &wide, &shift, "i32");
-        word = c.bin("ori", &word, &part, "i32");
-    }
-    c.cast("bitcast", &word, "i32", "f32")
+/// Column block `%j`'s first-pass-only flags (two passes) as i1 lanes.
+fn first_only_flags(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
+    let row = c.bin("divui", "%j", &idx(sh.k), "index");
+    let row = c.bin("addi", &row, &idx(sh.n + sh.n.div_ceil(scales_per_row(sh.k))), "index");
+    let col = c.bin("remui", "%j", &idx(sh.k), "index");
+    let flags = c.read_block(("w", w_ty), "i8", [&row, &col], (pad8, LANES));
+    let one = c.iconst(1, &lanes("i8"));
+    c.cmp(false, "eq", &flags, &one, &lanes("i8"))
 }
 
-/// `acc·(sₐ·s_w)` of one accumulator element, pass `p`'s scale in `rs`.
-fn product(c: &mut Code, sh: Shape, acc: &str, pass: usize, sw: &str) -> String {
-    let (acc_ty, rs_ty) = (sh.acc_ty(), sh.rs_ty());
-    let a = c.load(acc, &acc_ty, &["%i", "%j"], "i32");
-    let af = c.cast("sitofp", &a, "i32", "f32");
-    let sa = c.load("rs", &rs_ty, &[&idx(2 * pass + 1), "%i"], "f32");
-    let m = c.bin("mulf", &sa, sw, "f32");
-    c.bin("mulf", &af, &m, "f32")
+/// `acc·(sₐ·s_w)` of accumulator block `(%i, %j)`, pass `p`'s scale in `rs`, the column scales'
+/// bits `sw`: the program's two f32 products, in integer operations ([`softfloat`]).
+fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32: &str) -> String {
+    let vi = lanes("i32");
+    let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", "%j"], (pad32, LANES));
+    let af = c.f32_of_i32(&a, &vi);
+    let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
+    let m = c.mul_f32_by_normal(&sa, sw, &vi);
+    c.mul_f32_by_normal(&af, &m, &vi)
 }
 
 /// `q_dequant(%acc0, [%acc1,] %rs, %w, %y)`: the f32 output tile from the passes' int32
-/// accumulators, column `j`'s scale and (two passes) its first-pass-only flag read from the
-/// weight element's epilogue data.
+/// accumulators, [`LANES`] columns at a time, their scales and (two passes) first-pass-only
+/// flags read from the weight element's epilogue data.
 pub fn dequant(sh: Shape) -> Function {
     let (acc_ty, rs_ty, w_ty, y_ty) = (sh.acc_ty(), sh.rs_ty(), sh.w_ty(), sh.y_ty());
-    let mut c = Code::new(&[0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, 4 * sh.n]);
-    c.each("j", sh.n, |c| {
-        let sw = column_scale(c, sh, &w_ty);
-        let first_only = (sh.passes > 1).then(|| {
-            let f = c.bin("addi", "%j", &idx(4 * sh.n), "index");
-            let flag = meta_byte(c, sh, &w_ty, &f);
-            let one = c.iconst(1, "i8");
-            c.cmp(false, "eq", &flag, &one, "i8")
-        });
+    let (vi, vf) = (lanes("i32"), lanes("f32"));
+    let scale_rows = sh.n.div_ceil(scales_per_row(sh.k));
+    let index_values = [0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, LANES, scales_per_row(sh.k), sh.n + scale_rows];
+    let mut c = Code::new(&index_values);
+    let (pad8, pad32) = (c.iconst(0, "i8"), c.iconst(0, "i32"));
+    c.each_by("j", (sh.n, LANES), |c| {
+        let sw = column_scales(c, sh, &w_ty, &pad8);
+        let first_only = (sh.passes > 1).then(|| first_only_flags(c, sh, &w_ty, &pad8));
         c.each("i", sh.rows, |c| {
-            let p0 = product(c, sh, "acc0", 0, &sw);
+            let p0 = product(c, sh, ("acc0", 0), &sw, &pad32);
             let y = match &first_only {
                 None => p0,
                 Some(first) => {
-                    let p1 = product(c, sh, "acc1", 1, &sw);
-                    let sum = c.bin("addf", &p0, &p1, "f32");
-                    c.select(first, &p0, &sum, "f32")
+                    let p1 = product(c, sh, ("acc1", 1), &sw, &pad32);
+                    let sum = c.add_f32(&p0, &p1, &vi);
+                    c.select(first, &p0, &sum, &vi)
                 }
             };
-            c.store(&y, "y", &y_ty, &["%i", "%j"], "f32");
+            let y = c.cast("bitcast", &y, &vi, &vf);
+            let idx = vec!["%i".to_string(), "%j".to_string()];
+            c.push(Stmt::Write { val: y, mem: v("y"), mem_ty: y_ty.clone(), idx, vty: vf.clone() });
         });
     });
     let mut params = vec![(v("acc0"), acc_ty.clone())];
@@ -648,12 +672,20 @@ pub fn functions(sh: Shape) -> Vec<Function> {
     f
 }
 
-/// The epilogue data of one tile's columns, in the weight element's byte order: each column's
-/// scale's little-endian bytes, then (two passes) its first-pass-only flag.
-pub fn meta(passes: usize, scales: &[f32], first_only: &[bool]) -> Vec<i8> {
-    let mut out: Vec<i8> = scales.iter().flat_map(|s| s.to_bits().to_le_bytes()).map(|b| b as i8).collect();
+/// The epilogue data of one tile's columns as the `meta_rows · k` bytes after its weights:
+/// [`scales_per_row`] column scales a row (each as its f32 bits' little-endian bytes), then
+/// with two passes `k` first-pass-only flags a row — so the epilogue reads [`LANES`] columns' of
+/// either within one row. `scales.len()` is the tile's columns, a multiple of [`LANES`].
+pub fn meta(passes: usize, k: usize, scales: &[f32], first_only: &[bool]) -> Vec<i8> {
+    let (n, per_row) = (scales.len(), scales_per_row(k));
+    let mut out = vec![0i8; meta_rows(passes, k, n) * k];
+    for (j, s) in scales.iter().enumerate() {
+        let at = (j / per_row) * k + 4 * (j % per_row);
+        out[at..at + 4].copy_from_slice(&s.to_bits().to_le_bytes().map(|b| b as i8));
+    }
     if passes > 1 {
-        out.extend(first_only.iter().map(|&f| i8::from(f)));
+        let flags = n.div_ceil(per_row) * k;
+        first_only.iter().enumerate().for_each(|(j, &f)| out[flags + j] = i8::from(f));
     }
     out
 }

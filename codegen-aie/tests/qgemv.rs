@@ -9,6 +9,7 @@ mod common;
 
 use codegen_aie::design::{self, Kind};
 use codegen_aie::gemm::GemmSite;
+use codegen_aie::kernels::Stmt;
 use codegen_aie::plan::{self, PlanOptions};
 use codegen_aie::{interp, mlir, qgemv, qkernels, Device, GemmShape};
 use common::{values, xorshift};
@@ -162,6 +163,9 @@ fn rows_at_the_definitions_edges_equal_the_reference() {
     case.x[row(4)].iter_mut().enumerate().for_each(|(i, v)| *v = f32::from_bits(i as u32 + 1)); // subnormals
     case.x[row(5)].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 3.0e38 } else { -1.0e-3 });
     case.x[row(6)].fill(-0.0);
+    // Weight scales whose products with the rows' scales fall to subnormals, to 0, or past the
+    // largest f32: the epilogue's integer products round there as IEEE does.
+    case.sw[..6].copy_from_slice(&[1e-40, f32::from_bits(1), f32::MIN_POSITIVE, 3e38, 1e30, 0.0]);
     let want = case.reference();
     let got = case.on_array(Device::Npu2, 8);
     // NaN outputs compare by being NaN: the reference's and the array's payloads are both f32 NaN.
@@ -169,6 +173,7 @@ fn rows_at_the_definitions_edges_equal_the_reference() {
         assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "output {i}: {g} against {w}");
     }
     assert!(want.iter().any(|v| v.is_nan()) || want.iter().any(|v| v.is_infinite()), "the edges reach the output");
+    assert!(want.iter().any(|v| v.is_subnormal()), "a subnormal output");
 }
 
 fn sites(shapes: &[(usize, usize)]) -> Vec<GemmSite> {
@@ -241,4 +246,24 @@ fn a_shift_past_the_width_is_poison_and_an_error() {
     assert_eq!(run(&text).unwrap(), vec![64, 0, 32, 0, -64, 16, 48, 64]);
     let err = run(&text.replace(clamp, "{value = dense<40> : vector<1x8xi32>}")).unwrap_err().to_string();
     assert!(err.contains("shift by 40 of an i32 is poison") && err.contains("@q_codes"), "{err}");
+}
+
+/// Operations a statement list runs once per iteration of its innermost loop, constants aside
+/// (a compiler hoists them): the loop's own body.
+fn innermost_ops(body: &[Stmt]) -> usize {
+    match body.iter().rev().find_map(|s| if let Stmt::For { body, .. } = s { Some(body) } else { None }) {
+        Some(inner) => innermost_ops(inner),
+        None => body.iter().filter(|s| !matches!(s, Stmt::Const { .. } | Stmt::FConst { .. })).count(),
+    }
+}
+
+#[test]
+fn the_cost_models_epilogue_cycles_are_the_generated_codes_vector_operations() {
+    for passes in [1, 2] {
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8 };
+        let f = qkernels::dequant(sh);
+        let ops = innermost_ops(f.body.as_ref().unwrap()) as u64;
+        let per_output = ops.div_ceil(qkernels::LANES as u64);
+        assert_eq!(qgemv::EPILOGUE_CYCLES_PER_ELEMENT[passes - 1], per_output, "{passes} passes: {ops} operations");
+    }
 }

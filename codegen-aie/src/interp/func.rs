@@ -13,8 +13,8 @@
 //! - vectors (a vector is a run of registers, row-major): 2-D `vector.transfer_read` /
 //!   `vector.transfer_write` (in bounds, over a memref's two innermost dimensions), `arith.extsi`
 //!   of vectors, `vector.contract` with the matmul maps, and ([`lanes`]) any elementwise
-//!   operation above on vectors, splat constants, `vector.broadcast`, `vector.shape_cast` and
-//!   `vector.reduction <maxui>`.
+//!   operation above on vectors, splat constants, `vector.broadcast`, `vector.shape_cast`,
+//!   `vector.bitcast` to wider lanes and `vector.reduction <maxui>`.
 //!
 //! Anything else is an error naming the operation, the function and the line. Loads, stores and
 //! transfers check every index against the memref's shape.
@@ -226,6 +226,15 @@ enum Instr {
     },
     /// Instructions run in order (an elementwise operation on a vector, one per lane).
     Seq(Vec<Instr>),
+    /// `vector.bitcast` to wider lanes: `dst` lane `l` is the `ratio` source lanes from
+    /// `src + l·ratio` of `bits` each, the first the least significant (little-endian).
+    Widen {
+        dst: usize,
+        src: usize,
+        lanes: usize,
+        ratio: usize,
+        bits: u32,
+    },
     /// `len` registers copied (a vector's `arith.extsi`).
     CopyN {
         dst: usize,
@@ -909,6 +918,14 @@ impl Run<'_> {
                     }
                 }
                 Instr::CopyN { dst, src, len } => self.regs.copy_within(*src..*src + len, *dst),
+                Instr::Widen { dst, src, lanes, ratio, bits } => {
+                    let mask = (1i64 << bits) - 1;
+                    for l in 0..*lanes {
+                        let parts = &self.regs[src + l * ratio..][..*ratio];
+                        let word = parts.iter().rev().fold(0i64, |w, &p| (w << bits) | (p & mask));
+                        self.regs[dst + l] = wrap(word, bits * *ratio as u32);
+                    }
+                }
                 Instr::Seq(code) => self.exec(code)?,
                 Instr::Contract { dst, a, b, acc, mkn: [m, k, n], bits, bt } => {
                     let (b_row, b_col) = if *bt { (1, *k) } else { (*n, 1) };

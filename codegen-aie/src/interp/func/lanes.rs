@@ -1,8 +1,9 @@
 //! Vectors beyond the contraction: an elementwise `arith` or `math` operation on vectors is
 //! compiled lane by lane into the scalar operation's instructions (a vector being a run of
 //! registers, lane `l`'s result lands in the run's register `l`), a splat `dense<..>` constant
-//! into one constant per lane, and `vector.broadcast`, `vector.shape_cast` and
-//! `vector.reduction <maxui>` into copies and unsigned maxima. The semantics per lane are the
+//! into one constant per lane, and `vector.broadcast`, `vector.shape_cast`, `vector.bitcast`
+//! (to wider lanes, little-endian) and `vector.reduction <maxui>` into copies, packed lanes and
+//! unsigned maxima. The semantics per lane are the
 //! scalar operation's, so a vector kernel and its scalar form compute the same bits.
 
 use super::{parse_vector, perr, BinOp, Compiler, Instr, Value};
@@ -30,6 +31,7 @@ impl Compiler<'_> {
             "vector.broadcast" => return self.broadcast(op).map(Some),
             "vector.shape_cast" => return self.shape_cast(op).map(Some),
             "vector.reduction" => return self.reduction(op).map(Some),
+            "vector.bitcast" => return self.bitcast(op).map(Some),
             _ => {}
         }
         let elementwise = op.name.starts_with("arith.") || op.name.starts_with("math.");
@@ -143,5 +145,25 @@ impl Compiler<'_> {
         let mut code = vec![Instr::Copy { dst, src: first }];
         code.extend((1..rows * cols).map(|l| Instr::Bin { dst, op: BinOp::MaxU, a: dst, b: first + l, bits }));
         Ok(Instr::Seq(code))
+    }
+
+    /// `vector.bitcast` to lanes a whole number of times wider (`vector<1x32xi8>` to
+    /// `vector<1x8xi32>`): each wide lane the narrow ones it covers, the first least significant,
+    /// as on a little-endian core.
+    fn bitcast(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let [src] = op.operands.as_slice() else {
+            return perr(op.line, format!("@{}: vector.bitcast takes one vector", self.func));
+        };
+        let (src, rows, cols, bits) = self.vector(op, src)?;
+        let ty = result_type(op);
+        let Value::Vector { first, rows: r, cols: c, bits: wide } = self.define_vector(op, self.result(op)?, ty)?
+        else {
+            unreachable!("defined as a vector")
+        };
+        let ratio = (wide / bits) as usize;
+        if r != rows || wide % bits != 0 || ratio < 1 || c * ratio != cols {
+            return perr(op.line, format!("@{}: vector.bitcast of {rows}x{cols} lanes of i{bits} to {ty}", self.func));
+        }
+        Ok(Instr::Widen { dst: first, src, lanes: r * c, ratio, bits })
     }
 }
