@@ -39,19 +39,18 @@ use std::fmt::Write;
 const MAX_TILE_COLS: usize = 256;
 
 /// Cycles a core spends on one activation element for its first pass (its maximum and its
-/// code, [`crate::qkernels`]), an assumption of the cost model, not a measurement: some 50
-/// integer vector operations per [`crate::qkernels::LANES`] elements.
-pub const FIRST_PASS_CYCLES_PER_ELEMENT: u64 = 8;
+/// code, [`crate::qkernels`]), an assumption of the cost model, not a measurement: one vector
+/// operation a cycle on [`crate::qkernels::LANES`] elements, of the integer operations
+/// `q_absmax` and `q_codes` spend per block (constants hoisted; a test counts them in the
+/// generated code).
+pub const FIRST_PASS_CYCLES_PER_ELEMENT: u64 = 6;
 
-/// Cycles per activation element of the residual pass (the residual's maximum and its codes),
-/// an assumption as above: some 160 integer vector operations per
-/// [`crate::qkernels::LANES`] elements.
-pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 20;
+/// Cycles per activation element of the residual pass (the residual's maximum and its codes,
+/// `q_resmax` and `q_residual`), an assumption counted as above.
+pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 24;
 
-/// Cycles per output element of the epilogue with one and with two passes, an assumption as
-/// above: one vector operation a cycle on [`crate::qkernels::LANES`] outputs, of the integer
-/// operations [`crate::qkernels::dequant`] spends per column block and row (its constants
-/// hoisted; a test counts them in the generated code).
+/// Cycles per output element of the epilogue with one and with two passes, an assumption
+/// counted as above from `q_dequant`'s operations per column block and row.
 pub const EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [39, 91];
 
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole

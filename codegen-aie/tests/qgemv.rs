@@ -14,6 +14,7 @@ use codegen_aie::plan::{self, PlanOptions};
 use codegen_aie::{interp, mlir, qgemv, qkernels, Device, GemmShape};
 use common::{values, xorshift};
 use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
+use std::collections::HashMap;
 
 /// Heavy-tailed f32 activations: most small, a few outliers, as a norm's output has.
 fn activations(len: usize, seed: u64) -> Vec<f32> {
@@ -258,12 +259,21 @@ fn innermost_ops(body: &[Stmt]) -> usize {
 }
 
 #[test]
-fn the_cost_models_epilogue_cycles_are_the_generated_codes_vector_operations() {
+fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_operations() {
+    let lanes = qkernels::LANES as u64;
     for passes in [1, 2] {
         let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8 };
-        let f = qkernels::dequant(sh);
-        let ops = innermost_ops(f.body.as_ref().unwrap()) as u64;
-        let per_output = ops.div_ceil(qkernels::LANES as u64);
-        assert_eq!(qgemv::EPILOGUE_CYCLES_PER_ELEMENT[passes - 1], per_output, "{passes} passes: {ops} operations");
+        let ops: HashMap<String, u64> = qkernels::functions(sh)
+            .into_iter()
+            .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
+            .collect();
+        let per_output = ops[qkernels::DEQUANT].div_ceil(lanes);
+        assert_eq!(qgemv::EPILOGUE_CYCLES_PER_ELEMENT[passes - 1], per_output, "{passes} passes: {ops:?}");
+        let first = (ops[qkernels::ABSMAX] + ops[qkernels::CODES]).div_ceil(lanes);
+        assert_eq!(qgemv::FIRST_PASS_CYCLES_PER_ELEMENT, first, "{ops:?}");
+        if passes == 2 {
+            let residual = (ops[qkernels::RESIDUAL_MAX] + ops[qkernels::RESIDUAL]).div_ceil(lanes);
+            assert_eq!(qgemv::RESIDUAL_PASS_CYCLES_PER_ELEMENT, residual, "{ops:?}");
+        }
     }
 }
