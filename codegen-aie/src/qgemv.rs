@@ -149,6 +149,14 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
+    if shape.k < qkernels::MIN_K {
+        let reason = format!(
+            "a qgemv core reads {} columns' scales at once from one row of its weight element: K must be at least {}",
+            qkernels::LANES,
+            qkernels::MIN_K
+        );
+        return Err(TilingError::NothingFits { shape, device, reason });
+    }
     let (r, _, t) = device.micro_tile();
     let fewest = k_parts(device, shape.m, shape.k, 1).0;
     let kernel_rows = [shape.m.next_multiple_of(r), shape.m];

@@ -128,12 +128,20 @@ fn one_and_two_passes_equal_the_programs_ops_bit_for_bit() {
 fn k_in_several_parts_and_ragged_columns_equal_the_reference() {
     // K 1,536 (SmolLM2's down projection) takes several f32 parts for 8 rows; 100 columns are
     // no multiple of the cores.
+    let mut spans = false;
     for device in [Device::Npu1, Device::Npu2] {
         let case = Case::new((8, 1536, 100), 2, 30, 5);
         let q = qgemv::choose(device, GemmShape { m: 8, k: 1536, n: 100 }, 2).unwrap();
         assert!(q.parts_and_tiles().0 > 1, "{device}: {:?}", q.tiling);
         assert_eq!(bits(&case.on_array(device, 8)), bits(&case.reference()), "{device}");
+        // A K part of 40 bytes holds one block of 8 column scales a row: a tile's scales span
+        // several rows of its epilogue data.
+        let short = Case::new((2, 40, 72), 2, 5, 9);
+        let q = qgemv::choose(device, GemmShape { m: 2, k: 40, n: 72 }, 2).unwrap();
+        spans |= q.tiling.n > qkernels::scales_per_row(q.tiling.k);
+        assert_eq!(bits(&short.on_array(device, 2)), bits(&short.reference()), "{device}: K 40");
     }
+    assert!(spans, "a tile whose scales take several rows");
 }
 
 #[test]
@@ -276,4 +284,11 @@ fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_o
             assert_eq!(qgemv::RESIDUAL_PASS_CYCLES_PER_ELEMENT, residual, "{ops:?}");
         }
     }
+}
+
+#[test]
+fn a_k_too_short_for_the_epilogues_scale_reads_is_refused_by_name() {
+    let err = qgemv::choose(Device::Npu1, GemmShape { m: 1, k: 24, n: 64 }, 1).unwrap_err().to_string();
+    assert!(err.contains("1x24x64") && err.contains("K must be at least 32"), "{err}");
+    assert!(qgemv::choose(Device::Npu1, GemmShape { m: 1, k: 32, n: 64 }, 1).is_ok());
 }
