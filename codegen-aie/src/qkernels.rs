@@ -622,7 +622,7 @@ fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32:
     let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", "%j"], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
-    let m = c.mul_f32_by_normal(&sa, sw, &vi);
+    let m = c.mul_f32_by_power_of_two(&sa, sw, &vi);
     c.mul_f32_by_normal(&af, &m, &vi)
 }
 

@@ -184,6 +184,21 @@ impl Code {
         self.mul_f32_unpacked(x, (&ex, &sx), y, ty)
     }
 
+    /// [`Code::mul_f32`] for an `x` that is a normal power of two (its mantissa field 0), as a
+    /// row's scale is: `y`'s significand, normalised, is the product's, so only the exponents add
+    /// and a subnormal or overflowing result rounds.
+    pub(super) fn mul_f32_by_power_of_two(&mut self, x: &str, y: &str, ty: &str) -> String {
+        let (ey, sy) = self.unpack_normalised(y, ty);
+        let ex = self.with("shrui", x, 23, ty);
+        let ex = self.with("andi", &ex, 0xff, ty);
+        let e = self.bin("addi", &ex, &ey, ty);
+        let e = self.with("subi", &e, 127, ty);
+        let zero = self.k(0, ty);
+        let [e, s, g, st] = self.denormalise(&e, &sy, &zero, ty);
+        let bits = self.round_pack(&e, &s, (&g, &st), ty);
+        self.mul_specials((x, y), &bits, ty)
+    }
+
     /// `x·y` with `x`'s exponent and significand (leading one at bit 23) given.
     fn mul_f32_unpacked(&mut self, x: &str, (ex, sx): (&str, &str), y: &str, ty: &str) -> String {
         let (ey, sy) = self.unpack_normalised(y, ty);
@@ -433,6 +448,29 @@ mod tests {
         y.resize(x.len(), 0);
         let got = run(|c, a, ty| c.mul_f32_by_normal(&a[0], &a[1], ty), &[x.clone(), y.clone()]);
         check("mul_by_normal", (&x, &y), &got, |a, b| a * b);
+    }
+
+    #[test]
+    fn products_by_powers_of_two_round_as_ieee_single_precision() {
+        let steer = |r: &mut Bits, _: u32| (r.next() & 0x8000_0000) | ((r.next() % 254 + 1) << 23);
+        let (y, x) = pairs(4, steer);
+        // Every power of two beside every special value, then the steered pairs.
+        let (x, y): (Vec<u32>, Vec<u32>) = x
+            .iter()
+            .zip(&y)
+            .filter(|(&p, _)| p & 0x007f_ffff == 0)
+            .filter(|(&p, _)| {
+                let e = (p >> 23) & 0xff;
+                (1..255).contains(&e)
+            })
+            .unzip();
+        let (mut x, mut y) = (x, y);
+        x.resize(x.len().next_multiple_of(LANES), 0x3f80_0000);
+        y.resize(x.len(), 0);
+        let got = run(|c, a, ty| c.mul_f32_by_power_of_two(&a[0], &a[1], ty), &[x.clone(), y.clone()]);
+        check("mul_by_power_of_two", (&x, &y), &got, |a, b| a * b);
+        let count = |class: fn(f32) -> bool| got.iter().filter(|&&g| class(f32::from_bits(g))).count();
+        assert!(count(f32::is_subnormal) > 500 && count(f32::is_infinite) > 500, "the pairs reach the edges");
     }
 
     #[test]
