@@ -32,7 +32,9 @@
 //! f32 bits. The tests compare them on ties, subnormals, infinities and NaN. The epilogue is
 //! integer vector code too, [`LANES`] columns at a time: the accumulator's conversion, the two
 //! products and the passes' sum are IEEE single precision spelled in integer operations
-//! ([`softfloat`]). Only a row's scale (one division a row) is scalar f32 code.
+//! ([`softfloat`]), and so is a row's scale, whose `max / 127` is the same
+//! integer spelling of the division. No floating-point operation is left in a core's code: its
+//! f32 values are loaded, stored and bitcast, and every operation on them is an integer one.
 
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
@@ -497,35 +499,39 @@ pub fn absmax(sh: Shape) -> Function {
 /// The power of two `ir::fused::quantize_rows_scale` makes of the positive f32 `q = max / 127`,
 /// from its bits: its exponent when its mantissa is zero, else the next exponent up, and 2⁻¹²⁶
 /// when `q` is subnormal or zero.
-fn power_of_two_above(c: &mut Code, q: &str) -> String {
-    let bits = c.cast("bitcast", q, "f32", "i32");
+fn power_of_two_above(c: &mut Code, bits: &str) -> String {
     let (exp_mask, mant_mask) = (c.iconst(0x7f80_0000, "i32"), c.iconst(0x007f_ffff, "i32"));
     let (zero, one_up) = (c.iconst(0, "i32"), c.iconst(0x0080_0000, "i32"));
-    let exponent = c.bin("andi", &bits, &exp_mask, "i32");
-    let mantissa = c.bin("andi", &bits, &mant_mask, "i32");
+    let exponent = c.bin("andi", bits, &exp_mask, "i32");
+    let mantissa = c.bin("andi", bits, &mant_mask, "i32");
     let up = c.bin("addi", &exponent, &one_up, "i32");
     let exact = c.cmp(false, "eq", &mantissa, &zero, "i32");
     let pow = c.select(&exact, &exponent, &up, "i32");
     let tiny = c.cmp(false, "eq", &exponent, &zero, "i32");
-    let pow = c.select(&tiny, &one_up, &pow, "i32");
-    c.cast("bitcast", &pow, "i32", "f32")
+    c.select(&tiny, &one_up, &pow, "i32")
 }
 
 /// `q_scale<p>(%rs)`: pass `p`'s scale from its maximum, the smallest power of two at least
-/// `max / 127` (and 2⁻¹²⁶), or 1 when the maximum is 0 or infinite.
+/// `max / 127` (and 2⁻¹²⁶), or 1 when the maximum is 0 or infinite — on the bits, the quotient
+/// the program's f32 division spelled in integers ([`softfloat`]). The maximum is the bits of a
+/// magnitude (a NaN counted as 0), so it is positive and finite when its bits lie strictly
+/// between 0 and +∞'s.
 pub fn scale(sh: Shape, pass: usize) -> Function {
     let rs_ty = sh.rs_ty();
     let (max_at, scale_at) = (idx(2 * pass), idx(2 * pass + 1));
     let mut c = Code::new(&[0, 1, 2 * pass, 2 * pass + 1, sh.rows]);
-    let (inf, zero, one, c127) = (c.fconst(f32::INFINITY), c.fconst(0.0), c.fconst(1.0), c.fconst(127.0));
+    let inf = c.iconst(0x7f80_0000, "i32");
+    let (zero, one, c127) = (c.iconst(0, "i32"), c.iconst(0x3f80_0000, "i32"), c.iconst(0x42fe_0000, "i32"));
     c.each("i", sh.rows, |c| {
         let mx = c.load("rs", &rs_ty, &[&max_at, "%i"], "f32");
-        let finite = c.cmp(true, "olt", &mx, &inf, "f32");
-        let m = c.select(&finite, &mx, &zero, "f32");
-        let positive = c.cmp(true, "ogt", &m, &zero, "f32");
-        let q = c.bin("divf", &m, &c127, "f32");
+        let mb = c.cast("bitcast", &mx, "f32", "i32");
+        let above_zero = c.cmp(false, "ugt", &mb, &zero, "i32");
+        let finite = c.cmp(false, "ult", &mb, &inf, "i32");
+        let positive = c.bin("andi", &above_zero, &finite, "i1");
+        let q = c.div_f32(&mb, &c127, "i32");
         let p = power_of_two_above(c, &q);
-        let s = c.select(&positive, &p, &one, "f32");
+        let s = c.select(&positive, &p, &one, "i32");
+        let s = c.cast("bitcast", &s, "i32", "f32");
         c.store(&s, "rs", &rs_ty, &[&scale_at, "%i"], "f32");
     });
     c.finish(SCALE[pass], vec![(v("rs"), rs_ty)])

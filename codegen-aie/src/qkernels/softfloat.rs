@@ -199,6 +199,68 @@ impl Code {
         self.mul_specials((x, y), &bits, ty)
     }
 
+    /// The f32 bits of `x / y` (`arith.divf`): the normalised significands' quotient by
+    /// restoring division, one bit a step — its leading bit, 23 more and a guard bit — the
+    /// remainder the sticky bit.
+    pub(super) fn div_f32(&mut self, x: &str, y: &str, ty: &str) -> String {
+        let t1 = lanes_of(ty, "i1");
+        let (ex, sx) = self.unpack_normalised(x, ty);
+        let (ey, sy) = self.unpack_normalised(y, ty);
+        // Below y's significand x's takes one more bit, so the quotient's leading bit is 1.
+        let short = self.cmp(false, "ult", &sx, &sy, ty);
+        let doubled = self.with("shli", &sx, 1, ty);
+        let mut rem = self.select(&short, &doubled, &sx, ty);
+        let short = self.cast("extui", &short, &t1, ty);
+        let e = self.bin("subi", &ex, &ey, ty);
+        let e = self.with("addi", &e, 127, ty);
+        let e = self.bin("subi", &e, &short, ty);
+        let mut q = self.k(0, ty);
+        for _ in 0..25 {
+            let fits = self.cmp(false, "uge", &rem, &sy, ty);
+            let less = self.bin("subi", &rem, &sy, ty);
+            rem = self.select(&fits, &less, &rem, ty);
+            rem = self.with("shli", &rem, 1, ty);
+            let bit = self.cast("extui", &fits, &t1, ty);
+            q = self.with("shli", &q, 1, ty);
+            q = self.bin("ori", &q, &bit, ty);
+        }
+        let s = self.with("shrui", &q, 1, ty);
+        let g = self.with("andi", &q, 1, ty);
+        let g = self.with("shli", &g, 23, ty);
+        let st = self.test("ne", &rem, 0, ty);
+        let st = self.cast("extui", &st, &t1, ty);
+        let r = self.bin("ori", &g, &st, ty);
+        let [e, s, g, st] = self.denormalise(&e, &s, &r, ty);
+        let bits = self.round_pack(&e, &s, (&g, &st), ty);
+        self.div_specials((x, y), &bits, ty)
+    }
+
+    /// A quotient's sign on its finite magnitude `bits`, and the cases that are not a finite
+    /// quotient: ±0 (a zero dividend or an infinite divisor), ±∞ (an infinite dividend or a zero
+    /// divisor), NaN (a NaN, 0/0, ∞/∞).
+    fn div_specials(&mut self, (x, y): (&str, &str), bits: &str, ty: &str) -> String {
+        let t1 = lanes_of(ty, "i1");
+        let (ax, ay) = (self.with("andi", x, ABS, ty), self.with("andi", y, ABS, ty));
+        let sign = self.bin("xori", x, y, ty);
+        let sign = self.with("andi", &sign, SIGN, ty);
+        let (x0, y0) = (self.test("eq", &ax, 0, ty), self.test("eq", &ay, 0, ty));
+        let (x_inf, y_inf) = (self.test("eq", &ax, INF, ty), self.test("eq", &ay, INF, ty));
+        let (x_nan, y_nan) = (self.test("ugt", &ax, INF, ty), self.test("ugt", &ay, INF, ty));
+        let zero = self.bin("ori", &x0, &y_inf, &t1);
+        let inf = self.bin("ori", &x_inf, &y0, &t1);
+        let both_zero = self.bin("andi", &x0, &y0, &t1);
+        let both_inf = self.bin("andi", &x_inf, &y_inf, &t1);
+        let nan = self.bin("ori", &x_nan, &y_nan, &t1);
+        let nan = self.bin("ori", &nan, &both_zero, &t1);
+        let nan = self.bin("ori", &nan, &both_inf, &t1);
+        let finite = self.bin("ori", bits, &sign, ty);
+        let r = self.select(&zero, &sign, &finite, ty);
+        let signed_inf = self.with("ori", &sign, INF, ty);
+        let r = self.select(&inf, &signed_inf, &r, ty);
+        let quiet = self.k(QUIET_NAN, ty);
+        self.select(&nan, &quiet, &r, ty)
+    }
+
     /// `x·y` with `x`'s exponent and significand (leading one at bit 23) given.
     fn mul_f32_unpacked(&mut self, x: &str, (ex, sx): (&str, &str), y: &str, ty: &str) -> String {
         let (ey, sy) = self.unpack_normalised(y, ty);
@@ -471,6 +533,23 @@ mod tests {
         check("mul_by_power_of_two", (&x, &y), &got, |a, b| a * b);
         let count = |class: fn(f32) -> bool| got.iter().filter(|&&g| class(f32::from_bits(g))).count();
         assert!(count(f32::is_subnormal) > 500 && count(f32::is_infinite) > 500, "the pairs reach the edges");
+    }
+
+    #[test]
+    fn quotients_round_as_ieee_single_precision() {
+        // A divisor whose exponent puts the quotient near the subnormals or the largest binade.
+        let steer = |r: &mut Bits, a: u32| {
+            let ea = i64::from((a >> 23) & 0xff);
+            let edge = if r.next() & 1 == 0 { 0 } else { 254 };
+            let quotient = edge + i64::from(r.next() % 60) - 30;
+            let eb = (ea - quotient + 127).clamp(0, 254) as u32;
+            (r.next() & 0x807f_ffff) | (eb << 23)
+        };
+        let (x, y) = pairs(5, steer);
+        let got = run(|c, a, ty| c.div_f32(&a[0], &a[1], ty), &[x.clone(), y.clone()]);
+        check("div", (&x, &y), &got, |a, b| a / b);
+        let count = |class: fn(f32) -> bool| got.iter().filter(|&&g| class(f32::from_bits(g))).count();
+        assert!(count(f32::is_subnormal) > 2000 && count(f32::is_infinite) > 2000, "the steered pairs reach the edges");
     }
 
     #[test]
