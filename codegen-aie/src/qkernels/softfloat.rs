@@ -1,16 +1,18 @@
 //! IEEE-754 single precision in integer operations on the bits: the conversion of an int32, the
-//! product and the sum, each rounded to nearest even with subnormals and overflow to ±∞ as the
-//! standard defines them — what the epilogue needs where a core has no exact f32 unit (an AIE2
-//! core has no scalar one, and its vector one rounds bfloat16 parts). Every function works on
-//! `ty`, an i32 or a vector of them, lane by lane, so the same code is scalar or vector code.
+//! product, the quotient and the sum, each rounded to nearest even with subnormals and overflow
+//! to ±∞ as the standard defines them — what a row's scale and the epilogue need where a core
+//! has no exact f32 unit (an AIE2 core has no scalar one, and its vector one rounds bfloat16
+//! parts). Every function works on `ty`, an i32 or a vector of them, lane by lane, so the same
+//! code is scalar or vector code.
 //!
 //! NaN results are the quiet NaN `0x7FC00000`: which NaN an operation returns is not part of
 //! the exactness contract (the host's instruction set picks its own payloads), only that it is
 //! one.
 //!
 //! The product splits each 24-bit significand into 12-bit halves, so the 48-bit product is four
-//! int32 products and two words; the sum aligns the smaller operand with six extra bits, the
-//! bits it shifts out jammed into the lowest (SoftFloat's scheme), which rounds every case
+//! int32 products and two words; the quotient is restoring division of the significands, one
+//! bit a step, the remainder sticky; the sum aligns the smaller operand with six extra bits, the
+//! bits it shifts out jammed into the lowest (a sticky bit), which rounds every case
 //! exactly as the unbounded result would.
 
 use super::Code;
