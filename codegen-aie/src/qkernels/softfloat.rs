@@ -27,6 +27,15 @@ const MANTISSA: i64 = 0x007f_ffff;
 /// Extra low bits of the sum's aligned significands.
 const SUM_EXTRA: i64 = 6;
 
+/// A product's or quotient's sign bit and its operands' classes: (x, y) zero, (x, y) infinite,
+/// either NaN.
+struct Classes {
+    sign: String,
+    zero: (String, String),
+    inf: (String, String),
+    nan: String,
+}
+
 impl Code {
     fn k(&mut self, value: i64, ty: &str) -> String {
         self.iconst(value, ty)
@@ -242,25 +251,13 @@ impl Code {
     /// divisor), NaN (a NaN, 0/0, ∞/∞).
     fn div_specials(&mut self, (x, y): (&str, &str), bits: &str, ty: &str) -> String {
         let t1 = lanes_of(ty, "i1");
-        let (ax, ay) = (self.with("andi", x, ABS, ty), self.with("andi", y, ABS, ty));
-        let sign = self.bin("xori", x, y, ty);
-        let sign = self.with("andi", &sign, SIGN, ty);
-        let (x0, y0) = (self.test("eq", &ax, 0, ty), self.test("eq", &ay, 0, ty));
-        let (x_inf, y_inf) = (self.test("eq", &ax, INF, ty), self.test("eq", &ay, INF, ty));
-        let (x_nan, y_nan) = (self.test("ugt", &ax, INF, ty), self.test("ugt", &ay, INF, ty));
-        let zero = self.bin("ori", &x0, &y_inf, &t1);
-        let inf = self.bin("ori", &x_inf, &y0, &t1);
-        let both_zero = self.bin("andi", &x0, &y0, &t1);
-        let both_inf = self.bin("andi", &x_inf, &y_inf, &t1);
-        let nan = self.bin("ori", &x_nan, &y_nan, &t1);
-        let nan = self.bin("ori", &nan, &both_zero, &t1);
-        let nan = self.bin("ori", &nan, &both_inf, &t1);
-        let finite = self.bin("ori", bits, &sign, ty);
-        let r = self.select(&zero, &sign, &finite, ty);
-        let signed_inf = self.with("ori", &sign, INF, ty);
-        let r = self.select(&inf, &signed_inf, &r, ty);
-        let quiet = self.k(QUIET_NAN, ty);
-        self.select(&nan, &quiet, &r, ty)
+        let c = self.classes(x, y, ty);
+        let zero = self.bin("ori", &c.zero.0, &c.inf.1, &t1);
+        let inf = self.bin("ori", &c.inf.0, &c.zero.1, &t1);
+        let zeros = self.bin("andi", &c.zero.0, &c.zero.1, &t1);
+        let infs = self.bin("andi", &c.inf.0, &c.inf.1, &t1);
+        let invalid = self.bin("ori", &zeros, &infs, &t1);
+        self.signed_result(&c, bits, (&zero, &inf, &invalid), ty)
     }
 
     /// `x·y` with `x`'s exponent and significand (leading one at bit 23) given.
@@ -290,23 +287,36 @@ impl Code {
     /// product: a zero factor (±0), an infinite one (±∞), NaN or ∞·0 (NaN).
     fn mul_specials(&mut self, (x, y): (&str, &str), bits: &str, ty: &str) -> String {
         let t1 = lanes_of(ty, "i1");
+        let c = self.classes(x, y, ty);
+        let zero = self.bin("ori", &c.zero.0, &c.zero.1, &t1);
+        let inf = self.bin("ori", &c.inf.0, &c.inf.1, &t1);
+        let inf_zero = self.bin("andi", &c.inf.0, &c.zero.1, &t1);
+        let zero_inf = self.bin("andi", &c.zero.0, &c.inf.1, &t1);
+        let invalid = self.bin("ori", &inf_zero, &zero_inf, &t1);
+        self.signed_result(&c, bits, (&zero, &inf, &invalid), ty)
+    }
+
+    /// The classes of a product's or quotient's operands.
+    fn classes(&mut self, x: &str, y: &str, ty: &str) -> Classes {
+        let t1 = lanes_of(ty, "i1");
         let (ax, ay) = (self.with("andi", x, ABS, ty), self.with("andi", y, ABS, ty));
         let sign = self.bin("xori", x, y, ty);
         let sign = self.with("andi", &sign, SIGN, ty);
-        let (x0, y0) = (self.test("eq", &ax, 0, ty), self.test("eq", &ay, 0, ty));
-        let (x_inf, y_inf) = (self.test("eq", &ax, INF, ty), self.test("eq", &ay, INF, ty));
+        let zero = (self.test("eq", &ax, 0, ty), self.test("eq", &ay, 0, ty));
+        let inf = (self.test("eq", &ax, INF, ty), self.test("eq", &ay, INF, ty));
         let (x_nan, y_nan) = (self.test("ugt", &ax, INF, ty), self.test("ugt", &ay, INF, ty));
-        let zero = self.bin("ori", &x0, &y0, &t1);
-        let inf = self.bin("ori", &x_inf, &y_inf, &t1);
-        let inf_zero = self.bin("andi", &x_inf, &y0, &t1);
-        let zero_inf = self.bin("andi", &x0, &y_inf, &t1);
         let nan = self.bin("ori", &x_nan, &y_nan, &t1);
-        let nan = self.bin("ori", &nan, &inf_zero, &t1);
-        let nan = self.bin("ori", &nan, &zero_inf, &t1);
-        let finite = self.bin("ori", bits, &sign, ty);
-        let r = self.select(&zero, &sign, &finite, ty);
-        let signed_inf = self.with("ori", &sign, INF, ty);
-        let r = self.select(&inf, &signed_inf, &r, ty);
+        Classes { sign, zero, inf, nan }
+    }
+
+    /// The sign on the finite magnitude `bits`, or ±0 where `zero`, ±∞ where `inf`, and NaN
+    /// where an operand is NaN or the operation `invalid`.
+    fn signed_result(&mut self, c: &Classes, bits: &str, (zero, inf, invalid): (&str, &str, &str), ty: &str) -> String {
+        let finite = self.bin("ori", bits, &c.sign, ty);
+        let r = self.select(zero, &c.sign, &finite, ty);
+        let signed_inf = self.with("ori", &c.sign, INF, ty);
+        let r = self.select(inf, &signed_inf, &r, ty);
+        let nan = self.bin("ori", &c.nan, invalid, &lanes_of(ty, "i1"));
         let quiet = self.k(QUIET_NAN, ty);
         self.select(&nan, &quiet, &r, ty)
     }
