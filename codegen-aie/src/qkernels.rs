@@ -312,25 +312,13 @@ impl Code {
     /// The parts of `x / s` that its code and residual read, from the bits `xb` and `sb` (see
     /// [`Code::quantise_bits`]).
     fn quotient(&mut self, xb: &str, sb: &str, ty: &str) -> Quotient {
-        let k = |c: &mut Code, v: i64| c.iconst(v, ty);
-        let (c23, c0, c1) = (k(self, 23), k(self, 0), k(self, 1));
-        let (c255, mant_mask, one_bit) = (k(self, 0xff), k(self, 0x007f_ffff), k(self, 0x0080_0000));
-        let e = self.bin("shrui", xb, &c23, ty);
-        let e = self.bin("andi", &e, &c255, ty);
-        let m = self.bin("andi", xb, &mant_mask, ty);
-        let normal = self.cmp(false, "ne", &e, &c0, ty);
-        let implicit = self.bin("ori", &m, &one_bit, ty);
-        let sig = self.select(&normal, &implicit, &m, ty);
-        let e = self.select(&normal, &e, &c1, ty);
+        let (e, m, sig) = self.fields(xb, ty);
+        let c23 = self.iconst(23, ty);
         let es = self.bin("shrui", sb, &c23, ty);
         let t = self.bin("addi", &es, &c23, ty);
         let t = self.bin("subi", &t, &e, ty);
         // Shifts of 1 to 31: a finite |x| ≤ 127·s shifts by 17 or more, and 31 leaves nothing.
-        let low = self.cmp(false, "slt", &t, &c1, ty);
-        let t = self.select(&low, &c1, &t, ty);
-        let c31 = k(self, 31);
-        let high = self.cmp(false, "sgt", &t, &c31, ty);
-        let t = self.select(&high, &c31, &t, ty);
+        let t = self.clamp(&t, (1, 31), ty);
         Quotient { e, m, sig, t }
     }
 

@@ -37,25 +37,21 @@ struct Classes {
 }
 
 impl Code {
-    fn k(&mut self, value: i64, ty: &str) -> String {
-        self.iconst(value, ty)
-    }
-
     /// `x op c` for a constant `c`.
     fn with(&mut self, op: &'static str, x: &str, c: i64, ty: &str) -> String {
-        let c = self.k(c, ty);
+        let c = self.iconst(c, ty);
         self.bin(op, x, &c, ty)
     }
 
     /// `x pred c` (`arith.cmpi`) for a constant `c`.
     fn test(&mut self, pred: &'static str, x: &str, c: i64, ty: &str) -> String {
-        let c = self.k(c, ty);
+        let c = self.iconst(c, ty);
         self.cmp(false, pred, x, &c, ty)
     }
 
     /// `lo ≤ x ≤ hi` by selects (signed).
-    fn clamp(&mut self, x: &str, (lo, hi): (i64, i64), ty: &str) -> String {
-        let (lo_c, hi_c) = (self.k(lo, ty), self.k(hi, ty));
+    pub(super) fn clamp(&mut self, x: &str, (lo, hi): (i64, i64), ty: &str) -> String {
+        let (lo_c, hi_c) = (self.iconst(lo, ty), self.iconst(hi, ty));
         let below = self.cmp(false, "slt", x, &lo_c, ty);
         let x = self.select(&below, &lo_c, x, ty);
         let above = self.cmp(false, "sgt", &x, &hi_c, ty);
@@ -65,14 +61,20 @@ impl Code {
     /// A finite or zero f32's biased exponent `E` ≥ 1 and significand (the implicit bit set for
     /// a normal number): the value is `sig·2^(E−150)`.
     fn unpack(&mut self, x: &str, ty: &str) -> (String, String) {
+        let (e, _, sig) = self.fields(x, ty);
+        (e, sig)
+    }
+
+    /// [`Code::unpack`]'s exponent and significand with the mantissa field between them.
+    pub(super) fn fields(&mut self, x: &str, ty: &str) -> (String, String, String) {
         let field = self.with("shrui", x, 23, ty);
         let field = self.with("andi", &field, 0xff, ty);
         let m = self.with("andi", x, MANTISSA, ty);
         let normal = self.test("ne", &field, 0, ty);
         let implicit = self.with("ori", &m, IMPLICIT, ty);
         let sig = self.select(&normal, &implicit, &m, ty);
-        let one = self.k(1, ty);
-        (self.select(&normal, &field, &one, ty), sig)
+        let one = self.iconst(1, ty);
+        (self.select(&normal, &field, &one, ty), m, sig)
     }
 
     /// [`Code::unpack`] with a subnormal's significand shifted up to bit 23 and its exponent
@@ -99,14 +101,14 @@ impl Code {
         let field = self.with("subi", e, 1, ty);
         let field = self.with("shli", &field, 23, ty);
         let bits = self.bin("addi", &field, &rounded, ty);
-        let inf = self.k(INF, ty);
+        let inf = self.iconst(INF, ty);
         let over = self.cmp(false, "uge", &bits, &inf, ty);
         self.select(&over, &inf, &bits, ty)
     }
 
     /// The f32 bits of the int32 `a`, rounded to nearest even (`arith.sitofp`).
     pub(super) fn f32_of_i32(&mut self, a: &str, ty: &str) -> String {
-        let zero = self.k(0, ty);
+        let zero = self.iconst(0, ty);
         let negative = self.cmp(false, "slt", a, &zero, ty);
         let minus = self.bin("subi", &zero, a, ty);
         // i32::MIN negates to itself, 2³¹ read unsigned.
@@ -118,7 +120,7 @@ impl Code {
         let g = self.test("ne", &g, 0, ty);
         let st = self.with("andi", &top, 0x7f, ty);
         let st = self.test("ne", &st, 0, ty);
-        let e = self.k(158, ty);
+        let e = self.iconst(158, ty);
         let e = self.bin("subi", &e, &lz, ty);
         let bits = self.round_pack(&e, &sig, (&g, &st), ty);
         let sign = self.with("andi", a, SIGN, ty);
@@ -158,7 +160,7 @@ impl Code {
         let st = self.with("andi", r, MANTISSA, ty);
         let st = self.test("ne", &st, 0, ty);
         let subnormal = self.test("slt", e, 1, ty);
-        let one = self.k(1, ty);
+        let one = self.iconst(1, ty);
         let d = self.bin("subi", &one, e, ty);
         let d = self.clamp(&d, (1, 25), ty);
         let s_sub = self.bin("shrui", s, &d, ty);
@@ -204,7 +206,7 @@ impl Code {
         let ex = self.with("andi", &ex, 0xff, ty);
         let e = self.bin("addi", &ex, &ey, ty);
         let e = self.with("subi", &e, 127, ty);
-        let zero = self.k(0, ty);
+        let zero = self.iconst(0, ty);
         let [e, s, g, st] = self.denormalise(&e, &sy, &zero, ty);
         let bits = self.round_pack(&e, &s, (&g, &st), ty);
         self.mul_specials((x, y), &bits, ty)
@@ -225,7 +227,7 @@ impl Code {
         let e = self.bin("subi", &ex, &ey, ty);
         let e = self.with("addi", &e, 127, ty);
         let e = self.bin("subi", &e, &short, ty);
-        let mut q = self.k(0, ty);
+        let mut q = self.iconst(0, ty);
         for _ in 0..25 {
             let fits = self.cmp(false, "uge", &rem, &sy, ty);
             let less = self.bin("subi", &rem, &sy, ty);
@@ -317,7 +319,7 @@ impl Code {
         let signed_inf = self.with("ori", &c.sign, INF, ty);
         let r = self.select(inf, &signed_inf, &r, ty);
         let nan = self.bin("ori", &c.nan, invalid, &lanes_of(ty, "i1"));
-        let quiet = self.k(QUIET_NAN, ty);
+        let quiet = self.iconst(QUIET_NAN, ty);
         self.select(&nan, &quiet, &r, ty)
     }
 
@@ -354,7 +356,7 @@ impl Code {
 
     /// `x >> d` with the bits shifted out ORed into the lowest bit (`d` < 32).
     fn shift_right_jam(&mut self, x: &str, d: &str, ty: &str) -> String {
-        let one = self.k(1, ty);
+        let one = self.iconst(1, ty);
         let shifted = self.bin("shrui", x, d, ty);
         let mask = self.bin("shli", &one, d, ty);
         let mask = self.bin("subi", &mask, &one, ty);
@@ -398,13 +400,13 @@ impl Code {
         let (a_inf, b_inf) = (self.test("eq", &aa, INF, ty), self.test("eq", &ab, INF, ty));
         let cancelled = self.test("eq", diff, 0, ty);
         let cancelled = self.bin("andi", &cancelled, opposite, &t1);
-        let zero = self.k(0, ty);
+        let zero = self.iconst(0, ty);
         let r = self.select(&cancelled, &zero, r, ty);
         let r = self.select(&a_inf, a, &r, ty);
         let both_inf = self.bin("andi", &a_inf, &b_inf, &t1);
         let inf_minus_inf = self.bin("andi", &both_inf, opposite, &t1);
         let nan = self.bin("ori", &a_nan, &inf_minus_inf, &t1);
-        let quiet = self.k(QUIET_NAN, ty);
+        let quiet = self.iconst(QUIET_NAN, ty);
         self.select(&nan, &quiet, &r, ty)
     }
 }
