@@ -4,8 +4,14 @@
 //! write them), and prints each one's predicted cycles beside the 8-row GEMV design's for the
 //! same projection (the cost model's assumptions: `codegen_aie::qgemv`'s constants).
 //!
+//! Also writes the RmsNorm core function (`qkernels::rms_norm`) for the models' hidden sizes as
+//! modules of one function, `n_rms_d<D>.mlir`, and prints its operations: per 32-value block of
+//! its two loops, and once a row (the lanes' folding and the root).
+//!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
+use codegen_aie::kernels::Stmt;
+use codegen_aie::qkernels::{self, NormShape};
 use codegen_aie::{gemv, qgemv, Device, GemmShape};
 
 /// (K, N) of SmolLM2's q/k/v, o, gate/up with its residual columns, down and a lm_head chunk,
@@ -36,5 +42,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    norms(&out)
+}
+
+/// The RmsNorm functions of SmolLM2's, Qwen3-0.6B's and Qwen3-4B's hidden sizes, and their
+/// operation counts (constants aside).
+fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n{:<16} {:>16} {:>16} {:>12}", "norm", "squares / block", "scaling / block", "once a row");
+    for d in [576, 1024, 2560] {
+        let f = qkernels::rms_norm(NormShape { rows: 1, d, epsilon: 1e-5 })?;
+        std::fs::write(format!("{out}/n_rms_d{d}.mlir"), format!("module {{\n{}}}\n", f.pretty(2)))?;
+        let row = match f.body.as_deref() {
+            Some([.., Stmt::For { body, .. }]) => body,
+            _ => return Err("the norm function is one loop over rows".into()),
+        };
+        let loops: Vec<usize> = row
+            .iter()
+            .filter_map(|s| if let Stmt::For { body, .. } = s { Some(operations(body)) } else { None })
+            .collect();
+        let once = operations(row) - loops.iter().sum::<usize>() - loops.len();
+        println!("{:<16} {:>16} {:>16} {once:>12}", format!("n_rms_d{d}"), loops[0], loops[1]);
+    }
     Ok(())
+}
+
+/// Operations in `body`, constants aside, loops counted once.
+fn operations(body: &[Stmt]) -> usize {
+    body.iter()
+        .map(|s| match s {
+            Stmt::Const { .. } | Stmt::FConst { .. } => 0,
+            Stmt::For { body, .. } => operations(body) + 1,
+            _ => 1,
+        })
+        .sum()
 }

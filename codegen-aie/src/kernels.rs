@@ -59,6 +59,9 @@ pub enum Stmt {
     /// lane), `shape_cast`, `bitcast` (to wider lanes), `reduction <kind>` (`kind` set: the lanes
     /// combined into a scalar).
     Vector { res: String, op: &'static str, kind: Option<&'static str>, src: String, from: String, to: String },
+    /// `res = vector.extract src[at] : to from from`: position `at` of the vector's leading
+    /// dimension (a row of a 2-D vector, a lane of a 1-D one).
+    Extract { res: String, src: String, at: usize, from: String, to: String },
 }
 
 /// An `arith.constant`'s value: the integer, or a splat `dense<..>` of it for a vector type.
@@ -548,6 +551,10 @@ fn generic_scalar(o: &mut String, s: &Stmt, sp: &str) {
             let attrs = kind.map(|k| format!(" {{kind = #vector.kind<{k}>}}")).unwrap_or_default();
             let _ = writeln!(o, "{sp}{res} = \"vector.{op}\"({src}){attrs} : ({from}) -> {to}");
         }
+        Stmt::Extract { res, src, at, from, to } => {
+            let attrs = format!("{{static_position = array<i64: {at}>}}");
+            let _ = writeln!(o, "{sp}{res} = \"vector.extract\"({src}) {attrs} : ({from}) -> {to}");
+        }
         _ => unreachable!("printed by generic_stmts"),
     }
 }
@@ -577,6 +584,9 @@ fn pretty_scalar(o: &mut String, s: &Stmt, sp: &str) {
         }
         Stmt::Vector { res, op, kind: None, src, from, to } => {
             let _ = writeln!(o, "{sp}{res} = vector.{op} {src} : {from} to {to}");
+        }
+        Stmt::Extract { res, src, at, from, to } => {
+            let _ = writeln!(o, "{sp}{res} = vector.extract {src}[{at}] : {to} from {from}");
         }
         _ => unreachable!("printed by pretty_stmts"),
     }

@@ -38,7 +38,10 @@
 
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
+mod norm;
 mod softfloat;
+
+pub use norm::{rms_norm, NormShape, NORM, NORM_LANES};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";

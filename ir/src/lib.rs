@@ -21,6 +21,7 @@ pub mod fused;
 pub mod gated_norms;
 pub mod graph;
 pub mod op;
+pub mod pinned_norm;
 pub mod print;
 pub mod run;
 pub mod tensor;

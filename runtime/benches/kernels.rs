@@ -14,8 +14,11 @@
 //! Qwen3-4B shape (36 layers, 32/8 heads, head 128): one token's query against every layer's
 //! cache at contexts 128, 1,024 and 4,096, f32 and int8 pages, one thread, with the KV bytes read
 //! per second and the time per token against the 128-token context's.
+//!
+//! `--filter norm` (or no filter) times RmsNorm rows of the models' hidden sizes.
 
 use runtime::kernels::gemm::{gemm_f32, WeightLayout};
+use runtime::kernels::norm::rms_norm;
 use runtime::kernels::qgemm::{pack_qgemm, qgemm, PackedQGemm, QActivations, QGemmScratch, QOutput, QWeightCodes};
 use runtime::kernels::wgemm::{
     pack_wgemm, wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmPrecision, WGemmScratch,
@@ -223,6 +226,30 @@ fn main() {
     }
     if filter.as_ref().is_none_or(|f| "attention".contains(f.as_str())) {
         decode_attention(isa, quick);
+    }
+    if filter.as_ref().is_none_or(|f| "norm".contains(f.as_str())) {
+        norms(isa, quick);
+    }
+}
+
+/// RmsNorm rows of the models' hidden sizes, one row (a decode step) and 128 (prefill), one
+/// thread.
+fn norms(isa: Isa, quick: bool) {
+    println!("\nRmsNorm, 1 thread");
+    println!("{:<16} {:>6} {:>12} {:>12}", "hidden", "rows", "µs/call", "ns/value");
+    let mut rng = Rng(11);
+    for (name, d) in [("SmolLM2", 576usize), ("Qwen3-0.6B", 1024), ("Qwen3-4B", 2560)] {
+        for rows in [1usize, 128] {
+            let x: Vec<f32> = (0..rows * d).map(|_| rng.f32()).collect();
+            let gamma: Vec<f32> = (0..d).map(|_| rng.f32()).collect();
+            let mut y = vec![0f32; x.len()];
+            let t = time_per_call(
+                || rms_norm(isa, black_box(&x), &gamma, 1e-5, &mut y),
+                Duration::from_millis(if quick { 50 } else { 200 }),
+                7,
+            );
+            println!("{:<16} {rows:>6} {:>12.3} {:>12.3}", format!("{name} {d}"), t * 1e6, t * 1e9 / x.len() as f64);
+        }
     }
 }
 

@@ -183,7 +183,6 @@ impl Code {
     }
 
     /// The f32 bits of `x·y` (`arith.mulf`).
-    #[cfg(test)]
     pub(super) fn mul_f32(&mut self, x: &str, y: &str, ty: &str) -> String {
         let (ex, sx) = self.unpack_normalised(x, ty);
         self.mul_f32_unpacked(x, (&ex, &sx), y, ty)
@@ -246,6 +245,70 @@ impl Code {
         let [e, s, g, st] = self.denormalise(&e, &s, &r, ty);
         let bits = self.round_pack(&e, &s, (&g, &st), ty);
         self.div_specials((x, y), &bits, ty)
+    }
+
+    /// The f32 bits of `√x` (`math.sqrt`): restoring square root of the normalised significand,
+    /// two radicand bits a step — 25 result bits, 24 and a guard bit — the remainder the sticky
+    /// bit. An odd exponent lends one bit to the significand so that the exponent halves; a
+    /// root neither overflows nor underflows, so no subnormal case arises.
+    pub(super) fn sqrt_f32(&mut self, x: &str, ty: &str) -> String {
+        let (e, sig) = self.unpack_normalised(x, ty);
+        // x = (sig/2²³)·2^u, u = e − 127; with u odd, x = (2·sig/2²³)·2^(u−1).
+        let u = self.with("subi", &e, 127, ty);
+        let odd = self.with("andi", &u, 1, ty);
+        // ⌊u/2⌋ + 127 = ⌊(e + 127)/2⌋, halved as a positive number (e ≥ −22).
+        let e_root = self.with("addi", &e, 127, ty);
+        let e_root = self.with("shrui", &e_root, 1, ty);
+        // The radicand's 26 leading bits, sig·2 or sig·4, then 24 zero bits: its root is the
+        // significand's times 2²⁴, in [2²⁴, 2²⁵).
+        let shift = self.with("addi", &odd, 1, ty);
+        let m = self.bin("shli", &sig, &shift, ty);
+        let (q, rem) = self.root_bits(&m, ty);
+        let s = self.with("shrui", &q, 1, ty);
+        let g = self.with("andi", &q, 1, ty);
+        let g = self.test("ne", &g, 0, ty);
+        let st = self.test("ne", &rem, 0, ty);
+        let bits = self.round_pack(&e_root, &s, (&g, &st), ty);
+        self.sqrt_specials(x, &bits, ty)
+    }
+
+    /// `(q, rem)`: the integer square root of `m·2²⁴` (`m` < 2²⁶) and its remainder, one
+    /// result bit for each pair of radicand bits from the top (the remainder stays below 2²⁸).
+    fn root_bits(&mut self, m: &str, ty: &str) -> (String, String) {
+        let t1 = lanes_of(ty, "i1");
+        let (mut q, mut rem) = (self.iconst(0, ty), self.iconst(0, ty));
+        for step in 0..25 {
+            rem = self.with("shli", &rem, 2, ty);
+            if step < 13 {
+                let pair = self.with("shrui", m, 24 - 2 * step, ty);
+                let pair = self.with("andi", &pair, 3, ty);
+                rem = self.bin("ori", &rem, &pair, ty);
+            }
+            let trial = self.with("shli", &q, 2, ty);
+            let trial = self.with("ori", &trial, 1, ty);
+            let fits = self.cmp(false, "uge", &rem, &trial, ty);
+            let less = self.bin("subi", &rem, &trial, ty);
+            rem = self.select(&fits, &less, &rem, ty);
+            let bit = self.cast("extui", &fits, &t1, ty);
+            q = self.with("shli", &q, 1, ty);
+            q = self.bin("ori", &q, &bit, ty);
+        }
+        (q, rem)
+    }
+
+    /// A root's cases that are not a positive finite root: ±0 and +∞ are their own roots; NaN
+    /// and every other negative number give NaN.
+    fn sqrt_specials(&mut self, x: &str, bits: &str, ty: &str) -> String {
+        let t1 = lanes_of(ty, "i1");
+        let magnitude = self.with("andi", x, ABS, ty);
+        let zero = self.test("eq", &magnitude, 0, ty);
+        let inf = self.test("eq", x, INF, ty);
+        let itself = self.bin("ori", &zero, &inf, &t1);
+        // Above +∞'s bits unsigned: a NaN, or the sign bit set.
+        let invalid = self.test("ugt", x, INF, ty);
+        let nan = self.iconst(QUIET_NAN, ty);
+        let r = self.select(&invalid, &nan, bits, ty);
+        self.select(&itself, x, &r, ty)
     }
 
     /// A quotient's sign on its finite magnitude `bits`, and the cases that are not a finite
@@ -581,6 +644,27 @@ mod tests {
         let (x, y) = pairs(2, steer);
         let got = run(|c, a, ty| c.add_f32(&a[0], &a[1], ty), &[x.clone(), y.clone()]);
         check("add", (&x, &y), &got, |a, b| a + b);
+    }
+
+    #[test]
+    fn square_roots_round_as_ieee_single_precision() {
+        // Every special value, uniform bits (half of them negative), every exponent's binade
+        // with random mantissas, and the neighbours of exact squares (exact roots, and the
+        // radicands whose root lies nearest a rounding boundary).
+        let mut a = specials();
+        let mut r = Bits(6);
+        a.extend((0..20_000).map(|_| r.next()));
+        a.extend((0..20_000).map(|i| (i % 256) << 23 | (r.next() & 0x007f_ffff)));
+        for _ in 0..5_000 {
+            let root = f32::from_bits(r.next() % 0x7f00_0000);
+            let square = (root * root).to_bits();
+            a.extend([square.wrapping_sub(1), square, square + 1].into_iter().filter(|&b| b < 0x7f80_0000));
+        }
+        a.resize(a.len().next_multiple_of(LANES), 0);
+        let got = run(|c, a, ty| c.sqrt_f32(&a[0], ty), std::slice::from_ref(&a));
+        check("sqrt", (&a, &a), &got, |x, _| x.sqrt());
+        let subnormal = a.iter().filter(|&&b| f32::from_bits(b).is_subnormal()).count();
+        assert!(subnormal > 100, "{subnormal} subnormal radicands");
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! `s = x + skip (+ bias)` (in f32, in that order, as onnxruntime does — bit-identical to the
 //! reference), writes it out, and normalises it.
 //!
-//! The mean square accumulates in f32 with several vector accumulators (the reference uses
-//! f64); outputs are `(x·r)·γ` with `r = 1/√(mean + ε)` in f32. The difference from the reference
-//! is a few ulp plus the f32 rounding of the sum of squares (relative ≤ d·ε, ~1e-7 in practice).
+//! Every instruction set computes the same bits, in one pinned order that an XDNA core's code
+//! follows too (`ir::pinned_norm` states it): the squares accumulate in f32 into 32 lanes,
+//! element j into lane j mod 32, each product and sum rounded (not fused); the lanes fold by
+//! halves (lane k plus lane k + 16, then k + 8, ... k + 1); then `r = 1/√(ss/d + ε)` and
+//! `y = (x·r)·γ`. The difference from the reference (which sums in f64) is a few ulp plus the f32
+//! rounding of the sum of squares (relative ≤ d·ε, ~1e-7 in practice).
 
 use super::Isa;
 
@@ -90,26 +93,47 @@ pub fn skip_rms_norm_in_place(
     }
 }
 
+/// The row's lanes of squares: element j's square added to lane j mod [`LANES`].
+const LANES: usize = 32;
+
+/// The sum of squares in the pinned order (see the module's documentation): [`LANES`]
+/// accumulators, then folded by halves. The vector paths run the whole 32-value blocks, four
+/// AVX2 or two AVX-512 registers of lanes, a product and a sum each (never fused); the tail and
+/// the folding are the same scalar code on every path.
 fn sum_squares(isa: Isa, x: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let blocks = x.len() / LANES * LANES;
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller checked the path is available.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { x86::sum_squares_512(x) },
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { x86::square_lanes_512(&x[..blocks], &mut lanes) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::sum_squares_256(x) },
+        Isa::Avx2 => unsafe { x86::square_lanes_256(&x[..blocks], &mut lanes) },
         _ => {
-            let mut acc = [0f32; 8];
-            let chunks = x.chunks_exact(8);
-            let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-            for c in chunks {
-                for i in 0..8 {
-                    acc[i] += c[i] * c[i];
+            for block in x[..blocks].chunks_exact(LANES) {
+                for (l, &v) in lanes.iter_mut().zip(block) {
+                    *l += v * v;
                 }
             }
-            acc.iter().sum::<f32>() + tail
         }
     }
+    for (l, &v) in lanes.iter_mut().zip(&x[blocks..]) {
+        *l += v * v;
+    }
+    fold_lanes(lanes)
+}
+
+/// `l[k] + l[k + n]` for `k < n`, `n` from 16 down to 1.
+fn fold_lanes(mut l: [f32; LANES]) -> f32 {
+    let mut n = LANES / 2;
+    while n > 0 {
+        for k in 0..n {
+            l[k] += l[k + n];
+        }
+        n /= 2;
+    }
+    l[0]
 }
 
 /// `y = (x·r)·γ`.
@@ -131,27 +155,21 @@ fn scale_rows(isa: Isa, x: &[f32], r: f32, gamma: &[f32], y: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use crate::kernels::simd::hsum_256;
     use std::arch::x86_64::*;
 
+    /// `lanes[k] += x[j]²` for every `j ≡ k` mod 32, over whole blocks of 32: two registers
+    /// of 16 lanes.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    pub(super) unsafe fn sum_squares_512(x: &[f32]) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 64 <= x.len() {
+    pub(super) unsafe fn square_lanes_512(x: &[f32], lanes: &mut [f32; 32]) {
+        let mut acc = [_mm512_loadu_ps(lanes.as_ptr()), _mm512_loadu_ps(lanes.as_ptr().add(16))];
+        for block in x.chunks_exact(32) {
             for (j, a) in acc.iter_mut().enumerate() {
-                let v = _mm512_loadu_ps(x.as_ptr().add(i + 16 * j));
-                *a = _mm512_fmadd_ps(v, v, *a);
+                let v = _mm512_loadu_ps(block.as_ptr().add(16 * j));
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(v, v));
             }
-            i += 64;
         }
-        while i < x.len() {
-            let m = if x.len() - i >= 16 { 0xffff } else { ((1u32 << (x.len() - i)) - 1) as __mmask16 };
-            let v = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
-            acc[0] = _mm512_fmadd_ps(v, v, acc[0]);
-            i += 16;
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+        _mm512_storeu_ps(lanes.as_mut_ptr().add(16), acc[1]);
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
@@ -169,24 +187,20 @@ mod x86 {
         }
     }
 
+    /// `lanes[k] += x[j]²` for every `j ≡ k` mod 32, over whole blocks of 32: four registers
+    /// of 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn sum_squares_256(x: &[f32]) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 32 <= x.len() {
+    pub(super) unsafe fn square_lanes_256(x: &[f32], lanes: &mut [f32; 32]) {
+        let mut acc = [0, 8, 16, 24].map(|at| _mm256_loadu_ps(lanes.as_ptr().add(at)));
+        for block in x.chunks_exact(32) {
             for (j, a) in acc.iter_mut().enumerate() {
-                let v = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
-                *a = _mm256_fmadd_ps(v, v, *a);
+                let v = _mm256_loadu_ps(block.as_ptr().add(8 * j));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(v, v));
             }
-            i += 32;
         }
-        while i + 8 <= x.len() {
-            let v = _mm256_loadu_ps(x.as_ptr().add(i));
-            acc[0] = _mm256_fmadd_ps(v, v, acc[0]);
-            i += 8;
+        for (j, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * j), *a);
         }
-        let tail: f32 = x[i..].iter().map(|v| v * v).sum();
-        hsum_256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) + tail
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -2,8 +2,8 @@
 //! compiled lane by lane into the scalar operation's instructions (a vector being a run of
 //! registers, lane `l`'s result lands in the run's register `l`), a splat `dense<..>` constant
 //! into one constant per lane, and `vector.broadcast`, `vector.shape_cast`, `vector.bitcast`
-//! (to wider lanes, little-endian) and `vector.reduction <maxui>` into copies, packed lanes and
-//! unsigned maxima. The semantics per lane are the
+//! (to wider lanes, little-endian), `vector.extract` (a row or a lane, at a static position) and
+//! `vector.reduction <maxui>` into copies, packed lanes and unsigned maxima. The semantics per lane are the
 //! scalar operation's, so a vector kernel and its scalar form compute the same bits.
 
 use super::{parse_vector, perr, BinOp, Compiler, Instr, Value};
@@ -32,6 +32,7 @@ impl Compiler<'_> {
             "vector.shape_cast" => return self.shape_cast(op).map(Some),
             "vector.reduction" => return self.reduction(op).map(Some),
             "vector.bitcast" => return self.bitcast(op).map(Some),
+            "vector.extract" => return self.extract(op).map(Some),
             _ => {}
         }
         let elementwise = op.name.starts_with("arith.") || op.name.starts_with("math.");
@@ -165,5 +166,34 @@ impl Compiler<'_> {
             return perr(op.line, format!("@{}: vector.bitcast of {rows}x{cols} lanes of i{bits} to {ty}", self.func));
         }
         Ok(Instr::Widen { dst: first, src, lanes: r * c, ratio, bits })
+    }
+
+    /// `vector.extract` at one static position of the leading dimension: a row of a 2-D vector
+    /// (its run of registers, no instruction) or a lane of a 1-D one (that register).
+    fn extract(&mut self, op: &Op) -> Result<Instr, InterpError> {
+        let [src] = op.operands.as_slice() else {
+            return perr(op.line, format!("@{}: vector.extract takes one vector and static positions", self.func));
+        };
+        let at = op.attr("static_position").and_then(|a| a.trim().strip_prefix("array<i64:")?.strip_suffix('>'));
+        let Some(Ok(at)) = at.map(|a| a.trim().parse::<usize>()) else {
+            return perr(op.line, format!("@{}: vector.extract other than at one static position", self.func));
+        };
+        let (first, rows, cols, bits) = self.vector(op, src)?;
+        // A vector result is a row of the source, a scalar one a lane.
+        let row = parse_vector(result_type(op)).map(|(shape, _)| shape.iter().product::<usize>());
+        let (count, width) = if row.is_some() { (rows, cols) } else { (rows * cols, 1) };
+        if at >= count || row.is_some_and(|lanes| lanes != width) {
+            return perr(
+                op.line,
+                format!("@{}: vector.extract at {at} of {rows}x{cols} lanes to {}", self.func, result_type(op)),
+            );
+        }
+        let res = self.result(op)?.to_string();
+        if row.is_some() {
+            self.names.insert(res, Value::Vector { first: first + at * width, rows: 1, cols: width, bits });
+            return Ok(Instr::Seq(vec![]));
+        }
+        let dst = self.define(&res, bits);
+        Ok(Instr::Copy { dst, src: first + at })
     }
 }

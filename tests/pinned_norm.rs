@@ -1,0 +1,87 @@
+//! The host's RmsNorm kernels, on every instruction set this CPU has, compute
+//! `ir::pinned_norm`'s definition bit for bit: the order an XDNA core's code follows too, so a
+//! norm on the array equals the host's. Rows of many lengths (whole 32-lane blocks, tails, less
+//! than a block), values over many binades, and rows whose squares are subnormal, overflow, or
+//! hold a NaN.
+
+use ir::pinned_norm::rms_norm_row;
+use runtime::kernels::norm::{rms_norm, skip_rms_norm};
+use runtime::kernels::Isa;
+
+/// xorshift64: reproducible values without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A value in ±[1, 2) times 2^e, e uniform in `-spread..spread`.
+    fn spread(&mut self, spread: i32) -> f32 {
+        let bits = self.next();
+        let m = 1.0 + (bits >> 40) as f32 / (1u64 << 24) as f32;
+        let e = (bits % (2 * spread as u64)) as i32 - spread;
+        let sign = if bits & (1 << 20) == 0 { 1.0 } else { -1.0 };
+        sign * m * 2f32.powi(e)
+    }
+}
+
+fn same(got: &[f32], want: &[f32]) -> bool {
+    got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))
+}
+
+/// Rows of `d` values: spread over a few binades, over many, tiny (subnormal squares), huge
+/// (squares past f32's range), with a NaN, zeros, a mean square near ε; and rows whose sum shows the order: values
+/// in lane 0 only (the sum is that lane's, so a fused multiply-add there shows, where over many
+/// lanes the last folds round its ulp away), and 2¹² in lane 0 with ones in lanes 1 and 17
+/// (2²⁴ + 2 when the ones meet first, 2²⁴ in most other orders).
+fn rows(rng: &mut Rng, d: usize) -> Vec<Vec<f32>> {
+    let mut rows: Vec<Vec<f32>> = [4, 30].iter().map(|&s| (0..d).map(|_| rng.spread(s)).collect()).collect();
+    rows.push((0..d).map(|_| rng.spread(4) * 1e-22).collect());
+    rows.push((0..d).map(|_| rng.spread(4) * 1e20).collect());
+    let mut nan: Vec<f32> = (0..d).map(|_| rng.spread(4)).collect();
+    nan[d / 2] = f32::NAN;
+    rows.push(nan);
+    rows.push(vec![0.0; d]);
+    rows.push((0..d).map(|_| rng.spread(2) * 1e-3).collect());
+    rows.push((0..d).map(|j| if j % 32 == 0 { rng.spread(4) } else { 0.0 }).collect());
+    let mut tie = vec![0f32; d];
+    for (j, v) in [(0, 4096.0), (1, 1.0), (17, 1.0)] {
+        if j < d {
+            tie[j] = v;
+        }
+    }
+    rows.push(tie);
+    rows
+}
+
+#[test]
+fn the_host_norm_kernels_compute_the_pinned_definition_on_every_path() {
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut differs = 0;
+    for d in [1usize, 7, 31, 32, 33, 64, 100, 576, 1024, 32 * 200] {
+        let gamma: Vec<f32> = (0..d).map(|_| rng.spread(3)).collect();
+        for (r, x) in rows(&mut rng, d).iter().enumerate() {
+            let mut want = vec![0f32; d];
+            rms_norm_row(x, &gamma, 1e-6, &mut want);
+            let sequential = (x.iter().map(|v| v * v).sum::<f32>() / d as f32 + 1e-6).sqrt().recip();
+            differs += usize::from(want.iter().zip(x.iter().zip(&gamma)).any(|(w, (v, g))| *w != v * sequential * g));
+            for &isa in &isas {
+                let mut y = vec![0f32; d];
+                rms_norm(isa, x, &gamma, 1e-6, &mut y);
+                assert!(same(&y, &want), "{isa}: rms_norm of row {r} of {d} differs from the pinned definition");
+                // SkipRmsNorm normalises x + skip, here with x = 0 so the sum is the row.
+                let (mut y, mut sum) = (vec![0f32; d], vec![0f32; d]);
+                skip_rms_norm(isa, &vec![0.0; d], x, &gamma, None, 1e-6, &mut y, &mut sum);
+                assert!(same(&y, &want), "{isa}: skip_rms_norm of row {r} of {d} differs from the pinned definition");
+            }
+        }
+    }
+    // The pinned order is not the sequential one: the check would not notice a kernel that
+    // summed left to right if no row told them apart.
+    assert!(differs > 5, "{differs} rows tell the pinned order from a sequential sum");
+}
