@@ -14,7 +14,8 @@
 //!   `vector.transfer_write` (in bounds, over a memref's two innermost dimensions), `arith.extsi`
 //!   of vectors, `vector.contract` with the matmul maps, and ([`lanes`]) any elementwise
 //!   operation above on vectors, splat constants, `vector.broadcast`, `vector.shape_cast`,
-//!   `vector.bitcast` to wider lanes and `vector.reduction <maxui>`.
+//!   `vector.bitcast` to wider lanes, `vector.extract` at a static position and
+//!   `vector.reduction <maxui>`.
 //!
 //! Anything else is an error naming the operation, the function and the line. Loads, stores and
 //! transfers check every index against the memref's shape.
