@@ -133,7 +133,13 @@ fn first_qgemm_through_its_design(b: &Bundle, plan: &Value) -> bool {
     let sw: Vec<f32> = weight(4).bytes.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect();
     let zw: Vec<i64> = weight(5).bytes.iter().map(|&x| x as i8 as i64).collect();
     assert_eq!((w.len(), sw.len(), zw.len()), (k * n, n, n));
-    let name = g["chunks"][0]["decode_design"].as_str().unwrap();
+    // The first column chunk's design: its columns of the weight, as a QGemm of their own.
+    let chunk = &g["chunks"][0];
+    assert_eq!(chunk["col_offset"], 0);
+    let cols = chunk["cols"].as_u64().unwrap() as usize;
+    let w: Vec<i8> = w.chunks(n).flat_map(|row| row[..cols].to_vec()).collect();
+    let (sw, zw, n) = (sw[..cols].to_vec(), zw[..cols].to_vec(), cols);
+    let name = chunk["decode_design"].as_str().unwrap();
     let d = plan["designs"].as_array().unwrap().iter().find(|d| d["name"] == name).unwrap();
     let dim = |key: &str, x: &str| d["tiling"][key][x].as_u64().unwrap() as usize;
     let (m, pm, pk, pn) = (dim("shape", "m"), dim("padded", "m"), dim("padded", "k"), dim("padded", "n"));
@@ -386,9 +392,9 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     // activation passes' rows each) + the lm_head's call.
     let calls = 2 * 4 + 1;
     assert_eq!(prefill_calls, calls, "QGemm calls offloaded in the prefill step");
-    // Each one M-block per column chunk: the MLP's two have their weights' second pass as a
-    // chunk of its own, which multiplies the first activation pass's rows only.
-    assert_eq!(execs as u64, 2 * (2 + 2 * 2) + 1, "commands submitted");
+    // Each one M-block per column chunk: every call but the lm_head's has its weights' second
+    // pass as a chunk of its own, which multiplies the first activation pass's rows only.
+    assert_eq!(execs as u64, 2 * (4 * 2) + 1, "commands submitted");
     assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls, "a one-row decode step runs every QGemm call too");
     let decode_execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count() - execs;
     assert_eq!(decode_execs as u64, calls, "one GEMV block per call: a weight's two passes are one design's columns");
