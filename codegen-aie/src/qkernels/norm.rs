@@ -6,7 +6,7 @@
 //! the vector's two halves (`vector.shape_cast` to two rows, `vector.extract` of each) and adds
 //! them.
 
-use super::{Code, LANES};
+use super::{lanes_n, Code, LANES};
 use crate::kernels::{idx, memref, v, Function, Stmt};
 
 /// The function's name.
@@ -40,13 +40,13 @@ impl Code {
     /// The `[1, NORM_LANES]` block of row `row` of `mem` at column `%l`, as i32 bits.
     fn bits_at(&mut self, (mem, mem_ty): (&str, &str), row: &str, pad: &str) -> String {
         let x = self.read_block((mem, mem_ty), "f32", [row, "%l"], (pad, NORM_LANES));
-        self.cast("bitcast", &x, &format!("vector<1x{NORM_LANES}xf32>"), &format!("vector<1x{NORM_LANES}xi32>"))
+        self.cast("bitcast", &x, &lanes_n("f32", NORM_LANES), &lanes_n("i32", NORM_LANES))
     }
 
     /// The f32 sum of the lanes of `acc` (`n` lanes of bits in a `[1, n]` vector), folded by
     /// halves: lane `k` plus lane `k + n/2`, down to one.
     fn fold_halves(&mut self, acc: &str, n: usize) -> String {
-        let (mut acc, mut ty, mut n) = (acc.to_string(), format!("vector<1x{n}xi32>"), n);
+        let (mut acc, mut ty, mut n) = (acc.to_string(), lanes_n("i32", n), n);
         while n > 1 {
             let half = n / 2;
             let two = format!("vector<2x{half}xi32>");
@@ -77,7 +77,7 @@ pub fn rms_norm(sh: NormShape) -> Result<Function, String> {
         ));
     }
     let (x_ty, g_ty) = (sh.x_ty(), sh.gamma_ty());
-    let vi = format!("vector<1x{NORM_LANES}xi32>");
+    let (vi, vf) = (lanes_n("i32", NORM_LANES), lanes_n("f32", NORM_LANES));
     let mut c = Code::new(&[0, 1, sh.rows, sh.d, NORM_LANES]);
     let pad = c.fconst(0.0);
     let zero = c.iconst(0, &vi);
@@ -104,10 +104,9 @@ pub fn rms_norm(sh: NormShape) -> Result<Function, String> {
             // r is normal, 0, ∞ or NaN: never subnormal.
             let xr = c.mul_f32_by_normal(&r, &xb, &vi);
             let y = c.mul_f32(&xr, &gb, &vi);
-            let vf = format!("vector<1x{NORM_LANES}xf32>");
             let y = c.cast("bitcast", &y, &vi, &vf);
             let idx = vec!["%i".to_string(), "%l".to_string()];
-            c.push(Stmt::Write { val: y, mem: v("y"), mem_ty: x_ty.clone(), idx, vty: vf });
+            c.push(Stmt::Write { val: y, mem: v("y"), mem_ty: x_ty.clone(), idx, vty: vf.clone() });
         });
     });
     Ok(c.finish(NORM, vec![(v("x"), x_ty.clone()), (v("g"), g_ty), (v("y"), x_ty)]))
