@@ -2,10 +2,11 @@
 //! `ir::pinned_norm`'s definition bit for bit: the order an XDNA core's code follows too, so a
 //! norm on the array equals the host's. Rows of many lengths (whole 32-lane blocks, tails, less
 //! than a block), values over many binades, and rows whose squares are subnormal, overflow, or
-//! hold a NaN.
+//! hold a NaN. `npuc::InverseRms`, the xdna program's `1/rms` a row, is the factor those norms
+//! scale by, in the evaluator and in the host kernel alike.
 
 use ir::pinned_norm::rms_norm_row;
-use runtime::kernels::norm::{rms_norm, skip_rms_norm};
+use runtime::kernels::norm::{inverse_rms, rms_norm, skip_rms_norm, Squares};
 use runtime::kernels::Isa;
 
 /// xorshift64: reproducible values without a dependency.
@@ -84,4 +85,67 @@ fn the_host_norm_kernels_compute_the_pinned_definition_on_every_path() {
     // The pinned order is not the sequential one: the check would not notice a kernel that
     // summed left to right if no row told them apart.
     assert!(differs > 5, "{differs} rows tell the pinned order from a sequential sum");
+}
+
+/// `npuc::InverseRms` as the evaluator defines it, on rows of `d`, with ε = 1e-6 and the sum of
+/// squares `squares` ("f32" or "aligned").
+fn evaluated_inverse_rms(x: &[f32], d: usize, squares: &str) -> Vec<f32> {
+    let mut attrs = ir::Attrs::default();
+    attrs.set("epsilon", ir::Attr::Float(1e-6));
+    attrs.set("squares", ir::Attr::Str(squares.into()));
+    let op = ir::OpRef { node: "r", domain: ir::Domain::Npuc, op: "InverseRms", opset: 1, attrs: &attrs };
+    let t = ir::Tensor::from_f32(ir::DType::F32, vec![x.len() / d, d], x.to_vec());
+    let r = ir::fused::eval(&op, &[Some(&t)], 1).unwrap().swap_remove(0);
+    assert_eq!(r.shape, [x.len() / d, 1]);
+    r.to_f32_vec()
+}
+
+#[test]
+fn inverse_rms_is_the_factor_the_pinned_norm_scales_by() {
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for d in [1usize, 31, 32, 33, 576, 32 * 80] {
+        let rows = rows(&mut rng, d);
+        let x: Vec<f32> = rows.concat();
+        let want = evaluated_inverse_rms(&x, d, "f32");
+        // With γ = 1, RmsNorm gives (x·r)·1 = x·r: r is the factor it scaled by.
+        for (row, &r) in rows.iter().zip(&want) {
+            let mut y = vec![0f32; d];
+            rms_norm_row(row, &vec![1.0; d], 1e-6, &mut y);
+            let scaled: Vec<f32> = row.iter().map(|v| v * r).collect();
+            assert!(same(&y, &scaled), "the evaluator's 1/rms of a row of {d} is not RmsNorm's factor");
+        }
+        for &isa in &isas {
+            let mut got = vec![0f32; rows.len()];
+            inverse_rms(isa, &x, d, 1e-6, Squares::F32, &mut got);
+            assert!(same(&got, &want), "{isa}: inverse_rms of rows of {d} differs from the evaluator's");
+        }
+    }
+}
+
+/// The xdna program's aligned squares: the host kernel computes the evaluator's definition bit
+/// for bit, on rows over many binades, tiny and huge rows, NaN, ∞, zeros, and ties.
+#[test]
+fn aligned_inverse_rms_is_the_evaluators_on_every_path() {
+    let isas: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_available()).collect();
+    let mut rng = Rng(0xd1b5_4a32_d192_ed03);
+    let mut differs = 0;
+    for d in [1usize, 31, 32, 33, 576, 32 * 80, 511 * 32] {
+        let mut rows = rows(&mut rng, d);
+        let mut inf: Vec<f32> = (0..d).map(|_| rng.spread(4)).collect();
+        inf[d - 1] = f32::NEG_INFINITY;
+        rows.push(inf);
+        // Halves of the 11-bit grid: 1 + 2⁻¹¹ rounds up, which truncation would not.
+        rows.push((0..d).map(|j| if j % 3 == 0 { 1.0 + 2f32.powi(-11) } else { -0.75 }).collect());
+        let x: Vec<f32> = rows.concat();
+        let want = evaluated_inverse_rms(&x, d, "aligned");
+        let f32_sums = evaluated_inverse_rms(&x, d, "f32");
+        differs += want.iter().zip(&f32_sums).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        for &isa in &isas {
+            let mut got = vec![0f32; rows.len()];
+            inverse_rms(isa, &x, d, 1e-6, Squares::Aligned, &mut got);
+            assert!(same(&got, &want), "{isa}: aligned inverse_rms of rows of {d} differs from the evaluator's");
+        }
+    }
+    assert!(differs > 10, "only {differs} rows tell the aligned sum from the f32 one");
 }

@@ -341,7 +341,9 @@ fn a8w8_programs_match_the_reference_evaluator() {
 /// Bundles compiled for `xdna` run on the host with the array's numerics: every projection a
 /// `QuantizeRows` + per-row-scaled int8 `QGemm`, against the reference evaluator on the same
 /// program, as the A8W8 forms are checked (the quantisation of activations is exact; float ops
-/// between the GEMMs round differently from the evaluator's f64 and can move a code by one).
+/// between the GEMMs round differently from the evaluator's f64 and can move a code by one, and
+/// a norm's 1/rms carries a last-bit difference of its row into the row's scale: with a
+/// one-token prompt, 19 of the tiny Llama's 20 steps are bit-exact, with 21 tokens none).
 #[test]
 fn xdna_programs_run_on_the_host_and_match_the_reference_evaluator() {
     for name in XDNA {
@@ -352,18 +354,28 @@ fn xdna_programs_run_on_the_host_and_match_the_reference_evaluator() {
         let mut tokens = prompt(21, 3, model.vocab);
         let options = ExecOptions { max_context: 64, threads: 2, ..ExecOptions::default() };
         let mut exec = Executor::new(&bundle, options).unwrap();
-        let (mut exact, mut worst) = (0, 0f64);
+        let (mut exact, mut worst, mut ties) = (0, 0f64, 0);
         for step in 0..20 {
             let block = if step == 0 { &tokens[..] } else { &tokens[tokens.len() - 1..] };
             let want = reference.step(block);
             let got = exec.step(block).unwrap();
             exact += usize::from(got == &want[..]);
             worst = worst.max(common::relative_error(got, &want));
-            assert_eq!(argmax(got), argmax(&want), "{name}: greedy token of step {step}");
-            tokens.push(argmax(&want));
+            // The greedy token is the reference's, unless the reference's top two are nearer
+            // than the step's own largest logit difference (a tie the rounding may break).
+            let (g, w) = (argmax(got), argmax(&want));
+            let drift = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let gap = want[w as usize] - want[g as usize];
+            assert!(
+                g == w || gap <= 2.0 * drift,
+                "{name}: greedy token of step {step} is {g}, the reference's {w} by {gap}"
+            );
+            ties += usize::from(g != w);
+            tokens.push(w);
         }
-        eprintln!("{name}: {exact} of 20 steps bit-exact, worst logit difference {worst:.2e}");
+        eprintln!("{name}: {exact} of 20 steps bit-exact, worst logit difference {worst:.2e}, {ties} near ties broken");
         assert!(worst <= A8W8_TOLERANCE, "{name}: logits differ by {worst:e}");
+        assert!(ties <= 1, "{name}: {ties} of 20 greedy tokens differ from the reference's");
     }
 }
 

@@ -93,6 +93,14 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         let codes: std::collections::HashSet<_> = rows.iter().map(|n| n.outputs[0]).collect();
         let fed = xdna.nodes.iter().filter(|n| n.op == "QGemm" && n.inputs[0].is_some_and(|a| codes.contains(&a)));
         assert_eq!(fed.count(), qgemm - a8w8, "{f}: an int8 QGemm not fed by QuantizeRows");
+        // A norm feeding the array is quantised as x·γ, its 1/rms on the row scales.
+        let norm_read = rows.iter().filter(|q| match xdna.value(q.inputs[0].unwrap()).def {
+            ValueDef::Node { node, .. } => matches!(xdna.node(node).op, "RmsNorm" | "SkipRmsNorm"),
+            _ => false,
+        });
+        assert_eq!(norm_read.count(), 0, "{f}: a QuantizeRows reads a norm's output");
+        let inverse_rms = xdna.nodes.iter().filter(|n| n.op == "InverseRms").count();
+        assert_eq!(inverse_rms > 0, a8w8 < expected, "{f}: {inverse_rms} InverseRms");
         let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
         let worst_kl = prefill.max(decode);
         eprintln!("{f}: {qgemm} int8 QGemm ({a8w8} A8W8 kept), worst KL {worst_kl:.2e}, top-1 {agree}/{total}");

@@ -4,9 +4,10 @@
 //! write them), and prints each one's predicted cycles beside the 8-row GEMV design's for the
 //! same projection (the cost model's assumptions: `codegen_aie::qgemv`'s constants).
 //!
-//! Also writes the RmsNorm core function (`qkernels::rms_norm`) for the models' hidden sizes as
-//! modules of one function, `n_rms_d<D>.mlir`, and prints its operations: per 32-value block of
-//! its two loops, and once a row (the lanes' folding and the root).
+//! Also writes the norm core functions for the models' hidden sizes as modules of one function —
+//! RmsNorm (`qkernels::rms_norm`, `n_rms_d<D>.mlir`) and the aligned inverse rms
+//! (`qkernels::inverse_rms`, `n_irms_d<D>.mlir`) — and prints their operations: per 32-value
+//! block of their two loops, and once a row (the lanes' folding and the root).
 //!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
@@ -45,23 +46,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     norms(&out)
 }
 
-/// The RmsNorm functions of SmolLM2's, Qwen3-0.6B's and Qwen3-4B's hidden sizes, and their
-/// operation counts (constants aside).
+/// The norm functions for SmolLM2's, Qwen3-0.6B's and Qwen3-4B's hidden sizes — RmsNorm (its
+/// loops: the squares, the scaling) and the aligned inverse rms (the largest magnitude, the
+/// squares) — and their operation counts (constants aside).
 fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    println!("\n{:<16} {:>16} {:>16} {:>12}", "norm", "squares / block", "scaling / block", "once a row");
-    for d in [576, 1024, 2560] {
-        let f = qkernels::rms_norm(NormShape { rows: 1, d, epsilon: 1e-5 })?;
-        std::fs::write(format!("{out}/n_rms_d{d}.mlir"), format!("module {{\n{}}}\n", f.pretty(2)))?;
-        let row = match f.body.as_deref() {
-            Some([.., Stmt::For { body, .. }]) => body,
-            _ => return Err("the norm function is one loop over rows".into()),
-        };
-        let loops: Vec<usize> = row
-            .iter()
-            .filter_map(|s| if let Stmt::For { body, .. } = s { Some(operations(body)) } else { None })
-            .collect();
-        let once = operations(row) - loops.iter().sum::<usize>() - loops.len();
-        println!("{:<16} {:>16} {:>16} {once:>12}", format!("n_rms_d{d}"), loops[0], loops[1]);
+    println!("\n{:<16} {:>16} {:>16} {:>12}", "norm", "loop 1 / block", "loop 2 / block", "once a row");
+    type Build = fn(NormShape) -> Result<codegen_aie::kernels::Function, String>;
+    let functions: [(&str, Build); 2] = [("n_rms", qkernels::rms_norm), ("n_irms", qkernels::inverse_rms)];
+    for (name, build) in functions {
+        for d in [576, 1024, 2560] {
+            let f = build(NormShape { rows: 1, d, epsilon: 1e-5 })?;
+            std::fs::write(format!("{out}/{name}_d{d}.mlir"), format!("module {{\n{}}}\n", f.pretty(2)))?;
+            let row = match f.body.as_deref() {
+                Some([.., Stmt::For { body, .. }]) => body,
+                _ => return Err("a norm function is one loop over rows".into()),
+            };
+            let loops: Vec<usize> = row
+                .iter()
+                .filter_map(|s| if let Stmt::For { body, .. } = s { Some(operations(body)) } else { None })
+                .collect();
+            let once = operations(row) - loops.iter().sum::<usize>() - loops.len();
+            println!("{:<16} {:>16} {:>16} {once:>12}", format!("{name}_d{d}"), loops[0], loops[1]);
+        }
     }
     Ok(())
 }

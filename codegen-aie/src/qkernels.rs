@@ -41,7 +41,7 @@ use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, 
 mod norm;
 mod softfloat;
 
-pub use norm::{rms_norm, NormShape, NORM, NORM_LANES};
+pub use norm::{inverse_rms, rms_norm, NormShape, INVERSE_RMS, NORM, NORM_LANES};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";

@@ -17,6 +17,7 @@
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
 //! | `QuantizeRows{[passes]}` | x → codes, scales | symmetric int8 per row of x's last axis: s = the smallest power of two ≥ max\|row\| / 127 (the quotient in f32) and ≥ 2⁻¹²⁶ (1 for a row of zeros or a non-finite maximum), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows_scale`]. A power of two makes x / s and the residual below exact, so integer code (an NPU core's) computes the codes exactly and cheaply; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `InverseRms{epsilon, [squares]}` | x → r | per row of x's last axis (d values): r = 1/√(ss/d + ε) in f32, r [.., 1]. With `squares` = "f32" (the default) ss is the sum of squares in [`crate::pinned_norm`]'s order, so r is bit for bit the factor RmsNorm scales the row by; with "aligned", [`crate::pinned_norm::aligned_sum_squares`]: each value's significand on the row's largest exponent to 11 bits, squared and summed in integers (rows of at most 16,352). The xdna program's norms: `x·γ` quantised, r multiplied into the row scales |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
 //! | `WGemmRowScaled{K,N,bits,block_size}` | a, w, scales, [zero_points] → y | c = [`row_scale`] of each row of a (over K); y = WGemm(a/c, w, scales, zero_points) · c. Dividing and multiplying by a power of two is exact, so it equals WGemm bit for bit in the reference evaluator (outside the subnormal range); on a device the sums of code × activation it accumulates see \|a/c\| < 2 |
@@ -94,6 +95,7 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             out.truncate(num_outputs.max(1));
             Ok(out)
         }
+        "InverseRms" => inverse_rms(op, input(0)?, eps).map(|t| vec![t]),
         "Attention" => attention(op, inputs, num_outputs),
         "DeltaNet" => delta_net(op, inputs, num_outputs),
         "CausalConv" => causal_conv(op, inputs, num_outputs),
@@ -499,6 +501,28 @@ fn quantize_rows_op(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
         Tensor::from_i64(DType::I8, code_shape, codes.into_iter().map(i64::from).collect()),
         Tensor::from_f32(DType::F32, scale_shape, scales),
     ])
+}
+
+/// `InverseRms`: r = 1/√(ss/d + ε) per row of x's last axis, shape [.., 1].
+fn inverse_rms(op: &OpRef, x: &Tensor, eps: f32) -> Result<Tensor, EvalError> {
+    let d = match x.shape.last() {
+        Some(&d) if d > 0 && x.dtype.is_float() => d,
+        _ => return Err(err(op, format!("x must be a float tensor [.., d > 0], got {} {:?}", x.dtype, x.shape))),
+    };
+    use crate::pinned_norm::{aligned_sum_squares, inverse_root, sum_squares, ALIGNED_MAX_D};
+    let squares: fn(&[f32]) -> f32 = match op.attrs.str("squares").map_err(|e| err(op, e.to_string()))? {
+        None | Some("f32") => sum_squares,
+        Some("aligned") if d <= ALIGNED_MAX_D => aligned_sum_squares,
+        Some("aligned") => {
+            return Err(err(op, format!("aligned squares take rows of at most {ALIGNED_MAX_D}, not {d}")))
+        }
+        Some(other) => return Err(err(op, format!("squares is \"f32\" or \"aligned\", not {other:?}"))),
+    };
+    let xs = x.to_f32_vec();
+    let r = xs.chunks(d).map(|row| inverse_root(squares(row), d, eps));
+    let mut shape = x.shape.clone();
+    *shape.last_mut().unwrap() = 1;
+    Ok(Tensor::from_f32(x.dtype, shape, r.collect()))
 }
 
 /// The row scale of `QuantizeRows` for a row's maximum `max` = max|x|: the smallest power of two
@@ -961,6 +985,12 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             }
             vec![TypeInfo { dtype: DType::I8, shape: code_shape }, TypeInfo { dtype: DType::F32, shape: scale_shape }]
         }
+        (Domain::Npuc, "InverseRms") => one(t(0).map(|mut x| {
+            if let Some(last) = x.shape.last_mut() {
+                *last = Dim::known(1);
+            }
+            x
+        })),
         (Domain::Npuc, "Attention") => {
             let (Some(q), Some(k)) = (t(0), t(1)) else { return vec![] };
             let total = match t(3) {

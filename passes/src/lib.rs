@@ -6,6 +6,7 @@
 //! the pass and keeps the last good graph.
 
 pub mod array_int8;
+pub mod array_norms;
 pub mod cost;
 pub mod driver;
 pub mod passes;

@@ -3,11 +3,14 @@
 //! `cpu` runs the host pipeline: canonicalize, then saturate with every default rule family,
 //! extracting under the host cost model, then position-tables and lower-slices. `xdna` adds `array-int8`: every projection becomes the
 //! int8 × int8 → int32 `QGemm` the AIE array computes (per-channel int8 weights, activations
-//! quantised per row at run time), so its program has the array's numerics wherever it runs.
+//! quantised per row at run time), so its program has the array's numerics wherever it runs;
+//! then `array-norms`: a norm feeding a projection quantises `x·γ` and multiplies the row
+//! scales by its `1/rms`.
 //! `intel-npu` computes in fp16, so its saturate adds a third phase, the `fp16-rescale` family,
 //! and extracts under `Fp16Cost`: its program has the row-scaled RmsNorm, SkipRmsNorm and WGemm.
 
 use crate::array_int8::ArrayInt8;
+use crate::array_norms::ArrayNorms;
 use crate::passes::{Canonicalize, LowerSlices, Saturate};
 use crate::position_tables::PositionTables;
 
@@ -55,6 +58,7 @@ impl Target for Xdna {
     fn pipeline(&self) -> Vec<Box<dyn Pass>> {
         let mut p = host_pipeline();
         p.push(Box::new(ArrayInt8));
+        p.push(Box::new(ArrayNorms));
         p
     }
 }
@@ -186,8 +190,9 @@ mod tests {
     #[test]
     fn xdna_computes_the_projection_in_int8() {
         let (ops, xdna) = ops_after("xdna");
-        // The activations in two int8 passes, stacked rows of one QGemm over the weight.
-        assert_eq!(ops, ["QGemm", "QuantizeRows", "RmsNorm", "SkipRmsNorm"]);
+        // The activations in two int8 passes, stacked rows of one QGemm over the weight; the
+        // norm feeding it as x·γ and its 1/rms, the one writing the output as it was.
+        assert_eq!(ops, ["InverseRms", "QGemm", "QuantizeRows", "SkipRmsNorm"]);
         let passes = |op: &str| xdna.nodes.iter().find(|n| n.op == op).map(|n| n.attrs.int("passes").unwrap());
         assert_eq!((passes("QuantizeRows"), passes("QGemm")), (Some(Some(2)), Some(Some(2))));
         let (_, cpu) = ops_after("cpu");

@@ -8,6 +8,7 @@
 
 use super::{lanes_n, Code, LANES};
 use crate::kernels::{idx, memref, v, Function, Stmt};
+use ir::pinned_norm::{ALIGNED_BITS, ALIGNED_MAX_D};
 
 /// The function's name.
 pub const NORM: &str = "n_rms";
@@ -110,4 +111,134 @@ pub fn rms_norm(sh: NormShape) -> Result<Function, String> {
         });
     });
     Ok(c.finish(NORM, vec![(v("x"), x_ty.clone()), (v("g"), g_ty), (v("y"), x_ty)]))
+}
+
+/// The aligned inverse rms's function name.
+pub const INVERSE_RMS: &str = "n_irms";
+
+/// `n_irms(%x, %r)`: `r = 1/√(ss/d + ε)` of each f32 row of `x` (`[rows, d]`) into `r`
+/// (`[rows, 1]`), with ss the xdna program's aligned sum of squares
+/// (`ir::pinned_norm::aligned_sum_squares`, `InverseRms{squares="aligned"}`): a pass for the
+/// row's largest magnitude, then per value a significand shifted onto the largest exponent,
+/// squared and summed in 32 integer lanes — integer operations where [`rms_norm`]'s squares are
+/// software floating point. Once a row: the lanes to f32 and folded by halves, the exponent
+/// added, the root. Refuses rows that are not whole [`NORM_LANES`]-value blocks or are longer
+/// than the definition takes.
+pub fn inverse_rms(sh: NormShape) -> Result<Function, String> {
+    if sh.d == 0 || !sh.d.is_multiple_of(NORM_LANES) || sh.rows == 0 || sh.d > ALIGNED_MAX_D {
+        return Err(format!(
+            "an aligned inverse-rms core takes rows of whole {NORM_LANES}-value blocks, at most {ALIGNED_MAX_D}: {} rows of {} values are not",
+            sh.rows, sh.d
+        ));
+    }
+    let (x_ty, r_ty, vi) = (sh.x_ty(), memref(&[sh.rows, 1], "f32"), lanes_n("i32", NORM_LANES));
+    let mut c = Code::new(&[0, 1, sh.rows, sh.d, NORM_LANES]);
+    let pad = c.fconst(0.0);
+    let zero = c.iconst(0, &vi);
+    c.each("i", sh.rows, |c| {
+        let top = c.fold_by("l", (sh.d, NORM_LANES), (&zero, &vi), |c, acc| {
+            let xb = c.bits_at(("x", &x_ty), "%i", &pad);
+            let magnitude = c.with("andi", &xb, 0x7fff_ffff, &vi);
+            c.bin("maxui", acc, &magnitude, &vi)
+        });
+        let flat = format!("vector<{NORM_LANES}xi32>");
+        let top = c.vector("shape_cast", None, &top, (&vi, &flat));
+        let top = c.vector("reduction", Some("maxui"), &top, (&flat, "i32"));
+        let e_max = c.with("shrui", &top, 23, "i32");
+        let e_max = c.at_least_one(&e_max, "i32");
+        let lanes = aligned_squares(c, sh, (&x_ty, &pad), (&zero, &e_max));
+        let ss = c.scaled_sum(&lanes, &e_max);
+        let ss = c.nonfinite_sum(&top, &ss);
+        let r = c.inverse_root(&ss, sh);
+        let r = c.cast("bitcast", &r, "i32", "f32");
+        c.store(&r, "r", &r_ty, &["%i", &idx(0)], "f32");
+    });
+    Ok(c.finish(INVERSE_RMS, vec![(v("x"), x_ty), (v("r"), r_ty)]))
+}
+
+/// Row `%i`'s squares in 32 integer lanes: each value's significand (hidden bit included) over
+/// `2^(E − e + 13)`, rounded half up, squared and added to its lane.
+fn aligned_squares(c: &mut Code, sh: NormShape, (x_ty, pad): (&str, &str), (zero, e_max): (&str, &str)) -> String {
+    let vi = lanes_n("i32", NORM_LANES);
+    let top_shift = c.with("addi", e_max, i64::from(24 - ALIGNED_BITS), "i32");
+    let top_shift = c.vector("broadcast", None, &top_shift, ("i32", &vi));
+    c.fold_by("l", (sh.d, NORM_LANES), (zero, &vi), |c, acc| {
+        let xb = c.bits_at(("x", x_ty), "%i", pad);
+        let e = c.with("shrui", &xb, 23, &vi);
+        let e = c.with("andi", &e, 0xff, &vi);
+        let fraction = c.with("andi", &xb, 0x007f_ffff, &vi);
+        let e1 = c.at_least_one(&e, &vi);
+        // The hidden bit, 1 << 23 when e ≥ 1: (e1 − e) is 1 for a subnormal, 0 otherwise.
+        let subnormal = c.bin("subi", &e1, &e, &vi);
+        let hidden = c.with("xori", &subnormal, 1, &vi);
+        let hidden = c.with("shli", &hidden, 23, &vi);
+        let m = c.bin("ori", &fraction, &hidden, &vi);
+        let shift = c.bin("subi", &top_shift, &e1, &vi);
+        let shift = c.at_most(&shift, 31, &vi);
+        let half = c.with("subi", &shift, 1, &vi);
+        let one = c.iconst(1, &vi);
+        let half = c.bin("shli", &one, &half, &vi);
+        let m = c.bin("addi", &m, &half, &vi);
+        let a = c.bin("shrui", &m, &shift, &vi);
+        let square = c.bin("muli", &a, &a, &vi);
+        c.bin("addi", acc, &square, &vi)
+    })
+}
+
+impl Code {
+    /// `max(x, 1)` lane by lane, for `x ≥ 0`.
+    fn at_least_one(&mut self, x: &str, ty: &str) -> String {
+        let one = self.iconst(1, ty);
+        let zero = self.test("eq", x, 0, ty);
+        self.select(&zero, &one, x, ty)
+    }
+
+    /// `min(x, limit)` lane by lane, unsigned.
+    fn at_most(&mut self, x: &str, limit: i64, ty: &str) -> String {
+        let limit = self.iconst(limit, ty);
+        let over = self.cmp(false, "ugt", x, &limit, ty);
+        self.select(&over, &limit, x, ty)
+    }
+
+    /// The lanes (integer sums below 2³¹) to f32, folded by halves, times `2^(2E − 274)` on the
+    /// exponent field: +0 when the result is 0 or would be subnormal, +∞ when it would overflow.
+    fn scaled_sum(&mut self, lanes: &str, e_max: &str) -> String {
+        let vi = lanes_n("i32", NORM_LANES);
+        let floats = self.f32_of_i32(lanes, &vi);
+        let t = self.fold_halves(&floats, NORM_LANES);
+        let k = self.with("shli", e_max, 1, "i32");
+        let e = self.with("shrui", &t, 23, "i32");
+        let e = self.bin("addi", &e, &k, "i32");
+        let e = self.with("subi", &e, 274, "i32");
+        let fraction = self.with("andi", &t, 0x007f_ffff, "i32");
+        let field = self.with("shli", &e, 23, "i32");
+        let bits = self.bin("ori", &field, &fraction, "i32");
+        let (c0, inf) = (self.iconst(0, "i32"), self.iconst(0x7f80_0000, "i32"));
+        let over = self.test("sge", &e, 255, "i32");
+        let bits = self.select(&over, &inf, &bits, "i32");
+        let under = self.test("sle", &e, 0, "i32");
+        let bits = self.select(&under, &c0, &bits, "i32");
+        let empty = self.test("eq", &t, 0, "i32");
+        self.select(&empty, &c0, &bits, "i32")
+    }
+
+    /// The sum of a row holding ∞ or NaN (its largest magnitude's bits `top`): +∞, or NaN.
+    fn nonfinite_sum(&mut self, top: &str, ss: &str) -> String {
+        let (inf, nan) = (self.iconst(0x7f80_0000, "i32"), self.iconst(0x7fc0_0000, "i32"));
+        let infinite = self.test("eq", top, 0x7f80_0000, "i32");
+        let ss = self.select(&infinite, &inf, ss, "i32");
+        let not_a_number = self.test("ugt", top, 0x7f80_0000, "i32");
+        self.select(&not_a_number, &nan, &ss, "i32")
+    }
+
+    /// `1/√(ss/d + ε)` on f32 bits, as `ir::pinned_norm::inverse_root`.
+    fn inverse_root(&mut self, ss: &str, sh: NormShape) -> String {
+        let d = self.iconst(i64::from((sh.d as f32).to_bits()), "i32");
+        let eps = self.iconst(i64::from(sh.epsilon.to_bits()), "i32");
+        let one = self.iconst(i64::from(1f32.to_bits()), "i32");
+        let mean = self.div_f32(ss, &d, "i32");
+        let t = self.add_f32(&mean, &eps, "i32");
+        let root = self.sqrt_f32(&t, "i32");
+        self.div_f32(&one, &root, "i32")
+    }
 }

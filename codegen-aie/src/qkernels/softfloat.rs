@@ -38,13 +38,13 @@ struct Classes {
 
 impl Code {
     /// `x op c` for a constant `c`.
-    fn with(&mut self, op: &'static str, x: &str, c: i64, ty: &str) -> String {
+    pub(super) fn with(&mut self, op: &'static str, x: &str, c: i64, ty: &str) -> String {
         let c = self.iconst(c, ty);
         self.bin(op, x, &c, ty)
     }
 
     /// `x pred c` (`arith.cmpi`) for a constant `c`.
-    fn test(&mut self, pred: &'static str, x: &str, c: i64, ty: &str) -> String {
+    pub(super) fn test(&mut self, pred: &'static str, x: &str, c: i64, ty: &str) -> String {
         let c = self.iconst(c, ty);
         self.cmp(false, pred, x, &c, ty)
     }

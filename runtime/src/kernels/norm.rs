@@ -29,6 +29,70 @@ pub fn rms_norm(isa: Isa, x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
+/// `npuc::InverseRms`: `r = 1/√(ss/d + ε)` for every row of `d` values of `x`, one value of `r`
+/// a row — the factor [`rms_norm`] scales the row by, bit for bit. Panics on mismatched lengths.
+pub fn inverse_rms(isa: Isa, x: &[f32], d: usize, eps: f32, squares: Squares, r: &mut [f32]) {
+    let isa = isa.check();
+    assert!(d > 0 && x.len() == r.len() * d, "inverse_rms: x {} values, r {} for rows of {d}", x.len(), r.len());
+    for (xr, r) in x.chunks_exact(d).zip(r) {
+        let ss = match squares {
+            Squares::F32 => sum_squares(isa, xr),
+            Squares::Aligned => aligned_sum_squares(xr),
+        };
+        *r = 1.0 / (ss / d as f32 + eps).sqrt();
+    }
+}
+
+/// How `npuc::InverseRms` sums a row's squares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Squares {
+    /// In f32, in the pinned order: [`rms_norm`]'s own sum.
+    F32,
+    /// In integers on the row's largest exponent (`squares = "aligned"`): see [`aligned_sum_squares`].
+    Aligned,
+}
+
+/// Significant bits a value keeps in [`aligned_sum_squares`].
+const ALIGNED_BITS: u32 = 11;
+
+/// The longest row [`aligned_sum_squares`] takes (511 values a lane: a lane's sum stays below 2³¹).
+pub const ALIGNED_MAX_D: usize = 511 * LANES;
+
+/// The xdna program's sum of squares in integer terms (`ir::pinned_norm::aligned_sum_squares`
+/// defines it): each value's significand on the row's largest exponent `E`, rounded half up to
+/// [`ALIGNED_BITS`] bits, squared into 32 integer lanes; the lanes rounded to f32 and folded by
+/// halves; then `· 2^(2E − 274)` on the exponent field (+0 below the normal range, +∞ above).
+/// NaN in the row gives NaN, ∞ gives +∞.
+fn aligned_sum_squares(row: &[f32]) -> f32 {
+    assert!(row.len() <= ALIGNED_MAX_D, "aligned squares: a row of {} values", row.len());
+    let top = row.iter().map(|x| x.to_bits() & 0x7fff_ffff).max().unwrap_or(0);
+    if top >= 0x7f80_0000 {
+        return if top == 0x7f80_0000 { f32::INFINITY } else { f32::NAN };
+    }
+    let e_max = (top >> 23).max(1);
+    let mut lanes = [0u32; LANES];
+    for block in row.chunks(LANES) {
+        for (l, x) in lanes.iter_mut().zip(block) {
+            let b = x.to_bits();
+            let e = (b >> 23) & 0xff;
+            let m = (b & 0x007f_ffff) | (e.min(1) << 23);
+            let shift = (e_max - e.max(1) + 24 - ALIGNED_BITS).min(31);
+            let a = (m + (1 << (shift - 1))) >> shift;
+            *l += a * a;
+        }
+    }
+    let t = fold_lanes(lanes.map(|l| l as f32));
+    let (bits, k) = (t.to_bits(), 2 * e_max as i32 - 274);
+    let e = (bits >> 23) as i32;
+    if bits == 0 || e + k <= 0 {
+        0.0
+    } else if e + k >= 255 {
+        f32::INFINITY
+    } else {
+        f32::from_bits((bits & 0x007f_ffff) | (((e + k) as u32) << 23))
+    }
+}
+
 /// SkipRmsNorm: `sum = x + skip (+ bias)`, `y = RmsNorm(sum)·γ`. `skip` holds whole rows and
 /// repeats over `x` when shorter (a `[S, hidden]` skip under a `[B, S, hidden]` input).
 #[allow(clippy::too_many_arguments)]

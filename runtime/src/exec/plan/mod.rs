@@ -120,6 +120,14 @@ pub enum Op {
         eps: f32,
         out: usize,
     },
+    /// `npuc::InverseRms`: one `1/rms` a row of `d` values.
+    InverseRms {
+        x: usize,
+        d: usize,
+        eps: f32,
+        squares: crate::kernels::norm::Squares,
+        out: usize,
+    },
     SkipRmsNorm {
         x: usize,
         skip: usize,
@@ -389,6 +397,7 @@ impl Op {
             | Op::GatherColumns { out, .. }
             | Op::Transpose { out, .. }
             | Op::RmsNorm { out, .. }
+            | Op::InverseRms { out, .. }
             | Op::Rope { out, .. }
             | Op::Gate { out, .. }
             | Op::BinaryF32 { out, .. }

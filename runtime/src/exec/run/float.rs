@@ -100,6 +100,15 @@ impl Executor<'_> {
         Ok(())
     }
 
+    pub(super) fn run_inverse_rms(&mut self, index: usize, y: &mut [f32]) -> Result<(), ExecError> {
+        let (node, op) = self.plan.node_op(index);
+        let Op::InverseRms { x, d, eps, squares, .. } = op else { unreachable!("an InverseRms") };
+        let input = view!(self).f32(*x);
+        check_rows(&node_fail(node), input.len(), *d, "a row")?;
+        norm::inverse_rms(self.isa, input, *d, *eps, *squares, &mut y[..input.len() / d]);
+        Ok(())
+    }
+
     pub(super) fn run_skip_rms_norm(&mut self, index: usize, y: &mut [f32], y2: &mut [f32]) -> Result<(), ExecError> {
         let (node, op) = self.plan.node_op(index);
         let Op::SkipRmsNorm { x, skip, gamma, bias, eps, .. } = op else { unreachable!("a SkipRmsNorm") };

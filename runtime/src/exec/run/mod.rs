@@ -183,6 +183,7 @@ impl Executor<'_> {
             Op::Slice { .. } => self.run_slice(index, y),
             Op::Concat { .. } => self.run_concat(index, y),
             Op::RmsNorm { .. } => self.run_rms_norm(index, y),
+            Op::InverseRms { .. } => self.run_inverse_rms(index, y),
             Op::SkipRmsNorm { .. } => self.run_skip_rms_norm(index, y, y2),
             Op::Rope { .. } => self.run_rope(index, y),
             Op::Gate { .. } => self.run_gate(index, y),

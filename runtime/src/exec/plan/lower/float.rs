@@ -230,6 +230,28 @@ pub(super) fn rms_norm(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Re
     Ok(())
 }
 
+/// InverseRms: rows of a fixed last axis into one f32 a row.
+pub(super) fn inverse_rms(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
+    let x = b.f32_input(node, 0)?;
+    let d =
+        b.values[x].shape.last().and_then(|d| d.as_const()).filter(|&d| d > 0).ok_or_else(|| {
+            node_fail(node)(format!("`{}` has no fixed last axis to take the rms of", b.values[x].name))
+        })?;
+    use crate::kernels::norm::{Squares, ALIGNED_MAX_D};
+    let squares = match node.attr_str("squares") {
+        None | Some("f32") => Squares::F32,
+        Some("aligned") if d <= ALIGNED_MAX_D => Squares::Aligned,
+        Some("aligned") => {
+            return Err(node_fail(node)(format!("aligned squares take rows of at most {ALIGNED_MAX_D}, not {d}")))
+        }
+        Some(other) => return Err(node_fail(node)(format!("squares is \"f32\" or \"aligned\", not {other:?}"))),
+    };
+    let o = output(node, 0)?;
+    b.fresh(o);
+    b.push(n, Op::InverseRms { x, d, eps: node.attr_f32("epsilon").unwrap_or(1e-5), squares, out: o });
+    Ok(())
+}
+
 /// SkipRmsNorm, with its residual sum as a second output when the program keeps it.
 pub(super) fn skip_rms_norm(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let (x, skip, gamma) = (b.f32_input(node, 0)?, b.f32_input(node, 1)?, b.f32_input(node, 2)?);

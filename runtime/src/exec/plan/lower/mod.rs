@@ -33,7 +33,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 46] = [
+const LOWERINGS: [(&str, Lower); 47] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -46,6 +46,7 @@ const LOWERINGS: [(&str, Lower); 46] = [
     ("ai.onnx::Shape", integer::shape),
     ("npuc::RmsNorm", float::rms_norm),
     ("npuc::SkipRmsNorm", float::skip_rms_norm),
+    ("npuc::InverseRms", float::inverse_rms),
     ("npuc::Rope", float::rope),
     ("npuc::SwiGlu", float::gate),
     ("npuc::GeluGate", float::gate),
