@@ -149,3 +149,22 @@ fn aligned_inverse_rms_is_the_evaluators_on_every_path() {
     }
     assert!(differs > 10, "only {differs} rows tell the aligned sum from the f32 one");
 }
+
+/// An `InverseRms` the evaluator cannot compute says why, naming the node.
+#[test]
+fn inverse_rms_refuses_unknown_sums_and_rows_too_long_for_the_aligned_one() {
+    let eval = |squares: &str, d: usize| {
+        let mut attrs = ir::Attrs::default();
+        attrs.set("squares", ir::Attr::Str(squares.into()));
+        let op = ir::OpRef { node: "norm/r", domain: ir::Domain::Npuc, op: "InverseRms", opset: 1, attrs: &attrs };
+        let t = ir::Tensor::from_f32(ir::DType::F32, vec![1, d], vec![1.0; d]);
+        ir::fused::eval(&op, &[Some(&t)], 1).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let err = eval("f64", 64).unwrap_err();
+    assert!(err.contains("norm/r") && err.contains("\"f64\""), "{err}");
+    let long = ir::pinned_norm::ALIGNED_MAX_D + 32;
+    let err = eval("aligned", long).unwrap_err();
+    assert!(err.contains(&long.to_string()), "{err}");
+    assert!(eval("aligned", ir::pinned_norm::ALIGNED_MAX_D).is_ok());
+    assert!(eval("f32", long).is_ok(), "the f32 sum takes any row");
+}
