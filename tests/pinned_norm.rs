@@ -168,3 +168,58 @@ fn inverse_rms_refuses_unknown_sums_and_rows_too_long_for_the_aligned_one() {
     assert!(eval("aligned", ir::pinned_norm::ALIGNED_MAX_D).is_ok());
     assert!(eval("f32", long).is_ok(), "the f32 sum takes any row");
 }
+
+/// `QuantizeRows(x, γ)`, the codes of the exact products: the host kernel computes the
+/// evaluator's codes and scales bit for bit, in two passes, on rows over many binades, tiny and
+/// huge (products past f32's range), with NaN, ∞ and zeros, and γ with a zero, a subnormal and
+/// negative values.
+#[test]
+fn product_rows_quantise_as_the_evaluator_does() {
+    let mut rng = Rng(0x6a09_e667_f3bc_c909);
+    for d in [1usize, 33, 576] {
+        let mut gamma: Vec<f32> = (0..d).map(|_| rng.spread(3)).collect();
+        gamma[0] = if d > 1 { 0.0 } else { gamma[0] };
+        if d > 2 {
+            gamma[1] = 1e-40;
+        }
+        let rows = rows(&mut rng, d);
+        let x: Vec<f32> = rows.concat();
+        let mut attrs = ir::Attrs::default();
+        attrs.set("passes", ir::Attr::Int(2));
+        let op = ir::OpRef { node: "q", domain: ir::Domain::Npuc, op: "QuantizeRows", opset: 1, attrs: &attrs };
+        let xt = ir::Tensor::from_f32(ir::DType::F32, vec![rows.len(), d], x.clone());
+        let gt = ir::Tensor::from_f32(ir::DType::F32, vec![d], gamma.clone());
+        let out = ir::fused::eval(&op, &[Some(&xt), Some(&gt)], 2).unwrap();
+        let want_codes: Vec<u8> = out[0].as_i64().unwrap().iter().map(|&c| c as i8 as u8).collect();
+        let want_scales = out[1].to_f32_vec();
+        let (mut codes, mut scales) = (vec![0u8; 2 * x.len()], vec![0f32; 2 * rows.len()]);
+        runtime::kernels::quantize::quantize_product_rows(&x, &gamma, true, &mut codes, &mut scales);
+        assert_eq!(codes, want_codes, "codes of rows of {d}");
+        assert!(same(&scales, &want_scales), "scales of rows of {d}: {scales:?} against {want_scales:?}");
+    }
+}
+
+/// Where the exact product and its f32 rounding part: 0.83333337·3 is 2.5 + 2⁻²³ (code 3),
+/// whose f32 rounding is the tie 2.5 (code 2); 0.67317712·3 is 2 + 5/256 + 2⁻²³, whose
+/// remainder 5/256 + 2⁻²³ is 2.5 + 2⁻¹⁶ steps of the second pass's 2⁻⁷ (code 3, not the
+/// tie's 2); 100.5 sets the scales (1, and 2⁻⁷ for its remainder 0.5). Evaluator and kernel
+/// give the exact codes; the f32 product's `QuantizeRows` gives the others.
+#[test]
+fn product_rows_round_the_exact_product_not_its_f32_rounding() {
+    let (x, gamma) = ([100.5f32, 0.673_177_1, 0.833_333_4], [1f32, 3.0, 3.0]);
+    let want_codes = [100u8, 2, 3, 64, 3, (-64i8) as u8];
+    let (mut codes, mut scales) = ([0u8; 6], [0f32; 2]);
+    runtime::kernels::quantize::quantize_product_rows(&x, &gamma, true, &mut codes, &mut scales);
+    assert_eq!((codes, scales), (want_codes, [1.0, 2f32.powi(-7)]));
+    let mut attrs = ir::Attrs::default();
+    attrs.set("passes", ir::Attr::Int(2));
+    let op = ir::OpRef { node: "q", domain: ir::Domain::Npuc, op: "QuantizeRows", opset: 1, attrs: &attrs };
+    let xt = ir::Tensor::from_f32(ir::DType::F32, vec![1, 3], x.to_vec());
+    let gt = ir::Tensor::from_f32(ir::DType::F32, vec![3], gamma.to_vec());
+    let exact = ir::fused::eval(&op, &[Some(&xt), Some(&gt)], 2).unwrap();
+    assert_eq!(exact[0].as_i64().unwrap(), [100, 2, 3, 64, 3, -64]);
+    let products: Vec<f32> = x.iter().zip(&gamma).map(|(a, b)| a * b).collect();
+    let pt = ir::Tensor::from_f32(ir::DType::F32, vec![1, 3], products);
+    let rounded = ir::fused::eval(&op, &[Some(&pt)], 2).unwrap();
+    assert_eq!(rounded[0].as_i64().unwrap(), [100, 2, 2, 64, 2, 64]);
+}

@@ -101,6 +101,8 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         assert_eq!(norm_read.count(), 0, "{f}: a QuantizeRows reads a norm's output");
         let inverse_rms = xdna.nodes.iter().filter(|n| n.op == "InverseRms").count();
         assert_eq!(inverse_rms > 0, a8w8 < expected, "{f}: {inverse_rms} InverseRms");
+        let products = rows.iter().filter(|q| q.inputs.get(1).copied().flatten().is_some()).count();
+        assert_eq!(products, inverse_rms, "{f}: a norm's rows not quantised as x·γ");
         let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
         let worst_kl = prefill.max(decode);
         eprintln!("{f}: {qgemm} int8 QGemm ({a8w8} A8W8 kept), worst KL {worst_kl:.2e}, top-1 {agree}/{total}");

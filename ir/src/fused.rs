@@ -16,7 +16,7 @@
 //! | `DeltaNet{q_heads,kv_heads,scale,[qk_l2norm_eps]}` | q, k, v, past_state, decay, beta → y, present_state | with `qk_l2norm_eps` ε, q and k first normalised per head (each d_k run divided by √(Σx² + ε); ε = 0 is ai.onnx `LpNormalization{p=2}`, a zero head staying zero, see [`l2_normed_qk`]); then the gated delta rule over the tokens in order, per KV head h a state S [d_k, d_v] (the past state, zeros when absent): S ← exp(g_t)·S with g_t = decay[t, h] (log space, `[B, T, H_kv]`) or decay[t, h·d_k + i] on row i (`[B, T, H_kv·d_k]`); S ← S + k_t ⊗ β_t(v_t − Sᵀk_t) with β per head (`[B, T, H_kv]`) or shared (`[B, T, 1]`); y_t = scale · Sᵀq_t. q, k, v packed `[B, T, heads·size]`; grouped (H_q a multiple of H_kv) or inversely grouped heads, exactly as com.microsoft `LinearAttention{update_rule="gated_delta"}` (see [`delta_net`]). scale is explicit (no 1/√d_k default). y `[B, T, max(H_q, H_kv)·d_v]`, present_state `[B, H_kv, d_k, d_v]` |
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
-//! | `QuantizeRows{[passes]}` | x → codes, scales | symmetric int8 per row of x's last axis: s = the smallest power of two ≥ max\|row\| / 127 (the quotient in f32) and ≥ 2⁻¹²⁶ (1 for a row of zeros or a non-finite maximum), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows_scale`]. A power of two makes x / s and the residual below exact, so integer code (an NPU core's) computes the codes exactly and cheaply; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `QuantizeRows{[passes]}` | x, [γ] → codes, scales | with γ ([K]): the codes of the exact products x·γ (not their f32 roundings), every step exact, see [`crate::norm_codes`] (a norm feeding the xdna array); without, symmetric int8 per row of x's last axis: s = the smallest power of two ≥ max\|row\| / 127 (the quotient in f32) and ≥ 2⁻¹²⁶ (1 for a row of zeros or a non-finite maximum), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows_scale`]. A power of two makes x / s and the residual below exact, so integer code (an NPU core's) computes the codes exactly and cheaply; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
 //! | `InverseRms{epsilon, [squares]}` | x → r | per row of x's last axis (d values): r = 1/√(ss/d + ε) in f32, r [.., 1]. With `squares` = "f32" (the default) ss is the sum of squares in [`crate::pinned_norm`]'s order, so r is bit for bit the factor RmsNorm scales the row by; with "aligned", [`crate::pinned_norm::aligned_sum_squares`]: each value's significand on the row's largest exponent to 11 bits, squared and summed in integers (rows of at most 16,352). The xdna program's norms: `x·γ` quantised, r multiplied into the row scales |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -91,7 +91,7 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         }
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
         "QuantizeRows" => {
-            let mut out = quantize_rows_op(op, input(0)?)?;
+            let mut out = quantize_rows_op(op, input(0)?, inputs.get(1).copied().flatten())?;
             out.truncate(num_outputs.max(1));
             Ok(out)
         }
@@ -477,7 +477,7 @@ pub fn activation_passes(attrs: &Attrs) -> Result<Option<usize>, String> {
 }
 
 /// `QuantizeRows`: codes and row scales of x, in one pass or two stacked on a leading axis.
-fn quantize_rows_op(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
+fn quantize_rows_op(op: &OpRef, x: &Tensor, gamma: Option<&Tensor>) -> Result<Vec<Tensor>, EvalError> {
     let d = match x.shape.last() {
         Some(&d) if d > 0 && x.dtype.is_float() => d,
         _ => return Err(err(op, format!("x must be a float tensor [.., K > 0], got {} {:?}", x.dtype, x.shape))),
@@ -487,13 +487,24 @@ fn quantize_rows_op(op: &OpRef, x: &Tensor) -> Result<Vec<Tensor>, EvalError> {
         return Err(err(op, format!("QuantizeRows takes 1 or 2 passes, got {passes}")));
     }
     let xs = x.to_f32_vec();
-    let (mut codes, mut scales) = quantize_rows(&xs, d);
+    let (codes, scales) = match gamma {
+        Some(g) if g.shape == [d] && g.dtype.is_float() => {
+            crate::norm_codes::quantize_product_rows(&xs, &g.to_f32_vec(), passes)
+        }
+        Some(g) => return Err(err(op, format!("γ must be float [{d}], got {} {:?}", g.dtype, g.shape))),
+        None => {
+            let (mut codes, mut scales) = quantize_rows(&xs, d);
+            if passes == 2 {
+                let (rc, rs) = quantize_rows_residual(&xs, d, &codes, &scales);
+                codes.extend(rc);
+                scales.extend(rs);
+            }
+            (codes, scales)
+        }
+    };
     let (mut code_shape, mut scale_shape) = (x.shape.clone(), x.shape.clone());
     *scale_shape.last_mut().unwrap() = 1;
     if passes == 2 {
-        let (rc, rs) = quantize_rows_residual(&xs, d, &codes, &scales);
-        codes.extend(rc);
-        scales.extend(rs);
         code_shape.insert(0, 2);
         scale_shape.insert(0, 2);
     }

@@ -215,7 +215,7 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "L2NormRowScaled",      (1, 1), (1, 1)),
     spec(NP, "GatedRmsNormRowScaled", (3, 3), (1, 1)),
     // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
-    spec(NP, "QuantizeRows",         (1, 1), (2, 2)),
+    spec(NP, "QuantizeRows",         (1, 2), (2, 2)),
     // A norm's 1/rms per row, which the xdna program folds into the row scales.
     spec(NP, "InverseRms",           (1, 1), (1, 1)),
 ];

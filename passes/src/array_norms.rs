@@ -5,16 +5,16 @@
 //! codes and one scale a row. A row's `1/rms` is one scalar, so it need not touch the values:
 //!
 //! ```text
-//! y = RmsNorm(x, γ)                  xγ = Mul(x, γ)
-//! C, S = QuantizeRows(y)      →      r = npuc::InverseRms(x)       (1/√(Σx²/d + ε) a row, [.., 1])
-//!                                    C, S₀ = QuantizeRows(xγ)
+//! y = RmsNorm(x, γ)                  r = npuc::InverseRms(x)       (1/√(Σx²/d + ε) a row, [.., 1])
+//! C, S = QuantizeRows(y)      →      C, S₀ = QuantizeRows(x, γ)     (the codes of the exact x·γ)
 //!                                    S = Mul(S₀, r)                 (both passes' scales)
 //! ```
 //!
 //! and a `SkipRmsNorm(a, b, γ[, bias])` becomes its residual sum `(a + b) (+ bias)`, in that
 //! order as its own, then the same. `QGemm` multiplies its int32 products by `S`, so the
 //! projection is `r·(xγ)·W`: RmsNorm's value, with the codes taken from `xγ` instead of `xγ·r`.
-//! On an array core this is one f32 product a value instead of two, and `r` meets the row's
+//! On an array core no f32 operation a value is left: the codes of the exact product are
+//! shifts and compares of the significands' product (`ir::norm_codes`), and `r` meets the row's
 //! scale once a row. `r`'s sum of squares is the aligned one (`squares = "aligned"`,
 //! `ir::pinned_norm::aligned_sum_squares`: each significand on the row's largest exponent to 11
 //! bits, squared and summed in integers), 24 integer operations a 32-value block of core code
@@ -50,10 +50,11 @@ impl Pass for ArrayNorms {
     }
 }
 
-/// What a rewritten norm's readers take instead of its output: `x·γ` and `1/rms`.
+/// What a rewritten norm's readers take instead of its output: its rows `x`, `γ` and `1/rms`.
 #[derive(Clone, Copy)]
 struct NormParts {
-    x_gamma: ValueId,
+    x: ValueId,
+    gamma: ValueId,
     inverse_rms: ValueId,
 }
 
@@ -126,13 +127,11 @@ impl Program {
         sum
     }
 
-    /// A quantised norm as `x·γ` and `InverseRms(x)`.
+    /// A quantised norm's rows, γ and `InverseRms(x)`.
     fn norm(&mut self, n: &Node) -> NormParts {
         let y = self.values[n.outputs[0].0 as usize].clone();
         let x = self.rows(n, &y);
         let gamma = n.inputs[if n.op == "RmsNorm" { 1 } else { 2 }].expect("a norm has its γ");
-        let x_gamma = self.value(format!("{}/x_gamma", n.name), y.dtype, y.shape.clone());
-        self.push(format!("{}/x_gamma", n.name), (Domain::Onnx, "Mul"), Attrs::default(), &[x, gamma], x_gamma);
         let mut row = y.shape.clone();
         if let Some(last) = row.last_mut() {
             *last = Dim::known(1);
@@ -144,17 +143,17 @@ impl Program {
             attrs.set("squares", Attr::Str("aligned".into()));
         }
         self.push(format!("{}/inverse_rms", n.name), (Domain::Npuc, "InverseRms"), attrs, &[x], inverse_rms);
-        NormParts { x_gamma, inverse_rms }
+        NormParts { x, gamma, inverse_rms }
     }
 
-    /// `QuantizeRows(x·γ)`, its row scales then multiplied by `1/rms` into the value its
-    /// QGemms read.
+    /// `QuantizeRows(x, γ)` (the codes of the exact products `x·γ`), its row scales then
+    /// multiplied by `1/rms` into the value its QGemms read.
     fn quantize(&mut self, q: &Node, parts: NormParts) {
         let scaled = q.outputs[1];
         let s = self.values[scaled.0 as usize].clone();
         let unscaled = self.value(format!("{}/unscaled", s.name), s.dtype, s.shape.clone());
         let mut q = q.clone();
-        q.inputs[0] = Some(parts.x_gamma);
+        q.inputs = vec![Some(parts.x), Some(parts.gamma)];
         q.outputs[1] = unscaled;
         let name = format!("{}/norm_scales", q.name);
         self.nodes.push(q);

@@ -230,6 +230,8 @@ pub enum Op {
         codes: usize,
         scales: usize,
         stacked: bool,
+        /// With γ, the rows quantised are the exact products `x·γ`.
+        gamma: Option<usize>,
     },
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).

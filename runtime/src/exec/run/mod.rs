@@ -86,7 +86,7 @@ impl Executor<'_> {
                     (std::slice::from_ref(out), *last_row_only && !self.every_row_logits)
                 }
                 Op::Int { .. } | Op::TopK { .. } => continue,
-                Op::QuantizeRows { x, k, codes, scales, stacked } => {
+                Op::QuantizeRows { x, k, codes, scales, stacked, .. } => {
                     let n = numel(&self.shapes[*x]) * if *stacked { 2 } else { 1 };
                     let Loc::QBuf(b) = self.plan.locs[*codes] else { unreachable!("codes live in code buffers") };
                     if self.qbufs[b].len() < n {

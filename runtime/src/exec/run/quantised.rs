@@ -92,7 +92,7 @@ impl Executor<'_> {
     }
 
     fn run_quantize_rows(&mut self, index: usize) -> Result<(), ExecError> {
-        let Op::QuantizeRows { x, k, codes, scales, stacked } = self.plan.node_op(index).1 else {
+        let Op::QuantizeRows { x, k, codes, scales, stacked, gamma } = self.plan.node_op(index).1 else {
             unreachable!("a QuantizeRows")
         };
         let b = qbuf(&self.plan.locs, *codes);
@@ -101,6 +101,13 @@ impl Executor<'_> {
         let mut row_scales = std::mem::take(&mut self.bufs[sb]);
         let input = view!(self).f32(*x);
         let (n, rows) = (input.len(), input.len() / *k);
+        if let Some(g) = gamma {
+            let g = view!(self).f32(*g);
+            quantize::quantize_product_rows(input, g, *stacked, &mut y, &mut row_scales);
+            self.bufs[sb] = row_scales;
+            self.qbufs[b] = y;
+            return Ok(());
+        }
         let (first, residual) = y.split_at_mut(n);
         let (first_scales, residual_scales) = row_scales.split_at_mut(rows);
         quantize::quantize_rows(input, *k, first, first_scales);

@@ -263,9 +263,19 @@ pub(super) fn quantize_rows(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) 
     if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
         return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
     }
+    let gamma = match node.input(1) {
+        Some(_) => {
+            let g = b.f32_input(node, 1)?;
+            if b.values[g].shape.len() != 1 || b.values[g].shape[0].as_const() != Some(k) {
+                return Err(fail(format!("γ `{}` is not {k} values", b.values[g].name)));
+            }
+            Some(g)
+        }
+        None => None,
+    };
     b.fresh_q(codes);
     b.fresh(scales);
-    b.push(n, Op::QuantizeRows { x, k, codes, scales, stacked });
+    b.push(n, Op::QuantizeRows { x, k, codes, scales, stacked, gamma });
     Ok(())
 }
 
