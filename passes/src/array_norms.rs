@@ -161,6 +161,17 @@ impl Program {
     }
 }
 
+/// Whether `v` is a constant or weight of f32 values that are all bfloat16 values (their low 16
+/// bits zero): 8 significant bits, so a core multiplies an f32's significand by one in 32 bits.
+fn bfloat16_values(g: &Graph, v: ValueId) -> bool {
+    let bytes = match &g.value(v).def {
+        ValueDef::Weight(w) if g.weights.get(*w).dtype == DType::F32 => g.weights.get(*w).bytes.clone(),
+        ValueDef::Const(t) if t.dtype == DType::F32 => t.to_f32_vec().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        _ => return false,
+    };
+    bytes.chunks_exact(4).all(|b| b[0] == 0 && b[1] == 0)
+}
+
 fn rewrite(g: Graph) -> (Graph, PassDetail) {
     let readers = readers(&g);
     let mut program = Program { values: g.values.clone(), nodes: Vec::with_capacity(g.nodes.len()) };
@@ -182,6 +193,7 @@ fn rewrite(g: Graph) -> (Graph, PassDetail) {
         }
     }
     let kept = g.nodes.iter().filter(|n| matches!(n.op, "RmsNorm" | "SkipRmsNorm")).count() - parts.len();
+    let bfloat16 = parts.values().filter(|p| bfloat16_values(&g, p.gamma)).count();
     let Program { mut values, nodes } = program;
     for (i, node) in nodes.iter().enumerate() {
         for (k, &o) in node.outputs.iter().enumerate() {
@@ -190,9 +202,15 @@ fn rewrite(g: Graph) -> (Graph, PassDetail) {
     }
     let out = Graph { values, nodes, ..g }.pruned();
     let summary = format!(
-        "{} norms → x·γ quantised, 1/rms on the row scales ({plain} RmsNorm, {skip} SkipRmsNorm); {kept} norms left as they are",
+        "{} norms → x·γ quantised, 1/rms on the row scales ({plain} RmsNorm, {skip} SkipRmsNorm; γ bfloat16 in {bfloat16}, whose product with x a core computes in 32 integer bits); {kept} norms left as they are",
         parts.len()
     );
-    let data = serde_json::json!({"rewritten": parts.len(), "rms_norm": plain, "skip_rms_norm": skip, "kept": kept});
+    let data = serde_json::json!({
+        "rewritten": parts.len(),
+        "rms_norm": plain,
+        "skip_rms_norm": skip,
+        "gamma_bfloat16": bfloat16,
+        "kept": kept,
+    });
     (out, PassDetail { summary, data })
 }
