@@ -10,9 +10,14 @@ mod common;
 use ir::graph::{Graph, ValueDef};
 
 fn compile(name: &str, target: &str) -> Graph {
+    compile_reporting(name, target, |_| {})
+}
+
+/// [`compile`], each pass's report handed to `report`.
+fn compile_reporting(name: &str, target: &str, mut report: impl FnMut(&passes::driver::PassReport)) -> Graph {
     let g = frontend::import_file(&common::model(name)).unwrap_or_else(|e| panic!("{e}")).graph;
     let t = passes::targets::target(target).unwrap();
-    passes::driver::run(&t.pipeline(), g, None, |_, _| {}).unwrap_or_else(|e| panic!("{name}: {e}")).graph
+    passes::driver::run(&t.pipeline(), g, None, |r, _| report(r)).unwrap_or_else(|e| panic!("{name}: {e}")).graph
 }
 
 /// Projections of a program: WGemms, QGemms, and MatMuls by a weight or a transposed weight.
@@ -124,16 +129,12 @@ fn smollm2_logits_stay_within_kl_one_percent_of_float() {
     let f = "smollm2-optimum";
     let cpu = compile(f, "cpu");
     // Every norm feeds the array, its γ a bfloat16 weight (the array's integer product).
-    let g = frontend::import_file(&common::model(f)).unwrap_or_else(|e| panic!("{e}")).graph;
     let mut norms = serde_json::Value::Null;
-    let pipeline = passes::targets::target("xdna").unwrap().pipeline();
-    let xdna = passes::driver::run(&pipeline, g, None, |r, _| {
+    let xdna = compile_reporting(f, "xdna", |r| {
         if r.name == "array-norms" {
             norms = r.detail.data.clone();
         }
-    })
-    .unwrap()
-    .graph;
+    });
     assert_eq!((norms["rewritten"].as_u64(), norms["gamma_bfloat16"].as_u64()), (Some(61), Some(61)), "{norms}");
     let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
     eprintln!("{f}: prefill KL {prefill:.2e}, decode KL {decode:.2e}, top-1 {agree}/{total}");

@@ -96,7 +96,7 @@ pub fn aligned_sum_squares(row: &[f32]) -> f32 {
 
 /// `t · 2^k` for a finite `t ≥ 0`, by adding `k` to the exponent field of a normal `t`: +0 when
 /// `t` is 0 or the result would be subnormal, +∞ when it would overflow.
-pub fn scale_by_power_of_two(t: f32, k: i32) -> f32 {
+fn scale_by_power_of_two(t: f32, k: i32) -> f32 {
     let b = t.to_bits();
     let e = (b >> 23) as i32;
     if b == 0 || e + k <= 0 {

@@ -30,7 +30,8 @@ pub fn rms_norm(isa: Isa, x: &[f32], gamma: &[f32], eps: f32, y: &mut [f32]) {
 }
 
 /// `npuc::InverseRms`: `r = 1/√(ss/d + ε)` for every row of `d` values of `x`, one value of `r`
-/// a row — the factor [`rms_norm`] scales the row by, bit for bit. Panics on mismatched lengths.
+/// a row — with [`Squares::F32`], the factor [`rms_norm`] scales the row by, bit for bit. Panics
+/// on mismatched lengths, and on aligned rows longer than [`ALIGNED_MAX_D`].
 pub fn inverse_rms(isa: Isa, x: &[f32], d: usize, eps: f32, squares: Squares, r: &mut [f32]) {
     let isa = isa.check();
     assert!(d > 0 && x.len() == r.len() * d, "inverse_rms: x {} values, r {} for rows of {d}", x.len(), r.len());

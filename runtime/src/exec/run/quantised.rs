@@ -102,18 +102,15 @@ impl Executor<'_> {
         let input = view!(self).f32(*x);
         let (n, rows) = (input.len(), input.len() / *k);
         if let Some(g) = gamma {
-            let g = view!(self).f32(*g);
-            quantize::quantize_product_rows(input, g, *stacked, &mut y, &mut row_scales);
-            self.bufs[sb] = row_scales;
-            self.qbufs[b] = y;
-            return Ok(());
-        }
-        let (first, residual) = y.split_at_mut(n);
-        let (first_scales, residual_scales) = row_scales.split_at_mut(rows);
-        quantize::quantize_rows(input, *k, first, first_scales);
-        if *stacked {
-            let first = (&*first, &*first_scales);
-            quantize::quantize_rows_residual(input, *k, first, &mut residual[..n], &mut residual_scales[..rows]);
+            quantize::quantize_product_rows(input, view!(self).f32(*g), *stacked, &mut y, &mut row_scales);
+        } else {
+            let (first, residual) = y.split_at_mut(n);
+            let (first_scales, residual_scales) = row_scales.split_at_mut(rows);
+            quantize::quantize_rows(input, *k, first, first_scales);
+            if *stacked {
+                let first = (&*first, &*first_scales);
+                quantize::quantize_rows_residual(input, *k, first, &mut residual[..n], &mut residual_scales[..rows]);
+            }
         }
         self.bufs[sb] = row_scales;
         self.qbufs[b] = y;
