@@ -171,8 +171,8 @@ fn inverse_rms_refuses_unknown_sums_and_rows_too_long_for_the_aligned_one() {
 
 /// `QuantizeRows(x, γ)`, the codes of the exact products: the host kernel computes the
 /// evaluator's codes and scales bit for bit, in two passes, on rows over many binades, tiny and
-/// huge (products past f32's range), with NaN, ∞ and zeros, and γ with a zero, a subnormal and
-/// negative values.
+/// huge, with NaN, ∞ and zeros, rows no f32 power of two scales (their second pass empty), and γ
+/// with a zero, a subnormal and negative values.
 #[test]
 fn product_rows_quantise_as_the_evaluator_does() {
     let mut rng = Rng(0x6a09_e667_f3bc_c909);
@@ -180,9 +180,14 @@ fn product_rows_quantise_as_the_evaluator_does() {
         let mut gamma: Vec<f32> = (0..d).map(|_| rng.spread(3)).collect();
         gamma[0] = if d > 1 { 0.0 } else { gamma[0] };
         if d > 2 {
-            gamma[1] = 1e-40;
+            (gamma[1], gamma[2]) = (1e-40, 200.0);
         }
-        let rows = rows(&mut rng, d);
+        let mut rows = rows(&mut rng, d);
+        // Unscalable rows: 3·10³⁸·200 is past 127·2¹²⁷, and ∞.
+        let mut huge: Vec<f32> = (0..d).map(|_| rng.spread(8)).collect();
+        huge[d.min(3) - 1] = 3e38;
+        rows.push(huge);
+        rows.push((0..d).map(|j| if j == d / 2 { f32::NEG_INFINITY } else { rng.spread(8) }).collect());
         let x: Vec<f32> = rows.concat();
         let mut attrs = ir::Attrs::default();
         attrs.set("passes", ir::Attr::Int(2));
@@ -196,6 +201,11 @@ fn product_rows_quantise_as_the_evaluator_does() {
         runtime::kernels::quantize::quantize_product_rows(&x, &gamma, true, &mut codes, &mut scales);
         assert_eq!(codes, want_codes, "codes of rows of {d}");
         assert!(same(&scales, &want_scales), "scales of rows of {d}: {scales:?} against {want_scales:?}");
+        let n = rows.len();
+        for r in (n - 2..n).filter(|&r| d > 2 || r == n - 1) {
+            let second = &codes[x.len() + r * d..x.len() + (r + 1) * d];
+            assert!(scales[r] == 1.0 && scales[n + r] == 1.0 && second.iter().all(|&c| c == 0), "row {r} of {d}");
+        }
     }
 }
 

@@ -7,11 +7,12 @@
 //! Also writes the norm core functions for the models' hidden sizes as modules of one function —
 //! RmsNorm (`qkernels::rms_norm`, `n_rms_d<D>.mlir`) and the aligned inverse rms
 //! (`qkernels::inverse_rms`, `n_irms_d<D>.mlir`) — and prints their operations: per 32-value
-//! block of their two loops, and once a row (the lanes' folding and the root).
+//! block of their two loops, and once a row (the lanes' folding and the root); and the row
+//! quantisation's functions, of `x` and of the exact products `x·γ`, per 8-value block.
 //!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
-use codegen_aie::kernels::Stmt;
+use codegen_aie::kernels::{Function, Stmt};
 use codegen_aie::qkernels::{self, NormShape};
 use codegen_aie::{gemv, qgemv, Device, GemmShape};
 
@@ -51,25 +52,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// squares) — and their operation counts (constants aside).
 fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<16} {:>16} {:>16} {:>12}", "norm", "loop 1 / block", "loop 2 / block", "once a row");
-    type Build = fn(NormShape) -> Result<codegen_aie::kernels::Function, String>;
+    type Build = fn(NormShape) -> Result<Function, String>;
     let functions: [(&str, Build); 2] = [("n_rms", qkernels::rms_norm), ("n_irms", qkernels::inverse_rms)];
     for (name, build) in functions {
         for d in [576, 1024, 2560] {
             let f = build(NormShape { rows: 1, d, epsilon: 1e-5 })?;
             std::fs::write(format!("{out}/{name}_d{d}.mlir"), format!("module {{\n{}}}\n", f.pretty(2)))?;
-            let row = match f.body.as_deref() {
-                Some([.., Stmt::For { body, .. }]) => body,
-                _ => return Err("a norm function is one loop over rows".into()),
-            };
-            let loops: Vec<usize> = row
-                .iter()
-                .filter_map(|s| if let Stmt::For { body, .. } = s { Some(operations(body)) } else { None })
-                .collect();
-            let once = operations(row) - loops.iter().sum::<usize>() - loops.len();
+            let (loops, once) = counts(&f)?;
             println!("{:<16} {:>16} {:>16} {once:>12}", format!("{name}_d{d}"), loops[0], loops[1]);
         }
     }
+    prologues()
+}
+
+/// The row quantisation's functions, two passes, for `QuantizeRows(x)` (`q_*`) and for the
+/// exact products `QuantizeRows(x, γ)` (`qn_*`): operations per 8-value block of their loop
+/// over a K part, and once a row.
+fn prologues() -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n{:<16} {:>16} {:>12}", "quantisation", "loop / block", "once a row");
+    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1 };
+    let dequant = qkernels::DEQUANT;
+    let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);
+    for f in plain.chain(qkernels::product_functions(sh)) {
+        let (loops, once) = counts(&f)?;
+        let per_block = loops.first().map_or("-".to_string(), |n| n.to_string());
+        println!("{:<16} {per_block:>16} {once:>12}", f.name);
+    }
     Ok(())
+}
+
+/// The operations of a function that is one loop over rows: per loop inside it, and the rest
+/// of the row's.
+fn counts(f: &Function) -> Result<(Vec<usize>, usize), String> {
+    let row = match f.body.as_deref() {
+        Some([.., Stmt::For { body, .. }]) => body,
+        _ => return Err(format!("@{} is not one loop over rows", f.name)),
+    };
+    let loops: Vec<usize> =
+        row.iter().filter_map(|s| if let Stmt::For { body, .. } = s { Some(operations(body)) } else { None }).collect();
+    Ok((loops.clone(), operations(row) - loops.iter().sum::<usize>() - loops.len()))
 }
 
 /// Operations in `body`, constants aside, loops counted once.

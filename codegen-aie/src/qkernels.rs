@@ -39,9 +39,14 @@
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
 mod norm;
+mod norm_codes;
 mod softfloat;
 
 pub use norm::{inverse_rms, rms_norm, NormShape, INVERSE_RMS, NORM, NORM_LANES};
+pub use norm_codes::{
+    gamma_ty, product_codes, product_functions, product_max, product_residual, product_scale, PRODUCT_CODES,
+    PRODUCT_MAX, PRODUCT_RESIDUAL, PRODUCT_SCALE,
+};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";

@@ -54,8 +54,9 @@ pub fn quantize_rows_residual(
 /// `npuc::QuantizeRows(x, γ)`: the rows of the exact products `x·γ` (in f64, where an f32
 /// product is exact; `k = γ.len()`) into int8 codes and one scale a row, in one pass or two —
 /// `ir::norm_codes::quantize_product_rows`: the scale the smallest power of two `s ≥ 2⁻¹²⁶` with
-/// `127·s ≥ max|y|` (1 for 0, NaN or past f32's range), codes `round_half_even(y/s)` within
-/// ±127, and the second pass of the exact remainder `y − c·s`. `codes` and `scales` hold the
+/// `127·s ≥ max|y|` (1 for 0, NaN or past 127·2¹²⁷), codes `round_half_even(y/s)` within
+/// ±127, and the second pass of the exact remainder `y − c·s` (taken as 0 in a row past
+/// 127·2¹²⁷, whose second pass is then scale 1, codes 0). `codes` and `scales` hold the
 /// first pass's rows, then the second's. Panics unless `x` holds whole rows and the outputs
 /// room for them.
 pub fn quantize_product_rows(x: &[f32], gamma: &[f32], two_passes: bool, codes: &mut [u8], scales: &mut [f32]) {
@@ -69,22 +70,27 @@ pub fn quantize_product_rows(x: &[f32], gamma: &[f32], two_passes: bool, codes: 
         for ((y, &v), &g) in y.iter_mut().zip(row).zip(gamma) {
             *y = f64::from(v) * f64::from(g);
         }
-        let s = product_pass(&y, &mut codes[i * k..(i + 1) * k]);
+        let (s, scalable) = product_pass(&y, &mut codes[i * k..(i + 1) * k]);
         scales[i] = s as f32;
         if two_passes {
             for (y, &c) in y.iter_mut().zip(&codes[i * k..(i + 1) * k]) {
-                *y -= f64::from(c as i8) * s;
+                *y = if scalable { *y - f64::from(c as i8) * s } else { 0.0 };
             }
-            let r = product_pass(&y, &mut codes[x.len() + i * k..x.len() + (i + 1) * k]);
+            let (r, _) = product_pass(&y, &mut codes[x.len() + i * k..x.len() + (i + 1) * k]);
             scales[rows + i] = r as f32;
         }
     }
 }
 
-/// One row of exact values into codes; returns its scale.
-fn product_pass(y: &[f64], codes: &mut [u8]) -> f64 {
+/// The largest row maximum a power-of-two f32 scale holds, 127·2¹²⁷.
+const SCALABLE_MAX: f64 = 127.0 * (1u128 << 127) as f64;
+
+/// One row of exact values into codes; returns its scale and whether one held the row (its
+/// maximum at most [`SCALABLE_MAX`]).
+fn product_pass(y: &[f64], codes: &mut [u8]) -> (f64, bool) {
     let max = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let s = if max > 0.0 && max <= f64::from(f32::MAX) {
+    let scalable = max <= SCALABLE_MAX;
+    let s = if max > 0.0 && scalable {
         let floor = f64::from(f32::MIN_POSITIVE);
         let mut s = 2f64.powi((max / 127.0).log2().ceil() as i32).max(floor);
         while s > floor && 127.0 * (s / 2.0) >= max {
@@ -100,7 +106,7 @@ fn product_pass(y: &[f64], codes: &mut [u8]) -> f64 {
     for (c, v) in codes.iter_mut().zip(y) {
         *c = (v / s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
     }
-    s
+    (s, scalable)
 }
 
 /// The row scale of a row's maximum: the smallest power of two at least `max / 127` (the

@@ -1,0 +1,298 @@
+//! `QuantizeRows(x, γ)` as core code: the codes of the exact products `x·γ` of a norm's input
+//! and its weight (`ir::norm_codes`), for γ whose values are bfloat16 (8 significant bits, as
+//! every norm weight of SmolLM2 is; the compile checks). Then a product's significand, x's 24
+//! bits times γ's 8, is exact in 32 unsigned bits, and every step of both passes is a shift, a
+//! compare or a select of it — integer vector code, no software floating point:
+//!
+//! - a value is `N·2^U`: `N` the product's significand shifted until its top bit is bit 31 (0 for
+//!   a zero product), `U` the exponent of its unit;
+//! - its scale's exponent is `U + 25`, plus 1 when `N > 127·2²⁵` (the smallest `k` with
+//!   `127·2^k ≥ N·2^U`); a row's scale is the largest, at least 2⁻¹²⁶, and 1 for a row of zeros
+//!   or one no f32 power of two holds (an exponent past 127, or ±∞);
+//! - the code at scale `2^k` is `N` shifted right by `k − U` (24 to 32 for a value the scale
+//!   holds), rounded half to even from the bits shifted out, within ±127; the remainder those
+//!   bits leave is the residual's significand at the same unit, exact, and the second pass
+//!   quantises it the same way.
+//!
+//! The row state is `rs` of `[4, rows]` f32, as for `QuantizeRows(x)` ([`super::Shape`]), but
+//! the running maxima are markers: the f32 bits of `2^k` for the largest scale so far, 0 for
+//! none, +∞ for an unscalable row — so an unsigned maximum of the bits keeps the largest.
+
+use super::{lanes, Code, Shape, LANES};
+use crate::kernels::{idx, lanes_of, memref, v, Function};
+
+/// Each row's running scale marker over one K part (pass 0).
+pub const PRODUCT_MAX: &str = "qn_max";
+/// A pass's scale from its marker.
+pub const PRODUCT_SCALE: [&str; 2] = ["qn_scale0", "qn_scale1"];
+/// One K part's first-pass codes (and, with two passes, the residual's running marker).
+pub const PRODUCT_CODES: &str = "qn_codes";
+/// One K part's second-pass codes.
+pub const PRODUCT_RESIDUAL: &str = "qn_residual";
+
+/// The f32 bits of +∞, the marker of an unscalable row.
+const INF: i64 = 0x7f80_0000;
+
+/// `γ`'s part of the row, `[1, k]` f32.
+pub fn gamma_ty(sh: Shape) -> String {
+    memref(&[1, sh.k], "f32")
+}
+
+/// An exact product `x·γ`, lane by lane: `n·2^u` with `n` normalised (bit 31 set, or 0), its
+/// sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
+struct Exact {
+    n: String,
+    u: String,
+    negative: String,
+    nan: String,
+    inf: String,
+}
+
+/// A value's code at a scale, before its sign: the magnitude, and the remainder the shift
+/// leaves (`r`, at the value's unit) with whether rounding up flipped its sign.
+struct Rounded {
+    magnitude: String,
+    r: String,
+    flipped: String,
+}
+
+impl Code {
+    /// `[1, LANES]` of `γ` at column `%l`, as i32 bits.
+    fn gamma_bits(&mut self, g_ty: &str, pad: &str) -> String {
+        let g = self.read_block(("g", g_ty), "f32", [&idx(0), "%l"], (pad, LANES));
+        self.cast("bitcast", &g, &lanes("f32"), &lanes("i32"))
+    }
+
+    /// The exact product of the bits `xb` and `gb` (γ a bfloat16 value).
+    fn exact_product(&mut self, xb: &str, gb: &str, ty: &str) -> Exact {
+        let t1 = lanes_of(ty, "i1");
+        let (ex, mx, sx) = self.fields(xb, ty);
+        let (eg, _, sg) = self.fields(gb, ty);
+        let sg = self.with("shrui", &sg, 16, ty);
+        let p = self.bin("muli", &sx, &sg, ty);
+        let lz = self.leading_zeros(&p, ty);
+        let n = self.bin("shli", &p, &lz, ty);
+        let e = self.bin("addi", &ex, &eg, ty);
+        let e = self.with("subi", &e, 284, ty);
+        let u = self.bin("subi", &e, &lz, ty);
+        let special = self.test("eq", &ex, 255, ty);
+        let fraction = self.test("ne", &mx, 0, ty);
+        let zero_gamma = self.test("eq", &sg, 0, ty);
+        let invalid = self.bin("ori", &fraction, &zero_gamma, &t1);
+        let nan = self.bin("andi", &special, &invalid, &t1);
+        let inf = self.bin("xori", &special, &nan, &t1);
+        let signs = self.bin("xori", xb, gb, ty);
+        let negative = self.test("slt", &signs, 0, ty);
+        Exact { n, u, negative, nan, inf }
+    }
+
+    /// The scale marker of `n·2^u`: the f32 bits of `2^k`, `k = u + 25` (+1 when
+    /// `n > 127·2²⁵`), clamped to 2⁻¹²⁶ and to +∞ past 2¹²⁷; 0 for a zero `n`.
+    fn marker(&mut self, n: &str, u: &str, ty: &str) -> String {
+        let t1 = lanes_of(ty, "i1");
+        let above = self.test("ugt", n, 0xfe00_0000, ty);
+        let above = self.cast("extui", &above, &t1, ty);
+        let k = self.with("addi", u, 152, ty);
+        let k = self.bin("addi", &k, &above, ty);
+        let k = self.clamp(&k, (1, 255), ty);
+        let bits = self.with("shli", &k, 23, ty);
+        let zero = self.test("eq", n, 0, ty);
+        let c0 = self.iconst(0, ty);
+        self.select(&zero, &c0, &bits, ty)
+    }
+
+    /// A product's marker: NaN none, ±∞ unscalable.
+    fn product_marker(&mut self, p: &Exact, ty: &str) -> String {
+        let bits = self.marker(&p.n, &p.u, ty);
+        let (c0, inf) = (self.iconst(0, ty), self.iconst(INF, ty));
+        let bits = self.select(&p.inf, &inf, &bits, ty);
+        self.select(&p.nan, &c0, &bits, ty)
+    }
+
+    /// `n·2^u` at the scale whose f32 bits are `sb`: the shift `k − u` clamped to 24..=32
+    /// (below 24 the value is past 127 steps, above 32 below half a step), the rounded quotient
+    /// and the remainder.
+    fn at_scale(&mut self, (n, u): (&str, &str), sb: &str, ty: &str) -> Rounded {
+        let t1 = lanes_of(ty, "i1");
+        let t1 = t1.as_str();
+        let k = self.with("shrui", sb, 23, ty);
+        let k = self.with("subi", &k, 127, ty);
+        let shift = self.bin("subi", &k, u, ty);
+        let past = self.test("slt", &shift, 24, ty);
+        let gone = self.test("sgt", &shift, 32, ty);
+        let shift = self.clamp(&shift, (24, 32), ty);
+        let below = self.with("subi", &shift, 1, ty);
+        let q = self.with("shrui", n, 1, ty);
+        let q = self.bin("shrui", &q, &below, ty);
+        let ones = self.iconst(0xffff_ffff, ty);
+        let keep = self.iconst(32, ty);
+        let keep = self.bin("subi", &keep, &shift, ty);
+        let mask = self.bin("shrui", &ones, &keep, ty);
+        let rem = self.bin("andi", n, &mask, ty);
+        let one = self.iconst(1, ty);
+        let half = self.bin("shli", &one, &below, ty);
+        let above = self.cmp(false, "ugt", &rem, &half, ty);
+        let tie = self.cmp(false, "eq", &rem, &half, ty);
+        let odd = self.with("andi", &q, 1, ty);
+        let odd = self.test("ne", &odd, 0, ty);
+        let tie_up = self.bin("andi", &tie, &odd, t1);
+        let up = self.bin("ori", &above, &tie_up, t1);
+        let step = self.cast("extui", &up, t1, ty);
+        let magnitude = self.bin("addi", &q, &step, ty);
+        let magnitude = self.clamp(&magnitude, (0, 127), ty);
+        let c127 = self.iconst(127, ty);
+        let magnitude = self.select(&past, &c127, &magnitude, ty);
+        let c0 = self.iconst(0, ty);
+        let magnitude = self.select(&gone, &c0, &magnitude, ty);
+        let complement = self.bin("subi", &c0, &rem, ty);
+        let complement = self.bin("andi", &complement, &mask, ty);
+        let r = self.select(&up, &complement, &rem, ty);
+        let r = self.select(&gone, n, &r, ty);
+        let kept = self.iconst(1, t1);
+        let kept = self.bin("xori", &gone, &kept, t1);
+        let flipped = self.bin("andi", &up, &kept, t1);
+        Rounded { magnitude, r, flipped }
+    }
+
+    /// The int8 code of a magnitude with its sign; NaN lanes 0.
+    fn signed_code(&mut self, magnitude: &str, (negative, nan): (&str, &str), ty: &str) -> String {
+        let c0 = self.iconst(0, ty);
+        let minus = self.bin("subi", &c0, magnitude, ty);
+        let code = self.select(negative, &minus, magnitude, ty);
+        let code = self.select(nan, &c0, &code, ty);
+        self.cast("trunci", &code, ty, &lanes_of(ty, "i8"))
+    }
+
+    /// The residual of a first-pass rounding, normalised: `(n, u)` with its sign.
+    fn residual_value(&mut self, p: &Exact, first: &Rounded, ty: &str) -> (String, String, String) {
+        let lz = self.leading_zeros(&first.r, ty);
+        let n = self.bin("shli", &first.r, &lz, ty);
+        let u = self.bin("subi", &p.u, &lz, ty);
+        let negative = self.bin("xori", &p.negative, &first.flipped, &lanes_of(ty, "i1"));
+        (n, u, negative)
+    }
+
+    /// The first pass of block `(%i, %l)`: the product, its rounding at the row's scale `s0`
+    /// and the code's lanes (∞ at 127).
+    fn first_pass(&mut self, (x_ty, g_ty, pad): (&str, &str, &str), s0: &str, ty: &str) -> (Exact, Rounded, String) {
+        let xb = self.x_bits(x_ty, pad);
+        let gb = self.gamma_bits(g_ty, pad);
+        let p = self.exact_product(&xb, &gb, ty);
+        let first = self.at_scale((&p.n, &p.u), s0, ty);
+        let c127 = self.iconst(127, ty);
+        let magnitude = self.select(&p.inf, &c127, &first.magnitude, ty);
+        let code = self.signed_code(&magnitude, (&p.negative, &p.nan), ty);
+        (p, first, code)
+    }
+}
+
+/// `qn_max(%x, %g, %rs)`: each row's running scale marker of `x·γ` over one K part.
+pub fn product_max(sh: Shape) -> Function {
+    let (x_ty, g_ty, rs_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty());
+    let vi = lanes("i32");
+    let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
+    let pad = c.fconst(0.0);
+    c.each("i", sh.rows, |c| {
+        let init = c.row_bits(&rs_ty, 0);
+        let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
+            let xb = c.x_bits(&x_ty, &pad);
+            let gb = c.gamma_bits(&g_ty, &pad);
+            let p = c.exact_product(&xb, &gb, &vi);
+            let m = c.product_marker(&p, &vi);
+            c.bin("maxui", acc, &m, &vi)
+        });
+        c.store_row_max(&mx, &rs_ty, 0);
+    });
+    c.finish(PRODUCT_MAX, vec![(v("x"), x_ty), (v("g"), g_ty), (v("rs"), rs_ty)])
+}
+
+/// `qn_scale<p>(%rs)`: pass `p`'s scale from its marker: the marker's power of two, 1 for
+/// none or an unscalable row (for the second pass, also when the first was unscalable).
+pub fn product_scale(sh: Shape, pass: usize) -> Function {
+    let rs_ty = sh.rs_ty();
+    let mut c = Code::new(&[0, 1, 2 * pass, 2 * pass + 1, sh.rows]);
+    let one = c.iconst(0x3f80_0000, "i32");
+    c.each("i", sh.rows, |c| {
+        let m = c.load("rs", &rs_ty, &[&idx(2 * pass), "%i"], "f32");
+        let m = c.cast("bitcast", &m, "f32", "i32");
+        let first = c.load("rs", &rs_ty, &[&idx(0), "%i"], "f32");
+        let first = c.cast("bitcast", &first, "f32", "i32");
+        let none = c.test("eq", &m, 0, "i32");
+        let unscalable = c.test("eq", &m, INF, "i32");
+        let first_unscalable = c.test("eq", &first, INF, "i32");
+        let s = c.select(&none, &one, &m, "i32");
+        let s = c.select(&unscalable, &one, &s, "i32");
+        let s = c.select(&first_unscalable, &one, &s, "i32");
+        let s = c.cast("bitcast", &s, "i32", "f32");
+        c.store(&s, "rs", &rs_ty, &[&idx(2 * pass + 1), "%i"], "f32");
+    });
+    c.finish(PRODUCT_SCALE[pass], vec![(v("rs"), rs_ty)])
+}
+
+/// `qn_codes(%x, %g, %rs, %c0)`: one K part's first-pass codes of `x·γ`; with two passes also
+/// each row's running marker of the residuals (NaN lanes none).
+pub fn product_codes(sh: Shape) -> Function {
+    let (x_ty, g_ty, rs_ty, c_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty(), sh.codes_ty());
+    let vi = lanes("i32");
+    let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k, LANES]);
+    let pad = c.fconst(0.0);
+    let zero = c.iconst(0, &vi);
+    let types = (x_ty.as_str(), g_ty.as_str(), pad.as_str());
+    c.each("i", sh.rows, |c| {
+        let s0 = c.row_bits(&rs_ty, 1);
+        if sh.passes == 1 {
+            c.each_by("l", (sh.k, LANES), |c| {
+                let (_, _, code) = c.first_pass(types, &s0, &vi);
+                c.write_codes(code, "c0", &c_ty);
+            });
+            return;
+        }
+        let init = c.row_bits(&rs_ty, 2);
+        let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
+            let (p, first, code) = c.first_pass(types, &s0, &vi);
+            c.write_codes(code, "c0", &c_ty);
+            let (n, u, _) = c.residual_value(&p, &first, &vi);
+            let m = c.marker(&n, &u, &vi);
+            let m = c.select(&p.nan, &zero, &m, &vi);
+            c.bin("maxui", acc, &m, &vi)
+        });
+        c.store_row_max(&mx, &rs_ty, 2);
+    });
+    let params =
+        vec![(v("x"), x_ty.clone()), (v("g"), g_ty.clone()), (v("rs"), rs_ty.clone()), (v("c0"), c_ty.clone())];
+    c.finish(PRODUCT_CODES, params)
+}
+
+/// `qn_residual(%x, %g, %rs, %c1)`: one K part's second-pass codes, of the first pass's exact
+/// remainders at the row's second scale; 0 in an unscalable row.
+pub fn product_residual(sh: Shape) -> Function {
+    let (x_ty, g_ty, rs_ty, c_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty(), sh.codes_ty());
+    let vi = lanes("i32");
+    let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k, LANES]);
+    let pad = c.fconst(0.0);
+    let types = (x_ty.as_str(), g_ty.as_str(), pad.as_str());
+    c.each("i", sh.rows, |c| {
+        let (s0, s1) = (c.row_bits(&rs_ty, 1), c.row_bits(&rs_ty, 3));
+        let first_marker = c.row_bits(&rs_ty, 0);
+        let unscalable = c.test("eq", &first_marker, INF, &vi);
+        c.each_by("l", (sh.k, LANES), |c| {
+            let (p, first, _) = c.first_pass(types, &s0, &vi);
+            let (n, u, negative) = c.residual_value(&p, &first, &vi);
+            let second = c.at_scale((&n, &u), &s1, &vi);
+            let empty = c.bin("ori", &p.nan, &unscalable, &lanes_of(&vi, "i1"));
+            let code = c.signed_code(&second.magnitude, (&negative, &empty), &vi);
+            c.write_codes(code, "c1", &c_ty);
+        });
+    });
+    c.finish(PRODUCT_RESIDUAL, vec![(v("x"), x_ty), (v("g"), g_ty), (v("rs"), rs_ty), (v("c1"), c_ty)])
+}
+
+/// Every function of `QuantizeRows(x, γ)` a core of shape `sh` calls, in call order (the
+/// row state's reset first).
+pub fn product_functions(sh: Shape) -> Vec<Function> {
+    let mut f = vec![super::reset(sh), product_max(sh), product_scale(sh, 0), product_codes(sh)];
+    if sh.passes > 1 {
+        f.extend([product_scale(sh, 1), product_residual(sh)]);
+    }
+    f
+}
