@@ -26,12 +26,13 @@ fn spread(x: u64, spread: i32) -> f32 {
     sign * m * 2f32.powi(e)
 }
 
-/// γ of `d` bfloat16 values: 1 in the first eight columns (where the tie rows sit), then
-/// spread over a few binades, with a zero, a negative zero, a subnormal and 200.
+/// γ of `d` bfloat16 values: 1 in the first seven columns (where the tie rows sit) and
+/// 1 + 2⁻⁷ in the eighth, then spread over a few binades, with a zero, a negative zero, a
+/// subnormal and 200.
 fn gamma(d: usize, seed: u64) -> Vec<f32> {
     let mut r = xorshift(seed);
     let mut g: Vec<f32> = (0..d).map(|j| if j < 8 { 1.0 } else { bf16(spread(r.next().unwrap(), 3)) }).collect();
-    (g[8], g[9], g[10], g[11]) = (0.0, -0.0, bf16(3e-39), 200.0);
+    (g[7], g[8], g[9], g[10], g[11]) = (1.0 + 2f32.powi(-7), 0.0, -0.0, bf16(3e-39), 200.0);
     g
 }
 
@@ -54,9 +55,22 @@ fn rows(d: usize, seed: u64) -> Vec<Vec<f32>> {
     // 127.5 is past 127 steps of 1: the scale is 2, and ½ ties to 0.
     let mut boundary = vec![0.0; d];
     boundary[..3].copy_from_slice(&[127.5, 1.0, 3.0]);
-    rows.extend([unscalable, nan, inf, inf_times_zero, vec![0.0; d], ties, boundary]);
+    rows.extend([unscalable, nan, inf, inf_times_zero, vec![0.0; d], ties, boundary, small_remainder(d).0]);
     rows.push(row(4, 1.0).iter().map(|&v| bf16(v) + bf16(v) * 2f32.powi(-9)).collect());
     rows
+}
+
+/// A row whose only remainder is a few units of its product (the first odd count that works):
+/// 127·2⁻⁶ sets the scale 2⁻⁶, and in column 7 (γ = 129/128) a significand `m` with
+/// `129·m = q·2²⁴ + units`. The second pass's scale is then finer than the product's unit
+/// (2⁻³⁰): its code is the units shifted left.
+fn small_remainder(d: usize) -> (Vec<f32>, u64) {
+    let inverse = (1u64..1 << 24).find(|i| (129 * i) % (1 << 24) == 1).unwrap();
+    let fits = |units: &u64| (1 << 23..=(127 << 24) / 129).contains(&((units * inverse) % (1 << 24)));
+    let units = (3..64).step_by(2).find(fits).unwrap();
+    let mut row = vec![0.0; d];
+    (row[0], row[7]) = (127.0 * 2f32.powi(-6), ((units * inverse) % (1 << 24)) as f32 * 2f32.powi(-23));
+    (row, units)
 }
 
 /// `f` called on `args` (bits), which it hands back.
@@ -137,6 +151,9 @@ fn the_test_rows_reach_every_case_of_the_definition() {
     assert_eq!(&codes[10 * d..10 * d + 5], [127, 2, 4, -2, 0], "ties to even at scale 1");
     assert_eq!((scales[11], &codes[11 * d..11 * d + 3]), (2.0, &[64i8, 0, 2][..]), "127.5 takes scale 2");
     assert_eq!(codes[8 * d + 8], 0, "∞·0 is NaN: code 0");
+    let (units, s1) = (small_remainder(d).1, scales[m + 12]);
+    assert!(s1 < 2f32.powi(-30), "the residual's scale {s1:e} is finer than the product's unit");
+    assert_eq!(f64::from(second(12)[7]), units as f64 * 2f64.powi(-30) / f64::from(s1), "{units} units");
     assert!(second(0).iter().any(|&c| c != 0) && scales[m] < scales[0] / 64.0, "a second pass with codes");
 }
 

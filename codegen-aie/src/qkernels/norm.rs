@@ -194,7 +194,7 @@ impl Code {
     }
 
     /// `min(x, limit)` lane by lane, unsigned.
-    fn at_most(&mut self, x: &str, limit: i64, ty: &str) -> String {
+    pub(super) fn at_most(&mut self, x: &str, limit: i64, ty: &str) -> String {
         let limit = self.iconst(limit, ty);
         let over = self.cmp(false, "ugt", x, &limit, ty);
         self.select(&over, &limit, x, ty)

@@ -4,15 +4,17 @@
 //! bits times γ's 8, is exact in 32 unsigned bits, and every step of both passes is a shift, a
 //! compare or a select of it — integer vector code, no software floating point:
 //!
-//! - a value is `N·2^U`: `N` the product's significand shifted until its top bit is bit 31 (0 for
-//!   a zero product), `U` the exponent of its unit;
-//! - its scale's exponent is `U + 25`, plus 1 when `N > 127·2²⁵` (the smallest `k` with
-//!   `127·2^k ≥ N·2^U`); a row's scale is the largest, at least 2⁻¹²⁶, and 1 for a row of zeros
-//!   or one no f32 power of two holds (an exponent past 127, or ±∞);
-//! - the code at scale `2^k` is `N` shifted right by `k − U` (24 to 32 for a value the scale
-//!   holds), rounded half to even from the bits shifted out, within ±127; the remainder those
-//!   bits leave is the residual's significand at the same unit, exact, and the second pass
-//!   quantises it the same way.
+//! - a value is `p·2^u`: `p` the significands' product (below 2³²), `u` the exponent of its
+//!   unit;
+//! - its scale's exponent is `u − lz + 25` with `lz` the leading zeros of `p`, plus 1 when `p`
+//!   shifted up by them exceeds `127·2²⁵` (the smallest `k` with `127·2^k ≥ p·2^u`); a row's
+//!   scale is the largest, at least 2⁻¹²⁶, and 1 for a row of zeros or one no f32 power of two
+//!   holds (an exponent past 127, or ±∞);
+//! - the code at scale `2^k` is `p` shifted right by `k − u`, rounded half to even from the
+//!   bits shifted out, within ±127 (or shifted left, exactly, when `k < u`, which only tiny
+//!   products reach); the remainder those bits leave is the residual's significand at the same
+//!   unit, exact, and the second pass quantises it the same way. Only a marker needs the leading
+//!   zeros, the one step that is not a handful of operations.
 //!
 //! The row state is `rs` of `[4, rows]` f32, as for `QuantizeRows(x)` ([`super::Shape`]), but
 //! the running maxima are markers: the f32 bits of `2^k` for the largest scale so far, 0 for
@@ -38,10 +40,10 @@ pub fn gamma_ty(sh: Shape) -> String {
     memref(&[1, sh.k], "f32")
 }
 
-/// An exact product `x·γ`, lane by lane: `n·2^u` with `n` normalised (bit 31 set, or 0), its
-/// sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
+/// An exact product `x·γ`, lane by lane: `p·2^u` with `p` the significands' product (below
+/// 2³²), its sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
 struct Exact {
-    n: String,
+    p: String,
     u: String,
     negative: String,
     nan: String,
@@ -70,11 +72,8 @@ impl Code {
         let (eg, _, sg) = self.fields(gb, ty);
         let sg = self.with("shrui", &sg, 16, ty);
         let p = self.bin("muli", &sx, &sg, ty);
-        let lz = self.leading_zeros(&p, ty);
-        let n = self.bin("shli", &p, &lz, ty);
         let e = self.bin("addi", &ex, &eg, ty);
-        let e = self.with("subi", &e, 284, ty);
-        let u = self.bin("subi", &e, &lz, ty);
+        let u = self.with("subi", &e, 284, ty);
         let special = self.test("eq", &ex, 255, ty);
         let fraction = self.test("ne", &mx, 0, ty);
         let zero_gamma = self.test("eq", &sg, 0, ty);
@@ -83,52 +82,79 @@ impl Code {
         let inf = self.bin("xori", &special, &nan, &t1);
         let signs = self.bin("xori", xb, gb, ty);
         let negative = self.test("slt", &signs, 0, ty);
-        Exact { n, u, negative, nan, inf }
+        Exact { p, u, negative, nan, inf }
     }
 
-    /// The scale marker of `n·2^u`: the f32 bits of `2^k`, `k = u + 25` (+1 when
-    /// `n > 127·2²⁵`), clamped to 2⁻¹²⁶ and to +∞ past 2¹²⁷; 0 for a zero `n`.
-    fn marker(&mut self, n: &str, u: &str, ty: &str) -> String {
+    /// The scale marker of `p·2^u`: with `p` normalised to `n·2^(u−lz)` (bit 31 set), the f32
+    /// bits of `2^k`, `k = u − lz + 25` (+1 when `n > 127·2²⁵`), clamped to 2⁻¹²⁶ and to +∞
+    /// past 2¹²⁷; 0 for a zero `p`.
+    fn marker(&mut self, p: &str, u: &str, ty: &str) -> String {
         let t1 = lanes_of(ty, "i1");
-        let above = self.test("ugt", n, 0xfe00_0000, ty);
+        let lz = self.leading_zeros(p, ty);
+        let n = self.bin("shli", p, &lz, ty);
+        let above = self.test("ugt", &n, 0xfe00_0000, ty);
         let above = self.cast("extui", &above, &t1, ty);
-        let k = self.with("addi", u, 152, ty);
+        let k = self.bin("subi", u, &lz, ty);
+        let k = self.with("addi", &k, 152, ty);
         let k = self.bin("addi", &k, &above, ty);
         let k = self.clamp(&k, (1, 255), ty);
         let bits = self.with("shli", &k, 23, ty);
-        let zero = self.test("eq", n, 0, ty);
+        let zero = self.test("eq", p, 0, ty);
         let c0 = self.iconst(0, ty);
         self.select(&zero, &c0, &bits, ty)
     }
 
     /// A product's marker: NaN none, ±∞ unscalable.
     fn product_marker(&mut self, p: &Exact, ty: &str) -> String {
-        let bits = self.marker(&p.n, &p.u, ty);
+        let bits = self.marker(&p.p, &p.u, ty);
         let (c0, inf) = (self.iconst(0, ty), self.iconst(INF, ty));
         let bits = self.select(&p.inf, &inf, &bits, ty);
         self.select(&p.nan, &c0, &bits, ty)
     }
 
-    /// `n·2^u` at the scale whose f32 bits are `sb`: the shift `k − u` clamped to 24..=32
-    /// (below 24 the value is past 127 steps, above 32 below half a step), the rounded quotient
-    /// and the remainder.
-    fn at_scale(&mut self, (n, u): (&str, &str), sb: &str, ty: &str) -> Rounded {
+    /// `p·2^u` (`p` < 2³²) at the scale `2^k` whose f32 bits are `sb`, by the shift
+    /// `k − u`: from 1 to 32 a right shift rounded half to even from the bits shifted out (a
+    /// remainder left), past 32 below half a step (code 0, the value its own remainder), and at
+    /// 0 or below a left shift, exact (no remainder). Magnitudes within 127.
+    fn at_scale(&mut self, (p, u): (&str, &str), sb: &str, ty: &str) -> Rounded {
         let t1 = lanes_of(ty, "i1");
         let t1 = t1.as_str();
         let k = self.with("shrui", sb, 23, ty);
         let k = self.with("subi", &k, 127, ty);
         let shift = self.bin("subi", &k, u, ty);
-        let past = self.test("slt", &shift, 24, ty);
+        let left = self.test("slt", &shift, 1, ty);
         let gone = self.test("sgt", &shift, 32, ty);
-        let shift = self.clamp(&shift, (24, 32), ty);
+        let (magnitude, rem, mask, up) = self.shifted_right(p, &shift, ty);
+        let c0 = self.iconst(0, ty);
+        let magnitude = self.select(&gone, &c0, &magnitude, ty);
+        let complement = self.bin("subi", &c0, &rem, ty);
+        let complement = self.bin("andi", &complement, &mask, ty);
+        let r = self.select(&up, &complement, &rem, ty);
+        let r = self.select(&gone, p, &r, ty);
+        let exact = self.shifted_left(p, &shift, ty);
+        let magnitude = self.select(&left, &exact, &magnitude, ty);
+        let r = self.select(&left, &c0, &r, ty);
+        let right = self.with("xori", &left, 1, t1);
+        let kept = self.with("xori", &gone, 1, t1);
+        let kept = self.bin("andi", &kept, &right, t1);
+        let flipped = self.bin("andi", &up, &kept, t1);
+        Rounded { magnitude, r, flipped }
+    }
+
+    /// `p >> shift` rounded half to even, within 127 (unsigned), the shift clamped to 1..=32:
+    /// the magnitude, the bits shifted out, their mask and whether it rounded up.
+    fn shifted_right(&mut self, p: &str, shift: &str, ty: &str) -> (String, String, String, String) {
+        let t1 = lanes_of(ty, "i1");
+        let t1 = t1.as_str();
+        let shift = self.clamp(shift, (1, 32), ty);
         let below = self.with("subi", &shift, 1, ty);
-        let q = self.with("shrui", n, 1, ty);
+        let q = self.with("shrui", p, 1, ty);
         let q = self.bin("shrui", &q, &below, ty);
         let ones = self.iconst(0xffff_ffff, ty);
         let keep = self.iconst(32, ty);
         let keep = self.bin("subi", &keep, &shift, ty);
         let mask = self.bin("shrui", &ones, &keep, ty);
-        let rem = self.bin("andi", n, &mask, ty);
+        let rem = self.bin("andi", p, &mask, ty);
         let one = self.iconst(1, ty);
         let half = self.bin("shli", &one, &below, ty);
         let above = self.cmp(false, "ugt", &rem, &half, ty);
@@ -139,19 +165,18 @@ impl Code {
         let up = self.bin("ori", &above, &tie_up, t1);
         let step = self.cast("extui", &up, t1, ty);
         let magnitude = self.bin("addi", &q, &step, ty);
-        let magnitude = self.clamp(&magnitude, (0, 127), ty);
-        let c127 = self.iconst(127, ty);
-        let magnitude = self.select(&past, &c127, &magnitude, ty);
+        (self.at_most(&magnitude, 127, ty), rem, mask, up)
+    }
+
+    /// `p << −shift` for a shift of 0 or below, within 127 (`p` first capped at 128 and the
+    /// shift at 7, so nothing overflows).
+    fn shifted_left(&mut self, p: &str, shift: &str, ty: &str) -> String {
         let c0 = self.iconst(0, ty);
-        let magnitude = self.select(&gone, &c0, &magnitude, ty);
-        let complement = self.bin("subi", &c0, &rem, ty);
-        let complement = self.bin("andi", &complement, &mask, ty);
-        let r = self.select(&up, &complement, &rem, ty);
-        let r = self.select(&gone, n, &r, ty);
-        let kept = self.iconst(1, t1);
-        let kept = self.bin("xori", &gone, &kept, t1);
-        let flipped = self.bin("andi", &up, &kept, t1);
-        Rounded { magnitude, r, flipped }
+        let by = self.bin("subi", &c0, shift, ty);
+        let by = self.clamp(&by, (0, 7), ty);
+        let p = self.at_most(p, 128, ty);
+        let shifted = self.bin("shli", &p, &by, ty);
+        self.at_most(&shifted, 127, ty)
     }
 
     /// The int8 code of a magnitude with its sign; NaN lanes 0.
@@ -163,13 +188,10 @@ impl Code {
         self.cast("trunci", &code, ty, &lanes_of(ty, "i8"))
     }
 
-    /// The residual of a first-pass rounding, normalised: `(n, u)` with its sign.
+    /// The residual of a first-pass rounding: `r·2^u` (at the product's unit) and its sign.
     fn residual_value(&mut self, p: &Exact, first: &Rounded, ty: &str) -> (String, String, String) {
-        let lz = self.leading_zeros(&first.r, ty);
-        let n = self.bin("shli", &first.r, &lz, ty);
-        let u = self.bin("subi", &p.u, &lz, ty);
         let negative = self.bin("xori", &p.negative, &first.flipped, &lanes_of(ty, "i1"));
-        (n, u, negative)
+        (first.r.clone(), p.u.clone(), negative)
     }
 
     /// The first pass of block `(%i, %l)`: the product, its rounding at the row's scale `s0`
@@ -178,7 +200,7 @@ impl Code {
         let xb = self.x_bits(x_ty, pad);
         let gb = self.gamma_bits(g_ty, pad);
         let p = self.exact_product(&xb, &gb, ty);
-        let first = self.at_scale((&p.n, &p.u), s0, ty);
+        let first = self.at_scale((&p.p, &p.u), s0, ty);
         let c127 = self.iconst(127, ty);
         let magnitude = self.select(&p.inf, &c127, &first.magnitude, ty);
         let code = self.signed_code(&magnitude, (&p.negative, &p.nan), ty);
