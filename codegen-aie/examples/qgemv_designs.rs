@@ -10,6 +10,10 @@
 //! block of their two loops, and once a row (the lanes' folding and the root); and the row
 //! quantisation's functions, of `x` and of the exact products `x·γ`, per 8-value block.
 //!
+//! The norm-fed designs (`qgemv::choose_norm`: the residual stream's row and γ in, the norm on
+//! the cores) of the projections a norm feeds are written too, their cycles beside the qgemv
+//! design's that takes the normalised row.
+//!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
 use codegen_aie::kernels::{Function, Stmt};
@@ -44,7 +48,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    norm_fed(&out)?;
     norms(&out)
+}
+
+/// (K, N) of the projections a norm feeds: SmolLM2's q/k/v and gate/up, then Qwen3-0.6B's.
+const NORM_FED: [(usize, usize); 4] = [(576, 960), (576, 3072), (1024, 4096), (1024, 6144)];
+
+/// The norm-fed designs of the projections a norm feeds (the residual stream's row and γ in),
+/// written like the others, with their predicted cycles beside the qgemv design's that takes
+/// the normalised row.
+fn norm_fed(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n{:<36} {:>11} {:>11} {:>6}", "norm-fed design", "cycles", "qgemv", "ratio");
+    for device in [Device::Npu1, Device::Npu2] {
+        for &(k, n) in &NORM_FED {
+            for passes in [1, 2] {
+                let shape = GemmShape { m: 1, k, n };
+                let q = qgemv::choose_norm(device, shape, passes, 1e-5)?;
+                let d = qgemv::build(&q);
+                std::fs::write(format!("{out}/{}.pretty.mlir", d.name), d.pretty())?;
+                std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
+                let (cycles, plain) =
+                    (q.tiling.total_cycles, qgemv::choose(device, shape, passes)?.tiling.total_cycles);
+                println!("{:<36} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The norm functions for SmolLM2's, Qwen3-0.6B's and Qwen3-4B's hidden sizes — RmsNorm (its
@@ -70,7 +100,7 @@ fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// over a K part, and once a row.
 fn prologues() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<16} {:>16} {:>12}", "quantisation", "loop / block", "once a row");
-    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1 };
+    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1, norm: false };
     let dequant = qkernels::DEQUANT;
     let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);
     for f in plain.chain(qkernels::product_functions(sh)) {

@@ -135,10 +135,12 @@ pub enum Kind {
     Gemm,
     Gemv,
     /// A GEMV whose cores quantise f32 activation rows in `passes` and dequantise their outputs,
-    /// its GEMV kernel on `kernel_rows` ([`crate::qgemv`]).
+    /// its GEMV kernel on `kernel_rows` ([`crate::qgemv`]); with `norm` the rows are a norm's
+    /// input, γ rides in each `X` element, and the cores compute the norm.
     QGemv {
         passes: usize,
         kernel_rows: usize,
+        norm: bool,
     },
 }
 
@@ -558,7 +560,9 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows } => crate::qgemv::generic_core(self, core, (passes, kernel_rows), o),
+            Kind::QGemv { passes, kernel_rows, norm } => {
+                crate::qgemv::generic_core(self, core, (passes, kernel_rows, norm), o)
+            }
         }
     }
 
@@ -719,7 +723,9 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows } => crate::qgemv::pretty_core(self, core, (passes, kernel_rows), o),
+            Kind::QGemv { passes, kernel_rows, norm } => {
+                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, norm), o)
+            }
         }
     }
 

@@ -53,22 +53,40 @@ pub const RESIDUAL_PASS_CYCLES_PER_ELEMENT: u64 = 24;
 /// counted as above from `q_dequant`'s operations per column block and row.
 pub const EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [35, 83];
 
+/// Cycles per activation element of a norm-fed core's prologue with one and with two passes:
+/// the row's largest magnitude, the exact products' scale markers and codes, the aligned
+/// squares (and the residual's codes), an assumption counted as above.
+pub const NORM_CYCLES_PER_ELEMENT: [u64; 2] = [22, 44];
+
+/// Cycles per output element of a norm-fed core's epilogue (its row scale any f32, so the
+/// scales' product is a general one), an assumption counted as above.
+pub const NORM_EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [42, 97];
+
+/// Cycles once a row of a norm-fed core with one and with two passes: `r` from the squares'
+/// lanes (software f32: the conversions, the folds, a division, a root, a division) and the
+/// row scales' products, an assumption counted as above.
+pub const NORM_ROW_CYCLES: [u64; 2] = [1839, 1996];
+
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
 pub const SCALAR_CYCLES_PER_MAC: u64 = 3;
 
-/// A qgemv tiling, its activation passes and the GEMV kernel's rows ([`Shape::kernel_rows`]).
+/// A qgemv tiling, its activation passes and the GEMV kernel's rows ([`Shape::kernel_rows`]);
+/// with `norm` (the norm's ε) the rows are a norm's input and the cores compute the norm
+/// themselves ([`crate::qkernels::norm_functions`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QTiling {
     pub tiling: Tiling,
     pub passes: usize,
     pub kernel_rows: usize,
+    pub norm: Option<f32>,
 }
 
 impl QTiling {
     fn shape(&self) -> Shape {
         let t = &self.tiling;
-        Shape { rows: t.m, k: t.k, n: t.n, passes: self.passes, kernel_rows: self.kernel_rows }
+        let (passes, kernel_rows, norm) = (self.passes, self.kernel_rows, self.norm.is_some());
+        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, norm }
     }
 
     /// K parts and output tiles per core.
@@ -78,14 +96,14 @@ impl QTiling {
     }
 }
 
-/// K parts and the length of one, at least `min_parts`: each part's `rows × k` f32 element fits
-/// one memory bank, and `k` one shim descriptor dimension, a multiple of the micro-tile's `s`.
-/// More parts than the fewest shorten the weight elements, which must fit a bank with their
-/// epilogue data.
-fn k_parts(device: Device, rows: usize, k: usize, min_parts: usize) -> (usize, usize) {
-    let s = device.micro_tile().1;
+/// K parts and the length of one, at least `min_parts`: each part's `x_rows × k` f32 element
+/// fits one memory bank, and `k` one shim descriptor dimension, a multiple of the micro-tile's
+/// `s` (of 32 with a norm, whose squares take 32-value blocks). More parts than the fewest
+/// shorten the weight elements, which must fit a bank with their epilogue data.
+fn k_parts(device: Device, (x_rows, norm): (usize, bool), k: usize, min_parts: usize) -> (usize, usize) {
+    let s = if norm { qkernels::NORM_LANES } else { device.micro_tile().1 };
     let bank = device.core_data_bytes() / device.core_banks();
-    let max_part = (device.shim_dma().max_size.min(bank / (4 * rows)) / s) * s;
+    let max_part = (device.shim_dma().max_size.min(bank / (4 * x_rows)) / s) * s;
     let parts = k.div_ceil(max_part).max(min_parts);
     (parts, k.div_ceil(parts).div_ceil(s) * s)
 }
@@ -98,10 +116,11 @@ const EXTRA_PARTS: usize = 3;
 /// row state, the codes, the accumulators and the stack.
 fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
     let (rows, k, n) = (sh.rows, sh.k, sh.n);
-    rows * k * 4
+    let (state, squares) = if sh.norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
+    sh.x_rows() * k * 4
         + 2 * sh.w_rows() * k
         + 2 * rows * n * 4
-        + 4 * rows * 4
+        + (state + squares) * rows * 4
         + sh.passes * parts * rows * k
         + sh.passes * rows * n * 4
         + device.core_stack_bytes()
@@ -111,11 +130,12 @@ fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
 fn evaluate(
     device: Device,
     shape: GemmShape,
-    passes: usize,
+    (passes, norm): (usize, Option<f32>),
     (n, min_parts, kr): (usize, usize, usize),
 ) -> Option<QTiling> {
-    let (rows, (parts, k)) = (shape.m, k_parts(device, shape.m, shape.k, min_parts));
-    let sh = Shape { rows, k, n, passes, kernel_rows: kr };
+    let x_rows = shape.m + usize::from(norm.is_some());
+    let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, norm.is_some()), shape.k, min_parts));
+    let sh = Shape { rows, k, n, passes, kernel_rows: kr, norm: norm.is_some() };
     if k < qkernels::MIN_K {
         return None;
     }
@@ -128,24 +148,46 @@ fn evaluate(
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
-    let x_bytes = ((passes + 1) * parts * rows * k * 4) as u64;
-    let per_element = FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT;
-    let prologue = (parts * rows * k) as u64 * per_element;
+    let x_bytes = ((passes + 1) * parts * x_rows * k * 4) as u64;
+    let per_element = match norm {
+        Some(_) => NORM_CYCLES_PER_ELEMENT[passes - 1],
+        None => FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
+    };
+    let once = norm.map_or(0, |_| NORM_ROW_CYCLES[passes - 1]);
+    let prologue = (parts * rows * k) as u64 * per_element + rows as u64 * once;
     let macs = (kr * n * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
         + KERNEL_CALL_OVERHEAD_CYCLES;
-    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * EPILOGUE_CYCLES_PER_ELEMENT[passes - 1];
+    let epilogue = if norm.is_some() { NORM_EPILOGUE_CYCLES_PER_ELEMENT } else { EPILOGUE_CYCLES_PER_ELEMENT };
+    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
-    let first_in = ((rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
+    let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr })
+    Some(QTiling { tiling, passes, kernel_rows: kr, norm })
 }
 
 /// The fastest qgemv tiling of `shape` with `passes` (1 or 2) whose design passes every check:
 /// among tile widths that fit, the fewest predicted cycles, then the least padding.
 pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
+    choose_with(device, shape, (passes, None))
+}
+
+/// [`choose`] for a norm-fed design: the rows are a norm's input (`K` values, at most the
+/// aligned sum's [`ir::pinned_norm::ALIGNED_MAX_D`]), with ε `epsilon`.
+pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32) -> Result<QTiling, TilingError> {
+    if shape.k > ir::pinned_norm::ALIGNED_MAX_D {
+        let reason = format!(
+            "a norm-fed core sums a row's squares in integer lanes: K must be at most {}",
+            ir::pinned_norm::ALIGNED_MAX_D
+        );
+        return Err(TilingError::NothingFits { shape, device, reason });
+    }
+    choose_with(device, shape, (passes, Some(epsilon)))
+}
+
+fn choose_with(device: Device, shape: GemmShape, (passes, norm): (usize, Option<f32>)) -> Result<QTiling, TilingError> {
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
@@ -158,12 +200,13 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
         return Err(TilingError::NothingFits { shape, device, reason });
     }
     let (r, _, t) = device.micro_tile();
-    let fewest = k_parts(device, shape.m, shape.k, 1).0;
+    let x_rows = (shape.m + usize::from(norm.is_some()), norm.is_some());
+    let fewest = k_parts(device, x_rows, shape.k, 1).0;
     let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
     let candidates = (t..=MAX_TILE_COLS)
         .step_by(t)
         .flat_map(|n| (fewest..=fewest + EXTRA_PARTS).flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr))));
-    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, passes, c)).collect();
+    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, norm), c)).collect();
     fits.dedup_by(|a, b| (a.tiling.k, a.tiling.n, a.kernel_rows) == (b.tiling.k, b.tiling.n, b.kernel_rows));
     fits.sort_by(|a, b| {
         let (a, b) = (&a.tiling, &b.tiling);
@@ -172,9 +215,38 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
     first_checked(fits, build, (shape, device))
 }
 
-/// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`.
+/// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, and for a norm-fed
+/// design `nqgemv…_eps<ε>` (ε is a constant of its code).
 pub fn design_name(q: &QTiling) -> String {
-    format!("qgemv{}_{}_{}", q.passes, q.tiling.shape, q.tiling.device)
+    let t = &q.tiling;
+    match q.norm {
+        None => format!("qgemv{}_{}_{}", q.passes, t.shape, t.device),
+        Some(eps) => format!("nqgemv{}_{}_{}_eps{eps:e}", q.passes, t.shape, t.device),
+    }
+}
+
+/// The core functions of a tiling besides the GEMV kernels.
+fn core_functions(q: &QTiling) -> Vec<kernels::Function> {
+    let sh = q.shape();
+    match q.norm {
+        None => qkernels::functions(sh),
+        Some(eps) => qkernels::norm_functions(sh, q.tiling.shape.k, eps)
+            .expect("choose_norm takes only K parts of 32-value blocks and rows the aligned sum takes"),
+    }
+}
+
+/// The rows operand of a qgemv call, `[padded rows (+1), padded K]` f32: `x`'s rows of `k`
+/// values, zero past them, and for a norm-fed design γ as the last row.
+pub fn rows_operand(q: &QTiling, (x, k): (&[f32], usize), gamma: Option<&[f32]>) -> Vec<f32> {
+    let p = q.tiling.padded;
+    let mut out = vec![0f32; (p.m + usize::from(gamma.is_some())) * p.k];
+    for (r, row) in x.chunks(k).enumerate() {
+        out[r * p.k..r * p.k + k].copy_from_slice(row);
+    }
+    if let Some(g) = gamma {
+        out[p.m * p.k..p.m * p.k + g.len()].copy_from_slice(g);
+    }
+    out
 }
 
 /// The design of a qgemv tiling.
@@ -187,7 +259,7 @@ pub fn build(q: &QTiling) -> Design {
     let mut links = vec![];
     input_fifos(q, &mut fifos);
     output_fifos(t, Elem::F32, &mut fifos, &mut links);
-    let mut calls: Vec<String> = qkernels::functions(sh).into_iter().map(|f| f.name).collect();
+    let mut calls: Vec<String> = core_functions(q).into_iter().map(|f| f.name).collect();
     calls.extend([GEMV_ZERO.into(), GEMV.into()]);
     let cores: Vec<Core> = (0..streams(dev))
         .map(|s| Core {
@@ -200,13 +272,13 @@ pub fn build(q: &QTiling) -> Design {
             calls: calls.clone(),
         })
         .collect();
-    let mut functions = qkernels::functions(sh);
+    let mut functions = core_functions(q);
     let rkn = (q.kernel_rows, t.k, t.n);
     functions.extend([kernels::gemv_zero_i32(rkn), kernels::gemv_i8_i32_rows(dev, rkn, sh.w_rows())]);
     let p = t.padded;
     let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
     Design {
-        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows },
+        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows, norm: q.norm.is_some() },
         name: design_name(q),
         tiling: t.clone(),
         tiles: tiles_used(dev),
@@ -215,16 +287,21 @@ pub fn build(q: &QTiling) -> Design {
         buffers: cores.iter().flat_map(|c| buffers(sh, parts, c.tile)).collect(),
         functions,
         cores,
-        args: vec![(p.m * p.k, Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)],
+        args: vec![(sh.x_rows() * p.k, Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)],
         seq: runtime_sequence(q),
     }
 }
 
 /// A core's own buffers: the row state, the codes of every pass and K part, an accumulator per
-/// pass.
+/// pass, and with a norm the squares' lanes.
 fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     let (c, r) = tile;
-    let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![4, sh.rows], elem: Elem::F32 }];
+    let state = if sh.norm { 6 } else { 4 };
+    let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![state, sh.rows], elem: Elem::F32 }];
+    if sh.norm {
+        let shape = vec![sh.rows, qkernels::NORM_LANES];
+        b.push(Buffer { tile, name: format!("ss_{c}_{r}"), shape, elem: Elem::I32 });
+    }
     for p in 0..sh.passes {
         for q in 0..parts {
             let shape = vec![sh.kernel_rows, sh.k];
@@ -240,7 +317,7 @@ fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
 fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
     let t = &q.tiling;
     let w_shape = vec![q.shape().w_rows(), t.k];
-    fifos.extend(stream_fifos(t.device, ("X", 1, Elem::F32), vec![t.m, t.k], w_shape));
+    fifos.extend(stream_fifos(t.device, ("X", 1, Elem::F32), vec![q.shape().x_rows(), t.k], w_shape));
 }
 
 /// The runtime sequence: `X` `passes + 1` times, each core one contiguous run of the packed
@@ -248,9 +325,9 @@ fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
 fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
     let t = &q.tiling;
     let (parts, tiles) = q.parts_and_tiles();
-    let (p, rows, k, w_rows) = (t.padded, t.m, t.k, q.shape().w_rows());
+    let (p, x_rows, k, w_rows) = (t.padded, q.shape().x_rows(), t.k, q.shape().w_rows());
     let per_core = tiles * parts * w_rows * k;
-    let x = (0, 0, [q.passes + 1, parts, rows, k], [0, k, p.k, 1]);
+    let x = (0, 0, [q.passes + 1, parts, x_rows, k], [0, k, p.k, 1]);
     let w = |s: usize| (1, s * per_core, [tiles, parts, w_rows, k], [parts * w_rows * k, w_rows * k, k, 1]);
     stream_sequence(t, tiles, ("X", x), &w)
 }
@@ -320,59 +397,130 @@ enum CoreOp {
     Seq(Vec<CoreOp>),
 }
 
-/// The ops of a qgemv core's body.
-fn core_ops(d: &Design, core: &Core, (passes, kernel_rows): (usize, usize)) -> Vec<CoreOp> {
-    let t = &d.tiling;
-    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows };
-    let (c, r) = core.tile;
-    let rs = (format!("%rs_{c}_{r}"), sh.rs_ty());
-    let codes = |p: usize, q: usize| (format!("%codes_{c}_{r}_{p}_{q}"), sh.codes_ty());
-    let acc = |p: usize| (format!("%acc_{c}_{r}_{p}"), sh.acc_ty());
-    let call = |callee: &str, args: Vec<(String, String)>| CoreOp::Call { callee: callee.into(), args };
-    let mut ops = vec![call(qkernels::RESET, vec![rs.clone()])];
-    // Each pass over the rows acquires every K part of `X` once: `%x<stream>_<part>`.
-    let stream = |ops: &mut Vec<CoreOp>, i: usize, f: &dyn Fn(usize, (String, String)) -> CoreOp| {
-        for q in 0..core.k_steps {
-            let res = format!("%x{i}_{q}");
-            ops.push(CoreOp::Acquire { res: res.clone(), fifo: core.a.clone(), produce: false, ty: sh.x_ty() });
-            ops.push(f(q, (format!("{res}_buf"), sh.x_ty())));
-            ops.push(CoreOp::Release { fifo: core.a.clone(), produce: false });
-        }
-    };
-    stream(&mut ops, 0, &|_, x| call(qkernels::ABSMAX, vec![x, rs.clone()]));
-    ops.push(call(qkernels::SCALE[0], vec![rs.clone()]));
-    stream(&mut ops, 1, &|q, x| {
-        let codes_call = call(qkernels::CODES, vec![x.clone(), rs.clone(), codes(0, q)]);
-        match passes {
-            1 => codes_call,
-            _ => CoreOp::Seq(vec![codes_call, call(qkernels::RESIDUAL_MAX, vec![x, rs.clone(), codes(0, q)])]),
-        }
-    });
-    if passes > 1 {
-        ops.push(call(qkernels::SCALE[1], vec![rs.clone()]));
-        stream(&mut ops, 2, &|q, x| call(qkernels::RESIDUAL, vec![x, rs.clone(), codes(0, q), codes(1, q)]));
+/// A core's buffers and operands as its calls name them.
+struct Operands {
+    sh: Shape,
+    tile: (usize, usize),
+}
+
+type Operand = (String, String);
+
+impl Operands {
+    fn rs(&self) -> Operand {
+        (format!("%rs_{}_{}", self.tile.0, self.tile.1), self.sh.rs_ty())
     }
+    fn squares(&self) -> Operand {
+        (format!("%ss_{}_{}", self.tile.0, self.tile.1), qkernels::squares_ty(self.sh))
+    }
+    fn codes(&self, p: usize, q: usize) -> Operand {
+        (format!("%codes_{}_{}_{p}_{q}", self.tile.0, self.tile.1), self.sh.codes_ty())
+    }
+    fn acc(&self, p: usize) -> Operand {
+        (format!("%acc_{}_{}_{p}", self.tile.0, self.tile.1), self.sh.acc_ty())
+    }
+}
+
+fn call(callee: &str, args: Vec<Operand>) -> CoreOp {
+    CoreOp::Call { callee: callee.into(), args }
+}
+
+/// One pass over the rows: every K part of `X` acquired once (`%x<pass>_<part>`), `f` the
+/// calls on it.
+fn stream_pass(
+    ops: &mut Vec<CoreOp>,
+    core: &Core,
+    (sh, pass): (Shape, usize),
+    f: &dyn Fn(usize, Operand) -> Vec<CoreOp>,
+) {
+    for q in 0..core.k_steps {
+        let res = format!("%x{pass}_{q}");
+        ops.push(CoreOp::Acquire { res: res.clone(), fifo: core.a.clone(), produce: false, ty: sh.x_ty() });
+        ops.push(CoreOp::Seq(f(q, (format!("{res}_buf"), sh.x_ty()))));
+        ops.push(CoreOp::Release { fifo: core.a.clone(), produce: false });
+    }
+}
+
+/// `QuantizeRows(x)`'s calls: the maximum, the codes (and the residual's maximum), the
+/// residual's codes.
+fn prologue(core: &Core, o: &Operands) -> Vec<CoreOp> {
+    let (sh, rs) = (o.sh, o.rs());
+    let mut ops = vec![call(qkernels::RESET, vec![rs.clone()])];
+    stream_pass(&mut ops, core, (sh, 0), &|_, x| vec![call(qkernels::ABSMAX, vec![x, rs.clone()])]);
+    ops.push(call(qkernels::SCALE[0], vec![rs.clone()]));
+    stream_pass(&mut ops, core, (sh, 1), &|q, x| {
+        let mut calls = vec![call(qkernels::CODES, vec![x.clone(), rs.clone(), o.codes(0, q)])];
+        if sh.passes > 1 {
+            calls.push(call(qkernels::RESIDUAL_MAX, vec![x, rs.clone(), o.codes(0, q)]));
+        }
+        calls
+    });
+    if sh.passes > 1 {
+        ops.push(call(qkernels::SCALE[1], vec![rs.clone()]));
+        stream_pass(&mut ops, core, (sh, 2), &|q, x| {
+            vec![call(qkernels::RESIDUAL, vec![x, rs.clone(), o.codes(0, q), o.codes(1, q)])]
+        });
+    }
+    ops
+}
+
+/// A norm-fed core's calls: the row's largest magnitude and scale markers, the codes (and the
+/// residual's markers) with the squares, the root, the residual's codes, then `S = S₀·r`.
+fn norm_prologue(core: &Core, o: &Operands) -> Vec<CoreOp> {
+    let (sh, rs, ss) = (o.sh, o.rs(), o.squares());
+    let mut ops = vec![call(qkernels::NORM_RESET, vec![rs.clone(), ss.clone()])];
+    stream_pass(&mut ops, core, (sh, 0), &|_, x| {
+        vec![call(qkernels::NORM_TOP, vec![x.clone(), rs.clone()]), call(qkernels::PRODUCT_MAX, vec![x, rs.clone()])]
+    });
+    ops.push(call(qkernels::PRODUCT_SCALE[0], vec![rs.clone()]));
+    stream_pass(&mut ops, core, (sh, 1), &|q, x| {
+        let codes = call(qkernels::PRODUCT_CODES, vec![x.clone(), rs.clone(), o.codes(0, q)]);
+        vec![codes, call(qkernels::NORM_SQUARES, vec![x, rs.clone(), ss.clone()])]
+    });
+    ops.push(call(qkernels::NORM_ROOT, vec![rs.clone(), ss.clone()]));
+    if sh.passes > 1 {
+        ops.push(call(qkernels::PRODUCT_SCALE[1], vec![rs.clone()]));
+        stream_pass(&mut ops, core, (sh, 2), &|q, x| {
+            vec![call(qkernels::PRODUCT_RESIDUAL, vec![x, rs.clone(), o.codes(1, q)])]
+        });
+    }
+    ops.push(call(qkernels::NORM_RESCALE, vec![rs]));
+    ops
+}
+
+/// One output tile: the accumulators zeroed, each K part's weights multiplied in, and with the
+/// last part's element the epilogue.
+fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
+    let sh = o.sh;
     let y = ("%y_buf".to_string(), sh.y_ty());
     let mut body = vec![CoreOp::Acquire { res: "%y".into(), fifo: core.c.clone(), produce: true, ty: sh.y_ty() }];
-    body.extend((0..passes).map(|p| call(GEMV_ZERO, vec![acc(p)])));
+    body.extend((0..sh.passes).map(|p| call(GEMV_ZERO, vec![o.acc(p)])));
     for q in 0..core.k_steps {
         let w = (format!("%w{q}_buf"), sh.w_ty());
         body.push(CoreOp::Acquire { res: format!("%w{q}"), fifo: core.b.clone(), produce: false, ty: sh.w_ty() });
-        body.extend((0..passes).map(|p| call(GEMV, vec![codes(p, q), w.clone(), acc(p)])));
+        body.extend((0..sh.passes).map(|p| call(GEMV, vec![o.codes(p, q), w.clone(), o.acc(p)])));
         if q + 1 == core.k_steps {
-            let mut args: Vec<(String, String)> = (0..passes).map(acc).collect();
-            args.extend([rs.clone(), w.clone(), y.clone()]);
+            let mut args: Vec<Operand> = (0..sh.passes).map(|p| o.acc(p)).collect();
+            args.extend([o.rs(), w.clone(), y.clone()]);
             body.push(call(qkernels::DEQUANT, args));
         }
         body.push(CoreOp::Release { fifo: core.b.clone(), produce: false });
     }
     body.push(CoreOp::Release { fifo: core.c.clone(), produce: true });
-    ops.push(CoreOp::Tiles { body });
+    body
+}
+
+/// The ops of a qgemv core's body.
+fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, norm): (usize, usize, bool)) -> Vec<CoreOp> {
+    let t = &d.tiling;
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, norm };
+    let o = Operands { sh, tile: core.tile };
+    let mut ops = if norm { norm_prologue(core, &o) } else { prologue(core, &o) };
+    ops.push(CoreOp::Tiles { body: tile_body(core, &o) });
     ops
 }
 
 /// A qgemv core's body in generic form, for its activation passes and kernel rows.
-pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize), o: &mut String) {
+pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize, bool), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
@@ -416,7 +564,7 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
 }
 
 /// A qgemv core's body in custom form.
-pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize), o: &mut String) {
+pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize, bool), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");

@@ -40,12 +40,17 @@ use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, 
 
 mod norm;
 mod norm_codes;
+mod norm_gemv;
 mod softfloat;
 
 pub use norm::{inverse_rms, rms_norm, NormShape, INVERSE_RMS, NORM, NORM_LANES};
 pub use norm_codes::{
-    gamma_ty, product_codes, product_functions, product_max, product_residual, product_scale, PRODUCT_CODES,
-    PRODUCT_MAX, PRODUCT_RESIDUAL, PRODUCT_SCALE,
+    product_codes, product_functions, product_max, product_residual, product_scale, PRODUCT_CODES, PRODUCT_MAX,
+    PRODUCT_RESIDUAL, PRODUCT_SCALE,
+};
+pub use norm_gemv::{
+    norm_functions, norm_rescale, norm_reset, norm_root, norm_squares, norm_top, squares_ty, NORM_RESCALE, NORM_RESET,
+    NORM_ROOT, NORM_SQUARES, NORM_TOP,
 };
 
 pub const RESET: &str = "q_reset";
@@ -89,6 +94,8 @@ pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
 /// activation's `passes` (1 or 2), and the rows of the codes and accumulators the GEMV kernel
 /// multiplies, `kernel_rows` ≥ `rows`: a whole number of the device's micro-tile rows lets it
 /// take its vector form (the rows past `rows` are never written, and their products never read).
+/// With `norm` the rows are a norm's input and each `X` element carries γ's part as one more
+/// row ([`norm_functions`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub rows: usize,
@@ -96,14 +103,21 @@ pub struct Shape {
     pub n: usize,
     pub passes: usize,
     pub kernel_rows: usize,
+    pub norm: bool,
 }
 
 impl Shape {
-    pub fn x_ty(&self) -> String {
-        memref(&[self.rows, self.k], "f32")
+    /// Rows of an `X` element: the activation rows, and γ's with a norm.
+    pub fn x_rows(&self) -> usize {
+        self.rows + usize::from(self.norm)
     }
+    pub fn x_ty(&self) -> String {
+        memref(&[self.x_rows(), self.k], "f32")
+    }
+    /// The row state: the passes' maxima and scales, and with a norm the row's largest
+    /// magnitude and `1/rms` (slots 4 and 5).
     pub fn rs_ty(&self) -> String {
-        memref(&[4, self.rows], "f32")
+        memref(&[if self.norm { 6 } else { 4 }, self.rows], "f32")
     }
     pub fn codes_ty(&self) -> String {
         memref(&[self.kernel_rows, self.k], "i8")
@@ -618,13 +632,14 @@ fn first_only_flags(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
 }
 
 /// `acc·(sₐ·s_w)` of accumulator block `(%i, %j)`, pass `p`'s scale in `rs`, the column scales'
-/// bits `sw`: the program's two f32 products, in integer operations ([`softfloat`]).
+/// bits `sw`: the program's two f32 products, in integer operations ([`softfloat`]). A row
+/// scale is a power of two, or with a norm any f32 (`S₀·r`).
 fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32: &str) -> String {
     let vi = lanes("i32");
     let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", "%j"], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
-    let m = c.mul_f32_by_power_of_two(&sa, sw, &vi);
+    let m = if sh.norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
     c.mul_f32_by_normal(&af, &m, &vi)
 }
 

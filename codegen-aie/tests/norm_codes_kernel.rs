@@ -82,31 +82,35 @@ fn call(f: &Function, mut args: Vec<Vec<i32>>) -> Vec<Vec<i32>> {
 /// The core functions on `rows`, K part by K part: codes (pass by pass, row by row) and scales.
 fn run(rows: &[Vec<f32>], gamma: &[f32], (k, passes): (usize, usize)) -> (Vec<i8>, Vec<f32>) {
     let (m, d) = (rows.len(), gamma.len());
-    let sh = Shape { rows: m, k, n: 8, passes, kernel_rows: m };
+    let sh = Shape { rows: m, k, n: 8, passes, kernel_rows: m, norm: true };
     let text: String = product_functions(sh).iter().map(|f| f.generic(2)).collect();
     let funcs = interp::module_functions(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n"), true).unwrap();
     let f = |name: &str| funcs.iter().find(|f| f.name == name).unwrap();
     let bits = |v: &[f32]| -> Vec<i32> { v.iter().map(|x| x.to_bits() as i32).collect() };
-    let x_part = |q: usize| bits(&rows.iter().flat_map(|r| r[q * k..(q + 1) * k].to_vec()).collect::<Vec<_>>());
-    let g_part = |q: usize| bits(&gamma[q * k..(q + 1) * k]);
+    // An X element: the rows' part, then γ's.
+    let x_part = |q: usize| {
+        let part: Vec<f32> =
+            rows.iter().chain([&gamma.to_vec()]).flat_map(|r| r[q * k..(q + 1) * k].to_vec()).collect();
+        bits(&part)
+    };
     let parts = d / k;
-    let mut rs = call(f(qkernels::RESET), vec![vec![0; 4 * m]]).remove(0);
+    let mut rs = call(f(qkernels::RESET), vec![vec![0; 6 * m]]).remove(0);
     for q in 0..parts {
-        rs = call(f(qkernels::PRODUCT_MAX), vec![x_part(q), g_part(q), rs]).remove(2);
+        rs = call(f(qkernels::PRODUCT_MAX), vec![x_part(q), rs]).remove(1);
     }
     rs = call(f(qkernels::PRODUCT_SCALE[0]), vec![rs]).remove(0);
     let mut codes = Vec::with_capacity(passes * parts);
     for q in 0..parts {
-        let mut out = call(f(qkernels::PRODUCT_CODES), vec![x_part(q), g_part(q), rs, vec![0; m * k]]);
-        codes.push(out.remove(3));
-        rs = out.remove(2);
+        let mut out = call(f(qkernels::PRODUCT_CODES), vec![x_part(q), rs, vec![0; m * k]]);
+        codes.push(out.remove(2));
+        rs = out.remove(1);
     }
     if passes > 1 {
         rs = call(f(qkernels::PRODUCT_SCALE[1]), vec![rs]).remove(0);
         for q in 0..parts {
-            let mut out = call(f(qkernels::PRODUCT_RESIDUAL), vec![x_part(q), g_part(q), rs, vec![0; m * k]]);
-            codes.push(out.remove(3));
-            rs = out.remove(2);
+            let mut out = call(f(qkernels::PRODUCT_RESIDUAL), vec![x_part(q), rs, vec![0; m * k]]);
+            codes.push(out.remove(2));
+            rs = out.remove(1);
         }
     }
     let ordered = (0..passes).flat_map(|p| (0..m).flat_map(move |i| (0..parts).map(move |q| (p * parts + q, i))));
@@ -159,7 +163,7 @@ fn the_test_rows_reach_every_case_of_the_definition() {
 
 #[test]
 fn the_functions_verify_as_mlir() {
-    let sh = Shape { rows: 2, k: 32, n: 8, passes: 2, kernel_rows: 4 };
+    let sh = Shape { rows: 2, k: 32, n: 8, passes: 2, kernel_rows: 4, norm: true };
     let text: String = product_functions(sh).iter().map(|f| f.generic(2)).collect();
     mlir::verify_generic(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n")).unwrap();
 }

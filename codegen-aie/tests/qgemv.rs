@@ -56,7 +56,7 @@ impl Case {
 
     /// The program's own answer: `QuantizeRows{passes}` then `QGemm{passes, first_pass_columns}`.
     fn reference(&self) -> Vec<f32> {
-        let (rows, k, n) = self.dims;
+        let (rows, k, _) = self.dims;
         // One pass is the plain ops (no pass axis), as the program writes them.
         let mut qa = Attrs::default();
         if self.passes > 1 {
@@ -64,7 +64,35 @@ impl Case {
         }
         let xt = Tensor::from_f32(DType::F32, vec![rows, k], self.x.clone());
         let q = eval("QuantizeRows", &qa, &[Some(&xt)], 2);
-        let mut ga = qa.clone();
+        self.qgemm(&q[0], &q[1])
+    }
+
+    /// The program's answer for a norm-fed projection, as `array-norms` leaves it:
+    /// `r = InverseRms{aligned}(x)`, `QuantizeRows(x, γ)`, `S = S₀·r`, `QGemm`.
+    fn norm_reference(&self, gamma: &[f32], epsilon: f32) -> Vec<f32> {
+        let (rows, k, _) = self.dims;
+        let xt = Tensor::from_f32(DType::F32, vec![rows, k], self.x.clone());
+        let mut ia = Attrs::default();
+        ia.set("epsilon", Attr::Float(epsilon));
+        ia.set("squares", Attr::Str("aligned".into()));
+        let r = eval("InverseRms", &ia, &[Some(&xt)], 1).remove(0).to_f32_vec();
+        let mut qa = Attrs::default();
+        if self.passes > 1 {
+            qa.set("passes", Attr::Int(self.passes as i64));
+        }
+        let gt = Tensor::from_f32(DType::F32, vec![k], gamma.to_vec());
+        let q = eval("QuantizeRows", &qa, &[Some(&xt), Some(&gt)], 2);
+        let scaled = q[1].to_f32_vec().iter().enumerate().map(|(j, s)| s * r[j % rows]).collect();
+        self.qgemm(&q[0], &Tensor::from_f32(DType::F32, q[1].shape.clone(), scaled))
+    }
+
+    /// `QGemm{passes, first_pass_columns}` of `codes` at row scales `scales`.
+    fn qgemm(&self, codes: &Tensor, scales: &Tensor) -> Vec<f32> {
+        let (_, k, n) = self.dims;
+        let mut ga = Attrs::default();
+        if self.passes > 1 {
+            ga.set("passes", Attr::Int(self.passes as i64));
+        }
         if self.first_only > 0 {
             ga.set("first_pass_columns", Attr::Int(self.first_only as i64));
         }
@@ -72,34 +100,46 @@ impl Case {
         let swt = Tensor::from_f32(DType::F32, vec![n], self.sw.clone());
         let zw = Tensor::from_i64(DType::I8, vec![n], vec![0; n]);
         let za = Tensor::from_i64(DType::I8, vec![], vec![0]);
-        let inputs = [Some(&q[0]), Some(&q[1]), Some(&za), Some(&wt), Some(&swt), Some(&zw)];
+        let inputs = [Some(codes), Some(scales), Some(&za), Some(&wt), Some(&swt), Some(&zw)];
         eval("QGemm", &ga, &inputs, 1).remove(0).as_f32().unwrap().to_vec()
     }
 
     /// The design's answer for the block's rows (the rest of the design's rows zero).
     fn on_array(&self, device: Device, design_rows: usize) -> Vec<f32> {
-        self.chunk_on_array(device, design_rows, (0, self.dims.2))
+        self.chunk_on_array(device, design_rows, (0, self.dims.2), None)
     }
 
     /// The design's answer for `cols` columns of the weight from `col_offset`, one call as a
-    /// wide projection's chunk is: `[rows, cols]`.
-    fn chunk_on_array(&self, device: Device, design_rows: usize, (col_offset, cols): (usize, usize)) -> Vec<f32> {
+    /// wide projection's chunk is: `[rows, cols]`; with `norm` (γ, ε) a norm-fed design's.
+    fn chunk_on_array(
+        &self,
+        device: Device,
+        design_rows: usize,
+        (col_offset, cols): (usize, usize),
+        norm: Option<(&[f32], f32)>,
+    ) -> Vec<f32> {
         let (rows, k, n) = self.dims;
-        let q = qgemv::choose(device, GemmShape { m: design_rows, k, n: cols }, self.passes).unwrap();
+        let shape = GemmShape { m: design_rows, k, n: cols };
+        let q = match norm {
+            None => qgemv::choose(device, shape, self.passes),
+            Some((_, eps)) => qgemv::choose_norm(device, shape, self.passes, eps),
+        }
+        .unwrap();
         let d = qgemv::build(&q);
         let p = d.tiling.padded;
-        let mut x = vec![0f32; p.m * p.k];
-        for r in 0..rows {
-            x[r * p.k..r * p.k + k].copy_from_slice(&self.x[r * k..(r + 1) * k]);
-        }
+        let x = qgemv::rows_operand(&q, (&self.x, k), norm.map(|(g, _)| g));
         let first_only = |c: usize| c >= n - self.first_only;
         let w = qgemv::pack(&q, (&self.w, k, n), (col_offset, cols), &self.sw, &first_only);
         let (out, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
             .unwrap_or_else(|e| panic!("{}: {e}", d.name));
         let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
         for (i, row) in y.chunks(p.n).enumerate() {
+            // Past its columns a row's products are 0 — times a NaN row scale (a norm's NaN
+            // row), NaN.
             let live = if i < rows { cols } else { 0 };
-            assert!(row[live..].iter().all(|&v| v == 0.0), "{}: row {i} has output past its columns", d.name);
+            let nan_row = norm.is_some() && row[..live].iter().any(|v| v.is_nan());
+            let padding = |v: &f32| *v == 0.0 || (nan_row && v.is_nan());
+            assert!(row[live..].iter().all(padding), "{}: row {i} has output past its columns", d.name);
         }
         (0..rows).flat_map(|i| y[i * p.n..i * p.n + cols].to_vec()).collect()
     }
@@ -150,7 +190,7 @@ fn a_wide_projection_in_column_chunks_equals_the_reference() {
     // third chunk): each call packs its own columns' weights, scales and flags.
     let case = Case::new((2, 256, 300), 2, 60, 17);
     let want = case.reference();
-    let chunks: Vec<Vec<f32>> = (0..3).map(|c| case.chunk_on_array(Device::Npu1, 8, (c * 100, 100))).collect();
+    let chunks: Vec<Vec<f32>> = (0..3).map(|c| case.chunk_on_array(Device::Npu1, 8, (c * 100, 100), None)).collect();
     let got: Vec<f32> =
         (0..2).flat_map(|r| chunks.iter().flat_map(move |ch| ch[r * 100..(r + 1) * 100].to_vec())).collect();
     assert_eq!(bits(&got), bits(&want));
@@ -183,6 +223,65 @@ fn rows_at_the_definitions_edges_equal_the_reference() {
     }
     assert!(want.iter().any(|v| v.is_nan()) || want.iter().any(|v| v.is_infinite()), "the edges reach the output");
     assert!(want.iter().any(|v| v.is_subnormal()), "a subnormal output");
+}
+
+/// γ of bfloat16 values over a few binades, as a norm weight's.
+fn bfloat16_gamma(d: usize, seed: u64) -> Vec<f32> {
+    let spread = |x: u64| (1.0 + (x >> 40) as f32 / (1u64 << 24) as f32) * 2f32.powi((x % 6) as i32 - 3);
+    xorshift(seed).take(d).map(|x| f32::from_bits(spread(x).to_bits() & 0xffff_0000)).collect()
+}
+
+#[test]
+fn norm_fed_designs_equal_the_programs_norm_and_projection_bit_for_bit() {
+    // The residual stream's rows and γ in, RmsNorm's projection out, as `array-norms` defines
+    // it: a heavy-tailed row, a row of zeros (r = 1/√ε), tiny values, a NaN, an ∞.
+    let (rows, k, n) = (6, 576, 96);
+    let gamma = bfloat16_gamma(k, 3);
+    for device in [Device::Npu1, Device::Npu2] {
+        for (passes, first_only) in [(1, 0), (2, 16)] {
+            let mut case = Case::new((rows, k, n), passes, first_only, 21);
+            case.x[k..2 * k].fill(0.0);
+            case.x[2 * k..3 * k].iter_mut().for_each(|v| *v *= 1e-30);
+            case.x[3 * k + 7] = f32::NAN;
+            case.x[4 * k + 9] = f32::INFINITY;
+            let want = case.norm_reference(&gamma, 1e-5);
+            let got = case.chunk_on_array(device, 8, (0, n), Some((&gamma, 1e-5)));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                assert!(same, "{device}, {passes} passes: output {i}: {g} against {w}");
+            }
+            assert!(want[..n].iter().all(|v| v.is_finite()) && want[3 * n..4 * n].iter().all(|v| v.is_nan()));
+        }
+    }
+}
+
+#[test]
+fn the_norm_fed_projections_of_smollm2_and_qwen3_have_designs_the_checker_and_mlir_accept() {
+    // The projections a norm feeds, decode's one row: q/k/v fused and gate/up fused, SmolLM2's
+    // (hidden 576) and a Qwen3-0.6B-shaped model's (1,024). `choose_norm` returns only a design
+    // the checker accepts.
+    let shapes = [(576, 960), (576, 3072), (1024, 4096), (1024, 6144)];
+    for device in [Device::Npu1, Device::Npu2] {
+        for (k, n) in shapes {
+            for passes in [1, 2] {
+                let q = qgemv::choose_norm(device, GemmShape { m: 1, k, n }, passes, 1e-5)
+                    .unwrap_or_else(|e| panic!("{device} {k}x{n}, {passes} passes: {e}"));
+                let plain = qgemv::choose(device, GemmShape { m: 1, k, n }, passes).unwrap();
+                assert!(q.tiling.total_cycles > plain.tiling.total_cycles, "the norm costs cycles");
+                assert!(q.tiling.k.is_multiple_of(qkernels::NORM_LANES), "{:?}", q.tiling);
+            }
+        }
+    }
+    let d = qgemv::build(&qgemv::choose_norm(Device::Npu2, GemmShape { m: 1, k: 576, n: 960 }, 2, 1e-5).unwrap());
+    assert!(d.name.starts_with("nqgemv2_1x576x960_npu2"), "{}", d.name);
+    mlir::verify_generic(&d.generic()).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+}
+
+#[test]
+fn a_norm_fed_design_refuses_rows_the_aligned_sum_cannot_take() {
+    let long = ir::pinned_norm::ALIGNED_MAX_D + 32;
+    let err = qgemv::choose_norm(Device::Npu2, GemmShape { m: 1, k: long, n: 64 }, 2, 1e-5).unwrap_err().to_string();
+    assert!(err.contains(&format!("1x{long}x64")) && err.contains("at most 16352"), "{err}");
 }
 
 fn sites(shapes: &[(usize, usize)]) -> Vec<GemmSite> {
@@ -240,7 +339,7 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 fn a_shift_past_the_width_is_poison_and_an_error() {
     // The codes' right shift is clamped to 31 (in every lane); with the clamp at 40 a value 2⁻³⁰
     // of its row's scale shifts an i32 by more than its width, which MLIR makes poison.
-    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1 };
+    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, norm: false };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
     let clamp = "{value = dense<31> : vector<1x8xi32>}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
@@ -270,7 +369,7 @@ fn innermost_ops(body: &[Stmt]) -> usize {
 fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_operations() {
     let lanes = qkernels::LANES as u64;
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8 };
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, norm: false };
         let ops: HashMap<String, u64> = qkernels::functions(sh)
             .into_iter()
             .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
@@ -283,6 +382,34 @@ fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_o
             let residual = (ops[qkernels::RESIDUAL_MAX] + ops[qkernels::RESIDUAL]).div_ceil(lanes);
             assert_eq!(qgemv::RESIDUAL_PASS_CYCLES_PER_ELEMENT, residual, "{ops:?}");
         }
+    }
+}
+
+#[test]
+fn the_cost_models_norm_fed_cycles_are_the_generated_codes_vector_operations() {
+    // A 32-lane operation (the squares') is four 8-lane cycles for 32 values: per value, every
+    // function's operations over 8. The root and the row scales' products are once a row (their
+    // functions have no loop inside the rows').
+    for passes in [1, 2] {
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, norm: true };
+        let ops: HashMap<String, u64> = qkernels::norm_functions(sh, 64, 1e-5)
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
+            .collect();
+        let mut prologue = [qkernels::NORM_TOP, qkernels::PRODUCT_MAX, qkernels::PRODUCT_CODES, qkernels::NORM_SQUARES]
+            .iter()
+            .map(|f| ops[*f])
+            .sum::<u64>();
+        if passes == 2 {
+            prologue += ops[qkernels::PRODUCT_RESIDUAL];
+        }
+        let lanes = qkernels::LANES as u64;
+        assert_eq!(qgemv::NORM_CYCLES_PER_ELEMENT[passes - 1], prologue.div_ceil(lanes), "{passes}: {ops:?}");
+        let epilogue = ops[qkernels::DEQUANT].div_ceil(lanes);
+        assert_eq!(qgemv::NORM_EPILOGUE_CYCLES_PER_ELEMENT[passes - 1], epilogue, "{passes}: {ops:?}");
+        let once = ops[qkernels::NORM_ROOT] + ops[qkernels::NORM_RESCALE];
+        assert_eq!(qgemv::NORM_ROW_CYCLES[passes - 1], once, "{passes}: {ops:?}");
     }
 }
 

@@ -146,7 +146,7 @@ pub fn inverse_rms(sh: NormShape) -> Result<Function, String> {
         let top = c.vector("reduction", Some("maxui"), &top, (&flat, "i32"));
         let e_max = c.with("shrui", &top, 23, "i32");
         let e_max = c.at_least_one(&e_max, "i32");
-        let lanes = aligned_squares(c, sh, (&x_ty, &pad), (&zero, &e_max));
+        let lanes = aligned_squares(c, (&x_ty, sh.d), &pad, (&zero, &e_max));
         let ss = c.scaled_sum(&lanes, &e_max);
         let ss = c.nonfinite_sum(&top, &ss);
         let r = c.inverse_root(&ss, sh);
@@ -156,13 +156,19 @@ pub fn inverse_rms(sh: NormShape) -> Result<Function, String> {
     Ok(c.finish(INVERSE_RMS, vec![(v("x"), x_ty), (v("r"), r_ty)]))
 }
 
-/// Row `%i`'s squares in 32 integer lanes: each value's significand (hidden bit included) over
-/// `2^(E − e + 13)`, rounded half up, squared and added to its lane.
-fn aligned_squares(c: &mut Code, sh: NormShape, (x_ty, pad): (&str, &str), (zero, e_max): (&str, &str)) -> String {
+/// Row `%i`'s squares over `d` values added to the 32 integer lanes `init`: each value's
+/// significand (hidden bit included) over `2^(E − e + 13)`, rounded half up, squared and added
+/// to its lane.
+pub(super) fn aligned_squares(
+    c: &mut Code,
+    (x_ty, d): (&str, usize),
+    pad: &str,
+    (init, e_max): (&str, &str),
+) -> String {
     let vi = lanes_n("i32", NORM_LANES);
     let top_shift = c.with("addi", e_max, i64::from(24 - ALIGNED_BITS), "i32");
     let top_shift = c.vector("broadcast", None, &top_shift, ("i32", &vi));
-    c.fold_by("l", (sh.d, NORM_LANES), (zero, &vi), |c, acc| {
+    c.fold_by("l", (d, NORM_LANES), (init, &vi), |c, acc| {
         let xb = c.bits_at(("x", x_ty), "%i", pad);
         let e = c.with("shrui", &xb, 23, &vi);
         let e = c.with("andi", &e, 0xff, &vi);
@@ -187,7 +193,7 @@ fn aligned_squares(c: &mut Code, sh: NormShape, (x_ty, pad): (&str, &str), (zero
 
 impl Code {
     /// `max(x, 1)` lane by lane, for `x ≥ 0`.
-    fn at_least_one(&mut self, x: &str, ty: &str) -> String {
+    pub(super) fn at_least_one(&mut self, x: &str, ty: &str) -> String {
         let one = self.iconst(1, ty);
         let zero = self.test("eq", x, 0, ty);
         self.select(&zero, &one, x, ty)
@@ -202,7 +208,7 @@ impl Code {
 
     /// The lanes (integer sums below 2³¹) to f32, folded by halves, times `2^(2E − 274)` on the
     /// exponent field: +0 when the result is 0 or would be subnormal, +∞ when it would overflow.
-    fn scaled_sum(&mut self, lanes: &str, e_max: &str) -> String {
+    pub(super) fn scaled_sum(&mut self, lanes: &str, e_max: &str) -> String {
         let vi = lanes_n("i32", NORM_LANES);
         let floats = self.f32_of_i32(lanes, &vi);
         let t = self.fold_halves(&floats, NORM_LANES);
@@ -223,7 +229,7 @@ impl Code {
     }
 
     /// The sum of a row holding ∞ or NaN (its largest magnitude's bits `top`): +∞, or NaN.
-    fn nonfinite_sum(&mut self, top: &str, ss: &str) -> String {
+    pub(super) fn nonfinite_sum(&mut self, top: &str, ss: &str) -> String {
         let (inf, nan) = (self.iconst(0x7f80_0000, "i32"), self.iconst(0x7fc0_0000, "i32"));
         let infinite = self.test("eq", top, 0x7f80_0000, "i32");
         let ss = self.select(&infinite, &inf, ss, "i32");
@@ -232,7 +238,7 @@ impl Code {
     }
 
     /// `1/√(ss/d + ε)` on f32 bits, as `ir::pinned_norm::inverse_root`.
-    fn inverse_root(&mut self, ss: &str, sh: NormShape) -> String {
+    pub(super) fn inverse_root(&mut self, ss: &str, sh: NormShape) -> String {
         let d = self.iconst(i64::from((sh.d as f32).to_bits()), "i32");
         let eps = self.iconst(i64::from(sh.epsilon.to_bits()), "i32");
         let one = self.iconst(i64::from(1f32.to_bits()), "i32");

@@ -16,12 +16,13 @@
 //!   unit, exact, and the second pass quantises it the same way. Only a marker needs the leading
 //!   zeros, the one step that is not a handful of operations.
 //!
-//! The row state is `rs` of `[4, rows]` f32, as for `QuantizeRows(x)` ([`super::Shape`]), but
+//! A function's `x` is an `X` element with γ's part as its last row (`Shape::norm`). The row
+//! state is `rs` of f32 rows, as for `QuantizeRows(x)` ([`super::Shape`]), but
 //! the running maxima are markers: the f32 bits of `2^k` for the largest scale so far, 0 for
 //! none, +∞ for an unscalable row — so an unsigned maximum of the bits keeps the largest.
 
 use super::{lanes, Code, Shape, LANES};
-use crate::kernels::{idx, lanes_of, memref, v, Function};
+use crate::kernels::{idx, lanes_of, v, Function};
 
 /// Each row's running scale marker over one K part (pass 0).
 pub const PRODUCT_MAX: &str = "qn_max";
@@ -34,11 +35,6 @@ pub const PRODUCT_RESIDUAL: &str = "qn_residual";
 
 /// The f32 bits of +∞, the marker of an unscalable row.
 const INF: i64 = 0x7f80_0000;
-
-/// `γ`'s part of the row, `[1, k]` f32.
-pub fn gamma_ty(sh: Shape) -> String {
-    memref(&[1, sh.k], "f32")
-}
 
 /// An exact product `x·γ`, lane by lane: `p·2^u` with `p` the significands' product (below
 /// 2³²), its sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
@@ -59,9 +55,9 @@ struct Rounded {
 }
 
 impl Code {
-    /// `[1, LANES]` of `γ` at column `%l`, as i32 bits.
-    fn gamma_bits(&mut self, g_ty: &str, pad: &str) -> String {
-        let g = self.read_block(("g", g_ty), "f32", [&idx(0), "%l"], (pad, LANES));
+    /// `[1, LANES]` of `γ` at column `%l` (the `X` element's last row, `rows`), as i32 bits.
+    fn gamma_bits(&mut self, (x_ty, rows): (&str, usize), pad: &str) -> String {
+        let g = self.read_block(("x", x_ty), "f32", [&idx(rows), "%l"], (pad, LANES));
         self.cast("bitcast", &g, &lanes("f32"), &lanes("i32"))
     }
 
@@ -196,9 +192,9 @@ impl Code {
 
     /// The first pass of block `(%i, %l)`: the product, its rounding at the row's scale `s0`
     /// and the code's lanes (∞ at 127).
-    fn first_pass(&mut self, (x_ty, g_ty, pad): (&str, &str, &str), s0: &str, ty: &str) -> (Exact, Rounded, String) {
+    fn first_pass(&mut self, (x_ty, rows, pad): (&str, usize, &str), s0: &str, ty: &str) -> (Exact, Rounded, String) {
         let xb = self.x_bits(x_ty, pad);
-        let gb = self.gamma_bits(g_ty, pad);
+        let gb = self.gamma_bits((x_ty, rows), pad);
         let p = self.exact_product(&xb, &gb, ty);
         let first = self.at_scale((&p.p, &p.u), s0, ty);
         let c127 = self.iconst(127, ty);
@@ -208,9 +204,9 @@ impl Code {
     }
 }
 
-/// `qn_max(%x, %g, %rs)`: each row's running scale marker of `x·γ` over one K part.
+/// `qn_max(%x, %rs)`: each row's running scale marker of `x·γ` over one K part.
 pub fn product_max(sh: Shape) -> Function {
-    let (x_ty, g_ty, rs_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty());
+    let (x_ty, rs_ty) = (sh.x_ty(), sh.rs_ty());
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
     let pad = c.fconst(0.0);
@@ -218,14 +214,14 @@ pub fn product_max(sh: Shape) -> Function {
         let init = c.row_bits(&rs_ty, 0);
         let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
             let xb = c.x_bits(&x_ty, &pad);
-            let gb = c.gamma_bits(&g_ty, &pad);
+            let gb = c.gamma_bits((&x_ty, sh.rows), &pad);
             let p = c.exact_product(&xb, &gb, &vi);
             let m = c.product_marker(&p, &vi);
             c.bin("maxui", acc, &m, &vi)
         });
         c.store_row_max(&mx, &rs_ty, 0);
     });
-    c.finish(PRODUCT_MAX, vec![(v("x"), x_ty), (v("g"), g_ty), (v("rs"), rs_ty)])
+    c.finish(PRODUCT_MAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
 }
 
 /// `qn_scale<p>(%rs)`: pass `p`'s scale from its marker: the marker's power of two, 1 for
@@ -251,15 +247,15 @@ pub fn product_scale(sh: Shape, pass: usize) -> Function {
     c.finish(PRODUCT_SCALE[pass], vec![(v("rs"), rs_ty)])
 }
 
-/// `qn_codes(%x, %g, %rs, %c0)`: one K part's first-pass codes of `x·γ`; with two passes also
+/// `qn_codes(%x, %rs, %c0)`: one K part's first-pass codes of `x·γ`; with two passes also
 /// each row's running marker of the residuals (NaN lanes none).
 pub fn product_codes(sh: Shape) -> Function {
-    let (x_ty, g_ty, rs_ty, c_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty(), sh.codes_ty());
+    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k, LANES]);
     let pad = c.fconst(0.0);
     let zero = c.iconst(0, &vi);
-    let types = (x_ty.as_str(), g_ty.as_str(), pad.as_str());
+    let types = (x_ty.as_str(), sh.rows, pad.as_str());
     c.each("i", sh.rows, |c| {
         let s0 = c.row_bits(&rs_ty, 1);
         if sh.passes == 1 {
@@ -280,19 +276,17 @@ pub fn product_codes(sh: Shape) -> Function {
         });
         c.store_row_max(&mx, &rs_ty, 2);
     });
-    let params =
-        vec![(v("x"), x_ty.clone()), (v("g"), g_ty.clone()), (v("rs"), rs_ty.clone()), (v("c0"), c_ty.clone())];
-    c.finish(PRODUCT_CODES, params)
+    c.finish(PRODUCT_CODES, vec![(v("x"), x_ty.clone()), (v("rs"), rs_ty.clone()), (v("c0"), c_ty.clone())])
 }
 
-/// `qn_residual(%x, %g, %rs, %c1)`: one K part's second-pass codes, of the first pass's exact
+/// `qn_residual(%x, %rs, %c1)`: one K part's second-pass codes, of the first pass's exact
 /// remainders at the row's second scale; 0 in an unscalable row.
 pub fn product_residual(sh: Shape) -> Function {
-    let (x_ty, g_ty, rs_ty, c_ty) = (sh.x_ty(), gamma_ty(sh), sh.rs_ty(), sh.codes_ty());
+    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k, LANES]);
     let pad = c.fconst(0.0);
-    let types = (x_ty.as_str(), g_ty.as_str(), pad.as_str());
+    let types = (x_ty.as_str(), sh.rows, pad.as_str());
     c.each("i", sh.rows, |c| {
         let (s0, s1) = (c.row_bits(&rs_ty, 1), c.row_bits(&rs_ty, 3));
         let first_marker = c.row_bits(&rs_ty, 0);
@@ -306,7 +300,7 @@ pub fn product_residual(sh: Shape) -> Function {
             c.write_codes(code, "c1", &c_ty);
         });
     });
-    c.finish(PRODUCT_RESIDUAL, vec![(v("x"), x_ty), (v("g"), g_ty), (v("rs"), rs_ty), (v("c1"), c_ty)])
+    c.finish(PRODUCT_RESIDUAL, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c1"), c_ty)])
 }
 
 /// Every function of `QuantizeRows(x, γ)` a core of shape `sh` calls, in call order (the
