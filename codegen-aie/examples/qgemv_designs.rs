@@ -8,7 +8,8 @@
 //! RmsNorm (`qkernels::rms_norm`, `n_rms_d<D>.mlir`) and the aligned inverse rms
 //! (`qkernels::inverse_rms`, `n_irms_d<D>.mlir`) — and prints their operations: per 32-value
 //! block of their two loops, and once a row (the lanes' folding and the root); and the row
-//! quantisation's functions, of `x` and of the exact products `x·γ`, per 8-value block.
+//! quantisation's functions, of `x` and of the exact products `x·γ`, and the f32 gate
+//! (`qkernels::swiglu`), per 8-value block.
 //!
 //! The norm-fed designs (`qgemv::choose_norm`: the residual stream's row and γ in, the norm on
 //! the cores) of the projections a norm feeds are written too, their cycles beside the qgemv
@@ -108,6 +109,9 @@ fn prologues() -> Result<(), Box<dyn std::error::Error>> {
         let per_block = loops.first().map_or("-".to_string(), |n| n.to_string());
         println!("{:<16} {per_block:>16} {once:>12}", f.name);
     }
+    let gate = qkernels::swiglu(qkernels::GateShape { rows: 1, d: 1536 })?;
+    let (loops, once) = counts(&gate)?;
+    println!("{:<16} {:>16} {once:>12}", gate.name, loops[0]);
     Ok(())
 }
 

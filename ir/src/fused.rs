@@ -6,7 +6,7 @@
 //! | `RmsNorm{epsilon}` | x, γ → y | y = x / √(mean(x², last axis) + ε) · γ |
 //! | `SkipRmsNorm{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias); y = RmsNorm(s) |
 //! | `Silu` | x → y | y = x · σ(x) |
-//! | `SwiGlu` | gate, up → y | y = Silu(gate) · up |
+//! | `SwiGlu` | gate, up → y | y = (gate·σ(gate)) · up, σ and its `exp` as [`crate::pinned_gate`] pins them (the order every host path and an array core follow) |
 //! | `GeluTanh` | x → y | y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), GELU's tanh form: ONNX `Gelu` with `approximate = "tanh"` |
 //! | `GeluGate` | gate, up → y | y = GeluTanh(gate) · up |
 //! | `Rope{interleaved}` | x, cos, sin → y | rotary embedding over x's last axis with full-width cos/sin broadcast to x: rotate-half (`interleaved=0`) y = x·cos + [−x₂, x₁]·sin; interleaved pairs (2i, 2i+1) otherwise |
@@ -72,9 +72,15 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
             onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(x), Some(&s[0])], 1)
         }
         "SwiGlu" => {
+            // σ as `pinned_gate` defines it (the host kernels' and an array core's), then
+            // (g·σ)·u.
             let (g, u) = (input(0)?, input(1)?);
-            let s = onnx(op, "Sigmoid", Domain::Onnx, &Attrs::default(), &[Some(g)], 1)?;
-            let silu = onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(g), Some(&s[0])], 1)?;
+            let s = Tensor::from_f32(
+                g.dtype,
+                g.shape.clone(),
+                g.to_f32_vec().into_iter().map(crate::pinned_gate::sigmoid).collect(),
+            );
+            let silu = onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(g), Some(&s)], 1)?;
             onnx(op, "Mul", Domain::Onnx, &Attrs::default(), &[Some(&silu[0]), Some(u)], 1)
         }
         "GeluTanh" => gelu_tanh(op, input(0)?),

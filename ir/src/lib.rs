@@ -22,6 +22,7 @@ pub mod gated_norms;
 pub mod graph;
 pub mod norm_codes;
 pub mod op;
+pub mod pinned_gate;
 pub mod pinned_norm;
 pub mod print;
 pub mod run;

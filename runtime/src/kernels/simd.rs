@@ -17,9 +17,12 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    // Cephes' expf: e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 (ln2 split in two so
-    // n·ln2 is exact), e^r by a degree-7 polynomial; about 1 ulp for normal results, gradual
-    // underflow below e^−87.3 (to 0 under e^−104), +∞ from 88.72 on.
+    // e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 (ln2 split in two so n·ln2_hi is
+    // exact), e^r by a degree-7 polynomial: the pinned definition `ir::pinned_gate::exp` (its
+    // twin `super::super::swiglu::exp` is the scalar path), every product and sum rounded on its
+    // own — no fused multiply-add — so scalar, AVX2, AVX-512 and an array core agree to the bit.
+    // About one ulp for normal results, gradual underflow below e^−87.3 (to 0 under e^−104), +∞
+    // from 88.72 on, NaN kept.
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -37,21 +40,22 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn exp_256(x: __m256) -> __m256 {
-        let xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LOWEST)), _mm256_set1_ps(OVERFLOW));
+        // `max_ps`/`min_ps` return their second operand when either is NaN: NaN goes through.
+        let xc = _mm256_min_ps(_mm256_set1_ps(OVERFLOW), _mm256_max_ps(_mm256_set1_ps(LOWEST), x));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
             xc,
             _mm256_set1_ps(LOG2E),
         ));
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let r = _mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI)));
+        let r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
         let mut p = _mm256_set1_ps(P[0]);
         for &c in &P[1..] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
         }
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
-        // n ∈ [−150, 128]: scale by 2^n1 (a normal power) then 2^n2 (n2 ∈ [−24, 1]), so that
-        // subnormal results round once, in the last multiplication.
-        let n1 = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-126.0)), _mm256_set1_ps(127.0));
+        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0));
+        // n ∈ [−150, 128]: scale by 2^n1 (n1 ≥ −125, so y·2^n1 stays normal and exact, y ≥ 0.7)
+        // then 2^n2 (n2 ∈ [−25, 1]), so that subnormal results round once, in the last product.
+        let n1 = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-125.0)), _mm256_set1_ps(127.0));
         let n2 = _mm256_sub_ps(n, n1);
         let e = _mm256_mul_ps(_mm256_mul_ps(y, pow2_256(n1)), pow2_256(n2));
         _mm256_blendv_ps(e, _mm256_set1_ps(f32::INFINITY), _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(OVERFLOW)))
@@ -60,19 +64,20 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     pub(crate) unsafe fn exp_512(x: __m512) -> __m512 {
-        let xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LOWEST)), _mm512_set1_ps(OVERFLOW));
+        let xc = _mm512_min_ps(_mm512_set1_ps(OVERFLOW), _mm512_max_ps(_mm512_set1_ps(LOWEST), x));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
             xc,
             _mm512_set1_ps(LOG2E),
         ));
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let r = _mm512_sub_ps(xc, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI)));
+        let r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
         let mut p = _mm512_set1_ps(P[0]);
         for &c in &P[1..] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+            p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
         }
-        let y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
-        // scalef computes y · 2^n with gradual underflow and overflow to ∞.
+        let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0));
+        // scalef computes y · 2^n rounded once, with gradual underflow and overflow to ∞: the
+        // definition's (y·2^n1)·2^n2, whose first product is exact.
         let e = _mm512_scalef_ps(y, n);
         let over = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(OVERFLOW));
         _mm512_mask_mov_ps(e, over, _mm512_set1_ps(f32::INFINITY))

@@ -1,13 +1,10 @@
 //! Gated MLP products. GeluGate: `y = GeluTanh(gate)·up` with GELU's tanh form
 //! `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))` in f32 (scalar: Gemma-family models only).
 //!
-//! SwiGlu: `y = Silu(gate)·up = (gate·σ(gate))·up`, with `σ(g) = 1/(1 + e^−g)` for g ≥ 0 and
-//! `e^g/(1 + e^g)` otherwise (so the exponential never overflows), the products in the order
-//! the reference evaluator takes them.
-//!
-//! The scalar path uses `f32::exp` and matches the reference; the SIMD paths use a vector `exp`
-//! accurate to about 1 ulp, so their outputs differ from the reference by a few ulp (tests
-//! allow 1e-6 relative plus two subnormal ulps of σ times |gate·up|).
+//! SwiGlu: `y = Silu(gate)·up = (gate·σ(gate))·up`, with `e = exp(−|g|)` and `σ(g) = 1/(1 + e)`
+//! for g ≥ 0, `e/(1 + e)` otherwise (so the exponential never overflows): `ir::pinned_gate`'s
+//! definition, `exp` included, which every path computes to the bit (scalar, AVX2, AVX-512;
+//! `tests/pinned_gate.rs`), as an array core's code would.
 
 use super::Isa;
 
@@ -69,12 +66,32 @@ pub fn swiglu_packed_rows(isa: Isa, gate_up: &[f32], width: usize, y: &mut [f32]
     }
 }
 
+/// `ir::pinned_gate::exp`: e^x as every path computes it (see the module's summary).
+pub fn exp(x: f32) -> f32 {
+    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+    if x.is_nan() {
+        return x;
+    }
+    if x >= 88.722_83 {
+        return f32::INFINITY;
+    }
+    let x = x.max(-104.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (x - n * 0.693_359_4) - n * -2.121_944_4e-4;
+    let p = P[1..].iter().fold(P[0], |p, &c| p * r + c);
+    let y = (p * (r * r) + r) + 1.0;
+    let n1 = n.clamp(-125.0, 127.0);
+    let pow2 = |k: f32| f32::from_bits(((k as i32 + 127) as u32) << 23);
+    (y * pow2(n1)) * pow2(n - n1)
+}
+
 fn sigmoid(g: f32) -> f32 {
+    let e = exp(-g.abs());
+    let d = 1.0 + e;
     if g >= 0.0 {
-        1.0 / (1.0 + (-g).exp())
+        1.0 / d
     } else {
-        let e = g.exp();
-        e / (1.0 + e)
+        e / d
     }
 }
 
