@@ -394,13 +394,10 @@ impl FloatExt for f32 {
         (self as f64).exp().ln_1p() as f32
     }
 
+    /// The pinned σ (`crate::pinned_gate`): the one the gate's kernels compute, so a decomposed
+    /// SiLU and the fused `SwiGlu` give the same bits.
     fn logistic(self) -> f32 {
-        if self >= 0.0 {
-            1.0 / (1.0 + (-self).exp())
-        } else {
-            let e = self.exp();
-            e / (1.0 + e)
-        }
+        crate::pinned_gate::sigmoid(self)
     }
 }
 
