@@ -4,29 +4,11 @@
 //! definition equals the host. Gates over many binades, where σ's `exp` underflows gradually
 //! and to 0, ±0, ±∞ and NaN, in rows of every tail length the vector paths take.
 
+mod common;
+
+use common::values::Rng;
 use runtime::kernels::swiglu::swiglu;
 use runtime::kernels::Isa;
-
-/// xorshift64: reproducible values without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A value in ±[1, 2)·2^e, e uniform in `-spread..spread`.
-    fn spread(&mut self, spread: i32) -> f32 {
-        let bits = self.next();
-        let m = 1.0 + (bits >> 40) as f32 / (1u64 << 24) as f32;
-        let e = (bits % (2 * spread as u64)) as i32 - spread;
-        let sign = if bits & (1 << 20) == 0 { 1.0 } else { -1.0 };
-        sign * m * 2f32.powi(e)
-    }
-}
 
 /// Gates: spread over binades up to ±128 (σ's exp from 1 down to 0), the gradual underflow
 /// (−87.3 to −103.3), and the specials.

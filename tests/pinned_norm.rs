@@ -5,30 +5,12 @@
 //! hold a NaN. `npuc::InverseRms`, the xdna program's `1/rms` a row, is the factor those norms
 //! scale by, in the evaluator and in the host kernel alike.
 
+mod common;
+
+use common::values::Rng;
 use ir::pinned_norm::rms_norm_row;
 use runtime::kernels::norm::{inverse_rms, rms_norm, skip_rms_norm, Squares};
 use runtime::kernels::Isa;
-
-/// xorshift64: reproducible values without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A value in ±[1, 2) times 2^e, e uniform in `-spread..spread`.
-    fn spread(&mut self, spread: i32) -> f32 {
-        let bits = self.next();
-        let m = 1.0 + (bits >> 40) as f32 / (1u64 << 24) as f32;
-        let e = (bits % (2 * spread as u64)) as i32 - spread;
-        let sign = if bits & (1 << 20) == 0 { 1.0 } else { -1.0 };
-        sign * m * 2f32.powi(e)
-    }
-}
 
 fn same(got: &[f32], want: &[f32]) -> bool {
     got.iter().zip(want).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))

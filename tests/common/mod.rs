@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod hybrid;
+pub mod values;
 
 use ir::Tensor;
 use std::collections::HashMap;
