@@ -72,6 +72,15 @@ pub enum Rule {
     /// Every function a core calls is defined in the design with a body, so mlir-aie compiles the
     /// core's code from the design alone (a declaration would link an object no bundle carries).
     CoreCalls,
+    /// The design's name is its device's symbol, written unquoted: an MLIR bare identifier (a
+    /// letter or `_`, then letters, digits, `_`, `$` or `.`).
+    SymbolName,
+    /// A core function's elementwise integer operations (`arith` binary ops, compares, selects,
+    /// casts other than bitcasts) take vectors of at most 256 bits: mlir-aie's
+    /// `convert-vector-to-aievec` (at the commit checked against) leaves `arith.subi` on wider
+    /// integer vectors illegal for the LLVM backend, has no LLVM lowering for their bitwise ops,
+    /// and cannot translate their compare masks; 8 lanes of i32 lower.
+    VectorWidth,
 }
 
 impl Rule {
@@ -96,6 +105,8 @@ impl Rule {
             Rule::RuntimeDma => "runtime-dma",
             Rule::ShimBdIds => "shim-bd-ids",
             Rule::CoreCalls => "core-calls",
+            Rule::SymbolName => "symbol-name",
+            Rule::VectorWidth => "vector-width",
         }
     }
 }
@@ -214,7 +225,9 @@ pub fn max_index(dims: &[(usize, usize)]) -> usize {
 /// Checks every rule of a design: its FIFOs, its links and the patterns they imply, every
 /// tile's memory, channels, locks and descriptors, and the runtime sequence.
 pub fn check(d: &Design) -> Result<(), ResourceError> {
+    check_symbol_name(d)?;
     check_core_calls(d)?;
+    check_vector_widths(d)?;
     check_fifos(d)?;
     check_links(d)?;
     check_producer_patterns(d)?;
@@ -250,6 +263,51 @@ fn tile_subject(t: Tile) -> String {
         _ => "compute tile",
     };
     format!("{kind} ({}, {})", t.0, t.1)
+}
+
+/// The design's name is an MLIR bare identifier.
+fn check_symbol_name(d: &Design) -> Result<(), ResourceError> {
+    let mut chars = d.name.chars();
+    let first = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if first && chars.all(|c| c.is_ascii_alphanumeric() || "_$.".contains(c)) {
+        return Ok(());
+    }
+    let what = "is not an MLIR bare identifier, as the device's unquoted symbol must be".to_string();
+    fail(d, Rule::SymbolName, format!("design name {:?}", d.name), what)
+}
+
+/// Bits of a vector type `vector<AxBx..xiN>` (None for a scalar or a float vector).
+fn int_vector_bits(ty: &str) -> Option<usize> {
+    let inner = ty.trim().strip_prefix("vector<")?.strip_suffix('>')?;
+    let (dims, elem) = inner.rsplit_once('x')?;
+    let bits: usize = elem.strip_prefix('i')?.parse().ok()?;
+    dims.split('x').try_fold(bits, |acc, d| d.parse::<usize>().ok().map(|d| acc * d))
+}
+
+/// The widest integer vector an elementwise statement of `body` (nested loops included) takes.
+fn widest_elementwise(body: &[crate::kernels::Stmt]) -> Option<(usize, String)> {
+    use crate::kernels::Stmt;
+    body.iter()
+        .filter_map(|s| match s {
+            Stmt::Bin { ty, .. } | Stmt::Cmp { ty, .. } | Stmt::Select { ty, .. } => {
+                int_vector_bits(ty).map(|b| (b, ty.clone()))
+            }
+            Stmt::Cast { op, from, .. } if *op != "bitcast" => int_vector_bits(from).map(|b| (b, from.clone())),
+            Stmt::For { body, .. } => widest_elementwise(body),
+            _ => None,
+        })
+        .max_by_key(|(b, _)| *b)
+}
+
+/// Core functions' elementwise integer operations stay within 256-bit vectors.
+fn check_vector_widths(d: &Design) -> Result<(), ResourceError> {
+    for f in &d.functions {
+        if let Some((bits, ty)) = f.body.as_deref().and_then(widest_elementwise).filter(|(b, _)| *b > 256) {
+            let what = format!("computes elementwise on {ty} ({bits} bits); mlir-aie lowers at most 256");
+            return fail(d, Rule::VectorWidth, format!("function @{}", f.name), what);
+        }
+    }
+    Ok(())
 }
 
 /// Every function a core calls has a body in the design.

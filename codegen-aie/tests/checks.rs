@@ -511,3 +511,16 @@ fn buffers_that_fit_in_total_but_not_bank_by_bank_are_refused_as_mlir_aie_places
     d.buffers.pop();
     design::check(&d).unwrap_or_else(|e| panic!("four of them fit, one a bank: {e}"));
 }
+
+#[test]
+fn a_name_mlir_cannot_write_unquoted_or_arithmetic_on_wide_vectors_is_refused() {
+    // The name is the device's bare symbol in the custom form: no `-`.
+    let err = refused(|d| d.name = "nqgemv1_1x576x960_npu1_eps1e-5".into());
+    assert_rule(&err, Rule::SymbolName, "design name");
+    // The aligned inverse rms on 32 i32 lanes (1,024 bits) is host-side core code; a design
+    // carrying it is refused, as mlir-aie's vector-to-aievec leaves its `subi` illegal.
+    let wide = codegen_aie::qkernels::inverse_rms(codegen_aie::qkernels::NormShape { rows: 1, d: 64, epsilon: 1e-5 });
+    let err = refused(|d| d.functions.push(wide.unwrap()));
+    assert_rule(&err, Rule::VectorWidth, "@n_irms");
+    assert!(err.what.contains("vector<1x32xi32> (1024 bits)"), "{err}");
+}

@@ -60,7 +60,7 @@ impl Code {
     }
 
     /// `vector.extract` of position `at` of `src`'s leading dimension.
-    fn extract(&mut self, src: &str, at: usize, (from, to): (&str, &str)) -> String {
+    pub(super) fn extract(&mut self, src: &str, at: usize, (from, to): (&str, &str)) -> String {
         let res = self.fresh("ext");
         self.push(Stmt::Extract { res: res.clone(), src: src.into(), at, from: from.into(), to: to.into() });
         res
@@ -156,42 +156,42 @@ pub fn inverse_rms(sh: NormShape) -> Result<Function, String> {
     Ok(c.finish(INVERSE_RMS, vec![(v("x"), x_ty), (v("r"), r_ty)]))
 }
 
-/// Row `%i`'s squares over `d` values added to the 32 integer lanes `init`: each value's
-/// significand (hidden bit included) over `2^(E − e + 13)`, rounded half up, squared and added
-/// to its lane.
-pub(super) fn aligned_squares(
-    c: &mut Code,
-    (x_ty, d): (&str, usize),
-    pad: &str,
-    (init, e_max): (&str, &str),
-) -> String {
+/// Row `%i`'s squares over `d` values added to the 32 integer lanes `init` (32-lane blocks).
+fn aligned_squares(c: &mut Code, (x_ty, d): (&str, usize), pad: &str, (init, e_max): (&str, &str)) -> String {
     let vi = lanes_n("i32", NORM_LANES);
     let top_shift = c.with("addi", e_max, i64::from(24 - ALIGNED_BITS), "i32");
     let top_shift = c.vector("broadcast", None, &top_shift, ("i32", &vi));
     c.fold_by("l", (d, NORM_LANES), (init, &vi), |c, acc| {
         let xb = c.bits_at(("x", x_ty), "%i", pad);
-        let e = c.with("shrui", &xb, 23, &vi);
-        let e = c.with("andi", &e, 0xff, &vi);
-        let fraction = c.with("andi", &xb, 0x007f_ffff, &vi);
-        let e1 = c.at_least_one(&e, &vi);
-        // The hidden bit, 1 << 23 when e ≥ 1: (e1 − e) is 1 for a subnormal, 0 otherwise.
-        let subnormal = c.bin("subi", &e1, &e, &vi);
-        let hidden = c.with("xori", &subnormal, 1, &vi);
-        let hidden = c.with("shli", &hidden, 23, &vi);
-        let m = c.bin("ori", &fraction, &hidden, &vi);
-        let shift = c.bin("subi", &top_shift, &e1, &vi);
-        let shift = c.at_most(&shift, 31, &vi);
-        let half = c.with("subi", &shift, 1, &vi);
-        let one = c.iconst(1, &vi);
-        let half = c.bin("shli", &one, &half, &vi);
-        let m = c.bin("addi", &m, &half, &vi);
-        let a = c.bin("shrui", &m, &shift, &vi);
-        let square = c.bin("muli", &a, &a, &vi);
+        let square = c.aligned_square(&xb, &top_shift, &vi);
         c.bin("addi", acc, &square, &vi)
     })
 }
 
 impl Code {
+    /// The aligned squares of the f32 bits `xb` (lanes of `ty`): each value's significand
+    /// (hidden bit included) over `2^(top_shift − e)` (`top_shift = E + 13` broadcast), rounded
+    /// half up, squared.
+    pub(super) fn aligned_square(&mut self, xb: &str, top_shift: &str, ty: &str) -> String {
+        let e = self.with("shrui", xb, 23, ty);
+        let e = self.with("andi", &e, 0xff, ty);
+        let fraction = self.with("andi", xb, 0x007f_ffff, ty);
+        let e1 = self.at_least_one(&e, ty);
+        // The hidden bit, 1 << 23 when e ≥ 1: (e1 − e) is 1 for a subnormal, 0 otherwise.
+        let subnormal = self.bin("subi", &e1, &e, ty);
+        let hidden = self.with("xori", &subnormal, 1, ty);
+        let hidden = self.with("shli", &hidden, 23, ty);
+        let m = self.bin("ori", &fraction, &hidden, ty);
+        let shift = self.bin("subi", top_shift, &e1, ty);
+        let shift = self.at_most(&shift, 31, ty);
+        let half = self.with("subi", &shift, 1, ty);
+        let one = self.iconst(1, ty);
+        let half = self.bin("shli", &one, &half, ty);
+        let m = self.bin("addi", &m, &half, ty);
+        let a = self.bin("shrui", &m, &shift, ty);
+        self.bin("muli", &a, &a, ty)
+    }
+
     /// `max(x, 1)` lane by lane, for `x ≥ 0`.
     pub(super) fn at_least_one(&mut self, x: &str, ty: &str) -> String {
         let one = self.iconst(1, ty);
@@ -206,17 +206,23 @@ impl Code {
         self.select(&over, &limit, x, ty)
     }
 
-    /// The lanes (integer sums below 2³¹) to f32, folded by halves, times `2^(2E − 274)` on the
-    /// exponent field: +0 when the result is 0 or would be subnormal, +∞ when it would overflow.
-    pub(super) fn scaled_sum(&mut self, lanes: &str, e_max: &str) -> String {
+    /// The lanes (integer sums below 2³¹) to f32, folded by halves, times `2^(2E − 274)`
+    /// ([`Code::scaled_fold`]).
+    fn scaled_sum(&mut self, lanes: &str, e_max: &str) -> String {
         let vi = lanes_n("i32", NORM_LANES);
         let floats = self.f32_of_i32(lanes, &vi);
         let t = self.fold_halves(&floats, NORM_LANES);
+        self.scaled_fold(&t, e_max)
+    }
+
+    /// The folded lanes' f32 `t` times `2^(2E − 274)` on the exponent field: +0 when the result
+    /// is 0 or would be subnormal, +∞ when it would overflow.
+    pub(super) fn scaled_fold(&mut self, t: &str, e_max: &str) -> String {
         let k = self.with("shli", e_max, 1, "i32");
-        let e = self.with("shrui", &t, 23, "i32");
+        let e = self.with("shrui", t, 23, "i32");
         let e = self.bin("addi", &e, &k, "i32");
         let e = self.with("subi", &e, 274, "i32");
-        let fraction = self.with("andi", &t, 0x007f_ffff, "i32");
+        let fraction = self.with("andi", t, 0x007f_ffff, "i32");
         let field = self.with("shli", &e, 23, "i32");
         let bits = self.bin("ori", &field, &fraction, "i32");
         let (c0, inf) = (self.iconst(0, "i32"), self.iconst(0x7f80_0000, "i32"));
@@ -224,7 +230,7 @@ impl Code {
         let bits = self.select(&over, &inf, &bits, "i32");
         let under = self.test("sle", &e, 0, "i32");
         let bits = self.select(&under, &c0, &bits, "i32");
-        let empty = self.test("eq", &t, 0, "i32");
+        let empty = self.test("eq", t, 0, "i32");
         self.select(&empty, &c0, &bits, "i32")
     }
 

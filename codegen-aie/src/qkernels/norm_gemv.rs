@@ -9,11 +9,16 @@
 //! The state beyond `QuantizeRows(x, γ)`'s: slots 4 and 5 of `rs` (the largest magnitude's
 //! bits, then `r`), and `ss` of `[rows, 32]` int32, the squares' lanes (element `j` of the row
 //! in lane `j mod 32`, so a K part is a whole number of 32-value blocks).
+//!
+//! Every vector here is [`LANES`] wide, as the row quantisation's: the 32 lanes are four
+//! groups of 8 (group `b` summing the columns `32t + 8b ..`), folded by halves as groups
+//! (`0 + 2`, `1 + 3`, then the two) and then lane by lane as scalars — the same additions in
+//! the same order as `ir::pinned_norm`'s fold. mlir-aie lowers no wider integer vector
+//! arithmetic (`Rule::VectorWidth`).
 
-use super::norm::aligned_squares;
 use super::{lanes, lanes_n, Code, NormShape, Shape, LANES, NORM_LANES};
 use crate::kernels::{idx, memref, v, Function, Stmt};
-use ir::pinned_norm::ALIGNED_MAX_D;
+use ir::pinned_norm::{ALIGNED_BITS, ALIGNED_MAX_D};
 
 /// Zeroes the row state and the squares' lanes.
 pub const NORM_RESET: &str = "nq_reset";
@@ -31,17 +36,28 @@ pub fn squares_ty(sh: Shape) -> String {
     memref(&[sh.rows, NORM_LANES], "i32")
 }
 
+/// The lane groups of the squares: `[1, 8]` blocks at these columns of a row of `ss`.
+const GROUPS: [usize; 4] = [0, LANES, 2 * LANES, 3 * LANES];
+
 /// `nq_reset(%rs, %ss)`: the running maxima (slots 0, 2, 4) and the squares' lanes to 0.
 pub fn norm_reset(sh: Shape) -> Function {
-    let (rs_ty, ss_ty, vi) = (sh.rs_ty(), squares_ty(sh), lanes_n("i32", NORM_LANES));
-    let mut c = Code::new(&[0, 1, 2, 4, sh.rows]);
+    let (rs_ty, ss_ty, vi) = (sh.rs_ty(), squares_ty(sh), lanes("i32"));
+    let mut c = Code::new(&[0, 1, 2, 4, sh.rows, LANES, 2 * LANES, 3 * LANES]);
     let (zero, lanes_zero) = (c.fconst(0.0), c.iconst(0, &vi));
     c.each("i", sh.rows, |c| {
         for slot in [0, 2, 4] {
             c.store(&zero, "rs", &rs_ty, &[&idx(slot), "%i"], "f32");
         }
-        let at = vec!["%i".to_string(), idx(0)];
-        c.push(Stmt::Write { val: lanes_zero.clone(), mem: v("ss"), mem_ty: ss_ty.clone(), idx: at, vty: vi.clone() });
+        for group in GROUPS {
+            let at = vec!["%i".to_string(), idx(group)];
+            c.push(Stmt::Write {
+                val: lanes_zero.clone(),
+                mem: v("ss"),
+                mem_ty: ss_ty.clone(),
+                idx: at,
+                vty: vi.clone(),
+            });
+        }
     });
     c.finish(NORM_RESET, vec![(v("rs"), rs_ty), (v("ss"), ss_ty)])
 }
@@ -73,29 +89,65 @@ impl Code {
         (self.at_least_one(&e, "i32"), top)
     }
 
-    /// Row `%i`'s squares' lanes.
-    fn read_squares(&mut self, ss_ty: &str) -> String {
+    /// Row `%i`'s squares' lane group at column `group` of `ss`.
+    fn read_squares(&mut self, ss_ty: &str, group: usize) -> String {
         let res = self.fresh("vec");
-        let (idx, pad) = (vec!["%i".to_string(), idx(0)], self.iconst(0, "i32"));
-        let vty = lanes_n("i32", NORM_LANES);
-        self.push(Stmt::Read { res: res.clone(), mem: v("ss"), mem_ty: ss_ty.into(), idx, pad, vty, elem: "i32" });
+        let (idx, pad) = (vec!["%i".to_string(), idx(group)], self.iconst(0, "i32"));
+        self.push(Stmt::Read {
+            res: res.clone(),
+            mem: v("ss"),
+            mem_ty: ss_ty.into(),
+            idx,
+            pad,
+            vty: lanes("i32"),
+            elem: "i32",
+        });
         res
+    }
+
+    /// The 32 lanes' sum as `ir::pinned_norm::fold_lanes` takes it, from the four groups' f32
+    /// bits: groups 0 + 2 and 1 + 3, their sum, then its 8 lanes as scalars, by halves.
+    fn fold_groups(&mut self, groups: &[String]) -> String {
+        let vi = lanes("i32");
+        let low = self.add_f32(&groups[0], &groups[2], &vi);
+        let high = self.add_f32(&groups[1], &groups[3], &vi);
+        let eight = self.add_f32(&low, &high, &vi);
+        let flat = format!("vector<{LANES}xi32>");
+        let flat_v = self.vector("shape_cast", None, &eight, (&vi, &flat));
+        let mut l: Vec<String> = (0..LANES).map(|k| self.extract(&flat_v, k, (&flat, "i32"))).collect();
+        let mut n = LANES / 2;
+        while n > 0 {
+            l = (0..n).map(|k| self.add_f32(&l[k], &l[k + n], "i32")).collect();
+            n /= 2;
+        }
+        l.remove(0)
     }
 }
 
 /// `nq_squares(%x, %rs, %ss)`: one K part's aligned squares (each value's significand on the
-/// row's largest exponent, `ir::pinned_norm::aligned_sum_squares`) added to row's lanes.
+/// row's largest exponent, `ir::pinned_norm::aligned_sum_squares`) added to the row's lanes,
+/// lane group by lane group.
 pub fn norm_squares(sh: Shape) -> Function {
     let (x_ty, rs_ty, ss_ty) = (sh.x_ty(), sh.rs_ty(), squares_ty(sh));
-    let vi = lanes_n("i32", NORM_LANES);
-    let mut c = Code::new(&[0, 1, 4, sh.rows, sh.k, NORM_LANES]);
+    let vi = lanes("i32");
+    let mut c = Code::new(&[0, 1, 4, sh.rows, sh.k, NORM_LANES, LANES, 2 * LANES, 3 * LANES]);
     let pad = c.fconst(0.0);
     c.each("i", sh.rows, |c| {
         let (e_max, _) = c.row_exponent(&rs_ty);
-        let init = c.read_squares(&ss_ty);
-        let lanes = aligned_squares(c, (&x_ty, sh.k), &pad, (&init, &e_max));
-        let at = vec!["%i".to_string(), idx(0)];
-        c.push(Stmt::Write { val: lanes, mem: v("ss"), mem_ty: ss_ty.clone(), idx: at, vty: vi.clone() });
+        let top_shift = c.with("addi", &e_max, i64::from(24 - ALIGNED_BITS), "i32");
+        let top_shift = c.vector("broadcast", None, &top_shift, ("i32", &vi));
+        for group in GROUPS {
+            let init = c.read_squares(&ss_ty, group);
+            let lanes = c.fold_by("l", (sh.k, NORM_LANES), (&init, &vi), |c, acc| {
+                let col = c.bin("addi", "%l", &idx(group), "index");
+                let x = c.read_block(("x", &x_ty), "f32", ["%i", &col], (&pad, LANES));
+                let xb = c.cast("bitcast", &x, &lanes("f32"), &vi);
+                let square = c.aligned_square(&xb, &top_shift, &vi);
+                c.bin("addi", acc, &square, &vi)
+            });
+            let at = vec!["%i".to_string(), idx(group)];
+            c.push(Stmt::Write { val: lanes, mem: v("ss"), mem_ty: ss_ty.clone(), idx: at, vty: vi.clone() });
+        }
     });
     c.finish(NORM_SQUARES, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("ss"), ss_ty)])
 }
@@ -105,11 +157,18 @@ pub fn norm_squares(sh: Shape) -> Function {
 /// slot 5.
 pub fn norm_root(sh: Shape, norm: NormShape) -> Function {
     let (rs_ty, ss_ty) = (sh.rs_ty(), squares_ty(sh));
-    let mut c = Code::new(&[0, 1, 4, 5, sh.rows]);
+    let mut c = Code::new(&[0, 1, 4, 5, sh.rows, LANES, 2 * LANES, 3 * LANES]);
     c.each("i", sh.rows, |c| {
         let (e_max, top) = c.row_exponent(&rs_ty);
-        let lanes = c.read_squares(&ss_ty);
-        let ss = c.scaled_sum(&lanes, &e_max);
+        let groups: Vec<String> = GROUPS
+            .iter()
+            .map(|&g| {
+                let lanes = c.read_squares(&ss_ty, g);
+                c.f32_of_i32(&lanes, &lanes_n("i32", LANES))
+            })
+            .collect();
+        let t = c.fold_groups(&groups);
+        let ss = c.scaled_fold(&t, &e_max);
         let ss = c.nonfinite_sum(&top, &ss);
         let r = c.inverse_root(&ss, norm);
         let r = c.cast("bitcast", &r, "i32", "f32");
