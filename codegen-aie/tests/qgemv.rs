@@ -252,6 +252,17 @@ fn norm_fed_designs_equal_the_programs_norm_and_projection_bit_for_bit() {
             }
             assert!(want[..n].iter().all(|v| v.is_finite()) && want[3 * n..4 * n].iter().all(|v| v.is_nan()));
         }
+        // Decode's design: one row, K in several parts (SmolLM2's down projection's K).
+        let q = qgemv::choose_norm(device, GemmShape { m: 1, k: 1536, n: 64 }, 2, 1e-6).unwrap();
+        assert!(q.parts_and_tiles().0 > 1, "{device}: {:?}", q.tiling);
+        let case = Case::new((1, 1536, 64), 2, 8, 23);
+        let gamma = bfloat16_gamma(1536, 4);
+        let want = case.norm_reference(&gamma, 1e-6);
+        assert_eq!(
+            bits(&case.chunk_on_array(device, 1, (0, 64), Some((&gamma, 1e-6)))),
+            bits(&want),
+            "{device}: one row"
+        );
     }
 }
 
