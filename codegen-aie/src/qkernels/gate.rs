@@ -10,6 +10,7 @@
 //! scalings as the definition has them, NaN kept. Then one division — `1/d` or `e/d` chosen
 //! before it — and the two products.
 
+use super::softfloat::{ABS, INF, SIGN};
 use super::{lanes, Code, LANES};
 use crate::kernels::{memref, v, Function, Stmt};
 use ir::pinned_gate::{LN2_HI, LN2_LO, LOG2E, LOWEST, P};
@@ -23,10 +24,6 @@ pub struct GateShape {
     pub rows: usize,
     pub d: usize,
 }
-
-const SIGN: i64 = i32::MIN as i64;
-const ABS: i64 = 0x7fff_ffff;
-const INF: i64 = 0x7f80_0000;
 
 /// An f32 constant's bits as an i32 constant of `ty`.
 fn bits(c: &mut Code, x: f32, ty: &str) -> String {
@@ -43,26 +40,10 @@ impl Code {
     /// The signed integer `round_half_even(v)` of an f32 `v ≤ 0` with |v| < 2²³ (bits `vb`): its
     /// significand shifted right by `150 − e`, rounded from the bits shifted out, negated.
     fn round_to_int(&mut self, vb: &str, ty: &str) -> String {
-        let t1 = crate::kernels::lanes_of(ty, "i1");
         let (e, _, sig) = self.fields(vb, ty);
         let shift = self.iconst(150, ty);
         let shift = self.bin("subi", &shift, &e, ty);
-        let shift = self.clamp(&shift, (1, 31), ty);
-        let q = self.bin("shrui", &sig, &shift, ty);
-        let one = self.iconst(1, ty);
-        let mask = self.bin("shli", &one, &shift, ty);
-        let mask = self.with("subi", &mask, 1, ty);
-        let rem = self.bin("andi", &sig, &mask, ty);
-        let half = self.with("subi", &shift, 1, ty);
-        let half = self.bin("shli", &one, &half, ty);
-        let above = self.cmp(false, "ugt", &rem, &half, ty);
-        let tie = self.cmp(false, "eq", &rem, &half, ty);
-        let odd = self.with("andi", &q, 1, ty);
-        let odd = self.test("ne", &odd, 0, ty);
-        let tie_up = self.bin("andi", &tie, &odd, &t1);
-        let up = self.bin("ori", &above, &tie_up, &t1);
-        let up = self.cast("extui", &up, &t1, ty);
-        let magnitude = self.bin("addi", &q, &up, ty);
+        let (magnitude, ..) = self.round_shift_right(&sig, &shift, ty);
         let zero = self.iconst(0, ty);
         self.bin("subi", &zero, &magnitude, ty)
     }

@@ -19,8 +19,10 @@
 //! A function's `x` is an `X` element with γ's part as its last row (`Shape::norm`). The row
 //! state is `rs` of f32 rows, as for `QuantizeRows(x)` ([`super::Shape`]), but
 //! the running maxima are markers: the f32 bits of `2^k` for the largest scale so far, 0 for
-//! none, +∞ for an unscalable row — so an unsigned maximum of the bits keeps the largest.
+//! none, +∞ (`INF`'s bits) for an unscalable row — so an unsigned maximum of the bits keeps
+//! the largest.
 
+use super::softfloat::INF;
 use super::{lanes, Code, Shape, LANES};
 use crate::kernels::{idx, lanes_of, v, Function};
 
@@ -32,9 +34,6 @@ pub const PRODUCT_SCALE: [&str; 2] = ["qn_scale0", "qn_scale1"];
 pub const PRODUCT_CODES: &str = "qn_codes";
 /// One K part's second-pass codes.
 pub const PRODUCT_RESIDUAL: &str = "qn_residual";
-
-/// The f32 bits of +∞, the marker of an unscalable row.
-const INF: i64 = 0x7f80_0000;
 
 /// An exact product `x·γ`, lane by lane: `p·2^u` with `p` the significands' product (below
 /// 2³²), its sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
@@ -140,6 +139,14 @@ impl Code {
     /// `p >> shift` rounded half to even, within 127 (unsigned), the shift clamped to 1..=32:
     /// the magnitude, the bits shifted out, their mask and whether it rounded up.
     fn shifted_right(&mut self, p: &str, shift: &str, ty: &str) -> (String, String, String, String) {
+        let (magnitude, rem, mask, up) = self.round_shift_right(p, shift, ty);
+        (self.at_most(&magnitude, 127, ty), rem, mask, up)
+    }
+
+    /// `p >> shift` (`p` < 2³², unsigned) rounded half to even from the bits shifted out, the
+    /// shift clamped to 1..=32 (32 leaves nothing): the rounded quotient, the bits shifted out,
+    /// their mask and whether it rounded up.
+    pub(super) fn round_shift_right(&mut self, p: &str, shift: &str, ty: &str) -> (String, String, String, String) {
         let t1 = lanes_of(ty, "i1");
         let t1 = t1.as_str();
         let shift = self.clamp(shift, (1, 32), ty);
@@ -160,8 +167,7 @@ impl Code {
         let tie_up = self.bin("andi", &tie, &odd, t1);
         let up = self.bin("ori", &above, &tie_up, t1);
         let step = self.cast("extui", &up, t1, ty);
-        let magnitude = self.bin("addi", &q, &step, ty);
-        (self.at_most(&magnitude, 127, ty), rem, mask, up)
+        (self.bin("addi", &q, &step, ty), rem, mask, up)
     }
 
     /// `p << −shift` for a shift of 0 or below, within 127 (`p` first capped at 128 and the

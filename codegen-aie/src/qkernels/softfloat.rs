@@ -18,9 +18,10 @@
 use super::Code;
 use crate::kernels::lanes_of;
 
-const INF: i64 = 0x7f80_0000;
-const ABS: i64 = 0x7fff_ffff;
-const SIGN: i64 = i32::MIN as i64;
+/// +∞'s bits, the magnitude mask and the sign bit of an f32, as i32 constants.
+pub(super) const INF: i64 = 0x7f80_0000;
+pub(super) const ABS: i64 = 0x7fff_ffff;
+pub(super) const SIGN: i64 = i32::MIN as i64;
 const QUIET_NAN: i64 = 0x7fc0_0000;
 const IMPLICIT: i64 = 0x0080_0000;
 const MANTISSA: i64 = 0x007f_ffff;

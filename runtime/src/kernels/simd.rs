@@ -3,8 +3,22 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::*;
 
+// e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 (ln2 split in two so n·ln2_hi is exact),
+// e^r by a degree-7 polynomial: the pinned definition `ir::pinned_gate::exp`, whose scalar twin is
+// `super::swiglu::exp`, every product and sum rounded on its own — no fused multiply-add — so
+// scalar, AVX2, AVX-512 and an array core agree to the bit. About one ulp for normal results,
+// gradual underflow below e^−87.3 (to 0 under e^−104), +∞ from 88.72 on, NaN kept. The constants
+// are shared by every path.
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+pub(crate) const EXP_LOWEST: f32 = -104.0;
+pub(crate) const EXP_OVERFLOW: f32 = 88.722_83;
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{EXP_LOWEST as LOWEST, EXP_OVERFLOW as OVERFLOW, EXP_P as P, LN2_HI, LN2_LO, LOG2E};
     use std::arch::x86_64::*;
 
     /// Sum of the eight lanes.
@@ -16,19 +30,6 @@ mod x86 {
         let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
         _mm_cvtss_f32(s)
     }
-
-    // e^x = 2^n · e^r with n = round(x·log₂e), r = x − n·ln2 (ln2 split in two so n·ln2_hi is
-    // exact), e^r by a degree-7 polynomial: the pinned definition `ir::pinned_gate::exp` (its
-    // twin `super::super::swiglu::exp` is the scalar path), every product and sum rounded on its
-    // own — no fused multiply-add — so scalar, AVX2, AVX-512 and an array core agree to the bit.
-    // About one ulp for normal results, gradual underflow below e^−87.3 (to 0 under e^−104), +∞
-    // from 88.72 on, NaN kept.
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
-    const LOWEST: f32 = -104.0;
-    const OVERFLOW: f32 = 88.722_83;
 
     /// 2^k for integral k in [−126, 127], through the exponent field.
     #[inline]

@@ -68,17 +68,17 @@ pub fn swiglu_packed_rows(isa: Isa, gate_up: &[f32], width: usize, y: &mut [f32]
 
 /// `ir::pinned_gate::exp`: e^x as every path computes it (see the module's summary).
 pub fn exp(x: f32) -> f32 {
-    const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+    use super::simd::{EXP_LOWEST, EXP_OVERFLOW, EXP_P, LN2_HI, LN2_LO, LOG2E};
     if x.is_nan() {
         return x;
     }
-    if x >= 88.722_83 {
+    if x >= EXP_OVERFLOW {
         return f32::INFINITY;
     }
-    let x = x.max(-104.0);
-    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (x - n * 0.693_359_4) - n * -2.121_944_4e-4;
-    let p = P[1..].iter().fold(P[0], |p, &c| p * r + c);
+    let x = x.max(EXP_LOWEST);
+    let n = (x * LOG2E).round_ties_even();
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = EXP_P[1..].iter().fold(EXP_P[0], |p, &c| p * r + c);
     let y = (p * (r * r) + r) + 1.0;
     let n1 = n.clamp(-125.0, 127.0);
     let pow2 = |k: f32| f32::from_bits(((k as i32 + 127) as u32) << 23);
