@@ -2,7 +2,7 @@
 //! entry of each exporter (and of the architectures with their own structure: Qwen3's q/k norms,
 //! Gemma 3's four norms and GELU gate, Phi-3's packed projections), under
 //! `snapshots/<pass>/<entry>.snap`; and the passes by which the other targets' programs differ —
-//! `xdna`'s array-int8 and array-norms and `intel-npu`'s fp16 saturate and final program — under
+//! `xdna`'s array-int8, array-norms and array-gates and `intel-npu`'s fp16 saturate and final program — under
 //! `snapshots/<target>/<pass>/<entry>.snap`; the `saturate` output of hybrid corpus entries (their
 //! recurrent layers as DeltaNet and CausalConv, their mixtures of experts as Moe). Weight digests are left out of the text: the corpus is
 //! exported afresh on each machine, and a calibration or a quantiser's float rounding may differ
@@ -131,6 +131,11 @@ fn xdna_array_int8() {
 #[test]
 fn xdna_array_norms() {
     snapshot_target_pass("xdna", "array-norms");
+}
+
+#[test]
+fn xdna_array_gates() {
+    snapshot_target_pass("xdna", "array-gates");
 }
 
 #[test]

@@ -91,13 +91,18 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         assert_eq!(projections(&xdna), qgemm, "{f}: a projection is not int8");
         let a8w8 = cpu.nodes.iter().filter(|n| n.op == "QGemm").count();
         // Each activation is quantised once, however many projections read it (q, k, v).
-        let rows: Vec<_> = xdna.nodes.iter().filter(|n| n.op == "QuantizeRows").collect();
+        let rows: Vec<_> = xdna.nodes.iter().filter(|n| matches!(n.op, "QuantizeRows" | "QuantizeSwiGlu")).collect();
         let quantised: std::collections::HashSet<_> = rows.iter().map(|n| n.inputs[0]).collect();
         assert_eq!(quantised.len(), rows.len(), "{f}: an activation quantised twice");
         assert!(a8w8 == expected || rows.len() < expected - a8w8, "{f}: projections share no quantisation");
         let codes: std::collections::HashSet<_> = rows.iter().map(|n| n.outputs[0]).collect();
         let fed = xdna.nodes.iter().filter(|n| n.op == "QGemm" && n.inputs[0].is_some_and(|a| codes.contains(&a)));
         assert_eq!(fed.count(), qgemm - a8w8, "{f}: an int8 QGemm not fed by QuantizeRows");
+        // A gate feeding the array is computed in integers with its quantisation.
+        let gates = xdna.nodes.iter().filter(|n| n.op == "QuantizeSwiGlu").count();
+        let swiglu = |g: &Graph| g.nodes.iter().filter(|n| n.op == "SwiGlu").count();
+        assert_eq!(swiglu(&xdna) + gates, swiglu(&cpu), "{f}: gates");
+        assert!(a8w8 == expected || swiglu(&xdna) == 0, "{f}: a gate feeding int8 rows left in f32");
         // A norm feeding the array is quantised as x·γ, its 1/rms on the row scales.
         let norm_read = rows.iter().filter(|q| match xdna.value(q.inputs[0].unwrap()).def {
             ValueDef::Node { node, .. } => matches!(xdna.node(node).op, "RmsNorm" | "SkipRmsNorm"),
@@ -106,7 +111,8 @@ fn every_projection_runs_in_int8_and_the_logits_stay_close() {
         assert_eq!(norm_read.count(), 0, "{f}: a QuantizeRows reads a norm's output");
         let inverse_rms = xdna.nodes.iter().filter(|n| n.op == "InverseRms").count();
         assert_eq!(inverse_rms > 0, a8w8 < expected, "{f}: {inverse_rms} InverseRms");
-        let products = rows.iter().filter(|q| q.inputs.get(1).copied().flatten().is_some()).count();
+        let products =
+            rows.iter().filter(|q| q.op == "QuantizeRows" && q.inputs.get(1).copied().flatten().is_some()).count();
         assert_eq!(products, inverse_rms, "{f}: a norm's rows not quantised as x·γ");
         let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
         let worst_kl = prefill.max(decode);
@@ -129,13 +135,15 @@ fn smollm2_logits_stay_within_kl_one_percent_of_float() {
     let f = "smollm2-optimum";
     let cpu = compile(f, "cpu");
     // Every norm feeds the array, its γ a bfloat16 weight (the array's integer product).
-    let mut norms = serde_json::Value::Null;
-    let xdna = compile_reporting(f, "xdna", |r| {
-        if r.name == "array-norms" {
-            norms = r.detail.data.clone();
-        }
+    // Every gate feeds it in integers.
+    let (mut norms, mut gates) = (serde_json::Value::Null, serde_json::Value::Null);
+    let xdna = compile_reporting(f, "xdna", |r| match r.name.as_str() {
+        "array-norms" => norms = r.detail.data.clone(),
+        "array-gates" => gates = r.detail.data.clone(),
+        _ => {}
     });
     assert_eq!((norms["rewritten"].as_u64(), norms["gamma_bfloat16"].as_u64()), (Some(61), Some(61)), "{norms}");
+    assert_eq!((gates["rewritten"].as_u64(), gates["kept"].as_u64()), (Some(30), Some(0)), "{gates}");
     let ((prefill, decode), (agree, total)) = logits_error(f, &cpu, &xdna);
     eprintln!("{f}: prefill KL {prefill:.2e}, decode KL {decode:.2e}, top-1 {agree}/{total}");
     assert!(prefill > 0.0 && decode > 0.0, "{f}: int8 must change something");

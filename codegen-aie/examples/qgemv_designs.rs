@@ -8,8 +8,9 @@
 //! RmsNorm (`qkernels::rms_norm`, `n_rms_d<D>.mlir`) and the aligned inverse rms
 //! (`qkernels::inverse_rms`, `n_irms_d<D>.mlir`) — and prints their operations: per 32-value
 //! block of their two loops, and once a row (the lanes' folding and the root); and the row
-//! quantisation's functions, of `x` and of the exact products `x·γ`, and the f32 gate
-//! (`qkernels::swiglu`), per 8-value block.
+//! quantisation's functions, of `x`, of the exact products `x·γ` and of the integer gate's
+//! values (`qkernels::gate_functions`, `gq_*`, also written as one module, `gq_k576.mlir`),
+//! and the f32 gate (`qkernels::swiglu`), per 8-value block.
 //!
 //! The norm-fed designs (`qgemv::choose_norm`: the residual stream's row and γ in, the norm on
 //! the cores) of the projections a norm feeds are written too, their cycles beside the qgemv
@@ -93,18 +94,22 @@ fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
             println!("{:<16} {:>16} {:>16} {once:>12}", format!("{name}_d{d}"), loops[0], loops[1]);
         }
     }
-    prologues()
+    prologues(out)
 }
 
-/// The row quantisation's functions, two passes, for `QuantizeRows(x)` (`q_*`) and for the
-/// exact products `QuantizeRows(x, γ)` (`qn_*`): operations per 8-value block of their loop
-/// over a K part, and once a row.
-fn prologues() -> Result<(), Box<dyn std::error::Error>> {
+/// The row quantisation's functions, two passes, for `QuantizeRows(x)` (`q_*`), for the
+/// exact products `QuantizeRows(x, γ)` (`qn_*`) and for `QuantizeSwiGlu(g, u)` (`gq_*`, its
+/// scales the `qn_*` ones): operations per 8-value block of their loop over a K part, and once a
+/// row.
+fn prologues(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<16} {:>16} {:>12}", "quantisation", "loop / block", "once a row");
     let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1, norm: false };
     let dequant = qkernels::DEQUANT;
     let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);
-    for f in plain.chain(qkernels::product_functions(sh)) {
+    let text: String = qkernels::gate_functions(sh).iter().map(|f| f.pretty(2)).collect();
+    std::fs::write(format!("{out}/gq_k{}.mlir", sh.k), format!("module {{\n{text}}}\n"))?;
+    let gate = qkernels::gate_functions(sh).into_iter().filter(|f| f.name.starts_with("gq_"));
+    for f in plain.chain(qkernels::product_functions(sh)).chain(gate) {
         let (loops, once) = counts(&f)?;
         let per_block = loops.first().map_or("-".to_string(), |n| n.to_string());
         println!("{:<16} {per_block:>16} {once:>12}", f.name);

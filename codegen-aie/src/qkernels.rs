@@ -39,12 +39,17 @@
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
 mod gate;
+mod gate_codes;
 mod norm;
 mod norm_codes;
 mod norm_gemv;
 mod softfloat;
 
 pub use gate::{swiglu, GateShape, GATE};
+pub use gate_codes::{
+    gate_codes, gate_functions, gate_max, gate_residual, gate_values, gu_ty, GATE_CODES, GATE_MAX, GATE_RESIDUAL,
+    GATE_VALUES,
+};
 pub use norm::{inverse_rms, rms_norm, NormShape, INVERSE_RMS, NORM, NORM_LANES};
 pub use norm_codes::{
     product_codes, product_functions, product_max, product_residual, product_scale, PRODUCT_CODES, PRODUCT_MAX,

@@ -6,12 +6,15 @@
 //! a subnormal and 200. MLIR 22 verifies the functions' text.
 
 mod common;
+#[path = "common/quantise.rs"]
+mod quantise;
 
-use codegen_aie::interp::{self, Function};
+use codegen_aie::interp;
 use codegen_aie::mlir;
 use codegen_aie::qkernels::{self, product_functions, Shape};
 use common::xorshift;
 use ir::norm_codes::quantize_product_rows;
+use quantise::quantise_parts;
 
 /// `x` rounded down to a bfloat16 value (its low 16 bits cleared).
 fn bf16(x: f32) -> f32 {
@@ -73,50 +76,21 @@ fn small_remainder(d: usize) -> (Vec<f32>, u64) {
     (row, units)
 }
 
-/// `f` called on `args` (bits), which it hands back.
-fn call(f: &Function, mut args: Vec<Vec<i32>>) -> Vec<Vec<i32>> {
-    f.call(&mut args).unwrap_or_else(|e| panic!("@{}: {e}", f.name));
-    args
-}
-
 /// The core functions on `rows`, K part by K part: codes (pass by pass, row by row) and scales.
 fn run(rows: &[Vec<f32>], gamma: &[f32], (k, passes): (usize, usize)) -> (Vec<i8>, Vec<f32>) {
     let (m, d) = (rows.len(), gamma.len());
     let sh = Shape { rows: m, k, n: 8, passes, kernel_rows: m, norm: true };
     let text: String = product_functions(sh).iter().map(|f| f.generic(2)).collect();
     let funcs = interp::module_functions(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n"), true).unwrap();
-    let f = |name: &str| funcs.iter().find(|f| f.name == name).unwrap();
-    let bits = |v: &[f32]| -> Vec<i32> { v.iter().map(|x| x.to_bits() as i32).collect() };
     // An X element: the rows' part, then γ's.
-    let x_part = |q: usize| {
-        let part: Vec<f32> =
-            rows.iter().chain([&gamma.to_vec()]).flat_map(|r| r[q * k..(q + 1) * k].to_vec()).collect();
-        bits(&part)
-    };
-    let parts = d / k;
-    let mut rs = call(f(qkernels::RESET), vec![vec![0; 6 * m]]).remove(0);
-    for q in 0..parts {
-        rs = call(f(qkernels::PRODUCT_MAX), vec![x_part(q), rs]).remove(1);
-    }
-    rs = call(f(qkernels::PRODUCT_SCALE[0]), vec![rs]).remove(0);
-    let mut codes = Vec::with_capacity(passes * parts);
-    for q in 0..parts {
-        let mut out = call(f(qkernels::PRODUCT_CODES), vec![x_part(q), rs, vec![0; m * k]]);
-        codes.push(out.remove(2));
-        rs = out.remove(1);
-    }
-    if passes > 1 {
-        rs = call(f(qkernels::PRODUCT_SCALE[1]), vec![rs]).remove(0);
-        for q in 0..parts {
-            let mut out = call(f(qkernels::PRODUCT_RESIDUAL), vec![x_part(q), rs, vec![0; m * k]]);
-            codes.push(out.remove(2));
-            rs = out.remove(1);
-        }
-    }
-    let ordered = (0..passes).flat_map(|p| (0..m).flat_map(move |i| (0..parts).map(move |q| (p * parts + q, i))));
-    let codes = ordered.flat_map(|(c, i)| codes[c][i * k..(i + 1) * k].iter().map(|&v| v as i8).collect::<Vec<_>>());
-    let scales = (0..passes).flat_map(|p| (0..m).map(move |i| (2 * p + 1) * m + i));
-    (codes.collect(), scales.map(|at| f32::from_bits(rs[at] as u32)).collect())
+    let x_parts: Vec<Vec<i32>> = (0..d / k)
+        .map(|q| {
+            let part = rows.iter().map(Vec::as_slice).chain([gamma]).flat_map(|r| r[q * k..(q + 1) * k].to_vec());
+            part.map(|x| x.to_bits() as i32).collect()
+        })
+        .collect();
+    let names = [qkernels::PRODUCT_MAX, qkernels::PRODUCT_CODES, qkernels::PRODUCT_RESIDUAL];
+    quantise_parts(&funcs, names, &x_parts, (m, k, passes, 6))
 }
 
 #[test]

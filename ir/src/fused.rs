@@ -17,6 +17,7 @@
 //! | `CausalConv{activation}` | x, w, [bias], past_state → y, present_state | depthwise causal convolution over the last axis of x `[B, C, T]` with w `[C, 1, k]`, the `k − 1` inputs before the block read from past_state `[B, C, k − 1]` (zeros when absent); `activation` `none` or `silu` applied to the sum (+ bias); present_state the last `k − 1` inputs. com.microsoft `CausalConvWithState` with its defaults (one spatial dimension, channels first, no dilation, no state window), see [`causal_conv`] |
 //! | `Moe{k, normalize_routing_weights, activation_type, swiglu_fusion, activation_alpha, activation_beta, swiglu_limit, [expert_weight_bits, block_size, accuracy_level]}` | x, router_logits, fc1, [fc1_scales], [fc1_bias], fc2, [fc2_scales], [fc2_bias], [shared, shared_gate] → y | each token row routed on its own: softmax of its router logits over all experts, the k largest (ties to the lower index) as mixing weights, divided by their sum when `normalize_routing_weights` is 1; each chosen expert computes `fc2 · act(fc1 · x + b1) + b2` and the results are summed with the weights, in f64, rounded once. Float experts (`[E, rows, K]`, no scales) as com.microsoft `MoE`; with scales, `expert_weight_bits`-bit codes dequantised per row or `block_size` run of K as com.microsoft `QMoE` (default zero point 2^(bits−1); int8 GEMM inputs for blocked 8-bit experts and blocked 4-bit ones at `accuracy_level` 4), whose weights are always renormalised, so the op requires `normalize_routing_weights = 1` with scales. With a shared expert's output `shared` (x's shape) and its gate logits `shared_gate` (`[.., 1]`, one per row), y = routed + round(shared · round(σ(shared_gate))), exactly com.microsoft `GatedAdd(routed, shared, Sigmoid(shared_gate))` (Qwen3.5-MoE's gated shared expert; the expert's MLP stays outside the op). See [`moe`] |
 //! | `QuantizeRows{[passes]}` | x, [γ] → codes, scales | with γ ([K]): the codes of the exact products x·γ (not their f32 roundings), every step exact, see [`crate::norm_codes`] (a norm feeding the xdna array); without, symmetric int8 per row of x's last axis: s = the smallest power of two ≥ max\|row\| / 127 (the quotient in f32) and ≥ 2⁻¹²⁶ (1 for a row of zeros or a non-finite maximum), codes = round_half_even(x / s) as int8 (within ±127), scales [.., 1] f32; see [`quantize_rows_scale`]. A power of two makes x / s and the residual below exact, so integer code (an NPU core's) computes the codes exactly and cheaply; see [`quantize_rows`]. With `passes` = 2, the rounding residual r = x − codes·s (in f32) is quantised the same way (x ≈ codes·s + codes_r·s_r to about 15 bits, see [`quantize_rows_residual`]) and the two passes are stacked on a new leading axis: codes [2, .., K], scales [2, .., 1], the residual's rows after the first pass's, so a `QGemm{passes}` multiplies both in one call. What the xdna array is fed: activations quantised per row at run time, their product with per-channel int8 weights a `QGemm` |
+//! | `QuantizeSwiGlu{[passes]}` | gate, up → codes, scales | SwiGlu in integers — g and u rounded to 11 significant bits, σ to 10 fractional bits by shifts, a cubic and Newton steps — and its exact values quantised as `QuantizeRows(x, γ)`'s products, in one pass or two stacked as `QuantizeRows`'; see [`crate::integer_gate`] (a gate feeding the xdna array) |
 //! | `InverseRms{epsilon, [squares]}` | x → r | per row of x's last axis (d values): r = 1/√(ss/d + ε) in f32, r [.., 1]. With `squares` = "f32" (the default) ss is the sum of squares in [`crate::pinned_norm`]'s order, so r is bit for bit the factor RmsNorm scales the row by; with "aligned", [`crate::pinned_norm::aligned_sum_squares`]: each value's significand on the row's largest exponent to 11 bits, squared and summed in integers (rows of at most 16,352). The xdna program's norms: `x·γ` quantised, r multiplied into the row scales |
 //! | `RmsNormRowScaled{epsilon}` | x, γ → y | RmsNorm on the row brought to magnitude 1, per row of the last axis: c = [`row_scale`] (the largest power of two ≤ max\|x\|; 1 for a row of zeros), u = x/c, m = mean(u²), e = (√ε/c)², y = u / max(√(m + e), 2⁻¹⁴) · γ, every step rounded in this order (see [`rms_norm_row_scaled`]). Equal to RmsNorm in exact arithmetic; 1 ≤ max\|u\| < 2, so m ∈ [1/D, 4) |
 //! | `SkipRmsNormRowScaled{epsilon}` | x, skip, γ, [bias] → y, s | s = x + skip (+ bias) exactly as SkipRmsNorm's (unscaled: it is an output); y = RmsNormRowScaled(s) |
@@ -98,6 +99,11 @@ pub fn eval(op: &OpRef, inputs: &[Option<&Tensor>], num_outputs: usize) -> Resul
         "QGemm" => qgemm(op, inputs).map(|t| vec![t]),
         "QuantizeRows" => {
             let mut out = quantize_rows_op(op, input(0)?, inputs.get(1).copied().flatten())?;
+            out.truncate(num_outputs.max(1));
+            Ok(out)
+        }
+        "QuantizeSwiGlu" => {
+            let mut out = quantize_swiglu(op, input(0)?, input(1)?)?;
             out.truncate(num_outputs.max(1));
             Ok(out)
         }
@@ -508,16 +514,42 @@ fn quantize_rows_op(op: &OpRef, x: &Tensor, gamma: Option<&Tensor>) -> Result<Ve
             (codes, scales)
         }
     };
-    let (mut code_shape, mut scale_shape) = (x.shape.clone(), x.shape.clone());
+    Ok(stacked_codes(&x.shape, passes, codes, scales))
+}
+
+/// `QuantizeSwiGlu`: codes and row scales of the integer gate's exact values
+/// ([`crate::integer_gate`]), in one pass or two stacked on a leading axis.
+fn quantize_swiglu(op: &OpRef, g: &Tensor, u: &Tensor) -> Result<Vec<Tensor>, EvalError> {
+    let d = match g.shape.last() {
+        Some(&d) if d > 0 && g.dtype.is_float() && u.dtype.is_float() && u.shape == g.shape => d,
+        _ => {
+            let (gs, us) = (format!("{} {:?}", g.dtype, g.shape), format!("{} {:?}", u.dtype, u.shape));
+            return Err(err(
+                op,
+                format!("gate and up must be float tensors [.., K > 0] of one shape, got {gs} and {us}"),
+            ));
+        }
+    };
+    let passes = activation_passes(op.attrs).map_err(|m| err(op, m))?.unwrap_or(1);
+    if passes > 2 {
+        return Err(err(op, format!("QuantizeSwiGlu takes 1 or 2 passes, got {passes}")));
+    }
+    let (codes, scales) = crate::integer_gate::quantize_gate_rows(&g.to_f32_vec(), &u.to_f32_vec(), d, passes);
+    Ok(stacked_codes(&g.shape, passes, codes, scales))
+}
+
+/// Codes and row scales of rows shaped `shape`, the passes stacked on a leading axis when 2.
+fn stacked_codes(shape: &[usize], passes: usize, codes: Vec<i8>, scales: Vec<f32>) -> Vec<Tensor> {
+    let (mut code_shape, mut scale_shape) = (shape.to_vec(), shape.to_vec());
     *scale_shape.last_mut().unwrap() = 1;
     if passes == 2 {
         code_shape.insert(0, 2);
         scale_shape.insert(0, 2);
     }
-    Ok(vec![
+    vec![
         Tensor::from_i64(DType::I8, code_shape, codes.into_iter().map(i64::from).collect()),
         Tensor::from_f32(DType::F32, scale_shape, scales),
-    ])
+    ]
 }
 
 /// `InverseRms`: r = 1/√(ss/d + ε) per row of x's last axis, shape [.., 1].
@@ -989,7 +1021,7 @@ pub fn infer_types(domain: Domain, op: &str, attrs: &Attrs, inputs: &[Option<Typ
             };
             vec![TypeInfo { dtype, shape }]
         }
-        (Domain::Npuc, "QuantizeRows") => {
+        (Domain::Npuc, "QuantizeRows" | "QuantizeSwiGlu") => {
             let Some(x) = t(0) else { return vec![] };
             let mut scale_shape = x.shape.clone();
             if let Some(last) = scale_shape.last_mut() {

@@ -20,6 +20,7 @@ pub mod fp16sim;
 pub mod fused;
 pub mod gated_norms;
 pub mod graph;
+pub mod integer_gate;
 pub mod norm_codes;
 pub mod op;
 pub mod pinned_gate;

@@ -66,7 +66,13 @@ pub fn quantize_product_rows(x: &[f32], gamma: &[f32], passes: usize) -> (Vec<i8
     let d = gamma.len();
     let y: Vec<f64> =
         x.chunks(d).flat_map(|row| row.iter().zip(gamma).map(|(&v, &g)| f64::from(v) * f64::from(g))).collect();
-    let (mut codes, scales) = pass(&y, d);
+    quantize_exact_rows(&y, d, passes)
+}
+
+/// Rows of `d` exact values `y` quantised as the module defines, in `passes` (1 or 2): the
+/// codes of every pass (the second's rows after the first's) and their row scales, as f32.
+pub fn quantize_exact_rows(y: &[f64], d: usize, passes: usize) -> (Vec<i8>, Vec<f32>) {
+    let (mut codes, scales) = pass(y, d);
     let mut all_scales = scales.clone();
     if passes > 1 {
         let r: Vec<f64> = y

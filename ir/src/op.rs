@@ -216,6 +216,8 @@ pub static VOCABULARY: &[OpSpec] = &[
     spec(NP, "GatedRmsNormRowScaled", (3, 3), (1, 1)),
     // Dynamic symmetric int8 quantisation of activation rows (the xdna array's numerics).
     spec(NP, "QuantizeRows",         (1, 2), (2, 2)),
+    // SwiGlu in integers, quantised as QuantizeRows(x, γ)'s products (the xdna gate).
+    spec(NP, "QuantizeSwiGlu",       (2, 2), (2, 2)),
     // A norm's 1/rms per row, which the xdna program folds into the row scales.
     spec(NP, "InverseRms",           (1, 1), (1, 1)),
 ];

@@ -5,6 +5,7 @@
 //! pipeline, checks the graph after every pass, can stop after a named pass, and on failure names
 //! the pass and keeps the last good graph.
 
+pub mod array_gates;
 pub mod array_int8;
 pub mod array_norms;
 pub mod cost;

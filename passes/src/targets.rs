@@ -5,10 +5,12 @@
 //! int8 × int8 → int32 `QGemm` the AIE array computes (per-channel int8 weights, activations
 //! quantised per row at run time), so its program has the array's numerics wherever it runs;
 //! then `array-norms`: a norm feeding a projection quantises `x·γ` and multiplies the row
-//! scales by its `1/rms`.
+//! scales by its `1/rms`; then `array-gates`: a SwiGlu feeding one is computed in integers with
+//! its quantisation (`QuantizeSwiGlu`).
 //! `intel-npu` computes in fp16, so its saturate adds a third phase, the `fp16-rescale` family,
 //! and extracts under `Fp16Cost`: its program has the row-scaled RmsNorm, SkipRmsNorm and WGemm.
 
+use crate::array_gates::ArrayGates;
 use crate::array_int8::ArrayInt8;
 use crate::array_norms::ArrayNorms;
 use crate::passes::{Canonicalize, LowerSlices, Saturate};
@@ -59,6 +61,7 @@ impl Target for Xdna {
         let mut p = host_pipeline();
         p.push(Box::new(ArrayInt8));
         p.push(Box::new(ArrayNorms));
+        p.push(Box::new(ArrayGates));
         p
     }
 }

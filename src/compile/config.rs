@@ -8,9 +8,9 @@ use serde_json::Value;
 use std::path::Path;
 
 /// The decoder's configuration, read off the compiled program: one Attention per layer gives the
-/// layer count and head geometry, the embedding gather the vocabulary and width, the SwiGlu the
-/// MLP width, the first norm epsilon. The rotary base is not recoverable from a program whose
-/// cos/sin tables are weights, and is recorded as 0.
+/// layer count and head geometry, the embedding gather the vocabulary and width, the SwiGlu (or
+/// the xdna program's QuantizeSwiGlu) the MLP width, the first norm epsilon. The rotary base is
+/// not recoverable from a program whose cos/sin tables are weights, and is recorded as 0.
 pub fn model_config(g: &Graph) -> Result<ModelConfig> {
     let attentions: Vec<&ir::Node> =
         g.nodes.iter().filter(|n| n.op == "Attention" && n.domain == ir::Domain::Npuc).collect();
@@ -32,7 +32,7 @@ pub fn model_config(g: &Graph) -> Result<ModelConfig> {
         heads: int(first, "q_heads"),
         kv_heads: int(first, "kv_heads"),
         head_dim,
-        intermediate: output_width(g, |op| op == "SwiGlu" || op == "GeluGate"),
+        intermediate: output_width(g, |op| matches!(op, "SwiGlu" | "GeluGate" | "QuantizeSwiGlu")),
         vocab: last_dim(g.value(g.outputs[0])),
         rms_eps,
         rope_theta: 0.0,

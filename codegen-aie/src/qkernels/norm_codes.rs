@@ -35,14 +35,35 @@ pub const PRODUCT_CODES: &str = "qn_codes";
 /// One K part's second-pass codes.
 pub const PRODUCT_RESIDUAL: &str = "qn_residual";
 
-/// An exact product `x·γ`, lane by lane: `p·2^u` with `p` the significands' product (below
-/// 2³²), its sign, and whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞.
-struct Exact {
-    p: String,
-    u: String,
-    negative: String,
-    nan: String,
-    inf: String,
+/// An exact value, lane by lane: `p·2^u` with `p` below 2³², its sign, and (for the products
+/// `x·γ`) whether it is NaN (x NaN, or ∞·0: code 0, no part of a maximum) or ±∞. A source that
+/// encodes those in `p` and `u` itself (the gate: NaN as `p` = 0, ±∞ as `p` = 1 at a unit past
+/// every scale) has neither.
+pub(super) struct Exact {
+    pub(super) p: String,
+    pub(super) u: String,
+    pub(super) negative: String,
+    pub(super) nan: Option<String>,
+    pub(super) inf: Option<String>,
+}
+
+/// Where a function's exact values come from: the products `x·γ` of an `X` element (γ its last
+/// row, after `rows` rows), or the gate's values `gq_gate` left in a `gu` element
+/// ([`super::gate_codes`]).
+#[derive(Clone, Copy)]
+pub(super) enum Source<'a> {
+    Products { x_ty: &'a str, rows: usize },
+    Gate { gu_ty: &'a str },
+}
+
+impl Source<'_> {
+    /// The function parameter the values come from.
+    fn param(&self) -> (String, String) {
+        match *self {
+            Source::Products { x_ty, .. } => (v("x"), x_ty.to_string()),
+            Source::Gate { gu_ty } => (v("gu"), gu_ty.to_string()),
+        }
+    }
 }
 
 /// A value's code at a scale, before its sign: the magnitude, and the remainder the shift
@@ -77,7 +98,19 @@ impl Code {
         let inf = self.bin("xori", &special, &nan, &t1);
         let signs = self.bin("xori", xb, gb, ty);
         let negative = self.test("slt", &signs, 0, ty);
-        Exact { p, u, negative, nan, inf }
+        Exact { p, u, negative, nan: Some(nan), inf: Some(inf) }
+    }
+
+    /// Block `(%i, %l)`'s exact values from `src` (`pad` an f32 zero, `pad32` an i32 one).
+    pub(super) fn exact(&mut self, src: Source<'_>, (pad, pad32): (&str, &str), ty: &str) -> Exact {
+        match src {
+            Source::Products { x_ty, rows } => {
+                let xb = self.x_bits(x_ty, pad);
+                let gb = self.gamma_bits((x_ty, rows), pad);
+                self.exact_product(&xb, &gb, ty)
+            }
+            Source::Gate { gu_ty } => self.gate_exact(gu_ty, pad32, ty),
+        }
     }
 
     /// The scale marker of `p·2^u`: with `p` normalised to `n·2^(u−lz)` (bit 31 set), the f32
@@ -99,12 +132,17 @@ impl Code {
         self.select(&zero, &c0, &bits, ty)
     }
 
-    /// A product's marker: NaN none, ±∞ unscalable.
+    /// A value's marker: NaN none, ±∞ unscalable.
     fn product_marker(&mut self, p: &Exact, ty: &str) -> String {
-        let bits = self.marker(&p.p, &p.u, ty);
+        let mut bits = self.marker(&p.p, &p.u, ty);
         let (c0, inf) = (self.iconst(0, ty), self.iconst(INF, ty));
-        let bits = self.select(&p.inf, &inf, &bits, ty);
-        self.select(&p.nan, &c0, &bits, ty)
+        if let Some(i) = &p.inf {
+            bits = self.select(i, &inf, &bits, ty);
+        }
+        match &p.nan {
+            Some(n) => self.select(n, &c0, &bits, ty),
+            None => bits,
+        }
     }
 
     /// `p·2^u` (`p` < 2³²) at the scale `2^k` whose f32 bits are `sb`, by the shift
@@ -182,11 +220,13 @@ impl Code {
     }
 
     /// The int8 code of a magnitude with its sign; NaN lanes 0.
-    fn signed_code(&mut self, magnitude: &str, (negative, nan): (&str, &str), ty: &str) -> String {
+    fn signed_code(&mut self, magnitude: &str, (negative, nan): (&str, Option<&str>), ty: &str) -> String {
         let c0 = self.iconst(0, ty);
         let minus = self.bin("subi", &c0, magnitude, ty);
-        let code = self.select(negative, &minus, magnitude, ty);
-        let code = self.select(nan, &c0, &code, ty);
+        let mut code = self.select(negative, &minus, magnitude, ty);
+        if let Some(nan) = nan {
+            code = self.select(nan, &c0, &code, ty);
+        }
         self.cast("trunci", &code, ty, &lanes_of(ty, "i8"))
     }
 
@@ -196,38 +236,52 @@ impl Code {
         (first.r.clone(), p.u.clone(), negative)
     }
 
-    /// The first pass of block `(%i, %l)`: the product, its rounding at the row's scale `s0`
+    /// The first pass of block `(%i, %l)`: the value, its rounding at the row's scale `s0`
     /// and the code's lanes (∞ at 127).
-    fn first_pass(&mut self, (x_ty, rows, pad): (&str, usize, &str), s0: &str, ty: &str) -> (Exact, Rounded, String) {
-        let xb = self.x_bits(x_ty, pad);
-        let gb = self.gamma_bits((x_ty, rows), pad);
-        let p = self.exact_product(&xb, &gb, ty);
+    fn first_pass(&mut self, (src, pads): (Source<'_>, (&str, &str)), s0: &str, ty: &str) -> (Exact, Rounded, String) {
+        let p = self.exact(src, pads, ty);
         let first = self.at_scale((&p.p, &p.u), s0, ty);
         let c127 = self.iconst(127, ty);
-        let magnitude = self.select(&p.inf, &c127, &first.magnitude, ty);
-        let code = self.signed_code(&magnitude, (&p.negative, &p.nan), ty);
+        let magnitude = match &p.inf {
+            Some(inf) => self.select(inf, &c127, &first.magnitude, ty),
+            None => first.magnitude.clone(),
+        };
+        let code = self.signed_code(&magnitude, (&p.negative, p.nan.as_deref()), ty);
         (p, first, code)
+    }
+
+    /// The zero constant `src`'s reads pad with: f32 for an `X` element, i32 for a `gu` one
+    /// (the other left empty).
+    fn pads(&mut self, src: Source<'_>) -> (String, String) {
+        match src {
+            Source::Products { .. } => (self.fconst(0.0), String::new()),
+            Source::Gate { .. } => (String::new(), self.iconst(0, "i32")),
+        }
     }
 }
 
 /// `qn_max(%x, %rs)`: each row's running scale marker of `x·γ` over one K part.
 pub fn product_max(sh: Shape) -> Function {
-    let (x_ty, rs_ty) = (sh.x_ty(), sh.rs_ty());
+    let x_ty = sh.x_ty();
+    running_max(sh, Source::Products { x_ty: &x_ty, rows: sh.rows }, PRODUCT_MAX)
+}
+
+/// `name(%src, %rs)`: each row's running scale marker of `src`'s values over one K part.
+pub(super) fn running_max(sh: Shape, src: Source<'_>, name: &str) -> Function {
+    let rs_ty = sh.rs_ty();
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, sh.rows, sh.k, LANES]);
-    let pad = c.fconst(0.0);
+    let pads = c.pads(src);
     c.each("i", sh.rows, |c| {
         let init = c.row_bits(&rs_ty, 0);
         let mx = c.fold_by("l", (sh.k, LANES), (&init, &vi), |c, acc| {
-            let xb = c.x_bits(&x_ty, &pad);
-            let gb = c.gamma_bits((&x_ty, sh.rows), &pad);
-            let p = c.exact_product(&xb, &gb, &vi);
+            let p = c.exact(src, (&pads.0, &pads.1), &vi);
             let m = c.product_marker(&p, &vi);
             c.bin("maxui", acc, &m, &vi)
         });
         c.store_row_max(&mx, &rs_ty, 0);
     });
-    c.finish(PRODUCT_MAX, vec![(v("x"), x_ty), (v("rs"), rs_ty)])
+    c.finish(name, vec![src.param(), (v("rs"), rs_ty)])
 }
 
 /// `qn_scale<p>(%rs)`: pass `p`'s scale from its marker: the marker's power of two, 1 for
@@ -256,12 +310,18 @@ pub fn product_scale(sh: Shape, pass: usize) -> Function {
 /// `qn_codes(%x, %rs, %c0)`: one K part's first-pass codes of `x·γ`; with two passes also
 /// each row's running marker of the residuals (NaN lanes none).
 pub fn product_codes(sh: Shape) -> Function {
-    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
+    let x_ty = sh.x_ty();
+    first_codes(sh, Source::Products { x_ty: &x_ty, rows: sh.rows }, PRODUCT_CODES)
+}
+
+/// `name(%src, %rs, %c0)`: [`product_codes`] of `src`'s values.
+pub(super) fn first_codes(sh: Shape, src: Source<'_>, name: &str) -> Function {
+    let (rs_ty, c_ty) = (sh.rs_ty(), sh.codes_ty());
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 2, sh.rows, sh.k, LANES]);
-    let pad = c.fconst(0.0);
+    let (pad, pad32) = c.pads(src);
     let zero = c.iconst(0, &vi);
-    let types = (x_ty.as_str(), sh.rows, pad.as_str());
+    let types = (src, (pad.as_str(), pad32.as_str()));
     c.each("i", sh.rows, |c| {
         let s0 = c.row_bits(&rs_ty, 1);
         if sh.passes == 1 {
@@ -276,23 +336,31 @@ pub fn product_codes(sh: Shape) -> Function {
             let (p, first, code) = c.first_pass(types, &s0, &vi);
             c.write_codes(code, "c0", &c_ty);
             let (n, u, _) = c.residual_value(&p, &first, &vi);
-            let m = c.marker(&n, &u, &vi);
-            let m = c.select(&p.nan, &zero, &m, &vi);
+            let mut m = c.marker(&n, &u, &vi);
+            if let Some(nan) = &p.nan {
+                m = c.select(nan, &zero, &m, &vi);
+            }
             c.bin("maxui", acc, &m, &vi)
         });
         c.store_row_max(&mx, &rs_ty, 2);
     });
-    c.finish(PRODUCT_CODES, vec![(v("x"), x_ty.clone()), (v("rs"), rs_ty.clone()), (v("c0"), c_ty.clone())])
+    c.finish(name, vec![src.param(), (v("rs"), rs_ty.clone()), (v("c0"), c_ty.clone())])
 }
 
 /// `qn_residual(%x, %rs, %c1)`: one K part's second-pass codes, of the first pass's exact
 /// remainders at the row's second scale; 0 in an unscalable row.
 pub fn product_residual(sh: Shape) -> Function {
-    let (x_ty, rs_ty, c_ty) = (sh.x_ty(), sh.rs_ty(), sh.codes_ty());
+    let x_ty = sh.x_ty();
+    second_codes(sh, Source::Products { x_ty: &x_ty, rows: sh.rows }, PRODUCT_RESIDUAL)
+}
+
+/// `name(%src, %rs, %c1)`: [`product_residual`] of `src`'s values.
+pub(super) fn second_codes(sh: Shape, src: Source<'_>, name: &str) -> Function {
+    let (rs_ty, c_ty) = (sh.rs_ty(), sh.codes_ty());
     let vi = lanes("i32");
     let mut c = Code::new(&[0, 1, 3, sh.rows, sh.k, LANES]);
-    let pad = c.fconst(0.0);
-    let types = (x_ty.as_str(), sh.rows, pad.as_str());
+    let (pad, pad32) = c.pads(src);
+    let types = (src, (pad.as_str(), pad32.as_str()));
     c.each("i", sh.rows, |c| {
         let (s0, s1) = (c.row_bits(&rs_ty, 1), c.row_bits(&rs_ty, 3));
         let first_marker = c.row_bits(&rs_ty, 0);
@@ -301,12 +369,15 @@ pub fn product_residual(sh: Shape) -> Function {
             let (p, first, _) = c.first_pass(types, &s0, &vi);
             let (n, u, negative) = c.residual_value(&p, &first, &vi);
             let second = c.at_scale((&n, &u), &s1, &vi);
-            let empty = c.bin("ori", &p.nan, &unscalable, &lanes_of(&vi, "i1"));
-            let code = c.signed_code(&second.magnitude, (&negative, &empty), &vi);
+            let empty = match &p.nan {
+                Some(nan) => c.bin("ori", nan, &unscalable, &lanes_of(&vi, "i1")),
+                None => unscalable.clone(),
+            };
+            let code = c.signed_code(&second.magnitude, (&negative, Some(&empty)), &vi);
             c.write_codes(code, "c1", &c_ty);
         });
     });
-    c.finish(PRODUCT_RESIDUAL, vec![(v("x"), x_ty), (v("rs"), rs_ty), (v("c1"), c_ty)])
+    c.finish(name, vec![src.param(), (v("rs"), rs_ty), (v("c1"), c_ty)])
 }
 
 /// Every function of `QuantizeRows(x, γ)` a core of shape `sh` calls, in call order (the

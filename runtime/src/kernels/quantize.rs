@@ -61,22 +61,53 @@ pub fn quantize_rows_residual(
 /// room for them.
 pub fn quantize_product_rows(x: &[f32], gamma: &[f32], two_passes: bool, codes: &mut [u8], scales: &mut [f32]) {
     let k = gamma.len();
-    let rows = x.len() / k;
-    assert!(k > 0 && x.len() == rows * k, "quantize_product_rows: {} values in rows of {k}", x.len());
-    let passes = 1 + usize::from(two_passes);
-    assert!(codes.len() >= passes * x.len() && scales.len() >= passes * rows, "quantize_product_rows: no room");
-    let mut y = vec![0f64; k];
-    for (i, row) in x.chunks_exact(k).enumerate() {
-        for ((y, &v), &g) in y.iter_mut().zip(row).zip(gamma) {
+    exact_rows(x.len(), k, two_passes, codes, scales, |i, y| {
+        for ((y, &v), &g) in y.iter_mut().zip(&x[i * k..(i + 1) * k]).zip(gamma) {
             *y = f64::from(v) * f64::from(g);
         }
+    });
+}
+
+/// `npuc::QuantizeSwiGlu(g, u)`: rows of `k` values of SwiGlu in integers
+/// ([`super::swiglu::integer_gate`], exact in f64) into int8 codes and one scale a row, in one
+/// pass or two, as [`quantize_product_rows`] quantises its exact products —
+/// `ir::integer_gate::quantize_gate_rows`. Panics unless `g` and `u` hold the same whole rows
+/// and the outputs room for them.
+pub fn quantize_gate_rows(g: &[f32], u: &[f32], k: usize, two_passes: bool, codes: &mut [u8], scales: &mut [f32]) {
+    assert_eq!(g.len(), u.len(), "quantize_gate_rows: gate and up differ");
+    exact_rows(g.len(), k, two_passes, codes, scales, |i, y| {
+        let (g, u) = (&g[i * k..(i + 1) * k], &u[i * k..(i + 1) * k]);
+        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *y = super::swiglu::integer_gate(g, u);
+        }
+    });
+}
+
+/// `len / k` rows of exact values, row `i` written by `row(i, y)`, into codes and scales in
+/// one pass or two (the second of the exact remainder `y − c·s`, 0 in an unscalable row);
+/// `codes` and `scales` hold the first pass's rows, then the second's.
+fn exact_rows(
+    len: usize,
+    k: usize,
+    two_passes: bool,
+    codes: &mut [u8],
+    scales: &mut [f32],
+    mut row: impl FnMut(usize, &mut [f64]),
+) {
+    let rows = len / k.max(1);
+    assert!(k > 0 && len == rows * k, "exact rows: {len} values in rows of {k}");
+    let passes = 1 + usize::from(two_passes);
+    assert!(codes.len() >= passes * len && scales.len() >= passes * rows, "exact rows: no room");
+    let mut y = vec![0f64; k];
+    for i in 0..rows {
+        row(i, &mut y);
         let (s, scalable) = product_pass(&y, &mut codes[i * k..(i + 1) * k]);
         scales[i] = s as f32;
         if two_passes {
             for (y, &c) in y.iter_mut().zip(&codes[i * k..(i + 1) * k]) {
                 *y = if scalable { *y - f64::from(c as i8) * s } else { 0.0 };
             }
-            let (r, _) = product_pass(&y, &mut codes[x.len() + i * k..x.len() + (i + 1) * k]);
+            let (r, _) = product_pass(&y, &mut codes[len + i * k..len + (i + 1) * k]);
             scales[rows + i] = r as f32;
         }
     }

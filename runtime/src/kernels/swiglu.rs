@@ -143,3 +143,54 @@ mod x86 {
         super::swiglu_scalar(&gate[i..], &up[i..], &mut y[i..]);
     }
 }
+/// SwiGlu in integers, `ir::integer_gate`'s definition: `ĝ·σ̂(ĝ)·û` exact in f64 (NaN for a
+/// NaN input or ∞·0), ĝ and û the inputs rounded to 11 significant bits, σ̂ = S/1024 by
+/// [`integer_sigma`]. What `npuc::QuantizeSwiGlu` quantises.
+pub fn integer_gate(g: f32, u: f32) -> f64 {
+    let (g, u) = (round11(g), round11(u));
+    if g.is_nan() || u.is_nan() {
+        return f64::NAN;
+    }
+    f64::from(g) * f64::from(u) * (f64::from(integer_sigma(g)) / 1024.0)
+}
+
+/// `x` rounded to 11 significant bits, ties to even, in f32's exponent range (±∞ past it).
+fn round11(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let b = x.to_bits();
+    f32::from_bits((b + 0xfff + ((b >> 13) & 1)) & !0x1fff)
+}
+
+/// S of σ̂(ĝ) = S/1024 for an 11-bit `ĝ`: 1024 or 0 past |ĝ| ≥ 16; otherwise e^−|ĝ| in Q15 by
+/// `|ĝ|·log₂e` in Q16, a cubic for 2^(1 − frac) and a shift, then 1/(1 + e) by a linear guess and
+/// two Newton steps, cut to 10 bits (1024 − that for a negative ĝ).
+fn integer_sigma(g: f32) -> i32 {
+    const L: i32 = 94_548;
+    const C: [i32; 4] = [32_765, 22_819, 7_357, 2_591];
+    const A: i32 = 46_261;
+    const B: i32 = 15_420;
+    let negative = g.is_sign_negative();
+    if g.abs() >= 16.0 {
+        return if negative { 0 } else { 1024 };
+    }
+    let b = g.to_bits();
+    let biased = ((b >> 23) & 0xff) as i32;
+    let m = ((b >> 13) & 0x3ff) as i32 | if biased > 0 { 0x400 } else { 0 };
+    let shift = (137 - biased.max(1)).min(31);
+    let z = (m * L) >> shift;
+    let (n, v) = (z >> 16, (1 << 16) - (z & 0xffff));
+    let e = (C[0] + ((v * (C[1] + ((v * (C[2] + ((v * C[3]) >> 16))) >> 16))) >> 16)) >> (n + 1);
+    let d = (1 << 15) + e;
+    let mut y = A - ((d * B) >> 15);
+    for _ in 0..2 {
+        y = (y * ((1 << 16) - ((d * y) >> 15))) >> 15;
+    }
+    let s = (y + 16) >> 5;
+    if negative {
+        1024 - s
+    } else {
+        s
+    }
+}

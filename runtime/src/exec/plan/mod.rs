@@ -230,8 +230,8 @@ pub enum Op {
         codes: usize,
         scales: usize,
         stacked: bool,
-        /// With γ, the rows quantised are the exact products `x·γ`.
-        gamma: Option<usize>,
+        /// The values quantised: x's, `x·γ`'s or the integer gate's.
+        values: RowValues,
     },
     /// `npuc::QGemm` over activation codes: `packed` indexes [`Plan::qpacked`]; `requant` is the
     /// output scale and zero point when the output is codes (then `out` is a [`Loc::QBuf`]).
@@ -433,6 +433,17 @@ impl Op {
             | Op::Int { .. } => None,
         }
     }
+}
+
+/// What a [`Op::QuantizeRows`] quantises of its f32 rows `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowValues {
+    /// The rows themselves.
+    X,
+    /// The exact products `x·γ` (γ the value index, `k` values).
+    TimesGamma(usize),
+    /// SwiGlu in integers of the gate `x` and the up rows (the value index), exact.
+    IntegerGate(usize),
 }
 
 /// The element-wise f32 functions of [`Op::Unary`].

@@ -6,7 +6,7 @@
 
 use super::{as_i8, as_i8_mut, numel, product_rows, row_ids, View};
 use crate::exec::error::{node_fail, ExecError};
-use crate::exec::plan::{Loc, NBitsTable, Op, StackedPasses};
+use crate::exec::plan::{Loc, NBitsTable, Op, RowValues, StackedPasses};
 use crate::exec::Executor;
 use crate::kernels::qgemm::{self, AScale, QActivations, QOutput};
 use crate::kernels::wgemm::{self, WGemmPrecision};
@@ -92,7 +92,7 @@ impl Executor<'_> {
     }
 
     fn run_quantize_rows(&mut self, index: usize) -> Result<(), ExecError> {
-        let Op::QuantizeRows { x, k, codes, scales, stacked, gamma } = self.plan.node_op(index).1 else {
+        let Op::QuantizeRows { x, k, codes, scales, stacked, values } = self.plan.node_op(index).1 else {
             unreachable!("a QuantizeRows")
         };
         let b = qbuf(&self.plan.locs, *codes);
@@ -101,8 +101,10 @@ impl Executor<'_> {
         let mut row_scales = std::mem::take(&mut self.bufs[sb]);
         let input = view!(self).f32(*x);
         let (n, rows) = (input.len(), input.len() / *k);
-        if let Some(g) = gamma {
+        if let RowValues::TimesGamma(g) = values {
             quantize::quantize_product_rows(input, view!(self).f32(*g), *stacked, &mut y, &mut row_scales);
+        } else if let RowValues::IntegerGate(u) = values {
+            quantize::quantize_gate_rows(input, view!(self).f32(*u), *k, *stacked, &mut y, &mut row_scales);
         } else {
             let (first, residual) = y.split_at_mut(n);
             let (first_scales, residual_scales) = row_scales.split_at_mut(rows);

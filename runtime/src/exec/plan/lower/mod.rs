@@ -33,7 +33,7 @@ use crate::exec::program::{ElemType, NodeInfo, Program, ValueInfo};
 type Lower = fn(&mut Builder<'_, '_>, usize, &NodeInfo) -> Result<(), ExecError>;
 
 /// Every op the executor computes, and its lowering.
-const LOWERINGS: [(&str, Lower); 47] = [
+const LOWERINGS: [(&str, Lower); 48] = [
     ("ai.onnx::Gather", gather),
     ("ai.onnx::MatMul", float::matmul),
     ("ai.onnx::Transpose", float::transpose),
@@ -55,6 +55,7 @@ const LOWERINGS: [(&str, Lower); 47] = [
     ("com.microsoft::GatherBlockQuantized", quantised::gather_block_quantized),
     ("ai.onnx::QuantizeLinear", quantised::quantize_linear),
     ("npuc::QuantizeRows", quantised::quantize_rows),
+    ("npuc::QuantizeSwiGlu", quantised::quantize_rows),
     ("ai.onnx::DequantizeLinear", quantised::dequantize_linear),
     ("npuc::QGemm", quantised::qgemm),
     ("npuc::CausalConv", recurrent::causal_conv),

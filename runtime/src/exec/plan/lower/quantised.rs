@@ -11,7 +11,7 @@ use crate::bundle::Dtype;
 use crate::exec::error::{node_err, node_fail, value_err, ExecError};
 use crate::exec::packed::{mapped_qgemm, qgemm_names, QGemmLayout, WGemmLayout};
 use crate::exec::plan::weights::{f32_weight_input, load_packed, u8_weight, weight_name, weight_root};
-use crate::exec::plan::{code_signedness, Loc, NBitsTable, Op, QGemmStore, StackedPasses, WGemmStore};
+use crate::exec::plan::{code_signedness, Loc, NBitsTable, Op, QGemmStore, RowValues, StackedPasses, WGemmStore};
 use crate::exec::program::{ElemType, NodeInfo, Program};
 use crate::kernels::qgemm::{pack_qgemm_codes, qgemm_columns, QWeightCodes};
 use crate::kernels::quantize::quantize;
@@ -244,9 +244,12 @@ fn fold_quantized_weight(
     Ok(codes)
 }
 
-/// QuantizeRows: f32 rows (of a fixed last axis) into i8 codes and one f32 scale per row.
+/// QuantizeRows: f32 rows (of a fixed last axis) into i8 codes and one f32 scale per row; with
+/// γ, of the exact products `x·γ`. QuantizeSwiGlu: the same of the integer gate of its gate and
+/// up rows.
 pub(super) fn quantize_rows(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) -> Result<(), ExecError> {
     let fail = node_fail(node);
+    let op = if node.op == "npuc::QuantizeSwiGlu" { "QuantizeSwiGlu" } else { "QuantizeRows" };
     let x = b.f32_input(node, 0)?;
     let k = b.values[x]
         .shape
@@ -258,24 +261,32 @@ pub(super) fn quantize_rows(b: &mut Builder<'_, '_>, n: usize, node: &NodeInfo) 
     let stacked = match node.attr_i64("passes") {
         None | Some(1) => false,
         Some(2) => true,
-        Some(p) => return Err(fail(format!("QuantizeRows takes 1 or 2 passes, got {p}"))),
+        Some(p) => return Err(fail(format!("{op} takes 1 or 2 passes, got {p}"))),
     };
     if b.values[codes].dtype != "i8" || b.values[scales].elem != Some(ElemType::F32) {
-        return Err(fail("QuantizeRows gives i8 codes and f32 scales".to_string()));
+        return Err(fail(format!("{op} gives i8 codes and f32 scales")));
     }
-    let gamma = match node.input(1) {
+    let values = match node.input(1) {
         Some(_) => {
-            let g = b.f32_input(node, 1)?;
-            if b.values[g].shape.len() != 1 || b.values[g].shape[0].as_const() != Some(k) {
-                return Err(fail(format!("γ `{}` is not {k} values", b.values[g].name)));
+            let v = b.f32_input(node, 1)?;
+            let shape = &b.values[v].shape;
+            if op == "QuantizeSwiGlu" {
+                if *shape != b.values[x].shape {
+                    return Err(fail(format!("up `{}` is not shaped as the gate", b.values[v].name)));
+                }
+                RowValues::IntegerGate(v)
+            } else if shape.len() == 1 && shape[0].as_const() == Some(k) {
+                RowValues::TimesGamma(v)
+            } else {
+                return Err(fail(format!("γ `{}` is not {k} values", b.values[v].name)));
             }
-            Some(g)
         }
-        None => None,
+        None if op == "QuantizeSwiGlu" => return Err(fail("QuantizeSwiGlu has no up rows".to_string())),
+        None => RowValues::X,
     };
     b.fresh_q(codes);
     b.fresh(scales);
-    b.push(n, Op::QuantizeRows { x, k, codes, scales, stacked, gamma });
+    b.push(n, Op::QuantizeRows { x, k, codes, scales, stacked, values });
     Ok(())
 }
 
