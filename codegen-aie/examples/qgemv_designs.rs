@@ -57,16 +57,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// (K, N) of the projections a norm feeds: SmolLM2's q/k/v and gate/up, then Qwen3-0.6B's.
 const NORM_FED: [(usize, usize); 4] = [(576, 960), (576, 3072), (1024, 4096), (1024, 6144)];
 
-/// The norm-fed designs of the projections a norm feeds (the residual stream's row and γ in),
-/// written like the others, with their predicted cycles beside the qgemv design's that takes
-/// the normalised row.
+/// (K, N) of the projections a gate feeds: SmolLM2's down, then Qwen3-0.6B's.
+const GATE_FED: [(usize, usize); 2] = [(1536, 576), (3072, 1024)];
+
+/// The norm-fed designs of the projections a norm feeds (the residual stream's row and γ in)
+/// and the gate-fed designs of those a gate feeds (the gate's and up's rows in), written like
+/// the others, with their predicted cycles beside the qgemv design's that takes the normalised
+/// row or the gate's output.
 fn norm_fed(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    println!("\n{:<36} {:>11} {:>11} {:>6}", "norm-fed design", "cycles", "qgemv", "ratio");
+    println!("\n{:<36} {:>11} {:>11} {:>6}", "norm- or gate-fed design", "cycles", "qgemv", "ratio");
+    type Choose = fn(Device, GemmShape, usize) -> Result<qgemv::QTiling, codegen_aie::tiling::TilingError>;
+    let norm: Choose = |device, shape, passes| qgemv::choose_norm(device, shape, passes, 1e-5);
+    let fed: [(&[(usize, usize)], Choose); 2] = [(&NORM_FED, norm), (&GATE_FED, qgemv::choose_gate)];
     for device in [Device::Npu1, Device::Npu2] {
-        for &(k, n) in &NORM_FED {
+        for (k, n, choose) in fed.iter().flat_map(|(shapes, c)| shapes.iter().map(move |&(k, n)| (k, n, *c))) {
             for passes in [1, 2] {
                 let shape = GemmShape { m: 1, k, n };
-                let q = qgemv::choose_norm(device, shape, passes, 1e-5)?;
+                let q = choose(device, shape, passes)?;
                 let d = qgemv::build(&q);
                 std::fs::write(format!("{out}/{}.pretty.mlir", d.name), d.pretty())?;
                 std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
@@ -103,7 +110,7 @@ fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// row.
 fn prologues(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<16} {:>16} {:>12}", "quantisation", "loop / block", "once a row");
-    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1, norm: false };
+    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1, input: qkernels::Input::Rows };
     let dequant = qkernels::DEQUANT;
     let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);
     let text: String = qkernels::gate_functions(sh).iter().map(|f| f.pretty(2)).collect();

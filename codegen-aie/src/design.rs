@@ -134,13 +134,16 @@ pub enum SeqOp {
 pub enum Kind {
     Gemm,
     Gemv,
-    /// A GEMV whose cores quantise f32 activation rows in `passes` and dequantise their outputs,
-    /// its GEMV kernel on `kernel_rows` ([`crate::qgemv`]); with `norm` the rows are a norm's
-    /// input, γ rides in each `X` element, and the cores compute the norm.
+    /// A GEMV whose cores quantise their activation rows in `passes` and dequantise their
+    /// outputs, its GEMV kernel on `kernel_rows` ([`crate::qgemv`]); `input` says what the rows
+    /// are: activations, a norm's input (γ riding in each `X` element, the cores computing the
+    /// norm), or a gate's and up's rows (the cores computing the gate); with `kept` the gate's
+    /// values stay in the cores, so the rows stream once.
     QGemv {
         passes: usize,
         kernel_rows: usize,
-        norm: bool,
+        input: crate::qkernels::Input,
+        kept: bool,
     },
 }
 
@@ -560,8 +563,8 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, norm } => {
-                crate::qgemv::generic_core(self, core, (passes, kernel_rows, norm), o)
+            Kind::QGemv { passes, kernel_rows, input, kept } => {
+                crate::qgemv::generic_core(self, core, (passes, kernel_rows, input, kept), o)
             }
         }
     }
@@ -723,8 +726,8 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, norm } => {
-                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, norm), o)
+            Kind::QGemv { passes, kernel_rows, input, kept } => {
+                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, input, kept), o)
             }
         }
     }

@@ -31,7 +31,7 @@ use crate::gemv::{
     SHIM_BURST_BYTES,
 };
 use crate::kernels::{self, GEMV, GEMV_ZERO};
-use crate::qkernels::{self, Shape};
+use crate::qkernels::{self, Input, Shape};
 use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
 use std::fmt::Write;
 
@@ -67,26 +67,65 @@ pub const NORM_EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [42, 97];
 /// row scales' products, an assumption counted as above.
 pub const NORM_ROW_CYCLES: [u64; 2] = [2514, 2671];
 
+/// Cycles per activation element of a gate-fed core's prologue with one and with two passes:
+/// the gate's value (once: the values stay in the core), its scale marker and codes (and the
+/// residual's codes), an assumption counted as above.
+pub const GATE_CYCLES_PER_ELEMENT: [u64; 2] = [25, 43];
+
+/// [`GATE_CYCLES_PER_ELEMENT`] for a core whose memory does not keep the gate's values: it
+/// computes them again each time the rows stream, once a pass and once for the maximum.
+pub const GATE_RESTREAMED_CYCLES_PER_ELEMENT: [u64; 2] = [37, 67];
+
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
 pub const SCALAR_CYCLES_PER_MAC: u64 = 3;
 
-/// A qgemv tiling, its activation passes and the GEMV kernel's rows ([`Shape::kernel_rows`]);
-/// with `norm` (the norm's ε) the rows are a norm's input and the cores compute the norm
-/// themselves ([`crate::qkernels::norm_functions`]).
+/// What a qgemv design's rows are, and so what its cores compute from them before the
+/// quantisation's codes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Feed {
+    /// Activation rows: `QuantizeRows(x)`.
+    Rows,
+    /// A norm's input rows: the cores compute the norm (`InverseRms`, `QuantizeRows(x, γ)`,
+    /// [`crate::qkernels::norm_functions`]), ε a constant of their code.
+    Norm { epsilon: f32 },
+    /// A SwiGlu's gate and up rows: the cores compute the gate in integers
+    /// (`QuantizeSwiGlu(g, u)`, [`crate::qkernels::gate_functions`]); `kept`: its values stay in
+    /// the core and the rows stream once, or (where they do not fit) they are computed again
+    /// as the rows stream once a pass.
+    Gate { kept: bool },
+}
+
+impl Feed {
+    pub fn input(self) -> Input {
+        match self {
+            Feed::Rows => Input::Rows,
+            Feed::Norm { .. } => Input::Norm,
+            Feed::Gate { .. } => Input::Gate,
+        }
+    }
+
+    /// Whether the rows stream once: a gate's values kept in the core.
+    pub fn kept(self) -> bool {
+        matches!(self, Feed::Gate { kept: true })
+    }
+}
+
+/// A qgemv tiling, its activation passes, the GEMV kernel's rows ([`Shape::kernel_rows`]) and
+/// what its rows are.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QTiling {
     pub tiling: Tiling,
     pub passes: usize,
     pub kernel_rows: usize,
-    pub norm: Option<f32>,
+    pub feed: Feed,
 }
 
 impl QTiling {
     fn shape(&self) -> Shape {
         let t = &self.tiling;
-        let (passes, kernel_rows, norm) = (self.passes, self.kernel_rows, self.norm.is_some());
-        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, norm }
+        let (passes, kernel_rows, input) = (self.passes, self.kernel_rows, self.feed.input());
+        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input }
     }
 
     /// K parts and output tiles per core.
@@ -100,24 +139,28 @@ impl QTiling {
 /// fits one memory bank, and `k` one shim descriptor dimension, a multiple of the micro-tile's
 /// `s` (of 32 with a norm, whose squares take 32-value blocks). More parts than the fewest
 /// shorten the weight elements, which must fit a bank with their epilogue data.
-fn k_parts(device: Device, (x_rows, norm): (usize, bool), k: usize, min_parts: usize) -> (usize, usize) {
-    let s = if norm { qkernels::NORM_LANES } else { device.micro_tile().1 };
+fn k_parts(device: Device, (x_rows, input): (usize, Input), k: usize, min_parts: usize) -> (usize, usize) {
+    let s = if input == Input::Norm { qkernels::NORM_LANES } else { device.micro_tile().1 };
     let bank = device.core_data_bytes() / device.core_banks();
     let max_part = (device.shim_dma().max_size.min(bank / (4 * x_rows)) / s) * s;
     let parts = k.div_ceil(max_part).max(min_parts);
     (parts, k.div_ceil(parts).div_ceil(s) * s)
 }
 
-/// Extra K parts [`choose`] tries beyond the fewest.
-const EXTRA_PARTS: usize = 3;
+/// Extra K parts [`choose`] tries beyond the fewest: shorter parts shrink the rows' element,
+/// the weights' elements and a gate's values' buffer, which must fit beside the codes of the
+/// whole row (and shorter weight elements overlap their stream better).
+const EXTRA_PARTS: usize = 10;
 
 /// Bytes of a core's data memory: one `X` element (the prologue's passes are short beside the
 /// weights' stream, so it is not double-buffered), two weight elements, two output tiles, the
-/// row state, the codes, the accumulators and the stack.
-fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
+/// row state, the codes, the accumulators, a gate's values and the stack.
+fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize) -> usize {
     let (rows, k, n) = (sh.rows, sh.k, sh.n);
-    let (state, squares) = if sh.norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
-    sh.x_rows() * k * 4
+    let (state, squares) = if sh.input == Input::Norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
+    let gate_values = if sh.input == Input::Gate { gate_buffers(parts, kept) * 2 * rows * k * 4 } else { 0 };
+    gate_values
+        + sh.x_rows() * k * 4
         + 2 * sh.w_rows() * k
         + 2 * rows * n * 4
         + (state + squares) * rows * 4
@@ -130,48 +173,84 @@ fn core_bytes(device: Device, sh: Shape, parts: usize) -> usize {
 fn evaluate(
     device: Device,
     shape: GemmShape,
-    (passes, norm): (usize, Option<f32>),
+    (passes, feed): (usize, Feed),
     (n, min_parts, kr): (usize, usize, usize),
 ) -> Option<QTiling> {
-    let x_rows = shape.m + usize::from(norm.is_some());
-    let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, norm.is_some()), shape.k, min_parts));
-    let sh = Shape { rows, k, n, passes, kernel_rows: kr, norm: norm.is_some() };
+    let input = feed.input();
+    let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input }.x_rows();
+    let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, input), shape.k, min_parts));
+    let sh = Shape { rows, k, n, passes, kernel_rows: kr, input };
     if k < qkernels::MIN_K {
         return None;
     }
     let tiles = shape.n.div_ceil(streams(device) * n);
     let bank = device.core_data_bytes() / device.core_banks();
-    let l1 = core_bytes(device, sh, parts);
+    let l1 = core_bytes(device, (sh, feed.kept()), parts);
     if sh.w_rows() * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
         return None;
     }
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
-    let x_bytes = ((passes + 1) * parts * x_rows * k * 4) as u64;
-    let per_element = match norm {
-        Some(_) => NORM_CYCLES_PER_ELEMENT[passes - 1],
-        None => FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
+    let x_bytes = (x_streams(passes, feed) * parts * x_rows * k * 4) as u64;
+    let per_element = match feed {
+        Feed::Rows => FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
+        Feed::Norm { .. } => NORM_CYCLES_PER_ELEMENT[passes - 1],
+        Feed::Gate { kept: true } => GATE_CYCLES_PER_ELEMENT[passes - 1],
+        Feed::Gate { kept: false } => GATE_RESTREAMED_CYCLES_PER_ELEMENT[passes - 1],
     };
-    let once = norm.map_or(0, |_| NORM_ROW_CYCLES[passes - 1]);
+    let once = if input == Input::Norm { NORM_ROW_CYCLES[passes - 1] } else { 0 };
     let prologue = (parts * rows * k) as u64 * per_element + rows as u64 * once;
     let macs = (kr * n * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
         + KERNEL_CALL_OVERHEAD_CYCLES;
-    let epilogue = if norm.is_some() { NORM_EPILOGUE_CYCLES_PER_ELEMENT } else { EPILOGUE_CYCLES_PER_ELEMENT };
+    let epilogue = if input == Input::Norm { NORM_EPILOGUE_CYCLES_PER_ELEMENT } else { EPILOGUE_CYCLES_PER_ELEMENT };
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, norm })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed })
+}
+
+/// How many times the rows stream to the cores: once a pass and once for the first maximum,
+/// or once for a gate whose values stay in the cores.
+fn x_streams(passes: usize, feed: Feed) -> usize {
+    if feed.kept() {
+        1
+    } else {
+        passes + 1
+    }
+}
+
+/// A gate-fed core's buffers of the gate's values: one a K part when kept, else one it reuses.
+fn gate_buffers(parts: usize, kept: bool) -> usize {
+    if kept {
+        parts
+    } else {
+        1
+    }
 }
 
 /// The fastest qgemv tiling of `shape` with `passes` (1 or 2) whose design passes every check:
 /// among tile widths that fit, the fewest predicted cycles, then the least padding.
 pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
-    choose_with(device, shape, (passes, None))
+    choose_with(device, shape, (passes, Feed::Rows))
+}
+
+/// [`choose`] for a gate-fed design: the rows are a SwiGlu's gate and up rows, `K` values each;
+/// the gate's values kept in the cores or computed again a pass, whichever is faster.
+pub fn choose_gate(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
+    let mut fits: Vec<QTiling> = [true, false]
+        .into_iter()
+        .filter_map(|kept| choose_with(device, shape, (passes, Feed::Gate { kept })).ok())
+        .collect();
+    fits.sort_by_key(|q| q.tiling.total_cycles);
+    match fits.into_iter().next() {
+        Some(q) => Ok(q),
+        None => choose_with(device, shape, (passes, Feed::Gate { kept: false })),
+    }
 }
 
 /// [`choose`] for a norm-fed design: the rows are a norm's input (`K` values, at most the
@@ -184,10 +263,10 @@ pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32
         );
         return Err(TilingError::NothingFits { shape, device, reason });
     }
-    choose_with(device, shape, (passes, Some(epsilon)))
+    choose_with(device, shape, (passes, Feed::Norm { epsilon }))
 }
 
-fn choose_with(device: Device, shape: GemmShape, (passes, norm): (usize, Option<f32>)) -> Result<QTiling, TilingError> {
+fn choose_with(device: Device, shape: GemmShape, (passes, feed): (usize, Feed)) -> Result<QTiling, TilingError> {
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
@@ -200,13 +279,13 @@ fn choose_with(device: Device, shape: GemmShape, (passes, norm): (usize, Option<
         return Err(TilingError::NothingFits { shape, device, reason });
     }
     let (r, _, t) = device.micro_tile();
-    let x_rows = (shape.m + usize::from(norm.is_some()), norm.is_some());
-    let fewest = k_parts(device, x_rows, shape.k, 1).0;
+    let x_rows = Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input() }.x_rows();
+    let fewest = k_parts(device, (x_rows, feed.input()), shape.k, 1).0;
     let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
     let candidates = (t..=MAX_TILE_COLS)
         .step_by(t)
         .flat_map(|n| (fewest..=fewest + EXTRA_PARTS).flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr))));
-    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, norm), c)).collect();
+    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed), c)).collect();
     fits.dedup_by(|a, b| (a.tiling.k, a.tiling.n, a.kernel_rows) == (b.tiling.k, b.tiling.n, b.kernel_rows));
     fits.sort_by(|a, b| {
         let (a, b) = (&a.tiling, &b.tiling);
@@ -215,24 +294,37 @@ fn choose_with(device: Device, shape: GemmShape, (passes, norm): (usize, Option<
     first_checked(fits, build, (shape, device))
 }
 
-/// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, and for a norm-fed
-/// design `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is
-/// also the device's symbol, an MLIR bare identifier, which takes no `-`).
+/// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, for a norm-fed design
+/// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
+/// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
+/// `gqgemv…`, ending `_kept` when its cores keep the gate's values.
 pub fn design_name(q: &QTiling) -> String {
     let t = &q.tiling;
-    match q.norm {
-        None => format!("qgemv{}_{}_{}", q.passes, t.shape, t.device),
-        Some(eps) => format!("nqgemv{}_{}_{}_eps{}", q.passes, t.shape, t.device, format!("{eps:e}").replace('-', "m")),
+    match q.feed {
+        Feed::Rows => format!("qgemv{}_{}_{}", q.passes, t.shape, t.device),
+        Feed::Norm { epsilon } => {
+            let eps = format!("{epsilon:e}").replace('-', "m");
+            format!("nqgemv{}_{}_{}_eps{eps}", q.passes, t.shape, t.device)
+        }
+        Feed::Gate { kept } => {
+            let kept = if kept { "_kept" } else { "" };
+            format!("gqgemv{}_{}_{}{kept}", q.passes, t.shape, t.device)
+        }
     }
 }
 
 /// The core functions of a tiling besides the GEMV kernels.
 fn core_functions(q: &QTiling) -> Vec<kernels::Function> {
     let sh = q.shape();
-    match q.norm {
-        None => qkernels::functions(sh),
-        Some(eps) => qkernels::norm_functions(sh, q.tiling.shape.k, eps)
+    match q.feed {
+        Feed::Rows => qkernels::functions(sh),
+        Feed::Norm { epsilon } => qkernels::norm_functions(sh, q.tiling.shape.k, epsilon)
             .expect("choose_norm takes only K parts of 32-value blocks and rows the aligned sum takes"),
+        Feed::Gate { .. } => {
+            let mut f = qkernels::gate_functions(sh);
+            f.push(qkernels::dequant(sh));
+            f
+        }
     }
 }
 
@@ -246,6 +338,20 @@ pub fn rows_operand(q: &QTiling, (x, k): (&[f32], usize), gamma: Option<&[f32]>)
     }
     if let Some(g) = gamma {
         out[p.m * p.k..p.m * p.k + g.len()].copy_from_slice(g);
+    }
+    out
+}
+
+/// The rows operand of a gate-fed qgemv call, `[2, padded rows, padded K]` f32: the gate's rows
+/// `g` of `k` values, then the up's `u`, zero past them.
+pub fn gate_operand(q: &QTiling, (g, u): (&[f32], &[f32]), k: usize) -> Vec<f32> {
+    let p = q.tiling.padded;
+    let mut out = vec![0f32; 2 * p.m * p.k];
+    for (plane, rows) in [g, u].into_iter().enumerate() {
+        for (r, row) in rows.chunks(k).enumerate() {
+            let at = (plane * p.m + r) * p.k;
+            out[at..at + k].copy_from_slice(row);
+        }
     }
     out
 }
@@ -279,13 +385,13 @@ pub fn build(q: &QTiling) -> Design {
     let p = t.padded;
     let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
     Design {
-        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows, norm: q.norm.is_some() },
+        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows, input: sh.input, kept: q.feed.kept() },
         name: design_name(q),
         tiling: t.clone(),
         tiles: tiles_used(dev),
         fifos,
         links,
-        buffers: cores.iter().flat_map(|c| buffers(sh, parts, c.tile)).collect(),
+        buffers: cores.iter().flat_map(|c| buffers((sh, q.feed.kept()), parts, c.tile)).collect(),
         functions,
         cores,
         args: vec![(sh.x_rows() * p.k, Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)],
@@ -294,14 +400,21 @@ pub fn build(q: &QTiling) -> Design {
 }
 
 /// A core's own buffers: the row state, the codes of every pass and K part, an accumulator per
-/// pass, and with a norm the squares' lanes.
-fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
+/// pass, with a norm the squares' lanes, and with a gate its values (of every K part, when kept).
+fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     let (c, r) = tile;
-    let state = if sh.norm { 6 } else { 4 };
+    let state = if sh.input == Input::Norm { 6 } else { 4 };
     let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![state, sh.rows], elem: Elem::F32 }];
-    if sh.norm {
-        let shape = vec![sh.rows, qkernels::NORM_LANES];
-        b.push(Buffer { tile, name: format!("ss_{c}_{r}"), shape, elem: Elem::I32 });
+    match sh.input {
+        Input::Norm => {
+            let shape = vec![sh.rows, qkernels::NORM_LANES];
+            b.push(Buffer { tile, name: format!("ss_{c}_{r}"), shape, elem: Elem::I32 });
+        }
+        Input::Gate => b.extend((0..gate_buffers(parts, kept)).map(|q| {
+            let shape = vec![2, sh.rows, sh.k];
+            Buffer { tile, name: format!("gv_{c}_{r}_{q}"), shape, elem: Elem::I32 }
+        })),
+        Input::Rows => {}
     }
     for p in 0..sh.passes {
         for q in 0..parts {
@@ -314,21 +427,26 @@ fn buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
 }
 
 /// `X`, broadcast from column 0's shim to every core (one element at a time: the prologue reads
-/// it once per pass), and each core's weight stream with its tiles' epilogue data.
+/// it once per pass), and each core's weight stream with its tiles' epilogue data. A gate's
+/// element is its `[2, rows, k]` planes of words.
 fn input_fifos(q: &QTiling, fifos: &mut Vec<Fifo>) {
-    let t = &q.tiling;
-    let w_shape = vec![q.shape().w_rows(), t.k];
-    fifos.extend(stream_fifos(t.device, ("X", 1, Elem::F32), vec![q.shape().x_rows(), t.k], w_shape));
+    let (t, sh) = (&q.tiling, q.shape());
+    let w_shape = vec![sh.w_rows(), t.k];
+    let (x_shape, elem) = match sh.input {
+        Input::Gate => (vec![2, sh.rows, t.k], Elem::I32),
+        _ => (vec![sh.x_rows(), t.k], Elem::F32),
+    };
+    fifos.extend(stream_fifos(t.device, ("X", 1, elem), x_shape, w_shape));
 }
 
-/// The runtime sequence: `X` `passes + 1` times, each core one contiguous run of the packed
-/// operand ([`pack`]), see [`crate::gemv::stream_sequence`].
+/// The runtime sequence: `X` `passes + 1` times (a gate's once), each core one contiguous run
+/// of the packed operand ([`pack`]), see [`crate::gemv::stream_sequence`].
 fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
     let t = &q.tiling;
     let (parts, tiles) = q.parts_and_tiles();
     let (p, x_rows, k, w_rows) = (t.padded, q.shape().x_rows(), t.k, q.shape().w_rows());
     let per_core = tiles * parts * w_rows * k;
-    let x = (0, 0, [q.passes + 1, parts, x_rows, k], [0, k, p.k, 1]);
+    let x = (0, 0, [x_streams(q.passes, q.feed), parts, x_rows, k], [0, k, p.k, 1]);
     let w = |s: usize| (1, s * per_core, [tiles, parts, w_rows, k], [parts * w_rows * k, w_rows * k, k, 1]);
     stream_sequence(t, tiles, ("X", x), &w)
 }
@@ -398,10 +516,12 @@ enum CoreOp {
     Seq(Vec<CoreOp>),
 }
 
-/// A core's buffers and operands as its calls name them.
+/// A core's buffers and operands as its calls name them; `kept`: a gate's values of every K
+/// part in buffers of their own.
 struct Operands {
     sh: Shape,
     tile: (usize, usize),
+    kept: bool,
 }
 
 type Operand = (String, String);
@@ -418,6 +538,10 @@ impl Operands {
     }
     fn acc(&self, p: usize) -> Operand {
         (format!("%acc_{}_{}_{p}", self.tile.0, self.tile.1), self.sh.acc_ty())
+    }
+    fn gate_values(&self, q: usize) -> Operand {
+        let q = if self.kept { q } else { 0 };
+        (format!("%gv_{}_{}_{q}", self.tile.0, self.tile.1), qkernels::gu_ty(self.sh))
     }
 }
 
@@ -488,6 +612,56 @@ fn norm_prologue(core: &Core, o: &Operands) -> Vec<CoreOp> {
     ops
 }
 
+/// A gate-fed core's calls: each K part's gate values computed into the core's own buffer as
+/// the rows arrive (once), with the scale markers; then the codes (and the residual's markers)
+/// and the residual's codes from those buffers. Without room to keep them, see
+/// [`restreamed_gate_prologue`].
+fn gate_prologue(core: &Core, o: &Operands) -> Vec<CoreOp> {
+    if !o.kept {
+        return restreamed_gate_prologue(core, o);
+    }
+    let (sh, rs) = (o.sh, o.rs());
+    let mut ops = vec![call(qkernels::RESET, vec![rs.clone()])];
+    stream_pass(&mut ops, core, (sh, 0), &|q, x| {
+        let values = call(qkernels::GATE_VALUES, vec![x, o.gate_values(q)]);
+        vec![values, call(qkernels::GATE_MAX, vec![o.gate_values(q), rs.clone()])]
+    });
+    ops.push(call(qkernels::PRODUCT_SCALE[0], vec![rs.clone()]));
+    for q in 0..core.k_steps {
+        ops.push(call(qkernels::GATE_CODES, vec![o.gate_values(q), rs.clone(), o.codes(0, q)]));
+    }
+    if sh.passes > 1 {
+        ops.push(call(qkernels::PRODUCT_SCALE[1], vec![rs.clone()]));
+        for q in 0..core.k_steps {
+            ops.push(call(qkernels::GATE_RESIDUAL, vec![o.gate_values(q), rs.clone(), o.codes(1, q)]));
+        }
+    }
+    ops
+}
+
+/// A gate-fed core's calls when it keeps no values: each time the rows stream (for the
+/// markers, the codes, the residual's codes) each K part's values computed again into one
+/// buffer, then the pass's call on them.
+fn restreamed_gate_prologue(core: &Core, o: &Operands) -> Vec<CoreOp> {
+    let (sh, rs, gv) = (o.sh, o.rs(), o.gate_values(0));
+    let mut ops = vec![call(qkernels::RESET, vec![rs.clone()])];
+    let on_values = |pass: usize, q: usize, x: Operand| {
+        let then = match pass {
+            0 => call(qkernels::GATE_MAX, vec![gv.clone(), rs.clone()]),
+            1 => call(qkernels::GATE_CODES, vec![gv.clone(), rs.clone(), o.codes(0, q)]),
+            _ => call(qkernels::GATE_RESIDUAL, vec![gv.clone(), rs.clone(), o.codes(1, q)]),
+        };
+        vec![call(qkernels::GATE_VALUES, vec![x, gv.clone()]), then]
+    };
+    for pass in 0..=sh.passes {
+        if pass > 0 {
+            ops.push(call(qkernels::PRODUCT_SCALE[pass - 1], vec![rs.clone()]));
+        }
+        stream_pass(&mut ops, core, (sh, pass), &|q, x| on_values(pass, q, x));
+    }
+    ops
+}
+
 /// One output tile: the accumulators zeroed, each K part's weights multiplied in, and with the
 /// last part's element the epilogue.
 fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
@@ -511,17 +685,21 @@ fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
 }
 
 /// The ops of a qgemv core's body.
-fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, norm): (usize, usize, bool)) -> Vec<CoreOp> {
+fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, input, kept): (usize, usize, Input, bool)) -> Vec<CoreOp> {
     let t = &d.tiling;
-    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, norm };
-    let o = Operands { sh, tile: core.tile };
-    let mut ops = if norm { norm_prologue(core, &o) } else { prologue(core, &o) };
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input };
+    let o = Operands { sh, tile: core.tile, kept };
+    let mut ops = match input {
+        Input::Rows => prologue(core, &o),
+        Input::Norm => norm_prologue(core, &o),
+        Input::Gate => gate_prologue(core, &o),
+    };
     ops.push(CoreOp::Tiles { body: tile_body(core, &o) });
     ops
 }
 
 /// A qgemv core's body in generic form, for its activation passes and kernel rows.
-pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize, bool), o: &mut String) {
+pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize, Input, bool), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
@@ -565,7 +743,7 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
 }
 
 /// A qgemv core's body in custom form.
-pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize, bool), o: &mut String) {
+pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize, Input, bool), o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");

@@ -101,8 +101,7 @@ pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
 /// activation's `passes` (1 or 2), and the rows of the codes and accumulators the GEMV kernel
 /// multiplies, `kernel_rows` ≥ `rows`: a whole number of the device's micro-tile rows lets it
 /// take its vector form (the rows past `rows` are never written, and their products never read).
-/// With `norm` the rows are a norm's input and each `X` element carries γ's part as one more
-/// row ([`norm_functions`]).
+/// `input` says what each `X` element carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub rows: usize,
@@ -110,21 +109,41 @@ pub struct Shape {
     pub n: usize,
     pub passes: usize,
     pub kernel_rows: usize,
-    pub norm: bool,
+    pub input: Input,
+}
+
+/// What a qgemv core's `X` elements carry, and so what its prologue computes from them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// f32 activation rows: `QuantizeRows(x)` ([`functions`]).
+    Rows,
+    /// A norm's input rows with γ's part as one more row: `InverseRms` and
+    /// `QuantizeRows(x, γ)` ([`norm_functions`]).
+    Norm,
+    /// The gate's f32 rows, then the up's, as `[2, rows, k]` words: `QuantizeSwiGlu(g, u)`
+    /// ([`gate_functions`]).
+    Gate,
 }
 
 impl Shape {
-    /// Rows of an `X` element: the activation rows, and γ's with a norm.
+    /// Rows of an `X` element: the activation rows, γ's with a norm, the gate's and the up's.
     pub fn x_rows(&self) -> usize {
-        self.rows + usize::from(self.norm)
+        match self.input {
+            Input::Rows => self.rows,
+            Input::Norm => self.rows + 1,
+            Input::Gate => 2 * self.rows,
+        }
     }
     pub fn x_ty(&self) -> String {
-        memref(&[self.x_rows(), self.k], "f32")
+        match self.input {
+            Input::Gate => gu_ty(*self),
+            _ => memref(&[self.x_rows(), self.k], "f32"),
+        }
     }
     /// The row state: the passes' maxima and scales, and with a norm the row's largest
     /// magnitude and `1/rms` (slots 4 and 5).
     pub fn rs_ty(&self) -> String {
-        memref(&[if self.norm { 6 } else { 4 }, self.rows], "f32")
+        memref(&[if self.input == Input::Norm { 6 } else { 4 }, self.rows], "f32")
     }
     pub fn codes_ty(&self) -> String {
         memref(&[self.kernel_rows, self.k], "i8")
@@ -646,7 +665,7 @@ fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32:
     let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", "%j"], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
-    let m = if sh.norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
+    let m = if sh.input == Input::Norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
     c.mul_f32_by_normal(&af, &m, &vi)
 }
 

@@ -86,6 +86,35 @@ impl Case {
         self.qgemm(&q[0], &Tensor::from_f32(DType::F32, q[1].shape.clone(), scaled))
     }
 
+    /// The program's answer for a gate-fed projection, as `array-gates` leaves it:
+    /// `QuantizeSwiGlu(g, u)` (`g` the case's rows), `QGemm`.
+    fn gate_reference(&self, u: &[f32]) -> Vec<f32> {
+        let (rows, k, _) = self.dims;
+        let mut qa = Attrs::default();
+        if self.passes > 1 {
+            qa.set("passes", Attr::Int(self.passes as i64));
+        }
+        let gt = Tensor::from_f32(DType::F32, vec![rows, k], self.x.clone());
+        let ut = Tensor::from_f32(DType::F32, vec![rows, k], u.to_vec());
+        let q = eval("QuantizeSwiGlu", &qa, &[Some(&gt), Some(&ut)], 2);
+        self.qgemm(&q[0], &q[1])
+    }
+
+    /// A gate-fed design's answer, the case's rows the gate's and `u` the up's: `[rows, n]`.
+    fn gate_on_array(&self, device: Device, design_rows: usize, u: &[f32]) -> Vec<f32> {
+        let (rows, k, n) = self.dims;
+        let q = qgemv::choose_gate(device, GemmShape { m: design_rows, k, n }, self.passes).unwrap();
+        let d = qgemv::build(&q);
+        let p = d.tiling.padded;
+        let x = qgemv::gate_operand(&q, (&self.x, u), k);
+        let first_only = |c: usize| c >= n - self.first_only;
+        let w = qgemv::pack(&q, (&self.w, k, n), (0, n), &self.sw, &first_only);
+        let (out, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
+        (0..rows).flat_map(|i| y[i * p.n..i * p.n + n].to_vec()).collect()
+    }
+
     /// `QGemm{passes, first_pass_columns}` of `codes` at row scales `scales`.
     fn qgemm(&self, codes: &Tensor, scales: &Tensor) -> Vec<f32> {
         let (_, k, n) = self.dims;
@@ -289,6 +318,85 @@ fn the_norm_fed_projections_of_smollm2_and_qwen3_have_designs_the_checker_and_ml
 }
 
 #[test]
+fn gate_fed_designs_equal_the_programs_gate_and_projection_bit_for_bit() {
+    // The gate's and up's f32 rows in, the down projection out, as `array-gates` defines it:
+    // gates over a few binades (SwiGlu's range), a row past ±16, a row of zero gates, a NaN,
+    // ∞·u and −∞ (σ̂ 0, ∞·0: code 0).
+    let (rows, k, n) = (5, 576, 96);
+    for device in [Device::Npu1, Device::Npu2] {
+        for (passes, first_only) in [(1, 0), (2, 16)] {
+            let mut case = Case::new((rows, k, n), passes, first_only, 31);
+            let mut u = activations(rows * k, 32);
+            case.x[k..2 * k].iter_mut().for_each(|v| *v *= 20.0);
+            case.x[2 * k..3 * k].fill(0.0);
+            (case.x[3 * k + 3], case.x[3 * k + 4], case.x[3 * k + 5]) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
+            u[3 * k + 4] = 2.0;
+            let want = case.gate_reference(&u);
+            let got = case.gate_on_array(device, 8, &u);
+            assert_eq!(bits(&got), bits(&want), "{device}, {passes} passes");
+            assert!(want[2 * n..3 * n].iter().all(|&v| v == 0.0), "zero gates: zero outputs");
+        }
+        // Decode's design: one row, K in several parts (SmolLM2's down projection's K).
+        let q = qgemv::choose_gate(device, GemmShape { m: 1, k: 1536, n: 64 }, 2).unwrap();
+        assert!(q.parts_and_tiles().0 > 1, "{device}: {:?}", q.tiling);
+        let case = Case::new((1, 1536, 64), 2, 8, 33);
+        let u = activations(1536, 34);
+        assert_eq!(bits(&case.gate_on_array(device, 1, &u)), bits(&case.gate_reference(&u)), "{device}: one row");
+    }
+}
+
+#[test]
+fn the_gate_fed_down_projections_of_smollm2_and_qwen3_have_designs_the_checker_and_mlir_accept() {
+    // Decode's one row: SmolLM2's down projection (K 1,536) and a Qwen3-0.6B-shaped model's
+    // (3,072). `choose_gate` returns only a design the checker accepts: the gate's values kept
+    // in the cores (the rows stream once) where they fit beside the vector kernel's codes, else
+    // computed again a pass — Qwen3's two passes on npu2, whose 8-row codes of K 3,072 fill most
+    // of a core.
+    let mut kept = vec![];
+    for device in [Device::Npu1, Device::Npu2] {
+        for (k, n) in [(1536, 576), (3072, 1024)] {
+            for passes in [1, 2] {
+                let shape = GemmShape { m: 1, k, n };
+                let q = qgemv::choose_gate(device, shape, passes)
+                    .unwrap_or_else(|e| panic!("{device} {k}x{n}, {passes} passes: {e}"));
+                let d = qgemv::build(&q);
+                assert!(matches!(d.kind, Kind::QGemv { input: qkernels::Input::Gate, .. }), "{}", d.name);
+                // Kept or not, the design's cores run the vector kernel.
+                assert_eq!(q.kernel_rows, device.micro_tile().0, "{}", d.name);
+                kept.push(q.feed.kept());
+            }
+        }
+    }
+    assert!(kept.contains(&true) && kept.contains(&false), "{kept:?}");
+    for k in [1536, 3072] {
+        let d = qgemv::build(&qgemv::choose_gate(Device::Npu2, GemmShape { m: 1, k, n: 576 }, 2).unwrap());
+        assert!(d.name.starts_with(&format!("gqgemv2_1x{k}x576_npu2")), "{}", d.name);
+        mlir::verify_generic(&d.generic()).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+    }
+}
+
+#[test]
+fn the_cost_models_gate_fed_cycles_are_the_generated_codes_vector_operations() {
+    for passes in [1, 2] {
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Gate };
+        let ops: HashMap<String, u64> = qkernels::gate_functions(sh)
+            .into_iter()
+            .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
+            .collect();
+        let mut prologue =
+            [qkernels::GATE_VALUES, qkernels::GATE_MAX, qkernels::GATE_CODES].iter().map(|f| ops[*f]).sum::<u64>();
+        if passes == 2 {
+            prologue += ops[qkernels::GATE_RESIDUAL];
+        }
+        let lanes = qkernels::LANES as u64;
+        assert_eq!(qgemv::GATE_CYCLES_PER_ELEMENT[passes - 1], prologue.div_ceil(lanes), "{passes}: {ops:?}");
+        // Without room to keep them, the values again each time the rows stream.
+        let again = prologue + passes as u64 * ops[qkernels::GATE_VALUES];
+        assert_eq!(qgemv::GATE_RESTREAMED_CYCLES_PER_ELEMENT[passes - 1], again.div_ceil(lanes), "{passes}");
+    }
+}
+
+#[test]
 fn a_norm_fed_design_refuses_rows_the_aligned_sum_cannot_take() {
     let long = ir::pinned_norm::ALIGNED_MAX_D + 32;
     let err = qgemv::choose_norm(Device::Npu2, GemmShape { m: 1, k: long, n: 64 }, 2, 1e-5).unwrap_err().to_string();
@@ -350,7 +458,7 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 fn a_shift_past_the_width_is_poison_and_an_error() {
     // The codes' right shift is clamped to 31 (in every lane); with the clamp at 40 a value 2⁻³⁰
     // of its row's scale shifts an i32 by more than its width, which MLIR makes poison.
-    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, norm: false };
+    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, input: qkernels::Input::Rows };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
     let clamp = "{value = dense<31> : vector<1x8xi32>}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
@@ -380,7 +488,7 @@ fn innermost_ops(body: &[Stmt]) -> usize {
 fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_operations() {
     let lanes = qkernels::LANES as u64;
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, norm: false };
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Rows };
         let ops: HashMap<String, u64> = qkernels::functions(sh)
             .into_iter()
             .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
@@ -402,7 +510,7 @@ fn the_cost_models_norm_fed_cycles_are_the_generated_codes_vector_operations() {
     // function's operations over 8. The root and the row scales' products are once a row (their
     // functions have no loop inside the rows').
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, norm: true };
+        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Norm };
         let ops: HashMap<String, u64> = qkernels::norm_functions(sh, 64, 1e-5)
             .unwrap()
             .into_iter()

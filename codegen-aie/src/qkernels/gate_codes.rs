@@ -1,12 +1,13 @@
 //! `QuantizeSwiGlu(g, u)` as core code: SwiGlu in integers (`ir::integer_gate`) and its
 //! quantisation, in [`LANES`]-lane integer vectors with no floating point. `gq_gate` computes
-//! each value `ĝ·σ̂·û` once, in place over the `gu` element that brought the gate's and up's
-//! f32 rows (`[2, rows, k]`: the gate's rows, then the up's), as the exact values the norm's
+//! each value `ĝ·σ̂·û` once from the `gu` element that brings the gate's and up's f32 rows
+//! (`[2, rows, k]`: the gate's rows, then the up's) into `gv` of the same shape, as the exact
+//! values the norm's
 //! quantisation takes ([`super::norm_codes`]): `p·2^u`, `p = M_g·S·M_u` below 2³², the unit
-//! `u = E_g + E_u − 284`. The gate's plane then holds `p`, the up's `u + 512` with the value's
+//! `u = E_g + E_u − 284`: `gv`'s first plane holds `p`, its second `u + 512` with the value's
 //! sign in bit 31; a NaN value is `p = 0` (code 0, no part of a maximum) and an
 //! infinite one `p = 1` at the unit 400, past every scale (the row unscalable, the code ±127).
-//! The maximum, scales, codes and residual codes are then the norm's functions reading `gu`.
+//! The maximum, scales, codes and residual codes are then the norm's functions reading `gv`.
 //!
 //! Every step of σ̂ is an unsigned one (the definition keeps every intermediate non-negative
 //! and below 2³¹): shifts right are logical, minima and maxima compares and selects.
@@ -136,19 +137,19 @@ impl Code {
         (p, self.bin("ori", &word, &sign, ty))
     }
 
-    /// Block `(%i, %l)` of plane `plane` of `gu`.
-    fn plane(&mut self, gu_ty: &str, plane: usize, pad32: &str) -> String {
+    /// Block `(%i, %l)` of plane `plane` of `mem` (a `[2, rows, k]` i32 element).
+    fn plane(&mut self, (mem, mem_ty): (&str, &str), plane: usize, pad32: &str) -> String {
         let res = self.fresh("vec");
         let at = vec![idx(plane), "%i".to_string(), "%l".to_string()];
-        let (mem, mem_ty, vty) = (v("gu"), gu_ty.to_string(), lanes("i32"));
+        let (mem, mem_ty, vty) = (v(mem), mem_ty.to_string(), lanes("i32"));
         self.push(Stmt::Read { res: res.clone(), mem, mem_ty, idx: at, pad: pad32.into(), vty, elem: "i32" });
         res
     }
 
-    /// The exact values `gq_gate` left in `gu` at block `(%i, %l)`.
-    pub(super) fn gate_exact(&mut self, gu_ty: &str, pad32: &str, ty: &str) -> Exact {
-        let p = self.plane(gu_ty, 0, pad32);
-        let word = self.plane(gu_ty, 1, pad32);
+    /// The exact values `gq_gate` left in `gv` at block `(%i, %l)`.
+    pub(super) fn gate_exact(&mut self, gv_ty: &str, pad32: &str, ty: &str) -> Exact {
+        let p = self.plane(("gv", gv_ty), 0, pad32);
+        let word = self.plane(("gv", gv_ty), 1, pad32);
         let negative = self.test("slt", &word, 0, ty);
         let unit = self.with("andi", &word, ABS, ty);
         let unit = self.with("subi", &unit, UNIT_BIAS, ty);
@@ -162,7 +163,8 @@ pub fn gu_ty(sh: Shape) -> String {
     memref(&[2, sh.rows, sh.k], "i32")
 }
 
-/// `gq_gate(%gu)`: each value `ĝ·σ̂·û` of one K part, in place.
+/// `gq_gate(%gu, %gv)`: each value `ĝ·σ̂·û` of one K part of the gate's and up's rows `gu`,
+/// as the planes of `gv` (which may be `gu` itself).
 pub fn gate_values(sh: Shape) -> Function {
     let gu = gu_ty(sh);
     let vi = lanes("i32");
@@ -170,33 +172,33 @@ pub fn gate_values(sh: Shape) -> Function {
     let pad32 = c.iconst(0, "i32");
     c.each("i", sh.rows, |c| {
         c.each_by("l", (sh.k, LANES), |c| {
-            let (g, u) = (c.plane(&gu, 0, &pad32), c.plane(&gu, 1, &pad32));
+            let (g, u) = (c.plane(("gu", &gu), 0, &pad32), c.plane(("gu", &gu), 1, &pad32));
             let (p, word) = c.gate_words(&g, &u, &vi);
             for (plane, val) in [(0, p), (1, word)] {
                 let at = vec![idx(plane), "%i".to_string(), "%l".to_string()];
-                c.push(Stmt::Write { val, mem: v("gu"), mem_ty: gu.clone(), idx: at, vty: vi.clone() });
+                c.push(Stmt::Write { val, mem: v("gv"), mem_ty: gu.clone(), idx: at, vty: vi.clone() });
             }
         });
     });
-    c.finish(GATE_VALUES, vec![(v("gu"), gu)])
+    c.finish(GATE_VALUES, vec![(v("gu"), gu.clone()), (v("gv"), gu)])
 }
 
-/// `gq_max(%gu, %rs)`: each row's running scale marker of the gate's values over one K part.
+/// `gq_max(%gv, %rs)`: each row's running scale marker of the gate's values over one K part.
 pub fn gate_max(sh: Shape) -> Function {
-    let gu = gu_ty(sh);
-    running_max(sh, Source::Gate { gu_ty: &gu }, GATE_MAX)
+    let gv = gu_ty(sh);
+    running_max(sh, Source::Gate { gv_ty: &gv }, GATE_MAX)
 }
 
-/// `gq_codes(%gu, %rs, %c0)`: one K part's first-pass codes of the gate's values.
+/// `gq_codes(%gv, %rs, %c0)`: one K part's first-pass codes of the gate's values.
 pub fn gate_codes(sh: Shape) -> Function {
-    let gu = gu_ty(sh);
-    first_codes(sh, Source::Gate { gu_ty: &gu }, GATE_CODES)
+    let gv = gu_ty(sh);
+    first_codes(sh, Source::Gate { gv_ty: &gv }, GATE_CODES)
 }
 
-/// `gq_residual(%gu, %rs, %c1)`: one K part's second-pass codes of the gate's values.
+/// `gq_residual(%gv, %rs, %c1)`: one K part's second-pass codes of the gate's values.
 pub fn gate_residual(sh: Shape) -> Function {
-    let gu = gu_ty(sh);
-    second_codes(sh, Source::Gate { gu_ty: &gu }, GATE_RESIDUAL)
+    let gv = gu_ty(sh);
+    second_codes(sh, Source::Gate { gv_ty: &gv }, GATE_RESIDUAL)
 }
 
 /// Every function of `QuantizeSwiGlu(g, u)` a core of shape `sh` calls, in call order (the row

@@ -48,12 +48,12 @@ pub(super) struct Exact {
 }
 
 /// Where a function's exact values come from: the products `x·γ` of an `X` element (γ its last
-/// row, after `rows` rows), or the gate's values `gq_gate` left in a `gu` element
+/// row, after `rows` rows), or the gate's values `gq_gate` left in a `gv` buffer
 /// ([`super::gate_codes`]).
 #[derive(Clone, Copy)]
 pub(super) enum Source<'a> {
     Products { x_ty: &'a str, rows: usize },
-    Gate { gu_ty: &'a str },
+    Gate { gv_ty: &'a str },
 }
 
 impl Source<'_> {
@@ -61,7 +61,7 @@ impl Source<'_> {
     fn param(&self) -> (String, String) {
         match *self {
             Source::Products { x_ty, .. } => (v("x"), x_ty.to_string()),
-            Source::Gate { gu_ty } => (v("gu"), gu_ty.to_string()),
+            Source::Gate { gv_ty } => (v("gv"), gv_ty.to_string()),
         }
     }
 }
@@ -109,7 +109,7 @@ impl Code {
                 let gb = self.gamma_bits((x_ty, rows), pad);
                 self.exact_product(&xb, &gb, ty)
             }
-            Source::Gate { gu_ty } => self.gate_exact(gu_ty, pad32, ty),
+            Source::Gate { gv_ty } => self.gate_exact(gv_ty, pad32, ty),
         }
     }
 
