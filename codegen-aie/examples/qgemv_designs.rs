@@ -51,7 +51,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     norm_fed(&out)?;
+    pairs(&out)?;
     norms(&out)
+}
+
+/// The norm-fed designs of the same projections with the weight's two passes summed in the
+/// epilogue (`_pairs`: N outputs from 2N weight columns), beside the norm-fed design that
+/// returns the 2N columns for the host to add, and the gate-fed down projections likewise.
+fn pairs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n{:<42} {:>11} {:>11} {:>6}", "pairs design", "cycles", "2N columns", "ratio");
+    let feeds =
+        [(&NORM_FED[..], qgemv::Feed::Norm { epsilon: 1e-5 }), (&GATE_FED[..], qgemv::Feed::Gate { kept: true })];
+    for device in [Device::Npu1, Device::Npu2] {
+        for (k, n, feed) in feeds.iter().flat_map(|(shapes, f)| shapes.iter().map(move |&(k, n)| (k, n, *f))) {
+            let q = qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?;
+            let d = qgemv::build(&q);
+            std::fs::write(format!("{out}/{}.pretty.mlir", d.name), d.pretty())?;
+            std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
+            let wide = GemmShape { m: 1, k, n: 2 * n };
+            let plain = match feed {
+                qgemv::Feed::Norm { epsilon } => qgemv::choose_norm(device, wide, 2, epsilon)?,
+                _ => qgemv::choose_gate(device, wide, 2)?,
+            };
+            let (cycles, plain) = (q.tiling.total_cycles, plain.tiling.total_cycles);
+            println!("{:<42} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
+        }
+    }
+    Ok(())
 }
 
 /// (K, N) of the projections a norm feeds: SmolLM2's q/k/v and gate/up, then Qwen3-0.6B's.
@@ -110,7 +136,15 @@ fn norms(out: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// row.
 fn prologues(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<16} {:>16} {:>12}", "quantisation", "loop / block", "once a row");
-    let sh = qkernels::Shape { rows: 1, k: 576, n: 64, passes: 2, kernel_rows: 1, input: qkernels::Input::Rows };
+    let sh = qkernels::Shape {
+        rows: 1,
+        k: 576,
+        n: 64,
+        passes: 2,
+        kernel_rows: 1,
+        input: qkernels::Input::Rows,
+        pairs: false,
+    };
     let dequant = qkernels::DEQUANT;
     let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);
     let text: String = qkernels::gate_functions(sh).iter().map(|f| f.pretty(2)).collect();

@@ -138,12 +138,14 @@ pub enum Kind {
     /// outputs, its GEMV kernel on `kernel_rows` ([`crate::qgemv`]); `input` says what the rows
     /// are: activations, a norm's input (γ riding in each `X` element, the cores computing the
     /// norm), or a gate's and up's rows (the cores computing the gate); with `kept` the gate's
-    /// values stay in the cores, so the rows stream once.
+    /// values stay in the cores, so the rows stream once; with `pairs` each output sums a
+    /// weight's two passes.
     QGemv {
         passes: usize,
         kernel_rows: usize,
         input: crate::qkernels::Input,
         kept: bool,
+        pairs: bool,
     },
 }
 
@@ -563,8 +565,8 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, input, kept } => {
-                crate::qgemv::generic_core(self, core, (passes, kernel_rows, input, kept), o)
+            Kind::QGemv { passes, kernel_rows, input, kept, pairs } => {
+                crate::qgemv::generic_core(self, core, (passes, kernel_rows, input, kept, pairs), o)
             }
         }
     }
@@ -726,8 +728,8 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, input, kept } => {
-                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, input, kept), o)
+            Kind::QGemv { passes, kernel_rows, input, kept, pairs } => {
+                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, input, kept, pairs), o)
             }
         }
     }

@@ -76,6 +76,10 @@ pub const GATE_CYCLES_PER_ELEMENT: [u64; 2] = [25, 43];
 /// computes them again each time the rows stream, once a pass and once for the maximum.
 pub const GATE_RESTREAMED_CYCLES_PER_ELEMENT: [u64; 2] = [37, 67];
 
+/// Cycles per output element of an epilogue that sums a weight's two passes ([`Shape::pairs`]):
+/// `[[one pass, two passes] of plain rows, the same with a norm]`, counted as above.
+pub const PAIRS_EPILOGUE_CYCLES_PER_ELEMENT: [[u64; 2]; 2] = [[83, 130], [97, 152]];
+
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
 pub const SCALAR_CYCLES_PER_MAC: u64 = 3;
@@ -111,21 +115,22 @@ impl Feed {
     }
 }
 
-/// A qgemv tiling, its activation passes, the GEMV kernel's rows ([`Shape::kernel_rows`]) and
-/// what its rows are.
+/// A qgemv tiling, its activation passes, the GEMV kernel's rows ([`Shape::kernel_rows`]), what
+/// its rows are, and whether each output sums a weight's two passes ([`Shape::pairs`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QTiling {
     pub tiling: Tiling,
     pub passes: usize,
     pub kernel_rows: usize,
     pub feed: Feed,
+    pub pairs: bool,
 }
 
 impl QTiling {
     fn shape(&self) -> Shape {
         let t = &self.tiling;
-        let (passes, kernel_rows, input) = (self.passes, self.kernel_rows, self.feed.input());
-        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input }
+        let (passes, kernel_rows, input, pairs) = (self.passes, self.kernel_rows, self.feed.input(), self.pairs);
+        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs }
     }
 
     /// K parts and output tiles per core.
@@ -165,7 +170,7 @@ fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize) -> usize 
         + 2 * rows * n * 4
         + (state + squares) * rows * 4
         + sh.passes * parts * rows * k
-        + sh.passes * rows * n * 4
+        + sh.passes * rows * sh.w_cols() * 4
         + device.core_stack_bytes()
 }
 
@@ -173,13 +178,13 @@ fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize) -> usize 
 fn evaluate(
     device: Device,
     shape: GemmShape,
-    (passes, feed): (usize, Feed),
+    (passes, feed, pairs): (usize, Feed, bool),
     (n, min_parts, kr): (usize, usize, usize),
 ) -> Option<QTiling> {
     let input = feed.input();
-    let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input }.x_rows();
+    let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs }.x_rows();
     let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, input), shape.k, min_parts));
-    let sh = Shape { rows, k, n, passes, kernel_rows: kr, input };
+    let sh = Shape { rows, k, n, passes, kernel_rows: kr, input, pairs };
     if k < qkernels::MIN_K {
         return None;
     }
@@ -201,17 +206,21 @@ fn evaluate(
     };
     let once = if input == Input::Norm { NORM_ROW_CYCLES[passes - 1] } else { 0 };
     let prologue = (parts * rows * k) as u64 * per_element + rows as u64 * once;
-    let macs = (kr * n * k) as u64;
+    let macs = (kr * sh.w_cols() * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
         + KERNEL_CALL_OVERHEAD_CYCLES;
-    let epilogue = if input == Input::Norm { NORM_EPILOGUE_CYCLES_PER_ELEMENT } else { EPILOGUE_CYCLES_PER_ELEMENT };
+    let epilogue = match (input == Input::Norm, pairs) {
+        (false, false) => EPILOGUE_CYCLES_PER_ELEMENT,
+        (true, false) => NORM_EPILOGUE_CYCLES_PER_ELEMENT,
+        (norm, true) => PAIRS_EPILOGUE_CYCLES_PER_ELEMENT[usize::from(norm)],
+    };
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs })
 }
 
 /// How many times the rows stream to the cores: once a pass and once for the first maximum,
@@ -236,26 +245,49 @@ fn gate_buffers(parts: usize, kept: bool) -> usize {
 /// The fastest qgemv tiling of `shape` with `passes` (1 or 2) whose design passes every check:
 /// among tile widths that fit, the fewest predicted cycles, then the least padding.
 pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
-    choose_with(device, shape, (passes, Feed::Rows))
+    choose_with(device, shape, (passes, Feed::Rows, false))
+}
+
+/// [`choose`] for a projection whose weight has two passes side by side, summed in the epilogue
+/// ([`Shape::pairs`]): `shape.n` outputs from `2·shape.n` weight columns, the rows as `feed`
+/// says (a gate's values kept or not, whichever is faster).
+pub fn choose_pairs(device: Device, shape: GemmShape, passes: usize, feed: Feed) -> Result<QTiling, TilingError> {
+    match feed {
+        Feed::Gate { .. } => choose_gate_with(device, shape, (passes, true)),
+        Feed::Norm { epsilon } => choose_norm_with(device, shape, (passes, epsilon, true)),
+        Feed::Rows => choose_with(device, shape, (passes, feed, true)),
+    }
 }
 
 /// [`choose`] for a gate-fed design: the rows are a SwiGlu's gate and up rows, `K` values each;
 /// the gate's values kept in the cores or computed again a pass, whichever is faster.
 pub fn choose_gate(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling, TilingError> {
+    choose_gate_with(device, shape, (passes, false))
+}
+
+fn choose_gate_with(device: Device, shape: GemmShape, (passes, pairs): (usize, bool)) -> Result<QTiling, TilingError> {
     let mut fits: Vec<QTiling> = [true, false]
         .into_iter()
-        .filter_map(|kept| choose_with(device, shape, (passes, Feed::Gate { kept })).ok())
+        .filter_map(|kept| choose_with(device, shape, (passes, Feed::Gate { kept }, pairs)).ok())
         .collect();
     fits.sort_by_key(|q| q.tiling.total_cycles);
     match fits.into_iter().next() {
         Some(q) => Ok(q),
-        None => choose_with(device, shape, (passes, Feed::Gate { kept: false })),
+        None => choose_with(device, shape, (passes, Feed::Gate { kept: false }, pairs)),
     }
 }
 
 /// [`choose`] for a norm-fed design: the rows are a norm's input (`K` values, at most the
 /// aligned sum's [`ir::pinned_norm::ALIGNED_MAX_D`]), with ε `epsilon`.
 pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32) -> Result<QTiling, TilingError> {
+    choose_norm_with(device, shape, (passes, epsilon, false))
+}
+
+fn choose_norm_with(
+    device: Device,
+    shape: GemmShape,
+    (passes, epsilon, pairs): (usize, f32, bool),
+) -> Result<QTiling, TilingError> {
     if shape.k > ir::pinned_norm::ALIGNED_MAX_D {
         let reason = format!(
             "a norm-fed core sums a row's squares in integer lanes: K must be at most {}",
@@ -263,10 +295,14 @@ pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32
         );
         return Err(TilingError::NothingFits { shape, device, reason });
     }
-    choose_with(device, shape, (passes, Feed::Norm { epsilon }))
+    choose_with(device, shape, (passes, Feed::Norm { epsilon }, pairs))
 }
 
-fn choose_with(device: Device, shape: GemmShape, (passes, feed): (usize, Feed)) -> Result<QTiling, TilingError> {
+fn choose_with(
+    device: Device,
+    shape: GemmShape,
+    (passes, feed, pairs): (usize, Feed, bool),
+) -> Result<QTiling, TilingError> {
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
@@ -279,13 +315,13 @@ fn choose_with(device: Device, shape: GemmShape, (passes, feed): (usize, Feed)) 
         return Err(TilingError::NothingFits { shape, device, reason });
     }
     let (r, _, t) = device.micro_tile();
-    let x_rows = Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input() }.x_rows();
+    let x_rows = Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input(), pairs }.x_rows();
     let fewest = k_parts(device, (x_rows, feed.input()), shape.k, 1).0;
     let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
     let candidates = (t..=MAX_TILE_COLS)
         .step_by(t)
         .flat_map(|n| (fewest..=fewest + EXTRA_PARTS).flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr))));
-    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed), c)).collect();
+    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed, pairs), c)).collect();
     fits.dedup_by(|a, b| (a.tiling.k, a.tiling.n, a.kernel_rows) == (b.tiling.k, b.tiling.n, b.kernel_rows));
     fits.sort_by(|a, b| {
         let (a, b) = (&a.tiling, &b.tiling);
@@ -297,8 +333,14 @@ fn choose_with(device: Device, shape: GemmShape, (passes, feed): (usize, Feed)) 
 /// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, for a norm-fed design
 /// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
 /// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
-/// `gqgemv…`, ending `_kept` when its cores keep the gate's values.
+/// `gqgemv…`, ending `_kept` when its cores keep the gate's values; and `_pairs` when each output
+/// sums a weight's two passes.
 pub fn design_name(q: &QTiling) -> String {
+    let pairs = if q.pairs { "_pairs" } else { "" };
+    format!("{}{pairs}", feed_name(q))
+}
+
+fn feed_name(q: &QTiling) -> String {
     let t = &q.tiling;
     match q.feed {
         Feed::Rows => format!("qgemv{}_{}_{}", q.passes, t.shape, t.device),
@@ -380,12 +422,18 @@ pub fn build(q: &QTiling) -> Design {
         })
         .collect();
     let mut functions = core_functions(q);
-    let rkn = (q.kernel_rows, t.k, t.n);
+    let rkn = (q.kernel_rows, t.k, sh.w_cols());
     functions.extend([kernels::gemv_zero_i32(rkn), kernels::gemv_i8_i32_rows(dev, rkn, sh.w_rows())]);
     let p = t.padded;
     let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
     Design {
-        kind: Kind::QGemv { passes: q.passes, kernel_rows: q.kernel_rows, input: sh.input, kept: q.feed.kept() },
+        kind: Kind::QGemv {
+            passes: q.passes,
+            kernel_rows: q.kernel_rows,
+            input: sh.input,
+            kept: q.feed.kept(),
+            pairs: q.pairs,
+        },
         name: design_name(q),
         tiling: t.clone(),
         tiles: tiles_used(dev),
@@ -421,7 +469,12 @@ fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec
             let shape = vec![sh.kernel_rows, sh.k];
             b.push(Buffer { tile, name: format!("codes_{c}_{r}_{p}_{q}"), shape, elem: Elem::I8 });
         }
-        b.push(Buffer { tile, name: format!("acc_{c}_{r}_{p}"), shape: vec![sh.kernel_rows, sh.n], elem: Elem::I32 });
+        b.push(Buffer {
+            tile,
+            name: format!("acc_{c}_{r}_{p}"),
+            shape: vec![sh.kernel_rows, sh.w_cols()],
+            elem: Elem::I32,
+        });
     }
     b
 }
@@ -452,10 +505,11 @@ fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
 }
 
 /// The weight operand of a qgemv call: for each core, tile and K part, the element the core's
-/// stream carries — `n` rows of `k` weight codes (output column `j`'s K part, the weight read as
-/// `w[kk][col]` from `[K, N]` row-major codes, zero past K and past the chunk), then the tile's
-/// epilogue data: its columns' scales and first-pass-only flags. `cols` columns from
-/// `col_offset` of the weight make the call's outputs.
+/// stream carries — its weight columns' `k` codes a row (output column `j`'s K part, the weight
+/// read as `w[kk][col]` from `[K, N]` row-major codes, zero past K and past the chunk), then the
+/// tile's epilogue data: its columns' scales and first-pass-only flags. `cols` columns from
+/// `col_offset` of the weight make the call's outputs; with pairs ([`Shape::pairs`]) output `c`
+/// also takes the weight's column `c + N/2` (its residual pass), and the flags are implied.
 pub fn pack(
     q: &QTiling,
     (w, k_total, n_total): (&[i8], usize, usize),
@@ -466,14 +520,17 @@ pub fn pack(
     let t = &q.tiling;
     let (parts, tiles) = q.parts_and_tiles();
     let sh = q.shape();
-    let (k, n, w_rows) = (t.k, t.n, sh.w_rows());
+    let (k, n, w_rows, w_cols) = (t.k, t.n, sh.w_rows(), sh.w_cols());
     let mut out = vec![0i8; streams(t.device) * tiles * parts * w_rows * k];
     for (e, elem) in out.chunks_mut(w_rows * k).enumerate() {
         let (tile_index, part) = (e / parts, e % parts);
         let first_col = tile_index * n;
-        let in_chunk = |j: usize| (first_col + j < cols).then_some(col_offset + first_col + j);
-        for j in 0..n {
-            let Some(col) = in_chunk(j) else { continue };
+        let column = |j: usize| {
+            let c = (first_col + j % n < cols).then_some(col_offset + first_col + j % n)?;
+            Some(if j >= n { c + n_total / 2 } else { c })
+        };
+        for j in 0..w_cols {
+            let Some(col) = column(j) else { continue };
             for l in 0..k {
                 let kk = part * k + l;
                 if kk < k_total {
@@ -482,10 +539,14 @@ pub fn pack(
             }
         }
         if part + 1 == parts {
-            let col_scales: Vec<f32> = (0..n).map(|j| in_chunk(j).map_or(0.0, |c| scales[c])).collect();
-            let flags: Vec<bool> = (0..n).map(|j| in_chunk(j).is_some_and(first_only)).collect();
-            let meta = qkernels::meta(q.passes, k, &col_scales, &flags);
-            elem[n * k..n * k + meta.len()].copy_from_slice(&meta);
+            let col_scales: Vec<f32> = (0..w_cols).map(|j| column(j).map_or(0.0, |c| scales[c])).collect();
+            let meta = if q.pairs {
+                qkernels::meta(1, k, &col_scales, &[])
+            } else {
+                let flags: Vec<bool> = (0..n).map(|j| column(j).is_some_and(first_only)).collect();
+                qkernels::meta(q.passes, k, &col_scales, &flags)
+            };
+            elem[w_cols * k..w_cols * k + meta.len()].copy_from_slice(&meta);
         }
     }
     out
@@ -685,9 +746,9 @@ fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
 }
 
 /// The ops of a qgemv core's body.
-fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, input, kept): (usize, usize, Input, bool)) -> Vec<CoreOp> {
+fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, input, kept, pairs): CoreKind) -> Vec<CoreOp> {
     let t = &d.tiling;
-    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input };
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs };
     let o = Operands { sh, tile: core.tile, kept };
     let mut ops = match input {
         Input::Rows => prologue(core, &o),
@@ -698,8 +759,11 @@ fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, input, kept): (usize,
     ops
 }
 
+/// What [`Kind::QGemv`] says of a core: passes, kernel rows, input, kept gate values, pairs.
+pub(crate) type CoreKind = (usize, usize, Input, bool, bool);
+
 /// A qgemv core's body in generic form, for its activation passes and kernel rows.
-pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: (usize, usize, Input, bool), o: &mut String) {
+pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: CoreKind, o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
@@ -743,7 +807,7 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
 }
 
 /// A qgemv core's body in custom form.
-pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: (usize, usize, Input, bool), o: &mut String) {
+pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: CoreKind, o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");

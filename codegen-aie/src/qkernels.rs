@@ -101,7 +101,10 @@ pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
 /// activation's `passes` (1 or 2), and the rows of the codes and accumulators the GEMV kernel
 /// multiplies, `kernel_rows` ≥ `rows`: a whole number of the device's micro-tile rows lets it
 /// take its vector form (the rows past `rows` are never written, and their products never read).
-/// `input` says what each `X` element carries.
+/// `input` says what each `X` element carries. With `pairs` each of the `n` outputs is the sum of
+/// two weight columns, as `array-int8` adds a weight's two passes: its first pass (every
+/// activation pass) plus its residual pass (the first activation pass only), so a tile's
+/// weight element and accumulators hold `2n` columns ([`dequant`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub rows: usize,
@@ -110,6 +113,7 @@ pub struct Shape {
     pub passes: usize,
     pub kernel_rows: usize,
     pub input: Input,
+    pub pairs: bool,
 }
 
 /// What a qgemv core's `X` elements carry, and so what its prologue computes from them.
@@ -148,11 +152,26 @@ impl Shape {
     pub fn codes_ty(&self) -> String {
         memref(&[self.kernel_rows, self.k], "i8")
     }
-    pub fn acc_ty(&self) -> String {
-        memref(&[self.kernel_rows, self.n], "i32")
+    /// The weight columns a tile multiplies: `n`, or `2n` with pairs.
+    pub fn w_cols(&self) -> usize {
+        if self.pairs {
+            2 * self.n
+        } else {
+            self.n
+        }
     }
+    pub fn acc_ty(&self) -> String {
+        memref(&[self.kernel_rows, self.w_cols()], "i32")
+    }
+    /// Rows of a weight element: the tile's weight columns, then their epilogue data (with pairs
+    /// no first-pass-only flags: a pair's second column always is).
     pub fn w_rows(&self) -> usize {
-        self.n + meta_rows(self.passes, self.k, self.n)
+        let cols = self.w_cols();
+        if self.pairs {
+            cols + cols.div_ceil(scales_per_row(self.k))
+        } else {
+            cols + meta_rows(self.passes, self.k, cols)
+        }
     }
     pub fn w_ty(&self) -> String {
         memref(&[self.w_rows(), self.k], "i8")
@@ -635,13 +654,14 @@ pub fn residual(sh: Shape) -> Function {
     c.finish(RESIDUAL, params)
 }
 
-/// Column block `%j`'s weight scales, [`LANES`] columns' f32 bits as i32 lanes: one 32-byte read
-/// of the epilogue data ([`meta`]) taken as little-endian words.
-fn column_scales(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
+/// Column block `j`'s weight scales (`j` an index value: `%j`, or a pair's second column),
+/// [`LANES`] columns' f32 bits as i32 lanes: one 32-byte read of the epilogue data ([`meta`])
+/// taken as little-endian words.
+fn column_scales(c: &mut Code, (sh, j): (Shape, &str), w_ty: &str, pad8: &str) -> String {
     let per_row = idx(scales_per_row(sh.k));
-    let row = c.bin("divui", "%j", &per_row, "index");
-    let row = c.bin("addi", &row, &idx(sh.n), "index");
-    let col = c.bin("remui", "%j", &per_row, "index");
+    let row = c.bin("divui", j, &per_row, "index");
+    let row = c.bin("addi", &row, &idx(sh.w_cols()), "index");
+    let col = c.bin("remui", j, &per_row, "index");
     let col = c.bin("muli", &col, &idx(4), "index");
     let bytes = c.read_block(("w", w_ty), "i8", [&row, &col], (pad8, 4 * LANES));
     c.vector("bitcast", None, &bytes, (&lanes_n("i8", 4 * LANES), &lanes("i32")))
@@ -657,12 +677,12 @@ fn first_only_flags(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
     c.cmp(false, "eq", &flags, &one, &lanes("i8"))
 }
 
-/// `acc·(sₐ·s_w)` of accumulator block `(%i, %j)`, pass `p`'s scale in `rs`, the column scales'
+/// `acc·(sₐ·s_w)` of accumulator block `(%i, j)`, pass `p`'s scale in `rs`, the column scales'
 /// bits `sw`: the program's two f32 products, in integer operations ([`softfloat`]). A row
 /// scale is a power of two, or with a norm any f32 (`S₀·r`).
-fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32: &str) -> String {
+fn product(c: &mut Code, (sh, j): (Shape, &str), (acc, pass): (&str, usize), sw: &str, pad32: &str) -> String {
     let vi = lanes("i32");
-    let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", "%j"], (pad32, LANES));
+    let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", j], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
     let m = if sh.input == Input::Norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
@@ -671,27 +691,43 @@ fn product(c: &mut Code, sh: Shape, (acc, pass): (&str, usize), sw: &str, pad32:
 
 /// `q_dequant(%acc0, [%acc1,] %rs, %w, %y)`: the f32 output tile from the passes' int32
 /// accumulators, [`LANES`] columns at a time, their scales and (two passes) first-pass-only
-/// flags read from the weight element's epilogue data.
+/// flags read from the weight element's epilogue data. With pairs, output `j` is column `j`
+/// (every pass) plus column `n + j` (the first pass), added in that order as the program's
+/// `Add` of its first-pass and residual columns.
 pub fn dequant(sh: Shape) -> Function {
     let (acc_ty, rs_ty, w_ty, y_ty) = (sh.acc_ty(), sh.rs_ty(), sh.w_ty(), sh.y_ty());
     let (vi, vf) = (lanes("i32"), lanes("f32"));
-    let scale_rows = sh.n.div_ceil(scales_per_row(sh.k));
-    let index_values = [0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, LANES, scales_per_row(sh.k), sh.n + scale_rows];
+    let scale_rows = sh.w_cols().div_ceil(scales_per_row(sh.k));
+    let index_values =
+        [0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, sh.w_cols(), LANES, scales_per_row(sh.k), sh.n + scale_rows];
     let mut c = Code::new(&index_values);
     let (pad8, pad32) = (c.iconst(0, "i8"), c.iconst(0, "i32"));
     c.each_by("j", (sh.n, LANES), |c| {
-        let sw = column_scales(c, sh, &w_ty, &pad8);
-        let first_only = (sh.passes > 1).then(|| first_only_flags(c, sh, &w_ty, &pad8));
+        let sw = column_scales(c, (sh, "%j"), &w_ty, &pad8);
+        let first_only = (sh.passes > 1 && !sh.pairs).then(|| first_only_flags(c, sh, &w_ty, &pad8));
+        let second = sh.pairs.then(|| {
+            let j = c.bin("addi", "%j", &idx(sh.n), "index");
+            let sw = column_scales(c, (sh, &j), &w_ty, &pad8);
+            (j, sw)
+        });
         c.each("i", sh.rows, |c| {
-            let p0 = product(c, sh, ("acc0", 0), &sw, &pad32);
-            let y = match &first_only {
-                None => p0,
-                Some(first) => {
-                    let p1 = product(c, sh, ("acc1", 1), &sw, &pad32);
+            let p0 = product(c, (sh, "%j"), ("acc0", 0), &sw, &pad32);
+            let mut y = match (&first_only, sh.passes > 1) {
+                (Some(first), _) => {
+                    let p1 = product(c, (sh, "%j"), ("acc1", 1), &sw, &pad32);
                     let sum = c.add_f32(&p0, &p1, &vi);
                     c.select(first, &p0, &sum, &vi)
                 }
+                (None, true) => {
+                    let p1 = product(c, (sh, "%j"), ("acc1", 1), &sw, &pad32);
+                    c.add_f32(&p0, &p1, &vi)
+                }
+                (None, false) => p0,
             };
+            if let Some((j, sw)) = &second {
+                let r = product(c, (sh, j), ("acc0", 0), sw, &pad32);
+                y = c.add_f32(&y, &r, &vi);
+            }
             let y = c.cast("bitcast", &y, &vi, &vf);
             let idx = vec!["%i".to_string(), "%j".to_string()];
             c.push(Stmt::Write { val: y, mem: v("y"), mem_ty: y_ty.clone(), idx, vty: vf.clone() });

@@ -115,6 +115,22 @@ impl Case {
         (0..rows).flat_map(|i| y[i * p.n..i * p.n + n].to_vec()).collect()
     }
 
+    /// A pairs design's answer ([`qkernels::Shape::pairs`]): the weight's `n` columns as `n/2`
+    /// outputs, each its first-pass column plus its residual column; with `norm` (γ, ε) a
+    /// norm-fed design's. The design's whole output buffer, `[padded rows, padded n/2]`.
+    fn pairs_on_array(&self, device: Device, design_rows: usize, norm: Option<(&[f32], f32)>) -> (Vec<f32>, usize) {
+        let (_, k, n) = self.dims;
+        let feed = norm.map_or(qgemv::Feed::Rows, |(_, epsilon)| qgemv::Feed::Norm { epsilon });
+        let q = qgemv::choose_pairs(device, GemmShape { m: design_rows, k, n: n / 2 }, self.passes, feed).unwrap();
+        let d = qgemv::build(&q);
+        assert!(d.name.ends_with("_pairs"), "{}", d.name);
+        let x = qgemv::rows_operand(&q, (&self.x, k), norm.map(|(g, _)| g));
+        let w = qgemv::pack(&q, (&self.w, k, n), (0, n / 2), &self.sw, &|_| false);
+        let (out, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        (out.iter().map(|&b| f32::from_bits(b as u32)).collect(), d.tiling.padded.n)
+    }
+
     /// `QGemm{passes, first_pass_columns}` of `codes` at row scales `scales`.
     fn qgemm(&self, codes: &Tensor, scales: &Tensor) -> Vec<f32> {
         let (_, k, n) = self.dims;
@@ -176,6 +192,17 @@ impl Case {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The program's sum of a two-pass weight's outputs `y` (`[rows, n]`: the first-pass columns,
+/// then the residual ones), as `array-int8` writes it: `Add(Slice(y, main), Slice(y, residual))`.
+fn group(y: &[f32], (rows, n): (usize, usize)) -> Vec<f32> {
+    (0..rows).flat_map(|i| (0..n / 2).map(move |j| y[i * n + j] + y[i * n + n / 2 + j])).collect()
+}
+
+/// The first `cols` columns of `rows` rows of a `[.., width]` buffer.
+fn columns(y: &[f32], (rows, cols): (usize, usize), width: usize) -> Vec<f32> {
+    (0..rows).flat_map(|i| y[i * width..i * width + cols].to_vec()).collect()
 }
 
 #[test]
@@ -376,9 +403,21 @@ fn the_gate_fed_down_projections_of_smollm2_and_qwen3_have_designs_the_checker_a
 }
 
 #[test]
+fn the_cost_models_pairs_epilogue_cycles_are_the_generated_codes_vector_operations() {
+    for (norm, input) in [(0, qkernels::Input::Rows), (1, qkernels::Input::Norm)] {
+        for passes in [1, 2] {
+            let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs: true };
+            let ops = innermost_ops(qkernels::dequant(sh).body.as_ref().unwrap()) as u64;
+            let per_output = ops.div_ceil(qkernels::LANES as u64);
+            assert_eq!(qgemv::PAIRS_EPILOGUE_CYCLES_PER_ELEMENT[norm][passes - 1], per_output, "{input:?} {passes}");
+        }
+    }
+}
+
+#[test]
 fn the_cost_models_gate_fed_cycles_are_the_generated_codes_vector_operations() {
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Gate };
+        let sh = cost_shape(passes, qkernels::Input::Gate, false);
         let ops: HashMap<String, u64> = qkernels::gate_functions(sh)
             .into_iter()
             .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
@@ -393,6 +432,53 @@ fn the_cost_models_gate_fed_cycles_are_the_generated_codes_vector_operations() {
         // Without room to keep them, the values again each time the rows stream.
         let again = prologue + passes as u64 * ops[qkernels::GATE_VALUES];
         assert_eq!(qgemv::GATE_RESTREAMED_CYCLES_PER_ELEMENT[passes - 1], again.div_ceil(lanes), "{passes}");
+    }
+}
+
+#[test]
+fn pairs_designs_sum_a_weights_two_passes_as_the_program_does() {
+    // The weight's first-pass columns then its residual columns (`first_pass_columns` = half),
+    // summed in the epilogue: plain rows and a norm's, one and two activation passes.
+    let (rows, k, n) = (3, 576, 192);
+    let gamma = bfloat16_gamma(k, 5);
+    for device in [Device::Npu1, Device::Npu2] {
+        for passes in [1, 2] {
+            let case = Case::new((rows, k, n), passes, n / 2, 41);
+            let (y, width) = case.pairs_on_array(device, 8, None);
+            assert_eq!(bits(&columns(&y, (rows, n / 2), width)), bits(&group(&case.reference(), (rows, n))));
+            let (y, width) = case.pairs_on_array(device, 8, Some((&gamma, 1e-5)));
+            let want = group(&case.norm_reference(&gamma, 1e-5), (rows, n));
+            assert_eq!(bits(&columns(&y, (rows, n / 2), width)), bits(&want), "{device}, {passes} passes, norm");
+        }
+    }
+}
+
+#[test]
+fn the_mlp_runs_as_two_calls_with_the_hidden_state_between_them_untouched() {
+    // Decode's MLP: the residual stream's row and γ into the norm-fed gate/up design, whose
+    // output buffer — the gate's row, then the up's — is, unread and unchanged, the gate-fed
+    // down design's rows operand. Bit for bit with the program's ops: InverseRms,
+    // QuantizeRows(x, γ), Mul, QGemm, the passes' Add, QuantizeSwiGlu, QGemm.
+    let (hidden, inter, out) = (576, 256, 64);
+    let gamma = bfloat16_gamma(hidden, 7);
+    for device in [Device::Npu1, Device::Npu2] {
+        let gate_up = Case::new((1, hidden, 4 * inter), 2, 2 * inter, 51);
+        let (y, _) = gate_up.pairs_on_array(device, 1, Some((&gamma, 1e-5)));
+        let q = qgemv::choose_gate(device, GemmShape { m: 1, k: inter, n: out }, 2).unwrap();
+        assert_eq!((q.tiling.padded.m, q.tiling.padded.k), (1, inter), "{device}: the operand is the buffer");
+        let d = qgemv::build(&q);
+        let w = values(inter * out, 52);
+        let sw: Vec<f32> = xorshift(53).take(out).map(|x| ((x >> 40) as f32 + 1.0) * 1e-7).collect();
+        let packed = qgemv::pack(&q, (&w, inter, out), (0, out), &sw, &|_| false);
+        let (got, _) = interp::run_args(&d.generic(), &[interp::Arg::F32(&y[..2 * inter]), interp::Arg::I8(&packed)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let got: Vec<f32> = got[..out].iter().map(|&b| f32::from_bits(b as u32)).collect();
+        let gu = group(&gate_up.norm_reference(&gamma, 1e-5), (1, 4 * inter));
+        let mut down = Case::new((1, inter, out), 2, 0, 54);
+        (down.x, down.w, down.sw) = (gu[..inter].to_vec(), w, sw);
+        let want = down.gate_reference(&gu[inter..]);
+        assert_eq!(bits(&got), bits(&want), "{device}");
+        assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
     }
 }
 
@@ -458,7 +544,8 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 fn a_shift_past_the_width_is_poison_and_an_error() {
     // The codes' right shift is clamped to 31 (in every lane); with the clamp at 40 a value 2⁻³⁰
     // of its row's scale shifts an i32 by more than its width, which MLIR makes poison.
-    let sh = qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, input: qkernels::Input::Rows };
+    let sh =
+        qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, input: qkernels::Input::Rows, pairs: false };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
     let clamp = "{value = dense<31> : vector<1x8xi32>}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
@@ -475,6 +562,11 @@ fn a_shift_past_the_width_is_poison_and_an_error() {
     assert!(err.contains("shift by 40 of an i32 is poison") && err.contains("@q_codes"), "{err}");
 }
 
+/// The core shape the cost tests count operations in: one row, K 64, 16 columns.
+fn cost_shape(passes: usize, input: qkernels::Input, pairs: bool) -> qkernels::Shape {
+    qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs }
+}
+
 /// Operations a statement list runs once per iteration of its innermost loop, constants aside
 /// (a compiler hoists them): the loop's own body.
 fn innermost_ops(body: &[Stmt]) -> usize {
@@ -488,7 +580,7 @@ fn innermost_ops(body: &[Stmt]) -> usize {
 fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_operations() {
     let lanes = qkernels::LANES as u64;
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Rows };
+        let sh = cost_shape(passes, qkernels::Input::Rows, false);
         let ops: HashMap<String, u64> = qkernels::functions(sh)
             .into_iter()
             .map(|f| (f.name, innermost_ops(f.body.as_ref().unwrap()) as u64))
@@ -510,7 +602,7 @@ fn the_cost_models_norm_fed_cycles_are_the_generated_codes_vector_operations() {
     // function's operations over 8. The root and the row scales' products are once a row (their
     // functions have no loop inside the rows').
     for passes in [1, 2] {
-        let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input: qkernels::Input::Norm };
+        let sh = cost_shape(passes, qkernels::Input::Norm, false);
         let ops: HashMap<String, u64> = qkernels::norm_functions(sh, 64, 1e-5)
             .unwrap()
             .into_iter()
