@@ -16,10 +16,16 @@
 //! per second and the time per token against the 128-token context's.
 //!
 //! `--filter norm` (or no filter) times RmsNorm rows of the models' hidden sizes.
+//!
+//! `--filter gate` (or no filter) times the xdna program's gate on the host: `QuantizeSwiGlu`
+//! (the integer gate and its exact two-pass quantisation) beside what it replaced, the f32
+//! SwiGlu then a two-pass `QuantizeRows`, on rows of the models' intermediate sizes.
 
 use runtime::kernels::gemm::{gemm_f32, WeightLayout};
 use runtime::kernels::norm::rms_norm;
 use runtime::kernels::qgemm::{pack_qgemm, qgemm, PackedQGemm, QActivations, QGemmScratch, QOutput, QWeightCodes};
+use runtime::kernels::quantize::{quantize_gate_rows, quantize_rows, quantize_rows_residual};
+use runtime::kernels::swiglu::swiglu;
 use runtime::kernels::wgemm::{
     pack_wgemm, wgemm, MatMulNBits, NBitsZeroPoints, PackedWGemm, WGemmPrecision, WGemmScratch,
 };
@@ -229,6 +235,40 @@ fn main() {
     }
     if filter.as_ref().is_none_or(|f| "norm".contains(f.as_str())) {
         norms(isa, quick);
+    }
+    if filter.as_ref().is_none_or(|f| "gate".contains(f.as_str())) {
+        gates(isa, quick);
+    }
+}
+
+/// The gate and its two-pass quantisation on rows of the models' intermediate sizes, one row
+/// and 128, one thread: `QuantizeSwiGlu`'s kernel against SwiGlu then `QuantizeRows{passes=2}`.
+fn gates(isa: Isa, quick: bool) {
+    println!("\nGate and its quantisation (two passes), 1 thread");
+    println!("{:<18} {:>6} {:>16} {:>16} {:>7}", "intermediate", "rows", "integer µs/call", "f32 µs/call", "ratio");
+    let mut rng = Rng(13);
+    let batch = Duration::from_millis(if quick { 50 } else { 200 });
+    for (name, d) in [("SmolLM2", 1536usize), ("Qwen3-0.6B", 3072)] {
+        for rows in [1usize, 128] {
+            let g: Vec<f32> = (0..rows * d).map(|_| 4.0 * rng.f32()).collect();
+            let u: Vec<f32> = (0..rows * d).map(|_| 2.0 * rng.f32()).collect();
+            let (mut codes, mut scales, mut y) = (vec![0u8; 2 * g.len()], vec![0f32; 2 * rows], vec![0f32; g.len()]);
+            let integer =
+                time_per_call(|| quantize_gate_rows(black_box(&g), &u, d, true, &mut codes, &mut scales), batch, 7);
+            let float = time_per_call(
+                || {
+                    swiglu(isa, black_box(&g), &u, &mut y);
+                    let (first, residual) = codes.split_at_mut(g.len());
+                    let (s0, s1) = scales.split_at_mut(rows);
+                    quantize_rows(&y, d, first, s0);
+                    quantize_rows_residual(&y, d, (&*first, &*s0), residual, s1);
+                },
+                batch,
+                7,
+            );
+            let (a, b) = (integer * 1e6, float * 1e6);
+            println!("{:<18} {rows:>6} {a:>16.2} {b:>16.2} {:>7.2}", format!("{name} {d}"), a / b);
+        }
     }
 }
 

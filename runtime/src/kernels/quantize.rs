@@ -134,10 +134,26 @@ fn product_pass(y: &[f64], codes: &mut [u8]) -> (f64, bool) {
     } else {
         1.0
     };
+    let inverse = 1.0 / s;
     for (c, v) in codes.iter_mut().zip(y) {
-        *c = (v / s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+        *c = code_f64(v * inverse) as u8;
     }
     (s, scalable)
+}
+
+/// `round_half_even(x)` within ±127 as an int8 code, NaN 0 — `x.round_ties_even()` clamped, but
+/// without the library call that rounding is on baseline x86-64: clamped to ±128 first, `x` is
+/// rounded to an integer, ties to even, by adding and subtracting 1.5·2⁵² (exact for |x| < 2⁵¹).
+/// A row's `y/s` is exact (`s` a power of two: `y·(1/s)`).
+fn code_f64(x: f64) -> i8 {
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    ((x.clamp(-128.0, 128.0) + ROUND) - ROUND).clamp(-127.0, 127.0) as i8
+}
+
+/// [`code_f64`] for f32 (1.5·2²³, exact for |x| < 2²²).
+fn code_f32(x: f32) -> i8 {
+    const ROUND: f32 = 12_582_912.0;
+    ((x.clamp(-128.0, 128.0) + ROUND) - ROUND).clamp(-127.0, 127.0) as i8
 }
 
 /// The row scale of a row's maximum: the smallest power of two at least `max / 127` (the
@@ -165,7 +181,7 @@ fn quantize_rows_with(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32],
         let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         *s = row_scale(max);
         for (o, &v) in out.iter_mut().zip(&row) {
-            *o = (v / *s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8;
+            *o = code_f32(v / *s) as u8;
         }
     }
 }
@@ -174,6 +190,19 @@ fn quantize_rows_with(x: &[f32], k: usize, codes: &mut [u8], scales: &mut [f32],
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn codes_round_as_round_ties_even_does() {
+        let edges =
+            [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e300, -1e300, 2f64.powi(60), 127.49, -127.5, 0.0, -0.0];
+        let halves = (-600..600).map(|k| f64::from(k) / 2.0 + f64::from(k % 3) * 1e-9);
+        for x in edges.into_iter().chain(halves) {
+            let want = |r: f64| if r.is_nan() { 0 } else { r.clamp(-127.0, 127.0) as i8 };
+            assert_eq!(code_f64(x), want(x.round_ties_even()), "{x}");
+            let y = x as f32;
+            assert_eq!(code_f32(y), want(f64::from(y.round_ties_even())), "{y}");
+        }
+    }
 
     proptest! {
         /// The executor's two-pass row quantisation is the reference's, bit for bit: both passes'
