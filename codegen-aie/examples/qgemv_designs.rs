@@ -16,6 +16,10 @@
 //! the cores) of the projections a norm feeds are written too, their cycles beside the qgemv
 //! design's that takes the normalised row.
 //!
+//! The pairs designs (a weight's two passes summed on the cores) follow, and one decode token of
+//! SmolLM2-135M and Qwen3-0.6B on the chained designs beside the plan's GEMV designs: array
+//! cycles, calls, and the tokens a second the array's share and the calls' dispatch allow.
+//!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
 use codegen_aie::kernels::{Function, Stmt};
@@ -52,7 +56,86 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     norm_fed(&out)?;
     pairs(&out)?;
+    chained_decode(&out)?;
     norms(&out)
+}
+
+/// A model's decode shapes: layers, hidden, q/k/v outputs, attention width, intermediate,
+/// vocabulary.
+struct Model {
+    name: &'static str,
+    layers: usize,
+    hidden: usize,
+    qkv: usize,
+    attn: usize,
+    inter: usize,
+    vocab: usize,
+}
+
+const MODELS: [Model; 2] = [
+    Model { name: "SmolLM2-135M", layers: 30, hidden: 576, qkv: 960, attn: 576, inter: 1536, vocab: 49152 },
+    Model { name: "Qwen3-0.6B", layers: 28, hidden: 1024, qkv: 4096, attn: 2048, inter: 3072, vocab: 151936 },
+];
+
+/// One decode token on the chained designs — per layer the norm-fed q/k/v and gate/up, o on the
+/// attention's rows and the gate-fed down projection, each summing its weight's two passes on
+/// the cores, then the final norm-fed lm_head in the plan's column chunks — against the plan's
+/// GEMV designs, whose calls take codes the host quantised and return int32 products the host
+/// finishes (the host's share of either is not counted). Writes the chained designs too.
+fn chained_decode(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use codegen_aie::{cost, gemm::GemmSite, plan};
+    println!(
+        "\n{:<14} {:<5} {:>6} {:>14} {:>10} {:>14} {:>10}",
+        "decode", "", "calls", "chained cycles", "tok/s", "GEMV cycles", "tok/s"
+    );
+    for m in &MODELS {
+        for device in [Device::Npu1, Device::Npu2] {
+            let chunks = plan::chunks(m.vocab, plan::DEFAULT_MAX_GEMV_COLS);
+            let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
+            let layer = [(m.hidden, m.qkv, norm), (m.attn, m.hidden, qgemv::Feed::Rows), (m.hidden, 2 * m.inter, norm)]
+                .into_iter()
+                .chain([(m.inter, m.hidden, qgemv::Feed::Gate { kept: true })]);
+            let mut cycles = 0u64;
+            for (k, n, feed) in layer {
+                let d = qgemv::build(&qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?);
+                cycles += m.layers as u64 * d.tiling.total_cycles;
+                std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
+            }
+            for &(_, width) in &chunks {
+                cycles +=
+                    qgemv::choose_norm(device, GemmShape { m: 1, k: m.hidden, n: width }, 2, 1e-6)?.tiling.total_cycles;
+            }
+            let calls = 4 * m.layers + chunks.len();
+            let tok_s = 1.0 / (cycles as f64 / device.clock_hz() + calls as f64 * cost::DISPATCH_SECONDS);
+            let two_pass = |node: &str, k: usize, n: usize| GemmSite {
+                passes: 2,
+                first_pass_columns: n,
+                ..GemmSite::of_shape(node, k, 2 * n)
+            };
+            let mut sites: Vec<GemmSite> = (0..m.layers)
+                .flat_map(|l| {
+                    [
+                        ("qkv", m.hidden, m.qkv),
+                        ("o", m.attn, m.hidden),
+                        ("gate_up", m.hidden, 2 * m.inter),
+                        ("down", m.inter, m.hidden),
+                    ]
+                    .map(|(p, k, n)| two_pass(&format!("{p}{l}"), k, n))
+                })
+                .collect();
+            sites.push(GemmSite { passes: 2, ..GemmSite::of_shape("lm_head", m.hidden, m.vocab) });
+            let p = plan::plan_sites(sites, plan::PlanOptions::new(device))?;
+            let gemv = cost::predict(&p, 1, &|_| false);
+            let gemv_cycles = (gemv.decode_array_seconds * device.clock_hz()).round();
+            println!(
+                "{:<14} {:<5} {calls:>6} {cycles:>14} {tok_s:>10.1} {gemv_cycles:>14} {:>10.1}",
+                m.name,
+                device.to_string(),
+                gemv.decode_tok_s
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The norm-fed designs of the same projections with the weight's two passes summed in the

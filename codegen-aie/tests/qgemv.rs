@@ -482,6 +482,53 @@ fn the_mlp_runs_as_two_calls_with_the_hidden_state_between_them_untouched() {
     }
 }
 
+/// A decode layer's projections as chained designs take them, and the lm_head's chunks: (K, N
+/// outputs, what feeds the rows, whether the weight's two passes are summed on the cores).
+fn chained_projections(
+    hidden: usize,
+    qkv: usize,
+    attn: usize,
+    inter: usize,
+    head_chunk: usize,
+) -> Vec<(usize, usize, &'static str, bool)> {
+    vec![
+        (hidden, qkv, "norm", true),
+        (attn, hidden, "rows", true),
+        (hidden, 2 * inter, "norm", true),
+        (inter, hidden, "gate", true),
+        (hidden, head_chunk, "norm", false),
+    ]
+}
+
+#[test]
+fn every_decode_projection_of_smollm2_and_qwen3_has_a_chained_design_the_checker_accepts() {
+    // Decode's one row, two activation passes: q/k/v and gate/up fed by their norms, o by the
+    // attention's rows, down by the gate, each summing its weight's two passes; the lm_head (one
+    // weight pass) fed by the final norm, in the plan's GEMV column chunks (SmolLM2's 49,152 as
+    // three, Qwen3's 151,936 as ten).
+    let smollm2 = chained_projections(576, 960, 576, 1536, 16384);
+    let qwen3 = chained_projections(1024, 4096, 2048, 3072, 15194);
+    let mut names = vec![];
+    for device in [Device::Npu1, Device::Npu2] {
+        for &(k, n, feed, pairs) in smollm2.iter().chain(&qwen3) {
+            let shape = GemmShape { m: 1, k, n };
+            let q = match (feed, pairs) {
+                ("norm", true) => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Norm { epsilon: 1e-6 }),
+                ("norm", false) => qgemv::choose_norm(device, shape, 2, 1e-6),
+                ("gate", _) => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Gate { kept: true }),
+                _ => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Rows),
+            }
+            .unwrap_or_else(|e| panic!("{device} {k}x{n} {feed}: {e}"));
+            let d = qgemv::build(&q);
+            design::check(&d).unwrap_or_else(|e| panic!("{}: {e}", d.name));
+            assert_eq!(q.kernel_rows, device.micro_tile().0, "{}: the vector kernel", d.name);
+            names.push(d.name);
+        }
+    }
+    assert_eq!(names.len(), 20);
+    assert!(names.iter().filter(|n| n.ends_with("_pairs")).count() == 16, "{names:?}");
+}
+
 #[test]
 fn a_norm_fed_design_refuses_rows_the_aligned_sum_cannot_take() {
     let long = ir::pinned_norm::ALIGNED_MAX_D + 32;
