@@ -22,9 +22,10 @@
 //!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
+use codegen_aie::gemm::GemmSite;
 use codegen_aie::kernels::{Function, Stmt};
 use codegen_aie::qkernels::{self, NormShape};
-use codegen_aie::{gemv, qgemv, Device, GemmShape};
+use codegen_aie::{cost, gemv, plan, qgemv, Device, GemmShape};
 
 /// (K, N) of SmolLM2's q/k/v, o, gate/up with its residual columns, down and a lm_head chunk,
 /// then Qwen3-0.6B's q/k/v, o, down.
@@ -81,61 +82,80 @@ const MODELS: [Model; 2] = [
 /// attention's rows and the gate-fed down projection, each summing its weight's two passes on
 /// the cores, then the final norm-fed lm_head in the plan's column chunks — against the plan's
 /// GEMV designs, whose calls take codes the host quantised and return int32 products the host
-/// finishes (the host's share of either is not counted). Writes the chained designs too.
+/// finishes (the host's share of either is not counted). The "split bound" is the chained
+/// token with each core's prologue cut to its share of the cores (the exchange of the row's
+/// maximum and codes not counted). Writes the chained designs too.
 fn chained_decode(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    use codegen_aie::{cost, gemm::GemmSite, plan};
     println!(
-        "\n{:<14} {:<5} {:>6} {:>14} {:>10} {:>14} {:>10}",
-        "decode", "", "calls", "chained cycles", "tok/s", "GEMV cycles", "tok/s"
+        "\n{:<14} {:<5} {:>6} {:>14} {:>8} {:>14} {:>8} {:>14} {:>8}",
+        "decode", "", "calls", "chained cycles", "tok/s", "split bound", "tok/s", "GEMV cycles", "tok/s"
     );
     for m in &MODELS {
         for device in [Device::Npu1, Device::Npu2] {
-            let chunks = plan::chunks(m.vocab, plan::DEFAULT_MAX_GEMV_COLS);
-            let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
-            let layer = [(m.hidden, m.qkv, norm), (m.attn, m.hidden, qgemv::Feed::Rows), (m.hidden, 2 * m.inter, norm)]
-                .into_iter()
-                .chain([(m.inter, m.hidden, qgemv::Feed::Gate { kept: true })]);
-            let mut cycles = 0u64;
-            for (k, n, feed) in layer {
-                let d = qgemv::build(&qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?);
-                cycles += m.layers as u64 * d.tiling.total_cycles;
-                std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
-            }
-            for &(_, width) in &chunks {
-                cycles +=
-                    qgemv::choose_norm(device, GemmShape { m: 1, k: m.hidden, n: width }, 2, 1e-6)?.tiling.total_cycles;
-            }
-            let calls = 4 * m.layers + chunks.len();
-            let tok_s = 1.0 / (cycles as f64 / device.clock_hz() + calls as f64 * cost::DISPATCH_SECONDS);
-            let two_pass = |node: &str, k: usize, n: usize| GemmSite {
-                passes: 2,
-                first_pass_columns: n,
-                ..GemmSite::of_shape(node, k, 2 * n)
-            };
-            let mut sites: Vec<GemmSite> = (0..m.layers)
-                .flat_map(|l| {
-                    [
-                        ("qkv", m.hidden, m.qkv),
-                        ("o", m.attn, m.hidden),
-                        ("gate_up", m.hidden, 2 * m.inter),
-                        ("down", m.inter, m.hidden),
-                    ]
-                    .map(|(p, k, n)| two_pass(&format!("{p}{l}"), k, n))
-                })
-                .collect();
-            sites.push(GemmSite { passes: 2, ..GemmSite::of_shape("lm_head", m.hidden, m.vocab) });
-            let p = plan::plan_sites(sites, plan::PlanOptions::new(device))?;
-            let gemv = cost::predict(&p, 1, &|_| false);
+            let (calls, cycles, split) = chained_token(m, device, out)?;
+            let rate = |c: u64| 1.0 / (c as f64 / device.clock_hz() + calls as f64 * cost::DISPATCH_SECONDS);
+            let gemv = gemv_token(m, device)?;
             let gemv_cycles = (gemv.decode_array_seconds * device.clock_hz()).round();
             println!(
-                "{:<14} {:<5} {calls:>6} {cycles:>14} {tok_s:>10.1} {gemv_cycles:>14} {:>10.1}",
+                "{:<14} {:<5} {calls:>6} {cycles:>14} {:>8.1} {split:>14} {:>8.1} {gemv_cycles:>14} {:>8.1}",
                 m.name,
                 device.to_string(),
+                rate(cycles),
+                rate(split),
                 gemv.decode_tok_s
             );
         }
     }
     Ok(())
+}
+
+/// Calls, cycles and the split-prologue bound of one chained token of `m` on `device`.
+fn chained_token(m: &Model, device: Device, out: &str) -> Result<(usize, u64, u64), Box<dyn std::error::Error>> {
+    let chunks = plan::chunks(m.vocab, plan::DEFAULT_MAX_GEMV_COLS);
+    let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
+    let gate = qgemv::Feed::Gate { kept: true };
+    let layer = [
+        (m.hidden, m.qkv, norm),
+        (m.attn, m.hidden, qgemv::Feed::Rows),
+        (m.hidden, 2 * m.inter, norm),
+        (m.inter, m.hidden, gate),
+    ];
+    let cores = gemv::streams(device) as u64;
+    let (mut cycles, mut split) = (0u64, 0u64);
+    let mut add = |q: &qgemv::QTiling, times: u64| {
+        cycles += times * q.tiling.total_cycles;
+        split += times * (q.tiling.total_cycles - q.prologue_cycles + q.prologue_cycles / cores);
+    };
+    for (k, n, feed) in layer {
+        let q = qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?;
+        add(&q, m.layers as u64);
+        let d = qgemv::build(&q);
+        std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
+    }
+    for &(_, width) in &chunks {
+        add(&qgemv::choose_norm(device, GemmShape { m: 1, k: m.hidden, n: width }, 2, 1e-6)?, 1);
+    }
+    Ok((4 * m.layers + chunks.len(), cycles, split))
+}
+
+/// The cost model's decode prediction for `m`'s projections planned on `device`'s GEMV designs.
+fn gemv_token(m: &Model, device: Device) -> Result<cost::Prediction, Box<dyn std::error::Error>> {
+    let two_pass = |node: &str, k: usize, n: usize| GemmSite {
+        passes: 2,
+        first_pass_columns: n,
+        ..GemmSite::of_shape(node, k, 2 * n)
+    };
+    let layer = [
+        ("qkv", m.hidden, m.qkv),
+        ("o", m.attn, m.hidden),
+        ("gate_up", m.hidden, 2 * m.inter),
+        ("down", m.inter, m.hidden),
+    ];
+    let mut sites: Vec<GemmSite> =
+        (0..m.layers).flat_map(|l| layer.map(|(p, k, n)| two_pass(&format!("{p}{l}"), k, n))).collect();
+    sites.push(GemmSite { passes: 2, ..GemmSite::of_shape("lm_head", m.hidden, m.vocab) });
+    let p = plan::plan_sites(sites, plan::PlanOptions::new(device))?;
+    Ok(cost::predict(&p, 1, &|_| false))
 }
 
 /// The norm-fed designs of the same projections with the weight's two passes summed in the

@@ -124,6 +124,9 @@ pub struct QTiling {
     pub kernel_rows: usize,
     pub feed: Feed,
     pub pairs: bool,
+    /// The cost model's cycles of a core's prologue (its row's quantisation, and a norm's or a
+    /// gate's work), part of `tiling.compute_cycles`: every core runs it over the whole row.
+    pub prologue_cycles: u64,
 }
 
 impl QTiling {
@@ -220,7 +223,7 @@ fn evaluate(
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue })
 }
 
 /// How many times the rows stream to the cores: once a pass and once for the first maximum,
