@@ -1,12 +1,16 @@
 //! SwiGlu in integers (`ir::integer_gate`): the host kernel the executor runs for
-//! `npuc::QuantizeSwiGlu` gives the evaluator's codes and scales bit for bit, so the xdna
-//! program computes the same gate on the host as an array core's integer code would. Rows over
+//! `npuc::QuantizeSwiGlu` gives the evaluator's codes and scales bit for bit on every
+//! instruction set this CPU has, so the xdna program computes the same gate on the host as an
+//! array core's integer code would. Rows over
 //! many binades, gates around the saturation at 16 and the rounding ties of 11 bits,
 //! subnormals, zeros of both signs, NaN, ∞ and rows past every f32 power-of-two scale.
 
 mod common;
 
 use common::values::Rng;
+use runtime::kernels::quantize::quantize_gate_rows;
+use runtime::kernels::swiglu::integer_gate_row;
+use runtime::kernels::Isa;
 
 /// The evaluator's `QuantizeSwiGlu{passes}` of rows of `d` gate and up values.
 fn evaluated(g: &[f32], u: &[f32], d: usize, passes: i64) -> (Vec<u8>, Vec<f32>) {
@@ -51,27 +55,39 @@ fn the_host_gate_quantises_as_the_evaluator_does() {
         for passes in [1, 2] {
             let (want_codes, want_scales) = evaluated(&g, &u, d, passes);
             let p = passes as usize;
-            let (mut codes, mut scales) = (vec![0u8; p * g.len()], vec![0f32; p * n]);
-            runtime::kernels::quantize::quantize_gate_rows(&g, &u, d, passes == 2, &mut codes, &mut scales);
-            assert_eq!(codes, want_codes, "codes of rows of {d}, {passes} passes");
-            let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&scales), bits(&want_scales), "scales of rows of {d}, {passes} passes");
+            for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+                let (mut codes, mut scales) = (vec![0u8; p * g.len()], vec![0f32; p * n]);
+                quantize_gate_rows(isa, (&g, &u), d, passes == 2, &mut codes, &mut scales);
+                assert_eq!(codes, want_codes, "{isa}: codes of rows of {d}, {passes} passes");
+                let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&scales), bits(&want_scales), "{isa}: scales of rows of {d}, {passes} passes");
+            }
         }
     }
 }
 
 #[test]
-fn every_small_gate_is_the_evaluators() {
-    // Every 11-bit ĝ of magnitude 2⁻⁴⁰ to 16 and both signs, each by a few up values.
+fn every_small_gate_is_the_evaluators_on_every_path() {
+    // Every 11-bit ĝ of magnitude 2⁻⁴⁰ to 16 and both signs (and subnormal, saturated and
+    // special ones), each by a few up values, through the scalar value and every row path.
     let ups = [1.0f32, -3.25, 1e-20, 7e20];
-    for e in 87u32..=131 {
-        for m in 0u32..1024 {
-            let g = f32::from_bits((e << 23) | (m << 13));
-            for g in [g, -g] {
-                for u in ups {
-                    let (want, got) = (ir::integer_gate::value(g, u), runtime::kernels::swiglu::integer_gate(g, u));
-                    assert_eq!(got.to_bits(), want.to_bits(), "ĝ {g:e}, û {u:e}");
-                }
+    let mut gates: Vec<f32> = (87u32..=131)
+        .flat_map(|e| (0u32..1024).map(move |m| f32::from_bits((e << 23) | (m << 13))))
+        .flat_map(|g| [g, -g])
+        .collect();
+    gates.extend([1e-40, -3e-39, 0.0, -0.0, 16.0, -16.0, 300.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+    for u in ups {
+        let want: Vec<f64> = gates.iter().map(|&g| ir::integer_gate::value(g, u)).collect();
+        let same = |got: f64, want: f64| got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan());
+        for (&g, &w) in gates.iter().zip(&want) {
+            assert!(same(runtime::kernels::swiglu::integer_gate(g, u), w), "ĝ {g:e}, û {u:e}");
+        }
+        let ups = vec![u; gates.len()];
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            let mut got = vec![0f64; gates.len()];
+            integer_gate_row(isa, &gates, &ups, &mut got);
+            for ((&g, &y), &w) in gates.iter().zip(&got).zip(&want) {
+                assert!(same(y, w), "{isa}: ĝ {g:e}, û {u:e}: {y:e} against {w:e}");
             }
         }
     }

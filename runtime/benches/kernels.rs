@@ -253,8 +253,11 @@ fn gates(isa: Isa, quick: bool) {
             let g: Vec<f32> = (0..rows * d).map(|_| 4.0 * rng.f32()).collect();
             let u: Vec<f32> = (0..rows * d).map(|_| 2.0 * rng.f32()).collect();
             let (mut codes, mut scales, mut y) = (vec![0u8; 2 * g.len()], vec![0f32; 2 * rows], vec![0f32; g.len()]);
-            let integer =
-                time_per_call(|| quantize_gate_rows(black_box(&g), &u, d, true, &mut codes, &mut scales), batch, 7);
+            let integer = time_per_call(
+                || quantize_gate_rows(isa, (black_box(&g), &u), d, true, &mut codes, &mut scales),
+                batch,
+                7,
+            );
             let float = time_per_call(
                 || {
                     swiglu(isa, black_box(&g), &u, &mut y);

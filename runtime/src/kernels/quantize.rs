@@ -3,6 +3,8 @@
 //! `npuc::QuantizeRows` (int8 codes with one scale per row). Codes are bytes: u8 codes as they
 //! are, i8 codes as their bits.
 
+use super::Isa;
+
 /// QuantizeLinear of one value: `saturate(round_half_even(x / scale) + zero_point)`, the
 /// division in f32, as the reference evaluator does; the code's bits as a byte.
 pub fn quantize(x: f32, scale: f32, zero_point: i32, signed: bool) -> u8 {
@@ -69,17 +71,21 @@ pub fn quantize_product_rows(x: &[f32], gamma: &[f32], two_passes: bool, codes: 
 }
 
 /// `npuc::QuantizeSwiGlu(g, u)`: rows of `k` values of SwiGlu in integers
-/// ([`super::swiglu::integer_gate`], exact in f64) into int8 codes and one scale a row, in one
+/// ([`super::swiglu::integer_gate`], exact in f64, on the instruction set `isa`) into int8 codes and one scale a row, in one
 /// pass or two, as [`quantize_product_rows`] quantises its exact products —
 /// `ir::integer_gate::quantize_gate_rows`. Panics unless `g` and `u` hold the same whole rows
 /// and the outputs room for them.
-pub fn quantize_gate_rows(g: &[f32], u: &[f32], k: usize, two_passes: bool, codes: &mut [u8], scales: &mut [f32]) {
+pub fn quantize_gate_rows(
+    isa: Isa,
+    (g, u): (&[f32], &[f32]),
+    k: usize,
+    two_passes: bool,
+    codes: &mut [u8],
+    scales: &mut [f32],
+) {
     assert_eq!(g.len(), u.len(), "quantize_gate_rows: gate and up differ");
     exact_rows(g.len(), k, two_passes, codes, scales, |i, y| {
-        let (g, u) = (&g[i * k..(i + 1) * k], &u[i * k..(i + 1) * k]);
-        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-            *y = super::swiglu::integer_gate(g, u);
-        }
+        super::swiglu::integer_gate_row(isa, &g[i * k..(i + 1) * k], &u[i * k..(i + 1) * k], y);
     });
 }
 

@@ -107,6 +107,16 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub(super) unsafe fn integer_gate_512(gate: &[f32], up: &[f32], y: &mut [f64]) {
+        super::integer_gate_lanes(gate, up, y)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn integer_gate_256(gate: &[f32], up: &[f32], y: &mut [f64]) {
+        super::integer_gate_lanes(gate, up, y)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     pub(super) unsafe fn swiglu_512(gate: &[f32], up: &[f32], y: &mut [f32]) {
         let one = _mm512_set1_ps(1.0);
         let abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fff_ffff));
@@ -143,6 +153,78 @@ mod x86 {
         super::swiglu_scalar(&gate[i..], &up[i..], &mut y[i..]);
     }
 }
+/// [`integer_gate`] of every pair of `gate` and `up` into `y`, on the instruction set `isa`:
+/// the same integer steps, on AVX2 and AVX-512 branch-free ([`lane_gate`]) so the compiler takes
+/// eight and sixteen values at a time. Panics on mismatched lengths.
+pub fn integer_gate_row(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f64]) {
+    let isa = isa.check();
+    assert!(
+        gate.len() == up.len() && y.len() == gate.len(),
+        "integer_gate_row: gate {}, up {}, y {}",
+        gate.len(),
+        up.len(),
+        y.len()
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the path is available (checked above); lengths are equal.
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { x86::integer_gate_512(gate, up, y) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { x86::integer_gate_256(gate, up, y) },
+        // Without vectors the branches of [`integer_gate`] are cheaper than computing every step.
+        _ => y.iter_mut().zip(gate.iter().zip(up)).for_each(|(y, (&g, &u))| *y = integer_gate(g, u)),
+    }
+}
+
+/// [`integer_gate`] of each pair, in the branch-free form [`lane_gate`].
+#[inline(always)]
+fn integer_gate_lanes(gate: &[f32], up: &[f32], y: &mut [f64]) {
+    for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
+        *y = lane_gate(g, u);
+    }
+}
+
+/// [`integer_gate`] with every step computed and then chosen: the shift clamped to 7..=31 keeps
+/// a saturated (or NaN) ĝ's steps in range, and below 16 it is the definition's.
+#[inline(always)]
+fn lane_gate(g: f32, u: f32) -> f64 {
+    let round = |x: f32| {
+        let b = x.to_bits();
+        let r = f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff);
+        if x.is_nan() {
+            x
+        } else {
+            r
+        }
+    };
+    let (g, u) = (round(g), round(u));
+    let b = g.to_bits();
+    let biased = ((b >> 23) & 0xff) as i32;
+    let m = ((b >> 13) & 0x3ff) as i32 | (i32::from(biased > 0) << 10);
+    let z = (m * SIGMA_L) >> (137 - biased).clamp(7, 31);
+    let (n, v) = (z >> 16, (1 << 16) - (z & 0xffff));
+    let c = SIGMA_C;
+    let e = (c[0] + ((v * (c[1] + ((v * (c[2] + ((v * c[3]) >> 16))) >> 16))) >> 16)) >> (n + 1);
+    let d = (1 << 15) + e;
+    let mut y = SIGMA_A - ((d * SIGMA_B) >> 15);
+    for _ in 0..2 {
+        y = (y * ((1 << 16) - ((d * y) >> 15))) >> 15;
+    }
+    let s = (y + 16) >> 5;
+    let negative = (b >> 31) != 0;
+    let s = if negative { 1024 - s } else { s };
+    let limit = if negative { 0 } else { 1024 };
+    let s = if g.abs() >= 16.0 { limit } else { s };
+    f64::from(g) * f64::from(u) * (f64::from(s) / 1024.0)
+}
+
+/// log₂e in Q16, the cubic's coefficients and the guess's constants of `ir::integer_gate`.
+const SIGMA_L: i32 = 94_548;
+const SIGMA_C: [i32; 4] = [32_765, 22_819, 7_357, 2_591];
+const SIGMA_A: i32 = 46_261;
+const SIGMA_B: i32 = 15_420;
+
 /// SwiGlu in integers, `ir::integer_gate`'s definition: `ĝ·σ̂(ĝ)·û` exact in f64 (NaN for a
 /// NaN input or ∞·0), ĝ and û the inputs rounded to 11 significant bits, σ̂ = S/1024 by
 /// [`integer_sigma`]. What `npuc::QuantizeSwiGlu` quantises.
@@ -167,10 +249,10 @@ fn round11(x: f32) -> f32 {
 /// `|ĝ|·log₂e` in Q16, a cubic for 2^(1 − frac) and a shift, then 1/(1 + e) by a linear guess and
 /// two Newton steps, cut to 10 bits (1024 − that for a negative ĝ).
 fn integer_sigma(g: f32) -> i32 {
-    const L: i32 = 94_548;
-    const C: [i32; 4] = [32_765, 22_819, 7_357, 2_591];
-    const A: i32 = 46_261;
-    const B: i32 = 15_420;
+    const L: i32 = SIGMA_L;
+    const C: [i32; 4] = SIGMA_C;
+    const A: i32 = SIGMA_A;
+    const B: i32 = SIGMA_B;
     let negative = g.is_sign_negative();
     if g.abs() >= 16.0 {
         return if negative { 0 } else { 1024 };

@@ -104,7 +104,7 @@ impl Executor<'_> {
         if let RowValues::TimesGamma(g) = values {
             quantize::quantize_product_rows(input, view!(self).f32(*g), *stacked, &mut y, &mut row_scales);
         } else if let RowValues::IntegerGate(u) = values {
-            quantize::quantize_gate_rows(input, view!(self).f32(*u), *k, *stacked, &mut y, &mut row_scales);
+            quantize::quantize_gate_rows(self.isa, (input, view!(self).f32(*u)), *k, *stacked, &mut y, &mut row_scales);
         } else {
             let (first, residual) = y.split_at_mut(n);
             let (first_scales, residual_scales) = row_scales.split_at_mut(rows);
