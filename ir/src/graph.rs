@@ -164,6 +164,18 @@ impl Graph {
         self.nodes.splice(at..at, nodes);
     }
 
+    /// The graph with its nodes replaced by `nodes` (in order, over `values`, which they may
+    /// extend): each node output's definition points at its new place, then [`Graph::pruned`]
+    /// drops what no output reads. What a pass that rebuilds the node list ends with.
+    pub fn with_nodes(self, mut values: Vec<Value>, nodes: Vec<Node>) -> Graph {
+        for (i, node) in nodes.iter().enumerate() {
+            for (k, &o) in node.outputs.iter().enumerate() {
+                values[o.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output: k };
+            }
+        }
+        Graph { values, nodes, ..self }.pruned()
+    }
+
     pub fn pruned(&self) -> Graph {
         let is_output: HashSet<ValueId> = self.outputs.iter().copied().collect();
         let alias = self.identity_aliases(&is_output);

@@ -15,7 +15,7 @@
 //! as it is.
 
 use crate::{Pass, PassDetail, PassError};
-use ir::graph::{Graph, NodeId, ValueDef, ValueId};
+use ir::graph::{Graph, ValueId};
 use ir::Domain;
 use std::collections::HashMap;
 
@@ -76,14 +76,9 @@ fn rewrite(g: Graph) -> (Graph, PassDetail) {
             _ => nodes.push(n.clone()),
         }
     }
-    let mut values = g.values.clone();
-    for (i, node) in nodes.iter().enumerate() {
-        for (k, &o) in node.outputs.iter().enumerate() {
-            values[o.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output: k };
-        }
-    }
-    let out = Graph { values, nodes, ..g }.pruned();
     let kept = total - gates.len();
+    let values = g.values.clone();
+    let out = g.with_nodes(values, nodes);
     let summary = format!(
         "{} SwiGlu → QuantizeSwiGlu (ĝ·σ̂·û in integers, quantised exactly); {kept} SwiGlu left as they are",
         gates.len()

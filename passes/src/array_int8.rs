@@ -407,14 +407,9 @@ fn rewrite(g: Graph) -> Result<(Graph, PassDetail), PassError> {
     }
     let data = program.report();
     let summary = program.summary();
-    let Int8Program { mut values, nodes, store, .. } = program;
-    // Node outputs point at their (renumbered) nodes; pruning drops what the old projections read.
-    for (i, node) in nodes.iter().enumerate() {
-        for (k, &o) in node.outputs.iter().enumerate() {
-            values[o.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output: k };
-        }
-    }
-    let out = Graph { values, nodes, weights: Arc::new(store), ..g }.pruned();
+    let Int8Program { values, nodes, store, .. } = program;
+    // Pruning drops what the old projections read.
+    let out = Graph { weights: Arc::new(store), ..g }.with_nodes(values, nodes);
     Ok((out, PassDetail { summary, data }))
 }
 

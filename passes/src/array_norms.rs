@@ -194,13 +194,8 @@ fn rewrite(g: Graph) -> (Graph, PassDetail) {
     }
     let kept = g.nodes.iter().filter(|n| matches!(n.op, "RmsNorm" | "SkipRmsNorm")).count() - parts.len();
     let bfloat16 = parts.values().filter(|p| bfloat16_values(&g, p.gamma)).count();
-    let Program { mut values, nodes } = program;
-    for (i, node) in nodes.iter().enumerate() {
-        for (k, &o) in node.outputs.iter().enumerate() {
-            values[o.0 as usize].def = ValueDef::Node { node: NodeId(i as u32), output: k };
-        }
-    }
-    let out = Graph { values, nodes, ..g }.pruned();
+    let Program { values, nodes } = program;
+    let out = g.with_nodes(values, nodes);
     let summary = format!(
         "{} norms → x·γ quantised, 1/rms on the row scales ({plain} RmsNorm, {skip} SkipRmsNorm; γ bfloat16 in {bfloat16}, whose product with x a core computes in 32 integer bits); {kept} norms left as they are",
         parts.len()
