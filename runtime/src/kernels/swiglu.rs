@@ -154,8 +154,8 @@ mod x86 {
     }
 }
 /// [`integer_gate`] of every pair of `gate` and `up` into `y`, on the instruction set `isa`:
-/// the same integer steps, on AVX2 and AVX-512 branch-free ([`lane_gate`]) so the compiler takes
-/// eight and sixteen values at a time. Panics on mismatched lengths.
+/// its branch-free steps, which the AVX2 and AVX-512 paths let the compiler take eight and
+/// sixteen values at a time. Panics on mismatched lengths.
 pub fn integer_gate_row(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f64]) {
     let isa = isa.check();
     assert!(
@@ -172,33 +172,35 @@ pub fn integer_gate_row(isa: Isa, gate: &[f32], up: &[f32], y: &mut [f64]) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx2 => unsafe { x86::integer_gate_256(gate, up, y) },
-        // Without vectors the branches of [`integer_gate`] are cheaper than computing every step.
-        _ => y.iter_mut().zip(gate.iter().zip(up)).for_each(|(y, (&g, &u))| *y = integer_gate(g, u)),
+        _ => integer_gate_lanes(gate, up, y),
     }
 }
 
-/// [`integer_gate`] of each pair, in the branch-free form [`lane_gate`].
+/// [`integer_gate`] of each pair.
 #[inline(always)]
 fn integer_gate_lanes(gate: &[f32], up: &[f32], y: &mut [f64]) {
     for ((y, &g), &u) in y.iter_mut().zip(gate).zip(up) {
-        *y = lane_gate(g, u);
+        *y = integer_gate(g, u);
     }
 }
 
-/// [`integer_gate`] with every step computed and then chosen: the shift clamped to 7..=31 keeps
-/// a saturated (or NaN) ĝ's steps in range, and below 16 it is the definition's.
+/// log₂e in Q16, the cubic's coefficients and the guess's constants of `ir::integer_gate`.
+const SIGMA_L: i32 = 94_548;
+const SIGMA_C: [i32; 4] = [32_765, 22_819, 7_357, 2_591];
+const SIGMA_A: i32 = 46_261;
+const SIGMA_B: i32 = 15_420;
+
+/// SwiGlu in integers, `ir::integer_gate`'s definition: `ĝ·σ̂(ĝ)·û` exact in f64 (NaN for a
+/// NaN input or ∞·0), ĝ and û the inputs rounded to 11 significant bits; σ̂ = S/1024, 1024 or 0
+/// past |ĝ| ≥ 16, otherwise e^−|ĝ| in Q15 by `|ĝ|·log₂e` in Q16, a cubic for 2^(1 − frac) and a
+/// shift, then 1/(1 + e) by a linear guess and two Newton steps, cut to 10 bits (1024 − that
+/// for a negative ĝ). What `npuc::QuantizeSwiGlu` quantises. Every step is computed and then
+/// chosen, as a core does, so a row's loop vectorises: the shift clamped to 7..=31 keeps a
+/// saturated (or NaN) ĝ's steps in range, and below 16 it is the definition's; a NaN input
+/// stays NaN through the rounding and so makes the product NaN.
 #[inline(always)]
-fn lane_gate(g: f32, u: f32) -> f64 {
-    let round = |x: f32| {
-        let b = x.to_bits();
-        let r = f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff);
-        if x.is_nan() {
-            x
-        } else {
-            r
-        }
-    };
-    let (g, u) = (round(g), round(u));
+pub fn integer_gate(g: f32, u: f32) -> f64 {
+    let (g, u) = (round11(g), round11(u));
     let b = g.to_bits();
     let biased = ((b >> 23) & 0xff) as i32;
     let m = ((b >> 13) & 0x3ff) as i32 | (i32::from(biased > 0) << 10);
@@ -219,60 +221,15 @@ fn lane_gate(g: f32, u: f32) -> f64 {
     f64::from(g) * f64::from(u) * (f64::from(s) / 1024.0)
 }
 
-/// log₂e in Q16, the cubic's coefficients and the guess's constants of `ir::integer_gate`.
-const SIGMA_L: i32 = 94_548;
-const SIGMA_C: [i32; 4] = [32_765, 22_819, 7_357, 2_591];
-const SIGMA_A: i32 = 46_261;
-const SIGMA_B: i32 = 15_420;
-
-/// SwiGlu in integers, `ir::integer_gate`'s definition: `ĝ·σ̂(ĝ)·û` exact in f64 (NaN for a
-/// NaN input or ∞·0), ĝ and û the inputs rounded to 11 significant bits, σ̂ = S/1024 by
-/// [`integer_sigma`]. What `npuc::QuantizeSwiGlu` quantises.
-pub fn integer_gate(g: f32, u: f32) -> f64 {
-    let (g, u) = (round11(g), round11(u));
-    if g.is_nan() || u.is_nan() {
-        return f64::NAN;
-    }
-    f64::from(g) * f64::from(u) * (f64::from(integer_sigma(g)) / 1024.0)
-}
-
-/// `x` rounded to 11 significant bits, ties to even, in f32's exponent range (±∞ past it).
+/// `x` rounded to 11 significant bits, ties to even, in f32's exponent range (±∞ past it); NaN
+/// stays NaN.
+#[inline(always)]
 fn round11(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
     let b = x.to_bits();
-    f32::from_bits((b + 0xfff + ((b >> 13) & 1)) & !0x1fff)
-}
-
-/// S of σ̂(ĝ) = S/1024 for an 11-bit `ĝ`: 1024 or 0 past |ĝ| ≥ 16; otherwise e^−|ĝ| in Q15 by
-/// `|ĝ|·log₂e` in Q16, a cubic for 2^(1 − frac) and a shift, then 1/(1 + e) by a linear guess and
-/// two Newton steps, cut to 10 bits (1024 − that for a negative ĝ).
-fn integer_sigma(g: f32) -> i32 {
-    const L: i32 = SIGMA_L;
-    const C: [i32; 4] = SIGMA_C;
-    const A: i32 = SIGMA_A;
-    const B: i32 = SIGMA_B;
-    let negative = g.is_sign_negative();
-    if g.abs() >= 16.0 {
-        return if negative { 0 } else { 1024 };
-    }
-    let b = g.to_bits();
-    let biased = ((b >> 23) & 0xff) as i32;
-    let m = ((b >> 13) & 0x3ff) as i32 | if biased > 0 { 0x400 } else { 0 };
-    let shift = (137 - biased.max(1)).min(31);
-    let z = (m * L) >> shift;
-    let (n, v) = (z >> 16, (1 << 16) - (z & 0xffff));
-    let e = (C[0] + ((v * (C[1] + ((v * (C[2] + ((v * C[3]) >> 16))) >> 16))) >> 16)) >> (n + 1);
-    let d = (1 << 15) + e;
-    let mut y = A - ((d * B) >> 15);
-    for _ in 0..2 {
-        y = (y * ((1 << 16) - ((d * y) >> 15))) >> 15;
-    }
-    let s = (y + 16) >> 5;
-    if negative {
-        1024 - s
+    let r = f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff);
+    if x.is_nan() {
+        x
     } else {
-        s
+        r
     }
 }
