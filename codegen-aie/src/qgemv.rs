@@ -269,14 +269,12 @@ pub fn choose_gate(device: Device, shape: GemmShape, passes: usize) -> Result<QT
 }
 
 fn choose_gate_with(device: Device, shape: GemmShape, (passes, pairs): (usize, bool)) -> Result<QTiling, TilingError> {
-    let mut fits: Vec<QTiling> = [true, false]
-        .into_iter()
-        .filter_map(|kept| choose_with(device, shape, (passes, Feed::Gate { kept }, pairs)).ok())
-        .collect();
-    fits.sort_by_key(|q| q.tiling.total_cycles);
-    match fits.into_iter().next() {
-        Some(q) => Ok(q),
-        None => choose_with(device, shape, (passes, Feed::Gate { kept: false }, pairs)),
+    let kept = choose_with(device, shape, (passes, Feed::Gate { kept: true }, pairs));
+    let again = choose_with(device, shape, (passes, Feed::Gate { kept: false }, pairs));
+    match (kept, again) {
+        (Ok(k), Ok(a)) => Ok(if a.tiling.total_cycles < k.tiling.total_cycles { a } else { k }),
+        (Ok(k), Err(_)) => Ok(k),
+        (Err(_), again) => again,
     }
 }
 
