@@ -10,10 +10,13 @@
 //! would come from an object file no bundle carries.
 //!
 //! Object FIFOs with blocking acquire/release make the design a Kahn process network, so its
-//! result does not depend on the schedule: the interpreter runs each process (shim input DMAs,
-//! mem-tile links, cores, shim output DMAs) to completion in data-flow order over unbounded
-//! queues. It fails on anything the hardware would get wrong or hang on: a process acquiring an
-//! element nobody produced, elements left over, a DMA whose length is not a whole number of FIFO
+//! result does not depend on the schedule: the interpreter streams the runtime sequence's input
+//! DMAs in, runs every core on a thread of its own over unbounded queues (a core's acquire waits
+//! for its element, so cores may exchange data in cycles, as a row's maximum reduced through a
+//! mem tile and broadcast back is), fires each mem-tile link whenever all its inputs hold an
+//! element, and drains the output DMAs once the cores end. It fails on anything the hardware
+//! would get wrong or hang on: a core acquiring an element nobody can produce any more (every
+//! running core waiting on an empty queue), elements left over, a DMA whose length is not a whole number of FIFO
 //! elements, a shim BD reused before its wait, a call to no body, FIFO buffers past a compute
 //! tile's memory, an access pattern past its descriptor's limits. Elements a core acquires to
 //! produce start as garbage, so a missing `zero_i32` shows; host output starts as `i32::MIN`, so a
@@ -23,6 +26,7 @@
 
 use crate::device::Device;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 mod func;
 pub use func::{Function, MemType};
@@ -367,12 +371,43 @@ struct Machine {
     fifos: HashMap<String, FifoInfo>,
     /// Each `aie.buffer`: its SSA name's tile and element count.
     buffers: HashMap<String, BufferInfo>,
+    links: Vec<LinkInfo>,
+    /// What the processes share: every queue, behind one lock.
+    net: Mutex<Net>,
+    /// Signalled whenever an element arrives or a core ends.
+    wake: Condvar,
+}
+
+/// The network's state the cores' threads share.
+#[derive(Default)]
+struct Net {
     /// Elements waiting at each (fifo, consumer tile).
     queues: HashMap<(String, (usize, usize)), VecDeque<Elem>>,
     /// Partial element of a DMA stream into a FIFO.
     partial: HashMap<String, Vec<i32>>,
     /// Stream left over from an element a DMA out of a FIFO consumed in part.
     pending: HashMap<String, VecDeque<i32>>,
+    /// Cores still running.
+    running: usize,
+    /// The queue each blocked core waits on.
+    waiting: HashMap<(usize, usize), (String, (usize, usize))>,
+    /// A core failed: the others stop at their next wait.
+    failed: bool,
+}
+
+impl Net {
+    fn take(&mut self, name: &str, at: (usize, usize)) -> Option<Elem> {
+        self.queues.get_mut(&(name.to_string(), at)).and_then(|q| q.pop_front())
+    }
+
+    fn has(&self, name: &str, at: (usize, usize)) -> bool {
+        self.queues.get(&(name.to_string(), at)).is_some_and(|q| !q.is_empty())
+    }
+
+    /// Every running core waits on an empty queue: nothing can ever arrive.
+    fn stuck(&self) -> bool {
+        self.waiting.len() == self.running && self.waiting.values().all(|(n, at)| !self.has(n, *at))
+    }
 }
 
 /// The start offset of every innermost run of an access pattern `dims` (size, stride; outermost
@@ -439,35 +474,62 @@ impl Machine {
         self.fifos.get(name).ok_or_else(|| InterpError::Run(format!("unknown object FIFO @{name}")))
     }
 
-    /// Appends a producer's stream to a FIFO, cutting it into elements for every consumer.
-    fn push_stream(&mut self, name: &str, data: &[i32]) -> Result<(), InterpError> {
-        let f = self.fifo(name)?.clone();
-        let part = self.partial.entry(name.to_string()).or_default();
+    fn lock(&self) -> MutexGuard<'_, Net> {
+        self.net.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends a producer's stream to a FIFO, cutting it into elements for every consumer, and
+    /// runs the links the new elements complete.
+    fn push_stream(&self, net: &mut Net, name: &str, data: &[i32]) -> Result<(), InterpError> {
+        let f = self.fifo(name)?;
+        let part = net.partial.entry(name.to_string()).or_default();
         part.extend_from_slice(data);
         let whole = part.len() / f.elems * f.elems;
         let done: Vec<i32> = part.drain(..whole).collect();
         for chunk in done.chunks(f.elems) {
             for &c in &f.consumers {
-                self.queues.entry((name.to_string(), c)).or_default().push_back(chunk.to_vec());
+                net.queues.entry((name.to_string(), c)).or_default().push_back(chunk.to_vec());
             }
         }
-        Ok(())
+        self.fire_links(net)
     }
 
-    fn pop(&mut self, name: &str, at: (usize, usize), who: &str) -> Result<Elem, InterpError> {
-        match self.queues.get_mut(&(name.to_string(), at)).and_then(|q| q.pop_front()) {
-            Some(e) => Ok(e),
-            None => {
-                run_err(format!("{who} acquires from @{name} but no element was produced (the hardware would hang)"))
+    /// Takes the next element of `name` at `at`, waiting for it while another core may still
+    /// produce it; when every running core waits on an empty queue the hardware would hang.
+    fn pop(&self, name: &str, at: (usize, usize), who: &str) -> Result<Elem, InterpError> {
+        let mut net = self.lock();
+        net.waiting.insert(at, (name.to_string(), at));
+        let result = loop {
+            if let Some(e) = net.take(name, at) {
+                break Ok(e);
             }
-        }
+            if net.failed {
+                break Err(InterpError::Run(STOPPED.into()));
+            }
+            if net.stuck() {
+                net.failed = true;
+                break run_err(format!(
+                    "{who} acquires from @{name} but no element was produced (the hardware would hang)"
+                ));
+            }
+            net = self.wake.wait(net).unwrap_or_else(PoisonError::into_inner);
+        };
+        net.waiting.remove(&at);
+        self.wake.notify_all();
+        result
     }
 
     /// Produces one element of `name` from the link buffer `buf` as mlir-aie lowers it: one
     /// descriptor per transfer `(offset, length)`, each applying the producer's access pattern
     /// (`dimensionsToStream`) to its own transfer only, their streams in order.
-    fn emit_from(&mut self, name: &str, buf: &[i32], transfers: &[(usize, usize)]) -> Result<(), InterpError> {
-        let f = self.fifo(name)?.clone();
+    fn emit_from(
+        &self,
+        net: &mut Net,
+        name: &str,
+        buf: &[i32],
+        transfers: &[(usize, usize)],
+    ) -> Result<(), InterpError> {
+        let f = self.fifo(name)?;
         let mut out = Vec::with_capacity(f.elems);
         for &(off, len) in transfers {
             let Some(transfer) = buf.get(off..off + len) else {
@@ -488,48 +550,60 @@ impl Machine {
             return run_err(format!("@{name}: access pattern yields {} of {} elements", out.len(), f.elems));
         }
         for &c in &f.consumers {
-            self.queues.entry((name.to_string(), c)).or_default().push_back(out.clone());
+            net.queues.entry((name.to_string(), c)).or_default().push_back(out.clone());
         }
         Ok(())
     }
 
-    /// A mem-tile link, element by element: the inputs' elements fill the link buffer (a join
-    /// puts input `j` at `src_offsets[j]`), and the outputs are produced from it (a distribute
-    /// sends output `j` the transfer at `dst_offsets[j]`; a join's output descriptor walks each
-    /// input's transfer in turn).
-    fn run_link(&mut self, l: &LinkInfo) -> Result<(), InterpError> {
-        let first = self.fifo(&l.ins[0])?.clone();
-        let mt = first.consumers[0];
-        let buf_elems = if l.ins.len() > 1 { self.fifo(&l.outs[0])?.elems } else { first.elems };
+    /// Runs every mem-tile link as long as each of its inputs has an element waiting.
+    fn fire_links(&self, net: &mut Net) -> Result<(), InterpError> {
+        loop {
+            let mut fired = false;
+            for l in &self.links {
+                let mt = self.fifo(&l.ins[0])?.consumers[0];
+                while l.ins.iter().all(|name| net.has(name, mt)) {
+                    self.link_step(net, l, mt)?;
+                    fired = true;
+                }
+            }
+            if !fired {
+                return Ok(());
+            }
+        }
+    }
+
+    /// One element through a mem-tile link at `mt`: the inputs' elements fill the link buffer
+    /// (a join puts input `j` at `src_offsets[j]`), and the outputs are produced from it (a
+    /// distribute sends output `j` the transfer at `dst_offsets[j]`; a join's output descriptor
+    /// walks each input's transfer in turn).
+    fn link_step(&self, net: &mut Net, l: &LinkInfo, mt: (usize, usize)) -> Result<(), InterpError> {
+        let buf_elems = if l.ins.len() > 1 { self.fifo(&l.outs[0])?.elems } else { self.fifo(&l.ins[0])?.elems };
         let join = transfers(&l.src, buf_elems, "join", &l.ins)?;
         let distribute = transfers(&l.dst, buf_elems, "distribute", &l.outs)?;
-        while self.queues.get(&(l.ins[0].clone(), mt)).is_some_and(|q| !q.is_empty()) {
-            let buf: Vec<i32> = if l.ins.len() == 1 {
-                self.pop(&l.ins[0], mt, "mem-tile link")?
-            } else {
-                let mut buf = vec![0i32; buf_elems];
-                for (name, &(off, len)) in l.ins.iter().zip(&join) {
-                    let e = self.pop(name, mt, "mem-tile join")?;
-                    if e.len() != len {
-                        return run_err(format!("join input @{name} of {} elements into a transfer of {len}", e.len()));
-                    }
-                    buf[off..off + len].copy_from_slice(&e);
-                }
-                buf
-            };
-            if l.outs.len() > 1 {
-                for (name, &t) in l.outs.iter().zip(&distribute) {
-                    self.emit_from(name, &buf, &[t])?;
-                }
-            } else if l.ins.len() > 1 {
-                self.emit_from(&l.outs[0], &buf, &join)?;
-            } else {
-                self.emit_from(&l.outs[0], &buf, &[(0, buf.len())])?;
+        let mut buf = vec![0i32; buf_elems];
+        for (i, name) in l.ins.iter().enumerate() {
+            let e = net.take(name, mt).unwrap_or_default();
+            let (off, len) = join.get(i).copied().unwrap_or((0, buf_elems));
+            if e.len() != len {
+                return run_err(format!("join input @{name} of {} elements into a transfer of {len}", e.len()));
             }
+            buf[off..off + len].copy_from_slice(&e);
+        }
+        if l.outs.len() > 1 {
+            for (name, &t) in l.outs.iter().zip(&distribute) {
+                self.emit_from(net, name, &buf, &[t])?;
+            }
+        } else if l.ins.len() > 1 {
+            self.emit_from(net, &l.outs[0], &buf, &join)?;
+        } else {
+            self.emit_from(net, &l.outs[0], &buf, &[(0, buf.len())])?;
         }
         Ok(())
     }
 }
+
+/// What a core that stopped because another failed reports (the other's error is the one shown).
+const STOPPED: &str = "stopped: another core failed";
 
 /// The transfers `(offset, length)` a join's or a distribute's offsets cut a buffer of `elems`
 /// into, as mlir-aie computes them: each runs to the next offset, the last to the buffer's end.
@@ -595,12 +669,7 @@ impl Machine {
             .ok_or_else(|| InterpError::Run("kernel operand was released".into()))
     }
 
-    fn exec_block(
-        &mut self,
-        st: &mut CoreState,
-        block: &Block,
-        env: &mut HashMap<String, Val>,
-    ) -> Result<(), InterpError> {
+    fn exec_block(&self, st: &mut CoreState, block: &Block, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
         for op in &block.ops {
             match op.name.as_str() {
                 "arith.constant" => {
@@ -631,7 +700,7 @@ impl Machine {
     }
 
     /// `scf.for`: the body once per index from the lower bound below the upper, by a positive step.
-    fn exec_for(&mut self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
+    fn exec_for(&self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
         let idx = |v: Val| match v {
             Val::Index(i) => Ok(i),
             _ => Err(InterpError::Parse { line: op.line, msg: "scf.for bound is not an index".into() }),
@@ -658,7 +727,7 @@ impl Machine {
 
     /// `aie.objectfifo.acquire`: port 1 takes elements a producer made for this core; port 0 takes
     /// fresh (garbage) elements for the core to produce.
-    fn exec_acquire(&mut self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
+    fn exec_acquire(&self, st: &mut CoreState, op: &Op, env: &mut HashMap<String, Val>) -> Result<(), InterpError> {
         let name = op.symbol("objFifo_name")?;
         let port = op.int("port")?;
         let size = op.int("size")? as u64;
@@ -686,7 +755,7 @@ impl Machine {
     }
 
     /// `aie.objectfifo.release`: the oldest held elements go; produced ones stream on.
-    fn exec_release(&mut self, st: &mut CoreState, op: &Op) -> Result<(), InterpError> {
+    fn exec_release(&self, st: &mut CoreState, op: &Op) -> Result<(), InterpError> {
         let name = op.symbol("objFifo_name")?;
         let size = op.int("size")?;
         let id = self.fifo_id(st, &name);
@@ -695,7 +764,9 @@ impl Machine {
                 return run_err(format!("core {:?} releases @{name} it does not hold", st.tile));
             };
             if produced {
-                self.push_stream(&name, &data)?;
+                let mut net = self.lock();
+                self.push_stream(&mut net, &name, &data)?;
+                self.wake.notify_all();
             }
         }
         Ok(())
@@ -703,7 +774,7 @@ impl Machine {
 
     /// `func.call` of a function the design defines, on the FIFO elements the core holds: each
     /// operand's buffer goes in, and comes back as the body left it.
-    fn exec_call(&mut self, st: &mut CoreState, op: &Op, env: &HashMap<String, Val>) -> Result<(), InterpError> {
+    fn exec_call(&self, st: &mut CoreState, op: &Op, env: &HashMap<String, Val>) -> Result<(), InterpError> {
         let callee = op.symbol("callee")?;
         let at = format!("core ({}, {}) line {}", st.tile.0, st.tile.1, op.line);
         let Some(f) = self.functions.get(&callee) else {
@@ -806,18 +877,18 @@ pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), Inte
     check_limits(body.device, (&body.fifos, &body.buffers), &body.cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
     let seq = &body.sequence.regions[0];
     let mut host = host_buffers(seq, inputs)?;
-    let mut m = Machine {
+    let m = Machine {
         device: body.device,
         functions: body.functions,
         fifos: body.fifos,
         buffers: body.buffers,
-        queues: HashMap::new(),
-        partial: HashMap::new(),
-        pending: HashMap::new(),
+        links: body.links,
+        net: Mutex::new(Net::default()),
+        wake: Condvar::new(),
     };
     let mut stats = RunStats { cores: body.cores.len(), ..Default::default() };
     let outputs = m.run_input_dmas(seq, &host, &mut stats)?;
-    m.run_processes(&body.links, &body.cores, &mut stats)?;
+    m.run_cores(&body.cores, &mut stats)?;
     m.run_output_dmas(&outputs, &mut host)?;
     m.check_drained()?;
     let out = host.pop().unwrap_or_default();
@@ -989,21 +1060,10 @@ struct Dma {
 /// Shim buffer descriptors in flight: (shim tile, BD id, FIFO).
 type InFlight = Vec<((usize, usize), i64, String)>;
 
-/// A process of the network: a mem-tile link or a core.
-enum Proc<'o> {
-    Link(LinkInfo),
-    Core((usize, usize), &'o Op),
-}
-
 impl Machine {
     /// The runtime sequence in order: input DMAs stream their host data into the FIFOs, waits free
     /// shim BDs; returns the output DMAs, to run once the array has produced their data.
-    fn run_input_dmas(
-        &mut self,
-        seq: &Block,
-        host: &[Vec<i32>],
-        stats: &mut RunStats,
-    ) -> Result<Vec<Dma>, InterpError> {
+    fn run_input_dmas(&self, seq: &Block, host: &[Vec<i32>], stats: &mut RunStats) -> Result<Vec<Dma>, InterpError> {
         let arg_index: HashMap<String, usize> = seq.args.iter().enumerate().map(|(i, (n, _))| (n.clone(), i)).collect();
         let mut outputs = vec![];
         let mut in_flight: InFlight = vec![];
@@ -1015,7 +1075,7 @@ impl Machine {
                     if into_array {
                         let mut data = vec![];
                         gather(&host[dma.arg], dma.base, &dma.dims, &mut data)?;
-                        self.push_stream(&dma.fifo, &data)?;
+                        self.push_stream(&mut self.lock(), &dma.fifo, &data)?;
                     } else {
                         outputs.push(dma);
                     }
@@ -1032,7 +1092,7 @@ impl Machine {
                 }
             }
         }
-        for (name, p) in &self.partial {
+        for (name, p) in &self.lock().partial {
             if !p.is_empty() {
                 return run_err(format!(
                     "the runtime sequence leaves a partial element of @{name} ({} values)",
@@ -1087,61 +1147,44 @@ impl Machine {
         Ok((Dma { arg, fifo, base, dims }, into_array))
     }
 
-    /// Links and cores in data-flow order: each runs to completion once every FIFO feeding it is
-    /// complete.
-    fn run_processes(
-        &mut self,
-        links: &[LinkInfo],
-        cores: &[((usize, usize), &Op)],
-        stats: &mut RunStats,
-    ) -> Result<(), InterpError> {
-        let procs = self.processes(links, cores);
-        let mut done = vec![false; procs.len()];
-        loop {
-            let produced_by_pending =
-                |name: &String, done: &[bool]| procs.iter().enumerate().any(|(i, p)| !done[i] && p.2.contains(name));
-            let Some(next) =
-                (0..procs.len()).find(|&i| !done[i] && !procs[i].1.iter().any(|f| produced_by_pending(f, &done)))
-            else {
-                if done.iter().all(|&d| d) {
-                    return Ok(());
-                }
-                return run_err("the links and cores form a cycle");
-            };
-            done[next] = true;
-            match &procs[next].0 {
-                Proc::Link(l) => self.run_link(l)?,
-                Proc::Core(tile, op) => {
-                    for (name, n) in self.run_core(*tile, op)? {
-                        *stats.calls.entry(name).or_default() += n;
-                    }
-                }
+    /// The cores, each on its own thread as on the array, blocking on the FIFO elements they
+    /// acquire; the links run whenever their inputs are there.
+    fn run_cores(&self, cores: &[((usize, usize), &Op)], stats: &mut RunStats) -> Result<(), InterpError> {
+        self.lock().running = cores.len();
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let threads: Vec<_> = cores
+                .iter()
+                .map(|&(tile, op)| {
+                    scope.spawn(move || {
+                        let result = self.run_core(tile, op);
+                        let mut net = self.lock();
+                        net.running -= 1;
+                        net.failed |= result.is_err();
+                        self.wake.notify_all();
+                        result
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_else(|_| run_err("a core's thread panicked"))).collect()
+        });
+        let failed = |r: &Result<_, InterpError>| r.as_ref().is_err_and(|e| *e != InterpError::Run(STOPPED.into()));
+        if let Some(first) = results.iter().position(failed).or_else(|| results.iter().position(Result::is_err)) {
+            return Err(results
+                .into_iter()
+                .nth(first)
+                .and_then(Result::err)
+                .unwrap_or(InterpError::Run(STOPPED.into())));
+        }
+        for calls in results.into_iter().flatten() {
+            for (name, n) in calls {
+                *stats.calls.entry(name).or_default() += n;
             }
         }
-    }
-
-    /// Every process with the FIFOs it reads and the FIFOs it writes.
-    fn processes<'o>(
-        &self,
-        links: &[LinkInfo],
-        cores: &[((usize, usize), &'o Op)],
-    ) -> Vec<(Proc<'o>, Vec<String>, Vec<String>)> {
-        let mut procs: Vec<(Proc, Vec<String>, Vec<String>)> = vec![];
-        for l in links {
-            procs.push((Proc::Link(l.clone()), l.ins.clone(), l.outs.clone()));
-        }
-        for (tile, op) in cores {
-            let ins: Vec<String> =
-                self.fifos.iter().filter(|(_, f)| f.consumers.contains(tile)).map(|(n, _)| n.clone()).collect();
-            let outs: Vec<String> =
-                self.fifos.iter().filter(|(_, f)| f.producer == *tile).map(|(n, _)| n.clone()).collect();
-            procs.push((Proc::Core(*tile, op), ins, outs));
-        }
-        procs
+        Ok(())
     }
 
     /// Runs one core's body; returns its calls of each function.
-    fn run_core(&mut self, tile: (usize, usize), op: &Op) -> Result<BTreeMap<String, u64>, InterpError> {
+    fn run_core(&self, tile: (usize, usize), op: &Op) -> Result<BTreeMap<String, u64>, InterpError> {
         let mut st =
             CoreState { tile, fifo_names: vec![], held: vec![], next_seq: 0, calls: BTreeMap::new(), locals: vec![] };
         let mut env = HashMap::new();
@@ -1160,20 +1203,26 @@ impl Machine {
     }
 
     /// Output DMAs, in sequence order, drain their FIFOs' streams into the host buffers.
-    fn run_output_dmas(&mut self, outputs: &[Dma], host: &mut [Vec<i32>]) -> Result<(), InterpError> {
+    fn run_output_dmas(&self, outputs: &[Dma], host: &mut [Vec<i32>]) -> Result<(), InterpError> {
         for dma in outputs {
             let want: usize = dma.dims.iter().map(|d| d.0).product();
             let shim = self.fifo(&dma.fifo)?.consumers[0];
             let mut data = Vec::with_capacity(want);
+            let net = &mut *self.lock();
             while data.len() < want {
-                let pend = self.pending.entry(dma.fifo.clone()).or_default();
-                if pend.is_empty() {
-                    let e = self.pop(&dma.fifo, shim, "runtime DMA")?;
-                    if let Some(p) = self.pending.get_mut(&dma.fifo) {
-                        p.extend(e);
-                    }
+                let taken =
+                    net.pending.get(&dma.fifo).is_none_or(VecDeque::is_empty).then(|| net.take(&dma.fifo, shim));
+                if let Some(e) = taken {
+                    let Some(e) = e else {
+                        return run_err(format!(
+                            "runtime DMA acquires from @{} but no element was produced (the hardware would hang)",
+                            dma.fifo
+                        ));
+                    };
+                    net.pending.entry(dma.fifo.clone()).or_default().extend(e);
                     continue;
                 }
+                let pend = net.pending.entry(dma.fifo.clone()).or_default();
                 let take = (want - data.len()).min(pend.len());
                 data.extend(pend.drain(..take));
             }
@@ -1184,12 +1233,13 @@ impl Machine {
 
     /// Every element produced was consumed, and every value streamed out written back.
     fn check_drained(&self) -> Result<(), InterpError> {
-        for ((name, tile), q) in &self.queues {
+        let net = self.lock();
+        for ((name, tile), q) in &net.queues {
             if !q.is_empty() {
                 return run_err(format!("{} element(s) of @{name} never consumed at tile {tile:?}", q.len()));
             }
         }
-        for (name, p) in &self.pending {
+        for (name, p) in &net.pending {
             if !p.is_empty() {
                 return run_err(format!("{} value(s) of @{name} never written back", p.len()));
             }
