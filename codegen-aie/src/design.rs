@@ -110,6 +110,9 @@ pub struct Core {
     pub k_steps: usize,
     /// The functions its body calls, each defined with a body in [`Design::functions`].
     pub calls: Vec<String>,
+    /// A qgemv prologue core ([`crate::qgemv::split`]): it quantises a slice of the rows and
+    /// computes no outputs (`a` its slice's FIFO, `b` the exchange's broadcast, `c` its slot's).
+    pub prologue: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -146,6 +149,9 @@ pub enum Kind {
         input: crate::qkernels::Input,
         kept: bool,
         pairs: bool,
+        /// Prologue cores the quantisation is split across (0: every core quantises the whole
+        /// row itself).
+        split: usize,
     },
 }
 
@@ -340,6 +346,7 @@ fn cores(t: &Tiling) -> Vec<Core> {
                 tiles: t.tiles_per_core(),
                 k_steps: t.k_steps(),
                 calls: vec![ZERO_KERNEL.into(), MATMUL_KERNEL.into()],
+                prologue: false,
             });
         }
     }
@@ -565,9 +572,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.generic_gemm_core(o, core),
             Kind::Gemv => crate::gemv::generic_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, input, kept, pairs } => {
-                crate::qgemv::generic_core(self, core, (passes, kernel_rows, input, kept, pairs), o)
-            }
+            Kind::QGemv { .. } => crate::qgemv::generic_core(self, core, o),
         }
     }
 
@@ -728,9 +733,7 @@ impl Design {
         match self.kind {
             Kind::Gemm => self.pretty_gemm_core(o, core),
             Kind::Gemv => crate::gemv::pretty_core(self, core, o),
-            Kind::QGemv { passes, kernel_rows, input, kept, pairs } => {
-                crate::qgemv::pretty_core(self, core, (passes, kernel_rows, input, kept, pairs), o)
-            }
+            Kind::QGemv { .. } => crate::qgemv::pretty_core(self, core, o),
         }
     }
 

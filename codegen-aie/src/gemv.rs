@@ -215,6 +215,7 @@ pub fn build(t: &Tiling) -> Design {
             tiles,
             k_steps: parts,
             calls: vec![GEMV_ZERO.into(), GEMV.into()],
+            prologue: false,
         })
         .collect();
     let p = t.padded;

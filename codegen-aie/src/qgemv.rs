@@ -31,9 +31,11 @@ use crate::gemv::{
     SHIM_BURST_BYTES,
 };
 use crate::kernels::{self, GEMV, GEMV_ZERO};
-use crate::qkernels::{self, Input, Shape};
+use crate::qkernels::{self, Exchange, Input, Shape};
 use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
 use std::fmt::Write;
+
+pub mod split;
 
 /// Largest column tile a core computes at once.
 const MAX_TILE_COLS: usize = 256;
@@ -80,6 +82,23 @@ pub const GATE_RESTREAMED_CYCLES_PER_ELEMENT: [u64; 2] = [37, 67];
 /// `[[one pass, two passes] of plain rows, the same with a norm]`, counted as above.
 pub const PAIRS_EPILOGUE_CYCLES_PER_ELEMENT: [[u64; 2]; 2] = [[83, 130], [97, 152]];
 
+/// Cycles of one round of a split design's exchange ([`split`]) besides its bytes' streams: two
+/// DMA hops (a prologue core's slot to the mem tile, the joined slots to every core), each a
+/// lock handshake and a descriptor's start, an assumption, not a measurement.
+pub const EXCHANGE_ROUND_CYCLES: u64 = 400;
+
+/// Cycles a prologue core spends combining one core's slot for one row
+/// ([`crate::qkernels::combine`]: four bytes assembled, a maximum), counted as above (scalar).
+pub const COMBINE_CYCLES_PER_SLOT: u64 = 21;
+
+/// Cycles per row and round a prologue core spends writing its row state into its slot
+/// ([`crate::qkernels::share`]), counted as above (scalar).
+pub const SHARE_CYCLES_PER_ROW: u64 = 80;
+
+/// Cycles per [`crate::qkernels::LANES`] codes a GEMV core of a split design takes from the
+/// slots into its codes buffers ([`crate::qkernels::unpack`]), counted as above.
+pub const UNPACK_CYCLES_PER_BLOCK: u64 = 8;
+
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
 pub const SCALAR_CYCLES_PER_MAC: u64 = 3;
@@ -125,8 +144,11 @@ pub struct QTiling {
     pub feed: Feed,
     pub pairs: bool,
     /// The cost model's cycles of a core's prologue (its row's quantisation, and a norm's or a
-    /// gate's work), part of `tiling.compute_cycles`: every core runs it over the whole row.
+    /// gate's work), part of `tiling.compute_cycles`: every core runs it over the whole row,
+    /// or with `split` prologue cores each its slice (and the exchange).
     pub prologue_cycles: u64,
+    /// Prologue cores the quantisation is split across ([`split`]); 0: none.
+    pub split: usize,
 }
 
 impl QTiling {
@@ -163,12 +185,17 @@ const EXTRA_PARTS: usize = 10;
 /// Bytes of a core's data memory: one `X` element (the prologue's passes are short beside the
 /// weights' stream, so it is not double-buffered), two weight elements, two output tiles, the
 /// row state, the codes, the accumulators, a gate's values and the stack.
-fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize) -> usize {
+fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize, split: Option<Exchange>) -> usize {
     let (rows, k, n) = (sh.rows, sh.k, sh.n);
-    let (state, squares) = if sh.input == Input::Norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
-    let gate_values = if sh.input == Input::Gate { gate_buffers(parts, kept) * 2 * rows * k * 4 } else { 0 };
+    let (state, mut squares) = if sh.input == Input::Norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
+    let mut gate_values = if sh.input == Input::Gate { gate_buffers(parts, kept) * 2 * rows * k * 4 } else { 0 };
+    let x = split.map_or(sh.x_rows() * k * 4, |ex| ex.cores * ex.slot());
+    if split.is_some() {
+        // The prologue cores keep a norm's lanes and a gate's values.
+        (squares, gate_values) = (0, 0);
+    }
     gate_values
-        + sh.x_rows() * k * 4
+        + x
         + 2 * sh.w_rows() * k
         + 2 * rows * n * 4
         + (state + squares) * rows * 4
@@ -177,12 +204,13 @@ fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize) -> usize 
         + device.core_stack_bytes()
 }
 
-/// The cost and memory of one candidate (tile width, fewest K parts, kernel rows), if it fits.
+/// The cost and memory of one candidate (tile width, fewest K parts, kernel rows, prologue
+/// cores), if it fits.
 fn evaluate(
     device: Device,
     shape: GemmShape,
     (passes, feed, pairs): (usize, Feed, bool),
-    (n, min_parts, kr): (usize, usize, usize),
+    (n, min_parts, kr, split): (usize, usize, usize, usize),
 ) -> Option<QTiling> {
     let input = feed.input();
     let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs }.x_rows();
@@ -191,24 +219,26 @@ fn evaluate(
     if k < qkernels::MIN_K {
         return None;
     }
+    let ex = (split > 0).then(|| Exchange { cores: split, slice: parts * k / split, rows, passes, input });
+    let block = if input == Input::Norm { qkernels::NORM_LANES } else { qkernels::LANES };
+    if ex.is_some_and(|ex| !(parts * k).is_multiple_of(split * block) || !split::fits(device, ex)) {
+        return None;
+    }
     let tiles = shape.n.div_ceil(streams(device) * n);
     let bank = device.core_data_bytes() / device.core_banks();
-    let l1 = core_bytes(device, (sh, feed.kept()), parts);
+    let l1 = core_bytes(device, (sh, feed.kept()), parts, ex);
     if sh.w_rows() * k > bank || l1 > device.core_data_bytes() || tiles > device.shim_dma().max_repeat {
         return None;
     }
     let bpc = device.stream_bytes_per_cycle() as u64;
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
-    let x_bytes = (x_streams(passes, feed) * parts * x_rows * k * 4) as u64;
-    let per_element = match feed {
-        Feed::Rows => FIRST_PASS_CYCLES_PER_ELEMENT + (passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
-        Feed::Norm { .. } => NORM_CYCLES_PER_ELEMENT[passes - 1],
-        Feed::Gate { kept: true } => GATE_CYCLES_PER_ELEMENT[passes - 1],
-        Feed::Gate { kept: false } => GATE_RESTREAMED_CYCLES_PER_ELEMENT[passes - 1],
+    let x_streams = if ex.is_some() { 1 } else { x_streams(passes, feed) };
+    let x_bytes = (x_streams * parts * x_rows * k * 4) as u64;
+    let prologue = match ex {
+        Some(ex) => split::prologue_cycles(device, (ex, feed)),
+        None => prologue_cycles(device, (sh, feed), parts),
     };
-    let once = if input == Input::Norm { NORM_ROW_CYCLES[passes - 1] } else { 0 };
-    let prologue = (parts * rows * k) as u64 * per_element + rows as u64 * once;
     let macs = (kr * sh.w_cols() * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
@@ -223,7 +253,20 @@ fn evaluate(
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue, split })
+}
+
+/// The cycles of a core's prologue over the whole row: `parts` K parts of `sh.k`.
+fn prologue_cycles(device: Device, (sh, feed): (Shape, Feed), parts: usize) -> u64 {
+    let _ = device;
+    let per_element = match feed {
+        Feed::Rows => FIRST_PASS_CYCLES_PER_ELEMENT + (sh.passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
+        Feed::Norm { .. } => NORM_CYCLES_PER_ELEMENT[sh.passes - 1],
+        Feed::Gate { kept: true } => GATE_CYCLES_PER_ELEMENT[sh.passes - 1],
+        Feed::Gate { kept: false } => GATE_RESTREAMED_CYCLES_PER_ELEMENT[sh.passes - 1],
+    };
+    let once = if sh.input == Input::Norm { NORM_ROW_CYCLES[sh.passes - 1] } else { 0 };
+    (parts * sh.rows * sh.k) as u64 * per_element + sh.rows as u64 * once
 }
 
 /// How many times the rows stream to the cores: once a pass and once for the first maximum,
@@ -268,6 +311,16 @@ pub fn choose_gate(device: Device, shape: GemmShape, passes: usize) -> Result<QT
     choose_gate_with(device, shape, (passes, false))
 }
 
+/// [`choose_gate`] unsplit ([`split`]), the gate's values kept in the cores or not.
+pub fn choose_gate_with_values(
+    device: Device,
+    shape: GemmShape,
+    passes: usize,
+    kept: bool,
+) -> Result<QTiling, TilingError> {
+    choose_among(device, shape, (passes, Feed::Gate { kept }, false), Some(0))
+}
+
 fn choose_gate_with(device: Device, shape: GemmShape, (passes, pairs): (usize, bool)) -> Result<QTiling, TilingError> {
     let kept = choose_with(device, shape, (passes, Feed::Gate { kept: true }, pairs));
     let again = choose_with(device, shape, (passes, Feed::Gate { kept: false }, pairs));
@@ -289,6 +342,12 @@ fn choose_norm_with(
     shape: GemmShape,
     (passes, epsilon, pairs): (usize, f32, bool),
 ) -> Result<QTiling, TilingError> {
+    norm_k(device, shape)?;
+    choose_with(device, shape, (passes, Feed::Norm { epsilon }, pairs))
+}
+
+/// A norm-fed design's K: at most what the aligned sum of squares takes.
+fn norm_k(device: Device, shape: GemmShape) -> Result<(), TilingError> {
     if shape.k > ir::pinned_norm::ALIGNED_MAX_D {
         let reason = format!(
             "a norm-fed core sums a row's squares in integer lanes: K must be at most {}",
@@ -296,13 +355,39 @@ fn choose_norm_with(
         );
         return Err(TilingError::NothingFits { shape, device, reason });
     }
-    choose_with(device, shape, (passes, Feed::Norm { epsilon }, pairs))
+    Ok(())
 }
 
-fn choose_with(
+fn choose_with(device: Device, shape: GemmShape, how: (usize, Feed, bool)) -> Result<QTiling, TilingError> {
+    choose_among(device, shape, how, None)
+}
+
+/// [`choose`] for rows that are `feed` (a gate's values kept) with the quantisation split
+/// across `cores` prologue cores ([`split`]), 2 to [`split::MAX_CORES`]: the fastest such tiling,
+/// whether or not an unsplit one is faster.
+pub fn choose_split(
+    device: Device,
+    shape: GemmShape,
+    (passes, feed): (usize, Feed),
+    cores: usize,
+) -> Result<QTiling, TilingError> {
+    if !(2..=split::MAX_CORES).contains(&cores) || feed == (Feed::Gate { kept: false }) {
+        let reason = format!("a split prologue takes 2 to {} cores and keeps a gate's values", split::MAX_CORES);
+        return Err(TilingError::NothingFits { shape, device, reason });
+    }
+    if let Feed::Norm { .. } = feed {
+        norm_k(device, shape)?;
+    }
+    choose_among(device, shape, (passes, feed, false), Some(cores))
+}
+
+/// The fastest tiling that passes every check, with `only_split` prologue cores if given (0:
+/// unsplit).
+fn choose_among(
     device: Device,
     shape: GemmShape,
     (passes, feed, pairs): (usize, Feed, bool),
+    only_split: Option<usize>,
 ) -> Result<QTiling, TilingError> {
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
@@ -319,11 +404,21 @@ fn choose_with(
     let x_rows = Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input(), pairs }.x_rows();
     let fewest = k_parts(device, (x_rows, feed.input()), shape.k, 1).0;
     let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
-    let candidates = (t..=MAX_TILE_COLS)
-        .step_by(t)
-        .flat_map(|n| (fewest..=fewest + EXTRA_PARTS).flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr))));
+    let splits: Vec<usize> = match (feed, only_split) {
+        (Feed::Gate { kept: false }, _) | (_, Some(0)) => vec![0],
+        (_, Some(cores)) => vec![cores],
+        (_, None) => [0].into_iter().chain(2..=split::MAX_CORES).collect(),
+    };
+    let candidates = (t..=MAX_TILE_COLS).step_by(t).flat_map(|n| {
+        let splits = splits.clone();
+        (fewest..=fewest + EXTRA_PARTS)
+            .flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr)))
+            .flat_map(move |(n, p, kr)| splits.clone().into_iter().map(move |s| (n, p, kr, s)))
+    });
     let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed, pairs), c)).collect();
-    fits.dedup_by(|a, b| (a.tiling.k, a.tiling.n, a.kernel_rows) == (b.tiling.k, b.tiling.n, b.kernel_rows));
+    fits.dedup_by(|a, b| {
+        (a.tiling.k, a.tiling.n, a.kernel_rows, a.split) == (b.tiling.k, b.tiling.n, b.kernel_rows, b.split)
+    });
     fits.sort_by(|a, b| {
         let (a, b) = (&a.tiling, &b.tiling);
         a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n))
@@ -334,11 +429,13 @@ fn choose_with(
 /// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, for a norm-fed design
 /// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
 /// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
-/// `gqgemv…`, ending `_kept` when its cores keep the gate's values; and `_pairs` when each output
-/// sums a weight's two passes.
+/// `gqgemv…`, ending `_kept` when its cores keep the gate's values; then `_split<P>` when `P`
+/// prologue cores quantise the rows ([`split`]), and `_pairs` when each output sums a weight's
+/// two passes.
 pub fn design_name(q: &QTiling) -> String {
     let pairs = if q.pairs { "_pairs" } else { "" };
-    format!("{}{pairs}", feed_name(q))
+    let split = if q.split > 0 { format!("_split{}", q.split) } else { String::new() };
+    format!("{}{split}{pairs}", feed_name(q))
 }
 
 fn feed_name(q: &QTiling) -> String {
@@ -401,6 +498,9 @@ pub fn gate_operand(q: &QTiling, (g, u): (&[f32], &[f32]), k: usize) -> Vec<f32>
 
 /// The design of a qgemv tiling.
 pub fn build(q: &QTiling) -> Design {
+    if q.split > 0 {
+        return split::build(q);
+    }
     let t = &q.tiling;
     let (parts, tiles) = q.parts_and_tiles();
     let dev = t.device;
@@ -420,6 +520,7 @@ pub fn build(q: &QTiling) -> Design {
             tiles,
             k_steps: parts,
             calls: calls.clone(),
+            prologue: false,
         })
         .collect();
     let mut functions = core_functions(q);
@@ -434,6 +535,7 @@ pub fn build(q: &QTiling) -> Design {
             input: sh.input,
             kept: q.feed.kept(),
             pairs: q.pairs,
+            split: 0,
         },
         name: design_name(q),
         tiling: t.clone(),
@@ -747,30 +849,34 @@ fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
 }
 
 /// The ops of a qgemv core's body.
-fn core_ops(d: &Design, core: &Core, (passes, kernel_rows, input, kept, pairs): CoreKind) -> Vec<CoreOp> {
+fn core_ops(d: &Design, core: &Core) -> Vec<CoreOp> {
+    let Kind::QGemv { passes, kernel_rows, input, kept, pairs, split } = d.kind else {
+        unreachable!("qgemv core bodies are printed for qgemv designs only")
+    };
     let t = &d.tiling;
     let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs };
     let o = Operands { sh, tile: core.tile, kept };
-    let mut ops = match input {
-        Input::Rows => prologue(core, &o),
-        Input::Norm => norm_prologue(core, &o),
-        Input::Gate => gate_prologue(core, &o),
+    if core.prologue {
+        return split::prologue_ops(d, core, (sh, split));
+    }
+    let mut ops = match (input, split) {
+        (_, 1..) => split::unpack_ops(core, &o, (d.tiling.padded.k / t.k, split)),
+        (Input::Rows, _) => prologue(core, &o),
+        (Input::Norm, _) => norm_prologue(core, &o),
+        (Input::Gate, _) => gate_prologue(core, &o),
     };
     ops.push(CoreOp::Tiles { body: tile_body(core, &o) });
     ops
 }
 
-/// What [`Kind::QGemv`] says of a core: passes, kernel rows, input, kept gate values, pairs.
-pub(crate) type CoreKind = (usize, usize, Input, bool, bool);
-
 /// A qgemv core's body in generic form, for its activation passes and kernel rows.
-pub(crate) fn generic_core(d: &Design, core: &Core, passes_rows: CoreKind, o: &mut String) {
+pub(crate) fn generic_core(d: &Design, core: &Core, o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = \"aie.core\"({}) ({{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = \"arith.constant\"() {{value = 0 : index}} : () -> index");
     let _ = writeln!(o, "      %c1 = \"arith.constant\"() {{value = 1 : index}} : () -> index");
     let _ = writeln!(o, "      %ctiles = \"arith.constant\"() {{value = {} : index}} : () -> index", core.tiles);
-    generic_ops(&core_ops(d, core, passes_rows), o, 6);
+    generic_ops(&core_ops(d, core), o, 6);
     let _ = writeln!(o, "      \"aie.end\"() : () -> ()");
     let _ = writeln!(o, "    }}) {{stack_size = {} : i32}} : (index) -> index", d.tiling.device.core_stack_bytes());
 }
@@ -808,12 +914,12 @@ fn generic_ops(ops: &[CoreOp], o: &mut String, pad: usize) {
 }
 
 /// A qgemv core's body in custom form.
-pub(crate) fn pretty_core(d: &Design, core: &Core, passes_rows: CoreKind, o: &mut String) {
+pub(crate) fn pretty_core(d: &Design, core: &Core, o: &mut String) {
     let (c, r) = core.tile;
     let _ = writeln!(o, "    %core_{c}_{r} = aie.core({}) {{", tile_var(core.tile));
     let _ = writeln!(o, "      %c0 = arith.constant 0 : index\n      %c1 = arith.constant 1 : index");
     let _ = writeln!(o, "      %ctiles = arith.constant {} : index", core.tiles);
-    pretty_ops(&core_ops(d, core, passes_rows), o, 6);
+    pretty_ops(&core_ops(d, core), o, 6);
     let _ = writeln!(o, "      aie.end");
     let _ = writeln!(o, "    }} {{stack_size = {} : i32}}", d.tiling.device.core_stack_bytes());
 }

@@ -38,6 +38,7 @@
 
 use crate::kernels::{idx, index_consts, lanes_of, memref, v, Carried, Function, Stmt};
 
+mod exchange;
 mod gate;
 mod gate_codes;
 mod norm;
@@ -45,6 +46,10 @@ mod norm_codes;
 mod norm_gemv;
 mod softfloat;
 
+pub use exchange::{
+    combine, maxima as exchange_maxima, pack as pack_slot, prologue_functions, share, unpack, Exchange, COMBINE, PACK,
+    SHARE, UNPACK,
+};
 pub use gate::{swiglu, GateShape, GATE};
 pub use gate_codes::{
     gate_codes, gate_functions, gate_max, gate_residual, gate_values, gu_ty, GATE_CODES, GATE_MAX, GATE_RESIDUAL,

@@ -17,6 +17,10 @@ use crate::device::{Device, DmaLimits};
 pub enum Rule {
     /// A FIFO has a depth and at least one consumer (`ObjectFifoCreateOp`).
     FifoEnds,
+    /// No FIFO's name is one mlir-aie gives the consumer end it splits off another FIFO
+    /// (`<name>_cons`, or `<name>_<i>_cons` for consumer `i` of several): the two would share a
+    /// symbol, and a core's uses of one become the other's.
+    FifoNames,
     /// No `dimensionsToStream` on a shim producer (`ObjectFifoCreateOp::verify`).
     ShimProducerLayout,
     /// A link names FIFOs, and is a join, a distribute or one-to-one, never both
@@ -87,6 +91,7 @@ impl Rule {
     pub fn name(self) -> &'static str {
         match self {
             Rule::FifoEnds => "fifo-ends",
+            Rule::FifoNames => "fifo-names",
             Rule::ShimProducerLayout => "shim-producer-layout",
             Rule::LinkKind => "link-kind",
             Rule::LinkOnce => "link-once",
@@ -229,6 +234,7 @@ pub fn check(d: &Design) -> Result<(), ResourceError> {
     check_core_calls(d)?;
     check_vector_widths(d)?;
     check_fifos(d)?;
+    check_fifo_names(d)?;
     check_links(d)?;
     check_producer_patterns(d)?;
     let mut tiles: Vec<Tile> = d.fifos.iter().flat_map(|f| f.consumers.iter().copied().chain([f.producer])).collect();
@@ -337,6 +343,29 @@ fn check_fifos(d: &Design) -> Result<(), ResourceError> {
         if f.producer.1 == Device::SHIM_ROW && !f.to_stream.is_empty() {
             let what = "a shim producer has no dimensionsToStream; lay the data out in the runtime DMA".into();
             return fail(d, Rule::ShimProducerLayout, fifo_subject(f), what);
+        }
+    }
+    Ok(())
+}
+
+/// The names mlir-aie gives the consumer ends it splits off `f` (every FIFO whose ends are on
+/// different tiles, as all of a design's are).
+fn consumer_end_names(f: &Fifo) -> Vec<String> {
+    match f.consumers.len() {
+        1 => vec![format!("{}_cons", f.name)],
+        n => (0..n).map(|i| format!("{}_{i}_cons", f.name)).collect(),
+    }
+}
+
+/// Every FIFO and every consumer end mlir-aie will split off has a name of its own.
+fn check_fifo_names(d: &Design) -> Result<(), ResourceError> {
+    let mut seen: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    for f in &d.fifos {
+        for name in std::iter::once(f.name.clone()).chain(consumer_end_names(f)) {
+            if let Some(other) = seen.insert(name.clone(), &f.name) {
+                let what = format!("{name} names both {other}'s and {}'s FIFO or consumer end", f.name);
+                return fail(d, Rule::FifoNames, fifo_subject(f), what);
+            }
         }
     }
     Ok(())

@@ -5,6 +5,7 @@ mod common;
 
 use codegen_aie::design::{self, check_pattern, Rule};
 use codegen_aie::interp::{self, InterpError};
+use codegen_aie::qgemv;
 use codegen_aie::tiling::{self, GemmShape, TilingError};
 use codegen_aie::Device;
 use common::{prove, run_text};
@@ -523,4 +524,19 @@ fn a_name_mlir_cannot_write_unquoted_or_arithmetic_on_wide_vectors_is_refused() 
     let err = refused(|d| d.functions.push(wide.unwrap()));
     assert_rule(&err, Rule::VectorWidth, "@n_irms");
     assert!(err.what.contains("vector<1x32xi32> (1024 bits)"), "{err}");
+}
+
+#[test]
+fn a_fifo_named_as_mlir_aies_consumer_end_of_another_is_an_error() {
+    // mlir-aie splits a broadcast FIFO `J` into consumer ends `J_0_cons`, `J_1_cons`, ...: a
+    // FIFO of the design called `J_0` has its own end `J_0_cons`, and a core's uses of one
+    // become the other's.
+    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (2, qgemv::Feed::Rows), 2).unwrap();
+    let mut d = qgemv::build(&q);
+    design::check(&d).unwrap();
+    let slot = d.fifos.iter().position(|f| f.name == "S_0").unwrap();
+    d.fifos[slot].name = "J_0".into();
+    let err = design::check(&d).unwrap_err();
+    assert_eq!(err.rule, Rule::FifoNames, "{err}");
+    assert!(err.to_string().contains("J_0_cons"), "{err}");
 }

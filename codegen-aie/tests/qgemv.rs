@@ -190,6 +190,51 @@ impl Case {
     }
 }
 
+/// What a split design's rows are, with what the rows operand carries besides them.
+#[derive(Clone, Copy)]
+enum Fed<'a> {
+    Rows,
+    Norm(&'a [f32], f32),
+    Gate(&'a [f32]),
+}
+
+impl Case {
+    /// A split design's answer ([`qgemv::split`]): the rows (`fed`) quantised by `cores`
+    /// prologue cores.
+    fn split_on_array(&self, device: Device, design_rows: usize, (cores, fed): (usize, Fed)) -> Vec<f32> {
+        let (rows, k, n) = self.dims;
+        let feed = match fed {
+            Fed::Rows => qgemv::Feed::Rows,
+            Fed::Norm(_, epsilon) => qgemv::Feed::Norm { epsilon },
+            Fed::Gate(_) => qgemv::Feed::Gate { kept: true },
+        };
+        let q = qgemv::choose_split(device, GemmShape { m: design_rows, k, n }, (self.passes, feed), cores).unwrap();
+        let d = qgemv::build(&q);
+        assert!(d.name.ends_with(&format!("_split{cores}")), "{}", d.name);
+        let x = match fed {
+            Fed::Gate(u) => qgemv::gate_operand(&q, (&self.x, u), k),
+            Fed::Norm(gamma, _) => qgemv::rows_operand(&q, (&self.x, k), Some(gamma)),
+            Fed::Rows => qgemv::rows_operand(&q, (&self.x, k), None),
+        };
+        let first_only = |c: usize| c >= n - self.first_only;
+        let w = qgemv::pack(&q, (&self.w, k, n), (0, n), &self.sw, &first_only);
+        let (out, stats) = interp::run_args(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let rounds = if matches!(fed, Fed::Norm(..)) { 2 } else { self.passes };
+        assert_eq!(stats.calls[qkernels::SHARE], (rounds * cores) as u64, "{}: each round of maxima", d.name);
+        let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
+        (0..rows).flat_map(|i| y[i * d.tiling.padded.n..i * d.tiling.padded.n + n].to_vec()).collect()
+    }
+}
+
+/// Equal bits, or both NaN.
+fn assert_same(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: output {i}: {g} against {w}");
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -279,6 +324,58 @@ fn rows_at_the_definitions_edges_equal_the_reference() {
     }
     assert!(want.iter().any(|v| v.is_nan()) || want.iter().any(|v| v.is_infinite()), "the edges reach the output");
     assert!(want.iter().any(|v| v.is_subnormal()), "a subnormal output");
+}
+
+#[test]
+fn a_prologue_split_across_cores_equals_the_programs_ops_bit_for_bit() {
+    for device in [Device::Npu1, Device::Npu2] {
+        for (passes, cores) in [(1, 2), (2, 3), (2, 4)] {
+            let case = Case::new((2, 576, 192), passes, 20, 40 + cores as u64);
+            let got = case.split_on_array(device, 2, (cores, Fed::Rows));
+            assert_eq!(bits(&got), bits(&case.reference()), "{device}: {passes} passes on {cores} cores");
+        }
+    }
+    // The edges in different slices: a row's maximum (or its infinity) in the last core's slice
+    // only, a NaN in the first's, a row of zeros in every slice.
+    let (rows, k, n) = (4, 96, 48);
+    let mut case = Case::new((rows, k, n), 2, 8, 13);
+    case.x[..k].fill(0.0);
+    case.x[k + k - 3] = 900.0;
+    case.x[2 * k + k - 1] = f32::INFINITY;
+    case.x[3 * k] = f32::NAN;
+    let want = case.reference();
+    for cores in [2, 3, 4] {
+        assert_same(&case.split_on_array(Device::Npu1, rows, (cores, Fed::Rows)), &want, &format!("{cores} cores"));
+    }
+}
+
+#[test]
+fn a_norms_and_a_gates_prologue_split_across_cores_equal_the_programs_ops_bit_for_bit() {
+    // A norm's row: its largest magnitude, its products' maximum and its squares' lanes come
+    // from every slice; a row of zeros, a NaN, an ∞ and an outlier in the last slice only.
+    let (rows, k, n) = (5, 576, 64);
+    let gamma = bfloat16_gamma(k, 5);
+    for (passes, cores) in [(1, 2), (2, 3), (2, 4)] {
+        let mut case = Case::new((rows, k, n), passes, 8, 50 + cores as u64);
+        case.x[k..2 * k].fill(0.0);
+        case.x[2 * k + k - 1] = 5000.0;
+        case.x[3 * k + 7] = f32::NAN;
+        case.x[4 * k + k - 2] = f32::INFINITY;
+        let want = case.norm_reference(&gamma, 1e-5);
+        let got = case.split_on_array(Device::Npu2, rows, (cores, Fed::Norm(&gamma, 1e-5)));
+        assert_same(&got, &want, &format!("norm, {passes} passes on {cores} cores"));
+    }
+    // A gate's rows: ∞·u, NaN, a zero row, the largest value in the last slice.
+    for (passes, cores) in [(1, 2), (2, 3), (2, 4)] {
+        let mut case = Case::new((rows, k, n), passes, 8, 60 + cores as u64);
+        let u = activations(rows * k, 61);
+        case.x[k..2 * k].fill(0.0);
+        case.x[2 * k + k - 1] = 40.0;
+        (case.x[3 * k + 3], case.x[4 * k + 4]) = (f32::NAN, f32::INFINITY);
+        let want = case.gate_reference(&u);
+        let got = case.split_on_array(Device::Npu1, rows, (cores, Fed::Gate(&u)));
+        assert_eq!(bits(&got), bits(&want), "gate, {passes} passes on {cores} cores");
+    }
 }
 
 /// γ of bfloat16 values over a few binades, as a norm weight's.
@@ -375,10 +472,17 @@ fn gate_fed_designs_equal_the_programs_gate_and_projection_bit_for_bit() {
 #[test]
 fn the_gate_fed_down_projections_of_smollm2_and_qwen3_have_designs_the_checker_and_mlir_accept() {
     // Decode's one row: SmolLM2's down projection (K 1,536) and a Qwen3-0.6B-shaped model's
-    // (3,072). `choose_gate` returns only a design the checker accepts: the gate's values kept
-    // in the cores (the rows stream once) where they fit beside the vector kernel's codes, else
-    // computed again a pass — Qwen3's two passes on npu2, whose 8-row codes of K 3,072 fill most
-    // of a core.
+    // (3,072). `choose_gate` returns only a design the checker accepts: unsplit, the gate's
+    // values kept in the cores (the rows stream once) where they fit beside the vector kernel's
+    // codes, else computed again a pass — Qwen3's two passes on npu2, whose 8-row codes of
+    // K 3,072 fill most of a core; split, the prologue cores keep their slices' values.
+    let unsplit = |device, shape, passes| {
+        [true, false]
+            .into_iter()
+            .filter_map(|kept| qgemv::choose_gate_with_values(device, shape, passes, kept).ok())
+            .min_by_key(|q| q.tiling.total_cycles)
+            .unwrap()
+    };
     let mut kept = vec![];
     for device in [Device::Npu1, Device::Npu2] {
         for (k, n) in [(1536, 576), (3072, 1024)] {
@@ -390,7 +494,8 @@ fn the_gate_fed_down_projections_of_smollm2_and_qwen3_have_designs_the_checker_a
                 assert!(matches!(d.kind, Kind::QGemv { input: qkernels::Input::Gate, .. }), "{}", d.name);
                 // Kept or not, the design's cores run the vector kernel.
                 assert_eq!(q.kernel_rows, device.micro_tile().0, "{}", d.name);
-                kept.push(q.feed.kept());
+                assert!(q.split > 0 || q.feed.kept(), "{}: values kept where the rows are quantised", d.name);
+                kept.push(unsplit(device, shape, passes).feed.kept());
             }
         }
     }
@@ -641,6 +746,16 @@ fn the_cost_models_prologue_and_epilogue_cycles_are_the_generated_codes_vector_o
             assert_eq!(qgemv::RESIDUAL_PASS_CYCLES_PER_ELEMENT, residual, "{ops:?}");
         }
     }
+}
+
+#[test]
+fn the_cost_models_exchange_cycles_are_the_generated_codes_operations() {
+    let ex = qkernels::Exchange { cores: 4, slice: 64, rows: 1, passes: 2, input: qkernels::Input::Rows };
+    let ops = |f: codegen_aie::kernels::Function| innermost_ops(f.body.as_ref().unwrap()) as u64;
+    assert_eq!(qgemv::COMBINE_CYCLES_PER_SLOT, ops(qkernels::combine(ex, 1)));
+    assert_eq!(qgemv::SHARE_CYCLES_PER_ROW, ops(qkernels::share(ex)));
+    let sh = cost_shape(2, qkernels::Input::Rows, false);
+    assert_eq!(qgemv::UNPACK_CYCLES_PER_BLOCK, ops(qkernels::unpack(ex, sh, 4)));
 }
 
 #[test]
