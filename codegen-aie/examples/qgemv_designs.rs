@@ -82,26 +82,26 @@ const MODELS: [Model; 2] = [
 /// attention's rows and the gate-fed down projection, each summing its weight's two passes on
 /// the cores, then the final norm-fed lm_head in the plan's column chunks — against the plan's
 /// GEMV designs, whose calls take codes the host quantised and return int32 products the host
-/// finishes (the host's share of either is not counted). The "split bound" is the chained
-/// token with each core's prologue cut to its share of the cores (the exchange of the row's
-/// maximum and codes not counted). Writes the chained designs too.
+/// finishes (the host's share of either is not counted). "prologue" is the share of the chained
+/// token's cycles its calls spend before their GEMV cores hold the codes. Writes the chained
+/// designs too.
 fn chained_decode(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!(
-        "\n{:<14} {:<5} {:>6} {:>14} {:>8} {:>14} {:>8} {:>14} {:>8}",
-        "decode", "", "calls", "chained cycles", "tok/s", "split bound", "tok/s", "GEMV cycles", "tok/s"
+        "\n{:<14} {:<5} {:>6} {:>14} {:>8} {:>9} {:>14} {:>8}",
+        "decode", "", "calls", "chained cycles", "tok/s", "prologue", "GEMV cycles", "tok/s"
     );
     for m in &MODELS {
         for device in [Device::Npu1, Device::Npu2] {
-            let (calls, cycles, split) = chained_token(m, device, out)?;
+            let (calls, cycles, prologue) = chained_token(m, device, out)?;
             let rate = |c: u64| 1.0 / (c as f64 / device.clock_hz() + calls as f64 * cost::DISPATCH_SECONDS);
             let gemv = gemv_token(m, device)?;
             let gemv_cycles = (gemv.decode_array_seconds * device.clock_hz()).round();
             println!(
-                "{:<14} {:<5} {calls:>6} {cycles:>14} {:>8.1} {split:>14} {:>8.1} {gemv_cycles:>14} {:>8.1}",
+                "{:<14} {:<5} {calls:>6} {cycles:>14} {:>8.1} {:>8.1}% {gemv_cycles:>14} {:>8.1}",
                 m.name,
                 device.to_string(),
                 rate(cycles),
-                rate(split),
+                100.0 * prologue as f64 / cycles as f64,
                 gemv.decode_tok_s
             );
         }
@@ -109,7 +109,7 @@ fn chained_decode(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Calls, cycles and the split-prologue bound of one chained token of `m` on `device`.
+/// Calls, cycles and prologue cycles of one chained token of `m` on `device`.
 fn chained_token(m: &Model, device: Device, out: &str) -> Result<(usize, u64, u64), Box<dyn std::error::Error>> {
     let chunks = plan::chunks(m.vocab, plan::DEFAULT_MAX_GEMV_COLS);
     let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
@@ -120,11 +120,10 @@ fn chained_token(m: &Model, device: Device, out: &str) -> Result<(usize, u64, u6
         (m.hidden, 2 * m.inter, norm),
         (m.inter, m.hidden, gate),
     ];
-    let cores = gemv::streams(device) as u64;
-    let (mut cycles, mut split) = (0u64, 0u64);
+    let (mut cycles, mut prologue) = (0u64, 0u64);
     let mut add = |q: &qgemv::QTiling, times: u64| {
         cycles += times * q.tiling.total_cycles;
-        split += times * (q.tiling.total_cycles - q.prologue_cycles + q.prologue_cycles / cores);
+        prologue += times * q.prologue_cycles;
     };
     for (k, n, feed) in layer {
         let q = qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?;
@@ -135,7 +134,7 @@ fn chained_token(m: &Model, device: Device, out: &str) -> Result<(usize, u64, u6
     for &(_, width) in &chunks {
         add(&qgemv::choose_norm(device, GemmShape { m: 1, k: m.hidden, n: width }, 2, 1e-6)?, 1);
     }
-    Ok((4 * m.layers + chunks.len(), cycles, split))
+    Ok((4 * m.layers + chunks.len(), cycles, prologue))
 }
 
 /// The cost model's decode prediction for `m`'s projections planned on `device`'s GEMV designs.

@@ -250,7 +250,10 @@ fn evaluate(
     };
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
-    let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc);
+    // A core's weight FIFO holds two elements: while the prologue runs, its stream stops once
+    // they are full, and the rest of it starts when the prologue ends.
+    let buffered = (2 * sh.w_rows() * k) as u64 / bpc;
+    let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc) + prologue.saturating_sub(buffered);
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
     Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue, split })
