@@ -24,7 +24,7 @@
 //! the host buffers (`padded.k = parts·k`, `padded.n = streams·tiles·n`), `k` one K part, `n` one
 //! core tile's columns.
 
-use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, SeqOp};
+use crate::design::{tile_var, Buffer, Core, Design, Elem, Fifo, Kind, Link, SeqOp};
 use crate::device::Device;
 use crate::gemv::{
     core_tile, first_checked, output_fifos, stream_fifos, stream_sequence, streams, tiles_used, tiling_of,
@@ -149,6 +149,9 @@ pub struct QTiling {
     pub prologue_cycles: u64,
     /// Prologue cores the quantisation is split across ([`split`]); 0: none.
     pub split: usize,
+    /// Elements of each weight stream its column's mem tile buffers on the way to the core, so
+    /// the stream runs on while the prologue does ([`stage_weights`]); 0: straight to the core.
+    pub staged: usize,
 }
 
 impl QTiling {
@@ -210,7 +213,7 @@ fn evaluate(
     device: Device,
     shape: GemmShape,
     (passes, feed, pairs): (usize, Feed, bool),
-    (n, min_parts, kr, split): (usize, usize, usize, usize),
+    (n, min_parts, kr, (split, stage)): (usize, usize, usize, (usize, bool)),
 ) -> Option<QTiling> {
     let input = feed.input();
     let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs }.x_rows();
@@ -250,13 +253,58 @@ fn evaluate(
     };
     let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
-    // A core's weight FIFO holds two elements: while the prologue runs, its stream stops once
-    // they are full, and the rest of it starts when the prologue ends.
-    let buffered = (2 * sh.w_rows() * k) as u64 / bpc;
-    let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc) + prologue.saturating_sub(buffered);
+    let (staged, stall) = staging(device, prologue, sh.w_rows() * k, stage);
+    let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc) + stall;
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue, split })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue, split, staged })
+}
+
+/// Most elements a weight stream's mem-tile buffer takes: both of a column's streams' buffers
+/// and their links' descriptors within the mem tile's 48.
+pub const MAX_STAGED: usize = 10;
+
+/// The mem-tile buffer of a weight stream of `elem` bytes an element (with `stage`, enough
+/// elements to run on through `prologue` cycles, at most [`MAX_STAGED`]; else none), and the
+/// cycles the stream still stops for: a core's weight FIFO holds two elements, and its stream
+/// stops once they and the mem tile's are full, until the prologue ends.
+fn staging(device: Device, prologue: u64, elem: usize, stage: bool) -> (usize, u64) {
+    let bpc = device.stream_bytes_per_cycle() as u64;
+    let needed = (prologue * bpc).div_ceil(elem as u64).saturating_sub(2) as usize;
+    let depth = if stage { needed.clamp(1, MAX_STAGED) } else { 0 };
+    let buffered = ((2 + depth) * elem) as u64 / bpc;
+    (depth, prologue.saturating_sub(buffered))
+}
+
+/// Puts each weight stream `W_<s>` through its column's mem tile: the shim fills `W_L3_<s>`
+/// (`q.staged` elements deep) and a link moves its elements on to the core; the runtime
+/// sequence's weight transfers go to `W_L3_<s>`.
+fn stage_weights(q: &QTiling, d: &mut Design) {
+    let depth = q.staged;
+    let mut staged = vec![];
+    for f in d.fifos.iter_mut().filter(|f| f.name.starts_with("W_") && f.producer.1 == Device::SHIM_ROW) {
+        let first = Fifo {
+            name: format!("W_L3_{}", &f.name[2..]),
+            consumers: vec![(f.producer.0, Device::MEM_TILE_ROW)],
+            depth,
+            ..f.clone()
+        };
+        f.producer = (f.producer.0, Device::MEM_TILE_ROW);
+        d.links.push(Link {
+            inputs: vec![first.name.clone()],
+            outputs: vec![f.name.clone()],
+            src_offsets: vec![],
+            dst_offsets: vec![],
+        });
+        staged.push((f.name.clone(), first));
+    }
+    for op in &mut d.seq {
+        let (SeqOp::Dma { fifo, .. } | SeqOp::Wait { fifo }) = op;
+        if let Some((_, first)) = staged.iter().find(|(name, _)| name == fifo) {
+            *fifo = first.name.clone();
+        }
+    }
+    d.fifos.extend(staged.into_iter().map(|(_, f)| f));
 }
 
 /// The cycles of a core's prologue over the whole row: `parts` K parts of `sh.k`.
@@ -417,10 +465,12 @@ fn choose_among(
         (fewest..=fewest + EXTRA_PARTS)
             .flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr)))
             .flat_map(move |(n, p, kr)| splits.clone().into_iter().map(move |s| (n, p, kr, s)))
+            .flat_map(|(n, p, kr, s)| [false, true].map(|staged| (n, p, kr, (s, staged))))
     });
     let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed, pairs), c)).collect();
     fits.dedup_by(|a, b| {
-        (a.tiling.k, a.tiling.n, a.kernel_rows, a.split) == (b.tiling.k, b.tiling.n, b.kernel_rows, b.split)
+        let key = |q: &QTiling| (q.tiling.k, q.tiling.n, q.kernel_rows, q.split, q.staged);
+        key(a) == key(b)
     });
     fits.sort_by(|a, b| {
         let (a, b) = (&a.tiling, &b.tiling);
@@ -433,12 +483,14 @@ fn choose_among(
 /// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
 /// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
 /// `gqgemv…`, ending `_kept` when its cores keep the gate's values; then `_split<P>` when `P`
-/// prologue cores quantise the rows ([`split`]), and `_pairs` when each output sums a weight's
-/// two passes.
+/// prologue cores quantise the rows ([`split`]), `_staged<D>` when each weight stream runs
+/// through a `D`-element mem-tile buffer, and `_pairs` when each output sums a weight's two
+/// passes.
 pub fn design_name(q: &QTiling) -> String {
     let pairs = if q.pairs { "_pairs" } else { "" };
     let split = if q.split > 0 { format!("_split{}", q.split) } else { String::new() };
-    format!("{}{split}{pairs}", feed_name(q))
+    let staged = if q.staged > 0 { format!("_staged{}", q.staged) } else { String::new() };
+    format!("{}{split}{staged}{pairs}", feed_name(q))
 }
 
 fn feed_name(q: &QTiling) -> String {
@@ -501,9 +553,14 @@ pub fn gate_operand(q: &QTiling, (g, u): (&[f32], &[f32]), k: usize) -> Vec<f32>
 
 /// The design of a qgemv tiling.
 pub fn build(q: &QTiling) -> Design {
-    if q.split > 0 {
-        return split::build(q);
+    let mut d = if q.split > 0 { split::build(q) } else { build_unsplit(q) };
+    if q.staged > 0 {
+        stage_weights(q, &mut d);
     }
+    d
+}
+
+fn build_unsplit(q: &QTiling) -> Design {
     let t = &q.tiling;
     let (parts, tiles) = q.parts_and_tiles();
     let dev = t.device;

@@ -65,8 +65,9 @@ pub enum Rule {
     /// Locks per tile: a pair per FIFO end, a pair per transfer at a join or distribute
     /// (`createObjectFifoLocks`; `getNumLocks`).
     Locks,
-    /// Buffer descriptors per tile and per mem-tile channel (`getNumBDs`,
-    /// `isBdChannelAccessible`; the stateful transform's one per buffer and transfer).
+    /// Buffer descriptors per tile, per mem-tile channel, and per half of a mem tile's: its
+    /// even channels take BDs 0–23, its odd ones 24–47 (`getNumBDs`, `isBdChannelAccessible`;
+    /// the stateful transform's one per buffer and transfer).
     Bds,
     /// A runtime DMA on a shim FIFO, word-aligned, within the shim descriptor's limits
     /// (`NpuDmaMemcpyNdOp::verify`, `verifyStridesWraps`).
@@ -555,6 +556,9 @@ struct TileUse {
     bds: usize,
     mm2s: usize,
     s2mm: usize,
+    /// Descriptors of the channels of even and of odd index: a mem tile's even channels take
+    /// BDs 0–23, its odd ones 24–47.
+    halves: [usize; 2],
 }
 
 /// What the FIFO ends at `t` use: at a link point the owner's buffers with a lock pair and a
@@ -597,11 +601,11 @@ fn tile_use(d: &Design, t: Tile) -> Result<TileUse, ResourceError> {
             return fail(d, Rule::Bds, tile_subject(t), what);
         }
         u.bds += bds;
-        if f.producer == t {
-            u.mm2s += 1;
-        } else {
-            u.s2mm += 1;
-        }
+        // mlir-aie gives a tile's FIFO ends their channels in declaration order, each direction
+        // from 0.
+        let channel = if f.producer == t { &mut u.mm2s } else { &mut u.s2mm };
+        u.halves[*channel % 2] += bds;
+        *channel += 1;
     }
     Ok(u)
 }
@@ -648,6 +652,14 @@ fn check_tile(d: &Design, t: Tile) -> Result<(), ResourceError> {
     }
     if u.locks > locks {
         return fail(d, Rule::Locks, subject(), format!("needs {} locks; it has {locks}", u.locks));
+    }
+    if t.1 == Device::MEM_TILE_ROW {
+        for (parity, &n) in ["even", "odd"].iter().zip(&u.halves) {
+            if n > bds / 2 {
+                let what = format!("its {parity} channels need {n} BDs; they share {} of its {bds}", bds / 2);
+                return fail(d, Rule::Bds, subject(), what);
+            }
+        }
     }
     if u.bds > bds {
         return fail(d, Rule::Bds, subject(), format!("needs {} BDs; it has {bds}", u.bds));

@@ -540,3 +540,24 @@ fn a_fifo_named_as_mlir_aies_consumer_end_of_another_is_an_error() {
     assert_eq!(err.rule, Rule::FifoNames, "{err}");
     assert!(err.to_string().contains("J_0_cons"), "{err}");
 }
+
+#[test]
+fn a_mem_tiles_channels_share_its_descriptors_by_halves() {
+    // Column 0's mem tile distributes the rows' slices and joins the slots beside its own core's
+    // weight stream and outputs; deepening the weight buffer runs out of the 24 BDs its
+    // channels' half shares.
+    let shape = GemmShape { m: 1, k: 1536, n: 576 };
+    let q = qgemv::choose_split(Device::Npu1, shape, (2, qgemv::Feed::Rows), 3).unwrap();
+    assert!(q.staged > 0, "{q:?}");
+    let mut d = qgemv::build(&q);
+    design::check(&d).unwrap();
+    let staged = d.fifos.iter().position(|f| f.name == "W_L3_0").unwrap();
+    let err = (q.staged..40)
+        .find_map(|depth| {
+            d.fifos[staged].depth = depth;
+            design::check(&d).err()
+        })
+        .unwrap();
+    assert_eq!(err.rule, Rule::Bds, "{err}");
+    assert!(err.to_string().contains("channels need"), "{err}");
+}

@@ -28,6 +28,9 @@ pub const PACK: &str = "q_pack";
 /// `q_unpack(%slots, %rs, %codes_<p>_<q>...)`: a GEMV core's row state and codes from the slots.
 pub const UNPACK: &str = "q_unpack";
 
+/// The alignment of a slot's lanes and of every slot: a 256-bit vector's bytes.
+const ALIGN: usize = 32;
+
 /// The exchange of `cores` prologue cores, each quantising `slice` of a row's K values over
 /// `rows` rows in `passes`, of rows that are `input`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,9 +53,11 @@ impl Exchange {
         }
     }
 
-    /// Where a norm's squares' lanes start in a slot (after the row state).
+    /// Where a norm's squares' lanes start in a slot: after the row state, on a 32-byte
+    /// boundary, as a group of lanes is one aligned 256-bit read (aievec lowers no unaligned
+    /// one of bytes).
     fn lanes_at(&self) -> usize {
-        4 * self.state_words() * self.rows
+        (4 * self.state_words() * self.rows).next_multiple_of(ALIGN)
     }
 
     /// Where pass `p`'s codes start in a slot: after the state and a norm's lanes.
@@ -61,9 +66,10 @@ impl Exchange {
         self.lanes_at() + lanes + p * self.rows * self.slice
     }
 
-    /// Bytes of one core's slot: the row state, a norm's lanes, each pass's `[rows, slice]` codes.
+    /// Bytes of one core's slot: the row state, a norm's lanes, each pass's `[rows, slice]`
+    /// codes, to a 32-byte boundary, so every slot's lanes are aligned as the first's.
     pub fn slot(&self) -> usize {
-        self.codes_at(self.passes)
+        self.codes_at(self.passes).next_multiple_of(ALIGN)
     }
 
     /// Rounds of the exchange: one a pass's maximum (a norm's second with its lanes, whatever
