@@ -561,3 +561,21 @@ fn a_mem_tiles_channels_share_its_descriptors_by_halves() {
     assert_eq!(err.rule, Rule::Bds, "{err}");
     assert!(err.to_string().contains("channels need"), "{err}");
 }
+
+#[test]
+fn a_prologue_core_that_never_sends_its_slot_hangs_every_core_and_is_an_error() {
+    // The exchange is a cycle (slots into the mem tile's join, the joined slots back to the
+    // cores that sent them): a core that keeps its first slot leaves the join waiting, so every
+    // core waits on the broadcast — the interpreter reports the hang rather than hanging.
+    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (1, qgemv::Feed::Rows), 2).unwrap();
+    let d = qgemv::build(&q);
+    let release = "\"aie.objectfifo.release\"() {objFifo_name = @S_0, port = 0 : i32, size = 1 : i32} : () -> ()";
+    let text = d.generic().replacen(release, "", 1);
+    assert_ne!(text, d.generic());
+    let x = vec![0.5f32; q.tiling.padded.m * q.tiling.padded.k];
+    let w = vec![1i8; d.args[1].0];
+    let args = [interp::Arg::F32(&x), interp::Arg::I8(&w)];
+    interp::run_args(&d.generic(), &args).unwrap();
+    let err = interp::run_args(&text, &args).unwrap_err();
+    assert!(err.to_string().contains("no element was produced"), "{err}");
+}
