@@ -10,7 +10,7 @@
 use crate::run_cmd::Speculation;
 use anyhow::{Context, Result};
 use runtime::bundle::Bundle;
-use runtime::exec::{Drafter, ExecOptions, Executor, SpeculationStats};
+use runtime::exec::{Drafter, ExecOptions, Executor, OpProfile, PhaseProfile, SpeculationStats};
 use runtime::kernels::wgemm::WGemmPrecision;
 use runtime::kvcache::KvStorage;
 use runtime::sample::Sampler;
@@ -63,6 +63,10 @@ pub struct Options {
     pub chat: bool,
     #[command(flatten)]
     pub speculate: crate::run_cmd::SpeculateArgs,
+    /// After the timed runs, one more run that times every op, and where the time goes: each op
+    /// kind's calls and milliseconds per decode token and per prefill (host executor).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 /// The synthetic prompt: ids cycled from 1 below `vocab`.
@@ -175,6 +179,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let offload = match o.backend.backend.as_str() {
         "openvino" => {
             anyhow::ensure!(drafter.is_none(), "--speculate runs on the host backend");
+            anyhow::ensure!(!o.profile, "--profile times the host executor's ops; OpenVINO runs its IR whole");
             return bench_openvino(&o, &bundle, &prompt);
         }
         "xrt" => Some(crate::xdna_run::xrt_offload(&bundle)?),
@@ -200,14 +205,70 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let (plain, spec) = measure(&mut exec, &prompt, &o, drafter.map(|d| (d, &bundle, options)))?;
     let memory = Memory::after_runs(&bundle, &exec);
     let moe_read = moe_bytes_per_decode_token(&mut exec, &prompt, o.gen_len)?;
+    let profile = if o.profile { Some(profile_run(&mut exec, &prompt, o.gen_len)?) } else { None };
     let host = Host { exec: &exec, precision, load_ms, prompt_len: prompt.len(), moe_read, memory };
     let speculation = drafter.map(|_| speculation_json(&plain, &spec));
     if o.json {
-        println!("{}", serde_json::to_string_pretty(&host_json(&o, &host, &plain, speculation))?);
+        let mut out = host_json(&o, &host, &plain, speculation);
+        if let Some(p) = &profile {
+            out["profile"] = profile_json(p);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_host(&o, &host, &plain, speculation.as_ref());
+        if let Some(p) = &profile {
+            print_profile(p);
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One untimed greedy run with every op timed (the rates above are the runs without the clock
+/// reads).
+fn profile_run(exec: &mut Executor, prompt: &[u32], gen_len: usize) -> Result<OpProfile> {
+    exec.reset()?;
+    exec.start_profile();
+    exec.generate_greedy(prompt, gen_len, &[], |_| {})?;
+    exec.take_profile().context("the profile stopped before the run ended")
+}
+
+/// Per phase: its steps and rows, and each op kind's calls and milliseconds, per decode token
+/// (decode) or for the whole prompt (prefill), with its share of the phase's op time.
+fn profile_json(p: &OpProfile) -> serde_json::Value {
+    let phase = |ph: &PhaseProfile| {
+        let per = if ph.phase == "decode" { ph.rows.max(1) as f64 } else { 1.0 };
+        let total = ph.seconds();
+        let ops: Vec<serde_json::Value> = ph
+            .ops
+            .iter()
+            .map(|op| {
+                json!({
+                    "op": op.kind, "calls": op.calls as f64 / per, "ms": op.seconds * 1e3 / per,
+                    "share": if total > 0.0 { op.seconds / total } else { 0.0 },
+                })
+            })
+            .collect();
+        json!({ "steps": ph.steps, "rows": ph.rows, "ms": total * 1e3 / per, "ops": ops })
+    };
+    json!({ "prefill": phase(&p.phases[0]), "decode_per_token": phase(&p.phases[1]) })
+}
+
+fn print_profile(p: &OpProfile) {
+    let v = profile_json(p);
+    for (key, title) in [("decode_per_token", "decode, per token"), ("prefill", "prefill, whole prompt")] {
+        let ph = &v[key];
+        println!("\nops, {title}: {:.3} ms", ph["ms"].as_f64().unwrap_or(0.0));
+        println!("{:<24} {:>8} {:>10} {:>7}", "op", "calls", "ms", "share");
+        for op in ph["ops"].as_array().into_iter().flatten() {
+            println!(
+                "{:<24} {:>8.1} {:>10.3} {:>6.1}%",
+                op["op"].as_str().unwrap_or("?"),
+                op["calls"].as_f64().unwrap_or(0.0),
+                op["ms"].as_f64().unwrap_or(0.0),
+                100.0 * op["share"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
 }
 
 /// What the report says about the host executor besides the rates.

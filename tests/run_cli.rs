@@ -547,6 +547,34 @@ fn npuc_bench_reports_median_min_max() {
     assert!(!ok && err.contains("--gen-len"), "{err}");
 }
 
+#[test]
+fn npuc_bench_profile_says_where_each_phase_spends_its_time() {
+    let dir = bundle_dir().to_str().unwrap();
+    let args = ["bench", dir, "--prompt-len", "8", "--gen-len", "4", "--repetitions", "1", "--profile", "--json"];
+    let (ok, out, err) = npuc(&args);
+    assert!(ok, "{err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let (prefill, decode) = (&r["profile"]["prefill"], &r["profile"]["decode_per_token"]);
+    // One prefill step of the prompt's 8 rows, then a step a generated token but the last.
+    assert_eq!((prefill["steps"].as_u64(), prefill["rows"].as_u64()), (Some(1), Some(8)), "{prefill}");
+    assert_eq!((decode["steps"].as_u64(), decode["rows"].as_u64()), (Some(3), Some(3)), "{decode}");
+    for phase in [prefill, decode] {
+        let ops = phase["ops"].as_array().unwrap();
+        let calls = |kind: &str| ops.iter().find(|o| o["op"] == kind).and_then(|o| o["calls"].as_f64());
+        // SmolLM2's projections: q, k, v, o, gate, up, down in each of 30 layers, and the lm_head;
+        // attention once a layer.
+        assert_eq!((calls("MatMul"), calls("Attention")), (Some(211.0), Some(30.0)), "{phase}");
+        let share: f64 = ops.iter().map(|o| o["share"].as_f64().unwrap()).sum();
+        let ms: f64 = ops.iter().map(|o| o["ms"].as_f64().unwrap()).sum();
+        assert!((share - 1.0).abs() < 1e-9, "shares sum to {share}");
+        assert!((ms - phase["ms"].as_f64().unwrap()).abs() < 1e-9 * ms.max(1.0), "{phase}");
+        let times: Vec<f64> = ops.iter().map(|o| o["ms"].as_f64().unwrap()).collect();
+        assert!(times.windows(2).all(|w| w[0] >= w[1]), "the longest first: {times:?}");
+    }
+    let (ok, _, err) = npuc(&["bench", dir, "--backend", "openvino", "--profile"]);
+    assert!(!ok && err.contains("--profile"), "{err}");
+}
+
 /// The memory section of `npuc bench --json` on fp32 SmolLM2 after 8 prompt + 4 generated
 /// tokens: the weights file as the file system sizes it; at least the 11 cached rows' K and V
 /// in f32 (30 layers, 3 KV heads of 64) in KV pages; a peak above the weights, which every decode

@@ -76,6 +76,7 @@ mod generate;
 mod mtp;
 pub mod packed;
 mod plan;
+mod profile;
 mod program;
 mod rollback;
 mod run;
@@ -86,6 +87,7 @@ pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
 pub use error::ExecError;
 pub use generate::{argmax, GenerateStats, SequenceOutput};
 pub use mtp::MtpDrafter;
+pub use profile::{OpProfile, OpTime, PhaseProfile};
 pub use program::PROGRAM_FORMAT;
 pub use speculate::{generate_speculative, Drafter, PromptLookup, SpeculationStats, VerifyBackend};
 
@@ -218,6 +220,8 @@ pub struct Executor<'b> {
     hidden_input: Vec<f32>,
     /// Whether steps compute the hidden states output when only it needs the ops (see `mtp`).
     hidden_output: bool,
+    /// Each op's time, while a profile records ([`Executor::start_profile`]).
+    profile: Option<Box<profile::Recorder>>,
 }
 
 /// Int8 GEMMs computed elsewhere: an NPU's array. The executor offers every `QGemm` call with its
@@ -287,6 +291,7 @@ impl<'b> Executor<'b> {
             moe_expert_bytes: 0,
             hidden_input: Vec::new(),
             hidden_output: false,
+            profile: None,
             plan,
             isa,
             pool: ThreadPool::new(options.threads),
@@ -366,6 +371,18 @@ impl<'b> Executor<'b> {
     /// Installs an offload for QGemm products (see [`GemmOffload`]).
     pub fn set_offload(&mut self, offload: Box<dyn GemmOffload>) {
         self.offload = Some(offload);
+    }
+
+    /// Starts recording each op's time in the steps from here on (anew if one was recording).
+    pub fn start_profile(&mut self) {
+        let kinds = self.plan.ops.iter().map(|(_, op)| profile::kind_of(op)).collect();
+        self.profile = Some(Box::new(profile::Recorder::new(kinds)));
+    }
+
+    /// The time of the steps since [`Executor::start_profile`], by phase and op kind; recording
+    /// stops.
+    pub fn take_profile(&mut self) -> Option<OpProfile> {
+        self.profile.take().map(|p| p.finish())
     }
 
     /// QGemm calls whose products the offload computed.

@@ -186,10 +186,17 @@ impl Executor<'_> {
             if self.skips_op(i) {
                 continue;
             }
+            let started = self.profile.is_some().then(std::time::Instant::now);
             if let Err(e) = self.run_op(i) {
                 self.row_states.clear();
                 return Err(e);
             }
+            if let (Some(p), Some(t)) = (self.profile.as_mut(), started) {
+                p.op(i, tokens.len(), t.elapsed());
+            }
+        }
+        if let Some(p) = self.profile.as_mut() {
+            p.step(tokens.len());
         }
         self.held[held_index].1 += tokens.len();
         Ok(())
