@@ -150,7 +150,7 @@ pub struct QTiling {
     /// Prologue cores the quantisation is split across ([`split`]); 0: none.
     pub split: usize,
     /// Elements of each weight stream its column's mem tile buffers on the way to the core, so
-    /// the stream runs on while the prologue does ([`stage_weights`]); 0: straight to the core.
+    /// the stream runs on while the prologue does (`stage_weights`); 0: straight to the core.
     pub staged: usize,
 }
 
