@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: qgemv_designs OUT_DIR".into());
     };
     std::fs::create_dir_all(&out)?;
-    println!("{:<30} {:>11} {:>11} {:>6}", "design", "cycles", "GEMV (8 rows)", "ratio");
+    println!("{:<40} {:>11} {:>11} {:>6}", "design", "cycles", "GEMV (8 rows)", "ratio");
     for device in [Device::Npu1, Device::Npu2] {
         for &(k, n) in &SHAPES {
             // The plan cuts a projection no GEMV design takes whole into narrower chunks.
@@ -49,8 +49,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
                 let cycles = q.tiling.total_cycles;
                 match plain {
-                    Some(p) => println!("{:<30} {cycles:>11} {p:>11} {:>6.2}", d.name, cycles as f64 / p as f64),
-                    None => println!("{:<30} {cycles:>11} {:>11} {:>6}", d.name, "-", "-"),
+                    Some(p) => println!("{:<40} {cycles:>11} {p:>11} {:>6.2}", d.name, cycles as f64 / p as f64),
+                    None => println!("{:<40} {cycles:>11} {:>11} {:>6}", d.name, "-", "-"),
                 }
             }
         }
@@ -161,7 +161,7 @@ fn gemv_token(m: &Model, device: Device) -> Result<cost::Prediction, Box<dyn std
 /// epilogue (`_pairs`: N outputs from 2N weight columns), beside the norm-fed design that
 /// returns the 2N columns for the host to add, and the gate-fed down projections likewise.
 fn pairs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    println!("\n{:<42} {:>11} {:>11} {:>6}", "pairs design", "cycles", "2N columns", "ratio");
+    println!("\n{:<52} {:>11} {:>11} {:>6}", "pairs design", "cycles", "2N columns", "ratio");
     let feeds =
         [(&NORM_FED[..], qgemv::Feed::Norm { epsilon: 1e-5 }), (&GATE_FED[..], qgemv::Feed::Gate { kept: true })];
     for device in [Device::Npu1, Device::Npu2] {
@@ -176,7 +176,7 @@ fn pairs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
                 _ => qgemv::choose_gate(device, wide, 2)?,
             };
             let (cycles, plain) = (q.tiling.total_cycles, plain.tiling.total_cycles);
-            println!("{:<42} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
+            println!("{:<52} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
         }
     }
     Ok(())
@@ -193,7 +193,7 @@ const GATE_FED: [(usize, usize); 2] = [(1536, 576), (3072, 1024)];
 /// the others, with their predicted cycles beside the qgemv design's that takes the normalised
 /// row or the gate's output.
 fn norm_fed(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    println!("\n{:<36} {:>11} {:>11} {:>6}", "norm- or gate-fed design", "cycles", "qgemv", "ratio");
+    println!("\n{:<50} {:>11} {:>11} {:>6}", "norm- or gate-fed design", "cycles", "qgemv", "ratio");
     type Choose = fn(Device, GemmShape, usize) -> Result<qgemv::QTiling, codegen_aie::tiling::TilingError>;
     let norm: Choose = |device, shape, passes| qgemv::choose_norm(device, shape, passes, 1e-5);
     let fed: [(&[(usize, usize)], Choose); 2] = [(&NORM_FED, norm), (&GATE_FED, qgemv::choose_gate)];
@@ -207,7 +207,7 @@ fn norm_fed(out: &str) -> Result<(), Box<dyn std::error::Error>> {
                 std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
                 let (cycles, plain) =
                     (q.tiling.total_cycles, qgemv::choose(device, shape, passes)?.tiling.total_cycles);
-                println!("{:<36} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
+                println!("{:<50} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
             }
         }
     }
