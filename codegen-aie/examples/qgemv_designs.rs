@@ -246,6 +246,7 @@ fn prologues(out: &str) -> Result<(), Box<dyn std::error::Error>> {
         kernel_rows: 1,
         input: qkernels::Input::Rows,
         pairs: false,
+        stacked: false,
     };
     let dequant = qkernels::DEQUANT;
     let plain = qkernels::functions(sh).into_iter().filter(|f| f.name != dequant);

@@ -152,6 +152,8 @@ pub enum Kind {
         /// Prologue cores the quantisation is split across (0: every core quantises the whole
         /// row itself).
         split: usize,
+        /// Both passes' codes as rows of one buffer and one GEMV call ([`crate::qkernels::Shape::stacked`]).
+        stacked: bool,
     },
 }
 

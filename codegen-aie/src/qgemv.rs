@@ -97,7 +97,7 @@ pub const SHARE_CYCLES_PER_ROW: u64 = 80;
 
 /// Cycles per [`crate::qkernels::LANES`] codes a GEMV core of a split design takes from the
 /// slots into its codes buffers ([`crate::qkernels::unpack`]), counted as above.
-pub const UNPACK_CYCLES_PER_BLOCK: u64 = 8;
+pub const UNPACK_CYCLES_PER_BLOCK: u64 = 9;
 
 /// Cycles of one int8 product-and-sum in the GEMV kernel's scalar form (rows that are no whole
 /// number of micro-tile rows), an assumption: two loads, two widenings, a product and a sum.
@@ -152,13 +152,15 @@ pub struct QTiling {
     /// Elements of each weight stream its column's mem tile buffers on the way to the core, so
     /// the stream runs on while the prologue does (`stage_weights`); 0: straight to the core.
     pub staged: usize,
+    /// Both passes' codes in one buffer and one GEMV call ([`Shape::stacked`]; split designs).
+    pub stacked: bool,
 }
 
 impl QTiling {
     fn shape(&self) -> Shape {
         let t = &self.tiling;
         let (passes, kernel_rows, input, pairs) = (self.passes, self.kernel_rows, self.feed.input(), self.pairs);
-        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs }
+        Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs, stacked: self.stacked }
     }
 
     /// K parts and output tiles per core.
@@ -202,8 +204,8 @@ fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize, split: Op
         + 2 * sh.w_rows() * k
         + 2 * rows * n * 4
         + (state + squares) * rows * 4
-        + sh.passes * parts * rows * k
-        + sh.passes * rows * sh.w_cols() * 4
+        + sh.buffered_passes() * parts * sh.kernel_rows * k
+        + sh.buffered_passes() * sh.kernel_rows * sh.w_cols() * 4
         + device.core_stack_bytes()
 }
 
@@ -213,12 +215,15 @@ fn evaluate(
     device: Device,
     shape: GemmShape,
     (passes, feed, pairs): (usize, Feed, bool),
-    (n, min_parts, kr, (split, stage)): (usize, usize, usize, (usize, bool)),
+    (n, min_parts, kr, (split, stage, stacked)): (usize, usize, usize, (usize, bool, bool)),
 ) -> Option<QTiling> {
     let input = feed.input();
-    let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs }.x_rows();
+    let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs, stacked }.x_rows();
     let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, input), shape.k, min_parts));
-    let sh = Shape { rows, k, n, passes, kernel_rows: kr, input, pairs };
+    let sh = Shape { rows, k, n, passes, kernel_rows: kr, input, pairs, stacked };
+    if stacked && (split == 0 || passes < 2 || kr < passes * rows) {
+        return None;
+    }
     if k < qkernels::MIN_K {
         return None;
     }
@@ -251,13 +256,14 @@ fn evaluate(
         (true, false) => NORM_EPILOGUE_CYCLES_PER_ELEMENT,
         (norm, true) => PAIRS_EPILOGUE_CYCLES_PER_ELEMENT[usize::from(norm)],
     };
-    let per_tile = (passes * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
+    let per_tile = (sh.buffered_passes() * parts) as u64 * per_call + (rows * n) as u64 * epilogue[passes - 1];
     let compute_cycles = prologue + tiles as u64 * per_tile;
     let (staged, stall) = staging(device, prologue, sh.w_rows() * k, stage);
     let dma_cycles = (weight_bytes + x_bytes).div_ceil(bpc) + stall;
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles: prologue, split, staged })
+    let prologue_cycles = prologue;
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles, split, staged, stacked })
 }
 
 /// Most elements a weight stream's mem-tile buffer takes: both of a column's streams' buffers
@@ -414,22 +420,26 @@ fn choose_with(device: Device, shape: GemmShape, how: (usize, Feed, bool)) -> Re
 }
 
 /// [`choose`] for rows that are `feed` (a gate's values kept) with the quantisation split
-/// across `cores` prologue cores ([`split`]), 2 to [`split::MAX_CORES`]: the fastest such tiling,
-/// whether or not an unsplit one is faster.
+/// across `cores` prologue cores ([`split`]), 2 to [`split::MAX_CORES`], the passes' codes
+/// `stacked` or not ([`Shape::stacked`], two passes): the fastest such tiling, whether or not
+/// another is faster.
 pub fn choose_split(
     device: Device,
     shape: GemmShape,
     (passes, feed): (usize, Feed),
-    cores: usize,
+    (cores, stacked): (usize, bool),
 ) -> Result<QTiling, TilingError> {
     if !(2..=split::MAX_CORES).contains(&cores) || feed == (Feed::Gate { kept: false }) {
         let reason = format!("a split prologue takes 2 to {} cores and keeps a gate's values", split::MAX_CORES);
         return Err(TilingError::NothingFits { shape, device, reason });
     }
+    takes(device, shape)?;
     if let Feed::Norm { .. } = feed {
         norm_k(device, shape)?;
     }
-    choose_among(device, shape, (passes, feed, false), Some(cores))
+    let fits = candidates(device, shape, (passes, feed, false), Some(cores));
+    let fits = fits.into_iter().filter(|q| q.stacked == stacked).collect();
+    first_checked(fits, build, (shape, device))
 }
 
 /// The fastest tiling that passes every check, with `only_split` prologue cores if given (0:
@@ -437,9 +447,60 @@ pub fn choose_split(
 fn choose_among(
     device: Device,
     shape: GemmShape,
-    (passes, feed, pairs): (usize, Feed, bool),
+    how: (usize, Feed, bool),
     only_split: Option<usize>,
 ) -> Result<QTiling, TilingError> {
+    takes(device, shape)?;
+    first_checked(candidates(device, shape, how, only_split), build, (shape, device))
+}
+
+/// Every tiling that fits, the fewest predicted cycles first (then the least padding), with
+/// `only_split` prologue cores if given.
+fn candidates(
+    device: Device,
+    shape: GemmShape,
+    (passes, feed, pairs): (usize, Feed, bool),
+    only_split: Option<usize>,
+) -> Vec<QTiling> {
+    let (r, _, t) = device.micro_tile();
+    let x_rows =
+        Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input(), pairs, stacked: false }
+            .x_rows();
+    let fewest = k_parts(device, (x_rows, feed.input()), shape.k, 1).0;
+    let stacked_rows = passes * shape.m;
+    // Kernel rows with the passes apart and (split designs only) stacked.
+    let kernel_rows = [
+        (shape.m.next_multiple_of(r), false),
+        (shape.m, false),
+        (stacked_rows.next_multiple_of(r), true),
+        (stacked_rows, true),
+    ];
+    let splits: Vec<usize> = match (feed, only_split) {
+        (Feed::Gate { kept: false }, _) | (_, Some(0)) => vec![0],
+        (_, Some(cores)) => vec![cores],
+        (_, None) => [0].into_iter().chain(2..=split::MAX_CORES).collect(),
+    };
+    let candidates = (t..=MAX_TILE_COLS).step_by(t).flat_map(|n| {
+        let splits = splits.clone();
+        (fewest..=fewest + EXTRA_PARTS)
+            .flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr)))
+            .flat_map(move |(n, p, kr)| splits.clone().into_iter().map(move |s| (n, p, kr, s)))
+            .flat_map(|(n, p, (kr, stacked), s)| [false, true].map(|staged| (n, p, kr, (s, staged, stacked))))
+    });
+    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed, pairs), c)).collect();
+    fits.dedup_by(|a, b| {
+        let key = |q: &QTiling| (q.tiling.k, q.tiling.n, q.kernel_rows, q.split, q.staged, q.stacked);
+        key(a) == key(b)
+    });
+    fits.sort_by(|a, b| {
+        let (a, b) = (&a.tiling, &b.tiling);
+        a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n))
+    });
+    fits
+}
+
+/// A shape a qgemv design can take: not empty, K at least [`qkernels::MIN_K`].
+fn takes(device: Device, shape: GemmShape) -> Result<(), TilingError> {
     if shape.m == 0 || shape.k == 0 || shape.n == 0 {
         return Err(TilingError::Empty { shape });
     }
@@ -451,46 +512,23 @@ fn choose_among(
         );
         return Err(TilingError::NothingFits { shape, device, reason });
     }
-    let (r, _, t) = device.micro_tile();
-    let x_rows = Shape { rows: shape.m, k: 0, n: 0, passes, kernel_rows: 0, input: feed.input(), pairs }.x_rows();
-    let fewest = k_parts(device, (x_rows, feed.input()), shape.k, 1).0;
-    let kernel_rows = [shape.m.next_multiple_of(r), shape.m];
-    let splits: Vec<usize> = match (feed, only_split) {
-        (Feed::Gate { kept: false }, _) | (_, Some(0)) => vec![0],
-        (_, Some(cores)) => vec![cores],
-        (_, None) => [0].into_iter().chain(2..=split::MAX_CORES).collect(),
-    };
-    let candidates = (t..=MAX_TILE_COLS).step_by(t).flat_map(|n| {
-        let splits = splits.clone();
-        (fewest..=fewest + EXTRA_PARTS)
-            .flat_map(move |p| kernel_rows.map(move |kr| (n, p, kr)))
-            .flat_map(move |(n, p, kr)| splits.clone().into_iter().map(move |s| (n, p, kr, s)))
-            .flat_map(|(n, p, kr, s)| [false, true].map(|staged| (n, p, kr, (s, staged))))
-    });
-    let mut fits: Vec<QTiling> = candidates.filter_map(|c| evaluate(device, shape, (passes, feed, pairs), c)).collect();
-    fits.dedup_by(|a, b| {
-        let key = |q: &QTiling| (q.tiling.k, q.tiling.n, q.kernel_rows, q.split, q.staged);
-        key(a) == key(b)
-    });
-    fits.sort_by(|a, b| {
-        let (a, b) = (&a.tiling, &b.tiling);
-        a.total_cycles.cmp(&b.total_cycles).then(a.padded.n.cmp(&b.padded.n))
-    });
-    first_checked(fits, build, (shape, device))
+    Ok(())
 }
 
 /// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, for a norm-fed design
 /// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
 /// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
 /// `gqgemv…`, ending `_kept` when its cores keep the gate's values; then `_split<P>` when `P`
-/// prologue cores quantise the rows ([`split`]), `_staged<D>` when each weight stream runs
+/// prologue cores quantise the rows ([`split`]), `_stacked` when both passes' codes share a
+/// buffer and a GEMV call ([`Shape::stacked`]), `_staged<D>` when each weight stream runs
 /// through a `D`-element mem-tile buffer, and `_pairs` when each output sums a weight's two
 /// passes.
 pub fn design_name(q: &QTiling) -> String {
     let pairs = if q.pairs { "_pairs" } else { "" };
     let split = if q.split > 0 { format!("_split{}", q.split) } else { String::new() };
     let staged = if q.staged > 0 { format!("_staged{}", q.staged) } else { String::new() };
-    format!("{}{split}{staged}{pairs}", feed_name(q))
+    let stacked = if q.stacked { "_stacked" } else { "" };
+    format!("{}{split}{stacked}{staged}{pairs}", feed_name(q))
 }
 
 fn feed_name(q: &QTiling) -> String {
@@ -596,6 +634,7 @@ fn build_unsplit(q: &QTiling) -> Design {
             kept: q.feed.kept(),
             pairs: q.pairs,
             split: 0,
+            stacked: false,
         },
         name: design_name(q),
         tiling: t.clone(),
@@ -627,7 +666,7 @@ fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec
         })),
         Input::Rows => {}
     }
-    for p in 0..sh.passes {
+    for p in 0..sh.buffered_passes() {
         for q in 0..parts {
             let shape = vec![sh.kernel_rows, sh.k];
             b.push(Buffer { tile, name: format!("codes_{c}_{r}_{p}_{q}"), shape, elem: Elem::I8 });
@@ -892,13 +931,14 @@ fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
     let sh = o.sh;
     let y = ("%y_buf".to_string(), sh.y_ty());
     let mut body = vec![CoreOp::Acquire { res: "%y".into(), fifo: core.c.clone(), produce: true, ty: sh.y_ty() }];
-    body.extend((0..sh.passes).map(|p| call(GEMV_ZERO, vec![o.acc(p)])));
+    let passes = sh.buffered_passes();
+    body.extend((0..passes).map(|p| call(GEMV_ZERO, vec![o.acc(p)])));
     for q in 0..core.k_steps {
         let w = (format!("%w{q}_buf"), sh.w_ty());
         body.push(CoreOp::Acquire { res: format!("%w{q}"), fifo: core.b.clone(), produce: false, ty: sh.w_ty() });
-        body.extend((0..sh.passes).map(|p| call(GEMV, vec![o.codes(p, q), w.clone(), o.acc(p)])));
+        body.extend((0..passes).map(|p| call(GEMV, vec![o.codes(p, q), w.clone(), o.acc(p)])));
         if q + 1 == core.k_steps {
-            let mut args: Vec<Operand> = (0..sh.passes).map(|p| o.acc(p)).collect();
+            let mut args: Vec<Operand> = (0..passes).map(|p| o.acc(p)).collect();
             args.extend([o.rs(), w.clone(), y.clone()]);
             body.push(call(qkernels::DEQUANT, args));
         }
@@ -910,11 +950,11 @@ fn tile_body(core: &Core, o: &Operands) -> Vec<CoreOp> {
 
 /// The ops of a qgemv core's body.
 fn core_ops(d: &Design, core: &Core) -> Vec<CoreOp> {
-    let Kind::QGemv { passes, kernel_rows, input, kept, pairs, split } = d.kind else {
+    let Kind::QGemv { passes, kernel_rows, input, kept, pairs, split, stacked } = d.kind else {
         unreachable!("qgemv core bodies are printed for qgemv designs only")
     };
     let t = &d.tiling;
-    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs };
+    let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs, stacked };
     let o = Operands { sh, tile: core.tile, kept };
     if core.prologue {
         return split::prologue_ops(d, core, (sh, split));

@@ -119,6 +119,10 @@ pub struct Shape {
     pub kernel_rows: usize,
     pub input: Input,
     pub pairs: bool,
+    /// With two passes, both passes' codes as rows of one buffer (pass `p`'s row `i` at row
+    /// `p·rows + i` of `kernel_rows ≥ 2·rows`), which one GEMV call a K part multiplies into one
+    /// accumulator: half the codes' memory and calls of decode's one row.
+    pub stacked: bool,
 }
 
 /// What a qgemv core's `X` elements carry, and so what its prologue computes from them.
@@ -153,6 +157,14 @@ impl Shape {
     /// magnitude and `1/rms` (slots 4 and 5).
     pub fn rs_ty(&self) -> String {
         memref(&[if self.input == Input::Norm { 6 } else { 4 }, self.rows], "f32")
+    }
+    /// Passes with codes buffers and accumulators of their own: one when [`Shape::stacked`].
+    pub fn buffered_passes(&self) -> usize {
+        if self.stacked {
+            1
+        } else {
+            self.passes
+        }
     }
     pub fn codes_ty(&self) -> String {
         memref(&[self.kernel_rows, self.k], "i8")
@@ -687,7 +699,12 @@ fn first_only_flags(c: &mut Code, sh: Shape, w_ty: &str, pad8: &str) -> String {
 /// scale is a power of two, or with a norm any f32 (`S₀·r`).
 fn product(c: &mut Code, (sh, j): (Shape, &str), (acc, pass): (&str, usize), sw: &str, pad32: &str) -> String {
     let vi = lanes("i32");
-    let a = c.read_block((acc, &sh.acc_ty()), "i32", ["%i", j], (pad32, LANES));
+    // Stacked, every pass's products are rows of the one accumulator.
+    let (acc, row) = match sh.stacked {
+        true => ("acc0", c.bin("addi", "%i", &idx(pass * sh.rows), "index")),
+        false => (acc, "%i".to_string()),
+    };
+    let a = c.read_block((acc, &sh.acc_ty()), "i32", [&row, j], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
     let m = if sh.input == Input::Norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
@@ -705,6 +722,7 @@ pub fn dequant(sh: Shape) -> Function {
     let scale_rows = sh.w_cols().div_ceil(scales_per_row(sh.k));
     let index_values =
         [0, 1, 2, 3, 4, sh.rows, sh.k, sh.n, sh.w_cols(), LANES, scales_per_row(sh.k), sh.n + scale_rows];
+    let index_values = [&index_values[..], &[sh.rows * sh.passes]].concat();
     let mut c = Code::new(&index_values);
     let (pad8, pad32) = (c.iconst(0, "i8"), c.iconst(0, "i32"));
     c.each_by("j", (sh.n, LANES), |c| {
@@ -739,7 +757,7 @@ pub fn dequant(sh: Shape) -> Function {
         });
     });
     let mut params = vec![(v("acc0"), acc_ty.clone())];
-    if sh.passes > 1 {
+    if sh.passes > 1 && !sh.stacked {
         params.push((v("acc1"), acc_ty));
     }
     params.extend([(v("rs"), rs_ty), (v("w"), w_ty), (v("y"), y_ty)]);

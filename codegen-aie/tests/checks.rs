@@ -531,7 +531,8 @@ fn a_fifo_named_as_mlir_aies_consumer_end_of_another_is_an_error() {
     // mlir-aie splits a broadcast FIFO `J` into consumer ends `J_0_cons`, `J_1_cons`, ...: a
     // FIFO of the design called `J_0` has its own end `J_0_cons`, and a core's uses of one
     // become the other's.
-    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (2, qgemv::Feed::Rows), 2).unwrap();
+    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (2, qgemv::Feed::Rows), (2, false))
+        .unwrap();
     let mut d = qgemv::build(&q);
     design::check(&d).unwrap();
     let slot = d.fifos.iter().position(|f| f.name == "S_0").unwrap();
@@ -547,7 +548,7 @@ fn a_mem_tiles_channels_share_its_descriptors_by_halves() {
     // weight stream and outputs; deepening the weight buffer runs out of the 24 BDs its
     // channels' half shares.
     let shape = GemmShape { m: 1, k: 1536, n: 576 };
-    let q = qgemv::choose_split(Device::Npu1, shape, (2, qgemv::Feed::Rows), 3).unwrap();
+    let q = qgemv::choose_split(Device::Npu1, shape, (2, qgemv::Feed::Rows), (3, false)).unwrap();
     assert!(q.staged > 0, "{q:?}");
     let mut d = qgemv::build(&q);
     design::check(&d).unwrap();
@@ -567,7 +568,8 @@ fn a_prologue_core_that_never_sends_its_slot_hangs_every_core_and_is_an_error() 
     // The exchange is a cycle (slots into the mem tile's join, the joined slots back to the
     // cores that sent them): a core that keeps its first slot leaves the join waiting, so every
     // core waits on the broadcast — the interpreter reports the hang rather than hanging.
-    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (1, qgemv::Feed::Rows), 2).unwrap();
+    let q = qgemv::choose_split(Device::Npu1, GemmShape { m: 1, k: 576, n: 576 }, (1, qgemv::Feed::Rows), (2, false))
+        .unwrap();
     let d = qgemv::build(&q);
     let release = "\"aie.objectfifo.release\"() {objFifo_name = @S_0, port = 0 : i32, size = 1 : i32} : () -> ()";
     let text = d.generic().replacen(release, "", 1);

@@ -57,7 +57,8 @@ fn rows(d: usize, seed: u64) -> Vec<Pair> {
 /// The core functions on `rows`, K part by K part: codes (pass by pass, row by row) and scales.
 fn run(rows: &[Pair], (k, passes): (usize, usize)) -> (Vec<i8>, Vec<f32>) {
     let (m, d) = (rows.len(), rows[0].0.len());
-    let sh = Shape { rows: m, k, n: 8, passes, kernel_rows: m, input: qkernels::Input::Gate, pairs: false };
+    let sh =
+        Shape { rows: m, k, n: 8, passes, kernel_rows: m, input: qkernels::Input::Gate, pairs: false, stacked: false };
     let text: String = gate_functions(sh).iter().map(|f| f.generic(2)).collect();
     let funcs = interp::module_functions(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n"), true).unwrap();
     // A gu element (the gate rows' part, then the up rows') into the gate's values.
@@ -120,7 +121,16 @@ fn the_test_rows_reach_every_case_of_the_definition() {
 
 #[test]
 fn the_functions_verify_as_mlir() {
-    let sh = Shape { rows: 2, k: 32, n: 8, passes: 2, kernel_rows: 4, input: qkernels::Input::Gate, pairs: false };
+    let sh = Shape {
+        rows: 2,
+        k: 32,
+        n: 8,
+        passes: 2,
+        kernel_rows: 4,
+        input: qkernels::Input::Gate,
+        pairs: false,
+        stacked: false,
+    };
     let text: String = gate_functions(sh).iter().map(|f| f.generic(2)).collect();
     mlir::verify_generic(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n")).unwrap();
 }

@@ -79,7 +79,8 @@ fn small_remainder(d: usize) -> (Vec<f32>, u64) {
 /// The core functions on `rows`, K part by K part: codes (pass by pass, row by row) and scales.
 fn run(rows: &[Vec<f32>], gamma: &[f32], (k, passes): (usize, usize)) -> (Vec<i8>, Vec<f32>) {
     let (m, d) = (rows.len(), gamma.len());
-    let sh = Shape { rows: m, k, n: 8, passes, kernel_rows: m, input: qkernels::Input::Norm, pairs: false };
+    let sh =
+        Shape { rows: m, k, n: 8, passes, kernel_rows: m, input: qkernels::Input::Norm, pairs: false, stacked: false };
     let text: String = product_functions(sh).iter().map(|f| f.generic(2)).collect();
     let funcs = interp::module_functions(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n"), true).unwrap();
     // An X element: the rows' part, then γ's.
@@ -137,7 +138,16 @@ fn the_test_rows_reach_every_case_of_the_definition() {
 
 #[test]
 fn the_functions_verify_as_mlir() {
-    let sh = Shape { rows: 2, k: 32, n: 8, passes: 2, kernel_rows: 4, input: qkernels::Input::Norm, pairs: false };
+    let sh = Shape {
+        rows: 2,
+        k: 32,
+        n: 8,
+        passes: 2,
+        kernel_rows: 4,
+        input: qkernels::Input::Norm,
+        pairs: false,
+        stacked: false,
+    };
     let text: String = product_functions(sh).iter().map(|f| f.generic(2)).collect();
     mlir::verify_generic(&format!("\"builtin.module\"() ({{\n{text}}}) : () -> ()\n")).unwrap();
 }

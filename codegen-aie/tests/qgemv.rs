@@ -200,7 +200,8 @@ enum Fed<'a> {
 
 impl Case {
     /// A split design's answer ([`qgemv::split`]): the rows (`fed`) quantised by `cores`
-    /// prologue cores.
+    /// prologue cores; with two passes, both passes' codes stacked in one GEMV call when
+    /// `cores` is even.
     fn split_on_array(&self, device: Device, design_rows: usize, (cores, fed): (usize, Fed)) -> Vec<f32> {
         let (rows, k, n) = self.dims;
         let feed = match fed {
@@ -208,9 +209,12 @@ impl Case {
             Fed::Norm(_, epsilon) => qgemv::Feed::Norm { epsilon },
             Fed::Gate(_) => qgemv::Feed::Gate { kept: true },
         };
-        let q = qgemv::choose_split(device, GemmShape { m: design_rows, k, n }, (self.passes, feed), cores).unwrap();
+        let stacked = self.passes > 1 && cores % 2 == 0;
+        let shape = GemmShape { m: design_rows, k, n };
+        let q = qgemv::choose_split(device, shape, (self.passes, feed), (cores, stacked)).unwrap();
         let d = qgemv::build(&q);
         assert!(d.name.contains(&format!("_split{cores}")), "{}", d.name);
+        assert_eq!(stacked, d.name.contains("_stacked"), "{}", d.name);
         let x = match fed {
             Fed::Gate(u) => qgemv::gate_operand(&q, (&self.x, u), k),
             Fed::Norm(gamma, _) => qgemv::rows_operand(&q, (&self.x, k), Some(gamma)),
@@ -511,7 +515,8 @@ fn the_gate_fed_down_projections_of_smollm2_and_qwen3_have_designs_the_checker_a
 fn the_cost_models_pairs_epilogue_cycles_are_the_generated_codes_vector_operations() {
     for (norm, input) in [(0, qkernels::Input::Rows), (1, qkernels::Input::Norm)] {
         for passes in [1, 2] {
-            let sh = qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs: true };
+            let sh =
+                qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs: true, stacked: false };
             let ops = innermost_ops(qkernels::dequant(sh).body.as_ref().unwrap()) as u64;
             let per_output = ops.div_ceil(qkernels::LANES as u64);
             assert_eq!(qgemv::PAIRS_EPILOGUE_CYCLES_PER_ELEMENT[norm][passes - 1], per_output, "{input:?} {passes}");
@@ -664,6 +669,7 @@ fn the_plans_gemv_chunks_of_smollm2_and_qwen3_have_qgemv_designs_the_checker_acc
                     assert!(matches!(d.kind, Kind::QGemv { passes: 2, .. }), "{}", d.name);
                     // Every one of these fits the GEMV kernel's vector form: its rows a whole
                     // number of micro-tile rows, the one activation row padded.
+                    let rows = if q.stacked { 2 * rows } else { rows };
                     assert_eq!(q.kernel_rows, rows.next_multiple_of(device.micro_tile().0), "{}", d.name);
                     assert!(d.generic().contains("\"vector.contract\""), "{}", d.name);
                     design::check(&d).unwrap_or_else(|e| panic!("{}: {e}", d.name));
@@ -696,8 +702,16 @@ fn mlir_verifies_the_core_code_of_qgemv_designs() {
 fn a_shift_past_the_width_is_poison_and_an_error() {
     // The codes' right shift is clamped to 31 (in every lane); with the clamp at 40 a value 2⁻³⁰
     // of its row's scale shifts an i32 by more than its width, which MLIR makes poison.
-    let sh =
-        qkernels::Shape { rows: 1, k: 8, n: 8, passes: 1, kernel_rows: 1, input: qkernels::Input::Rows, pairs: false };
+    let sh = qkernels::Shape {
+        rows: 1,
+        k: 8,
+        n: 8,
+        passes: 1,
+        kernel_rows: 1,
+        input: qkernels::Input::Rows,
+        pairs: false,
+        stacked: false,
+    };
     let text = format!("\"builtin.module\"() ({{\n{}}}) : () -> ()\n", qkernels::codes(sh).generic(2));
     let clamp = "{value = dense<31> : vector<1x8xi32>}";
     assert_eq!(text.matches(clamp).count(), 1, "one shift clamp");
@@ -716,7 +730,7 @@ fn a_shift_past_the_width_is_poison_and_an_error() {
 
 /// The core shape the cost tests count operations in: one row, K 64, 16 columns.
 fn cost_shape(passes: usize, input: qkernels::Input, pairs: bool) -> qkernels::Shape {
-    qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs }
+    qkernels::Shape { rows: 1, k: 64, n: 16, passes, kernel_rows: 8, input, pairs, stacked: false }
 }
 
 /// Operations a statement list runs once per iteration of its innermost loop, constants aside

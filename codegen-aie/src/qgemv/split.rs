@@ -108,6 +108,7 @@ pub fn build(q: &QTiling) -> Design {
             kept: false,
             pairs: q.pairs,
             split: q.split,
+            stacked: q.stacked,
         },
         name: super::design_name(q),
         tiling: t.clone(),
@@ -340,7 +341,8 @@ pub(super) fn unpack_ops(core: &Core, o: &Operands, (parts, split): (usize, usiz
         ops.push(CoreOp::Acquire { res: joined.clone(), fifo: core.a.clone(), produce: false, ty: ex.slots_ty() });
         if r + 1 == ex.rounds() {
             let mut args = vec![(format!("{joined}_buf"), ex.slots_ty()), o.rs()];
-            args.extend((0..ex.passes).flat_map(|p| (0..parts).map(move |q| (p, q))).map(|(p, q)| o.codes(p, q)));
+            let passes = o.sh.buffered_passes();
+            args.extend((0..passes).flat_map(|p| (0..parts).map(move |q| (p, q))).map(|(p, q)| o.codes(p, q)));
             ops.push(call(qkernels::UNPACK, args));
         }
         ops.push(CoreOp::Release { fifo: core.a.clone(), produce: false });

@@ -85,7 +85,7 @@ impl Exchange {
     /// A prologue core's shape: its slice as one K part, codes of exactly its rows.
     pub fn shape(&self) -> Shape {
         let (rows, k, passes, input) = (self.rows, self.slice, self.passes, self.input);
-        Shape { rows, k, n: LANES, passes, kernel_rows: rows, input, pairs: false }
+        Shape { rows, k, n: LANES, passes, kernel_rows: rows, input, pairs: false, stacked: false }
     }
 
     pub fn slot_ty(&self) -> String {
@@ -292,7 +292,8 @@ pub fn pack(ex: Exchange) -> Function {
 /// read.
 pub fn unpack(ex: Exchange, sh: Shape, parts: usize) -> Function {
     let (rs_ty, slots_ty, c_ty) = (ex.rs_ty(), ex.slots_ty(), sh.codes_ty());
-    let starts: Vec<usize> = (0..parts).map(|q| q * sh.k).chain((0..ex.passes).map(|p| ex.codes_at(p))).collect();
+    let starts: Vec<usize> =
+        (0..parts).map(|q| q * sh.k).chain((0..ex.passes).flat_map(|p| [ex.codes_at(p), p * ex.rows])).collect();
     let mut c = Code::new(&index_values(ex, &[&starts[..], &[sh.k]].concat()));
     c.each("i", ex.rows, |c| {
         for s in 0..ex.state_words() {
@@ -304,7 +305,11 @@ pub fn unpack(ex: Exchange, sh: Shape, parts: usize) -> Function {
     });
     for p in 0..ex.passes {
         for q in 0..parts {
-            let dst = format!("codes_{p}_{q}");
+            // Stacked, pass `p`'s rows follow the earlier passes' in the first buffer.
+            let (dst, first_row) = match sh.stacked {
+                true => (format!("codes_0_{q}"), p * ex.rows),
+                false => (format!("codes_{p}_{q}"), 0),
+            };
             c.each("i", ex.rows, |c| {
                 c.each_by("l", (sh.k, LANES), |c| {
                     let global = c.bin("addi", "%l", &idx(q * sh.k), "index");
@@ -315,7 +320,8 @@ pub fn unpack(ex: Exchange, sh: Shape, parts: usize) -> Function {
                     let col = c.bin("addi", &col, &idx(ex.codes_at(p)), "index");
                     let pad = c.iconst(0, "i8");
                     let block = c.read_block(("slots", &slots_ty), "i8", [&core, &col], (&pad, LANES));
-                    let idx = vec!["%i".to_string(), "%l".to_string()];
+                    let row = c.bin("addi", "%i", &idx(first_row), "index");
+                    let idx = vec![row, "%l".to_string()];
                     let vty = super::lanes("i8");
                     c.push(Stmt::Write { val: block, mem: v(&dst), mem_ty: c_ty.clone(), idx, vty });
                 });
@@ -323,7 +329,7 @@ pub fn unpack(ex: Exchange, sh: Shape, parts: usize) -> Function {
         }
     }
     let mut params = vec![(v("slots"), slots_ty), (v("rs"), rs_ty)];
-    for p in 0..ex.passes {
+    for p in 0..sh.buffered_passes() {
         params.extend((0..parts).map(|q| (v(&format!("codes_{p}_{q}")), c_ty.clone())));
     }
     c.finish(UNPACK, params)
