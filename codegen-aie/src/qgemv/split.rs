@@ -1,21 +1,24 @@
 //! qgemv designs whose row quantisation is split across prologue cores: instead of every GEMV
 //! core quantising the whole row itself (its prologue as long as the row, whatever the core
 //! count), `P` prologue cores on compute tiles the GEMV cores leave free each quantise a slice of
-//! the row's K values, and the GEMV cores receive the codes.
+//! the row's K values — plain rows, a norm's input with γ, or a gate's and up's rows, with the
+//! unsplit core's functions — and the GEMV cores receive the codes.
 //!
-//! - `X` (shim of column 0 → its mem tile) carries the rows once, `[P, rows, slice]` f32 (the
+//! - `X` (shim of column 0 → its mem tile) carries the rows once, `[P, x_rows, slice]` (the
 //!   runtime DMA lays each core's slice out contiguously); the link distributes slice `j` to
 //!   `XS_<j>`, prologue core `j`'s.
 //! - A round of the exchange: every prologue core writes its slot (`S_<j>`, [`Exchange`]: its
-//!   row state, and in the last round its codes) to column 0's mem tile, whose link joins the
-//!   slots into `J` and broadcasts them to every prologue and GEMV core. The rows' maximum takes a
-//!   round (each core's partial maximum, combined by every core into the same scale), the
-//!   residual's maximum another with two passes, and the codes the last. A GEMV core releases
-//!   the maxima's rounds untouched and takes the last apart into its codes buffers and row state
-//!   ([`crate::qkernels::unpack`]); from there its body is the unsplit design's.
+//!   row state, a norm's squares' lanes, and in the last round its codes) to column 0's mem
+//!   tile, whose link joins the slots into `J` and broadcasts them to every prologue and GEMV
+//!   core. Each pass's maximum takes a round (a norm's two rounds carry its largest magnitude
+//!   and its lanes too), combined by every core into the same scales, and the codes the last.
+//!   A GEMV core releases the maxima's rounds untouched and takes the last apart into its codes
+//!   buffers and row state ([`crate::qkernels::unpack`]; both passes' codes in one buffer when
+//!   stacked); from there its body is the unsplit design's.
 //!
-//! The maximum of the partial maxima is the row's maximum bit for bit, so the codes, scales and
-//! outputs equal the unsplit design's, and the program's.
+//! The maximum of the partial maxima is the row's maximum bit for bit, and the sum of the
+//! partial lanes the row's lanes, so the codes, scales and outputs equal the unsplit design's,
+//! and the program's.
 
 use super::{call, stream_pass, CoreOp, Feed, Operand, Operands, QTiling, Shape};
 use crate::design::{Buffer, Core, Design, Elem, Fifo, Kind, Link, SeqOp, Tile};
