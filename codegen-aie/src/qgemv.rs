@@ -227,7 +227,7 @@ fn evaluate(
     if k < qkernels::MIN_K {
         return None;
     }
-    let ex = (split > 0).then(|| Exchange { cores: split, slice: parts * k / split, rows, passes, input });
+    let ex = (split > 0).then(|| Exchange::of(sh, (parts * k, split)));
     let block = if input == Input::Norm { qkernels::NORM_LANES } else { qkernels::LANES };
     if ex.is_some_and(|ex| !(parts * k).is_multiple_of(split * block) || !split::fits(device, ex)) {
         return None;
@@ -245,7 +245,7 @@ fn evaluate(
     let x_bytes = (x_streams * parts * x_rows * k * 4) as u64;
     let prologue = match ex {
         Some(ex) => split::prologue_cycles(device, (ex, feed)),
-        None => prologue_cycles(device, (sh, feed), parts),
+        None => prologue_cycles((sh, feed), parts),
     };
     let macs = (kr * sh.w_cols() * k) as u64;
     let vector = kr.is_multiple_of(device.micro_tile().0);
@@ -314,8 +314,7 @@ fn stage_weights(q: &QTiling, d: &mut Design) {
 }
 
 /// The cycles of a core's prologue over the whole row: `parts` K parts of `sh.k`.
-fn prologue_cycles(device: Device, (sh, feed): (Shape, Feed), parts: usize) -> u64 {
-    let _ = device;
+fn prologue_cycles((sh, feed): (Shape, Feed), parts: usize) -> u64 {
     let per_element = match feed {
         Feed::Rows => FIRST_PASS_CYCLES_PER_ELEMENT + (sh.passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
         Feed::Norm { .. } => NORM_CYCLES_PER_ELEMENT[sh.passes - 1],
@@ -653,8 +652,7 @@ fn build_unsplit(q: &QTiling) -> Design {
 /// pass, with a norm the squares' lanes, and with a gate its values (of every K part, when kept).
 fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     let (c, r) = tile;
-    let state = if sh.input == Input::Norm { 6 } else { 4 };
-    let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![state, sh.rows], elem: Elem::F32 }];
+    let mut b = gemv_buffers(sh, parts, tile);
     match sh.input {
         Input::Norm => {
             let shape = vec![sh.rows, qkernels::NORM_LANES];
@@ -666,6 +664,15 @@ fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec
         })),
         Input::Rows => {}
     }
+    b
+}
+
+/// The buffers a core's GEMV and epilogue use: the row state, the codes of every pass (one
+/// buffer a K part when stacked) and K part, an accumulator per pass.
+fn gemv_buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
+    let (c, r) = tile;
+    let state = if sh.input == Input::Norm { 6 } else { 4 };
+    let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![state, sh.rows], elem: Elem::F32 }];
     for p in 0..sh.buffered_passes() {
         for q in 0..parts {
             let shape = vec![sh.kernel_rows, sh.k];
@@ -956,14 +963,15 @@ fn core_ops(d: &Design, core: &Core) -> Vec<CoreOp> {
     let t = &d.tiling;
     let sh = Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs, stacked };
     let o = Operands { sh, tile: core.tile, kept };
+    let ex = (split > 0).then(|| Exchange::of(sh, (t.padded.k, split)));
     if core.prologue {
-        return split::prologue_ops(d, core, (sh, split));
+        return split::prologue_ops(core, ex.expect("a prologue core belongs to a split design"));
     }
-    let mut ops = match (input, split) {
-        (_, 1..) => split::unpack_ops(core, &o, (d.tiling.padded.k / t.k, split)),
-        (Input::Rows, _) => prologue(core, &o),
-        (Input::Norm, _) => norm_prologue(core, &o),
-        (Input::Gate, _) => gate_prologue(core, &o),
+    let mut ops = match (input, ex) {
+        (_, Some(ex)) => split::unpack_ops(core, &o, (t.padded.k / t.k, ex)),
+        (Input::Rows, None) => prologue(core, &o),
+        (Input::Norm, None) => norm_prologue(core, &o),
+        (Input::Gate, None) => gate_prologue(core, &o),
     };
     ops.push(CoreOp::Tiles { body: tile_body(core, &o) });
     ops

@@ -61,8 +61,8 @@ pub use norm_codes::{
     PRODUCT_RESIDUAL, PRODUCT_SCALE,
 };
 pub use norm_gemv::{
-    norm_functions, norm_rescale, norm_reset, norm_root, norm_squares, norm_top, squares_ty, NORM_RESCALE, NORM_RESET,
-    NORM_ROOT, NORM_SQUARES, NORM_TOP,
+    norm_functions, norm_quantise_functions, norm_rescale, norm_reset, norm_root, norm_squares, norm_top, squares_ty,
+    NORM_RESCALE, NORM_RESET, NORM_ROOT, NORM_SQUARES, NORM_TOP,
 };
 
 pub const RESET: &str = "q_reset";
@@ -766,11 +766,18 @@ pub fn dequant(sh: Shape) -> Function {
 
 /// Every function a core of shape `sh` calls besides the GEMV kernels.
 pub fn functions(sh: Shape) -> Vec<Function> {
+    let mut f = quantise_functions(sh);
+    f.push(dequant(sh));
+    f
+}
+
+/// `QuantizeRows(x)`'s functions alone, in call order: what a core that quantises but computes
+/// no outputs calls (a split design's prologue core, [`crate::qgemv::split`]).
+pub fn quantise_functions(sh: Shape) -> Vec<Function> {
     let mut f = vec![reset(sh), absmax(sh), scale(sh, 0), codes(sh)];
     if sh.passes > 1 {
         f.extend([residual_max(sh), scale(sh, 1), residual(sh)]);
     }
-    f.push(dequant(sh));
     f
 }
 

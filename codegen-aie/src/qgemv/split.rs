@@ -33,8 +33,7 @@ pub const MAX_CORES: usize = 4;
 
 /// The exchange of a split tiling.
 pub fn exchange(q: &QTiling) -> Exchange {
-    let t = &q.tiling;
-    Exchange { cores: q.split, slice: t.padded.k / q.split, rows: t.m, passes: q.passes, input: q.feed.input() }
+    Exchange::of(q.shape(), (q.tiling.padded.k, q.split))
 }
 
 /// A prologue core's slice of `X`: its shape and element type.
@@ -169,9 +168,7 @@ fn exchange_fifos(q: &QTiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
 fn core_buffers((sh, ex): (Shape, Exchange), parts: usize, core: &Core) -> Vec<Buffer> {
     let (tile, (c, r)) = (core.tile, core.tile);
     if !core.prologue {
-        let mut b = super::buffers((sh, false), parts, tile);
-        b.retain(|b| !b.name.starts_with("ss_") && !b.name.starts_with("gv_"));
-        return b;
+        return super::gemv_buffers(sh, parts, tile);
     }
     let state = vec![ex.state_words(), ex.rows];
     let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: state, elem: Elem::F32 }];
@@ -244,9 +241,7 @@ fn squares(core: &Core, ex: Exchange) -> Operand {
 
 /// A prologue core's body: the unsplit core's functions on its slice, a round of the exchange
 /// after each partial maximum (with a norm's squares), then its codes into its last slot.
-pub(super) fn prologue_ops(d: &Design, core: &Core, (sh, split): (Shape, usize)) -> Vec<CoreOp> {
-    let slice = d.tiling.padded.k / split;
-    let ex = Exchange { cores: split, slice, rows: sh.rows, passes: sh.passes, input: sh.input };
+pub(super) fn prologue_ops(core: &Core, ex: Exchange) -> Vec<CoreOp> {
     let (c, r) = core.tile;
     let pc = |p: usize| (format!("%pc_{c}_{r}_{p}"), ex.shape().codes_ty());
     let slot = |r: usize| (format!("%slot{r}_buf"), ex.slot_ty());
@@ -335,9 +330,7 @@ fn phases(
 
 /// A GEMV core's start: the maxima's rounds released untouched, then its codes and row state
 /// from the last.
-pub(super) fn unpack_ops(core: &Core, o: &Operands, (parts, split): (usize, usize)) -> Vec<CoreOp> {
-    let (rows, passes, input) = (o.sh.rows, o.sh.passes, o.sh.input);
-    let ex = Exchange { cores: split, slice: parts * o.sh.k / split, rows, passes, input };
+pub(super) fn unpack_ops(core: &Core, o: &Operands, (parts, ex): (usize, Exchange)) -> Vec<CoreOp> {
     let mut ops = vec![];
     for r in 0..ex.rounds() {
         let joined = format!("%joined{r}");
@@ -375,7 +368,7 @@ pub(super) fn fits(device: Device, ex: Exchange) -> bool {
 pub(super) fn prologue_cycles(device: Device, (ex, feed): (Exchange, Feed)) -> u64 {
     use super::{COMBINE_CYCLES_PER_SLOT, EXCHANGE_ROUND_CYCLES, SHARE_CYCLES_PER_ROW, UNPACK_CYCLES_PER_BLOCK};
     let (rows, passes, cores) = (ex.rows as u64, ex.passes as u64, ex.cores as u64);
-    let slice = super::prologue_cycles(device, (ex.shape(), feed), 1);
+    let slice = super::prologue_cycles((ex.shape(), feed), 1);
     let bytes = ((1 + ex.cores) * ex.slot()) as u64;
     let share = SHARE_CYCLES_PER_ROW * rows * ex.state_words() as u64 / 4;
     let round = EXCHANGE_ROUND_CYCLES + bytes.div_ceil(device.stream_bytes_per_cycle() as u64) + share;

@@ -43,6 +43,12 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// The exchange of `cores` prologue cores splitting a row of `k_total` values of a core
+    /// shape `sh` (its rows, passes and input).
+    pub fn of(sh: Shape, (k_total, cores): (usize, usize)) -> Exchange {
+        Exchange { cores, slice: k_total / cores, rows: sh.rows, passes: sh.passes, input: sh.input }
+    }
+
     /// Words of a row's state: the passes' maxima and scales, and a norm's largest magnitude
     /// and `r`.
     pub fn state_words(&self) -> usize {
@@ -338,26 +344,10 @@ pub fn unpack(ex: Exchange, sh: Shape, parts: usize) -> Function {
 /// Every function a prologue core calls: the unsplit core's on its slice (for a norm of rows
 /// of `d` values with ε `epsilon`), and the exchange's.
 pub fn prologue_functions(ex: Exchange, (d, epsilon): (usize, f32)) -> Vec<Function> {
-    let (sh, two) = (ex.shape(), ex.passes > 1);
+    let sh = ex.shape();
     let mut f = match ex.input {
-        Input::Rows => {
-            let mut f = vec![super::reset(sh), super::absmax(sh), super::scale(sh, 0), super::codes(sh)];
-            if two {
-                f.extend([super::residual_max(sh), super::scale(sh, 1), super::residual(sh)]);
-            }
-            f
-        }
-        Input::Norm => {
-            let norm = super::NormShape { rows: sh.rows, d, epsilon };
-            let mut f = vec![super::norm_reset(sh), super::norm_top(sh), super::product_max(sh)];
-            f.extend([super::product_scale(sh, 0), super::product_codes(sh), super::norm_squares(sh)]);
-            f.push(super::norm_root(sh, norm));
-            if two {
-                f.extend([super::product_scale(sh, 1), super::product_residual(sh)]);
-            }
-            f.push(super::norm_rescale(sh));
-            f
-        }
+        Input::Rows => super::quantise_functions(sh),
+        Input::Norm => super::norm_quantise_functions(sh, super::NormShape { rows: sh.rows, d, epsilon }),
         Input::Gate => super::gate_functions(sh),
     };
     f.extend([share(ex), combine(ex, 0)]);

@@ -206,12 +206,20 @@ pub fn norm_functions(sh: Shape, d: usize, epsilon: f32) -> Result<Vec<Function>
             sh.k
         ));
     }
-    let norm = NormShape { rows: sh.rows, d, epsilon };
+    let mut f = norm_quantise_functions(sh, NormShape { rows: sh.rows, d, epsilon });
+    f.push(super::dequant(sh));
+    Ok(f)
+}
+
+/// The norm and its row quantisation alone, in call order, for rows `norm`: what a core that
+/// computes no outputs calls (a split design's prologue core). `sh`'s K parts are whole
+/// 32-value blocks.
+pub fn norm_quantise_functions(sh: Shape, norm: NormShape) -> Vec<Function> {
     let mut f = vec![norm_reset(sh), norm_top(sh), super::product_max(sh), super::product_scale(sh, 0)];
     f.extend([super::product_codes(sh), norm_squares(sh), norm_root(sh, norm)]);
     if sh.passes > 1 {
         f.extend([super::product_scale(sh, 1), super::product_residual(sh)]);
     }
-    f.extend([norm_rescale(sh), super::dequant(sh)]);
-    Ok(f)
+    f.push(norm_rescale(sh));
+    f
 }
