@@ -33,6 +33,7 @@ use crate::gemv::{
 use crate::kernels::{self, GEMV, GEMV_ZERO};
 use crate::qkernels::{self, Exchange, Input, Shape};
 use crate::tiling::{GemmShape, Tiling, TilingError, KERNEL_CALL_OVERHEAD_CYCLES};
+use bundle::xdna::{QgemvFeed, QgemvLayout, QgemvWeights};
 use std::fmt::Write;
 
 pub mod split;
@@ -161,6 +162,33 @@ impl QTiling {
         let t = &self.tiling;
         let (passes, kernel_rows, input, pairs) = (self.passes, self.kernel_rows, self.feed.input(), self.pairs);
         Shape { rows: t.m, k: t.k, n: t.n, passes, kernel_rows, input, pairs, stacked: self.stacked }
+    }
+
+    /// The design's operands as the plan records them (`bundle::xdna::QgemvLayout`).
+    pub fn layout(&self) -> QgemvLayout {
+        let t = &self.tiling;
+        let sh = self.shape();
+        let (parts, tiles) = self.parts_and_tiles();
+        let feed = match self.feed {
+            Feed::Rows => QgemvFeed::Rows,
+            Feed::Norm { .. } => QgemvFeed::Norm,
+            Feed::Gate { .. } => QgemvFeed::Gate,
+        };
+        QgemvLayout {
+            feed,
+            rows: t.padded.m,
+            padded_k: t.padded.k,
+            padded_n: t.padded.n,
+            part_k: t.k,
+            parts,
+            tile_cols: t.n,
+            tiles,
+            streams: streams(t.device),
+            passes: self.passes,
+            pairs: self.pairs,
+            w_rows: sh.w_rows(),
+            scales_per_row: qkernels::scales_per_row(t.k),
+        }
     }
 
     /// K parts and output tiles per core.
@@ -561,31 +589,16 @@ fn core_functions(q: &QTiling) -> Vec<kernels::Function> {
 }
 
 /// The rows operand of a qgemv call, `[padded rows (+1), padded K]` f32: `x`'s rows of `k`
-/// values, zero past them, and for a norm-fed design γ as the last row.
+/// values, zero past them, and for a norm-fed design γ as the last row
+/// ([`QgemvLayout::rows_operand`]).
 pub fn rows_operand(q: &QTiling, (x, k): (&[f32], usize), gamma: Option<&[f32]>) -> Vec<f32> {
-    let p = q.tiling.padded;
-    let mut out = vec![0f32; (p.m + usize::from(gamma.is_some())) * p.k];
-    for (r, row) in x.chunks(k).enumerate() {
-        out[r * p.k..r * p.k + k].copy_from_slice(row);
-    }
-    if let Some(g) = gamma {
-        out[p.m * p.k..p.m * p.k + g.len()].copy_from_slice(g);
-    }
-    out
+    q.layout().rows_operand((x, k), gamma, None).expect("rows the design takes")
 }
 
 /// The rows operand of a gate-fed qgemv call, `[2, padded rows, padded K]` f32: the gate's rows
 /// `g` of `k` values, then the up's `u`, zero past them.
 pub fn gate_operand(q: &QTiling, (g, u): (&[f32], &[f32]), k: usize) -> Vec<f32> {
-    let p = q.tiling.padded;
-    let mut out = vec![0f32; 2 * p.m * p.k];
-    for (plane, rows) in [g, u].into_iter().enumerate() {
-        for (r, row) in rows.chunks(k).enumerate() {
-            let at = (plane * p.m + r) * p.k;
-            out[at..at + k].copy_from_slice(row);
-        }
-    }
-    out
+    q.layout().rows_operand((g, k), None, Some(u)).expect("rows the design takes")
 }
 
 /// The design of a qgemv tiling.
@@ -726,39 +739,8 @@ pub fn pack(
     scales: &[f32],
     first_only: &dyn Fn(usize) -> bool,
 ) -> Vec<i8> {
-    let t = &q.tiling;
-    let (parts, tiles) = q.parts_and_tiles();
-    let sh = q.shape();
-    let (k, n, w_rows, w_cols) = (t.k, t.n, sh.w_rows(), sh.w_cols());
-    let mut out = vec![0i8; streams(t.device) * tiles * parts * w_rows * k];
-    for (e, elem) in out.chunks_mut(w_rows * k).enumerate() {
-        let (tile_index, part) = (e / parts, e % parts);
-        let first_col = tile_index * n;
-        let column = |j: usize| {
-            let c = (first_col + j % n < cols).then_some(col_offset + first_col + j % n)?;
-            Some(if j >= n { c + n_total / 2 } else { c })
-        };
-        for j in 0..w_cols {
-            let Some(col) = column(j) else { continue };
-            for l in 0..k {
-                let kk = part * k + l;
-                if kk < k_total {
-                    elem[j * k + l] = w[kk * n_total + col];
-                }
-            }
-        }
-        if part + 1 == parts {
-            let col_scales: Vec<f32> = (0..w_cols).map(|j| column(j).map_or(0.0, |c| scales[c])).collect();
-            let meta = if q.pairs {
-                qkernels::meta(1, k, &col_scales, &[])
-            } else {
-                let flags: Vec<bool> = (0..n).map(|j| column(j).is_some_and(first_only)).collect();
-                qkernels::meta(q.passes, k, &col_scales, &flags)
-            };
-            elem[w_cols * k..w_cols * k + meta.len()].copy_from_slice(&meta);
-        }
-    }
-    out
+    let weights = QgemvWeights { codes: w, k: k_total, n: n_total, scales, first_only };
+    q.layout().pack(&weights, (col_offset, cols))
 }
 
 /// One statement of a qgemv core's body, printed in both forms from this one structure.

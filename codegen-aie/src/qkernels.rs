@@ -97,7 +97,7 @@ pub fn scales_per_row(k: usize) -> usize {
 }
 
 /// Rows of weight element a tile's epilogue data takes after its `n` weight rows of `k` bytes
-/// ([`meta`]): the `n` f32 scales, and with two passes `n` flag bytes.
+/// (`bundle::xdna::QgemvLayout::meta`): the `n` f32 scales, and with two passes `n` flag bytes.
 pub fn meta_rows(passes: usize, k: usize, n: usize) -> usize {
     n.div_ceil(scales_per_row(k)) + if passes > 1 { n.div_ceil(k) } else { 0 }
 }
@@ -779,22 +779,4 @@ pub fn quantise_functions(sh: Shape) -> Vec<Function> {
         f.extend([residual_max(sh), scale(sh, 1), residual(sh)]);
     }
     f
-}
-
-/// The epilogue data of one tile's columns as the `meta_rows · k` bytes after its weights:
-/// [`scales_per_row`] column scales a row (each as its f32 bits' little-endian bytes), then
-/// with two passes `k` first-pass-only flags a row — so the epilogue reads [`LANES`] columns' of
-/// either within one row. `scales.len()` is the tile's columns, a multiple of [`LANES`].
-pub fn meta(passes: usize, k: usize, scales: &[f32], first_only: &[bool]) -> Vec<i8> {
-    let (n, per_row) = (scales.len(), scales_per_row(k));
-    let mut out = vec![0i8; meta_rows(passes, k, n) * k];
-    for (j, s) in scales.iter().enumerate() {
-        let at = (j / per_row) * k + 4 * (j % per_row);
-        out[at..at + 4].copy_from_slice(&s.to_bits().to_le_bytes().map(|b| b as i8));
-    }
-    if passes > 1 {
-        let flags = n.div_ceil(per_row) * k;
-        first_only.iter().enumerate().for_each(|(j, &f)| out[flags + j] = i8::from(f));
-    }
-    out
 }

@@ -19,6 +19,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod qgemv;
+pub use qgemv::{meta as qgemv_meta, QgemvFeed, QgemvLayout, QgemvWeights};
+
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
