@@ -158,9 +158,31 @@ pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<
         "projections": plan.gemms.len(),
         "projections_with_designs": plan.gemms.iter().filter(|g| !g.chunks.is_empty()).count(),
         "designs": designs,
+        "chains": chains_summary(&plan),
         "mlir": verified,
         "artifacts": artifacts,
     }))
+}
+
+/// Decode's chained projections (each a run of nodes one qgemv design call a column chunk
+/// computes) and why each other projection is not one.
+fn chains_summary(plan: &plan::Plan) -> Value {
+    let chained: Vec<Value> = plan
+        .chains
+        .iter()
+        .map(|c| {
+            json!({
+                "qgemm": c.site.qgemm,
+                "feed": c.site.feed.operand(),
+                "pairs": c.site.pairs,
+                "nodes": c.site.nodes.len(),
+                "designs": c.chunks.iter().map(|d| d.design.as_str()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let unchained: Vec<Value> =
+        plan.unchained.iter().map(|(node, reason)| json!({ "qgemm": node, "reason": reason })).collect();
+    json!({ "rows": plan::CHAIN_ROWS, "chained": chained, "unchained": unchained })
 }
 
 /// Prompt tokens of the cost model's prefill (the context published NPU rates are quoted at).
@@ -282,6 +304,7 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
             ),
         });
     }
+    out.extend(chain_lines(&v["chains"]));
     for d in v["designs"].as_array().into_iter().flatten() {
         let dims = |k: &str| {
             d[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("x")).unwrap_or_default()
@@ -303,5 +326,20 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
     for d in v["designs"].as_array().into_iter().flatten() {
         out.push(format!("    {}", d["build"].as_str().unwrap_or("?")));
     }
+    out
+}
+
+/// The summary's lines on decode's chained projections.
+fn chain_lines(c: &Value) -> Vec<String> {
+    let chained = c["chained"].as_array().map_or(0, Vec::len);
+    let unchained = c["unchained"].as_array().cloned().unwrap_or_default();
+    let mut out = vec![format!(
+        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk), {} not:",
+        c["rows"],
+        unchained.len()
+    )];
+    out.extend(unchained.iter().map(|u| {
+        format!("    {}: {}", u["qgemm"].as_str().unwrap_or("?"), u["reason"].as_str().unwrap_or("?"))
+    }));
     out
 }

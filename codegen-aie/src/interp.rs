@@ -867,6 +867,9 @@ pub fn run(text: &str, inputs: &[&[i8]]) -> Result<(Vec<i32>, RunStats), InterpE
 pub enum Arg<'a> {
     I8(&'a [i8]),
     F32(&'a [f32]),
+    /// A host buffer's bytes, read as the sequence argument's element type declares (`i8` a
+    /// byte each, 32-bit types little-endian words): what a driver hands the device.
+    Bytes(&'a [u8]),
 }
 
 /// [`run`] with inputs of either type; the last argument comes back as its 32-bit words (an
@@ -1037,6 +1040,11 @@ fn host_buffers(seq: &Block, inputs: &[Arg]) -> Result<Vec<Vec<i32>>, InterpErro
             let (given, values): (&str, Vec<i32>) = match input {
                 Arg::I8(v) => ("i8", v.iter().map(|&x| x as i32).collect()),
                 Arg::F32(v) => ("f32", v.iter().map(|x| x.to_bits() as i32).collect()),
+                Arg::Bytes(v) if elem == "i8" => ("i8", v.iter().map(|&x| x as i8 as i32).collect()),
+                Arg::Bytes(v) if v.len() % 4 == 0 => {
+                    (elem.as_str(), v.chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect())
+                }
+                Arg::Bytes(v) => return run_err(format!("sequence argument {i} is {ty}; given {} bytes", v.len())),
             };
             if elem != given || values.len() != len {
                 return run_err(format!("sequence argument {i} is {ty}; given {} {given} values", values.len()));

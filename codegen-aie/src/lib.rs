@@ -26,6 +26,7 @@
 
 #[cfg(feature = "xrt")]
 pub mod amdxdna;
+pub mod chain;
 pub mod cost;
 pub mod design;
 pub mod device;

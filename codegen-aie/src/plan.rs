@@ -17,12 +17,14 @@
 //! array calls are that module's `array_calls` ([`Plan::calls`]), which the runtime applies to
 //! the numbers the file records.
 
+use crate::chain::{self, ChainSite};
 use crate::design::{self, Design};
 use crate::device::Device;
 use crate::gemm::{self, GemmSite};
 use crate::gemv;
+use crate::qgemv::{self, QTiling};
 use crate::tiling::{self, GemmShape, Tiling};
-use bundle::xdna::{self, PlanDesign, PlanGemm, PlanShape, PlanSite, PlanTiling, XdnaPlan};
+use bundle::xdna::{self, PlanChain, PlanDesign, PlanGemm, PlanShape, PlanSite, PlanTiling, QgemvLayout, XdnaPlan};
 use std::collections::BTreeMap;
 
 /// A column chunk of one projection, as the plan file records it.
@@ -81,7 +83,24 @@ pub struct Plan {
     pub decode_rows: usize,
     pub designs: BTreeMap<String, Design>,
     pub gemms: Vec<PlannedGemm>,
+    /// Decode's chained projections, each on qgemv designs ([`crate::chain`]).
+    pub chains: Vec<PlannedChain>,
+    /// `(QGemm node, reason)` for each projection that runs unchained.
+    pub unchained: Vec<(String, String)>,
+    /// The operands of the qgemv designs, by name.
+    pub layouts: BTreeMap<String, QgemvLayout>,
 }
+
+/// A chained projection and its column chunks, each one call of a qgemv design of
+/// [`CHAIN_ROWS`] rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedChain {
+    pub site: ChainSite,
+    pub chunks: Vec<GemvChunk>,
+}
+
+/// Rows of the chained designs: decode's one.
+pub const CHAIN_ROWS: usize = 1;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
@@ -98,9 +117,49 @@ pub fn chunks(n: usize, max_cols: usize) -> Vec<(usize, usize)> {
     (0..count).map(|i| (i * width, width.min(n - i * width))).collect()
 }
 
-/// Plans every projection of `g`.
+/// Plans every projection of `g`, and its chained projections for decode: a chain whose
+/// designs do not fit the device runs unchained, and says why.
 pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
-    plan_sites(gemm::collect(g), options)
+    let mut plan = plan_sites(gemm::collect(g), options)?;
+    let (sites, mut unchained) = chain::collect(g);
+    for site in sites {
+        match chain_chunks(options, &site) {
+            Ok((chunks, q)) => {
+                let d = qgemv::build(&q);
+                plan.layouts.insert(d.name.clone(), q.layout());
+                plan.designs.insert(d.name.clone(), d);
+                plan.chains.push(PlannedChain { site, chunks });
+            }
+            Err(e) => unchained.push((site.qgemm, format!("no qgemv design takes it: {e}"))),
+        }
+    }
+    plan.unchained = unchained;
+    Ok(plan)
+}
+
+/// A chain's column chunks over its outputs, as few equal ones as a design takes (narrower
+/// while none fits, down to `max_design_cols`), and their design's tiling.
+fn chain_chunks(options: PlanOptions, site: &ChainSite) -> Result<(Vec<GemvChunk>, QTiling), tiling::TilingError> {
+    let mut count = site.n.div_ceil(options.max_gemv_cols.max(1));
+    loop {
+        let parts = chunks(site.n, site.n.div_ceil(count));
+        let shape = GemmShape { m: CHAIN_ROWS, k: site.k, n: parts[0].1 };
+        let chosen = match (site.pairs, site.feed) {
+            (true, feed) => qgemv::choose_pairs(options.device, shape, site.passes, feed),
+            (false, qgemv::Feed::Rows) => qgemv::choose(options.device, shape, site.passes),
+            (false, qgemv::Feed::Norm { epsilon }) => qgemv::choose_norm(options.device, shape, site.passes, epsilon),
+            (false, qgemv::Feed::Gate { .. }) => qgemv::choose_gate(options.device, shape, site.passes),
+        };
+        match chosen {
+            Ok(q) => {
+                let name = qgemv::build(&q).name;
+                let chunk = |(col_offset, cols)| GemvChunk { col_offset, cols, design: name.clone() };
+                return Ok((parts.into_iter().map(chunk).collect(), q));
+            }
+            Err(e) if parts[0].1 <= options.max_design_cols => return Err(e),
+            Err(_) => count += 1,
+        }
+    }
 }
 
 /// The designs a plan is building, by shape and kind, each tiled once.
@@ -142,7 +201,16 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
         };
         gemms.push(PlannedGemm { site, chunks, gemv_chunks });
     }
-    Ok(Plan { options, gemv_rows: options.gemv_rows, decode_rows: decode, designs: designs.designs, gemms })
+    Ok(Plan {
+        options,
+        gemv_rows: options.gemv_rows,
+        decode_rows: decode,
+        designs: designs.designs,
+        gemms,
+        chains: vec![],
+        unchained: vec![],
+        layouts: BTreeMap::new(),
+    })
 }
 
 /// A projection's M-block chunks: its main columns with every pass, then its residual pass's
@@ -268,15 +336,16 @@ impl Plan {
             prefill_rows: self.options.prefill_rows.max(self.decode_rows),
             max_design_cols: self.options.max_design_cols,
             max_gemv_cols: self.options.max_gemv_cols,
-            designs: self.designs.values().map(design_entry).collect(),
+            designs: self.designs.values().map(|d| design_entry(d, self.layouts.get(&d.name))).collect(),
             gemms: self.gemms.iter().map(gemm_entry).collect(),
+            chains: self.chains.iter().map(chain_entry).collect(),
             mlir: None,
             artifacts: None,
         }
     }
 }
 
-fn design_entry(d: &Design) -> PlanDesign {
+fn design_entry(d: &Design, layout: Option<&QgemvLayout>) -> PlanDesign {
     let (file, pretty) = design_files(&d.name);
     PlanDesign {
         name: d.name.clone(),
@@ -290,6 +359,7 @@ fn design_entry(d: &Design) -> PlanDesign {
         },
         array_columns: d.tiling.cols,
         tiling: tiling_entry(&d.tiling),
+        qgemv: layout.copied(),
         insts: None,
         xclbin: None,
         pdi: None,
@@ -335,5 +405,22 @@ fn gemm_entry(g: &PlannedGemm) -> PlanGemm {
         },
         chunks: g.chunks.clone(),
         gemv_chunks: g.gemv_chunks.clone(),
+    }
+}
+
+fn chain_entry(c: &PlannedChain) -> PlanChain {
+    let s = &c.site;
+    PlanChain {
+        qgemm: s.qgemm.clone(),
+        feed: s.feed.operand(),
+        nodes: s.nodes.clone(),
+        inputs: s.inputs.clone(),
+        gamma: s.gamma.clone(),
+        output: s.output.clone(),
+        k: s.k,
+        n: s.n,
+        pairs: s.pairs,
+        rows: CHAIN_ROWS,
+        chunks: c.chunks.clone(),
     }
 }

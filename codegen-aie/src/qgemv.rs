@@ -129,6 +129,15 @@ impl Feed {
         }
     }
 
+    /// What the rows operand carries, as the plan records it.
+    pub fn operand(self) -> QgemvFeed {
+        match self {
+            Feed::Rows => QgemvFeed::Rows,
+            Feed::Norm { .. } => QgemvFeed::Norm,
+            Feed::Gate { .. } => QgemvFeed::Gate,
+        }
+    }
+
     /// Whether the rows stream once: a gate's values kept in the core.
     pub fn kept(self) -> bool {
         matches!(self, Feed::Gate { kept: true })
@@ -169,13 +178,8 @@ impl QTiling {
         let t = &self.tiling;
         let sh = self.shape();
         let (parts, tiles) = self.parts_and_tiles();
-        let feed = match self.feed {
-            Feed::Rows => QgemvFeed::Rows,
-            Feed::Norm { .. } => QgemvFeed::Norm,
-            Feed::Gate { .. } => QgemvFeed::Gate,
-        };
         QgemvLayout {
-            feed,
+            feed: self.feed.operand(),
             rows: t.padded.m,
             padded_k: t.padded.k,
             padded_n: t.padded.n,

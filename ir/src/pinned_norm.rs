@@ -18,8 +18,23 @@
 //! may read a tail with zeros. The products and sums are separate IEEE operations, never
 //! fused, and every operation rounds to nearest even.
 
+use crate::graph::{Graph, ValueDef, ValueId};
+use crate::DType;
+
 /// The sum of squares' lanes.
 pub const LANES: usize = 32;
+
+/// Whether `v` is a constant or weight of f32 values that are all bfloat16 values (their low 16
+/// bits zero): 8 significant bits, so a core multiplies an f32's significand by one in 32 bits —
+/// what a norm's γ must be for an array core to compute `QuantizeRows(x, γ)`.
+pub fn bfloat16_values(g: &Graph, v: ValueId) -> bool {
+    let bytes = match &g.value(v).def {
+        ValueDef::Weight(w) if g.weights.get(*w).dtype == DType::F32 => g.weights.get(*w).bytes.clone(),
+        ValueDef::Const(t) if t.dtype == DType::F32 => t.to_f32_vec().iter().flat_map(|x| x.to_le_bytes()).collect(),
+        _ => return false,
+    };
+    bytes.chunks_exact(4).all(|b| b[0] == 0 && b[1] == 0)
+}
 
 /// The sum of the squares of `row`, in the order of the module's definition.
 pub fn sum_squares(row: &[f32]) -> f32 {

@@ -32,7 +32,7 @@
 
 use crate::{Pass, PassDetail, PassError};
 use ir::graph::{Graph, Node, NodeId, ValueDef, ValueId};
-use ir::pinned_norm::ALIGNED_MAX_D;
+use ir::pinned_norm::{bfloat16_values, ALIGNED_MAX_D};
 use ir::{Attr, Attrs, DType, Dim, Domain};
 use std::collections::HashMap;
 
@@ -159,17 +159,6 @@ impl Program {
         self.nodes.push(q);
         self.push(name, (Domain::Onnx, "Mul"), Attrs::default(), &[unscaled, parts.inverse_rms], scaled);
     }
-}
-
-/// Whether `v` is a constant or weight of f32 values that are all bfloat16 values (their low 16
-/// bits zero): 8 significant bits, so a core multiplies an f32's significand by one in 32 bits.
-fn bfloat16_values(g: &Graph, v: ValueId) -> bool {
-    let bytes = match &g.value(v).def {
-        ValueDef::Weight(w) if g.weights.get(*w).dtype == DType::F32 => g.weights.get(*w).bytes.clone(),
-        ValueDef::Const(t) if t.dtype == DType::F32 => t.to_f32_vec().iter().flat_map(|x| x.to_le_bytes()).collect(),
-        _ => return false,
-    };
-    bytes.chunks_exact(4).all(|b| b[0] == 0 && b[1] == 0)
 }
 
 fn rewrite(g: Graph) -> (Graph, PassDetail) {

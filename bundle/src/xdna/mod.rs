@@ -25,7 +25,7 @@ pub use qgemv::{meta as qgemv_meta, QgemvFeed, QgemvLayout, QgemvWeights};
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/4";
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/5";
 
 /// The decoded `xdna/plan.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -51,6 +51,10 @@ pub struct XdnaPlan {
     pub max_gemv_cols: usize,
     pub designs: Vec<PlanDesign>,
     pub gemms: Vec<PlanGemm>,
+    /// Decode's chained projections: each a run of program nodes one qgemv design call a
+    /// column chunk computes from f32 rows to f32 outputs, for steps of at most `rows` rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<PlanChain>,
     /// Whether MLIR verified the designs, and which MLIR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlir: Option<String>,
@@ -82,6 +86,9 @@ pub struct PlanDesign {
     /// columns, and `padded.k` × `padded.n` the shape of its B operand, the weight transposed
     /// (`[N, K]`, each output column's weights contiguous).
     pub tiling: PlanTiling,
+    /// A qgemv design's operands (its `kind` is `qgemv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qgemv: Option<QgemvLayout>,
     /// Bundle path of the instruction stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub insts: Option<String>,
@@ -202,6 +209,37 @@ pub struct PlanChunk {
     pub passes: usize,
 }
 
+/// A chained projection: the program's nodes from its quantisation (a norm's `InverseRms`, a
+/// `QuantizeRows` or `QuantizeSwiGlu`, the row scales' product) through its `QGemm` to the sum
+/// of the weight's two passes (`Slice`, `Slice`, `Add`) when the design adds them (`pairs`),
+/// computed as one qgemv design call per column chunk. The runtime skips the nodes and writes
+/// `output` from the calls; nothing outside the chain reads what its nodes compute.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanChain {
+    /// The chain's QGemm node: its weights are the designs' weight operands.
+    pub qgemm: String,
+    /// What the designs' rows operand carries.
+    pub feed: QgemvFeed,
+    /// Every node of the chain, in program order; the last writes `output`.
+    pub nodes: Vec<String>,
+    /// The f32 values read: the rows (a norm's input), or a gate's rows then the up's.
+    pub inputs: Vec<String>,
+    /// A norm's γ, a weight of the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<String>,
+    pub output: String,
+    /// Values a row read (`k`) and written (`n`: the weight's columns, half with pairs).
+    pub k: usize,
+    pub n: usize,
+    /// Each output sums a weight column of every activation pass and one of the first only.
+    pub pairs: bool,
+    /// Steps of at most this many rows run the chain on the array.
+    pub rows: usize,
+    /// Output column chunks, each one call of its design.
+    pub chunks: Vec<PlanGemvChunk>,
+}
+
 /// A GEMV column chunk of one projection: every row of a call, every pass.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -306,6 +344,32 @@ impl XdnaPlan {
             }
             for (c, chunk) in gemm.gemv_chunks.iter().enumerate() {
                 listed(format!("gemms[{g}].gemv_chunks[{c}].design"), &chunk.design)?;
+            }
+        }
+        self.check_chains()
+    }
+
+    /// Every chain's chunks name qgemv designs of its feed that take its rows and columns.
+    fn check_chains(&self) -> Result<(), PlanError> {
+        for (i, chain) in self.chains.iter().enumerate() {
+            for (c, chunk) in chain.chunks.iter().enumerate() {
+                let path = format!("chains[{i}].chunks[{c}].design");
+                let layout = self.design(&chunk.design).and_then(|d| d.qgemv);
+                let fits = layout.is_some_and(|l| {
+                    l.feed == chain.feed
+                        && l.pairs == chain.pairs
+                        && l.rows >= chain.rows
+                        && l.padded_k >= chain.k
+                        && l.padded_n >= chunk.cols
+                        && chunk.col_offset + chunk.cols <= chain.n
+                });
+                if !fits {
+                    let message = format!(
+                        "chain `{}` calls design `{}`, which the plan does not list as a qgemv design of its feed taking {} rows of {} values and {} columns",
+                        chain.qgemm, chunk.design, chain.rows, chain.k, chunk.cols
+                    );
+                    return Err(PlanError::malformed(path, message));
+                }
             }
         }
         Ok(())

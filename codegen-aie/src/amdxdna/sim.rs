@@ -91,12 +91,7 @@ impl Sim {
             if insts.is_empty() {
                 return Err(FirmwareError::NoInstructions);
             }
-            let text = std::str::from_utf8(pdi)?;
-            let ins: Vec<Vec<i8>> =
-                buffers[..buffers.len() - 1].iter().map(|b| b.iter().map(|&x| x as i8).collect()).collect();
-            let refs: Vec<&[i8]> = ins.iter().map(|v| v.as_slice()).collect();
-            let (c, _) = interp::run(text, &refs)?;
-            Ok(c.iter().flat_map(|v| v.to_le_bytes()).collect())
+            run_design(pdi, buffers)
         });
         Sim::new(npu1_metadata(), firmware)
     }
@@ -104,6 +99,17 @@ impl Sim {
     pub fn state(&self) -> MutexGuard<'_, State> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// What [`Sim::interpreting`]'s device does: the PDI is a design's text, the buffers but the
+/// last its runtime sequence's inputs (their bytes read as its arguments' element types), and
+/// the output the words the design writes to the last.
+pub fn run_design(pdi: &[u8], buffers: &[Vec<u8>]) -> Result<Vec<u8>, FirmwareError> {
+    let text = std::str::from_utf8(pdi)?;
+    let args: Vec<interp::Arg> =
+        buffers[..buffers.len().saturating_sub(1)].iter().map(|b| interp::Arg::Bytes(b)).collect();
+    let (c, _) = interp::run_args(text, &args)?;
+    Ok(c.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
 /// What an npu1 (Phoenix) reports: 4 columns, shim row 0, mem tile row 1, 4 compute rows from 2.
