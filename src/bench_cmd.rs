@@ -197,7 +197,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let mut exec = Executor::new(&bundle, options.clone())
         .with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     if let Some(offload) = offload {
-        exec.set_offload(offload);
+        exec.set_offload(offload).with_context(|| format!("offloading {}'s projections", o.bundle.display()))?;
     }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     let precision = if o.int8_activations { WGemmPrecision::Int8Activations } else { WGemmPrecision::Exact };

@@ -202,7 +202,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
     let mut executor =
         Executor::new(&bundle, options).with_context(|| format!("loading the program of {}", o.bundle.display()))?;
     if let Some(offload) = offload {
-        executor.set_offload(offload);
+        executor.set_offload(offload).with_context(|| format!("offloading {}'s projections", o.bundle.display()))?;
     }
     let load_ms = load_started.elapsed().as_secs_f64() * 1e3;
     // Sequence i samples with seed + i, so that equal prompts still differ when sampling.

@@ -338,8 +338,10 @@ fn chain_lines(c: &Value) -> Vec<String> {
         c["rows"],
         unchained.len()
     )];
-    out.extend(unchained.iter().map(|u| {
-        format!("    {}: {}", u["qgemm"].as_str().unwrap_or("?"), u["reason"].as_str().unwrap_or("?"))
-    }));
+    out.extend(
+        unchained
+            .iter()
+            .map(|u| format!("    {}: {}", u["qgemm"].as_str().unwrap_or("?"), u["reason"].as_str().unwrap_or("?"))),
+    );
     out
 }

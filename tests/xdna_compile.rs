@@ -182,7 +182,7 @@ fn check_bundle(name: &str, device: &str) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    assert_eq!(plan["format"], "npuc-xdna-plan/4");
+    assert_eq!(plan["format"], "npuc-xdna-plan/5");
     assert_eq!(plan["device"], device);
     assert_eq!((&plan["host_threshold_rows"], &plan["gemv_rows"]), (&16.into(), &8.into()));
     let planned: BTreeSet<String> =
@@ -383,7 +383,7 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     let npu = Npu::with_driver(sim.clone()).unwrap();
     let offload = Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap());
     let mut npu_exec = Executor::new(&bundle, options()).unwrap();
-    npu_exec.set_offload(offload);
+    npu_exec.set_offload(offload).unwrap();
     let got_prefill = npu_exec.step(&prompt).unwrap().to_vec();
     let prefill_calls = npu_exec.offloaded_calls();
     let execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count();
@@ -395,9 +395,15 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     // Each one M-block per column chunk: every call but the lm_head's has its weights' second
     // pass as a chunk of its own, which multiplies the first activation pass's rows only.
     assert_eq!(execs as u64, 2 * (4 * 2) + 1, "commands submitted");
-    assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls, "a one-row decode step runs every QGemm call too");
+    // A one-row decode step runs its chained projections (o and down: their γ-free rows) as one
+    // qgemv call each, and every other QGemm call as one GEMV block: a weight's two passes are
+    // one design's columns.
+    let chains = plan["chains"].as_array().unwrap().len() as u64;
+    assert_eq!(chains, 4, "o and down of both layers");
+    assert_eq!(npu_exec.offloaded_chains(), chains, "every chain of the decode step");
+    assert_eq!(npu_exec.offloaded_calls(), prefill_calls + calls - chains, "the other QGemm calls");
     let decode_execs = sim.state().calls.iter().filter(|&&c| c == "EXEC_CMD").count() - execs;
-    assert_eq!(decode_execs as u64, calls, "one GEMV block per call: a weight's two passes are one design's columns");
+    assert_eq!(decode_execs as u64, calls, "one command per projection");
     let differing = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
     assert_eq!(got_prefill.len(), want_prefill.len());
     assert_eq!(differing(&got_prefill, &want_prefill), 0, "prefill logits that differ from the host's");
@@ -408,15 +414,20 @@ fn an_xdna_bundle_runs_its_prefill_and_decode_gemms_through_the_amdxdna_ioctls_w
     npu_exec.reset().unwrap();
     let want_long = host.step(&long).unwrap().to_vec();
     let got_long = npu_exec.step(&long).unwrap().to_vec();
-    assert_eq!(npu_exec.offloaded_calls(), 3 * prefill_calls);
+    assert_eq!(npu_exec.offloaded_calls(), 2 * prefill_calls + calls - chains);
     assert_eq!(differing(&got_long, &want_long), 0, "logits of a 100-token prefill");
     // One hardware context per design the steps used: every decode, prefill and GEMV design.
     let gemms = plan["gemms"].as_array().unwrap();
     let m_blocks = gemms.iter().flat_map(|g| g["chunks"].as_array().unwrap());
-    let gemv = gemms.iter().flat_map(|g| g["gemv_chunks"].as_array().unwrap()).map(|c| c["design"].as_str().unwrap());
+    // The steps had one row or 20 or 100: a chained projection's GEMV design ran in none.
+    let chain_nodes: Vec<&Value> = plan["chains"].as_array().unwrap().iter().map(|c| &c["qgemm"]).collect();
+    let unchained = gemms.iter().filter(|g| !chain_nodes.contains(&&g["site"]["node"]));
+    let gemv = unchained.flat_map(|g| g["gemv_chunks"].as_array().unwrap()).map(|c| c["design"].as_str().unwrap());
+    let chained = plan["chains"].as_array().unwrap().iter().flat_map(|c| c["chunks"].as_array().unwrap());
     let used: BTreeSet<&str> = m_blocks
         .flat_map(|c| ["decode_design", "prefill_design"].map(|k| c[k].as_str().unwrap()))
         .chain(gemv)
+        .chain(chained.map(|c| c["design"].as_str().unwrap()))
         .collect();
     assert_eq!(sim.state().ctxs.len(), used.len(), "hardware contexts");
     drop(npu_exec);

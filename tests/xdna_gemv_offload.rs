@@ -1,13 +1,15 @@
 //! Decode on the array: an xdna bundle's plan routes calls under the threshold (a decode step's
-//! one row, a short verify block) to its GEMV designs in blocks of 8 rows, and through the
-//! amdxdna ioctls (against the driver model, whose firmware runs each design's text in the
-//! interpreter) every decode step's projection calls run on those designs — and only those —
+//! one row, a short verify block) to its GEMV designs in blocks of 8 rows, and a one-row step's
+//! chained projections (quantisation, GEMV and the passes' sum) to one qgemv design call each;
+//! through the amdxdna ioctls (against the driver model, whose firmware runs each design's text
+//! in the interpreter) every decode step's projections run on those designs — and only those —
 //! with the host int8 program's logits bit for bit.
 
 mod common;
 
 use runtime::bundle::xdna::{DesignKind, XdnaPlan, PLAN_FILE, PLAN_FORMAT};
 use runtime::bundle::Bundle;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
@@ -75,18 +77,14 @@ fn every_projection_has_a_gemv_design_and_decode_rows_are_routed_to_it() {
 /// The design each command ran, by the `aie.device`'s name in the PDI (a design's text here).
 #[cfg(feature = "xrt")]
 fn recording_sim(ran: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> codegen_aie::amdxdna::sim::Sim {
-    use codegen_aie::amdxdna::sim::{npu1_metadata, Firmware, Sim};
+    use codegen_aie::amdxdna::sim::{npu1_metadata, run_design, Firmware, Sim};
     let firmware: Firmware = Box::new(move |pdi, _insts, buffers| {
         let text = std::str::from_utf8(pdi)?;
         // The device's attributes close its region: `}) {device = 4 : i32, sym_name = "NAME"}`.
         let attrs = text.split("{device = ").nth(1).and_then(|s| s.split("sym_name = \"").nth(1));
         let design = attrs.and_then(|s| s.split('"').next()).unwrap_or("?");
         ran.lock().unwrap().push(design.to_string());
-        let ins: Vec<Vec<i8>> =
-            buffers[..buffers.len() - 1].iter().map(|b| b.iter().map(|&x| x as i8).collect()).collect();
-        let refs: Vec<&[i8]> = ins.iter().map(|v| v.as_slice()).collect();
-        let (c, _) = codegen_aie::interp::run(text, &refs)?;
-        Ok(c.iter().flat_map(|v| v.to_le_bytes()).collect())
+        run_design(pdi, buffers)
     });
     Sim::new(npu1_metadata(), firmware)
 }
@@ -123,29 +121,90 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     let npu = xdna_driver::Npu::with_driver(recording_sim(ran.clone())).unwrap();
     let mut host = Executor::new(&bundle, options()).unwrap();
     let mut array = Executor::new(&bundle, options()).unwrap();
-    array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap()));
-    // Commands of a step: every call's blocks (its rows are the tokens times its stacked
-    // passes) over its column chunks, as the plan lists them.
+    array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap())).unwrap();
+    // Commands of a step: a one-row step's chains one call a column chunk; every other call's
+    // blocks (its rows are the tokens times its stacked passes) over its column chunks, as the
+    // plan lists them.
+    let chained = |g: &&runtime::bundle::xdna::PlanGemm| plan.chains.iter().any(|c| c.qgemm == g.site.node);
+    let chain_chunks: usize = plan.chains.iter().map(|c| c.chunks.len()).sum();
     let commands = |tokens: usize| -> usize {
-        plan.gemms.iter().map(|g| plan.calls(g, tokens * g.site.passes).unwrap().len()).sum()
+        let gemms = plan.gemms.iter().filter(|g| tokens > 1 || !chained(g));
+        let gemv: usize = gemms.map(|g| plan.calls(g, tokens * g.site.passes).unwrap().len()).sum();
+        gemv + if tokens == 1 { chain_chunks } else { 0 }
     };
+    assert_eq!(plan.chains.len(), 4, "o and down of both layers are chained");
     assert!(plan.gemms.iter().any(|g| g.site.passes == 2), "the activations' passes are stacked");
     let qgemms = plan.gemms.len() as u64;
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
     let verify: Vec<u32> = (0..6).map(|i| (i * 41 + 3) % 500).collect();
     assert!(commands(6) > commands(1), "a 6-token step's stacked passes take two GEMV blocks");
-    let steps: [(&[u32], &str); 5] =
-        [(&prompt, "gemm_"), (&[7], "gemv_"), (&[11], "gemv_"), (&[13], "gemv_"), (&verify, "gemv_")];
-    for (tokens, kind) in steps {
+    let chains = plan.chains.len() as u64;
+    let (gemm, gemv, qgemv) = (DesignKind::Gemm, DesignKind::Gemv, DesignKind::Qgemv);
+    let steps: [(&[u32], &[DesignKind]); 5] = [
+        (&prompt, &[gemm]),
+        (&[7], &[gemv, qgemv]),
+        (&[11], &[gemv, qgemv]),
+        (&[13], &[gemv, qgemv]),
+        (&verify, &[gemv]),
+    ];
+    for (tokens, kinds) in steps {
         let want = host.step(tokens).unwrap().to_vec();
-        let before = array.offloaded_calls();
+        let before = (array.offloaded_calls(), array.offloaded_chains());
         let got = array.step(tokens).unwrap().to_vec();
-        assert_eq!(differing(&got, &want), 0, "{} tokens: logits that differ from the host's", tokens.len());
-        assert_eq!(array.offloaded_calls() - before, qgemms, "{} tokens: every QGemm call offloaded", tokens.len());
+        let n = tokens.len();
+        assert_eq!(differing(&got, &want), 0, "{n} tokens: logits that differ from the host's");
+        let step_chains = if n == 1 { chains } else { 0 };
+        assert_eq!(array.offloaded_chains() - before.1, step_chains, "{n} tokens: chains");
+        assert_eq!(array.offloaded_calls() - before.0, qgemms - step_chains, "{n} tokens: every other QGemm call");
         let mut names = std::mem::take(&mut *ran.lock().unwrap());
-        assert_eq!(names.len(), commands(tokens.len()), "{} tokens: commands", tokens.len());
+        assert_eq!(names.len(), commands(n), "{n} tokens: commands");
         names.sort_unstable();
         names.dedup();
-        assert!(names.iter().all(|n| n.starts_with(kind)), "{} tokens ran {names:?}", tokens.len());
+        let ran_kinds: BTreeSet<DesignKind> = names.iter().map(|name| plan.design(name).unwrap().kind).collect();
+        assert_eq!(ran_kinds, kinds.iter().copied().collect(), "{n} tokens ran {names:?}");
     }
+}
+
+/// SmolLM2's xdna bundle (γ of bfloat16 values, as it was trained): every projection of a
+/// decode step chained — q/k/v and gate/up fed by their norms, o by the attention's rows, down
+/// by the gate, the lm_head by the final norm — and the step's logits through the driver model
+/// equal the host's bit for bit. The prompt runs on the host (its GEMM designs would take the
+/// interpreter minutes); the offload is installed for the decode steps.
+#[cfg(feature = "xrt")]
+#[test]
+fn smollm2s_decode_steps_run_every_projection_chained_with_the_host_logits() {
+    use runtime::bundle::xdna::QgemvFeed;
+    use runtime::exec::{ExecOptions, Executor};
+    use std::sync::{Arc, Mutex};
+    let tmp = tempfile::tempdir().unwrap();
+    let compiled = compile("smollm2-optimum", tmp.path());
+    let plan = XdnaPlan::decode(&compiled.read_file(PLAN_FILE).unwrap()).unwrap();
+    let feeds: BTreeSet<QgemvFeed> = plan.chains.iter().map(|c| c.feed).collect();
+    assert_eq!(plan.chains.len(), plan.gemms.len(), "every projection chained");
+    assert_eq!(feeds, [QgemvFeed::Rows, QgemvFeed::Norm, QgemvFeed::Gate].into_iter().collect());
+    let add: Vec<(String, Vec<u8>)> = plan
+        .designs
+        .iter()
+        .flat_map(|d| [(d.pdi_file(), compiled.read_file(&d.file).unwrap()), (d.insts_file(), vec![0u8; 64])])
+        .collect();
+    let with = tmp.path().join("with_artifacts.npub");
+    common::copy_bundle_adding_files(&compiled, &with, &add);
+    let bundle = Bundle::open(&with, Some("xdna")).unwrap();
+    let options = || ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() };
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let npu = xdna_driver::Npu::with_driver(recording_sim(ran.clone())).unwrap();
+    let mut host = Executor::new(&bundle, options()).unwrap();
+    let mut array = Executor::new(&bundle, options()).unwrap();
+    let prompt = [1u32, 9690, 314, 253, 2113];
+    assert_eq!(differing(array.step(&prompt).unwrap(), host.step(&prompt).unwrap()), 0);
+    array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap())).unwrap();
+    for token in [28, 1392] {
+        let want = host.step(&[token]).unwrap().to_vec();
+        let got = array.step(&[token]).unwrap().to_vec();
+        assert_eq!(differing(&got, &want), 0, "token {token}: logits that differ from the host's");
+    }
+    assert_eq!(array.offloaded_chains(), 2 * plan.chains.len() as u64);
+    assert_eq!(array.offloaded_calls(), 0, "no projection left to the GEMV designs");
+    let chunks: usize = plan.chains.iter().map(|c| c.chunks.len()).sum();
+    assert_eq!(ran.lock().unwrap().len(), 2 * chunks, "one command a chain's chunk");
 }

@@ -3,8 +3,8 @@
 //! it does not list is refused naming the file and the JSON path; and the rows routing.
 
 use bundle::xdna::{
-    route_rows, ArrayCall, DesignKind, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanGemvChunk, PlanShape, PlanSite,
-    PlanTiling, XdnaPlan, PLAN_FILE, PLAN_FORMAT,
+    route_rows, ArrayCall, DesignKind, PlanChain, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanGemvChunk, PlanShape,
+    PlanSite, PlanTiling, QgemvFeed, QgemvLayout, XdnaPlan, PLAN_FILE, PLAN_FORMAT,
 };
 use serde_json::Value;
 
@@ -36,6 +36,7 @@ fn design(name: &str, m: usize, built: bool) -> PlanDesign {
         kind: if name.starts_with("gemv") { DesignKind::Gemv } else { DesignKind::Gemm },
         array_columns: 4,
         tiling: tiling(m),
+        qgemv: None,
         insts: built.then(|| format!("xdna/{name}.insts.bin")),
         xclbin: built.then(|| format!("xdna/{name}.xclbin")),
         pdi: built.then(|| format!("xdna/{name}.pdi")),
@@ -81,9 +82,69 @@ fn plan() -> XdnaPlan {
                 .to_vec(),
             gemv_chunks: vec![PlanGemvChunk { col_offset: 0, cols: 96, design: "gemv_8x64x96_npu1".into() }],
         }],
+        chains: vec![],
         mlir: Some("2 designs verified by MLIR (22.1.0)".into()),
         artifacts: None,
     }
+}
+
+/// A qgemv design of one row, 64 values a row, 64 outputs summing the weight's two passes.
+fn qgemv_design(name: &str) -> PlanDesign {
+    let layout = QgemvLayout {
+        feed: QgemvFeed::Norm,
+        rows: 1,
+        padded_k: 64,
+        padded_n: 64,
+        part_k: 64,
+        parts: 1,
+        tile_cols: 8,
+        tiles: 1,
+        streams: 8,
+        passes: 2,
+        pairs: true,
+        w_rows: 17,
+        scales_per_row: 16,
+    };
+    PlanDesign { kind: DesignKind::Qgemv, qgemv: Some(layout), ..design(name, 1, true) }
+}
+
+/// [`plan`] with the projection chained: its norm, quantisation, QGemm and passes' sum.
+fn chained_plan() -> XdnaPlan {
+    let mut p = plan();
+    p.designs.push(qgemv_design("qgemv2_1x64x48_npu1_pairs"));
+    p.chains.push(PlanChain {
+        qgemm: "/q_proj/MatMul".into(),
+        feed: QgemvFeed::Norm,
+        nodes: ["inverse_rms", "quantize", "scale", "/q_proj/MatMul", "main", "residual", "sum"].map(String::from).to_vec(),
+        inputs: vec!["x".into()],
+        gamma: Some("norm.weight".into()),
+        output: "q".into(),
+        k: 64,
+        n: 48,
+        pairs: true,
+        rows: 1,
+        chunks: vec![PlanGemvChunk { col_offset: 0, cols: 48, design: "qgemv2_1x64x48_npu1_pairs".into() }],
+    });
+    p
+}
+
+#[test]
+fn a_chained_plan_decodes_to_what_was_encoded_and_its_chains_must_call_qgemv_designs_that_take_them() {
+    let p = chained_plan();
+    assert_eq!(XdnaPlan::decode(&p.encode()).unwrap(), p);
+    let edited = |edit: &dyn Fn(&mut XdnaPlan)| {
+        let mut p = chained_plan();
+        edit(&mut p);
+        malformed_at(XdnaPlan::decode(&p.encode()))
+    };
+    let path = "chains[0].chunks[0].design";
+    let (at, message) = edited(&|p| p.chains[0].chunks[0].design = "gemv_8x64x96_npu1".into());
+    assert_eq!(at, path);
+    assert!(message.contains("`/q_proj/MatMul` calls design `gemv_8x64x96_npu1`"), "{message}");
+    assert_eq!(edited(&|p| p.chains[0].feed = QgemvFeed::Gate).0, path, "a design of another feed");
+    assert_eq!(edited(&|p| p.chains[0].rows = 2).0, path, "more rows than the design's");
+    assert_eq!(edited(&|p| p.chains[0].chunks[0].cols = 72).0, path, "more columns than the design's");
+    assert_eq!(edited(&|p| p.chains[0].k = 96).0, path, "longer rows than the design's");
 }
 
 /// The plan's JSON after `edit`, decoded.
@@ -178,13 +239,13 @@ fn a_chunk_calling_an_unlisted_design_is_refused() {
 #[test]
 fn another_format_is_refused_before_its_fields() {
     let err = decode_edited(|j| {
-        j["format"] = "npuc-xdna-plan/5".into();
+        j["format"] = "npuc-xdna-plan/6".into();
         j.as_object_mut().unwrap().remove("designs");
     })
     .unwrap_err();
-    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/5".into(), expected: PLAN_FORMAT });
-    // An older plan (GEMV designs per M-block chunk) is refused with the remedy.
-    let err = decode_edited(|j| j["format"] = "npuc-xdna-plan/3".into()).unwrap_err();
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/6".into(), expected: PLAN_FORMAT });
+    // An older plan (no qgemv layouts, no chains) is refused with the remedy.
+    let err = decode_edited(|j| j["format"] = "npuc-xdna-plan/4".into()).unwrap_err();
     assert!(err.to_string().contains("recompile the bundle"), "{err}");
     assert!(err.to_string().contains(PLAN_FILE), "{err}");
     let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));

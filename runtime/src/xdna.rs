@@ -18,10 +18,11 @@
 //! the field's JSON path.
 
 use crate::bundle::xdna::{
-    array_calls, ArrayCall, DesignKind, PlanDesign, PlanError, PlanGemm, Routing, XdnaPlan, PLAN_FILE,
+    array_calls, ArrayCall, DesignKind, PlanChain, PlanDesign, PlanError, PlanGemm, QgemvFeed, QgemvLayout,
+    QgemvWeights, Routing, XdnaPlan, PLAN_FILE,
 };
 use crate::bundle::{Bundle, BundleError};
-use crate::exec::{GemmOffload, OffloadError};
+use crate::exec::{GemmOffload, OffloadChain, OffloadError};
 use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +43,10 @@ pub enum XdnaError {
     MissingArtifact { design: String, path: String },
     #[error("design {design}: {error}")]
     Npu { design: String, error: NpuError },
+    #[error("design {design} is not a qgemv design, which a chain calls")]
+    NotQgemv { design: String },
+    #[error("design {design} cannot take {rows} rows of {k} values")]
+    ChainRows { design: String, rows: usize, k: usize },
     #[error("{codes} activation codes for {m}×{k}")]
     Activations { codes: usize, m: usize, k: usize },
     #[error(
@@ -68,6 +73,8 @@ struct DesignRun {
     cols: u32,
     pdi: Vec<u8>,
     insts: Vec<u8>,
+    /// A qgemv design's operands.
+    layout: Option<QgemvLayout>,
 }
 
 /// A B operand's node, chunk (first column), design kind and host shape (K, N).
@@ -85,6 +92,10 @@ pub struct XdnaOffload<D: Driver> {
     /// made on first use: a chunk's decode and prefill designs share one when their shapes agree.
     operands: HashMap<OperandKey, Vec<i8>>,
     routing: Routing,
+    /// Decode's chained projections, and per chain and chunk its weight operand (made on
+    /// first use).
+    chains: Vec<PlanChain>,
+    chain_operands: HashMap<(usize, usize), Vec<u8>>,
     /// Design runs submitted.
     pub runs: u64,
 }
@@ -100,6 +111,7 @@ fn design_run(bundle: &Bundle, d: &PlanDesign) -> Result<DesignRun, XdnaError> {
         cols: d.array_columns as u32,
         pdi: artifact(d.pdi_file())?,
         insts: artifact(d.insts_file())?,
+        layout: d.qgemv,
     })
 }
 
@@ -115,7 +127,17 @@ impl<D: Driver + Send> XdnaOffload<D> {
         }
         let routing = plan.routing();
         let gemms = plan.gemms.into_iter().map(|g| (g.site.node.clone(), Arc::new(g))).collect();
-        Ok(XdnaOffload { npu, designs, gemms, contexts: HashMap::new(), operands: HashMap::new(), routing, runs: 0 })
+        Ok(XdnaOffload {
+            npu,
+            designs,
+            gemms,
+            contexts: HashMap::new(),
+            operands: HashMap::new(),
+            routing,
+            chains: plan.chains,
+            chain_operands: HashMap::new(),
+            runs: 0,
+        })
     }
 }
 
@@ -172,6 +194,30 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, OffloadError> {
         Ok(self.offload(node, a, m, w)?)
+    }
+
+    /// The plan's chains: each reads its rows (a gate's rows and up's), then a norm's γ.
+    fn chains(&self) -> Vec<OffloadChain> {
+        self.chains
+            .iter()
+            .map(|c| OffloadChain {
+                nodes: c.nodes.clone(),
+                qgemm: c.qgemm.clone(),
+                inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
+                output: c.output.clone(),
+                rows: c.rows,
+            })
+            .collect()
+    }
+
+    fn run_chain(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Vec<f32>, OffloadError> {
+        Ok(self.chain(index, inputs, rows, w)?)
     }
 }
 
@@ -240,6 +286,57 @@ impl<D: Driver + Send> XdnaOffload<D> {
         let out = run_block(&mut self.npu, &mut self.contexts, d, call.design, &ab, b)?;
         self.runs += 1;
         Ok(out)
+    }
+}
+
+impl<D: Driver + Send> XdnaOffload<D> {
+    /// Chain `index` on its designs, one call a column chunk: the rows operand from `inputs`
+    /// (rows; a gate's up or a norm's γ second), the weight operand packed from `w` once.
+    fn chain(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Vec<f32>, XdnaError> {
+        let (k, n) = (self.chains[index].k, self.chains[index].n);
+        let mut y = vec![0f32; rows * n];
+        for c in 0..self.chains[index].chunks.len() {
+            let chunk = &self.chains[index].chunks[c];
+            let (design, col_offset, cols) = (chunk.design.clone(), chunk.col_offset, chunk.cols);
+            let d = &self.designs[&design];
+            let Some(layout) = d.layout else { return Err(XdnaError::NotQgemv { design }) };
+            let second = inputs.get(1).copied();
+            let (gamma, up) = match layout.feed {
+                QgemvFeed::Norm => (second, None),
+                QgemvFeed::Gate => (None, second),
+                QgemvFeed::Rows => (None, None),
+            };
+            let x = inputs.first().copied().unwrap_or_default();
+            let Some(operand) = layout.rows_operand((&x[..(rows * k).min(x.len())], k), gamma, up) else {
+                return Err(XdnaError::ChainRows { design, rows, k });
+            };
+            let weights = self.chain_operands.entry((index, c)).or_insert_with(|| {
+                let codes = w.codes_kn();
+                let first_only = |_: usize| false;
+                let q = QgemvWeights { codes: &codes, k: w.k(), n: w.n(), scales: w.scales(), first_only: &first_only };
+                layout.pack(&q, (col_offset, cols)).iter().map(|&b| b as u8).collect()
+            });
+            let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let failed = |error| XdnaError::Npu { design: design.clone(), error };
+            if !self.contexts.contains_key(&design) {
+                let ctx = self.npu.context(&d.pdi, d.cols).map_err(failed)?;
+                self.contexts.insert(design.clone(), ctx);
+            }
+            let out_bytes = 4 * layout.rows * layout.padded_n;
+            let out = self.npu.run(&self.contexts[&design], &d.insts, &[&bytes, weights], out_bytes).map_err(failed)?;
+            self.runs += 1;
+            let out: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            for r in 0..rows {
+                y[r * n + col_offset..][..cols].copy_from_slice(&out[r * layout.padded_n..][..cols]);
+            }
+        }
+        Ok(y)
     }
 }
 

@@ -115,7 +115,7 @@ impl PlanDesign {
 }
 
 /// What a design computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DesignKind {
     /// An M-block `[m, k] × [k, n]`, B the weight `[K, N]` row-major.

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What a qgemv design's rows operand carries, and so what its cores compute before the GEMV.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum QgemvFeed {
     /// Activation rows: `QuantizeRows(x)`.

@@ -25,6 +25,9 @@ pub enum ExecError {
     /// The device a GEMM was offloaded to failed.
     #[error("node `{node}`: the offloaded GEMM failed: {source}")]
     Offload { node: String, source: super::OffloadError },
+    /// A chain the offload computes does not fit the program, or it returned the wrong size.
+    #[error("the offload's chain at QGemm `{qgemm}`: {problem}")]
+    Chain { qgemm: String, problem: String },
     /// Rewinding a sequence of a program with recurrent state, which holds the state after the
     /// sequence's last token only.
     #[error("{seq}: {action} is refused: the program keeps recurrent state (conv/linear-attention) for the sequence's last position only")]

@@ -71,6 +71,7 @@
 //!   `run::router`) on the kernels of [`crate::kernels`].
 //! - `program`: the program's JSON decoded; [`packed`]: the packed-weight conventions.
 
+mod chain;
 mod error;
 mod generate;
 mod mtp;
@@ -84,6 +85,7 @@ mod session;
 mod speculate;
 
 pub use crate::kernels::layout::MAX_TRANSPOSE_RANK;
+pub use chain::OffloadChain;
 pub use error::ExecError;
 pub use generate::{argmax, GenerateStats, SequenceOutput};
 pub use mtp::MtpDrafter;
@@ -196,6 +198,8 @@ pub struct Executor<'b> {
     /// Where QGemm products are computed when not here (see [`GemmOffload`]).
     offload: Option<Box<dyn GemmOffload>>,
     offloaded_calls: u64,
+    /// The offload's chains of nodes, each one call (see `chain`).
+    chains: chain::Chains,
     /// One attention scratch per worker of a prefill block's attention (grown once).
     attend_scratches: Vec<Mutex<AttendScratch>>,
     /// The step computes the logits of every row, not only the last (a verify step).
@@ -238,6 +242,25 @@ pub trait GemmOffload: Send {
         m: usize,
         w: QGemmWeights<'_>,
     ) -> Result<Option<Vec<i32>>, OffloadError>;
+
+    /// Runs of nodes the offload computes as one call each (see [`OffloadChain`]); none unless
+    /// it says so.
+    fn chains(&self) -> Vec<OffloadChain> {
+        vec![]
+    }
+
+    /// Computes chain `index` of [`GemmOffload::chains`] for `rows` rows: `inputs` the f32
+    /// values it names, `w` its QGemm's weights; returns its output, `[rows, n]`.
+    fn run_chain(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Vec<f32>, OffloadError> {
+        let _ = (inputs, rows, w);
+        Err(format!("this offload computes no chain (asked for chain {index})").into())
+    }
 }
 
 /// Why an offload failed (the device's own error type, kept whole for `source()`).
@@ -278,6 +301,7 @@ impl<'b> Executor<'b> {
             pass_products: Vec::new(),
             offload: None,
             offloaded_calls: 0,
+            chains: chain::Chains::default(),
             attend_scratches: Vec::new(),
             every_row_logits: false,
             states: vec![(seq, vec![0.0; plan.state_floats])],
@@ -368,9 +392,14 @@ impl<'b> Executor<'b> {
         self.plan.hidden_only[i] && !self.hidden_output
     }
 
-    /// Installs an offload for QGemm products (see [`GemmOffload`]).
-    pub fn set_offload(&mut self, offload: Box<dyn GemmOffload>) {
+    /// Installs an offload for QGemm products and the chains it computes (see
+    /// [`GemmOffload`]); refused, leaving none installed, when a chain does not resolve
+    /// against the program.
+    pub fn set_offload(&mut self, offload: Box<dyn GemmOffload>) -> Result<(), ExecError> {
+        self.offload = None;
+        self.resolve_chains(&offload.chains())?;
         self.offload = Some(offload);
+        Ok(())
     }
 
     /// Starts recording each op's time in the steps from here on (anew if one was recording).
@@ -388,6 +417,11 @@ impl<'b> Executor<'b> {
     /// QGemm calls whose products the offload computed.
     pub fn offloaded_calls(&self) -> u64 {
         self.offloaded_calls
+    }
+
+    /// Chains the offload computed as one call each.
+    pub fn offloaded_chains(&self) -> u64 {
+        self.chains.calls
     }
 
     /// Bytes of QGemm weight codes and column sums packed at load; 0 when the bundle holds every

@@ -182,12 +182,18 @@ impl Executor<'_> {
         self.positions.clear();
         self.positions.extend((position..position + tokens.len()).map(|p| p as i64));
         self.prepare(dims);
+        self.start_chains(tokens.len());
         for i in 0..self.plan.ops.len() {
-            if self.skips_op(i) {
+            let chained = self.chained(i);
+            if self.skips_op(i) || chained.is_some_and(|(_, last)| !last) {
                 continue;
             }
             let started = self.profile.is_some().then(std::time::Instant::now);
-            if let Err(e) = self.run_op(i) {
+            let ran = match chained {
+                Some((id, _)) => self.run_chain(id),
+                None => self.run_op(i),
+            };
+            if let Err(e) = ran {
                 self.row_states.clear();
                 return Err(e);
             }

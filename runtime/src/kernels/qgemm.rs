@@ -192,6 +192,10 @@ impl<'a> QGemmWeights<'a> {
     pub fn n(&self) -> usize {
         self.n
     }
+    /// The columns' scales.
+    pub fn scales(&self) -> &'a [f32] {
+        self.scales
+    }
     fn groups(&self) -> usize {
         self.k.div_ceil(4)
     }

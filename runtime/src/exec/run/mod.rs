@@ -73,6 +73,11 @@ impl<'a> View<'a, '_> {
 }
 
 impl Executor<'_> {
+    /// The current step's f32 value `v` (a buffer, weight or constant).
+    pub(super) fn f32_value(&self, v: usize) -> &[f32] {
+        view!(self).f32(v)
+    }
+
     /// Evaluates every value's shape for the step and grows the buffers to fit.
     pub(super) fn prepare(&mut self, dims: StepDims) {
         for (v, info) in self.plan.program.values.iter().enumerate() {

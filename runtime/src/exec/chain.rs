@@ -1,0 +1,149 @@
+//! Chains of program nodes an offload computes as one call: a decode projection from its f32
+//! rows to its f32 outputs, quantisation and the sum of the weight's passes included
+//! ([`OffloadChain`]). A step of at most the chain's rows skips the chain's ops and, at its
+//! last one, gives the offload the chain's inputs and the QGemm's weights and writes what comes
+//! back as the chain's output; longer steps run the ops (and offer the QGemm alone).
+
+use super::error::ExecError;
+use super::plan::{Loc, Op};
+use super::run::numel;
+use super::Executor;
+use crate::kernels::qgemm::QGemmWeights;
+
+/// A chain an offload computes (see the module doc), by the program's names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffloadChain {
+    /// Every node of the chain; nothing outside it may read what they compute but `output`.
+    pub nodes: Vec<String>,
+    /// The QGemm node whose weights the call multiplies.
+    pub qgemm: String,
+    /// The f32 values the call reads, in the order it takes them (weights included).
+    pub inputs: Vec<String>,
+    /// The f32 value it writes, `[rows, n]`.
+    pub output: String,
+    /// Steps of at most this many rows run the chain as one call.
+    pub rows: usize,
+}
+
+/// A chain resolved against the executor's plan.
+pub(super) struct Chain {
+    /// Its ops' indices; the last runs the call.
+    ops: Vec<usize>,
+    qgemm_op: usize,
+    inputs: Vec<usize>,
+    output: usize,
+    rows: usize,
+}
+
+/// Per op, the chain it belongs to (`chain_of`), and the chains.
+#[derive(Default)]
+pub(super) struct Chains {
+    pub(super) chains: Vec<Chain>,
+    pub(super) chain_of: Vec<Option<usize>>,
+    /// Whether the current step runs its chains as calls.
+    pub(super) on: bool,
+    /// Chain calls made.
+    pub(super) calls: u64,
+}
+
+impl Executor<'_> {
+    /// Resolves the offload's chains against the program: every name must be a node or value
+    /// of it, the inputs and output f32, each node's ops in no other chain, and nothing outside
+    /// the chain reading what its ops compute but the output.
+    pub(super) fn resolve_chains(&mut self, wanted: &[OffloadChain]) -> Result<(), ExecError> {
+        let mut chains = Chains { chain_of: vec![None; self.plan.ops.len()], ..Chains::default() };
+        for (id, c) in wanted.iter().enumerate() {
+            let chain = self.resolve_chain(c, &chains.chain_of)?;
+            for &op in &chain.ops {
+                chains.chain_of[op] = Some(id);
+            }
+            chains.chains.push(chain);
+        }
+        self.chains = chains;
+        Ok(())
+    }
+
+    fn resolve_chain(&self, c: &OffloadChain, taken: &[Option<usize>]) -> Result<Chain, ExecError> {
+        let bad = |problem: String| ExecError::Chain { qgemm: c.qgemm.clone(), problem };
+        let program = &self.plan.program;
+        let value = |name: &str| program.values.iter().position(|v| v.name == name);
+        let ops: Vec<usize> =
+            (0..self.plan.ops.len()).filter(|&i| c.nodes.contains(&program.nodes[self.plan.ops[i].0].name)).collect();
+        let qgemm_op = ops
+            .iter()
+            .copied()
+            .find(|&i| {
+                program.nodes[self.plan.ops[i].0].name == c.qgemm && matches!(self.plan.ops[i].1, Op::QGemm { .. })
+            })
+            .ok_or_else(|| bad("its QGemm is no QGemm op of the program".into()))?;
+        if let Some(&op) = ops.iter().find(|&&i| taken[i].is_some()) {
+            return Err(bad(format!("node `{}` is in another chain", program.nodes[self.plan.ops[op].0].name)));
+        }
+        let f32_value = |name: &str| -> Result<usize, ExecError> {
+            let v = value(name).ok_or_else(|| bad(format!("`{name}` is no value of the program")))?;
+            match self.plan.locs[v] {
+                Loc::Buf(_) | Loc::Weight(_) | Loc::ConstF32(_) => Ok(v),
+                _ => Err(bad(format!("`{name}` is not an f32 value"))),
+            }
+        };
+        let inputs = c.inputs.iter().map(|n| f32_value(n)).collect::<Result<Vec<_>, _>>()?;
+        let output = f32_value(&c.output)?;
+        if !matches!(self.plan.locs[output], Loc::Buf(_)) {
+            return Err(bad(format!("`{}` is not computed into a buffer", c.output)));
+        }
+        self.check_closed(&ops, output).map_err(bad)?;
+        Ok(Chain { ops, qgemm_op, inputs, output, rows: c.rows })
+    }
+
+    /// Nothing outside `ops` reads a value the program's nodes of `ops` write, but `output`.
+    fn check_closed(&self, ops: &[usize], output: usize) -> Result<(), String> {
+        let program = &self.plan.program;
+        let nodes: Vec<usize> = ops.iter().map(|&i| self.plan.ops[i].0).collect();
+        let written: Vec<usize> = nodes.iter().flat_map(|&n| program.nodes[n].outputs.clone()).collect();
+        for (_, node) in program.nodes.iter().enumerate().filter(|(i, _)| !nodes.contains(i)) {
+            if let Some(v) = node.inputs.iter().flatten().find(|v| written.contains(v) && **v != output) {
+                return Err(format!("`{}` reads `{}`, which the chain computes", node.name, program.values[*v].name));
+            }
+        }
+        match written.iter().find(|v| program.outputs.contains(v) && **v != output) {
+            Some(v) => Err(format!("`{}` is a program output", program.values[*v].name)),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a step skips op `i` as part of a chain it runs as one call (at the chain's
+    /// last op, which runs the call instead).
+    pub(super) fn chained(&self, i: usize) -> Option<(usize, bool)> {
+        let id = self.chains.chain_of.get(i).copied().flatten().filter(|_| self.chains.on)?;
+        Some((id, self.chains.chains[id].ops.last() == Some(&i)))
+    }
+
+    /// Sets whether a step of `rows` rows runs the chains as calls.
+    pub(super) fn start_chains(&mut self, rows: usize) {
+        self.chains.on = self.offload.is_some() && self.chains.chains.first().is_some_and(|c| rows <= c.rows);
+    }
+
+    /// Runs chain `id` as one offload call and writes its output.
+    pub(super) fn run_chain(&mut self, id: usize) -> Result<(), ExecError> {
+        let chain = &self.chains.chains[id];
+        let (node, op) = self.plan.node_op(chain.qgemm_op);
+        let Op::QGemm { packed, .. } = op else { unreachable!("resolved as a QGemm") };
+        let weights: QGemmWeights<'_> = self.plan.qpacked[*packed].weights();
+        // Decode's rows are short: copied, so the offload can be borrowed beside them.
+        let inputs: Vec<Vec<f32>> = chain.inputs.iter().map(|&v| self.f32_value(v).to_vec()).collect();
+        let inputs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let rows = self.shapes[chain.inputs[0]].iter().rev().skip(1).product::<usize>();
+        let Some(offload) = self.offload.as_mut() else { unreachable!("chains run with an offload") };
+        let fail = |source| ExecError::Offload { node: node.name.clone(), source };
+        let y = offload.run_chain(id, &inputs, rows, weights).map_err(fail)?;
+        let n = numel(&self.shapes[chain.output]);
+        let Loc::Buf(b) = self.plan.locs[chain.output] else { unreachable!("checked at resolve") };
+        if y.len() != n {
+            let problem = format!("the offload returned {} values for {n}", y.len());
+            return Err(ExecError::Chain { qgemm: node.name.clone(), problem });
+        }
+        self.bufs[b][..n].copy_from_slice(&y);
+        self.chains.calls += 1;
+        Ok(())
+    }
+}
