@@ -115,7 +115,9 @@ fn chained_plan() -> XdnaPlan {
     p.chains.push(PlanChain {
         qgemm: "/q_proj/MatMul".into(),
         feed: QgemvFeed::Norm,
-        nodes: ["inverse_rms", "quantize", "scale", "/q_proj/MatMul", "main", "residual", "sum"].map(String::from).to_vec(),
+        nodes: ["inverse_rms", "quantize", "scale", "/q_proj/MatMul", "main", "residual", "sum"]
+            .map(String::from)
+            .to_vec(),
         inputs: vec!["x".into()],
         gamma: Some("norm.weight".into()),
         output: "q".into(),
