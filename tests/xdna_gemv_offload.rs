@@ -89,6 +89,20 @@ fn recording_sim(ran: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> codegen_
     Sim::new(npu1_metadata(), firmware)
 }
 
+/// `compiled` with each design's text as its PDI (what the driver model's firmware runs) and an
+/// instruction stream of 64 zero bytes, as `with_artifacts.npub` in `dir`.
+#[cfg(feature = "xrt")]
+fn with_design_texts(compiled: &Bundle, plan: &XdnaPlan, dir: &Path) -> Bundle {
+    let add: Vec<(String, Vec<u8>)> = plan
+        .designs
+        .iter()
+        .flat_map(|d| [(d.pdi_file(), compiled.read_file(&d.file).unwrap()), (d.insts_file(), vec![0u8; 64])])
+        .collect();
+    let with = dir.join("with_artifacts.npub");
+    common::copy_bundle_adding_files(compiled, &with, &add);
+    Bundle::open(&with, Some("xdna")).unwrap()
+}
+
 /// Bit patterns of two logit vectors that differ.
 #[cfg(feature = "xrt")]
 fn differing(a: &[f32], b: &[f32]) -> usize {
@@ -108,14 +122,7 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     let tmp = tempfile::tempdir().unwrap();
     let compiled = compile("llama-optimum", tmp.path());
     let plan = XdnaPlan::decode(&compiled.read_file(PLAN_FILE).unwrap()).unwrap();
-    let add: Vec<(String, Vec<u8>)> = plan
-        .designs
-        .iter()
-        .flat_map(|d| [(d.pdi_file(), compiled.read_file(&d.file).unwrap()), (d.insts_file(), vec![0u8; 64])])
-        .collect();
-    let with = tmp.path().join("with_artifacts.npub");
-    common::copy_bundle_adding_files(&compiled, &with, &add);
-    let bundle = Bundle::open(&with, Some("xdna")).unwrap();
+    let bundle = with_design_texts(&compiled, &plan, tmp.path());
     let options = || ExecOptions { threads: 2, max_context: 128, ..ExecOptions::default() };
     let ran = Arc::new(Mutex::new(Vec::new()));
     let npu = xdna_driver::Npu::with_driver(recording_sim(ran.clone())).unwrap();
@@ -182,14 +189,7 @@ fn smollm2s_decode_steps_run_every_projection_chained_with_the_host_logits() {
     let feeds: BTreeSet<QgemvFeed> = plan.chains.iter().map(|c| c.feed).collect();
     assert_eq!(plan.chains.len(), plan.gemms.len(), "every projection chained");
     assert_eq!(feeds, [QgemvFeed::Rows, QgemvFeed::Norm, QgemvFeed::Gate].into_iter().collect());
-    let add: Vec<(String, Vec<u8>)> = plan
-        .designs
-        .iter()
-        .flat_map(|d| [(d.pdi_file(), compiled.read_file(&d.file).unwrap()), (d.insts_file(), vec![0u8; 64])])
-        .collect();
-    let with = tmp.path().join("with_artifacts.npub");
-    common::copy_bundle_adding_files(&compiled, &with, &add);
-    let bundle = Bundle::open(&with, Some("xdna")).unwrap();
+    let bundle = with_design_texts(&compiled, &plan, tmp.path());
     let options = || ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() };
     let ran = Arc::new(Mutex::new(Vec::new()));
     let npu = xdna_driver::Npu::with_driver(recording_sim(ran.clone())).unwrap();

@@ -150,13 +150,27 @@ fn run_block<D: Driver>(
     a: &[i8],
     b: &[i8],
 ) -> Result<Vec<i32>, XdnaError> {
+    let (pm, _, pn) = d.padded;
+    let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+    let out = run_design(npu, contexts, (d, design), &[&bytes(a), &bytes(b)], 4 * pm * pn)?;
+    Ok(out.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Runs `design` on the NPU with `inputs` and an output of `out_bytes`, making its hardware
+/// context on first use.
+fn run_design<D: Driver>(
+    npu: &mut Npu<D>,
+    contexts: &mut HashMap<String, HwContext>,
+    (d, design): (&DesignRun, &str),
+    inputs: &[&[u8]],
+    out_bytes: usize,
+) -> Result<Vec<u8>, XdnaError> {
     let failed = |error| XdnaError::Npu { design: design.to_string(), error };
     if !contexts.contains_key(design) {
         let ctx = npu.context(&d.pdi, d.cols).map_err(failed)?;
         contexts.insert(design.to_string(), ctx);
     }
-    let (pm, _, pn) = d.padded;
-    npu.run_gemm(&contexts[design], &d.insts, a, b, pm * pn).map_err(failed)
+    npu.run(&contexts[design], &d.insts, inputs, out_bytes).map_err(failed)
 }
 
 /// One chunk's weight codes as the B operand of `d`, from the whole weight's codes `wk`
@@ -303,19 +317,14 @@ impl<D: Driver + Send> XdnaOffload<D> {
         let mut y = vec![0f32; rows * n];
         for c in 0..self.chains[index].chunks.len() {
             let chunk = &self.chains[index].chunks[c];
-            let (design, col_offset, cols) = (chunk.design.clone(), chunk.col_offset, chunk.cols);
-            let d = &self.designs[&design];
-            let Some(layout) = d.layout else { return Err(XdnaError::NotQgemv { design }) };
-            let second = inputs.get(1).copied();
-            let (gamma, up) = match layout.feed {
-                QgemvFeed::Norm => (second, None),
-                QgemvFeed::Gate => (None, second),
-                QgemvFeed::Rows => (None, None),
-            };
-            let x = inputs.first().copied().unwrap_or_default();
-            let Some(operand) = layout.rows_operand((&x[..(rows * k).min(x.len())], k), gamma, up) else {
-                return Err(XdnaError::ChainRows { design, rows, k });
-            };
+            let (design, col_offset, cols) = (chunk.design.as_str(), chunk.col_offset, chunk.cols);
+            let d = &self.designs[design];
+            let Some(layout) = d.layout else { return Err(XdnaError::NotQgemv { design: design.into() }) };
+            let operand = rows_operand(&layout, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
+                design: design.into(),
+                rows,
+                k,
+            })?;
             let weights = self.chain_operands.entry((index, c)).or_insert_with(|| {
                 let codes = w.codes_kn();
                 let first_only = |_: usize| false;
@@ -323,13 +332,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 layout.pack(&q, (col_offset, cols)).iter().map(|&b| b as u8).collect()
             });
             let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let failed = |error| XdnaError::Npu { design: design.clone(), error };
-            if !self.contexts.contains_key(&design) {
-                let ctx = self.npu.context(&d.pdi, d.cols).map_err(failed)?;
-                self.contexts.insert(design.clone(), ctx);
-            }
             let out_bytes = 4 * layout.rows * layout.padded_n;
-            let out = self.npu.run(&self.contexts[&design], &d.insts, &[&bytes, weights], out_bytes).map_err(failed)?;
+            let out = run_design(&mut self.npu, &mut self.contexts, (d, design), &[&bytes, weights], out_bytes)?;
             self.runs += 1;
             let out: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
             for r in 0..rows {
@@ -338,6 +342,19 @@ impl<D: Driver + Send> XdnaOffload<D> {
         }
         Ok(y)
     }
+}
+
+/// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's
+/// γ or a gate's up rows; `None` when they do not fit the design.
+fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usize)) -> Option<Vec<f32>> {
+    let x = inputs.first()?.get(..rows * k)?;
+    let second = inputs.get(1).copied();
+    let (gamma, up) = match layout.feed {
+        QgemvFeed::Norm => (second, None),
+        QgemvFeed::Gate => (None, second.and_then(|u| u.get(..rows * k))),
+        QgemvFeed::Rows => (None, None),
+    };
+    layout.rows_operand((x, k), gamma, up)
 }
 
 impl<D: Driver> Drop for XdnaOffload<D> {
