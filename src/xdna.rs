@@ -249,6 +249,7 @@ fn decode_entry(d: Device, p: &codegen_aie::cost::Prediction) -> Value {
     json!({
         "device": d.name(),
         "calls_per_token": p.decode_calls,
+        "chained_projections": p.decode_chains,
         "array_seconds": p.decode_array_seconds,
         "dispatch_seconds": p.decode_dispatch_seconds,
         "decode_tok_s": p.decode_tok_s,
@@ -292,8 +293,9 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
         out.push(match d["error"].as_str() {
             Some(e) => format!("  decode on {}: no plan ({e})", d["device"].as_str().unwrap_or("?")),
             None => format!(
-                "  decode on {} (GEMV designs, {} weight streams, {}-byte shim bursts): {} calls per token, {:.2} ms on the array + {:.2} ms of dispatch: {:.1} tok/s (floor {:.1})",
+                "  decode on {} ({} projections chained on qgemv designs, the rest on GEMV designs; {} weight streams, {}-byte shim bursts): {} calls per token, {:.2} ms on the array + {:.2} ms of dispatch: {:.1} tok/s (floor {:.1})",
                 d["device"].as_str().unwrap_or("?"),
+                d["chained_projections"],
                 d["weight_streams"],
                 c["shim_burst_bytes"],
                 d["calls_per_token"],
