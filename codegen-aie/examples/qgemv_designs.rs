@@ -20,6 +20,8 @@
 //! SmolLM2-135M and Qwen3-0.6B on the chained designs beside the plan's GEMV designs: array
 //! cycles, calls, and the tokens a second the array's share and the calls' dispatch allow.
 //!
+//! Last, each model's decode MLP as one array program of two phases (`codegen_aie::sequence`).
+//!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
 use codegen_aie::gemm::GemmSite;
@@ -58,7 +60,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     norm_fed(&out)?;
     pairs(&out)?;
     chained_decode(&out)?;
+    mlp_programs(&out)?;
     norms(&out)
+}
+
+/// Each model's decode MLP as one array program (`codegen_aie::sequence::mlp`: the norm-fed
+/// gate/up design, then the gate-fed down design on the row it wrote), both forms, as
+/// `mlp_<model>_<device>.{generic,pretty}.mlir`: the main device `mlp_...` whose sequence
+/// configures each design in turn.
+fn mlp_programs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
+    let gate = qgemv::Feed::Gate { kept: true };
+    for m in &MODELS {
+        for device in [Device::Npu1, Device::Npu2] {
+            let gate_up = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.hidden, n: 2 * m.inter }, 2, norm)?;
+            let down = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.inter, n: m.hidden }, 2, gate)?;
+            let p = codegen_aie::sequence::mlp(&gate_up, &down)?;
+            let stem = format!("{out}/mlp_{}_{device}", m.name.to_lowercase().replace(['-', '.'], "_"));
+            std::fs::write(format!("{stem}.generic.mlir"), p.generic())?;
+            std::fs::write(format!("{stem}.pretty.mlir"), p.pretty())?;
+            println!("{}: {} phases, {} buffers", p.name, p.phases.len(), p.buffers.len());
+        }
+    }
+    Ok(())
 }
 
 /// A model's decode shapes: layers, hidden, q/k/v outputs, attention width, intermediate,

@@ -175,7 +175,7 @@ pub struct Design {
     pub seq: Vec<SeqOp>,
 }
 
-fn memref(shape: &[usize], elem: Elem) -> String {
+pub fn memref(shape: &[usize], elem: Elem) -> String {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     format!("memref<{}x{}>", dims.join("x"), elem.mlir())
 }
@@ -464,7 +464,7 @@ fn i64_array(v: &[usize]) -> String {
 }
 
 /// The `aie.device` enum value of a device in the generic form.
-fn device_enum(d: Device) -> u32 {
+pub(crate) fn device_enum(d: Device) -> u32 {
     match d {
         Device::Npu1 => 4,
         Device::Npu2 => 8,
@@ -497,21 +497,26 @@ impl Design {
     /// The generic operation form: every operation as `"dialect.op"(operands) ({regions}) {attrs}
     /// : type`, parseable by MLIR without the AIE dialects.
     pub fn generic(&self) -> String {
-        let t = &self.tiling;
         let mut o = String::new();
         let _ = writeln!(o, "\"builtin.module\"() ({{");
+        self.generic_device(&mut o);
+        let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
+        o
+    }
+
+    /// The design's `aie.device` operation in generic form (`sym_name` its name).
+    pub fn generic_device(&self, o: &mut String) {
+        let t = &self.tiling;
         let _ = writeln!(o, "  \"aie.device\"() ({{");
-        self.generic_kernels_and_tiles(&mut o);
-        self.generic_fifos(&mut o);
+        self.generic_kernels_and_tiles(o);
+        self.generic_fifos(o);
         for core in &self.cores {
-            self.generic_core(&mut o, core);
+            self.generic_core(o, core);
         }
-        self.generic_sequence(&mut o);
+        self.generic_sequence(o);
         let _ = writeln!(o, "    \"aie.end\"() : () -> ()");
         let _ =
             writeln!(o, "  }}) {{device = {} : i32, sym_name = \"{}\"}} : () -> ()", device_enum(t.device), self.name);
-        let _ = writeln!(o, "}}) {{{}}} : () -> ()", self.module_attrs());
-        o
     }
 
     /// The cores' functions and the tiles, in generic form.
@@ -665,18 +670,24 @@ impl Design {
 
     /// The custom (pretty) form mlir-aie's `aie-opt` and `aiecc` take.
     pub fn pretty(&self) -> String {
-        let t = &self.tiling;
         let mut o = String::new();
         let _ = writeln!(o, "module attributes {{{}}} {{", self.module_attrs());
-        let _ = writeln!(o, "  aie.device({}) @{} {{", t.device, self.name);
-        self.pretty_kernels_and_tiles(&mut o);
-        self.pretty_fifos(&mut o);
-        for core in &self.cores {
-            self.pretty_core(&mut o, core);
-        }
-        self.pretty_sequence(&mut o);
-        let _ = writeln!(o, "    }}\n  }}\n}}");
+        self.pretty_device(&mut o);
+        let _ = writeln!(o, "}}");
         o
+    }
+
+    /// The design's `aie.device` operation in custom form (`@name`).
+    pub fn pretty_device(&self, o: &mut String) {
+        let t = &self.tiling;
+        let _ = writeln!(o, "  aie.device({}) @{} {{", t.device, self.name);
+        self.pretty_kernels_and_tiles(o);
+        self.pretty_fifos(o);
+        for core in &self.cores {
+            self.pretty_core(o, core);
+        }
+        self.pretty_sequence(o);
+        let _ = writeln!(o, "    }}\n  }}");
     }
 
     /// The cores' functions and the tiles, in custom form.

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 mod func;
+mod program;
 pub use func::{Function, MemType};
 
 /// Every `func.func` of a generic-form module, at its top or in its `aie.device`, compiled;
@@ -876,10 +877,23 @@ pub enum Arg<'a> {
 /// f32 output's bits: `f32::from_bits(w as u32)`).
 pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), InterpError> {
     let module = parse(text)?;
-    let body = device_body(&module)?;
+    let devices = program::devices(&module);
+    if let Some(main) = program::main_device(&devices) {
+        return program::run(&devices, main, inputs);
+    }
+    let Some(device) = devices.first() else { return run_err("no aie.device") };
+    let mut host = host_buffers(&device_body(device)?.sequence.regions[0], inputs)?;
+    let stats = run_device(device, &mut host)?;
+    let out = host.pop().unwrap_or_default();
+    Ok((out, stats))
+}
+
+/// Runs one `aie.device` on host buffers, its runtime sequence's arguments in order (checked
+/// against its argument types by the caller); its output DMAs write into them.
+fn run_device(device_op: &Op, host: &mut [Vec<i32>]) -> Result<RunStats, InterpError> {
+    let body = device_body(device_op)?;
     check_limits(body.device, (&body.fifos, &body.buffers), &body.cores.iter().map(|c| c.0).collect::<Vec<_>>())?;
     let seq = &body.sequence.regions[0];
-    let mut host = host_buffers(seq, inputs)?;
     let m = Machine {
         device: body.device,
         functions: body.functions,
@@ -890,12 +904,11 @@ pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), Inte
         wake: Condvar::new(),
     };
     let mut stats = RunStats { cores: body.cores.len(), ..Default::default() };
-    let outputs = m.run_input_dmas(seq, &host, &mut stats)?;
+    let outputs = m.run_input_dmas(seq, host, &mut stats)?;
     m.run_cores(&body.cores, &mut stats)?;
-    m.run_output_dmas(&outputs, &mut host)?;
+    m.run_output_dmas(&outputs, host)?;
     m.check_drained()?;
-    let out = host.pop().unwrap_or_default();
-    Ok((out, stats))
+    Ok(stats)
 }
 
 /// What an `aie.device` declares: its FIFOs, links, cores and runtime sequence.
@@ -909,11 +922,9 @@ struct DeviceBody<'o> {
     sequence: &'o Op,
 }
 
-/// The module's `aie.device`: the device it names and every declaration in it, with both kernels
+/// An `aie.device`: the device it names and every declaration in it, with both kernels
 /// declared and a runtime sequence.
-fn device_body(module: &Op) -> Result<DeviceBody<'_>, InterpError> {
-    let device_op = module.regions.first().and_then(|b| b.ops.iter().find(|o| o.name == "aie.device"));
-    let Some(device_op) = device_op else { return run_err("no aie.device") };
+fn device_body(device_op: &Op) -> Result<DeviceBody<'_>, InterpError> {
     let device = match device_op.int("device")? {
         4 => Device::Npu1,
         8 => Device::Npu2,

@@ -40,6 +40,7 @@ pub mod qgemv;
 pub mod qkernels;
 pub mod quant;
 pub mod rules;
+pub mod sequence;
 pub mod tiling;
 
 pub use device::Device;

@@ -89,8 +89,15 @@ pub fn verify_generic(text: &str) -> Result<(), MlirError> {
     Err(MlirError::Rejected(format!("{} ({})", said.trim(), out.status)))
 }
 
-/// Every `func.call` names a `func.func` of the text whose `function_type` is the call's type.
+/// Every `func.call` names a `func.func` of its `aie.device` (each device is a symbol table of
+/// its own: an array program's designs may each define a function of one name) whose
+/// `function_type` is the call's type.
 fn check_calls(text: &str) -> Result<(), MlirError> {
+    text.split("\"aie.device\"() ({").try_for_each(check_device_calls)
+}
+
+/// [`check_calls`] within one device's text.
+fn check_device_calls(text: &str) -> Result<(), MlirError> {
     let mut declared = std::collections::HashMap::new();
     for line in text.lines().filter(|l| l.contains("function_type = ")) {
         let (Some(ty), Some(name)) = (attr(line, "function_type = "), attr(line, "sym_name = ")) else {

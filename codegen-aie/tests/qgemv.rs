@@ -11,6 +11,7 @@ use codegen_aie::design::{self, Kind};
 use codegen_aie::gemm::GemmSite;
 use codegen_aie::kernels::Stmt;
 use codegen_aie::plan::{self, PlanOptions};
+use codegen_aie::sequence::{self, ArrayProgram, Phase};
 use codegen_aie::{interp, mlir, qgemv, qkernels, Device, GemmShape};
 use common::{values, xorshift};
 use ir::{Attr, Attrs, DType, Domain, OpRef, Tensor};
@@ -590,6 +591,74 @@ fn the_mlp_runs_as_two_calls_with_the_hidden_state_between_them_untouched() {
         assert_eq!(bits(&got), bits(&want), "{device}");
         assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
     }
+}
+
+/// An array program, its f32 operands (rows, the buffer between the phases), its weights, and
+/// the program's answer.
+struct ProgramCase {
+    program: ArrayProgram,
+    rows: [Vec<f32>; 2],
+    weights: [Vec<i8>; 2],
+    want: Vec<f32>,
+}
+
+/// Decode's MLP as one array program (`codegen_aie::sequence`): the norm-fed gate/up pairs
+/// design, then the gate-fed down pairs design on the buffer the first wrote, in one runtime
+/// sequence that configures each in turn.
+fn mlp_program(device: Device, (hidden, inter, out): (usize, usize, usize)) -> ProgramCase {
+    let gamma = bfloat16_gamma(hidden, 7);
+    let gate_up = Case::new((1, hidden, 4 * inter), 2, 2 * inter, 61);
+    let norm = qgemv::Feed::Norm { epsilon: 1e-5 };
+    let q1 = qgemv::choose_pairs(device, GemmShape { m: 1, k: hidden, n: 2 * inter }, 2, norm).unwrap();
+    let gate = qgemv::Feed::Gate { kept: true };
+    let q2 = qgemv::choose_pairs(device, GemmShape { m: 1, k: inter, n: out }, 2, gate).unwrap();
+    assert_eq!((q2.tiling.padded.m, q2.tiling.padded.k), (1, inter), "{device}: the gate's rows are the buffer's");
+    let gu = group(&gate_up.norm_reference(&gamma, 1e-5), (1, 4 * inter));
+    let mut down = Case::new((1, inter, 2 * out), 2, out, 62);
+    down.x = gu[..inter].to_vec();
+    let want = group(&down.gate_reference(&gu[inter..]), (1, 2 * out));
+    let x = qgemv::rows_operand(&q1, (&gate_up.x, hidden), Some(&gamma));
+    let w1 = qgemv::pack(&q1, (&gate_up.w, hidden, 4 * inter), (0, 2 * inter), &gate_up.sw, &|_| false);
+    let w2 = qgemv::pack(&q2, (&down.w, inter, 2 * out), (0, out), &down.sw, &|_| false);
+    let program = sequence::mlp(&q1, &q2).unwrap();
+    let between = vec![f32::NAN; program.buffers[2].0];
+    ProgramCase { program, rows: [x, between], weights: [w1, w2], want }
+}
+
+#[test]
+fn the_mlp_is_one_array_program_its_hidden_state_staying_on_the_array_between_the_phases() {
+    for device in [Device::Npu1, Device::Npu2] {
+        let ProgramCase { program, rows: [x, between], weights: [w1, w2], want } = mlp_program(device, (576, 256, 64));
+        let text = program.generic();
+        let args = [interp::Arg::F32(&x), interp::Arg::I8(&w1), interp::Arg::F32(&between), interp::Arg::I8(&w2)];
+        let (y, stats) = interp::run_args(&text, &args).unwrap_or_else(|e| panic!("{device}: {e}"));
+        let got: Vec<f32> = y[..want.len()].iter().map(|&b| f32::from_bits(b as u32)).collect();
+        assert_eq!(bits(&got), bits(&want), "{device}");
+        assert!(want.iter().all(|v| v.is_finite() && *v != 0.0), "{want:?}");
+        // The buffer between the phases came in as NaN: the down phase read what gate/up wrote.
+        let ran = |f: &str| stats.calls.get(f).copied().unwrap_or(0);
+        assert!(ran(qkernels::NORM_SQUARES) > 0 && ran(qkernels::GATE_VALUES) > 0, "{:?}", stats.calls);
+        if let Ok(version) = mlir::version() {
+            mlir::verify_generic(&text).unwrap_or_else(|e| panic!("{device}: MLIR {version}: {e}"));
+        }
+    }
+}
+
+#[test]
+fn a_program_whose_buffers_do_not_fit_its_designs_is_refused_by_name() {
+    let program = mlp_program(Device::Npu1, (576, 256, 64)).program;
+    let mut buffers = program.buffers.clone();
+    buffers[2].0 = 16;
+    let phases: Vec<Phase> = program.phases.into_iter().collect();
+    let err = ArrayProgram::new("mlp", buffers, phases).err().unwrap().to_string();
+    assert!(err.contains("program mlp: design ") && err.contains("argument 2") && err.contains("buffer 2"), "{err}");
+    // A down design whose rows are not the gate/up design's halves.
+    let gate = qgemv::Feed::Gate { kept: true };
+    let norm = qgemv::Feed::Norm { epsilon: 1e-5 };
+    let gate_up = qgemv::choose_pairs(Device::Npu1, GemmShape { m: 1, k: 576, n: 512 }, 2, norm).unwrap();
+    let down = qgemv::choose_pairs(Device::Npu1, GemmShape { m: 1, k: 128, n: 64 }, 2, gate).unwrap();
+    let err = sequence::mlp(&gate_up, &down).err().unwrap().to_string();
+    assert!(err.contains("reads rows of 128 values") && err.contains("the gate's 256 then the up's"), "{err}");
 }
 
 /// A decode layer's projections as chained designs take them, and the lm_head's chunks: (K, N
