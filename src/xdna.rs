@@ -77,28 +77,42 @@ fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<Artifacts, S
     result
 }
 
+/// Every design's and array program's name and texts (generic, custom); layers of one shape
+/// share their program, as they share designs.
+fn texts(plan: &plan::Plan) -> Vec<(String, String, String)> {
+    let mut names = std::collections::BTreeSet::new();
+    let designs = plan.designs.values().map(|d| (d.name.clone(), d.generic(), d.pretty()));
+    let programs = plan.programs.iter().filter(|p| names.insert(p.program.name.clone()));
+    designs.chain(programs.map(|p| (p.program.name.clone(), p.program.generic(), p.program.pretty()))).collect()
+}
+
+/// MLIR 22's verifier over every text when mlir-opt is installed; a text it rejects is a
+/// compiler bug, so the compile fails naming it. What the plan records about it.
+fn verify_with_mlir(texts: &[(String, String, String)], designs: usize) -> Result<String> {
+    let version = match codegen_aie::mlir::version() {
+        Ok(version) => version,
+        Err(e) => return Ok(format!("not verified by MLIR ({e})")),
+    };
+    for (name, generic, _) in texts {
+        codegen_aie::mlir::verify_generic(generic)
+            .with_context(|| format!("design {name} does not verify in MLIR ({version})"))?;
+    }
+    let programs = texts.len() - designs;
+    Ok(format!("{designs} designs and {programs} array programs verified by MLIR ({version})"))
+}
+
 /// Plans the program's projections for `device`, writes designs and plan into the bundle, and
 /// returns the summary `--json` prints.
 pub fn add_to_bundle(g: &Graph, device: Device, w: &mut BundleWriter) -> Result<Value> {
     let plan = plan::plan(g, PlanOptions::new(device)).context("planning the XDNA designs")?;
-    for d in plan.designs.values() {
-        let (generic, pretty) = plan::design_files(&d.name);
-        w.add_file(&generic, d.generic().as_bytes()).with_context(|| format!("storing {generic}"))?;
-        w.add_file(&pretty, d.pretty().as_bytes()).with_context(|| format!("storing {pretty}"))?;
+    let texts = texts(&plan);
+    for (name, generic_text, pretty_text) in &texts {
+        let (generic, pretty) = plan::design_files(name);
+        w.add_file(&generic, generic_text.as_bytes()).with_context(|| format!("storing {generic}"))?;
+        w.add_file(&pretty, pretty_text.as_bytes()).with_context(|| format!("storing {pretty}"))?;
     }
     let mut plan_file = plan.to_plan_file();
-    // MLIR 22's verifier over every design when mlir-opt is installed; a design it rejects is a
-    // compiler bug, so the compile fails naming it.
-    let verified = match codegen_aie::mlir::version() {
-        Err(e) => format!("not verified by MLIR ({e})"),
-        Ok(version) => {
-            for d in plan.designs.values() {
-                codegen_aie::mlir::verify_generic(&d.generic())
-                    .with_context(|| format!("design {} does not verify in MLIR ({version})", d.name))?;
-            }
-            format!("{} designs verified by MLIR ({version})", plan.designs.len())
-        }
-    };
+    let verified = verify_with_mlir(&texts, plan.designs.len())?;
     plan_file.mlir = Some(verified.clone());
     let artifacts = match aiecc() {
         None => format!(
@@ -182,7 +196,12 @@ fn chains_summary(plan: &plan::Plan) -> Value {
         .collect();
     let unchained: Vec<Value> =
         plan.unchained.iter().map(|(node, reason)| json!({ "qgemm": node, "reason": reason })).collect();
-    json!({ "rows": plan::CHAIN_ROWS, "chained": chained, "unchained": unchained })
+    let programs: Vec<Value> = plan
+        .programs
+        .iter()
+        .map(|p| json!({ "name": p.program.name, "chains": [plan.chains[p.site.gate_up].site.qgemm, plan.chains[p.site.down].site.qgemm] }))
+        .collect();
+    json!({ "rows": plan::CHAIN_ROWS, "chained": chained, "unchained": unchained, "programs": programs })
 }
 
 /// Prompt tokens of the cost model's prefill (the context published NPU rates are quoted at).
@@ -335,8 +354,9 @@ pub fn summary_lines(v: &Value) -> Vec<String> {
 fn chain_lines(c: &Value) -> Vec<String> {
     let chained = c["chained"].as_array().map_or(0, Vec::len);
     let unchained = c["unchained"].as_array().cloned().unwrap_or_default();
+    let programs = c["programs"].as_array().map_or(0, Vec::len);
     let mut out = vec![format!(
-        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk), {} not:",
+        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk), {programs} MLPs as one array program each (gate/up, then down on the row it wrote: one command), {} projections not chained:",
         c["rows"],
         unchained.len()
     )];

@@ -220,10 +220,10 @@ fn check_bundle(name: &str, device: &str) -> bool {
     // make test installs mlir-opt, so every design was verified by MLIR 22 while compiling.
     let mlir = plan["mlir"].as_str().unwrap();
     let count = plan["designs"].as_array().unwrap().len();
-    assert!(
-        mlir.starts_with(&format!("{count} designs verified by MLIR (")) && mlir.contains("LLVM version 22."),
-        "{mlir}"
-    );
+    let programs: BTreeSet<&str> =
+        plan["programs"].as_array().into_iter().flatten().map(|p| p["name"].as_str().unwrap()).collect();
+    let verified = format!("{count} designs and {} array programs verified by MLIR (", programs.len());
+    assert!(mlir.starts_with(&verified) && mlir.contains("LLVM version 22."), "{mlir}");
     assert_eq!(summary["xdna"]["mlir"], plan["mlir"]);
     assert_eq!(summary["xdna"]["projections_with_designs"], projections.len());
     // Without aiecc on PATH, the summary says so and gives each design's build command.

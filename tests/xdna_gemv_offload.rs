@@ -100,14 +100,17 @@ fn recording_sim(ran: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> codegen_
     Sim::new(npu1_metadata(), firmware)
 }
 
-/// `compiled` with each design's text as its PDI (what the driver model's firmware runs) and an
-/// instruction stream of 64 zero bytes, as `with_artifacts.npub` in `dir`.
+/// `compiled` with each design's and program's text as its PDI (what the driver model's
+/// firmware runs) and an instruction stream of 64 zero bytes, as `with_artifacts.npub` in `dir`.
 #[cfg(feature = "xrt")]
 fn with_design_texts(compiled: &Bundle, plan: &XdnaPlan, dir: &Path) -> Bundle {
-    let add: Vec<(String, Vec<u8>)> = plan
-        .designs
-        .iter()
-        .flat_map(|d| [(d.pdi_file(), compiled.read_file(&d.file).unwrap()), (d.insts_file(), vec![0u8; 64])])
+    let designs = plan.designs.iter().map(|d| (d.pdi_file(), d.insts_file(), &d.file));
+    let mut names = BTreeSet::new();
+    let programs =
+        plan.programs.iter().filter(|p| names.insert(&p.name)).map(|p| (p.pdi_file(), p.insts_file(), &p.file));
+    let add: Vec<(String, Vec<u8>)> = designs
+        .chain(programs)
+        .flat_map(|(pdi, insts, text)| [(pdi, compiled.read_file(text).unwrap()), (insts, vec![0u8; 64])])
         .collect();
     let with = dir.join("with_artifacts.npub");
     common::copy_bundle_adding_files(compiled, &with, &add);
@@ -185,12 +188,12 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
 
 /// SmolLM2's xdna bundle (γ of bfloat16 values, as it was trained): every projection of a
 /// decode step chained — q/k/v and gate/up fed by their norms, o by the attention's rows, down
-/// by the gate, the lm_head by the final norm — and the step's logits through the driver model
-/// equal the host's bit for bit. The prompt runs on the host (its GEMM designs would take the
+/// by the gate, the lm_head by the final norm — each layer's MLP one array program, and the
+/// step's logits through the driver model equal the host's bit for bit. The prompt runs on the host (its GEMM designs would take the
 /// interpreter minutes); the offload is installed for the decode steps.
 #[cfg(feature = "xrt")]
 #[test]
-fn smollm2s_decode_steps_run_every_projection_chained_with_the_host_logits() {
+fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_program_with_the_host_logits() {
     use runtime::bundle::xdna::QgemvFeed;
     use runtime::exec::{ExecOptions, Executor};
     use std::sync::{Arc, Mutex};
@@ -214,8 +217,15 @@ fn smollm2s_decode_steps_run_every_projection_chained_with_the_host_logits() {
         let got = array.step(&[token]).unwrap().to_vec();
         assert_eq!(differing(&got, &want), 0, "token {token}: logits that differ from the host's");
     }
-    assert_eq!(array.offloaded_chains(), 2 * plan.chains.len() as u64);
+    // Each layer's MLP one program (gate/up, then down on the row it wrote), the other chains
+    // a call a chunk: q/k/v, o and the lm_head's three chunks.
+    assert_eq!(plan.programs.len(), 30, "one MLP program a layer");
+    let in_program = |c: usize| plan.programs.iter().any(|p| p.chains.contains(&c));
+    let alone: Vec<usize> = (0..plan.chains.len()).filter(|&c| !in_program(c)).collect();
+    assert_eq!(array.offloaded_chains(), 2 * (plan.programs.len() + alone.len()) as u64);
     assert_eq!(array.offloaded_calls(), 0, "no projection left to the GEMV designs");
-    let chunks: usize = plan.chains.iter().map(|c| c.chunks.len()).sum();
-    assert_eq!(ran.lock().unwrap().len(), 2 * chunks, "one command a chain's chunk");
+    let chunks: usize = alone.iter().map(|&c| plan.chains[c].chunks.len()).sum();
+    let ran = std::mem::take(&mut *ran.lock().unwrap());
+    assert_eq!(ran.len(), 2 * (plan.programs.len() + chunks), "one command a program and a chain's chunk");
+    assert_eq!(ran.iter().filter(|d| d.starts_with("mlp_")).count(), 2 * plan.programs.len(), "{ran:?}");
 }

@@ -3,8 +3,8 @@
 //! it does not list is refused naming the file and the JSON path; and the rows routing.
 
 use bundle::xdna::{
-    route_rows, ArrayCall, DesignKind, PlanChain, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanGemvChunk, PlanShape,
-    PlanSite, PlanTiling, QgemvFeed, QgemvLayout, XdnaPlan, PLAN_FILE, PLAN_FORMAT,
+    route_rows, ArrayCall, DesignKind, PlanChain, PlanChunk, PlanDesign, PlanError, PlanGemm, PlanGemvChunk,
+    PlanProgram, PlanShape, PlanSite, PlanTiling, QgemvFeed, QgemvLayout, XdnaPlan, PLAN_FILE, PLAN_FORMAT,
 };
 use serde_json::Value;
 
@@ -83,6 +83,7 @@ fn plan() -> XdnaPlan {
             gemv_chunks: vec![PlanGemvChunk { col_offset: 0, cols: 96, design: "gemv_8x64x96_npu1".into() }],
         }],
         chains: vec![],
+        programs: vec![],
         mlir: Some("2 designs verified by MLIR (22.1.0)".into()),
         artifacts: None,
     }
@@ -314,4 +315,40 @@ fn a_gemv_block_as_large_as_a_gemm_block_is_refused() {
     assert!(message.contains("ambiguous"), "{message}");
     let (path, _) = malformed_at(decode_edited(|j| j["gemms"][0]["gemv_chunks"][0]["design"] = "gemv_nope".into()));
     assert_eq!(path, "gemms[0].gemv_chunks[0].design");
+}
+
+#[test]
+fn a_program_must_be_a_gate_up_chain_then_a_down_chain() {
+    let mut p = chained_plan();
+    let mut gate = qgemv_design("gqgemv2_1x24x48_npu1_pairs");
+    gate.qgemv.as_mut().unwrap().feed = QgemvFeed::Gate;
+    p.designs.push(gate);
+    let down = PlanChain {
+        qgemm: "/down_proj/MatMul".into(),
+        feed: QgemvFeed::Gate,
+        inputs: vec!["gate".into(), "up".into()],
+        gamma: None,
+        k: 24,
+        chunks: vec![PlanGemvChunk { col_offset: 0, cols: 48, design: "gqgemv2_1x24x48_npu1_pairs".into() }],
+        ..p.chains[0].clone()
+    };
+    p.chains.push(down);
+    p.programs.push(PlanProgram {
+        name: "mlp_q".into(),
+        file: "xdna/mlp_q.mlir".into(),
+        pretty: "xdna/mlp_q.pretty.mlir".into(),
+        chains: vec![0, 1],
+        between: vec!["gate_slice".into(), "up_slice".into()],
+        array_columns: 4,
+        insts: None,
+        pdi: None,
+    });
+    assert_eq!(XdnaPlan::decode(&p.encode()).unwrap(), p);
+    for chains in [vec![1, 0], vec![0], vec![0, 2], vec![0, 0]] {
+        let mut q = p.clone();
+        q.programs[0].chains = chains.clone();
+        let (at, message) = malformed_at(XdnaPlan::decode(&q.encode()));
+        assert_eq!(at, "programs[0].chains", "{chains:?}");
+        assert!(message.contains("program `mlp_q` is not a gate/up chain then a down chain"), "{message}");
+    }
 }

@@ -204,20 +204,7 @@ fn norm_rows(
 fn passes_sum(g: &Graph, readers: &[Vec<usize>], q: &Node, first: usize) -> Result<(Vec<usize>, ValueId), String> {
     let out = q.outputs[0];
     let slices = &readers[out.0 as usize];
-    let range = |i: usize| -> Option<(i64, i64)> {
-        let n = &g.nodes[i];
-        let c = |j: usize| match &g.value(n.inputs.get(j).copied().flatten()?).def {
-            ValueDef::Const(t) => t.as_i64().and_then(|v| (v.len() == 1).then_some(v[0])),
-            _ => None,
-        };
-        let last_axis = c(3).is_some_and(|a| a == -1 || a == g.value(out).shape.len() as i64 - 1);
-        (n.op == "Slice" && n.inputs.len() == 4 && last_axis).then_some((c(1)?, c(2)?))
-    };
-    let first = first as i64;
-    let halves: Option<Vec<usize>> = [(0, first), (first, 2 * first)]
-        .iter()
-        .map(|&want| slices.iter().copied().find(|&s| range(s) == Some(want)))
-        .collect();
+    let halves = halves_of(g, out, slices, first);
     let Some(halves) = halves.filter(|_| slices.len() == 2) else {
         return Err("its output is not read as its two passes' halves alone".into());
     };
@@ -230,6 +217,71 @@ fn passes_sum(g: &Graph, readers: &[Vec<usize>], q: &Node, first: usize) -> Resu
         return Err("its passes' halves are not summed by one Add".into());
     }
     Ok((vec![halves[0], halves[1], add], g.nodes[add].outputs[0]))
+}
+
+/// The column range `[start, end)` node `i` slices its input `of` to, if it is a `Slice` of
+/// the last axis by constants.
+fn slice_range(g: &Graph, i: usize, of: ValueId) -> Option<(i64, i64)> {
+    let n = &g.nodes[i];
+    let c = |j: usize| match &g.value(n.inputs.get(j).copied().flatten()?).def {
+        ValueDef::Const(t) => t.as_i64().and_then(|v| (v.len() == 1).then_some(v[0])),
+        _ => None,
+    };
+    let last_axis = c(3).is_some_and(|a| a == -1 || a == g.value(of).shape.len() as i64 - 1);
+    let sliced = n.op == "Slice" && n.inputs.len() == 4 && n.inputs[0] == Some(of);
+    (sliced && last_axis).then_some((c(1)?, c(2)?))
+}
+
+/// Among `slices` (nodes reading `of`), the one of columns `[0, half)` and the one of
+/// `[half, 2·half)`, if both are there.
+fn halves_of(g: &Graph, of: ValueId, slices: &[usize], half: usize) -> Option<Vec<usize>> {
+    let half = half as i64;
+    [(0, half), (half, 2 * half)]
+        .iter()
+        .map(|&want| slices.iter().copied().find(|&s| slice_range(g, s, of) == Some(want)))
+        .collect()
+}
+
+/// Decode's MLP as a program's two phases: the gate/up chain `gate_up` whose output the
+/// `between` slices take apart into the gate's and up's rows, the gate-fed chain `down`'s
+/// inputs (indices into [`collect`]'s chains).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpSite {
+    pub gate_up: usize,
+    pub down: usize,
+    pub between: Vec<String>,
+}
+
+/// The MLPs among `chains`: a gate-fed pairs chain whose gate and up rows are the halves of a
+/// norm- or rows-fed pairs chain's output and read by nothing else, the output read by nothing
+/// else either.
+pub fn mlps(g: &Graph, chains: &[ChainSite]) -> Vec<MlpSite> {
+    let readers = readers(g);
+    let by_name: std::collections::HashMap<&str, ValueId> =
+        g.values.iter().enumerate().map(|(i, v)| (v.name.as_str(), ValueId(i as u32))).collect();
+    let node_index: std::collections::HashMap<&str, usize> =
+        g.nodes.iter().enumerate().map(|(i, n)| (n.name.as_str(), i)).collect();
+    let mut out = vec![];
+    for (d, down) in chains.iter().enumerate().filter(|(_, c)| matches!(c.feed, Feed::Gate { .. }) && c.pairs) {
+        let (Some(&gv), Some(&uv)) = (by_name.get(down.inputs[0].as_str()), by_name.get(down.inputs[1].as_str()))
+        else {
+            continue;
+        };
+        let head = node_index.get(down.nodes[0].as_str()).copied();
+        let only_down = |v: ValueId| readers[v.0 as usize].len() == 1 && Some(readers[v.0 as usize][0]) == head;
+        let found = chains.iter().enumerate().find_map(|(u, up)| {
+            let out_v = *by_name.get(up.output.as_str())?;
+            let halves = halves_of(g, out_v, &readers[out_v.0 as usize], down.k)?;
+            let outs: Vec<ValueId> = halves.iter().map(|&s| g.nodes[s].outputs[0]).collect();
+            let fits = up.pairs && !matches!(up.feed, Feed::Gate { .. }) && up.n == 2 * down.k;
+            let alone = readers[out_v.0 as usize].len() == 2 && outs == [gv, uv] && outs.iter().all(|&v| only_down(v));
+            (fits && alone).then(|| (u, halves.iter().map(|&s| g.nodes[s].name.clone()).collect()))
+        });
+        if let Some((gate_up, between)) = found {
+            out.push(MlpSite { gate_up, down: d, between });
+        }
+    }
+    out
 }
 
 /// Nothing outside `nodes` reads a value they compute, but `output`, and none is a graph output.

@@ -23,8 +23,11 @@ use crate::device::Device;
 use crate::gemm::{self, GemmSite};
 use crate::gemv;
 use crate::qgemv::{self, QTiling};
+use crate::sequence::{self, ArrayProgram};
 use crate::tiling::{self, GemmShape, Tiling};
-use bundle::xdna::{self, PlanChain, PlanDesign, PlanGemm, PlanShape, PlanSite, PlanTiling, QgemvLayout, XdnaPlan};
+use bundle::xdna::{
+    self, PlanChain, PlanDesign, PlanGemm, PlanProgram, PlanShape, PlanSite, PlanTiling, QgemvLayout, XdnaPlan,
+};
 use std::collections::BTreeMap;
 
 /// A column chunk of one projection, as the plan file records it.
@@ -89,6 +92,8 @@ pub struct Plan {
     pub unchained: Vec<(String, String)>,
     /// The operands of the qgemv designs, by name.
     pub layouts: BTreeMap<String, QgemvLayout>,
+    /// Decode's MLPs as one program each (both chains one chunk).
+    pub programs: Vec<PlannedProgram>,
 }
 
 /// A chained projection and its column chunks, each one call of a qgemv design of
@@ -97,6 +102,15 @@ pub struct Plan {
 pub struct PlannedChain {
     pub site: ChainSite,
     pub chunks: Vec<GemvChunk>,
+    /// The chunks' design's tiling.
+    pub tiling: QTiling,
+}
+
+/// Decode's MLP as one array program of its two chains ([`crate::sequence::mlp`]).
+#[derive(Clone, Debug)]
+pub struct PlannedProgram {
+    pub site: chain::MlpSite,
+    pub program: ArrayProgram,
 }
 
 /// Rows of the chained designs: decode's one.
@@ -128,13 +142,28 @@ pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
                 let d = qgemv::build(&q);
                 plan.layouts.insert(d.name.clone(), q.layout());
                 plan.designs.insert(d.name.clone(), d);
-                plan.chains.push(PlannedChain { site, chunks });
+                plan.chains.push(PlannedChain { site, chunks, tiling: q });
             }
             Err(e) => unchained.push((site.qgemm, format!("no qgemv design takes it: {e}"))),
         }
     }
     plan.unchained = unchained;
+    plan.programs = mlp_programs(g, &plan.chains);
     Ok(plan)
+}
+
+/// The MLPs among `chains` whose two designs make one program: each chain one chunk, the down
+/// design reading the gate/up design's output row as it is.
+fn mlp_programs(g: &ir::Graph, chains: &[PlannedChain]) -> Vec<PlannedProgram> {
+    let sites: Vec<ChainSite> = chains.iter().map(|c| c.site.clone()).collect();
+    chain::mlps(g, &sites)
+        .into_iter()
+        .filter(|m| chains[m.gate_up].chunks.len() == 1 && chains[m.down].chunks.len() == 1)
+        .filter_map(|site| {
+            let program = sequence::mlp(&chains[site.gate_up].tiling, &chains[site.down].tiling).ok()?;
+            Some(PlannedProgram { site, program })
+        })
+        .collect()
 }
 
 /// A chain's column chunks over its outputs, as few equal ones as a design takes (narrower
@@ -210,6 +239,7 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
         chains: vec![],
         unchained: vec![],
         layouts: BTreeMap::new(),
+        programs: vec![],
     })
 }
 
@@ -339,6 +369,7 @@ impl Plan {
             designs: self.designs.values().map(|d| design_entry(d, self.layouts.get(&d.name))).collect(),
             gemms: self.gemms.iter().map(gemm_entry).collect(),
             chains: self.chains.iter().map(chain_entry).collect(),
+            programs: self.programs.iter().map(program_entry).collect(),
             mlir: None,
             artifacts: None,
         }
@@ -422,5 +453,19 @@ fn chain_entry(c: &PlannedChain) -> PlanChain {
         pairs: s.pairs,
         rows: CHAIN_ROWS,
         chunks: c.chunks.clone(),
+    }
+}
+
+fn program_entry(p: &PlannedProgram) -> PlanProgram {
+    let (file, pretty) = design_files(&p.program.name);
+    PlanProgram {
+        name: p.program.name.clone(),
+        file,
+        pretty,
+        chains: vec![p.site.gate_up, p.site.down],
+        between: p.site.between.clone(),
+        array_columns: p.program.phases.iter().map(|ph| ph.design.tiling.cols).max().unwrap_or(0),
+        insts: None,
+        pdi: None,
     }
 }

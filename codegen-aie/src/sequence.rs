@@ -12,12 +12,14 @@ use crate::qgemv::{self, Feed, QTiling};
 use std::fmt::Write;
 
 /// One phase: a design and the program buffers its sequence's arguments are, in order.
+#[derive(Clone, Debug)]
 pub struct Phase {
     pub design: Design,
     pub buffers: Vec<usize>,
 }
 
 /// An array program (see the module doc).
+#[derive(Clone, Debug)]
 pub struct ArrayProgram {
     pub name: String,
     pub device: Device,

@@ -55,6 +55,10 @@ pub struct XdnaPlan {
     /// column chunk computes from f32 rows to f32 outputs, for steps of at most `rows` rows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chains: Vec<PlanChain>,
+    /// Chains run as one array program each (decode's MLP: gate/up, then down on the row it
+    /// wrote, in one command).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub programs: Vec<PlanProgram>,
     /// Whether MLIR verified the designs, and which MLIR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlir: Option<String>,
@@ -240,6 +244,42 @@ pub struct PlanChain {
     pub chunks: Vec<PlanGemvChunk>,
 }
 
+/// Several chains as one array program: a module of their designs and a main device whose
+/// runtime sequence configures each in turn, a phase's output buffer the next one's input. Its
+/// arguments: the first chain's rows operand and weights, the buffer between the phases, the
+/// second chain's weights, the output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanProgram {
+    /// The main device's name.
+    pub name: String,
+    /// Bundle paths of the generic and custom forms.
+    pub file: String,
+    pub pretty: String,
+    /// Its phases' chains (indices into the plan's chains), in order, each of one chunk.
+    pub chains: Vec<usize>,
+    /// Nodes between the phases it computes too (the slices taking the gate/up row apart).
+    pub between: Vec<String>,
+    /// Array columns its hardware context needs: its widest phase's.
+    pub array_columns: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insts: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdi: Option<String>,
+}
+
+impl PlanProgram {
+    /// Bundle path of the PDI: the recorded one, else `xdna/<name>.pdi`.
+    pub fn pdi_file(&self) -> String {
+        self.pdi.clone().unwrap_or_else(|| format!("xdna/{}.pdi", self.name))
+    }
+
+    /// Bundle path of the instruction stream: the recorded one, else `xdna/<name>.insts.bin`.
+    pub fn insts_file(&self) -> String {
+        self.insts.clone().unwrap_or_else(|| format!("xdna/{}.insts.bin", self.name))
+    }
+}
+
 /// A GEMV column chunk of one projection: every row of a call, every pass.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -371,6 +411,31 @@ impl XdnaPlan {
                     return Err(PlanError::malformed(path, message));
                 }
             }
+        }
+        self.check_programs()
+    }
+
+    /// Every program's phases are two one-chunk chains of the plan, a norm- or rows-fed pairs
+    /// chain then a gate-fed one, each in no other program.
+    fn check_programs(&self) -> Result<(), PlanError> {
+        let mut taken = vec![];
+        for (i, p) in self.programs.iter().enumerate() {
+            let chain = |c: usize| self.chains.get(c).filter(|c| c.chunks.len() == 1 && c.pairs);
+            let fits = match p.chains[..] {
+                [a, b] => {
+                    chain(a).is_some_and(|c| c.feed != QgemvFeed::Gate)
+                        && chain(b).is_some_and(|c| c.feed == QgemvFeed::Gate)
+                        && !taken.contains(&a)
+                        && !taken.contains(&b)
+                }
+                _ => false,
+            };
+            if !fits {
+                let message =
+                    format!("program `{}` is not a gate/up chain then a down chain of one chunk each", p.name);
+                return Err(PlanError::malformed(format!("programs[{i}].chains"), message));
+            }
+            taken.extend(&p.chains);
         }
         Ok(())
     }

@@ -15,8 +15,8 @@ use crate::kernels::qgemm::QGemmWeights;
 pub struct OffloadChain {
     /// Every node of the chain; nothing outside it may read what they compute but `output`.
     pub nodes: Vec<String>,
-    /// The QGemm node whose weights the call multiplies.
-    pub qgemm: String,
+    /// The QGemm nodes whose weights the call multiplies, in the order it takes them.
+    pub qgemms: Vec<String>,
     /// The f32 values the call reads, in the order it takes them (weights included).
     pub inputs: Vec<String>,
     /// The f32 value it writes, `[rows, n]`.
@@ -29,7 +29,7 @@ pub struct OffloadChain {
 pub(super) struct Chain {
     /// Its ops' indices; the last runs the call.
     ops: Vec<usize>,
-    qgemm_op: usize,
+    qgemm_ops: Vec<usize>,
     inputs: Vec<usize>,
     output: usize,
     rows: usize,
@@ -64,18 +64,22 @@ impl Executor<'_> {
     }
 
     fn resolve_chain(&self, c: &OffloadChain, taken: &[Option<usize>]) -> Result<Chain, ExecError> {
-        let bad = |problem: String| ExecError::Chain { qgemm: c.qgemm.clone(), problem };
+        let head = c.qgemms.first().cloned().unwrap_or_default();
+        let bad = |problem: String| ExecError::Chain { qgemm: head.clone(), problem };
         let program = &self.plan.program;
         let value = |name: &str| program.values.iter().position(|v| v.name == name);
         let ops: Vec<usize> =
             (0..self.plan.ops.len()).filter(|&i| c.nodes.contains(&program.nodes[self.plan.ops[i].0].name)).collect();
-        let qgemm_op = ops
-            .iter()
-            .copied()
-            .find(|&i| {
-                program.nodes[self.plan.ops[i].0].name == c.qgemm && matches!(self.plan.ops[i].1, Op::QGemm { .. })
-            })
-            .ok_or_else(|| bad("its QGemm is no QGemm op of the program".into()))?;
+        let qgemm_op = |name: &String| {
+            let op = ops.iter().copied().find(|&i| {
+                program.nodes[self.plan.ops[i].0].name == *name && matches!(self.plan.ops[i].1, Op::QGemm { .. })
+            });
+            op.ok_or_else(|| bad(format!("`{name}` is no QGemm op of the chain")))
+        };
+        let qgemm_ops = c.qgemms.iter().map(qgemm_op).collect::<Result<Vec<_>, _>>()?;
+        if qgemm_ops.is_empty() {
+            return Err(bad("it names no QGemm".into()));
+        }
         if let Some(&op) = ops.iter().find(|&&i| taken[i].is_some()) {
             return Err(bad(format!("node `{}` is in another chain", program.nodes[self.plan.ops[op].0].name)));
         }
@@ -92,7 +96,7 @@ impl Executor<'_> {
             return Err(bad(format!("`{}` is not computed into a buffer", c.output)));
         }
         self.check_closed(&ops, output).map_err(bad)?;
-        Ok(Chain { ops, qgemm_op, inputs, output, rows: c.rows })
+        Ok(Chain { ops, qgemm_ops, inputs, output, rows: c.rows })
     }
 
     /// Nothing outside `ops` reads a value the program's nodes of `ops` write, but `output`.
@@ -126,16 +130,22 @@ impl Executor<'_> {
     /// Runs chain `id` as one offload call and writes its output.
     pub(super) fn run_chain(&mut self, id: usize) -> Result<(), ExecError> {
         let chain = &self.chains.chains[id];
-        let (node, op) = self.plan.node_op(chain.qgemm_op);
-        let Op::QGemm { packed, .. } = op else { unreachable!("resolved as a QGemm") };
-        let weights: QGemmWeights<'_> = self.plan.qpacked[*packed].weights();
+        let (node, _) = self.plan.node_op(chain.qgemm_ops[0]);
+        let weights: Vec<QGemmWeights<'_>> = chain
+            .qgemm_ops
+            .iter()
+            .map(|&i| match &self.plan.ops[i].1 {
+                Op::QGemm { packed, .. } => self.plan.qpacked[*packed].weights(),
+                _ => unreachable!("resolved as a QGemm"),
+            })
+            .collect();
         // Decode's rows are short: copied, so the offload can be borrowed beside them.
         let inputs: Vec<Vec<f32>> = chain.inputs.iter().map(|&v| self.f32_value(v).to_vec()).collect();
         let inputs: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let rows = self.shapes[chain.inputs[0]].iter().rev().skip(1).product::<usize>();
         let Some(offload) = self.offload.as_mut() else { unreachable!("chains run with an offload") };
         let fail = |source| ExecError::Offload { node: node.name.clone(), source };
-        let y = offload.run_chain(id, &inputs, rows, weights).map_err(fail)?;
+        let y = offload.run_chain(id, &inputs, rows, &weights).map_err(fail)?;
         let n = numel(&self.shapes[chain.output]);
         let Loc::Buf(b) = self.plan.locs[chain.output] else { unreachable!("checked at resolve") };
         if y.len() != n {

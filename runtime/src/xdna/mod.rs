@@ -18,8 +18,8 @@
 //! the field's JSON path.
 
 use crate::bundle::xdna::{
-    array_calls, ArrayCall, DesignKind, PlanChain, PlanDesign, PlanError, PlanGemm, QgemvFeed, QgemvLayout,
-    QgemvWeights, Routing, XdnaPlan, PLAN_FILE,
+    array_calls, ArrayCall, DesignKind, PlanChain, PlanDesign, PlanError, PlanGemm, QgemvLayout, Routing, XdnaPlan,
+    PLAN_FILE,
 };
 use crate::bundle::{Bundle, BundleError};
 use crate::exec::{GemmOffload, OffloadChain, OffloadError};
@@ -27,6 +27,8 @@ use crate::kernels::qgemm::{self, QActivations, QGemmWeights};
 use std::collections::HashMap;
 use std::sync::Arc;
 use xdna_driver::{Driver, HwContext, Npu, NpuError};
+
+mod chains;
 
 /// Why an xdna bundle cannot run on the NPU, or a call on it failed.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +98,9 @@ pub struct XdnaOffload<D: Driver> {
     /// first use).
     chains: Vec<PlanChain>,
     chain_operands: HashMap<(usize, usize), Vec<u8>>,
+    /// What the executor runs as one call each: a chain, or a program of chains.
+    units: Vec<chains::Unit>,
+    programs: Vec<chains::ProgramRun>,
     /// Design runs submitted.
     pub runs: u64,
 }
@@ -126,6 +131,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
         let routing = plan.routing();
+        let (units, programs) = chains::units(bundle, &plan);
         let gemms = plan.gemms.into_iter().map(|g| (g.site.node.clone(), Arc::new(g))).collect();
         Ok(XdnaOffload {
             npu,
@@ -136,6 +142,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
             routing,
             chains: plan.chains,
             chain_operands: HashMap::new(),
+            units,
+            programs,
             runs: 0,
         })
     }
@@ -210,18 +218,8 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         Ok(self.offload(node, a, m, w)?)
     }
 
-    /// The plan's chains: each reads its rows (a gate's rows and up's), then a norm's γ.
     fn chains(&self) -> Vec<OffloadChain> {
-        self.chains
-            .iter()
-            .map(|c| OffloadChain {
-                nodes: c.nodes.clone(),
-                qgemm: c.qgemm.clone(),
-                inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
-                output: c.output.clone(),
-                rows: c.rows,
-            })
-            .collect()
+        self.units.iter().map(|u| self.offload_chain(u)).collect()
     }
 
     fn run_chain(
@@ -229,9 +227,9 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         index: usize,
         inputs: &[&[f32]],
         rows: usize,
-        w: QGemmWeights<'_>,
+        w: &[QGemmWeights<'_>],
     ) -> Result<Vec<f32>, OffloadError> {
-        Ok(self.chain(index, inputs, rows, w)?)
+        Ok(self.run_unit(index, inputs, rows, w)?)
     }
 }
 
@@ -301,60 +299,6 @@ impl<D: Driver + Send> XdnaOffload<D> {
         self.runs += 1;
         Ok(out)
     }
-}
-
-impl<D: Driver + Send> XdnaOffload<D> {
-    /// Chain `index` on its designs, one call a column chunk: the rows operand from `inputs`
-    /// (rows; a gate's up or a norm's γ second), the weight operand packed from `w` once.
-    fn chain(
-        &mut self,
-        index: usize,
-        inputs: &[&[f32]],
-        rows: usize,
-        w: QGemmWeights<'_>,
-    ) -> Result<Vec<f32>, XdnaError> {
-        let (k, n) = (self.chains[index].k, self.chains[index].n);
-        let mut y = vec![0f32; rows * n];
-        for c in 0..self.chains[index].chunks.len() {
-            let chunk = &self.chains[index].chunks[c];
-            let (design, col_offset, cols) = (chunk.design.as_str(), chunk.col_offset, chunk.cols);
-            let d = &self.designs[design];
-            let Some(layout) = d.layout else { return Err(XdnaError::NotQgemv { design: design.into() }) };
-            let operand = rows_operand(&layout, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
-                design: design.into(),
-                rows,
-                k,
-            })?;
-            let weights = self.chain_operands.entry((index, c)).or_insert_with(|| {
-                let codes = w.codes_kn();
-                let first_only = |_: usize| false;
-                let q = QgemvWeights { codes: &codes, k: w.k(), n: w.n(), scales: w.scales(), first_only: &first_only };
-                layout.pack(&q, (col_offset, cols)).iter().map(|&b| b as u8).collect()
-            });
-            let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let out_bytes = 4 * layout.rows * layout.padded_n;
-            let out = run_design(&mut self.npu, &mut self.contexts, (d, design), &[&bytes, weights], out_bytes)?;
-            self.runs += 1;
-            let out: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            for r in 0..rows {
-                y[r * n + col_offset..][..cols].copy_from_slice(&out[r * layout.padded_n..][..cols]);
-            }
-        }
-        Ok(y)
-    }
-}
-
-/// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's
-/// γ or a gate's up rows; `None` when they do not fit the design.
-fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usize)) -> Option<Vec<f32>> {
-    let x = inputs.first()?.get(..rows * k)?;
-    let second = inputs.get(1).copied();
-    let (gamma, up) = match layout.feed {
-        QgemvFeed::Norm => (second, None),
-        QgemvFeed::Gate => (None, second.and_then(|u| u.get(..rows * k))),
-        QgemvFeed::Rows => (None, None),
-    };
-    layout.rows_operand((x, k), gamma, up)
 }
 
 impl<D: Driver> Drop for XdnaOffload<D> {

@@ -1,0 +1,194 @@
+//! Decode's chained projections on the NPU: each chain one qgemv design call a column chunk
+//! (f32 rows in — a norm's γ or a gate's up rows beside them —, f32 outputs back), and the
+//! chains the plan makes one array program (decode's MLP: gate/up, then down on the row it
+//! wrote) one command: the program's buffer between its phases is given to the device and
+//! never read back. A program without device artifacts in the bundle runs as its chains.
+
+use super::{run_design, DesignRun, XdnaError, XdnaOffload};
+use crate::bundle::xdna::{DesignKind, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan};
+use crate::bundle::Bundle;
+use crate::exec::OffloadChain;
+use crate::kernels::qgemm::QGemmWeights;
+use xdna_driver::Driver;
+
+/// What one offload chain of the executor is.
+pub(super) enum Unit {
+    /// A plan chain.
+    Chain(usize),
+    /// A program of plan chains ([`ProgramRun`]).
+    Program(usize),
+}
+
+/// A program whose artifacts the bundle carries, and its phases' chains.
+pub(super) struct ProgramRun {
+    plan: PlanProgram,
+    run: DesignRun,
+}
+
+/// The plan's units: each program the bundle has artifacts for, and every chain in none.
+pub(super) fn units(bundle: &Bundle, plan: &XdnaPlan) -> (Vec<Unit>, Vec<ProgramRun>) {
+    let programs: Vec<ProgramRun> = plan
+        .programs
+        .iter()
+        .filter_map(|p| {
+            let (pdi, insts) = (bundle.read_file(&p.pdi_file()).ok()?, bundle.read_file(&p.insts_file()).ok()?);
+            let run = DesignRun {
+                kind: DesignKind::Qgemv,
+                padded: (0, 0, 0),
+                cols: p.array_columns as u32,
+                pdi,
+                insts,
+                layout: None,
+            };
+            Some(ProgramRun { plan: p.clone(), run })
+        })
+        .collect();
+    let in_program = |c: usize| programs.iter().any(|p| p.plan.chains.contains(&c));
+    let mut units: Vec<Unit> = (0..programs.len()).map(Unit::Program).collect();
+    units.extend((0..plan.chains.len()).filter(|&c| !in_program(c)).map(Unit::Chain));
+    (units, programs)
+}
+
+/// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's
+/// γ or a gate's up rows; `None` when they do not fit the design.
+fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usize)) -> Option<Vec<f32>> {
+    let x = inputs.first()?.get(..rows * k)?;
+    let second = inputs.get(1).copied();
+    let (gamma, up) = match layout.feed {
+        QgemvFeed::Norm => (second, None),
+        QgemvFeed::Gate => (None, second.and_then(|u| u.get(..rows * k))),
+        QgemvFeed::Rows => (None, None),
+    };
+    layout.rows_operand((x, k), gamma, up)
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+impl<D: Driver + Send> XdnaOffload<D> {
+    /// The executor's chain of a unit: a chain reads its rows (a gate's rows and up's), then a
+    /// norm's γ; a program its first chain's inputs, and computes the nodes between its
+    /// phases too.
+    pub(super) fn offload_chain(&self, unit: &Unit) -> OffloadChain {
+        let of = |c: usize| {
+            let c = &self.chains[c];
+            OffloadChain {
+                nodes: c.nodes.clone(),
+                qgemms: vec![c.qgemm.clone()],
+                inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
+                output: c.output.clone(),
+                rows: c.rows,
+            }
+        };
+        match *unit {
+            Unit::Chain(c) => of(c),
+            Unit::Program(p) => {
+                let p = &self.programs[p].plan;
+                let (first, second) = (of(p.chains[0]), of(p.chains[1]));
+                let nodes = [first.nodes, p.between.clone(), second.nodes].concat();
+                let qgemms = [first.qgemms, second.qgemms].concat();
+                let rows = first.rows.min(second.rows);
+                OffloadChain { nodes, qgemms, inputs: first.inputs, output: second.output, rows }
+            }
+        }
+    }
+
+    /// Runs unit `index` on `inputs` for `rows` rows with its QGemms' weights `w`.
+    pub(super) fn run_unit(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: &[QGemmWeights<'_>],
+    ) -> Result<Vec<f32>, XdnaError> {
+        match self.units[index] {
+            Unit::Chain(c) => self.chain(c, inputs, rows, w[0]),
+            Unit::Program(p) => self.program(p, inputs, rows, w),
+        }
+    }
+
+    /// The weight operand of chain `index`'s chunk `c` from `w`, packed on first use.
+    fn chain_weights(&mut self, (index, c): (usize, usize), layout: &QgemvLayout, w: QGemmWeights<'_>) -> &Vec<u8> {
+        let chunk = &self.chains[index].chunks[c];
+        let (col_offset, cols) = (chunk.col_offset, chunk.cols);
+        self.chain_operands.entry((index, c)).or_insert_with(|| {
+            let codes = w.codes_kn();
+            let first_only = |_: usize| false;
+            let q = QgemvWeights { codes: &codes, k: w.k(), n: w.n(), scales: w.scales(), first_only: &first_only };
+            layout.pack(&q, (col_offset, cols)).iter().map(|&b| b as u8).collect()
+        })
+    }
+
+    /// The layout of chain `index`'s chunk `c`'s design.
+    fn chunk_layout(&self, (index, c): (usize, usize)) -> Result<QgemvLayout, XdnaError> {
+        let design = &self.chains[index].chunks[c].design;
+        self.designs[design].layout.ok_or_else(|| XdnaError::NotQgemv { design: design.clone() })
+    }
+
+    /// Chain `index` on its designs, one call a column chunk: the rows operand from `inputs`,
+    /// the weight operand packed from `w` once.
+    fn chain(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Vec<f32>, XdnaError> {
+        let (k, n) = (self.chains[index].k, self.chains[index].n);
+        let mut y = vec![0f32; rows * n];
+        for c in 0..self.chains[index].chunks.len() {
+            let layout = self.chunk_layout((index, c))?;
+            let chunk = &self.chains[index].chunks[c];
+            let (design, col_offset, cols) = (chunk.design.clone(), chunk.col_offset, chunk.cols);
+            let operand = rows_operand(&layout, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
+                design: design.clone(),
+                rows,
+                k,
+            })?;
+            let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let weights = self.chain_weights((index, c), &layout, w).clone();
+            let out_bytes = 4 * layout.rows * layout.padded_n;
+            let d = &self.designs[&design];
+            let out = run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, &weights], out_bytes)?;
+            self.runs += 1;
+            let out = f32s(&out);
+            for r in 0..rows {
+                y[r * n + col_offset..][..cols].copy_from_slice(&out[r * layout.padded_n..][..cols]);
+            }
+        }
+        Ok(y)
+    }
+
+    /// Program `index` as one command: its first chain's rows operand and weights, the buffer
+    /// between the phases (the first design's output row, which the second reads), the second
+    /// chain's weights; the second chain's outputs back.
+    fn program(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: &[QGemmWeights<'_>],
+    ) -> Result<Vec<f32>, XdnaError> {
+        let [a, b] = self.programs[index].plan.chains[..] else { unreachable!("checked by the plan") };
+        let (first, second) = (self.chunk_layout((a, 0))?, self.chunk_layout((b, 0))?);
+        let name = self.programs[index].plan.name.clone();
+        let k = self.chains[a].k;
+        let operand = rows_operand(&first, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
+            design: name.clone(),
+            rows,
+            k,
+        })?;
+        let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w1 = self.chain_weights((a, 0), &first, w[0]).clone();
+        let w2 = self.chain_weights((b, 0), &second, w[1]).clone();
+        let between = vec![0u8; 4 * first.rows * first.padded_n];
+        let out_bytes = 4 * second.rows * second.padded_n;
+        let run = &self.programs[index].run;
+        let out =
+            run_design(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, &w1, &between, &w2], out_bytes)?;
+        self.runs += 1;
+        let (n, out) = (self.chains[b].n, f32s(&out));
+        Ok((0..rows).flat_map(|r| out[r * second.padded_n..][..n].to_vec()).collect())
+    }
+}
