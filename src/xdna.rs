@@ -4,7 +4,8 @@
 //! bundle carries `xdna/plan.json` (which node calls which design, column chunks, the threshold
 //! below which a call runs on the GEMV designs in blocks of 8 rows, each design's tiling and
 //! predicted utilisation), and per design `xdna/<name>.mlir` (generic form) and `xdna/<name>.pretty.mlir`
-//! (the custom form mlir-aie's `aie-opt`/`aiecc` take). A design carries its cores' code as MLIR
+//! (the custom form mlir-aie's `aie-opt`/`aiecc` take), and per array program (decode's MLP as
+//! one command, `codegen_aie::sequence`) the same two files. A design carries its cores' code as MLIR
 //! functions (`codegen_aie::kernels`), so mlir-aie's `aiecc.py` with the Peano compiler builds
 //! it with nothing else: the plan records, per design, the exact command (`build`, run in the
 //! bundle's folder; `codegen_aie::plan::build_args`), and the compile summary prints them. When

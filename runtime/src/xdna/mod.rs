@@ -11,7 +11,9 @@
 //! products come back to the executor, which applies the same epilogue as its own kernels. A GEMM
 //! design's B operand is the weight chunk `[K, n]`, a GEMV design's the chunk transposed
 //! (`[n, K]`), each made once per node, chunk and kind. Calls the plan has no design for, and
-//! nodes without designs, stay on the host.
+//! nodes without designs, stay on the host. A one-row step's chained projections, and the MLPs
+//! the plan makes one array program, skip all that: the executor hands their f32 inputs over
+//! and takes their f32 outputs back (`chains`).
 //!
 //! The plan is `bundle::xdna`'s typed `xdna/plan.json`, routed with its `array_calls`, the
 //! function the compiler's cost model counts with; a plan that does not decode is refused naming
