@@ -106,15 +106,21 @@ pub struct PlanDesign {
     pub aiecc_error: Option<String>,
 }
 
+/// Bundle path of a design's or program's artifact: the recorded one, else
+/// `xdna/<name>.<ext>`.
+fn artifact_file(recorded: &Option<String>, name: &str, ext: &str) -> String {
+    recorded.clone().unwrap_or_else(|| format!("xdna/{name}.{ext}"))
+}
+
 impl PlanDesign {
     /// Bundle path of the PDI: the recorded one, else `xdna/<name>.pdi`.
     pub fn pdi_file(&self) -> String {
-        self.pdi.clone().unwrap_or_else(|| format!("xdna/{}.pdi", self.name))
+        artifact_file(&self.pdi, &self.name, "pdi")
     }
 
     /// Bundle path of the instruction stream: the recorded one, else `xdna/<name>.insts.bin`.
     pub fn insts_file(&self) -> String {
-        self.insts.clone().unwrap_or_else(|| format!("xdna/{}.insts.bin", self.name))
+        artifact_file(&self.insts, &self.name, "insts.bin")
     }
 }
 
@@ -271,12 +277,12 @@ pub struct PlanProgram {
 impl PlanProgram {
     /// Bundle path of the PDI: the recorded one, else `xdna/<name>.pdi`.
     pub fn pdi_file(&self) -> String {
-        self.pdi.clone().unwrap_or_else(|| format!("xdna/{}.pdi", self.name))
+        artifact_file(&self.pdi, &self.name, "pdi")
     }
 
     /// Bundle path of the instruction stream: the recorded one, else `xdna/<name>.insts.bin`.
     pub fn insts_file(&self) -> String {
-        self.insts.clone().unwrap_or_else(|| format!("xdna/{}.insts.bin", self.name))
+        artifact_file(&self.insts, &self.name, "insts.bin")
     }
 }
 
