@@ -1,6 +1,6 @@
 //! `npuc run|bench --backend xrt`: an xdna bundle on the host executor with its QGemms on the
-//! XDNA NPU (`runtime::xdna`: prefill on the GEMM designs, decode on the GEMV designs), or why
-//! that cannot happen here.
+//! XDNA NPU (`runtime::xdna`: prefill on the GEMM designs, decode's chained projections and MLP
+//! programs on the qgemv designs, the rest on the GEMV designs), or why that cannot happen here.
 
 use anyhow::{anyhow, Result};
 use runtime::bundle::Bundle;
@@ -19,7 +19,14 @@ pub fn xrt_offload(bundle: &Bundle) -> Result<Box<dyn GemmOffload>> {
         use xdna_driver::{Npu, ACCEL_DIR};
         let npu = Npu::open(std::path::Path::new(ACCEL_DIR))
             .map_err(|e| anyhow!("{e}; run the bundle with --backend host"))?;
-        Ok(Box::new(runtime::xdna::XdnaOffload::new(npu, bundle)?))
+        let offload = runtime::xdna::XdnaOffload::new(npu, bundle)?;
+        if let Some(name) = offload.unbuilt_programs.first() {
+            eprintln!(
+                "note: {} array programs (decode's MLP as one command; {name}, ...) have no device artifacts in the bundle, so each runs as its two chains",
+                offload.unbuilt_programs.len()
+            );
+        }
+        Ok(Box::new(offload))
     }
     #[cfg(not(feature = "xrt"))]
     {

@@ -104,10 +104,20 @@ fn recording_sim(ran: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> codegen_
 /// firmware runs) and an instruction stream of 64 zero bytes, as `with_artifacts.npub` in `dir`.
 #[cfg(feature = "xrt")]
 fn with_design_texts(compiled: &Bundle, plan: &XdnaPlan, dir: &Path) -> Bundle {
+    with_artifacts(compiled, plan, dir, true)
+}
+
+/// [`with_design_texts`], the programs' artifacts only with `programs`.
+#[cfg(feature = "xrt")]
+fn with_artifacts(compiled: &Bundle, plan: &XdnaPlan, dir: &Path, programs: bool) -> Bundle {
     let designs = plan.designs.iter().map(|d| (d.pdi_file(), d.insts_file(), &d.file));
     let mut names = BTreeSet::new();
-    let programs =
-        plan.programs.iter().filter(|p| names.insert(&p.name)).map(|p| (p.pdi_file(), p.insts_file(), &p.file));
+    let with_programs = programs;
+    let programs = plan
+        .programs
+        .iter()
+        .filter(|p| with_programs && names.insert(&p.name))
+        .map(|p| (p.pdi_file(), p.insts_file(), &p.file));
     let add: Vec<(String, Vec<u8>)> = designs
         .chain(programs)
         .flat_map(|(pdi, insts, text)| [(pdi, compiled.read_file(text).unwrap()), (insts, vec![0u8; 64])])
@@ -228,4 +238,64 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_progra
     let ran = std::mem::take(&mut *ran.lock().unwrap());
     assert_eq!(ran.len(), 2 * (plan.programs.len() + chunks), "one command a program and a chain's chunk");
     assert_eq!(ran.iter().filter(|d| d.starts_with("mlp_")).count(), 2 * plan.programs.len(), "{ran:?}");
+    // Without the programs' artifacts, each MLP runs as its two chains, and the offload says so.
+    let designs_only = tmp.path().join("designs_only");
+    std::fs::create_dir(&designs_only).unwrap();
+    let bundle = with_artifacts(&compiled, &plan, &designs_only, false);
+    let npu = xdna_driver::Npu::with_driver(recording_sim(Arc::new(Mutex::new(Vec::new())))).unwrap();
+    let offload = runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap();
+    assert_eq!(offload.unbuilt_programs.len(), plan.programs.len());
+    use runtime::exec::GemmOffload;
+    assert_eq!(offload.chains().len(), plan.chains.len(), "every chain its own call");
+}
+
+/// An offload that computes no product and asks for the chains it is given.
+struct AsksFor(Vec<runtime::exec::OffloadChain>);
+
+impl runtime::exec::GemmOffload for AsksFor {
+    fn products(
+        &mut self,
+        _: &str,
+        _: runtime::kernels::qgemm::QActivations<'_>,
+        _: usize,
+        _: runtime::kernels::qgemm::QGemmWeights<'_>,
+    ) -> Result<Option<Vec<i32>>, runtime::exec::OffloadError> {
+        Ok(None)
+    }
+
+    fn chains(&self) -> Vec<runtime::exec::OffloadChain> {
+        self.0.clone()
+    }
+}
+
+#[test]
+fn an_offloads_chain_that_does_not_fit_the_program_is_refused_naming_why() {
+    use runtime::exec::{ExecOptions, Executor, OffloadChain};
+    let tmp = tempfile::tempdir().unwrap();
+    let bundle = compile("llama-optimum", tmp.path());
+    let plan = XdnaPlan::decode(&bundle.read_file(PLAN_FILE).unwrap()).unwrap();
+    let c = &plan.chains[0];
+    let good = OffloadChain {
+        nodes: c.nodes.clone(),
+        qgemms: vec![c.qgemm.clone()],
+        inputs: c.inputs.clone(),
+        output: c.output.clone(),
+        rows: 1,
+    };
+    let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+    exec.set_offload(Box::new(AsksFor(vec![good.clone()]))).unwrap();
+    let refused = |chain: OffloadChain| {
+        let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
+        exec.set_offload(Box::new(AsksFor(vec![chain]))).unwrap_err().to_string()
+    };
+    // The passes' sum left out: its Slices' outputs are read outside the chain.
+    let err = refused(OffloadChain { nodes: c.nodes[..c.nodes.len() - 1].to_vec(), ..good.clone() });
+    assert!(err.contains(&format!("QGemm `{}`", c.qgemm)) && err.contains("which the chain computes"), "{err}");
+    let err = refused(OffloadChain { inputs: vec!["no_such_value".into()], ..good.clone() });
+    assert!(err.contains("`no_such_value` is no value of the program"), "{err}");
+    let err =
+        refused(OffloadChain { nodes: c.nodes.iter().filter(|n| **n != c.qgemm).cloned().collect(), ..good.clone() });
+    assert!(err.contains("is no QGemm op of the chain"), "{err}");
+    let err = refused(OffloadChain { qgemms: vec![], ..good });
+    assert!(err.contains("names no QGemm"), "{err}");
 }

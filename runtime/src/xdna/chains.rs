@@ -25,28 +25,41 @@ pub(super) struct ProgramRun {
     run: DesignRun,
 }
 
-/// The plan's units: each program the bundle has artifacts for, and every chain in none.
-pub(super) fn units(bundle: &Bundle, plan: &XdnaPlan) -> (Vec<Unit>, Vec<ProgramRun>) {
-    let programs: Vec<ProgramRun> = plan
-        .programs
-        .iter()
-        .filter_map(|p| {
-            let (pdi, insts) = (bundle.read_file(&p.pdi_file()).ok()?, bundle.read_file(&p.insts_file()).ok()?);
-            let run = DesignRun {
-                kind: DesignKind::Qgemv,
-                padded: (0, 0, 0),
-                cols: p.array_columns as u32,
-                pdi,
-                insts,
-                layout: None,
-            };
-            Some(ProgramRun { plan: p.clone(), run })
-        })
-        .collect();
+/// The plan's units: each program the bundle has artifacts for, and every chain in none; and
+/// the programs it has none for, which run as their chains.
+pub(super) fn units(bundle: &Bundle, plan: &XdnaPlan) -> Result<Units, XdnaError> {
+    let (mut programs, mut unbuilt) = (vec![], vec![]);
+    for p in &plan.programs {
+        let (pdi, insts) = (p.pdi_file(), p.insts_file());
+        if bundle.file_path(&pdi).is_none() || bundle.file_path(&insts).is_none() {
+            unbuilt.push(p.name.clone());
+            continue;
+        }
+        let read = |path: String| {
+            bundle.read_file(&path).map_err(|_| XdnaError::MissingArtifact { design: p.name.clone(), path })
+        };
+        let (pdi, insts) = (read(pdi)?, read(insts)?);
+        let run = DesignRun {
+            kind: DesignKind::Qgemv,
+            padded: (0, 0, 0),
+            cols: p.array_columns as u32,
+            pdi,
+            insts,
+            layout: None,
+        };
+        programs.push(ProgramRun { plan: p.clone(), run });
+    }
     let in_program = |c: usize| programs.iter().any(|p| p.plan.chains.contains(&c));
     let mut units: Vec<Unit> = (0..programs.len()).map(Unit::Program).collect();
     units.extend((0..plan.chains.len()).filter(|&c| !in_program(c)).map(Unit::Chain));
-    (units, programs)
+    Ok(Units { units, programs, unbuilt })
+}
+
+/// What [`units`] finds.
+pub(super) struct Units {
+    pub(super) units: Vec<Unit>,
+    pub(super) programs: Vec<ProgramRun>,
+    pub(super) unbuilt: Vec<String>,
 }
 
 /// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's

@@ -103,6 +103,8 @@ pub struct XdnaOffload<D: Driver> {
     /// What the executor runs as one call each: a chain, or a program of chains.
     units: Vec<chains::Unit>,
     programs: Vec<chains::ProgramRun>,
+    /// Programs the bundle has no device artifacts for: they run as their chains.
+    pub unbuilt_programs: Vec<String>,
     /// Design runs submitted.
     pub runs: u64,
 }
@@ -133,7 +135,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
         let routing = plan.routing();
-        let (units, programs) = chains::units(bundle, &plan);
+        let chains::Units { units, programs, unbuilt: unbuilt_programs } = chains::units(bundle, &plan)?;
         let gemms = plan.gemms.into_iter().map(|g| (g.site.node.clone(), Arc::new(g))).collect();
         Ok(XdnaOffload {
             npu,
@@ -146,6 +148,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             chain_operands: HashMap::new(),
             units,
             programs,
+            unbuilt_programs,
             runs: 0,
         })
     }
