@@ -40,8 +40,9 @@ pub(super) struct Chain {
 pub(super) struct Chains {
     pub(super) chains: Vec<Chain>,
     pub(super) chain_of: Vec<Option<usize>>,
-    /// Whether the current step runs its chains as calls.
-    pub(super) on: bool,
+    /// Rows of the current step (0 without an offload): each chain of at least as many rows
+    /// runs as a call.
+    pub(super) step_rows: usize,
     /// Chain calls made.
     pub(super) calls: u64,
 }
@@ -115,16 +116,18 @@ impl Executor<'_> {
         }
     }
 
-    /// Whether a step skips op `i` as part of a chain it runs as one call (at the chain's
-    /// last op, which runs the call instead).
+    /// Whether the step runs op `i` as part of a chain's call: the chain, and whether `i` is its
+    /// last op (which makes the call; the step skips the others).
     pub(super) fn chained(&self, i: usize) -> Option<(usize, bool)> {
-        let id = self.chains.chain_of.get(i).copied().flatten().filter(|_| self.chains.on)?;
-        Some((id, self.chains.chains[id].ops.last() == Some(&i)))
+        let id = self.chains.chain_of.get(i).copied().flatten()?;
+        let chain = &self.chains.chains[id];
+        let on = self.chains.step_rows > 0 && self.chains.step_rows <= chain.rows;
+        on.then(|| (id, chain.ops.last() == Some(&i)))
     }
 
-    /// Sets whether a step of `rows` rows runs the chains as calls.
+    /// A step of `rows` rows begins: it runs as calls the chains of at least as many rows.
     pub(super) fn start_chains(&mut self, rows: usize) {
-        self.chains.on = self.offload.is_some() && self.chains.chains.first().is_some_and(|c| rows <= c.rows);
+        self.chains.step_rows = if self.offload.is_some() { rows } else { 0 };
     }
 
     /// Runs chain `id` as one offload call and writes its output.
