@@ -57,6 +57,12 @@ fn the_compile_summary_predicts_decode_on_npu1_and_npu2_under_the_bandwidth_floo
     assert_eq!(decode[0]["calls_per_token"], gemv + chunks);
     assert_eq!(decode[0]["chained_projections"], plan.chains.len());
     assert!(plan.chains.len() == 4 && gemv == 5, "o and down chained, q/k/v, gate/up and the lm_head not");
+    // The others are fed by norms whose γ (random, as the fixture's weights) is not bfloat16.
+    let unchained = summary["xdna"]["chains"]["unchained"].as_array().unwrap();
+    assert_eq!(unchained.len(), 5);
+    for u in unchained {
+        assert!(u["reason"].as_str().unwrap().contains("is not bfloat16, which a core multiplies by"), "{u}");
+    }
 }
 
 #[test]
