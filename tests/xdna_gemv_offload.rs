@@ -142,8 +142,9 @@ fn differing(a: &[f32], b: &[f32]) -> usize {
 
 /// A 20-token prefill (GEMM designs), three one-token decode steps and a 6-token step (its
 /// stacked activation passes two GEMV blocks) on the host and through the driver model: equal
-/// logits, and the designs each step ran are GEMMs for the prefill and GEMVs for the rest, one
-/// command per QGemm call and column chunk and block.
+/// logits, and the designs each step ran are GEMMs for the prefill, and for the rest qgemv
+/// designs for the chains (one-row ones, or the 8-row block's for the 6-token step) and GEMVs
+/// for the other projections, one command per call, column chunk and block.
 #[cfg(feature = "xrt")]
 #[test]
 fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits() {
@@ -162,14 +163,24 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     // Commands of a step: a one-row step's chains one call a column chunk; every other call's
     // blocks (its rows are the tokens times its stacked passes) over its column chunks, as the
     // plan lists them.
+    // A one-row step's chains on their one-row designs, a verify step's (up to 8 rows) on their
+    // block's designs.
     let chained = |g: &&runtime::bundle::xdna::PlanGemm| plan.chains.iter().any(|c| c.qgemm == g.site.node);
-    let chain_chunks: usize = plan.chains.iter().map(|c| c.chunks.len()).sum();
+    let chain_chunks = |tokens: usize| -> usize {
+        let of = |c: &runtime::bundle::xdna::PlanChain| match tokens {
+            1 => c.chunks.len(),
+            2..=8 => c.block_chunks.len(),
+            _ => 0,
+        };
+        plan.chains.iter().map(of).sum()
+    };
     let commands = |tokens: usize| -> usize {
-        let gemms = plan.gemms.iter().filter(|g| tokens > 1 || !chained(g));
+        let gemms = plan.gemms.iter().filter(|g| tokens > 8 || !chained(g));
         let gemv: usize = gemms.map(|g| plan.calls(g, tokens * g.site.passes).unwrap().len()).sum();
-        gemv + if tokens == 1 { chain_chunks } else { 0 }
+        gemv + chain_chunks(tokens)
     };
     assert_eq!(plan.chains.len(), 4, "o and down of both layers are chained");
+    assert!(plan.chains.iter().all(|c| c.block_rows == 8 && !c.block_chunks.is_empty()), "{:?}", plan.chains);
     assert!(plan.gemms.iter().any(|g| g.site.passes == 2), "the activations' passes are stacked");
     let qgemms = plan.gemms.len() as u64;
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
@@ -182,7 +193,7 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
         (&[7], &[gemv, qgemv]),
         (&[11], &[gemv, qgemv]),
         (&[13], &[gemv, qgemv]),
-        (&verify, &[gemv]),
+        (&verify, &[gemv, qgemv]),
     ];
     for (tokens, kinds) in steps {
         let want = host.step(tokens).unwrap().to_vec();
@@ -190,7 +201,7 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
         let got = array.step(tokens).unwrap().to_vec();
         let n = tokens.len();
         assert_eq!(differing(&got, &want), 0, "{n} tokens: logits that differ from the host's");
-        let step_chains = if n == 1 { chains } else { 0 };
+        let step_chains = if n <= 8 { chains } else { 0 };
         assert_eq!(array.offloaded_chains() - before.1, step_chains, "{n} tokens: chains");
         assert_eq!(array.offloaded_calls() - before.0, qgemms - step_chains, "{n} tokens: every other QGemm call");
         let mut names = std::mem::take(&mut *ran.lock().unwrap());

@@ -127,6 +127,8 @@ fn chained_plan() -> XdnaPlan {
         pairs: true,
         rows: 1,
         chunks: vec![PlanGemvChunk { col_offset: 0, cols: 48, design: "qgemv2_1x64x48_npu1_pairs".into() }],
+        block_rows: 0,
+        block_chunks: vec![],
     });
     p
 }
@@ -148,6 +150,14 @@ fn a_chained_plan_decodes_to_what_was_encoded_and_its_chains_must_call_qgemv_des
     assert_eq!(edited(&|p| p.chains[0].rows = 2).0, path, "more rows than the design's");
     assert_eq!(edited(&|p| p.chains[0].chunks[0].cols = 72).0, path, "more columns than the design's");
     assert_eq!(edited(&|p| p.chains[0].k = 96).0, path, "longer rows than the design's");
+    // A verify step's chunks must name designs of its block's rows.
+    let block = |p: &mut XdnaPlan| {
+        p.chains[0].block_rows = 8;
+        p.chains[0].block_chunks = p.chains[0].chunks.clone();
+    };
+    let (at, message) = edited(&block);
+    assert_eq!(at, "chains[0].block_chunks[0].design");
+    assert!(message.contains("taking 8 rows"), "{message}");
 }
 
 /// The plan's JSON after `edit`, decoded.

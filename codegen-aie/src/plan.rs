@@ -104,6 +104,10 @@ pub struct PlannedChain {
     pub chunks: Vec<GemvChunk>,
     /// The chunks' design's tiling.
     pub tiling: QTiling,
+    /// Chunks of designs of `block_rows` rows (the GEMV block's), for short verify steps (none,
+    /// and 0, where no design of that many rows fits).
+    pub block_chunks: Vec<GemvChunk>,
+    pub block_rows: usize,
 }
 
 /// Decode's MLP as one array program of its two chains ([`crate::sequence::mlp`]).
@@ -137,12 +141,18 @@ pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
     let mut plan = plan_sites(gemm::collect(g), options)?;
     let (sites, mut unchained) = chain::collect(g);
     for site in sites {
-        match chain_chunks(options, &site) {
+        match chain_chunks(options, &site, CHAIN_ROWS) {
             Ok((chunks, q)) => {
-                let d = qgemv::build(&q);
-                plan.layouts.insert(d.name.clone(), q.layout());
-                plan.designs.insert(d.name.clone(), d);
-                plan.chains.push(PlannedChain { site, chunks, tiling: q });
+                let block = (options.gemv_rows > CHAIN_ROWS).then(|| chain_chunks(options, &site, options.gemv_rows));
+                let (block_chunks, block_rows) = match block {
+                    Some(Ok((block_chunks, b))) => {
+                        plan.add_qgemv(&b);
+                        (block_chunks, options.gemv_rows)
+                    }
+                    _ => (vec![], 0),
+                };
+                plan.add_qgemv(&q);
+                plan.chains.push(PlannedChain { site, chunks, tiling: q, block_chunks, block_rows });
             }
             Err(e) => unchained.push((site.qgemm, format!("no qgemv design takes it: {e}"))),
         }
@@ -168,11 +178,15 @@ fn mlp_programs(g: &ir::Graph, chains: &[PlannedChain]) -> Vec<PlannedProgram> {
 
 /// A chain's column chunks over its outputs, as few equal ones as a design takes (narrower
 /// while none fits, down to `max_design_cols`), and their design's tiling.
-fn chain_chunks(options: PlanOptions, site: &ChainSite) -> Result<(Vec<GemvChunk>, QTiling), tiling::TilingError> {
+fn chain_chunks(
+    options: PlanOptions,
+    site: &ChainSite,
+    rows: usize,
+) -> Result<(Vec<GemvChunk>, QTiling), tiling::TilingError> {
     let mut count = site.n.div_ceil(options.max_gemv_cols.max(1));
     loop {
         let parts = chunks(site.n, site.n.div_ceil(count));
-        let shape = GemmShape { m: CHAIN_ROWS, k: site.k, n: parts[0].1 };
+        let shape = GemmShape { m: rows, k: site.k, n: parts[0].1 };
         let chosen = match (site.pairs, site.feed) {
             (true, feed) => qgemv::choose_pairs(options.device, shape, site.passes, feed),
             (false, qgemv::Feed::Rows) => qgemv::choose(options.device, shape, site.passes),
@@ -294,6 +308,13 @@ fn gemv_chunks(
 }
 
 impl Plan {
+    /// Adds a qgemv design and its operands' layout.
+    fn add_qgemv(&mut self, q: &QTiling) {
+        let d = qgemv::build(q);
+        self.layouts.insert(d.name.clone(), q.layout());
+        self.designs.insert(d.name.clone(), d);
+    }
+
     /// How the plan cuts a call's rows, as the plan file records it.
     pub fn routing(&self) -> xdna::Routing {
         xdna::Routing {
@@ -453,6 +474,8 @@ fn chain_entry(c: &PlannedChain) -> PlanChain {
         pairs: s.pairs,
         rows: CHAIN_ROWS,
         chunks: c.chunks.clone(),
+        block_rows: c.block_rows,
+        block_chunks: c.block_chunks.clone(),
     }
 }
 

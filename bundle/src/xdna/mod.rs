@@ -248,6 +248,13 @@ pub struct PlanChain {
     pub rows: usize,
     /// Output column chunks, each one call of its design.
     pub chunks: Vec<PlanGemvChunk>,
+    /// Steps of more than `rows` rows and at most `block_rows` (short verify steps) run the
+    /// chain on these chunks' designs instead; none (and 0) where no design of that many rows
+    /// fits.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub block_rows: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_chunks: Vec<PlanGemvChunk>,
 }
 
 /// Several chains as one array program: a module of their designs and a main device whose
@@ -398,13 +405,17 @@ impl XdnaPlan {
     /// Every chain's chunks name qgemv designs of its feed that take its rows and columns.
     fn check_chains(&self) -> Result<(), PlanError> {
         for (i, chain) in self.chains.iter().enumerate() {
-            for (c, chunk) in chain.chunks.iter().enumerate() {
-                let path = format!("chains[{i}].chunks[{c}].design");
+            let sets = [("chunks", &chain.chunks, chain.rows), ("block_chunks", &chain.block_chunks, chain.block_rows)];
+            for (c, (field, chunk, rows)) in
+                sets.iter().flat_map(|&(f, cs, r)| cs.iter().enumerate().map(move |(c, ch)| (c, (f, ch, r))))
+            {
+                let path = format!("chains[{i}].{field}[{c}].design");
                 let layout = self.design(&chunk.design).and_then(|d| d.qgemv);
                 let fits = layout.is_some_and(|l| {
                     l.feed == chain.feed
                         && l.pairs == chain.pairs
-                        && l.rows >= chain.rows
+                        && l.rows >= rows
+                        && rows > 0
                         && l.padded_k >= chain.k
                         && l.padded_n >= chunk.cols
                         && chunk.col_offset + chunk.cols <= chain.n
@@ -412,7 +423,7 @@ impl XdnaPlan {
                 if !fits {
                     let message = format!(
                         "chain `{}` calls design `{}`, which the plan does not list as a qgemv design of its feed taking {} rows of {} values and {} columns",
-                        chain.qgemm, chunk.design, chain.rows, chain.k, chunk.cols
+                        chain.qgemm, chunk.design, rows, chain.k, chunk.cols
                     );
                     return Err(PlanError::malformed(path, message));
                 }

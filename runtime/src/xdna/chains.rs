@@ -5,11 +5,14 @@
 //! never read back. A program without device artifacts in the bundle runs as its chains.
 
 use super::{run_design, DesignRun, XdnaError, XdnaOffload};
-use crate::bundle::xdna::{DesignKind, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan};
+use crate::bundle::xdna::{DesignKind, PlanGemvChunk, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan};
 use crate::bundle::Bundle;
 use crate::exec::OffloadChain;
 use crate::kernels::qgemm::QGemmWeights;
 use xdna_driver::Driver;
+
+/// A chain, whether of its block's chunks, and a chunk.
+pub(super) type ChunkKey = (usize, bool, usize);
 
 /// What one offload chain of the executor is.
 pub(super) enum Unit {
@@ -91,7 +94,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 qgemms: vec![c.qgemm.clone()],
                 inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
                 output: c.output.clone(),
-                rows: c.rows,
+                rows: c.rows.max(c.block_rows),
             }
         };
         match *unit {
@@ -121,11 +124,22 @@ impl<D: Driver + Send> XdnaOffload<D> {
         }
     }
 
-    /// The weight operand of chain `index`'s chunk `c` from `w`, packed on first use.
-    fn chain_weights(&mut self, (index, c): (usize, usize), layout: &QgemvLayout, w: QGemmWeights<'_>) -> &Vec<u8> {
-        let chunk = &self.chains[index].chunks[c];
+    /// Chain `index`'s one-row chunks, or with `block` its block's.
+    fn chunks(&self, index: usize, block: bool) -> &[PlanGemvChunk] {
+        let c = &self.chains[index];
+        if block {
+            &c.block_chunks
+        } else {
+            &c.chunks
+        }
+    }
+
+    /// The weight operand of chain `index`'s chunk `c` (of its block's with `block`) from `w`,
+    /// packed on first use.
+    fn chain_weights(&mut self, key: ChunkKey, layout: &QgemvLayout, w: QGemmWeights<'_>) -> &Vec<u8> {
+        let chunk = &self.chunks(key.0, key.1)[key.2];
         let (col_offset, cols) = (chunk.col_offset, chunk.cols);
-        self.chain_operands.entry((index, c)).or_insert_with(|| {
+        self.chain_operands.entry(key).or_insert_with(|| {
             let codes = w.codes_kn();
             let first_only = |_: usize| false;
             let q = QgemvWeights { codes: &codes, k: w.k(), n: w.n(), scales: w.scales(), first_only: &first_only };
@@ -133,9 +147,9 @@ impl<D: Driver + Send> XdnaOffload<D> {
         })
     }
 
-    /// The layout of chain `index`'s chunk `c`'s design.
-    fn chunk_layout(&self, (index, c): (usize, usize)) -> Result<QgemvLayout, XdnaError> {
-        let design = &self.chains[index].chunks[c].design;
+    /// The layout of a chunk's design.
+    fn chunk_layout(&self, (index, block, c): ChunkKey) -> Result<QgemvLayout, XdnaError> {
+        let design = &self.chunks(index, block)[c].design;
         self.designs[design].layout.ok_or_else(|| XdnaError::NotQgemv { design: design.clone() })
     }
 
@@ -149,10 +163,11 @@ impl<D: Driver + Send> XdnaOffload<D> {
         w: QGemmWeights<'_>,
     ) -> Result<Vec<f32>, XdnaError> {
         let (k, n) = (self.chains[index].k, self.chains[index].n);
+        let block = rows > self.chains[index].rows;
         let mut y = vec![0f32; rows * n];
-        for c in 0..self.chains[index].chunks.len() {
-            let layout = self.chunk_layout((index, c))?;
-            let chunk = &self.chains[index].chunks[c];
+        for c in 0..self.chunks(index, block).len() {
+            let layout = self.chunk_layout((index, block, c))?;
+            let chunk = &self.chunks(index, block)[c];
             let (design, col_offset, cols) = (chunk.design.clone(), chunk.col_offset, chunk.cols);
             let operand = rows_operand(&layout, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
                 design: design.clone(),
@@ -160,7 +175,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 k,
             })?;
             let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let weights = self.chain_weights((index, c), &layout, w).clone();
+            let weights = self.chain_weights((index, block, c), &layout, w).clone();
             let out_bytes = 4 * layout.rows * layout.padded_n;
             let d = &self.designs[&design];
             let out = run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, &weights], out_bytes)?;
@@ -184,7 +199,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
         w: &[QGemmWeights<'_>],
     ) -> Result<Vec<f32>, XdnaError> {
         let [a, b] = self.programs[index].plan.chains[..] else { unreachable!("checked by the plan") };
-        let (first, second) = (self.chunk_layout((a, 0))?, self.chunk_layout((b, 0))?);
+        let (first, second) = (self.chunk_layout((a, false, 0))?, self.chunk_layout((b, false, 0))?);
         let name = self.programs[index].plan.name.clone();
         let k = self.chains[a].k;
         let operand = rows_operand(&first, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
@@ -193,8 +208,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
             k,
         })?;
         let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let w1 = self.chain_weights((a, 0), &first, w[0]).clone();
-        let w2 = self.chain_weights((b, 0), &second, w[1]).clone();
+        let w1 = self.chain_weights((a, false, 0), &first, w[0]).clone();
+        let w2 = self.chain_weights((b, false, 0), &second, w[1]).clone();
         let between = vec![0u8; 4 * first.rows * first.padded_n];
         let out_bytes = 4 * second.rows * second.padded_n;
         let run = &self.programs[index].run;

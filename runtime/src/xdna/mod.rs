@@ -99,7 +99,7 @@ pub struct XdnaOffload<D: Driver> {
     /// Decode's chained projections, and per chain and chunk its weight operand (made on
     /// first use).
     chains: Vec<PlanChain>,
-    chain_operands: HashMap<(usize, usize), Vec<u8>>,
+    chain_operands: HashMap<chains::ChunkKey, Vec<u8>>,
     /// What the executor runs as one call each: a chain, or a program of chains.
     units: Vec<chains::Unit>,
     programs: Vec<chains::ProgramRun>,
