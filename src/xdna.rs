@@ -78,13 +78,11 @@ fn build_artifacts(tool: &Path, name: &str, pretty: &str) -> Result<Artifacts, S
     result
 }
 
-/// Every design's and array program's name and texts (generic, custom); layers of one shape
-/// share their program, as they share designs.
+/// Every design's and array program's name and texts (generic, custom).
 fn texts(plan: &plan::Plan) -> Vec<(String, String, String)> {
-    let mut names = std::collections::BTreeSet::new();
     let designs = plan.designs.values().map(|d| (d.name.clone(), d.generic(), d.pretty()));
-    let programs = plan.programs.iter().filter(|p| names.insert(p.program.name.clone()));
-    designs.chain(programs.map(|p| (p.program.name.clone(), p.program.generic(), p.program.pretty()))).collect()
+    let programs = plan.array_programs.values().map(|p| (p.name.clone(), p.generic(), p.pretty()));
+    designs.chain(programs).collect()
 }
 
 /// MLIR 22's verifier over every text when mlir-opt is installed; a text it rejects is a
@@ -200,7 +198,7 @@ fn chains_summary(plan: &plan::Plan) -> Value {
     let programs: Vec<Value> = plan
         .programs
         .iter()
-        .map(|p| json!({ "name": p.program.name, "chains": [plan.chains[p.site.gate_up].site.qgemm, plan.chains[p.site.down].site.qgemm] }))
+        .map(|p| json!({ "name": p.name, "chains": [plan.chains[p.site.gate_up].site.qgemm, plan.chains[p.site.down].site.qgemm] }))
         .collect();
     json!({ "rows": plan::CHAIN_ROWS, "chained": chained, "unchained": unchained, "programs": programs })
 }

@@ -255,7 +255,7 @@ pub struct MlpSite {
 /// The MLPs among `chains`: a gate-fed pairs chain whose gate and up rows are the halves of a
 /// norm- or rows-fed pairs chain's output and read by nothing else, the output read by nothing
 /// else either.
-pub fn mlps(g: &Graph, chains: &[ChainSite]) -> Vec<MlpSite> {
+pub fn mlps(g: &Graph, chains: &[&ChainSite]) -> Vec<MlpSite> {
     let readers = readers(g);
     let by_name: std::collections::HashMap<&str, ValueId> =
         g.values.iter().enumerate().map(|(i, v)| (v.name.as_str(), ValueId(i as u32))).collect();

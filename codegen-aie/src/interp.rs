@@ -882,7 +882,8 @@ pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), Inte
         return program::run(&devices, main, inputs);
     }
     let Some(device) = devices.first() else { return run_err("no aie.device") };
-    let mut host = host_buffers(&device_body(device)?.sequence.regions[0], inputs)?;
+    let Some(seq) = program::sequence(device) else { return run_err("no aie.runtime_sequence") };
+    let mut host = host_buffers(&seq.regions[0], inputs)?;
     let stats = run_device(device, &mut host)?;
     let out = host.pop().unwrap_or_default();
     Ok((out, stats))

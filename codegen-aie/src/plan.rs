@@ -28,7 +28,7 @@ use crate::tiling::{self, GemmShape, Tiling};
 use bundle::xdna::{
     self, PlanChain, PlanDesign, PlanGemm, PlanProgram, PlanShape, PlanSite, PlanTiling, QgemvLayout, XdnaPlan,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A column chunk of one projection, as the plan file records it.
 pub use bundle::xdna::PlanChunk as Chunk;
@@ -94,6 +94,8 @@ pub struct Plan {
     pub layouts: BTreeMap<String, QgemvLayout>,
     /// Decode's MLPs as one program each (both chains one chunk).
     pub programs: Vec<PlannedProgram>,
+    /// Those programs, by name (layers of one shape share one).
+    pub array_programs: BTreeMap<String, ArrayProgram>,
 }
 
 /// A chained projection and its column chunks, each one call of a qgemv design of
@@ -114,7 +116,8 @@ pub struct PlannedChain {
 #[derive(Clone, Debug)]
 pub struct PlannedProgram {
     pub site: chain::MlpSite,
-    pub program: ArrayProgram,
+    /// Its program in [`Plan::array_programs`].
+    pub name: String,
 }
 
 /// Rows of the chained designs: decode's one.
@@ -140,40 +143,80 @@ pub fn chunks(n: usize, max_cols: usize) -> Vec<(usize, usize)> {
 pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
     let mut plan = plan_sites(gemm::collect(g), options)?;
     let (sites, mut unchained) = chain::collect(g);
+    let mut designs = ChainDesigns { options, chosen: HashMap::new() };
     for site in sites {
-        match chain_chunks(options, &site, CHAIN_ROWS) {
+        match designs.chunks(&mut plan, &site, CHAIN_ROWS) {
             Ok((chunks, q)) => {
-                let block = (options.gemv_rows > CHAIN_ROWS).then(|| chain_chunks(options, &site, options.gemv_rows));
+                let block =
+                    (options.gemv_rows > CHAIN_ROWS).then(|| designs.chunks(&mut plan, &site, options.gemv_rows));
                 let (block_chunks, block_rows) = match block {
-                    Some(Ok((block_chunks, b))) => {
-                        plan.add_qgemv(&b);
-                        (block_chunks, options.gemv_rows)
-                    }
+                    Some(Ok((block_chunks, _))) => (block_chunks, options.gemv_rows),
                     _ => (vec![], 0),
                 };
-                plan.add_qgemv(&q);
                 plan.chains.push(PlannedChain { site, chunks, tiling: q, block_chunks, block_rows });
             }
             Err(e) => unchained.push((site.qgemm, format!("no qgemv design takes it: {e}"))),
         }
     }
     plan.unchained = unchained;
-    plan.programs = mlp_programs(g, &plan.chains);
+    (plan.programs, plan.array_programs) = mlp_programs(g, &plan.chains);
     Ok(plan)
 }
 
+/// What decides a chain's designs: rows, K, outputs, passes, pairs, and the feed (a norm's ε
+/// by its bits).
+type ChainShape = (usize, usize, usize, usize, bool, u8, u32);
+
+/// The chains' designs, chosen once per [`ChainShape`] (a model's layers repeat theirs).
+struct ChainDesigns {
+    options: PlanOptions,
+    chosen: HashMap<ChainShape, Result<(Vec<GemvChunk>, QTiling), String>>,
+}
+
+impl ChainDesigns {
+    /// A chain's chunks and design tiling for steps of `rows` rows ([`chain_chunks`]), its
+    /// design added to the plan the first time.
+    fn chunks(&mut self, plan: &mut Plan, site: &ChainSite, rows: usize) -> Result<(Vec<GemvChunk>, QTiling), String> {
+        let (feed, epsilon) = match site.feed {
+            qgemv::Feed::Rows => (0, 0),
+            qgemv::Feed::Norm { epsilon } => (1, epsilon.to_bits()),
+            qgemv::Feed::Gate { .. } => (2, 0),
+        };
+        let key = (rows, site.k, site.n, site.passes, site.pairs, feed, epsilon);
+        let options = self.options;
+        self.chosen
+            .entry(key)
+            .or_insert_with(|| {
+                let (chunks, q, d) = chain_chunks(options, site, rows).map_err(|e| e.to_string())?;
+                plan.layouts.insert(d.name.clone(), q.layout());
+                plan.designs.insert(d.name.clone(), d);
+                Ok((chunks, q))
+            })
+            .clone()
+    }
+}
+
 /// The MLPs among `chains` whose two designs make one program: each chain one chunk, the down
-/// design reading the gate/up design's output row as it is.
-fn mlp_programs(g: &ir::Graph, chains: &[PlannedChain]) -> Vec<PlannedProgram> {
-    let sites: Vec<ChainSite> = chains.iter().map(|c| c.site.clone()).collect();
-    chain::mlps(g, &sites)
-        .into_iter()
-        .filter(|m| chains[m.gate_up].chunks.len() == 1 && chains[m.down].chunks.len() == 1)
-        .filter_map(|site| {
-            let program = sequence::mlp(&chains[site.gate_up].tiling, &chains[site.down].tiling).ok()?;
-            Some(PlannedProgram { site, program })
-        })
-        .collect()
+/// design reading the gate/up design's output row as it is. Layers of one shape share their
+/// program, built once.
+fn mlp_programs(g: &ir::Graph, chains: &[PlannedChain]) -> (Vec<PlannedProgram>, BTreeMap<String, ArrayProgram>) {
+    let sites: Vec<&ChainSite> = chains.iter().map(|c| &c.site).collect();
+    let (mut planned, mut programs) = (vec![], BTreeMap::new());
+    let mut by_designs: HashMap<(&str, &str), Option<String>> = HashMap::new();
+    for site in chain::mlps(g, &sites) {
+        let (up, down) = (&chains[site.gate_up], &chains[site.down]);
+        let ([up_chunk], [down_chunk]) = (&up.chunks[..], &down.chunks[..]) else { continue };
+        let name = by_designs.entry((&up_chunk.design, &down_chunk.design)).or_insert_with(|| {
+            let program = sequence::mlp(&up.tiling, &down.tiling).ok()?;
+            let name = program.name.clone();
+            programs.insert(name.clone(), program);
+            Some(name)
+        });
+        if let Some(name) = name.clone() {
+            planned.push(PlannedProgram { site, name });
+        }
+    }
+    (planned, programs)
 }
 
 /// A chain's column chunks over its outputs, as few equal ones as a design takes (narrower
@@ -182,7 +225,7 @@ fn chain_chunks(
     options: PlanOptions,
     site: &ChainSite,
     rows: usize,
-) -> Result<(Vec<GemvChunk>, QTiling), tiling::TilingError> {
+) -> Result<(Vec<GemvChunk>, QTiling, Design), tiling::TilingError> {
     let mut count = site.n.div_ceil(options.max_gemv_cols.max(1));
     loop {
         let parts = chunks(site.n, site.n.div_ceil(count));
@@ -195,9 +238,9 @@ fn chain_chunks(
         };
         match chosen {
             Ok(q) => {
-                let name = qgemv::build(&q).name;
-                let chunk = |(col_offset, cols)| GemvChunk { col_offset, cols, design: name.clone() };
-                return Ok((parts.into_iter().map(chunk).collect(), q));
+                let d = qgemv::build(&q);
+                let chunk = |(col_offset, cols)| GemvChunk { col_offset, cols, design: d.name.clone() };
+                return Ok((parts.into_iter().map(chunk).collect(), q, d));
             }
             Err(e) if parts[0].1 <= options.max_design_cols => return Err(e),
             Err(_) => count += 1,
@@ -254,6 +297,7 @@ pub fn plan_sites(sites: Vec<GemmSite>, options: PlanOptions) -> Result<Plan, Pl
         unchained: vec![],
         layouts: BTreeMap::new(),
         programs: vec![],
+        array_programs: BTreeMap::new(),
     })
 }
 
@@ -308,13 +352,6 @@ fn gemv_chunks(
 }
 
 impl Plan {
-    /// Adds a qgemv design and its operands' layout.
-    fn add_qgemv(&mut self, q: &QTiling) {
-        let d = qgemv::build(q);
-        self.layouts.insert(d.name.clone(), q.layout());
-        self.designs.insert(d.name.clone(), d);
-    }
-
     /// How the plan cuts a call's rows, as the plan file records it.
     pub fn routing(&self) -> xdna::Routing {
         xdna::Routing {
@@ -390,7 +427,7 @@ impl Plan {
             designs: self.designs.values().map(|d| design_entry(d, self.layouts.get(&d.name))).collect(),
             gemms: self.gemms.iter().map(gemm_entry).collect(),
             chains: self.chains.iter().map(chain_entry).collect(),
-            programs: self.programs.iter().map(program_entry).collect(),
+            programs: self.programs.iter().map(|p| program_entry(p, &self.array_programs[&p.name])).collect(),
             mlir: None,
             artifacts: None,
         }
@@ -479,15 +516,15 @@ fn chain_entry(c: &PlannedChain) -> PlanChain {
     }
 }
 
-fn program_entry(p: &PlannedProgram) -> PlanProgram {
-    let (file, pretty) = design_files(&p.program.name);
+fn program_entry(p: &PlannedProgram, program: &ArrayProgram) -> PlanProgram {
+    let (file, pretty) = design_files(&p.name);
     PlanProgram {
-        name: p.program.name.clone(),
+        name: p.name.clone(),
         file,
         pretty,
         chains: vec![p.site.gate_up, p.site.down],
         between: p.site.between.clone(),
-        array_columns: p.program.phases.iter().map(|ph| ph.design.tiling.cols).max().unwrap_or(0),
+        array_columns: program.phases.iter().map(|ph| ph.design.tiling.cols).max().unwrap_or(0),
         insts: None,
         pdi: None,
     }

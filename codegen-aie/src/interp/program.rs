@@ -11,7 +11,8 @@ pub(super) fn devices(module: &Op) -> Vec<&Op> {
     module.regions.first().map(|b| b.ops.iter().filter(|o| o.name == "aie.device").collect()).unwrap_or_default()
 }
 
-fn sequence(device: &Op) -> Option<&Op> {
+/// A device's `aie.runtime_sequence`.
+pub(super) fn sequence(device: &Op) -> Option<&Op> {
     device.regions.first()?.ops.iter().find(|o| o.name == "aie.runtime_sequence")
 }
 

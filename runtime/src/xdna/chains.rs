@@ -9,6 +9,7 @@ use crate::bundle::xdna::{DesignKind, PlanGemvChunk, PlanProgram, QgemvFeed, Qge
 use crate::bundle::Bundle;
 use crate::exec::OffloadChain;
 use crate::kernels::qgemm::QGemmWeights;
+use std::collections::HashMap;
 use xdna_driver::Driver;
 
 /// A chain, whether of its block's chunks, and a chunk.
@@ -18,51 +19,44 @@ pub(super) type ChunkKey = (usize, bool, usize);
 pub(super) enum Unit {
     /// A plan chain.
     Chain(usize),
-    /// A program of plan chains ([`ProgramRun`]).
+    /// A program of plan chains.
     Program(usize),
 }
 
-/// A program whose artifacts the bundle carries, and its phases' chains.
-pub(super) struct ProgramRun {
-    plan: PlanProgram,
-    run: DesignRun,
-}
-
-/// The plan's units: each program the bundle has artifacts for, and every chain in none; and
-/// the programs it has none for, which run as their chains.
+/// The plan's units: each program the bundle has artifacts for, and every chain in none; the
+/// programs it has none for, which run as their chains; and the programs' device runs, by name
+/// (layers of one shape share a program, read once).
 pub(super) fn units(bundle: &Bundle, plan: &XdnaPlan) -> Result<Units, XdnaError> {
-    let (mut programs, mut unbuilt) = (vec![], vec![]);
+    let (mut programs, mut unbuilt, mut runs) = (vec![], vec![], HashMap::new());
     for p in &plan.programs {
         let (pdi, insts) = (p.pdi_file(), p.insts_file());
         if bundle.file_path(&pdi).is_none() || bundle.file_path(&insts).is_none() {
             unbuilt.push(p.name.clone());
             continue;
         }
-        let read = |path: String| {
-            bundle.read_file(&path).map_err(|_| XdnaError::MissingArtifact { design: p.name.clone(), path })
-        };
-        let (pdi, insts) = (read(pdi)?, read(insts)?);
-        let run = DesignRun {
-            kind: DesignKind::Qgemv,
-            padded: (0, 0, 0),
-            cols: p.array_columns as u32,
-            pdi,
-            insts,
-            layout: None,
-        };
-        programs.push(ProgramRun { plan: p.clone(), run });
+        if !runs.contains_key(&p.name) {
+            let read = |path: String| {
+                bundle.read_file(&path).map_err(|_| XdnaError::MissingArtifact { design: p.name.clone(), path })
+            };
+            let (pdi, insts) = (read(pdi)?, read(insts)?);
+            let cols = p.array_columns as u32;
+            let run = DesignRun { kind: DesignKind::Qgemv, padded: (0, 0, 0), cols, pdi, insts, layout: None };
+            runs.insert(p.name.clone(), run);
+        }
+        programs.push(p.clone());
     }
-    let in_program = |c: usize| programs.iter().any(|p| p.plan.chains.contains(&c));
+    let in_program = |c: usize| programs.iter().any(|p: &PlanProgram| p.chains.contains(&c));
     let mut units: Vec<Unit> = (0..programs.len()).map(Unit::Program).collect();
     units.extend((0..plan.chains.len()).filter(|&c| !in_program(c)).map(Unit::Chain));
-    Ok(Units { units, programs, unbuilt })
+    Ok(Units { units, programs, unbuilt, runs })
 }
 
 /// What [`units`] finds.
 pub(super) struct Units {
     pub(super) units: Vec<Unit>,
-    pub(super) programs: Vec<ProgramRun>,
+    pub(super) programs: Vec<PlanProgram>,
     pub(super) unbuilt: Vec<String>,
+    pub(super) runs: HashMap<String, DesignRun>,
 }
 
 /// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's
@@ -100,7 +94,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
         match *unit {
             Unit::Chain(c) => of(c),
             Unit::Program(p) => {
-                let p = &self.programs[p].plan;
+                let p = &self.programs[p];
                 let (first, second) = (of(p.chains[0]), of(p.chains[1]));
                 let nodes = [first.nodes, p.between.clone(), second.nodes].concat();
                 let qgemms = [first.qgemms, second.qgemms].concat();
@@ -134,9 +128,9 @@ impl<D: Driver + Send> XdnaOffload<D> {
         }
     }
 
-    /// The weight operand of chain `index`'s chunk `c` (of its block's with `block`) from `w`,
-    /// packed on first use.
-    fn chain_weights(&mut self, key: ChunkKey, layout: &QgemvLayout, w: QGemmWeights<'_>) -> &Vec<u8> {
+    /// Packs the weight operand of chain `index`'s chunk `c` (of its block's with `block`) from
+    /// `w` into `chain_operands`, once.
+    fn pack_chain_weights(&mut self, key: ChunkKey, layout: &QgemvLayout, w: QGemmWeights<'_>) {
         let chunk = &self.chunks(key.0, key.1)[key.2];
         let (col_offset, cols) = (chunk.col_offset, chunk.cols);
         self.chain_operands.entry(key).or_insert_with(|| {
@@ -144,7 +138,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             let first_only = |_: usize| false;
             let q = QgemvWeights { codes: &codes, k: w.k(), n: w.n(), scales: w.scales(), first_only: &first_only };
             layout.pack(&q, (col_offset, cols)).iter().map(|&b| b as u8).collect()
-        })
+        });
     }
 
     /// The layout of a chunk's design.
@@ -175,10 +169,11 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 k,
             })?;
             let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let weights = self.chain_weights((index, block, c), &layout, w).clone();
+            self.pack_chain_weights((index, block, c), &layout, w);
+            let weights = &self.chain_operands[&(index, block, c)];
             let out_bytes = 4 * layout.rows * layout.padded_n;
             let d = &self.designs[&design];
-            let out = run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, &weights], out_bytes)?;
+            let out = run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, weights], out_bytes)?;
             self.runs += 1;
             let out = f32s(&out);
             for r in 0..rows {
@@ -198,9 +193,9 @@ impl<D: Driver + Send> XdnaOffload<D> {
         rows: usize,
         w: &[QGemmWeights<'_>],
     ) -> Result<Vec<f32>, XdnaError> {
-        let [a, b] = self.programs[index].plan.chains[..] else { unreachable!("checked by the plan") };
+        let [a, b] = self.programs[index].chains[..] else { unreachable!("checked by the plan") };
         let (first, second) = (self.chunk_layout((a, false, 0))?, self.chunk_layout((b, false, 0))?);
-        let name = self.programs[index].plan.name.clone();
+        let name = self.programs[index].name.clone();
         let k = self.chains[a].k;
         let operand = rows_operand(&first, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
             design: name.clone(),
@@ -208,13 +203,13 @@ impl<D: Driver + Send> XdnaOffload<D> {
             k,
         })?;
         let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let w1 = self.chain_weights((a, false, 0), &first, w[0]).clone();
-        let w2 = self.chain_weights((b, false, 0), &second, w[1]).clone();
+        self.pack_chain_weights((a, false, 0), &first, w[0]);
+        self.pack_chain_weights((b, false, 0), &second, w[1]);
+        let (w1, w2) = (&self.chain_operands[&(a, false, 0)], &self.chain_operands[&(b, false, 0)]);
         let between = vec![0u8; 4 * first.rows * first.padded_n];
         let out_bytes = 4 * second.rows * second.padded_n;
-        let run = &self.programs[index].run;
-        let out =
-            run_design(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, &w1, &between, &w2], out_bytes)?;
+        let run = &self.program_runs[&name];
+        let out = run_design(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, w1, &between, w2], out_bytes)?;
         self.runs += 1;
         let (n, out) = (self.chains[b].n, f32s(&out));
         Ok((0..rows).flat_map(|r| out[r * second.padded_n..][..n].to_vec()).collect())

@@ -20,8 +20,8 @@
 //! the field's JSON path.
 
 use crate::bundle::xdna::{
-    array_calls, ArrayCall, DesignKind, PlanChain, PlanDesign, PlanError, PlanGemm, QgemvLayout, Routing, XdnaPlan,
-    PLAN_FILE,
+    array_calls, ArrayCall, DesignKind, PlanChain, PlanDesign, PlanError, PlanGemm, PlanProgram, QgemvLayout, Routing,
+    XdnaPlan, PLAN_FILE,
 };
 use crate::bundle::{Bundle, BundleError};
 use crate::exec::{GemmOffload, OffloadChain, OffloadError};
@@ -102,7 +102,9 @@ pub struct XdnaOffload<D: Driver> {
     chain_operands: HashMap<chains::ChunkKey, Vec<u8>>,
     /// What the executor runs as one call each: a chain, or a program of chains.
     units: Vec<chains::Unit>,
-    programs: Vec<chains::ProgramRun>,
+    programs: Vec<PlanProgram>,
+    /// Each program's device artifacts, by name.
+    program_runs: HashMap<String, DesignRun>,
     /// Programs the bundle has no device artifacts for: they run as their chains.
     pub unbuilt_programs: Vec<String>,
     /// Design runs submitted.
@@ -135,7 +137,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
             designs.insert(d.name.clone(), design_run(bundle, d)?);
         }
         let routing = plan.routing();
-        let chains::Units { units, programs, unbuilt: unbuilt_programs } = chains::units(bundle, &plan)?;
+        let chains::Units { units, programs, unbuilt: unbuilt_programs, runs: program_runs } =
+            chains::units(bundle, &plan)?;
         let gemms = plan.gemms.into_iter().map(|g| (g.site.node.clone(), Arc::new(g))).collect();
         Ok(XdnaOffload {
             npu,
@@ -148,6 +151,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
             chain_operands: HashMap::new(),
             units,
             programs,
+            program_runs,
             unbuilt_programs,
             runs: 0,
         })
