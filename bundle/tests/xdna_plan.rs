@@ -147,6 +147,8 @@ fn a_chained_plan_decodes_to_what_was_encoded_and_its_chains_must_call_qgemv_des
     assert_eq!(at, path);
     assert!(message.contains("`/q_proj/MatMul` calls design `gemv_8x64x96_npu1`"), "{message}");
     assert_eq!(edited(&|p| p.chains[0].feed = QgemvFeed::Gate).0, path, "a design of another feed");
+    let (at, message) = edited(&|p| p.chains[0].feed = QgemvFeed::SumNorm);
+    assert!(at == "chains[0].feed" && message.contains("two outputs"), "a sum-fed chain: {at}: {message}");
     assert_eq!(edited(&|p| p.chains[0].rows = 2).0, path, "more rows than the design's");
     assert_eq!(edited(&|p| p.chains[0].chunks[0].cols = 72).0, path, "more columns than the design's");
     assert_eq!(edited(&|p| p.chains[0].k = 96).0, path, "longer rows than the design's");

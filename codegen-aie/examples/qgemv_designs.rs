@@ -20,6 +20,10 @@
 //! SmolLM2-135M and Qwen3-0.6B on the chained designs beside the plan's GEMV designs: array
 //! cycles, calls, and the tokens a second the array's share and the calls' dispatch allow.
 //!
+//! Then the sum-fed designs (`snqgemv…`: the residual stream's rows and a projection's output
+//! in, their sum normalised on the cores and written back) of the projections a norm feeds,
+//! one row and verify's eight, beside the norm-fed design that takes the sum from the host.
+//!
 //! Last, each model's decode MLP as one array program of two phases (`codegen_aie::sequence`).
 //!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
@@ -59,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     norm_fed(&out)?;
     pairs(&out)?;
+    sum_fed(&out)?;
     chained_decode(&out)?;
     mlp_programs(&out)?;
     norms(&out)
@@ -69,7 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// `mlp_<model>_<device>.{generic,pretty}.mlir`: the main device `mlp_...` whose sequence
 /// configures each design in turn.
 fn mlp_programs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
+    let norm = qgemv::Feed::Norm { epsilon: 1e-6, sum: false };
     let gate = qgemv::Feed::Gate { kept: true };
     for m in &MODELS {
         for device in [Device::Npu1, Device::Npu2] {
@@ -136,7 +141,7 @@ fn chained_decode(out: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// Calls, cycles and prologue cycles of one chained token of `m` on `device`.
 fn chained_token(m: &Model, device: Device, out: &str) -> Result<(usize, u64, u64), Box<dyn std::error::Error>> {
     let chunks = plan::chunks(m.vocab, plan::DEFAULT_MAX_GEMV_COLS);
-    let norm = qgemv::Feed::Norm { epsilon: 1e-6 };
+    let norm = qgemv::Feed::Norm { epsilon: 1e-6, sum: false };
     let gate = qgemv::Feed::Gate { kept: true };
     let layer = [
         (m.hidden, m.qkv, norm),
@@ -186,8 +191,10 @@ fn gemv_token(m: &Model, device: Device) -> Result<cost::Prediction, Box<dyn std
 /// returns the 2N columns for the host to add, and the gate-fed down projections likewise.
 fn pairs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n{:<52} {:>11} {:>11} {:>6}", "pairs design", "cycles", "2N columns", "ratio");
-    let feeds =
-        [(&NORM_FED[..], qgemv::Feed::Norm { epsilon: 1e-5 }), (&GATE_FED[..], qgemv::Feed::Gate { kept: true })];
+    let feeds = [
+        (&NORM_FED[..], qgemv::Feed::Norm { epsilon: 1e-5, sum: false }),
+        (&GATE_FED[..], qgemv::Feed::Gate { kept: true }),
+    ];
     for device in [Device::Npu1, Device::Npu2] {
         for (k, n, feed) in feeds.iter().flat_map(|(shapes, f)| shapes.iter().map(move |&(k, n)| (k, n, *f))) {
             let q = qgemv::choose_pairs(device, GemmShape { m: 1, k, n }, 2, feed)?;
@@ -196,11 +203,37 @@ fn pairs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
             std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
             let wide = GemmShape { m: 1, k, n: 2 * n };
             let plain = match feed {
-                qgemv::Feed::Norm { epsilon } => qgemv::choose_norm(device, wide, 2, epsilon)?,
+                qgemv::Feed::Norm { epsilon, .. } => qgemv::choose_norm(device, wide, 2, epsilon)?,
                 _ => qgemv::choose_gate(device, wide, 2)?,
             };
             let (cycles, plain) = (q.tiling.total_cycles, plain.tiling.total_cycles);
             println!("{:<52} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
+        }
+    }
+    Ok(())
+}
+
+/// The sum-fed pairs designs of the projections a norm feeds, one and eight rows, beside the
+/// norm-fed pairs design of the same rows.
+fn sum_fed(out: &str) -> Result<(), Box<dyn std::error::Error>> {
+    println!("\n{:<60} {:>11} {:>11} {:>6}", "sum-fed design", "cycles", "norm-fed", "ratio");
+    let (sum, norm) = (qgemv::Feed::Norm { epsilon: 1e-5, sum: true }, qgemv::Feed::Norm { epsilon: 1e-5, sum: false });
+    for device in [Device::Npu1, Device::Npu2] {
+        for (&(k, n), rows) in NORM_FED.iter().flat_map(|s| [(s, 1), (s, 8)]) {
+            let shape = GemmShape { m: rows, k, n };
+            let q = match qgemv::choose_pairs(device, shape, 2, sum) {
+                Ok(q) => q,
+                Err(e) => {
+                    println!("{device} {rows}x{k}x{n}: none ({e})");
+                    continue;
+                }
+            };
+            let d = qgemv::build(&q);
+            std::fs::write(format!("{out}/{}.pretty.mlir", d.name), d.pretty())?;
+            std::fs::write(format!("{out}/{}.generic.mlir", d.name), d.generic())?;
+            let (cycles, plain) =
+                (q.tiling.total_cycles, qgemv::choose_pairs(device, shape, 2, norm)?.tiling.total_cycles);
+            println!("{:<60} {cycles:>11} {plain:>11} {:>6.2}", d.name, cycles as f64 / plain as f64);
         }
     }
     Ok(())

@@ -196,7 +196,7 @@ fn norm_rows(
     }
     let epsilon = attrs.float("epsilon").ok().flatten().unwrap_or(1e-5);
     let nodes = vec![inv, p, mul];
-    Ok(Quantised { nodes, feed: Feed::Norm { epsilon }, inputs: vec![x], gamma: Some(gamma) })
+    Ok(Quantised { nodes, feed: Feed::Norm { epsilon, sum: false }, inputs: vec![x], gamma: Some(gamma) })
 }
 
 /// A pairs QGemm's two `Slice`s (its first `first` columns, then the rest) and their `Add`:

@@ -876,6 +876,13 @@ pub enum Arg<'a> {
 /// [`run`] with inputs of either type; the last argument comes back as its 32-bit words (an
 /// f32 output's bits: `f32::from_bits(w as u32)`).
 pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), InterpError> {
+    let (mut host, stats) = run_buffers(text, inputs)?;
+    Ok((host.pop().unwrap_or_default(), stats))
+}
+
+/// [`run_args`] returning every argument's buffer after the run, in order, as 32-bit words (an
+/// i8 argument a value a word): what a design with several outputs wrote.
+pub fn run_buffers(text: &str, inputs: &[Arg]) -> Result<(Vec<Vec<i32>>, RunStats), InterpError> {
     let module = parse(text)?;
     let devices = program::devices(&module);
     if let Some(main) = program::main_device(&devices) {
@@ -885,8 +892,7 @@ pub fn run_args(text: &str, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), Inte
     let Some(seq) = program::sequence(device) else { return run_err("no aie.runtime_sequence") };
     let mut host = host_buffers(&seq.regions[0], inputs)?;
     let stats = run_device(device, &mut host)?;
-    let out = host.pop().unwrap_or_default();
-    Ok((out, stats))
+    Ok((host, stats))
 }
 
 /// Runs one `aie.device` on host buffers, its runtime sequence's arguments in order (checked

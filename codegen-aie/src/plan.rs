@@ -179,7 +179,7 @@ impl ChainDesigns {
     fn chunks(&mut self, plan: &mut Plan, site: &ChainSite, rows: usize) -> Result<(Vec<GemvChunk>, QTiling), String> {
         let (feed, epsilon) = match site.feed {
             qgemv::Feed::Rows => (0, 0),
-            qgemv::Feed::Norm { epsilon } => (1, epsilon.to_bits()),
+            qgemv::Feed::Norm { epsilon, .. } => (1, epsilon.to_bits()),
             qgemv::Feed::Gate { .. } => (2, 0),
         };
         let key = (rows, site.k, site.n, site.passes, site.pairs, feed, epsilon);
@@ -233,7 +233,9 @@ fn chain_chunks(
         let chosen = match (site.pairs, site.feed) {
             (true, feed) => qgemv::choose_pairs(options.device, shape, site.passes, feed),
             (false, qgemv::Feed::Rows) => qgemv::choose(options.device, shape, site.passes),
-            (false, qgemv::Feed::Norm { epsilon }) => qgemv::choose_norm(options.device, shape, site.passes, epsilon),
+            (false, qgemv::Feed::Norm { epsilon, .. }) => {
+                qgemv::choose_norm(options.device, shape, site.passes, epsilon)
+            }
             (false, qgemv::Feed::Gate { .. }) => qgemv::choose_gate(options.device, shape, site.passes),
         };
         match chosen {

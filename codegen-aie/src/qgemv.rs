@@ -61,6 +61,10 @@ pub const EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [35, 83];
 /// squares (and the residual's codes), an assumption counted as above.
 pub const NORM_CYCLES_PER_ELEMENT: [u64; 2] = [23, 44];
 
+/// Cycles per activation element of a sum-fed core's sum ([`crate::qkernels::sum()`]: an f32
+/// sum in integer operations, its operands read and the sum written twice), counted as above.
+pub const SUM_CYCLES_PER_ELEMENT: u64 = 15;
+
 /// Cycles per output element of a norm-fed core's epilogue (its row scale any f32, so the
 /// scales' product is a general one), an assumption counted as above.
 pub const NORM_EPILOGUE_CYCLES_PER_ELEMENT: [u64; 2] = [42, 97];
@@ -111,8 +115,10 @@ pub enum Feed {
     /// Activation rows: `QuantizeRows(x)`.
     Rows,
     /// A norm's input rows: the cores compute the norm (`InverseRms`, `QuantizeRows(x, γ)`,
-    /// [`crate::qkernels::norm_functions`]), ε a constant of their code.
-    Norm { epsilon: f32 },
+    /// [`crate::qkernels::norm_functions`]), ε a constant of their code; with `sum` the input
+    /// is the residual stream's rows plus a projection's, which the cores add first and the
+    /// design also writes out ([`crate::qkernels::sum()`]; split designs only).
+    Norm { epsilon: f32, sum: bool },
     /// A SwiGlu's gate and up rows: the cores compute the gate in integers
     /// (`QuantizeSwiGlu(g, u)`, [`crate::qkernels::gate_functions`]); `kept`: its values stay in
     /// the core and the rows stream once, or (where they do not fit) they are computed again
@@ -124,7 +130,8 @@ impl Feed {
     pub fn input(self) -> Input {
         match self {
             Feed::Rows => Input::Rows,
-            Feed::Norm { .. } => Input::Norm,
+            Feed::Norm { sum: false, .. } => Input::Norm,
+            Feed::Norm { sum: true, .. } => Input::SumNorm,
             Feed::Gate { .. } => Input::Gate,
         }
     }
@@ -133,7 +140,8 @@ impl Feed {
     pub fn operand(self) -> QgemvFeed {
         match self {
             Feed::Rows => QgemvFeed::Rows,
-            Feed::Norm { .. } => QgemvFeed::Norm,
+            Feed::Norm { sum: false, .. } => QgemvFeed::Norm,
+            Feed::Norm { sum: true, .. } => QgemvFeed::SumNorm,
             Feed::Gate { .. } => QgemvFeed::Gate,
         }
     }
@@ -207,7 +215,7 @@ impl QTiling {
 /// `s` (of 32 with a norm, whose squares take 32-value blocks). More parts than the fewest
 /// shorten the weight elements, which must fit a bank with their epilogue data.
 fn k_parts(device: Device, (x_rows, input): (usize, Input), k: usize, min_parts: usize) -> (usize, usize) {
-    let s = if input == Input::Norm { qkernels::NORM_LANES } else { device.micro_tile().1 };
+    let s = if input.norm() { qkernels::NORM_LANES } else { device.micro_tile().1 };
     let bank = device.core_data_bytes() / device.core_banks();
     let max_part = (device.shim_dma().max_size.min(bank / (4 * x_rows)) / s) * s;
     let parts = k.div_ceil(max_part).max(min_parts);
@@ -224,7 +232,7 @@ const EXTRA_PARTS: usize = 10;
 /// row state, the codes, the accumulators, a gate's values and the stack.
 fn core_bytes(device: Device, (sh, kept): (Shape, bool), parts: usize, split: Option<Exchange>) -> usize {
     let (rows, k, n) = (sh.rows, sh.k, sh.n);
-    let (state, mut squares) = if sh.input == Input::Norm { (6, qkernels::NORM_LANES) } else { (4, 0) };
+    let (state, mut squares) = if sh.input.norm() { (6, qkernels::NORM_LANES) } else { (4, 0) };
     let mut gate_values = if sh.input == Input::Gate { gate_buffers(parts, kept) * 2 * rows * k * 4 } else { 0 };
     let x = split.map_or(sh.x_rows() * k * 4, |ex| ex.cores * ex.slot());
     if split.is_some() {
@@ -250,6 +258,10 @@ fn evaluate(
     (n, min_parts, kr, (split, stage, stacked)): (usize, usize, usize, (usize, bool, bool)),
 ) -> Option<QTiling> {
     let input = feed.input();
+    if input == Input::SumNorm && split == 0 {
+        // A sum's prologue cores write it through their spare output channel.
+        return None;
+    }
     let x_rows = Shape { rows: shape.m, k: 0, n, passes, kernel_rows: kr, input, pairs, stacked }.x_rows();
     let (rows, (parts, k)) = (shape.m, k_parts(device, (x_rows, input), shape.k, min_parts));
     let sh = Shape { rows, k, n, passes, kernel_rows: kr, input, pairs, stacked };
@@ -260,7 +272,7 @@ fn evaluate(
         return None;
     }
     let ex = (split > 0).then(|| Exchange::of(sh, (parts * k, split)));
-    let block = if input == Input::Norm { qkernels::NORM_LANES } else { qkernels::LANES };
+    let block = if input.norm() { qkernels::NORM_LANES } else { qkernels::LANES };
     if ex.is_some_and(|ex| !(parts * k).is_multiple_of(split * block) || !split::fits(device, ex)) {
         return None;
     }
@@ -274,7 +286,9 @@ fn evaluate(
     let burst = k.div_ceil(SHIM_BURST_BYTES) * SHIM_BURST_BYTES;
     let weight_bytes = (tiles * parts * sh.w_rows() * burst) as u64;
     let x_streams = if ex.is_some() { 1 } else { x_streams(passes, feed) };
-    let x_bytes = (x_streams * parts * x_rows * k * 4) as u64;
+    // A sum's bytes back (through the columns' spare channels, counted as if they shared one).
+    let sum_rows = if input == Input::SumNorm { rows } else { 0 };
+    let x_bytes = ((x_streams * x_rows + sum_rows) * parts * k * 4) as u64;
     let prologue = match ex {
         Some(ex) => split::prologue_cycles(device, (ex, feed)),
         None => prologue_cycles((sh, feed), parts),
@@ -283,7 +297,7 @@ fn evaluate(
     let vector = kr.is_multiple_of(device.micro_tile().0);
     let per_call = if vector { macs / device.macs_per_cycle() as u64 } else { macs * SCALAR_CYCLES_PER_MAC }
         + KERNEL_CALL_OVERHEAD_CYCLES;
-    let epilogue = match (input == Input::Norm, pairs) {
+    let epilogue = match (input.norm(), pairs) {
         (false, false) => EPILOGUE_CYCLES_PER_ELEMENT,
         (true, false) => NORM_EPILOGUE_CYCLES_PER_ELEMENT,
         (norm, true) => PAIRS_EPILOGUE_CYCLES_PER_ELEMENT[usize::from(norm)],
@@ -349,11 +363,12 @@ fn stage_weights(q: &QTiling, d: &mut Design) {
 fn prologue_cycles((sh, feed): (Shape, Feed), parts: usize) -> u64 {
     let per_element = match feed {
         Feed::Rows => FIRST_PASS_CYCLES_PER_ELEMENT + (sh.passes as u64 - 1) * RESIDUAL_PASS_CYCLES_PER_ELEMENT,
-        Feed::Norm { .. } => NORM_CYCLES_PER_ELEMENT[sh.passes - 1],
+        Feed::Norm { sum: false, .. } => NORM_CYCLES_PER_ELEMENT[sh.passes - 1],
+        Feed::Norm { sum: true, .. } => NORM_CYCLES_PER_ELEMENT[sh.passes - 1] + SUM_CYCLES_PER_ELEMENT,
         Feed::Gate { kept: true } => GATE_CYCLES_PER_ELEMENT[sh.passes - 1],
         Feed::Gate { kept: false } => GATE_RESTREAMED_CYCLES_PER_ELEMENT[sh.passes - 1],
     };
-    let once = if sh.input == Input::Norm { NORM_ROW_CYCLES[sh.passes - 1] } else { 0 };
+    let once = if sh.input.norm() { NORM_ROW_CYCLES[sh.passes - 1] } else { 0 };
     (parts * sh.rows * sh.k) as u64 * per_element + sh.rows as u64 * once
 }
 
@@ -388,7 +403,7 @@ pub fn choose(device: Device, shape: GemmShape, passes: usize) -> Result<QTiling
 pub fn choose_pairs(device: Device, shape: GemmShape, passes: usize, feed: Feed) -> Result<QTiling, TilingError> {
     match feed {
         Feed::Gate { .. } => choose_gate_with(device, shape, (passes, true)),
-        Feed::Norm { epsilon } => choose_norm_with(device, shape, (passes, epsilon, true)),
+        Feed::Norm { .. } => choose_norm_with(device, shape, (passes, feed, true)),
         Feed::Rows => choose_with(device, shape, (passes, feed, true)),
     }
 }
@@ -422,16 +437,13 @@ fn choose_gate_with(device: Device, shape: GemmShape, (passes, pairs): (usize, b
 /// [`choose`] for a norm-fed design: the rows are a norm's input (`K` values, at most the
 /// aligned sum's [`ir::pinned_norm::ALIGNED_MAX_D`]), with ε `epsilon`.
 pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32) -> Result<QTiling, TilingError> {
-    choose_norm_with(device, shape, (passes, epsilon, false))
+    choose_norm_with(device, shape, (passes, Feed::Norm { epsilon, sum: false }, false))
 }
 
-fn choose_norm_with(
-    device: Device,
-    shape: GemmShape,
-    (passes, epsilon, pairs): (usize, f32, bool),
-) -> Result<QTiling, TilingError> {
+/// A norm-fed design for `feed` (a [`Feed::Norm`], its rows a sum or not).
+fn choose_norm_with(device: Device, shape: GemmShape, how: (usize, Feed, bool)) -> Result<QTiling, TilingError> {
     norm_k(device, shape)?;
-    choose_with(device, shape, (passes, Feed::Norm { epsilon }, pairs))
+    choose_with(device, shape, how)
 }
 
 /// A norm-fed design's K: at most what the aligned sum of squares takes.
@@ -547,7 +559,7 @@ fn takes(device: Device, shape: GemmShape) -> Result<(), TilingError> {
 }
 
 /// The design file's stem: `qgemv<passes>_<rows>x<K>x<N>_<device>`, for a norm-fed design
-/// `nqgemv…_eps<ε>` (ε is a constant of its code; `1e-5` written `1em5`, as the name is also
+/// `nqgemv…_eps<ε>` (`snqgemv…` when it adds a sum first; ε is a constant of its code; `1e-5` written `1em5`, as the name is also
 /// the device's symbol, an MLIR bare identifier, which takes no `-`), for a gate-fed one
 /// `gqgemv…`, ending `_kept` when its cores keep the gate's values; then `_split<P>` when `P`
 /// prologue cores quantise the rows ([`split`]), `_stacked` when both passes' codes share a
@@ -566,9 +578,10 @@ fn feed_name(q: &QTiling) -> String {
     let t = &q.tiling;
     match q.feed {
         Feed::Rows => format!("qgemv{}_{}_{}", q.passes, t.shape, t.device),
-        Feed::Norm { epsilon } => {
+        Feed::Norm { epsilon, sum } => {
             let eps = format!("{epsilon:e}").replace('-', "m");
-            format!("nqgemv{}_{}_{}_eps{eps}", q.passes, t.shape, t.device)
+            let sum = if sum { "s" } else { "" };
+            format!("{sum}nqgemv{}_{}_{}_eps{eps}", q.passes, t.shape, t.device)
         }
         Feed::Gate { kept } => {
             let kept = if kept { "_kept" } else { "" };
@@ -582,7 +595,7 @@ fn core_functions(q: &QTiling) -> Vec<kernels::Function> {
     let sh = q.shape();
     match q.feed {
         Feed::Rows => qkernels::functions(sh),
-        Feed::Norm { epsilon } => qkernels::norm_functions(sh, q.tiling.shape.k, epsilon)
+        Feed::Norm { epsilon, .. } => qkernels::norm_functions(sh, q.tiling.shape.k, epsilon)
             .expect("choose_norm takes only K parts of 32-value blocks and rows the aligned sum takes"),
         Feed::Gate { .. } => {
             let mut f = qkernels::gate_functions(sh);
@@ -671,7 +684,7 @@ fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec
     let (c, r) = tile;
     let mut b = gemv_buffers(sh, parts, tile);
     match sh.input {
-        Input::Norm => {
+        Input::Norm | Input::SumNorm => {
             let shape = vec![sh.rows, qkernels::NORM_LANES];
             b.push(Buffer { tile, name: format!("ss_{c}_{r}"), shape, elem: Elem::I32 });
         }
@@ -688,7 +701,7 @@ fn buffers((sh, kept): (Shape, bool), parts: usize, tile: (usize, usize)) -> Vec
 /// buffer a K part when stacked) and K part, an accumulator per pass.
 fn gemv_buffers(sh: Shape, parts: usize, tile: (usize, usize)) -> Vec<Buffer> {
     let (c, r) = tile;
-    let state = if sh.input == Input::Norm { 6 } else { 4 };
+    let state = if sh.input.norm() { 6 } else { 4 };
     let mut b = vec![Buffer { tile, name: format!("rs_{c}_{r}"), shape: vec![state, sh.rows], elem: Elem::F32 }];
     for p in 0..sh.buffered_passes() {
         for q in 0..parts {
@@ -956,7 +969,7 @@ fn core_ops(d: &Design, core: &Core) -> Vec<CoreOp> {
     let mut ops = match (input, ex) {
         (_, Some(ex)) => split::unpack_ops(core, &o, (t.padded.k / t.k, ex)),
         (Input::Rows, None) => prologue(core, &o),
-        (Input::Norm, None) => norm_prologue(core, &o),
+        (Input::Norm | Input::SumNorm, None) => norm_prologue(core, &o),
         (Input::Gate, None) => gate_prologue(core, &o),
     };
     ops.push(CoreOp::Tiles { body: tile_body(core, &o) });

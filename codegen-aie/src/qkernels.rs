@@ -45,6 +45,7 @@ mod norm;
 mod norm_codes;
 mod norm_gemv;
 mod softfloat;
+mod sum;
 
 pub use exchange::{
     combine, maxima as exchange_maxima, pack as pack_slot, prologue_functions, share, unpack, Exchange, COMBINE, PACK,
@@ -64,6 +65,7 @@ pub use norm_gemv::{
     norm_functions, norm_quantise_functions, norm_rescale, norm_reset, norm_root, norm_squares, norm_top, squares_ty,
     NORM_RESCALE, NORM_RESET, NORM_ROOT, NORM_SQUARES, NORM_TOP,
 };
+pub use sum::{sum, sum_ty, SUM};
 
 pub const RESET: &str = "q_reset";
 pub const ABSMAX: &str = "q_absmax";
@@ -136,6 +138,17 @@ pub enum Input {
     /// The gate's f32 rows, then the up's, as `[2, rows, k]` words: `QuantizeSwiGlu(g, u)`
     /// ([`gate_functions`]).
     Gate,
+    /// A norm's input as the residual stream's rows and a projection's output rows, which the
+    /// core adds first (the program's residual `Add`, [`sum()`]), then `Norm`'s: the residual
+    /// stream's rows, γ's part, then the projection's rows.
+    SumNorm,
+}
+
+impl Input {
+    /// Whether the core computes a norm of its rows.
+    pub fn norm(self) -> bool {
+        matches!(self, Input::Norm | Input::SumNorm)
+    }
 }
 
 impl Shape {
@@ -144,6 +157,7 @@ impl Shape {
         match self.input {
             Input::Rows => self.rows,
             Input::Norm => self.rows + 1,
+            Input::SumNorm => 2 * self.rows + 1,
             Input::Gate => 2 * self.rows,
         }
     }
@@ -156,7 +170,7 @@ impl Shape {
     /// The row state: the passes' maxima and scales, and with a norm the row's largest
     /// magnitude and `1/rms` (slots 4 and 5).
     pub fn rs_ty(&self) -> String {
-        memref(&[if self.input == Input::Norm { 6 } else { 4 }, self.rows], "f32")
+        memref(&[if self.input.norm() { 6 } else { 4 }, self.rows], "f32")
     }
     /// Passes with codes buffers and accumulators of their own: one when [`Shape::stacked`].
     pub fn buffered_passes(&self) -> usize {
@@ -707,7 +721,7 @@ fn product(c: &mut Code, (sh, j): (Shape, &str), (acc, pass): (&str, usize), sw:
     let a = c.read_block((acc, &sh.acc_ty()), "i32", [&row, j], (pad32, LANES));
     let af = c.f32_of_i32(&a, &vi);
     let sa = c.row_bits(&sh.rs_ty(), 2 * pass + 1);
-    let m = if sh.input == Input::Norm { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
+    let m = if sh.input.norm() { c.mul_f32(&sa, sw, &vi) } else { c.mul_f32_by_power_of_two(&sa, sw, &vi) };
     c.mul_f32_by_normal(&af, &m, &vi)
 }
 

@@ -39,6 +39,7 @@ fn eval(op: &str, attrs: &Attrs, inputs: &[Option<&Tensor>], outputs: usize) -> 
 
 /// A projection's operands: rows `x` [rows, K], codes `w` [K, N], column scales, the passes and
 /// the columns (at the end) that take the first pass only.
+#[derive(Clone)]
 struct Case {
     x: Vec<f32>,
     w: Vec<i8>,
@@ -121,7 +122,7 @@ impl Case {
     /// norm-fed design's. The design's whole output buffer, `[padded rows, padded n/2]`.
     fn pairs_on_array(&self, device: Device, design_rows: usize, norm: Option<(&[f32], f32)>) -> (Vec<f32>, usize) {
         let (_, k, n) = self.dims;
-        let feed = norm.map_or(qgemv::Feed::Rows, |(_, epsilon)| qgemv::Feed::Norm { epsilon });
+        let feed = norm.map_or(qgemv::Feed::Rows, |(_, epsilon)| qgemv::Feed::Norm { epsilon, sum: false });
         let q = qgemv::choose_pairs(device, GemmShape { m: design_rows, k, n: n / 2 }, self.passes, feed).unwrap();
         let d = qgemv::build(&q);
         assert!(d.name.ends_with("_pairs"), "{}", d.name);
@@ -207,7 +208,7 @@ impl Case {
         let (rows, k, n) = self.dims;
         let feed = match fed {
             Fed::Rows => qgemv::Feed::Rows,
-            Fed::Norm(_, epsilon) => qgemv::Feed::Norm { epsilon },
+            Fed::Norm(_, epsilon) => qgemv::Feed::Norm { epsilon, sum: false },
             Fed::Gate(_) => qgemv::Feed::Gate { kept: true },
         };
         let stacked = self.passes > 1 && cores % 2 == 0;
@@ -229,6 +230,29 @@ impl Case {
         assert_eq!(stats.calls[qkernels::SHARE], (rounds * cores) as u64, "{}: each round of maxima", d.name);
         let y: Vec<f32> = out.iter().map(|&b| f32::from_bits(b as u32)).collect();
         (0..rows).flat_map(|i| y[i * d.tiling.padded.n..i * d.tiling.padded.n + n].to_vec()).collect()
+    }
+}
+
+impl Case {
+    /// A sum-fed split design's answer ([`qkernels::Input::SumNorm`]): the case's rows the
+    /// residual stream's, `o` the projection's, added by `cores` prologue cores before the norm
+    /// (γ, ε 1e-5): the outputs `[rows, n]` and the sum `[rows, k]` the design wrote.
+    fn sum_on_array(&self, device: Device, (cores, o, gamma): (usize, &[f32], &[f32])) -> (Vec<f32>, Vec<f32>) {
+        let (rows, k, n) = self.dims;
+        let feed = qgemv::Feed::Norm { epsilon: 1e-5, sum: true };
+        let stacked = self.passes > 1 && cores % 2 == 0;
+        let shape = GemmShape { m: rows, k, n };
+        let q = qgemv::choose_split(device, shape, (self.passes, feed), (cores, stacked)).unwrap();
+        let d = qgemv::build(&q);
+        assert!(d.name.starts_with("snqgemv") && d.name.contains(&format!("_split{cores}")), "{}", d.name);
+        let x = q.layout().rows_operand((&self.x, k), Some(gamma), Some(o)).unwrap();
+        let first_only = |c: usize| c >= n - self.first_only;
+        let w = qgemv::pack(&q, (&self.w, k, n), (0, n), &self.sw, &first_only);
+        let (out, _) = interp::run_buffers(&d.generic(), &[interp::Arg::F32(&x), interp::Arg::I8(&w)])
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let f32s = |b: &[i32]| b.iter().map(|&w| f32::from_bits(w as u32)).collect::<Vec<f32>>();
+        let p = d.tiling.padded;
+        (columns(&f32s(&out[2]), (rows, n), p.n), columns(&f32s(&out[3]), (rows, k), p.k))
     }
 }
 
@@ -381,6 +405,59 @@ fn a_norms_and_a_gates_prologue_split_across_cores_equal_the_programs_ops_bit_fo
         let got = case.split_on_array(Device::Npu1, rows, (cores, Fed::Gate(&u)));
         assert_eq!(bits(&got), bits(&want), "gate, {passes} passes on {cores} cores");
     }
+}
+
+#[test]
+fn a_sum_fed_design_adds_the_residual_stream_as_the_program_does_and_normalises_the_sum() {
+    // The residual stream's rows and the attention's projection in; the program's `Add`, the
+    // next norm's projection of the sum and the sum itself out. Sums that round, overflow to
+    // ∞, cancel a whole row to zeros, and carry a NaN; the outlier in the last core's slice.
+    let (rows, k, n) = (3, 576, 64);
+    let gamma = bfloat16_gamma(k, 8);
+    for (device, passes, cores) in [(Device::Npu1, 1, 2), (Device::Npu2, 2, 3), (Device::Npu1, 2, 4)] {
+        let mut case = Case::new((rows, k, n), passes, 8, 70 + cores as u64);
+        let mut o = activations(rows * k, 71);
+        (case.x[5], o[5]) = (f32::MAX, f32::MAX);
+        (case.x[6], o[6]) = (1.0, f32::EPSILON / 2.0);
+        for (o, x) in o[k..2 * k].iter_mut().zip(&case.x[k..2 * k]) {
+            *o = -x;
+        }
+        (case.x[2 * k + 3], o[2 * k + k - 1]) = (f32::NAN, 3000.0);
+        let h: Vec<f32> = case.x.iter().zip(&o).map(|(a, b)| a + b).collect();
+        assert!(h[5].is_infinite() && h[6] == 1.0 && h[k..2 * k].iter().all(|v| *v == 0.0));
+        let want = Case { x: h.clone(), ..case.clone() }.norm_reference(&gamma, 1e-5);
+        let (got, sum) = case.sum_on_array(device, (cores, &o, &gamma));
+        let what = format!("{device}: {passes} passes on {cores} cores");
+        assert_same(&sum, &h, &format!("{what}: the sum"));
+        assert_same(&got, &want, &format!("{what}: the projection"));
+    }
+}
+
+#[test]
+fn the_sum_fed_projections_of_smollm2_and_qwen3_have_designs_the_checker_and_mlir_accept() {
+    // Decode's norm-fed pairs projections (q/k/v, gate/up) taking the residual stream and the
+    // previous projection's output: `choose_pairs` returns only designs the checker accepts;
+    // each adds the sum's work and bytes to the norm-fed design's, and writes the sum as its
+    // fourth argument, `[rows, padded K]`, through each prologue core's own channel.
+    let (sum, norm) = (qgemv::Feed::Norm { epsilon: 1e-5, sum: true }, qgemv::Feed::Norm { epsilon: 1e-5, sum: false });
+    for device in [Device::Npu1, Device::Npu2] {
+        for (k, n) in [(576, 960), (576, 3072), (1024, 4096), (1024, 6144)] {
+            let shape = GemmShape { m: 1, k, n };
+            let q = qgemv::choose_pairs(device, shape, 2, sum).unwrap_or_else(|e| panic!("{device} {k}x{n}: {e}"));
+            let plain = qgemv::choose_pairs(device, shape, 2, norm).unwrap();
+            assert!(q.split > 0 && q.tiling.total_cycles > plain.tiling.total_cycles, "{device} {k}x{n}: {q:?}");
+            let d = qgemv::build(&q);
+            let pk = q.tiling.padded.k;
+            assert_eq!(d.args[0].0, 3 * pk, "{}: the residual stream, γ and the projection's row", d.name);
+            assert_eq!(d.args[3].0, pk, "{}: the sum", d.name);
+            let sums: Vec<_> = d.fifos.iter().filter(|f| f.name.starts_with("H_")).collect();
+            assert_eq!(sums.len(), q.split, "{}", d.name);
+            assert!(sums.iter().all(|f| f.consumers[0].1 == 0 && f.producer.1 >= 2), "{}", d.name);
+        }
+    }
+    let q = qgemv::choose_pairs(Device::Npu1, GemmShape { m: 8, k: 576, n: 3072 }, 2, sum).unwrap();
+    let d = qgemv::build(&q);
+    mlir::verify_generic(&d.generic()).unwrap_or_else(|e| panic!("{}: {e}", d.name));
 }
 
 /// γ of bfloat16 values over a few binades, as a norm weight's.
@@ -608,7 +685,7 @@ struct ProgramCase {
 fn mlp_program(device: Device, (hidden, inter, out): (usize, usize, usize)) -> ProgramCase {
     let gamma = bfloat16_gamma(hidden, 7);
     let gate_up = Case::new((1, hidden, 4 * inter), 2, 2 * inter, 61);
-    let norm = qgemv::Feed::Norm { epsilon: 1e-5 };
+    let norm = qgemv::Feed::Norm { epsilon: 1e-5, sum: false };
     let q1 = qgemv::choose_pairs(device, GemmShape { m: 1, k: hidden, n: 2 * inter }, 2, norm).unwrap();
     let gate = qgemv::Feed::Gate { kept: true };
     let q2 = qgemv::choose_pairs(device, GemmShape { m: 1, k: inter, n: out }, 2, gate).unwrap();
@@ -654,7 +731,7 @@ fn a_program_whose_buffers_do_not_fit_its_designs_is_refused_by_name() {
     assert!(err.contains("program mlp: design ") && err.contains("argument 2") && err.contains("buffer 2"), "{err}");
     // A down design whose rows are not the gate/up design's halves.
     let gate = qgemv::Feed::Gate { kept: true };
-    let norm = qgemv::Feed::Norm { epsilon: 1e-5 };
+    let norm = qgemv::Feed::Norm { epsilon: 1e-5, sum: false };
     let gate_up = qgemv::choose_pairs(Device::Npu1, GemmShape { m: 1, k: 576, n: 512 }, 2, norm).unwrap();
     let down = qgemv::choose_pairs(Device::Npu1, GemmShape { m: 1, k: 128, n: 64 }, 2, gate).unwrap();
     let err = sequence::mlp(&gate_up, &down).err().unwrap().to_string();
@@ -692,7 +769,9 @@ fn every_decode_projection_of_smollm2_and_qwen3_has_a_chained_design_the_checker
         for &(k, n, feed, pairs) in smollm2.iter().chain(&qwen3) {
             let shape = GemmShape { m: 1, k, n };
             let q = match (feed, pairs) {
-                ("norm", true) => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Norm { epsilon: 1e-6 }),
+                ("norm", true) => {
+                    qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Norm { epsilon: 1e-6, sum: false })
+                }
                 ("norm", false) => qgemv::choose_norm(device, shape, 2, 1e-6),
                 ("gate", _) => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Gate { kept: true }),
                 _ => qgemv::choose_pairs(device, shape, 2, qgemv::Feed::Rows),
@@ -867,6 +946,9 @@ fn the_cost_models_norm_fed_cycles_are_the_generated_codes_vector_operations() {
         let once = ops[qkernels::NORM_ROOT] + ops[qkernels::NORM_RESCALE];
         assert_eq!(qgemv::NORM_ROW_CYCLES[passes - 1], once, "{passes}: {ops:?}");
     }
+    let sum = qkernels::sum(cost_shape(1, qkernels::Input::SumNorm, false));
+    let per_element = (innermost_ops(sum.body.as_ref().unwrap()) as u64).div_ceil(qkernels::LANES as u64);
+    assert_eq!(qgemv::SUM_CYCLES_PER_ELEMENT, per_element);
 }
 
 #[test]

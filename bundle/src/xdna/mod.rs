@@ -405,6 +405,10 @@ impl XdnaPlan {
     /// Every chain's chunks name qgemv designs of its feed that take its rows and columns.
     fn check_chains(&self) -> Result<(), PlanError> {
         for (i, chain) in self.chains.iter().enumerate() {
+            if chain.feed == QgemvFeed::SumNorm {
+                let message = "a chain whose design adds a residual sum writes two outputs, which this plan format does not record".to_string();
+                return Err(PlanError::malformed(format!("chains[{i}].feed"), message));
+            }
             let sets = [("chunks", &chain.chunks, chain.rows), ("block_chunks", &chain.block_chunks, chain.block_rows)];
             for (c, (field, chunk, rows)) in
                 sets.iter().flat_map(|&(f, cs, r)| cs.iter().enumerate().map(move |(c, ch)| (c, (f, ch, r))))

@@ -16,10 +16,14 @@ pub enum QgemvFeed {
     Norm,
     /// The gate's rows, then the up's: `QuantizeSwiGlu(g, u)`.
     Gate,
+    /// A norm's input as two rows to add first (the residual stream's, then a projection's
+    /// output), γ between them: `Add`, then `Norm`'s; the design also writes the sum.
+    SumNorm,
 }
 
 /// The buffers of a qgemv design. The rows operand is f32 `[rows (+1 with a norm), padded_k]`
-/// (a gate's `[2, rows, padded_k]`); the output f32 `[rows, padded_n]`; the weight operand i8,
+/// (a gate's `[2, rows, padded_k]`, a sum's `[2·rows + 1, padded_k]`); the output f32
+/// `[rows, padded_n]` (and a sum's `[rows, padded_k]` after it); the weight operand i8,
 /// `streams × tiles × parts` elements of `w_rows × part_k` bytes: stream `s`'s core takes
 /// elements `s·tiles·parts ..`, tile by tile, K part by K part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,11 +90,13 @@ impl QgemvLayout {
             QgemvFeed::Rows => self.rows * self.padded_k,
             QgemvFeed::Norm => (self.rows + 1) * self.padded_k,
             QgemvFeed::Gate => 2 * self.rows * self.padded_k,
+            QgemvFeed::SumNorm => (2 * self.rows + 1) * self.padded_k,
         }
     }
 
     /// The rows operand: `x`'s rows of `k` values, zero past them, and with a norm γ as the
-    /// last row; with a gate, `x` the gate's rows and `up` the up's. `None` when the rows do
+    /// last row; with a gate, `x` the gate's rows and `up` the up's; with a sum, `x` the
+    /// residual stream's rows, then γ, then `up` the projection's rows. `None` when the rows do
     /// not fit the design, or an operand is missing or of another length.
     pub fn rows_operand(&self, (x, k): (&[f32], usize), gamma: Option<&[f32]>, up: Option<&[f32]>) -> Option<Vec<f32>> {
         let (pk, pm) = (self.padded_k, self.rows);
@@ -104,12 +110,17 @@ impl QgemvLayout {
                 out[pm * pk..pm * pk + k].copy_from_slice(g);
                 vec![x]
             }
+            (QgemvFeed::SumNorm, Some(g), Some(o)) if g.len() == k && o.len() == x.len() => {
+                out[pm * pk..pm * pk + k].copy_from_slice(g);
+                vec![x, o]
+            }
             (QgemvFeed::Gate, None, Some(u)) if u.len() == x.len() => vec![x, u],
             _ => return None,
         };
+        let plane_rows = if self.feed == QgemvFeed::SumNorm { pm + 1 } else { pm };
         for (plane, rows) in planes.into_iter().enumerate() {
             for (r, row) in rows.chunks(k).enumerate() {
-                let at = (plane * pm + r) * pk;
+                let at = (plane * plane_rows + r) * pk;
                 out[at..at + k].copy_from_slice(row);
             }
         }

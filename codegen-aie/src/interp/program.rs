@@ -24,7 +24,7 @@ pub(super) fn main_device<'o>(devices: &[&'o Op]) -> Option<&'o Op> {
 
 /// Runs the program's phases on host buffers made from `inputs` (the main sequence's
 /// arguments); returns the last argument's words and the phases' statistics summed.
-pub(super) fn run(devices: &[&Op], main: &Op, inputs: &[Arg]) -> Result<(Vec<i32>, RunStats), InterpError> {
+pub(super) fn run(devices: &[&Op], main: &Op, inputs: &[Arg]) -> Result<(Vec<Vec<i32>>, RunStats), InterpError> {
     let Some(seq) = sequence(main) else { return run_err("the main device has no aie.runtime_sequence") };
     let block = &seq.regions[0];
     let mut host = host_buffers(block, inputs)?;
@@ -48,7 +48,7 @@ pub(super) fn run(devices: &[&Op], main: &Op, inputs: &[Arg]) -> Result<(Vec<i32
             }
         }
     }
-    Ok((host.pop().unwrap_or_default(), stats))
+    Ok((host, stats))
 }
 
 /// One `aiex.run` of `device`'s sequence on the main sequence's buffers it names: each of the

@@ -16,6 +16,11 @@
 //!   buffers and row state ([`crate::qkernels::unpack`]; both passes' codes in one buffer when
 //!   stacked); from there its body is the unsplit design's.
 //!
+//! - With a sum ([`Input::SumNorm`]) each slice carries the residual stream's rows, γ's and the
+//!   projection's rows; a prologue core adds its slice's two first ([`qkernels::sum()`]) and
+//!   writes the sum through `H_<j>`, its own second output channel, straight to column `j`'s
+//!   shim, into the sequence's fourth argument — the hub has no channel to spare.
+//!
 //! The maximum of the partial maxima is the row's maximum bit for bit, and the sum of the
 //! partial lanes the row's lanes, so the codes, scales and outputs equal the unsplit design's,
 //! and the program's.
@@ -63,6 +68,9 @@ pub fn build(q: &QTiling) -> Design {
     let mut fifos = vec![];
     let mut links = vec![];
     exchange_fifos(q, &mut fifos, &mut links);
+    if ex.input == Input::SumNorm {
+        fifos.extend(sum_fifos(q));
+    }
     let w_shape = vec![sh.w_rows(), t.k];
     fifos.extend(stream_fifos(dev, ("X", 1, Elem::I8), vec![1], w_shape).into_iter().skip(1));
     output_fifos(t, Elem::F32, &mut fifos, &mut links);
@@ -79,7 +87,7 @@ pub fn build(q: &QTiling) -> Design {
             prologue: false,
         })
         .collect();
-    let epsilon = if let Feed::Norm { epsilon } = q.feed { epsilon } else { 0.0 };
+    let epsilon = if let Feed::Norm { epsilon, .. } = q.feed { epsilon } else { 0.0 };
     let prologue = qkernels::prologue_functions(ex, (t.shape.k, epsilon));
     cores.extend((0..q.split).map(|j| Core {
         tile: prologue_tile(dev, j),
@@ -102,6 +110,10 @@ pub fn build(q: &QTiling) -> Design {
     let p = t.padded;
     let w_len = streams(dev) * tiles * parts * sh.w_rows() * t.k;
     let buffers = cores.iter().flat_map(|c| core_buffers((sh, ex), parts, c)).collect();
+    let mut args = vec![(x_len(q), Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)];
+    if ex.input == Input::SumNorm {
+        args.push((ex.rows * p.k, Elem::F32));
+    }
     Design {
         kind: Kind::QGemv {
             passes: q.passes,
@@ -120,7 +132,7 @@ pub fn build(q: &QTiling) -> Design {
         buffers,
         functions,
         cores,
-        args: vec![(x_len(q), Elem::F32), (w_len, Elem::I8), (p.m * p.n, Elem::F32)],
+        args,
         seq: runtime_sequence(q),
     }
 }
@@ -162,6 +174,29 @@ fn exchange_fifos(q: &QTiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
     });
 }
 
+/// With a sum ([`Input::SumNorm`]), `H_<j>`: prologue core `j`'s slice of the sum, through its
+/// spare output channel straight to the shim of column `j` (whose second S2MM channel no output
+/// takes; a mem tile on the way would take channels the exchange's hub has none of).
+fn sum_fifos(q: &QTiling) -> Vec<Fifo> {
+    let (dev, ex) = (q.tiling.device, exchange(q));
+    (0..q.split)
+        .map(|j| Fifo {
+            name: sum_fifo(j),
+            producer: prologue_tile(dev, j),
+            consumers: vec![(j, Device::SHIM_ROW)],
+            depth: 1,
+            shape: vec![ex.rows, ex.slice],
+            elem: Elem::F32,
+            to_stream: vec![],
+        })
+        .collect()
+}
+
+/// Prologue core `j`'s FIFO of the sum.
+fn sum_fifo(j: usize) -> String {
+    format!("H_{j}")
+}
+
 /// A core's own buffers: a GEMV core's row state, codes and accumulators as the unsplit
 /// design's; a prologue core's row state, its slice's codes of each pass, and a norm's squares'
 /// lanes or a gate's values.
@@ -179,7 +214,7 @@ fn core_buffers((sh, ex): (Shape, Exchange), parts: usize, core: &Core) -> Vec<B
         elem: Elem::I8,
     }));
     match ex.input {
-        Input::Norm => {
+        Input::Norm | Input::SumNorm => {
             let shape = vec![ex.rows, qkernels::NORM_LANES];
             b.push(Buffer { tile, name: format!("ss_{c}_{r}"), shape, elem: Elem::I32 });
         }
@@ -208,8 +243,34 @@ fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
         _ => (0, 0, [1, q.split, ex.shape().x_rows(), ex.slice], [0, ex.slice, p.k, 1]),
     };
     let w = |s: usize| (1, s * per_core, [tiles, parts, w_rows, k], [parts * w_rows * k, w_rows * k, k, 1]);
-    stream_sequence(t, tiles, ("X", x), &w)
+    let mut seq = stream_sequence(t, tiles, ("X", x), &w);
+    if ex.input == Input::SumNorm {
+        sum_sequence(q, &mut seq);
+    }
+    seq
 }
+
+/// The sum's slices into argument 3, `[rows, padded K]`, each prologue core's at its columns,
+/// issued before the rest's waits and waited for last.
+fn sum_sequence(q: &QTiling, seq: &mut Vec<SeqOp>) {
+    let (ex, pk) = (exchange(q), q.tiling.padded.k);
+    let first_wait = seq.iter().position(|op| matches!(op, SeqOp::Wait { .. })).unwrap_or(seq.len());
+    let dmas = (0..q.split).map(|j| SeqOp::Dma {
+        arg: 3,
+        offset: j * ex.slice,
+        sizes: [1, 1, ex.rows, ex.slice],
+        strides: [0, 0, pk, 1],
+        id: SUM_BD,
+        fifo: sum_fifo(j),
+        issue_token: true,
+    });
+    seq.splice(first_wait..first_wait, dmas);
+    seq.extend((0..q.split).map(|j| SeqOp::Wait { fifo: sum_fifo(j) }));
+}
+
+/// The BD id of a sum's transfer on its column's shim: above those the weights' and outputs'
+/// transfers take.
+const SUM_BD: usize = 14;
 
 /// One exchange round of a prologue core: its slot written by `fill`, then every slot combined
 /// by `then` (or, with none, released untouched).
@@ -220,7 +281,7 @@ fn round(core: &Core, ex: Exchange, r: usize, (fill, then): (CoreOp, Option<&str
     ops.push(CoreOp::Acquire { res: joined.clone(), fifo: core.b.clone(), produce: false, ty: ex.slots_ty() });
     if let Some(combine) = then {
         let mut args = vec![(format!("{joined}_buf"), ex.slots_ty()), state(core, ex)];
-        if ex.input == Input::Norm && r == 1 {
+        if ex.input.norm() && r == 1 {
             args.push(squares(core, ex));
         }
         ops.push(call(combine, args));
@@ -247,7 +308,7 @@ pub(super) fn prologue_ops(core: &Core, ex: Exchange) -> Vec<CoreOp> {
     let slot = |r: usize| (format!("%slot{r}_buf"), ex.slot_ty());
     let share = |r: usize| {
         let mut args = vec![state(core, ex)];
-        if ex.input == Input::Norm {
+        if ex.input.norm() {
             args.push(squares(core, ex));
         }
         args.push(slot(r));
@@ -255,14 +316,14 @@ pub(super) fn prologue_ops(core: &Core, ex: Exchange) -> Vec<CoreOp> {
     };
     let exchanged = |r: usize| round(core, ex, r, (share(r), Some(qkernels::COMBINE[r])));
     let reset = match ex.input {
-        Input::Norm => call(qkernels::NORM_RESET, vec![state(core, ex), squares(core, ex)]),
+        Input::Norm | Input::SumNorm => call(qkernels::NORM_RESET, vec![state(core, ex), squares(core, ex)]),
         _ => call(qkernels::RESET, vec![state(core, ex)]),
     };
     let mut ops = vec![reset];
     let (xs, gv) = (ex.shape(), (format!("%gv_{c}_{r}"), qkernels::gu_ty(ex.shape())));
     stream_pass(&mut ops, core, (xs, 0), &|_, x| {
+        let mut ops = sum_ops(core, ex, &x);
         let phases = phases(ex, (x, gv.clone()), (state(core, ex), squares(core, ex)), &pc);
-        let mut ops = vec![];
         for (r, phase) in phases.into_iter().enumerate() {
             if r > 0 {
                 ops.extend(exchanged(r - 1));
@@ -276,6 +337,21 @@ pub(super) fn prologue_ops(core: &Core, ex: Exchange) -> Vec<CoreOp> {
     args.push(slot(ex.rounds() - 1));
     ops.extend(round(core, ex, ex.rounds() - 1, (call(qkernels::PACK, args), None)));
     ops
+}
+
+/// With a sum, a prologue core's first calls on its slice `x`: the residual stream's rows plus
+/// the projection's, into `x` for the norm and out through `H_<j>`.
+fn sum_ops(core: &Core, ex: Exchange, x: &Operand) -> Vec<CoreOp> {
+    if ex.input != Input::SumNorm {
+        return vec![];
+    }
+    let fifo = sum_fifo(core.a.trim_start_matches("XS_").parse().expect("a prologue core's slice is XS_<j>"));
+    let h = ("%h_buf".to_string(), qkernels::sum_ty(ex.shape()));
+    vec![
+        CoreOp::Acquire { res: "%h".into(), fifo: fifo.clone(), produce: true, ty: h.1.clone() },
+        call(qkernels::SUM, vec![x.clone(), h]),
+        CoreOp::Release { fifo, produce: true },
+    ]
 }
 
 /// A prologue core's calls on its slice `x` between the exchange's rounds: one list before each
@@ -310,7 +386,7 @@ fn phases(
             }
             p
         }
-        Input::Norm => {
+        Input::Norm | Input::SumNorm => {
             let top = call(qkernels::NORM_TOP, vec![x.clone(), rs.clone()]);
             let mut p = vec![vec![top, call(qkernels::PRODUCT_MAX, vec![x.clone(), rs.clone()])]];
             let scale = call(qkernels::PRODUCT_SCALE[0], vec![rs.clone()]);
@@ -354,6 +430,8 @@ pub(super) fn fits(device: Device, ex: Exchange) -> bool {
     let extra = match ex.input {
         Input::Gate => x,
         Input::Norm => 4 * qkernels::NORM_LANES * ex.rows,
+        // The sum's element besides the lanes.
+        Input::SumNorm => 4 * (qkernels::NORM_LANES + ex.slice) * ex.rows,
         Input::Rows => 0,
     };
     let own = 4 * ex.state_words() * ex.rows + ex.passes * ex.rows * ex.slice + extra;
@@ -373,7 +451,7 @@ pub(super) fn prologue_cycles(device: Device, (ex, feed): (Exchange, Feed)) -> u
     let share = SHARE_CYCLES_PER_ROW * rows * ex.state_words() as u64 / 4;
     let round = EXCHANGE_ROUND_CYCLES + bytes.div_ceil(device.stream_bytes_per_cycle() as u64) + share;
     let words: usize = (0..ex.rounds() - 1).map(|r| qkernels::exchange_maxima(ex, r).len()).sum();
-    let lanes = u64::from(ex.input == Input::Norm);
+    let lanes = u64::from(ex.input.norm());
     let combine = (words as u64 + lanes) * rows * cores * COMBINE_CYCLES_PER_SLOT;
     let codes = passes * rows * (ex.cores * ex.slice) as u64;
     let unpack = codes.div_ceil(qkernels::LANES as u64) * UNPACK_CYCLES_PER_BLOCK;

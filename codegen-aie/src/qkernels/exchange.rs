@@ -52,7 +52,7 @@ impl Exchange {
     /// Words of a row's state: the passes' maxima and scales, and a norm's largest magnitude
     /// and `r`.
     pub fn state_words(&self) -> usize {
-        if self.input == Input::Norm {
+        if self.input.norm() {
             6
         } else {
             4
@@ -68,7 +68,7 @@ impl Exchange {
 
     /// Where pass `p`'s codes start in a slot: after the state and a norm's lanes.
     fn codes_at(&self, p: usize) -> usize {
-        let lanes = if self.input == Input::Norm { 4 * NORM_LANES * self.rows } else { 0 };
+        let lanes = if self.input.norm() { 4 * NORM_LANES * self.rows } else { 0 };
         self.lanes_at() + lanes + p * self.rows * self.slice
     }
 
@@ -81,7 +81,7 @@ impl Exchange {
     /// Rounds of the exchange: one a pass's maximum (a norm's second with its lanes, whatever
     /// the passes), then the codes.
     pub fn rounds(&self) -> usize {
-        if self.input == Input::Norm {
+        if self.input.norm() {
             3
         } else {
             self.passes + 1
@@ -223,7 +223,7 @@ fn index_values(ex: Exchange, more: &[usize]) -> Vec<usize> {
 
 /// `q_share(%rs, [%ss,] %slot)`.
 pub fn share(ex: Exchange) -> Function {
-    let norm = ex.input == Input::Norm;
+    let norm = ex.input.norm();
     let mut c = Code::new(&index_values(ex, &[]));
     c.write_state(ex, norm);
     let mut params = vec![(v("rs"), ex.rs_ty())];
@@ -239,9 +239,9 @@ pub fn share(ex: Exchange) -> Function {
 /// passes) in round 1 beside the lanes.
 pub fn maxima(ex: Exchange, round: usize) -> Vec<usize> {
     match (ex.input, round) {
-        (Input::Norm, 0) => vec![0, 4],
-        (Input::Norm, _) if ex.passes > 1 => vec![2],
-        (Input::Norm, _) => vec![],
+        (Input::Norm | Input::SumNorm, 0) => vec![0, 4],
+        (Input::Norm | Input::SumNorm, _) if ex.passes > 1 => vec![2],
+        (Input::Norm | Input::SumNorm, _) => vec![],
         (_, r) => vec![2 * r],
     }
 }
@@ -254,7 +254,7 @@ pub fn combine(ex: Exchange, round: usize) -> Function {
     let words = maxima(ex, round);
     let mut c = Code::new(&index_values(ex, &words));
     let zero = c.iconst(0, "i32");
-    let lanes = ex.input == Input::Norm && round == 1;
+    let lanes = ex.input.norm() && round == 1;
     c.each("i", ex.rows, |c| {
         for &word in &words {
             let at = c.state_at(ex, word);
@@ -348,6 +348,11 @@ pub fn prologue_functions(ex: Exchange, (d, epsilon): (usize, f32)) -> Vec<Funct
     let mut f = match ex.input {
         Input::Rows => super::quantise_functions(sh),
         Input::Norm => super::norm_quantise_functions(sh, super::NormShape { rows: sh.rows, d, epsilon }),
+        Input::SumNorm => {
+            let mut f = vec![super::sum(sh)];
+            f.extend(super::norm_quantise_functions(sh, super::NormShape { rows: sh.rows, d, epsilon }));
+            f
+        }
         Input::Gate => super::gate_functions(sh),
     };
     f.extend([share(ex), combine(ex, 0)]);

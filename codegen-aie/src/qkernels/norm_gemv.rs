@@ -200,7 +200,7 @@ pub fn norm_rescale(sh: Shape) -> Function {
 /// `d` values (the K parts' padding past `d` zero) and the norm's ε. Refuses K parts that are
 /// not whole 32-value blocks and rows the aligned sum does not take.
 pub fn norm_functions(sh: Shape, d: usize, epsilon: f32) -> Result<Vec<Function>, String> {
-    if sh.input != super::Input::Norm || !sh.k.is_multiple_of(NORM_LANES) || d == 0 || d > ALIGNED_MAX_D {
+    if !sh.input.norm() || !sh.k.is_multiple_of(NORM_LANES) || d == 0 || d > ALIGNED_MAX_D {
         return Err(format!(
             "a norm-fed qgemv core takes γ in its X element, K parts of whole {NORM_LANES}-value blocks and rows of at most {ALIGNED_MAX_D}: parts of {} for rows of {d} are not",
             sh.k

@@ -68,6 +68,8 @@ fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usiz
         QgemvFeed::Norm => (second, None),
         QgemvFeed::Gate => (None, second.and_then(|u| u.get(..rows * k))),
         QgemvFeed::Rows => (None, None),
+        // The plan refuses sum-fed chains (`XdnaPlan::check`).
+        QgemvFeed::SumNorm => return None,
     };
     layout.rows_operand((x, k), gamma, up)
 }
