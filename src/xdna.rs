@@ -188,6 +188,7 @@ fn chains_summary(plan: &plan::Plan) -> Value {
                 "qgemm": c.site.qgemm,
                 "feed": c.site.feed.operand(),
                 "pairs": c.site.pairs,
+                "sum": c.site.sum,
                 "nodes": c.site.nodes.len(),
                 "designs": c.chunks.iter().map(|d| d.design.as_str()).collect::<Vec<_>>(),
             })
@@ -354,8 +355,9 @@ fn chain_lines(c: &Value) -> Vec<String> {
     let chained = c["chained"].as_array().map_or(0, Vec::len);
     let unchained = c["unchained"].as_array().cloned().unwrap_or_default();
     let programs = c["programs"].as_array().map_or(0, Vec::len);
+    let sums = c["chained"].as_array().map_or(0, |cs| cs.iter().filter(|c| c["sum"].is_string()).count());
     let mut out = vec![format!(
-        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk), {programs} MLPs as one array program each (gate/up, then down on the row it wrote: one command), {} projections not chained:",
+        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk; {sums} of them add the residual stream in front of their norm too), {programs} MLPs as one array program each (gate/up, then down on the row it wrote: one command), {} projections not chained:",
         c["rows"],
         unchained.len()
     )];

@@ -182,7 +182,7 @@ fn check_bundle(name: &str, device: &str) -> bool {
     let tmp = tempfile::tempdir().unwrap();
     let (b, summary) = compile(name, device, tmp.path());
     let plan: Value = serde_json::from_slice(&b.read_file("xdna/plan.json").unwrap()).unwrap();
-    assert_eq!(plan["format"], "npuc-xdna-plan/5");
+    assert_eq!(plan["format"], "npuc-xdna-plan/6");
     assert_eq!(plan["device"], device);
     assert_eq!((&plan["host_threshold_rows"], &plan["gemv_rows"]), (&16.into(), &8.into()));
     let planned: BTreeSet<String> =

@@ -229,7 +229,11 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_progra
     let plan = XdnaPlan::decode(&compiled.read_file(PLAN_FILE).unwrap()).unwrap();
     let feeds: BTreeSet<QgemvFeed> = plan.chains.iter().map(|c| c.feed).collect();
     assert_eq!(plan.chains.len(), plan.gemms.len(), "every projection chained");
-    assert_eq!(feeds, [QgemvFeed::Rows, QgemvFeed::Norm, QgemvFeed::Gate].into_iter().collect());
+    assert_eq!(feeds, [QgemvFeed::Rows, QgemvFeed::Norm, QgemvFeed::Gate, QgemvFeed::SumNorm].into_iter().collect());
+    // Every norm-fed chain but the first layer's q/k/v (the embedding's rows, no sum) takes the
+    // residual Add in front of its norm: 29 q/k/v, 30 gate/up, the lm_head.
+    let sums: Vec<&str> = plan.chains.iter().filter_map(|c| c.sum.as_deref()).collect();
+    assert_eq!(sums.len(), 60, "{sums:?}");
     let bundle = with_design_texts(&compiled, &plan, tmp.path());
     let options = || ExecOptions { threads: 2, max_context: 64, ..ExecOptions::default() };
     let ran = Arc::new(Mutex::new(Vec::new()));
@@ -296,7 +300,7 @@ fn an_offloads_chain_that_does_not_fit_the_program_is_refused_naming_why() {
         nodes: c.nodes.clone(),
         qgemms: vec![c.qgemm.clone()],
         inputs: c.inputs.clone(),
-        output: c.output.clone(),
+        outputs: vec![c.output.clone()],
         rows: 1,
     };
     let mut exec = Executor::new(&bundle, ExecOptions::default()).unwrap();
@@ -313,6 +317,8 @@ fn an_offloads_chain_that_does_not_fit_the_program_is_refused_naming_why() {
     let err =
         refused(OffloadChain { nodes: c.nodes.iter().filter(|n| **n != c.qgemm).cloned().collect(), ..good.clone() });
     assert!(err.contains("is no QGemm op of the chain"), "{err}");
-    let err = refused(OffloadChain { qgemms: vec![], ..good });
+    let err = refused(OffloadChain { qgemms: vec![], ..good.clone() });
     assert!(err.contains("names no QGemm"), "{err}");
+    let err = refused(OffloadChain { outputs: vec![], ..good });
+    assert!(err.contains("writes no output"), "{err}");
 }

@@ -122,6 +122,7 @@ fn chained_plan() -> XdnaPlan {
         inputs: vec!["x".into()],
         gamma: Some("norm.weight".into()),
         output: "q".into(),
+        sum: None,
         k: 64,
         n: 48,
         pairs: true,
@@ -147,8 +148,11 @@ fn a_chained_plan_decodes_to_what_was_encoded_and_its_chains_must_call_qgemv_des
     assert_eq!(at, path);
     assert!(message.contains("`/q_proj/MatMul` calls design `gemv_8x64x96_npu1`"), "{message}");
     assert_eq!(edited(&|p| p.chains[0].feed = QgemvFeed::Gate).0, path, "a design of another feed");
-    let (at, message) = edited(&|p| p.chains[0].feed = QgemvFeed::SumNorm);
-    assert!(at == "chains[0].feed" && message.contains("two outputs"), "a sum-fed chain: {at}: {message}");
+    assert_eq!(edited(&|p| p.chains[0].feed = QgemvFeed::SumNorm).0, path, "a sum-fed chain on norm-fed designs");
+    let (at, message) = edited(&|p| p.chains[0].sum = Some("/h".into()));
+    assert!(at == "chains[0].feed" && message.contains("has one"), "a sum without its design: {at}: {message}");
+    let (at, message) = edited(&|p| p.chains[0].inputs.push("o".into()));
+    assert!(at == "chains[0].feed" && message.contains("reads 2 and has none"), "{at}: {message}");
     assert_eq!(edited(&|p| p.chains[0].rows = 2).0, path, "more rows than the design's");
     assert_eq!(edited(&|p| p.chains[0].chunks[0].cols = 72).0, path, "more columns than the design's");
     assert_eq!(edited(&|p| p.chains[0].k = 96).0, path, "longer rows than the design's");
@@ -254,13 +258,13 @@ fn a_chunk_calling_an_unlisted_design_is_refused() {
 #[test]
 fn another_format_is_refused_before_its_fields() {
     let err = decode_edited(|j| {
-        j["format"] = "npuc-xdna-plan/6".into();
+        j["format"] = "npuc-xdna-plan/7".into();
         j.as_object_mut().unwrap().remove("designs");
     })
     .unwrap_err();
-    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/6".into(), expected: PLAN_FORMAT });
+    assert_eq!(err, PlanError::Format { file: PLAN_FILE, found: "npuc-xdna-plan/7".into(), expected: PLAN_FORMAT });
     // An older plan (no qgemv layouts, no chains) is refused with the remedy.
-    let err = decode_edited(|j| j["format"] = "npuc-xdna-plan/4".into()).unwrap_err();
+    let err = decode_edited(|j| j["format"] = "npuc-xdna-plan/5".into()).unwrap_err();
     assert!(err.to_string().contains("recompile the bundle"), "{err}");
     assert!(err.to_string().contains(PLAN_FILE), "{err}");
     let (path, _) = malformed_at(XdnaPlan::decode(b"{\"designs\": []"));

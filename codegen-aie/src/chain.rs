@@ -33,6 +33,8 @@ pub struct ChainSite {
     pub inputs: Vec<String>,
     pub gamma: Option<String>,
     pub output: String,
+    /// A sum-fed chain's second output ([`summed`]): the residual `Add`'s sum.
+    pub sum: Option<String>,
     /// Values a row read and written (`n` half the weight's columns with pairs).
     pub k: usize,
     pub n: usize,
@@ -131,6 +133,7 @@ fn chain_of(g: &Graph, readers: &[Vec<usize>], q: usize) -> Result<ChainSite, St
         inputs: quantised.inputs.iter().map(|&v| name(v)).collect(),
         gamma: quantised.gamma.map(name),
         output: name(output),
+        sum: None,
         k,
         n: if pairs { first } else { columns },
         pairs,
@@ -197,6 +200,35 @@ fn norm_rows(
     let epsilon = attrs.float("epsilon").ok().flatten().unwrap_or(1e-5);
     let nodes = vec![inv, p, mul];
     Ok(Quantised { nodes, feed: Feed::Norm { epsilon, sum: false }, inputs: vec![x], gamma: Some(gamma) })
+}
+
+/// A norm-fed chain taking its norm's input's `Add` too, if that input is the sum of two f32
+/// values of its own shape that nodes compute (the residual stream and a projection's output):
+/// the `Add` its first node, the two addends its inputs, the sum its second output
+/// ([`crate::qgemv::Feed::Norm`] with `sum`). Other nodes may read the sum.
+pub fn summed(g: &Graph, site: &ChainSite) -> Option<ChainSite> {
+    let Feed::Norm { epsilon, sum: false } = site.feed else { return None };
+    let by_name = |name: &str| g.values.iter().position(|v| v.name == name).map(|i| ValueId(i as u32));
+    let x = by_name(site.inputs.first()?)?;
+    let add = &g.nodes[producer(g, x)?];
+    let addends: Vec<ValueId> = add.inputs.iter().flatten().copied().collect();
+    let computed = |v: ValueId| {
+        let value = g.value(v);
+        value.dtype == DType::F32 && value.shape == g.value(x).shape && matches!(value.def, ValueDef::Node { .. })
+    };
+    let fits = add.domain == Domain::Onnx && add.op == "Add" && add.outputs == [x] && addends.len() == 2;
+    if !fits || !addends.iter().all(|&v| computed(v)) || g.value(x).dtype != DType::F32 {
+        return None;
+    }
+    let mut nodes = vec![add.name.clone()];
+    nodes.extend(site.nodes.iter().cloned());
+    Some(ChainSite {
+        feed: Feed::Norm { epsilon, sum: true },
+        nodes,
+        inputs: addends.iter().map(|&v| g.value(v).name.clone()).collect(),
+        sum: Some(g.value(x).name.clone()),
+        ..site.clone()
+    })
 }
 
 /// A pairs QGemm's two `Slice`s (its first `first` columns, then the rest) and their `Add`:

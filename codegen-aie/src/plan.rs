@@ -145,15 +145,18 @@ pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
     let (sites, mut unchained) = chain::collect(g);
     let mut designs = ChainDesigns { options, chosen: HashMap::new() };
     for site in sites {
-        match designs.chunks(&mut plan, &site, CHAIN_ROWS) {
-            Ok((chunks, q)) => {
-                let block =
-                    (options.gemv_rows > CHAIN_ROWS).then(|| designs.chunks(&mut plan, &site, options.gemv_rows));
-                let (block_chunks, block_rows) = match block {
-                    Some(Ok((block_chunks, _))) => (block_chunks, options.gemv_rows),
-                    _ => (vec![], 0),
-                };
-                plan.chains.push(PlannedChain { site, chunks, tiling: q, block_chunks, block_rows });
+        let plain = designs.planned(&site);
+        // The residual sum too, where its designs fit as the plain chain's do.
+        let summed = chain::summed(g, &site).and_then(|s| designs.planned(&s).ok());
+        let chosen = match (summed, plain) {
+            (Some(s), Ok(p)) if s.block_rows >= p.block_rows => Ok(s),
+            (Some(s), Err(_)) => Ok(s),
+            (_, p) => p,
+        };
+        match chosen {
+            Ok(chain) => {
+                designs.add_to(&mut plan, &chain);
+                plan.chains.push(chain);
             }
             Err(e) => unchained.push((site.qgemm, format!("no qgemv design takes it: {e}"))),
         }
@@ -167,32 +170,51 @@ pub fn plan(g: &ir::Graph, options: PlanOptions) -> Result<Plan, PlanError> {
 /// by its bits).
 type ChainShape = (usize, usize, usize, usize, bool, u8, u32);
 
+/// A chain shape's column chunks, tiling and design.
+type ChainChoice = Result<(Vec<GemvChunk>, QTiling, Design), String>;
+
 /// The chains' designs, chosen once per [`ChainShape`] (a model's layers repeat theirs).
 struct ChainDesigns {
     options: PlanOptions,
-    chosen: HashMap<ChainShape, Result<(Vec<GemvChunk>, QTiling), String>>,
+    chosen: HashMap<ChainShape, ChainChoice>,
 }
 
 impl ChainDesigns {
-    /// A chain's chunks and design tiling for steps of `rows` rows ([`chain_chunks`]), its
-    /// design added to the plan the first time.
-    fn chunks(&mut self, plan: &mut Plan, site: &ChainSite, rows: usize) -> Result<(Vec<GemvChunk>, QTiling), String> {
+    /// `site` on its one-row designs, and on the block's where they fit.
+    fn planned(&mut self, site: &ChainSite) -> Result<PlannedChain, String> {
+        let (chunks, q) = self.chunks(site, CHAIN_ROWS)?;
+        let rows = self.options.gemv_rows;
+        let block = (rows > CHAIN_ROWS).then(|| self.chunks(site, rows));
+        let (block_chunks, block_rows) = match block {
+            Some(Ok((block_chunks, _))) => (block_chunks, rows),
+            _ => (vec![], 0),
+        };
+        Ok(PlannedChain { site: site.clone(), chunks, tiling: q, block_chunks, block_rows })
+    }
+
+    /// A chain's chunks and design tiling for steps of `rows` rows ([`chain_chunks`]).
+    fn chunks(&mut self, site: &ChainSite, rows: usize) -> Result<(Vec<GemvChunk>, QTiling), String> {
         let (feed, epsilon) = match site.feed {
             qgemv::Feed::Rows => (0, 0),
-            qgemv::Feed::Norm { epsilon, .. } => (1, epsilon.to_bits()),
+            qgemv::Feed::Norm { epsilon, sum } => (1 + 2 * u8::from(sum), epsilon.to_bits()),
             qgemv::Feed::Gate { .. } => (2, 0),
         };
         let key = (rows, site.k, site.n, site.passes, site.pairs, feed, epsilon);
         let options = self.options;
-        self.chosen
-            .entry(key)
-            .or_insert_with(|| {
-                let (chunks, q, d) = chain_chunks(options, site, rows).map_err(|e| e.to_string())?;
+        let choice =
+            self.chosen.entry(key).or_insert_with(|| chain_chunks(options, site, rows).map_err(|e| e.to_string()));
+        choice.as_ref().map(|(chunks, q, _)| (chunks.clone(), q.clone())).map_err(Clone::clone)
+    }
+
+    /// The designs `chain` calls, into the plan (once each).
+    fn add_to(&self, plan: &mut Plan, chain: &PlannedChain) {
+        let names: Vec<&str> = chain.chunks.iter().chain(&chain.block_chunks).map(|c| c.design.as_str()).collect();
+        for (_, q, d) in self.chosen.values().flatten() {
+            if names.contains(&d.name.as_str()) && !plan.designs.contains_key(&d.name) {
                 plan.layouts.insert(d.name.clone(), q.layout());
-                plan.designs.insert(d.name.clone(), d);
-                Ok((chunks, q))
-            })
-            .clone()
+                plan.designs.insert(d.name.clone(), d.clone());
+            }
+        }
     }
 }
 
@@ -233,8 +255,11 @@ fn chain_chunks(
         let chosen = match (site.pairs, site.feed) {
             (true, feed) => qgemv::choose_pairs(options.device, shape, site.passes, feed),
             (false, qgemv::Feed::Rows) => qgemv::choose(options.device, shape, site.passes),
-            (false, qgemv::Feed::Norm { epsilon, .. }) => {
+            (false, qgemv::Feed::Norm { epsilon, sum: false }) => {
                 qgemv::choose_norm(options.device, shape, site.passes, epsilon)
+            }
+            (false, qgemv::Feed::Norm { epsilon, sum: true }) => {
+                qgemv::choose_sum(options.device, shape, site.passes, epsilon)
             }
             (false, qgemv::Feed::Gate { .. }) => qgemv::choose_gate(options.device, shape, site.passes),
         };
@@ -508,6 +533,7 @@ fn chain_entry(c: &PlannedChain) -> PlanChain {
         inputs: s.inputs.clone(),
         gamma: s.gamma.clone(),
         output: s.output.clone(),
+        sum: s.sum.clone(),
         k: s.k,
         n: s.n,
         pairs: s.pairs,

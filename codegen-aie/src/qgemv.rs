@@ -440,6 +440,12 @@ pub fn choose_norm(device: Device, shape: GemmShape, passes: usize, epsilon: f32
     choose_norm_with(device, shape, (passes, Feed::Norm { epsilon, sum: false }, false))
 }
 
+/// [`choose_norm`] for a sum-fed design: the rows are the residual stream's and a projection's,
+/// which the cores add before the norm and write back ([`Feed::Norm`] with `sum`).
+pub fn choose_sum(device: Device, shape: GemmShape, passes: usize, epsilon: f32) -> Result<QTiling, TilingError> {
+    choose_norm_with(device, shape, (passes, Feed::Norm { epsilon, sum: true }, false))
+}
+
 /// A norm-fed design for `feed` (a [`Feed::Norm`], its rows a sum or not).
 fn choose_norm_with(device: Device, shape: GemmShape, how: (usize, Feed, bool)) -> Result<QTiling, TilingError> {
     norm_k(device, shape)?;

@@ -152,7 +152,8 @@ pub enum MlpError {
 /// Decode's MLP as one program: the gate/up pairs design (its output row the gate's `I` values,
 /// then the up's), then the gate-fed down design reading that buffer as its `[2, 1, I]` rows
 /// operand — so the down design's padded K must be `I`. Buffers: the gate/up design's rows
-/// operand and weights, the row between the phases, the down design's weights, the output.
+/// operand and weights, the row between the phases, the down design's weights, the output,
+/// and a sum-fed gate/up design's sum last.
 pub fn mlp(gate_up: &QTiling, down: &QTiling) -> Result<ArrayProgram, MlpError> {
     let (d1, d2) = (qgemv::build(gate_up), qgemv::build(down));
     let (t1, t2) = (&gate_up.tiling, &down.tiling);
@@ -166,8 +167,13 @@ pub fn mlp(gate_up: &QTiling, down: &QTiling) -> Result<ArrayProgram, MlpError> 
     if t1.shape.n % 2 != 0 || t2.padded.k != half || t2.shape.k != half {
         return Err(MlpError::Rows { gate_up: d1.name, down: d2.name, k: t2.padded.k, half });
     }
-    let buffers = vec![d1.args[0], d1.args[1], d1.args[2], d2.args[1], d2.args[2]];
+    let mut buffers = vec![d1.args[0], d1.args[1], d1.args[2], d2.args[1], d2.args[2]];
+    let mut first = vec![0, 1, 2];
+    if let Some(&sum) = d1.args.get(3) {
+        buffers.push(sum);
+        first.push(5);
+    }
     let name = format!("mlp_{}_{}", d1.name, d2.name);
-    let phases = vec![Phase { design: d1, buffers: vec![0, 1, 2] }, Phase { design: d2, buffers: vec![2, 3, 4] }];
+    let phases = vec![Phase { design: d1, buffers: first }, Phase { design: d2, buffers: vec![2, 3, 4] }];
     Ok(ArrayProgram::new(&name, buffers, phases)?)
 }

@@ -214,6 +214,19 @@ impl<D: Driver> Npu<D> {
         inputs: &[&[u8]],
         output_len: usize,
     ) -> Result<Vec<u8>, NpuError> {
+        let mut out = self.run_outputs(ctx, insts, inputs, &[output_len])?;
+        Ok(out.pop().expect("one output"))
+    }
+
+    /// [`Npu::run`] with several output buffers after the inputs, of `output_lens` bytes each;
+    /// returns them in order.
+    pub fn run_outputs(
+        &mut self,
+        ctx: &HwContext,
+        insts: &[u8],
+        inputs: &[&[u8]],
+        output_lens: &[usize],
+    ) -> Result<Vec<Vec<u8>>, NpuError> {
         if insts.is_empty() || !insts.len().is_multiple_of(4) {
             return Err(NpuError::Input(format!(
                 "an instruction stream of {} bytes (whole 32-bit words)",
@@ -228,8 +241,10 @@ impl<D: Driver> Npu<D> {
                 let bo = self.upload(BO_SHMEM, data)?;
                 bos.push(bo);
             }
-            let out = self.upload(BO_SHMEM, &vec![0u8; output_len])?;
-            bos.push(out);
+            for &len in output_lens {
+                let out = self.upload(BO_SHMEM, &vec![0u8; len])?;
+                bos.push(out);
+            }
             let words = command_words(bos[0].xdna_addr, (insts.len() / 4) as u32, bos[1..].iter().map(|b| b.xdna_addr));
             let mut cmd = self.bo(BO_CMD, 4 * words.len())?;
             for (chunk, w) in cmd.bytes_mut().chunks_exact_mut(4).zip(&words) {
@@ -263,9 +278,13 @@ impl<D: Driver> Npu<D> {
             if cmd_state(header) != ERT_STATE_COMPLETED {
                 return Err(NpuError::Command { state: cmd_state(header) });
             }
-            let out = &bos[bos.len() - 2];
-            self.sync(out, SYNC_FROM_DEVICE)?;
-            Ok(out.bytes()[..output_len].to_vec())
+            let outs = &bos[bos.len() - 1 - output_lens.len()..bos.len() - 1];
+            let mut read = vec![];
+            for (out, &len) in outs.iter().zip(output_lens) {
+                self.sync(out, SYNC_FROM_DEVICE)?;
+                read.push(out.bytes()[..len].to_vec());
+            }
+            Ok(read)
         })();
         for bo in bos {
             self.free(bo);

@@ -25,7 +25,7 @@ pub use qgemv::{meta as qgemv_meta, QgemvFeed, QgemvLayout, QgemvWeights};
 /// Where a bundle keeps the plan.
 pub const PLAN_FILE: &str = "xdna/plan.json";
 /// The plan format this crate writes and reads.
-pub const PLAN_FORMAT: &str = "npuc-xdna-plan/5";
+pub const PLAN_FORMAT: &str = "npuc-xdna-plan/6";
 
 /// The decoded `xdna/plan.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -233,12 +233,17 @@ pub struct PlanChain {
     pub feed: QgemvFeed,
     /// Every node of the chain, in program order; the last writes `output`.
     pub nodes: Vec<String>,
-    /// The f32 values read: the rows (a norm's input), or a gate's rows then the up's.
+    /// The f32 values read: the rows (a norm's input), a gate's rows then the up's, or a sum's
+    /// two addends (the residual stream, then the projection's output).
     pub inputs: Vec<String>,
     /// A norm's γ, a weight of the bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gamma: Option<String>,
     pub output: String,
+    /// A sum-fed chain's second output: the sum its first node (the residual `Add`) computes,
+    /// which nodes outside the chain read too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum: Option<String>,
     /// Values a row read (`k`) and written (`n`: the weight's columns, half with pairs).
     pub k: usize,
     pub n: usize,
@@ -260,7 +265,7 @@ pub struct PlanChain {
 /// Several chains as one array program: a module of their designs and a main device whose
 /// runtime sequence configures each in turn, a phase's output buffer the next one's input. Its
 /// arguments: the first chain's rows operand and weights, the buffer between the phases, the
-/// second chain's weights, the output.
+/// second chain's weights, the output, and a sum-fed first chain's sum last.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanProgram {
@@ -317,6 +322,23 @@ impl PlanError {
     fn malformed(path: impl Into<String>, message: impl Into<String>) -> PlanError {
         PlanError::Malformed { file: PLAN_FILE, path: path.into(), message: message.into() }
     }
+}
+
+/// A chain reads the rows its feed takes (a gate's and a sum's two, else one), and records a
+/// sum exactly when its designs add one.
+fn check_chain_rows(i: usize, chain: &PlanChain) -> Result<(), PlanError> {
+    let inputs = if matches!(chain.feed, QgemvFeed::Gate | QgemvFeed::SumNorm) { 2 } else { 1 };
+    if (chain.feed == QgemvFeed::SumNorm) == chain.sum.is_some() && chain.inputs.len() == inputs {
+        return Ok(());
+    }
+    let message = format!(
+        "a {:?} chain reads {inputs} rows and has a sum exactly when its design adds one; `{}` reads {} and {}",
+        chain.feed,
+        chain.qgemm,
+        chain.inputs.len(),
+        if chain.sum.is_some() { "has one" } else { "has none" }
+    );
+    Err(PlanError::malformed(format!("chains[{i}].feed"), message))
 }
 
 impl XdnaPlan {
@@ -405,10 +427,6 @@ impl XdnaPlan {
     /// Every chain's chunks name qgemv designs of its feed that take its rows and columns.
     fn check_chains(&self) -> Result<(), PlanError> {
         for (i, chain) in self.chains.iter().enumerate() {
-            if chain.feed == QgemvFeed::SumNorm {
-                let message = "a chain whose design adds a residual sum writes two outputs, which this plan format does not record".to_string();
-                return Err(PlanError::malformed(format!("chains[{i}].feed"), message));
-            }
             let sets = [("chunks", &chain.chunks, chain.rows), ("block_chunks", &chain.block_chunks, chain.block_rows)];
             for (c, (field, chunk, rows)) in
                 sets.iter().flat_map(|&(f, cs, r)| cs.iter().enumerate().map(move |(c, ch)| (c, (f, ch, r))))
@@ -432,6 +450,7 @@ impl XdnaPlan {
                     return Err(PlanError::malformed(path, message));
                 }
             }
+            check_chain_rows(i, chain)?;
         }
         self.check_programs()
     }

@@ -37,7 +37,7 @@ pub struct Ctx {
 
 /// What the device does with a loaded PDI, an instruction stream and the buffers' contents: the
 /// output (the last buffer's new contents) or a failure.
-pub type Firmware = Box<dyn FnMut(&[u8], &[u8], &[Vec<u8>]) -> Result<Vec<u8>, FirmwareError> + Send>;
+pub type Firmware = Box<dyn FnMut(&[u8], &[u8], &[Vec<u8>]) -> Result<Vec<Vec<u8>>, FirmwareError> + Send>;
 
 /// Why the simulated device failed a command (the driver reports it as the command's state).
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -101,15 +101,19 @@ impl Sim {
     }
 }
 
-/// What [`Sim::interpreting`]'s device does: the PDI is a design's text, the buffers but the
-/// last its runtime sequence's inputs (their bytes read as its arguments' element types), and
-/// the output the words the design writes to the last.
-pub fn run_design(pdi: &[u8], buffers: &[Vec<u8>]) -> Result<Vec<u8>, FirmwareError> {
+/// What [`Sim::interpreting`]'s device does: the PDI is a design's text, the buffers its
+/// runtime sequence's arguments (their bytes read as the arguments' element types), and what
+/// comes back every buffer as the design left it — its outputs written, whichever they are.
+pub fn run_design(pdi: &[u8], buffers: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, FirmwareError> {
     let text = std::str::from_utf8(pdi)?;
-    let args: Vec<interp::Arg> =
-        buffers[..buffers.len().saturating_sub(1)].iter().map(|b| interp::Arg::Bytes(b)).collect();
-    let (c, _) = interp::run_args(text, &args)?;
-    Ok(c.iter().flat_map(|v| v.to_le_bytes()).collect())
+    let args: Vec<interp::Arg> = buffers.iter().map(|b| interp::Arg::Bytes(b)).collect();
+    let (after, _) = interp::run_buffers(text, &args)?;
+    let bytes = |words: &[i32], len: usize| match len == words.len() {
+        // An i8 argument: a value a word.
+        true => words.iter().map(|&v| v as u8).collect(),
+        false => words.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    };
+    Ok(after.iter().zip(buffers).map(|(w, b)| bytes(w, b.len())).collect())
 }
 
 /// What an npu1 (Phoenix) reports: 4 columns, shim row 0, mem tile row 1, 4 compute rows from 2.
@@ -177,10 +181,12 @@ impl State {
         let pdi_bytes = self.bos[&pdi].device.clone();
         let firmware = self.firmware.as_mut().expect("a firmware");
         let state = match firmware(&pdi_bytes, &insts, &contents) {
-            Ok(out) => {
-                let last = self.bos.get_mut(buffers.last().expect("a buffer")).expect("listed");
-                let n = out.len().min(last.size);
-                last.device[..n].copy_from_slice(&out[..n]);
+            Ok(after) => {
+                for (h, out) in buffers.iter().zip(&after) {
+                    let bo = self.bos.get_mut(h).expect("listed");
+                    let n = out.len().min(bo.size);
+                    bo.device[..n].copy_from_slice(&out[..n]);
+                }
                 ERT_STATE_COMPLETED
             }
             Err(e) => {

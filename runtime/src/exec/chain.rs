@@ -1,8 +1,9 @@
 //! Chains of program nodes an offload computes as one call: a decode projection from its f32
-//! rows to its f32 outputs, quantisation and the sum of the weight's passes included
-//! ([`OffloadChain`]). A step of at most the chain's rows skips the chain's ops and, at its
-//! last one, gives the offload the chain's inputs and the QGemm's weights and writes what comes
-//! back as the chain's output; longer steps run the ops (and offer the QGemm alone).
+//! rows to its f32 outputs, quantisation and the sum of the weight's passes included, and a
+//! residual `Add` in front of its norm ([`OffloadChain`]). A step of at most the chain's rows
+//! skips the chain's ops and, at its last one, gives the offload the chain's inputs and the
+//! QGemm's weights and writes what comes back as the chain's outputs; longer steps run the ops
+//! (and offer the QGemm alone).
 
 use super::error::ExecError;
 use super::plan::{Loc, Op};
@@ -13,14 +14,14 @@ use crate::kernels::qgemm::QGemmWeights;
 /// A chain an offload computes (see the module doc), by the program's names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffloadChain {
-    /// Every node of the chain; nothing outside it may read what they compute but `output`.
+    /// Every node of the chain; nothing outside it may read what they compute but `outputs`.
     pub nodes: Vec<String>,
     /// The QGemm nodes whose weights the call multiplies, in the order it takes them.
     pub qgemms: Vec<String>,
     /// The f32 values the call reads, in the order it takes them (weights included).
     pub inputs: Vec<String>,
-    /// The f32 value it writes, `[rows, n]`.
-    pub output: String,
+    /// The f32 values it writes: the projection's, `[rows, n]`, then a residual sum's.
+    pub outputs: Vec<String>,
     /// Steps of at most this many rows run the chain as one call.
     pub rows: usize,
 }
@@ -31,7 +32,7 @@ pub(super) struct Chain {
     ops: Vec<usize>,
     qgemm_ops: Vec<usize>,
     inputs: Vec<usize>,
-    output: usize,
+    outputs: Vec<usize>,
     rows: usize,
 }
 
@@ -49,8 +50,8 @@ pub(super) struct Chains {
 
 impl Executor<'_> {
     /// Resolves the offload's chains against the program: every name must be a node or value
-    /// of it, the inputs and output f32, each node's ops in no other chain, and nothing outside
-    /// the chain reading what its ops compute but the output.
+    /// of it, the inputs and outputs f32, each node's ops in no other chain, and nothing
+    /// outside the chain reading what its ops compute but the outputs.
     pub(super) fn resolve_chains(&mut self, wanted: &[OffloadChain]) -> Result<(), ExecError> {
         let mut chains = Chains { chain_of: vec![None; self.plan.ops.len()], ..Chains::default() };
         for (id, c) in wanted.iter().enumerate() {
@@ -92,25 +93,30 @@ impl Executor<'_> {
             }
         };
         let inputs = c.inputs.iter().map(|n| f32_value(n)).collect::<Result<Vec<_>, _>>()?;
-        let output = f32_value(&c.output)?;
-        if !matches!(self.plan.locs[output], Loc::Buf(_)) {
-            return Err(bad(format!("`{}` is not computed into a buffer", c.output)));
+        let outputs = c.outputs.iter().map(|n| f32_value(n)).collect::<Result<Vec<_>, _>>()?;
+        if let Some((_, name)) =
+            outputs.iter().zip(&c.outputs).find(|(&v, _)| !matches!(self.plan.locs[v], Loc::Buf(_)))
+        {
+            return Err(bad(format!("`{name}` is not computed into a buffer")));
         }
-        self.check_closed(&ops, output).map_err(bad)?;
-        Ok(Chain { ops, qgemm_ops, inputs, output, rows: c.rows })
+        if outputs.is_empty() {
+            return Err(bad("it writes no output".into()));
+        }
+        self.check_closed(&ops, &outputs).map_err(bad)?;
+        Ok(Chain { ops, qgemm_ops, inputs, outputs, rows: c.rows })
     }
 
-    /// Nothing outside `ops` reads a value the program's nodes of `ops` write, but `output`.
-    fn check_closed(&self, ops: &[usize], output: usize) -> Result<(), String> {
+    /// Nothing outside `ops` reads a value the program's nodes of `ops` write, but `outputs`.
+    fn check_closed(&self, ops: &[usize], outputs: &[usize]) -> Result<(), String> {
         let program = &self.plan.program;
         let nodes: Vec<usize> = ops.iter().map(|&i| self.plan.ops[i].0).collect();
         let written: Vec<usize> = nodes.iter().flat_map(|&n| program.nodes[n].outputs.clone()).collect();
         for (_, node) in program.nodes.iter().enumerate().filter(|(i, _)| !nodes.contains(i)) {
-            if let Some(v) = node.inputs.iter().flatten().find(|v| written.contains(v) && **v != output) {
+            if let Some(v) = node.inputs.iter().flatten().find(|v| written.contains(v) && !outputs.contains(v)) {
                 return Err(format!("`{}` reads `{}`, which the chain computes", node.name, program.values[*v].name));
             }
         }
-        match written.iter().find(|v| program.outputs.contains(v) && **v != output) {
+        match written.iter().find(|v| program.outputs.contains(v) && !outputs.contains(v)) {
             Some(v) => Err(format!("`{}` is a program output", program.values[*v].name)),
             None => Ok(()),
         }
@@ -130,7 +136,7 @@ impl Executor<'_> {
         self.chains.step_rows = if self.offload.is_some() { rows } else { 0 };
     }
 
-    /// Runs chain `id` as one offload call and writes its output.
+    /// Runs chain `id` as one offload call and writes its outputs.
     pub(super) fn run_chain(&mut self, id: usize) -> Result<(), ExecError> {
         let chain = &self.chains.chains[id];
         let (node, _) = self.plan.node_op(chain.qgemm_ops[0]);
@@ -148,14 +154,25 @@ impl Executor<'_> {
         let rows = self.shapes[chain.inputs[0]].iter().rev().skip(1).product::<usize>();
         let Some(offload) = self.offload.as_mut() else { unreachable!("chains run with an offload") };
         let fail = |source| ExecError::Offload { node: node.name.clone(), source };
-        let y = offload.run_chain(id, &inputs, rows, &weights).map_err(fail)?;
-        let n = numel(&self.shapes[chain.output]);
-        let Loc::Buf(b) = self.plan.locs[chain.output] else { unreachable!("checked at resolve") };
-        if y.len() != n {
-            let problem = format!("the offload returned {} values for {n}", y.len());
+        let ys = offload.run_chain(id, &inputs, rows, &weights).map_err(fail)?;
+        let outputs = self.chains.chains[id].outputs.clone();
+        if ys.len() != outputs.len() {
+            let problem = format!("the offload returned {} outputs for {}", ys.len(), outputs.len());
             return Err(ExecError::Chain { qgemm: node.name.clone(), problem });
         }
-        self.bufs[b][..n].copy_from_slice(&y);
+        for (y, v) in ys.iter().zip(outputs) {
+            let n = numel(&self.shapes[v]);
+            let Loc::Buf(b) = self.plan.locs[v] else { unreachable!("checked at resolve") };
+            if y.len() != n {
+                let problem = format!(
+                    "the offload returned {} values of `{}` for {n}",
+                    y.len(),
+                    self.plan.program.values[v].name
+                );
+                return Err(ExecError::Chain { qgemm: node.name.clone(), problem });
+            }
+            self.bufs[b][..n].copy_from_slice(y);
+        }
         self.chains.calls += 1;
         Ok(())
     }

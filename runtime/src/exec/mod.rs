@@ -250,14 +250,14 @@ pub trait GemmOffload: Send {
     }
 
     /// Computes chain `index` of [`GemmOffload::chains`] for `rows` rows: `inputs` the f32
-    /// values it names, `w` its QGemms' weights; returns its output, `[rows, n]`.
+    /// values it names, `w` its QGemms' weights; returns its outputs, the first `[rows, n]`.
     fn run_chain(
         &mut self,
         index: usize,
         inputs: &[&[f32]],
         rows: usize,
         w: &[QGemmWeights<'_>],
-    ) -> Result<Vec<f32>, OffloadError> {
+    ) -> Result<Vec<Vec<f32>>, OffloadError> {
         let _ = (inputs, rows, w);
         Err(format!("this offload computes no chain (asked for chain {index})").into())
     }

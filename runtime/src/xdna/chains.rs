@@ -4,7 +4,7 @@
 //! wrote) one command: the program's buffer between its phases is given to the device and
 //! never read back. A program without device artifacts in the bundle runs as its chains.
 
-use super::{run_design, DesignRun, XdnaError, XdnaOffload};
+use super::{run_design_outputs, DesignRun, XdnaError, XdnaOffload};
 use crate::bundle::xdna::{DesignKind, PlanGemvChunk, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan};
 use crate::bundle::Bundle;
 use crate::exec::OffloadChain;
@@ -60,7 +60,8 @@ pub(super) struct Units {
 }
 
 /// A chain's rows operand for `layout`: the rows `inputs[0]` (`rows × k`), and second a norm's
-/// γ or a gate's up rows; `None` when they do not fit the design.
+/// γ or a gate's up rows, or a sum's second addend and then γ; `None` when they do not fit the
+/// design.
 fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usize)) -> Option<Vec<f32>> {
     let x = inputs.first()?.get(..rows * k)?;
     let second = inputs.get(1).copied();
@@ -68,10 +69,24 @@ fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usiz
         QgemvFeed::Norm => (second, None),
         QgemvFeed::Gate => (None, second.and_then(|u| u.get(..rows * k))),
         QgemvFeed::Rows => (None, None),
-        // The plan refuses sum-fed chains (`XdnaPlan::check`).
-        QgemvFeed::SumNorm => return None,
+        QgemvFeed::SumNorm => (inputs.get(2).copied(), second.and_then(|o| o.get(..rows * k))),
     };
     layout.rows_operand((x, k), gamma, up)
+}
+
+/// The bytes of a qgemv design's outputs: `[rows, padded N]` f32, and a sum-fed design's sum,
+/// `[rows, padded K]`.
+fn out_bytes(layout: &QgemvLayout) -> Vec<usize> {
+    let mut sizes = vec![4 * layout.rows * layout.padded_n];
+    if layout.feed == QgemvFeed::SumNorm {
+        sizes.push(4 * layout.rows * layout.padded_k);
+    }
+    sizes
+}
+
+/// The first `cols` values of each of `rows` rows of a `[.., width]` buffer.
+fn rows_of(values: &[f32], width: usize, (rows, cols): (usize, usize)) -> Vec<f32> {
+    (0..rows).flat_map(|r| values[r * width..][..cols].to_vec()).collect()
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
@@ -89,7 +104,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 nodes: c.nodes.clone(),
                 qgemms: vec![c.qgemm.clone()],
                 inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
-                output: c.output.clone(),
+                outputs: [c.output.clone()].into_iter().chain(c.sum.clone()).collect(),
                 rows: c.rows.max(c.block_rows),
             }
         };
@@ -101,7 +116,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 let nodes = [first.nodes, p.between.clone(), second.nodes].concat();
                 let qgemms = [first.qgemms, second.qgemms].concat();
                 let rows = first.rows.min(second.rows);
-                OffloadChain { nodes, qgemms, inputs: first.inputs, output: second.output, rows }
+                let outputs = [&second.outputs[..], &first.outputs[1..]].concat();
+                OffloadChain { nodes, qgemms, inputs: first.inputs, outputs, rows }
             }
         }
     }
@@ -113,7 +129,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
         inputs: &[&[f32]],
         rows: usize,
         w: &[QGemmWeights<'_>],
-    ) -> Result<Vec<f32>, XdnaError> {
+    ) -> Result<Vec<Vec<f32>>, XdnaError> {
         match self.units[index] {
             Unit::Chain(c) => self.chain(c, inputs, rows, w[0]),
             Unit::Program(p) => self.program(p, inputs, rows, w),
@@ -150,17 +166,19 @@ impl<D: Driver + Send> XdnaOffload<D> {
     }
 
     /// Chain `index` on its designs, one call a column chunk: the rows operand from `inputs`,
-    /// the weight operand packed from `w` once.
+    /// the weight operand packed from `w` once. Its outputs: the projection's, and a sum-fed
+    /// chain's sum (every chunk's design writes it; the first's is taken).
     fn chain(
         &mut self,
         index: usize,
         inputs: &[&[f32]],
         rows: usize,
         w: QGemmWeights<'_>,
-    ) -> Result<Vec<f32>, XdnaError> {
+    ) -> Result<Vec<Vec<f32>>, XdnaError> {
         let (k, n) = (self.chains[index].k, self.chains[index].n);
         let block = rows > self.chains[index].rows;
         let mut y = vec![0f32; rows * n];
+        let mut sum = None;
         for c in 0..self.chunks(index, block).len() {
             let layout = self.chunk_layout((index, block, c))?;
             let chunk = &self.chunks(index, block)[c];
@@ -173,28 +191,36 @@ impl<D: Driver + Send> XdnaOffload<D> {
             let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
             self.pack_chain_weights((index, block, c), &layout, w);
             let weights = &self.chain_operands[&(index, block, c)];
-            let out_bytes = 4 * layout.rows * layout.padded_n;
             let d = &self.designs[&design];
-            let out = run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, weights], out_bytes)?;
+            let outs = run_design_outputs(
+                &mut self.npu,
+                &mut self.contexts,
+                (d, &design),
+                &[&bytes, weights],
+                &out_bytes(&layout),
+            )?;
             self.runs += 1;
-            let out = f32s(&out);
+            let out = f32s(&outs[0]);
             for r in 0..rows {
                 y[r * n + col_offset..][..cols].copy_from_slice(&out[r * layout.padded_n..][..cols]);
             }
+            if sum.is_none() {
+                sum = outs.get(1).map(|h| rows_of(&f32s(h), layout.padded_k, (rows, k)));
+            }
         }
-        Ok(y)
+        Ok([y].into_iter().chain(sum).collect())
     }
 
     /// Program `index` as one command: its first chain's rows operand and weights, the buffer
     /// between the phases (the first design's output row, which the second reads), the second
-    /// chain's weights; the second chain's outputs back.
+    /// chain's weights; the second chain's outputs back, and a sum-fed first chain's sum.
     fn program(
         &mut self,
         index: usize,
         inputs: &[&[f32]],
         rows: usize,
         w: &[QGemmWeights<'_>],
-    ) -> Result<Vec<f32>, XdnaError> {
+    ) -> Result<Vec<Vec<f32>>, XdnaError> {
         let [a, b] = self.programs[index].chains[..] else { unreachable!("checked by the plan") };
         let (first, second) = (self.chunk_layout((a, false, 0))?, self.chunk_layout((b, false, 0))?);
         let name = self.programs[index].name.clone();
@@ -209,11 +235,14 @@ impl<D: Driver + Send> XdnaOffload<D> {
         self.pack_chain_weights((b, false, 0), &second, w[1]);
         let (w1, w2) = (&self.chain_operands[&(a, false, 0)], &self.chain_operands[&(b, false, 0)]);
         let between = vec![0u8; 4 * first.rows * first.padded_n];
-        let out_bytes = 4 * second.rows * second.padded_n;
+        let mut sizes = vec![4 * second.rows * second.padded_n];
+        sizes.extend(out_bytes(&first).get(1));
         let run = &self.program_runs[&name];
-        let out = run_design(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, w1, &between, w2], out_bytes)?;
+        let outs =
+            run_design_outputs(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, w1, &between, w2], &sizes)?;
         self.runs += 1;
-        let (n, out) = (self.chains[b].n, f32s(&out));
-        Ok((0..rows).flat_map(|r| out[r * second.padded_n..][..n].to_vec()).collect())
+        let y = rows_of(&f32s(&outs[0]), second.padded_n, (rows, self.chains[b].n));
+        let sum = outs.get(1).map(|h| rows_of(&f32s(h), first.padded_k, (rows, k)));
+        Ok([y].into_iter().chain(sum).collect())
     }
 }

@@ -178,16 +178,28 @@ fn run_block<D: Driver>(
 fn run_design<D: Driver>(
     npu: &mut Npu<D>,
     contexts: &mut HashMap<String, HwContext>,
-    (d, design): (&DesignRun, &str),
+    run: (&DesignRun, &str),
     inputs: &[&[u8]],
     out_bytes: usize,
 ) -> Result<Vec<u8>, XdnaError> {
+    let mut out = run_design_outputs(npu, contexts, run, inputs, &[out_bytes])?;
+    Ok(out.pop().expect("one output"))
+}
+
+/// [`run_design`] with outputs of `out_bytes` each after the inputs.
+fn run_design_outputs<D: Driver>(
+    npu: &mut Npu<D>,
+    contexts: &mut HashMap<String, HwContext>,
+    (d, design): (&DesignRun, &str),
+    inputs: &[&[u8]],
+    out_bytes: &[usize],
+) -> Result<Vec<Vec<u8>>, XdnaError> {
     let failed = |error| XdnaError::Npu { design: design.to_string(), error };
     if !contexts.contains_key(design) {
         let ctx = npu.context(&d.pdi, d.cols).map_err(failed)?;
         contexts.insert(design.to_string(), ctx);
     }
-    npu.run(&contexts[design], &d.insts, inputs, out_bytes).map_err(failed)
+    npu.run_outputs(&contexts[design], &d.insts, inputs, out_bytes).map_err(failed)
 }
 
 /// One chunk's weight codes as the B operand of `d`, from the whole weight's codes `wk`
@@ -237,7 +249,7 @@ impl<D: Driver + Send> GemmOffload for XdnaOffload<D> {
         inputs: &[&[f32]],
         rows: usize,
         w: &[QGemmWeights<'_>],
-    ) -> Result<Vec<f32>, OffloadError> {
+    ) -> Result<Vec<Vec<f32>>, OffloadError> {
         Ok(self.run_unit(index, inputs, rows, w)?)
     }
 }
