@@ -199,7 +199,7 @@ fn chains_summary(plan: &plan::Plan) -> Value {
     let programs: Vec<Value> = plan
         .programs
         .iter()
-        .map(|p| json!({ "name": p.name, "chains": [plan.chains[p.site.gate_up].site.qgemm, plan.chains[p.site.down].site.qgemm] }))
+        .map(|p| json!({ "name": p.name, "chains": p.chains().iter().map(|&c| &plan.chains[c].site.qgemm).collect::<Vec<_>>() }))
         .collect();
     json!({ "rows": plan::CHAIN_ROWS, "chained": chained, "unchained": unchained, "programs": programs })
 }
@@ -355,9 +355,12 @@ fn chain_lines(c: &Value) -> Vec<String> {
     let chained = c["chained"].as_array().map_or(0, Vec::len);
     let unchained = c["unchained"].as_array().cloned().unwrap_or_default();
     let programs = c["programs"].as_array().map_or(0, Vec::len);
+    let layers = c["programs"]
+        .as_array()
+        .map_or(0, |ps| ps.iter().filter(|p| p["chains"].as_array().is_some_and(|c| c.len() == 3)).count());
     let sums = c["chained"].as_array().map_or(0, |cs| cs.iter().filter(|c| c["sum"].is_string()).count());
     let mut out = vec![format!(
-        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk; {sums} of them add the residual stream in front of their norm too), {programs} MLPs as one array program each (gate/up, then down on the row it wrote: one command), {} projections not chained:",
+        "  decode steps of {} row: {chained} projections chained (quantisation, GEMV and passes' sum in one qgemv call a chunk; {sums} of them add the residual stream in front of their norm too), {programs} MLPs as one array program each (gate/up, then down on the row it wrote: one command; {layers} of them with the attention's output projection in front, writing the row the gate/up design adds to the residual stream), {} projections not chained:",
         c["rows"],
         unchained.len()
     )];

@@ -22,7 +22,7 @@ pub fn xrt_offload(bundle: &Bundle) -> Result<Box<dyn GemmOffload>> {
         let offload = runtime::xdna::XdnaOffload::new(npu, bundle)?;
         if let Some(name) = offload.unbuilt_programs.first() {
             eprintln!(
-                "note: {} array programs (decode's MLP as one command; {name}, ...) have no device artifacts in the bundle, so each runs as its two chains",
+                "note: {} array programs (a decode layer's projections after attention as one command; {name}, ...) have no device artifacts in the bundle, so each runs as its chains",
                 offload.unbuilt_programs.len()
             );
         }

@@ -214,13 +214,15 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
 }
 
 /// SmolLM2's xdna bundle (γ of bfloat16 values, as it was trained): every projection of a
-/// decode step chained — q/k/v and gate/up fed by their norms, o by the attention's rows, down
-/// by the gate, the lm_head by the final norm — each layer's MLP one array program, and the
+/// decode step chained — q/k/v and gate/up fed by their norms (and the residual sums in front
+/// of them), o by the attention's rows, down by the gate, the lm_head by the final norm — each
+/// layer's o, gate/up and down one array program, and the
 /// step's logits through the driver model equal the host's bit for bit. The prompt runs on the host (its GEMM designs would take the
 /// interpreter minutes); the offload is installed for the decode steps.
 #[cfg(feature = "xrt")]
 #[test]
-fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_program_with_the_host_logits() {
+fn smollm2s_decode_steps_run_every_projection_chained_and_each_layer_after_attention_as_one_program_with_the_host_logits(
+) {
     use runtime::bundle::xdna::QgemvFeed;
     use runtime::exec::{ExecOptions, Executor};
     use std::sync::{Arc, Mutex};
@@ -248,9 +250,11 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_progra
         let got = array.step(&[token]).unwrap().to_vec();
         assert_eq!(differing(&got, &want), 0, "token {token}: logits that differ from the host's");
     }
-    // Each layer's MLP one program (gate/up, then down on the row it wrote), the other chains
-    // a call a chunk: q/k/v, o and the lm_head's three chunks.
-    assert_eq!(plan.programs.len(), 30, "one MLP program a layer");
+    // Each layer's o, gate/up and down one program (o writing the row gate/up adds to the
+    // residual stream, down on the row gate/up wrote), the other chains a call a chunk: q/k/v
+    // and the lm_head's three chunks.
+    assert_eq!(plan.programs.len(), 30, "one program a layer");
+    assert!(plan.programs.iter().all(|p| p.chains.len() == 3), "o, gate/up and down in each");
     let in_program = |c: usize| plan.programs.iter().any(|p| p.chains.contains(&c));
     let alone: Vec<usize> = (0..plan.chains.len()).filter(|&c| !in_program(c)).collect();
     assert_eq!(array.offloaded_chains(), 2 * (plan.programs.len() + alone.len()) as u64);
@@ -258,8 +262,9 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_mlp_as_one_progra
     let chunks: usize = alone.iter().map(|&c| plan.chains[c].chunks.len()).sum();
     let ran = std::mem::take(&mut *ran.lock().unwrap());
     assert_eq!(ran.len(), 2 * (plan.programs.len() + chunks), "one command a program and a chain's chunk");
-    assert_eq!(ran.iter().filter(|d| d.starts_with("mlp_")).count(), 2 * plan.programs.len(), "{ran:?}");
-    // Without the programs' artifacts, each MLP runs as its two chains, and the offload says so.
+    assert_eq!(ran.len(), 2 * (30 + 30 + 3), "a program and q/k/v a layer, the lm_head's chunks");
+    assert_eq!(ran.iter().filter(|d| d.starts_with("layer_")).count(), 2 * plan.programs.len(), "{ran:?}");
+    // Without the programs' artifacts, each layer runs as its three chains, and the offload says so.
     let designs_only = tmp.path().join("designs_only");
     std::fs::create_dir(&designs_only).unwrap();
     let bundle = with_artifacts(&compiled, &plan, &designs_only, false);

@@ -24,7 +24,8 @@
 //! in, their sum normalised on the cores and written back) of the projections a norm feeds,
 //! one row and verify's eight, beside the norm-fed design that takes the sum from the host.
 //!
-//! Last, each model's decode MLP as one array program of two phases (`codegen_aie::sequence`).
+//! Last, each model's decode MLP as one array program of two phases (`codegen_aie::sequence`),
+//! and its layer after attention as one of three (`layer_…`: o, the sum-fed gate/up, down).
 //!
 //! `cargo run --release -p codegen-aie --example qgemv_designs -- OUT_DIR`
 
@@ -81,7 +82,17 @@ fn mlp_programs(out: &str) -> Result<(), Box<dyn std::error::Error>> {
             let gate_up = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.hidden, n: 2 * m.inter }, 2, norm)?;
             let down = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.inter, n: m.hidden }, 2, gate)?;
             let p = codegen_aie::sequence::mlp(&gate_up, &down)?;
-            let stem = format!("{out}/mlp_{}_{device}", m.name.to_lowercase().replace(['-', '.'], "_"));
+            let model = m.name.to_lowercase().replace(['-', '.'], "_");
+            let stem = format!("{out}/mlp_{model}_{device}");
+            std::fs::write(format!("{stem}.generic.mlir"), p.generic())?;
+            std::fs::write(format!("{stem}.pretty.mlir"), p.pretty())?;
+            println!("{}: {} phases, {} buffers", p.name, p.phases.len(), p.buffers.len());
+            // The layer after attention: o writing the sum-fed gate/up design's rows, then the MLP.
+            let o = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.attn, n: m.hidden }, 2, qgemv::Feed::Rows)?;
+            let sum = qgemv::Feed::Norm { epsilon: 1e-6, sum: true };
+            let summed = qgemv::choose_pairs(device, GemmShape { m: 1, k: m.hidden, n: 2 * m.inter }, 2, sum)?;
+            let p = codegen_aie::sequence::layer(&o, &summed, &down)?;
+            let stem = format!("{out}/layer_{model}_{device}");
             std::fs::write(format!("{stem}.generic.mlir"), p.generic())?;
             std::fs::write(format!("{stem}.pretty.mlir"), p.pretty())?;
             println!("{}: {} phases, {} buffers", p.name, p.phases.len(), p.buffers.len());

@@ -316,6 +316,23 @@ pub fn mlps(g: &Graph, chains: &[&ChainSite]) -> Vec<MlpSite> {
     out
 }
 
+/// The attention's output projection in front of `mlp`: among `chains`, a rows-fed pairs chain
+/// whose output is the second addend of the MLP's sum-fed gate/up chain and read by nothing
+/// else, so that a program can write it straight into the gate/up rows operand.
+pub fn projection_into(g: &Graph, chains: &[&ChainSite], mlp: &MlpSite) -> Option<usize> {
+    let up = chains[mlp.gate_up];
+    if !matches!(up.feed, Feed::Norm { sum: true, .. }) {
+        return None;
+    }
+    let addend = up.inputs.get(1)?;
+    let readers = readers(g);
+    let value = g.values.iter().position(|v| v.name == *addend)?;
+    let read_by: Vec<&str> = readers[value].iter().map(|&r| g.nodes[r].name.as_str()).collect();
+    chains.iter().position(|o| {
+        o.feed == Feed::Rows && o.pairs && o.output == *addend && read_by == [up.nodes[0].as_str()] && o.n == up.k
+    })
+}
+
 /// Nothing outside `nodes` reads a value they compute, but `output`, and none is a graph output.
 fn closed(g: &Graph, readers: &[Vec<usize>], nodes: &[usize], output: ValueId) -> Result<(), String> {
     for &i in nodes {

@@ -15,9 +15,9 @@
 //!   of the GEMV designs ([`crate::gemv`]) per GEMV chunk (per stacked pass): the design's
 //!   predicted cycles (its weight streams, at most one 32-bit word per cycle each, reading whole
 //!   [`crate::gemv::SHIM_BURST_BYTES`] bursts, against its cores' MACs) at the clock, plus
-//!   [`DISPATCH_SECONDS`] per call (an MLP the plan makes one array program counts as its two
-//!   calls: the reconfiguration between its phases is assumed to cost what a dispatch does
-//!   until a device measures it). Beside it the floor: every int8 weight streamed once per
+//!   [`DISPATCH_SECONDS`] per call (an array program — an MLP, or the layer after attention —
+//!   counts as its designs' calls: the reconfiguration between its phases is assumed to cost
+//!   what a dispatch does until a device measures it). Beside it the floor: every int8 weight streamed once per
 //!   token through every shim channel ([`Device::shim_bytes_per_second`]), which no design can
 //!   beat.
 //!

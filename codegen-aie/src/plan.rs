@@ -116,8 +116,18 @@ pub struct PlannedChain {
 #[derive(Clone, Debug)]
 pub struct PlannedProgram {
     pub site: chain::MlpSite,
+    /// The attention's output projection in front, when the program is the layer's
+    /// ([`crate::sequence::layer`]; a chain index).
+    pub o: Option<usize>,
     /// Its program in [`Plan::array_programs`].
     pub name: String,
+}
+
+impl PlannedProgram {
+    /// Its chains in phase order.
+    pub fn chains(&self) -> Vec<usize> {
+        self.o.into_iter().chain([self.site.gate_up, self.site.down]).collect()
+    }
 }
 
 /// Rows of the chained designs: decode's one.
@@ -218,24 +228,33 @@ impl ChainDesigns {
     }
 }
 
-/// The MLPs among `chains` whose two designs make one program: each chain one chunk, the down
-/// design reading the gate/up design's output row as it is. Layers of one shape share their
-/// program, built once.
+/// The MLPs among `chains` whose designs make one program: each chain one chunk, the down
+/// design reading the gate/up design's output row as it is, and where the attention's output
+/// projection writes the gate/up design's rows, that projection first (the layer's program).
+/// Layers of one shape share their program, built once.
 fn mlp_programs(g: &ir::Graph, chains: &[PlannedChain]) -> (Vec<PlannedProgram>, BTreeMap<String, ArrayProgram>) {
     let sites: Vec<&ChainSite> = chains.iter().map(|c| &c.site).collect();
     let (mut planned, mut programs) = (vec![], BTreeMap::new());
-    let mut by_designs: HashMap<(&str, &str), Option<String>> = HashMap::new();
+    let mut by_designs: HashMap<Vec<&str>, Option<String>> = HashMap::new();
     for site in chain::mlps(g, &sites) {
-        let (up, down) = (&chains[site.gate_up], &chains[site.down]);
-        let ([up_chunk], [down_chunk]) = (&up.chunks[..], &down.chunks[..]) else { continue };
-        let name = by_designs.entry((&up_chunk.design, &down_chunk.design)).or_insert_with(|| {
-            let program = sequence::mlp(&up.tiling, &down.tiling).ok()?;
+        let o = chain::projection_into(g, &sites, &site).filter(|&o| chains[o].chunks.len() == 1);
+        let phases: Vec<&PlannedChain> = o.into_iter().chain([site.gate_up, site.down]).map(|c| &chains[c]).collect();
+        let [.., up, down] = phases[..] else { unreachable!("an MLP's two chains") };
+        if up.chunks.len() != 1 || down.chunks.len() != 1 {
+            continue;
+        }
+        let key: Vec<&str> = phases.iter().map(|c| c.chunks[0].design.as_str()).collect();
+        let name = by_designs.entry(key).or_insert_with(|| {
+            let program = match phases[..] {
+                [o, up, down] => sequence::layer(&o.tiling, &up.tiling, &down.tiling).ok()?,
+                _ => sequence::mlp(&up.tiling, &down.tiling).ok()?,
+            };
             let name = program.name.clone();
             programs.insert(name.clone(), program);
             Some(name)
         });
         if let Some(name) = name.clone() {
-            planned.push(PlannedProgram { site, name });
+            planned.push(PlannedProgram { site, o, name });
         }
     }
     (planned, programs)
@@ -550,7 +569,7 @@ fn program_entry(p: &PlannedProgram, program: &ArrayProgram) -> PlanProgram {
         name: p.name.clone(),
         file,
         pretty,
-        chains: vec![p.site.gate_up, p.site.down],
+        chains: p.chains(),
         between: p.site.between.clone(),
         array_columns: program.phases.iter().map(|ph| ph.design.tiling.cols).max().unwrap_or(0),
         insts: None,

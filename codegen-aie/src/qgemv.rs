@@ -172,9 +172,18 @@ pub struct QTiling {
     pub staged: usize,
     /// Both passes' codes in one buffer and one GEMV call ([`Shape::stacked`]; split designs).
     pub stacked: bool,
+    /// Where the outputs start in the output argument, in elements (0: at its start): an array
+    /// program's phase writing into a later phase's rows operand ([`QTiling::writing_at`]).
+    pub out_at: usize,
 }
 
 impl QTiling {
+    /// This tiling with its outputs written from element `at` of a longer output argument: the
+    /// same design but for its output transfers' offset and the argument's length.
+    pub fn writing_at(&self, at: usize) -> QTiling {
+        QTiling { out_at: at, ..self.clone() }
+    }
+
     fn shape(&self) -> Shape {
         let t = &self.tiling;
         let (passes, kernel_rows, input, pairs) = (self.passes, self.kernel_rows, self.feed.input(), self.pairs);
@@ -309,7 +318,7 @@ fn evaluate(
     let first_in = ((x_rows * k * 4 + sh.w_rows() * k) as u64).div_ceil(bpc);
     let tiling = tiling_of(device, shape, (parts, k, n, tiles), l1, (compute_cycles, dma_cycles, first_in));
     let prologue_cycles = prologue;
-    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles, split, staged, stacked })
+    Some(QTiling { tiling, passes, kernel_rows: kr, feed, pairs, prologue_cycles, split, staged, stacked, out_at: 0 })
 }
 
 /// Most elements a weight stream's mem-tile buffer takes: both of a column's streams' buffers
@@ -570,14 +579,15 @@ fn takes(device: Device, shape: GemmShape) -> Result<(), TilingError> {
 /// `gqgemv…`, ending `_kept` when its cores keep the gate's values; then `_split<P>` when `P`
 /// prologue cores quantise the rows ([`split`]), `_stacked` when both passes' codes share a
 /// buffer and a GEMV call ([`Shape::stacked`]), `_staged<D>` when each weight stream runs
-/// through a `D`-element mem-tile buffer, and `_pairs` when each output sums a weight's two
-/// passes.
+/// through a `D`-element mem-tile buffer, `_pairs` when each output sums a weight's two
+/// passes, and `_at<E>` when the outputs start at element `E` of their argument.
 pub fn design_name(q: &QTiling) -> String {
     let pairs = if q.pairs { "_pairs" } else { "" };
     let split = if q.split > 0 { format!("_split{}", q.split) } else { String::new() };
     let staged = if q.staged > 0 { format!("_staged{}", q.staged) } else { String::new() };
     let stacked = if q.stacked { "_stacked" } else { "" };
-    format!("{}{split}{stacked}{staged}{pairs}", feed_name(q))
+    let at = if q.out_at > 0 { format!("_at{}", q.out_at) } else { String::new() };
+    format!("{}{split}{stacked}{staged}{pairs}{at}", feed_name(q))
 }
 
 fn feed_name(q: &QTiling) -> String {
@@ -630,7 +640,20 @@ pub fn build(q: &QTiling) -> Design {
     if q.staged > 0 {
         stage_weights(q, &mut d);
     }
+    if q.out_at > 0 {
+        write_at(q.out_at, &mut d);
+    }
     d
+}
+
+/// Moves a design's output transfers (argument 2) `at` elements into a longer argument.
+fn write_at(at: usize, d: &mut Design) {
+    d.args[2].0 += at;
+    for op in &mut d.seq {
+        if let SeqOp::Dma { arg: 2, offset, .. } = op {
+            *offset += at;
+        }
+    }
 }
 
 fn build_unsplit(q: &QTiling) -> Design {

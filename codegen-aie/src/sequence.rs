@@ -138,6 +138,18 @@ impl ArrayProgram {
 
 /// Why two qgemv designs cannot be decode's MLP as one program.
 #[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LayerError {
+    #[error("{0} is not a one-row rows-fed pairs design")]
+    Projection(String),
+    #[error("{0} is not a one-row sum-fed gate/up design")]
+    Sum(String),
+    #[error("{o} writes {n} values a row; {gate_up} normalises rows of {k}")]
+    Rows { o: String, gate_up: String, n: usize, k: usize },
+    #[error(transparent)]
+    Mlp(#[from] MlpError),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MlpError {
     #[error("{0} is not a one-row norm- or rows-fed pairs design, whose output row is the gate's then the up's")]
     GateUp(String),
@@ -176,4 +188,37 @@ pub fn mlp(gate_up: &QTiling, down: &QTiling) -> Result<ArrayProgram, MlpError> 
     let name = format!("mlp_{}_{}", d1.name, d2.name);
     let phases = vec![Phase { design: d1, buffers: first }, Phase { design: d2, buffers: vec![2, 3, 4] }];
     Ok(ArrayProgram::new(&name, buffers, phases)?)
+}
+
+/// Decode's layer from the attention's rows to the next layer's residual stream as one program:
+/// the attention's output projection `o` (a rows-fed pairs design) writes its output row into
+/// the third plane of the sum-fed gate/up design's rows operand (the residual stream's row, γ,
+/// then the projection's), and the MLP follows as in [`mlp`]. Buffers: `o`'s rows operand and
+/// weights, the gate/up rows operand (the host fills the residual stream's row and γ), the
+/// gate/up weights, the row between the MLP's phases, the down weights, the output, the sum.
+pub fn layer(o: &QTiling, gate_up: &QTiling, down: &QTiling) -> Result<ArrayProgram, LayerError> {
+    let (to, tg) = (&o.tiling, &gate_up.tiling);
+    if !o.pairs || o.feed != Feed::Rows || to.padded.m != 1 || o.out_at != 0 {
+        return Err(LayerError::Projection(qgemv::build(o).name));
+    }
+    if !matches!(gate_up.feed, Feed::Norm { sum: true, .. }) || tg.padded.m != 1 {
+        return Err(LayerError::Sum(qgemv::build(gate_up).name));
+    }
+    if to.shape.n != tg.shape.k {
+        let (o, gate_up) = (qgemv::build(o).name, qgemv::build(gate_up).name);
+        return Err(LayerError::Rows { o, gate_up, n: to.shape.n, k: tg.shape.k });
+    }
+    let mlp = mlp(gate_up, down)?;
+    let d0 = qgemv::build(&o.writing_at(2 * tg.padded.k));
+    let [gu, dn] = &mlp.phases[..] else { unreachable!("an MLP has two phases") };
+    let rows = (d0.args[2].0.max(gu.design.args[0].0), Elem::F32);
+    let b = &mlp.buffers;
+    let buffers = vec![d0.args[0], d0.args[1], rows, b[1], b[2], b[3], b[4], b[5]];
+    let name = format!("layer_{}_{}_{}", d0.name, gu.design.name, dn.design.name);
+    let phases = vec![
+        Phase { design: d0, buffers: vec![0, 1, 2] },
+        Phase { design: qgemv::build(gate_up), buffers: vec![2, 3, 4, 7] },
+        Phase { design: qgemv::build(down), buffers: vec![4, 5, 6] },
+    ];
+    Ok(ArrayProgram::new(&name, buffers, phases).map_err(MlpError::from)?)
 }

@@ -722,6 +722,50 @@ fn the_mlp_is_one_array_program_its_hidden_state_staying_on_the_array_between_th
 }
 
 #[test]
+fn the_layer_after_attention_is_one_array_program_with_the_residual_sum_on_the_array() {
+    // o (rows-fed pairs) writes its row into the sum-fed gate/up design's rows operand, whose
+    // cores add the residual stream's row, normalise and project; down follows on the row
+    // gate/up wrote. The program's output and the sum against the program's ops.
+    let (hidden, attn, inter, out) = (576, 576, 256, 64);
+    for device in [Device::Npu1, Device::Npu2] {
+        let gamma = bfloat16_gamma(hidden, 9);
+        let o = Case::new((1, attn, 2 * hidden), 2, hidden, 81);
+        let x = activations(hidden, 82);
+        let h: Vec<f32> = x.iter().zip(group(&o.reference(), (1, 2 * hidden))).map(|(a, b)| a + b).collect();
+        let mut gate_up = Case::new((1, hidden, 4 * inter), 2, 2 * inter, 83);
+        gate_up.x = h.clone();
+        let gu = group(&gate_up.norm_reference(&gamma, 1e-5), (1, 4 * inter));
+        let mut down = Case::new((1, inter, 2 * out), 2, out, 84);
+        down.x = gu[..inter].to_vec();
+        let want = group(&down.gate_reference(&gu[inter..]), (1, 2 * out));
+        let rows = qgemv::Feed::Rows;
+        let q0 = qgemv::choose_pairs(device, GemmShape { m: 1, k: attn, n: hidden }, 2, rows).unwrap();
+        let sum = qgemv::Feed::Norm { epsilon: 1e-5, sum: true };
+        let q1 = qgemv::choose_pairs(device, GemmShape { m: 1, k: hidden, n: 2 * inter }, 2, sum).unwrap();
+        let gate = qgemv::Feed::Gate { kept: true };
+        let q2 = qgemv::choose_pairs(device, GemmShape { m: 1, k: inter, n: out }, 2, gate).unwrap();
+        let program = sequence::layer(&q0, &q1, &q2).unwrap();
+        let a = qgemv::rows_operand(&q0, (&o.x, attn), None);
+        let mut residual = q1.layout().rows_operand((&x, hidden), Some(&gamma), Some(&vec![0.0; hidden])).unwrap();
+        residual.resize(program.buffers[2].0, 0.0);
+        let between = vec![f32::NAN; program.buffers[4].0];
+        let w0 = qgemv::pack(&q0, (&o.w, attn, 2 * hidden), (0, hidden), &o.sw, &|_| false);
+        let w1 = qgemv::pack(&q1, (&gate_up.w, hidden, 4 * inter), (0, 2 * inter), &gate_up.sw, &|_| false);
+        let w2 = qgemv::pack(&q2, (&down.w, inter, 2 * out), (0, out), &down.sw, &|_| false);
+        let args = [&a[..], &residual, &between].map(interp::Arg::F32);
+        let args = [args[0], interp::Arg::I8(&w0), args[1], interp::Arg::I8(&w1), args[2], interp::Arg::I8(&w2)];
+        let (after, stats) = interp::run_buffers(&program.generic(), &args).unwrap_or_else(|e| panic!("{device}: {e}"));
+        let f32s = |b: &[i32], n: usize| b[..n].iter().map(|&w| f32::from_bits(w as u32)).collect::<Vec<f32>>();
+        assert_eq!(bits(&f32s(&after[6], out)), bits(&want), "{device}: the MLP's output");
+        assert_eq!(bits(&f32s(&after[7], hidden)), bits(&h), "{device}: the residual stream's sum");
+        assert_eq!(stats.calls[qkernels::SUM], q1.split as u64, "{device}: each prologue core adds its slice");
+        if let Ok(version) = mlir::version() {
+            mlir::verify_generic(&program.generic()).unwrap_or_else(|e| panic!("{device}: MLIR {version}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn a_program_whose_buffers_do_not_fit_its_designs_is_refused_by_name() {
     let program = mlp_program(Device::Npu1, (576, 256, 64)).program;
     let mut buffers = program.buffers.clone();

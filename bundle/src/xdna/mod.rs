@@ -265,7 +265,10 @@ pub struct PlanChain {
 /// Several chains as one array program: a module of their designs and a main device whose
 /// runtime sequence configures each in turn, a phase's output buffer the next one's input. Its
 /// arguments: the first chain's rows operand and weights, the buffer between the phases, the
-/// second chain's weights, the output, and a sum-fed first chain's sum last.
+/// second chain's weights, the output, and a sum-fed first chain's sum last. A layer's program
+/// has the attention's output projection in front: its rows operand and weights come first,
+/// and it writes its row into the gate/up chain's rows operand (the third argument) after the
+/// residual stream's row and γ's, which the host fills.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlanProgram {
@@ -456,23 +459,31 @@ impl XdnaPlan {
     }
 
     /// Every program's phases are two one-chunk chains of the plan, a norm- or rows-fed pairs
-    /// chain then a gate-fed one, each in no other program.
+    /// chain then a gate-fed one, or three, a rows-fed pairs chain writing the first's second
+    /// addend in front; each in no other program.
     fn check_programs(&self) -> Result<(), PlanError> {
         let mut taken = vec![];
         for (i, p) in self.programs.iter().enumerate() {
             let chain = |c: usize| self.chains.get(c).filter(|c| c.chunks.len() == 1 && c.pairs);
+            let mlp = |a: usize, b: usize| {
+                chain(a).is_some_and(|c| c.feed != QgemvFeed::Gate)
+                    && chain(b).is_some_and(|c| c.feed == QgemvFeed::Gate)
+            };
+            // The layer's: the attention's output projection writing the gate/up's second addend.
+            let writes = |o: usize, a: usize| {
+                let (o, a) = (chain(o), chain(a));
+                o.is_some_and(|o| o.feed == QgemvFeed::Rows && a.is_some_and(|a| a.inputs.get(1) == Some(&o.output)))
+            };
             let fits = match p.chains[..] {
-                [a, b] => {
-                    chain(a).is_some_and(|c| c.feed != QgemvFeed::Gate)
-                        && chain(b).is_some_and(|c| c.feed == QgemvFeed::Gate)
-                        && !taken.contains(&a)
-                        && !taken.contains(&b)
-                }
+                [a, b] => mlp(a, b),
+                [o, a, b] => writes(o, a) && mlp(a, b),
                 _ => false,
             };
-            if !fits {
-                let message =
-                    format!("program `{}` is not a gate/up chain then a down chain of one chunk each", p.name);
+            if !fits || p.chains.iter().any(|c| taken.contains(c)) {
+                let message = format!(
+                    "program `{}` is not a gate/up chain then a down chain of one chunk each (after the output projection whose row the gate/up chain adds), each in no other program",
+                    p.name
+                );
                 return Err(PlanError::malformed(format!("programs[{i}].chains"), message));
             }
             taken.extend(&p.chains);

@@ -94,9 +94,10 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 }
 
 impl<D: Driver + Send> XdnaOffload<D> {
-    /// The executor's chain of a unit: a chain reads its rows (a gate's rows and up's), then a
-    /// norm's γ; a program its first chain's inputs, and computes the nodes between its
-    /// phases too.
+    /// The executor's chain of a unit: a chain reads its rows (a gate's rows and up's, a sum's
+    /// two addends), then a norm's γ; a program its first chain's inputs (a layer's: the output
+    /// projection's rows, then the gate/up chain's but the row the projection writes), and
+    /// computes the nodes between its phases too.
     pub(super) fn offload_chain(&self, unit: &Unit) -> OffloadChain {
         let of = |c: usize| {
             let c = &self.chains[c];
@@ -112,12 +113,19 @@ impl<D: Driver + Send> XdnaOffload<D> {
             Unit::Chain(c) => of(c),
             Unit::Program(p) => {
                 let p = &self.programs[p];
-                let (first, second) = (of(p.chains[0]), of(p.chains[1]));
-                let nodes = [first.nodes, p.between.clone(), second.nodes].concat();
-                let qgemms = [first.qgemms, second.qgemms].concat();
-                let rows = first.rows.min(second.rows);
-                let outputs = [&second.outputs[..], &first.outputs[1..]].concat();
-                OffloadChain { nodes, qgemms, inputs: first.inputs, outputs, rows }
+                let phases: Vec<OffloadChain> = p.chains.iter().map(|&c| of(c)).collect();
+                let [.., up, down] = &phases[..] else { unreachable!("checked by the plan") };
+                let mut nodes: Vec<String> = phases[..phases.len() - 1].iter().flat_map(|c| c.nodes.clone()).collect();
+                nodes.extend(p.between.iter().cloned().chain(down.nodes.clone()));
+                let qgemms = phases.iter().flat_map(|c| c.qgemms.clone()).collect();
+                let rows = phases.iter().map(|c| c.rows).min().unwrap_or(1);
+                let outputs = [&down.outputs[..], &up.outputs[1..]].concat();
+                let inputs = match &phases[..] {
+                    // The layer's: o's rows, then the gate/up's but the row o writes.
+                    [o, up, _] => [&o.inputs[..], &up.inputs[..1], &up.inputs[2..]].concat(),
+                    _ => up.inputs.clone(),
+                };
+                OffloadChain { nodes, qgemms, inputs, outputs, rows }
             }
         }
     }
@@ -212,8 +220,11 @@ impl<D: Driver + Send> XdnaOffload<D> {
     }
 
     /// Program `index` as one command: its first chain's rows operand and weights, the buffer
-    /// between the phases (the first design's output row, which the second reads), the second
-    /// chain's weights; the second chain's outputs back, and a sum-fed first chain's sum.
+    /// between the MLP's phases (the gate/up design's output row, which the down design reads),
+    /// the down chain's weights; the down chain's outputs back, and a sum-fed gate/up chain's
+    /// sum. A layer's program has the output projection's rows operand and weights in front, and
+    /// the gate/up rows operand holds the residual stream's row and γ, the projection's row
+    /// left for the array to write.
     fn program(
         &mut self,
         index: usize,
@@ -221,28 +232,44 @@ impl<D: Driver + Send> XdnaOffload<D> {
         rows: usize,
         w: &[QGemmWeights<'_>],
     ) -> Result<Vec<Vec<f32>>, XdnaError> {
-        let [a, b] = self.programs[index].chains[..] else { unreachable!("checked by the plan") };
-        let (first, second) = (self.chunk_layout((a, false, 0))?, self.chunk_layout((b, false, 0))?);
-        let name = self.programs[index].name.clone();
-        let k = self.chains[a].k;
-        let operand = rows_operand(&first, inputs, (rows, k)).ok_or_else(|| XdnaError::ChainRows {
-            design: name.clone(),
-            rows,
-            k,
-        })?;
-        let bytes: Vec<u8> = operand.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.pack_chain_weights((a, false, 0), &first, w[0]);
-        self.pack_chain_weights((b, false, 0), &second, w[1]);
-        let (w1, w2) = (&self.chain_operands[&(a, false, 0)], &self.chain_operands[&(b, false, 0)]);
-        let between = vec![0u8; 4 * first.rows * first.padded_n];
-        let mut sizes = vec![4 * second.rows * second.padded_n];
-        sizes.extend(out_bytes(&first).get(1));
+        let (name, chains) = (self.programs[index].name.clone(), self.programs[index].chains.clone());
+        let layouts = chains.iter().map(|&c| self.chunk_layout((c, false, 0))).collect::<Result<Vec<_>, _>>()?;
+        for (i, &c) in chains.iter().enumerate() {
+            self.pack_chain_weights((c, false, 0), &layouts[i], w[i]);
+        }
+        let [.., up, down] = &layouts[..] else { unreachable!("checked by the plan") };
+        let (k, n) = (self.chains[chains[chains.len() - 2]].k, self.chains[chains[chains.len() - 1]].n);
+        let fail = || XdnaError::ChainRows { design: name.clone(), rows, k };
+        let mut rows_operands = vec![];
+        if let [o, ..] = &layouts[..] {
+            if layouts.len() == 3 {
+                let o_k = self.chains[chains[0]].k;
+                rows_operands.push(rows_operand(o, &inputs[..1], (rows, o_k)).ok_or_else(fail)?);
+                let zeros = vec![0f32; rows * k];
+                let x = inputs.get(1).and_then(|x| x.get(..rows * k)).ok_or_else(fail)?;
+                let mut residual = up.rows_operand((x, k), inputs.get(2).copied(), Some(&zeros)).ok_or_else(fail)?;
+                residual.resize(residual.len().max(2 * up.padded_k + o.rows * o.padded_n), 0.0);
+                rows_operands.push(residual);
+            } else {
+                rows_operands.push(rows_operand(up, inputs, (rows, k)).ok_or_else(fail)?);
+            }
+        }
+        let bytes: Vec<Vec<u8>> =
+            rows_operands.iter().map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+        let between = vec![0u8; 4 * up.rows * up.padded_n];
+        let weights: Vec<&[u8]> = chains.iter().map(|&c| &self.chain_operands[&(c, false, 0)][..]).collect();
+        let args: Vec<&[u8]> = match (&bytes[..], &weights[..]) {
+            ([a, x], [w0, w1, w2]) => vec![a, w0, x, w1, &between, w2],
+            ([x], [w1, w2]) => vec![x, w1, &between, w2],
+            _ => unreachable!("a program of two or three chains"),
+        };
+        let mut sizes = vec![4 * down.rows * down.padded_n];
+        sizes.extend(out_bytes(up).get(1));
         let run = &self.program_runs[&name];
-        let outs =
-            run_design_outputs(&mut self.npu, &mut self.contexts, (run, &name), &[&bytes, w1, &between, w2], &sizes)?;
+        let outs = run_design_outputs(&mut self.npu, &mut self.contexts, (run, &name), &args, &sizes)?;
         self.runs += 1;
-        let y = rows_of(&f32s(&outs[0]), second.padded_n, (rows, self.chains[b].n));
-        let sum = outs.get(1).map(|h| rows_of(&f32s(h), first.padded_k, (rows, k)));
+        let y = rows_of(&f32s(&outs[0]), down.padded_n, (rows, n));
+        let sum = outs.get(1).map(|h| rows_of(&f32s(h), up.padded_k, (rows, k)));
         Ok([y].into_iter().chain(sum).collect())
     }
 }
