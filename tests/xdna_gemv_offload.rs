@@ -244,7 +244,13 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_layer_after_atten
     let mut array = Executor::new(&bundle, options()).unwrap();
     let prompt = [1u32, 9690, 314, 253, 2113];
     assert_eq!(differing(array.step(&prompt).unwrap(), host.step(&prompt).unwrap()), 0);
-    array.set_offload(Box::new(runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap())).unwrap();
+    let offload = runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap();
+    // A program runs its one-row designs only: a verify step of more rows runs its phases'
+    // nodes off it (their projections on the GEMV designs), the other chains on their blocks.
+    let units = runtime::exec::GemmOffload::chains(&offload);
+    let rows: BTreeSet<(usize, usize)> = units.iter().map(|u| (u.qgemms.len(), u.rows)).collect();
+    assert_eq!(rows, [(1, 8), (3, 1)].into_iter().collect(), "chains on 8-row blocks, programs one row");
+    array.set_offload(Box::new(offload)).unwrap();
     for token in [28, 1392] {
         let want = host.step(&[token]).unwrap().to_vec();
         let got = array.step(&[token]).unwrap().to_vec();

@@ -16,7 +16,9 @@
 //! in its epilogue. A norm-fed chain needs γ of bfloat16 values (a core multiplies by it in 32
 //! integer bits), the zero points must all be 0, and nothing outside the chain may read a value
 //! its nodes compute but the last one's output. [`collect`] returns the chains and, for every
-//! `QGemm` that is none, why.
+//! `QGemm` that is none, why. A norm-fed chain can start one node earlier, at the residual
+//! `Add` its norm reads ([`summed`]): its inputs are then the two addends, and the sum, which
+//! later nodes read too, a second output.
 
 use crate::qgemv::Feed;
 use ir::graph::{Graph, Node, ValueDef, ValueId};
@@ -29,7 +31,7 @@ pub struct ChainSite {
     pub feed: Feed,
     /// Every node, in program order; the last writes `output`.
     pub nodes: Vec<String>,
-    /// The rows (a norm's input), or a gate's rows then the up's.
+    /// The rows (a norm's input), a gate's rows then the up's, or a sum's two addends.
     pub inputs: Vec<String>,
     pub gamma: Option<String>,
     pub output: String,

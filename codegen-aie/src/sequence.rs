@@ -4,7 +4,9 @@
 //! one's sequence on buffers of the program (`aiex.run @sequence(...)`). A phase's output buffer
 //! is a later phase's input as the array wrote it: the host gives the program its inputs and
 //! reads its outputs, and nothing in between — decode's MLP, the norm-fed gate/up design
-//! writing the gate's and up's rows that the gate-fed down design reads, is one command.
+//! writing the gate's and up's rows that the gate-fed down design reads, is one command, and so
+//! is the layer after attention ([`layer`]), the output projection writing the row the sum-fed
+//! gate/up design adds to the residual stream.
 
 use crate::design::{memref, Design, Elem};
 use crate::device::Device;
@@ -136,7 +138,7 @@ impl ArrayProgram {
     }
 }
 
-/// Why two qgemv designs cannot be decode's MLP as one program.
+/// Why three qgemv designs cannot be decode's layer after attention as one program.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum LayerError {
     #[error("{0} is not a one-row rows-fed pairs design")]
@@ -149,6 +151,7 @@ pub enum LayerError {
     Mlp(#[from] MlpError),
 }
 
+/// Why two qgemv designs cannot be decode's MLP as one program.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MlpError {
     #[error("{0} is not a one-row norm- or rows-fed pairs design, whose output row is the gate's then the up's")]

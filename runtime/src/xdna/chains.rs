@@ -118,7 +118,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 let mut nodes: Vec<String> = phases[..phases.len() - 1].iter().flat_map(|c| c.nodes.clone()).collect();
                 nodes.extend(p.between.iter().cloned().chain(down.nodes.clone()));
                 let qgemms = phases.iter().flat_map(|c| c.qgemms.clone()).collect();
-                let rows = phases.iter().map(|c| c.rows).min().unwrap_or(1);
+                // One-row designs only: a longer step runs the phases' nodes off the program.
+                let rows = p.chains.iter().map(|&c| self.chains[c].rows).min().unwrap_or(1);
                 let outputs = [&down.outputs[..], &up.outputs[1..]].concat();
                 let inputs = match &phases[..] {
                     // The layer's: o's rows, then the gate/up's but the row o writes.
