@@ -212,7 +212,7 @@ pub fn layer(o: &QTiling, gate_up: &QTiling, down: &QTiling) -> Result<ArrayProg
         return Err(LayerError::Rows { o, gate_up, n: to.shape.n, k: tg.shape.k });
     }
     let mlp = mlp(gate_up, down)?;
-    let d0 = qgemv::build(&o.writing_at(2 * tg.padded.k));
+    let d0 = qgemv::build(&o.writing_at(gate_up.layout().addend_at()));
     let [gu, dn] = &mlp.phases[..] else { unreachable!("an MLP has two phases") };
     let rows = (d0.args[2].0.max(gu.design.args[0].0), Elem::F32);
     let b = &mlp.buffers;

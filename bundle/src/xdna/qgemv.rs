@@ -94,6 +94,12 @@ impl QgemvLayout {
         }
     }
 
+    /// Where a sum-fed design's second addend starts in its rows operand, in elements: after
+    /// the residual stream's rows and γ's. An array program's earlier phase writes it there.
+    pub fn addend_at(&self) -> usize {
+        (self.rows + 1) * self.padded_k
+    }
+
     /// The rows operand: `x`'s rows of `k` values, zero past them, and with a norm γ as the
     /// last row; with a gate, `x` the gate's rows and `up` the up's; with a sum, `x` the
     /// residual stream's rows, then γ, then `up` the projection's rows. `None` when the rows do
@@ -117,10 +123,10 @@ impl QgemvLayout {
             (QgemvFeed::Gate, None, Some(u)) if u.len() == x.len() => vec![x, u],
             _ => return None,
         };
-        let plane_rows = if self.feed == QgemvFeed::SumNorm { pm + 1 } else { pm };
-        for (plane, rows) in planes.into_iter().enumerate() {
+        let plane = if self.feed == QgemvFeed::SumNorm { self.addend_at() } else { pm * pk };
+        for (p, rows) in planes.into_iter().enumerate() {
             for (r, row) in rows.chunks(k).enumerate() {
-                let at = (plane * plane_rows + r) * pk;
+                let at = p * plane + r * pk;
                 out[at..at + k].copy_from_slice(row);
             }
         }

@@ -74,6 +74,24 @@ fn rows_operand(layout: &QgemvLayout, inputs: &[&[f32]], (rows, k): (usize, usiz
     layout.rows_operand((x, k), gamma, up)
 }
 
+/// A program's rows operands from its inputs, for its chains' layouts and K: the gate/up
+/// design's (an MLP's), or the output projection's and then the gate/up design's with the
+/// residual stream's row and γ, its third plane zero for the projection to write and as long
+/// as the projection's writes reach (a layer's). `None` when the rows do not fit.
+fn program_rows(layouts: &[QgemvLayout], ks: &[usize], inputs: &[&[f32]], rows: usize) -> Option<Vec<Vec<f32>>> {
+    match (layouts, ks) {
+        ([o, up, _], [o_k, k, _]) => {
+            let projection = rows_operand(o, &inputs[..1], (rows, *o_k))?;
+            let x = inputs.get(1)?.get(..rows * k)?;
+            let mut residual = up.rows_operand((x, *k), inputs.get(2).copied(), Some(&vec![0f32; rows * k]))?;
+            residual.resize(residual.len().max(up.addend_at() + o.rows * o.padded_n), 0.0);
+            Some(vec![projection, residual])
+        }
+        ([up, _], [k, _]) => Some(vec![rows_operand(up, inputs, (rows, *k))?]),
+        _ => None,
+    }
+}
+
 /// The bytes of a qgemv design's outputs: `[rows, padded N]` f32, and a sum-fed design's sum,
 /// `[rows, padded K]`.
 fn out_bytes(layout: &QgemvLayout) -> Vec<usize> {
@@ -240,21 +258,12 @@ impl<D: Driver + Send> XdnaOffload<D> {
         }
         let [.., up, down] = &layouts[..] else { unreachable!("checked by the plan") };
         let (k, n) = (self.chains[chains[chains.len() - 2]].k, self.chains[chains[chains.len() - 1]].n);
-        let fail = || XdnaError::ChainRows { design: name.clone(), rows, k };
-        let mut rows_operands = vec![];
-        if let [o, ..] = &layouts[..] {
-            if layouts.len() == 3 {
-                let o_k = self.chains[chains[0]].k;
-                rows_operands.push(rows_operand(o, &inputs[..1], (rows, o_k)).ok_or_else(fail)?);
-                let zeros = vec![0f32; rows * k];
-                let x = inputs.get(1).and_then(|x| x.get(..rows * k)).ok_or_else(fail)?;
-                let mut residual = up.rows_operand((x, k), inputs.get(2).copied(), Some(&zeros)).ok_or_else(fail)?;
-                residual.resize(residual.len().max(2 * up.padded_k + o.rows * o.padded_n), 0.0);
-                rows_operands.push(residual);
-            } else {
-                rows_operands.push(rows_operand(up, inputs, (rows, k)).ok_or_else(fail)?);
-            }
-        }
+        let ks: Vec<usize> = chains.iter().map(|&c| self.chains[c].k).collect();
+        let rows_operands = program_rows(&layouts, &ks, inputs, rows).ok_or_else(|| XdnaError::ChainRows {
+            design: name.clone(),
+            rows,
+            k,
+        })?;
         let bytes: Vec<Vec<u8>> =
             rows_operands.iter().map(|r| r.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
         let between = vec![0u8; 4 * up.rows * up.padded_n];
