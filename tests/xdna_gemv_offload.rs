@@ -164,18 +164,19 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     // blocks (its rows are the tokens times its stacked passes) over its column chunks, as the
     // plan lists them.
     // A one-row step's chains on their one-row designs, a verify step's (up to 8 rows) on their
-    // block's designs.
+    // block's designs, one of 9-15 rows on them a block at a time.
     let chained = |g: &&runtime::bundle::xdna::PlanGemm| plan.chains.iter().any(|c| c.qgemm == g.site.node);
     let chain_chunks = |tokens: usize| -> usize {
         let of = |c: &runtime::bundle::xdna::PlanChain| match tokens {
             1 => c.chunks.len(),
             2..=8 => c.block_chunks.len(),
+            9..=15 => 2 * c.block_chunks.len(),
             _ => 0,
         };
         plan.chains.iter().map(of).sum()
     };
     let commands = |tokens: usize| -> usize {
-        let gemms = plan.gemms.iter().filter(|g| tokens > 8 || !chained(g));
+        let gemms = plan.gemms.iter().filter(|g| tokens > 15 || !chained(g));
         let gemv: usize = gemms.map(|g| plan.calls(g, tokens * g.site.passes).unwrap().len()).sum();
         gemv + chain_chunks(tokens)
     };
@@ -185,15 +186,18 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
     let qgemms = plan.gemms.len() as u64;
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 500).collect();
     let verify: Vec<u32> = (0..6).map(|i| (i * 41 + 3) % 500).collect();
+    let long_verify: Vec<u32> = (0..12).map(|i| (i * 43 + 9) % 500).collect();
     assert!(commands(6) > commands(1), "a 6-token step's stacked passes take two GEMV blocks");
     let chains = plan.chains.len() as u64;
     let (gemm, gemv, qgemv) = (DesignKind::Gemm, DesignKind::Gemv, DesignKind::Qgemv);
-    let steps: [(&[u32], &[DesignKind]); 5] = [
+    let steps: [(&[u32], &[DesignKind]); 6] = [
         (&prompt, &[gemm]),
         (&[7], &[gemv, qgemv]),
         (&[11], &[gemv, qgemv]),
         (&[13], &[gemv, qgemv]),
         (&verify, &[gemv, qgemv]),
+        // Its other projections' 12 tokens in two passes are 24 rows: the GEMM designs'.
+        (&long_verify, &[gemm, qgemv]),
     ];
     for (tokens, kinds) in steps {
         let want = host.step(tokens).unwrap().to_vec();
@@ -201,7 +205,7 @@ fn decode_steps_run_their_projections_on_the_gemv_designs_with_the_host_logits()
         let got = array.step(tokens).unwrap().to_vec();
         let n = tokens.len();
         assert_eq!(differing(&got, &want), 0, "{n} tokens: logits that differ from the host's");
-        let step_chains = if n <= 8 { chains } else { 0 };
+        let step_chains = if n <= 15 { chains } else { 0 };
         assert_eq!(array.offloaded_chains() - before.1, step_chains, "{n} tokens: chains");
         assert_eq!(array.offloaded_calls() - before.0, qgemms - step_chains, "{n} tokens: every other QGemm call");
         let mut names = std::mem::take(&mut *ran.lock().unwrap());
@@ -246,10 +250,11 @@ fn smollm2s_decode_steps_run_every_projection_chained_and_each_layer_after_atten
     assert_eq!(differing(array.step(&prompt).unwrap(), host.step(&prompt).unwrap()), 0);
     let offload = runtime::xdna::XdnaOffload::new(npu, &bundle).unwrap();
     // A program runs its one-row designs only: a verify step of more rows runs its phases'
-    // nodes off it (their projections on the GEMV designs), the other chains on their blocks.
+    // nodes off it (their projections on the GEMV designs), the other chains on their blocks
+    // (steps of up to 15 rows, a block of 8 at a time).
     let units = runtime::exec::GemmOffload::chains(&offload);
     let rows: BTreeSet<(usize, usize)> = units.iter().map(|u| (u.qgemms.len(), u.rows)).collect();
-    assert_eq!(rows, [(1, 8), (3, 1)].into_iter().collect(), "chains on 8-row blocks, programs one row");
+    assert_eq!(rows, [(1, 15), (3, 1)].into_iter().collect(), "chains on 8-row blocks, programs one row");
     array.set_offload(Box::new(offload)).unwrap();
     for token in [28, 1392] {
         let want = host.step(&[token]).unwrap().to_vec();

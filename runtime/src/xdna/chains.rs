@@ -5,7 +5,9 @@
 //! never read back. A program without device artifacts in the bundle runs as its chains.
 
 use super::{run_design_outputs, DesignRun, XdnaError, XdnaOffload};
-use crate::bundle::xdna::{DesignKind, PlanGemvChunk, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan};
+use crate::bundle::xdna::{
+    DesignKind, PlanChain, PlanGemvChunk, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan,
+};
 use crate::bundle::Bundle;
 use crate::exec::OffloadChain;
 use crate::kernels::qgemm::QGemmWeights;
@@ -124,7 +126,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 qgemms: vec![c.qgemm.clone()],
                 inputs: c.inputs.iter().chain(&c.gamma).cloned().collect(),
                 outputs: [c.output.clone()].into_iter().chain(c.sum.clone()).collect(),
-                rows: c.rows.max(c.block_rows),
+                rows: self.chain_rows(c),
             }
         };
         match *unit {
@@ -146,6 +148,15 @@ impl<D: Driver + Send> XdnaOffload<D> {
                 };
                 OffloadChain { nodes, qgemms, inputs, outputs, rows }
             }
+        }
+    }
+
+    /// The most rows a chain's step takes: a block of its block's designs at a time (one-row
+    /// designs alone take one row) up to the rows the plan sends to the GEMM designs.
+    fn chain_rows(&self, c: &PlanChain) -> usize {
+        match c.block_rows {
+            0 => c.rows,
+            _ => self.routing.host_threshold_rows - 1,
         }
     }
 
@@ -194,8 +205,42 @@ impl<D: Driver + Send> XdnaOffload<D> {
 
     /// Chain `index` on its designs, one call a column chunk: the rows operand from `inputs`,
     /// the weight operand packed from `w` once. Its outputs: the projection's, and a sum-fed
-    /// chain's sum (every chunk's design writes it; the first's is taken).
+    /// chain's sum (every chunk's design writes it; the first's is taken). A step of more rows
+    /// than its block's designs take runs a block of rows at a time.
     fn chain(
+        &mut self,
+        index: usize,
+        inputs: &[&[f32]],
+        rows: usize,
+        w: QGemmWeights<'_>,
+    ) -> Result<Vec<Vec<f32>>, XdnaError> {
+        let c = &self.chains[index];
+        let (k, block, feed) = (c.k, c.block_rows.max(c.rows), c.feed);
+        if rows <= block {
+            return self.chain_block(index, inputs, rows, w);
+        }
+        // A longer verify step: its rows a block at a time, the row-shaped inputs cut with them.
+        let row_shaped = |i: usize| i == 0 || (i == 1 && matches!(feed, QgemvFeed::Gate | QgemvFeed::SumNorm));
+        let mut outputs: Vec<Vec<f32>> = vec![];
+        for r0 in (0..rows).step_by(block) {
+            let r1 = (r0 + block).min(rows);
+            let cut: Vec<&[f32]> = inputs
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if row_shaped(i) { v.get(r0 * k..r1 * k).unwrap_or(&[]) } else { v })
+                .collect();
+            let block_outputs = self.chain_block(index, &cut, r1 - r0, w)?;
+            outputs.resize(block_outputs.len(), vec![]);
+            for (all, part) in outputs.iter_mut().zip(block_outputs) {
+                all.extend(part);
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// [`Self::chain`] for at most a block's rows: one call a column chunk of the one-row
+    /// designs, or of the block's.
+    fn chain_block(
         &mut self,
         index: usize,
         inputs: &[&[f32]],
