@@ -18,7 +18,7 @@
 //!
 //! - With a sum ([`Input::SumNorm`]) each slice carries the residual stream's rows, γ's and the
 //!   projection's rows; a prologue core adds its slice's two first ([`qkernels::sum()`]) and
-//!   writes the sum through `H_<j>`, its own second output channel, straight to column `j`'s
+//!   writes the sum through `H_<c>_<r>`, its own second output channel, straight to column `j`'s
 //!   shim, into the sequence's fourth argument — the hub has no channel to spare.
 //!
 //! The maximum of the partial maxima is the row's maximum bit for bit, and the sum of the
@@ -174,14 +174,14 @@ fn exchange_fifos(q: &QTiling, fifos: &mut Vec<Fifo>, links: &mut Vec<Link>) {
     });
 }
 
-/// With a sum ([`Input::SumNorm`]), `H_<j>`: prologue core `j`'s slice of the sum, through its
+/// With a sum ([`Input::SumNorm`]), `H_<c>_<r>`: prologue core `j`'s slice of the sum, through its
 /// spare output channel straight to the shim of column `j` (whose second S2MM channel no output
 /// takes; a mem tile on the way would take channels the exchange's hub has none of).
 fn sum_fifos(q: &QTiling) -> Vec<Fifo> {
     let (dev, ex) = (q.tiling.device, exchange(q));
     (0..q.split)
         .map(|j| Fifo {
-            name: sum_fifo(j),
+            name: sum_fifo(prologue_tile(dev, j)),
             producer: prologue_tile(dev, j),
             consumers: vec![(j, Device::SHIM_ROW)],
             depth: 1,
@@ -192,9 +192,9 @@ fn sum_fifos(q: &QTiling) -> Vec<Fifo> {
         .collect()
 }
 
-/// Prologue core `j`'s FIFO of the sum.
-fn sum_fifo(j: usize) -> String {
-    format!("H_{j}")
+/// The FIFO of the sum out of the prologue core on `tile`.
+fn sum_fifo((c, r): Tile) -> String {
+    format!("H_{c}_{r}")
 }
 
 /// A core's own buffers: a GEMV core's row state, codes and accumulators as the unsplit
@@ -253,7 +253,7 @@ fn runtime_sequence(q: &QTiling) -> Vec<SeqOp> {
 /// The sum's slices into argument 3, `[rows, padded K]`, each prologue core's at its columns,
 /// issued before the rest's waits and waited for last.
 fn sum_sequence(q: &QTiling, seq: &mut Vec<SeqOp>) {
-    let (ex, pk) = (exchange(q), q.tiling.padded.k);
+    let (ex, pk, dev) = (exchange(q), q.tiling.padded.k, q.tiling.device);
     let first_wait = seq.iter().position(|op| matches!(op, SeqOp::Wait { .. })).unwrap_or(seq.len());
     let dmas = (0..q.split).map(|j| SeqOp::Dma {
         arg: 3,
@@ -261,11 +261,11 @@ fn sum_sequence(q: &QTiling, seq: &mut Vec<SeqOp>) {
         sizes: [1, 1, ex.rows, ex.slice],
         strides: [0, 0, pk, 1],
         id: SUM_BD,
-        fifo: sum_fifo(j),
+        fifo: sum_fifo(prologue_tile(dev, j)),
         issue_token: true,
     });
     seq.splice(first_wait..first_wait, dmas);
-    seq.extend((0..q.split).map(|j| SeqOp::Wait { fifo: sum_fifo(j) }));
+    seq.extend((0..q.split).map(|j| SeqOp::Wait { fifo: sum_fifo(prologue_tile(dev, j)) }));
 }
 
 /// The BD id of a sum's transfer on its column's shim: above those the weights' and outputs'
@@ -340,12 +340,12 @@ pub(super) fn prologue_ops(core: &Core, ex: Exchange) -> Vec<CoreOp> {
 }
 
 /// With a sum, a prologue core's first calls on its slice `x`: the residual stream's rows plus
-/// the projection's, into `x` for the norm and out through `H_<j>`.
+/// the projection's, into `x` for the norm and out through its `H_<c>_<r>`.
 fn sum_ops(core: &Core, ex: Exchange, x: &Operand) -> Vec<CoreOp> {
     if ex.input != Input::SumNorm {
         return vec![];
     }
-    let fifo = sum_fifo(core.a.trim_start_matches("XS_").parse().expect("a prologue core's slice is XS_<j>"));
+    let fifo = sum_fifo(core.tile);
     let h = ("%h_buf".to_string(), qkernels::sum_ty(ex.shape()));
     vec![
         CoreOp::Acquire { res: "%h".into(), fifo: fifo.clone(), produce: true, ty: h.1.clone() },

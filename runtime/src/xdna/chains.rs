@@ -4,7 +4,7 @@
 //! wrote) one command: the program's buffer between its phases is given to the device and
 //! never read back. A program without device artifacts in the bundle runs as its chains.
 
-use super::{run_design_outputs, DesignRun, XdnaError, XdnaOffload};
+use super::{run_design, DesignRun, XdnaError, XdnaOffload};
 use crate::bundle::xdna::{
     DesignKind, PlanChain, PlanGemvChunk, PlanProgram, QgemvFeed, QgemvLayout, QgemvWeights, XdnaPlan,
 };
@@ -264,13 +264,8 @@ impl<D: Driver + Send> XdnaOffload<D> {
             self.pack_chain_weights((index, block, c), &layout, w);
             let weights = &self.chain_operands[&(index, block, c)];
             let d = &self.designs[&design];
-            let outs = run_design_outputs(
-                &mut self.npu,
-                &mut self.contexts,
-                (d, &design),
-                &[&bytes, weights],
-                &out_bytes(&layout),
-            )?;
+            let outs =
+                run_design(&mut self.npu, &mut self.contexts, (d, &design), &[&bytes, weights], &out_bytes(&layout))?;
             self.runs += 1;
             let out = f32s(&outs[0]);
             for r in 0..rows {
@@ -321,7 +316,7 @@ impl<D: Driver + Send> XdnaOffload<D> {
         let mut sizes = vec![4 * down.rows * down.padded_n];
         sizes.extend(out_bytes(up).get(1));
         let run = &self.program_runs[&name];
-        let outs = run_design_outputs(&mut self.npu, &mut self.contexts, (run, &name), &args, &sizes)?;
+        let outs = run_design(&mut self.npu, &mut self.contexts, (run, &name), &args, &sizes)?;
         self.runs += 1;
         let y = rows_of(&f32s(&outs[0]), down.padded_n, (rows, n));
         let sum = outs.get(1).map(|h| rows_of(&f32s(h), up.padded_k, (rows, k)));

@@ -169,25 +169,14 @@ fn run_block<D: Driver>(
 ) -> Result<Vec<i32>, XdnaError> {
     let (pm, _, pn) = d.padded;
     let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
-    let out = run_design(npu, contexts, (d, design), &[&bytes(a), &bytes(b)], 4 * pm * pn)?;
+    let mut outs = run_design(npu, contexts, (d, design), &[&bytes(a), &bytes(b)], &[4 * pm * pn])?;
+    let out = outs.pop().expect("one output");
     Ok(out.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
-/// Runs `design` on the NPU with `inputs` and an output of `out_bytes`, making its hardware
-/// context on first use.
+/// Runs `design` on the NPU with `inputs` and outputs of `out_bytes` each after them, making
+/// its hardware context on first use; returns the outputs.
 fn run_design<D: Driver>(
-    npu: &mut Npu<D>,
-    contexts: &mut HashMap<String, HwContext>,
-    run: (&DesignRun, &str),
-    inputs: &[&[u8]],
-    out_bytes: usize,
-) -> Result<Vec<u8>, XdnaError> {
-    let mut out = run_design_outputs(npu, contexts, run, inputs, &[out_bytes])?;
-    Ok(out.pop().expect("one output"))
-}
-
-/// [`run_design`] with outputs of `out_bytes` each after the inputs.
-fn run_design_outputs<D: Driver>(
     npu: &mut Npu<D>,
     contexts: &mut HashMap<String, HwContext>,
     (d, design): (&DesignRun, &str),
